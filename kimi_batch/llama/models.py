@@ -1,0 +1,316 @@
+"""Pydantic models of llama-server responses.
+
+Both llama.cpp and the ik_llama.cpp fork are accepted: unknown fields are ignored, fields one of
+them lacks are optional, and derived values (cached tokens) fall back through what each reports.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kimi_batch.llama.types import TokenLogprob, TopLogprob
+
+__all__ = [
+    "ChatCompletion",
+    "ChatUsage",
+    "Completion",
+    "CompletionLogprobs",
+    "GenerationStats",
+    "HealthState",
+    "ServerMetrics",
+    "ServerProps",
+    "SlotFileResult",
+    "SlotState",
+    "Timings",
+]
+
+
+class _Lenient(BaseModel):
+    """Server payload: extra keys are ignored so a newer server never breaks the client."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class HealthState(StrEnum):
+    """The closed set of states `/health` reports."""
+
+    OK = "ok"
+    LOADING = "loading"
+
+
+class Timings(_Lenient):
+    """`timings` of a completion. ik_llama.cpp has no `cache_n`."""
+
+    cache_n: int | None = None
+    prompt_n: int = 0
+    prompt_ms: float = 0.0
+    prompt_per_second: float | None = None
+    predicted_n: int = 0
+    predicted_ms: float = 0.0
+    predicted_per_second: float | None = None
+    n_past: int | None = None
+
+
+class PromptTokensDetails(_Lenient):
+    cached_tokens: int | None = None
+
+
+class ChatUsage(_Lenient):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+
+class GenerationStats(BaseModel):
+    """Token accounting of one request, normalized across server builds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prompt_tokens: int = Field(ge=0, description="All prompt tokens, cached included.")
+    cached_tokens: int = Field(ge=0, description="Prompt tokens reused from the KV cache.")
+    evaluated_tokens: int = Field(ge=0, description="Prompt tokens evaluated by this request.")
+    completion_tokens: int = Field(ge=0)
+    prompt_ms: float = Field(ge=0)
+    predicted_ms: float = Field(ge=0)
+
+
+def _stats(
+    timings: Timings | None,
+    *,
+    prompt_total: int | None,
+    cached_hint: int | None,
+    completion_tokens: int,
+    n_past: int | None,
+) -> GenerationStats:
+    """Derive cached tokens from the best field each build reports.
+
+    Order: llama.cpp `cache_n`; OpenAI `cached_tokens`; total prompt minus evaluated; ik_llama.cpp's
+    `n_past` (prompt + generated tokens in the slot) minus what this request evaluated and generated.
+    """
+    evaluated = timings.prompt_n if timings else 0
+    predicted = timings.predicted_n if timings and timings.predicted_n else completion_tokens
+    cached: int | None = timings.cache_n if timings else None
+    if cached is None:
+        cached = cached_hint
+    if cached is None and prompt_total is not None and timings is not None:
+        cached = prompt_total - evaluated
+    past = n_past if n_past is not None else (timings.n_past if timings else None)
+    if cached is None and past is not None:
+        cached = past - evaluated - predicted
+    cached = max(cached or 0, 0)
+    total = prompt_total if prompt_total is not None else evaluated + cached
+    return GenerationStats(
+        prompt_tokens=max(total, evaluated + cached),
+        cached_tokens=cached,
+        evaluated_tokens=evaluated,
+        completion_tokens=predicted,
+        prompt_ms=timings.prompt_ms if timings else 0.0,
+        predicted_ms=timings.predicted_ms if timings else 0.0,
+    )
+
+
+class _ServerTopLogprob(_Lenient):
+    token: str = ""
+    logprob: float = 0.0
+
+    def to_top(self) -> TopLogprob:
+        return TopLogprob(token=self.token, logprob=self.logprob)
+
+
+class CompletionProbability(_Lenient):
+    """One entry of `/completion`'s `completion_probabilities` (post-sampling format)."""
+
+    token: str = ""
+    logprob: float = 0.0
+    top_logprobs: list[_ServerTopLogprob] = Field(default_factory=list)
+
+
+class Completion(_Lenient):
+    """Response of `POST /completion` (non-streaming)."""
+
+    content: str = ""
+    model: str = ""
+    id_slot: int | None = None
+    stop: bool = True
+    stop_type: str | None = None
+    truncated: bool = False
+    tokens_predicted: int = 0
+    tokens_evaluated: int | None = None
+    tokens_cached: int | None = None
+    timings: Timings | None = None
+    completion_probabilities: list[CompletionProbability] | None = None
+
+    @property
+    def finish_reason(self) -> str:
+        return "length" if self.stop_type == "limit" else "stop"
+
+    @property
+    def stats(self) -> GenerationStats:
+        return _stats(
+            self.timings,
+            prompt_total=self.tokens_evaluated,
+            cached_hint=None,
+            completion_tokens=self.tokens_predicted,
+            n_past=self.tokens_cached,
+        )
+
+
+class _ChatTokenLogprob(_Lenient):
+    token: str
+    logprob: float
+    top_logprobs: list[_ServerTopLogprob] = Field(default_factory=list)
+
+
+class CompletionLogprobs(_Lenient):
+    content: list[_ChatTokenLogprob] | None = None
+
+
+class _ChatMessageOut(_Lenient):
+    role: str = "assistant"
+    content: str | None = None
+    reasoning_content: str | None = None
+
+
+class _ChatChoice(_Lenient):
+    index: int = 0
+    finish_reason: str | None = None
+    message: _ChatMessageOut
+    logprobs: CompletionLogprobs | None = None
+
+
+class ChatCompletion(_Lenient):
+    """Response of `POST /v1/chat/completions` (non-streaming), with llama.cpp's `timings`."""
+
+    id: str = ""
+    model: str = ""
+    choices: list[_ChatChoice] = Field(min_length=1)
+    usage: ChatUsage | None = None
+    timings: Timings | None = None
+    id_slot: int | None = None
+    n_past: int | None = None
+    tokens_cached: int | None = None
+
+    @property
+    def text(self) -> str:
+        return self.choices[0].message.content or ""
+
+    @property
+    def finish_reason(self) -> str:
+        return self.choices[0].finish_reason or "stop"
+
+    @property
+    def logprobs(self) -> list[TokenLogprob] | None:
+        content = self.choices[0].logprobs.content if self.choices[0].logprobs else None
+        if content is None:
+            return None
+        return [
+            TokenLogprob(
+                token=item.token,
+                logprob=item.logprob,
+                top=[top.to_top() for top in item.top_logprobs],
+            )
+            for item in content
+        ]
+
+    @property
+    def stats(self) -> GenerationStats:
+        usage = self.usage
+        details = usage.prompt_tokens_details if usage else None
+        return _stats(
+            self.timings,
+            prompt_total=usage.prompt_tokens if usage else None,
+            cached_hint=details.cached_tokens if details else None,
+            completion_tokens=usage.completion_tokens if usage else 0,
+            n_past=self.n_past if self.n_past is not None else self.tokens_cached,
+        )
+
+
+class _GenerationParams(_Lenient):
+    n_predict: int = -1
+
+
+class _DefaultGenerationSettings(_Lenient):
+    n_ctx: int | None = None
+    params: _GenerationParams = Field(default_factory=_GenerationParams)
+
+
+class ServerProps(_Lenient):
+    """`GET /props`: what the server was started with."""
+
+    model_path: str = ""
+    total_slots: int = Field(default=1, ge=1)
+    default_generation_settings: _DefaultGenerationSettings = Field(
+        default_factory=_DefaultGenerationSettings
+    )
+    build_info: str = ""
+    chat_template: str = ""
+
+    @property
+    def n_ctx(self) -> int | None:
+        """Context per slot as the server reports it."""
+        return self.default_generation_settings.n_ctx
+
+    @property
+    def n_predict(self) -> int:
+        """Server-side cap on generated tokens; -1 means unlimited."""
+        return self.default_generation_settings.params.n_predict
+
+
+class SlotState(_Lenient):
+    """One entry of `GET /slots`."""
+
+    id: int
+    n_ctx: int | None = None
+    is_processing: bool = False
+    id_task: int | None = None
+
+
+class SlotFileResult(_Lenient):
+    """Result of a slot `save`, `restore` or `erase` action."""
+
+    id_slot: int
+    filename: str | None = None
+    n_saved: int | None = None
+    n_written: int | None = None
+    n_restored: int | None = None
+    n_read: int | None = None
+    n_erased: int | None = None
+    timings: dict[str, float] = Field(default_factory=dict)
+
+    @property
+    def tokens(self) -> int:
+        return self.n_saved or self.n_restored or self.n_erased or 0
+
+    @property
+    def elapsed_ms(self) -> float:
+        return sum(self.timings.values())
+
+
+class ServerMetrics(BaseModel):
+    """Counters from the Prometheus `/metrics` endpoint (`--metrics`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prompt_tokens_total: float = 0.0
+    tokens_predicted_total: float = 0.0
+    n_decode_total: float = 0.0
+    requests_processing: float = 0.0
+    requests_deferred: float = 0.0
+
+    @classmethod
+    def parse(cls, text: str) -> ServerMetrics:
+        values: dict[str, float] = {}
+        for line in text.splitlines():
+            if not line or line.startswith("#"):
+                continue
+            name, _, value = line.rpartition(" ")
+            key = name.split("{", 1)[0].removeprefix("llamacpp:")
+            if key in cls.model_fields:
+                try:
+                    values[key] = float(value)
+                except ValueError:
+                    continue
+        return cls(**values)

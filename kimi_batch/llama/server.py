@@ -1,0 +1,458 @@
+"""The resident llama-server: a spec, its argv, and a manager that attaches before it ever spawns.
+
+On the target a model load takes minutes, so the server is started once, detached (it outlives the
+run and the CLI that started it), and every later run attaches to it. A file lock in the state dir
+makes concurrent starts yield one server; a pid file (with the process start time, so a reused
+pid is not mistaken for ours) and a spec file describe what runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from filelock import FileLock
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kimi_batch.llama.client import LlamaClient
+from kimi_batch.llama.exceptions import ServerSpawnError, SpecMismatchError
+from kimi_batch.llama.models import ServerProps
+
+__all__ = [
+    "AttachedServer",
+    "ResidentServer",
+    "ServerHandle",
+    "ServerSpec",
+    "ServerStatus",
+    "available_cpus",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_LOAD_TIMEOUT_S = 1800.0
+PROBE_TIMEOUT_S = 3.0
+STOP_GRACE_S = 20.0
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (affinity and cgroup pinning included where visible)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+class ServerSpec(BaseModel):
+    """How to run llama-server. Defaults follow the source documents' batch settings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    binary: Path = Field(description="llama-server (or ik_llama.cpp) executable.")
+    model: Path = Field(description="GGUF file (first shard of a split model).")
+    alias: str | None = Field(default=None, description="Model name reported; default file stem.")
+    host: str = "127.0.0.1"
+    port: int = Field(default=8081, gt=0, lt=65536)
+    threads: int = Field(
+        default=13, gt=0, description="Decode threads; 13 of 16 cores measured best."
+    )
+    threads_batch: int | None = Field(default=None, gt=0, description="Prefill threads.")
+    ctx: int = Field(default=16384, ge=512, description="Total context, shared by the slots.")
+    parallel: int = Field(default=4, ge=1, le=64, description="Slots (requests in flight).")
+    batch: int = Field(default=2048, ge=32)
+    ubatch: int = Field(default=256, ge=32)
+    cache_ram_mib: int | None = Field(
+        default=32768, ge=0, description="RAM prompt cache; None omits the flag (older builds)."
+    )
+    n_predict: int = Field(
+        default=1024, gt=0, description="Server cap; requests are clamped to it."
+    )
+    slot_save_path: Path = Field(description="Directory of slot KV saves (the digest file).")
+    metrics: bool = True
+    extra_args: tuple[str, ...] = Field(
+        default=(), description="Passed through untouched, e.g. ik_llama.cpp's -mla 3 -amb 512."
+    )
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def model_alias(self) -> str:
+        return self.alias or self.model.name.removesuffix(".gguf")
+
+    def effective_threads(self, cpus: int | None = None) -> tuple[int, int]:
+        """(threads, threads_batch) clamped to the CPUs available, with a warning when clamped."""
+        cpus = cpus or available_cpus()
+        threads = self.threads
+        if threads > cpus:
+            logger.warning(
+                "threads=%d exceeds the %d CPUs available: clamped to %d (oversubscribed "
+                "threads make decode thrash)",
+                threads,
+                cpus,
+                cpus,
+            )
+            threads = cpus
+        threads_batch = min(self.threads_batch or threads, cpus)
+        return threads, threads_batch
+
+    def argv(self, *, cpus: int | None = None) -> list[str]:
+        threads, threads_batch = self.effective_threads(cpus)
+        args = [
+            str(self.binary),
+            "--model", str(self.model),
+            "--alias", self.model_alias,
+            "--host", self.host,
+            "--port", str(self.port),
+            "--threads", str(threads),
+            "--threads-batch", str(threads_batch),
+            "--ctx-size", str(self.ctx),
+            "--parallel", str(self.parallel),
+            "--batch-size", str(self.batch),
+            "--ubatch-size", str(self.ubatch),
+            "--n-predict", str(self.n_predict),
+            "--slot-save-path", str(self.slot_save_path),
+        ]  # fmt: skip
+        if self.cache_ram_mib is not None:
+            args += ["--cache-ram", str(self.cache_ram_mib)]
+        if self.metrics:
+            args.append("--metrics")
+        return args + list(self.extra_args)
+
+    def describe(self) -> str:
+        return (
+            f"model={self.model} ctx={self.ctx} slots={self.parallel} threads={self.threads} "
+            f"n_predict={self.n_predict} port={self.port} extra={' '.join(self.extra_args) or '-'}"
+        )
+
+
+class ServerHandle(BaseModel):
+    """A healthy server this process may use."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    base_url: str
+    pid: int | None = Field(description="None for a server someone else runs.")
+    spawned: bool = Field(description="True when this call started it (a model load happened).")
+    slots: int
+    model: str
+
+
+class ServerStatus(BaseModel):
+    """What `kimi-batch server status --json` prints."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    running: bool
+    healthy: bool
+    pid: int | None
+    base_url: str
+    model: str | None
+    threads: int | None
+    slots: int | None
+    managed: bool = Field(description="Started by kimi_batch (pid file) rather than attached.")
+    log_path: str | None
+
+
+class _PidRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    pid: int
+    start_ticks: int
+    started_at: float
+
+
+def _process_start_ticks(pid: int) -> int | None:
+    """Start time of a live, non-zombie process in clock ticks; None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def _spawn_detached(argv: list[str], env: dict[str, str], log_path: Path) -> int:
+    """Start `argv` in its own session via an intermediate process, so it is re-parented.
+
+    A direct child of a long-lived process (a test, `dagster dev`) would linger as a zombie after
+    a crash and look alive; the intermediate exits at once and init reaps the server.
+    """
+    launcher = (
+        "import json, subprocess, sys\n"
+        "argv, log = json.loads(sys.argv[1]), sys.argv[2]\n"
+        "with open(log, 'ab') as out:\n"
+        "    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,\n"
+        "                         start_new_session=True, close_fds=True)\n"
+        "print(p.pid)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", launcher, json.dumps(argv), str(log_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise ServerSpawnError(f"could not launch {argv[0]}: {result.stderr.strip()}")
+    return int(result.stdout.strip())
+
+
+def _probe(base_url: str, api_key: str | None) -> tuple[str, ServerProps | None]:
+    """('down' | 'loading' | 'ok', props when ok) without retries."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        with httpx.Client(base_url=base_url, headers=headers, timeout=PROBE_TIMEOUT_S) as http:
+            health = http.get("/health")
+            if health.status_code == 503:
+                return "loading", None
+            if health.status_code != 200:
+                return "down", None
+            props = http.get("/props")
+            return "ok", ServerProps.model_validate_json(props.content)
+    except (httpx.HTTPError, ValidationError):
+        return "down", None
+
+
+class ResidentServer:
+    """Attach to, or spawn once, the llama-server described by a spec. Never stopped by a run."""
+
+    def __init__(
+        self,
+        spec: ServerSpec,
+        state_dir: Path,
+        *,
+        api_key: str | None = None,
+        load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
+    ) -> None:
+        self.spec = spec
+        self.state_dir = state_dir
+        self.api_key = api_key
+        self.load_timeout_s = load_timeout_s
+        self.pid_path = state_dir / "server.pid"
+        self.spec_path = state_dir / "server.spec.json"
+        self.log_path = state_dir / "server.log"
+        self._lock = FileLock(str(state_dir / "server.lock"))
+
+    @property
+    def base_url(self) -> str:
+        return self.spec.base_url
+
+    def client(self, **kwargs: object) -> LlamaClient:
+        return LlamaClient(self.base_url, api_key=self.api_key, **kwargs)  # type: ignore[arg-type]
+
+    # -- state files -----------------------------------------------------------------------
+
+    def _read_pid(self) -> _PidRecord | None:
+        try:
+            return _PidRecord.model_validate_json(self.pid_path.read_text())
+        except (OSError, ValidationError):
+            return None
+
+    def _read_spec(self) -> ServerSpec | None:
+        try:
+            return ServerSpec.model_validate_json(self.spec_path.read_text())
+        except (OSError, ValidationError):
+            return None
+
+    def _live_pid(self) -> int | None:
+        record = self._read_pid()
+        if record is None:
+            return None
+        if _process_start_ticks(record.pid) != record.start_ticks:
+            return None
+        return record.pid
+
+    def _clear_state(self) -> None:
+        self.pid_path.unlink(missing_ok=True)
+        self.spec_path.unlink(missing_ok=True)
+
+    def _log_tail(self, lines: int = 25) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def ensure_running(self) -> ServerHandle:
+        """Attach to the healthy server with this spec, or start it; raise on another spec."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        with self._lock.acquire(timeout=self.load_timeout_s + 60):
+            pid = self._live_pid()
+            if pid is not None:
+                running = self._read_spec()
+                if running != self.spec:
+                    raise SpecMismatchError(
+                        f"llama-server pid {pid} already runs with a different spec; it is left "
+                        f"running. Stop it first (kimi-batch server stop).\n"
+                        f"  running:   {running.describe() if running else '(unknown)'}\n"
+                        f"  requested: {self.spec.describe()}"
+                    )
+                return self._wait_healthy(pid, spawned=False)
+            self._clear_state()
+            state, props = _probe(self.base_url, self.api_key)
+            if state != "down":
+                return self._adopt_foreign(state, props)
+            return self._spawn()
+
+    def _adopt_foreign(self, state: str, props: ServerProps | None) -> ServerHandle:
+        """Something we did not start answers on the port: attach only if it serves our model."""
+        if state == "loading":
+            props = self._wait_props()
+        assert props is not None
+        same_model = Path(props.model_path).name == self.spec.model.name
+        if not same_model or props.total_slots != self.spec.parallel:
+            raise SpecMismatchError(
+                f"another llama-server answers at {self.base_url} with a different spec "
+                f"(not started by kimi_batch; left running).\n"
+                f"  running:   model={props.model_path} slots={props.total_slots} "
+                f"ctx/slot={props.n_ctx}\n"
+                f"  requested: {self.spec.describe()}"
+            )
+        logger.info("attached to an unmanaged llama-server at %s", self.base_url)
+        return ServerHandle(
+            base_url=self.base_url,
+            pid=None,
+            spawned=False,
+            slots=props.total_slots,
+            model=self.spec.model_alias,
+        )
+
+    def _wait_props(self) -> ServerProps:
+        deadline = time.monotonic() + self.load_timeout_s
+        while time.monotonic() < deadline:
+            state, props = _probe(self.base_url, self.api_key)
+            if state == "ok" and props is not None:
+                return props
+            time.sleep(0.5)
+        raise ServerSpawnError(f"{self.base_url} still loading after {self.load_timeout_s:.0f} s")
+
+    def _spawn(self) -> ServerHandle:
+        self.spec.slot_save_path.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env.pop("LLAMA_API_KEY", None)
+        if self.api_key:
+            # The key goes through the environment: argv is world-readable in /proc.
+            env["LLAMA_API_KEY"] = self.api_key
+        argv = self.spec.argv()
+        with self.log_path.open("a") as log:
+            log.write(f"\n=== kimi_batch spawn {time.strftime('%Y-%m-%dT%H:%M:%S')}: ")
+            log.write(" ".join(argv) + "\n")
+        pid = _spawn_detached(argv, env, self.log_path)
+        ticks = _process_start_ticks(pid)
+        if ticks is None:
+            raise ServerSpawnError(f"llama-server exited at once:\n{self._log_tail()}")
+        record = _PidRecord(pid=pid, start_ticks=ticks, started_at=time.time())
+        self.spec_path.write_text(self.spec.model_dump_json(indent=2))
+        self.pid_path.write_text(record.model_dump_json())
+        logger.info("spawned llama-server pid %d: %s", pid, " ".join(argv))
+        return self._wait_healthy(pid, spawned=True)
+
+    def _wait_healthy(self, pid: int, *, spawned: bool) -> ServerHandle:
+        deadline = time.monotonic() + self.load_timeout_s
+        while time.monotonic() < deadline:
+            if _process_start_ticks(pid) is None:
+                self._clear_state()
+                raise ServerSpawnError(f"llama-server pid {pid} exited:\n{self._log_tail()}")
+            state, props = _probe(self.base_url, self.api_key)
+            if state == "ok" and props is not None:
+                return ServerHandle(
+                    base_url=self.base_url,
+                    pid=pid,
+                    spawned=spawned,
+                    slots=props.total_slots,
+                    model=self.spec.model_alias,
+                )
+            time.sleep(0.25)
+        raise ServerSpawnError(
+            f"llama-server pid {pid} not healthy after {self.load_timeout_s:.0f} s "
+            f"(raise the load timeout for large models):\n{self._log_tail()}"
+        )
+
+    def status(self) -> ServerStatus:
+        pid = self._live_pid()
+        spec = self._read_spec() if pid is not None else None
+        state, props = _probe(self.base_url, self.api_key)
+        return ServerStatus(
+            running=pid is not None or state != "down",
+            healthy=state == "ok",
+            pid=pid,
+            base_url=self.base_url,
+            model=(spec or self.spec).model_alias if pid is not None or props else None,
+            threads=(spec or self.spec).effective_threads()[0] if pid is not None else None,
+            slots=props.total_slots if props else (spec.parallel if spec else None),
+            managed=pid is not None,
+            log_path=str(self.log_path) if self.log_path.exists() else None,
+        )
+
+    def stop(self) -> bool:
+        """Stop the server this state dir started; False when none runs."""
+        with self._lock.acquire(timeout=60):
+            pid = self._live_pid()
+            if pid is None:
+                self._clear_state()
+                return False
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + STOP_GRACE_S
+            while time.monotonic() < deadline and _process_start_ticks(pid) is not None:
+                time.sleep(0.1)
+            if _process_start_ticks(pid) is not None:
+                os.kill(pid, signal.SIGKILL)
+            self._clear_state()
+            return True
+
+
+class AttachedServer:
+    """A server someone else runs (`KIMI_BATCH_LLAMA_URL`): health checks only, never spawned."""
+
+    def __init__(self, base_url: str, *, api_key: str | None = None, timeout_s: float = 60.0):
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+
+    def client(self, **kwargs: object) -> LlamaClient:
+        return LlamaClient(self.base_url, api_key=self.api_key, **kwargs)  # type: ignore[arg-type]
+
+    def ensure_running(self) -> ServerHandle:
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            state, props = _probe(self.base_url, self.api_key)
+            if state == "ok" and props is not None:
+                return ServerHandle(
+                    base_url=self.base_url,
+                    pid=None,
+                    spawned=False,
+                    slots=props.total_slots,
+                    model=Path(props.model_path).name.removesuffix(".gguf") or "unknown",
+                )
+            if time.monotonic() > deadline:
+                raise ServerSpawnError(f"no healthy llama-server at {self.base_url} ({state})")
+            time.sleep(0.5)
+
+    def status(self) -> ServerStatus:
+        state, props = _probe(self.base_url, self.api_key)
+        return ServerStatus(
+            running=state != "down",
+            healthy=state == "ok",
+            pid=None,
+            base_url=self.base_url,
+            model=Path(props.model_path).name.removesuffix(".gguf") if props else None,
+            threads=None,
+            slots=props.total_slots if props else None,
+            managed=False,
+            log_path=None,
+        )
+
+    def stop(self) -> bool:
+        raise ServerSpawnError(f"{self.base_url} is attach-only: kimi_batch does not stop it")

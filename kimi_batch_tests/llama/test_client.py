@@ -1,0 +1,168 @@
+"""The typed client against the real llama-server, plus what a real server cannot do on demand."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from kimi_batch.llama.client import LlamaClient, RetryPolicy
+from kimi_batch.llama.exceptions import (
+    LlamaConnectionError,
+    LlamaLoadingError,
+    LlamaRequestError,
+    LlamaResponseError,
+)
+from kimi_batch.llama.models import ChatCompletion, HealthState
+from kimi_batch.llama.server import ResidentServer
+from kimi_batch.llama.types import ChatMessage
+from kimi_batch_tests.conftest import TEST_SLOTS, free_port
+
+FAST_RETRY = RetryPolicy(attempts=3, backoff_s=0.01, max_backoff_s=0.02)
+HELLO = [ChatMessage(role="user", content="Say hello in one word.")]
+
+
+async def test_health_props_slots_and_metrics(shared_server: ResidentServer) -> None:
+    async with shared_server.client() as client:
+        assert await client.health() is HealthState.OK
+        props = await client.props()
+        assert props.total_slots == TEST_SLOTS
+        assert props.model_path.endswith(".gguf")
+        slots = await client.slots()
+        assert [slot.id for slot in slots] == list(range(TEST_SLOTS))
+        before = await client.metrics()
+        await client.chat(HELLO, max_tokens=4, temperature=0.0)
+        after = await client.metrics()
+        assert after.tokens_predicted_total > before.tokens_predicted_total
+
+
+async def test_chat_reports_tokens_timings_and_logprobs(shared_server: ResidentServer) -> None:
+    async with shared_server.client() as client:
+        completion = await client.chat(HELLO, max_tokens=6, temperature=0.0, top_logprobs=3)
+    stats = completion.stats
+    assert completion.text
+    assert completion.finish_reason in {"stop", "length"}
+    assert stats.prompt_tokens == stats.cached_tokens + stats.evaluated_tokens > 0
+    assert 0 < stats.completion_tokens <= 6
+    assert stats.prompt_ms > 0
+    assert stats.predicted_ms >= 0
+    logprobs = completion.logprobs
+    assert logprobs is not None
+    assert len(logprobs) == stats.completion_tokens
+    assert all(len(token.top) == 3 for token in logprobs)
+
+
+async def test_tokenize_and_template(shared_server: ResidentServer) -> None:
+    async with shared_server.client() as client:
+        tokens = await client.tokenize("The quick brown fox")
+        prompt = await client.apply_template(HELLO)
+    assert 3 <= len(tokens) <= 8
+    assert "Say hello in one word." in prompt
+
+
+async def test_slot_save_restore_erase(shared_server: ResidentServer) -> None:
+    async with shared_server.client() as client:
+        await client.chat(HELLO, max_tokens=2, temperature=0.0, slot_id=1)
+        saved = await client.save_slot(1, "client-test.bin")
+        assert saved.tokens > 0
+        assert saved.elapsed_ms >= 0
+        restored = await client.restore_slot(2, "client-test.bin")
+        assert restored.tokens == saved.tokens
+        erased = await client.erase_slot(2)
+        assert erased.id_slot == 2
+        with pytest.raises(LlamaRequestError):
+            await client.restore_slot(3, "no-such-file.bin")
+
+
+async def test_a_prompt_longer_than_the_slot_context_is_a_request_error(
+    shared_server: ResidentServer,
+) -> None:
+    long_prompt = [ChatMessage(role="user", content="word " * 5000)]
+    async with shared_server.client() as client:
+        with pytest.raises(LlamaRequestError):
+            await client.chat(long_prompt, max_tokens=4)
+
+
+async def test_connection_refused_is_retried_then_raised() -> None:
+    async with LlamaClient(f"http://127.0.0.1:{free_port()}", retry=FAST_RETRY) as client:
+        with pytest.raises(LlamaConnectionError):
+            await client.props()
+
+
+def _transport(responses: list[httpx.Response]) -> tuple[httpx.MockTransport, Callable[[], int]]:
+    calls = 0
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        return responses[min(calls, len(responses)) - 1]
+
+    return httpx.MockTransport(handler), lambda: calls
+
+
+_LOADING = httpx.Response(503, json={"error": {"code": 503, "message": "Loading model"}})
+_CHAT_OK = {
+    "choices": [{"index": 0, "finish_reason": "stop", "message": {"content": "hi"}}],
+    "usage": {"prompt_tokens": 30, "completion_tokens": 2, "total_tokens": 32},
+    "timings": {
+        "cache_n": 25,
+        "prompt_n": 5,
+        "prompt_ms": 10.0,
+        "predicted_n": 2,
+        "predicted_ms": 4.0,
+    },
+}
+
+
+async def test_503_while_loading_is_retried_until_the_model_is_up() -> None:
+    transport, calls = _transport([_LOADING, _LOADING, httpx.Response(200, json=_CHAT_OK)])
+    async with LlamaClient("http://llama", retry=FAST_RETRY, transport=transport) as client:
+        completion = await client.chat(HELLO, max_tokens=2)
+    assert calls() == 3
+    assert completion.stats.cached_tokens == 25
+
+
+async def test_503_past_the_retry_budget_raises_loading() -> None:
+    transport, calls = _transport([_LOADING])
+    async with LlamaClient("http://llama", retry=FAST_RETRY, transport=transport) as client:
+        with pytest.raises(LlamaLoadingError):
+            await client.chat(HELLO, max_tokens=2)
+        assert await client.health() is HealthState.LOADING
+    assert calls() == FAST_RETRY.attempts + 1
+
+
+async def test_malformed_body_is_a_response_error_not_a_crash() -> None:
+    transport, _ = _transport([httpx.Response(200, content=b'{"choices": []}')])
+    async with LlamaClient("http://llama", retry=FAST_RETRY, transport=transport) as client:
+        with pytest.raises(LlamaResponseError, match="ChatCompletion"):
+            await client.chat(HELLO, max_tokens=2)
+
+
+async def test_unknown_health_status_is_refused() -> None:
+    transport, _ = _transport([httpx.Response(200, json={"status": "degraded"})])
+    async with LlamaClient("http://llama", transport=transport) as client:
+        with pytest.raises(LlamaResponseError, match="degraded"):
+            await client.health()
+
+
+def test_ik_llama_response_without_cache_n_derives_cached_tokens_from_n_past() -> None:
+    # ik_llama.cpp: no cache_n and no usage details; n_past counts prompt + generated tokens.
+    body = {
+        "choices": [{"index": 0, "finish_reason": "length", "message": {"content": "x y z"}}],
+        "timings": {"prompt_n": 8, "prompt_ms": 12.0, "predicted_n": 3, "predicted_ms": 9.0},
+        "n_past": 1211,
+    }
+    stats = ChatCompletion.model_validate_json(json.dumps(body)).stats
+    assert stats.cached_tokens == 1200
+    assert stats.evaluated_tokens == 8
+    assert stats.prompt_tokens == 1208
+    assert stats.completion_tokens == 3
+
+
+def test_a_response_with_no_timings_at_all_still_parses() -> None:
+    body = {"choices": [{"message": {"content": "ok"}}], "usage": {"prompt_tokens": 9}}
+    stats = ChatCompletion.model_validate_json(json.dumps(body)).stats
+    assert stats.prompt_tokens == 9
+    assert stats.cached_tokens == 0

@@ -1,0 +1,153 @@
+"""The resident server's lifecycle through the real CLI and a real llama-server.
+
+Each test gets its own state dir and port, so these servers never collide with the session's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kimi_batch_tests.conftest import free_port
+
+
+def _cli(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "kimi_batch.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"kimi-batch {' '.join(args)} failed:\n{result.stderr}")
+    return result
+
+
+@pytest.fixture
+def cli_env(tmp_path: Path, llama_binary: Path, model_path: Path) -> Iterator[dict[str, str]]:
+    env = {
+        **os.environ,
+        "KIMI_BATCH_HOME": str(tmp_path / "home"),
+        "KIMI_BATCH_MODEL": str(model_path),
+        "KIMI_BATCH_LLAMA_SERVER": str(llama_binary),
+        "KIMI_BATCH_LLAMA_PORT": str(free_port()),
+        "KIMI_BATCH_LLAMA_THREADS": "1",
+        "KIMI_BATCH_LLAMA_CTX": "2048",
+        "KIMI_BATCH_LLAMA_PARALLEL": "1",
+    }
+    env.pop("KIMI_BATCH_LLAMA_URL", None)
+    yield env
+    _cli(env, "server", "stop", check=False)
+
+
+def _start(env: dict[str, str]) -> dict[str, object]:
+    return json.loads(_cli(env, "server", "start", "--json").stdout)
+
+
+def _loads_in_log(env: dict[str, str]) -> int:
+    log = Path(env["KIMI_BATCH_HOME"]) / "server" / "server.log"
+    return log.read_text(errors="replace").count("=== kimi_batch spawn")
+
+
+def test_second_start_attaches_to_the_same_pid_and_loads_nothing(cli_env: dict[str, str]) -> None:
+    first = _start(cli_env)
+    second = _start(cli_env)
+    assert first["spawned"] is True
+    assert second["spawned"] is False
+    assert second["pid"] == first["pid"]
+    assert _loads_in_log(cli_env) == 1
+
+    status = json.loads(_cli(cli_env, "server", "status", "--json").stdout)
+    assert status["running"] is True
+    assert status["pid"] == first["pid"]
+    assert status["base_url"] == first["base_url"]
+    assert status["model"]
+    assert status["threads"] == 1
+    assert status["slots"] == 1
+
+
+def test_two_concurrent_starts_yield_one_server(cli_env: dict[str, str]) -> None:
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda _: _start(cli_env), range(2)))
+    assert results[0]["pid"] == results[1]["pid"]
+    assert sorted(bool(r["spawned"]) for r in results) == [False, True]
+    assert _loads_in_log(cli_env) == 1
+
+
+def test_a_killed_server_is_respawned_by_the_next_start(cli_env: dict[str, str]) -> None:
+    first = _start(cli_env)
+    os.kill(int(str(first["pid"])), signal.SIGKILL)
+    time.sleep(0.5)
+    second = _start(cli_env)
+    assert second["spawned"] is True
+    assert second["pid"] != first["pid"]
+    assert httpx.get(f"{second['base_url']}/health", timeout=5).status_code == 200
+
+
+def test_a_different_model_is_refused_and_the_running_server_is_left_alone(
+    cli_env: dict[str, str], tmp_path: Path, model_path: Path
+) -> None:
+    first = _start(cli_env)
+    other_model = tmp_path / "other-model.gguf"
+    try:
+        os.link(model_path, other_model)  # another model file as far as any spec can tell
+    except OSError:
+        shutil.copyfile(model_path, other_model)
+    refused = _cli(
+        {**cli_env, "KIMI_BATCH_MODEL": str(other_model)}, "server", "start", check=False
+    )
+    assert refused.returncode == 2
+    assert "different spec" in refused.stderr
+    assert str(model_path) in refused.stderr  # the running spec
+    assert str(other_model) in refused.stderr  # the requested spec
+    assert httpx.get(f"{first['base_url']}/health", timeout=5).status_code == 200
+
+
+def test_stop_ends_the_server_and_removes_its_pid_file(cli_env: dict[str, str]) -> None:
+    first = _start(cli_env)
+    pid_file = Path(cli_env["KIMI_BATCH_HOME"]) / "server" / "server.pid"
+    assert pid_file.is_file()
+    assert "stopped" in _cli(cli_env, "server", "stop").stdout
+    assert not pid_file.exists()
+    assert not Path(f"/proc/{first['pid']}").exists() or _is_zombie(int(str(first["pid"])))
+    status = json.loads(_cli(cli_env, "server", "status", "--json").stdout)
+    assert status["running"] is False
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_api_key_reaches_the_child_environment_not_its_argv(cli_env: dict[str, str]) -> None:
+    env = {**cli_env, "KIMI_BATCH_LLAMA_API_KEY": "s3cret-key"}
+    started = _start(env)
+    pid = int(str(started["pid"]))
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode()
+    assert "s3cret-key" not in cmdline
+    assert b"LLAMA_API_KEY=s3cret-key" in Path(f"/proc/{pid}/environ").read_bytes()
+    assert (
+        "s3cret-key"
+        not in (Path(env["KIMI_BATCH_HOME"]) / "server" / "server.spec.json").read_text()
+    )
+    base = str(started["base_url"])
+    assert httpx.get(f"{base}/props", timeout=5).status_code == 401
+    authorized = httpx.get(
+        f"{base}/props", headers={"Authorization": "Bearer s3cret-key"}, timeout=5
+    )
+    assert authorized.status_code == 200

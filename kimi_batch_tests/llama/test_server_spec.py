@@ -1,0 +1,74 @@
+"""ServerSpec -> argv: the source documents' defaults, thread clamping, secrets off argv."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from kimi_batch.llama.server import ServerSpec
+
+
+def _spec(**overrides: object) -> ServerSpec:
+    fields: dict[str, object] = {
+        "binary": Path("/opt/llama/llama-server"),
+        "model": Path("/models/Kimi-K2.5-Q4_K_S-00001-of-00013.gguf"),
+        "slot_save_path": Path("/var/kimi/slots"),
+    }
+    fields.update(overrides)
+    return ServerSpec.model_validate(fields)
+
+
+def _flag(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_default_argv_follows_the_batch_settings_on_a_16_core_box() -> None:
+    argv = _spec().argv(cpus=16)
+    assert _flag(argv, "--threads") == "13"
+    assert _flag(argv, "--ctx-size") == "16384"
+    assert _flag(argv, "--ubatch-size") == "256"
+    assert _flag(argv, "--cache-ram") == "32768"
+    assert _flag(argv, "--n-predict") == "1024"
+    assert _flag(argv, "--host") == "127.0.0.1"
+    assert _flag(argv, "--slot-save-path") == "/var/kimi/slots"
+    assert _flag(argv, "--alias") == "Kimi-K2.5-Q4_K_S-00001-of-00013"
+    assert "--metrics" in argv
+
+
+def test_threads_above_the_cpus_are_clamped_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="kimi_batch.llama.server"):
+        argv = _spec().argv(cpus=2)
+    assert _flag(argv, "--threads") == "2"
+    assert _flag(argv, "--threads-batch") == "2"
+    assert any("clamped to 2" in record.getMessage() for record in caplog.records)
+
+
+def test_no_warning_when_threads_fit(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="kimi_batch.llama.server"):
+        argv = _spec().argv(cpus=13)
+    assert _flag(argv, "--threads") == "13"
+    assert not caplog.records
+
+
+def test_extra_args_pass_through_untouched_at_the_end() -> None:
+    extra = ("-mla", "3", "-amb", "512", "-ot", "exps=CPU", "--merge-qkv")
+    argv = _spec(extra_args=extra).argv(cpus=16)
+    assert tuple(argv[-len(extra) :]) == extra
+
+
+def test_cache_ram_can_be_omitted_for_builds_without_it() -> None:
+    assert "--cache-ram" not in _spec(cache_ram_mib=None).argv(cpus=16)
+
+
+def test_spec_has_no_api_key_field_so_it_cannot_reach_argv_or_the_spec_file() -> None:
+    with pytest.raises(ValueError, match="api_key"):
+        _spec(api_key="secret")
+
+
+def test_specs_compare_by_value() -> None:
+    assert _spec() == _spec()
+    assert _spec(ctx=8192) != _spec()
