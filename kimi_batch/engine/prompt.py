@@ -1,0 +1,29 @@
+"""The one place where prompts are assembled: the digest is always the exact system prefix."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kimi_batch.engine.digest import SystemDigest
+from kimi_batch.llama.types import ChatMessage
+
+__all__ = ["WARMUP_USER_MESSAGE", "assemble_messages", "warmup_messages"]
+
+# The prefill request needs a user turn for the chat template; it is kept short because only the
+# system part is shared with real requests.
+WARMUP_USER_MESSAGE = "Ready."
+
+
+def assemble_messages(digest: SystemDigest, messages: Sequence[ChatMessage]) -> list[ChatMessage]:
+    """[system: digest] + the request's user-side messages.
+
+    Anything variable (RAG context, the row's data, per-row instructions) must already be in
+    `messages`; a system message there would land after the digest and is refused.
+    """
+    if any(message.role == "system" for message in messages):
+        raise ValueError("request messages must not contain a system message: the digest is it")
+    return [ChatMessage(role="system", content=digest.text), *messages]
+
+
+def warmup_messages(digest: SystemDigest) -> list[ChatMessage]:
+    return assemble_messages(digest, [ChatMessage(role="user", content=WARMUP_USER_MESSAGE)])

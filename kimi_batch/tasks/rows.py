@@ -1,0 +1,92 @@
+"""Row models of the three output tables (`amplified`, `distilled`, `quarantine`).
+
+Parquet files and Trino tables share these schemas. The Hive partition columns `ds` and `source`
+live in the directory path (`table/ds=YYYY-MM-DD/source=NAME/`), never inside the files, so they
+are not fields here; `kimi_batch.storage` adds them where a reader needs them.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kimi_batch.llama.types import TokenLogprob, TopLogprob
+
+__all__ = [
+    "PARTITION_COLUMNS",
+    "AmplifiedRow",
+    "DistilledRow",
+    "GenerationColumns",
+    "OutputRow",
+    "QuarantineRow",
+    "TokenLogprob",
+    "TopLogprob",
+]
+
+PARTITION_COLUMNS: tuple[str, str] = ("ds", "source")
+
+
+class _Row(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GenerationColumns(_Row):
+    """The contract columns every generated row carries (DESIGN.md)."""
+
+    request_id: str = Field(description="Content hash of (digest sha, model, params, messages).")
+    input_id: str = Field(description="Id of the input row this request was built from.")
+    model: str = Field(description="Model alias reported by the server.")
+    digest_sha256: str = Field(description="sha256 of the system digest used as prefix.")
+    prompt_tokens: int = Field(ge=0, description="Prompt tokens of the request, cached included.")
+    cached_tokens: int = Field(ge=0, description="Prompt tokens served from the KV cache.")
+    completion_tokens: int = Field(ge=0)
+    finish_reason: str = Field(description="stop | length | error reason from the server.")
+    prompt_ms: float = Field(ge=0)
+    predicted_ms: float = Field(ge=0)
+    latency_ms: float = Field(ge=0, description="Wall time of the request as seen by the client.")
+    endpoint: str = Field(description="Base URL of the server that answered.")
+    created_at: datetime
+
+
+class AmplifiedRow(GenerationColumns):
+    """One generated variant of a seed prompt."""
+
+    seed_id: str
+    strategy: str = Field(description="paraphrase | harder | related ...")
+    prompt: str = Field(description="The variant prompt, parsed from the completion.")
+
+
+class DistilledRow(GenerationColumns):
+    """One teacher answer for a seed or a variant."""
+
+    seed_id: str
+    origin: Literal["seed", "variant"]
+    strategy: str | None = Field(description="Strategy of the variant; null for seeds.")
+    prompt: str
+    response: str
+    structured: str | None = Field(description="Validated JSON when a schema was requested.")
+    logprobs: list[TokenLogprob] | None = Field(description="Top-k logprobs when n_probs > 0.")
+
+
+class QuarantineRow(_Row):
+    """An input row, or a request, that was set aside with the reason."""
+
+    request_id: str | None
+    input_id: str | None
+    model: str | None
+    digest_sha256: str | None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+    stage: Literal["input", "amplify", "distill"]
+    source_file: str
+    line: int | None = Field(description="1-based line (JSONL/CSV) or row number (Parquet).")
+    reason: str
+    raw: str = Field(description="The offending input, truncated.")
+    created_at: datetime
+
+
+OutputRow = AmplifiedRow | DistilledRow | QuarantineRow

@@ -1,0 +1,160 @@
+"""The digest in every slot: one prefill, restores, canaries, restarts (real llama-server)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kimi_batch.engine.digest import SystemDigest, load_digest
+from kimi_batch.engine.ledger import Ledger
+from kimi_batch.engine.prompt import assemble_messages
+from kimi_batch.engine.requests import GenerationRequest, SamplingParams
+from kimi_batch.engine.runner import BatchEngine, Endpoint
+from kimi_batch.engine.warm import SlotWarmer, WarmupReport
+from kimi_batch.llama.server import ResidentServer
+from kimi_batch.llama.types import ChatMessage
+from kimi_batch.settings import default_digest_path
+from kimi_batch_tests.conftest import TEST_SLOTS, make_spec
+
+SHORT = SamplingParams(max_tokens=8, temperature=0.0)
+
+
+def fresh_digest(tag: str = "") -> SystemDigest:
+    """The shipped digest plus a unique closing line: a sha no slot or save file has seen."""
+    base = load_digest(default_digest_path()).text
+    marker = uuid.uuid4().hex[:8].replace("0", "o")  # letters keep the lint quiet about hex ids
+    return SystemDigest.from_text(f"{base}Variant note {tag} {marker.translate(_LETTERS)}.\n")
+
+
+_LETTERS = str.maketrans("0123456789", "ghijklmnop")
+
+
+async def digest_tokens(server: ResidentServer, digest: SystemDigest) -> int:
+    async with server.client() as client:
+        return len(await client.tokenize(digest.text))
+
+
+def questions(n: int, prefix: str = "q") -> list[GenerationRequest]:
+    return [
+        GenerationRequest(
+            input_id=f"{prefix}{i}",
+            messages=[
+                ChatMessage(role="user", content=f"{prefix}: name one use of the number {i}.")
+            ],
+            params=SHORT,
+        )
+        for i in range(n)
+    ]
+
+
+def endpoint_of(server: ResidentServer) -> Endpoint:
+    return Endpoint(
+        base_url=server.base_url,
+        slots=server.spec.parallel,
+        model=server.spec.model_alias,
+        ctx=server.spec.ctx // server.spec.parallel,
+        n_predict=server.spec.n_predict,
+    )
+
+
+async def test_one_prefill_then_restores_then_every_request_hits_the_digest(
+    shared_server: ResidentServer, tmp_path: Path
+) -> None:
+    digest = fresh_digest("warm")
+    tokens = await digest_tokens(shared_server, digest)
+    async with shared_server.client() as client:
+        warmer = SlotWarmer(client, digest, digest_tokens=tokens, model="m", ctx=2048)
+        report = await warmer.warm_all(TEST_SLOTS)
+    assert report.prefilled_slots == [0]
+    assert report.restored_slots == list(range(1, TEST_SLOTS))
+    assert report.slots_verified == TEST_SLOTS
+    assert report.restore_ms_per_slot < report.prefill_ms
+
+    with Ledger(tmp_path / "ledger.sqlite3") as ledger:
+        engine = BatchEngine([endpoint_of(shared_server)], digest, ledger, digest_tokens=tokens)
+        outcome = await engine.run(questions(4 * TEST_SLOTS), warm=False)
+    assert len(outcome.results) == 4 * TEST_SLOTS
+    assert all(r.cached_tokens >= tokens for r in outcome.results)
+    assert outcome.stats.digest_reprefills == 0
+    assert outcome.stats.max_in_flight == TEST_SLOTS
+    assert outcome.stats.cache_hit_ratio == 1.0
+
+
+async def test_one_changed_byte_costs_one_prefill_per_cold_slot_and_no_more(
+    shared_server: ResidentServer, tmp_path: Path
+) -> None:
+    old = fresh_digest("before")
+    # One byte, at the front: nothing of the old prefix can be reused.
+    changed = SystemDigest.from_text(old.text.replace("Teacher", "teacher", 1))
+    assert changed.sha256 != old.sha256
+    assert changed.n_bytes == old.n_bytes
+    tokens = await digest_tokens(shared_server, changed)
+    async with shared_server.client() as client:
+        await SlotWarmer(client, old, digest_tokens=tokens, model="m", ctx=2048).warm_all(
+            TEST_SLOTS, verify=False
+        )
+    with Ledger(tmp_path / "ledger.sqlite3") as ledger:
+        engine = BatchEngine([endpoint_of(shared_server)], changed, ledger, digest_tokens=tokens)
+        # Without warming, the first request on each slot meets the old digest: a full prefill.
+        first = await engine.run(questions(TEST_SLOTS, "first"), warm=False)
+        second = await engine.run(questions(2 * TEST_SLOTS, "second"), warm=False)
+    assert first.stats.digest_reprefills == TEST_SLOTS
+    assert {r.slot_id for r in first.results} == set(range(TEST_SLOTS))
+    assert second.stats.digest_reprefills == 0
+    assert all(r.cached_tokens >= tokens for r in second.results)
+    assert all(r.cached_tokens < tokens * 0.05 for r in first.results)
+
+
+async def test_changing_the_user_message_keeps_the_cached_prefix(
+    shared_server: ResidentServer,
+) -> None:
+    digest = fresh_digest("user")
+    tokens = await digest_tokens(shared_server, digest)
+    async with shared_server.client() as client:
+        await SlotWarmer(client, digest, digest_tokens=tokens, model="m", ctx=2048).warm_all(
+            TEST_SLOTS, verify=False
+        )
+        cached = []
+        for question in ("What is rain?", "Explain photosynthesis in one line, please."):
+            messages = assemble_messages(digest, [ChatMessage(role="user", content=question)])
+            completion = await client.chat(messages, max_tokens=4, temperature=0.0, slot_id=1)
+            cached.append(completion.stats.cached_tokens)
+    assert cached[0] == cached[1]
+    assert cached[0] >= tokens
+
+
+@pytest.fixture
+def own_server(tmp_path: Path, llama_binary: Path, model_path: Path) -> Iterator[ResidentServer]:
+    spec = make_spec(llama_binary, model_path, tmp_path, parallel=2, ctx=2 * 2048)
+    server = ResidentServer(spec, tmp_path / "server", load_timeout_s=300)
+    server.ensure_running()
+    yield server
+    server.stop()
+
+
+async def test_after_a_restart_the_digest_is_restored_from_file_not_prefilled(
+    own_server: ResidentServer,
+) -> None:
+    digest = fresh_digest("restart")
+    tokens = await digest_tokens(own_server, digest)
+
+    async def warm() -> WarmupReport:
+        async with own_server.client() as client:
+            return await SlotWarmer(
+                client, digest, digest_tokens=tokens, model="m", ctx=2048
+            ).warm_all(2)
+
+    before = await warm()
+    own_server.stop()
+    assert own_server.ensure_running().spawned is True
+    after = await warm()
+    assert before.prefilled_slots == [0]
+    assert after.prefilled_slots == []
+    assert after.restored_slots == [0, 1]
+    first_canary = after.canaries[0]
+    assert first_canary.warm
+    assert first_canary.evaluated_tokens < tokens * 0.05
+    assert after.restore_ms < before.prefill_ms
