@@ -1,0 +1,283 @@
+"""Amplification: k new prompts per seed per strategy, parsed, checked and deduplicated.
+
+The instruction templates are user-side text (the digest holds the long rules for each strategy),
+worded so that a 135M model still answers with a bare question and a large model does not add
+commentary. Each of the k requests of a seed gets its own sampling seed and its own variant
+number in the text, so the k requests have different content hashes (different ledger keys and
+different samples even under greedy decoding) and the same ones on every rerun.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import string
+from collections.abc import Iterable, Mapping, Sequence
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kimi_batch.engine.requests import GenerationRequest, GenerationResult, SamplingParams
+from kimi_batch.llama.types import ChatMessage
+from kimi_batch.tasks.inputs import SeedPrompt, truncate_raw
+from kimi_batch.tasks.rows import AmplifiedRow, GenerationColumns, QuarantineRow
+
+__all__ = [
+    "DEFAULT_AMPLIFY_PARAMS",
+    "TEMPLATES",
+    "AmplifyOutcome",
+    "Strategy",
+    "amplification_requests",
+    "dedup_variants",
+    "generation_columns",
+    "normalize_text",
+    "parse_variant",
+    "result_quarantine",
+    "to_amplified_rows",
+    "variant_instruction",
+]
+
+
+class Strategy(StrEnum):
+    """How a variant relates to its seed; the value is the `strategy` column and request tag."""
+
+    PARAPHRASE = "paraphrase"
+    HARDER = "harder"
+    RELATED = "related"
+
+
+# Short sentences, one task, "only the new question" said twice in different words: small models
+# follow the last instruction they read, large ones otherwise like to explain what they changed.
+TEMPLATES: dict[Strategy, str] = {
+    Strategy.PARAPHRASE: (
+        "Rewrite the question below using different words and a different sentence structure. "
+        "Keep exactly the same meaning, so that it has the same answer. "
+        "Do not answer it. Reply with the rewritten question only."
+    ),
+    Strategy.HARDER: (
+        "Write a harder version of the question below. Stay on the same topic, but make it need "
+        "more steps, more knowledge or more careful reasoning. It must still be clear and have "
+        "one good answer. Do not answer it. Reply with the new question only."
+    ),
+    Strategy.RELATED: (
+        "Write a new question on the same topic as the question below. It must ask about "
+        "something different, not the same thing in other words, and make sense on its own. "
+        "Do not answer it. Reply with the new question only."
+    ),
+}
+
+# Variants are short; a higher temperature than for answers spreads the k samples apart.
+DEFAULT_AMPLIFY_PARAMS = SamplingParams(max_tokens=128, temperature=0.9, top_p=0.95)
+
+_STRATEGY_VALUES = frozenset(strategy.value for strategy in Strategy)
+_MIN_VARIANT_CHARS = 8
+# Straight, curly (U+2018/9, U+201C/D), low-9 and guillemet quotes.
+_QUOTES = "\"'`\u201c\u201d\u2018\u2019\u00ab\u00bb\u201e"
+_PUNCTUATION = str.maketrans("", "", string.punctuation + _QUOTES + "¿¡…\u2013\u2014")
+# "Paraphrase:", "**Rewritten question:**", "Variant 2 of 3 - ", "New harder question:" ... A
+# dash counts only with spaces around it, so "Question-answering systems: ..." stays whole.
+_LABEL = re.compile(
+    r"^\W{0,4}(?:[a-z]+\s+){0,4}"
+    r"(?:question|paraphrase|variant|version|rewrite|rephrasing|prompt)"
+    r"(?:\s*#?\d+(?:\s*(?:of|/)\s*\d+)?)?(?:\*\*)?\s*(?::|\s[-\u2013\u2014]\s)\s*(?:\*\*)?\s*",
+    re.IGNORECASE,
+)
+# The variant number of the instruction, echoed back by a small model.
+_ECHOED_NUMBER = re.compile(r"\(?this is variant \d+ of \d+\.?\)?\s*", re.IGNORECASE)
+# A lead-in line such as "Sure! Here is a harder version:" or "Here's the rewritten question:".
+_LEAD_IN = re.compile(r"^(?:sure|certainly|okay|ok|of course|here)\b.*:\s*$", re.IGNORECASE)
+_LIST_MARK = re.compile(r"^(?:[-*•]\s+|\d+[.)]\s+)")
+_FENCE = re.compile(r"^```[\w-]*\s*|\s*```$")
+
+
+class AmplifyOutcome(BaseModel):
+    """Rows kept, outputs set aside, and how many variants deduplication dropped."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rows: list[AmplifiedRow]
+    quarantined: list[QuarantineRow]
+    duplicates: int = Field(ge=0, description="Variants equal to a seed or an earlier variant.")
+
+
+def variant_instruction(strategy: Strategy, prompt: str, *, index: int, k: int) -> str:
+    """The user message asking for variant `index` (0-based) of `k` of `prompt`."""
+    numbering = f" This is variant {index + 1} of {k}." if k > 1 else ""
+    return f"{TEMPLATES[strategy]}{numbering}\n\nQuestion:\n{prompt.strip()}"
+
+
+def _variant_seed(base: int | None, seed_id: str, strategy: Strategy, index: int) -> int:
+    key = f"{base}|{seed_id}|{strategy.value}|{index}".encode()
+    # 31 bits: llama.cpp takes the seed as a uint32 and reserves 0xFFFFFFFF for "random".
+    return int.from_bytes(hashlib.sha256(key).digest()[:4], "big") & 0x7FFFFFFF
+
+
+def amplification_requests(
+    seeds: Sequence[SeedPrompt],
+    strategies: Iterable[Strategy | str],
+    k: int,
+    params: SamplingParams = DEFAULT_AMPLIFY_PARAMS,
+) -> list[GenerationRequest]:
+    """k requests per seed per strategy (tag = strategy), deterministic across reruns.
+
+    Row-level overrides of a seed are for its answer, so they do not apply here; a multi-turn
+    seed is amplified from its last user message.
+    """
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    unique = list(dict.fromkeys(Strategy(strategy) for strategy in strategies))
+    requests: list[GenerationRequest] = []
+    for seed in seeds:
+        for strategy in unique:
+            for index in range(k):
+                text = variant_instruction(strategy, seed.prompt, index=index, k=k)
+                variant_params = params.model_copy(
+                    update={"seed": _variant_seed(params.seed, seed.input_id, strategy, index)}
+                )
+                requests.append(
+                    GenerationRequest(
+                        input_id=seed.input_id,
+                        messages=[ChatMessage(role="user", content=text)],
+                        params=variant_params,
+                        tag=strategy.value,
+                    )
+                )
+    return requests
+
+
+def normalize_text(text: str) -> str:
+    """Casefolded, punctuation-free, whitespace-collapsed text: the dedup key."""
+    return " ".join(text.casefold().translate(_PUNCTUATION).split())
+
+
+def _strip_decorations(paragraph: str) -> str:
+    text = paragraph.strip()
+    if _LIST_MARK.match(text):
+        # A numbered list of alternatives: the first item is the variant.
+        text = text.splitlines()[0]
+    for _ in range(3):  # labels, list marks, bold and quotes can nest: "1. **Question:** "x""
+        before = text
+        text = _LIST_MARK.sub("", _LABEL.sub("", text, count=1), count=1).strip()
+        text = text.strip("*_").strip()
+        if len(text) >= 2 and text[0] in _QUOTES and text[-1] in _QUOTES:
+            text = text[1:-1].strip()
+        if text == before:
+            break
+    return text
+
+
+def _parse(result: GenerationResult) -> tuple[str | None, str]:
+    """The variant, or None and why not."""
+    text = _ECHOED_NUMBER.sub("", _FENCE.sub("", result.text.strip())).strip()
+    lines = text.splitlines()
+    while lines and (not lines[0].strip() or _LEAD_IN.match(lines[0].strip())):
+        lines.pop(0)
+    paragraphs = [p.strip() for p in re.split(r"\n\s*\n", "\n".join(lines)) if p.strip()]
+    candidates = [(i, _strip_decorations(p)) for i, p in enumerate(paragraphs)]
+    candidates = [(i, c) for i, c in candidates if c]
+    if not candidates:
+        return None, "empty output"
+    index, variant = candidates[0]
+    if index == len(paragraphs) - 1 and result.finish_reason == "length":
+        return None, "variant cut off at max_tokens (finish_reason=length)"
+    if len(variant) < _MIN_VARIANT_CHARS or not any(ch.isalpha() for ch in variant):
+        return None, f"output too short to be a prompt: {variant!r}"
+    normalized = normalize_text(variant)
+    for template in TEMPLATES.values():
+        # Small models sometimes repeat the instruction instead of following it.
+        if normalized.startswith(normalize_text(template)[:40]):
+            return None, "output repeats the instruction"
+    return variant, ""
+
+
+def parse_variant(result: GenerationResult) -> str | None:
+    """The new prompt in a completion (labels, quotes, lead-ins stripped), or None if unusable."""
+    return _parse(result)[0]
+
+
+def dedup_variants(
+    rows: Sequence[AmplifiedRow], seed_prompts: Mapping[str, str]
+) -> tuple[list[AmplifiedRow], int]:
+    """Drop variants whose normalized text equals a seed prompt or an earlier variant.
+
+    Returns the kept rows (input order) and the number dropped.
+    """
+    seen = {normalize_text(prompt) for prompt in seed_prompts.values()}
+    kept: list[AmplifiedRow] = []
+    for row in rows:
+        key = normalize_text(row.prompt)
+        if key in seen:
+            continue
+        seen.add(key)
+        kept.append(row)
+    return kept, len(rows) - len(kept)
+
+
+def generation_columns(result: GenerationResult) -> dict[str, object]:
+    """The contract columns of an output row, taken from its result."""
+    return result.model_dump(include=set(GenerationColumns.model_fields))
+
+
+def result_quarantine(
+    result: GenerationResult,
+    *,
+    stage: Literal["amplify", "distill"],
+    seed: SeedPrompt,
+    reason: str,
+) -> QuarantineRow:
+    """A quarantine row for an unusable output, pointing at the seed's file and line."""
+    return QuarantineRow(
+        request_id=result.request_id,
+        input_id=result.input_id,
+        model=result.model,
+        digest_sha256=result.digest_sha256,
+        prompt_tokens=result.prompt_tokens,
+        cached_tokens=result.cached_tokens,
+        completion_tokens=result.completion_tokens,
+        finish_reason=result.finish_reason,
+        stage=stage,
+        source_file=seed.source_file,
+        line=seed.line,
+        reason=reason,
+        raw=truncate_raw(result.text),
+        # The result's own time, so that a rerun from the ledger yields identical rows.
+        created_at=result.created_at,
+    )
+
+
+def to_amplified_rows(
+    results: Iterable[GenerationResult], seeds: Sequence[SeedPrompt]
+) -> AmplifyOutcome:
+    """Parse, check and dedup amplification results into rows and quarantine rows.
+
+    Results are ordered by (seed, strategy, request id) first, so which duplicate survives does
+    not depend on the order in which the server finished them. A result whose seed is not in
+    `seeds`, or whose tag is not a strategy, is a caller bug and raises ValueError.
+    """
+    by_id = {seed.input_id: seed for seed in seeds}
+    ordered = sorted(results, key=lambda r: (r.input_id, r.tag, r.request_id))
+    candidates: list[AmplifiedRow] = []
+    quarantined: list[QuarantineRow] = []
+    for result in ordered:
+        seed = by_id.get(result.input_id)
+        if seed is None:
+            raise ValueError(f"result {result.request_id} is for unknown seed {result.input_id!r}")
+        if result.tag not in _STRATEGY_VALUES:
+            raise ValueError(f"result {result.request_id} has no strategy tag: {result.tag!r}")
+        variant, reason = _parse(result)
+        if variant is None:
+            quarantined.append(result_quarantine(result, stage="amplify", seed=seed, reason=reason))
+            continue
+        candidates.append(
+            AmplifiedRow.model_validate(
+                {
+                    **generation_columns(result),
+                    "seed_id": seed.input_id,
+                    "strategy": result.tag,
+                    "prompt": variant,
+                }
+            )
+        )
+    rows, duplicates = dedup_variants(candidates, {s.input_id: s.prompt for s in seeds})
+    return AmplifyOutcome(rows=rows, quarantined=quarantined, duplicates=duplicates)

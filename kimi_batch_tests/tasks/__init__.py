@@ -1,0 +1,1 @@
+"""Tests of kimi_batch.tasks (pure functions: no server needed)."""

@@ -1,0 +1,222 @@
+"""Distillation requests and rows, incl. logprobs and schema-validated JSON (no server)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from pydantic import BaseModel, ValidationError
+
+from kimi_batch.engine.requests import GenerationResult, SamplingParams
+from kimi_batch.llama.types import TokenLogprob, TopLogprob
+from kimi_batch.tasks.amplify import generation_columns
+from kimi_batch.tasks.distill import (
+    DEFAULT_DISTILL_PARAMS,
+    distillation_requests,
+    parse_tag,
+    to_distilled_rows,
+    variant_tag,
+)
+from kimi_batch.tasks.inputs import INSTRUCTIONS_OPEN, SeedPrompt
+from kimi_batch.tasks.rows import AmplifiedRow
+
+CREATED = datetime(2025, 1, 1, tzinfo=UTC)
+
+
+class Answer(BaseModel):
+    answer: str
+    confidence: float
+
+
+def _seed(
+    input_id: str, prompt: str, *, instructions: str | None = None, line: int = 1
+) -> SeedPrompt:
+    content = (
+        f"{INSTRUCTIONS_OPEN}\n{instructions}\n</instructions>\n\n{prompt}"
+        if instructions
+        else prompt
+    )
+    return SeedPrompt.model_validate(
+        {
+            "input_id": input_id,
+            "messages": [{"role": "user", "content": content}],
+            "prompt": prompt,
+            "instructions": instructions,
+            "params": {"max_tokens": 64} if instructions else {},
+            "source_file": "seeds.jsonl",
+            "line": line,
+        }
+    )
+
+
+def _result(
+    text: str,
+    *,
+    input_id: str,
+    tag: str,
+    request_id: str,
+    finish_reason: str = "stop",
+    logprobs: list[TokenLogprob] | None = None,
+) -> GenerationResult:
+    return GenerationResult(
+        request_id=request_id,
+        input_id=input_id,
+        tag=tag,
+        model="smollm2",
+        digest_sha256="d" * 64,
+        text=text,
+        finish_reason=finish_reason,
+        prompt_tokens=200,
+        cached_tokens=180,
+        completion_tokens=30,
+        prompt_ms=3.0,
+        predicted_ms=90.0,
+        latency_ms=100.0,
+        endpoint="http://127.0.0.1:8081",
+        slot_id=1,
+        logprobs=logprobs,
+        created_at=CREATED,
+    )
+
+
+def _variant(seed_id: str, prompt: str, request_id: str, strategy: str = "harder") -> AmplifiedRow:
+    result = _result(prompt, input_id=seed_id, tag=strategy, request_id=request_id)
+    return AmplifiedRow.model_validate(
+        {**generation_columns(result), "seed_id": seed_id, "strategy": strategy, "prompt": prompt}
+    )
+
+
+SEEDS = [
+    _seed("s1", "Why is the sky blue?", line=1),
+    _seed("s2", "What is 7 times 8?", instructions="Answer in French.", line=2),
+]
+VARIANTS = [
+    _variant("s1", "Why is the sunset red?", "v1", "related"),
+    _variant("s2", "What is 7 times 8 times 9?", "v2", "harder"),
+]
+
+
+def test_requests_for_seeds_and_variants() -> None:
+    requests = distillation_requests(SEEDS, VARIANTS)
+
+    assert [(r.input_id, r.tag) for r in requests] == [
+        ("s1", "seed"),
+        ("s2", "seed"),
+        ("v1", "variant:related"),
+        ("v2", "variant:harder"),
+    ]
+    assert requests[0].messages == SEEDS[0].messages
+    assert requests[0].params == DEFAULT_DISTILL_PARAMS
+    assert requests[1].params.max_tokens == 64  # the row's override
+    (variant_message,) = requests[3].messages
+    assert variant_message.role == "user"
+    # The seed's instructions still hold for its variants, and so do its overrides.
+    assert variant_message.content.startswith(INSTRUCTIONS_OPEN)
+    assert "Answer in French." in variant_message.content
+    assert variant_message.content.endswith("What is 7 times 8 times 9?")
+    assert requests[3].params.max_tokens == 64
+    assert requests[2].messages[0].content == "Why is the sunset red?"
+    assert all(m.role != "system" for r in requests for m in r.messages)
+
+
+def test_requests_carry_n_probs_and_the_output_schema() -> None:
+    requests = distillation_requests(
+        SEEDS, [], SamplingParams(temperature=0.0), n_probs=5, output_model=Answer
+    )
+
+    assert all(r.params.n_probs == 5 for r in requests)
+    assert requests[0].params.json_schema == Answer.model_json_schema()
+    assert requests[0].params.temperature == 0.0
+    assert distillation_requests(SEEDS[:1])[0].params.json_schema is None
+    with pytest.raises(ValidationError):
+        distillation_requests(SEEDS, n_probs=99)
+    with pytest.raises(ValueError, match="unknown seed"):
+        distillation_requests(SEEDS[:1], VARIANTS)
+
+
+def test_tags_round_trip() -> None:
+    assert parse_tag("seed") == ("seed", None)
+    assert parse_tag(variant_tag("paraphrase")) == ("variant", "paraphrase")
+    with pytest.raises(ValueError, match="not a distillation tag"):
+        parse_tag("paraphrase")
+
+
+def test_rows_keep_provenance_empty_answers_and_logprobs() -> None:
+    logprobs = [
+        TokenLogprob(token="Blue", logprob=-0.1, top=[TopLogprob(token="Blue", logprob=-0.1)])
+    ]
+    results = [
+        _result("  Le résultat est 504.  ", input_id="v2", tag="variant:harder", request_id="c"),
+        _result("", input_id="s2", tag="seed", request_id="b"),
+        _result(
+            "Rayleigh scattering.", input_id="s1", tag="seed", request_id="a", logprobs=logprobs
+        ),
+        _result("Dust and low sun.", input_id="v1", tag="variant:related", request_id="d"),
+    ]
+
+    outcome = to_distilled_rows(results, SEEDS, VARIANTS)
+
+    assert outcome.quarantined == []
+    assert [(r.seed_id, r.origin, r.strategy, r.input_id) for r in outcome.rows] == [
+        ("s1", "seed", None, "s1"),
+        ("s1", "variant", "related", "v1"),
+        ("s2", "seed", None, "s2"),
+        ("s2", "variant", "harder", "v2"),
+    ]
+    by_request = {row.request_id: row for row in outcome.rows}
+    assert by_request["a"].logprobs == logprobs
+    assert by_request["a"].prompt == "Why is the sky blue?"
+    assert by_request["a"].cached_tokens == 180
+    assert by_request["b"].response == ""  # kept: the asset check counts empty answers
+    assert by_request["c"].response == "Le résultat est 504."
+    assert by_request["c"].prompt == "What is 7 times 8 times 9?"
+    assert by_request["d"].structured is None
+
+
+def test_structured_output_is_validated_and_bad_json_quarantined() -> None:
+    results = [
+        _result(
+            '{"answer": "Rayleigh scattering", "confidence": 0.9}',
+            input_id="s1",
+            tag="seed",
+            request_id="a",
+        ),
+        _result(
+            '```json\n{"answer": "56", "confidence": 1}\n```',
+            input_id="s2",
+            tag="seed",
+            request_id="b",
+        ),
+        _result('{"answer": "Dust"}', input_id="v1", tag="variant:related", request_id="c"),
+        _result(
+            '{"answer": "504", "confid',
+            input_id="v2",
+            tag="variant:harder",
+            request_id="d",
+            finish_reason="length",
+        ),
+    ]
+
+    outcome = to_distilled_rows(results, SEEDS, VARIANTS, output_model=Answer)
+
+    assert [row.request_id for row in outcome.rows] == ["a", "b"]
+    assert outcome.rows[0].structured == '{"answer":"Rayleigh scattering","confidence":0.9}'
+    assert Answer.model_validate_json(outcome.rows[1].structured or "") == Answer(
+        answer="56", confidence=1.0
+    )
+    reasons = {row.request_id: row for row in outcome.quarantined}
+    assert set(reasons) == {"c", "d"}
+    assert reasons["c"].reason == "answer does not match Answer: confidence: Field required"
+    assert reasons["d"].reason.endswith("(cut off at max_tokens)")
+    assert (reasons["d"].stage, reasons["d"].source_file, reasons["d"].line) == (
+        "distill",
+        "seeds.jsonl",
+        2,
+    )
+    assert reasons["d"].raw == '{"answer": "504", "confid'
+
+
+def test_rows_reject_results_that_match_nothing() -> None:
+    stray = _result("x", input_id="v9", tag="variant:harder", request_id="z")
+    with pytest.raises(ValueError, match="matches no seed or variant"):
+        to_distilled_rows([stray], SEEDS, VARIANTS)
