@@ -84,6 +84,7 @@ class Settings(BaseModel):
     llama_n_predict: int = Field(gt=0, description="Server-side cap on generated tokens.")
     llama_extra_args: tuple[str, ...] = Field(description="Passed to llama-server untouched.")
     digest: Path = Field(description="System digest file.")
+    warehouse: Path | None = Field(description="Warehouse root; default $KIMI_BATCH_HOME/warehouse.")
     trino_host: str | None
     trino_port: int = Field(gt=0, lt=65536)
     trino_user: str
@@ -96,6 +97,7 @@ class Settings(BaseModel):
         home = Path(os.environ.get("KIMI_BATCH_HOME", "./var")).expanduser().resolve()
         model_env = _env_str("KIMI_BATCH_MODEL")
         digest_env = _env_str("KIMI_BATCH_DIGEST")
+        warehouse_env = _env_str("KIMI_BATCH_WAREHOUSE")
         return cls(
             home=home,
             model=Path(model_env).expanduser().resolve() if model_env else default_model_path(),
@@ -109,6 +111,7 @@ class Settings(BaseModel):
             llama_n_predict=_env_int("KIMI_BATCH_LLAMA_N_PREDICT", 1024),
             llama_extra_args=tuple(shlex.split(os.environ.get("KIMI_BATCH_LLAMA_EXTRA_ARGS", ""))),
             digest=Path(digest_env).expanduser().resolve() if digest_env else default_digest_path(),
+            warehouse=Path(warehouse_env).expanduser().resolve() if warehouse_env else None,
             trino_host=_env_str("KIMI_BATCH_TRINO_HOST"),
             trino_port=_env_int("KIMI_BATCH_TRINO_PORT", DEFAULT_TRINO_PORT),
             trino_user=_env_str("KIMI_BATCH_TRINO_USER") or "kimi_batch",
@@ -127,7 +130,7 @@ class Settings(BaseModel):
 
     @property
     def warehouse_dir(self) -> Path:
-        return self.home / "warehouse"
+        return self.warehouse or self.home / "warehouse"
 
     @property
     def inbox_dir(self) -> Path:

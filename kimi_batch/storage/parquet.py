@@ -1,0 +1,198 @@
+"""Parquet warehouse in Hive layout: `root/<table>/ds=YYYY-MM-DD/source=NAME/part-0.parquet`.
+
+A partition is one file. Writing it again replaces it atomically (temp file in the same directory,
+fsync, `os.replace`, fsync of the directory), so a re-materialization never appends and a reader
+sees either the old or the new rows. The temp name starts with a dot, which Trino and Hive skip.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Iterable, Mapping
+from datetime import UTC, date, datetime
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+from pydantic import BaseModel, ConfigDict
+
+from kimi_batch.storage.errors import InvalidPartitionError
+from kimi_batch.storage.schema import PARTITION_COLUMNS, TABLES, model_for, polars_schema
+
+__all__ = ["PART_FILE", "PartitionWrite", "Warehouse", "validate_ds", "validate_source"]
+
+PART_FILE = "part-0.parquet"
+_DS = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+# First character alphanumeric: Hive and Trino skip paths that start with "." or "_".
+_SOURCE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def validate_ds(ds: str | date) -> str:
+    """`ds` as an ISO date string (YYYY-MM-DD); a `date` is accepted."""
+    if isinstance(ds, datetime):
+        raise InvalidPartitionError(f"ds must be a date, not a datetime: {ds!r}")
+    if isinstance(ds, date):
+        return ds.isoformat()
+    if not isinstance(ds, str) or not _DS.fullmatch(ds):
+        raise InvalidPartitionError(f"ds must be an ISO date YYYY-MM-DD, got {ds!r}")
+    try:
+        date.fromisoformat(ds)
+    except ValueError as error:
+        raise InvalidPartitionError(f"ds is not a valid date: {ds!r}") from error
+    return ds
+
+
+def validate_source(source: str) -> str:
+    """`source` if it is 1-128 characters of [A-Za-z0-9_.-], starting alphanumeric."""
+    if not isinstance(source, str) or not _SOURCE.fullmatch(source):
+        raise InvalidPartitionError(
+            f"source must be 1-128 characters of [A-Za-z0-9_.-] starting with a letter or digit, "
+            f"got {source!r}"
+        )
+    return source
+
+
+class PartitionWrite(BaseModel):
+    """What `Warehouse.write_partition` wrote."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    table: str
+    ds: str
+    source: str
+    path: Path
+    rows: int
+    bytes: int
+
+
+def _utc_naive(value: Any) -> Any:
+    """Aware datetimes -> naive UTC, recursively; the files store UTC without a zone."""
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).replace(tzinfo=None) if value.tzinfo else value
+    if isinstance(value, Mapping):
+        return {key: _utc_naive(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_utc_naive(item) for item in value]
+    return value
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Warehouse:
+    """The Parquet files of the output tables under one root directory."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root).expanduser().resolve()
+
+    def __repr__(self) -> str:
+        return f"Warehouse({str(self.root)!r})"
+
+    def table_dir(self, table: str) -> Path:
+        model_for(table)
+        return self.root / table
+
+    def partition_dir(self, table: str, ds: str | date, source: str) -> Path:
+        return self.table_dir(table) / f"ds={validate_ds(ds)}" / f"source={validate_source(source)}"
+
+    def partition_file(self, table: str, ds: str | date, source: str) -> Path:
+        return self.partition_dir(table, ds, source) / PART_FILE
+
+    def write_partition(
+        self, table: str, ds: str | date, source: str, rows: Iterable[BaseModel]
+    ) -> PartitionWrite:
+        """Write (or atomically replace) one partition; zero rows still writes a schema-only file."""
+        model = model_for(table)
+        ds, source = validate_ds(ds), validate_source(source)
+        records: list[dict[str, Any]] = []
+        for row in rows:
+            if not isinstance(row, model):
+                raise TypeError(f"{table} takes {model.__name__} rows, got {type(row).__name__}")
+            records.append(_utc_naive(row.model_dump()))
+        frame = pl.DataFrame(records, schema=polars_schema(table))
+        directory = self.partition_dir(table, ds, source)
+        directory.mkdir(parents=True, exist_ok=True)
+        target = directory / PART_FILE
+        temp = directory / f".{PART_FILE}.{uuid.uuid4().hex}.tmp"
+        try:
+            frame.write_parquet(temp, compression="zstd", statistics=True)
+            with temp.open("rb") as handle:
+                os.fsync(handle.fileno())
+            os.replace(temp, target)
+        finally:
+            temp.unlink(missing_ok=True)
+        # Files of another writer (part-1.parquet, ...) would be read as extra rows of the partition.
+        for stale in directory.glob("*.parquet"):
+            if stale.name != PART_FILE:
+                stale.unlink()
+        _fsync_dir(directory)
+        return PartitionWrite(
+            table=table,
+            ds=ds,
+            source=source,
+            path=target,
+            rows=frame.height,
+            bytes=target.stat().st_size,
+        )
+
+    def partitions(self, table: str) -> list[tuple[str, str]]:
+        """(ds, source) of every partition that has its file, sorted."""
+        found: list[tuple[str, str]] = []
+        table_dir = self.table_dir(table)
+        if not table_dir.is_dir():
+            return found
+        for ds_dir in table_dir.glob("ds=*"):
+            for source_dir in ds_dir.glob("source=*"):
+                ds, source = (
+                    ds_dir.name.removeprefix("ds="),
+                    source_dir.name.removeprefix("source="),
+                )
+                if (
+                    _DS.fullmatch(ds)
+                    and _SOURCE.fullmatch(source)
+                    and (source_dir / PART_FILE).is_file()
+                ):
+                    found.append((ds, source))
+        return sorted(found)
+
+    def read_partition(self, table: str, ds: str | date, source: str) -> pl.DataFrame:
+        """The rows of one partition with `ds` and `source` columns; empty if never written."""
+        ds, source = validate_ds(ds), validate_source(source)
+        path = self.partition_file(table, ds, source)
+        if not path.is_file():
+            return pl.DataFrame(schema=polars_schema(table, partitions=True))
+        schema = polars_schema(table)
+        # select + cast: column order and dtypes follow the model even for older files.
+        frame = pl.read_parquet(path).select(schema.names()).cast(schema)
+        return frame.with_columns(
+            pl.lit(ds, dtype=pl.String).alias(PARTITION_COLUMNS[0]),
+            pl.lit(source, dtype=pl.String).alias(PARTITION_COLUMNS[1]),
+        )
+
+    def read_table(self, table: str) -> pl.DataFrame:
+        """Every partition of a table, with `ds` and `source`; an empty frame with the schema if none."""
+        frames = [self.read_partition(table, ds, source) for ds, source in self.partitions(table)]
+        if not frames:
+            return pl.DataFrame(schema=polars_schema(table, partitions=True))
+        return pl.concat(frames, how="vertical")
+
+    def count(self, table: str) -> int:
+        """Rows in all partitions of a table (from the Parquet footers, no data read)."""
+        return sum(
+            pl.scan_parquet(self.partition_file(table, ds, source))
+            .select(pl.len())
+            .collect()
+            .item()
+            for ds, source in self.partitions(table)
+        )
+
+    def tables(self) -> list[str]:
+        """The output tables that have at least one partition."""
+        return [table for table in TABLES if self.partitions(table)]

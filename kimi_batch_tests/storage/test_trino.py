@@ -1,0 +1,211 @@
+"""Publishing to a real Trino (scripts/trino.sh, session fixture `trino_server`)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from datetime import datetime
+
+import pytest
+
+from kimi_batch.storage import (
+    TABLES,
+    InvalidIdentifierError,
+    InvalidPartitionError,
+    SchemaMismatchError,
+    StorageError,
+    TrinoConfig,
+    TrinoPublisher,
+    TrinoUnavailableError,
+    Warehouse,
+)
+from kimi_batch_tests.storage import CREATED_AT, amplified, distilled, quarantined
+from kimi_batch_tests.trino_fixtures import TrinoServer
+
+DS = "2024-05-01"
+
+
+@pytest.fixture
+def isolated(
+    trino_server: TrinoServer, request: pytest.FixtureRequest
+) -> Iterator[tuple[Warehouse, TrinoPublisher]]:
+    """A warehouse and schema of this test's own inside the shared server."""
+    name = "t_" + request.node.name.lower().replace("[", "_").replace("]", "").replace("-", "_")
+    warehouse, config = trino_server.isolated(name[:60])
+    with TrinoPublisher(config) as publisher:
+        yield warehouse, publisher
+
+
+def _dead_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_publish_creates_tables_with_parquet_counts(
+    isolated: tuple[Warehouse, TrinoPublisher],
+) -> None:
+    warehouse, publisher = isolated
+    variants = amplified(4)
+    warehouse.write_partition("amplified", DS, "demo", variants)
+    warehouse.write_partition("distilled", DS, "demo", distilled(variants))
+    warehouse.write_partition("quarantine", DS, "demo", quarantined(2))
+    for table in TABLES:
+        report = publisher.publish_partition(warehouse, table, DS, "demo")
+        assert report.partitions_registered == 1
+
+    tables = {name for (name,) in publisher.query(f'SHOW TABLES FROM hive."{publisher.schema}"')}
+    assert tables == set(TABLES)
+    for table in TABLES:
+        assert publisher.count(table) == warehouse.count(table) > 0
+        assert publisher.registered_partitions(table) == [(DS, "demo")]
+
+
+def test_republishing_a_rewritten_partition_keeps_counts(
+    isolated: tuple[Warehouse, TrinoPublisher],
+) -> None:
+    warehouse, publisher = isolated
+    warehouse.write_partition("amplified", DS, "demo", amplified(3))
+    publisher.publish_partition(warehouse, "amplified", DS, "demo")
+    assert publisher.count("amplified") == 3
+
+    # Same rows again: nothing doubles, the registration is idempotent.
+    warehouse.write_partition("amplified", DS, "demo", amplified(3))
+    report = publisher.publish_partition(warehouse, "amplified", DS, "demo")
+    assert report.partitions_registered == 0
+    assert publisher.count("amplified") == warehouse.count("amplified") == 3
+
+    # Different rows: Trino sees the new file at once, not the old listing.
+    warehouse.write_partition("amplified", DS, "demo", amplified(5, prefix="v2"))
+    publisher.publish_partition(warehouse, "amplified", DS, "demo")
+    assert publisher.count("amplified") == warehouse.count("amplified") == 5
+    ids = publisher.query(f'SELECT request_id FROM "{publisher.schema}".amplified ORDER BY 1')
+    assert [request_id for (request_id,) in ids] == [f"v2-{i}" for i in range(5)]
+
+
+def test_distilled_joins_amplified(isolated: tuple[Warehouse, TrinoPublisher]) -> None:
+    warehouse, publisher = isolated
+    variants = amplified(3)
+    answers = distilled(variants)
+    warehouse.write_partition("amplified", DS, "demo", variants)
+    warehouse.write_partition("distilled", DS, "demo", answers)
+    publisher.publish_all(warehouse)
+
+    schema = f'"{publisher.schema}"'
+    rows = publisher.query(
+        f"SELECT d.request_id, a.request_id, a.prompt, d.created_at, d.logprobs[1].top[2].token "
+        f"FROM {schema}.distilled d JOIN {schema}.amplified a "
+        "ON d.input_id = a.request_id AND d.ds = a.ds AND d.source = a.source "
+        "WHERE d.ds = ? ORDER BY 1",
+        [DS],
+    )
+    assert [(d, a, prompt) for d, a, prompt, _, _ in rows] == [
+        (answer.request_id, variant.request_id, variant.prompt)
+        for answer, variant in zip(answers, variants, strict=True)
+    ]
+    created_at: datetime = rows[0][3]
+    assert created_at == CREATED_AT.replace(tzinfo=None)  # microseconds survive the round trip
+    assert rows[0][4] == "Lyon"
+
+
+def test_empty_partition_is_published(isolated: tuple[Warehouse, TrinoPublisher]) -> None:
+    warehouse, publisher = isolated
+    warehouse.write_partition("quarantine", DS, "nothing_bad", [])
+    publisher.publish_partition(warehouse, "quarantine", DS, "nothing_bad")
+    assert publisher.registered_partitions("quarantine") == [(DS, "nothing_bad")]
+    assert publisher.count("quarantine") == 0
+
+
+def test_publish_all_catches_up(isolated: tuple[Warehouse, TrinoPublisher]) -> None:
+    warehouse, publisher = isolated
+    warehouse.write_partition("amplified", "2024-05-01", "a", amplified(2))
+    publisher.publish_partition(warehouse, "amplified", "2024-05-01", "a")
+    # Written while Trino was away: never published.
+    warehouse.write_partition("amplified", "2024-05-01", "b", amplified(3))
+    warehouse.write_partition("amplified", "2024-05-02", "a", amplified(1))
+    warehouse.write_partition("quarantine", "2024-05-02", "a", quarantined(4))
+
+    report = publisher.publish_all(warehouse)
+    assert report.tables == tuple(TABLES)
+    assert report.partitions_present == 4
+    assert report.partitions_registered == 3
+    for table in TABLES:
+        assert publisher.count(table) == warehouse.count(table)
+        assert publisher.registered_partitions(table) == warehouse.partitions(table)
+    assert publisher.count("amplified", ds="2024-05-01", source="b") == 3
+
+    again = publisher.publish_all(warehouse)
+    assert again.partitions_registered == 0
+    assert publisher.count("amplified") == 6
+
+
+@pytest.mark.parametrize(
+    "field",
+    ["schema_name", "catalog"],
+)
+@pytest.mark.parametrize(
+    "bad",
+    ['kimi"batch', "kimi_batch; DROP SCHEMA hive.x", "kimi batch", "Kimi", "1abc", "", "x'y"],
+)
+def test_bad_identifiers_are_rejected_before_sql(field: str, bad: str) -> None:
+    # A dead port: had any SQL been sent, this would be a TrinoUnavailableError instead.
+    config = TrinoConfig.model_validate({"host": "127.0.0.1", "port": _dead_port(), field: bad})
+    with pytest.raises(InvalidIdentifierError, match="invalid"):
+        TrinoPublisher(config)
+
+
+@pytest.mark.parametrize("table", ['amplified"', "amplified; DROP TABLE x", "amplified x", "AMP"])
+def test_bad_table_names_are_rejected_before_sql(table: str) -> None:
+    publisher = TrinoPublisher(TrinoConfig(host="127.0.0.1", port=_dead_port()))
+    with pytest.raises(InvalidIdentifierError):
+        publisher.ensure_table(table)
+    with pytest.raises(InvalidIdentifierError):
+        publisher.count(table)
+    with pytest.raises(InvalidIdentifierError):
+        publisher.register_partition(table, DS, "demo")
+
+
+def test_bad_partition_values_are_rejected_before_sql() -> None:
+    publisher = TrinoPublisher(TrinoConfig(host="127.0.0.1", port=_dead_port()))
+    with pytest.raises(InvalidPartitionError):
+        publisher.register_partition("amplified", "2024-05-01'; --", "demo")
+    with pytest.raises(InvalidPartitionError):
+        publisher.register_partition("amplified", DS, "x' OR '1'='1")
+    with pytest.raises(InvalidPartitionError):
+        publisher.count("amplified", source="a b")
+
+
+def test_unreachable_trino_raises_and_parquet_stays(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    warehouse = Warehouse(tmp_path_factory.mktemp("offline"))
+    written = warehouse.write_partition("amplified", DS, "demo", amplified(2))
+    publisher = TrinoPublisher(TrinoConfig(host="127.0.0.1", port=_dead_port(), max_attempts=1))
+    with pytest.raises(TrinoUnavailableError, match="unreachable") as caught:
+        publisher.publish_partition(warehouse, "amplified", DS, "demo")
+    assert isinstance(caught.value, StorageError)
+    with pytest.raises(TrinoUnavailableError):
+        publisher.publish_all(warehouse)
+    assert written.path.is_file()
+    assert warehouse.count("amplified") == 2
+
+
+def test_publishing_an_unwritten_partition_fails(
+    isolated: tuple[Warehouse, TrinoPublisher],
+) -> None:
+    warehouse, publisher = isolated
+    with pytest.raises(StorageError, match="nothing to publish"):
+        publisher.publish_partition(warehouse, "amplified", DS, "never")
+
+
+def test_schema_drift_is_reported(isolated: tuple[Warehouse, TrinoPublisher]) -> None:
+    warehouse, publisher = isolated
+    publisher.ensure_schema()
+    publisher.query(
+        f'CREATE TABLE "{publisher.schema}".amplified (request_id VARCHAR, ds VARCHAR, source VARCHAR) '
+        "WITH (external_location = ?, format = 'PARQUET', partitioned_by = ARRAY['ds', 'source'])",
+        [publisher.config.table_location("amplified")],
+    )
+    warehouse.write_partition("amplified", DS, "demo", amplified(1))
+    with pytest.raises(SchemaMismatchError, match="drop the Trino table"):
+        publisher.publish_partition(warehouse, "amplified", DS, "demo")

