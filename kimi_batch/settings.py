@@ -84,13 +84,18 @@ class Settings(BaseModel):
     llama_n_predict: int = Field(gt=0, description="Server-side cap on generated tokens.")
     llama_extra_args: tuple[str, ...] = Field(description="Passed to llama-server untouched.")
     digest: Path = Field(description="System digest file.")
-    warehouse: Path | None = Field(description="Warehouse root; default $KIMI_BATCH_HOME/warehouse.")
+    warehouse: Path | None = Field(
+        description="Warehouse root; default $KIMI_BATCH_HOME/warehouse."
+    )
     trino_host: str | None
     trino_port: int = Field(gt=0, lt=65536)
     trino_user: str
     trino_password: str | None = Field(repr=False)
     trino_catalog: str
     trino_schema: str
+    trino_warehouse_location: str = Field(
+        description="The warehouse root as Trino's file system names it (local:///, s3://...)."
+    )
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -118,6 +123,7 @@ class Settings(BaseModel):
             trino_password=_env_str("KIMI_BATCH_TRINO_PASSWORD"),
             trino_catalog=_env_str("KIMI_BATCH_TRINO_CATALOG") or "hive",
             trino_schema=_env_str("KIMI_BATCH_TRINO_SCHEMA") or "kimi_batch",
+            trino_warehouse_location=_env_str("KIMI_BATCH_TRINO_WAREHOUSE_LOCATION") or "local:///",
         )
 
     @property

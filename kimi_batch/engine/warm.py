@@ -8,6 +8,7 @@ server restart it is restored from the saved file and never prefilled again.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import re
@@ -18,12 +19,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from kimi_batch.engine.digest import SystemDigest
 from kimi_batch.engine.prompt import warmup_messages
 from kimi_batch.llama.client import LlamaClient
-from kimi_batch.llama.exceptions import LlamaHTTPError
+from kimi_batch.llama.exceptions import LlamaError, LlamaHTTPError
 from kimi_batch.llama.models import GenerationStats
 
 __all__ = ["CanaryResult", "SlotWarmer", "WarmupReport", "digest_save_name"]
 
 logger = logging.getLogger(__name__)
+
+IDLE_WAIT_S = 600.0
 
 
 def digest_save_name(digest_sha256: str, model: str, ctx: int | None) -> str:
@@ -102,8 +105,25 @@ class SlotWarmer:
         self.prefills += 1
         return (time.perf_counter() - started) * 1000
 
+    async def wait_idle(self, slot_id: int, timeout_s: float = IDLE_WAIT_S) -> None:
+        """Wait until a slot finishes what it is doing (a killed run's request, say).
+
+        A restore into a busy slot fails, and falling back to a prefill would cost the full
+        digest; the request in progress finishes in seconds to minutes.
+        """
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                slots = await self.client.slots()
+            except LlamaError:
+                return  # no /slots on this build: restore and see
+            if not any(slot.id == slot_id and slot.is_processing for slot in slots):
+                return
+            await asyncio.sleep(0.2)
+
     async def restore(self, slot_id: int) -> float | None:
         """Restore the saved digest into a slot; None when no save file exists (or no slot API)."""
+        await self.wait_idle(slot_id)
         started = time.perf_counter()
         try:
             await self.client.restore_slot(slot_id, self.save_name)

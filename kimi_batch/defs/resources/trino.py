@@ -42,6 +42,7 @@ class TrinoResource(dg.ConfigurableResource):
             catalog=settings.trino_catalog,
             schema_name=settings.trino_schema,
             http_scheme="https" if settings.trino_password else "http",
+            warehouse_location=settings.trino_warehouse_location,
         )
 
     @property

@@ -1,0 +1,129 @@
+"""`kimi-batch`: manage the resident server and run the pipeline outside the UI."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+from collections.abc import Sequence
+
+from kimi_batch.llama.exceptions import LlamaError
+from kimi_batch.llama.factory import server_from_settings
+from kimi_batch.settings import Settings
+from kimi_batch.storage.errors import StorageError
+
+__all__ = ["main"]
+
+
+def _server_start(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    manager = server_from_settings(settings, load_timeout_s=args.load_timeout)
+    handle = manager.ensure_running()
+    print(handle.model_dump_json() if args.json else _describe_handle(handle.model_dump()))
+    return 0
+
+
+def _describe_handle(handle: dict[str, object]) -> str:
+    verb = "started" if handle["spawned"] else "attached to"
+    return (
+        f"{verb} llama-server pid {handle['pid']} at {handle['base_url']} "
+        f"({handle['model']}, {handle['slots']} slots)"
+    )
+
+
+def _server_status(args: argparse.Namespace) -> int:
+    status = server_from_settings(Settings.from_env()).status()
+    if args.json:
+        print(status.model_dump_json())
+    else:
+        state = "running" if status.running else "not running"
+        print(f"llama-server {state} at {status.base_url} pid={status.pid} slots={status.slots}")
+    return 0 if status.running or not args.check else 3
+
+
+def _server_stop(args: argparse.Namespace) -> int:
+    stopped = server_from_settings(Settings.from_env()).stop()
+    print("stopped llama-server" if stopped else "no llama-server was running")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from kimi_batch.demo import run_demo
+
+    summary = run_demo(Settings.from_env())
+    print(json.dumps(summary, sort_keys=True))
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from kimi_batch.export import export_partition
+
+    path = export_partition(
+        Settings.from_env(), ds=args.date, source=args.source, fmt=args.format, out=args.out
+    )
+    print(path)
+    return 0
+
+
+def _publish(args: argparse.Namespace) -> int:
+    from kimi_batch.publish import publish_warehouse
+
+    report = publish_warehouse(Settings.from_env())
+    print(json.dumps(dataclasses.asdict(report)))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kimi-batch", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    server = commands.add_parser("server", help="the resident llama-server").add_subparsers(
+        dest="action", required=True
+    )
+    start = server.add_parser("start", help="start it, or attach when it already runs")
+    start.add_argument("--json", action="store_true")
+    start.add_argument("--load-timeout", type=float, default=1800.0, help="seconds")
+    start.set_defaults(func=_server_start)
+    status = server.add_parser("status", help="is it running, with which spec")
+    status.add_argument("--json", action="store_true")
+    status.add_argument("--check", action="store_true", help="exit 3 when not running")
+    status.set_defaults(func=_server_status)
+    server.add_parser("stop", help="stop the server this state dir started").set_defaults(
+        func=_server_stop
+    )
+
+    commands.add_parser("demo", help="run the whole pipeline once on the inbox").set_defaults(
+        func=_demo
+    )
+
+    export = commands.add_parser("export", help="write a partition in another format")
+    export.add_argument("--format", choices=["openai-batch"], default="openai-batch")
+    export.add_argument("--date", required=True)
+    export.add_argument("--source", required=True)
+    export.add_argument("--out", default=None, help="output file (default: under the state dir)")
+    export.set_defaults(func=_export)
+
+    commands.add_parser("publish", help="register every Parquet partition in Trino").set_defaults(
+        func=_publish
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.func(args))
+    except (LlamaError, StorageError, ValueError, FileNotFoundError) as error:
+        print(f"kimi-batch: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

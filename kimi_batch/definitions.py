@@ -1,0 +1,51 @@
+"""The one `Definitions` object: assets, checks, jobs, schedule, sensor and resources."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from kimi_batch.defs.assets.batch import amplified_prompts, distilled_responses, seed_prompts
+from kimi_batch.defs.assets.digest import digest_prefill, system_digest
+from kimi_batch.defs.jobs import batch_job, distillation_job, ingest_job
+from kimi_batch.defs.resources.digest import DigestResource
+from kimi_batch.defs.resources.llama import LlamaServerResource
+from kimi_batch.defs.resources.trino import TrinoResource
+from kimi_batch.defs.resources.warehouse import WarehouseResource
+from kimi_batch.defs.schedules import nightly_distillation_schedule
+from kimi_batch.defs.sensors import inbox_sensor
+from kimi_batch.settings import Settings
+
+__all__ = [
+    "ALL_ASSETS",
+    "BATCH_ASSETS",
+    "DIGEST_ASSETS",
+    "build_definitions",
+    "build_resources",
+    "defs",
+]
+
+DIGEST_ASSETS = [system_digest, digest_prefill]
+BATCH_ASSETS = [seed_prompts, amplified_prompts, distilled_responses]
+ALL_ASSETS = [*DIGEST_ASSETS, *BATCH_ASSETS]
+
+
+def build_resources(settings: Settings) -> dict[str, dg.ConfigurableResource]:
+    return {
+        "llama": LlamaServerResource.from_settings(settings),
+        "digest": DigestResource.from_settings(settings),
+        "warehouse": WarehouseResource.from_settings(settings),
+        "trino": TrinoResource.from_settings(settings),
+    }
+
+
+def build_definitions(settings: Settings) -> dg.Definitions:
+    return dg.Definitions(
+        assets=ALL_ASSETS,
+        jobs=[batch_job, ingest_job, distillation_job],
+        schedules=[nightly_distillation_schedule],
+        sensors=[inbox_sensor],
+        resources=build_resources(settings),
+    )
+
+
+defs = build_definitions(Settings.from_env())

@@ -1,0 +1,234 @@
+"""What the batch assets share: running the engine, landing rows, publishing them, checks."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TypeVar
+
+import dagster as dg
+import polars as pl
+from pydantic import BaseModel
+
+from kimi_batch.defs.resources.digest import DigestResource
+from kimi_batch.defs.resources.llama import LlamaServerResource
+from kimi_batch.defs.resources.trino import TrinoResource
+from kimi_batch.engine.ledger import Ledger
+from kimi_batch.engine.requests import GenerationRequest
+from kimi_batch.engine.runner import BatchEngine, BatchOutcome, FailedRequest
+from kimi_batch.storage import StorageError, Warehouse, polars_schema
+from kimi_batch.tasks.rows import PARTITION_COLUMNS, GenerationColumns, QuarantineRow
+
+__all__ = [
+    "BATCH_GROUP",
+    "LLAMA_POOL",
+    "failure_rows",
+    "generation_checks",
+    "generation_metadata",
+    "ledger_path",
+    "publish",
+    "read_rows",
+    "replace_quarantine",
+    "run_batch",
+]
+
+RowT = TypeVar("RowT", bound=BaseModel)
+
+BATCH_GROUP = "batch"
+LLAMA_POOL = "llama_server"
+TRUNCATION_WARN_RATE = 0.25
+
+
+def ledger_path(llama: LlamaServerResource) -> Path:
+    return Path(llama.home) / "ledger" / "ledger.sqlite3"
+
+
+def run_batch(
+    context: dg.AssetExecutionContext,
+    llama: LlamaServerResource,
+    digest: DigestResource,
+    requests: Sequence[GenerationRequest],
+) -> BatchOutcome:
+    """Run requests on every endpoint's slots; finished rows are in the ledger as they land."""
+    loaded = digest.load()
+    endpoints = llama.endpoints()
+    tokens = digest.count_tokens(loaded, llama.client())
+    with Ledger(ledger_path(llama)) as ledger:
+        engine = BatchEngine(
+            endpoints,
+            loaded,
+            ledger,
+            digest_tokens=tokens,
+            on_progress=lambda event: context.log.info(str(event)),
+            on_unreachable=llama.respawn_if_down,
+        )
+        outcome = asyncio.run(engine.run(requests))
+    stats = outcome.stats
+    context.log.info(
+        f"{stats.generated} generated, {stats.from_ledger} from the ledger, {stats.failed} failed "
+        f"on {len(endpoints)} endpoint(s), max {stats.max_in_flight} in flight"
+    )
+    return outcome
+
+
+def failure_rows(
+    failures: Sequence[FailedRequest], *, stage: str, source_file: str, model: str, digest_sha: str
+) -> list[QuarantineRow]:
+    now = datetime.now(UTC)
+    return [
+        QuarantineRow.model_validate(
+            {
+                "request_id": failure.request_id,
+                "input_id": failure.input_id,
+                "model": model,
+                "digest_sha256": digest_sha,
+                "finish_reason": "error",
+                "stage": stage,
+                "source_file": source_file,
+                "line": None,
+                "reason": f"{failure.reason} (after {failure.attempts} attempts; rerun retries it)",
+                "raw": failure.tag,
+                "created_at": now,
+            }
+        )
+        for failure in failures
+    ]
+
+
+def read_rows(
+    warehouse: Warehouse, table: str, ds: str, source: str, model: type[RowT]
+) -> list[RowT]:
+    frame = warehouse.read_partition(table, ds, source)
+    frame = frame.drop([c for c in PARTITION_COLUMNS if c in frame.columns])
+    return [model.model_validate(row) for row in frame.iter_rows(named=True)]
+
+
+def replace_quarantine(
+    warehouse: Warehouse, ds: str, source: str, stage: str, rows: Sequence[QuarantineRow]
+) -> int:
+    """Replace this stage's quarantine rows of the partition, keeping the other stages' rows."""
+    kept = [
+        r for r in read_rows(warehouse, "quarantine", ds, source, QuarantineRow) if r.stage != stage
+    ]
+    warehouse.write_partition("quarantine", ds, source, [*kept, *rows])
+    return len(rows)
+
+
+def publish(
+    context: dg.AssetExecutionContext,
+    trino: TrinoResource,
+    warehouse: Warehouse,
+    tables: Sequence[str],
+    ds: str,
+    source: str,
+) -> dg.AssetCheckResult:
+    """Register the partitions in Trino; a failure is reported, never raised (Parquet landed)."""
+    if not trino.enabled:
+        return dg.AssetCheckResult(
+            check_name="published_to_trino", passed=True, metadata={"trino": "not configured"}
+        )
+    try:
+        publisher = trino.publisher()
+        for table in tables:
+            publisher.publish_partition(warehouse, table, ds, source)
+    except StorageError as error:
+        context.log.warning(f"Trino publish failed, run `kimi-batch publish` later: {error}")
+        return dg.AssetCheckResult(
+            check_name="published_to_trino",
+            passed=False,
+            metadata={"reason": str(error)[:1000], "catch_up": "kimi-batch publish"},
+        )
+    return dg.AssetCheckResult(
+        check_name="published_to_trino", passed=True, metadata={"tables": ", ".join(tables)}
+    )
+
+
+def generation_checks(
+    table: str, rows: Sequence[GenerationColumns], texts: Sequence[str], path: Path
+) -> list[dg.AssetCheckResult]:
+    """Empty outputs, truncation rate, duplicate request ids, and the file's schema."""
+    total = len(rows)
+    duplicates = [rid for rid, n in Counter(r.request_id for r in rows).items() if n > 1]
+    truncated = sum(1 for r in rows if r.finish_reason == "length")
+    empty = sum(1 for text in texts if not text.strip())
+    written = pl.read_parquet_schema(path)
+    expected = polars_schema(table)
+    schema_ok = dict(written) == dict(expected)
+    rate = truncated / total if total else 0.0
+    warn = dg.AssetCheckSeverity.WARN
+    return [
+        dg.AssetCheckResult(
+            check_name="no_duplicate_request_ids",
+            passed=not duplicates,
+            metadata={"duplicates": len(duplicates)},
+        ),
+        dg.AssetCheckResult(
+            check_name="truncation_rate",
+            passed=rate <= TRUNCATION_WARN_RATE,
+            severity=warn,
+            metadata={"truncated": truncated, "rate": rate, "threshold": TRUNCATION_WARN_RATE},
+        ),
+        dg.AssetCheckResult(
+            check_name="no_empty_outputs",
+            passed=empty == 0,
+            severity=warn,
+            metadata={"empty": empty},
+        ),
+        dg.AssetCheckResult(
+            check_name="matches_table_schema",
+            passed=schema_ok,
+            metadata={"columns": len(written), "expected_columns": len(expected)},
+        ),
+    ]
+
+
+CHECK_NAMES = (
+    "no_duplicate_request_ids",
+    "truncation_rate",
+    "no_empty_outputs",
+    "matches_table_schema",
+    "published_to_trino",
+)
+
+
+def check_specs(asset: str) -> list[dg.AssetCheckSpec]:
+    return [dg.AssetCheckSpec(name, asset=asset) for name in CHECK_NAMES]
+
+
+def generation_metadata(
+    outcome: BatchOutcome,
+    *,
+    rows: int,
+    quarantined: int,
+    table: str,
+    path: Path,
+    trino: TrinoResource,
+) -> dict[str, dg.RawMetadataValue]:
+    stats = outcome.stats
+    metadata: dict[str, dg.RawMetadataValue] = {
+        "rows": rows,
+        "requests": stats.total,
+        "generated": stats.generated,
+        "from_ledger": stats.from_ledger,
+        "failures": stats.failed,
+        "quarantined": quarantined,
+        "completion_tokens": stats.completion_tokens,
+        "cached_tokens": stats.cached_tokens,
+        "prompt_tokens_per_s": stats.prompt_tokens_per_s,
+        "completion_tokens_per_s": stats.completion_tokens_per_s,
+        "cache_hit_ratio": stats.cache_hit_ratio,
+        "digest_reprefills": stats.digest_reprefills,
+        "latency_p50_ms": stats.latency_p50_ms,
+        "latency_p95_ms": stats.latency_p95_ms,
+        "max_in_flight": stats.max_in_flight,
+        "wall_s": stats.wall_s,
+        "path": dg.MetadataValue.path(str(path)),
+    }
+    if trino.enabled:
+        name = f"{trino.catalog}.{trino.schema_name}.{table}"
+        metadata["trino_table"] = name
+        metadata["query"] = dg.MetadataValue.md(f"```sql\nSELECT * FROM {name} LIMIT 100\n```")
+    return metadata

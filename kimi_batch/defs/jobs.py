@@ -1,0 +1,59 @@
+"""The three partitioned jobs: everything, ingestion (the sensor's), distillation (the nightly one).
+
+Selections name asset keys rather than asset objects, so this module (and the sensor/schedule built
+on it) imports without the asset modules; `Definitions` resolves the keys, and the jobs take the
+assets' `batch_partitions` from them (Dagster deprecated passing `partitions_def` here), so
+backfills of any job work over date ranges.
+
+All three run assets of the `llama_server` pool and carry the `kimi_batch/uses_llama_server`
+tag: dagster.yaml limits runs with that tag to one at a time in the run queue (so two runs never
+share the server's slots), and the pool limit holds llama steps to one at a time even in runs
+without the tag.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+__all__ = [
+    "JOB_TAG",
+    "LLAMA_TAG",
+    "batch_job",
+    "distillation_job",
+    "ingest_job",
+]
+
+JOB_TAG = "kimi_batch/job"
+LLAMA_TAG = "kimi_batch/uses_llama_server"
+
+SEED_PROMPTS = dg.AssetKey("seed_prompts")
+AMPLIFIED_PROMPTS = dg.AssetKey("amplified_prompts")
+DISTILLED_RESPONSES = dg.AssetKey("distilled_responses")
+
+
+def _tags(kind: str) -> dict[str, str]:
+    return {JOB_TAG: kind, LLAMA_TAG: "true"}
+
+
+batch_job = dg.define_asset_job(
+    name="batch_job",
+    selection=dg.AssetSelection.assets(SEED_PROMPTS, AMPLIFIED_PROMPTS, DISTILLED_RESPONSES),
+    description="One batch end to end: seed prompts, amplification, distillation.",
+    tags=_tags("batch"),
+)
+
+ingest_job = dg.define_asset_job(
+    name="ingest_job",
+    selection=dg.AssetSelection.assets(SEED_PROMPTS, AMPLIFIED_PROMPTS),
+    description="Read a new inbox file and amplify its prompts (started by the inbox sensor).",
+    tags=_tags("ingest"),
+)
+
+# Upstream included: a day the sensor never ingested still gets its answers, and a day it did
+# costs no generation twice (finished requests come from the ledger).
+distillation_job = dg.define_asset_job(
+    name="distillation_job",
+    selection=dg.AssetSelection.assets(DISTILLED_RESPONSES).upstream(),
+    description="Teacher answers for the day's partitions (nightly); upstream steps reuse the ledger.",
+    tags=_tags("distillation"),
+)

@@ -1,0 +1,284 @@
+"""The inbox sensor: a new or changed input file starts `ingest_job` for its partition.
+
+Each tick lists the inbox (stat only) and hashes just the files whose (mtime, size) differ from the
+cursor, so a tick over thousands of settled files reads none of them. The run key is the file's
+inbox path plus its content hash: the daemon never starts a second run for a key it has seen, so an
+unchanged file never runs twice (even after a cursor reset) and a changed one runs again.
+
+A file that cannot be read is still requested, under a key made of its path, mtime and size, and
+the `seed_prompts` run turns it into a quarantine row with the reason. Writing that row here
+instead would put a warehouse write into the daemon process, outside any run, with no lineage
+or UI trace; through a run it is one more materialization with metadata. A file that vanished
+between the listing and the read is only logged. Either way the tick goes on.
+
+The sensor starts STOPPED unless `KIMI_BATCH_INBOX_SENSOR_STATUS=running`: a sensor that starts
+by itself would launch runs for whatever lies in the inbox in every instance that loads this code
+location, test instances included, and compete with the runs a test or a user starts.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import dagster as dg
+from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
+
+from kimi_batch.defs.jobs import ingest_job
+from kimi_batch.defs.partitions import (
+    DATE_DIMENSION,
+    SOURCE_DIMENSION,
+    date_partitions,
+    source_partitions,
+)
+from kimi_batch.settings import Settings
+from kimi_batch.storage.inbox import InboxFile, scan_inbox
+
+__all__ = [
+    "FILE_TAG",
+    "HASH_BUDGET_S",
+    "INTERVAL_ENV",
+    "SETTLE_S",
+    "SHA256_TAG",
+    "STATUS_ENV",
+    "InboxCursor",
+    "InboxRequest",
+    "InboxTick",
+    "automation_running",
+    "inbox_sensor",
+    "plan_inbox_tick",
+]
+
+STATUS_ENV = "KIMI_BATCH_INBOX_SENSOR_STATUS"
+INTERVAL_ENV = "KIMI_BATCH_INBOX_SENSOR_INTERVAL"
+DEFAULT_INTERVAL_S = 30
+FILE_TAG = "kimi_batch/inbox_file"
+SHA256_TAG = "kimi_batch/sha256"
+# A file modified this recently may still be being written (a copy in progress): wait a tick
+# rather than hash half a file and run it twice.
+SETTLE_S = 5.0
+# Sensor evaluation is cut off after 60 s by default; hashing stops after this long and the rest
+# of the files are picked up next tick (the cursor keeps what was done).
+HASH_BUDGET_S = 30.0
+
+
+def automation_running(env_var: str) -> bool:
+    """Whether `env_var` asks for a sensor/schedule to start running (`running`/`stopped`)."""
+    raw = os.environ.get(env_var, "").strip().lower()
+    if raw in ("", "stopped"):
+        return False
+    if raw == "running":
+        return True
+    raise ValueError(f"{env_var} must be 'running' or 'stopped', got {raw!r}")
+
+
+def _interval_s() -> int:
+    raw = os.environ.get(INTERVAL_ENV, "").strip()
+    if not raw:
+        return DEFAULT_INTERVAL_S
+    try:
+        value = int(raw)
+    except ValueError as error:
+        raise ValueError(f"{INTERVAL_ENV} must be a number of seconds, got {raw!r}") from error
+    if value < 1:
+        raise ValueError(f"{INTERVAL_ENV} must be at least 1, got {value}")
+    return value
+
+
+class InboxCursor(RootModel[dict[str, tuple[int, int, str | None]]]):
+    """Sensor cursor: inbox path → [mtime_ns, size, sha256 or null when it could not be read]."""
+
+    root: dict[str, tuple[int, int, str | None]] = Field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, raw: str | None) -> InboxCursor:
+        """The cursor from its JSON; empty when missing or unreadable (run keys still dedupe)."""
+        if not raw:
+            return cls()
+        try:
+            return cls.model_validate_json(raw)
+        except ValidationError:
+            return cls()
+
+    def dump(self) -> str:
+        return self.model_dump_json()
+
+
+class InboxRequest(BaseModel):
+    """A file to ingest and the run key it is requested under."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    file: InboxFile
+    run_key: str = Field(min_length=1)
+
+    @property
+    def partition_key(self) -> dg.MultiPartitionKey:
+        return dg.MultiPartitionKey(
+            {DATE_DIMENSION: self.file.ds, SOURCE_DIMENSION: self.file.source}
+        )
+
+    def run_request(self) -> dg.RunRequest:
+        return dg.RunRequest(
+            run_key=self.run_key,
+            partition_key=self.partition_key,
+            tags={FILE_TAG: self.file.name, SHA256_TAG: self.file.sha256 or "unreadable"},
+        )
+
+
+class InboxTick(BaseModel):
+    """What one tick decided: runs to request, the next cursor, what to tell the user."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    requests: list[InboxRequest]
+    cursor: InboxCursor
+    warnings: list[str]
+    unchanged: int = Field(ge=0, description="Files already seen with the same mtime and size.")
+    deferred: int = Field(ge=0, description="Files left for a later tick (settling, budget).")
+
+
+def plan_inbox_tick(
+    files: Sequence[InboxFile],
+    previous: InboxCursor,
+    *,
+    is_valid_ds: Callable[[str], bool],
+    now_ns: int | None = None,
+    settle_s: float = SETTLE_S,
+    hash_budget_s: float = HASH_BUDGET_S,
+) -> InboxTick:
+    """Decide which inbox files to request; reads only files new or changed since `previous`."""
+    now = time.time_ns() if now_ns is None else now_ns
+    started = time.monotonic()
+    seen = previous.root
+    cursor: dict[str, tuple[int, int, str | None]] = {}
+    requests: list[InboxRequest] = []
+    warnings: list[str] = []
+    out_of_range: list[str] = []
+    unchanged = deferred = reads = 0
+
+    for item in files:
+        entry = seen.get(item.name)
+        same_stat = entry is not None and entry[:2] == (item.mtime_ns, item.size)
+        if same_stat and entry is not None and entry[2] is not None:
+            cursor[item.name] = entry
+            unchanged += 1
+            continue
+        if not is_valid_ds(item.ds):
+            # A date before the partitions start, or a dated folder for a day still to come:
+            # asked for now it would fail the whole tick, so it waits outside the cursor.
+            out_of_range.append(item.name)
+            continue
+        if now - item.mtime_ns < settle_s * 1e9:
+            deferred += 1
+            continue
+        if reads and time.monotonic() - started > hash_budget_s:
+            if entry is not None:
+                cursor[item.name] = entry
+            deferred += 1
+            continue
+        reads += 1
+        try:
+            read = item.hashed()
+        except FileNotFoundError:
+            warnings.append(f"{item.name} vanished before it could be read; skipped")
+            continue
+        except Exception as error:  # one bad file must never stop the sensor
+            cursor[item.name] = (item.mtime_ns, item.size, None)
+            if same_stat:
+                continue  # already requested for quarantine; retried each tick in case it heals
+            warnings.append(
+                f"{item.name} cannot be read ({type(error).__name__}: {error}); "
+                "requesting its run so that it is quarantined with the reason"
+            )
+            run_key = f"{item.name}:unreadable:{item.mtime_ns}:{item.size}"
+            requests.append(InboxRequest(file=item, run_key=run_key))
+            continue
+        sha256 = read.sha256 or ""
+        cursor[item.name] = (item.mtime_ns, item.size, sha256)
+        if entry is not None and entry[2] == sha256:
+            unchanged += 1  # touched, not changed: same run key, nothing to do
+            continue
+        requests.append(InboxRequest(file=read, run_key=f"{item.name}:{sha256[:16]}"))
+
+    if out_of_range:
+        warnings.append(
+            f"{len(out_of_range)} file(s) dated outside the date partitions, left for later: "
+            + ", ".join(out_of_range[:5])
+            + (" ..." if len(out_of_range) > 5 else "")
+        )
+    return InboxTick(
+        requests=requests,
+        cursor=InboxCursor(cursor),
+        warnings=warnings,
+        unchanged=unchanged,
+        deferred=deferred,
+    )
+
+
+def _new_sources(instance: dg.DagsterInstance, requests: Sequence[InboxRequest]) -> list[str]:
+    wanted = {request.file.source for request in requests}
+    if not wanted:
+        return []
+    existing = set(instance.get_dynamic_partitions(source_partitions.name or "source"))
+    return sorted(wanted - existing)
+
+
+def _tick(context: dg.SensorEvaluationContext, inbox_dir: Path) -> dg.SensorResult:
+    plan = plan_inbox_tick(
+        scan_inbox(inbox_dir),
+        InboxCursor.parse(context.cursor),
+        is_valid_ds=date_partitions.has_partition_key,
+        # Module globals read per tick, not default arguments, so tests can shorten them.
+        settle_s=SETTLE_S,
+        hash_budget_s=HASH_BUDGET_S,
+    )
+    for warning in plan.warnings:
+        context.log.warning(warning)
+    new_sources = _new_sources(context.instance, plan.requests)
+    if not plan.requests:
+        return dg.SensorResult(
+            skip_reason=dg.SkipReason(
+                f"no new or changed files in {inbox_dir} "
+                f"({plan.unchanged} unchanged, {plan.deferred} deferred)"
+            ),
+            cursor=plan.cursor.dump(),
+        )
+    context.log.info(
+        f"requesting {len(plan.requests)} run(s); new sources: {', '.join(new_sources) or 'none'}"
+    )
+    return dg.SensorResult(
+        run_requests=[request.run_request() for request in plan.requests],
+        dynamic_partitions_requests=(
+            [source_partitions.build_add_request(new_sources)] if new_sources else []
+        ),
+        cursor=plan.cursor.dump(),
+    )
+
+
+@dg.sensor(
+    name="inbox_sensor",
+    job=ingest_job,
+    minimum_interval_seconds=_interval_s(),
+    default_status=(
+        dg.DefaultSensorStatus.RUNNING
+        if automation_running(STATUS_ENV)
+        else dg.DefaultSensorStatus.STOPPED
+    ),
+    description=(
+        "Watches $KIMI_BATCH_HOME/inbox: a new or changed input file adds its source partition "
+        "and starts ingest_job for (date, source). Run key = file path + content hash, so an "
+        "unchanged file never runs twice. Unreadable files are requested for quarantine."
+    ),
+)
+def inbox_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+    """Request ingestion for new or changed inbox files."""
+    inbox_dir = Settings.from_env().inbox_dir
+    if not inbox_dir.is_dir():
+        return dg.SensorResult(
+            skip_reason=dg.SkipReason(f"inbox {inbox_dir} does not exist yet"),
+            cursor=context.cursor,
+        )
+    return _tick(context, inbox_dir)

@@ -1,0 +1,399 @@
+"""The inbox sensor ticked on a real temporary instance, over real files.
+
+`SensorDaemon` does per tick what the Dagster sensor daemon does with a tick's result: it adds the
+requested dynamic partitions, stores the cursor, skips run keys that already have a run of this
+sensor, and executes the others on the same instance (against stand-in assets that resolve their
+file with the real `resolve_source_file`). The sensor itself is the real one.
+
+Unreadable files, honestly: tests run as root here, so `chmod 000` would not stop a read. The
+unreadable file is a symlink to `/proc/self/mem`, a regular file whose read fails with EIO for
+any user; a file that vanishes mid-tick is deleted by a wrapper around the hash function just
+before the real read (the FileNotFoundError is the real one); a file that becomes readable again
+is the only simulated error (a wrapper raising PermissionError once).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+import kimi_batch.storage.inbox as inbox_module
+from kimi_batch.defs import sensors
+from kimi_batch.defs.sensors import (
+    FILE_TAG,
+    InboxCursor,
+    automation_running,
+    inbox_sensor,
+    plan_inbox_tick,
+)
+from kimi_batch.storage.inbox import file_sha256, scan_inbox
+from kimi_batch_tests.defs import standin_definitions
+
+# Dagster's own multi-partition tags (`dagster/partition/date`) trip its tag-key deprecation.
+pytestmark = pytest.mark.filterwarnings("ignore:Non-compliant tag keys:DeprecationWarning")
+
+DAY = "2025-06-01"
+PROC_MEM = Path("/proc/self/mem")
+
+
+@dataclass
+class Tick:
+    data: dg.SensorExecutionData
+    launched: list[dg.RunRequest]
+    results: list[dg.ExecuteInProcessResult]
+
+    @property
+    def run_keys(self) -> list[str | None]:
+        return [request.run_key for request in self.data.run_requests]
+
+
+@dataclass
+class SensorDaemon:
+    instance: dg.DagsterInstance
+    defs: dg.Definitions
+    cursor: str | None = None
+    ticks: list[Tick] = field(default_factory=list)
+
+    def tick(self, *, execute: bool = True) -> Tick:
+        """One tick; `execute=False` stops after partitions and cursor (no runs, no dedup)."""
+        context = dg.build_sensor_context(
+            instance=self.instance,
+            instance_ref=self.instance.get_ref(),  # as in the daemon: partitions load from it
+            cursor=self.cursor,
+            definitions=self.defs,
+            sensor_name=inbox_sensor.name,
+        )
+        data = inbox_sensor.evaluate_tick(context)
+        for request in data.dynamic_partitions_requests or []:
+            assert isinstance(request, dg.AddDynamicPartitionsRequest)
+            self.instance.add_dynamic_partitions(
+                request.partitions_def_name, list(request.partition_keys)
+            )
+        self.cursor = data.cursor
+        launched: list[dg.RunRequest] = []
+        results: list[dg.ExecuteInProcessResult] = []
+        for request in (data.run_requests or []) if execute else []:
+            assert request.run_key is not None
+            if self._has_run(request.run_key):
+                continue
+            launched.append(request)
+            results.append(self._execute(request))
+        tick = Tick(data=data, launched=launched, results=results)
+        self.ticks.append(tick)
+        return tick
+
+    def _has_run(self, run_key: str) -> bool:
+        tags = {"dagster/run_key": run_key, "dagster/sensor_name": inbox_sensor.name}
+        return bool(self.instance.get_run_records(filters=dg.RunsFilter(tags=tags), limit=1))
+
+    def _execute(self, request: dg.RunRequest) -> dg.ExecuteInProcessResult:
+        job = self.defs.resolve_job_def(str(inbox_sensor.job_name))
+        tags = {k: v for k, v in request.tags.items() if not k.startswith("dagster/partition")}
+        assert request.run_key is not None
+        return job.execute_in_process(
+            instance=self.instance,
+            partition_key=request.partition_key,
+            tags={**tags, "dagster/run_key": request.run_key},
+        )
+
+
+@pytest.fixture
+def inbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path))
+    path = tmp_path / "inbox"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def daemon() -> Iterator[SensorDaemon]:
+    with dg.instance_for_test() as instance:
+        yield SensorDaemon(instance=instance, defs=standin_definitions())
+
+
+def put(path: Path, text: str = '{"prompt": "hi"}\n', *, age_s: float = 60.0) -> Path:
+    """Write a settled file (mtime `age_s` ago, older than the sensor's settle time)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    past = time.time() - age_s
+    os.utime(path, (past, past))
+    return path
+
+
+def key(source: str, ds: str = DAY) -> dg.MultiPartitionKey:
+    return dg.MultiPartitionKey({"date": ds, "source": source})
+
+
+def materialized_file(result: dg.ExecuteInProcessResult) -> str:
+    (event,) = result.asset_materializations_for_node("seed_prompts")
+    value = event.metadata["file"].value
+    assert isinstance(value, str)
+    return value
+
+
+def test_new_file_adds_its_partition_and_runs_ingest(inbox: Path, daemon: SensorDaemon) -> None:
+    path = put(inbox / DAY / "seeds.jsonl")
+
+    tick = daemon.tick()
+
+    (request,) = tick.launched
+    assert request.run_key == f"{DAY}/seeds.jsonl:{file_sha256(path)[:16]}"
+    assert request.partition_key == key("seeds")
+    assert request.tags[FILE_TAG] == f"{DAY}/seeds.jsonl"
+    assert request.job_name in (None, "ingest_job")
+    assert daemon.instance.get_dynamic_partitions("source") == ["seeds"]
+    (result,) = tick.results
+    assert result.success
+    # The run found the same file through resolve_source_file: sensor and asset agree.
+    assert materialized_file(result) == f"{DAY}/seeds.jsonl"
+
+
+def test_root_file_partition_is_its_mtime_date(inbox: Path, daemon: SensorDaemon) -> None:
+    path = put(inbox / "Loose Seeds.csv", "prompt\nhi\n")
+    (item,) = scan_inbox(inbox)
+
+    (request,) = daemon.tick().launched
+
+    assert request.partition_key == key("loose_seeds", item.ds)
+    assert request.run_key == f"Loose Seeds.csv:{file_sha256(path)[:16]}"
+
+
+def test_unchanged_file_never_runs_twice(inbox: Path, daemon: SensorDaemon) -> None:
+    put(inbox / DAY / "seeds.jsonl")
+    first = daemon.tick()
+    cursor = daemon.cursor
+
+    second = daemon.tick()
+
+    assert len(first.launched) == 1
+    assert second.data.run_requests == []
+    assert second.data.skip_message is not None
+    assert "1 unchanged" in second.data.skip_message
+    assert daemon.cursor == cursor
+
+    # Even with the cursor lost, the same content asks under the same run key: no second run.
+    daemon.cursor = None
+    third = daemon.tick()
+    assert third.run_keys == first.run_keys
+    assert third.launched == []
+    assert len(daemon.instance.get_run_records()) == 1
+
+
+def test_changed_file_runs_again_touched_file_does_not(inbox: Path, daemon: SensorDaemon) -> None:
+    path = put(inbox / DAY / "seeds.jsonl")
+    first = daemon.tick()
+
+    past = time.time() - 30
+    os.utime(path, (past, past))  # touched: new mtime, same bytes
+    touched = daemon.tick()
+    put(path, '{"prompt": "a different question"}\n', age_s=20)
+    changed = daemon.tick()
+
+    assert touched.data.run_requests == []
+    (request,) = changed.launched
+    assert request.run_key == f"{DAY}/seeds.jsonl:{file_sha256(path)[:16]}"
+    assert request.run_key != first.launched[0].run_key
+    assert request.partition_key == key("seeds")
+    assert all(result.success for result in first.results + changed.results)
+    assert len(daemon.instance.get_run_records()) == 2
+
+
+@pytest.mark.skipif(not PROC_MEM.is_file(), reason="needs Linux /proc/self/mem")
+def test_unreadable_file_is_requested_for_quarantine_and_the_sensor_goes_on(
+    inbox: Path, daemon: SensorDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sensors, "SETTLE_S", 0.0)  # the proc file's mtime is "now"
+    (inbox / DAY).mkdir()
+    (inbox / DAY / "broken.jsonl").symlink_to(PROC_MEM)  # read() fails with EIO, even for root
+    with pytest.raises(OSError, match="Input/output error"):
+        file_sha256(inbox / DAY / "broken.jsonl")
+    good = put(inbox / DAY / "good.jsonl")
+
+    tick = daemon.tick()
+
+    by_source = {request.partition_key: request for request in tick.launched}
+    assert set(by_source) == {key("broken"), key("good")}
+    assert by_source[key("good")].run_key == f"{DAY}/good.jsonl:{file_sha256(good)[:16]}"
+    broken = by_source[key("broken")]
+    assert broken.run_key is not None
+    assert broken.run_key.startswith(f"{DAY}/broken.jsonl:unreadable:")
+    assert broken.tags["kimi_batch/sha256"] == "unreadable"
+    assert all(result.success for result in tick.results)
+    cursor = InboxCursor.parse(daemon.cursor).root
+    assert cursor[f"{DAY}/broken.jsonl"][2] is None
+
+    # Requested once: the next tick retries the read, fails again, and asks for nothing.
+    again = daemon.tick()
+    assert again.data.run_requests == []
+
+
+def test_file_vanishing_mid_tick_is_skipped(
+    inbox: Path, daemon: SensorDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    doomed = put(inbox / DAY / "doomed.jsonl")
+    put(inbox / DAY / "kept.jsonl")
+    real_hash: Callable[[Path], str] = inbox_module.file_sha256
+
+    def delete_then_hash(path: Path) -> str:
+        if path.name == doomed.name:
+            path.unlink()  # listed by the scan, gone by the time it is read
+        return real_hash(path)
+
+    monkeypatch.setattr(inbox_module, "file_sha256", delete_then_hash)
+
+    tick = daemon.tick()
+
+    assert [request.partition_key for request in tick.launched] == [key("kept")]
+    assert f"{DAY}/doomed.jsonl" not in InboxCursor.parse(daemon.cursor).root
+
+
+def test_file_that_heals_runs_under_its_content_key(
+    inbox: Path, daemon: SensorDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = put(inbox / DAY / "flaky.jsonl")
+    real_hash: Callable[[Path], str] = inbox_module.file_sha256
+    calls = {"n": 0}
+
+    def denied_once(target: Path) -> str:  # simulated: a permission fixed between two ticks
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise PermissionError(13, "Permission denied", str(target))
+        return real_hash(target)
+
+    monkeypatch.setattr(inbox_module, "file_sha256", denied_once)
+
+    first = daemon.tick()
+    second = daemon.tick()
+
+    assert [r.run_key for r in first.launched] == [
+        f"{DAY}/flaky.jsonl:unreadable:{path.stat().st_mtime_ns}:{path.stat().st_size}"
+    ]
+    assert [r.run_key for r in second.launched] == [f"{DAY}/flaky.jsonl:{real_hash(path)[:16]}"]
+
+
+def test_file_still_being_written_waits_for_a_later_tick(inbox: Path, daemon: SensorDaemon) -> None:
+    path = put(inbox / DAY / "uploading.jsonl", age_s=0)
+
+    early = daemon.tick()
+    past = time.time() - 60
+    os.utime(path, (past, past))
+    later = daemon.tick()
+
+    assert early.data.run_requests == []
+    assert early.data.skip_message is not None
+    assert "1 deferred" in early.data.skip_message
+    assert [request.partition_key for request in later.launched] == [key("uploading")]
+
+
+def test_dates_outside_the_partitions_do_not_break_the_tick(
+    inbox: Path, daemon: SensorDaemon
+) -> None:
+    put(inbox / "2024-12-31" / "before_start.jsonl")
+    put(inbox / "2999-01-01" / "far_future.jsonl")
+    put(inbox / DAY / "fine.jsonl")
+
+    tick = daemon.tick()
+
+    assert [request.partition_key for request in tick.launched] == [key("fine")]
+    cursor = InboxCursor.parse(daemon.cursor).root
+    assert list(cursor) == [f"{DAY}/fine.jsonl"]  # the others are looked at again later
+
+
+def test_cursor_keeps_ticks_cheap_with_thousands_of_files(
+    inbox: Path, daemon: SensorDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    count = 2000
+    past = time.time() - 60
+    for index in range(count):
+        path = inbox / DAY / f"part_{index:05d}.jsonl"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(f'{{"prompt": "question {index}"}}\n')
+        os.utime(path, (past, past))
+    real_hash: Callable[[Path], str] = inbox_module.file_sha256
+    hashed: list[str] = []
+
+    def counting(path: Path) -> str:
+        hashed.append(path.name)
+        return real_hash(path)
+
+    monkeypatch.setattr(inbox_module, "file_sha256", counting)
+
+    first = daemon.tick(execute=False)
+    assert len(first.data.run_requests) == count
+    assert len(hashed) == count
+    assert len(daemon.instance.get_dynamic_partitions("source")) == count
+
+    hashed.clear()
+    started = time.monotonic()
+    second = daemon.tick(execute=False)
+    elapsed = time.monotonic() - started
+    assert hashed == []
+    assert second.data.run_requests == []
+    assert elapsed < 10.0, f"an idle tick over {count} files took {elapsed:.1f}s"
+
+    put(inbox / DAY / "part_00007.jsonl", '{"prompt": "edited"}\n', age_s=30)
+    third = daemon.tick(execute=False)
+    assert hashed == ["part_00007.jsonl"]
+    assert [request.partition_key for request in third.data.run_requests] == [key("part_00007")]
+
+
+def test_hash_budget_spreads_work_over_ticks_without_losing_files(inbox: Path) -> None:
+    for index in range(5):
+        put(inbox / DAY / f"f{index}.jsonl", f'{{"prompt": "{index}"}}\n')
+    cursor = InboxCursor()
+    requested: list[str] = []
+
+    for _ in range(10):
+        tick = plan_inbox_tick(
+            scan_inbox(inbox), cursor, is_valid_ds=lambda ds: True, hash_budget_s=0.0
+        )
+        requested += [request.file.name for request in tick.requests]
+        cursor = tick.cursor
+
+    assert requested == [f"{DAY}/f{index}.jsonl" for index in range(5)]  # one a tick, each once
+
+
+def test_cursor_format_and_corrupt_cursor(inbox: Path) -> None:
+    path = put(inbox / DAY / "a.jsonl")
+    tick = plan_inbox_tick(scan_inbox(inbox), InboxCursor(), is_valid_ds=lambda ds: True)
+
+    stat = path.stat()
+    assert InboxCursor.parse(tick.cursor.dump()).root == {
+        f"{DAY}/a.jsonl": (stat.st_mtime_ns, stat.st_size, file_sha256(path))
+    }
+    assert InboxCursor.parse("not json").root == {}
+    assert InboxCursor.parse('{"a": "b"}').root == {}
+    assert InboxCursor.parse(None).root == {}
+
+
+def test_missing_inbox_is_a_skip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path / "nowhere"))
+    with dg.instance_for_test() as instance:
+        daemon = SensorDaemon(instance=instance, defs=standin_definitions())
+        tick = daemon.tick()
+
+    assert tick.data.run_requests == []
+    assert tick.data.skip_message is not None
+    assert "does not exist" in tick.data.skip_message
+
+
+def test_sensor_definition_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert inbox_sensor.job_name == "ingest_job"
+    assert inbox_sensor.minimum_interval_seconds == sensors.DEFAULT_INTERVAL_S
+    if not os.environ.get(sensors.STATUS_ENV):
+        assert inbox_sensor.default_status == dg.DefaultSensorStatus.STOPPED
+    assert inbox_sensor.description
+
+    monkeypatch.setenv("SOME_STATUS", "Running")
+    assert automation_running("SOME_STATUS")
+    monkeypatch.setenv("SOME_STATUS", "stopped")
+    assert not automation_running("SOME_STATUS")
+    monkeypatch.setenv("SOME_STATUS", "on")
+    with pytest.raises(ValueError, match="SOME_STATUS"):
+        automation_running("SOME_STATUS")

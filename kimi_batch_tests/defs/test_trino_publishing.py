@@ -1,0 +1,153 @@
+"""Batch outputs land in a real Trino; an outage is reported and `kimi-batch publish` catches up."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from kimi_batch.definitions import BATCH_ASSETS, build_resources
+from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
+from kimi_batch.defs.resources.trino import TrinoResource
+from kimi_batch.defs.resources.warehouse import WarehouseResource
+from kimi_batch.settings import Settings
+from kimi_batch.storage import TrinoConfig, TrinoPublisher, Warehouse
+from kimi_batch_tests.conftest import LlamaEnv, free_port
+from kimi_batch_tests.trino_fixtures import TrinoServer
+
+RUN_CONFIG: dict[str, Any] = {
+    "ops": {
+        "amplified_prompts": {
+            "config": {"strategies": ["paraphrase", "related"], "max_tokens": 32}
+        },
+        "distilled_responses": {"config": {"max_tokens": 24}},
+    }
+}
+SCHEMA = "pipeline"
+
+
+def _today() -> str:
+    return datetime.now(UTC).date().isoformat()
+
+
+def _inbox(env: LlamaEnv, source: str, n: int) -> None:
+    inbox = env.home / "inbox"
+    inbox.mkdir(parents=True, exist_ok=True)
+    rows = [
+        json.dumps({"id": f"{source}-{i}", "prompt": f"Why is the sky blue, part {i}?"})
+        for i in range(n)
+    ]
+    (inbox / f"{source}.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
+
+
+def _materialize(
+    instance: dg.DagsterInstance, source: str, warehouse: Warehouse, trino: TrinoResource
+) -> dg.ExecuteInProcessResult:
+    resources: dict[str, Any] = build_resources(Settings.from_env())
+    resources["warehouse"] = WarehouseResource(root=str(warehouse.root))
+    resources["trino"] = trino
+    instance.add_dynamic_partitions(SOURCE_PARTITIONS_NAME, [source])
+    return dg.materialize(
+        BATCH_ASSETS,
+        partition_key=dg.MultiPartitionKey({"date": _today(), "source": source}),
+        resources=resources,
+        instance=instance,
+        run_config=RUN_CONFIG,
+    )
+
+
+def _resource(config: TrinoConfig, *, port: int | None = None) -> TrinoResource:
+    return TrinoResource(
+        host=config.host,
+        port=port or config.port,
+        schema_name=config.schema_name,
+        warehouse_location=config.warehouse_location,
+    )
+
+
+@pytest.fixture(scope="module")
+def isolated(trino_server: TrinoServer) -> tuple[Warehouse, TrinoConfig]:
+    return trino_server.isolated(SCHEMA)
+
+
+def test_counts_match_parquet_and_a_rerun_does_not_double_them(
+    llama_env: LlamaEnv, isolated: tuple[Warehouse, TrinoConfig]
+) -> None:
+    warehouse, config = isolated
+    _inbox(llama_env, "published", 3)
+    with dg.instance_for_test() as instance:
+        first = _materialize(instance, "published", warehouse, _resource(config))
+        assert first.success
+        published = [
+            c for c in first.get_asset_check_evaluations() if c.check_name == "published_to_trino"
+        ]
+        assert len(published) == 2
+        assert all(check.passed for check in published)
+        (materialization,) = first.asset_materializations_for_node("distilled_responses")
+        assert materialization.metadata["trino_table"].value == f"hive.{SCHEMA}.distilled"
+        assert "SELECT" in str(materialization.metadata["query"].value)
+
+        with TrinoPublisher(config) as trino:
+            counts = {t: trino.count(t) for t in ("distilled", "amplified", "quarantine")}
+            joined = trino.query(
+                f"SELECT count(*) FROM hive.{SCHEMA}.distilled d "
+                f"JOIN hive.{SCHEMA}.amplified a ON d.input_id = a.request_id"
+            )[0][0]
+        assert counts["distilled"] == warehouse.count("distilled") > 0
+        assert counts["amplified"] == warehouse.count("amplified") > 0
+        assert counts["quarantine"] == warehouse.count("quarantine")
+        assert joined == warehouse.count("amplified")
+
+        again = _materialize(instance, "published", warehouse, _resource(config))
+        assert again.success
+        with TrinoPublisher(config) as trino:
+            assert {t: trino.count(t) for t in counts} == counts
+
+
+def test_an_unreachable_trino_keeps_the_parquet_and_publish_catches_up(
+    llama_env: LlamaEnv, isolated: tuple[Warehouse, TrinoConfig], trino_server: TrinoServer
+) -> None:
+    warehouse, config = isolated
+    _inbox(llama_env, "outage", 2)
+    down = _resource(config, port=free_port())  # nothing listens there: Trino is "stopped"
+    with dg.instance_for_test() as instance:
+        result = _materialize(instance, "outage", warehouse, down)
+    assert result.success
+    assert warehouse.partition_file("distilled", _today(), "outage").is_file()
+    publish_checks = [
+        c for c in result.get_asset_check_evaluations() if c.check_name == "published_to_trino"
+    ]
+    assert len(publish_checks) == 2
+    assert not any(check.passed for check in publish_checks)
+    assert all("reason" in check.metadata for check in publish_checks)
+
+    env = {
+        **os.environ,
+        "KIMI_BATCH_WAREHOUSE": str(warehouse.root),
+        "KIMI_BATCH_TRINO_HOST": trino_server.host,
+        "KIMI_BATCH_TRINO_PORT": str(trino_server.port),
+        "KIMI_BATCH_TRINO_SCHEMA": SCHEMA,
+        "KIMI_BATCH_TRINO_WAREHOUSE_LOCATION": config.warehouse_location,
+    }
+    published = subprocess.run(
+        [sys.executable, "-m", "kimi_batch.cli", "publish"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert published.returncode == 0, published.stderr
+    assert json.loads(published.stdout)["partitions_registered"] >= 1
+    with TrinoPublisher(config) as trino:
+        for table in ("distilled", "amplified", "quarantine"):
+            assert trino.count(table) == warehouse.count(table)
+            assert trino.count(table, _today(), "outage") == len(
+                warehouse.read_partition(table, _today(), "outage")
+            )
