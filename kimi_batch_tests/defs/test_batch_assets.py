@@ -16,6 +16,7 @@ from typing import Any
 import dagster as dg
 import httpx
 import polars as pl
+from pydantic import BaseModel
 
 from kimi_batch.definitions import BATCH_ASSETS, build_resources
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
@@ -241,3 +242,59 @@ def test_a_sigkilled_materialization_resumes_without_losing_or_repeating_rows(
     assert launches == expected - finished
     (materialization,) = rerun.asset_materializations_for_node("distilled_responses")
     assert materialization.metadata["from_ledger"].value == finished
+
+
+class CapitalAnswer(BaseModel):
+    """The structured answer the distillation below is constrained to."""
+
+    answer: str
+
+
+def test_schema_constrained_answers_and_logprobs_land_in_the_table(llama_env: LlamaEnv) -> None:
+    _write_inbox(
+        llama_env.home,
+        "structured.jsonl",
+        [
+            json.dumps({"id": "cap-fr", "prompt": "What is the capital of France? Reply in JSON."}),
+            json.dumps({"id": "cap-jp", "prompt": "What is the capital of Japan? Reply in JSON."}),
+        ],
+    )
+    run_config = {
+        "ops": {
+            "amplified_prompts": {"config": {"strategies": ["paraphrase"], "max_tokens": 32}},
+            "distilled_responses": {
+                "config": {
+                    "max_tokens": 48,
+                    "temperature": 0.0,
+                    "n_probs": 3,
+                    "output_model": f"{__name__}:CapitalAnswer",
+                }
+            },
+        }
+    }
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(SOURCE_PARTITIONS_NAME, ["structured"])
+        result = dg.materialize(
+            BATCH_ASSETS,
+            partition_key=_key("structured"),
+            resources=build_resources(Settings.from_env()),
+            instance=instance,
+            run_config=run_config,
+        )
+    assert result.success
+    warehouse = _warehouse(llama_env)
+    rows = warehouse.read_partition("distilled", _today(), "structured")
+    set_aside = warehouse.read_partition("quarantine", _today(), "structured").filter(
+        pl.col("stage") == "distill"
+    )
+    variants = warehouse.read_partition("amplified", _today(), "structured")
+    assert rows.height + set_aside.height == 2 + variants.height
+    structured = [value for value in rows["structured"].to_list() if value is not None]
+    assert structured, "no answer validated against the schema"
+    for value in structured:
+        CapitalAnswer.model_validate_json(value)
+    for row in rows.iter_rows(named=True):
+        assert row["logprobs"] is not None
+        assert len(row["logprobs"]) == row["completion_tokens"]
+        assert all(len(token["top"]) == 3 for token in row["logprobs"])
+    assert all("CapitalAnswer" in reason for reason in set_aside["reason"].to_list())

@@ -25,11 +25,9 @@ from kimi_batch.tasks.rows import PARTITION_COLUMNS, GenerationColumns, Quaranti
 __all__ = [
     "BATCH_GROUP",
     "LLAMA_POOL",
-    "failure_rows",
-    "generation_checks",
-    "generation_metadata",
+    "check_specs",
+    "land_outputs",
     "ledger_path",
-    "publish",
     "read_rows",
     "replace_quarantine",
     "run_batch",
@@ -232,3 +230,43 @@ def generation_metadata(
         metadata["trino_table"] = name
         metadata["query"] = dg.MetadataValue.md(f"```sql\nSELECT * FROM {name} LIMIT 100\n```")
     return metadata
+
+
+def land_outputs(
+    context: dg.AssetExecutionContext,
+    *,
+    table: str,
+    stage: str,
+    rows: Sequence[GenerationColumns],
+    texts: Sequence[str],
+    set_aside: Sequence[QuarantineRow],
+    outcome: BatchOutcome,
+    warehouse: Warehouse,
+    trino: TrinoResource,
+    ds: str,
+    source: str,
+    extra_metadata: dict[str, dg.RawMetadataValue] | None = None,
+) -> dg.MaterializeResult:
+    """Write the partition and this stage's quarantine rows, publish them, check and report."""
+    failed = failure_rows(
+        outcome.failures,
+        stage=stage,
+        source_file=source,
+        model=outcome.model,
+        digest_sha=outcome.digest_sha256,
+    )
+    written = warehouse.write_partition(table, ds, source, rows)
+    quarantined = replace_quarantine(warehouse, ds, source, stage, [*set_aside, *failed])
+    checks = generation_checks(table, rows, texts, written.path)
+    checks.append(publish(context, trino, warehouse, [table, "quarantine"], ds, source))
+    metadata = generation_metadata(
+        outcome,
+        rows=written.rows,
+        quarantined=quarantined,
+        table=table,
+        path=written.path,
+        trino=trino,
+    )
+    return dg.MaterializeResult(
+        metadata={**metadata, **(extra_metadata or {})}, check_results=checks
+    )

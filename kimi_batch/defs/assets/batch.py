@@ -1,19 +1,17 @@
 """Partitioned batch assets: seeds from the inbox, amplified variants, distilled teacher answers."""
 
 import asyncio
+import importlib
 from pathlib import Path
 
 import dagster as dg
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from kimi_batch.defs.assets._generation import (
     BATCH_GROUP,
     LLAMA_POOL,
     check_specs,
-    failure_rows,
-    generation_checks,
-    generation_metadata,
-    publish,
+    land_outputs,
     read_rows,
     replace_quarantine,
     run_batch,
@@ -59,6 +57,22 @@ class DistillConfig(dg.Config):
     temperature: float = Field(default=0.7, ge=0.0, le=2.0)
     seed: int = Field(default=11)
     n_probs: int = Field(default=0, ge=0, le=20, description="Top-k logprobs per token (0: off).")
+    output_model: str | None = Field(
+        default=None,
+        description="'package.module:Model' of a pydantic model: the answer is constrained to its "
+        "JSON schema and validated; answers that do not validate go to quarantine.",
+    )
+
+
+def _import_model(path: str) -> type[BaseModel]:
+    module_name, _, name = path.partition(":")
+    try:
+        found = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError) as error:
+        raise dg.Failure(f"output_model {path!r} cannot be imported: {error}") from error
+    if not (isinstance(found, type) and issubclass(found, BaseModel)):
+        raise dg.Failure(f"output_model {path!r} is not a pydantic model")
+    return found
 
 
 async def _token_counts(client: LlamaClient, seeds: list[SeedPrompt]) -> dict[str, int]:
@@ -132,32 +146,20 @@ def amplified_prompts(
     )
     outcome = run_batch(context, llama, digest, requests)
     amplified = to_amplified_rows(outcome.results, seed_prompts)
-    failed = failure_rows(
-        outcome.failures,
-        stage="amplify",
-        source_file=source,
-        model=outcome.model,
-        digest_sha=outcome.digest_sha256,
-    )
-    store = warehouse.warehouse()
-    written = store.write_partition("amplified", ds, source, amplified.rows)
-    quarantined = replace_quarantine(
-        store, ds, source, "amplify", [*amplified.quarantined, *failed]
-    )
-    checks = generation_checks(
-        "amplified", amplified.rows, [r.prompt for r in amplified.rows], written.path
-    )
-    checks.append(publish(context, trino, store, ["amplified", "quarantine"], ds, source))
-    metadata = generation_metadata(
-        outcome,
-        rows=written.rows,
-        quarantined=quarantined,
+    return land_outputs(
+        context,
         table="amplified",
-        path=written.path,
+        stage="amplify",
+        rows=amplified.rows,
+        texts=[row.prompt for row in amplified.rows],
+        set_aside=amplified.quarantined,
+        outcome=outcome,
+        warehouse=warehouse.warehouse(),
         trino=trino,
+        ds=ds,
+        source=source,
+        extra_metadata={"duplicates_dropped": amplified.duplicates},
     )
-    metadata["duplicates_dropped"] = amplified.duplicates
-    return dg.MaterializeResult(metadata=metadata, check_results=checks)
 
 
 @dg.asset(
@@ -184,30 +186,24 @@ def distilled_responses(
     params = SamplingParams(
         max_tokens=config.max_tokens, temperature=config.temperature, seed=config.seed
     )
-    requests = distillation_requests(seed_prompts, variants, params, n_probs=config.n_probs)
+    output_model = _import_model(config.output_model) if config.output_model else None
+    requests = distillation_requests(
+        seed_prompts, variants, params, n_probs=config.n_probs, output_model=output_model
+    )
     outcome = run_batch(context, llama, digest, requests)
-    distilled = to_distilled_rows(outcome.results, seed_prompts, variants)
-    failed = failure_rows(
-        outcome.failures,
-        stage="distill",
-        source_file=source,
-        model=outcome.model,
-        digest_sha=outcome.digest_sha256,
+    distilled = to_distilled_rows(
+        outcome.results, seed_prompts, variants, output_model=output_model
     )
-    written = store.write_partition("distilled", ds, source, distilled.rows)
-    quarantined = replace_quarantine(
-        store, ds, source, "distill", [*distilled.quarantined, *failed]
-    )
-    checks = generation_checks(
-        "distilled", distilled.rows, [r.response for r in distilled.rows], written.path
-    )
-    checks.append(publish(context, trino, store, ["distilled", "quarantine"], ds, source))
-    metadata = generation_metadata(
-        outcome,
-        rows=written.rows,
-        quarantined=quarantined,
+    return land_outputs(
+        context,
         table="distilled",
-        path=written.path,
+        stage="distill",
+        rows=distilled.rows,
+        texts=[row.response for row in distilled.rows],
+        set_aside=distilled.quarantined,
+        outcome=outcome,
+        warehouse=store,
         trino=trino,
+        ds=ds,
+        source=source,
     )
-    return dg.MaterializeResult(metadata=metadata, check_results=checks)
