@@ -15,6 +15,9 @@ from kimi_batch.storage.inbox import scan_inbox
 
 __all__ = ["run_demo"]
 
+# Progress lines (rows done, tok/s, ETA) are INFO; Dagster's step events are DEBUG noise here.
+_QUIET = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+
 
 def _seed_inbox(settings: Settings) -> None:
     """An empty inbox gets the shipped sample inputs, so a new user sees a full run."""
@@ -51,7 +54,9 @@ def run_demo(settings: Settings) -> dict[str, Any]:
     instance = _instance(settings)
     instance.add_dynamic_partitions(SOURCE_PARTITIONS_NAME, sorted({f.source for f in files}))
 
-    digest_run = dg.materialize(DIGEST_ASSETS, resources=resources, instance=instance)
+    digest_run = dg.materialize(
+        DIGEST_ASSETS, resources=resources, instance=instance, run_config=_QUIET
+    )
     prefill = _metadata(digest_run, "digest_prefill")
     totals = {"amplified": 0, "distilled": 0, "completion_tokens": 0, "quarantined": 0}
     wall_s = 0.0
@@ -59,7 +64,11 @@ def run_demo(settings: Settings) -> dict[str, Any]:
     for file in files:
         key = dg.MultiPartitionKey({DATE_DIMENSION: file.ds, SOURCE_DIMENSION: file.source})
         run = dg.materialize(
-            BATCH_ASSETS, partition_key=key, resources=resources, instance=instance
+            BATCH_ASSETS,
+            partition_key=key,
+            resources=resources,
+            instance=instance,
+            run_config=_QUIET,
         )
         for asset, table in (
             ("amplified_prompts", "amplified"),

@@ -229,6 +229,7 @@ class _Run:
         self.max_in_flight = 0
         self.started = started
         self.last_progress = 0.0
+        self.last_reported_done = -1
         self.completion_tokens = 0
 
     async def execute(self, *, warm: bool) -> list[WarmupReport]:
@@ -364,10 +365,13 @@ class _Run:
     def _report_progress(self, *, force: bool = False) -> None:
         callback = self.engine.on_progress
         now = time.perf_counter()
+        done = len(self.results) + len(self.failures)
         if callback is None or (not force and now - self.last_progress < PROGRESS_EVERY_S):
             return
+        if force and done == self.last_reported_done:
+            return  # the final state was already reported
         self.last_progress = now
-        done = len(self.results) + len(self.failures)
+        self.last_reported_done = done
         elapsed = now - self.started
         rate = done / elapsed if elapsed > 0 else 0.0
         callback(
