@@ -9,6 +9,7 @@ happens, so a kill at any point loses at most the requests in flight and never d
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +33,7 @@ from kimi_batch.llama.client import LlamaClient, RetryPolicy
 from kimi_batch.llama.exceptions import (
     LlamaConnectionError,
     LlamaError,
+    LlamaLoadingError,
     LlamaRequestError,
     LlamaResponseError,
     LlamaServerError,
@@ -43,7 +45,14 @@ __all__ = ["BatchEngine", "BatchOutcome", "Endpoint", "FailedRequest", "PlannedR
 logger = logging.getLogger(__name__)
 
 PROGRESS_EVERY_S = 5.0
-_TRANSIENT = (LlamaConnectionError, LlamaServerError, LlamaTimeoutError, LlamaResponseError)
+# A respawned server answers 503 while it loads the model: that is a wait, not a failure.
+_TRANSIENT = (
+    LlamaConnectionError,
+    LlamaLoadingError,
+    LlamaServerError,
+    LlamaTimeoutError,
+    LlamaResponseError,
+)
 
 
 class Endpoint(BaseModel):
@@ -107,6 +116,7 @@ class BatchEngine:
         retry: RetryPolicy | None = None,
         on_progress: Callable[[ProgressEvent], None] | None = None,
         on_unreachable: Callable[[str], None] | None = None,
+        load_wait_s: float = 1800.0,
     ) -> None:
         if not endpoints:
             raise ValueError("at least one endpoint is needed")
@@ -123,6 +133,7 @@ class BatchEngine:
         self.retry = retry or RetryPolicy(attempts=2, backoff_s=1.0)
         self.on_progress = on_progress
         self.on_unreachable = on_unreachable
+        self.load_wait_s = load_wait_s
         self.n_predict_cap = min(
             (e.n_predict for e in self.endpoints if e.n_predict > 0), default=None
         )
@@ -305,6 +316,11 @@ class _Run:
                 if isinstance(error, LlamaConnectionError) and engine.on_unreachable is not None:
                     # Let the owner respawn a crashed resident server (in a thread: it blocks).
                     await asyncio.to_thread(engine.on_unreachable, client.base_url)
+                if isinstance(error, LlamaConnectionError | LlamaLoadingError):
+                    # A model load on the target takes minutes: wait for it rather than spend
+                    # the retry budget in seconds.
+                    with contextlib.suppress(LlamaError):
+                        await client.wait_until_healthy(engine.load_wait_s)
                 await asyncio.sleep(engine.retry.delay(attempt))
                 await self._rewarm_quietly(warmer, slot_id)
                 continue

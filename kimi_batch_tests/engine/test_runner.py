@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -143,3 +146,47 @@ async def test_max_tokens_above_the_server_cap_is_clamped(
         outcome = await engine.run([request])
     assert planned[0].params.max_tokens == endpoint.n_predict
     assert outcome.stats.clamped == 1
+
+
+async def test_a_server_killed_mid_batch_is_respawned_and_rewarmed_from_the_save_file(
+    tmp_path: Path, llama_binary: Path, model_path: Path
+) -> None:
+    spec = make_spec(llama_binary, model_path, tmp_path, parallel=2, ctx=2 * 2048)
+    server = ResidentServer(spec, tmp_path / "server", load_timeout_s=300)
+    first_pid = server.ensure_running().pid
+    assert first_pid is not None
+    digest = fresh_digest("crash")
+    tokens = await digest_tokens(server, digest)
+    requests = [
+        GenerationRequest(
+            input_id=f"crash{i}",
+            messages=[
+                ChatMessage(role="user", content=f"Write two sentences about the number {i}.")
+            ],
+            params=SamplingParams(max_tokens=48, temperature=0.0),
+        )
+        for i in range(8)
+    ]
+    try:
+        with Ledger(tmp_path / "ledger.sqlite3") as ledger:
+            engine = BatchEngine(
+                [endpoint_of(server)],
+                digest,
+                ledger,
+                digest_tokens=tokens,
+                on_unreachable=lambda _url: server.ensure_running() and None,
+            )
+            batch = asyncio.create_task(engine.run(requests))
+            while ledger.count() < 2 and not batch.done():  # noqa: ASYNC110 - polls a file
+                await asyncio.sleep(0.05)
+            os.kill(first_pid, signal.SIGKILL)
+            outcome = await batch
+        status = server.status()
+    finally:
+        server.stop()
+    assert outcome.failures == []
+    assert len(outcome.results) == 8
+    assert status.pid not in (None, first_pid)
+    # The new server got the digest back from the save file: no request re-prefilled it.
+    assert outcome.stats.digest_reprefills == 0
+    assert all(r.cached_tokens >= tokens for r in outcome.results)
