@@ -4,33 +4,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 
 from kimi_batch.engine.ledger import Ledger
 from kimi_batch.engine.requests import GenerationResult
+from kimi_batch_tests.factories import make_result
 
 
 def _result(request_id: str, text: str = "answer") -> GenerationResult:
-    return GenerationResult(
-        request_id=request_id,
-        input_id="seed-1",
-        tag="seed",
-        model="m",
-        digest_sha256="0" * 64,
-        text=text,
-        finish_reason="stop",
-        prompt_tokens=10,
-        cached_tokens=8,
-        completion_tokens=3,
-        prompt_ms=1.0,
-        predicted_ms=2.0,
-        latency_ms=3.0,
-        endpoint="http://127.0.0.1:1",
-        slot_id=0,
-        logprobs=None,
-        created_at=datetime(2026, 11, 30, tzinfo=UTC),
-    )
+    return make_result(text, request_id=request_id, input_id="seed-1", tag="seed")
 
 
 def test_put_is_first_writer_wins(tmp_path: Path) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from datetime import UTC, datetime
 
 import pytest
 
@@ -22,8 +21,7 @@ from kimi_batch.tasks.amplify import (
 )
 from kimi_batch.tasks.inputs import SeedPrompt
 from kimi_batch.tasks.rows import AmplifiedRow
-
-CREATED = datetime(2025, 1, 1, tzinfo=UTC)
+from kimi_batch_tests.factories import CREATED, make_result
 
 
 def _seed(input_id: str, prompt: str, line: int = 1) -> SeedPrompt:
@@ -46,24 +44,8 @@ def _result(
     request_id: str = "r1",
     finish_reason: str = "stop",
 ) -> GenerationResult:
-    return GenerationResult(
-        request_id=request_id,
-        input_id=input_id,
-        tag=tag,
-        model="smollm2",
-        digest_sha256="d" * 64,
-        text=text,
-        finish_reason=finish_reason,
-        prompt_tokens=120,
-        cached_tokens=100,
-        completion_tokens=12,
-        prompt_ms=5.0,
-        predicted_ms=40.0,
-        latency_ms=50.0,
-        endpoint="http://127.0.0.1:8081",
-        slot_id=0,
-        logprobs=None,
-        created_at=CREATED,
+    return make_result(
+        text, input_id=input_id, tag=tag, request_id=request_id, finish_reason=finish_reason
     )
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import pytest
 from pydantic import BaseModel, ValidationError
 
@@ -19,8 +17,7 @@ from kimi_batch.tasks.distill import (
 )
 from kimi_batch.tasks.inputs import INSTRUCTIONS_OPEN, SeedPrompt
 from kimi_batch.tasks.rows import AmplifiedRow
-
-CREATED = datetime(2025, 1, 1, tzinfo=UTC)
+from kimi_batch_tests.factories import make_result
 
 
 class Answer(BaseModel):
@@ -58,24 +55,17 @@ def _result(
     finish_reason: str = "stop",
     logprobs: list[TokenLogprob] | None = None,
 ) -> GenerationResult:
-    return GenerationResult(
-        request_id=request_id,
+    return make_result(
+        text,
         input_id=input_id,
         tag=tag,
-        model="smollm2",
-        digest_sha256="d" * 64,
-        text=text,
+        request_id=request_id,
         finish_reason=finish_reason,
         prompt_tokens=200,
         cached_tokens=180,
         completion_tokens=30,
-        prompt_ms=3.0,
-        predicted_ms=90.0,
-        latency_ms=100.0,
-        endpoint="http://127.0.0.1:8081",
         slot_id=1,
         logprobs=logprobs,
-        created_at=CREATED,
     )
 
 

@@ -1,0 +1,37 @@
+"""Hand-built engine results for the pure-function tests (no server involved there)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from kimi_batch.engine.requests import GenerationResult
+
+__all__ = ["CREATED", "make_result"]
+
+CREATED = datetime(2025, 1, 1, tzinfo=UTC)
+
+
+def make_result(text: str = "answer", **overrides: Any) -> GenerationResult:
+    """A finished result with plausible token counts; any field can be overridden."""
+    fields: dict[str, Any] = {
+        "request_id": "r1",
+        "input_id": "s1",
+        "tag": "paraphrase",
+        "model": "smollm2",
+        "digest_sha256": "d" * 64,
+        "text": text,
+        "finish_reason": "stop",
+        "prompt_tokens": 120,
+        "cached_tokens": 100,
+        "completion_tokens": 12,
+        "prompt_ms": 5.0,
+        "predicted_ms": 40.0,
+        "latency_ms": 50.0,
+        "endpoint": "http://127.0.0.1:8081",
+        "slot_id": 0,
+        "logprobs": None,
+        "created_at": CREATED,
+    }
+    fields.update(overrides)
+    return GenerationResult(**fields)
