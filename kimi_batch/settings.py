@@ -62,6 +62,13 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"{name} must be an integer, got {raw!r}") from error
 
 
+def _env_optional_int(name: str, default: int) -> int | None:
+    """An integer, or None when the variable says "off"."""
+    if os.environ.get(name, "").strip().lower() == "off":
+        return None
+    return _env_int(name, default)
+
+
 def _env_str(name: str) -> str | None:
     raw = os.environ.get(name, "").strip()
     return raw or None
@@ -83,6 +90,9 @@ class Settings(BaseModel):
     llama_parallel: int = Field(ge=1, description="Slots: requests in flight.")
     llama_n_predict: int = Field(gt=0, description="Server-side cap on generated tokens.")
     llama_extra_args: tuple[str, ...] = Field(description="Passed to llama-server untouched.")
+    llama_cache_ram_mib: int | None = Field(
+        description="--cache-ram in MiB; None omits the flag (builds without it, ik_llama.cpp)."
+    )
     digest: Path = Field(description="System digest file.")
     warehouse: Path | None = Field(
         description="Warehouse root; default $KIMI_BATCH_HOME/warehouse."
@@ -115,6 +125,7 @@ class Settings(BaseModel):
             llama_parallel=_env_int("KIMI_BATCH_LLAMA_PARALLEL", 4),
             llama_n_predict=_env_int("KIMI_BATCH_LLAMA_N_PREDICT", 1024),
             llama_extra_args=tuple(shlex.split(os.environ.get("KIMI_BATCH_LLAMA_EXTRA_ARGS", ""))),
+            llama_cache_ram_mib=_env_optional_int("KIMI_BATCH_LLAMA_CACHE_RAM", 32768),
             digest=Path(digest_env).expanduser().resolve() if digest_env else default_digest_path(),
             warehouse=Path(warehouse_env).expanduser().resolve() if warehouse_env else None,
             trino_host=_env_str("KIMI_BATCH_TRINO_HOST"),

@@ -26,6 +26,7 @@ def spec_from_settings(settings: Settings) -> ServerSpec:
         ctx=settings.llama_ctx,
         parallel=settings.llama_parallel,
         n_predict=settings.llama_n_predict,
+        cache_ram_mib=settings.llama_cache_ram_mib,
         slot_save_path=settings.slot_save_dir,
         extra_args=settings.llama_extra_args,
     )

@@ -38,6 +38,9 @@ class LlamaServerResource(dg.ConfigurableResource):
     parallel: int = Field(default=4, ge=1)
     n_predict: int = Field(default=1024, gt=0)
     extra_args: list[str] = Field(default_factory=list)
+    cache_ram_mib: int | None = Field(
+        default=32768, description="--cache-ram in MiB; None omits it (ik_llama.cpp, old builds)."
+    )
     api_key_env: str = Field(
         default="KIMI_BATCH_LLAMA_API_KEY",
         description="Name of the environment variable holding the API key (never the key).",
@@ -57,6 +60,7 @@ class LlamaServerResource(dg.ConfigurableResource):
             parallel=settings.llama_parallel,
             n_predict=settings.llama_n_predict,
             extra_args=list(settings.llama_extra_args),
+            cache_ram_mib=settings.llama_cache_ram_mib,
         )
 
     @property
@@ -74,6 +78,7 @@ class LlamaServerResource(dg.ConfigurableResource):
             ctx=self.ctx,
             parallel=self.parallel,
             n_predict=self.n_predict,
+            cache_ram_mib=self.cache_ram_mib,
             slot_save_path=Path(self.home) / "slots",
             extra_args=tuple(self.extra_args),
         )
