@@ -2,27 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from kimi_batch.settings import Settings, default_digest_path
 
-_NAMES = (
-    "KIMI_BATCH_HOME",
-    "KIMI_BATCH_LLAMA_PORT",
-    "KIMI_BATCH_LLAMA_CACHE_RAM",
-    "KIMI_BATCH_LLAMA_EXTRA_ARGS",
-    "KIMI_BATCH_TRINO_HOST",
-    "KIMI_BATCH_WAREHOUSE",
-    "KIMI_BATCH_DIGEST",
-)
-
 
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyPatch:
-    for name in _NAMES:
-        monkeypatch.delenv(name, raising=False)
+    # Other fixtures (the session's llama_env) set KIMI_BATCH_* for the whole run.
+    for name in [n for n in os.environ if n.startswith("KIMI_BATCH_")]:
+        monkeypatch.delenv(name)
     monkeypatch.chdir(tmp_path)
     return monkeypatch
 
