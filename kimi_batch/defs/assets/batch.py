@@ -23,6 +23,7 @@ from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.engine.requests import SamplingParams
 from kimi_batch.llama.client import LlamaClient
+from kimi_batch.llama.models import ServerProps
 from kimi_batch.storage.inbox import resolve_source_file
 from kimi_batch.tasks.amplify import Strategy, amplification_requests, to_amplified_rows
 from kimi_batch.tasks.distill import distillation_requests, to_distilled_rows
@@ -114,7 +115,7 @@ def seed_prompts(
     )
 
 
-async def _props(client: LlamaClient):
+async def _props(client: LlamaClient) -> ServerProps:
     async with client:
         return await client.props()
 

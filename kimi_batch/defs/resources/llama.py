@@ -120,15 +120,16 @@ async def _describe(
     for index, url in enumerate(urls):
         async with LlamaClient(url, api_key=api_key) as client:
             props = await client.props()
+        n_predict = props.n_predict
+        if n_predict <= 0 and index == 0 and known_n_predict is not None:
+            n_predict = known_n_predict
         endpoints.append(
             Endpoint(
                 base_url=url,
                 slots=props.total_slots,
                 model=model,
                 ctx=props.n_ctx,
-                n_predict=props.n_predict
-                if props.n_predict > 0 or index or known_n_predict is None
-                else known_n_predict,
+                n_predict=n_predict,
                 api_key=api_key,
             )
         )
