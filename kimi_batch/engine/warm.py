@@ -90,7 +90,6 @@ class SlotWarmer:
         self.digest = digest
         self.digest_tokens = digest_tokens
         self.save_name = digest_save_name(digest.sha256, model, ctx)
-        self.prefills = 0
 
     async def _generate_on(self, slot_id: int) -> GenerationStats:
         completion = await self.client.chat(
@@ -102,7 +101,6 @@ class SlotWarmer:
         """Full prefill of the digest into one slot; returns milliseconds."""
         started = time.perf_counter()
         await self._generate_on(slot_id)
-        self.prefills += 1
         return (time.perf_counter() - started) * 1000
 
     async def wait_idle(self, slot_id: int, timeout_s: float = IDLE_WAIT_S) -> None:

@@ -23,7 +23,6 @@ from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.engine.requests import SamplingParams
 from kimi_batch.llama.client import LlamaClient
-from kimi_batch.llama.models import ServerProps
 from kimi_batch.storage.inbox import resolve_source_file
 from kimi_batch.tasks.amplify import Strategy, amplification_requests, to_amplified_rows
 from kimi_batch.tasks.distill import distillation_requests, to_distilled_rows
@@ -76,12 +75,17 @@ def _import_model(path: str) -> type[BaseModel]:
     return found
 
 
-async def _token_counts(client: LlamaClient, seeds: list[SeedPrompt]) -> dict[str, int]:
+async def _token_counts(
+    client: LlamaClient, digest_text: str, seeds: list[SeedPrompt]
+) -> tuple[int, dict[str, int]]:
+    """Tokens of the digest and of each seed's user side, in one client session."""
     async with client:
-        return {
+        digest_tokens = len(await client.tokenize(digest_text))
+        counts = {
             s.input_id: len(await client.tokenize("\n".join(m.content for m in s.messages)))
             for s in seeds
         }
+    return digest_tokens, counts
 
 
 @dg.asset(partitions_def=batch_partitions, group_name=BATCH_GROUP, kinds={"python"})
@@ -96,11 +100,12 @@ def seed_prompts(
     ds, source = partition_parts(context)
     path = resolve_source_file(Path(llama.home) / "inbox", ds, source)  # the state dir's inbox
     batch = read_inbox_file(path)
-    handle = llama.ensure_running()
-    props = asyncio.run(_props(llama.client()))
-    digest_tokens = digest.count_tokens(digest.load(), llama.client())
-    limit = (props.n_ctx or llama.ctx // handle.slots) - digest_tokens - config.answer_budget_tokens
-    counts = asyncio.run(_token_counts(llama.client(), batch.seeds))
+    endpoint = llama.endpoints()[0]
+    digest_tokens, counts = asyncio.run(
+        _token_counts(llama.client(), digest.load().text, batch.seeds)
+    )
+    slot_ctx = endpoint.ctx or llama.ctx // endpoint.slots
+    limit = slot_ctx - digest_tokens - config.answer_budget_tokens
     fitting = quarantine_overlong(batch.seeds, counts, limit)
     quarantined = [*batch.quarantined, *fitting.quarantined]
     replace_quarantine(warehouse.warehouse(), ds, source, "input", quarantined)
@@ -113,11 +118,6 @@ def seed_prompts(
             "prompt_token_limit": limit,
         },
     )
-
-
-async def _props(client: LlamaClient) -> ServerProps:
-    async with client:
-        return await client.props()
 
 
 @dg.asset(
