@@ -191,17 +191,17 @@ class BatchEngine:
             for p in planned
             if p.content_key in by_key
         ]
-        failed_keys = {f.request_id for f in run.failures.values()}
+        # Failures are keyed by content; each input that asked for it gets its own entry.
         failures = [
-            FailedRequest(
-                request_id=p.request_id,
-                input_id=p.request.input_id,
-                tag=p.request.tag,
-                reason=run.failures[p.content_key].reason,
-                attempts=run.failures[p.content_key].attempts,
+            run.failures[p.content_key].model_copy(
+                update={
+                    "request_id": p.request_id,
+                    "input_id": p.request.input_id,
+                    "tag": p.request.tag,
+                }
             )
             for p in planned
-            if p.content_key in failed_keys
+            if p.content_key in run.failures
         ]
         stats = summarize(
             new_results=list(run.results.values()),
