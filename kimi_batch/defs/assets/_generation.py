@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
@@ -17,7 +17,7 @@ from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.engine.ledger import Ledger
-from kimi_batch.engine.requests import GenerationRequest
+from kimi_batch.engine.requests import GenerationRequest, GenerationResult
 from kimi_batch.engine.runner import BatchEngine, BatchOutcome, FailedRequest
 from kimi_batch.storage import StorageError, Warehouse, polars_schema
 from kimi_batch.tasks.rows import PARTITION_COLUMNS, GenerationColumns, QuarantineRow
@@ -26,6 +26,7 @@ __all__ = [
     "BATCH_GROUP",
     "LLAMA_POOL",
     "check_specs",
+    "iter_batch_results",
     "land_outputs",
     "ledger_path",
     "read_rows",
@@ -62,6 +63,7 @@ def run_batch(
             digest_tokens=tokens,
             on_progress=lambda event: context.log.info(str(event)),
             on_unreachable=llama.respawn_if_down,
+            on_hung=llama.restart_hung,
         )
         outcome = asyncio.run(engine.run(requests))
     stats = outcome.stats
@@ -70,6 +72,14 @@ def run_batch(
         f"on {len(endpoints)} endpoint(s), max {stats.max_in_flight} in flight"
     )
     return outcome
+
+
+def iter_batch_results(
+    llama: LlamaServerResource, outcome: BatchOutcome, *, chunk_size: int = 256
+) -> Iterator[GenerationResult]:
+    """The batch's finished rows in request order, streamed from the ledger in chunks."""
+    with Ledger(ledger_path(llama)) as ledger:
+        yield from outcome.iter_results(ledger, chunk_size=chunk_size)
 
 
 def failure_rows(

@@ -11,6 +11,7 @@ from kimi_batch.defs.assets._generation import (
     BATCH_GROUP,
     LLAMA_POOL,
     check_specs,
+    iter_batch_results,
     land_outputs,
     read_rows,
     replace_quarantine,
@@ -146,7 +147,7 @@ def amplified_prompts(
         seed_prompts, strategies, config.variants_per_strategy, params
     )
     outcome = run_batch(context, llama, digest, requests)
-    amplified = to_amplified_rows(outcome.results, seed_prompts)
+    amplified = to_amplified_rows(iter_batch_results(llama, outcome), seed_prompts)
     return land_outputs(
         context,
         table="amplified",
@@ -193,7 +194,7 @@ def distilled_responses(
     )
     outcome = run_batch(context, llama, digest, requests)
     distilled = to_distilled_rows(
-        outcome.results, seed_prompts, variants, output_model=output_model
+        iter_batch_results(llama, outcome), seed_prompts, variants, output_model=output_model
     )
     return land_outputs(
         context,

@@ -17,6 +17,9 @@ from kimi_batch.settings import Settings
 
 __all__ = ["LlamaServerResource"]
 
+# Another run may have restarted the server for the same hang a moment ago: leave that one be.
+HUNG_RESTART_MIN_AGE_S = 60.0
+
 
 class LlamaServerResource(dg.ConfigurableResource):
     """Attach to the resident llama-server, starting it once if it is not running.
@@ -111,6 +114,12 @@ class LlamaServerResource(dg.ConfigurableResource):
         """Engine hook: after a connection error, bring the resident server back if it died."""
         if self.url is None and base_url.rstrip("/") == self.manager().base_url:
             self.ensure_running()
+
+    def restart_hung(self, base_url: str) -> None:
+        """Engine hook: the resident server stopped making progress; kill and respawn it."""
+        manager = self.manager()
+        if isinstance(manager, ResidentServer) and base_url.rstrip("/") == manager.base_url:
+            manager.restart(min_age_s=HUNG_RESTART_MIN_AGE_S)
 
 
 async def _describe(
