@@ -149,11 +149,14 @@ class BatchEngine:
             )
         return planned
 
-    def deadline_s(self, item: PlannedRequest) -> float:
-        """Seconds this request may take at the speeds measured so far (digest cached)."""
+    def deadline_s(self, item: PlannedRequest, *, cold: bool = False) -> float:
+        """Seconds this request may take at the speeds measured so far. The digest is cached
+        in a warm slot; a slot not known to hold it (`cold`) may have to prefill it first."""
         prompt = estimate_prompt_tokens(
             list(item.request.messages), self.policy.deadline.chars_per_token
         )
+        if cold:
+            prompt += self.digest_tokens
         return self.speeds.deadline_s(prompt, item.params.max_tokens)
 
     async def run(
@@ -273,6 +276,7 @@ class _Run:
             if warm and self.total and not self._past_stop():
                 for warmer, endpoint in zip(warmers, engine.endpoints, strict=True):
                     warmups.append(await warmer.warm_all(endpoint.slots, verify=False))
+                    self.watches[warmer.client].warm_slots.update(range(endpoint.slots))
             watchdog = asyncio.create_task(self._watch())
             workers = [
                 asyncio.create_task(self._worker(client, warmer, slot_id))
@@ -338,7 +342,7 @@ class _Run:
         watch = self.watches[client]
         await watch.ready.wait()  # never send to a server that is being restarted
         params = item.params
-        deadline_s = engine.deadline_s(item)
+        deadline_s = engine.deadline_s(item, cold=slot_id not in watch.warm_slots)
         task = asyncio.create_task(
             client.chat(
                 assemble_messages(engine.digest, item.request.messages),
@@ -434,6 +438,7 @@ class _Run:
             # This request paid a full digest prefill (an evicted or restarted slot). The
             # slot holds the digest again now; the count is what the bench reports.
             self.reprefills += 1
+        self.watches[client].warm_slots.add(slot_id)
         self._report_progress()
 
     async def _watch(self) -> None:
@@ -450,6 +455,7 @@ class _Run:
     async def _restart_hung(self, watch: EndpointWatch) -> None:
         engine = self.engine
         watch.ready.clear()
+        watch.warm_slots.clear()  # a restarted server starts with empty slots
         watch.hangs += 1
         cancelled = watch.cancel_sends()
         logger.warning(
@@ -469,11 +475,15 @@ class _Run:
             watch.ready.set()
 
     async def _rewarm_quietly(self, warmer: SlotWarmer, slot_id: int) -> None:
+        warm_slots = self.watches[warmer.client].warm_slots
         try:
             if await warmer.rewarm(slot_id):
                 self.reprefills += 1
         except LlamaError as error:
+            warm_slots.discard(slot_id)  # the next send may prefill the digest: more time
             logger.warning("could not re-warm slot %d: %s", slot_id, error)
+        else:
+            warm_slots.add(slot_id)
 
     def _fail(self, item: PlannedRequest, reason: str, attempts: int) -> None:
         self.failures[item.content_key] = FailedRequest(

@@ -64,6 +64,7 @@ class EndpointWatch:
         self.client = client
         self.policy = policy
         self.sending: dict[int, asyncio.Task[Any]] = {}  # slot id -> the send in flight
+        self.warm_slots: set[int] = set()  # slots known to hold the digest
         self.ready = asyncio.Event()  # cleared while a hung server is restarted
         self.ready.set()
         self.hangs = 0

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from kimi_batch.engine.deadline import DeadlinePolicy, SpeedTracker, estimate_prompt_tokens
-from kimi_batch.engine.requests import GenerationResult
+from kimi_batch.engine.digest import SystemDigest
+from kimi_batch.engine.ledger import Ledger
+from kimi_batch.engine.requests import GenerationRequest, GenerationResult, SamplingParams
+from kimi_batch.engine.runner import BatchEngine, Endpoint
 from kimi_batch.llama.types import ChatMessage
 from kimi_batch_tests.factories import make_result
 
@@ -84,3 +89,26 @@ def test_tiny_samples_do_not_move_the_speeds() -> None:
 def test_prompt_estimate_counts_the_user_side_generously() -> None:
     messages = [ChatMessage(role="user", content="x" * 48_000)]
     assert estimate_prompt_tokens(messages, 3.0) >= TARGET_PROMPT_TOKENS
+
+
+def test_a_slot_not_known_to_hold_the_digest_gets_time_to_prefill_it(tmp_path: Path) -> None:
+    endpoint = Endpoint(base_url="http://llama", slots=1, model="m")
+    with Ledger(tmp_path / "ledger.sqlite3") as ledger:
+        engine = BatchEngine(
+            [endpoint],
+            SystemDigest.from_text("A long digest.\n"),
+            ledger,
+            digest_tokens=TARGET_PROMPT_TOKENS,
+        )
+        (item,) = engine.plan(
+            [
+                GenerationRequest(
+                    input_id="q",
+                    messages=[ChatMessage(role="user", content="Short question?")],
+                    params=SamplingParams(max_tokens=TARGET_ANSWER_TOKENS),
+                )
+            ]
+        )
+        warm, cold = engine.deadline_s(item), engine.deadline_s(item, cold=True)
+    assert cold > TARGET_PROMPT_S + TARGET_ANSWER_S
+    assert warm < cold
