@@ -13,7 +13,7 @@ import pytest
 
 from kimi_batch.engine.requests import SamplingParams
 from kimi_batch.settings import samples_dir
-from kimi_batch.tasks.input_formats import MAX_JSON_ARRAY_BYTES, MAX_ROW_BYTES
+from kimi_batch.tasks.input_formats import MAX_JSON_ARRAY_BYTES, MAX_ROW_BYTES, parquet_items
 from kimi_batch.tasks.inputs import (
     INSTRUCTIONS_OPEN,
     RAW_LIMIT,
@@ -594,3 +594,17 @@ def test_streaming_api_yields_rows_in_order_and_chunks(tmp_path: Path) -> None:
     assert read_inbox_file(path, now=NOW) == InputBatch(
         seeds=[s for c in chunks for s in c.seeds], quarantined=[duplicate]
     )
+
+
+def test_parquet_is_read_in_slices_with_running_row_numbers(tmp_path: Path) -> None:
+    path = tmp_path / "groups.parquet"
+    prompts = [f"Prompt {index}" if index != 6 else "" for index in range(10)]
+    pl.DataFrame({"id": list(range(10)), "prompt": prompts}).write_parquet(path, row_group_size=4)
+
+    items = list(parquet_items(path, batch_rows=3))
+
+    assert [item.line for item in items] == list(range(1, 11))
+    assert [item.record["id"] for item in items] == list(range(10))
+    batch = read_inbox_file(path)
+    assert len(batch.seeds) == 9
+    assert _reasons(batch) == {7: "prompt: must not be empty"}
