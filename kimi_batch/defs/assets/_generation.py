@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal, TypeVar
@@ -19,7 +19,7 @@ from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.engine.digest import SystemDigest
 from kimi_batch.engine.ledger import Ledger
-from kimi_batch.engine.requests import GenerationRequest
+from kimi_batch.engine.requests import GenerationRequest, GenerationResult
 from kimi_batch.engine.runner import BatchEngine, BatchOutcome
 from kimi_batch.storage import StorageError, Warehouse, polars_schema
 from kimi_batch.storage.quarantine import replace_quarantine
@@ -30,6 +30,7 @@ __all__ = [
     "BATCH_GROUP",
     "LLAMA_POOL",
     "check_specs",
+    "iter_batch_results",
     "land_outputs",
     "lease_key",
     "publish",
@@ -84,8 +85,17 @@ async def _generate(
         digest_tokens=prepared.digest_tokens,
         on_progress=lambda event: context.log.info(str(event)),
         on_unreachable=llama.respawn_if_down,
+        on_hung=llama.restart_hung,
     )
     return await engine.run(requests)
+
+
+def iter_batch_results(
+    warehouse: WarehouseResource, outcome: BatchOutcome, *, chunk_size: int = 256
+) -> Iterator[GenerationResult]:
+    """The batch's finished rows in request order, streamed from the ledger in chunks."""
+    with warehouse.ledger() as ledger:
+        yield from outcome.iter_results(ledger, chunk_size=chunk_size)
 
 
 def read_rows(

@@ -12,6 +12,7 @@ from kimi_batch.defs.assets._generation import (
     BATCH_GROUP,
     LLAMA_POOL,
     check_specs,
+    iter_batch_results,
     land_outputs,
     publish,
     read_rows,
@@ -210,7 +211,7 @@ def amplified_prompts(
     strategies = [Strategy(s) for s in config.strategies]
     requests = amplification_requests(seeds, strategies, config.variants_per_strategy, params)
     outcome = run_batch(context, llama, digest, warehouse, requests)
-    amplified = to_amplified_rows(outcome.results, seeds)
+    amplified = to_amplified_rows(iter_batch_results(warehouse, outcome), seeds)
     return land_outputs(
         context,
         table="amplified",
@@ -257,7 +258,9 @@ def distilled_responses(
         seeds, variants, params, n_probs=config.n_probs, output_model=output_model
     )
     outcome = run_batch(context, llama, digest, warehouse, requests)
-    distilled = to_distilled_rows(outcome.results, seeds, variants, output_model=output_model)
+    distilled = to_distilled_rows(
+        iter_batch_results(warehouse, outcome), seeds, variants, output_model=output_model
+    )
     return land_outputs(
         context,
         table="distilled",

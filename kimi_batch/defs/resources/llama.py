@@ -16,6 +16,9 @@ from kimi_batch.settings import Settings
 
 __all__ = ["LlamaServerResource"]
 
+# Another run may have restarted the server for the same hang a moment ago: leave that one be.
+HUNG_RESTART_MIN_AGE_S = 60.0
+
 
 class LlamaServerResource(dg.ConfigurableResource):
     """Attach to the resident llama-server, starting it once if it is not running.
@@ -69,3 +72,9 @@ class LlamaServerResource(dg.ConfigurableResource):
         manager = self.manager()
         if isinstance(manager, ResidentServer) and base_url.rstrip("/") == manager.base_url:
             manager.ensure_running()
+
+    def restart_hung(self, base_url: str) -> None:
+        """Engine hook: the resident server stopped making progress; kill and respawn it."""
+        manager = self.manager()
+        if isinstance(manager, ResidentServer) and base_url.rstrip("/") == manager.base_url:
+            manager.restart(min_age_s=HUNG_RESTART_MIN_AGE_S)
