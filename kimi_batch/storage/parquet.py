@@ -145,8 +145,8 @@ class Warehouse:
         try:
             for records in _chunks(rows, model, table):
                 chunk = directory / f".{PART_FILE}.{token}.{len(chunk_files)}.chunk"
+                chunk_files.append(chunk)  # before the write: a failed write is cleaned up too
                 pl.DataFrame(records, schema=schema).write_parquet(chunk, compression="zstd")
-                chunk_files.append(chunk)
             if not chunk_files:
                 pl.DataFrame(schema=schema).write_parquet(temp, compression="zstd", statistics=True)
             elif len(chunk_files) == 1:
