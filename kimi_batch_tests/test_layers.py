@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "kimi_batch"
+TESTS = Path(__file__).resolve().parent
+PACKAGE = TESTS.parent / "kimi_batch"
 # Lower number = lower layer. Top-level modules not listed here sit above everything.
 LAYERS = {"settings": 0, "llama": 1, "engine": 2, "tasks": 3, "storage": 4, "defs": 5}
 
@@ -24,7 +25,9 @@ def _imports(path: Path) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        elif isinstance(node, ast.ImportFrom) and node.level > 0:
+            found.add("." * node.level + (node.module or ""))
+        elif isinstance(node, ast.ImportFrom) and node.module:
             found.add(node.module)
     return found
 
@@ -42,3 +45,23 @@ def test_a_layer_imports_only_itself_and_lower_layers(layer: str) -> None:
 def test_llama_and_engine_never_import_dagster(layer: str) -> None:
     for path in (PACKAGE / layer).rglob("*.py"):
         assert not any(m.split(".")[0] == "dagster" for m in _imports(path)), path.name
+
+
+def test_tests_share_code_only_through_the_support_package() -> None:
+    """No test module imports another test module or conftest: shared code lives in support/."""
+    for path in TESTS.rglob("*.py"):
+        for module in _imports(path):
+            assert not module.startswith("."), f"{path.relative_to(TESTS)}: relative {module}"
+            if module.split(".")[0] == "kimi_batch_tests":
+                assert module.startswith("kimi_batch_tests.support"), (
+                    f"{path.relative_to(TESTS)} imports {module}"
+                )
+
+
+def test_test_packages_hold_no_code() -> None:
+    """An `__init__.py` of the tests is a docstring at most, so nothing runs at import."""
+    for path in TESTS.rglob("__init__.py"):
+        body = ast.parse(path.read_text()).body
+        assert all(
+            isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) for node in body
+        ), path.relative_to(TESTS)

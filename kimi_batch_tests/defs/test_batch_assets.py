@@ -16,13 +16,16 @@ from typing import Any
 import dagster as dg
 import httpx
 import polars as pl
+import pytest
 from pydantic import BaseModel
 
 from kimi_batch.definitions import BATCH_ASSETS, build_resources
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
 from kimi_batch.settings import Settings
 from kimi_batch.storage import Warehouse
-from kimi_batch_tests.conftest import LlamaEnv
+from kimi_batch_tests.support.llama_server import LlamaEnv
+
+pytestmark = pytest.mark.slow  # every test materializes on a real llama-server
 
 SMALL_RUN: dict[str, Any] = {
     "ops": {

@@ -33,7 +33,7 @@ from kimi_batch.defs.sensors import (
     plan_inbox_tick,
 )
 from kimi_batch.storage.inbox import file_sha256, scan_inbox
-from kimi_batch_tests.defs import standin_definitions
+from kimi_batch_tests.support.standins import standin_definitions
 
 # Dagster's own multi-partition tags (`dagster/partition/date`) trip its tag-key deprecation.
 pytestmark = pytest.mark.filterwarnings("ignore:Non-compliant tag keys:DeprecationWarning")

@@ -14,10 +14,13 @@ from kimi_batch.engine.digest import SystemDigest
 from kimi_batch.engine.ledger import Ledger
 from kimi_batch.engine.requests import GenerationRequest, SamplingParams
 from kimi_batch.engine.runner import BatchEngine
+from kimi_batch.engine.warm import SlotWarmer
 from kimi_batch.llama.server import ResidentServer
 from kimi_batch.llama.types import ChatMessage
-from kimi_batch_tests.conftest import make_spec
-from kimi_batch_tests.engine.test_warm import digest_tokens, endpoint_of, fresh_digest, questions
+from kimi_batch_tests.support.engine import digest_tokens, endpoint_of, fresh_digest, questions
+from kimi_batch_tests.support.llama_server import make_spec
+
+pytestmark = pytest.mark.slow  # every test runs the engine on a real llama-server
 
 
 def server_tasks(server: ResidentServer) -> int:
@@ -41,30 +44,39 @@ def two_servers(
         server.stop()
 
 
-async def test_two_servers_share_the_rows_and_give_the_one_server_result(
+async def test_two_servers_share_the_rows_and_send_each_request_once(
     two_servers: tuple[ResidentServer, ResidentServer], tmp_path: Path
 ) -> None:
     first, second = two_servers
     digest = fresh_digest("scale")
     tokens = await digest_tokens(first, digest)
+    for server in two_servers:
+        async with server.client() as client:
+            await SlotWarmer(client, digest, digest_tokens=tokens, model="m", ctx=2048).warm_all(
+                server.spec.parallel, verify=False
+            )
     requests = questions(12, "scale")
+    before = [server_tasks(server) for server in two_servers]
 
     with Ledger(tmp_path / "two.sqlite3") as ledger:
-        both = await BatchEngine(
+        engine = BatchEngine(
             [endpoint_of(first), endpoint_of(second)], digest, ledger, digest_tokens=tokens
-        ).run(requests)
-    with Ledger(tmp_path / "one.sqlite3") as ledger:
-        alone = await BatchEngine([endpoint_of(first)], digest, ledger, digest_tokens=tokens).run(
-            requests
         )
+        planned = engine.plan(requests)
+        both = await engine.run(requests, warm=False)
+        recorded = ledger.count()
+    sent = [server_tasks(server) - count for server, count in zip(two_servers, before, strict=True)]
 
-    used = {r.endpoint for r in both.results}
-    assert used == {first.base_url, second.base_url}
+    # Greedy texts are not compared with a one-server run: llama.cpp's batched kernels may pick
+    # another token when the batch composition differs. What is guaranteed is the bookkeeping.
+    assert [r.request_id for r in both.results] == [p.request_id for p in planned]
+    assert [r.input_id for r in both.results] == [r.input_id for r in requests]
+    assert both.failures == []
+    assert both.stats.generated == recorded == 12
+    assert sum(sent) == 12, sent  # each request reached exactly one server, once
+    assert all(count > 0 for count in sent), sent
+    assert {r.endpoint for r in both.results} == {first.base_url, second.base_url}
     assert both.stats.max_in_flight <= 4
-    assert [r.request_id for r in both.results] == [r.request_id for r in alone.results]
-    assert [r.input_id for r in both.results] == [r.input_id for r in alone.results]
-    # Greedy decoding of the same prompt on the same build: the same answers.
-    assert [r.text for r in both.results] == [r.text for r in alone.results]
     assert all(r.cached_tokens >= tokens for r in both.results)
 
 

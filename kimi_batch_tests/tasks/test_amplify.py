@@ -21,7 +21,7 @@ from kimi_batch.tasks.amplify import (
 )
 from kimi_batch.tasks.inputs import SeedPrompt
 from kimi_batch.tasks.rows import AmplifiedRow
-from kimi_batch_tests.factories import CREATED, make_result
+from kimi_batch_tests.support.results import CREATED, make_result
 
 
 def _seed(input_id: str, prompt: str, line: int = 1) -> SeedPrompt:

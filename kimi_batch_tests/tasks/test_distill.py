@@ -17,7 +17,7 @@ from kimi_batch.tasks.distill import (
 )
 from kimi_batch.tasks.inputs import INSTRUCTIONS_OPEN, SeedPrompt
 from kimi_batch.tasks.rows import AmplifiedRow
-from kimi_batch_tests.factories import make_result
+from kimi_batch_tests.support.results import make_result
 
 
 class Answer(BaseModel):

@@ -1,4 +1,4 @@
-"""Hand-built engine results for the pure-function tests (no server involved there)."""
+"""Hand-built engine results for the server-free tests of tasks and the ledger."""
 
 from __future__ import annotations
 
