@@ -8,17 +8,31 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
-from kimi_batch.llama.exceptions import LlamaError
+from pydantic import ValidationError
+
+from kimi_batch.errors import ConfigError, KimiBatchError
 from kimi_batch.llama.factory import server_from_settings
 from kimi_batch.settings import Settings
-from kimi_batch.storage.errors import StorageError
 
 __all__ = ["main"]
 
 
+def _settings() -> Settings:
+    """`Settings.from_env`, with a value pydantic refuses reported as a configuration error."""
+    try:
+        return Settings.from_env()
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in problem['loc'])}: {problem['msg']}"
+            for problem in error.errors()
+        )
+        raise ConfigError(f"invalid configuration: {problems}") from error
+
+
 def _server_start(args: argparse.Namespace) -> int:
-    settings = Settings.from_env()
+    settings = _settings()
     manager = server_from_settings(settings, load_timeout_s=args.load_timeout)
     handle = manager.ensure_running()
     print(handle.model_dump_json() if args.json else _describe_handle(handle.model_dump()))
@@ -34,7 +48,7 @@ def _describe_handle(handle: dict[str, object]) -> str:
 
 
 def _server_status(args: argparse.Namespace) -> int:
-    status = server_from_settings(Settings.from_env()).status()
+    status = server_from_settings(_settings()).status()
     if args.json:
         print(status.model_dump_json())
     else:
@@ -44,7 +58,7 @@ def _server_status(args: argparse.Namespace) -> int:
 
 
 def _server_stop(args: argparse.Namespace) -> int:
-    stopped = server_from_settings(Settings.from_env()).stop()
+    stopped = server_from_settings(_settings()).stop()
     print("stopped llama-server" if stopped else "no llama-server was running")
     return 0
 
@@ -52,7 +66,7 @@ def _server_stop(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from kimi_batch.demo import run_demo
 
-    summary = run_demo(Settings.from_env())
+    summary = run_demo(_settings())
     print(json.dumps(summary, sort_keys=True))
     return 0
 
@@ -61,7 +75,7 @@ def _export(args: argparse.Namespace) -> int:
     from kimi_batch.export import export_partition
 
     path = export_partition(
-        Settings.from_env(), ds=args.date, source=args.source, fmt=args.format, out=args.out
+        _settings(), ds=args.date, source=args.source, fmt=args.format, out=args.out
     )
     print(path)
     return 0
@@ -70,13 +84,20 @@ def _export(args: argparse.Namespace) -> int:
 def _publish(args: argparse.Namespace) -> int:
     from kimi_batch.publish import publish_warehouse
 
-    report = publish_warehouse(Settings.from_env())
+    report = publish_warehouse(_settings())
     print(json.dumps(dataclasses.asdict(report)))
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line (exit 2), like every expected failure."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kimi-batch", description=__doc__)
+    parser = _Parser(prog="kimi-batch", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -114,13 +135,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    level = logging.INFO if args.verbose else logging.WARNING
+    # The level goes on the handler too: libraries that set their own logger to INFO (the trino
+    # client) would otherwise print their retries next to our one-line error.
+    handler = logging.StreamHandler()
+    handler.setLevel(level)
     logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        level=level, handlers=[handler], format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
         return int(args.func(args))
-    except (LlamaError, StorageError, ValueError, FileNotFoundError) as error:
+    except KimiBatchError as error:
+        # Expected failures: the message is for the user; detail lines (a spec, a log tail) follow.
         print(f"kimi-batch: error: {error}", file=sys.stderr)
         return 2
 

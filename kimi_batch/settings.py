@@ -13,6 +13,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kimi_batch.errors import ConfigError
+
 __all__ = [
     "DEFAULT_LLAMA_PORT",
     "DEFAULT_TRINO_PORT",
@@ -59,7 +61,7 @@ def _env_int(name: str, default: int) -> int:
     try:
         return int(raw)
     except ValueError as error:
-        raise ValueError(f"{name} must be an integer, got {raw!r}") from error
+        raise ConfigError(f"{name} must be an integer, got {raw!r}") from error
 
 
 def _env_optional_int(name: str, default: int) -> int | None:

@@ -10,7 +10,7 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 PACKAGE = TESTS.parent / "kimi_batch"
 # Lower number = lower layer. Top-level modules not listed here sit above everything.
-LAYERS = {"settings": 0, "llama": 1, "engine": 2, "tasks": 3, "storage": 4, "defs": 5}
+LAYERS = {"errors": 0, "settings": 0, "llama": 1, "engine": 2, "tasks": 3, "storage": 4, "defs": 5}
 
 
 def _layer(module: str) -> int | None:
@@ -32,13 +32,18 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("layer", [name for name in LAYERS if name != "settings"])
+@pytest.mark.parametrize("layer", [name for name in LAYERS if LAYERS[name] > 0])
 def test_a_layer_imports_only_itself_and_lower_layers(layer: str) -> None:
     own = LAYERS[layer]
     for path in (PACKAGE / layer).rglob("*.py"):
         for module in _imports(path):
             target = _layer(module)
             assert target is None or target <= own, f"{path.name} imports {module}"
+
+
+def test_the_root_exception_module_imports_nothing_of_the_package() -> None:
+    """Every layer derives its errors from kimi_batch.errors, so it must sit below them all."""
+    assert not any(m.startswith("kimi_batch") for m in _imports(PACKAGE / "errors.py"))
 
 
 @pytest.mark.parametrize("layer", ["llama", "engine"])

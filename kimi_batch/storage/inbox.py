@@ -30,6 +30,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kimi_batch.errors import MissingInputError
+
 __all__ = [
     "INBOX_EXTENSIONS",
     "InboxFile",
@@ -167,7 +169,7 @@ def resolve_source_file(inbox_dir: Path, ds: str, source: str) -> Path:
         if _with_extension(Path(item.name)) == source:
             return item.path
     known = ", ".join(sorted(item.source for item in candidates)) or "none"
-    raise FileNotFoundError(
+    raise MissingInputError(
         f"no inbox file for partition date={ds} source={source} in {inbox_dir} "
         f"(sources of that day: {known})"
     )
