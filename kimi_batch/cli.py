@@ -10,29 +10,15 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from pydantic import ValidationError
-
-from kimi_batch.errors import ConfigError, KimiBatchError
+from kimi_batch.errors import KimiBatchError
 from kimi_batch.llama.factory import server_from_settings
 from kimi_batch.settings import Settings
 
 __all__ = ["main"]
 
 
-def _settings() -> Settings:
-    """`Settings.from_env`, with a value pydantic refuses reported as a configuration error."""
-    try:
-        return Settings.from_env()
-    except ValidationError as error:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in problem['loc'])}: {problem['msg']}"
-            for problem in error.errors()
-        )
-        raise ConfigError(f"invalid configuration: {problems}") from error
-
-
 def _server_start(args: argparse.Namespace) -> int:
-    settings = _settings()
+    settings = Settings.from_env()
     manager = server_from_settings(settings, load_timeout_s=args.load_timeout)
     handle = manager.ensure_running()
     print(handle.model_dump_json() if args.json else _describe_handle(handle.model_dump()))
@@ -48,7 +34,7 @@ def _describe_handle(handle: dict[str, object]) -> str:
 
 
 def _server_status(args: argparse.Namespace) -> int:
-    status = server_from_settings(_settings()).status()
+    status = server_from_settings(Settings.from_env()).status()
     if args.json:
         print(status.model_dump_json())
     else:
@@ -58,7 +44,7 @@ def _server_status(args: argparse.Namespace) -> int:
 
 
 def _server_stop(args: argparse.Namespace) -> int:
-    stopped = server_from_settings(_settings()).stop()
+    stopped = server_from_settings(Settings.from_env()).stop()
     print("stopped llama-server" if stopped else "no llama-server was running")
     return 0
 
@@ -66,7 +52,7 @@ def _server_stop(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from kimi_batch.demo import run_demo
 
-    summary = run_demo(_settings())
+    summary = run_demo(Settings.from_env())
     print(json.dumps(summary, sort_keys=True))
     return 0
 
@@ -75,7 +61,7 @@ def _export(args: argparse.Namespace) -> int:
     from kimi_batch.export import export_partition
 
     path = export_partition(
-        _settings(), ds=args.date, source=args.source, fmt=args.format, out=args.out
+        Settings.from_env(), ds=args.date, source=args.source, fmt=args.format, out=args.out
     )
     print(path)
     return 0
@@ -84,7 +70,7 @@ def _export(args: argparse.Namespace) -> int:
 def _publish(args: argparse.Namespace) -> int:
     from kimi_batch.publish import publish_warehouse
 
-    report = publish_warehouse(_settings())
+    report = publish_warehouse(Settings.from_env())
     print(json.dumps(dataclasses.asdict(report)))
     return 0
 
@@ -106,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     start = server.add_parser("start", help="start it, or attach when it already runs")
     start.add_argument("--json", action="store_true")
-    start.add_argument("--load-timeout", type=float, default=1800.0, help="seconds")
+    start.add_argument("--load-timeout", type=float, default=None, help="seconds")
     start.set_defaults(func=_server_start)
     status = server.add_parser("status", help="is it running, with which spec")
     status.add_argument("--json", action="store_true")

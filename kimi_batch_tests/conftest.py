@@ -7,11 +7,17 @@ start a server there, so collection refuses it.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from kimi_batch_tests.support.markers import unmarked_server_tests
 
 pytest_plugins = ["kimi_batch_tests.support.llama_server", "kimi_batch_tests.support.trino"]
+
+# Tests use dated inbox folders from 2025 on. Set before any test module imports the definitions
+# (the date partitions are built at import), so they do not start at this run's install date.
+os.environ.setdefault("KIMI_BATCH_PARTITIONS_START", "2025-01-01")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -111,22 +111,24 @@ def test_the_special_errors_keep_their_builtin_bases_for_existing_handlers() -> 
     assert issubclass(MissingInputError, FileNotFoundError)
 
 
-def _settings_raising(monkeypatch: pytest.MonkeyPatch, error: BaseException) -> None:
-    def settings() -> None:
+def _status_raising(monkeypatch: pytest.MonkeyPatch, error: BaseException) -> None:
+    """`kimi-batch server status` whose server lookup raises `error`."""
+
+    def server_from_settings(_settings: object) -> None:
         raise error
 
-    monkeypatch.setattr(cli, "_settings", settings)
+    monkeypatch.setattr(cli, "server_from_settings", server_from_settings)
 
 
 def test_an_expected_error_is_one_line_and_exit_2(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _settings_raising(monkeypatch, MissingInputError("no input files in /x/inbox"))
+    _status_raising(monkeypatch, MissingInputError("no input files in /x/inbox"))
     assert cli.main(["server", "status"]) == 2
     assert capsys.readouterr().err == "kimi-batch: error: no input files in /x/inbox\n"
 
 
 def test_an_unexpected_error_keeps_its_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
-    _settings_raising(monkeypatch, KeyError("a bug"))
+    _status_raising(monkeypatch, KeyError("a bug"))
     with pytest.raises(KeyError, match="a bug"):
         cli.main(["server", "status"])

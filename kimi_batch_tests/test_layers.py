@@ -10,7 +10,16 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 PACKAGE = TESTS.parent / "kimi_batch"
 # Lower number = lower layer. Top-level modules not listed here sit above everything.
-LAYERS = {"errors": 0, "settings": 0, "llama": 1, "engine": 2, "tasks": 3, "storage": 4, "defs": 5}
+LAYERS = {
+    "errors": 0,
+    "settings": 0,
+    "paths": 0,
+    "llama": 1,
+    "engine": 2,
+    "tasks": 3,
+    "storage": 4,
+    "defs": 5,
+}
 
 
 def _layer(module: str) -> int | None:

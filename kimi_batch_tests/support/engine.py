@@ -11,7 +11,7 @@ from kimi_batch.llama.server import ResidentServer
 from kimi_batch.llama.types import ChatMessage
 from kimi_batch.settings import default_digest_path
 
-__all__ = ["SHORT", "digest_tokens", "endpoint_of", "fresh_digest", "questions"]
+__all__ = ["SHORT", "digest_tokens", "endpoint_of", "fresh_digest", "questions", "server_tasks"]
 
 SHORT = SamplingParams(max_tokens=8, temperature=0.0)
 _LETTERS = str.maketrans("0123456789", "ghijklmnop")
@@ -53,3 +53,8 @@ def endpoint_of(server: ResidentServer) -> Endpoint:
         ctx=server.spec.ctx // server.spec.parallel,
         n_predict=server.spec.n_predict,
     )
+
+
+def server_tasks(server: ResidentServer) -> int:
+    """Completions the server processed, counted from its own log."""
+    return server.log_path.read_text(errors="replace").count("launch_slot_: id")
