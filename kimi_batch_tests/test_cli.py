@@ -13,7 +13,7 @@ from kimi_batch import cli
 from kimi_batch.engine.digest import DigestLintError
 from kimi_batch.errors import ConfigError, KimiBatchError, MissingInputError
 from kimi_batch.llama.exceptions import LlamaError, SpecMismatchError
-from kimi_batch.storage.errors import StorageError, TrinoUnavailableError
+from kimi_batch.storage.exceptions import StorageError, TrinoUnavailableError
 from kimi_batch_tests.support.ports import free_port
 
 

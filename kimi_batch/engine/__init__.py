@@ -2,9 +2,9 @@
 
 from kimi_batch.engine.deadline import DeadlinePolicy
 from kimi_batch.engine.digest import DigestLintError, SystemDigest, lint_digest, load_digest
+from kimi_batch.engine.generation import GenerationRequest, GenerationResult, SamplingParams
 from kimi_batch.engine.ledger import Lease, LeaseHeldError, Ledger
 from kimi_batch.engine.prompt import assemble_messages
-from kimi_batch.engine.requests import GenerationRequest, GenerationResult, SamplingParams
 from kimi_batch.engine.runner import (
     BatchEngine,
     BatchOutcome,

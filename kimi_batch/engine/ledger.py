@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from kimi_batch.engine.requests import GenerationResult
+from kimi_batch.engine.generation import GenerationResult
 from kimi_batch.errors import KimiBatchError
 
 __all__ = ["Lease", "LeaseHeldError", "Ledger"]

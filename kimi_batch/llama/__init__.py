@@ -5,7 +5,15 @@ Errors: see `kimi_batch.llama.exceptions` for the whole tree.
 
 from kimi_batch.llama.client import LlamaClient, RetryPolicy
 from kimi_batch.llama.exceptions import LlamaError, ServerSpawnError, SpecMismatchError
-from kimi_batch.llama.models import ChatCompletion, GenerationStats, HealthState, ServerProps
+from kimi_batch.llama.messages import ChatMessage
+from kimi_batch.llama.responses import (
+    ChatCompletion,
+    GenerationStats,
+    HealthState,
+    ServerProps,
+    TokenLogprob,
+    TopLogprob,
+)
 from kimi_batch.llama.server import (
     AttachedServer,
     ResidentServer,
@@ -13,7 +21,6 @@ from kimi_batch.llama.server import (
     ServerSpec,
     ServerStatus,
 )
-from kimi_batch.llama.types import ChatMessage, TokenLogprob, TopLogprob
 
 __all__ = [
     "AttachedServer",

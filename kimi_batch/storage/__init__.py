@@ -4,10 +4,10 @@
     TrinoPublisher(TrinoConfig(host=...)).publish_partition(warehouse, table, ds, source)
 
 Tables and their row models: `TABLES` (amplified, distilled, quarantine). Errors: see
-`kimi_batch.storage.errors`.
+`kimi_batch.storage.exceptions`.
 """
 
-from kimi_batch.storage.errors import (
+from kimi_batch.storage.exceptions import (
     InvalidIdentifierError,
     InvalidPartitionError,
     SchemaMismatchError,

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from kimi_batch.engine.deadline import DeadlinePolicy, SpeedTracker, estimate_prompt_tokens
-from kimi_batch.engine.requests import GenerationResult
-from kimi_batch.llama.types import ChatMessage
+from kimi_batch.engine.generation import GenerationResult
+from kimi_batch.llama.messages import ChatMessage
 from kimi_batch_tests.support.results import make_result
 
 MINUTE = 60.0

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from kimi_batch.engine.generation import GenerationResult
 from kimi_batch.engine.ledger import LeaseHeldError, Ledger
-from kimi_batch.engine.requests import GenerationResult
 from kimi_batch_tests.support.results import make_result
 
 

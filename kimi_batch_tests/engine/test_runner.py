@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from kimi_batch.engine.digest import SystemDigest
+from kimi_batch.engine.generation import GenerationRequest, SamplingParams
 from kimi_batch.engine.ledger import Ledger
-from kimi_batch.engine.requests import GenerationRequest, SamplingParams
 from kimi_batch.engine.runner import BatchEngine
 from kimi_batch.engine.warm import SlotWarmer
+from kimi_batch.llama.messages import ChatMessage
 from kimi_batch.llama.server import ResidentServer
-from kimi_batch.llama.types import ChatMessage
 from kimi_batch_tests.support.engine import (
     digest_tokens,
     endpoint_of,

@@ -12,8 +12,8 @@ from kimi_batch.engine.ledger import Ledger
 from kimi_batch.engine.prompt import assemble_messages
 from kimi_batch.engine.runner import BatchEngine
 from kimi_batch.engine.warm import SlotWarmer, WarmupReport
+from kimi_batch.llama.messages import ChatMessage
 from kimi_batch.llama.server import ResidentServer
-from kimi_batch.llama.types import ChatMessage
 from kimi_batch_tests.support.engine import digest_tokens, endpoint_of, fresh_digest, questions
 from kimi_batch_tests.support.llama_server import TEST_SLOTS, make_spec
 

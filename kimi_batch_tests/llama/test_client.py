@@ -17,9 +17,9 @@ from kimi_batch.llama.exceptions import (
     LlamaResponseError,
     LlamaTimeoutError,
 )
-from kimi_batch.llama.models import ChatCompletion, HealthState, SlotState
+from kimi_batch.llama.messages import ChatMessage
+from kimi_batch.llama.responses import ChatCompletion, HealthState, SlotState
 from kimi_batch.llama.server import ResidentServer
-from kimi_batch.llama.types import ChatMessage
 from kimi_batch_tests.support.llama_server import TEST_SLOTS
 from kimi_batch_tests.support.ports import free_port
 from kimi_batch_tests.support.results import chat_body

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from kimi_batch.engine.requests import GenerationResult
+from kimi_batch.engine.generation import GenerationResult
 
 __all__ = ["CREATED", "chat_body", "make_result"]
 

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from kimi_batch.engine.requests import GenerationResult, SamplingParams, request_key
-from kimi_batch.llama.types import ChatMessage
+from kimi_batch.engine.generation import GenerationResult, SamplingParams, request_key
+from kimi_batch.llama.messages import ChatMessage
 from kimi_batch.tasks.amplify import (
     DEFAULT_AMPLIFY_PARAMS,
     TEMPLATES,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from kimi_batch.engine.requests import GenerationResult, SamplingParams
-from kimi_batch.llama.types import TokenLogprob, TopLogprob
+from kimi_batch.engine.generation import GenerationResult, SamplingParams
+from kimi_batch.llama.responses import TokenLogprob, TopLogprob
 from kimi_batch.tasks.amplify import generation_columns
 from kimi_batch.tasks.distill import (
     DEFAULT_DISTILL_PARAMS,

@@ -18,8 +18,8 @@ from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.engine.digest import SystemDigest
+from kimi_batch.engine.generation import GenerationRequest, GenerationResult
 from kimi_batch.engine.ledger import Ledger
-from kimi_batch.engine.requests import GenerationRequest, GenerationResult
 from kimi_batch.engine.runner import BatchEngine, BatchOutcome
 from kimi_batch.storage import StorageError, Warehouse, polars_schema
 from kimi_batch.storage.quarantine import replace_quarantine

@@ -24,8 +24,8 @@ from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.engine.digest import SystemDigest
+from kimi_batch.engine.generation import SamplingParams
 from kimi_batch.engine.prepare import Prepared
-from kimi_batch.engine.requests import SamplingParams
 from kimi_batch.llama.client import LlamaClient
 from kimi_batch.storage import StorageError
 from kimi_batch.storage.landing import resolve_input

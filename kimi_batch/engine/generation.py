@@ -14,7 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.llama.types import ChatMessage, TokenLogprob
+from kimi_batch.llama.messages import ChatMessage
+from kimi_batch.llama.responses import TokenLogprob
 
 __all__ = [
     "GenerationRequest",
