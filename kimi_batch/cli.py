@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from kimi_batch.errors import KimiBatchError
-from kimi_batch.llama.factory import server_from_settings
+from kimi_batch.llama import server_from_settings
 from kimi_batch.settings import Settings
 
 __all__ = ["main"]

@@ -12,9 +12,9 @@ from kimi_batch.definitions import BATCH_ASSETS, DIGEST_ASSETS, build_resources
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, SOURCE_PARTITIONS_NAME
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.errors import MissingInputError
-from kimi_batch.llama.factory import server_from_settings
+from kimi_batch.llama import server_from_settings
 from kimi_batch.settings import Settings, samples_dir
-from kimi_batch.storage.landing import Landing
+from kimi_batch.storage import Landing
 
 __all__ = ["run_demo"]
 

@@ -79,3 +79,27 @@ def test_test_packages_hold_no_code() -> None:
         assert all(
             isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) for node in body
         ), path.relative_to(TESTS)
+
+
+FACADES = ("llama", "engine", "storage")
+
+
+@pytest.mark.parametrize("facade", FACADES)
+def test_other_layers_import_the_facade_not_its_modules(facade: str) -> None:
+    """`from kimi_batch.llama import X`: the package `__all__` is the surface other layers use."""
+    inside = PACKAGE / facade
+    for path in PACKAGE.rglob("*.py"):
+        if path.is_relative_to(inside):
+            continue
+        for module in _imports(path):
+            assert not module.startswith(f"kimi_batch.{facade}."), (
+                f"{path.relative_to(PACKAGE)} imports {module}: use kimi_batch.{facade}"
+            )
+
+
+@pytest.mark.parametrize("facade", FACADES)
+def test_modules_of_a_package_import_their_siblings_not_its_facade(facade: str) -> None:
+    """The facade imports every module, so a module importing the facade would be a cycle."""
+    for path in (PACKAGE / facade).rglob("*.py"):
+        if path.name != "__init__.py":
+            assert f"kimi_batch.{facade}" not in _imports(path), path.name

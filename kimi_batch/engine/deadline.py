@@ -13,7 +13,7 @@ import math
 from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.engine.generation import GenerationResult
-from kimi_batch.llama.messages import ChatMessage
+from kimi_batch.llama import ChatMessage
 
 __all__ = ["DeadlinePolicy", "SpeedTracker", "estimate_prompt_tokens"]
 

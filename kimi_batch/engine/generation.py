@@ -14,8 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.llama.messages import ChatMessage
-from kimi_batch.llama.responses import TokenLogprob
+from kimi_batch.llama import ChatMessage, TokenLogprob
 
 __all__ = [
     "GenerationRequest",

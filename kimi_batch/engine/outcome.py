@@ -14,7 +14,7 @@ from kimi_batch.engine.ledger import Ledger
 from kimi_batch.engine.stats import BatchStats
 from kimi_batch.engine.warm import WarmupReport
 from kimi_batch.engine.watchdog import WatchdogPolicy
-from kimi_batch.llama.client import LlamaClient
+from kimi_batch.llama import LlamaClient
 
 __all__ = [
     "BatchOutcome",

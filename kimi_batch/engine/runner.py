@@ -45,8 +45,9 @@ from kimi_batch.engine.prompt import assemble_messages
 from kimi_batch.engine.stats import ProgressEvent, StatsAccumulator
 from kimi_batch.engine.warm import SlotWarmer, WarmupReport
 from kimi_batch.engine.watchdog import EndpointWatch
-from kimi_batch.llama.client import LlamaClient
-from kimi_batch.llama.exceptions import (
+from kimi_batch.llama import (
+    ChatCompletion,
+    LlamaClient,
     LlamaConnectionError,
     LlamaError,
     LlamaLoadingError,
@@ -55,7 +56,6 @@ from kimi_batch.llama.exceptions import (
     LlamaServerError,
     LlamaTimeoutError,
 )
-from kimi_batch.llama.responses import ChatCompletion
 
 __all__ = [
     "BatchEngine",

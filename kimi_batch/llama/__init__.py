@@ -1,10 +1,25 @@
 """llama-server: typed client, server spec and the resident-server manager (no Dagster here).
 
-Errors: see `kimi_batch.llama.exceptions` for the whole tree.
+The layers above import from here, never from the modules: `client` (the HTTP API), `messages`
+(what is sent), `responses` (what comes back), `server`, `binary` and `factory` (the resident
+server), `exceptions` (the error tree, rooted in `kimi_batch.errors.KimiBatchError`).
 """
 
 from kimi_batch.llama.client import LlamaClient, RetryPolicy
-from kimi_batch.llama.exceptions import LlamaError, ServerSpawnError, SpecMismatchError
+from kimi_batch.llama.exceptions import (
+    LlamaConnectionError,
+    LlamaError,
+    LlamaHTTPError,
+    LlamaLoadingError,
+    LlamaRequestError,
+    LlamaResponseError,
+    LlamaServerError,
+    LlamaTimeoutError,
+    LlamaUnsupportedError,
+    ServerSpawnError,
+    SpecMismatchError,
+)
+from kimi_batch.llama.factory import server_from_settings
 from kimi_batch.llama.messages import ChatMessage
 from kimi_batch.llama.responses import (
     ChatCompletion,
@@ -29,7 +44,15 @@ __all__ = [
     "GenerationStats",
     "HealthState",
     "LlamaClient",
+    "LlamaConnectionError",
     "LlamaError",
+    "LlamaHTTPError",
+    "LlamaLoadingError",
+    "LlamaRequestError",
+    "LlamaResponseError",
+    "LlamaServerError",
+    "LlamaTimeoutError",
+    "LlamaUnsupportedError",
     "ResidentServer",
     "RetryPolicy",
     "ServerHandle",
@@ -40,4 +63,5 @@ __all__ = [
     "SpecMismatchError",
     "TokenLogprob",
     "TopLogprob",
+    "server_from_settings",
 ]

@@ -3,8 +3,8 @@
     Warehouse(root).write_partition(table, ds, source, rows) -> PartitionWrite
     TrinoPublisher(TrinoConfig(host=...)).publish_partition(warehouse, table, ds, source)
 
-Tables and their row models: `TABLES` (amplified, distilled, quarantine). Errors: see
-`kimi_batch.storage.exceptions`.
+Tables and their row models: `TABLES` (amplified, distilled, quarantine). The layers above import
+from here, never from the modules. Errors: see `kimi_batch.storage.exceptions`.
 """
 
 from kimi_batch.storage.exceptions import (
@@ -15,7 +15,10 @@ from kimi_batch.storage.exceptions import (
     TrinoQueryError,
     TrinoUnavailableError,
 )
+from kimi_batch.storage.inbox import InboxFile, scan_inbox
+from kimi_batch.storage.landing import Assignment, Landing, resolve_input
 from kimi_batch.storage.parquet import PartitionWrite, Warehouse, validate_ds, validate_source
+from kimi_batch.storage.quarantine import replace_quarantine
 from kimi_batch.storage.schema import (
     PARTITION_COLUMNS,
     TABLES,
@@ -30,9 +33,12 @@ from kimi_batch.storage.trino import PublishReport, TrinoConfig, TrinoPublisher
 __all__ = [
     "PARTITION_COLUMNS",
     "TABLES",
+    "Assignment",
     "Column",
+    "InboxFile",
     "InvalidIdentifierError",
     "InvalidPartitionError",
+    "Landing",
     "PartitionWrite",
     "PublishReport",
     "SchemaMismatchError",
@@ -44,6 +50,9 @@ __all__ = [
     "Warehouse",
     "columns",
     "polars_schema",
+    "replace_quarantine",
+    "resolve_input",
+    "scan_inbox",
     "trino_columns",
     "validate_ds",
     "validate_identifier",

@@ -18,8 +18,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.engine.generation import GenerationRequest, GenerationResult, SamplingParams
-from kimi_batch.llama.messages import ChatMessage
+from kimi_batch.engine import GenerationRequest, GenerationResult, SamplingParams
+from kimi_batch.llama import ChatMessage
 from kimi_batch.tasks.inputs import SeedPrompt, truncate_raw
 from kimi_batch.tasks.rows import AmplifiedRow, GenerationColumns, QuarantineRow
 

@@ -17,12 +17,15 @@ from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
-from kimi_batch.engine.digest import SystemDigest
-from kimi_batch.engine.generation import GenerationRequest, GenerationResult
-from kimi_batch.engine.ledger import Ledger
-from kimi_batch.engine.runner import BatchEngine, BatchOutcome
-from kimi_batch.storage import StorageError, Warehouse, polars_schema
-from kimi_batch.storage.quarantine import replace_quarantine
+from kimi_batch.engine import (
+    BatchEngine,
+    BatchOutcome,
+    GenerationRequest,
+    GenerationResult,
+    Ledger,
+    SystemDigest,
+)
+from kimi_batch.storage import StorageError, Warehouse, polars_schema, replace_quarantine
 from kimi_batch.tasks.quarantine import failure_rows
 from kimi_batch.tasks.rows import PARTITION_COLUMNS, GenerationColumns, QuarantineRow
 

@@ -23,13 +23,9 @@ from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
-from kimi_batch.engine.digest import SystemDigest
-from kimi_batch.engine.generation import SamplingParams
-from kimi_batch.engine.prepare import Prepared
-from kimi_batch.llama.client import LlamaClient
-from kimi_batch.storage import StorageError
-from kimi_batch.storage.landing import resolve_input
-from kimi_batch.storage.quarantine import replace_quarantine
+from kimi_batch.engine import Prepared, SamplingParams, SystemDigest
+from kimi_batch.llama import LlamaClient
+from kimi_batch.storage import StorageError, replace_quarantine, resolve_input
 from kimi_batch.tasks.amplify import Strategy, amplification_requests, to_amplified_rows
 from kimi_batch.tasks.distill import distillation_requests, to_distilled_rows
 from kimi_batch.tasks.inputs import SeedPrompt, quarantine_overlong, read_inbox_file
