@@ -12,6 +12,7 @@ from kimi_batch.engine.generation import GenerationRequest, GenerationResult, Sa
 from kimi_batch.engine.ledger import Lease, LeaseHeldError, Ledger
 from kimi_batch.engine.outcome import (
     BatchOutcome,
+    ClientFactory,
     Endpoint,
     EnginePolicy,
     FailedRequest,
@@ -19,7 +20,7 @@ from kimi_batch.engine.outcome import (
 )
 from kimi_batch.engine.prepare import Prepared, prepare
 from kimi_batch.engine.prompt import assemble_messages
-from kimi_batch.engine.runner import BatchEngine, ClientFactory, EndpointHungError
+from kimi_batch.engine.runner import BatchEngine, EndpointHungError
 from kimi_batch.engine.stats import BatchStats, ProgressEvent
 from kimi_batch.engine.warm import SlotWarmer, WarmupReport
 from kimi_batch.engine.watchdog import WatchdogPolicy

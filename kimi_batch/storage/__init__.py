@@ -16,11 +16,22 @@ from kimi_batch.storage.exceptions import (
     TrinoUnavailableError,
 )
 from kimi_batch.storage.inbox import InboxFile, scan_inbox
-from kimi_batch.storage.landing import Assignment, Landing, resolve_input
-from kimi_batch.storage.parquet import PartitionWrite, Warehouse, validate_ds, validate_source
+from kimi_batch.storage.landing import (
+    Assignment,
+    Landing,
+    ResolvedInput,
+    resolve_input,
+    resolve_partition,
+)
+from kimi_batch.storage.parquet import (
+    PARTITION_COLUMNS,
+    PartitionWrite,
+    Warehouse,
+    validate_ds,
+    validate_source,
+)
 from kimi_batch.storage.quarantine import replace_quarantine
 from kimi_batch.storage.schema import (
-    PARTITION_COLUMNS,
     TABLES,
     Column,
     columns,
@@ -28,6 +39,7 @@ from kimi_batch.storage.schema import (
     trino_columns,
     validate_identifier,
 )
+from kimi_batch.storage.seeds import land_seeds
 from kimi_batch.storage.trino import PublishReport, TrinoConfig, TrinoPublisher
 
 __all__ = [
@@ -41,6 +53,7 @@ __all__ = [
     "Landing",
     "PartitionWrite",
     "PublishReport",
+    "ResolvedInput",
     "SchemaMismatchError",
     "StorageError",
     "TrinoConfig",
@@ -49,9 +62,11 @@ __all__ = [
     "TrinoUnavailableError",
     "Warehouse",
     "columns",
+    "land_seeds",
     "polars_schema",
     "replace_quarantine",
     "resolve_input",
+    "resolve_partition",
     "scan_inbox",
     "trino_columns",
     "validate_ds",

@@ -8,6 +8,7 @@
 - `rows`, `results`: hand-built table rows and engine results for the server-free tests.
 - `markers`: the server fixtures that make a test `slow`, and the guard over them.
 - `standins`: the real jobs, sensor and schedule over stand-in assets (also a code location).
-- `memory_probe`: a script a test runs in a fresh process to measure the input reader's memory.
+- `memory_probe`, `partition_memory_probe`: scripts a test runs in a fresh process to measure
+  the memory of the input reader and of a whole partition.
 - `graphql`, `dagster_stack`: a real dagster-webserver + daemon and a client for its GraphQL API.
 """

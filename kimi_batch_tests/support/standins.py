@@ -2,7 +2,7 @@
 
 Asset jobs are defined by key and need assets to resolve; the sensor/schedule tests test
 orchestration, not generation, so the stand-ins only find their inbox file (through the real
-`resolve_input`) and sleep a little in the llama pool. `STANDIN_DEFS` is the same thing as a
+`resolve_partition`) and sleep a little in the llama pool. `STANDIN_DEFS` is the same thing as a
 code location (`kimi_batch_tests.support.standins:STANDIN_DEFS`).
 
 No `from __future__ import annotations` here: Dagster inspects the stand-in assets' `context`
@@ -19,7 +19,7 @@ from kimi_batch.defs.partitions import batch_partitions, partition_parts
 from kimi_batch.defs.schedules import nightly_distillation_schedule
 from kimi_batch.defs.sensors import inbox_sensor
 from kimi_batch.settings import Settings
-from kimi_batch.storage.landing import Landing, resolve_input
+from kimi_batch.storage.landing import resolve_partition
 
 __all__ = ["STANDIN_DEFS", "STANDIN_SLEEP_ENV", "standin_definitions"]
 
@@ -36,17 +36,7 @@ def standin_definitions() -> dg.Definitions:
     @dg.asset(name="seed_prompts", partitions_def=batch_partitions)
     def seed_prompts(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         ds, source = partition_parts(context)
-        settings = Settings.from_env()
-        with Landing(settings.paths) as landing:
-            resolved = resolve_input(
-                landing,
-                settings.paths.inbox_dir,
-                ds,
-                source,
-                max_bytes=settings.max_input_bytes,
-                arrived=settings.today(),
-                start=settings.first_partition_date(),
-            )
+        resolved = resolve_partition(Settings.from_env(), ds, source)
         version = resolved.version
         return dg.MaterializeResult(
             metadata={
