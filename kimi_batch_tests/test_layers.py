@@ -1,4 +1,4 @@
-"""The layers of DESIGN.md import only downward; llama and engine never import Dagster."""
+"""The layers of docs/architecture.md import only downward; llama and engine never import Dagster."""
 
 from __future__ import annotations
 
