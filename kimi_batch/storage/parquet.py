@@ -19,7 +19,7 @@ import polars as pl
 from pydantic import BaseModel, ConfigDict
 
 from kimi_batch.paths import PRIVATE_FILE_MODE, private_dir
-from kimi_batch.storage.errors import InvalidPartitionError
+from kimi_batch.storage.exceptions import InvalidPartitionError
 from kimi_batch.storage.schema import PARTITION_COLUMNS, TABLES, model_for, polars_schema
 
 __all__ = ["PART_FILE", "PartitionWrite", "Warehouse", "validate_ds", "validate_source"]
