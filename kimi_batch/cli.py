@@ -8,11 +8,11 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
-from kimi_batch.llama.exceptions import LlamaError
-from kimi_batch.llama.factory import server_from_settings
+from kimi_batch.errors import KimiBatchError
+from kimi_batch.llama import server_from_settings
 from kimi_batch.settings import Settings
-from kimi_batch.storage.errors import StorageError
 
 __all__ = ["main"]
 
@@ -75,8 +75,15 @@ def _publish(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line (exit 2), like every expected failure."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kimi-batch", description=__doc__)
+    parser = _Parser(prog="kimi-batch", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -114,13 +121,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    level = logging.INFO if args.verbose else logging.WARNING
+    # The level goes on the handler too: libraries that set their own logger to INFO (the trino
+    # client) would otherwise print their retries next to our one-line error.
+    handler = logging.StreamHandler()
+    handler.setLevel(level)
     logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        level=level, handlers=[handler], format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
         return int(args.func(args))
-    except (LlamaError, StorageError, ValueError, FileNotFoundError) as error:
+    except KimiBatchError as error:
+        # Expected failures: the message is for the user; detail lines (a spec, a log tail) follow.
         print(f"kimi-batch: error: {error}", file=sys.stderr)
         return 2
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 from kimi_batch.engine.deadline import DeadlinePolicy, SpeedTracker, estimate_prompt_tokens
 from kimi_batch.engine.digest import SystemDigest
+from kimi_batch.engine.generation import GenerationRequest, GenerationResult, SamplingParams
 from kimi_batch.engine.ledger import Ledger
-from kimi_batch.engine.requests import GenerationRequest, GenerationResult, SamplingParams
 from kimi_batch.engine.runner import BatchEngine, Endpoint
-from kimi_batch.llama.types import ChatMessage
-from kimi_batch_tests.factories import make_result
+from kimi_batch.llama.messages import ChatMessage
+from kimi_batch_tests.support.results import make_result
 
 MINUTE = 60.0
 # The target: a 16k-token prompt takes ~44 minutes, a 1,024-token answer at 32k context ~7.
