@@ -106,6 +106,17 @@ class Settings(BaseModel):
     trino_warehouse_location: str = Field(
         description="The warehouse root as Trino's file system names it (local:///, s3://...)."
     )
+    alert_webhook: str | None = Field(
+        default=None, repr=False, description="Slack-compatible webhook for the morning alerts."
+    )
+    dagster_url: str = Field(
+        default="http://127.0.0.1:3000", description="The Dagster UI, for links in the alerts."
+    )
+    night_ends: str | None = Field(
+        default=None,
+        pattern=r"^([01]\d|2[0-3]):[0-5]\d$",
+        description="End of the nightly window (HH:MM in KIMI_BATCH_TIMEZONE).",
+    )
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -135,6 +146,9 @@ class Settings(BaseModel):
             trino_catalog=_env_str("KIMI_BATCH_TRINO_CATALOG") or "hive",
             trino_schema=_env_str("KIMI_BATCH_TRINO_SCHEMA") or "kimi_batch",
             trino_warehouse_location=_env_str("KIMI_BATCH_TRINO_WAREHOUSE_LOCATION") or "local:///",
+            alert_webhook=_env_str("KIMI_BATCH_ALERT_WEBHOOK"),
+            dagster_url=_env_str("KIMI_BATCH_DAGSTER_URL") or "http://127.0.0.1:3000",
+            night_ends=_env_str("KIMI_BATCH_NIGHT_ENDS"),
         )
 
     @property

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
@@ -17,8 +17,10 @@ from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.engine.ledger import Ledger
+from kimi_batch.engine.progress import notify
 from kimi_batch.engine.requests import GenerationRequest
 from kimi_batch.engine.runner import BatchEngine, BatchOutcome, FailedRequest
+from kimi_batch.engine.stats import ProgressEvent
 from kimi_batch.storage import StorageError, Warehouse, polars_schema
 from kimi_batch.tasks.rows import PARTITION_COLUMNS, GenerationColumns, QuarantineRow
 
@@ -44,6 +46,17 @@ def ledger_path(llama: LlamaServerResource) -> Path:
     return Path(llama.home) / "ledger" / "ledger.sqlite3"
 
 
+def _progress_reporter(context: dg.AssetExecutionContext) -> Callable[[ProgressEvent], None]:
+    """The run log gets the periodic line; in-process listeners (a terminal bar) the event."""
+    label = f"{context.asset_key.to_user_string()} {context.partition_key}"
+
+    def report(event: ProgressEvent) -> None:
+        context.log.info(str(event))
+        notify(event.model_copy(update={"label": label}))
+
+    return report
+
+
 def run_batch(
     context: dg.AssetExecutionContext,
     llama: LlamaServerResource,
@@ -60,7 +73,7 @@ def run_batch(
             loaded,
             ledger,
             digest_tokens=tokens,
-            on_progress=lambda event: context.log.info(str(event)),
+            on_progress=_progress_reporter(context),
             on_unreachable=llama.respawn_if_down,
         )
         outcome = asyncio.run(engine.run(requests))
