@@ -22,6 +22,7 @@ from kimi_batch.defs.partition_states import (
     PartitionState,
     distill_states,
 )
+from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION
 from kimi_batch.defs.schedules import NIGHT_TAG, TRIGGER_TAG, nightly_distillation_schedule
 from kimi_batch.engine.digest import load_digest
 from kimi_batch.llama.client import LlamaClient
@@ -29,6 +30,7 @@ from kimi_batch.llama.exceptions import LlamaError
 from kimi_batch.llama.factory import server_from_settings
 from kimi_batch.settings import Settings
 from kimi_batch.storage.inbox import scan_inbox
+from kimi_batch.storage.landing import Landing
 from kimi_batch.tasks.amplify import Strategy
 from kimi_batch.tasks.distill import parse_tag
 
@@ -200,7 +202,7 @@ def _digest_state(
 
 
 def _ledger(settings: Settings) -> LedgerSection:
-    path = settings.ledger_dir / "ledger.sqlite3"
+    path = settings.paths.ledger_path
     if not path.is_file():
         return LedgerSection(path=str(path), rows=0, by_table={})
     # Read-only, so a status call never holds a write lock beside a running batch.
@@ -231,7 +233,7 @@ def _table_of(tag: str) -> str:
 
 
 def _instance(settings: Settings) -> dg.DagsterInstance | None:
-    home = settings.dagster_home
+    home = settings.paths.dagster_home
     if not home.is_dir():
         return None
     return dg.DagsterInstance.from_config(str(home))
@@ -328,14 +330,31 @@ def _nightly(instance: dg.DagsterInstance | None, now: datetime) -> NightlySecti
 # ---- inbox and the whole ------------------------------------------------------------------------
 
 
+def _assignments(settings: Settings) -> dict[str, str]:
+    """Inbox name -> partition key, from the landing manifest when there is one."""
+    manifest = settings.paths.manifest_path
+    if not manifest.is_file():
+        return {}
+    with Landing(settings.paths) as landing:
+        return {
+            item.name: str(
+                dg.MultiPartitionKey({DATE_DIMENSION: item.ds, SOURCE_DIMENSION: item.source})
+            )
+            for item in landing.assignments()
+        }
+
+
 def collect_status(settings: Settings, *, now: datetime | None = None) -> Status:
     """Every section, read from the state dir, the server and the Dagster instance."""
     now = now or datetime.now(UTC)
-    files = scan_inbox(settings.inbox_dir) if settings.inbox_dir.is_dir() else []
-    key_of = {f.name: str(dg.MultiPartitionKey({"date": f.ds, "source": f.source})) for f in files}
+    paths = settings.paths
+    files = scan_inbox(paths.inbox_dir) if paths.inbox_dir.is_dir() else []
+    assigned = _assignments(settings)
+    # A file nobody has seen yet has no partition: it waits under its name.
+    key_of = {f.name: assigned.get(f.name) for f in files}
     instance = _instance(settings)
     try:
-        records = distill_states(instance, key_of.values()) if instance is not None else None
+        records = distill_states(instance, assigned.values()) if instance is not None else None
         server = _server(settings, instance)
         nightly = _nightly(instance, now)
     finally:
@@ -345,15 +364,15 @@ def collect_status(settings: Settings, *, now: datetime | None = None) -> Status
     waiting = sorted(
         name
         for name, key in key_of.items()
-        if records is None or records[key].state != PartitionState.DONE
+        if key is None or records is None or records[key].state != PartitionState.DONE
     )
     return Status(
         server=server,
         ledger=_ledger(settings),
-        partitions=_partitions(records, str(settings.dagster_home)),
+        partitions=_partitions(records, str(settings.paths.dagster_home)),
         nightly=nightly,
         inbox=InboxSection(
-            dir=str(settings.inbox_dir),
+            dir=str(paths.inbox_dir),
             files=len(files),
             waiting=len(waiting),
             waiting_files=waiting[:MAX_KEYS],

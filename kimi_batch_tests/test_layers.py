@@ -9,10 +9,19 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "kimi_batch"
 # Lower number = lower layer. Top-level modules not listed here sit above everything.
-# `settings` and `webhook` are single modules below everything (webhook: the alert poster, so that
-# the Dagster sensors can use it and it stays free of Dagster).
-LAYERS = {"settings": 0, "webhook": 0, "llama": 1, "engine": 2, "tasks": 3, "storage": 4, "defs": 5}
-MODULES = ("settings", "webhook")
+# `settings`, `paths` and `webhook` are single modules below everything (webhook: the alert
+# poster, so that the Dagster sensors can use it and it stays free of Dagster).
+LAYERS = {
+    "settings": 0,
+    "paths": 0,
+    "webhook": 0,
+    "llama": 1,
+    "engine": 2,
+    "tasks": 3,
+    "storage": 4,
+    "defs": 5,
+}
+MODULES = ("settings", "paths", "webhook")
 
 
 def _layer(module: str) -> int | None:

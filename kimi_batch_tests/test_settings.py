@@ -22,8 +22,8 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyP
 def test_defaults(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     settings = Settings.from_env()
     assert settings.home == tmp_path / "var"
-    assert settings.warehouse_dir == tmp_path / "var" / "warehouse"
-    assert settings.inbox_dir == tmp_path / "var" / "inbox"
+    assert settings.paths.warehouse_dir == tmp_path / "var" / "warehouse"
+    assert settings.paths.inbox_dir == tmp_path / "var" / "inbox"
     assert settings.llama_port == 8081
     assert settings.trino_port == 8080
     assert settings.trino_host is None
@@ -41,7 +41,7 @@ def test_overrides(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     clean_env.setenv("KIMI_BATCH_LLAMA_EXTRA_ARGS", "-mla 3 -amb 512 -ot exps=CPU")
     settings = Settings.from_env()
     assert settings.home == tmp_path / "state"
-    assert settings.warehouse_dir == tmp_path / "lake"
+    assert settings.paths.warehouse_dir == tmp_path / "lake"
     assert settings.llama_cache_ram_mib is None
     assert settings.llama_extra_args == ("-mla", "3", "-amb", "512", "-ot", "exps=CPU")
 

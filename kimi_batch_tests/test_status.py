@@ -24,6 +24,7 @@ from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, batch_p
 from kimi_batch.defs.schedules import NIGHT_TAG, TRIGGER_TAG
 from kimi_batch.engine.ledger import Ledger
 from kimi_batch.settings import Settings
+from kimi_batch.storage.landing import Landing
 from kimi_batch_tests.defs import REPO_ROOT
 from kimi_batch_tests.factories import make_result
 
@@ -57,24 +58,29 @@ def _standin(*, fail: bool) -> dg.AssetsDefinition:
 def state(llama_env: Any) -> Settings:
     """The session's state dir with a ledger, an inbox and an instance in known states."""
     settings = Settings.from_env()
-    settings.dagster_home.mkdir(parents=True, exist_ok=True)
-    shutil.copy(REPO_ROOT / "dagster.yaml", settings.dagster_home / "dagster.yaml")
+    settings.paths.dagster_home.mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO_ROOT / "dagster.yaml", settings.paths.dagster_home / "dagster.yaml")
     for source in ("st_done", "st_failed", "st_stopped", "st_never"):
-        folder = settings.inbox_dir / DAY
+        folder = settings.paths.inbox_dir / DAY
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"{source}.jsonl").write_text('{"prompt": "status?"}\n')
-    with Ledger(settings.ledger_dir / "ledger.sqlite3") as ledger:
+    # The partitions are fixed the first time anything sees the files (here: as the sensor would).
+    with Landing(settings.paths) as landing:
+        landing.assign_inbox(
+            settings.paths.inbox_dir,
+            arrived=settings.today(),
+            start=settings.first_partition_date(),
+        )
+    with Ledger(settings.paths.ledger_path) as ledger:
         ledger.put(make_result(request_id="status-amp", tag="paraphrase"))
         ledger.put(make_result(request_id="status-seed", tag="seed"))
         ledger.put(make_result(request_id="status-var", tag="variant:harder"))
 
-    instance = dg.DagsterInstance.from_config(str(settings.dagster_home))
+    instance = dg.DagsterInstance.from_config(str(settings.paths.dagster_home))
     try:
         instance.add_dynamic_partitions("source", ["st_done", "st_failed", "st_stopped"])
         # The real digest prefill, after the server started: the slots hold the digest.
-        assert dg.materialize(
-            DIGEST_ASSETS, resources=build_resources(settings), instance=instance
-        ).success
+        assert dg.materialize(DIGEST_ASSETS, resources=build_resources(), instance=instance).success
         runs: list[tuple[str, bool, dict[str, str]]] = [
             ("st_done", False, {}),
             ("st_failed", True, {TRIGGER_TAG: "nightly", NIGHT_TAG: DAY}),
@@ -114,7 +120,7 @@ def test_status_json_reports_every_section(state: Settings, llama_env: Any) -> N
     assert ledger["by_table"]["distilled"] >= 2
 
     partitions = status["partitions"]
-    assert partitions["dagster_home"] == str(state.dagster_home)
+    assert partitions["dagster_home"] == str(state.paths.dagster_home)
     keys = partitions["keys"]
     assert _key("st_failed") in keys["failed"]
     assert _key("st_stopped") in keys["stopped_at_window"]

@@ -15,8 +15,7 @@ No `from __future__ import annotations`: Dagster inspects the check's `context` 
 """
 
 import logging
-from datetime import datetime, time, timedelta
-from zoneinfo import ZoneInfo
+from datetime import UTC, datetime, time, timedelta
 
 import dagster as dg
 from pydantic import BaseModel, ConfigDict
@@ -29,8 +28,9 @@ from kimi_batch.defs.partition_states import (
     distill_states,
     run_progress,
 )
-from kimi_batch.defs.schedules import nightly_partitions
+from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION
 from kimi_batch.settings import Settings
+from kimi_batch.storage.landing import Landing
 from kimi_batch.webhook import post_message
 
 __all__ = [
@@ -46,10 +46,9 @@ __all__ = [
     "stale_message",
 ]
 
-DEFAULT_NIGHT_ENDS = "07:00"
+DEFAULT_NIGHT_ENDS = time(7, 0)
 FRESHNESS_CHECK = "distilled_by_night_end"
 FRESHNESS_INTERVAL_S = 300
-_UPSTREAM = dg.AssetKey("amplified_prompts")
 
 
 def _default_status() -> dg.DefaultSensorStatus:
@@ -59,12 +58,6 @@ def _default_status() -> dg.DefaultSensorStatus:
         if Settings.from_env().alert_webhook
         else dg.DefaultSensorStatus.STOPPED
     )
-
-
-def _timezone() -> ZoneInfo:
-    from kimi_batch.defs.schedules import nightly_distillation_schedule
-
-    return ZoneInfo(nightly_distillation_schedule.execution_timezone or "UTC")
 
 
 def _deliver(context_log: logging.Logger, settings: Settings, text: str) -> bool:
@@ -153,13 +146,13 @@ class FreshnessReport(BaseModel):
         return not self.stale
 
 
-def due_night(now: datetime, night_ends: str | None) -> tuple[str, datetime]:
+def due_night(now: datetime, night_ends: time | None) -> tuple[str, datetime]:
     """(the day of the last night whose window has ended at `now`, that window's end).
 
     The night after day D ends on D+1 at `night_ends`; before that time on D+1, the night due is
     the one of D-1.
     """
-    ends = time.fromisoformat(night_ends or DEFAULT_NIGHT_ENDS)
+    ends = night_ends or DEFAULT_NIGHT_ENDS
     deadline = datetime.combine(now.date(), ends, tzinfo=now.tzinfo)
     if now < deadline:
         deadline -= timedelta(days=1)
@@ -169,11 +162,18 @@ def due_night(now: datetime, night_ends: str | None) -> tuple[str, datetime]:
 def evaluate_freshness(
     instance: dg.DagsterInstance, settings: Settings, now: datetime
 ) -> FreshnessReport:
-    """Which partitions of the night that ended last are not distilled (yet)."""
-    ds, deadline = due_night(now, settings.night_ends)
-    upstream = instance.get_materialized_partitions(_UPSTREAM)
-    expected = [p.key for p in nightly_partitions(settings.inbox_dir, ds, upstream)]
-    keys = [str(key) for key in expected]
+    """Which partitions of the night that ended last are not distilled (yet).
+
+    The night's partitions are the inputs assigned to its day in the landing manifest (where the
+    sensor, the schedule and the demo record every input's partition when they first see it).
+    """
+    ds, deadline = due_night(now.astimezone(settings.zone), settings.night_ends)
+    with Landing(settings.paths) as landing:
+        assigned = [item for item in landing.assignments() if item.ds == ds]
+    keys = [
+        str(dg.MultiPartitionKey({DATE_DIMENSION: item.ds, SOURCE_DIMENSION: item.source}))
+        for item in assigned
+    ]
     states = distill_states(instance, keys)
     stale = [states[key] for key in keys if states[key].state != PartitionState.DONE]
     return FreshnessReport(ds=ds, deadline=deadline, expected=keys, stale=stale)
@@ -228,7 +228,7 @@ def _evaluation(report: FreshnessReport) -> dg.AssetCheckEvaluation:
 )
 def distilled_by_night_end(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
     """The freshness check, on demand."""
-    report = evaluate_freshness(context.instance, Settings.from_env(), datetime.now(_timezone()))
+    report = evaluate_freshness(context.instance, Settings.from_env(), datetime.now(UTC))
     evaluation = _evaluation(report)
     return dg.AssetCheckResult(
         passed=evaluation.passed, severity=evaluation.severity, metadata=evaluation.metadata
@@ -248,7 +248,7 @@ def distilled_freshness_alert(
 ) -> dg.SensorResult | dg.SkipReason:
     """Check the night that ended last, once; alert when it is stale."""
     settings = Settings.from_env()
-    report = evaluate_freshness(context.instance, settings, datetime.now(_timezone()))
+    report = evaluate_freshness(context.instance, settings, datetime.now(UTC))
     if context.cursor == report.ds:
         return dg.SkipReason(f"night {report.ds} already checked")
     if report.passed:

@@ -383,6 +383,36 @@ class ResidentServer:
             f"(raise the load timeout for large models):\n{self._log_tail()}"
         )
 
+    def restart(self, *, min_age_s: float = 0.0) -> ServerHandle:
+        """Kill the server this state dir started and start it again (a hung server).
+
+        SIGKILL, because a stopped (SIGSTOP) or wedged process never acts on SIGTERM, and the
+        kernel delivers SIGKILL to a stopped process too. A server younger than `min_age_s` was
+        just (re)started by another run that saw the same hang: it is kept, not killed twice.
+        A server kimi_batch did not start is never killed: that falls back to `ensure_running`.
+        """
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        with self._lock.acquire(timeout=self.load_timeout_s + 60):
+            record = self._read_pid()
+            pid = self._live_pid()
+            if pid is None or record is None:
+                logger.warning("no managed llama-server to restart at %s", self.base_url)
+            elif time.time() - record.started_at < min_age_s:
+                logger.info(
+                    "llama-server pid %d was started %.0f s ago: kept",
+                    pid,
+                    time.time() - record.started_at,
+                )
+                return self._wait_healthy(pid, spawned=False)
+            else:
+                logger.warning("killing llama-server pid %d (hung) to restart it", pid)
+                os.kill(pid, signal.SIGKILL)
+                deadline = time.monotonic() + STOP_GRACE_S
+                while time.monotonic() < deadline and _process_start_ticks(pid) is not None:
+                    time.sleep(0.05)
+                self._clear_state()
+        return self.ensure_running()
+
     def status(self) -> ServerStatus:
         pid = self._live_pid()
         spec = self._read_spec() if pid is not None else None

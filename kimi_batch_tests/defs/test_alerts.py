@@ -8,7 +8,7 @@ the way the daemon evaluates them.
 import json
 import threading
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, time, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -23,6 +23,8 @@ from kimi_batch.defs.alerts import (
 )
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, batch_partitions
 from kimi_batch.engine.stats import ProgressEvent
+from kimi_batch.settings import Settings
+from kimi_batch.storage.landing import Landing
 from kimi_batch.webhook import post_message
 
 pytestmark = pytest.mark.filterwarnings("ignore:Non-compliant tag keys:DeprecationWarning")
@@ -89,10 +91,19 @@ def _standin(*, fail: bool) -> dg.AssetsDefinition:
     return distilled_responses
 
 
-def _inbox_file(tmp_path: Path, ds: str, source: str) -> None:
-    folder = tmp_path / "home" / "inbox" / ds
+def _inbox_files(ds: str, *sources: str) -> None:
+    """Dated inbox files, assigned to their partitions as the sensor would on first sight."""
+    settings = Settings.from_env()
+    folder = settings.paths.inbox_dir / ds
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{source}.jsonl").write_text('{"prompt": "hi"}\n')
+    for source in sources:
+        (folder / f"{source}.jsonl").write_text('{"prompt": "hi"}\n')
+    with Landing(settings.paths) as landing:
+        landing.assign_inbox(
+            settings.paths.inbox_dir,
+            arrived=settings.today(),
+            start=settings.first_partition_date(),
+        )
 
 
 def test_a_failed_run_posts_one_message(receiver: Receiver) -> None:
@@ -132,8 +143,7 @@ def test_a_stale_night_posts_one_message_and_fails_the_check(
     # The window ends at midnight, so the night due now is always yesterday's.
     monkeypatch.setenv("KIMI_BATCH_NIGHT_ENDS", "00:00")
     yesterday = (datetime.now(UTC).date() - timedelta(days=1)).isoformat()
-    for source in ("done_src", "failed_src", "missing_src"):
-        _inbox_file(tmp_path, yesterday, source)
+    _inbox_files(yesterday, "done_src", "failed_src", "missing_src")
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("source", ["done_src", "failed_src", "missing_src"])
         for source, fail in (("done_src", False), ("failed_src", True)):
@@ -172,7 +182,7 @@ def test_a_distilled_night_passes_without_a_message(
 ) -> None:
     monkeypatch.setenv("KIMI_BATCH_NIGHT_ENDS", "00:00")
     yesterday = (datetime.now(UTC).date() - timedelta(days=1)).isoformat()
-    _inbox_file(tmp_path, yesterday, "only_src")
+    _inbox_files(yesterday, "only_src")
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("source", ["only_src"])
         dg.materialize(
@@ -198,7 +208,7 @@ def test_a_distilled_night_passes_without_a_message(
 def test_due_night_is_the_last_night_whose_window_ended(
     now: datetime, expected_ds: str, expected_deadline: datetime
 ) -> None:
-    ds, deadline = due_night(now, "07:00")
+    ds, deadline = due_night(now, time(7, 0))
     assert ds == expected_ds
     assert deadline == expected_deadline.replace(tzinfo=UTC)
 

@@ -16,11 +16,11 @@ from typing import Any
 import dagster as dg
 import httpx
 import polars as pl
+import pytest
 from pydantic import BaseModel
 
 from kimi_batch.definitions import BATCH_ASSETS, build_resources
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
-from kimi_batch.settings import Settings
 from kimi_batch.storage import Warehouse
 from kimi_batch_tests.conftest import LlamaEnv
 
@@ -56,7 +56,7 @@ def _materialize(
         BATCH_ASSETS,
         selection=selection,
         partition_key=_key(source),
-        resources=build_resources(Settings.from_env()),
+        resources=build_resources(),
         instance=instance,
         run_config={
             "ops": {
@@ -149,7 +149,7 @@ from kimi_batch.settings import Settings
 instance = dg.DagsterInstance.from_config(sys.argv[1])
 key = dg.MultiPartitionKey({"date": sys.argv[2], "source": sys.argv[3]})
 dg.materialize(BATCH_ASSETS, selection=["distilled_responses"], partition_key=key,
-               resources=build_resources(Settings.from_env()), instance=instance,
+               resources=build_resources(), instance=instance,
                run_config=json.loads(sys.argv[4]))
 """
 
@@ -250,7 +250,10 @@ class CapitalAnswer(BaseModel):
     answer: str
 
 
-def test_schema_constrained_answers_and_logprobs_land_in_the_table(llama_env: LlamaEnv) -> None:
+def test_schema_constrained_answers_and_logprobs_land_in_the_table(
+    llama_env: LlamaEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KIMI_BATCH_OUTPUT_MODEL_MODULES", "kimi_batch_tests.defs")
     _write_inbox(
         llama_env.home,
         "structured.jsonl",
@@ -277,7 +280,7 @@ def test_schema_constrained_answers_and_logprobs_land_in_the_table(llama_env: Ll
         result = dg.materialize(
             BATCH_ASSETS,
             partition_key=_key("structured"),
-            resources=build_resources(Settings.from_env()),
+            resources=build_resources(),
             instance=instance,
             run_config=run_config,
         )

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import dagster as dg
 import polars as pl
@@ -16,22 +16,27 @@ from pydantic import BaseModel
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
+from kimi_batch.defs.resources.warehouse import WarehouseResource
+from kimi_batch.engine.digest import SystemDigest
 from kimi_batch.engine.ledger import Ledger
 from kimi_batch.engine.progress import notify
-from kimi_batch.engine.requests import GenerationRequest
-from kimi_batch.engine.runner import BatchEngine, BatchOutcome, FailedRequest
+from kimi_batch.engine.requests import GenerationRequest, GenerationResult
+from kimi_batch.engine.runner import BatchEngine, BatchOutcome
 from kimi_batch.engine.stats import ProgressEvent
 from kimi_batch.storage import StorageError, Warehouse, polars_schema
+from kimi_batch.storage.quarantine import replace_quarantine
+from kimi_batch.tasks.quarantine import failure_rows
 from kimi_batch.tasks.rows import PARTITION_COLUMNS, GenerationColumns, QuarantineRow
 
 __all__ = [
     "BATCH_GROUP",
     "LLAMA_POOL",
     "check_specs",
+    "iter_batch_results",
     "land_outputs",
-    "ledger_path",
+    "lease_key",
+    "publish",
     "read_rows",
-    "replace_quarantine",
     "run_batch",
 ]
 
@@ -42,8 +47,28 @@ LLAMA_POOL = "llama_server"
 TRUNCATION_WARN_RATE = 0.25
 
 
-def ledger_path(llama: LlamaServerResource) -> Path:
-    return Path(llama.home) / "ledger" / "ledger.sqlite3"
+def lease_key(ds: str, source: str) -> str:
+    """The partition's lease in the ledger: one writer per partition, whatever the pool limit."""
+    return f"{ds}|{source}"
+
+
+def run_batch(
+    context: dg.AssetExecutionContext,
+    llama: LlamaServerResource,
+    digest: DigestResource,
+    warehouse: WarehouseResource,
+    requests: Sequence[GenerationRequest],
+) -> BatchOutcome:
+    """Run requests on every endpoint's slots; finished rows are in the ledger as they land."""
+    loaded = digest.load()
+    with warehouse.ledger() as ledger:
+        outcome = asyncio.run(_generate(context, llama, loaded, ledger, requests))
+    stats = outcome.stats
+    context.log.info(
+        f"{stats.generated} generated, {stats.from_ledger} from the ledger, {stats.failed} failed, "
+        f"max {stats.max_in_flight} in flight"
+    )
+    return outcome
 
 
 def _progress_reporter(context: dg.AssetExecutionContext) -> Callable[[ProgressEvent], None]:
@@ -57,56 +82,33 @@ def _progress_reporter(context: dg.AssetExecutionContext) -> Callable[[ProgressE
     return report
 
 
-def run_batch(
+async def _generate(
     context: dg.AssetExecutionContext,
     llama: LlamaServerResource,
-    digest: DigestResource,
+    loaded: SystemDigest,
+    ledger: Ledger,
     requests: Sequence[GenerationRequest],
 ) -> BatchOutcome:
-    """Run requests on every endpoint's slots; finished rows are in the ledger as they land."""
-    loaded = digest.load()
-    endpoints = llama.endpoints()
-    tokens = digest.count_tokens(loaded, llama.client())
-    with Ledger(ledger_path(llama)) as ledger:
-        engine = BatchEngine(
-            endpoints,
-            loaded,
-            ledger,
-            digest_tokens=tokens,
-            on_progress=_progress_reporter(context),
-            on_unreachable=llama.respawn_if_down,
-        )
-        outcome = asyncio.run(engine.run(requests))
-    stats = outcome.stats
-    context.log.info(
-        f"{stats.generated} generated, {stats.from_ledger} from the ledger, {stats.failed} failed "
-        f"on {len(endpoints)} endpoint(s), max {stats.max_in_flight} in flight"
+    """One event loop and one server session per materialization: prepare, then generate."""
+    prepared = await llama.prepare(loaded)
+    engine = BatchEngine(
+        prepared.endpoints,
+        loaded,
+        ledger,
+        digest_tokens=prepared.digest_tokens,
+        on_progress=_progress_reporter(context),
+        on_unreachable=llama.respawn_if_down,
+        on_hung=llama.restart_hung,
     )
-    return outcome
+    return await engine.run(requests)
 
 
-def failure_rows(
-    failures: Sequence[FailedRequest], *, stage: str, source_file: str, model: str, digest_sha: str
-) -> list[QuarantineRow]:
-    now = datetime.now(UTC)
-    return [
-        QuarantineRow.model_validate(
-            {
-                "request_id": failure.request_id,
-                "input_id": failure.input_id,
-                "model": model,
-                "digest_sha256": digest_sha,
-                "finish_reason": "error",
-                "stage": stage,
-                "source_file": source_file,
-                "line": None,
-                "reason": f"{failure.reason} (after {failure.attempts} attempts; rerun retries it)",
-                "raw": failure.tag,
-                "created_at": now,
-            }
-        )
-        for failure in failures
-    ]
+def iter_batch_results(
+    warehouse: WarehouseResource, outcome: BatchOutcome, *, chunk_size: int = 256
+) -> Iterator[GenerationResult]:
+    """The batch's finished rows in request order, streamed from the ledger in chunks."""
+    with warehouse.ledger() as ledger:
+        yield from outcome.iter_results(ledger, chunk_size=chunk_size)
 
 
 def read_rows(
@@ -115,17 +117,6 @@ def read_rows(
     frame = warehouse.read_partition(table, ds, source)
     frame = frame.drop([c for c in PARTITION_COLUMNS if c in frame.columns])
     return [model.model_validate(row) for row in frame.iter_rows(named=True)]
-
-
-def replace_quarantine(
-    warehouse: Warehouse, ds: str, source: str, stage: str, rows: Sequence[QuarantineRow]
-) -> int:
-    """Replace this stage's quarantine rows of the partition, keeping the other stages' rows."""
-    kept = [
-        r for r in read_rows(warehouse, "quarantine", ds, source, QuarantineRow) if r.stage != stage
-    ]
-    warehouse.write_partition("quarantine", ds, source, [*kept, *rows])
-    return len(rows)
 
 
 def publish(
@@ -239,7 +230,7 @@ def generation_metadata(
         "path": dg.MetadataValue.path(str(path)),
     }
     if trino.enabled:
-        name = f"{trino.catalog}.{trino.schema_name}.{table}"
+        name = trino.table_name(table)
         metadata["trino_table"] = name
         metadata["query"] = dg.MetadataValue.md(f"```sql\nSELECT * FROM {name} LIMIT 100\n```")
     return metadata
@@ -249,7 +240,7 @@ def land_outputs(
     context: dg.AssetExecutionContext,
     *,
     table: str,
-    stage: str,
+    stage: Literal["amplify", "distill"],
     rows: Sequence[GenerationColumns],
     texts: Sequence[str],
     set_aside: Sequence[QuarantineRow],
@@ -267,6 +258,7 @@ def land_outputs(
         source_file=source,
         model=outcome.model,
         digest_sha=outcome.digest_sha256,
+        created_at=datetime.now(UTC),
     )
     written = warehouse.write_partition(table, ds, source, rows)
     quarantined = replace_quarantine(warehouse, ds, source, stage, [*set_aside, *failed])

@@ -1,8 +1,9 @@
-"""Partitioned batch assets: seeds from the inbox, amplified variants, distilled teacher answers."""
+"""Partitioned batch assets: seeds landed from the inbox, amplified variants, teacher answers."""
 
 import asyncio
 import importlib
-from pathlib import Path
+from collections.abc import Sequence
+from datetime import UTC, datetime
 
 import dagster as dg
 from pydantic import BaseModel, Field
@@ -11,9 +12,10 @@ from kimi_batch.defs.assets._generation import (
     BATCH_GROUP,
     LLAMA_POOL,
     check_specs,
+    iter_batch_results,
     land_outputs,
+    publish,
     read_rows,
-    replace_quarantine,
     run_batch,
 )
 from kimi_batch.defs.partitions import batch_partitions, partition_parts
@@ -21,13 +23,19 @@ from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
+from kimi_batch.engine.digest import SystemDigest
+from kimi_batch.engine.prepare import Prepared
 from kimi_batch.engine.requests import SamplingParams
 from kimi_batch.llama.client import LlamaClient
-from kimi_batch.storage.inbox import resolve_source_file
+from kimi_batch.storage import StorageError
+from kimi_batch.storage.landing import resolve_input
+from kimi_batch.storage.quarantine import replace_quarantine
 from kimi_batch.tasks.amplify import Strategy, amplification_requests, to_amplified_rows
 from kimi_batch.tasks.distill import distillation_requests, to_distilled_rows
 from kimi_batch.tasks.inputs import SeedPrompt, quarantine_overlong, read_inbox_file
-from kimi_batch.tasks.rows import AmplifiedRow
+from kimi_batch.tasks.quarantine import file_row
+from kimi_batch.tasks.rows import AmplifiedRow, SeedRow
+from kimi_batch.tasks.seeds import seed_rows, seeds_from_rows
 
 __all__ = [
     "AmplifyConfig",
@@ -64,8 +72,14 @@ class DistillConfig(dg.Config):
     )
 
 
-def _import_model(path: str) -> type[BaseModel]:
+def _import_model(path: str, allowed: Sequence[str]) -> type[BaseModel]:
+    """The pydantic model `module:Name`, only from the deployment's allowed modules."""
     module_name, _, name = path.partition(":")
+    if not any(module_name == m or module_name.startswith(m + ".") for m in allowed):
+        raise dg.Failure(
+            f"output_model {path!r} is not in an allowed module ({', '.join(allowed)}); "
+            "extend KIMI_BATCH_OUTPUT_MODEL_MODULES in the deployment"
+        )
     try:
         found = getattr(importlib.import_module(module_name), name)
     except (ImportError, AttributeError, ValueError) as error:
@@ -75,49 +89,101 @@ def _import_model(path: str) -> type[BaseModel]:
     return found
 
 
-async def _token_counts(
-    client: LlamaClient, digest_text: str, seeds: list[SeedPrompt]
-) -> tuple[int, dict[str, int]]:
-    """Tokens of the digest and of each seed's user side, in one client session."""
+async def _token_counts(client: LlamaClient, seeds: Sequence[SeedPrompt]) -> dict[str, int]:
+    """Tokens of each seed's user side, in one client session."""
     async with client:
-        digest_tokens = len(await client.tokenize(digest_text))
-        counts = {
+        return {
             s.input_id: len(await client.tokenize("\n".join(m.content for m in s.messages)))
             for s in seeds
         }
-    return digest_tokens, counts
 
 
-@dg.asset(partitions_def=batch_partitions, group_name=BATCH_GROUP, kinds={"python"})
+@dg.asset(
+    partitions_def=batch_partitions,
+    group_name=BATCH_GROUP,
+    kinds={"parquet", "trino"},
+    check_specs=[dg.AssetCheckSpec("published_to_trino", asset="seed_prompts")],
+)
 def seed_prompts(
     context: dg.AssetExecutionContext,
     config: SeedConfig,
     llama: LlamaServerResource,
     digest: DigestResource,
     warehouse: WarehouseResource,
-) -> dg.Output[list[SeedPrompt]]:
-    """Validated input rows of one inbox file; bad rows go to quarantine with the reason."""
+    trino: TrinoResource,
+) -> dg.MaterializeResult:
+    """Validated input rows of one landed inbox file (table `seeds`); bad rows go to quarantine."""
     ds, source = partition_parts(context)
-    path = resolve_source_file(Path(llama.home) / "inbox", ds, source)  # the state dir's inbox
-    batch = read_inbox_file(path)
-    endpoint = llama.endpoints()[0]
-    digest_tokens, counts = asyncio.run(
-        _token_counts(llama.client(), digest.load().text, batch.seeds)
+    settings = llama.settings()
+    with warehouse.landing() as landing:
+        try:
+            resolved = resolve_input(
+                landing,
+                settings.paths.inbox_dir,
+                ds,
+                source,
+                max_bytes=settings.max_input_bytes,
+                arrived=settings.today(),
+                start=settings.first_partition_date(),
+            )
+        except StorageError as error:
+            raise dg.Failure(str(error)) from error
+    now = datetime.now(UTC)
+    quarantined = (
+        [file_row(source_file=resolved.assignment.name, reason=resolved.problem, created_at=now)]
+        if resolved.problem
+        else []
     )
-    slot_ctx = endpoint.ctx or llama.ctx // endpoint.slots
-    limit = slot_ctx - digest_tokens - config.answer_budget_tokens
-    fitting = quarantine_overlong(batch.seeds, counts, limit)
-    quarantined = [*batch.quarantined, *fitting.quarantined]
-    replace_quarantine(warehouse.warehouse(), ds, source, "input", quarantined)
-    return dg.Output(
-        fitting.seeds,
+    seeds: list[SeedPrompt] = []
+    counts: dict[str, int] = {}
+    limit = 0
+    if resolved.version is not None:
+        batch = read_inbox_file(resolved.version.path, source_name=resolved.assignment.name)
+        prepared, counts = asyncio.run(_prepare_and_count(llama, digest.load(), batch.seeds))
+        slot_ctx = prepared.endpoints[0].ctx or settings.llama_ctx // prepared.endpoints[0].slots
+        limit = slot_ctx - prepared.digest_tokens - config.answer_budget_tokens
+        fitting = quarantine_overlong(batch.seeds, counts, limit)
+        seeds = fitting.seeds
+        quarantined += [*batch.quarantined, *fitting.quarantined]
+    store = warehouse.warehouse()
+    if True:  # LEASE: the partition lease lands with the engine's ledger leases
+        written = store.write_partition(
+            "seeds",
+            ds,
+            source,
+            seed_rows(
+                seeds,
+                input_sha256=resolved.version.sha256 if resolved.version else "",
+                created_at=now,
+                token_counts=counts,
+            ),
+        )
+        replace_quarantine(store, ds, source, "input", quarantined)
+    check = publish(context, trino, store, ["seeds", "quarantine"], ds, source)
+    return dg.MaterializeResult(
         metadata={
-            "rows": len(fitting.seeds),
+            "rows": written.rows,
             "quarantined": len(quarantined),
-            "source_file": dg.MetadataValue.path(str(path)),
+            "source_file": resolved.assignment.name,
+            "input_sha256": resolved.version.sha256 if resolved.version else "none",
+            "read_from": "inbox" if resolved.from_inbox else "landed snapshot",
             "prompt_token_limit": limit,
+            "path": dg.MetadataValue.path(str(written.path)),
         },
+        check_results=[check],
     )
+
+
+async def _prepare_and_count(
+    llama: LlamaServerResource, loaded: SystemDigest, seeds: Sequence[SeedPrompt]
+) -> tuple[Prepared, dict[str, int]]:
+    prepared = await llama.prepare(loaded)
+    return prepared, await _token_counts(llama.client(), seeds)
+
+
+def _seeds(warehouse: WarehouseResource, ds: str, source: str) -> list[SeedPrompt]:
+    """The partition's landed seeds (table `seeds`), never the inbox file."""
+    return seeds_from_rows(read_rows(warehouse.warehouse(), "seeds", ds, source, SeedRow))
 
 
 @dg.asset(
@@ -126,11 +192,11 @@ def seed_prompts(
     pool=LLAMA_POOL,
     kinds={"parquet", "trino"},
     check_specs=check_specs("amplified_prompts"),
+    deps=[seed_prompts],
 )
 def amplified_prompts(
     context: dg.AssetExecutionContext,
     config: AmplifyConfig,
-    seed_prompts: list[SeedPrompt],
     llama: LlamaServerResource,
     digest: DigestResource,
     warehouse: WarehouseResource,
@@ -138,15 +204,14 @@ def amplified_prompts(
 ) -> dg.MaterializeResult:
     """New training prompts: k paraphrased, harder and related variants per seed, deduplicated."""
     ds, source = partition_parts(context)
+    seeds = _seeds(warehouse, ds, source)
     params = SamplingParams(
         max_tokens=config.max_tokens, temperature=config.temperature, seed=config.seed
     )
     strategies = [Strategy(s) for s in config.strategies]
-    requests = amplification_requests(
-        seed_prompts, strategies, config.variants_per_strategy, params
-    )
-    outcome = run_batch(context, llama, digest, requests)
-    amplified = to_amplified_rows(outcome.results, seed_prompts)
+    requests = amplification_requests(seeds, strategies, config.variants_per_strategy, params)
+    outcome = run_batch(context, llama, digest, warehouse, requests)
+    amplified = to_amplified_rows(iter_batch_results(warehouse, outcome), seeds)
     return land_outputs(
         context,
         table="amplified",
@@ -167,14 +232,13 @@ def amplified_prompts(
     partitions_def=batch_partitions,
     group_name=BATCH_GROUP,
     pool=LLAMA_POOL,
-    deps=[amplified_prompts],
+    deps=[seed_prompts, amplified_prompts],
     kinds={"parquet", "trino"},
     check_specs=check_specs("distilled_responses"),
 )
 def distilled_responses(
     context: dg.AssetExecutionContext,
     config: DistillConfig,
-    seed_prompts: list[SeedPrompt],
     llama: LlamaServerResource,
     digest: DigestResource,
     warehouse: WarehouseResource,
@@ -183,17 +247,19 @@ def distilled_responses(
     """Teacher answers for every seed and variant, with token counts, cache hits and timings."""
     ds, source = partition_parts(context)
     store = warehouse.warehouse()
+    seeds = _seeds(warehouse, ds, source)
     variants = read_rows(store, "amplified", ds, source, AmplifiedRow)
     params = SamplingParams(
         max_tokens=config.max_tokens, temperature=config.temperature, seed=config.seed
     )
-    output_model = _import_model(config.output_model) if config.output_model else None
+    allowed = llama.settings().output_model_modules
+    output_model = _import_model(config.output_model, allowed) if config.output_model else None
     requests = distillation_requests(
-        seed_prompts, variants, params, n_probs=config.n_probs, output_model=output_model
+        seeds, variants, params, n_probs=config.n_probs, output_model=output_model
     )
-    outcome = run_batch(context, llama, digest, requests)
+    outcome = run_batch(context, llama, digest, warehouse, requests)
     distilled = to_distilled_rows(
-        outcome.results, seed_prompts, variants, output_model=output_model
+        iter_batch_results(warehouse, outcome), seeds, variants, output_model=output_model
     )
     return land_outputs(
         context,
