@@ -92,6 +92,9 @@ def distill_states(
     for key, run_id in latest.items():
         run = runs.get(run_id)
         state = _state_of(run, done, key) if run is not None else None
+        if state == PartitionState.RUNNING and _materialized_by(instance, key, run_id):
+            # The run is still going (its checks, say), but this partition is written.
+            state = PartitionState.DONE
         if state is not None:
             records[key] = PartitionRecord(key=key, state=state, run_id=run_id)
     expected = set(known_keys) | done
@@ -101,6 +104,13 @@ def distill_states(
         state = PartitionState.DONE if key in done else PartitionState.PENDING
         records[key] = PartitionRecord(key=key, state=state)
     return dict(sorted(records.items()))
+
+
+def _materialized_by(instance: dg.DagsterInstance, key: str, run_id: str) -> bool:
+    found = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=DISTILLED_RESPONSES, asset_partitions=[key]), limit=1
+    ).records
+    return bool(found) and found[0].run_id == run_id
 
 
 def run_progress(instance: dg.DagsterInstance, run_id: str) -> ProgressEvent | None:

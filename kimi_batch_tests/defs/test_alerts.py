@@ -17,6 +17,7 @@ import pytest
 
 from kimi_batch.defs.alerts import (
     FRESHNESS_CHECK,
+    distilled_by_night_end,
     distilled_freshness_alert,
     due_night,
     run_failure_alert,
@@ -219,3 +220,22 @@ def test_a_webhook_that_fails_is_reported_not_raised() -> None:
     assert not result.delivered
     assert result.status_code == 500
     assert broken.texts == ["hello"]
+
+
+def test_the_check_run_with_the_materialization_counts_that_partition_done(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The Materialize button runs the asset's checks in the same run, while it is still going.
+    monkeypatch.setenv("KIMI_BATCH_NIGHT_ENDS", "00:00")
+    yesterday = (datetime.now(UTC).date() - timedelta(days=1)).isoformat()
+    _inbox_files(yesterday, "same_run")
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("source", ["same_run"])
+        result = dg.materialize(
+            [_standin(fail=False), distilled_by_night_end],
+            partition_key=_key(yesterday, "same_run"),
+            instance=instance,
+        )
+    (evaluation,) = result.get_asset_check_evaluations()
+    assert evaluation.check_name == FRESHNESS_CHECK
+    assert evaluation.passed, evaluation.metadata
