@@ -155,7 +155,9 @@ class Settings(BaseModel):
     home: Path = Field(description="State directory: server files, slot saves, warehouse, inbox.")
     model: Path | None = Field(description="GGUF model file for a spawned server.")
     llama_server: str | None = Field(description="llama-server binary (path or name on PATH).")
-    llama_url: str | None = Field(description="Attach-only URL of a server someone else runs.")
+    llama_url: str | None = Field(
+        repr=False, description="Attach-only URL of a server someone else runs (may hold creds)."
+    )
     llama_extra_urls: tuple[str, ...] = Field(
         default=(), description="More servers with the same model (scale-out)."
     )

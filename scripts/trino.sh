@@ -190,7 +190,8 @@ cmd_cli() {
     cmd_fetch_cli
     local java_home
     java_home="$(find_java)"
-    exec "$java_home/bin/java" -jar "$(cli_jar_path)" \
+    # jline loads its terminal library natively; allowing it keeps Java 24+ from warning each time.
+    exec "$java_home/bin/java" --enable-native-access=ALL-UNNAMED -jar "$(cli_jar_path)" \
         --server "http://127.0.0.1:$PORT" \
         --user "${KIMI_BATCH_TRINO_USER:-kimi_batch}" \
         --catalog "${KIMI_BATCH_TRINO_CATALOG:-hive}" \

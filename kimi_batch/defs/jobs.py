@@ -19,6 +19,8 @@ __all__ = [
     "JOB_TAG",
     "LLAMA_TAG",
     "RETRY_TAGS",
+    "STOPPED_TAG",
+    "WINDOW_TAG",
     "batch_job",
     "distillation_job",
     "ingest_job",
@@ -26,6 +28,10 @@ __all__ = [
 
 JOB_TAG = "kimi_batch/job"
 LLAMA_TAG = "kimi_batch/uses_llama_server"
+# When the run's nightly window ends (ISO datetime, set by the nightly schedule or by hand): past it
+# the assets send no new request. A run stopped there is tagged STOPPED_TAG=true.
+WINDOW_TAG = "kimi_batch/window_ends"
+STOPPED_TAG = "kimi_batch/stopped_at_window"
 # Runs nobody watches (sensor, nightly schedule) are retried a bounded number of times (run_retries
 # in dagster.yaml), from the failed step: finished requests come from the ledger, so a retry
 # repeats no generation.

@@ -13,7 +13,7 @@ from enum import StrEnum
 import dagster as dg
 from pydantic import BaseModel, ConfigDict
 
-from kimi_batch.defs.jobs import DISTILLED_RESPONSES
+from kimi_batch.defs.jobs import DISTILLED_RESPONSES, STOPPED_TAG
 from kimi_batch.engine.stats import ProgressEvent
 
 __all__ = [
@@ -27,8 +27,8 @@ __all__ = [
 ]
 
 PARTITION_TAG = "dagster/partition"
-# Set to "true" on a run that the end of the nightly window stopped before it was done.
-STOPPED_AT_WINDOW_TAG = "kimi_batch/stopped_at_window"
+# "true" on a run that the end of the nightly window stopped before it was done.
+STOPPED_AT_WINDOW_TAG = STOPPED_TAG
 RUN_SCAN_LIMIT = 2000
 _UPSTREAM = (dg.AssetKey("seed_prompts"), dg.AssetKey("amplified_prompts"))
 ACTIVE_RUN_STATUSES = frozenset(

@@ -25,7 +25,7 @@ from datetime import date, datetime, timedelta
 import dagster as dg
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.defs.jobs import RETRY_TAGS, distillation_job
+from kimi_batch.defs.jobs import RETRY_TAGS, WINDOW_TAG, distillation_job
 from kimi_batch.defs.partitions import (
     DATE_DIMENSION,
     SOURCE_DIMENSION,
@@ -51,7 +51,6 @@ __all__ = [
 
 TRIGGER_TAG = "kimi_batch/trigger"
 NIGHT_TAG = "kimi_batch/night"
-WINDOW_TAG = "kimi_batch/window_ends"
 MAX_RUNTIME_TAG = "dagster/max_runtime"
 # Requests in flight at the window's end are allowed to finish: on the target one answer after a
 # long prompt can take most of an hour.

@@ -8,6 +8,7 @@ the same request in another partition or run is never generated twice either.
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -17,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from kimi_batch.engine.requests import GenerationResult
+from kimi_batch.paths import PRIVATE_FILE_MODE, private_dir
 
 __all__ = ["Lease", "LeaseHeldError", "Ledger"]
 
@@ -104,6 +106,8 @@ class Lease:
 
 def _connect(path: Path) -> sqlite3.Connection:
     db = sqlite3.connect(path, isolation_level=None, timeout=60, check_same_thread=False)
+    # SQLite gives the -wal and -shm files the database file's mode.
+    os.chmod(path, PRIVATE_FILE_MODE)
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=FULL")
     return db
@@ -113,7 +117,7 @@ class Ledger:
     """Finished results keyed by request id."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)  # prompts and answers: owner-only
         self.path = path
         # Autocommit: each `put` is its own durable transaction.
         self._db = _connect(path)

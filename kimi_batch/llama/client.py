@@ -43,6 +43,7 @@ from kimi_batch.llama.models import (
     SlotState,
 )
 from kimi_batch.llama.types import ChatMessage
+from kimi_batch.llama.urls import redact_url, url_credentials
 
 __all__ = ["LlamaClient", "RetryPolicy"]
 
@@ -83,12 +84,16 @@ class LlamaClient:
         generation_timeout_s: float = GENERATION_TIMEOUT_S,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        # Credentials in the URL (a proxy's basic auth) travel as an auth header only: base_url is
+        # what logs, errors and the `endpoint` column show.
+        self.base_url = redact_url(base_url)
+        credentials = url_credentials(base_url)
         self.retry = retry or RetryPolicy()
         self._generation_timeout = httpx.Timeout(generation_timeout_s, connect=CONNECT_TIMEOUT_S)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
+            auth=httpx.BasicAuth(*credentials) if credentials else None,
             headers=headers,
             timeout=httpx.Timeout(CONTROL_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
             transport=transport,

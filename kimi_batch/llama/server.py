@@ -24,6 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from kimi_batch.llama.client import LlamaClient
 from kimi_batch.llama.exceptions import ServerSpawnError, SpecMismatchError
 from kimi_batch.llama.models import ServerProps
+from kimi_batch.llama.urls import redact_url, url_credentials
+from kimi_batch.paths import private_dir
 
 __all__ = [
     "AttachedServer",
@@ -196,7 +198,7 @@ def _spawn_detached(argv: list[str], env: dict[str, str], log_path: Path) -> int
         "argv, log = json.loads(sys.argv[1]), sys.argv[2]\n"
         "with open(log, 'ab') as out:\n"
         "    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,\n"
-        "                         start_new_session=True, close_fds=True)\n"
+        "                         start_new_session=True, close_fds=True, umask=0o077)\n"
         "print(p.pid)\n"
     )
     result = subprocess.run(
@@ -214,8 +216,14 @@ def _spawn_detached(argv: list[str], env: dict[str, str], log_path: Path) -> int
 def _probe(base_url: str, api_key: str | None) -> tuple[str, ServerProps | None]:
     """('down' | 'loading' | 'ok', props when ok) without retries."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    credentials = url_credentials(base_url)
     try:
-        with httpx.Client(base_url=base_url, headers=headers, timeout=PROBE_TIMEOUT_S) as http:
+        with httpx.Client(
+            base_url=redact_url(base_url),
+            auth=httpx.BasicAuth(*credentials) if credentials else None,
+            headers=headers,
+            timeout=PROBE_TIMEOUT_S,
+        ) as http:
             health = http.get("/health")
             if health.status_code == 503:
                 return "loading", None
@@ -290,7 +298,7 @@ class ResidentServer:
 
     def ensure_running(self) -> ServerHandle:
         """Attach to the healthy server with this spec, or start it; raise on another spec."""
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.state_dir)
         with self._lock.acquire(timeout=self.load_timeout_s + 60):
             pid = self._live_pid()
             if pid is not None:
@@ -342,7 +350,7 @@ class ResidentServer:
         raise ServerSpawnError(f"{self.base_url} still loading after {self.load_timeout_s:.0f} s")
 
     def _spawn(self) -> ServerHandle:
-        self.spec.slot_save_path.mkdir(parents=True, exist_ok=True)
+        private_dir(self.spec.slot_save_path)
         env = dict(os.environ)
         env.pop("LLAMA_API_KEY", None)
         if self.api_key:
@@ -391,7 +399,7 @@ class ResidentServer:
         just (re)started by another run that saw the same hang: it is kept, not killed twice.
         A server kimi_batch did not start is never killed: that falls back to `ensure_running`.
         """
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.state_dir)
         with self._lock.acquire(timeout=self.load_timeout_s + 60):
             record = self._read_pid()
             pid = self._live_pid()
@@ -452,17 +460,18 @@ class AttachedServer:
     """A server someone else runs (`KIMI_BATCH_LLAMA_URL`): health checks only, never spawned."""
 
     def __init__(self, base_url: str, *, api_key: str | None = None, timeout_s: float = 60.0):
-        self.base_url = base_url.rstrip("/")
+        self._url = base_url.rstrip("/")  # may hold credentials: only clients see it
+        self.base_url = redact_url(base_url)
         self.api_key = api_key
         self.timeout_s = timeout_s
 
     def client(self, **kwargs: object) -> LlamaClient:
-        return LlamaClient(self.base_url, api_key=self.api_key, **kwargs)  # type: ignore[arg-type]
+        return LlamaClient(self._url, api_key=self.api_key, **kwargs)  # type: ignore[arg-type]
 
     def ensure_running(self) -> ServerHandle:
         deadline = time.monotonic() + self.timeout_s
         while True:
-            state, props = _probe(self.base_url, self.api_key)
+            state, props = _probe(self._url, self.api_key)
             if state == "ok" and props is not None:
                 return ServerHandle(
                     base_url=self.base_url,
@@ -476,7 +485,7 @@ class AttachedServer:
             time.sleep(0.5)
 
     def status(self) -> ServerStatus:
-        state, props = _probe(self.base_url, self.api_key)
+        state, props = _probe(self._url, self.api_key)
         return ServerStatus(
             running=state != "down",
             healthy=state == "ok",

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
-__all__ = ["redact_url"]
+__all__ = ["redact_url", "url_credentials"]
 
 
 def redact_url(url: str) -> str:
@@ -17,3 +17,11 @@ def redact_url(url: str) -> str:
         host = f"[{host}]"
     netloc = f"{host}:{parts.port}" if parts.port is not None else host
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment)).rstrip("/")
+
+
+def url_credentials(url: str) -> tuple[str, str] | None:
+    """(user, password) from `url`'s user info, None without; sent as HTTP basic auth."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return None
+    return unquote(parts.username or ""), unquote(parts.password or "")

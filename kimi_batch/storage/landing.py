@@ -25,6 +25,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.paths import PRIVATE_FILE_MODE, StatePaths, private_dir
+from kimi_batch.settings import Settings
 from kimi_batch.storage.errors import StorageError
 from kimi_batch.storage.inbox import (
     InboxFile,
@@ -41,6 +42,7 @@ __all__ = [
     "Landing",
     "ResolvedInput",
     "resolve_input",
+    "resolve_partition",
 ]
 
 _COPY_CHUNK = 1 << 20
@@ -359,3 +361,17 @@ def resolve_input(
         problem=problem,
         from_inbox=False,
     )
+
+
+def resolve_partition(settings: Settings, ds: str, source: str) -> ResolvedInput:
+    """`resolve_input` for the deployment's state dir, limits and clock."""
+    with Landing(settings.paths) as landing:
+        return resolve_input(
+            landing,
+            settings.paths.inbox_dir,
+            ds,
+            source,
+            max_bytes=settings.max_input_bytes,
+            arrived=settings.today(),
+            start=settings.first_partition_date(),
+        )

@@ -18,6 +18,7 @@ from typing import Any
 import polars as pl
 from pydantic import BaseModel, ConfigDict
 
+from kimi_batch.paths import PRIVATE_FILE_MODE, private_dir
 from kimi_batch.storage.errors import InvalidPartitionError
 from kimi_batch.storage.schema import PARTITION_COLUMNS, TABLES, model_for, polars_schema
 
@@ -135,6 +136,7 @@ class Warehouse:
         ds, source = validate_ds(ds), validate_source(source)
         schema = polars_schema(table)
         directory = self.partition_dir(table, ds, source)
+        private_dir(self.root)  # generated text is confidential: the root is owner-only
         directory.mkdir(parents=True, exist_ok=True)
         target = directory / PART_FILE
         token = uuid.uuid4().hex
@@ -153,6 +155,7 @@ class Warehouse:
                 pl.scan_parquet(chunk_files).sink_parquet(temp, compression="zstd", statistics=True)
             with temp.open("rb") as handle:
                 os.fsync(handle.fileno())
+            os.chmod(temp, PRIVATE_FILE_MODE)
             os.replace(temp, target)
         finally:
             temp.unlink(missing_ok=True)

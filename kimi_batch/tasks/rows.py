@@ -99,6 +99,9 @@ class DistilledRow(GenerationColumns):
     strategy: str | None = Field(description="Strategy of the variant; null for seeds.")
     prompt: str
     response: str
+    reasoning: str | None = Field(
+        default=None, description="A reasoning model's thinking (reasoning_content), if any."
+    )
     structured: str | None = Field(description="Validated JSON when a schema was requested.")
     logprobs: list[TokenLogprob] | None = Field(description="Top-k logprobs when n_probs > 0.")
 

@@ -34,7 +34,7 @@ from kimi_batch.defs.partitions import batch_partitions, partition_parts
 from kimi_batch.defs.schedules import nightly_distillation_schedule
 from kimi_batch.defs.sensors import inbox_sensor
 from kimi_batch.settings import Settings
-from kimi_batch.storage.landing import Landing, resolve_input
+from kimi_batch.storage.landing import resolve_partition
 
 __all__ = [
     "REPO_ROOT",
@@ -175,17 +175,7 @@ def standin_definitions() -> dg.Definitions:
     @dg.asset(name="seed_prompts", partitions_def=batch_partitions)
     def seed_prompts(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         ds, source = partition_parts(context)
-        settings = Settings.from_env()
-        with Landing(settings.paths) as landing:
-            resolved = resolve_input(
-                landing,
-                settings.paths.inbox_dir,
-                ds,
-                source,
-                max_bytes=settings.max_input_bytes,
-                arrived=settings.today(),
-                start=settings.first_partition_date(),
-            )
+        resolved = resolve_partition(Settings.from_env(), ds, source)
         version = resolved.version
         return dg.MaterializeResult(
             metadata={

@@ -32,8 +32,8 @@ def test_make_trino_cli_queries_the_schema_without_qualifying_names(
             "make",
             "-s",
             "trino-cli",
-            "TRINO_CLI_ARGS=--output-format CSV_UNQUOTED "
-            '--execute "SELECT current_catalog, count(*) FROM distilled"',
+            "TRINO_CLI_ARGS=--output-format CSV_UNQUOTED --execute "
+            '"SELECT current_catalog, current_schema; SELECT count(*) FROM distilled"',
         ],
         cwd=REPO_ROOT,
         env=env,
@@ -43,4 +43,4 @@ def test_make_trino_cli_queries_the_schema_without_qualifying_names(
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().splitlines()[-1] == f"hive,{len(rows)}", result.stdout
+    assert result.stdout.strip().splitlines() == ["hive,t_trino_cli", str(len(rows))], result.stdout

@@ -48,8 +48,13 @@ class LlamaServerResource(dg.ConfigurableResource):
         return self.manager().client()
 
     def urls(self, handle: ServerHandle) -> list[str]:
-        """The attached (or started) server first, then the scale-out servers."""
-        return [handle.base_url, *self.settings().llama_extra_urls]
+        """The attached (or started) server first, then the scale-out servers.
+
+        An attach-only URL is taken from the settings, not the handle: only clients may see the
+        credentials it can hold.
+        """
+        settings = self.settings()
+        return [settings.llama_url or handle.base_url, *settings.llama_extra_urls]
 
     def known_n_predict(self) -> int | None:
         """llama.cpp's /props does not report --n-predict; for a server we started we know it."""
