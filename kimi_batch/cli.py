@@ -9,11 +9,11 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
-from kimi_batch.llama.exceptions import LlamaError
-from kimi_batch.llama.factory import server_from_settings
+from kimi_batch.errors import KimiBatchError
+from kimi_batch.llama import server_from_settings
 from kimi_batch.settings import Settings
-from kimi_batch.storage.errors import StorageError
 
 __all__ = ["main"]
 
@@ -52,7 +52,7 @@ def _server_stop(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from kimi_batch.demo import run_demo
-    from kimi_batch.engine.progress import listening
+    from kimi_batch.engine import listening
     from kimi_batch.progress_bar import BatchProgressBar, wants_bar
 
     settings = Settings.from_env()
@@ -92,16 +92,28 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _digest_lint(args: argparse.Namespace) -> int:
-    from kimi_batch.engine.digest import lint_digest, load_digest
+    from kimi_batch.engine import lint_digest, load_digest
 
-    findings = lint_digest(load_digest(Path(args.file)).text, allow=args.allow)
+    try:
+        text = load_digest(Path(args.file)).text
+    except OSError as error:
+        print(f"kimi-batch: error: cannot read {args.file}: {error.strerror}", file=sys.stderr)
+        return 2
+    findings = lint_digest(text, allow=args.allow)
     for finding in findings:
         print(finding)
     return 1 if findings else 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line (exit 2), like every expected failure."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kimi-batch", description=__doc__)
+    parser = _Parser(prog="kimi-batch", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -157,13 +169,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    level = logging.INFO if args.verbose else logging.WARNING
+    # The level goes on the handler too: libraries that set their own logger to INFO (the trino
+    # client) would otherwise print their retries next to our one-line error.
+    handler = logging.StreamHandler()
+    handler.setLevel(level)
     logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        level=level, handlers=[handler], format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
         return int(args.func(args))
-    except (LlamaError, StorageError, ValueError, OSError) as error:
+    except KimiBatchError as error:
+        # Expected failures: the message is for the user; detail lines (a spec, a log tail) follow.
         print(f"kimi-batch: error: {error}", file=sys.stderr)
         return 2
 

@@ -10,10 +10,12 @@ import dagster as dg
 
 from kimi_batch.definitions import BATCH_ASSETS, DIGEST_ASSETS, build_resources
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, SOURCE_PARTITIONS_NAME
-from kimi_batch.engine.progress import notify
-from kimi_batch.engine.stats import ProgressEvent
+from kimi_batch.defs.resources.digest import DigestResource
+from kimi_batch.engine import ProgressEvent, notify
+from kimi_batch.errors import MissingInputError
+from kimi_batch.llama import server_from_settings
 from kimi_batch.settings import Settings, samples_dir
-from kimi_batch.storage.landing import Landing
+from kimi_batch.storage import Landing
 
 __all__ = ["run_demo"]
 
@@ -51,6 +53,12 @@ def _seed_inbox(settings: Settings) -> None:
             shutil.copy2(sample, inbox / sample.name)
 
 
+def _preflight(settings: Settings) -> None:
+    """What the first asset would fail on, checked before Dagster logs a run: one clear error."""
+    DigestResource().load()  # DigestLintError: cache-breaking content
+    server_from_settings(settings)  # ServerSpawnError: no model file, no llama-server binary
+
+
 def _instance(settings: Settings) -> dg.DagsterInstance:
     if os.environ.get("DAGSTER_HOME"):
         return dg.DagsterInstance.get()
@@ -71,6 +79,7 @@ def run_demo(settings: Settings, *, console_log_level: str = "INFO") -> dict[str
     Progress goes to `kimi_batch.engine.progress` listeners as well as to the run logs.
     """
     quiet = _console_config(console_log_level)
+    _preflight(settings)
     _seed_inbox(settings)
     with Landing(settings.paths) as landing:
         files = landing.assign_inbox(
@@ -79,7 +88,7 @@ def run_demo(settings: Settings, *, console_log_level: str = "INFO") -> dict[str
             start=settings.first_partition_date(),
         )
     if not files:
-        raise FileNotFoundError(f"no input files in {settings.paths.inbox_dir}")
+        raise MissingInputError(f"no input files in {settings.paths.inbox_dir}")
     resources = build_resources()
     instance = _instance(settings)
     instance.add_dynamic_partitions(SOURCE_PARTITIONS_NAME, sorted({f.source for f in files}))

@@ -21,7 +21,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from kimi_batch.engine.stats import ProgressEvent
+from kimi_batch.engine import ProgressEvent
 
 __all__ = ["BatchProgressBar", "wants_bar"]
 

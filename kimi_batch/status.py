@@ -24,13 +24,10 @@ from kimi_batch.defs.partition_states import (
 )
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION
 from kimi_batch.defs.schedules import NIGHT_TAG, TRIGGER_TAG, nightly_distillation_schedule
-from kimi_batch.engine.digest import load_digest
-from kimi_batch.llama.client import LlamaClient
-from kimi_batch.llama.exceptions import LlamaError
-from kimi_batch.llama.factory import server_from_settings
+from kimi_batch.engine import load_digest
+from kimi_batch.llama import LlamaClient, LlamaError, server_from_settings
 from kimi_batch.settings import Settings
-from kimi_batch.storage.inbox import scan_inbox
-from kimi_batch.storage.landing import Landing
+from kimi_batch.storage import Landing, scan_inbox
 from kimi_batch.tasks.amplify import Strategy
 from kimi_batch.tasks.distill import parse_tag
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from kimi_batch_tests.support.repo import REPO_ROOT
+
 DG = Path(sys.executable).parent / "dg"
 
 

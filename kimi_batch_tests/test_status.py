@@ -25,10 +25,13 @@ from kimi_batch.defs.schedules import NIGHT_TAG, TRIGGER_TAG
 from kimi_batch.engine.ledger import Ledger
 from kimi_batch.settings import Settings
 from kimi_batch.storage.landing import Landing
-from kimi_batch_tests.defs import REPO_ROOT
-from kimi_batch_tests.factories import make_result
+from kimi_batch_tests.support.repo import REPO_ROOT
+from kimi_batch_tests.support.results import make_result
 
-pytestmark = pytest.mark.filterwarnings("ignore:Non-compliant tag keys:DeprecationWarning")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore:Non-compliant tag keys:DeprecationWarning"),
+]
 
 CLI = Path(sys.executable).parent / "kimi-batch"
 # Recent, so inside the date partitions whatever their configured start.

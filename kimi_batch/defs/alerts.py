@@ -30,7 +30,7 @@ from kimi_batch.defs.partition_states import (
 )
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION
 from kimi_batch.settings import Settings
-from kimi_batch.storage.landing import Landing
+from kimi_batch.storage import Landing
 from kimi_batch.webhook import post_message
 
 __all__ = [

@@ -14,7 +14,7 @@ import dagster as dg
 from pydantic import BaseModel, ConfigDict
 
 from kimi_batch.defs.jobs import DISTILLED_RESPONSES, STOPPED_TAG
-from kimi_batch.engine.stats import ProgressEvent
+from kimi_batch.engine import ProgressEvent
 
 __all__ = [
     "ACTIVE_RUN_STATUSES",

@@ -1,11 +1,34 @@
 """llama-server: typed client, server spec and the resident-server manager (no Dagster here).
 
-Errors: see `kimi_batch.llama.exceptions` for the whole tree.
+The layers above import from here, never from the modules: `client` (the HTTP API), `messages`
+(what is sent), `responses` (what comes back), `server`, `binary` and `factory` (the resident
+server), `exceptions` (the error tree, rooted in `kimi_batch.errors.KimiBatchError`).
 """
 
 from kimi_batch.llama.client import LlamaClient, RetryPolicy
-from kimi_batch.llama.exceptions import LlamaError, ServerSpawnError, SpecMismatchError
-from kimi_batch.llama.models import ChatCompletion, GenerationStats, HealthState, ServerProps
+from kimi_batch.llama.exceptions import (
+    LlamaConnectionError,
+    LlamaError,
+    LlamaHTTPError,
+    LlamaLoadingError,
+    LlamaRequestError,
+    LlamaResponseError,
+    LlamaServerError,
+    LlamaTimeoutError,
+    LlamaUnsupportedError,
+    ServerSpawnError,
+    SpecMismatchError,
+)
+from kimi_batch.llama.factory import server_from_settings
+from kimi_batch.llama.messages import ChatMessage
+from kimi_batch.llama.responses import (
+    ChatCompletion,
+    GenerationStats,
+    HealthState,
+    ServerProps,
+    TokenLogprob,
+    TopLogprob,
+)
 from kimi_batch.llama.server import (
     AttachedServer,
     ResidentServer,
@@ -13,7 +36,6 @@ from kimi_batch.llama.server import (
     ServerSpec,
     ServerStatus,
 )
-from kimi_batch.llama.types import ChatMessage, TokenLogprob, TopLogprob
 
 __all__ = [
     "AttachedServer",
@@ -22,7 +44,15 @@ __all__ = [
     "GenerationStats",
     "HealthState",
     "LlamaClient",
+    "LlamaConnectionError",
     "LlamaError",
+    "LlamaHTTPError",
+    "LlamaLoadingError",
+    "LlamaRequestError",
+    "LlamaResponseError",
+    "LlamaServerError",
+    "LlamaTimeoutError",
+    "LlamaUnsupportedError",
     "ResidentServer",
     "RetryPolicy",
     "ServerHandle",
@@ -33,4 +63,5 @@ __all__ = [
     "SpecMismatchError",
     "TokenLogprob",
     "TopLogprob",
+    "server_from_settings",
 ]

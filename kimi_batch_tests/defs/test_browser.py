@@ -28,7 +28,8 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 from playwright.sync_api import Error as PlaywrightError
 
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION
-from kimi_batch_tests.defs import REPO_ROOT, DagsterStack
+from kimi_batch_tests.support.dagster_stack import DagsterStack
+from kimi_batch_tests.support.repo import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import os
 import subprocess
-from pathlib import Path
+
+import pytest
 
 from kimi_batch.storage import TrinoPublisher
-from kimi_batch_tests.storage import amplified, distilled
-from kimi_batch_tests.trino_fixtures import TrinoServer
+from kimi_batch_tests.support.repo import REPO_ROOT
+from kimi_batch_tests.support.rows import amplified, distilled
+from kimi_batch_tests.support.trino import TrinoServer
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
 
 
 def test_make_trino_cli_queries_the_schema_without_qualifying_names(
