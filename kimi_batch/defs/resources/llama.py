@@ -39,7 +39,7 @@ class LlamaServerResource(dg.ConfigurableResource):
     n_predict: int = Field(default=1024, gt=0)
     extra_args: list[str] = Field(default_factory=list)
     cache_ram_mib: int | None = Field(
-        default=32768, description="--cache-ram in MiB; None omits it (ik_llama.cpp, old builds)."
+        default=8192, description="--cache-ram in MiB; None omits it (ik_llama.cpp, old builds)."
     )
     api_key_env: str = Field(
         default="KIMI_BATCH_LLAMA_API_KEY",
