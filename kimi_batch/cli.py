@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     start = server.add_parser("start", help="start it, or attach when it already runs")
     start.add_argument("--json", action="store_true")
-    start.add_argument("--load-timeout", type=float, default=1800.0, help="seconds")
+    start.add_argument("--load-timeout", type=float, default=None, help="seconds")
     start.set_defaults(func=_server_start)
     status = server.add_parser("status", help="is it running, with which spec")
     status.add_argument("--json", action="store_true")

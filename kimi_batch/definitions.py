@@ -13,7 +13,6 @@ from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.defs.schedules import nightly_distillation_schedule
 from kimi_batch.defs.sensors import inbox_sensor
-from kimi_batch.settings import Settings
 
 __all__ = [
     "ALL_ASSETS",
@@ -29,23 +28,24 @@ BATCH_ASSETS = [seed_prompts, amplified_prompts, distilled_responses]
 ALL_ASSETS = [*DIGEST_ASSETS, *BATCH_ASSETS]
 
 
-def build_resources(settings: Settings) -> dict[str, dg.ConfigurableResource]:
+def build_resources() -> dict[str, dg.ConfigurableResource]:
+    """The resources; each reads the deployment's settings (`KIMI_BATCH_*`) when it is used."""
     return {
-        "llama": LlamaServerResource.from_settings(settings),
-        "digest": DigestResource.from_settings(settings),
-        "warehouse": WarehouseResource.from_settings(settings),
-        "trino": TrinoResource.from_settings(settings),
+        "llama": LlamaServerResource(),
+        "digest": DigestResource(),
+        "warehouse": WarehouseResource(),
+        "trino": TrinoResource(),
     }
 
 
-def build_definitions(settings: Settings) -> dg.Definitions:
+def build_definitions() -> dg.Definitions:
     return dg.Definitions(
         assets=ALL_ASSETS,
         jobs=[batch_job, ingest_job, distillation_job],
         schedules=[nightly_distillation_schedule],
         sensors=[inbox_sensor],
-        resources=build_resources(settings),
+        resources=build_resources(),
     )
 
 
-defs = build_definitions(Settings.from_env())
+defs = build_definitions()

@@ -11,7 +11,7 @@ import dagster as dg
 from kimi_batch.definitions import BATCH_ASSETS, DIGEST_ASSETS, build_resources
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, SOURCE_PARTITIONS_NAME
 from kimi_batch.settings import Settings, samples_dir
-from kimi_batch.storage.inbox import scan_inbox
+from kimi_batch.storage.landing import Landing
 
 __all__ = ["run_demo"]
 
@@ -21,7 +21,7 @@ _QUIET = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 
 def _seed_inbox(settings: Settings) -> None:
     """An empty inbox gets the shipped sample inputs, so a new user sees a full run."""
-    inbox = settings.inbox_dir
+    inbox = settings.paths.inbox_dir
     inbox.mkdir(parents=True, exist_ok=True)
     if any(inbox.iterdir()):
         return
@@ -33,8 +33,8 @@ def _seed_inbox(settings: Settings) -> None:
 def _instance(settings: Settings) -> dg.DagsterInstance:
     if os.environ.get("DAGSTER_HOME"):
         return dg.DagsterInstance.get()
-    settings.dagster_home.mkdir(parents=True, exist_ok=True)
-    return dg.DagsterInstance.from_config(str(settings.dagster_home))
+    settings.paths.dagster_home.mkdir(parents=True, exist_ok=True)
+    return dg.DagsterInstance.from_config(str(settings.paths.dagster_home))
 
 
 def _metadata(result: dg.ExecuteInProcessResult, asset: str) -> dict[str, Any]:
@@ -47,10 +47,15 @@ def _metadata(result: dg.ExecuteInProcessResult, asset: str) -> dict[str, Any]:
 def run_demo(settings: Settings) -> dict[str, Any]:
     """Digest, prefill, then every inbox partition; returns the summary the CLI prints."""
     _seed_inbox(settings)
-    files = scan_inbox(settings.inbox_dir)
+    with Landing(settings.paths) as landing:
+        files = landing.assign_inbox(
+            settings.paths.inbox_dir,
+            arrived=settings.today(),
+            start=settings.first_partition_date(),
+        )
     if not files:
-        raise FileNotFoundError(f"no input files in {settings.inbox_dir}")
-    resources = build_resources(settings)
+        raise FileNotFoundError(f"no input files in {settings.paths.inbox_dir}")
+    resources = build_resources()
     instance = _instance(settings)
     instance.add_dynamic_partitions(SOURCE_PARTITIONS_NAME, sorted({f.source for f in files}))
 
@@ -90,5 +95,5 @@ def run_demo(settings: Settings) -> dict[str, Any]:
         "cache_hit_ratio": round(min(cache_ratios), 4) if cache_ratios else 1.0,
         "digest_prefills": prefill.get("prefills"),
         "digest_restores": prefill.get("restores"),
-        "warehouse": str(settings.warehouse_dir),
+        "warehouse": str(settings.paths.warehouse_dir),
     }

@@ -80,7 +80,7 @@ def export_partition(
     if fmt != "openai-batch":
         raise ValueError(f"unknown export format {fmt!r}")
     ds, source = validate_ds(ds), validate_source(source)
-    warehouse = Warehouse(settings.warehouse_dir)
+    warehouse = Warehouse(settings.paths.warehouse_dir)
     distilled = warehouse.read_partition("distilled", ds, source)
     if distilled.is_empty() and not warehouse.partition_file("distilled", ds, source).is_file():
         raise FileNotFoundError(f"no distilled partition ds={ds} source={source}")

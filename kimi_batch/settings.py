@@ -1,7 +1,9 @@
-"""The environment-variable contract of DESIGN.md, read in one place.
+"""The environment-variable contract (docs/architecture.md), read in one place.
 
-Every layer takes explicit arguments; only the CLI and the Dagster resources call `Settings.from_env`
-so that tests can build any object without touching the process environment.
+Every `KIMI_BATCH_*` variable and every default is here and nowhere else. Lower layers take explicit
+arguments; the CLI, the Dagster resources, the sensor and the schedule call `Settings.from_env`,
+so tests can build any object without touching the process environment. State file locations are
+`Settings.paths` (`kimi_batch.paths.StatePaths`).
 """
 
 from __future__ import annotations
@@ -9,13 +11,24 @@ from __future__ import annotations
 import importlib.util
 import os
 import shlex
+from datetime import UTC, date, datetime, time
 from pathlib import Path
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from kimi_batch.paths import StatePaths
 
 __all__ = [
+    "DEFAULT_CACHE_RAM_MIB",
+    "DEFAULT_CTX",
     "DEFAULT_LLAMA_PORT",
+    "DEFAULT_LOAD_TIMEOUT_S",
+    "DEFAULT_N_PREDICT",
+    "DEFAULT_PARALLEL",
+    "DEFAULT_THREADS",
     "DEFAULT_TRINO_PORT",
+    "ConfigError",
     "Settings",
     "default_digest_path",
     "default_model_path",
@@ -24,6 +37,22 @@ __all__ = [
 
 DEFAULT_LLAMA_PORT = 8081
 DEFAULT_TRINO_PORT = 8080
+# The measured sweet spot on the 16-core target: 90% of peak decode, 3 cores left to Dagster/Trino.
+DEFAULT_THREADS = 13
+DEFAULT_CTX = 16384
+DEFAULT_PARALLEL = 4
+DEFAULT_N_PREDICT = 1024
+# llama.cpp's own default; the memory check counts it (32768 on the 768 GiB target).
+DEFAULT_CACHE_RAM_MIB = 8192
+# Loading ~550 GiB of weights from disk takes minutes; a load is not a failure until this.
+DEFAULT_LOAD_TIMEOUT_S = 1800.0
+DEFAULT_TIMEZONE = "UTC"
+DEFAULT_NIGHTLY_CRON = "0 2 * * *"
+DEFAULT_INBOX_INTERVAL_S = 30
+DEFAULT_MAX_INPUT_MB = 256
+# Modules whose pydantic models a run may name as `output_model` (run config is not trusted to
+# import arbitrary code); extend with KIMI_BATCH_OUTPUT_MODEL_MODULES.
+DEFAULT_OUTPUT_MODEL_MODULES: tuple[str, ...] = ("kimi_batch.tasks.schemas",)
 _PACKAGE_DATA = Path(__file__).parent / "data"
 
 
@@ -59,7 +88,7 @@ def _env_int(name: str, default: int) -> int:
     try:
         return int(raw)
     except ValueError as error:
-        raise ValueError(f"{name} must be an integer, got {raw!r}") from error
+        raise ConfigError(f"{name} must be an integer, got {raw!r}") from error
 
 
 def _env_optional_int(name: str, default: int) -> int | None:
@@ -74,99 +103,193 @@ def _env_str(name: str) -> str | None:
     return raw or None
 
 
+def _env_path(name: str) -> Path | None:
+    raw = _env_str(name)
+    return Path(raw).expanduser().resolve() if raw else None
+
+
+def _env_list(name: str) -> tuple[str, ...]:
+    """Whitespace- or comma-separated values."""
+    return tuple(item for item in os.environ.get(name, "").replace(",", " ").split() if item)
+
+
+def _env_status(name: str) -> bool:
+    """`running` / `stopped` (default) for a sensor or schedule."""
+    raw = os.environ.get(name, "").strip().lower()
+    if raw in ("", "stopped"):
+        return False
+    if raw == "running":
+        return True
+    raise ConfigError(f"{name} must be 'running' or 'stopped', got {raw!r}")
+
+
+def _env_date(name: str) -> date | None:
+    raw = _env_str(name)
+    if raw is None:
+        return None
+    try:
+        return date.fromisoformat(raw)
+    except ValueError as error:
+        raise ConfigError(f"{name} must be a date YYYY-MM-DD, got {raw!r}") from error
+
+
+def _env_clock(name: str) -> time | None:
+    raw = _env_str(name)
+    if raw is None:
+        return None
+    try:
+        return time.fromisoformat(raw)
+    except ValueError as error:
+        raise ConfigError(f"{name} must be a time of day HH:MM, got {raw!r}") from error
+
+
+class ConfigError(ValueError):
+    """A `KIMI_BATCH_*` variable holds a value that cannot be used."""
+
+
 class Settings(BaseModel):
-    """Resolved configuration from `KIMI_BATCH_*` variables."""
+    """Resolved configuration from `KIMI_BATCH_*` variables: every variable and default, once."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     home: Path = Field(description="State directory: server files, slot saves, warehouse, inbox.")
     model: Path | None = Field(description="GGUF model file for a spawned server.")
     llama_server: str | None = Field(description="llama-server binary (path or name on PATH).")
-    llama_url: str | None = Field(description="Attach-only URL of a server someone else runs.")
-    llama_port: int = Field(gt=0, lt=65536)
-    llama_api_key: str | None = Field(repr=False)
-    llama_threads: int = Field(gt=0, description="Decode threads (13 on the 16-core target).")
-    llama_ctx: int = Field(ge=512, description="Total context, shared by the slots.")
-    llama_parallel: int = Field(ge=1, description="Slots: requests in flight.")
-    llama_n_predict: int = Field(gt=0, description="Server-side cap on generated tokens.")
-    llama_extra_args: tuple[str, ...] = Field(description="Passed to llama-server untouched.")
-    llama_cache_ram_mib: int | None = Field(
-        description="--cache-ram in MiB; None omits the flag (builds without it, ik_llama.cpp)."
+    llama_url: str | None = Field(
+        repr=False, description="Attach-only URL of a server someone else runs (may hold creds)."
     )
+    llama_extra_urls: tuple[str, ...] = Field(
+        default=(), description="More servers with the same model (scale-out)."
+    )
+    llama_port: int = Field(default=DEFAULT_LLAMA_PORT, gt=0, lt=65536)
+    llama_api_key: str | None = Field(default=None, repr=False)
+    llama_threads: int = Field(default=DEFAULT_THREADS, gt=0, description="Decode threads.")
+    llama_ctx: int = Field(default=DEFAULT_CTX, ge=512, description="Total context (all slots).")
+    llama_parallel: int = Field(default=DEFAULT_PARALLEL, ge=1, description="Slots in flight.")
+    llama_n_predict: int = Field(default=DEFAULT_N_PREDICT, gt=0, description="Server -n cap.")
+    llama_extra_args: tuple[str, ...] = Field(default=(), description="Passed through untouched.")
+    llama_cache_ram_mib: int | None = Field(
+        default=DEFAULT_CACHE_RAM_MIB,
+        description="--cache-ram in MiB; None omits the flag (builds without it, ik_llama.cpp).",
+    )
+    llama_load_timeout_s: float = Field(default=DEFAULT_LOAD_TIMEOUT_S, gt=0)
     digest: Path = Field(description="System digest file.")
     warehouse: Path | None = Field(
-        description="Warehouse root; default $KIMI_BATCH_HOME/warehouse."
+        default=None, description="Warehouse root; default $KIMI_BATCH_HOME/warehouse."
     )
-    trino_host: str | None
-    trino_port: int = Field(gt=0, lt=65536)
-    trino_user: str
-    trino_password: str | None = Field(repr=False)
-    trino_catalog: str
-    trino_schema: str
+    trino_host: str | None = None
+    trino_port: int = Field(default=DEFAULT_TRINO_PORT, gt=0, lt=65536)
+    trino_user: str = "kimi_batch"
+    trino_password: str | None = Field(default=None, repr=False)
+    trino_catalog: str = "hive"
+    trino_schema: str = "kimi_batch"
     trino_warehouse_location: str = Field(
-        description="The warehouse root as Trino's file system names it (local:///, s3://...)."
+        default="local:///",
+        description="The warehouse root as Trino's file system names it (local:///, s3://...).",
     )
+    timezone: str = Field(
+        default=DEFAULT_TIMEZONE,
+        description="One clock: arrival dates, the nightly schedule and the nightly window.",
+    )
+    nightly_cron: str = DEFAULT_NIGHTLY_CRON
+    nightly_running: bool = Field(default=False, description="Nightly schedule starts running.")
+    night_ends: time | None = Field(
+        default=None, description="End of the nightly window (in `timezone`); None: no window."
+    )
+    inbox_sensor_running: bool = Field(default=False, description="Inbox sensor starts running.")
+    inbox_sensor_interval_s: int = Field(default=DEFAULT_INBOX_INTERVAL_S, ge=1)
+    max_input_mb: int = Field(
+        default=DEFAULT_MAX_INPUT_MB, gt=0, description="Larger input files are refused unread."
+    )
+    partitions_start: date | None = Field(
+        default=None, description="First date partition; None: the install date (see paths)."
+    )
+    output_model_modules: tuple[str, ...] = Field(
+        default=DEFAULT_OUTPUT_MODEL_MODULES,
+        description="Modules whose pydantic models `output_model` may name.",
+    )
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError) as error:
+            raise ValueError(f"KIMI_BATCH_TIMEZONE={value!r} is not an IANA timezone") from error
+        return value
 
     @classmethod
     def from_env(cls) -> Settings:
         home = Path(os.environ.get("KIMI_BATCH_HOME", "./var")).expanduser().resolve()
-        model_env = _env_str("KIMI_BATCH_MODEL")
-        digest_env = _env_str("KIMI_BATCH_DIGEST")
-        warehouse_env = _env_str("KIMI_BATCH_WAREHOUSE")
-        return cls(
-            home=home,
-            model=Path(model_env).expanduser().resolve() if model_env else default_model_path(),
-            llama_server=_env_str("KIMI_BATCH_LLAMA_SERVER"),
-            llama_url=_env_str("KIMI_BATCH_LLAMA_URL"),
-            llama_port=_env_int("KIMI_BATCH_LLAMA_PORT", DEFAULT_LLAMA_PORT),
-            llama_api_key=_env_str("KIMI_BATCH_LLAMA_API_KEY"),
-            llama_threads=_env_int("KIMI_BATCH_LLAMA_THREADS", 13),
-            llama_ctx=_env_int("KIMI_BATCH_LLAMA_CTX", 16384),
-            llama_parallel=_env_int("KIMI_BATCH_LLAMA_PARALLEL", 4),
-            llama_n_predict=_env_int("KIMI_BATCH_LLAMA_N_PREDICT", 1024),
-            llama_extra_args=tuple(shlex.split(os.environ.get("KIMI_BATCH_LLAMA_EXTRA_ARGS", ""))),
-            llama_cache_ram_mib=_env_optional_int("KIMI_BATCH_LLAMA_CACHE_RAM", 8192),
-            digest=Path(digest_env).expanduser().resolve() if digest_env else default_digest_path(),
-            warehouse=Path(warehouse_env).expanduser().resolve() if warehouse_env else None,
-            trino_host=_env_str("KIMI_BATCH_TRINO_HOST"),
-            trino_port=_env_int("KIMI_BATCH_TRINO_PORT", DEFAULT_TRINO_PORT),
-            trino_user=_env_str("KIMI_BATCH_TRINO_USER") or "kimi_batch",
-            trino_password=_env_str("KIMI_BATCH_TRINO_PASSWORD"),
-            trino_catalog=_env_str("KIMI_BATCH_TRINO_CATALOG") or "hive",
-            trino_schema=_env_str("KIMI_BATCH_TRINO_SCHEMA") or "kimi_batch",
-            trino_warehouse_location=_env_str("KIMI_BATCH_TRINO_WAREHOUSE_LOCATION") or "local:///",
-        )
+        try:
+            return cls(
+                home=home,
+                model=_env_path("KIMI_BATCH_MODEL") or default_model_path(),
+                llama_server=_env_str("KIMI_BATCH_LLAMA_SERVER"),
+                llama_url=_env_str("KIMI_BATCH_LLAMA_URL"),
+                llama_extra_urls=_env_list("KIMI_BATCH_LLAMA_EXTRA_URLS"),
+                llama_port=_env_int("KIMI_BATCH_LLAMA_PORT", DEFAULT_LLAMA_PORT),
+                llama_api_key=_env_str("KIMI_BATCH_LLAMA_API_KEY"),
+                llama_threads=_env_int("KIMI_BATCH_LLAMA_THREADS", DEFAULT_THREADS),
+                llama_ctx=_env_int("KIMI_BATCH_LLAMA_CTX", DEFAULT_CTX),
+                llama_parallel=_env_int("KIMI_BATCH_LLAMA_PARALLEL", DEFAULT_PARALLEL),
+                llama_n_predict=_env_int("KIMI_BATCH_LLAMA_N_PREDICT", DEFAULT_N_PREDICT),
+                llama_extra_args=tuple(
+                    shlex.split(os.environ.get("KIMI_BATCH_LLAMA_EXTRA_ARGS", ""))
+                ),
+                llama_cache_ram_mib=_env_optional_int(
+                    "KIMI_BATCH_LLAMA_CACHE_RAM", DEFAULT_CACHE_RAM_MIB
+                ),
+                llama_load_timeout_s=float(
+                    _env_int("KIMI_BATCH_LLAMA_LOAD_TIMEOUT_S", int(DEFAULT_LOAD_TIMEOUT_S))
+                ),
+                digest=_env_path("KIMI_BATCH_DIGEST") or default_digest_path(),
+                warehouse=_env_path("KIMI_BATCH_WAREHOUSE"),
+                trino_host=_env_str("KIMI_BATCH_TRINO_HOST"),
+                trino_port=_env_int("KIMI_BATCH_TRINO_PORT", DEFAULT_TRINO_PORT),
+                trino_user=_env_str("KIMI_BATCH_TRINO_USER") or "kimi_batch",
+                trino_password=_env_str("KIMI_BATCH_TRINO_PASSWORD"),
+                trino_catalog=_env_str("KIMI_BATCH_TRINO_CATALOG") or "hive",
+                trino_schema=_env_str("KIMI_BATCH_TRINO_SCHEMA") or "kimi_batch",
+                trino_warehouse_location=_env_str("KIMI_BATCH_TRINO_WAREHOUSE_LOCATION")
+                or "local:///",
+                timezone=_env_str("KIMI_BATCH_TIMEZONE") or DEFAULT_TIMEZONE,
+                nightly_cron=_env_str("KIMI_BATCH_NIGHTLY_CRON") or DEFAULT_NIGHTLY_CRON,
+                nightly_running=_env_status("KIMI_BATCH_NIGHTLY_STATUS"),
+                night_ends=_env_clock("KIMI_BATCH_NIGHT_ENDS"),
+                inbox_sensor_running=_env_status("KIMI_BATCH_INBOX_SENSOR_STATUS"),
+                inbox_sensor_interval_s=_env_int(
+                    "KIMI_BATCH_INBOX_SENSOR_INTERVAL", DEFAULT_INBOX_INTERVAL_S
+                ),
+                max_input_mb=_env_int("KIMI_BATCH_MAX_INPUT_MB", DEFAULT_MAX_INPUT_MB),
+                partitions_start=_env_date("KIMI_BATCH_PARTITIONS_START"),
+                output_model_modules=DEFAULT_OUTPUT_MODEL_MODULES
+                + _env_list("KIMI_BATCH_OUTPUT_MODEL_MODULES"),
+            )
+        except ValidationError as error:
+            raise ConfigError(_first_error(error)) from error
 
     @property
-    def server_dir(self) -> Path:
-        return self.home / "server"
+    def paths(self) -> StatePaths:
+        return StatePaths(home=self.home, warehouse_override=self.warehouse)
 
     @property
-    def slot_save_dir(self) -> Path:
-        return self.home / "slots"
+    def zone(self) -> ZoneInfo:
+        return ZoneInfo(self.timezone)
 
     @property
-    def warehouse_dir(self) -> Path:
-        return self.warehouse or self.home / "warehouse"
+    def max_input_bytes(self) -> int:
+        return self.max_input_mb * 1024 * 1024
 
-    @property
-    def inbox_dir(self) -> Path:
-        return self.home / "inbox"
+    def today(self, now: datetime | None = None) -> date:
+        """The current date in the configured timezone (the one clock)."""
+        return (now or datetime.now(UTC)).astimezone(self.zone).date()
 
-    @property
-    def ledger_dir(self) -> Path:
-        return self.home / "ledger"
+    def first_partition_date(self) -> date:
+        return self.partitions_start or self.paths.install_date(self.today())
 
-    @property
-    def bench_dir(self) -> Path:
-        """`kimi-batch bench`: its server's state, last JSON, table, chart and speeds."""
-        return self.home / "bench"
 
-    @property
-    def tune_dir(self) -> Path:
-        """`kimi-batch tune`: last JSON, table, chart and speeds."""
-        return self.home / "tune"
-
-    @property
-    def dagster_home(self) -> Path:
-        return self.home / "dagster"
+def _first_error(error: ValidationError) -> str:
+    item = error.errors()[0]
+    where = ".".join(str(part) for part in item["loc"])
+    return f"configuration: {where}: {item['msg'].removeprefix('Value error, ')}"

@@ -20,6 +20,10 @@ from kimi_batch.settings import default_model_path
 
 pytest_plugins = ["kimi_batch_tests.trino_fixtures"]
 
+# Tests use dated inbox folders from 2025 on. Set before any test module imports the definitions
+# (the date partitions are built at import), so they do not start at this run's install date.
+os.environ.setdefault("KIMI_BATCH_PARTITIONS_START", "2025-01-01")
+
 # Small enough for 2 cores, big enough for the ~1.1k-token shipped digest plus a short answer in
 # each of the 4 slots (llama.cpp splits the context between slots).
 TEST_SLOTS = 4

@@ -7,7 +7,7 @@ from typing import Any
 
 from kimi_batch.engine.requests import GenerationResult
 
-__all__ = ["CREATED", "make_result"]
+__all__ = ["CREATED", "chat_body", "make_result"]
 
 CREATED = datetime(2025, 1, 1, tzinfo=UTC)
 
@@ -35,3 +35,23 @@ def make_result(text: str = "answer", **overrides: Any) -> GenerationResult:
     }
     fields.update(overrides)
     return GenerationResult(**fields)
+
+
+def chat_body(
+    text: str = "hi", *, finish_reason: str = "stop", reasoning: str | None = None
+) -> dict[str, Any]:
+    """A `/v1/chat/completions` body as llama.cpp sends it: 25 of 30 prompt tokens cached."""
+    message: dict[str, Any] = {"content": text}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+    return {
+        "choices": [{"index": 0, "finish_reason": finish_reason, "message": message}],
+        "usage": {"prompt_tokens": 30, "completion_tokens": 2, "total_tokens": 32},
+        "timings": {
+            "cache_n": 25,
+            "prompt_n": 5,
+            "prompt_ms": 10.0,
+            "predicted_n": 2,
+            "predicted_ms": 4.0,
+        },
+    }

@@ -9,7 +9,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "kimi_batch"
 # Lower number = lower layer. Top-level modules not listed here sit above everything.
-LAYERS = {"settings": 0, "llama": 1, "engine": 2, "tasks": 3, "storage": 4, "defs": 5}
+LAYERS = {"settings": 0, "paths": 0, "llama": 1, "engine": 2, "tasks": 3, "storage": 4, "defs": 5}
 
 
 def _layer(module: str) -> int | None:

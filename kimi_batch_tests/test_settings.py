@@ -1,13 +1,16 @@
-"""The KIMI_BATCH_* environment contract of DESIGN.md."""
+"""The KIMI_BATCH_* environment contract (docs/architecture.md), read in one place."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from datetime import date, time
 from pathlib import Path
 
 import pytest
 
-from kimi_batch.settings import Settings, default_digest_path
+from kimi_batch.settings import ConfigError, Settings, default_digest_path
 
 
 @pytest.fixture
@@ -22,8 +25,8 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.MonkeyP
 def test_defaults(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     settings = Settings.from_env()
     assert settings.home == tmp_path / "var"
-    assert settings.warehouse_dir == tmp_path / "var" / "warehouse"
-    assert settings.inbox_dir == tmp_path / "var" / "inbox"
+    assert settings.paths.warehouse_dir == tmp_path / "var" / "warehouse"
+    assert settings.paths.inbox_dir == tmp_path / "var" / "inbox"
     assert settings.llama_port == 8081
     assert settings.trino_port == 8080
     assert settings.trino_host is None
@@ -41,7 +44,7 @@ def test_overrides(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     clean_env.setenv("KIMI_BATCH_LLAMA_EXTRA_ARGS", "-mla 3 -amb 512 -ot exps=CPU")
     settings = Settings.from_env()
     assert settings.home == tmp_path / "state"
-    assert settings.warehouse_dir == tmp_path / "lake"
+    assert settings.paths.warehouse_dir == tmp_path / "lake"
     assert settings.llama_cache_ram_mib is None
     assert settings.llama_extra_args == ("-mla", "3", "-amb", "512", "-ot", "exps=CPU")
 
@@ -50,3 +53,66 @@ def test_a_bad_number_is_a_clear_error(clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setenv("KIMI_BATCH_LLAMA_PORT", "eighty")
     with pytest.raises(ValueError, match="KIMI_BATCH_LLAMA_PORT must be an integer"):
         Settings.from_env()
+
+
+def test_new_variables_and_their_errors(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("KIMI_BATCH_NIGHT_ENDS", "07:30")
+    clean_env.setenv("KIMI_BATCH_MAX_INPUT_MB", "64")
+    clean_env.setenv("KIMI_BATCH_LLAMA_EXTRA_URLS", "http://a:8081, http://b:8081")
+    clean_env.setenv("KIMI_BATCH_OUTPUT_MODEL_MODULES", "team.schemas")
+    settings = Settings.from_env()
+    assert settings.night_ends == time(7, 30)
+    assert settings.max_input_bytes == 64 * 1024 * 1024
+    assert settings.llama_extra_urls == ("http://a:8081", "http://b:8081")
+    assert settings.output_model_modules == ("kimi_batch.tasks.schemas", "team.schemas")
+
+    clean_env.setenv("KIMI_BATCH_NIGHT_ENDS", "seven")
+    with pytest.raises(ConfigError, match="KIMI_BATCH_NIGHT_ENDS must be a time of day"):
+        Settings.from_env()
+    clean_env.delenv("KIMI_BATCH_NIGHT_ENDS")
+    clean_env.setenv("KIMI_BATCH_TIMEZONE", "Mars/Olympus")
+    with pytest.raises(ConfigError, match="KIMI_BATCH_TIMEZONE"):
+        Settings.from_env()
+
+
+def test_the_url_with_credentials_is_not_in_the_settings_repr(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    clean_env.setenv("KIMI_BATCH_LLAMA_URL", "http://u:hunter2@epyc:8081")
+    clean_env.setenv("KIMI_BATCH_LLAMA_API_KEY", "sk-secret")
+    assert "hunter2" not in repr(Settings.from_env())
+    assert "sk-secret" not in repr(Settings.from_env())
+
+
+def test_partitions_start_on_the_install_date_and_stay_there(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    settings = Settings.from_env()
+    installed = settings.first_partition_date()
+    assert installed == settings.today()
+    assert settings.paths.partitions_start_file.read_text().strip() == installed.isoformat()
+    # Days later the start is the same: partitions made since never leave the definition.
+    later = settings.paths.install_date(date(2031, 1, 1))
+    assert later == installed
+    clean_env.setenv("KIMI_BATCH_PARTITIONS_START", "2024-02-29")
+    assert Settings.from_env().first_partition_date() == date(2024, 2, 29)
+
+
+def test_a_new_install_shows_no_year_of_empty_partitions(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    code = (
+        "from kimi_batch.defs.partitions import date_partitions as d; "
+        "print(len(d.get_partition_keys()))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KIMI_BATCH_")}
+    env["KIMI_BATCH_HOME"] = str(tmp_path / "fresh")
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    assert int(done.stdout.strip().splitlines()[-1]) <= 2  # today (and tomorrow's end offset)

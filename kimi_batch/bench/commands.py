@@ -41,7 +41,7 @@ def bench_command(args: argparse.Namespace) -> int:
     )
     document = run_bench(settings, options)
     table = bench_table(document)
-    paths = _write_outputs(document, settings.bench_dir / "bench.json", table, bench_chart)
+    paths = _write_outputs(document, settings.paths.bench_dir / "bench.json", table, bench_chart)
     if args.json:
         _write_outputs(document, Path(args.json), table, bench_chart)
     print(table)
@@ -67,9 +67,9 @@ def tune_command(args: argparse.Namespace) -> int:
         ctx_per_slot=args.ctx_per_slot,
         repetitions=args.repetitions,
     )
-    document = run_tune(settings.model, options, out_dir=settings.tune_dir)
+    document = run_tune(settings.model, options, out_dir=settings.paths.tune_dir)
     table = tune_table(document)
-    paths = _write_outputs(document, settings.tune_dir / "tune.json", table, tune_chart)
+    paths = _write_outputs(document, settings.paths.tune_dir / "tune.json", table, tune_chart)
     if args.json:
         _write_outputs(document, Path(args.json), table, tune_chart)
     print(table)
@@ -90,7 +90,7 @@ def plan_command(args: argparse.Namespace) -> int:
     prompt_speed, gen_speed, slots = args.prompt_tok_s, args.gen_tok_s, args.slots
     if prompt_speed is None or gen_speed is None:
         settings = Settings.from_env()
-        measured = last_speeds([settings.bench_dir, settings.tune_dir])
+        measured = last_speeds([settings.paths.bench_dir, settings.paths.tune_dir])
         prompt_speed = prompt_speed or measured.prompt_tok_s
         gen_speed = gen_speed or measured.gen_tok_s
         slots = slots or measured.slots

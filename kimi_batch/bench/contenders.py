@@ -130,10 +130,10 @@ async def run_engine(
             [target.endpoint], target.digest, ledger, digest_tokens=target.digest_tokens
         )
         outcome = await engine.run(requests)
+        records = [RequestRecord.from_result(r) for r in outcome.iter_results(ledger)]
     if outcome.failures:
         raise BenchError(f"engine failed {len(outcome.failures)} bench requests")
     warmup = sum(w.prefill_ms + w.save_ms + w.restore_ms for w in outcome.warmups) / 1000
-    records = [RequestRecord.from_result(result) for result in outcome.results]
     return summarize_contender(
         "engine",
         records,
@@ -153,28 +153,35 @@ class DagsterRun(BaseModel):
     peak_rss_mb: float
 
 
-def run_dagster(settings: Settings, inbox_file: Path, max_tokens: int, seed: int) -> DagsterRun:
-    """Materialize one partition holding the workload's prompts, on a throwaway instance.
+def run_dagster(settings: Settings, inbox_name: str, max_tokens: int, seed: int) -> DagsterRun:
+    """Materialize the partition of inbox file `inbox_name` on a throwaway instance.
 
-    The ledger is emptied first so every row is generated, as the engine contender's are.
+    The resources read the `KIMI_BATCH_*` environment, which the caller points at the bench
+    server. The ledger is emptied first so every row is generated, as the engine contender's are.
     """
     import dagster as dg
 
     from kimi_batch.definitions import BATCH_ASSETS, build_resources
     from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, SOURCE_PARTITIONS_NAME
-    from kimi_batch.storage.inbox import scan_inbox
+    from kimi_batch.storage.landing import Landing
 
-    shutil.rmtree(settings.ledger_dir, ignore_errors=True)
-    shutil.rmtree(settings.warehouse_dir, ignore_errors=True)
-    files = [f for f in scan_inbox(settings.inbox_dir) if f.path == inbox_file.resolve()]
+    shutil.rmtree(settings.paths.ledger_dir, ignore_errors=True)
+    shutil.rmtree(settings.paths.warehouse_dir, ignore_errors=True)
+    with Landing(settings.paths) as landing:
+        assigned = landing.assign_inbox(
+            settings.paths.inbox_dir,
+            arrived=settings.today(),
+            start=settings.first_partition_date(),
+        )
+    files = [a for a in assigned if a.name == inbox_name]
     if not files:
-        raise FileNotFoundError(f"bench inbox file not found by the inbox scan: {inbox_file}")
+        raise FileNotFoundError(f"bench inbox file {inbox_name} not found by the inbox scan")
     key = dg.MultiPartitionKey({DATE_DIMENSION: files[0].ds, SOURCE_DIMENSION: files[0].source})
     config = {"max_tokens": max_tokens, "temperature": 0.7, "seed": seed}
     rss = PeakRss()
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions(SOURCE_PARTITIONS_NAME, [files[0].source])
-        resources = build_resources(settings)
+        resources = build_resources()
         rss.reset()
         started = time.perf_counter()
         result = dg.materialize(

@@ -9,10 +9,13 @@ the end. Contenders run one after another from erased slots.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import shlex
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,19 +65,41 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def bench_settings(settings: Settings) -> Settings:
-    """The configured server, in its own state dir, with fixed answer lengths and no RAM cache."""
-    return settings.model_copy(
-        update={
-            "home": settings.bench_dir / "state",
-            "llama_url": None,
-            "llama_port": _free_port(),
-            "llama_extra_args": (*settings.llama_extra_args, "--ignore-eos"),
-            "llama_cache_ram_mib": 0,
-            "warehouse": None,
-            "trino_host": None,
-        }
-    )
+# Another server, warehouse, Trino or Dagster home would take the bench's runs elsewhere.
+_UNSET = (
+    "KIMI_BATCH_LLAMA_URL",
+    "KIMI_BATCH_LLAMA_EXTRA_URLS",
+    "KIMI_BATCH_WAREHOUSE",
+    "KIMI_BATCH_TRINO_HOST",
+    "DAGSTER_HOME",
+)
+
+
+@contextlib.contextmanager
+def bench_environment(settings: Settings) -> Iterator[Settings]:
+    """The configured server in its own state dir, with fixed answer lengths and no RAM cache.
+
+    Set as `KIMI_BATCH_*` variables for the duration, because the Dagster resources of contender
+    (D) read their settings from the environment, as they do in a deployment.
+    """
+    overrides = {
+        "KIMI_BATCH_HOME": str(settings.paths.bench_dir / "state"),
+        "KIMI_BATCH_LLAMA_PORT": str(_free_port()),
+        "KIMI_BATCH_LLAMA_EXTRA_ARGS": shlex.join([*settings.llama_extra_args, "--ignore-eos"]),
+        "KIMI_BATCH_LLAMA_CACHE_RAM": "0",
+    }
+    saved = {name: os.environ.get(name) for name in (*overrides, *_UNSET)}
+    try:
+        for name in _UNSET:
+            os.environ.pop(name, None)
+        os.environ.update(overrides)
+        yield Settings.from_env()
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 async def _target(base_url: str, model: str, digest_path: Path) -> BenchTarget:
@@ -163,9 +188,9 @@ def _run_workload(
     section["engine_wall_s"] = round(engine.wall_s, 2)
     section["plan_error"] = _ratio(predicted.wall_s - engine.wall_s, engine.wall_s)
     if workload.name == "distill" and options.dagster:
-        inbox_file = settings.inbox_dir / DISTILL_FILE  # the partition holding the same prompts
+        # The partition holding the same prompts: the inbox file the workload was written to.
         dagster = run_dagster(
-            settings, inbox_file, workload.output_tokens, workload.params.seed or 0
+            settings, DISTILL_FILE, workload.output_tokens, workload.params.seed or 0
         )
         engine_total = engine.wall_s + engine.warmup_s
         section["dagster_wall_s"] = round(dagster.wall_s, 2)
@@ -194,7 +219,13 @@ def _run_workload(
 
 def run_bench(settings: Settings, options: BenchOptions) -> dict[str, Any]:
     """Spawn the bench server, run the workloads, stop it; returns the JSON document."""
-    local = bench_settings(settings)
+    with bench_environment(settings) as local:
+        document, speeds = _run_all(local, options)
+    save_speeds(settings.paths.bench_dir, speeds)
+    return document
+
+
+def _run_all(local: Settings, options: BenchOptions) -> tuple[dict[str, Any], Speeds]:
     manager = server_from_settings(local, load_timeout_s=600)
     assert isinstance(manager, ResidentServer)
     manager.stop()  # a bench server left behind by a killed run
@@ -203,7 +234,7 @@ def run_bench(settings: Settings, options: BenchOptions) -> dict[str, Any]:
     handle = manager.ensure_running()
     try:
         target = asyncio.run(_target(handle.base_url, handle.model, local.digest))
-        inbox = local.inbox_dir
+        inbox = local.paths.inbox_dir
         sections: dict[str, dict[str, Any]] = {}
         for name in options.workloads:
             if name == "distill":
@@ -239,16 +270,12 @@ def run_bench(settings: Settings, options: BenchOptions) -> dict[str, Any]:
         "wall_s": round(time.perf_counter() - started, 1),
         "options": options.model_dump(),
     }
-    main = sections.get("distill") or sections.get("amplify")
-    if main is not None:
-        engine = main["contenders"]["engine"]
-        save_speeds(
-            settings.bench_dir,
-            Speeds(
-                prompt_tok_s=max(engine["prompt_tok_s"], 1e-6),
-                gen_tok_s=max(engine["slot_gen_tok_s"], 1e-6),
-                slots=target.endpoint.slots,
-                source="bench",
-            ),
-        )
-    return document
+    main = sections.get("distill") or sections["amplify"]
+    engine = main["contenders"]["engine"]
+    speeds = Speeds(
+        prompt_tok_s=max(engine["prompt_tok_s"], 1e-6),
+        gen_tok_s=max(engine["slot_gen_tok_s"], 1e-6),
+        slots=target.endpoint.slots,
+        source="bench",
+    )
+    return document, speeds

@@ -18,6 +18,9 @@ import dagster as dg
 __all__ = [
     "JOB_TAG",
     "LLAMA_TAG",
+    "RETRY_TAGS",
+    "STOPPED_TAG",
+    "WINDOW_TAG",
     "batch_job",
     "distillation_job",
     "ingest_job",
@@ -25,6 +28,14 @@ __all__ = [
 
 JOB_TAG = "kimi_batch/job"
 LLAMA_TAG = "kimi_batch/uses_llama_server"
+# When the run's nightly window ends (ISO datetime, set by the nightly schedule or by hand): past it
+# the assets send no new request. A run stopped there is tagged STOPPED_TAG=true.
+WINDOW_TAG = "kimi_batch/window_ends"
+STOPPED_TAG = "kimi_batch/stopped_at_window"
+# Runs nobody watches (sensor, nightly schedule) are retried a bounded number of times (run_retries
+# in dagster.yaml), from the failed step: finished requests come from the ledger, so a retry
+# repeats no generation.
+RETRY_TAGS: dict[str, str] = {"dagster/max_retries": "2", "dagster/retry_strategy": "FROM_FAILURE"}
 
 SEED_PROMPTS = dg.AssetKey("seed_prompts")
 AMPLIFIED_PROMPTS = dg.AssetKey("amplified_prompts")

@@ -1,13 +1,18 @@
 """Batch partitions: one per (arrival date, source file).
 
-The date dimension is the day the input arrived, so the nightly schedule can ask for exactly that
-day's batches and backfills work over date ranges; the source dimension is dynamic because inbox
-files are discovered at run time (the sensor adds them).
+The date dimension is the day the input arrived (in KIMI_BATCH_TIMEZONE, the nightly schedule's
+clock), so the nightly schedule can ask for exactly that day's batches and backfills work over
+date ranges; the source dimension is dynamic because inbox files are discovered at run time (the
+sensor adds them). The dates start at KIMI_BATCH_PARTITIONS_START, by default the day this state
+dir was first used, so a new install shows no year of empty partitions; an input dated earlier
+lands on the first day instead of being dropped (`kimi_batch.storage.landing`).
 """
 
 from __future__ import annotations
 
 import dagster as dg
+
+from kimi_batch.settings import Settings
 
 __all__ = [
     "DATE_DIMENSION",
@@ -23,7 +28,12 @@ DATE_DIMENSION = "date"
 SOURCE_DIMENSION = "source"
 SOURCE_PARTITIONS_NAME = "source"
 
-date_partitions = dg.DailyPartitionsDefinition(start_date="2025-01-01", end_offset=1)
+_SETTINGS = Settings.from_env()
+date_partitions = dg.DailyPartitionsDefinition(
+    start_date=_SETTINGS.first_partition_date().isoformat(),
+    end_offset=1,
+    timezone=_SETTINGS.timezone,
+)
 source_partitions = dg.DynamicPartitionsDefinition(name=SOURCE_PARTITIONS_NAME)
 batch_partitions = dg.MultiPartitionsDefinition(
     {DATE_DIMENSION: date_partitions, SOURCE_DIMENSION: source_partitions}

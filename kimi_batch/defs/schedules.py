@@ -1,61 +1,61 @@
-"""The nightly distillation: at 02:00, teacher answers for every batch of the day that just ended.
+"""The nightly distillation: teacher answers for every partition not yet distilled, oldest first.
 
-"The day's partitions" are the (ds, source) pairs with ds = the scheduled date minus one day (in
-the schedule's timezone): every inbox file of that ds, plus every `amplified_prompts` partition
-of that ds already materialized (its inbox file may have been cleaned up since). Each is one run
-of the partitioned `distillation_job`, so a missed night is caught up with a backfill of the same
-job over the date range, and the run key `nightly:{ds}:{source}` keeps a re-evaluated tick from
-starting a night twice.
+Each night (KIMI_BATCH_NIGHTLY_CRON, default 02:00, in KIMI_BATCH_TIMEZONE) asks for every
+partition of the landing manifest dated up to the day that just ended whose `distilled_responses`
+is missing: that day's new inputs, and whatever an earlier night failed or stopped at the window.
+So one lost night is recovered the next without anyone touching the UI. Inbox files nobody has
+seen yet (the sensor was off) are assigned to the day that just ended first. Each partition is one
+run of `distillation_job`, run key `nightly:{night}:{ds}:{source}`: a re-evaluated tick never
+starts a night twice, and the next night can ask again.
 
-Configuration: `KIMI_BATCH_NIGHTLY_CRON` (default `0 2 * * *`), `KIMI_BATCH_TIMEZONE` (default
-`UTC`), `KIMI_BATCH_NIGHTLY_STATUS=running` to start it switched on (default stopped, for the same
-reason as the inbox sensor: an instance loading this location must not start runs by itself).
+The nightly window (KIMI_BATCH_NIGHT_ENDS, e.g. `07:00`): every run carries its end as the
+`kimi_batch/window_ends` tag; past it the assets dispatch no new request, let those in flight
+finish and fail the partition with "N of M rows done, resumes next night". The runs also carry
+a matching `dagster/max_runtime`, so run monitoring ends a run that overstays anyway.
+
+Starts STOPPED unless KIMI_BATCH_NIGHTLY_STATUS=running: an instance loading this location must
+not start runs by itself.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable
-from datetime import datetime, timedelta
-from pathlib import Path
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from collections.abc import Iterable, Sequence
+from datetime import date, datetime, timedelta
 
 import dagster as dg
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.defs.jobs import distillation_job
+from kimi_batch.defs.jobs import RETRY_TAGS, WINDOW_TAG, distillation_job
 from kimi_batch.defs.partitions import (
     DATE_DIMENSION,
     SOURCE_DIMENSION,
     batch_partitions,
+    date_partitions,
     source_partitions,
 )
-from kimi_batch.defs.sensors import automation_running
 from kimi_batch.settings import Settings
-from kimi_batch.storage.inbox import inbox_files_for_ds
+from kimi_batch.storage.landing import Assignment, Landing
 
 __all__ = [
-    "CRON_ENV",
-    "DEFAULT_CRON",
-    "DEFAULT_TIMEZONE",
+    "MAX_RUNTIME_TAG",
     "NIGHT_TAG",
-    "STATUS_ENV",
-    "TIMEZONE_ENV",
     "TRIGGER_TAG",
+    "WINDOW_GRACE_S",
+    "WINDOW_TAG",
     "BatchPartition",
     "night_ds",
     "nightly_distillation_schedule",
     "nightly_partitions",
+    "window_end",
 ]
 
-CRON_ENV = "KIMI_BATCH_NIGHTLY_CRON"
-TIMEZONE_ENV = "KIMI_BATCH_TIMEZONE"
-STATUS_ENV = "KIMI_BATCH_NIGHTLY_STATUS"
-DEFAULT_CRON = "0 2 * * *"
-DEFAULT_TIMEZONE = "UTC"
 TRIGGER_TAG = "kimi_batch/trigger"
 NIGHT_TAG = "kimi_batch/night"
-_UPSTREAM = dg.AssetKey("amplified_prompts")
+MAX_RUNTIME_TAG = "dagster/max_runtime"
+# Requests in flight at the window's end are allowed to finish: on the target one answer after a
+# long prompt can take most of an hour.
+WINDOW_GRACE_S = 3600
+_DISTILLED = dg.AssetKey("distilled_responses")
 
 
 class BatchPartition(BaseModel):
@@ -71,76 +71,66 @@ class BatchPartition(BaseModel):
         return dg.MultiPartitionKey({DATE_DIMENSION: self.ds, SOURCE_DIMENSION: self.source})
 
 
-def _timezone() -> str:
-    name = os.environ.get(TIMEZONE_ENV, "").strip() or DEFAULT_TIMEZONE
-    try:
-        ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError) as error:
-        raise ValueError(f"{TIMEZONE_ENV}={name!r} is not an IANA timezone") from error
-    return name
+def _local(moment: datetime, settings: Settings) -> datetime:
+    zone = settings.zone
+    return moment.replace(tzinfo=zone) if moment.tzinfo is None else moment.astimezone(zone)
 
 
-def _cron() -> str:
-    return os.environ.get(CRON_ENV, "").strip() or DEFAULT_CRON
+def night_ds(scheduled_time: datetime, settings: Settings) -> str:
+    """The day that just ended at `scheduled_time` (a naive time is read in the settings' zone)."""
+    return (_local(scheduled_time, settings).date() - timedelta(days=1)).isoformat()
 
 
-def night_ds(scheduled_time: datetime, timezone: str) -> str:
-    """The day that just ended at `scheduled_time` (a naive time is read in `timezone`)."""
-    zone = ZoneInfo(timezone)
-    local = (
-        scheduled_time.replace(tzinfo=zone)
-        if scheduled_time.tzinfo is None
-        else scheduled_time.astimezone(zone)
-    )
-    return (local.date() - timedelta(days=1)).isoformat()
+def window_end(scheduled_time: datetime, settings: Settings) -> datetime | None:
+    """The first KIMI_BATCH_NIGHT_ENDS after `scheduled_time`; None without a window."""
+    if settings.night_ends is None:
+        return None
+    local = _local(scheduled_time, settings)
+    end = datetime.combine(local.date(), settings.night_ends, tzinfo=settings.zone)
+    return end if end > local else end + timedelta(days=1)
 
 
 def nightly_partitions(
-    inbox_dir: Path, ds: str, materialized_upstream: Iterable[str] = ()
+    assignments: Iterable[Assignment], distilled: Iterable[str], night: str
 ) -> list[BatchPartition]:
-    """The partitions to distill for day `ds`, sorted by source.
+    """Partitions dated up to `night` whose distillation is missing, oldest first.
 
-    `materialized_upstream` holds `amplified_prompts` partition keys (`ds|source`) already
-    materialized; those of day `ds` count even when their file has left the inbox.
+    `distilled` holds the `distilled_responses` partition keys (`ds|source`) materialized.
     """
-    sources = {item.source for item in inbox_files_for_ds(inbox_dir, ds)}
-    for raw in materialized_upstream:
+    done: set[tuple[str, str]] = set()
+    for raw in distilled:
         key = batch_partitions.get_partition_key_from_str(raw)
-        if isinstance(key, dg.MultiPartitionKey) and key.keys_by_dimension[DATE_DIMENSION] == ds:
-            sources.add(key.keys_by_dimension[SOURCE_DIMENSION])
-    return [BatchPartition(ds=ds, source=source) for source in sorted(sources)]
+        if isinstance(key, dg.MultiPartitionKey):
+            dims = key.keys_by_dimension
+            done.add((dims[DATE_DIMENSION], dims[SOURCE_DIMENSION]))
+    wanted = {
+        (item.ds, item.source)
+        for item in assignments
+        if item.ds <= night and (item.ds, item.source) not in done
+    }
+    return [BatchPartition(ds=ds, source=source) for ds, source in sorted(wanted)]
 
 
-_TIMEZONE = _timezone()
+def nightly_tags(night: str, end: datetime | None, started: datetime) -> dict[str, str]:
+    tags = {TRIGGER_TAG: "nightly", NIGHT_TAG: night, **RETRY_TAGS}
+    if end is not None:
+        tags[WINDOW_TAG] = end.isoformat()
+        tags[MAX_RUNTIME_TAG] = str(int((end - started).total_seconds()) + WINDOW_GRACE_S)
+    return tags
 
 
-@dg.schedule(
-    name="nightly_distillation_schedule",
-    job=distillation_job,
-    cron_schedule=_cron(),
-    execution_timezone=_TIMEZONE,
-    default_status=(
-        dg.DefaultScheduleStatus.RUNNING
-        if automation_running(STATUS_ENV)
-        else dg.DefaultScheduleStatus.STOPPED
-    ),
-    description=(
-        "Nightly teacher run: distillation_job for every (date, source) partition of the day that "
-        "just ended (inbox files of that date plus partitions already amplified). Cron: "
-        f"${CRON_ENV} (default '{DEFAULT_CRON}'), timezone: ${TIMEZONE_ENV} (default UTC)."
-    ),
-)
-def nightly_distillation_schedule(
-    context: dg.ScheduleEvaluationContext,
-) -> list[dg.RunRequest] | dg.SkipReason:
-    """Request distillation for the day that just ended."""
-    ds = night_ds(context.scheduled_execution_time, _TIMEZONE)
-    instance = context.instance
-    partitions = nightly_partitions(
-        Settings.from_env().inbox_dir, ds, instance.get_materialized_partitions(_UPSTREAM)
-    )
-    if not partitions:
-        return dg.SkipReason(f"nothing arrived on {ds}")
+def _known_partitions(settings: Settings, night: str) -> list[Assignment]:
+    """The manifest's partitions, after assigning inbox files nobody has seen to `night`."""
+    with Landing(settings.paths) as landing:
+        landing.assign_inbox(
+            settings.paths.inbox_dir,
+            arrived=date.fromisoformat(night),
+            start=settings.first_partition_date(),
+        )
+        return landing.assignments()
+
+
+def _ensure_sources(instance: dg.DagsterInstance, partitions: Sequence[BatchPartition]) -> None:
     # A schedule cannot return dynamic-partition requests the way a sensor does; add the sources
     # first so the run requests resolve (a file that arrived while the sensor was stopped has no
     # source partition yet).
@@ -149,11 +139,53 @@ def nightly_distillation_schedule(
     missing = sorted({item.source for item in partitions} - existing)
     if missing:
         instance.add_dynamic_partitions(name, missing)
+
+
+_SETTINGS = Settings.from_env()
+
+
+@dg.schedule(
+    name="nightly_distillation_schedule",
+    job=distillation_job,
+    cron_schedule=_SETTINGS.nightly_cron,
+    execution_timezone=_SETTINGS.timezone,
+    default_status=(
+        dg.DefaultScheduleStatus.RUNNING
+        if _SETTINGS.nightly_running
+        else dg.DefaultScheduleStatus.STOPPED
+    ),
+    description=(
+        "Nightly teacher run: distillation_job for every partition dated up to the day that just "
+        "ended whose distillation is missing (catch-up included), oldest first, stopping at "
+        f"KIMI_BATCH_NIGHT_ENDS. Cron '{_SETTINGS.nightly_cron}', timezone {_SETTINGS.timezone}."
+    ),
+)
+def nightly_distillation_schedule(
+    context: dg.ScheduleEvaluationContext,
+) -> list[dg.RunRequest] | dg.SkipReason:
+    """Request distillation for every partition still missing it."""
+    settings = Settings.from_env()
+    scheduled = context.scheduled_execution_time
+    night = night_ds(scheduled, settings)
+    instance = context.instance
+    partitions = [
+        item
+        for item in nightly_partitions(
+            _known_partitions(settings, night),
+            instance.get_materialized_partitions(_DISTILLED),
+            night,
+        )
+        if date_partitions.has_partition_key(item.ds)
+    ]
+    if not partitions:
+        return dg.SkipReason(f"every partition up to {night} is distilled")
+    _ensure_sources(instance, partitions)
+    tags = nightly_tags(night, window_end(scheduled, settings), _local(scheduled, settings))
     return [
         dg.RunRequest(
-            run_key=f"nightly:{item.ds}:{item.source}",
+            run_key=f"nightly:{night}:{item.ds}:{item.source}",
             partition_key=item.key,
-            tags={TRIGGER_TAG: "nightly", NIGHT_TAG: ds},
+            tags=tags,
         )
         for item in partitions
     ]

@@ -3,7 +3,13 @@
 Each tick lists the inbox (stat only) and hashes just the files whose (mtime, size) differ from the
 cursor, so a tick over thousands of settled files reads none of them. The run key is the file's
 inbox path plus its content hash: the daemon never starts a second run for a key it has seen, so an
-unchanged file never runs twice (even after a cursor reset) and a changed one runs again.
+unchanged file never runs twice (even after a cursor reset) and a changed one runs again. A file's
+partition comes from the landing manifest: fixed when the sensor first sees it, never changed by
+later files, and dated by its arrival in KIMI_BATCH_TIMEZONE, not by its mtime.
+
+Hashing is bounded: a file over KIMI_BATCH_MAX_INPUT_MB is never read (its run quarantines it with
+the reason), so one tick reads at most the budget plus one file of the maximum size. Refused
+entries (a name that is not UTF-8, a symlink out of the inbox) are never read either.
 
 A file that cannot be read is still requested, under a key made of its path, mtime and size, and
 the `seed_prompts` run turns it into a quarantine row with the reason. Writing that row here
@@ -18,15 +24,13 @@ location, test instances included, and compete with the runs a test or a user st
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import dagster as dg
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 
-from kimi_batch.defs.jobs import ingest_job
+from kimi_batch.defs.jobs import RETRY_TAGS, ingest_job
 from kimi_batch.defs.partitions import (
     DATE_DIMENSION,
     SOURCE_DIMENSION,
@@ -35,25 +39,20 @@ from kimi_batch.defs.partitions import (
 )
 from kimi_batch.settings import Settings
 from kimi_batch.storage.inbox import InboxFile, scan_inbox
+from kimi_batch.storage.landing import Assignment, Landing
 
 __all__ = [
     "FILE_TAG",
     "HASH_BUDGET_S",
-    "INTERVAL_ENV",
     "SETTLE_S",
     "SHA256_TAG",
-    "STATUS_ENV",
     "InboxCursor",
     "InboxRequest",
     "InboxTick",
-    "automation_running",
     "inbox_sensor",
     "plan_inbox_tick",
 ]
 
-STATUS_ENV = "KIMI_BATCH_INBOX_SENSOR_STATUS"
-INTERVAL_ENV = "KIMI_BATCH_INBOX_SENSOR_INTERVAL"
-DEFAULT_INTERVAL_S = 30
 FILE_TAG = "kimi_batch/inbox_file"
 SHA256_TAG = "kimi_batch/sha256"
 # A file modified this recently may still be being written (a copy in progress): wait a tick
@@ -62,29 +61,6 @@ SETTLE_S = 5.0
 # Sensor evaluation is cut off after 60 s by default; hashing stops after this long and the rest
 # of the files are picked up next tick (the cursor keeps what was done).
 HASH_BUDGET_S = 30.0
-
-
-def automation_running(env_var: str) -> bool:
-    """Whether `env_var` asks for a sensor/schedule to start running (`running`/`stopped`)."""
-    raw = os.environ.get(env_var, "").strip().lower()
-    if raw in ("", "stopped"):
-        return False
-    if raw == "running":
-        return True
-    raise ValueError(f"{env_var} must be 'running' or 'stopped', got {raw!r}")
-
-
-def _interval_s() -> int:
-    raw = os.environ.get(INTERVAL_ENV, "").strip()
-    if not raw:
-        return DEFAULT_INTERVAL_S
-    try:
-        value = int(raw)
-    except ValueError as error:
-        raise ValueError(f"{INTERVAL_ENV} must be a number of seconds, got {raw!r}") from error
-    if value < 1:
-        raise ValueError(f"{INTERVAL_ENV} must be at least 1, got {value}")
-    return value
 
 
 class InboxCursor(RootModel[dict[str, tuple[int, int, str | None]]]):
@@ -112,19 +88,24 @@ class InboxRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     file: InboxFile
+    assignment: Assignment
     run_key: str = Field(min_length=1)
 
     @property
     def partition_key(self) -> dg.MultiPartitionKey:
         return dg.MultiPartitionKey(
-            {DATE_DIMENSION: self.file.ds, SOURCE_DIMENSION: self.file.source}
+            {DATE_DIMENSION: self.assignment.ds, SOURCE_DIMENSION: self.assignment.source}
         )
 
     def run_request(self) -> dg.RunRequest:
         return dg.RunRequest(
             run_key=self.run_key,
             partition_key=self.partition_key,
-            tags={FILE_TAG: self.file.name, SHA256_TAG: self.file.sha256 or "unreadable"},
+            tags={
+                FILE_TAG: self.file.name,
+                SHA256_TAG: self.file.sha256 or "unread",
+                **RETRY_TAGS,
+            },
         )
 
 
@@ -144,12 +125,19 @@ def plan_inbox_tick(
     files: Sequence[InboxFile],
     previous: InboxCursor,
     *,
+    assign: Callable[[InboxFile], Assignment],
     is_valid_ds: Callable[[str], bool],
+    max_input_bytes: int,
     now_ns: int | None = None,
     settle_s: float = SETTLE_S,
     hash_budget_s: float = HASH_BUDGET_S,
 ) -> InboxTick:
-    """Decide which inbox files to request; reads only files new or changed since `previous`."""
+    """Decide which inbox files to request; reads only files new or changed since `previous`.
+
+    `assign` gives a file's partition (the landing manifest: fixed at first sight). Files over
+    `max_input_bytes` and refused entries are requested without being read, under a key of their
+    name, mtime and size, so their runs quarantine them with the reason.
+    """
     now = time.time_ns() if now_ns is None else now_ns
     started = time.monotonic()
     seen = previous.root
@@ -166,13 +154,35 @@ def plan_inbox_tick(
             cursor[item.name] = entry
             unchanged += 1
             continue
-        if not is_valid_ds(item.ds):
+        if now - item.mtime_ns < settle_s * 1e9:
+            deferred += 1
+            continue
+        assignment = assign(item)
+        if assignment.clamped:
+            warnings.append(
+                f"{item.name}: dated {assignment.dated_ds}, before the first partition; "
+                f"landed on {assignment.ds}"
+            )
+        if not is_valid_ds(assignment.ds):
             # A date before the partitions start, or a dated folder for a day still to come:
             # asked for now it would fail the whole tick, so it waits outside the cursor.
             out_of_range.append(item.name)
             continue
-        if now - item.mtime_ns < settle_s * 1e9:
-            deferred += 1
+        unread = item.refused or (
+            f"over the size limit ({item.size} bytes)" if item.size > max_input_bytes else None
+        )
+        if unread is not None:
+            marker = (item.mtime_ns, item.size, "unread")
+            if entry != marker:
+                warnings.append(f"{item.name}: {unread}; requesting its run to quarantine it")
+                requests.append(
+                    InboxRequest(
+                        file=item,
+                        assignment=assignment,
+                        run_key=f"{item.name}:unread:{item.mtime_ns}:{item.size}",
+                    )
+                )
+            cursor[item.name] = marker
             continue
         if reads and time.monotonic() - started > hash_budget_s:
             if entry is not None:
@@ -194,14 +204,16 @@ def plan_inbox_tick(
                 "requesting its run so that it is quarantined with the reason"
             )
             run_key = f"{item.name}:unreadable:{item.mtime_ns}:{item.size}"
-            requests.append(InboxRequest(file=item, run_key=run_key))
+            requests.append(InboxRequest(file=item, assignment=assignment, run_key=run_key))
             continue
         sha256 = read.sha256 or ""
         cursor[item.name] = (item.mtime_ns, item.size, sha256)
         if entry is not None and entry[2] == sha256:
             unchanged += 1  # touched, not changed: same run key, nothing to do
             continue
-        requests.append(InboxRequest(file=read, run_key=f"{item.name}:{sha256[:16]}"))
+        requests.append(
+            InboxRequest(file=read, assignment=assignment, run_key=f"{item.name}:{sha256[:16]}")
+        )
 
     if out_of_range:
         warnings.append(
@@ -219,22 +231,27 @@ def plan_inbox_tick(
 
 
 def _new_sources(instance: dg.DagsterInstance, requests: Sequence[InboxRequest]) -> list[str]:
-    wanted = {request.file.source for request in requests}
+    wanted = {request.assignment.source for request in requests}
     if not wanted:
         return []
     existing = set(instance.get_dynamic_partitions(source_partitions.name or "source"))
     return sorted(wanted - existing)
 
 
-def _tick(context: dg.SensorEvaluationContext, inbox_dir: Path) -> dg.SensorResult:
-    plan = plan_inbox_tick(
-        scan_inbox(inbox_dir),
-        InboxCursor.parse(context.cursor),
-        is_valid_ds=date_partitions.has_partition_key,
-        # Module globals read per tick, not default arguments, so tests can shorten them.
-        settle_s=SETTLE_S,
-        hash_budget_s=HASH_BUDGET_S,
-    )
+def _tick(context: dg.SensorEvaluationContext, settings: Settings) -> dg.SensorResult:
+    inbox_dir = settings.paths.inbox_dir
+    start = settings.first_partition_date()
+    with Landing(settings.paths) as landing:
+        plan = plan_inbox_tick(
+            scan_inbox(inbox_dir),
+            InboxCursor.parse(context.cursor),
+            assign=lambda item: landing.assign_file(item, arrived=settings.today(), start=start),
+            is_valid_ds=date_partitions.has_partition_key,
+            max_input_bytes=settings.max_input_bytes,
+            # Module globals read per tick, not default arguments, so tests can shorten them.
+            settle_s=SETTLE_S,
+            hash_budget_s=HASH_BUDGET_S,
+        )
     for warning in plan.warnings:
         context.log.warning(warning)
     new_sources = _new_sources(context.instance, plan.requests)
@@ -258,27 +275,31 @@ def _tick(context: dg.SensorEvaluationContext, inbox_dir: Path) -> dg.SensorResu
     )
 
 
+_SETTINGS = Settings.from_env()
+
+
 @dg.sensor(
     name="inbox_sensor",
     job=ingest_job,
-    minimum_interval_seconds=_interval_s(),
+    minimum_interval_seconds=_SETTINGS.inbox_sensor_interval_s,
     default_status=(
         dg.DefaultSensorStatus.RUNNING
-        if automation_running(STATUS_ENV)
+        if _SETTINGS.inbox_sensor_running
         else dg.DefaultSensorStatus.STOPPED
     ),
     description=(
         "Watches $KIMI_BATCH_HOME/inbox: a new or changed input file adds its source partition "
         "and starts ingest_job for (date, source). Run key = file path + content hash, so an "
-        "unchanged file never runs twice. Unreadable files are requested for quarantine."
+        "unchanged file never runs twice. Unreadable and refused files are requested for "
+        "quarantine without being read."
     ),
 )
 def inbox_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
     """Request ingestion for new or changed inbox files."""
-    inbox_dir = Settings.from_env().inbox_dir
-    if not inbox_dir.is_dir():
+    settings = Settings.from_env()
+    if not settings.paths.inbox_dir.is_dir():
         return dg.SensorResult(
-            skip_reason=dg.SkipReason(f"inbox {inbox_dir} does not exist yet"),
+            skip_reason=dg.SkipReason(f"inbox {settings.paths.inbox_dir} does not exist yet"),
             cursor=context.cursor,
         )
-    return _tick(context, inbox_dir)
+    return _tick(context, settings)

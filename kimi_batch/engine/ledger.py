@@ -7,14 +7,22 @@ the same request in another partition or run is never generated twice either.
 
 from __future__ import annotations
 
+import logging
+import os
 import sqlite3
+import threading
 import time
-from collections.abc import Iterable
+import uuid
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from kimi_batch.engine.requests import GenerationResult
+from kimi_batch.paths import PRIVATE_FILE_MODE, private_dir
 
-__all__ = ["Ledger"]
+__all__ = ["Lease", "LeaseHeldError", "Ledger"]
+
+logger = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
@@ -25,18 +33,96 @@ CREATE TABLE IF NOT EXISTS results (
 )
 """
 
+_LEASES = """
+CREATE TABLE IF NOT EXISTS leases (
+    partition_key TEXT PRIMARY KEY,
+    owner         TEXT NOT NULL,
+    token         TEXT NOT NULL,
+    expires_at    REAL NOT NULL
+)
+"""
+
+
+class LeaseHeldError(RuntimeError):
+    """Another run holds the partition's lease and did not let go in time."""
+
+    def __init__(self, partition_key: str, owner: str, expires_in_s: float) -> None:
+        super().__init__(
+            f"partition {partition_key!r} is being processed by {owner} (lease expires in "
+            f"{expires_in_s:.0f} s unless renewed); try again when that run ends"
+        )
+        self.partition_key = partition_key
+        self.owner = owner
+
+
+class Lease:
+    """A held partition lease; a heartbeat thread renews it until the context exits."""
+
+    def __init__(self, path: Path, partition_key: str, owner: str, token: str, ttl_s: float):
+        self.partition_key = partition_key
+        self.owner = owner
+        self.token = token
+        self.ttl_s = ttl_s
+        self.lost = False
+        self._path = path
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._heartbeat, name=f"lease-{partition_key}", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _heartbeat(self) -> None:
+        # Its own connection: a transaction on the ledger's connection from another thread
+        # would interleave with the writer's.
+        db = _connect(self._path)
+        try:
+            while not self._stop.wait(self.ttl_s / 3):
+                renewed = db.execute(
+                    "UPDATE leases SET expires_at = ? WHERE partition_key = ? AND token = ?",
+                    (time.time() + self.ttl_s, self.partition_key, self.token),
+                ).rowcount
+                if renewed == 0:
+                    # Expired and taken over (this process stalled past the ttl): say so loudly.
+                    self.lost = True
+                    logger.error("lease on %s was lost to another run", self.partition_key)
+                    return
+        finally:
+            db.close()
+
+    def release(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        db = _connect(self._path)
+        try:
+            db.execute(
+                "DELETE FROM leases WHERE partition_key = ? AND token = ?",
+                (self.partition_key, self.token),
+            )
+        finally:
+            db.close()
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    db = sqlite3.connect(path, isolation_level=None, timeout=60, check_same_thread=False)
+    # SQLite gives the -wal and -shm files the database file's mode.
+    os.chmod(path, PRIVATE_FILE_MODE)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    return db
+
 
 class Ledger:
     """Finished results keyed by request id."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)  # prompts and answers: owner-only
         self.path = path
         # Autocommit: each `put` is its own durable transaction.
-        self._db = sqlite3.connect(path, isolation_level=None, timeout=60, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
+        self._db = _connect(path)
         self._db.execute(_SCHEMA)
+        self._db.execute(_LEASES)
 
     def close(self) -> None:
         self._db.close()
@@ -60,15 +146,104 @@ class Ledger:
         ids = list(dict.fromkeys(request_ids))
         found: dict[str, GenerationResult] = {}
         for start in range(0, len(ids), 500):
+            found.update(self._fetch(ids[start : start + 500]))
+        return found
+
+    def _fetch(self, ids: list[str]) -> dict[str, GenerationResult]:
+        placeholders = ",".join("?" * len(ids))
+        rows = self._db.execute(
+            f"SELECT request_id, result_json FROM results WHERE request_id IN ({placeholders})",
+            ids,
+        )
+        return {key: GenerationResult.model_validate_json(payload) for key, payload in rows}
+
+    def finished_keys(self, request_ids: Iterable[str]) -> set[str]:
+        """Which of these requests are recorded, without loading their results."""
+        ids = list(dict.fromkeys(request_ids))
+        found: set[str] = set()
+        for start in range(0, len(ids), 500):
             chunk = ids[start : start + 500]
             placeholders = ",".join("?" * len(chunk))
             rows = self._db.execute(
-                f"SELECT request_id, result_json FROM results WHERE request_id IN ({placeholders})",
-                chunk,
+                f"SELECT request_id FROM results WHERE request_id IN ({placeholders})", chunk
             )
-            for request_id, payload in rows:
-                found[request_id] = GenerationResult.model_validate_json(payload)
+            found.update(key for (key,) in rows)
         return found
+
+    def iter_results(
+        self, request_ids: Iterable[str], *, chunk_size: int = 256
+    ) -> Iterator[GenerationResult]:
+        """Results in the order of `request_ids` (missing ones skipped, repeats repeated),
+        `chunk_size` rows in memory at a time: a partition streams to Parquet in chunks."""
+        if chunk_size < 1:
+            raise ValueError("chunk_size must be positive")
+        chunk: list[str] = []
+        for request_id in request_ids:
+            chunk.append(request_id)
+            if len(chunk) == chunk_size:
+                yield from self._ordered(chunk)
+                chunk = []
+        if chunk:
+            yield from self._ordered(chunk)
+
+    def _ordered(self, ids: list[str]) -> Iterator[GenerationResult]:
+        found = self._fetch(list(dict.fromkeys(ids)))
+        for request_id in ids:
+            if request_id in found:
+                yield found[request_id]
+
+    @contextmanager
+    def lease(
+        self,
+        partition_key: str,
+        owner: str,
+        *,
+        ttl_s: float = 60.0,
+        wait_s: float = 0.0,
+        poll_s: float = 1.0,
+    ) -> Iterator[Lease]:
+        """Hold the partition for one run: a second holder waits up to `wait_s`, then gets
+        `LeaseHeldError`. The lease is renewed every ttl/3 while held, so only a process that
+        stalls (or died) for a whole ttl loses it, and an expired lease is taken over."""
+        token = uuid.uuid4().hex
+        deadline = time.monotonic() + wait_s
+        while True:
+            holder = self._try_lease(partition_key, owner, token, ttl_s)
+            if holder is None:
+                break
+            held_by, expires_at = holder
+            if time.monotonic() >= deadline:
+                raise LeaseHeldError(partition_key, held_by, expires_at - time.time())
+            time.sleep(min(poll_s, max(deadline - time.monotonic(), 0.0)))
+        lease = Lease(self.path, partition_key, owner, token, ttl_s)
+        lease.start()
+        try:
+            yield lease
+        finally:
+            lease.release()
+
+    def _try_lease(
+        self, partition_key: str, owner: str, token: str, ttl_s: float
+    ) -> tuple[str, float] | None:
+        """Take the lease if it is free or expired; else (holder, expires_at)."""
+        now = time.time()
+        self._db.execute("BEGIN IMMEDIATE")  # one writer decides: no two takers of one lease
+        try:
+            row = self._db.execute(
+                "SELECT owner, expires_at FROM leases WHERE partition_key = ?", (partition_key,)
+            ).fetchone()
+            if row is not None and row[1] > now:
+                return str(row[0]), float(row[1])
+            if row is not None:
+                logger.warning("taking over %s's expired lease on %s", row[0], partition_key)
+            self._db.execute(
+                "INSERT OR REPLACE INTO leases (partition_key, owner, token, expires_at) "
+                "VALUES (?, ?, ?, ?)",
+                (partition_key, owner, token, now + ttl_s),
+            )
+            return None
+        finally:
+            self._db.execute("COMMIT")
 
     def count(self) -> int:
         return int(self._db.execute("SELECT count(*) FROM results").fetchone()[0])

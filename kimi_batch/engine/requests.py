@@ -96,3 +96,16 @@ class GenerationResult(BaseModel):
     slot_id: int | None
     logprobs: list[TokenLogprob] | None
     created_at: datetime
+    # Defaulted so rows recorded before the field existed still load from the ledger.
+    reasoning_content: str | None = Field(
+        default=None, description="A reasoning model's thinking, kept apart from `text`."
+    )
+
+    @property
+    def truncated(self) -> bool:
+        """Stopped by max_tokens (or the server's n_predict): the answer may be incomplete."""
+        return self.finish_reason == "length"
+
+    @property
+    def empty(self) -> bool:
+        return not self.text.strip()

@@ -5,6 +5,13 @@ long prefix back to back on one slot), so the server never has more requests
 in flight than slots and faster endpoints simply take more work. Each worker pins its requests to
 its own slot, which holds the digest; a finished row goes to the ledger before anything else
 happens, so a kill at any point loses at most the requests in flight and never duplicates one.
+
+The engine is the one retry layer: a request is sent once per attempt (the client never retries
+generation), each attempt bounded by a deadline from the request's own work (`deadline.py`);
+between attempts the engine recovers the endpoint (respawn, wait for the model, restore the digest
+into the slot). A watchdog (`watchdog.py`) tells a hung server from a slow one, has it restarted
+and sends the requests it held again. Results live in the ledger only: the outcome carries
+figures and failures, and `BatchOutcome.iter_results` streams the rows back in request order.
 """
 
 from __future__ import annotations
@@ -16,22 +23,31 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from kimi_batch.engine.deadline import SpeedTracker, estimate_prompt_tokens
 from kimi_batch.engine.digest import SystemDigest
 from kimi_batch.engine.ledger import Ledger
+from kimi_batch.engine.outcome import (
+    BatchOutcome,
+    ClientFactory,
+    Endpoint,
+    EnginePolicy,
+    FailedRequest,
+    PlannedRequest,
+    PlannedRow,
+    default_client,
+)
 from kimi_batch.engine.prompt import assemble_messages
 from kimi_batch.engine.requests import (
     GenerationRequest,
     GenerationResult,
-    SamplingParams,
     request_key,
     row_request_id,
 )
 from kimi_batch.engine.schedule import PrefixSchedule
-from kimi_batch.engine.stats import BatchStats, ProgressEvent, summarize
+from kimi_batch.engine.stats import ProgressEvent, StatsAccumulator
 from kimi_batch.engine.warm import SlotWarmer, WarmupReport
-from kimi_batch.llama.client import LlamaClient, RetryPolicy
+from kimi_batch.engine.watchdog import EndpointWatch
+from kimi_batch.llama.client import LlamaClient
 from kimi_batch.llama.exceptions import (
     LlamaConnectionError,
     LlamaError,
@@ -41,12 +57,29 @@ from kimi_batch.llama.exceptions import (
     LlamaServerError,
     LlamaTimeoutError,
 )
+from kimi_batch.llama.models import ChatCompletion
 
-__all__ = ["BatchEngine", "BatchOutcome", "Endpoint", "FailedRequest", "PlannedRequest"]
+__all__ = [
+    "BatchEngine",
+    "BatchOutcome",
+    "ClientFactory",
+    "Endpoint",
+    "EndpointHungError",
+    "EnginePolicy",
+    "FailedRequest",
+    "PlannedRequest",
+    "PlannedRow",
+]
 
 logger = logging.getLogger(__name__)
 
 PROGRESS_EVERY_S = 5.0
+
+
+class EndpointHungError(LlamaTimeoutError):
+    """The watchdog cancelled this send: the endpoint made no progress for a stall period."""
+
+
 # A respawned server answers 503 while it loads the model: that is a wait, not a failure.
 _TRANSIENT = (
     LlamaConnectionError,
@@ -55,53 +88,6 @@ _TRANSIENT = (
     LlamaTimeoutError,
     LlamaResponseError,
 )
-
-
-class Endpoint(BaseModel):
-    """One llama-server the engine may use."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    base_url: str
-    slots: int = Field(ge=1)
-    model: str
-    ctx: int | None = None
-    n_predict: int = Field(default=-1, description="Server cap on generated tokens; -1 none.")
-    api_key: str | None = Field(default=None, repr=False)
-
-
-class PlannedRequest(BaseModel):
-    """A request with its keys and the params actually sent (clamped)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    request_id: str = Field(description="The output row's id: content key + input id.")
-    content_key: str = Field(description="Ledger key: hash of digest, model, params, messages.")
-    request: GenerationRequest
-    params: SamplingParams
-
-
-class FailedRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    request_id: str
-    input_id: str
-    tag: str
-    reason: str
-    attempts: int
-
-
-class BatchOutcome(BaseModel):
-    """Results in request order (ledger hits included), failures, and statistics."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    model: str
-    digest_sha256: str
-    results: list[GenerationResult]
-    failures: list[FailedRequest]
-    stats: BatchStats
-    warmups: list[WarmupReport]
 
 
 class BatchEngine:
@@ -114,11 +100,11 @@ class BatchEngine:
         ledger: Ledger,
         *,
         digest_tokens: int,
-        attempts: int = 4,
-        retry: RetryPolicy | None = None,
+        policy: EnginePolicy | None = None,
+        client_factory: ClientFactory = default_client,
         on_progress: Callable[[ProgressEvent], None] | None = None,
         on_unreachable: Callable[[str], None] | None = None,
-        load_wait_s: float = 1800.0,
+        on_hung: Callable[[str], None] | None = None,
     ) -> None:
         if not endpoints:
             raise ValueError("at least one endpoint is needed")
@@ -131,11 +117,12 @@ class BatchEngine:
         self.digest = digest
         self.ledger = ledger
         self.digest_tokens = digest_tokens
-        self.attempts = attempts
-        self.retry = retry or RetryPolicy(attempts=2, backoff_s=1.0)
+        self.policy = policy or EnginePolicy()
+        self.client_factory = client_factory
         self.on_progress = on_progress
         self.on_unreachable = on_unreachable
-        self.load_wait_s = load_wait_s
+        self.on_hung = on_hung
+        self.speeds = SpeedTracker(self.policy.deadline)
         self.n_predict_cap = min(
             (e.n_predict for e in self.endpoints if e.n_predict > 0), default=None
         )
@@ -164,14 +151,29 @@ class BatchEngine:
             )
         return planned
 
+    def deadline_s(self, item: PlannedRequest) -> float:
+        """Seconds this request may take at the speeds measured so far (digest cached)."""
+        prompt = estimate_prompt_tokens(
+            list(item.request.messages), self.policy.deadline.chars_per_token
+        )
+        return self.speeds.deadline_s(prompt, item.params.max_tokens)
+
     async def run(
-        self, requests: Sequence[GenerationRequest], *, warm: bool = True
+        self,
+        requests: Sequence[GenerationRequest],
+        *,
+        warm: bool = True,
+        stop_at: datetime | None = None,
     ) -> BatchOutcome:
+        """Generate what the ledger lacks. Past `stop_at` nothing new is sent, the requests in
+        flight finish, and the outcome counts the rest as `stats.not_started`."""
+        if stop_at is not None and stop_at.tzinfo is None:
+            raise ValueError("stop_at must be timezone-aware")
         started = time.perf_counter()
         planned = self.plan(requests)
         # Identical content is generated once, whichever inputs ask for it.
         unique = list({p.content_key: p for p in planned}.values())
-        finished = self.ledger.get_many(p.content_key for p in unique)
+        finished = self.ledger.finished_keys(p.content_key for p in unique)
         pending = [p for p in unique if p.content_key not in finished]
         logger.info(
             "batch: %d requests, %d already in the ledger, %d to generate",
@@ -180,19 +182,8 @@ class BatchEngine:
             len(pending),
         )
         run = _Run(self, pending, started)
+        run.stop_at = stop_at
         warmups = await run.execute(warm=warm)
-        by_key = {**finished, **run.results}
-        ordered = [
-            by_key[p.content_key].model_copy(
-                update={
-                    "request_id": p.request_id,
-                    "input_id": p.request.input_id,
-                    "tag": p.request.tag,
-                }
-            )
-            for p in planned
-            if p.content_key in by_key
-        ]
         # Failures are keyed by content; each input that asked for it gets its own entry.
         failures = [
             run.failures[p.content_key].model_copy(
@@ -205,24 +196,33 @@ class BatchEngine:
             for p in planned
             if p.content_key in run.failures
         ]
-        stats = summarize(
-            new_results=list(run.results.values()),
+        stats = run.accumulator.summary(
             total=len(unique),
             from_ledger=len(finished),
             failed=len(run.failures),
-            digest_tokens=self.digest_tokens,
-            digest_reprefills=run.reprefills,
-            max_in_flight=run.max_in_flight,
+            not_started=run.not_started,
             clamped=sum(1 for p in planned if p.params != p.request.params),
+            digest_reprefills=run.reprefills,
+            hangs=sum(watch.hangs for watch in run.watches.values()),
+            max_in_flight=run.max_in_flight,
             wall_s=time.perf_counter() - started,
         )
         return BatchOutcome(
             model=self.model,
             digest_sha256=self.digest.sha256,
-            results=ordered,
+            planned=[
+                PlannedRow(
+                    request_id=p.request_id,
+                    content_key=p.content_key,
+                    input_id=p.request.input_id,
+                    tag=p.request.tag,
+                )
+                for p in planned
+            ],
             failures=failures,
             stats=stats,
             warmups=warmups,
+            stopped_at_window=run.not_started > 0,
         )
 
 
@@ -244,8 +244,11 @@ class _Run:
         # Requests sharing a long prefix (variants of one seed) run back to back on one slot.
         self.schedule = PrefixSchedule(pending, text=_prefix_text, work=_work)
         self.total = len(pending)
-        self.results: dict[str, GenerationResult] = {}
+        self.accumulator = StatsAccumulator(engine.digest_tokens)
         self.failures: dict[str, FailedRequest] = {}
+        self.not_started = 0
+        self.stop_at: datetime | None = None
+        self.watches: dict[LlamaClient, EndpointWatch] = {}
         self.reprefills = 0
         self.in_flight = 0
         self.max_in_flight = 0
@@ -254,12 +257,19 @@ class _Run:
         self.last_reported_done = -1
         self.completion_tokens = 0
 
+    @property
+    def done(self) -> int:
+        return self.accumulator.generated + len(self.failures) + self.not_started
+
+    def _past_stop(self) -> bool:
+        return self.stop_at is not None and datetime.now(UTC) >= self.stop_at
+
     async def execute(self, *, warm: bool) -> list[WarmupReport]:
         engine = self.engine
-        clients = [
-            LlamaClient(e.base_url, api_key=e.api_key, retry=engine.retry) for e in engine.endpoints
-        ]
+        clients = [engine.client_factory(e) for e in engine.endpoints]
+        self.watches = {c: EndpointWatch(c, engine.policy.watchdog) for c in clients}
         warmups: list[WarmupReport] = []
+        watchdog: asyncio.Task[None] | None = None
         try:
             warmers = [
                 SlotWarmer(
@@ -271,9 +281,10 @@ class _Run:
                 )
                 for client, endpoint in zip(clients, engine.endpoints, strict=True)
             ]
-            if warm and self.total:
+            if warm and self.total and not self._past_stop():
                 for warmer, endpoint in zip(warmers, engine.endpoints, strict=True):
                     warmups.append(await warmer.warm_all(endpoint.slots, verify=False))
+            watchdog = asyncio.create_task(self._watch())
             workers = [
                 asyncio.create_task(self._worker(client, warmer, slot_id))
                 for client, warmer, endpoint in zip(clients, warmers, engine.endpoints, strict=True)
@@ -281,6 +292,10 @@ class _Run:
             ]
             await asyncio.gather(*workers)
         finally:
+            if watchdog is not None:
+                watchdog.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watchdog
             for client in clients:
                 await client.aclose()
         self._report_progress(force=True)
@@ -294,80 +309,172 @@ class _Run:
     async def _process(
         self, client: LlamaClient, warmer: SlotWarmer, slot_id: int, item: PlannedRequest
     ) -> None:
-        engine = self.engine
-        messages = assemble_messages(engine.digest, item.request.messages)
-        params = item.params
+        """Send, recover between attempts, record: at most `policy.attempts` sends."""
+        if self._past_stop():
+            # The window closed: leave it for the next run (the ledger lacks it, so it resumes).
+            self.not_started += 1
+            return
+        attempts = self.engine.policy.attempts
         reason = ""
-        for attempt in range(1, engine.attempts + 1):
-            self.in_flight += 1
-            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        for attempt in range(1, attempts + 1):
             sent = time.perf_counter()
             try:
-                completion = await client.chat(
-                    messages,
-                    max_tokens=params.max_tokens,
-                    temperature=params.temperature,
-                    top_p=params.top_p,
-                    seed=params.seed,
-                    slot_id=slot_id,
-                    top_logprobs=params.n_probs,
-                    json_schema=params.json_schema,
-                )
+                completion = await self._send(client, slot_id, item)
             except LlamaRequestError as error:
                 # The request itself is wrong (too long for the context, bad params): no retry.
-                reason = f"rejected by the server: {error.message}"
-                self._fail(item, reason, attempt)
+                self._fail(item, f"rejected by the server: {error.message}", attempt)
                 return
             except _TRANSIENT as error:
                 reason = f"{type(error).__name__}: {error}"
                 logger.warning("request %s attempt %d failed: %s", item.request_id, attempt, reason)
-                if isinstance(error, LlamaConnectionError) and engine.on_unreachable is not None:
-                    # Let the owner respawn a crashed resident server (in a thread: it blocks).
-                    await asyncio.to_thread(engine.on_unreachable, client.base_url)
-                if isinstance(error, LlamaConnectionError | LlamaLoadingError):
-                    # A model load on the target takes minutes: wait for it rather than spend
-                    # the retry budget in seconds.
-                    with contextlib.suppress(LlamaError):
-                        await client.wait_until_healthy(engine.load_wait_s)
-                await asyncio.sleep(engine.retry.delay(attempt))
-                await self._rewarm_quietly(warmer, slot_id)
+                if attempt < attempts:
+                    await self._recover(client, warmer, slot_id, error, attempt)
                 continue
             except LlamaError as error:
                 self._fail(item, f"{type(error).__name__}: {error}", attempt)
                 return
-            finally:
-                self.in_flight -= 1
             latency_ms = (time.perf_counter() - sent) * 1000
-            stats = completion.stats
-            result = GenerationResult(
-                request_id=item.content_key,
-                input_id=item.request.input_id,
-                tag=item.request.tag,
-                model=engine.model,
-                digest_sha256=engine.digest.sha256,
-                text=completion.text,
-                finish_reason=completion.finish_reason,
-                prompt_tokens=stats.prompt_tokens,
-                cached_tokens=stats.cached_tokens,
-                completion_tokens=stats.completion_tokens,
-                prompt_ms=stats.prompt_ms,
-                predicted_ms=stats.predicted_ms,
-                latency_ms=latency_ms,
-                endpoint=client.base_url,
-                slot_id=slot_id,
-                logprobs=completion.logprobs,
-                created_at=datetime.now(UTC),
-            )
-            engine.ledger.put(result)
-            self.results[item.content_key] = result
-            self.completion_tokens += stats.completion_tokens
-            if stats.cached_tokens < engine.digest_tokens:
-                # This request paid a full digest prefill (an evicted or restarted slot). The
-                # slot holds the digest again now; the count is what the bench reports.
-                self.reprefills += 1
-            self._report_progress()
+            self._record(client, slot_id, item, completion, latency_ms)
             return
-        self._fail(item, reason, engine.attempts)
+        self._fail(item, reason, attempts)
+
+    async def _send(
+        self, client: LlamaClient, slot_id: int, item: PlannedRequest
+    ) -> ChatCompletion:
+        """One attempt, bounded by the request's deadline; the watchdog may cancel it."""
+        engine = self.engine
+        watch = self.watches[client]
+        await watch.ready.wait()  # never send to a server that is being restarted
+        params = item.params
+        deadline_s = engine.deadline_s(item)
+        task = asyncio.create_task(
+            client.chat(
+                assemble_messages(engine.digest, item.request.messages),
+                max_tokens=params.max_tokens,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                seed=params.seed,
+                slot_id=slot_id,
+                top_logprobs=params.n_probs,
+                json_schema=params.json_schema,
+                timeout_s=deadline_s,
+            )
+        )
+        if not watch.sending:
+            watch.mark_progress()  # the stall clock starts with the first request in flight
+        watch.sending[slot_id] = task
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        finally:
+            self.in_flight -= 1
+            watch.sending.pop(slot_id, None)
+        if task.cancelled():
+            stall = engine.policy.watchdog.stall_s
+            raise EndpointHungError(f"{client.base_url} made no progress for {stall:.0f} s")
+        return task.result()
+
+    async def _recover(
+        self,
+        client: LlamaClient,
+        warmer: SlotWarmer,
+        slot_id: int,
+        error: LlamaError,
+        attempt: int,
+    ) -> None:
+        """Bring the endpoint and the slot back before the next attempt."""
+        engine = self.engine
+        if isinstance(error, EndpointHungError):
+            # The watchdog restarts the server once for every request it held.
+            await self.watches[client].ready.wait()
+        elif isinstance(error, LlamaConnectionError | LlamaLoadingError):
+            if isinstance(error, LlamaConnectionError) and engine.on_unreachable is not None:
+                # Let the owner respawn a crashed resident server (in a thread: it blocks).
+                await asyncio.to_thread(engine.on_unreachable, client.base_url)
+            # A model load on the target takes minutes: wait for it rather than spend the
+            # attempts in seconds.
+            with contextlib.suppress(LlamaError):
+                await client.wait_until_healthy(engine.policy.load_wait_s)
+        await asyncio.sleep(engine.policy.delay(attempt))
+        await self._rewarm_quietly(warmer, slot_id)
+
+    def _record(
+        self,
+        client: LlamaClient,
+        slot_id: int,
+        item: PlannedRequest,
+        completion: ChatCompletion,
+        latency_ms: float,
+    ) -> None:
+        engine = self.engine
+        stats = completion.stats
+        result = GenerationResult(
+            request_id=item.content_key,
+            input_id=item.request.input_id,
+            tag=item.request.tag,
+            model=engine.model,
+            digest_sha256=engine.digest.sha256,
+            text=completion.text,
+            finish_reason=completion.finish_reason,
+            prompt_tokens=stats.prompt_tokens,
+            cached_tokens=stats.cached_tokens,
+            completion_tokens=stats.completion_tokens,
+            prompt_ms=stats.prompt_ms,
+            predicted_ms=stats.predicted_ms,
+            latency_ms=latency_ms,
+            endpoint=client.base_url,
+            slot_id=slot_id,
+            logprobs=completion.logprobs,
+            created_at=datetime.now(UTC),
+            reasoning_content=completion.reasoning_content,
+        )
+        # Truncated and empty answers are recorded as they are (finish_reason says which):
+        # what counts as final is the caller's decision.
+        engine.ledger.put(result)
+        self.accumulator.add(result)
+        engine.speeds.observe(result)
+        self.completion_tokens += stats.completion_tokens
+        if stats.cached_tokens < engine.digest_tokens:
+            # This request paid a full digest prefill (an evicted or restarted slot). The
+            # slot holds the digest again now; the count is what the bench reports.
+            self.reprefills += 1
+        self._report_progress()
+
+    async def _watch(self) -> None:
+        """Probe every endpoint while requests are in flight; restart the ones that hang."""
+        every = self.engine.policy.watchdog.every_s
+        while True:
+            await asyncio.sleep(every)
+            watches = list(self.watches.values())
+            stalled = await asyncio.gather(*(watch.stalled() for watch in watches))
+            for watch, hung in zip(watches, stalled, strict=True):
+                if hung:
+                    await self._restart_hung(watch)
+
+    async def _restart_hung(self, watch: EndpointWatch) -> None:
+        engine = self.engine
+        watch.ready.clear()
+        watch.hangs += 1
+        cancelled = watch.cancel_sends()
+        logger.warning(
+            "restarting hung %s; %d request(s) will be sent again", watch.base_url, cancelled
+        )
+        try:
+            if engine.on_hung is not None:
+                await asyncio.to_thread(engine.on_hung, watch.base_url)
+            with contextlib.suppress(LlamaError):
+                await watch.client.wait_until_healthy(engine.policy.load_wait_s)
+        except Exception:
+            logger.exception(
+                "restarting %s failed; its requests are retried anyway", watch.base_url
+            )
+        finally:
+            watch.mark_progress()
+            watch.ready.set()
 
     async def _rewarm_quietly(self, warmer: SlotWarmer, slot_id: int) -> None:
         try:
@@ -389,7 +496,7 @@ class _Run:
     def _report_progress(self, *, force: bool = False) -> None:
         callback = self.engine.on_progress
         now = time.perf_counter()
-        done = len(self.results) + len(self.failures)
+        done = self.done
         if callback is None or (not force and now - self.last_progress < PROGRESS_EVERY_S):
             return
         if force and done == self.last_reported_done:

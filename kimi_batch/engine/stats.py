@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.engine.requests import GenerationResult
 
-__all__ = ["BatchStats", "ProgressEvent", "summarize"]
+__all__ = ["BatchStats", "ProgressEvent", "StatsAccumulator"]
 
 
 class ProgressEvent(BaseModel):
@@ -39,7 +39,12 @@ class BatchStats(BaseModel):
     generated: int
     from_ledger: int = Field(description="Finished in an earlier run, not sent again.")
     failed: int
+    not_started: int = Field(
+        default=0, description="Not dispatched because the run's stop time passed."
+    )
     clamped: int = Field(description="Requests whose max_tokens was cut to the server n_predict.")
+    truncated: int = Field(default=0, description="Generated answers that stopped at max_tokens.")
+    empty: int = Field(default=0, description="Generated answers with no text.")
     prompt_tokens: int
     cached_tokens: int
     evaluated_tokens: int
@@ -48,6 +53,7 @@ class BatchStats(BaseModel):
     completion_tokens_per_s: float = Field(description="Generated tokens / wall time.")
     cache_hit_ratio: float = Field(description="min(cached / digest tokens) over the requests.")
     digest_reprefills: int = Field(description="Requests or re-warms that prefilled the digest.")
+    hangs: int = Field(default=0, description="Times an endpoint was declared hung and restarted.")
     max_in_flight: int
     latency_p50_ms: float
     latency_p95_ms: float
@@ -62,39 +68,71 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
 
 
-def summarize(
-    *,
-    new_results: Sequence[GenerationResult],
-    total: int,
-    from_ledger: int,
-    failed: int,
-    digest_tokens: int,
-    digest_reprefills: int,
-    max_in_flight: int,
-    clamped: int,
-    wall_s: float,
-) -> BatchStats:
-    prompt_ms = sum(r.prompt_ms for r in new_results)
-    evaluated = sum(r.prompt_tokens - r.cached_tokens for r in new_results)
-    completion = sum(r.completion_tokens for r in new_results)
-    latencies = sorted(r.latency_ms for r in new_results)
-    ratios = [min(r.cached_tokens / digest_tokens, 1.0) for r in new_results if digest_tokens]
-    return BatchStats(
-        total=total,
-        generated=len(new_results),
-        from_ledger=from_ledger,
-        failed=failed,
-        clamped=clamped,
-        prompt_tokens=sum(r.prompt_tokens for r in new_results),
-        cached_tokens=sum(r.cached_tokens for r in new_results),
-        evaluated_tokens=evaluated,
-        completion_tokens=completion,
-        prompt_tokens_per_s=evaluated / (prompt_ms / 1000) if prompt_ms > 0 else 0.0,
-        completion_tokens_per_s=completion / wall_s if wall_s > 0 else 0.0,
-        cache_hit_ratio=min(ratios) if ratios else 1.0,
-        digest_reprefills=digest_reprefills,
-        max_in_flight=max_in_flight,
-        latency_p50_ms=_percentile(latencies, 50),
-        latency_p95_ms=_percentile(latencies, 95),
-        wall_s=wall_s,
-    )
+class StatsAccumulator:
+    """Running sums over the results generated in a run: nothing but numbers is kept."""
+
+    def __init__(self, digest_tokens: int) -> None:
+        self.digest_tokens = digest_tokens
+        self.generated = 0
+        self.truncated = 0
+        self.empty = 0
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+        self.evaluated_tokens = 0
+        self.completion_tokens = 0
+        self.prompt_ms = 0.0
+        self.latencies: list[float] = []  # one float per row: 8 bytes, not a result
+        self.min_cache_ratio = 1.0
+
+    def add(self, result: GenerationResult) -> None:
+        self.generated += 1
+        self.truncated += result.truncated
+        self.empty += result.empty
+        self.prompt_tokens += result.prompt_tokens
+        self.cached_tokens += result.cached_tokens
+        self.evaluated_tokens += result.prompt_tokens - result.cached_tokens
+        self.completion_tokens += result.completion_tokens
+        self.prompt_ms += result.prompt_ms
+        self.latencies.append(result.latency_ms)
+        if self.digest_tokens:
+            ratio = min(result.cached_tokens / self.digest_tokens, 1.0)
+            self.min_cache_ratio = min(self.min_cache_ratio, ratio)
+
+    def summary(
+        self,
+        *,
+        total: int,
+        from_ledger: int,
+        failed: int,
+        not_started: int,
+        clamped: int,
+        digest_reprefills: int,
+        hangs: int,
+        max_in_flight: int,
+        wall_s: float,
+    ) -> BatchStats:
+        latencies = sorted(self.latencies)
+        seconds = self.prompt_ms / 1000
+        return BatchStats(
+            total=total,
+            generated=self.generated,
+            from_ledger=from_ledger,
+            failed=failed,
+            not_started=not_started,
+            clamped=clamped,
+            truncated=self.truncated,
+            empty=self.empty,
+            prompt_tokens=self.prompt_tokens,
+            cached_tokens=self.cached_tokens,
+            evaluated_tokens=self.evaluated_tokens,
+            completion_tokens=self.completion_tokens,
+            prompt_tokens_per_s=self.evaluated_tokens / seconds if seconds > 0 else 0.0,
+            completion_tokens_per_s=self.completion_tokens / wall_s if wall_s > 0 else 0.0,
+            cache_hit_ratio=self.min_cache_ratio,
+            digest_reprefills=digest_reprefills,
+            hangs=hangs,
+            max_in_flight=max_in_flight,
+            latency_p50_ms=_percentile(latencies, 50),
+            latency_p95_ms=_percentile(latencies, 95),
+            wall_s=wall_s,
+        )

@@ -1,8 +1,14 @@
 """Typed async client for llama-server (llama.cpp and ik_llama.cpp).
 
-Retries are bounded and only where the server cannot have done the work: connection refused and
-503 while the model loads are always safe; other 5xx are retried as well because a completion is
-idempotent for us (the engine's ledger, not the server, decides what is finished).
+Generation calls (`chat`, `complete`) make exactly one attempt, bounded by a total deadline: the
+batch engine is the one retry layer, because only it knows the request's deadline, can restart a
+hung server and restore the digest before trying again. Retrying inside the client as well
+multiplied the attempts (a hung server held one request for hours).
+
+Control calls (`/props`, `/slots`, slot save/restore, `/tokenize`, `/metrics`) keep a short
+bounded retry (`RetryPolicy`, 3 tries within seconds): they are cheap, idempotent, answered in
+milliseconds by a healthy server, and callers such as the digest warm-up or the CLI have no retry
+loop of their own; a transient connection reset should not fail a whole asset there.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from kimi_batch.llama.models import (
     SlotState,
 )
 from kimi_batch.llama.types import ChatMessage
+from kimi_batch.llama.urls import redact_url, url_credentials
 
 __all__ = ["LlamaClient", "RetryPolicy"]
 
@@ -53,7 +60,7 @@ class RetryPolicy(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    attempts: int = Field(default=4, ge=1, le=20, description="Tries in all, the first included.")
+    attempts: int = Field(default=3, ge=1, le=20, description="Tries in all, the first included.")
     backoff_s: float = Field(default=0.5, ge=0.0, description="Delay before the second try.")
     max_backoff_s: float = Field(default=15.0, ge=0.0)
 
@@ -77,12 +84,16 @@ class LlamaClient:
         generation_timeout_s: float = GENERATION_TIMEOUT_S,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        # Credentials in the URL (a proxy's basic auth) travel as an auth header only: base_url is
+        # what logs, errors and the `endpoint` column show.
+        self.base_url = redact_url(base_url)
+        credentials = url_credentials(base_url)
         self.retry = retry or RetryPolicy()
         self._generation_timeout = httpx.Timeout(generation_timeout_s, connect=CONNECT_TIMEOUT_S)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
+            auth=httpx.BasicAuth(*credentials) if credentials else None,
             headers=headers,
             timeout=httpx.Timeout(CONTROL_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
             transport=transport,
@@ -115,15 +126,19 @@ class LlamaClient:
         timeout: httpx.Timeout | None = None,
     ) -> httpx.Response:
         url = f"{self.base_url}{path}"
+        # httpx's read timeout is per read; a server that trickles bytes could outlive it. The
+        # total deadline is what the caller asked for, so it bounds the whole exchange.
+        total = _total_seconds(timeout)
         try:
-            response = await self._http.request(
-                method,
-                path,
-                json=json,
-                params=params,
-                timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
-            )
-        except httpx.TimeoutException as error:
+            async with asyncio.timeout(total):
+                response = await self._http.request(
+                    method,
+                    path,
+                    json=json,
+                    params=params,
+                    timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+                )
+        except (httpx.TimeoutException, TimeoutError) as error:
             raise LlamaTimeoutError(f"{method} {url} timed out: {error!r}") from error
         except httpx.TransportError as error:
             raise LlamaConnectionError(f"{method} {url}: {error!r}") from error
@@ -139,9 +154,9 @@ class LlamaClient:
         json: Mapping[str, Any] | None = None,
         params: Mapping[str, str] | None = None,
         timeout: httpx.Timeout | None = None,
-        retry: bool = True,
     ) -> httpx.Response:
-        attempts = self.retry.attempts if retry else 1
+        """A control call with the client's short bounded retry."""
+        attempts = self.retry.attempts
         for attempt in range(1, attempts + 1):
             try:
                 return await self._send_once(
@@ -168,10 +183,11 @@ class LlamaClient:
 
     # -- endpoints -------------------------------------------------------------------------
 
-    async def health(self) -> HealthState:
+    async def health(self, *, timeout_s: float | None = None) -> HealthState:
         """One `/health` probe, no retry: OK, LOADING, or an exception."""
+        timeout = _timeout(timeout_s) if timeout_s is not None else None
         try:
-            response = await self._send_once("GET", "/health")
+            response = await self._send_once("GET", "/health", timeout=timeout)
         except LlamaLoadingError:
             return HealthState.LOADING
         status = _json_object(response).get("status", "ok")
@@ -197,8 +213,12 @@ class LlamaClient:
     async def props(self) -> ServerProps:
         return self._parse(ServerProps, await self._request("GET", "/props"))
 
-    async def slots(self) -> list[SlotState]:
-        response = await self._request("GET", "/slots")
+    async def slots(self, *, timeout_s: float | None = None) -> list[SlotState]:
+        """Slot states; with `timeout_s`, one short attempt (the engine's watchdog probe)."""
+        if timeout_s is None:
+            response = await self._request("GET", "/slots")
+        else:
+            response = await self._send_once("GET", "/slots", timeout=_timeout(timeout_s))
         payload = _json(response)
         if not isinstance(payload, list):
             raise LlamaResponseError(f"/slots returned {type(payload).__name__}, not a list")
@@ -254,8 +274,9 @@ class LlamaClient:
         slot_id: int | None = None,
         cache_prompt: bool = True,
         extra: Mapping[str, Any] | None = None,
+        timeout_s: float | None = None,
     ) -> Completion:
-        """`POST /completion` on a raw prompt."""
+        """`POST /completion` on a raw prompt; one attempt, at most `timeout_s` seconds."""
         body: dict[str, Any] = {
             "prompt": prompt,
             "n_predict": n_predict,
@@ -264,8 +285,8 @@ class LlamaClient:
         }
         if slot_id is not None:
             body["id_slot"] = slot_id
-        response = await self._request(
-            "POST", "/completion", json=body, timeout=self._generation_timeout
+        response = await self._send_once(
+            "POST", "/completion", json=body, timeout=self._generation_timeout_for(timeout_s)
         )
         return self._parse(Completion, response)
 
@@ -280,9 +301,10 @@ class LlamaClient:
         slot_id: int | None = None,
         top_logprobs: int = 0,
         json_schema: Mapping[str, Any] | None = None,
-        retry: bool = True,
+        timeout_s: float | None = None,
     ) -> ChatCompletion:
-        """`POST /v1/chat/completions`; `slot_id` pins the request to a slot holding the digest."""
+        """`POST /v1/chat/completions`, one attempt of at most `timeout_s` seconds (default
+        `generation_timeout_s`); `slot_id` pins the request to a slot holding the digest."""
         body: dict[str, Any] = {
             "messages": [m.model_dump() for m in messages],
             "max_tokens": max_tokens,
@@ -300,19 +322,36 @@ class LlamaClient:
             body["top_logprobs"] = top_logprobs
         if json_schema is not None:
             body["response_format"] = {"type": "json_object", "schema": dict(json_schema)}
-        response = await self._request(
+        response = await self._send_once(
             "POST",
             "/v1/chat/completions",
             json=body,
-            timeout=self._generation_timeout,
-            retry=retry,
+            timeout=self._generation_timeout_for(timeout_s),
         )
         return self._parse(ChatCompletion, response)
 
-    async def metrics(self) -> ServerMetrics:
-        """Prometheus counters; needs `--metrics` on the server."""
-        response = await self._request("GET", "/metrics")
+    def _generation_timeout_for(self, timeout_s: float | None) -> httpx.Timeout:
+        return self._generation_timeout if timeout_s is None else _timeout(timeout_s)
+
+    async def metrics(self, *, timeout_s: float | None = None) -> ServerMetrics:
+        """Prometheus counters (needs `--metrics`); with `timeout_s`, one short attempt."""
+        if timeout_s is None:
+            response = await self._request("GET", "/metrics")
+        else:
+            response = await self._send_once("GET", "/metrics", timeout=_timeout(timeout_s))
         return ServerMetrics.parse(response.text)
+
+
+def _timeout(seconds: float) -> httpx.Timeout:
+    return httpx.Timeout(seconds, connect=min(CONNECT_TIMEOUT_S, seconds))
+
+
+def _total_seconds(timeout: httpx.Timeout | None) -> float | None:
+    """The longest phase of a timeout plus the connect phase: a bound on the whole exchange."""
+    if timeout is None:
+        return CONTROL_TIMEOUT_S + CONNECT_TIMEOUT_S
+    phases = [t for t in (timeout.read, timeout.write, timeout.pool) if t is not None]
+    return max(phases, default=CONTROL_TIMEOUT_S) + (timeout.connect or 0.0)
 
 
 def _json(response: httpx.Response) -> Any:

@@ -27,20 +27,20 @@ def spec_from_settings(settings: Settings) -> ServerSpec:
         parallel=settings.llama_parallel,
         n_predict=settings.llama_n_predict,
         cache_ram_mib=settings.llama_cache_ram_mib,
-        slot_save_path=settings.slot_save_dir,
+        slot_save_path=settings.paths.slot_save_dir,
         extra_args=settings.llama_extra_args,
     )
 
 
 def server_from_settings(
-    settings: Settings, *, load_timeout_s: float = 1800.0
+    settings: Settings, *, load_timeout_s: float | None = None
 ) -> ResidentServer | AttachedServer:
     """Attach-only when `KIMI_BATCH_LLAMA_URL` is set, else the resident server of the state dir."""
     if settings.llama_url:
         return AttachedServer(settings.llama_url, api_key=settings.llama_api_key)
     return ResidentServer(
         spec_from_settings(settings),
-        settings.server_dir,
+        settings.paths.server_dir,
         api_key=settings.llama_api_key,
-        load_timeout_s=load_timeout_s,
+        load_timeout_s=load_timeout_s or settings.llama_load_timeout_s,
     )

@@ -22,6 +22,7 @@ __all__ = [
     "ServerMetrics",
     "ServerProps",
     "SlotFileResult",
+    "SlotNextToken",
     "SlotState",
     "Timings",
 ]
@@ -202,6 +203,11 @@ class ChatCompletion(_Lenient):
         return self.choices[0].finish_reason or "stop"
 
     @property
+    def reasoning_content(self) -> str | None:
+        """The thinking of a reasoning model, which llama.cpp returns apart from the answer."""
+        return self.choices[0].message.reasoning_content or None
+
+    @property
     def logprobs(self) -> list[TokenLogprob] | None:
         content = self.choices[0].logprobs.content if self.choices[0].logprobs else None
         if content is None:
@@ -259,6 +265,14 @@ class ServerProps(_Lenient):
         return self.default_generation_settings.params.n_predict
 
 
+class SlotNextToken(_Lenient):
+    """`next_token` of a slot: `n_decoded` grows with every token generated."""
+
+    n_decoded: int = 0
+    n_remain: int | None = None
+    has_next_token: bool = False
+
+
 class SlotState(_Lenient):
     """One entry of `GET /slots`."""
 
@@ -266,6 +280,15 @@ class SlotState(_Lenient):
     n_ctx: int | None = None
     is_processing: bool = False
     id_task: int | None = None
+    next_token: SlotNextToken | list[SlotNextToken] | None = None
+
+    @property
+    def n_decoded(self) -> int:
+        """Tokens decoded by the slot's current task (builds differ: object or list)."""
+        token = self.next_token
+        if isinstance(token, list):
+            return sum(t.n_decoded for t in token)
+        return token.n_decoded if token is not None else 0
 
 
 class SlotFileResult(_Lenient):

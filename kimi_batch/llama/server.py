@@ -25,6 +25,8 @@ from kimi_batch.llama.client import LlamaClient
 from kimi_batch.llama.exceptions import ServerSpawnError, SpecMismatchError
 from kimi_batch.llama.memory import check_memory
 from kimi_batch.llama.models import ServerProps
+from kimi_batch.llama.urls import redact_url, url_credentials
+from kimi_batch.paths import private_dir
 
 __all__ = [
     "AttachedServer",
@@ -194,7 +196,7 @@ def _spawn_detached(argv: list[str], env: dict[str, str], log_path: Path) -> int
         "argv, log = json.loads(sys.argv[1]), sys.argv[2]\n"
         "with open(log, 'ab') as out:\n"
         "    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,\n"
-        "                         start_new_session=True, close_fds=True)\n"
+        "                         start_new_session=True, close_fds=True, umask=0o077)\n"
         "print(p.pid)\n"
     )
     result = subprocess.run(
@@ -212,8 +214,14 @@ def _spawn_detached(argv: list[str], env: dict[str, str], log_path: Path) -> int
 def _probe(base_url: str, api_key: str | None) -> tuple[str, ServerProps | None]:
     """('down' | 'loading' | 'ok', props when ok) without retries."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    credentials = url_credentials(base_url)
     try:
-        with httpx.Client(base_url=base_url, headers=headers, timeout=PROBE_TIMEOUT_S) as http:
+        with httpx.Client(
+            base_url=redact_url(base_url),
+            auth=httpx.BasicAuth(*credentials) if credentials else None,
+            headers=headers,
+            timeout=PROBE_TIMEOUT_S,
+        ) as http:
             health = http.get("/health")
             if health.status_code == 503:
                 return "loading", None
@@ -288,7 +296,7 @@ class ResidentServer:
 
     def ensure_running(self) -> ServerHandle:
         """Attach to the healthy server with this spec, or start it; raise on another spec."""
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.state_dir)
         with self._lock.acquire(timeout=self.load_timeout_s + 60):
             pid = self._live_pid()
             if pid is not None:
@@ -350,7 +358,7 @@ class ResidentServer:
             extra_args=self.spec.extra_args,
         )
         logger.info("memory check: %s", estimate.describe())
-        self.spec.slot_save_path.mkdir(parents=True, exist_ok=True)
+        private_dir(self.spec.slot_save_path)
         env = dict(os.environ)
         env.pop("LLAMA_API_KEY", None)
         if self.api_key:
@@ -391,6 +399,36 @@ class ResidentServer:
             f"(raise the load timeout for large models):\n{self._log_tail()}"
         )
 
+    def restart(self, *, min_age_s: float = 0.0) -> ServerHandle:
+        """Kill the server this state dir started and start it again (a hung server).
+
+        SIGKILL, because a stopped (SIGSTOP) or wedged process never acts on SIGTERM, and the
+        kernel delivers SIGKILL to a stopped process too. A server younger than `min_age_s` was
+        just (re)started by another run that saw the same hang: it is kept, not killed twice.
+        A server kimi_batch did not start is never killed: that falls back to `ensure_running`.
+        """
+        private_dir(self.state_dir)
+        with self._lock.acquire(timeout=self.load_timeout_s + 60):
+            record = self._read_pid()
+            pid = self._live_pid()
+            if pid is None or record is None:
+                logger.warning("no managed llama-server to restart at %s", self.base_url)
+            elif time.time() - record.started_at < min_age_s:
+                logger.info(
+                    "llama-server pid %d was started %.0f s ago: kept",
+                    pid,
+                    time.time() - record.started_at,
+                )
+                return self._wait_healthy(pid, spawned=False)
+            else:
+                logger.warning("killing llama-server pid %d (hung) to restart it", pid)
+                os.kill(pid, signal.SIGKILL)
+                deadline = time.monotonic() + STOP_GRACE_S
+                while time.monotonic() < deadline and _process_start_ticks(pid) is not None:
+                    time.sleep(0.05)
+                self._clear_state()
+        return self.ensure_running()
+
     def status(self) -> ServerStatus:
         pid = self._live_pid()
         spec = self._read_spec() if pid is not None else None
@@ -428,17 +466,18 @@ class AttachedServer:
     """A server someone else runs (`KIMI_BATCH_LLAMA_URL`): health checks only, never spawned."""
 
     def __init__(self, base_url: str, *, api_key: str | None = None, timeout_s: float = 60.0):
-        self.base_url = base_url.rstrip("/")
+        self._url = base_url.rstrip("/")  # may hold credentials: only clients see it
+        self.base_url = redact_url(base_url)
         self.api_key = api_key
         self.timeout_s = timeout_s
 
     def client(self, **kwargs: object) -> LlamaClient:
-        return LlamaClient(self.base_url, api_key=self.api_key, **kwargs)  # type: ignore[arg-type]
+        return LlamaClient(self._url, api_key=self.api_key, **kwargs)  # type: ignore[arg-type]
 
     def ensure_running(self) -> ServerHandle:
         deadline = time.monotonic() + self.timeout_s
         while True:
-            state, props = _probe(self.base_url, self.api_key)
+            state, props = _probe(self._url, self.api_key)
             if state == "ok" and props is not None:
                 return ServerHandle(
                     base_url=self.base_url,
@@ -452,7 +491,7 @@ class AttachedServer:
             time.sleep(0.5)
 
     def status(self) -> ServerStatus:
-        state, props = _probe(self.base_url, self.api_key)
+        state, props = _probe(self._url, self.api_key)
         return ServerStatus(
             running=state != "down",
             healthy=state == "ok",

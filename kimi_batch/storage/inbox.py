@@ -1,20 +1,20 @@
-"""The inbox: which input files are there, which batch partition each belongs to, and their hash.
+"""The inbox: which input files are there (stat only), and which must be refused unread.
 
 Layout (`$KIMI_BATCH_HOME/inbox/`)::
 
-    inbox/seeds.jsonl                 ds = the file's mtime as a UTC date
-    inbox/2025-06-01/questions.csv    ds = 2025-06-01 (the dated folder wins over the mtime)
+    inbox/seeds.jsonl                 an undated file: its date is the day it arrived
+    inbox/2025-06-01/questions.csv    a dated folder: its date is the folder's
 
 Only the inbox itself and its `YYYY-MM-DD/` folders are read: other folders (`processed/`, a
 staging area...) are left alone, as are dotfiles, editor/partial-upload names and unknown
 extensions, so uploads written under a temporary name and renamed at the end are never seen half
-written.
+written. Which partition a file belongs to is decided once, when it is first seen, by the landing
+manifest (`kimi_batch.storage.landing`); this module only lists and inspects.
 
-A file's partition is (ds, source): source is the file stem in `[a-z0-9_]`. When two files of the
-same day would get the same source (`seeds.jsonl` next to `seeds.csv`), each gets its extension
-appended (`seeds_jsonl`, `seeds_csv`); what still collides after that gets a short hash of its
-inbox path. The mapping depends only on the files of that day, so the sensor (which requests the
-partition) and `seed_prompts` (which calls `resolve_source_file`) agree on it.
+Two kinds of entries are refused without reading a byte of them, and quarantined with the reason:
+a name that is not valid UTF-8 (it is shown by a safe, escaped name), and a symlink whose target
+lies outside the inbox (`ln -s ~/.env inbox/x.jsonl` must not publish the target's lines). A dated
+folder that is a symlink out of the inbox is not listed at all.
 """
 
 from __future__ import annotations
@@ -23,9 +23,8 @@ import hashlib
 import logging
 import os
 import re
-from collections import defaultdict
 from collections.abc import Iterator
-from datetime import UTC, date, datetime
+from datetime import date
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -34,11 +33,11 @@ __all__ = [
     "INBOX_EXTENSIONS",
     "InboxFile",
     "file_sha256",
-    "inbox_files_for_ds",
+    "inspect_inbox_file",
     "is_ignored_name",
-    "resolve_source_file",
     "sanitize_source",
     "scan_inbox",
+    "short_hash",
 ]
 
 # Kept equal to kimi_batch.tasks.inputs.SUPPORTED_EXTENSIONS; not imported from there so that the
@@ -52,23 +51,28 @@ _DATED_FOLDER = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _NOT_SOURCE_CHARS = re.compile(r"[^a-z0-9]+")
 _MAX_SOURCE_LEN = 80
 _HASH_CHUNK = 1 << 20
+REFUSED_NAME = "file name is not valid UTF-8; rename it"
+REFUSED_LINK = "symlink resolves outside the inbox; its content is never read"
 
 _log = logging.getLogger(__name__)
 
 
 class InboxFile(BaseModel):
-    """One input file in the inbox and the batch partition it belongs to."""
+    """One input file in the inbox."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     path: Path = Field(description="Absolute path of the file.")
     name: str = Field(
-        min_length=1, description="Path relative to the inbox, POSIX style (unique per file)."
+        min_length=1,
+        description="Path relative to the inbox, POSIX style; undecodable bytes escaped (\\xe9).",
     )
-    source: str = Field(pattern=r"^[a-z0-9_]+$", description="Source partition key.")
-    ds: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}$", description="Date partition key.")
+    dated_ds: str | None = Field(
+        default=None, pattern=r"^\d{4}-\d{2}-\d{2}$", description="Date of its dated folder."
+    )
     size: int = Field(ge=0)
     mtime_ns: int
+    refused: str | None = Field(default=None, description="Why it is refused unread, if it is.")
     sha256: str | None = Field(
         default=None,
         pattern=r"^[0-9a-f]{64}$",
@@ -79,6 +83,8 @@ class InboxFile(BaseModel):
         """This file with `sha256` filled in; raises `OSError` when the file cannot be read."""
         if self.sha256 is not None:
             return self
+        if self.refused is not None:
+            raise PermissionError(self.refused)
         return self.model_copy(update={"sha256": file_sha256(self.path)})
 
 
@@ -99,6 +105,10 @@ def is_ignored_name(name: str) -> bool:
     return Path(lowered).suffix not in INBOX_EXTENSIONS
 
 
+def short_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+
+
 def sanitize_source(stem: str) -> str:
     """A file stem as a source key: lowercase, runs of other characters as one `_`.
 
@@ -107,85 +117,95 @@ def sanitize_source(stem: str) -> str:
     """
     cleaned = _NOT_SOURCE_CHARS.sub("_", stem.lower()).strip("_")
     if not cleaned:
-        return f"file_{_short_hash(stem)}"
+        return f"file_{short_hash(stem)}"
     if len(cleaned) > _MAX_SOURCE_LEN:
-        return f"{cleaned[:_MAX_SOURCE_LEN].rstrip('_')}_{_short_hash(stem)}"
+        return f"{cleaned[:_MAX_SOURCE_LEN].rstrip('_')}_{short_hash(stem)}"
     return cleaned
 
 
+def safe_name(name: str) -> str:
+    """`name` with bytes that are not UTF-8 (surrogate-escaped by the OS layer) as `\\xNN`."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def scan_inbox(inbox_dir: Path) -> list[InboxFile]:
-    """Every input file in the inbox with its (ds, source); no file is read, only stat'ed.
+    """Every input file in the inbox, sorted by name; no file is read, only stat'ed.
 
     A missing inbox is an empty one; files that vanish between listing and stat are skipped.
-    Sorted by `name`, so repeated scans of the same files give the same list.
     """
     if not inbox_dir.is_dir():
         return []
-    found: list[tuple[Path, str, str, os.stat_result]] = []
-    for path, name, dated in _candidates(inbox_dir):
-        try:
-            stat = path.stat()  # follows symlinks: a symlinked upload is the file it points to
-        except FileNotFoundError:
-            continue
-        except OSError as error:
-            _log.warning("inbox: cannot stat %s: %s", name, error)
-            continue
-        ds = dated or _utc_date(stat.st_mtime_ns)
-        found.append((path, name, ds, stat))
-    sources = _assign_sources([(name, ds) for _, name, ds, _ in found])
-    files = [
-        InboxFile(
-            path=path,
-            name=name,
-            source=sources[name],
-            ds=ds,
-            size=stat.st_size,
-            mtime_ns=stat.st_mtime_ns,
-        )
-        for path, name, ds, stat in found
+    root = inbox_dir.resolve()
+    found = [
+        item
+        for path, dated in _candidates(inbox_dir, root)
+        if (item := _inspect(path, inbox_dir, root, dated)) is not None
     ]
-    return sorted(files, key=lambda item: item.name)
+    return sorted(found, key=lambda item: item.name)
 
 
-def inbox_files_for_ds(inbox_dir: Path, ds: str) -> list[InboxFile]:
-    """The inbox files whose date partition is `ds`."""
-    return [item for item in scan_inbox(inbox_dir) if item.ds == ds]
-
-
-def resolve_source_file(inbox_dir: Path, ds: str, source: str) -> Path:
-    """The file behind partition (ds, source); FileNotFoundError names the partition if none.
-
-    Besides the exact mapping, a file also matches by its extended name (`seeds_jsonl`), so a
-    partition created while `seeds.jsonl` shared its day with `seeds.csv` still finds its file
-    after the CSV is removed.
-    """
-    candidates = inbox_files_for_ds(inbox_dir, ds)
-    for item in candidates:
-        if item.source == source:
-            return item.path
-    for item in candidates:
-        if _with_extension(Path(item.name)) == source:
-            return item.path
-    known = ", ".join(sorted(item.source for item in candidates)) or "none"
-    raise FileNotFoundError(
-        f"no inbox file for partition date={ds} source={source} in {inbox_dir} "
-        f"(sources of that day: {known})"
-    )
+def inspect_inbox_file(inbox_dir: Path, name: str) -> InboxFile | None:
+    """The inbox file called `name` (as `scan_inbox` names it), None when it is not there."""
+    path = inbox_dir / name
+    parent = Path(name).parent.name
+    dated = parent if _DATED_FOLDER.match(parent) and _is_date(parent) else None
+    if not os.path.lexists(path):
+        return None
+    return _inspect(path, inbox_dir, inbox_dir.resolve(), dated)
 
 
 # ---- internals ---------------------------------------------------------------------------------
 
 
-def _candidates(inbox_dir: Path) -> Iterator[tuple[Path, str, str | None]]:
-    """(path, name relative to the inbox, ds of its dated folder or None) of every candidate."""
+def _inspect(path: Path, inbox_dir: Path, root: Path, dated: str | None) -> InboxFile | None:
+    raw_name = path.relative_to(inbox_dir).as_posix()
+    name = safe_name(raw_name)
+    refused = None
+    if name != raw_name:
+        refused = REFUSED_NAME
+    elif not _inside(path, root):
+        refused = REFUSED_LINK
+    try:
+        # lstat for refused entries: not even the target's metadata is needed.
+        stat = path.lstat() if refused else path.stat()
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        _log.warning("inbox: cannot stat %s: %s", name, error)
+        return None
+    return InboxFile(
+        path=path,
+        name=name,
+        dated_ds=dated,
+        size=stat.st_size,
+        mtime_ns=stat.st_mtime_ns,
+        refused=refused,
+    )
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        return path.resolve().is_relative_to(root)
+    except (OSError, RuntimeError):  # a symlink loop
+        return False
+
+
+def _candidates(inbox_dir: Path, root: Path) -> Iterator[tuple[Path, str | None]]:
+    """(path, date of its dated folder or None) of every candidate."""
     for entry in _scandir(inbox_dir):
         if entry.is_dir(follow_symlinks=True):
-            if _DATED_FOLDER.match(entry.name) and _is_date(entry.name):
-                for inner in _scandir(Path(entry.path)):
-                    if _is_candidate(inner):
-                        yield Path(inner.path), f"{entry.name}/{inner.name}", entry.name
+            if not (_DATED_FOLDER.match(entry.name) and _is_date(entry.name)):
+                continue
+            if not _inside(Path(entry.path), root):
+                _log.warning(
+                    "inbox: dated folder %s resolves outside the inbox; skipped", entry.name
+                )
+                continue
+            for inner in _scandir(Path(entry.path)):
+                if _is_candidate(inner):
+                    yield Path(entry.path) / inner.name, entry.name
         elif _is_candidate(entry):
-            yield Path(entry.path), entry.name, None
+            yield Path(entry.path), None
 
 
 def _scandir(directory: Path) -> list[os.DirEntry[str]]:
@@ -203,8 +223,12 @@ def _is_candidate(entry: os.DirEntry[str]) -> bool:
     if is_ignored_name(entry.name):
         return False
     try:
+        if entry.is_symlink():
+            # A link is a candidate whatever it points to: if it leaves the inbox it is
+            # refused (and quarantined) rather than silently ignored.
+            return not entry.is_dir(follow_symlinks=True)
         # A directory or fifo named like an input is not an input (and reading a fifo blocks).
-        return entry.is_file(follow_symlinks=True)
+        return entry.is_file(follow_symlinks=False)
     except OSError:
         return False
 
@@ -215,41 +239,3 @@ def _is_date(text: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _utc_date(mtime_ns: int) -> str:
-    return datetime.fromtimestamp(mtime_ns / 1e9, UTC).date().isoformat()
-
-
-def _short_hash(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
-
-
-def _with_extension(name: Path) -> str:
-    return sanitize_source(f"{name.stem}_{name.suffix.lstrip('.')}")
-
-
-def _assign_sources(files: list[tuple[str, str]]) -> dict[str, str]:
-    """Source key per file name, unique within each ds (see the module docstring)."""
-    by_day: dict[str, list[str]] = defaultdict(list)
-    for name, ds in files:
-        by_day[ds].append(name)
-    sources: dict[str, str] = {}
-    for names in by_day.values():
-        proposed: dict[str, str] = {}
-        by_stem: dict[str, list[str]] = defaultdict(list)
-        for name in names:
-            by_stem[sanitize_source(Path(name).stem)].append(name)
-        for stem, group in by_stem.items():
-            for name in group:
-                proposed[name] = stem if len(group) == 1 else _with_extension(Path(name))
-        # Whatever still collides (same stem and extension in the root and a dated folder, or
-        # `seeds_jsonl.csv` next to `seeds.jsonl` + `seeds.csv`) is told apart by its path.
-        counts: dict[str, int] = defaultdict(int)
-        for source in proposed.values():
-            counts[source] += 1
-        for name, source in proposed.items():
-            if counts[source] > 1:
-                source = sanitize_source(f"{source}_{_short_hash(name)}")
-            sources[name] = source
-    return sources

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
@@ -18,12 +18,15 @@ from typing import Any
 import polars as pl
 from pydantic import BaseModel, ConfigDict
 
+from kimi_batch.paths import PRIVATE_FILE_MODE, private_dir
 from kimi_batch.storage.errors import InvalidPartitionError
 from kimi_batch.storage.schema import PARTITION_COLUMNS, TABLES, model_for, polars_schema
 
 __all__ = ["PART_FILE", "PartitionWrite", "Warehouse", "validate_ds", "validate_source"]
 
 PART_FILE = "part-0.parquet"
+# Rows held in memory at once while a partition is written.
+CHUNK_ROWS = 2000
 _DS = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 # First character alphanumeric: Hive and Trino skip paths that start with "." or "_".
 _SOURCE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -78,6 +81,21 @@ def _utc_naive(value: Any) -> Any:
     return value
 
 
+def _chunks(
+    rows: Iterable[BaseModel], model: type[BaseModel], table: str
+) -> Iterator[list[dict[str, Any]]]:
+    records: list[dict[str, Any]] = []
+    for row in rows:
+        if not isinstance(row, model):
+            raise TypeError(f"{table} takes {model.__name__} rows, got {type(row).__name__}")
+        records.append(_utc_naive(row.model_dump()))
+        if len(records) >= CHUNK_ROWS:
+            yield records
+            records = []
+    if records:
+        yield records
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -108,26 +126,41 @@ class Warehouse:
     def write_partition(
         self, table: str, ds: str | date, source: str, rows: Iterable[BaseModel]
     ) -> PartitionWrite:
-        """Write (or atomically replace) one partition; zero rows still writes a schema-only file."""
+        """Write (or atomically replace) one partition; zero rows still writes a schema-only file.
+
+        `rows` is consumed in chunks of `CHUNK_ROWS` (pass a generator and memory stays bounded
+        whatever the partition's size): each chunk is written to a hidden temp file, and several
+        chunks are streamed into the one partition file by polars, which never holds them all.
+        """
         model = model_for(table)
         ds, source = validate_ds(ds), validate_source(source)
-        records: list[dict[str, Any]] = []
-        for row in rows:
-            if not isinstance(row, model):
-                raise TypeError(f"{table} takes {model.__name__} rows, got {type(row).__name__}")
-            records.append(_utc_naive(row.model_dump()))
-        frame = pl.DataFrame(records, schema=polars_schema(table))
+        schema = polars_schema(table)
         directory = self.partition_dir(table, ds, source)
+        private_dir(self.root)  # generated text is confidential: the root is owner-only
         directory.mkdir(parents=True, exist_ok=True)
         target = directory / PART_FILE
-        temp = directory / f".{PART_FILE}.{uuid.uuid4().hex}.tmp"
+        token = uuid.uuid4().hex
+        temp = directory / f".{PART_FILE}.{token}.tmp"
+        chunk_files: list[Path] = []
         try:
-            frame.write_parquet(temp, compression="zstd", statistics=True)
+            for records in _chunks(rows, model, table):
+                chunk = directory / f".{PART_FILE}.{token}.{len(chunk_files)}.chunk"
+                pl.DataFrame(records, schema=schema).write_parquet(chunk, compression="zstd")
+                chunk_files.append(chunk)
+            if not chunk_files:
+                pl.DataFrame(schema=schema).write_parquet(temp, compression="zstd", statistics=True)
+            elif len(chunk_files) == 1:
+                os.replace(chunk_files[0], temp)
+            else:
+                pl.scan_parquet(chunk_files).sink_parquet(temp, compression="zstd", statistics=True)
             with temp.open("rb") as handle:
                 os.fsync(handle.fileno())
+            os.chmod(temp, PRIVATE_FILE_MODE)
             os.replace(temp, target)
         finally:
             temp.unlink(missing_ok=True)
+            for chunk in chunk_files:
+                chunk.unlink(missing_ok=True)
         # Files of another writer (part-1.parquet, ...) would be read as extra rows of the partition.
         for stale in directory.glob("*.parquet"):
             if stale.name != PART_FILE:
@@ -138,7 +171,7 @@ class Warehouse:
             ds=ds,
             source=source,
             path=target,
-            rows=frame.height,
+            rows=pl.scan_parquet(target).select(pl.len()).collect().item(),
             bytes=target.stat().st_size,
         )
 

@@ -28,7 +28,13 @@ import polars as pl
 from pydantic import BaseModel
 
 from kimi_batch.storage.errors import InvalidIdentifierError, InvalidPartitionError
-from kimi_batch.tasks.rows import PARTITION_COLUMNS, AmplifiedRow, DistilledRow, QuarantineRow
+from kimi_batch.tasks.rows import (
+    PARTITION_COLUMNS,
+    AmplifiedRow,
+    DistilledRow,
+    QuarantineRow,
+    SeedRow,
+)
 
 __all__ = [
     "PARTITION_COLUMNS",
@@ -45,6 +51,7 @@ __all__ = [
 
 TABLES: Mapping[str, type[BaseModel]] = types.MappingProxyType(
     {
+        "seeds": SeedRow,
         "amplified": AmplifiedRow,
         "distilled": DistilledRow,
         "quarantine": QuarantineRow,

@@ -23,6 +23,7 @@ import trino.dbapi
 import trino.exceptions
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from kimi_batch.settings import Settings
 from kimi_batch.storage.errors import (
     SchemaMismatchError,
     StorageError,
@@ -75,6 +76,24 @@ class TrinoConfig(BaseModel):
     def table_location(self, table: str) -> str:
         base = self.warehouse_location
         return f"{base}{table}" if base.endswith("/") else f"{base}/{table}"
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> TrinoConfig:
+        """The deployment's Trino; StorageError when KIMI_BATCH_TRINO_HOST is not set."""
+        if not settings.trino_host:
+            raise StorageError("Trino is not configured (KIMI_BATCH_TRINO_HOST is not set)")
+        password = settings.trino_password
+        return cls(
+            host=settings.trino_host,
+            port=settings.trino_port,
+            user=settings.trino_user,
+            password=SecretStr(password) if password else None,
+            # Basic auth is only sent over https (the client refuses clear text).
+            http_scheme="https" if password else "http",
+            catalog=settings.trino_catalog,
+            schema_name=settings.trino_schema,
+            warehouse_location=settings.trino_warehouse_location,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.engine.requests import GenerationRequest, GenerationResult, SamplingParams
 from kimi_batch.llama.types import ChatMessage
-from kimi_batch.tasks.inputs import SeedPrompt, truncate_raw
+from kimi_batch.tasks.inputs import SeedPrompt
+from kimi_batch.tasks.quarantine import result_row
 from kimi_batch.tasks.rows import AmplifiedRow, GenerationColumns, QuarantineRow
 
 __all__ = [
@@ -233,22 +234,8 @@ def result_quarantine(
     reason: str,
 ) -> QuarantineRow:
     """A quarantine row for an unusable output, pointing at the seed's file and line."""
-    return QuarantineRow(
-        request_id=result.request_id,
-        input_id=result.input_id,
-        model=result.model,
-        digest_sha256=result.digest_sha256,
-        prompt_tokens=result.prompt_tokens,
-        cached_tokens=result.cached_tokens,
-        completion_tokens=result.completion_tokens,
-        finish_reason=result.finish_reason,
-        stage=stage,
-        source_file=seed.source_file,
-        line=seed.line,
-        reason=reason,
-        raw=truncate_raw(result.text),
-        # The result's own time, so that a rerun from the ledger yields identical rows.
-        created_at=result.created_at,
+    return result_row(
+        result, stage=stage, source_file=seed.source_file, line=seed.line, reason=reason
     )
 
 

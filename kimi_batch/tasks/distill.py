@@ -11,7 +11,7 @@ The request tag carries where the prompt came from: `seed`, or `variant:<strateg
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -24,10 +24,13 @@ from kimi_batch.tasks.rows import AmplifiedRow, DistilledRow, QuarantineRow
 
 __all__ = [
     "DEFAULT_DISTILL_PARAMS",
+    "EMPTY_REASON",
     "SEED_TAG",
+    "TRUNCATED_REASON",
     "VARIANT_TAG_PREFIX",
     "DistillOutcome",
     "distillation_requests",
+    "iter_distilled_rows",
     "parse_tag",
     "to_distilled_rows",
     "variant_tag",
@@ -123,24 +126,46 @@ def _structured(
     return value.model_dump_json(), ""
 
 
-def to_distilled_rows(
+TRUNCATED_REASON = (
+    "answer cut off at max_tokens (finish_reason=length): not a final answer; raise max_tokens "
+    "or set retry_truncated_max_tokens"
+)
+EMPTY_REASON = "empty answer: not a final answer"
+
+
+def _set_aside_reason(
+    result: GenerationResult, response: str, output_model: type[BaseModel] | None
+) -> tuple[str | None, str | None]:
+    """(structured JSON, None) for a final answer, else (None, the reason it is not one)."""
+    if not response:
+        return None, EMPTY_REASON
+    structured: str | None = None
+    if output_model is not None:
+        structured, reason = _structured(response, output_model, result.finish_reason)
+        if structured is None:
+            return None, reason
+    if result.truncated:
+        return None, TRUNCATED_REASON
+    return structured, None
+
+
+def iter_distilled_rows(
     results: Iterable[GenerationResult],
     seeds: Sequence[SeedPrompt],
     variants: Sequence[AmplifiedRow] = (),
     *,
     output_model: type[BaseModel] | None = None,
-) -> DistillOutcome:
-    """Turn distillation results into rows; answers that break the schema go to quarantine.
+    set_aside: list[QuarantineRow],
+) -> Iterator[DistilledRow]:
+    """Distillation results as rows, one at a time (results stream from the ledger).
 
-    Empty answers stay rows (with `structured` null): an asset check counts them, and dropping
-    them here would hide a broken model or template. Rows come out ordered by (seed, origin,
-    strategy, request id), independent of completion order. A result that matches no seed or
-    variant is a caller bug and raises ValueError.
+    Only final answers become rows: an empty answer, one cut off at max_tokens, or one that breaks
+    the schema goes to `set_aside` with the reason (and the text in `raw`), so a student model is
+    never trained on half an answer. A result that matches no seed or variant is a caller bug and
+    raises ValueError.
     """
     seeds_by_id = {seed.input_id: seed for seed in seeds}
     variants_by_id = {variant.request_id: variant for variant in variants}
-    rows: list[DistilledRow] = []
-    quarantined: list[QuarantineRow] = []
     for result in results:
         origin, strategy = parse_tag(result.tag)
         if origin == "seed":
@@ -153,28 +178,39 @@ def to_distilled_rows(
         if seed is None:
             raise ValueError(f"result {result.request_id} matches no seed or variant")
         response = result.text.strip()
-        structured: str | None = None
-        if output_model is not None and response:
-            structured, reason = _structured(response, output_model, result.finish_reason)
-            if structured is None:
-                quarantined.append(
-                    result_quarantine(result, stage="distill", seed=seed, reason=reason)
-                )
-                continue
-        rows.append(
-            DistilledRow.model_validate(
-                {
-                    **generation_columns(result),
-                    "seed_id": seed.input_id,
-                    "origin": origin,
-                    "strategy": strategy.value if strategy else None,
-                    "prompt": prompt,
-                    "response": response,
-                    "structured": structured,
-                    "logprobs": result.logprobs,
-                }
-            )
+        structured, reason = _set_aside_reason(result, response, output_model)
+        if reason is not None:
+            set_aside.append(result_quarantine(result, stage="distill", seed=seed, reason=reason))
+            continue
+        yield DistilledRow.model_validate(
+            {
+                **generation_columns(result),
+                "seed_id": seed.input_id,
+                "origin": origin,
+                "strategy": strategy.value if strategy else None,
+                "prompt": prompt,
+                "response": response,
+                "reasoning": result.reasoning_content or None,
+                "structured": structured,
+                "logprobs": result.logprobs,
+            }
         )
+
+
+def to_distilled_rows(
+    results: Iterable[GenerationResult],
+    seeds: Sequence[SeedPrompt],
+    variants: Sequence[AmplifiedRow] = (),
+    *,
+    output_model: type[BaseModel] | None = None,
+) -> DistillOutcome:
+    """`iter_distilled_rows` collected, rows ordered by (seed, origin, strategy, request id)."""
+    quarantined: list[QuarantineRow] = []
+    rows = list(
+        iter_distilled_rows(
+            results, seeds, variants, output_model=output_model, set_aside=quarantined
+        )
+    )
     rows.sort(key=lambda r: (r.seed_id, r.origin != "seed", r.strategy or "", r.request_id))
     quarantined.sort(key=lambda q: (q.input_id or "", q.request_id or ""))
     return DistillOutcome(rows=rows, quarantined=quarantined)

@@ -11,30 +11,45 @@ Accepted formats (chosen by extension):
 Nothing here raises on bad input: a bad row, or a file that cannot be read at all, becomes a
 `QuarantineRow` (stage `input`) with a short reason, the source file and the 1-based line, so one
 broken upload never stops the batch. Unknown extra columns are ignored, so users can keep their own
-metadata columns next to the prompt.
+metadata columns next to the prompt. Files are read incrementally (`input_formats`) and the number
+of quarantine rows per file is bounded, so memory stays small whatever lands in the inbox.
 """
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import json
+import os
+import re
+import stat
+import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import IO, Annotated, Any, Literal
 
-import polars as pl
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from kimi_batch.engine.requests import SamplingParams
 from kimi_batch.llama.types import ChatMessage
+from kimi_batch.tasks.input_formats import (
+    FILE_ERRORS,
+    FileRefusedError,
+    Item,
+    csv_items,
+    json_items,
+    jsonl_items,
+    parquet_items,
+)
 from kimi_batch.tasks.rows import QuarantineRow
+from kimi_batch.tasks.seen_ids import SeenIds
 
 __all__ = [
+    "CHUNK_ROWS",
     "INSTRUCTIONS_CLOSE",
     "INSTRUCTIONS_OPEN",
+    "MAX_INPUT_BYTES",
+    "MAX_QUARANTINE_ROWS",
     "RAW_LIMIT",
     "SUPPORTED_EXTENSIONS",
     "InputBatch",
@@ -42,6 +57,8 @@ __all__ = [
     "SeedPrompt",
     "fold_instructions",
     "format_validation_error",
+    "in_chunks",
+    "iter_inbox_rows",
     "quarantine_overlong",
     "read_inbox_file",
     "truncate_raw",
@@ -54,6 +71,13 @@ RAW_LIMIT = 2000
 INSTRUCTIONS_OPEN = "<instructions>"
 INSTRUCTIONS_CLOSE = "</instructions>"
 _MAX_REASONS = 3
+# Defaults of the reader's bounds (the pipeline passes its configured size limit).
+MAX_INPUT_BYTES = 256 << 20
+MAX_QUARANTINE_ROWS = 1000
+CHUNK_ROWS = 10_000
+# A lone surrogate (from a JSON `\ud800` escape) is not Unicode: UTF-8 encoding of the request,
+# the request key and the Parquet writer would all fail on it later.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class ParamOverrides(BaseModel):
@@ -131,12 +155,25 @@ def _content_text(value: Any) -> Any:
     return value
 
 
+def _unicode(value: str) -> str:
+    if not value.isascii() and (found := _SURROGATE.search(value)):
+        raise ValueError(
+            f"has a lone surrogate {found.group()!r} at character {found.start()} (not valid "
+            "Unicode: a broken escape or a mis-decoded file)"
+        )
+    return value
+
+
+# Every string that is sent or stored goes through this check.
+_Text = Annotated[str, AfterValidator(_unicode)]
+
+
 class _InMessage(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     # `developer` is the OpenAI name of the system role in newer models.
     role: Literal["system", "developer", "user", "assistant"]
-    content: str
+    content: _Text
 
     @field_validator("content", mode="before")
     @classmethod
@@ -197,10 +234,10 @@ class _Overrides(BaseModel):
 
 
 class _PlainRow(_Overrides):
-    id: str | None = None
-    prompt: str | None = None
+    id: _Text | None = None
+    prompt: _Text | None = None
     messages: list[_InMessage] | None = None
-    system: str | None = None
+    system: _Text | None = None
 
     @field_validator("id", mode="before")
     @classmethod
@@ -272,10 +309,18 @@ class _OpenAIBatchLine(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    custom_id: str = Field(min_length=1)
+    # No `min_length`: pydantic's constrained str would reject a lone surrogate with a vaguer text.
+    custom_id: _Text
     method: Literal["POST"] = "POST"
     url: Literal["/v1/chat/completions"]
     body: _OpenAIBody
+
+    @field_validator("custom_id")
+    @classmethod
+    def _custom_id(cls, value: str) -> str:
+        if not value:
+            raise ValueError("String should have at least 1 character")
+        return value
 
 
 # ---- helpers -----------------------------------------------------------------------------------
@@ -404,136 +449,195 @@ def _quarantine(
 
 
 def _raw_json(record: Any) -> str:
-    return json.dumps(record, ensure_ascii=False, default=str)
+    text = json.dumps(record, ensure_ascii=False, default=str)
+    # Lone surrogates stay escaped: `raw` is written to Parquet, which needs valid UTF-8.
+    return (
+        text if text.isascii() or not _SURROGATE.search(text) else json.dumps(record, default=str)
+    )
 
 
-# ---- readers: yield (line, decoded record | error reason, raw text) ---------------------------
-
-_Item = tuple[int | None, Any, str, str | None]  # line, record, raw, decode error
-
-
-def _jsonl_items(data: bytes) -> Iterator[_Item]:
-    for number, raw_bytes in enumerate(data.split(b"\n"), start=1):
-        try:
-            text = raw_bytes.decode("utf-8-sig" if number == 1 else "utf-8")
-        except UnicodeDecodeError:
-            yield number, None, repr(raw_bytes[:RAW_LIMIT]), "line is not valid UTF-8"
-            continue
-        text = text.strip()
-        if not text:
-            continue
-        try:
-            yield number, json.loads(text), text, None
-        except json.JSONDecodeError as error:
-            yield number, None, text, f"invalid JSON: {error.msg} (column {error.colno})"
+def _shown(raw: Any, record: Any) -> str:
+    """The `raw` column of a rejected row: its text as written, else its value as JSON."""
+    if isinstance(raw, str):
+        return raw
+    try:
+        return _raw_json(record if raw is None else raw)
+    except (ValueError, RecursionError):
+        return "(not shown: nested too deeply)"
 
 
-def _json_items(data: bytes) -> Iterator[_Item]:
-    records = json.loads(data.decode("utf-8-sig"))
-    if not isinstance(records, list):
-        raise ValueError(f"expected a JSON array of rows, got {type(records).__name__}")
-    for number, record in enumerate(records, start=1):
-        yield number, record, _raw_json(record), None
+# ---- the reader: decoded rows → seeds and (bounded) quarantine rows ---------------------------
 
 
-def _require_prompt_column(columns: Iterable[str]) -> None:
-    if not {"prompt", "messages"} & set(columns):
-        raise ValueError("no `prompt` or `messages` column")
+class _Rejects:
+    """Keeps the first `limit` quarantine rows of a file; counts the rest for one summary row."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.kept = 0
+        self.dropped = 0
+        self.examples: list[str] = []
+        self._reasons: set[str] = set()
+
+    def admit(self, line: int | None, reason: str) -> bool:
+        if self.kept < self.limit:
+            self.kept += 1
+            return True
+        self.dropped += 1
+        if len(self.examples) < _MAX_REASONS and reason not in self._reasons:
+            self._reasons.add(reason)
+            self.examples.append(f"line {line}: {truncate_raw(reason, 200)}")
+        return False
+
+    def summary(self) -> str | None:
+        if not self.dropped:
+            return None
+        return (
+            f"{self.dropped} more bad rows not listed (only the first {self.limit} are), "
+            f"e.g. {'; '.join(self.examples)}"
+        )
 
 
-def _csv_items(data: bytes) -> Iterator[_Item]:
-    reader = csv.DictReader(io.StringIO(data.decode("utf-8-sig"), newline=""))
-    _require_prompt_column(reader.fieldnames or [])
-    line = 2  # line 1 is the header
-    for row in reader:
-        raw = _raw_json(row)
-        if None in row:
-            yield line, None, raw, "row has more fields than the header"
-        else:
-            record = {k: v for k, v in row.items() if v not in (None, "")}
-            # An empty cell means "not set", but an empty prompt in a row without messages is the
-            # user's mistake and should be reported as such, not as a missing column.
-            if "prompt" in row and "messages" not in record:
-                record.setdefault("prompt", row["prompt"])
-            yield line, record, raw, None
-        line = reader.line_num + 1  # a quoted field may span lines
+def _open_regular(path: Path) -> tuple[IO[bytes], int]:
+    """The open file and its size; refuses what is not a regular file before reading a byte."""
+    # O_NONBLOCK: opening a FIFO named like an input must not hang the reader.
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        status = os.fstat(descriptor)
+        if not stat.S_ISREG(status.st_mode):
+            raise FileRefusedError("not a regular file")
+        return os.fdopen(descriptor, "rb"), status.st_size
+    except BaseException:
+        os.close(descriptor)
+        raise
 
 
-def _parquet_items(path: Path) -> Iterator[_Item]:
-    frame = pl.read_parquet(path)
-    _require_prompt_column(frame.columns)
-    for number, record in enumerate(frame.iter_rows(named=True), start=1):
-        # Columns a row does not use are null there (e.g. `prompt` in a `messages` row).
-        present = {key: value for key, value in record.items() if value is not None}
-        yield number, present, _raw_json(present), None
-
-
-def _items(path: Path) -> Iterator[_Item]:
+def _items(path: Path, file: IO[bytes], size: int) -> Iterator[Item]:
     suffix = path.suffix.lower()
     if suffix == ".parquet":
-        return _parquet_items(path)
-    data = path.read_bytes()
+        return parquet_items(path)
     if suffix in (".jsonl", ".ndjson"):
-        return _jsonl_items(data)
+        return jsonl_items(file)
     if suffix == ".json":
-        return _json_items(data)
-    return _csv_items(data)
+        return json_items(file, size=size)
+    return csv_items(file)
 
 
-def read_inbox_file(
-    path: Path, *, source_name: str | None = None, now: datetime | None = None
-) -> InputBatch:
-    """Read one inbox file into seeds and quarantine rows; never raises on bad content.
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):.1f} MiB"
 
+
+def iter_inbox_rows(
+    path: Path,
+    *,
+    source_name: str | None = None,
+    now: datetime | None = None,
+    max_input_bytes: int = MAX_INPUT_BYTES,
+    max_quarantine_rows: int = MAX_QUARANTINE_ROWS,
+) -> Iterator[SeedPrompt | QuarantineRow]:
+    """Stream one inbox file as seeds and quarantine rows, in file order; never raises on content.
+
+    Memory does not grow with the file: rows are decoded one at a time, a file over
+    `max_input_bytes` is refused before it is read, only the first `max_quarantine_rows` bad rows
+    are listed (then one row counting the rest), and duplicate ids are tracked as 8-byte digests.
     `source_name` (default: the file name) is stored as `source_file`; a bare name keeps rows
     identical when the inbox moves. Duplicate input ids keep their first row.
     """
     source = source_name or path.name
     created = now or datetime.now(UTC)
-    seeds: list[SeedPrompt] = []
-    quarantined: list[QuarantineRow] = []
-    first_line: dict[str, int | None] = {}
+    rejects = _Rejects(max_quarantine_rows)
+    seen = SeenIds()
 
-    def reject(line: int | None, reason: str, raw: str, input_id: str | None = None) -> None:
-        quarantined.append(
-            _quarantine(
-                source_file=source,
-                line=line,
-                reason=reason,
-                raw=raw,
-                now=created,
-                input_id=input_id,
-            )
+    def row(line: int | None, reason: str, raw: str, input_id: str | None = None) -> QuarantineRow:
+        return _quarantine(
+            source_file=source, line=line, reason=reason, raw=raw, now=created, input_id=input_id
         )
 
     if path.suffix.lower() not in SUPPORTED_EXTENSIONS:
-        reject(None, f"unsupported file extension {path.suffix or '(none)'!r}", path.name)
-        return InputBatch(seeds=[], quarantined=quarantined)
+        yield row(None, f"unsupported file extension {path.suffix or '(none)'!r}", path.name)
+        return
+    file: IO[bytes] | None = None
     try:
-        for line, record, raw, decode_error in _items(path):
-            if decode_error is not None:
-                reject(line, decode_error, raw)
-                continue
+        file, size = _open_regular(path)
+        if size > max_input_bytes:
+            raise FileRefusedError(
+                f"file is {_mib(size)}, over the input limit of {_mib(max_input_bytes)} "
+                "(KIMI_BATCH_MAX_INPUT_MB): split it into smaller files"
+            )
+        for line, record, raw, decode_error in _items(path, file, size):
             try:
+                if decode_error is not None:
+                    raise ValueError(decode_error)
                 seed = _parse_record(record, source_file=source, line=line)
             except ValidationError as error:
-                reject(line, format_validation_error(error), raw)
+                if rejects.admit(line, reason := format_validation_error(error)):
+                    yield row(line, reason, _shown(raw, record))
                 continue
-            except ValueError as error:
-                reject(line, str(error), raw)
+            except (ValueError, RecursionError) as error:
+                reason = (
+                    str(error) if not isinstance(error, RecursionError) else "nested too deeply"
+                )
+                if rejects.admit(line, reason):
+                    yield row(line, reason, _shown(raw, record))
                 continue
-            if seed.input_id in first_line:
-                where = first_line[seed.input_id]
+            if not seen.add(seed.input_id, line):
+                where = seen.first_line(seed.input_id)
                 reason = f"duplicate input id {seed.input_id!r} (first on line {where})"
-                reject(line, reason, raw, seed.input_id)
+                if rejects.admit(line, reason):
+                    yield row(line, reason, _shown(raw, record), seed.input_id)
                 continue
-            first_line[seed.input_id] = line
-            seeds.append(seed)
-    # Whatever stops the file from being read at all becomes one row for the file: a broken
-    # upload must not fail the partition (rows read before a mid-file CSV error are kept).
-    except (OSError, UnicodeError, ValueError, csv.Error, pl.exceptions.PolarsError) as error:
-        reject(None, f"cannot read file: {type(error).__name__}: {error}", path.name)
-    return InputBatch(seeds=seeds, quarantined=quarantined)
+            yield seed
+    # Whatever stops the file from being read further becomes one row for the file: a broken
+    # upload must not fail the partition (rows read before the error are kept).
+    except FileRefusedError as error:
+        yield row(None, f"file refused: {error}", path.name)
+    except FILE_ERRORS as error:
+        yield row(None, f"cannot read file: {type(error).__name__}: {error}", path.name)
+    finally:
+        if file is not None:
+            file.close()
+    if (summary := rejects.summary()) is not None:
+        yield row(None, summary, path.name)
+
+
+def in_chunks(
+    rows: Iterable[SeedPrompt | QuarantineRow], *, chunk_rows: int = CHUNK_ROWS
+) -> Iterator[InputBatch]:
+    """`iter_inbox_rows`'s stream in batches of at most `chunk_rows` seeds (one Parquet part each).
+
+    Each batch carries the quarantine rows met since the previous one; the last may hold no seeds.
+    """
+    seeds: list[SeedPrompt] = []
+    quarantined: list[QuarantineRow] = []
+    for item in rows:
+        if isinstance(item, QuarantineRow):
+            quarantined.append(item)
+            continue
+        seeds.append(item)
+        if len(seeds) >= chunk_rows:
+            yield InputBatch(seeds=seeds, quarantined=quarantined)
+            seeds, quarantined = [], []
+    if seeds or quarantined:
+        yield InputBatch(seeds=seeds, quarantined=quarantined)
+
+
+def read_inbox_file(
+    path: Path,
+    *,
+    source_name: str | None = None,
+    now: datetime | None = None,
+    max_input_bytes: int = MAX_INPUT_BYTES,
+    max_quarantine_rows: int = MAX_QUARANTINE_ROWS,
+) -> InputBatch:
+    """The whole of `iter_inbox_rows` in memory: for small files and tests."""
+    rows = iter_inbox_rows(
+        path,
+        source_name=source_name,
+        now=now,
+        max_input_bytes=max_input_bytes,
+        max_quarantine_rows=max_quarantine_rows,
+    )
+    return next(in_chunks(rows, chunk_rows=sys.maxsize), InputBatch(seeds=[], quarantined=[]))
 
 
 def quarantine_overlong(

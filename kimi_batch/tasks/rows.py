@@ -1,4 +1,4 @@
-"""Row models of the three output tables (`amplified`, `distilled`, `quarantine`).
+"""Row models of the output tables (`seeds`, `amplified`, `distilled`, `quarantine`).
 
 Parquet files and Trino tables share these schemas. The Hive partition columns `ds` and `source`
 live in the directory path (`table/ds=YYYY-MM-DD/source=NAME/`), never inside the files, so they
@@ -21,6 +21,8 @@ __all__ = [
     "GenerationColumns",
     "OutputRow",
     "QuarantineRow",
+    "SeedMessage",
+    "SeedRow",
     "TokenLogprob",
     "TopLogprob",
 ]
@@ -32,8 +34,39 @@ class _Row(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class SeedMessage(_Row):
+    role: str
+    content: str
+
+
+class SeedRow(_Row):
+    """One validated input row, as landed: what every downstream step reads (never the inbox)."""
+
+    request_id: str | None = Field(default=None, description="Null: a seed is not a request.")
+    input_id: str = Field(description="Row `id`/`custom_id`, else a content hash.")
+    model: str | None = None
+    digest_sha256: str | None = None
+    prompt_tokens: int | None = Field(
+        default=None, description="Exact token count when the length check asked the server."
+    )
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+    messages: list[SeedMessage] = Field(description="User side; instructions folded in.")
+    prompt: str = Field(description="The last user message as written.")
+    instructions: str | None = Field(description="The row's own system text, if it had one.")
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    source_file: str = Field(description="Inbox name of the file the row came from.")
+    line: int | None = Field(description="1-based line (JSONL/CSV) or row number (Parquet).")
+    input_sha256: str = Field(description="sha256 of the landed input file (its snapshot).")
+    created_at: datetime
+
+
 class GenerationColumns(_Row):
-    """The contract columns every generated row carries (DESIGN.md)."""
+    """The contract columns every generated row carries (docs/architecture.md)."""
 
     request_id: str = Field(description="Content hash of (digest sha, model, params, messages).")
     input_id: str = Field(description="Id of the input row this request was built from.")
@@ -66,6 +99,9 @@ class DistilledRow(GenerationColumns):
     strategy: str | None = Field(description="Strategy of the variant; null for seeds.")
     prompt: str
     response: str
+    reasoning: str | None = Field(
+        default=None, description="A reasoning model's thinking (reasoning_content), if any."
+    )
     structured: str | None = Field(description="Validated JSON when a schema was requested.")
     logprobs: list[TokenLogprob] | None = Field(description="Top-k logprobs when n_probs > 0.")
 
@@ -89,4 +125,4 @@ class QuarantineRow(_Row):
     created_at: datetime
 
 
-OutputRow = AmplifiedRow | DistilledRow | QuarantineRow
+OutputRow = SeedRow | AmplifiedRow | DistilledRow | QuarantineRow

@@ -34,7 +34,7 @@ from kimi_batch.defs.partitions import batch_partitions, partition_parts
 from kimi_batch.defs.schedules import nightly_distillation_schedule
 from kimi_batch.defs.sensors import inbox_sensor
 from kimi_batch.settings import Settings
-from kimi_batch.storage.inbox import resolve_source_file
+from kimi_batch.storage.landing import resolve_partition
 
 __all__ = [
     "REPO_ROOT",
@@ -175,10 +175,14 @@ def standin_definitions() -> dg.Definitions:
     @dg.asset(name="seed_prompts", partitions_def=batch_partitions)
     def seed_prompts(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         ds, source = partition_parts(context)
-        inbox = Settings.from_env().inbox_dir
-        path = resolve_source_file(inbox, ds, source)
+        resolved = resolve_partition(Settings.from_env(), ds, source)
+        version = resolved.version
         return dg.MaterializeResult(
-            metadata={"file": path.relative_to(inbox).as_posix(), "bytes": path.stat().st_size}
+            metadata={
+                "file": resolved.assignment.name,
+                "bytes": version.size if version else -1,
+                "problem": resolved.problem or "",
+            }
         )
 
     @dg.asset(

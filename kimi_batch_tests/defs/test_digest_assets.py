@@ -9,8 +9,6 @@ import dagster as dg
 import pytest
 
 from kimi_batch.definitions import DIGEST_ASSETS, build_resources
-from kimi_batch.defs.resources.digest import DigestResource
-from kimi_batch.settings import Settings
 from kimi_batch_tests.conftest import LlamaEnv
 from kimi_batch_tests.engine.test_warm import fresh_digest
 
@@ -27,10 +25,9 @@ def _digest_file(home: Path, name: str) -> Path:
 
 
 def _materialize(digest_path: Path) -> dg.ExecuteInProcessResult:
-    resources: dict[str, Any] = build_resources(Settings.from_env())
-    resources["digest"] = DigestResource(path=str(digest_path))
-    with dg.instance_for_test() as instance:
-        return dg.materialize(DIGEST_ASSETS, resources=resources, instance=instance)
+    with pytest.MonkeyPatch.context() as patch, dg.instance_for_test() as instance:
+        patch.setenv("KIMI_BATCH_DIGEST", str(digest_path))  # deployment config, not run config
+        return dg.materialize(DIGEST_ASSETS, resources=build_resources(), instance=instance)
 
 
 def test_digest_is_fingerprinted_then_prefilled_once_and_restored_everywhere(

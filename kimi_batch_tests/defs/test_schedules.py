@@ -6,7 +6,7 @@ import json
 import os
 import subprocess
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, time
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -19,7 +19,10 @@ from kimi_batch.defs.schedules import (
     night_ds,
     nightly_distillation_schedule,
     nightly_partitions,
+    window_end,
 )
+from kimi_batch.settings import Settings
+from kimi_batch.storage.landing import Assignment
 from kimi_batch_tests.defs import REPO_ROOT, standin_definitions
 
 pytestmark = pytest.mark.filterwarnings("ignore:Non-compliant tag keys:DeprecationWarning")
@@ -65,26 +68,26 @@ def mpk(source: str, ds: str = "2025-06-01") -> dg.MultiPartitionKey:
     return dg.MultiPartitionKey({"date": ds, "source": source})
 
 
-def test_night_returns_exactly_that_days_partitions(inbox: Path) -> None:
+def test_night_asks_for_every_partition_not_yet_distilled_oldest_first(inbox: Path) -> None:
     with dg.instance_for_test() as instance:
         requests, skip = evaluate(instance, NIGHT)
         sources = instance.get_dynamic_partitions("source")
 
     assert skip is None
+    # Undated files nobody had seen are assigned to the night that just ended (June 1), whatever
+    # their mtime; the June 2 folder waits for its own night; May 31 was never distilled.
     assert [request.partition_key for request in requests] == [
+        mpk("old", "2025-05-31"),
         mpk("alpha"),
         mpk("beta"),
+        mpk("early"),
         mpk("late_upload"),
     ]
-    assert [request.run_key for request in requests] == [
-        "nightly:2025-06-01:alpha",
-        "nightly:2025-06-01:beta",
-        "nightly:2025-06-01:late_upload",
-    ]
+    assert requests[1].run_key == "nightly:2025-06-01:2025-06-01:alpha"
     assert all(request.tags["kimi_batch/night"] == "2025-06-01" for request in requests)
     assert all(request.tags[schedules.TRIGGER_TAG] == "nightly" for request in requests)
-    # The sources were added so the partitioned run requests resolve (and a backfill sees them).
-    assert {"alpha", "beta", "late_upload"} <= set(sources)
+    assert all(request.tags["dagster/max_retries"] == "2" for request in requests)
+    assert {"alpha", "beta", "late_upload", "old", "early"} <= set(sources)
 
 
 def test_re_evaluating_a_night_gives_the_same_run_keys(inbox: Path) -> None:
@@ -95,42 +98,89 @@ def test_re_evaluating_a_night_gives_the_same_run_keys(inbox: Path) -> None:
     assert [r.run_key for r in first] == [r.run_key for r in second]
 
 
-def test_night_with_nothing_is_a_skip(inbox: Path) -> None:
-    with dg.instance_for_test() as instance:
-        requests, skip = evaluate(instance, datetime(2025, 6, 10, 2, 0, tzinfo=UTC))
-
-    assert requests == []
-    assert skip == "nothing arrived on 2025-06-09"
-
-
-def test_already_amplified_partitions_count_when_their_file_is_gone(inbox: Path) -> None:
+def test_a_lost_night_is_caught_up_the_next_night(inbox: Path) -> None:
     defs = standin_definitions()
     with dg.instance_for_test() as instance:
-        instance.add_dynamic_partitions("source", ["cleaned_up", "elsewhere"])
-        for partition in (mpk("cleaned_up"), mpk("elsewhere", "2025-05-20")):
-            result = dg.materialize(
-                [defs.get_assets_def("amplified_prompts")],
-                partition_key=str(partition),
-                instance=instance,
-            )
-            assert result.success
+        first, _ = evaluate(instance, NIGHT)
+        # That night only alpha finished; the rest failed or was stopped at the window.
+        distill(defs, instance, mpk("alpha"))
+        (inbox / "2025-06-01" / "beta.jsonl").unlink()  # cleaned up: its partition stays known
+        next_night, _ = evaluate(instance, datetime(2025, 6, 3, 2, 0, tzinfo=UTC))
+
+    assert len(first) == 5
+    assert [request.partition_key for request in next_night] == [
+        mpk("old", "2025-05-31"),
+        mpk("beta"),
+        mpk("early"),
+        mpk("late_upload"),
+        mpk("next", "2025-06-02"),
+    ]
+    assert next_night[0].run_key == "nightly:2025-06-02:2025-05-31:old"  # not deduped by night 1
+
+
+def test_everything_distilled_is_a_skip(inbox: Path) -> None:
+    defs = standin_definitions()
+    with dg.instance_for_test() as instance:
+        for request in evaluate(instance, NIGHT)[0]:
+            assert isinstance(request.partition_key, str | dg.MultiPartitionKey)
+            distill(defs, instance, request.partition_key)
+        requests, skip = evaluate(instance, NIGHT)
+
+    assert requests == []
+    assert skip == "every partition up to 2025-06-01 is distilled"
+
+
+def test_the_window_end_and_a_matching_max_runtime_ride_on_every_run(
+    inbox: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KIMI_BATCH_NIGHT_ENDS", "07:00")
+    with dg.instance_for_test() as instance:
         requests, _ = evaluate(instance, NIGHT)
 
-    assert [request.partition_key for request in requests] == [
-        mpk("alpha"),
-        mpk("beta"),
-        mpk("cleaned_up"),
-        mpk("late_upload"),
-    ]
+    assert {r.tags[schedules.WINDOW_TAG] for r in requests} == {"2025-06-02T07:00:00+00:00"}
+    expected = 5 * 3600 + schedules.WINDOW_GRACE_S
+    assert {r.tags[schedules.MAX_RUNTIME_TAG] for r in requests} == {str(expected)}
 
 
-def test_nightly_partitions_pure(inbox: Path) -> None:
-    assert nightly_partitions(inbox, "2025-06-02", ["2025-06-02|extra", "2025-06-01|no"]) == [
-        BatchPartition(ds="2025-06-02", source="early"),
-        BatchPartition(ds="2025-06-02", source="extra"),
-        BatchPartition(ds="2025-06-02", source="next"),
+def test_window_end_is_the_next_end_time_in_the_schedules_zone() -> None:
+    tokyo = settings_in("Asia/Tokyo").model_copy(update={"night_ends": time(7, 0)})
+    end = window_end(datetime(2025, 6, 1, 17, 0, tzinfo=UTC), tokyo)  # 02:00 in Tokyo
+    assert end == datetime(2025, 6, 2, 7, 0, tzinfo=ZoneInfo("Asia/Tokyo"))
+    late = window_end(datetime(2025, 6, 1, 23, 0, tzinfo=UTC), tokyo)  # 08:00 in Tokyo
+    assert late == datetime(2025, 6, 3, 7, 0, tzinfo=ZoneInfo("Asia/Tokyo"))
+    assert window_end(NIGHT, settings_in("UTC")) is None
+
+
+def test_nightly_partitions_pure() -> None:
+    assignments = [
+        Assignment(name=n, ds=d, source=src, first_seen=0.0, dated_ds=None, refused=None)
+        for n, d, src in [
+            ("a", "2025-06-01", "a"),
+            ("b", "2025-06-02", "b"),
+            ("c", "2025-06-03", "c"),
+            ("d", "2025-05-01", "d"),
+        ]
     ]
-    assert nightly_partitions(inbox, "2030-01-01") == []
+    assert nightly_partitions(assignments, ["2025-06-01|a"], "2025-06-02") == [
+        BatchPartition(ds="2025-05-01", source="d"),
+        BatchPartition(ds="2025-06-02", source="b"),
+    ]
+    assert nightly_partitions([], [], "2030-01-01") == []
+
+
+def distill(
+    defs: dg.Definitions, instance: dg.DagsterInstance, partition: str | dg.MultiPartitionKey
+) -> None:
+    result = dg.materialize(
+        [defs.get_assets_def("distilled_responses")],
+        partition_key=str(partition),
+        instance=instance,
+    )
+    assert result.success
+
+
+def settings_in(zone: str) -> Settings:
+    return Settings.from_env().model_copy(update={"timezone": zone})
 
 
 @pytest.mark.parametrize(
@@ -144,7 +194,7 @@ def test_nightly_partitions_pure(inbox: Path) -> None:
     ],
 )
 def test_night_ds(when: datetime, zone: str, ds: str) -> None:
-    assert night_ds(when, zone) == ds
+    assert night_ds(when, settings_in(zone)) == ds
 
 
 def test_job_is_the_partitioned_distillation_job() -> None:

@@ -5,11 +5,11 @@ requested dynamic partitions, stores the cursor, skips run keys that already hav
 sensor, and executes the others on the same instance (against stand-in assets that resolve their
 file with the real `resolve_source_file`). The sensor itself is the real one.
 
-Unreadable files, honestly: tests run as root here, so `chmod 000` would not stop a read. The
-unreadable file is a symlink to `/proc/self/mem`, a regular file whose read fails with EIO for
-any user; a file that vanishes mid-tick is deleted by a wrapper around the hash function just
-before the real read (the FileNotFoundError is the real one); a file that becomes readable again
-is the only simulated error (a wrapper raising PermissionError once).
+Unreadable files, honestly: tests run as root here, so `chmod 000` would not stop a read. A file
+that vanishes mid-tick is deleted by a wrapper around the hash function just before the real read
+(the FileNotFoundError is the real one); a file that cannot be read and becomes readable again is
+the only simulated error (a wrapper raising PermissionError once). A symlink out of the inbox (to
+`/proc/self/mem`, whose read would fail with EIO, or to a secret) is refused without any read.
 """
 
 from __future__ import annotations
@@ -28,11 +28,13 @@ from kimi_batch.defs import sensors
 from kimi_batch.defs.sensors import (
     FILE_TAG,
     InboxCursor,
-    automation_running,
     inbox_sensor,
     plan_inbox_tick,
 )
-from kimi_batch.storage.inbox import file_sha256, scan_inbox
+from kimi_batch.paths import StatePaths
+from kimi_batch.settings import Settings
+from kimi_batch.storage.inbox import InboxFile, file_sha256, scan_inbox
+from kimi_batch.storage.landing import Assignment, Landing
 from kimi_batch_tests.defs import standin_definitions
 
 # Dagster's own multi-partition tags (`dagster/partition/date`) trip its tag-key deprecation.
@@ -154,14 +156,47 @@ def test_new_file_adds_its_partition_and_runs_ingest(inbox: Path, daemon: Sensor
     assert materialized_file(result) == f"{DAY}/seeds.jsonl"
 
 
-def test_root_file_partition_is_its_mtime_date(inbox: Path, daemon: SensorDaemon) -> None:
-    path = put(inbox / "Loose Seeds.csv", "prompt\nhi\n")
-    (item,) = scan_inbox(inbox)
+def test_root_file_partition_is_the_day_it_arrived_not_its_mtime(
+    inbox: Path, daemon: SensorDaemon
+) -> None:
+    # Copied with `cp -p` from an archive: a 2019 mtime, before the partitions even start.
+    path = put(inbox / "Loose Seeds.csv", "prompt\nhi\n", age_s=7 * 365 * 86400)
 
     (request,) = daemon.tick().launched
 
-    assert request.partition_key == key("loose_seeds", item.ds)
+    assert request.partition_key == key("loose_seeds", Settings.from_env().today().isoformat())
     assert request.run_key == f"Loose Seeds.csv:{file_sha256(path)[:16]}"
+
+
+def test_a_new_file_of_the_same_stem_never_moves_an_ingested_partition(
+    inbox: Path, daemon: SensorDaemon
+) -> None:
+    put(inbox / DAY / "seeds.jsonl")
+    (first,) = daemon.tick().launched
+    put(inbox / DAY / "seeds.csv", "prompt\nhi\n")
+
+    (second,) = daemon.tick().launched
+    put(inbox / DAY / "seeds.jsonl", '{"prompt": "edited"}\n', age_s=30)
+    (third,) = daemon.tick().launched
+
+    assert first.partition_key == key("seeds")
+    assert second.partition_key == key("seeds_csv")
+    assert third.partition_key == key("seeds")  # a new version of the same partition
+
+
+def test_arrival_day_is_taken_in_the_schedules_timezone(
+    inbox: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 20:00 UTC is already tomorrow in Tokyo: the nightly "day that just ended" is Tokyo's.
+    monkeypatch.setenv("KIMI_BATCH_TIMEZONE", "Asia/Tokyo")
+    from datetime import UTC, datetime
+
+    settings = Settings.from_env()
+    assert settings.today(datetime(2026, 11, 30, 20, 0, tzinfo=UTC)).isoformat() == "2026-12-01"
+    monkeypatch.setenv("KIMI_BATCH_TIMEZONE", "UTC")
+    assert Settings.from_env().today(datetime(2026, 11, 30, 20, 0, tzinfo=UTC)).isoformat() == (
+        "2026-11-30"
+    )
 
 
 def test_unchanged_file_never_runs_twice(inbox: Path, daemon: SensorDaemon) -> None:
@@ -205,32 +240,66 @@ def test_changed_file_runs_again_touched_file_does_not(inbox: Path, daemon: Sens
 
 
 @pytest.mark.skipif(not PROC_MEM.is_file(), reason="needs Linux /proc/self/mem")
-def test_unreadable_file_is_requested_for_quarantine_and_the_sensor_goes_on(
+def test_links_out_of_the_inbox_and_bad_names_are_requested_for_quarantine_unread(
     inbox: Path, daemon: SensorDaemon, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(sensors, "SETTLE_S", 0.0)  # the proc file's mtime is "now"
     (inbox / DAY).mkdir()
-    (inbox / DAY / "broken.jsonl").symlink_to(PROC_MEM)  # read() fails with EIO, even for root
-    with pytest.raises(OSError, match="Input/output error"):
-        file_sha256(inbox / DAY / "broken.jsonl")
+    (inbox / DAY / "broken.jsonl").symlink_to(PROC_MEM)  # read() would fail with EIO
+    with open(os.path.join(os.fsencode(inbox / DAY), b"caf\xe9.jsonl"), "wb") as handle:
+        handle.write(b'{"prompt": "hi"}\n')
     good = put(inbox / DAY / "good.jsonl")
+    reads: list[str] = []
+    real_hash: Callable[[Path], str] = inbox_module.file_sha256
+
+    def counting(path: Path) -> str:
+        reads.append(path.name)
+        return real_hash(path)
+
+    monkeypatch.setattr(inbox_module, "file_sha256", counting)
 
     tick = daemon.tick()
 
     by_source = {request.partition_key: request for request in tick.launched}
-    assert set(by_source) == {key("broken"), key("good")}
+    assert set(by_source) == {key("broken"), key("caf_xe9"), key("good")}
+    assert reads == ["good.jsonl"]  # the refused entries were never read
     assert by_source[key("good")].run_key == f"{DAY}/good.jsonl:{file_sha256(good)[:16]}"
     broken = by_source[key("broken")]
     assert broken.run_key is not None
-    assert broken.run_key.startswith(f"{DAY}/broken.jsonl:unreadable:")
-    assert broken.tags["kimi_batch/sha256"] == "unreadable"
+    assert broken.run_key.startswith(f"{DAY}/broken.jsonl:unread:")
+    assert broken.tags["kimi_batch/sha256"] == "unread"
     assert all(result.success for result in tick.results)
-    cursor = InboxCursor.parse(daemon.cursor).root
-    assert cursor[f"{DAY}/broken.jsonl"][2] is None
+    problems = [
+        str(r.asset_materializations_for_node("seed_prompts")[0].metadata["problem"].value)
+        for r in tick.results
+    ]
+    assert any("outside the inbox" in str(p) for p in problems)
+    assert any("not valid UTF-8" in str(p) for p in problems)
 
-    # Requested once: the next tick retries the read, fails again, and asks for nothing.
+    # Requested once: the next tick asks for nothing.
     again = daemon.tick()
     assert again.data.run_requests == []
+
+
+def test_a_huge_file_never_stalls_a_tick(inbox: Path, daemon: SensorDaemon) -> None:
+    huge = inbox / DAY / "huge.jsonl"
+    huge.parent.mkdir()
+    with huge.open("wb") as handle:
+        handle.truncate(12 * (1 << 30))  # 12 GiB, sparse: hashing it would outlast the tick
+    past = time.time() - 60
+    os.utime(huge, (past, past))
+    put(inbox / DAY / "small.jsonl")
+
+    started = time.monotonic()
+    tick = daemon.tick()
+
+    assert time.monotonic() - started < 30
+    keys = sorted(str(r.run_key) for r in tick.launched)
+    assert keys[0].startswith(f"{DAY}/huge.jsonl:unread:")
+    assert keys[1].startswith(f"{DAY}/small.jsonl:")
+    (huge_run,) = [r for r in tick.results if "huge" in str(r.dagster_run.tags)]
+    problem = huge_run.asset_materializations_for_node("seed_prompts")[0].metadata["problem"]
+    assert "KIMI_BATCH_MAX_INPUT_MB" in str(problem.value)
 
 
 def test_file_vanishing_mid_tick_is_skipped(
@@ -291,7 +360,7 @@ def test_file_still_being_written_waits_for_a_later_tick(inbox: Path, daemon: Se
     assert [request.partition_key for request in later.launched] == [key("uploading")]
 
 
-def test_dates_outside_the_partitions_do_not_break_the_tick(
+def test_early_dates_land_on_the_first_partition_and_future_ones_wait(
     inbox: Path, daemon: SensorDaemon
 ) -> None:
     put(inbox / "2024-12-31" / "before_start.jsonl")
@@ -300,9 +369,20 @@ def test_dates_outside_the_partitions_do_not_break_the_tick(
 
     tick = daemon.tick()
 
-    assert [request.partition_key for request in tick.launched] == [key("fine")]
+    start = Settings.from_env().first_partition_date().isoformat()
+    assert sorted(str(r.partition_key) for r in tick.launched) == sorted(
+        [str(key("before_start", start)), str(key("fine"))]
+    )
+    plan = plan_inbox_tick(
+        scan_inbox(inbox),
+        InboxCursor(),
+        assign=_assign(inbox),
+        is_valid_ds=lambda ds: ds < "2999",
+        max_input_bytes=1 << 20,
+    )
+    assert any("before the first partition; landed on" in w for w in plan.warnings)
     cursor = InboxCursor.parse(daemon.cursor).root
-    assert list(cursor) == [f"{DAY}/fine.jsonl"]  # the others are looked at again later
+    assert "2999-01-01/far_future.jsonl" not in cursor  # looked at again later
 
 
 def test_cursor_keeps_ticks_cheap_with_thousands_of_files(
@@ -351,7 +431,12 @@ def test_hash_budget_spreads_work_over_ticks_without_losing_files(inbox: Path) -
 
     for _ in range(10):
         tick = plan_inbox_tick(
-            scan_inbox(inbox), cursor, is_valid_ds=lambda ds: True, hash_budget_s=0.0
+            scan_inbox(inbox),
+            cursor,
+            assign=_assign(inbox),
+            is_valid_ds=lambda ds: True,
+            max_input_bytes=1 << 20,
+            hash_budget_s=0.0,
         )
         requested += [request.file.name for request in tick.requests]
         cursor = tick.cursor
@@ -361,7 +446,13 @@ def test_hash_budget_spreads_work_over_ticks_without_losing_files(inbox: Path) -
 
 def test_cursor_format_and_corrupt_cursor(inbox: Path) -> None:
     path = put(inbox / DAY / "a.jsonl")
-    tick = plan_inbox_tick(scan_inbox(inbox), InboxCursor(), is_valid_ds=lambda ds: True)
+    tick = plan_inbox_tick(
+        scan_inbox(inbox),
+        InboxCursor(),
+        assign=_assign(inbox),
+        is_valid_ds=lambda ds: True,
+        max_input_bytes=1 << 20,
+    )
 
     stat = path.stat()
     assert InboxCursor.parse(tick.cursor.dump()).root == {
@@ -383,17 +474,17 @@ def test_missing_inbox_is_a_skip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert "does not exist" in tick.data.skip_message
 
 
-def test_sensor_definition_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sensor_definition_defaults() -> None:
     assert inbox_sensor.job_name == "ingest_job"
-    assert inbox_sensor.minimum_interval_seconds == sensors.DEFAULT_INTERVAL_S
-    if not os.environ.get(sensors.STATUS_ENV):
+    assert inbox_sensor.minimum_interval_seconds == Settings.from_env().inbox_sensor_interval_s
+    if not Settings.from_env().inbox_sensor_running:
         assert inbox_sensor.default_status == dg.DefaultSensorStatus.STOPPED
     assert inbox_sensor.description
 
-    monkeypatch.setenv("SOME_STATUS", "Running")
-    assert automation_running("SOME_STATUS")
-    monkeypatch.setenv("SOME_STATUS", "stopped")
-    assert not automation_running("SOME_STATUS")
-    monkeypatch.setenv("SOME_STATUS", "on")
-    with pytest.raises(ValueError, match="SOME_STATUS"):
-        automation_running("SOME_STATUS")
+
+def _assign(inbox: Path) -> Callable[[InboxFile], Assignment]:
+    landing = Landing(StatePaths(home=inbox.parent))
+    settings = Settings.from_env()
+    return lambda item: landing.assign_file(
+        item, arrived=settings.today(), start=settings.first_partition_date()
+    )

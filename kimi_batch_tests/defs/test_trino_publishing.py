@@ -14,9 +14,6 @@ import pytest
 
 from kimi_batch.definitions import BATCH_ASSETS, build_resources
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
-from kimi_batch.defs.resources.trino import TrinoResource
-from kimi_batch.defs.resources.warehouse import WarehouseResource
-from kimi_batch.settings import Settings
 from kimi_batch.storage import TrinoConfig, TrinoPublisher, Warehouse
 from kimi_batch_tests.conftest import LlamaEnv, free_port
 from kimi_batch_tests.trino_fixtures import TrinoServer
@@ -47,28 +44,30 @@ def _inbox(env: LlamaEnv, source: str, n: int) -> None:
 
 
 def _materialize(
-    instance: dg.DagsterInstance, source: str, warehouse: Warehouse, trino: TrinoResource
+    instance: dg.DagsterInstance, source: str, warehouse: Warehouse, trino: dict[str, str]
 ) -> dg.ExecuteInProcessResult:
-    resources: dict[str, Any] = build_resources(Settings.from_env())
-    resources["warehouse"] = WarehouseResource(root=str(warehouse.root))
-    resources["trino"] = trino
+    """Materialize with the deployment's Trino and warehouse set the way a deployment sets them."""
     instance.add_dynamic_partitions(SOURCE_PARTITIONS_NAME, [source])
-    return dg.materialize(
-        BATCH_ASSETS,
-        partition_key=dg.MultiPartitionKey({"date": _today(), "source": source}),
-        resources=resources,
-        instance=instance,
-        run_config=RUN_CONFIG,
-    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("KIMI_BATCH_WAREHOUSE", str(warehouse.root))
+        for name, value in trino.items():
+            patch.setenv(name, value)
+        return dg.materialize(
+            BATCH_ASSETS,
+            partition_key=dg.MultiPartitionKey({"date": _today(), "source": source}),
+            resources=build_resources(),
+            instance=instance,
+            run_config=RUN_CONFIG,
+        )
 
 
-def _resource(config: TrinoConfig, *, port: int | None = None) -> TrinoResource:
-    return TrinoResource(
-        host=config.host,
-        port=port or config.port,
-        schema_name=config.schema_name,
-        warehouse_location=config.warehouse_location,
-    )
+def _trino_env(config: TrinoConfig, *, port: int | None = None) -> dict[str, str]:
+    return {
+        "KIMI_BATCH_TRINO_HOST": config.host,
+        "KIMI_BATCH_TRINO_PORT": str(port or config.port),
+        "KIMI_BATCH_TRINO_SCHEMA": config.schema_name,
+        "KIMI_BATCH_TRINO_WAREHOUSE_LOCATION": config.warehouse_location,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -82,29 +81,30 @@ def test_counts_match_parquet_and_a_rerun_does_not_double_them(
     warehouse, config = isolated
     _inbox(llama_env, "published", 3)
     with dg.instance_for_test() as instance:
-        first = _materialize(instance, "published", warehouse, _resource(config))
+        first = _materialize(instance, "published", warehouse, _trino_env(config))
         assert first.success
         published = [
             c for c in first.get_asset_check_evaluations() if c.check_name == "published_to_trino"
         ]
-        assert len(published) == 2
+        assert len(published) == 3  # seeds, amplified, distilled (each with its quarantine)
         assert all(check.passed for check in published)
         (materialization,) = first.asset_materializations_for_node("distilled_responses")
         assert materialization.metadata["trino_table"].value == f"hive.{SCHEMA}.distilled"
         assert "SELECT" in str(materialization.metadata["query"].value)
 
         with TrinoPublisher(config) as trino:
-            counts = {t: trino.count(t) for t in ("distilled", "amplified", "quarantine")}
+            counts = {t: trino.count(t) for t in ("seeds", "distilled", "amplified", "quarantine")}
             joined = trino.query(
                 f"SELECT count(*) FROM hive.{SCHEMA}.distilled d "
                 f"JOIN hive.{SCHEMA}.amplified a ON d.input_id = a.request_id"
             )[0][0]
+        assert counts["seeds"] == warehouse.count("seeds") == 3
         assert counts["distilled"] == warehouse.count("distilled") > 0
         assert counts["amplified"] == warehouse.count("amplified") > 0
         assert counts["quarantine"] == warehouse.count("quarantine")
         assert joined == warehouse.count("amplified")
 
-        again = _materialize(instance, "published", warehouse, _resource(config))
+        again = _materialize(instance, "published", warehouse, _trino_env(config))
         assert again.success
         with TrinoPublisher(config) as trino:
             assert {t: trino.count(t) for t in counts} == counts
@@ -115,7 +115,7 @@ def test_an_unreachable_trino_keeps_the_parquet_and_publish_catches_up(
 ) -> None:
     warehouse, config = isolated
     _inbox(llama_env, "outage", 2)
-    down = _resource(config, port=free_port())  # nothing listens there: Trino is "stopped"
+    down = _trino_env(config, port=free_port())  # nothing listens there: Trino is "stopped"
     with dg.instance_for_test() as instance:
         result = _materialize(instance, "outage", warehouse, down)
     assert result.success
@@ -123,7 +123,7 @@ def test_an_unreachable_trino_keeps_the_parquet_and_publish_catches_up(
     publish_checks = [
         c for c in result.get_asset_check_evaluations() if c.check_name == "published_to_trino"
     ]
-    assert len(publish_checks) == 2
+    assert len(publish_checks) == 3
     assert not any(check.passed for check in publish_checks)
     assert all("reason" in check.metadata for check in publish_checks)
 
@@ -146,7 +146,7 @@ def test_an_unreachable_trino_keeps_the_parquet_and_publish_catches_up(
     assert published.returncode == 0, published.stderr
     assert json.loads(published.stdout)["partitions_registered"] >= 1
     with TrinoPublisher(config) as trino:
-        for table in ("distilled", "amplified", "quarantine"):
+        for table in ("seeds", "distilled", "amplified", "quarantine"):
             assert trino.count(table) == warehouse.count(table)
             assert trino.count(table, _today(), "outage") == len(
                 warehouse.read_partition(table, _today(), "outage")

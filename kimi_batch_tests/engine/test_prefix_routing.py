@@ -36,6 +36,7 @@ async def test_variants_of_a_seed_run_back_to_back_and_evaluate_fewer_prompt_tok
         outcome = await BatchEngine([endpoint], engine_digest, ledger, digest_tokens=tokens).run(
             workload.requests
         )
+        results = list(outcome.iter_results(ledger))
     client = await run_all_slots(
         BenchTarget(
             endpoint=endpoint,
@@ -46,7 +47,7 @@ async def test_variants_of_a_seed_run_back_to_back_and_evaluate_fewer_prompt_tok
     )
 
     assert not outcome.failures
-    for lane in _by_slot(outcome.results).values():
+    for lane in _by_slot(results).values():
         seeds = [r.input_id for r in lane]
         # Each seed's requests are one contiguous run on a slot (a stolen half is its own run).
         runs = [seed for i, seed in enumerate(seeds) if i == 0 or seeds[i - 1] != seed]

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import os
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,22 +47,24 @@ async def test_two_servers_share_the_rows_and_give_the_one_server_result(
     requests = questions(12, "scale")
 
     with Ledger(tmp_path / "two.sqlite3") as ledger:
-        both = await BatchEngine(
+        outcome = await BatchEngine(
             [endpoint_of(first), endpoint_of(second)], digest, ledger, digest_tokens=tokens
         ).run(requests)
+        both = list(outcome.iter_results(ledger))
     with Ledger(tmp_path / "one.sqlite3") as ledger:
-        alone = await BatchEngine([endpoint_of(first)], digest, ledger, digest_tokens=tokens).run(
-            requests
-        )
+        outcome_alone = await BatchEngine(
+            [endpoint_of(first)], digest, ledger, digest_tokens=tokens
+        ).run(requests)
+        alone = list(outcome_alone.iter_results(ledger))
 
-    used = {r.endpoint for r in both.results}
+    used = {r.endpoint for r in both}
     assert used == {first.base_url, second.base_url}
-    assert both.stats.max_in_flight <= 4
-    assert [r.request_id for r in both.results] == [r.request_id for r in alone.results]
-    assert [r.input_id for r in both.results] == [r.input_id for r in alone.results]
-    # Greedy decoding of the same prompt on the same build: the same answers.
-    assert [r.text for r in both.results] == [r.text for r in alone.results]
-    assert all(r.cached_tokens >= tokens for r in both.results)
+    assert outcome.stats.max_in_flight <= 4
+    # Every request once, in request order, with the ids one server gives. The texts are not
+    # compared: llama.cpp's batched kernels make greedy text depend on the batch composition.
+    assert [r.request_id for r in both] == [r.request_id for r in alone]
+    assert [r.input_id for r in both] == [r.input_id for r in requests]
+    assert all(r.cached_tokens >= tokens for r in both)
 
 
 async def test_a_rerun_sends_only_what_the_ledger_lacks(
@@ -81,10 +80,11 @@ async def test_a_rerun_sends_only_what_the_ledger_lacks(
         before = server_tasks(shared_server)
         outcome = await engine.run(requests)
         sent = server_tasks(shared_server) - before
+        rows = list(outcome.iter_results(ledger))
     assert outcome.stats.from_ledger == 4
     assert outcome.stats.generated == 2
     assert sent == 2
-    assert len({r.request_id for r in outcome.results}) == 6
+    assert len({r.request_id for r in rows}) == 6
 
 
 async def test_two_inputs_asking_the_same_thing_are_generated_once_but_stay_two_rows(
@@ -102,10 +102,11 @@ async def test_two_inputs_asking_the_same_thing_are_generated_once_but_stay_two_
         outcome = await BatchEngine(
             [endpoint_of(shared_server)], digest, ledger, digest_tokens=tokens
         ).run(requests)
+        rows = list(outcome.iter_results(ledger, chunk_size=1))
     assert outcome.stats.generated == 1
-    assert [r.input_id for r in outcome.results] == ["x", "y"]
-    assert len({r.request_id for r in outcome.results}) == 2
-    assert outcome.results[0].text == outcome.results[1].text
+    assert [r.input_id for r in rows] == ["x", "y"]
+    assert len({r.request_id for r in rows}) == 2
+    assert rows[0].text == rows[1].text
 
 
 async def test_a_request_the_server_rejects_fails_alone_and_is_not_recorded(
@@ -124,9 +125,10 @@ async def test_a_request_the_server_rejects_fails_alone_and_is_not_recorded(
             [endpoint_of(shared_server)], digest, ledger, digest_tokens=tokens
         ).run([too_long, *good])
         assert ledger.count() == 2
+        rows = list(outcome.iter_results(ledger))
     assert [f.input_id for f in outcome.failures] == ["long"]
     assert "rejected by the server" in outcome.failures[0].reason
-    assert [r.input_id for r in outcome.results] == ["fine0", "fine1"]
+    assert [r.input_id for r in rows] == ["fine0", "fine1"]
 
 
 async def test_max_tokens_above_the_server_cap_is_clamped(
@@ -146,47 +148,3 @@ async def test_max_tokens_above_the_server_cap_is_clamped(
         outcome = await engine.run([request])
     assert planned[0].params.max_tokens == endpoint.n_predict
     assert outcome.stats.clamped == 1
-
-
-async def test_a_server_killed_mid_batch_is_respawned_and_rewarmed_from_the_save_file(
-    tmp_path: Path, llama_binary: Path, model_path: Path
-) -> None:
-    spec = make_spec(llama_binary, model_path, tmp_path, parallel=2, ctx=2 * 2048)
-    server = ResidentServer(spec, tmp_path / "server", load_timeout_s=300)
-    first_pid = server.ensure_running().pid
-    assert first_pid is not None
-    digest = fresh_digest("crash")
-    tokens = await digest_tokens(server, digest)
-    requests = [
-        GenerationRequest(
-            input_id=f"crash{i}",
-            messages=[
-                ChatMessage(role="user", content=f"Write two sentences about the number {i}.")
-            ],
-            params=SamplingParams(max_tokens=48, temperature=0.0),
-        )
-        for i in range(8)
-    ]
-    try:
-        with Ledger(tmp_path / "ledger.sqlite3") as ledger:
-            engine = BatchEngine(
-                [endpoint_of(server)],
-                digest,
-                ledger,
-                digest_tokens=tokens,
-                on_unreachable=lambda _url: server.ensure_running() and None,
-            )
-            batch = asyncio.create_task(engine.run(requests))
-            while ledger.count() < 2 and not batch.done():  # noqa: ASYNC110 - polls a file
-                await asyncio.sleep(0.05)
-            os.kill(first_pid, signal.SIGKILL)
-            outcome = await batch
-        status = server.status()
-    finally:
-        server.stop()
-    assert outcome.failures == []
-    assert len(outcome.results) == 8
-    assert status.pid not in (None, first_pid)
-    # The new server got the digest back from the save file: no request re-prefilled it.
-    assert outcome.stats.digest_reprefills == 0
-    assert all(r.cached_tokens >= tokens for r in outcome.results)

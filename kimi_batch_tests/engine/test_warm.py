@@ -76,8 +76,9 @@ async def test_one_prefill_then_restores_then_every_request_hits_the_digest(
     with Ledger(tmp_path / "ledger.sqlite3") as ledger:
         engine = BatchEngine([endpoint_of(shared_server)], digest, ledger, digest_tokens=tokens)
         outcome = await engine.run(questions(4 * TEST_SLOTS), warm=False)
-    assert len(outcome.results) == 4 * TEST_SLOTS
-    assert all(r.cached_tokens >= tokens for r in outcome.results)
+        rows = list(outcome.iter_results(ledger))
+    assert len(rows) == 4 * TEST_SLOTS
+    assert all(r.cached_tokens >= tokens for r in rows)
     assert outcome.stats.digest_reprefills == 0
     assert outcome.stats.max_in_flight == TEST_SLOTS
     assert outcome.stats.cache_hit_ratio == 1.0
@@ -101,11 +102,13 @@ async def test_one_changed_byte_costs_one_prefill_per_cold_slot_and_no_more(
         # Without warming, the first request on each slot meets the old digest: a full prefill.
         first = await engine.run(questions(TEST_SLOTS, "first"), warm=False)
         second = await engine.run(questions(2 * TEST_SLOTS, "second"), warm=False)
+        first_rows = list(first.iter_results(ledger))
+        second_rows = list(second.iter_results(ledger))
     assert first.stats.digest_reprefills == TEST_SLOTS
-    assert {r.slot_id for r in first.results} == set(range(TEST_SLOTS))
+    assert {r.slot_id for r in first_rows} == set(range(TEST_SLOTS))
     assert second.stats.digest_reprefills == 0
-    assert all(r.cached_tokens >= tokens for r in second.results)
-    assert all(r.cached_tokens < tokens * 0.05 for r in first.results)
+    assert all(r.cached_tokens >= tokens for r in second_rows)
+    assert all(r.cached_tokens < tokens * 0.05 for r in first_rows)
 
 
 async def test_changing_the_user_message_keeps_the_cached_prefix(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 
@@ -14,11 +15,13 @@ from kimi_batch.llama.exceptions import (
     LlamaLoadingError,
     LlamaRequestError,
     LlamaResponseError,
+    LlamaTimeoutError,
 )
-from kimi_batch.llama.models import ChatCompletion, HealthState
+from kimi_batch.llama.models import ChatCompletion, HealthState, SlotState
 from kimi_batch.llama.server import ResidentServer
 from kimi_batch.llama.types import ChatMessage
 from kimi_batch_tests.conftest import TEST_SLOTS, free_port
+from kimi_batch_tests.factories import chat_body
 
 FAST_RETRY = RetryPolicy(attempts=3, backoff_s=0.01, max_backoff_s=0.02)
 HELLO = [ChatMessage(role="user", content="Say hello in one word.")]
@@ -103,34 +106,68 @@ def _transport(responses: list[httpx.Response]) -> tuple[httpx.MockTransport, Ca
 
 
 _LOADING = httpx.Response(503, json={"error": {"code": 503, "message": "Loading model"}})
-_CHAT_OK = {
-    "choices": [{"index": 0, "finish_reason": "stop", "message": {"content": "hi"}}],
-    "usage": {"prompt_tokens": 30, "completion_tokens": 2, "total_tokens": 32},
-    "timings": {
-        "cache_n": 25,
-        "prompt_n": 5,
-        "prompt_ms": 10.0,
-        "predicted_n": 2,
-        "predicted_ms": 4.0,
-    },
-}
+_CHAT_OK = chat_body()
 
 
-async def test_503_while_loading_is_retried_until_the_model_is_up() -> None:
-    transport, calls = _transport([_LOADING, _LOADING, httpx.Response(200, json=_CHAT_OK)])
+_PROPS_OK = httpx.Response(200, json={"model_path": "/m/smollm2.gguf", "total_slots": 4})
+
+
+async def test_a_control_call_is_retried_while_the_model_loads() -> None:
+    transport, calls = _transport([_LOADING, _LOADING, _PROPS_OK])
     async with LlamaClient("http://llama", retry=FAST_RETRY, transport=transport) as client:
-        completion = await client.chat(HELLO, max_tokens=2)
+        props = await client.props()
     assert calls() == 3
-    assert completion.stats.cached_tokens == 25
+    assert props.total_slots == 4
 
 
-async def test_503_past_the_retry_budget_raises_loading() -> None:
+async def test_a_control_call_past_the_retry_budget_raises_loading() -> None:
     transport, calls = _transport([_LOADING])
     async with LlamaClient("http://llama", retry=FAST_RETRY, transport=transport) as client:
         with pytest.raises(LlamaLoadingError):
-            await client.chat(HELLO, max_tokens=2)
+            await client.props()
         assert await client.health() is HealthState.LOADING
     assert calls() == FAST_RETRY.attempts + 1
+
+
+async def test_generation_makes_one_attempt_the_engine_retries() -> None:
+    transport, calls = _transport([_LOADING, httpx.Response(200, json=_CHAT_OK)])
+    async with LlamaClient("http://llama", retry=FAST_RETRY, transport=transport) as client:
+        with pytest.raises(LlamaLoadingError):
+            await client.chat(HELLO, max_tokens=2)
+        assert calls() == 1
+        completion = await client.chat(HELLO, max_tokens=2)
+    assert completion.stats.cached_tokens == 25
+
+
+async def test_generation_is_cut_at_its_deadline() -> None:
+    async def never(request: httpx.Request) -> httpx.Response:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    transport = httpx.MockTransport(never)
+    async with LlamaClient("http://llama", transport=transport) as client:
+        with pytest.raises(LlamaTimeoutError):
+            await client.chat(HELLO, max_tokens=2, timeout_s=0.2)
+
+
+def test_reasoning_content_is_kept_apart_from_the_answer() -> None:
+    body = {
+        "choices": [
+            {
+                "message": {"content": "4", "reasoning_content": "2 + 2 is 4."},
+                "finish_reason": "stop",
+            }
+        ]
+    }
+    completion = ChatCompletion.model_validate_json(json.dumps(body))
+    assert (completion.text, completion.reasoning_content) == ("4", "2 + 2 is 4.")
+
+
+def test_slots_report_decoded_tokens_for_the_watchdog() -> None:
+    slot = SlotState.model_validate(
+        {"id": 0, "is_processing": True, "next_token": {"n_decoded": 17, "n_remain": 3}}
+    )
+    assert slot.n_decoded == 17
 
 
 async def test_malformed_body_is_a_response_error_not_a_crash() -> None:

@@ -1,4 +1,4 @@
-"""The inbox scan on real files: what counts as an input, its (ds, source), hashing, resolving."""
+"""The inbox scan on real files: what counts as an input, what is refused unread, hashing."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 from kimi_batch.storage.inbox import (
+    REFUSED_LINK,
+    REFUSED_NAME,
     InboxFile,
     file_sha256,
-    inbox_files_for_ds,
+    inspect_inbox_file,
     is_ignored_name,
-    resolve_source_file,
     sanitize_source,
     scan_inbox,
 )
@@ -38,26 +39,18 @@ def test_missing_inbox_is_empty(tmp_path: Path) -> None:
     assert scan_inbox(tmp_path / "nope") == []
 
 
-def test_dated_folder_wins_over_mtime_and_root_files_use_mtime_utc(tmp_path: Path) -> None:
+def test_dated_folder_gives_its_date_and_a_scan_only_stats(tmp_path: Path) -> None:
     write(tmp_path / "2025-06-03" / "questions.csv", "prompt\nhi\n", mtime=JUNE_1_NOON)
     write(tmp_path / "loose.jsonl", mtime=JUNE_1_NOON)
 
     files = by_name(tmp_path)
 
-    assert files["2025-06-03/questions.csv"].ds == "2025-06-03"
-    assert files["2025-06-03/questions.csv"].source == "questions"
-    assert files["loose.jsonl"].ds == "2025-06-01"
+    assert files["2025-06-03/questions.csv"].dated_ds == "2025-06-03"
+    assert files["loose.jsonl"].dated_ds is None  # dated on arrival by the landing manifest
     assert files["loose.jsonl"].path == tmp_path / "loose.jsonl"
     assert files["loose.jsonl"].size == len('{"prompt": "hi"}\n')
     assert files["loose.jsonl"].sha256 is None  # a scan only stats
-
-
-def test_mtime_date_is_utc_not_local(tmp_path: Path) -> None:
-    # 23:30 UTC on June 1 is already June 2 in UTC+2: the partition must not depend on the host.
-    late = datetime(2025, 6, 1, 23, 30, tzinfo=UTC).timestamp()
-    write(tmp_path / "late.jsonl", mtime=late)
-
-    assert by_name(tmp_path)["late.jsonl"].ds == "2025-06-01"
+    assert files["loose.jsonl"].refused is None
 
 
 @pytest.mark.parametrize(
@@ -84,7 +77,13 @@ def test_accepted_extensions_case_insensitive(tmp_path: Path) -> None:
     for name in ("a.jsonl", "b.NDJSON", "c.json", "d.parquet", "e.CSV"):
         write(tmp_path / name)
 
-    assert [item.source for item in scan_inbox(tmp_path)] == ["a", "b", "c", "d", "e"]
+    assert [item.name for item in scan_inbox(tmp_path)] == [
+        "a.jsonl",
+        "b.NDJSON",
+        "c.json",
+        "d.parquet",
+        "e.CSV",
+    ]
 
 
 def test_other_folders_and_directories_named_like_files_are_not_inputs(tmp_path: Path) -> None:
@@ -97,17 +96,50 @@ def test_other_folders_and_directories_named_like_files_are_not_inputs(tmp_path:
     assert list(by_name(tmp_path)) == ["real.jsonl"]
 
 
-def test_symlinked_upload_is_the_file_it_points_to(tmp_path: Path) -> None:
-    target = write(tmp_path / "elsewhere" / "big.jsonl", mtime=JUNE_1_NOON)
+def test_symlink_inside_the_inbox_is_the_file_it_points_to(tmp_path: Path) -> None:
     inbox = tmp_path / "inbox"
-    inbox.mkdir()
+    target = write(inbox / "staging" / "big.jsonl")
     (inbox / "big.jsonl").symlink_to(target)
-    (inbox / "dangling.jsonl").symlink_to(tmp_path / "missing.jsonl")
+    (inbox / "dangling.jsonl").symlink_to(inbox / "missing.jsonl")
 
     files = by_name(inbox)
 
     assert list(files) == ["big.jsonl"]
-    assert files["big.jsonl"].ds == "2025-06-01"
+    assert files["big.jsonl"].refused is None
+    assert files["big.jsonl"].hashed().sha256 == file_sha256(target)
+
+
+def test_symlink_out_of_the_inbox_is_refused_and_never_read(tmp_path: Path) -> None:
+    secret = write(tmp_path / "home" / ".env", "API_KEY=hunter2\n")
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    (inbox / "x.jsonl").symlink_to(secret)
+    outside_day = tmp_path / "elsewhere" / "2025-06-01"
+    write(outside_day / "inner.jsonl")
+    (inbox / "2025-06-02").symlink_to(outside_day)
+
+    files = by_name(inbox)
+
+    assert list(files) == ["x.jsonl"]  # the dated folder link is not even listed
+    assert files["x.jsonl"].refused == REFUSED_LINK
+    with pytest.raises(PermissionError):
+        files["x.jsonl"].hashed()
+
+
+def test_a_name_that_is_not_utf8_is_refused_under_a_safe_name(tmp_path: Path) -> None:
+    os.makedirs(tmp_path, exist_ok=True)
+    with open(os.path.join(os.fsencode(tmp_path), b"caf\xe9.jsonl"), "wb") as handle:
+        handle.write(b'{"prompt": "hi"}\n')
+    write(tmp_path / "good.jsonl")
+
+    files = by_name(tmp_path)
+
+    assert sorted(files) == ["caf\\xe9.jsonl", "good.jsonl"]
+    refused = files["caf\\xe9.jsonl"]
+    assert refused.refused == REFUSED_NAME
+    refused.name.encode("utf-8")  # the safe name is valid UTF-8 (Parquet, tags, logs)
+    assert files["good.jsonl"].refused is None
+    assert inspect_inbox_file(tmp_path, "caf\\xe9.jsonl") is None  # not a real path
 
 
 @pytest.mark.parametrize(
@@ -130,31 +162,6 @@ def test_sanitize_source_never_empty_and_bounded() -> None:
     long = sanitize_source("a" * 300)
     assert len(long) <= 90
     assert long != sanitize_source("a" * 301)
-
-
-def test_same_stem_different_extension_on_one_day_gets_the_extension(tmp_path: Path) -> None:
-    write(tmp_path / "2025-06-01" / "seeds.jsonl")
-    write(tmp_path / "2025-06-01" / "seeds.csv", "prompt\nhi\n")
-    write(tmp_path / "2025-06-02" / "seeds.jsonl")  # another day: no collision
-
-    files = by_name(tmp_path)
-
-    assert files["2025-06-01/seeds.jsonl"].source == "seeds_jsonl"
-    assert files["2025-06-01/seeds.csv"].source == "seeds_csv"
-    assert files["2025-06-02/seeds.jsonl"].source == "seeds"
-
-
-def test_collisions_the_extension_cannot_split_get_a_path_hash(tmp_path: Path) -> None:
-    # Same name in the root (mtime June 1) and in the June 1 folder: same ds, stem and extension.
-    write(tmp_path / "seeds.jsonl", mtime=JUNE_1_NOON)
-    write(tmp_path / "2025-06-01" / "seeds.jsonl")
-    write(tmp_path / "2025-06-01" / "Seeds!.csv")
-
-    sources = [item.source for item in inbox_files_for_ds(tmp_path, "2025-06-01")]
-
-    assert len(set(sources)) == 3
-    assert "seeds_csv" in sources
-    assert all(source.startswith("seeds_jsonl_") for source in sources if source != "seeds_csv")
 
 
 def test_scan_is_deterministic(tmp_path: Path) -> None:
@@ -190,34 +197,12 @@ def test_hash_of_unreadable_file_raises_oserror(tmp_path: Path) -> None:
         item.hashed()
 
 
-def test_resolve_source_file(tmp_path: Path) -> None:
-    csv = write(tmp_path / "2025-06-01" / "seeds.csv", "prompt\nhi\n")
-    jsonl = write(tmp_path / "2025-06-01" / "seeds.jsonl")
-    loose = write(tmp_path / "Loose File.jsonl", mtime=JUNE_1_NOON)
+def test_inspect_one_file_by_name(tmp_path: Path) -> None:
+    write(tmp_path / "2025-06-01" / "seeds.csv", "prompt\nhi\n")
 
-    assert resolve_source_file(tmp_path, "2025-06-01", "seeds_csv") == csv
-    assert resolve_source_file(tmp_path, "2025-06-01", "seeds_jsonl") == jsonl
-    assert resolve_source_file(tmp_path, "2025-06-01", "loose_file") == loose
+    item = inspect_inbox_file(tmp_path, "2025-06-01/seeds.csv")
 
-
-def test_resolve_keeps_the_extended_name_after_the_collision_is_gone(tmp_path: Path) -> None:
-    jsonl = write(tmp_path / "2025-06-01" / "seeds.jsonl")
-    csv = write(tmp_path / "2025-06-01" / "seeds.csv", "prompt\nhi\n")
-    assert resolve_source_file(tmp_path, "2025-06-01", "seeds_jsonl") == jsonl
-
-    csv.unlink()
-
-    assert resolve_source_file(tmp_path, "2025-06-01", "seeds") == jsonl
-    assert resolve_source_file(tmp_path, "2025-06-01", "seeds_jsonl") == jsonl
-
-
-def test_resolve_missing_names_the_partition(tmp_path: Path) -> None:
-    write(tmp_path / "2025-06-01" / "other.jsonl")
-
-    with pytest.raises(FileNotFoundError) as caught:
-        resolve_source_file(tmp_path, "2025-06-01", "seeds")
-
-    message = str(caught.value)
-    assert "date=2025-06-01" in message
-    assert "source=seeds" in message
-    assert "other" in message
+    assert item is not None
+    assert item.dated_ds == "2025-06-01"
+    assert item == by_name(tmp_path)["2025-06-01/seeds.csv"]
+    assert inspect_inbox_file(tmp_path, "2025-06-01/missing.csv") is None

@@ -10,6 +10,8 @@ from kimi_batch.llama.types import TokenLogprob, TopLogprob
 from kimi_batch.tasks.amplify import generation_columns
 from kimi_batch.tasks.distill import (
     DEFAULT_DISTILL_PARAMS,
+    EMPTY_REASON,
+    TRUNCATED_REASON,
     distillation_requests,
     parse_tag,
     to_distilled_rows,
@@ -131,7 +133,7 @@ def test_tags_round_trip() -> None:
         parse_tag("paraphrase")
 
 
-def test_rows_keep_provenance_empty_answers_and_logprobs() -> None:
+def test_rows_keep_provenance_and_logprobs_and_only_final_answers() -> None:
     logprobs = [
         TokenLogprob(token="Blue", logprob=-0.1, top=[TopLogprob(token="Blue", logprob=-0.1)])
     ]
@@ -144,20 +146,29 @@ def test_rows_keep_provenance_empty_answers_and_logprobs() -> None:
         _result("Dust and low sun.", input_id="v1", tag="variant:related", request_id="d"),
     ]
 
+    results.append(
+        _result(
+            "Because the light", input_id="s2", tag="seed", request_id="e", finish_reason="length"
+        )
+    )
+
     outcome = to_distilled_rows(results, SEEDS, VARIANTS)
 
-    assert outcome.quarantined == []
+    # An empty answer and one cut off at max_tokens are never final answers: set aside, visible.
+    assert [(q.request_id, q.reason) for q in outcome.quarantined] == [
+        ("b", EMPTY_REASON),
+        ("e", TRUNCATED_REASON),
+    ]
+    assert outcome.quarantined[1].raw == "Because the light"
     assert [(r.seed_id, r.origin, r.strategy, r.input_id) for r in outcome.rows] == [
         ("s1", "seed", None, "s1"),
         ("s1", "variant", "related", "v1"),
-        ("s2", "seed", None, "s2"),
         ("s2", "variant", "harder", "v2"),
     ]
     by_request = {row.request_id: row for row in outcome.rows}
     assert by_request["a"].logprobs == logprobs
     assert by_request["a"].prompt == "Why is the sky blue?"
     assert by_request["a"].cached_tokens == 180
-    assert by_request["b"].response == ""  # kept: the asset check counts empty answers
     assert by_request["c"].response == "Le résultat est 504."
     assert by_request["c"].prompt == "What is 7 times 8 times 9?"
     assert by_request["d"].structured is None

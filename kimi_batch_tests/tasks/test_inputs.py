@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -12,15 +13,19 @@ import pytest
 
 from kimi_batch.engine.requests import SamplingParams
 from kimi_batch.settings import samples_dir
+from kimi_batch.tasks.input_formats import MAX_JSON_ARRAY_BYTES, MAX_ROW_BYTES, parquet_items
 from kimi_batch.tasks.inputs import (
     INSTRUCTIONS_OPEN,
     RAW_LIMIT,
     InputBatch,
     ParamOverrides,
     SeedPrompt,
+    in_chunks,
+    iter_inbox_rows,
     quarantine_overlong,
     read_inbox_file,
 )
+from kimi_batch.tasks.rows import QuarantineRow
 
 NOW = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
 
@@ -389,3 +394,217 @@ def test_param_overrides_apply_only_what_is_set() -> None:
     merged = ParamOverrides(temperature=0.0, seed=5).apply(base)
 
     assert merged == SamplingParams(max_tokens=256, temperature=0.0, top_p=0.9, seed=5, n_probs=2)
+
+
+# ---- bad input never stops anything ------------------------------------------------------------
+
+
+def test_parser_limits_are_one_quarantined_row_each(tmp_path: Path) -> None:
+    """Deep nesting (RecursionError) and a 5000-digit number (ValueError) used to end the file."""
+    path = _jsonl(
+        tmp_path / "limits.jsonl",
+        [
+            {"id": "a", "prompt": "First."},
+            "[" * 100_000 + "]" * 100_000,
+            {"id": "b", "prompt": "Second."},
+            '{"id": "n", "prompt": "x", "seed": ' + "9" * 5000 + "}",
+            '{"id": "deep", "prompt": "x", "meta": ' + "[" * 5000 + "]" * 5000 + "}",
+            "x" * (MAX_ROW_BYTES + 10),
+            {"id": "c", "prompt": "Third."},
+        ],
+    )
+
+    batch = read_inbox_file(path)
+
+    assert [seed.input_id for seed in batch.seeds] == ["a", "b", "c"]
+    assert [seed.line for seed in batch.seeds] == [1, 3, 7]
+    reasons = _reasons(batch)
+    assert reasons == {
+        2: "invalid JSON: nested too deeply",
+        4: "invalid JSON: Exceeds the limit (4300 digits) for integer string conversion",
+        5: "invalid JSON: nested too deeply",
+        6: f"line is over {MAX_ROW_BYTES} bytes",
+    }
+    by_line = {row.line: row for row in batch.quarantined}
+    assert by_line[6].raw == "x" * (RAW_LIMIT - 1) + "…"
+
+
+def test_deeply_nested_json_array_is_one_file_row(tmp_path: Path) -> None:
+    path = tmp_path / "deep.json"
+    path.write_text('[{"id": "a", "prompt": "x"}, ' + "[" * 100_000 + "]" * 100_000 + "]")
+
+    batch = read_inbox_file(path)
+
+    assert batch.seeds == []
+    (row,) = batch.quarantined
+    assert row.line is None
+    assert row.reason.startswith("cannot read file: RecursionError"), row.reason
+
+
+def test_csv_long_cells_are_judged_per_row(tmp_path: Path) -> None:
+    """A cell over csv's own 128 KiB limit is a normal row; one over MAX_ROW_BYTES is set aside."""
+    long_prompt = "word " * 40_000  # 200 kB: over csv's default field limit, a fine prompt
+    huge = '"' + ('He said ""hi"".\n' * (MAX_ROW_BYTES // 16 + 10)) + '"'  # quotes and newlines
+    path = tmp_path / "cells.csv"
+    path.write_text(
+        "id,prompt\n"
+        "a,First prompt\n"
+        f"b,{long_prompt}\n"
+        f"c,{huge}\n"
+        "d,Fourth prompt\n"
+        f"e,{'z' * (MAX_ROW_BYTES + 1)}\n"
+        "f,Last prompt\n",
+        newline="",
+    )
+    huge_lines = huge.count("\n") + 1
+
+    batch = read_inbox_file(path)
+
+    seeds = {seed.input_id: seed for seed in batch.seeds}
+    assert list(seeds) == ["a", "b", "d", "f"]
+    assert seeds["b"].prompt == long_prompt
+    assert seeds["d"].line == 4 + huge_lines
+    assert seeds["f"].line == 6 + huge_lines
+    reasons = _reasons(batch)
+    assert reasons == {
+        4: f"row is over {MAX_ROW_BYTES} characters",
+        5 + huge_lines: f"row is over {MAX_ROW_BYTES} characters",
+    }
+    assert {row.raw[:4] for row in batch.quarantined} == {'c,"H', "e,zz"}
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        {"id": "1", "prompt": "hi", "system": "\ud800"},
+        {"id": "1", "prompt": "caf\udce9"},
+        {"id": "\udfff", "prompt": "hi"},
+        {"id": "1", "messages": [{"role": "user", "content": "a\ud83d"}]},
+        {
+            "id": "1",
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "\ud800"}]}],
+        },
+        {
+            "custom_id": "\ud800",
+            "url": "/v1/chat/completions",
+            "body": {"messages": [{"role": "user", "content": "hi"}]},
+        },
+    ],
+)
+def test_lone_surrogates_are_rejected_at_validation(tmp_path: Path, row: dict[str, object]) -> None:
+    """A JSON `\\ud800` escape decodes to a str that no UTF-8 encoder (httpx, request_key) takes."""
+    path = _jsonl(tmp_path / "surrogate.jsonl", [row, {"id": "ok", "prompt": "fine"}])
+    assert "\\ud" in path.read_text()  # written as the escape, exactly as a user file has it
+
+    batch = read_inbox_file(path)
+
+    assert [seed.input_id for seed in batch.seeds] == ["ok"]
+    (bad,) = batch.quarantined
+    assert bad.line == 1
+    assert "has a lone surrogate" in bad.reason, bad.reason
+    bad.reason.encode("utf-8")  # the reason and raw text are stored in Parquet
+    bad.raw.encode("utf-8")
+
+
+def test_surrogates_in_a_json_array_keep_raw_encodable(tmp_path: Path) -> None:
+    path = tmp_path / "rows.json"
+    path.write_text('[{"id": "1", "prompt": "hi", "system": "\\ud800"}]')
+
+    (bad,) = read_inbox_file(path).quarantined
+
+    assert bad.reason.startswith("system: has a lone surrogate '\\ud800' at character 0")
+    assert "\\ud800" in bad.raw
+    bad.raw.encode("utf-8")
+
+
+def test_file_over_the_size_limit_is_refused_before_reading(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "big.jsonl", [{"id": str(i), "prompt": "p"} for i in range(100)])
+    size = path.stat().st_size
+
+    batch = read_inbox_file(path, max_input_bytes=size - 1)
+
+    assert batch.seeds == []
+    (row,) = batch.quarantined
+    assert row.reason.startswith("file refused: file is 0.0 MiB, over the input limit of")
+    assert (row.line, row.raw) == (None, "big.jsonl")
+    assert len(read_inbox_file(path, max_input_bytes=size).seeds) == 100
+
+
+def test_json_array_over_its_bound_asks_for_jsonl(tmp_path: Path) -> None:
+    path = tmp_path / "big.json"
+    row = json.dumps({"prompt": "p" * 1000})
+    with path.open("w") as file:
+        file.write("[" + ",".join([row] * (MAX_JSON_ARRAY_BYTES // len(row) + 1)) + "]")
+
+    batch = read_inbox_file(path)
+
+    assert batch.seeds == []
+    (row_out,) = batch.quarantined
+    assert row_out.reason.startswith("file refused: a .json file is parsed whole")
+    assert row_out.reason.endswith("use JSONL (one row a line) for larger inputs")
+
+
+@pytest.mark.timeout(60)
+def test_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+    path = tmp_path / "pipe.jsonl"
+    os.mkfifo(path)
+
+    batch = read_inbox_file(path)
+
+    assert batch.seeds == []
+    assert [row.reason for row in batch.quarantined] == ["file refused: not a regular file"]
+
+
+def test_quarantine_rows_are_bounded_with_one_summary(tmp_path: Path) -> None:
+    rows: list[object] = []
+    for index in range(60):
+        rows.append({"id": f"ok-{index}", "prompt": "Fine."})
+        rows.append("{broken" if index % 2 else {"id": f"e-{index}", "prompt": ""})
+    path = _jsonl(tmp_path / "many.jsonl", rows)
+
+    batch = read_inbox_file(path, max_quarantine_rows=10)
+
+    assert len(batch.seeds) == 60
+    assert len(batch.quarantined) == 11
+    assert [row.line for row in batch.quarantined[:10]] == list(range(2, 21, 2))
+    summary = batch.quarantined[-1]
+    assert summary.line is None
+    assert summary.reason.startswith("50 more bad rows not listed (only the first 10 are), e.g. ")
+    assert "line 22: prompt: must not be empty" in summary.reason
+    assert "line 24: invalid JSON" in summary.reason
+    assert len(read_inbox_file(path).quarantined) == 60  # the default bound is far higher
+
+
+def test_streaming_api_yields_rows_in_order_and_chunks(tmp_path: Path) -> None:
+    rows: list[object] = [{"id": f"r{i}", "prompt": f"Prompt {i}."} for i in range(25)]
+    rows[7] = {"id": "r3", "prompt": "Duplicate id."}
+    path = _jsonl(tmp_path / "stream.jsonl", rows)
+
+    items = list(iter_inbox_rows(path, now=NOW))
+    chunks = list(in_chunks(iter_inbox_rows(path, now=NOW), chunk_rows=10))
+
+    assert [type(item).__name__ for item in items].count("QuarantineRow") == 1
+    duplicate = next(item for item in items if isinstance(item, QuarantineRow))
+    assert (duplicate.line, duplicate.reason) == (8, "duplicate input id 'r3' (first on line 4)")
+    assert [len(chunk.seeds) for chunk in chunks] == [10, 10, 4]
+    assert [len(chunk.quarantined) for chunk in chunks] == [1, 0, 0]
+    assert [s for chunk in chunks for s in chunk.seeds] == [
+        item for item in items if isinstance(item, SeedPrompt)
+    ]
+    assert read_inbox_file(path, now=NOW) == InputBatch(
+        seeds=[s for c in chunks for s in c.seeds], quarantined=[duplicate]
+    )
+
+
+def test_parquet_is_read_in_slices_with_running_row_numbers(tmp_path: Path) -> None:
+    path = tmp_path / "groups.parquet"
+    prompts = [f"Prompt {index}" if index != 6 else "" for index in range(10)]
+    pl.DataFrame({"id": list(range(10)), "prompt": prompts}).write_parquet(path, row_group_size=4)
+
+    items = list(parquet_items(path, batch_rows=3))
+
+    assert [item.line for item in items] == list(range(1, 11))
+    assert [item.record["id"] for item in items] == list(range(10))
+    batch = read_inbox_file(path)
+    assert len(batch.seeds) == 9
+    assert _reasons(batch) == {7: "prompt: must not be empty"}

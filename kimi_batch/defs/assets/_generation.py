@@ -1,35 +1,44 @@
-"""What the batch assets share: running the engine, landing rows, publishing them, checks."""
+"""What the generation assets share: the partition's lease, the engine under the nightly window,
+rows streamed from the ledger to Parquet, publishing, checks."""
 
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import dagster as dg
 import polars as pl
 from pydantic import BaseModel
 
+from kimi_batch.defs.jobs import STOPPED_TAG, WINDOW_TAG
+from kimi_batch.defs.metadata import generation_figures, summary_table
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
-from kimi_batch.engine.ledger import Ledger
-from kimi_batch.engine.requests import GenerationRequest
-from kimi_batch.engine.runner import BatchEngine, BatchOutcome, FailedRequest
+from kimi_batch.defs.resources.warehouse import WarehouseResource
+from kimi_batch.engine.digest import SystemDigest
+from kimi_batch.engine.ledger import LeaseHeldError, Ledger
+from kimi_batch.engine.outcome import BatchOutcome
+from kimi_batch.engine.requests import GenerationRequest, GenerationResult
+from kimi_batch.engine.runner import BatchEngine
 from kimi_batch.storage import StorageError, Warehouse, polars_schema
+from kimi_batch.storage.quarantine import replace_quarantine
+from kimi_batch.tasks.checks import CheckFigures, OutputTally
+from kimi_batch.tasks.quarantine import failure_rows
 from kimi_batch.tasks.rows import PARTITION_COLUMNS, GenerationColumns, QuarantineRow
 
 __all__ = [
     "BATCH_GROUP",
     "LLAMA_POOL",
     "check_specs",
-    "land_outputs",
-    "ledger_path",
+    "iter_results",
+    "land_generation",
+    "partition_lease",
+    "publish",
     "read_rows",
-    "replace_quarantine",
     "run_batch",
 ]
 
@@ -38,62 +47,90 @@ RowT = TypeVar("RowT", bound=BaseModel)
 BATCH_GROUP = "batch"
 LLAMA_POOL = "llama_server"
 TRUNCATION_WARN_RATE = 0.25
+# A second run on the same partition waits this long for the first to finish a step, then leaves
+# the partition to it (the first run writes every row; the second would only duplicate work).
+LEASE_WAIT_S = 30.0
 
 
-def ledger_path(llama: LlamaServerResource) -> Path:
-    return Path(llama.home) / "ledger" / "ledger.sqlite3"
+@contextmanager
+def partition_lease(
+    context: dg.AssetExecutionContext, warehouse: WarehouseResource, ds: str, source: str
+) -> Iterator[Ledger]:
+    """Hold the partition (generation and every write of its tables) for this run."""
+    with warehouse.ledger() as ledger:
+        lease = ledger.lease(f"{ds}|{source}", context.run_id, wait_s=LEASE_WAIT_S)
+        try:
+            lease.__enter__()
+        except LeaseHeldError as error:
+            raise dg.Failure(
+                f"partition {ds}|{source} is being written by another run ({error}); "
+                "this run leaves it alone"
+            ) from error
+        try:
+            yield ledger
+        finally:
+            lease.__exit__(None, None, None)
+
+
+def _window_end(context: dg.AssetExecutionContext) -> datetime | None:
+    raw = context.run.tags.get(WINDOW_TAG)
+    if not raw:
+        return None
+    end = datetime.fromisoformat(raw)
+    return end if end.tzinfo else end.replace(tzinfo=UTC)
 
 
 def run_batch(
     context: dg.AssetExecutionContext,
     llama: LlamaServerResource,
     digest: DigestResource,
+    ledger: Ledger,
     requests: Sequence[GenerationRequest],
 ) -> BatchOutcome:
-    """Run requests on every endpoint's slots; finished rows are in the ledger as they land."""
+    """Run requests on every endpoint's slots; finished rows are in the ledger as they land.
+
+    Past the run's nightly window nothing new is sent: the partition then fails visibly with
+    what is done, and the next night's catch-up continues from the ledger.
+    """
     loaded = digest.load()
-    endpoints = llama.endpoints()
-    tokens = digest.count_tokens(loaded, llama.client())
-    with Ledger(ledger_path(llama)) as ledger:
-        engine = BatchEngine(
-            endpoints,
-            loaded,
-            ledger,
-            digest_tokens=tokens,
-            on_progress=lambda event: context.log.info(str(event)),
-            on_unreachable=llama.respawn_if_down,
-        )
-        outcome = asyncio.run(engine.run(requests))
+    stop_at = _window_end(context)
+    outcome = asyncio.run(_generate(context, llama, loaded, ledger, requests, stop_at))
     stats = outcome.stats
     context.log.info(
-        f"{stats.generated} generated, {stats.from_ledger} from the ledger, {stats.failed} failed "
-        f"on {len(endpoints)} endpoint(s), max {stats.max_in_flight} in flight"
+        f"{stats.generated} generated, {stats.from_ledger} from the ledger, {stats.failed} failed, "
+        f"{stats.not_started} not started, max {stats.max_in_flight} in flight"
     )
+    if outcome.stopped_at_window:
+        done = stats.generated + stats.from_ledger
+        context.instance.add_run_tags(context.run_id, {STOPPED_TAG: "true"})
+        raise dg.Failure(
+            f"the nightly window ended at {stop_at}: {done} of {stats.total} rows done, "
+            "resumes next night",
+            metadata={"rows_done": done, "rows_total": stats.total, **generation_figures(outcome)},
+        )
     return outcome
 
 
-def failure_rows(
-    failures: Sequence[FailedRequest], *, stage: str, source_file: str, model: str, digest_sha: str
-) -> list[QuarantineRow]:
-    now = datetime.now(UTC)
-    return [
-        QuarantineRow.model_validate(
-            {
-                "request_id": failure.request_id,
-                "input_id": failure.input_id,
-                "model": model,
-                "digest_sha256": digest_sha,
-                "finish_reason": "error",
-                "stage": stage,
-                "source_file": source_file,
-                "line": None,
-                "reason": f"{failure.reason} (after {failure.attempts} attempts; rerun retries it)",
-                "raw": failure.tag,
-                "created_at": now,
-            }
-        )
-        for failure in failures
-    ]
+async def _generate(
+    context: dg.AssetExecutionContext,
+    llama: LlamaServerResource,
+    loaded: SystemDigest,
+    ledger: Ledger,
+    requests: Sequence[GenerationRequest],
+    stop_at: datetime | None,
+) -> BatchOutcome:
+    """One event loop and one server session per batch: prepare, then generate."""
+    prepared = await llama.prepare(loaded)
+    engine = BatchEngine(
+        prepared.endpoints,
+        loaded,
+        ledger,
+        digest_tokens=prepared.digest_tokens,
+        on_progress=lambda event: context.log.info(str(event)),
+        on_unreachable=llama.respawn_if_down,
+        on_hung=llama.restart_hung,
+    )
+    return await engine.run(requests, stop_at=stop_at)
 
 
 def read_rows(
@@ -102,17 +139,6 @@ def read_rows(
     frame = warehouse.read_partition(table, ds, source)
     frame = frame.drop([c for c in PARTITION_COLUMNS if c in frame.columns])
     return [model.model_validate(row) for row in frame.iter_rows(named=True)]
-
-
-def replace_quarantine(
-    warehouse: Warehouse, ds: str, source: str, stage: str, rows: Sequence[QuarantineRow]
-) -> int:
-    """Replace this stage's quarantine rows of the partition, keeping the other stages' rows."""
-    kept = [
-        r for r in read_rows(warehouse, "quarantine", ds, source, QuarantineRow) if r.stage != stage
-    ]
-    warehouse.write_partition("quarantine", ds, source, [*kept, *rows])
-    return len(rows)
 
 
 def publish(
@@ -145,39 +171,36 @@ def publish(
 
 
 def generation_checks(
-    table: str, rows: Sequence[GenerationColumns], texts: Sequence[str], path: Path
+    table: str, figures: CheckFigures, written: Mapping[str, pl.DataType]
 ) -> list[dg.AssetCheckResult]:
-    """Empty outputs, truncation rate, duplicate request ids, and the file's schema."""
-    total = len(rows)
-    duplicates = [rid for rid, n in Counter(r.request_id for r in rows).items() if n > 1]
-    truncated = sum(1 for r in rows if r.finish_reason == "length")
-    empty = sum(1 for text in texts if not text.strip())
-    written = pl.read_parquet_schema(path)
+    """Duplicate request ids, truncation rate, empty outputs (set aside included), and schema."""
     expected = polars_schema(table)
-    schema_ok = dict(written) == dict(expected)
-    rate = truncated / total if total else 0.0
     warn = dg.AssetCheckSeverity.WARN
     return [
         dg.AssetCheckResult(
             check_name="no_duplicate_request_ids",
-            passed=not duplicates,
-            metadata={"duplicates": len(duplicates)},
+            passed=figures.duplicate_request_ids == 0,
+            metadata={"duplicates": figures.duplicate_request_ids},
         ),
         dg.AssetCheckResult(
             check_name="truncation_rate",
-            passed=rate <= TRUNCATION_WARN_RATE,
+            passed=figures.truncation_rate <= TRUNCATION_WARN_RATE,
             severity=warn,
-            metadata={"truncated": truncated, "rate": rate, "threshold": TRUNCATION_WARN_RATE},
+            metadata={
+                "truncated": figures.truncated,
+                "rate": round(figures.truncation_rate, 3),
+                "threshold": TRUNCATION_WARN_RATE,
+            },
         ),
         dg.AssetCheckResult(
             check_name="no_empty_outputs",
-            passed=empty == 0,
+            passed=figures.empty == 0,
             severity=warn,
-            metadata={"empty": empty},
+            metadata={"empty": figures.empty},
         ),
         dg.AssetCheckResult(
             check_name="matches_table_schema",
-            passed=schema_ok,
+            passed=dict(written) == dict(expected),
             metadata={"columns": len(written), "expected_columns": len(expected)},
         ),
     ]
@@ -196,50 +219,21 @@ def check_specs(asset: str) -> list[dg.AssetCheckSpec]:
     return [dg.AssetCheckSpec(name, asset=asset) for name in CHECK_NAMES]
 
 
-def generation_metadata(
-    outcome: BatchOutcome,
-    *,
-    rows: int,
-    quarantined: int,
-    table: str,
-    path: Path,
-    trino: TrinoResource,
-) -> dict[str, dg.RawMetadataValue]:
-    stats = outcome.stats
-    metadata: dict[str, dg.RawMetadataValue] = {
-        "rows": rows,
-        "requests": stats.total,
-        "generated": stats.generated,
-        "from_ledger": stats.from_ledger,
-        "failures": stats.failed,
-        "quarantined": quarantined,
-        "completion_tokens": stats.completion_tokens,
-        "cached_tokens": stats.cached_tokens,
-        "prompt_tokens_per_s": stats.prompt_tokens_per_s,
-        "completion_tokens_per_s": stats.completion_tokens_per_s,
-        "cache_hit_ratio": stats.cache_hit_ratio,
-        "digest_reprefills": stats.digest_reprefills,
-        "latency_p50_ms": stats.latency_p50_ms,
-        "latency_p95_ms": stats.latency_p95_ms,
-        "max_in_flight": stats.max_in_flight,
-        "wall_s": stats.wall_s,
-        "path": dg.MetadataValue.path(str(path)),
-    }
-    if trino.enabled:
-        name = f"{trino.catalog}.{trino.schema_name}.{table}"
-        metadata["trino_table"] = name
-        metadata["query"] = dg.MetadataValue.md(f"```sql\nSELECT * FROM {name} LIMIT 100\n```")
-    return metadata
+def iter_results(
+    ledger: Ledger, outcome: BatchOutcome, tally: OutputTally
+) -> Iterator[GenerationResult]:
+    """The batch's finished rows in request order, streamed from the ledger and counted."""
+    return tally.results(outcome.iter_results(ledger))
 
 
-def land_outputs(
+def land_generation(
     context: dg.AssetExecutionContext,
     *,
     table: str,
-    stage: str,
-    rows: Sequence[GenerationColumns],
-    texts: Sequence[str],
-    set_aside: Sequence[QuarantineRow],
+    stage: Literal["amplify", "distill"],
+    rows: Iterable[GenerationColumns],
+    set_aside: list[QuarantineRow],
+    tally: OutputTally,
     outcome: BatchOutcome,
     warehouse: Warehouse,
     trino: TrinoResource,
@@ -247,26 +241,32 @@ def land_outputs(
     source: str,
     extra_metadata: dict[str, dg.RawMetadataValue] | None = None,
 ) -> dg.MaterializeResult:
-    """Write the partition and this stage's quarantine rows, publish them, check and report."""
+    """Stream the rows into the partition, then this stage's quarantine rows; publish; check.
+
+    `set_aside` fills while `rows` is consumed, so it is written after the partition.
+    """
+    written = warehouse.write_partition(table, ds, source, tally.rows(rows))
     failed = failure_rows(
         outcome.failures,
         stage=stage,
         source_file=source,
         model=outcome.model,
         digest_sha=outcome.digest_sha256,
+        created_at=datetime.now(UTC),
     )
-    written = warehouse.write_partition(table, ds, source, rows)
     quarantined = replace_quarantine(warehouse, ds, source, stage, [*set_aside, *failed])
-    checks = generation_checks(table, rows, texts, written.path)
+    checks = generation_checks(table, tally.figures(), pl.read_parquet_schema(written.path))
     checks.append(publish(context, trino, warehouse, [table, "quarantine"], ds, source))
-    metadata = generation_metadata(
-        outcome,
-        rows=written.rows,
-        quarantined=quarantined,
-        table=table,
-        path=written.path,
-        trino=trino,
-    )
-    return dg.MaterializeResult(
-        metadata={**metadata, **(extra_metadata or {})}, check_results=checks
-    )
+    metadata: dict[str, dg.RawMetadataValue] = {
+        "rows": written.rows,
+        "quarantined": quarantined,
+        **generation_figures(outcome),
+        **(extra_metadata or {}),
+        "path": dg.MetadataValue.path(str(written.path)),
+    }
+    if trino.enabled:
+        name = trino.table_name(table)
+        metadata["trino_table"] = name
+        metadata["query"] = dg.MetadataValue.md(f"```sql\nSELECT * FROM {name} LIMIT 100\n```")
+    metadata["summary"] = summary_table(metadata)
+    return dg.MaterializeResult(metadata=metadata, check_results=checks)

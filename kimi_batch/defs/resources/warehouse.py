@@ -1,26 +1,33 @@
-"""`WarehouseResource`: the Parquet warehouse root (Hive layout) the assets write to."""
+"""`WarehouseResource`: the Parquet warehouse (Hive layout) and the ledger the assets write to."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import dagster as dg
-from pydantic import Field
 
+from kimi_batch.engine.ledger import Ledger
+from kimi_batch.paths import StatePaths
 from kimi_batch.settings import Settings
 from kimi_batch.storage import Warehouse
+from kimi_batch.storage.landing import Landing
 
 __all__ = ["WarehouseResource"]
 
 
 class WarehouseResource(dg.ConfigurableResource):
-    """The directory holding `<table>/ds=.../source=.../part-0.parquet`."""
+    """Where a partition's inputs, finished requests and tables live (`Settings.paths`).
 
-    root: str = Field(description="Warehouse root directory.")
+    Locations are deployment configuration (KIMI_BATCH_HOME, KIMI_BATCH_WAREHOUSE), so the
+    sensor, the schedule and every run see the same state directory.
+    """
 
-    @classmethod
-    def from_settings(cls, settings: Settings) -> WarehouseResource:
-        return cls(root=str(settings.warehouse_dir))
+    def paths(self) -> StatePaths:
+        return Settings.from_env().paths
 
     def warehouse(self) -> Warehouse:
-        return Warehouse(Path(self.root))
+        return Warehouse(self.paths().warehouse_dir)
+
+    def ledger(self) -> Ledger:
+        return Ledger(self.paths().ledger_path)
+
+    def landing(self) -> Landing:
+        return Landing(self.paths())

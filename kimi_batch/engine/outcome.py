@@ -1,0 +1,130 @@
+"""What a batch is given (endpoints, policy) and what it hands back (planned rows, failures,
+figures). The results themselves stay in the ledger: `BatchOutcome.iter_results` streams them."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kimi_batch.engine.deadline import DeadlinePolicy
+from kimi_batch.engine.ledger import Ledger
+from kimi_batch.engine.requests import GenerationRequest, GenerationResult, SamplingParams
+from kimi_batch.engine.stats import BatchStats
+from kimi_batch.engine.warm import WarmupReport
+from kimi_batch.engine.watchdog import WatchdogPolicy
+from kimi_batch.llama.client import LlamaClient
+
+__all__ = [
+    "BatchOutcome",
+    "ClientFactory",
+    "Endpoint",
+    "EnginePolicy",
+    "FailedRequest",
+    "PlannedRequest",
+    "PlannedRow",
+    "default_client",
+]
+
+
+class Endpoint(BaseModel):
+    """One llama-server the engine may use."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    base_url: str
+    slots: int = Field(ge=1)
+    model: str
+    ctx: int | None = None
+    n_predict: int = Field(default=-1, description="Server cap on generated tokens; -1 none.")
+    api_key: str | None = Field(default=None, repr=False)
+
+
+ClientFactory = Callable[[Endpoint], LlamaClient]
+
+
+def default_client(endpoint: Endpoint) -> LlamaClient:
+    return LlamaClient(endpoint.base_url, api_key=endpoint.api_key)
+
+
+class EnginePolicy(BaseModel):
+    """Attempts, backoff, deadlines and hang detection of one engine."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    attempts: int = Field(default=4, ge=1, le=20, description="Sends per request in all.")
+    backoff_s: float = Field(default=1.0, ge=0.0, description="Wait before the second send.")
+    max_backoff_s: float = Field(default=30.0, ge=0.0)
+    load_wait_s: float = Field(
+        default=1800.0, gt=0, description="How long a respawned server may take to load."
+    )
+    deadline: DeadlinePolicy = Field(default_factory=DeadlinePolicy)
+    watchdog: WatchdogPolicy = Field(default_factory=WatchdogPolicy)
+
+    def delay(self, attempt: int) -> float:
+        base = min(self.max_backoff_s, self.backoff_s * (2 ** (attempt - 1)))
+        return base * (0.5 + random.random() / 2)
+
+
+class PlannedRequest(BaseModel):
+    """A request with its keys and the params actually sent (clamped)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    request_id: str = Field(description="The output row's id: content key + input id.")
+    content_key: str = Field(description="Ledger key: hash of digest, model, params, messages.")
+    request: GenerationRequest
+    params: SamplingParams
+
+
+class PlannedRow(BaseModel):
+    """One output row of the batch, in request order: what to read back from the ledger."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    request_id: str
+    content_key: str
+    input_id: str
+    tag: str
+
+
+class FailedRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    request_id: str
+    input_id: str
+    tag: str
+    reason: str
+    attempts: int
+
+
+class BatchOutcome(BaseModel):
+    """Planned rows, failures and statistics; the results themselves stay in the ledger."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    digest_sha256: str
+    planned: list[PlannedRow]
+    failures: list[FailedRequest]
+    stats: BatchStats
+    warmups: list[WarmupReport]
+    stopped_at_window: bool = Field(
+        default=False, description="The stop time passed: `stats.not_started` rows wait."
+    )
+
+    def iter_results(self, ledger: Ledger, *, chunk_size: int = 256) -> Iterator[GenerationResult]:
+        """Finished rows in request order (ledger hits included), `chunk_size` at a time.
+
+        Each row carries its own request/input id and tag, also where two inputs share one
+        generation. Rows that failed or were not started are absent.
+        """
+        rows = iter(self.planned)
+        for result in ledger.iter_results(
+            (p.content_key for p in self.planned), chunk_size=chunk_size
+        ):
+            row = next(r for r in rows if r.content_key == result.request_id)
+            yield result.model_copy(
+                update={"request_id": row.request_id, "input_id": row.input_id, "tag": row.tag}
+            )

@@ -1,0 +1,112 @@
+"""Where every state file lives: the one owner of the `$KIMI_BATCH_HOME` layout.
+
+    home/
+      server/            pid, spec and log of the resident llama-server
+      slots/             slot saves of the system digest (--slot-save-path)
+      ledger/            ledger.sqlite3: finished requests and partition leases
+      landed/            content-addressed snapshots of ingested inputs + manifest.sqlite3
+      inbox/             where users drop input files (the sensor watches it)
+      warehouse/         Parquet tables in Hive layout (unless KIMI_BATCH_WAREHOUSE)
+      dagster/           DAGSTER_HOME of the demo and `make dev`
+      bench/             `kimi-batch bench`: bench.json/.md/.png, speeds.json, state/ of its server
+      tune/              `kimi-batch tune`: tune.json/.md/.png, speeds.json
+      partitions_start   the first date partition of this install (written once)
+
+Nothing else builds these paths. Directories holding generated text or inputs are created 0700:
+prompts and answers can be confidential, and the box is shared with Dagster and Trino users.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import date
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+__all__ = ["PRIVATE_DIR_MODE", "PRIVATE_FILE_MODE", "StatePaths", "private_dir"]
+
+PRIVATE_DIR_MODE = 0o700
+PRIVATE_FILE_MODE = 0o600
+
+
+def private_dir(path: Path) -> Path:
+    """Create `path` (and parents) and make the leaf owner-only; returns it."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, PRIVATE_DIR_MODE)
+    return path
+
+
+class StatePaths(BaseModel):
+    """The state directory layout (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    home: Path
+    warehouse_override: Path | None = None
+
+    @property
+    def server_dir(self) -> Path:
+        return self.home / "server"
+
+    @property
+    def slot_save_dir(self) -> Path:
+        return self.home / "slots"
+
+    @property
+    def ledger_dir(self) -> Path:
+        return self.home / "ledger"
+
+    @property
+    def ledger_path(self) -> Path:
+        return self.ledger_dir / "ledger.sqlite3"
+
+    @property
+    def landed_dir(self) -> Path:
+        return self.home / "landed"
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.landed_dir / "manifest.sqlite3"
+
+    @property
+    def inbox_dir(self) -> Path:
+        return self.home / "inbox"
+
+    @property
+    def warehouse_dir(self) -> Path:
+        return self.warehouse_override or self.home / "warehouse"
+
+    @property
+    def dagster_home(self) -> Path:
+        return self.home / "dagster"
+
+    @property
+    def bench_dir(self) -> Path:
+        return self.home / "bench"
+
+    @property
+    def tune_dir(self) -> Path:
+        return self.home / "tune"
+
+    @property
+    def partitions_start_file(self) -> Path:
+        return self.home / "partitions_start"
+
+    def install_date(self, today: date) -> date:
+        """The first partition date of this install: written on first use, then fixed.
+
+        A fixed date (not "today minus N") keeps every partition ever created inside the
+        partitions definition, and a new install shows no year of empty partitions.
+        """
+        path = self.partitions_start_file
+        try:
+            return date.fromisoformat(path.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            pass
+        try:
+            self.home.mkdir(parents=True, exist_ok=True)
+            path.write_text(today.isoformat() + "\n")
+        except OSError:
+            pass  # a read-only home still gets a start date, just not a persisted one
+        return today

@@ -1,0 +1,34 @@
+"""The quarantine table is shared by the stages of a partition: each stage replaces only its rows."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import date
+
+import polars as pl
+
+from kimi_batch.storage.parquet import Warehouse
+from kimi_batch.storage.schema import PARTITION_COLUMNS
+from kimi_batch.tasks.rows import QuarantineRow
+
+__all__ = ["replace_quarantine"]
+
+
+def replace_quarantine(
+    warehouse: Warehouse, ds: str | date, source: str, stage: str, rows: Iterable[QuarantineRow]
+) -> int:
+    """Replace `stage`'s quarantine rows of the partition, keeping the other stages' rows.
+
+    A read-modify-write of one partition: callers hold the partition's lease around it.
+    Returns the number of rows written for `stage`.
+    """
+    frame = warehouse.read_partition("quarantine", ds, source)
+    kept = frame.filter(pl.col("stage") != stage).drop(list(PARTITION_COLUMNS))
+    mine = list(rows)
+    warehouse.write_partition(
+        "quarantine",
+        ds,
+        source,
+        [*(QuarantineRow.model_validate(row) for row in kept.iter_rows(named=True)), *mine],
+    )
+    return len(mine)

@@ -1,0 +1,51 @@
+"""The `seeds` table: a landed input file read, validated and written in chunks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime
+from pathlib import Path
+
+from kimi_batch.storage.parquet import PartitionWrite, Warehouse
+from kimi_batch.tasks.inputs import InputBatch, SeedPrompt, in_chunks, iter_inbox_rows
+from kimi_batch.tasks.rows import QuarantineRow, SeedRow
+from kimi_batch.tasks.seeds import seed_rows
+
+__all__ = ["LengthCheck", "land_seeds"]
+
+LengthCheck = Callable[[Sequence[SeedPrompt]], InputBatch]
+"""Splits seeds into those that fit a slot and quarantine rows for the over-long ones."""
+
+
+def land_seeds(
+    warehouse: Warehouse,
+    ds: str,
+    source: str,
+    *,
+    snapshot: Path | None,
+    source_name: str,
+    input_sha256: str,
+    max_input_bytes: int,
+    check_lengths: LengthCheck,
+    now: datetime,
+    set_aside: list[QuarantineRow],
+) -> PartitionWrite:
+    """Stream `snapshot` into the partition's `seeds` file; bad rows are appended to `set_aside`.
+
+    Memory stays bounded by one chunk of rows whatever the file's size. Without a snapshot (the
+    input was refused before it could land) the partition is written empty.
+    """
+
+    def rows() -> Iterator[SeedRow]:
+        if snapshot is None:
+            return
+        stream = iter_inbox_rows(
+            snapshot, source_name=source_name, now=now, max_input_bytes=max_input_bytes
+        )
+        for chunk in in_chunks(stream):
+            set_aside.extend(chunk.quarantined)
+            checked = check_lengths(chunk.seeds)
+            set_aside.extend(checked.quarantined)
+            yield from seed_rows(checked.seeds, input_sha256=input_sha256, created_at=now)
+
+    return warehouse.write_partition("seeds", ds, source, rows())

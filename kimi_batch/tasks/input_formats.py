@@ -1,0 +1,244 @@
+"""Incremental decoding of inbox files into raw rows, one format per reader, memory bounded.
+
+Each reader yields `Item`s: the row's line, the decoded record (or why it could not be decoded)
+and what to show in the quarantine's `raw` column. A bad row is an `Item` with an `error`; only
+what makes the rest of a file unreadable raises (the caller turns that into one file-level row).
+
+Memory stays bounded whatever the file holds: JSONL is read line by line and CSV record by record
+from the open file, each row at most `max_row_bytes` (a longer one is skipped, not loaded),
+Parquet slice by slice, and a `.json` array (which has to be parsed whole) only up to a small size.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO, Any, NamedTuple
+
+import polars as pl
+
+__all__ = [
+    "FILE_ERRORS",
+    "MAX_JSON_ARRAY_BYTES",
+    "MAX_ROW_BYTES",
+    "PARQUET_BATCH_ROWS",
+    "FileRefusedError",
+    "Item",
+    "csv_items",
+    "json_items",
+    "jsonl_items",
+    "parquet_items",
+]
+
+# ~250k tokens: more than a slot's context on the target; a longer row cannot be a prompt.
+MAX_ROW_BYTES = 1 << 20
+# A JSON array is parsed whole and its Python objects take ~8x the file size.
+MAX_JSON_ARRAY_BYTES = 16 << 20
+PARQUET_BATCH_ROWS = 8192
+_PREVIEW_CHARS = 4000  # more than the quarantine's `raw` keeps, so the cut is marked there
+_SKIP_CHUNK = 1 << 16
+
+
+class FileRefusedError(ValueError):
+    """The file is not read (further) for a reason the user can act on."""
+
+
+# Whatever stops a file from being read further: the rest of the file becomes one quarantine row.
+# A deeply nested `.json` array raises RecursionError, a malformed Parquet file may panic in Rust.
+FILE_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    UnicodeError,
+    ValueError,
+    RecursionError,
+    csv.Error,
+    pl.exceptions.PolarsError,
+    pl.exceptions.PanicException,
+)
+
+
+class Item(NamedTuple):
+    """One raw row of an input file."""
+
+    line: int | None
+    record: Any  # the decoded row; None when `error` is set
+    raw: Any  # the row as written (text), or a value shown as JSON; None: show `record`
+    error: str | None  # why the row could not be decoded
+
+
+def _preview(data: bytes) -> str:
+    return data[:_PREVIEW_CHARS].decode("utf-8", "replace")
+
+
+def _skip_line(file: IO[bytes]) -> None:
+    """Read past the rest of an over-long line without holding it."""
+    while (piece := file.readline(_SKIP_CHUNK)) and not piece.endswith(b"\n"):
+        pass
+
+
+def _json_reason(error: ValueError | RecursionError) -> str:
+    if isinstance(error, json.JSONDecodeError):
+        return f"invalid JSON: {error.msg} (column {error.colno})"
+    if isinstance(error, RecursionError):
+        return "invalid JSON: nested too deeply"
+    # int() refuses numbers over 4300 digits (sys.int_info): keep the message, not its hint.
+    return f"invalid JSON: {str(error).split(':')[0]}"
+
+
+def jsonl_items(file: IO[bytes], *, max_row_bytes: int = MAX_ROW_BYTES) -> Iterator[Item]:
+    """One JSON value a line, read line by line; blank lines are skipped."""
+    number = 0
+    while line := file.readline(max_row_bytes + 1):
+        number += 1
+        if len(line) > max_row_bytes and not line.endswith(b"\n"):
+            _skip_line(file)
+            yield Item(number, None, _preview(line), f"line is over {max_row_bytes} bytes")
+            continue
+        line = line.removesuffix(b"\n")
+        try:
+            text = line.decode("utf-8-sig" if number == 1 else "utf-8").strip()
+        except UnicodeDecodeError:
+            yield Item(number, None, repr(line[:_PREVIEW_CHARS]), "line is not valid UTF-8")
+            continue
+        if not text:
+            continue
+        try:
+            yield Item(number, json.loads(text), text, None)
+        except (ValueError, RecursionError) as error:
+            yield Item(number, None, text, _json_reason(error))
+
+
+def json_items(
+    file: IO[bytes], *, size: int, max_json_bytes: int = MAX_JSON_ARRAY_BYTES
+) -> Iterator[Item]:
+    """A JSON array of rows; parsed whole, so only up to `max_json_bytes`."""
+    if size > max_json_bytes:
+        raise FileRefusedError(
+            f"a .json file is parsed whole and this one is {size} bytes, over the limit of "
+            f"{max_json_bytes}: use JSONL (one row a line) for larger inputs"
+        )
+    records = json.loads(file.read().decode("utf-8-sig"))
+    if not isinstance(records, list):
+        raise ValueError(f"expected a JSON array of rows, got {type(records).__name__}")
+    for number, record in enumerate(records, start=1):
+        yield Item(number, record, None, None)
+
+
+def _require_prompt_column(columns: Iterable[str]) -> None:
+    if not {"prompt", "messages"} & set(columns):
+        raise ValueError("no `prompt` or `messages` column")
+
+
+class _RowTooLongError(Exception):
+    pass
+
+
+class _BoundedLines:
+    """CSV input lines with a size budget per record; counts physical lines.
+
+    csv.reader pulls lines from here; a record that grows past the budget raises out of the
+    reader (which starts afresh at the next call), and `skip_record` reads past its rest.
+    """
+
+    def __init__(self, text: IO[str], limit: int) -> None:
+        self._text = text
+        self._limit = limit
+        self._size = 0
+        self._quotes = 0
+        self._mid_line = False
+        self.lines = 0
+        self.preview = ""
+
+    def start_record(self) -> None:
+        self._size = 0
+        self._quotes = 0
+        self.preview = ""
+
+    def __iter__(self) -> Iterator[str]:
+        return self
+
+    def __next__(self) -> str:
+        line = self._text.readline(self._limit - self._size + 1)
+        if not line:
+            raise StopIteration
+        if not self._size:
+            self.preview = line[:_PREVIEW_CHARS]
+        self._size += len(line)
+        self._quotes += line.count('"')
+        self._mid_line = self._size > self._limit and not line.endswith(("\n", "\r"))
+        if not self._mid_line:
+            self.lines += 1
+        if self._size > self._limit:
+            raise _RowTooLongError
+        return line
+
+    def skip_record(self) -> None:
+        """Read to the end of a line outside quotes (a quote count that is even, as csv writes)."""
+        while self._mid_line or self._quotes % 2:
+            piece = self._text.readline(_SKIP_CHUNK)
+            if not piece:
+                return
+            self._quotes += piece.count('"')
+            self._mid_line = not piece.endswith(("\n", "\r"))
+            if not self._mid_line:
+                self.lines += 1
+
+
+def _ensure_field_limit(limit: int) -> None:
+    # The reader's own limit (128 KiB by default) raises mid-record; records are bounded here.
+    if csv.field_size_limit() < limit:
+        csv.field_size_limit(limit)
+
+
+def csv_items(file: IO[bytes], *, max_row_bytes: int = MAX_ROW_BYTES) -> Iterator[Item]:
+    """Rows under a header line; a quoted cell may span lines. Sizes count characters."""
+    _ensure_field_limit(max_row_bytes + 1)
+    lines = _BoundedLines(io.TextIOWrapper(file, encoding="utf-8-sig", newline=""), max_row_bytes)
+    reader = csv.reader(lines)
+    try:
+        header = next(reader, None) or []
+    except _RowTooLongError as error:
+        raise FileRefusedError(f"the header line is over {max_row_bytes} characters") from error
+    _require_prompt_column(header)
+    while True:
+        line = lines.lines + 1
+        lines.start_record()
+        try:
+            fields = next(reader)
+        except StopIteration:
+            return
+        except _RowTooLongError:
+            lines.skip_record()
+            yield Item(line, None, lines.preview, f"row is over {max_row_bytes} characters")
+            continue
+        except csv.Error as error:
+            yield Item(line, None, lines.preview, f"invalid CSV: {error}")
+            continue
+        if not fields:
+            continue  # a blank line, as csv.DictReader skips it
+        row: dict[str, str | None] = dict.fromkeys(header)
+        row.update(zip(header, fields, strict=False))
+        if len(fields) > len(header):
+            yield Item(line, None, [*fields], "row has more fields than the header")
+            continue
+        record: dict[str, str | None] = {k: v for k, v in row.items() if v not in (None, "")}
+        # An empty cell means "not set", but an empty prompt in a row without messages is the
+        # user's mistake and should be reported as such, not as a missing column.
+        if "prompt" in row and "messages" not in record:
+            record.setdefault("prompt", row["prompt"])
+        yield Item(line, record, row, None)
+
+
+def parquet_items(path: Path, *, batch_rows: int = PARQUET_BATCH_ROWS) -> Iterator[Item]:
+    """Rows of a Parquet file, read a slice at a time (polars reads only the row groups needed)."""
+    frame = pl.scan_parquet(path)
+    _require_prompt_column(frame.collect_schema().names())
+    total = int(frame.select(pl.len()).collect().item())
+    for offset in range(0, total, batch_rows):
+        batch = frame.slice(offset, batch_rows).collect()
+        for number, record in enumerate(batch.iter_rows(named=True), start=offset + 1):
+            # Columns a row does not use are null there (e.g. `prompt` in a `messages` row).
+            present = {key: value for key, value in record.items() if value is not None}
+            yield Item(number, present, None, None)

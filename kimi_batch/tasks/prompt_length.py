@@ -1,0 +1,91 @@
+"""Which seeds are too long for a slot, decided locally for almost all rows.
+
+A byte-level BPE token covers at least one byte, so a text never has more tokens than UTF-8
+bytes (an SPM tokenizer may add one leading-space token: `+1` a message). A seed whose bytes,
+with the digest and the chat template, fit the limit fits for sure; only the others are sent
+to `/tokenize`, in the caller's client session, a few at a time. Measured on SmolLM2 (ChatML):
+no text had more tokens than bytes, and the template added 8.5 + 5.5 tokens a turn (system turn
+and generation prompt in the 8.5); the constants below leave room for other templates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from datetime import datetime
+
+from kimi_batch.llama.client import LlamaClient
+from kimi_batch.tasks.inputs import InputBatch, SeedPrompt, quarantine_overlong
+
+__all__ = [
+    "TEMPLATE_TOKENS_FIXED",
+    "TEMPLATE_TOKENS_PER_TURN",
+    "TOKENIZE_CONCURRENCY",
+    "check_prompt_lengths",
+    "find_overlong",
+    "template_tokens",
+    "token_bound",
+]
+
+TEMPLATE_TOKENS_FIXED = 16
+TEMPLATE_TOKENS_PER_TURN = 8
+TOKENIZE_CONCURRENCY = 4
+
+
+def template_tokens(messages: int) -> int:
+    """Tokens the chat template adds around the digest and `messages` user-side turns."""
+    return TEMPLATE_TOKENS_FIXED + TEMPLATE_TOKENS_PER_TURN * messages
+
+
+def token_bound(seed: SeedPrompt) -> int:
+    """More tokens than the seed's messages can have: their UTF-8 bytes, plus one each."""
+    return sum(len(message.content.encode("utf-8")) + 1 for message in seed.messages)
+
+
+async def _user_tokens(client: LlamaClient, seeds: Sequence[SeedPrompt]) -> list[int]:
+    gate = asyncio.Semaphore(TOKENIZE_CONCURRENCY)
+
+    async def count(seed: SeedPrompt) -> int:
+        async with gate:
+            return len(await client.tokenize("\n".join(m.content for m in seed.messages)))
+
+    return list(await asyncio.gather(*(count(seed) for seed in seeds)))
+
+
+async def find_overlong(
+    seeds: Sequence[SeedPrompt], client: LlamaClient, *, digest_tokens: int, limit: int
+) -> list[tuple[SeedPrompt, int]]:
+    """The seeds whose whole prompt is over `limit` tokens, each with its token count.
+
+    The prompt is the digest (`digest_tokens`), the chat template and the seed's messages;
+    `limit` is what a slot holds for it (context per slot minus the answer budget). Only seeds
+    whose byte bound does not fit cost a `/tokenize` call; the caller owns the client session.
+    """
+
+    def fixed(seed: SeedPrompt) -> int:
+        return digest_tokens + template_tokens(len(seed.messages))
+
+    doubtful = [seed for seed in seeds if fixed(seed) + token_bound(seed) > limit]
+    counts = await _user_tokens(client, doubtful)
+    totals = [(seed, fixed(seed) + count) for seed, count in zip(doubtful, counts, strict=True)]
+    return [(seed, total) for seed, total in totals if total > limit]
+
+
+async def check_prompt_lengths(
+    seeds: Sequence[SeedPrompt],
+    client: LlamaClient,
+    *,
+    digest_tokens: int,
+    limit: int,
+    now: datetime | None = None,
+) -> InputBatch:
+    """`seeds` split into those that fit a slot and quarantine rows for the over-long ones."""
+    overlong = dict(
+        (seed.input_id, total)
+        for seed, total in await find_overlong(
+            seeds, client, digest_tokens=digest_tokens, limit=limit
+        )
+    )
+    # A seed that fits needs no exact count for the split: the limit itself stands in for it.
+    counts = {seed.input_id: overlong.get(seed.input_id, limit) for seed in seeds}
+    return quarantine_overlong(seeds, counts, limit, now=now)

@@ -1,0 +1,59 @@
+"""A partition's memory does not grow with its rows: results stream from the ledger to Parquet.
+
+Each partition is materialized in its own process against the real server (see
+`partition_memory_probe`); the figures are printed for the closing note and bounded loosely here,
+because RSS on a shared machine is noisy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kimi_batch_tests.conftest import LlamaEnv
+
+pytestmark = pytest.mark.slow
+
+
+def _probe(source: str, rows: int, n_probs: int, max_tokens: int) -> dict[str, float]:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kimi_batch_tests.defs.partition_memory_probe",
+            source,
+            str(rows),
+            str(n_probs),
+            str(max_tokens),
+        ],
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"{source}: {report}")
+    return report
+
+
+def test_a_5000_request_partition_stays_small(llama_env: LlamaEnv) -> None:
+    report = _probe("mem_plain", 5000, 0, 2)
+
+    assert report["rows"] + report["quarantined"] == 5000
+    per_thousand = report["growth_mb"] / 5
+    print(f"peak RSS growth: {per_thousand:.1f} MB per 1,000 rows")
+    assert per_thousand < 50
+
+
+def test_a_500_request_partition_with_20_logprobs_stays_small(llama_env: LlamaEnv) -> None:
+    report = _probe("mem_logprobs", 500, 20, 16)
+
+    assert report["rows"] + report["quarantined"] == 500
+    print(f"peak RSS growth with n_probs=20: {report['growth_mb'] * 2:.1f} MB per 1,000 rows")
+    assert report["growth_mb"] < 250

@@ -1,0 +1,86 @@
+"""Per-request deadlines: long legitimate work is never cut, a small request gets the floor."""
+
+from __future__ import annotations
+
+from kimi_batch.engine.deadline import DeadlinePolicy, SpeedTracker, estimate_prompt_tokens
+from kimi_batch.engine.requests import GenerationResult
+from kimi_batch.llama.types import ChatMessage
+from kimi_batch_tests.factories import make_result
+
+MINUTE = 60.0
+# The target: a 16k-token prompt takes ~44 minutes, a 1,024-token answer at 32k context ~7.
+TARGET_PROMPT_TOKENS = 16_000
+TARGET_PROMPT_S = 44 * MINUTE
+TARGET_ANSWER_TOKENS = 1024
+TARGET_ANSWER_S = 7 * MINUTE
+
+
+def target_result(prompt_tokens: int, completion_tokens: int) -> GenerationResult:
+    """A finished request at the target's measured speeds."""
+    return make_result(
+        prompt_tokens=prompt_tokens + 1000,
+        cached_tokens=1000,
+        completion_tokens=completion_tokens,
+        prompt_ms=prompt_tokens / (TARGET_PROMPT_TOKENS / TARGET_PROMPT_S) * 1000,
+        predicted_ms=completion_tokens / (TARGET_ANSWER_TOKENS / TARGET_ANSWER_S) * 1000,
+    )
+
+
+def test_a_44_minute_prompt_is_not_cut_at_the_defaults() -> None:
+    tracker = SpeedTracker(DeadlinePolicy())
+    needed = TARGET_PROMPT_S + TARGET_ANSWER_S
+    assert tracker.deadline_s(TARGET_PROMPT_TOKENS, TARGET_ANSWER_TOKENS) > needed
+
+
+def test_measured_target_speeds_still_leave_the_long_prompt_its_time() -> None:
+    tracker = SpeedTracker(DeadlinePolicy())
+    for _ in range(5):
+        tracker.observe(target_result(2000, 200))
+    deadline = tracker.deadline_s(TARGET_PROMPT_TOKENS, TARGET_ANSWER_TOKENS)
+    assert deadline > TARGET_PROMPT_S + TARGET_ANSWER_S
+    # ... and it is the multiplier, not an unbounded guess, that gives the margin.
+    assert deadline < 3.5 * (TARGET_PROMPT_S + TARGET_ANSWER_S)
+
+
+def test_a_small_request_gets_the_floor_not_less() -> None:
+    tracker = SpeedTracker(DeadlinePolicy(floor_s=600.0))
+    tracker.observe(make_result(prompt_tokens=1100, cached_tokens=1000, prompt_ms=100.0))
+    assert tracker.deadline_s(20, 8) == 600.0
+
+
+def test_faster_measured_speeds_shorten_the_deadline() -> None:
+    policy = DeadlinePolicy(floor_s=1.0)
+    tracker = SpeedTracker(policy)
+    before = tracker.deadline_s(1000, 100)
+    tracker.observe(
+        make_result(
+            prompt_tokens=1500,
+            cached_tokens=1000,
+            completion_tokens=100,
+            prompt_ms=500.0,
+            predicted_ms=2000.0,
+        )
+    )
+    after = tracker.deadline_s(1000, 100)
+    assert after < before
+    # 1000 tokens at 1000 tok/s + 100 at 50 tok/s, times the default multiplier 3.
+    assert after == 3 * (1000 / 1000 + 100 / 50)
+
+
+def test_tiny_samples_do_not_move_the_speeds() -> None:
+    tracker = SpeedTracker(DeadlinePolicy())
+    tracker.observe(
+        make_result(
+            prompt_tokens=1003,
+            cached_tokens=1000,
+            completion_tokens=2,
+            prompt_ms=0.1,
+            predicted_ms=0.1,
+        )
+    )
+    assert (tracker.prompt_tok_s, tracker.decode_tok_s) == (5.0, 1.0)
+
+
+def test_prompt_estimate_counts_the_user_side_generously() -> None:
+    messages = [ChatMessage(role="user", content="x" * 48_000)]
+    assert estimate_prompt_tokens(messages, 3.0) >= TARGET_PROMPT_TOKENS

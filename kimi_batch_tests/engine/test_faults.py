@@ -1,0 +1,157 @@
+"""A crashed server, a hung one and a closing window, on the real llama-server (slow)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kimi_batch.engine.ledger import Ledger
+from kimi_batch.engine.requests import GenerationRequest, SamplingParams
+from kimi_batch.engine.runner import BatchEngine, BatchOutcome, EnginePolicy
+from kimi_batch.engine.watchdog import WatchdogPolicy
+from kimi_batch.llama.server import ResidentServer
+from kimi_batch.llama.types import ChatMessage
+from kimi_batch_tests.conftest import make_spec
+from kimi_batch_tests.engine.test_runner import server_tasks
+from kimi_batch_tests.engine.test_warm import digest_tokens, endpoint_of, fresh_digest
+
+pytestmark = pytest.mark.slow
+
+# Long enough for a healthy server on a loaded 2-core machine: seen standing still for 5 s
+# between decodes there, and a stall that short would restart a server that is only slow.
+STALL_S = 30.0
+# Detection takes the stall period plus a probe or two; the margin absorbs a loaded machine.
+DETECTION_MARGIN_S = 120.0
+
+
+def long_answers(n: int, prefix: str, max_tokens: int = 48) -> list[GenerationRequest]:
+    return [
+        GenerationRequest(
+            input_id=f"{prefix}{i}",
+            messages=[
+                ChatMessage(role="user", content=f"Write two sentences about the number {i}.")
+            ],
+            params=SamplingParams(max_tokens=max_tokens, temperature=0.0),
+        )
+        for i in range(n)
+    ]
+
+
+@pytest.fixture
+def own_server(tmp_path: Path, llama_binary: Path, model_path: Path) -> Iterator[ResidentServer]:
+    """A server of the test's own (it gets killed or stopped), 2 slots."""
+    spec = make_spec(llama_binary, model_path, tmp_path, parallel=2, ctx=2 * 2048)
+    server = ResidentServer(spec, tmp_path / "server", load_timeout_s=300)
+    pid = server.ensure_running().pid
+    assert pid is not None
+    try:
+        yield server
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)  # a stopped server would ignore the stop's SIGTERM
+        server.stop()
+
+
+async def signal_mid_batch(
+    server: ResidentServer, ledger_path: Path, sig: signal.Signals, **engine_options: Any
+) -> tuple[BatchOutcome, float]:
+    """Run 8 requests and send `sig` to the server once 2 are in the ledger; then check that
+    every row finished on a new server that got the digest back from the slot save (no
+    request re-prefilled it). Returns the outcome and when the signal went out."""
+    first_pid = server.status().pid
+    assert first_pid is not None
+    digest = fresh_digest(sig.name)
+    tokens = await digest_tokens(server, digest)
+    with Ledger(ledger_path) as ledger:
+        engine = BatchEngine(
+            [endpoint_of(server)], digest, ledger, digest_tokens=tokens, **engine_options
+        )
+        batch = asyncio.create_task(engine.run(long_answers(8, sig.name)))
+        while ledger.count() < 2 and not batch.done():  # noqa: ASYNC110 - polls a file
+            await asyncio.sleep(0.05)
+        assert not batch.done()
+        os.kill(first_pid, sig)
+        signalled = time.monotonic()
+        outcome = await batch
+        rows = list(outcome.iter_results(ledger))
+    assert outcome.failures == []
+    assert len(rows) == 8
+    assert server.status().pid not in (None, first_pid)
+    assert outcome.stats.digest_reprefills == 0
+    assert all(r.cached_tokens >= tokens for r in rows)
+    return outcome, signalled
+
+
+async def test_a_server_killed_mid_batch_is_respawned_and_rewarmed_from_the_save_file(
+    own_server: ResidentServer, tmp_path: Path
+) -> None:
+    outcome, _ = await signal_mid_batch(
+        own_server,
+        tmp_path / "ledger.sqlite3",
+        signal.SIGKILL,
+        on_unreachable=lambda _url: own_server.ensure_running() and None,
+    )
+    assert outcome.stats.hangs == 0  # a dead server is respawned, not declared hung
+
+
+async def test_a_stopped_server_is_detected_restarted_and_the_batch_finishes(
+    own_server: ResidentServer, tmp_path: Path
+) -> None:
+    hung_at: list[float] = []
+
+    def restart(_url: str) -> None:
+        hung_at.append(time.monotonic())
+        own_server.restart()
+
+    # SIGSTOP: the server accepts connections and never answers.
+    outcome, stopped_at = await signal_mid_batch(
+        own_server,
+        tmp_path / "ledger.sqlite3",
+        signal.SIGSTOP,
+        policy=EnginePolicy(
+            watchdog=WatchdogPolicy(stall_s=STALL_S, probe_timeout_s=5.0, interval_s=1.0)
+        ),
+        on_hung=restart,
+    )
+    assert outcome.stats.hangs == 1
+    assert len(hung_at) == 1
+    assert hung_at[0] - stopped_at < STALL_S + DETECTION_MARGIN_S
+
+
+async def test_past_the_stop_time_in_flight_rows_finish_and_a_rerun_does_the_rest(
+    shared_server: ResidentServer, tmp_path: Path
+) -> None:
+    digest = fresh_digest("window")
+    tokens = await digest_tokens(shared_server, digest)
+    endpoint = endpoint_of(shared_server)
+    requests = long_answers(24, "window", max_tokens=64)
+    with Ledger(tmp_path / "ledger.sqlite3") as ledger:
+        engine = BatchEngine([endpoint], digest, ledger, digest_tokens=tokens)
+        await engine.run(long_answers(1, "warm"))  # the digest in the slots before the clock runs
+        night = await engine.run(requests, stop_at=datetime.now(UTC) + timedelta(seconds=2))
+        done_at_stop = ledger.count() - 1
+        before = server_tasks(shared_server)
+        next_night = await engine.run(requests)
+        sent = server_tasks(shared_server) - before
+        rows = list(next_night.iter_results(ledger))
+    stats = night.stats
+    assert night.stopped_at_window
+    assert stats.generated >= 1  # the first dispatch went out before the stop time
+    assert stats.not_started >= 1
+    assert stats.generated + stats.not_started == len(requests)
+    assert stats.failed == 0
+    assert done_at_stop == stats.generated
+    assert next_night.stats.from_ledger == stats.generated
+    assert next_night.stats.generated == stats.not_started
+    assert sent == stats.not_started
+    assert not next_night.stopped_at_window
+    assert [r.input_id for r in rows] == [r.input_id for r in requests]

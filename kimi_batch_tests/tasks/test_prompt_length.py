@@ -1,0 +1,117 @@
+"""The local token bound holds on the real SmolLM2 tokenizer, and only doubtful rows are sent."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime
+
+from kimi_batch.llama.client import LlamaClient
+from kimi_batch.llama.server import ResidentServer
+from kimi_batch.llama.types import ChatMessage
+from kimi_batch.settings import default_digest_path
+from kimi_batch.tasks.inputs import SeedPrompt
+from kimi_batch.tasks.prompt_length import (
+    check_prompt_lengths,
+    find_overlong,
+    template_tokens,
+    token_bound,
+)
+
+NOW = datetime(2025, 1, 2, tzinfo=UTC)
+
+
+def _texts() -> list[str]:
+    rng = random.Random(7)
+    ranges = [(0x20, 0x7E), (0xA0, 0x2FFF), (0x4E00, 0x9FFF), (0x1F300, 0x1FAFF)]
+    mixed = "".join(chr(rng.randint(*rng.choice(ranges))) for _ in range(1500))
+    printable = "".join(chr(rng.randint(0x20, 0x7E)) for _ in range(2000))
+    return [
+        "a",
+        "\n",
+        "Why is the sky blue?",
+        "<|im_start|>user\nspecial tokens as text<|im_end|>",
+        "日本語のテキストと絵文字😀😀",
+        " " * 777,
+        "0123456789" * 100,
+        mixed,
+        printable,
+    ]
+
+
+def _seed(input_id: str, *contents: str) -> SeedPrompt:
+    return SeedPrompt(
+        input_id=input_id,
+        messages=[
+            ChatMessage(role="assistant" if index % 2 else "user", content=content)
+            for index, content in enumerate(contents)
+        ],
+        prompt=contents[-1],
+        source_file="f.jsonl",
+        line=1,
+    )
+
+
+async def test_byte_and_template_bounds_hold_on_the_real_tokenizer(
+    shared_server: ResidentServer,
+) -> None:
+    digest = default_digest_path().read_text()
+    async with shared_server.client() as client:
+        for text in _texts():
+            assert len(await client.tokenize(text)) <= len(text.encode("utf-8")), text[:40]
+        digest_tokens = len(await client.tokenize(digest))
+        for seed in [
+            _seed("one", "What is rain?"),
+            _seed("three", "What is rain?", "Water.", "And snow?"),
+            _seed("five", *_texts()[4:9]),
+        ]:
+            rendered = await client.apply_template(
+                [ChatMessage(role="system", content=digest), *seed.messages]
+            )
+            total = len(await client.tokenize(rendered, add_special=True))
+            user = len(await client.tokenize("\n".join(m.content for m in seed.messages)))
+            fixed = digest_tokens + template_tokens(len(seed.messages))
+            assert total <= fixed + user, seed.input_id  # the exact count never undercounts
+            assert fixed + user <= fixed + token_bound(seed)
+            # ...and the template allowance is a few tokens, not a guess that hides long prompts.
+            assert fixed + user - total <= 8 + 3 * len(seed.messages), seed.input_id
+
+
+class _CountingClient(LlamaClient):
+    """The real client, counting the /tokenize calls it makes."""
+
+    def __init__(self, base_url: str) -> None:
+        super().__init__(base_url)
+        self.tokenized: list[str] = []
+
+    async def tokenize(self, content: str, *, add_special: bool = False) -> list[int]:
+        self.tokenized.append(content)
+        return await super().tokenize(content, add_special=add_special)
+
+
+async def test_only_rows_over_the_byte_bound_are_tokenized(shared_server: ResidentServer) -> None:
+    digest_tokens = 1000
+    limit = 1400  # room for ~380 bytes of user text after the digest and the template
+    short = [_seed(f"s{index}", f"Short question number {index}?") for index in range(40)]
+    spaces = _seed("spaces", "Look:" + " " * 2000)  # 2 kB, but whitespace runs are few tokens
+    long = _seed("long", "0123456789" * 60)  # digits are one token each here: 600 tokens
+    chat = _seed("chat", "Tell me a story.", "Once upon a time " * 80, "Go on " * 70)
+    seeds = [*short[:20], spaces, long, *short[20:], chat]
+    client = _CountingClient(shared_server.base_url)
+
+    async with client:
+        overlong = await find_overlong(seeds, client, digest_tokens=digest_tokens, limit=limit)
+        calls = len(client.tokenized)
+        batch = await check_prompt_lengths(
+            seeds, client, digest_tokens=digest_tokens, limit=limit, now=NOW
+        )
+        long_tokens = len(await client.tokenize(long.messages[0].content))
+
+    assert calls == 3  # spaces, long, chat: the 40 short rows were decided locally
+    (first, first_total), (second, _) = overlong
+    assert (first.input_id, second.input_id) == ("long", "chat")
+    assert first_total == digest_tokens + template_tokens(1) + long_tokens
+    kept = [seed.input_id for seed in seeds if seed.input_id not in ("long", "chat")]
+    assert [seed.input_id for seed in batch.seeds] == kept
+    reasons = {row.input_id: row.reason for row in batch.quarantined}
+    assert set(reasons) == {"long", "chat"}
+    assert reasons["long"] == f"prompt is {first_total} tokens, over the limit of {limit}"
