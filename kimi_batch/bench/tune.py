@@ -43,12 +43,17 @@ def thread_knee(points: Sequence[ThreadPoint]) -> int:
 
 
 def slot_knee(points: Sequence[BatchedPoint]) -> int:
-    """The slot count past which the aggregate generation speed grows by less than 10%."""
+    """The slot count past which the aggregate generation speed grows by less than 10%.
+
+    The last step that still gained 10% names it: one flat step between noisy measurements
+    (a busy machine) does not stop the sweep early.
+    """
     ordered = sorted(points, key=lambda p: p.slots)
+    knee = ordered[0].slots
     for current, following in pairwise(ordered):
-        if following.gen_tok_s < (1 + KNEE_FRACTION) * current.gen_tok_s:
-            return current.slots
-    return ordered[-1].slots
+        if following.gen_tok_s >= (1 + KNEE_FRACTION) * current.gen_tok_s:
+            knee = following.slots
+    return knee
 
 
 def tune_table(document: dict[str, Any]) -> str:

@@ -32,7 +32,8 @@ def test_thread_knee_is_the_fewest_threads_within_10_percent_of_the_best() -> No
 
 def test_slot_knee_is_where_more_slots_add_less_than_10_percent() -> None:
     assert slot_knee(_slots((1, 10), (2, 18), (4, 30), (8, 32))) == 4
-    assert slot_knee(_slots((1, 10), (2, 10.5), (4, 30))) == 1
+    assert slot_knee(_slots((1, 10), (2, 10.5), (4, 30))) == 4  # a flat step, then a real gain
+    assert slot_knee(_slots((1, 10), (2, 10.5), (4, 10.8))) == 1
     assert slot_knee(_slots((4, 30), (1, 10), (2, 18))) == 4  # order of the rows does not matter
     assert slot_knee(_slots((1, 10), (2, 20))) == 2
 
