@@ -8,12 +8,11 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
-from kimi_batch.bench.errors import BenchError
-from kimi_batch.llama.exceptions import LlamaError
-from kimi_batch.llama.factory import server_from_settings
+from kimi_batch.errors import KimiBatchError
+from kimi_batch.llama import server_from_settings
 from kimi_batch.settings import Settings
-from kimi_batch.storage.errors import StorageError
 
 __all__ = ["main"]
 
@@ -76,8 +75,15 @@ def _publish(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line (exit 2), like every expected failure."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kimi-batch", description=__doc__)
+    parser = _Parser(prog="kimi-batch", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -114,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_perf_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_perf_commands(commands: Any) -> None:
     from kimi_batch.bench.commands import bench_command, plan_command, tune_command
 
     bench = commands.add_parser("bench", help="naive vs all-slots client vs engine vs Dagster")
@@ -154,13 +160,18 @@ def _add_perf_commands(commands: argparse._SubParsersAction[argparse.ArgumentPar
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    level = logging.INFO if args.verbose else logging.WARNING
+    # The level goes on the handler too: libraries that set their own logger to INFO (the trino
+    # client) would otherwise print their retries next to our one-line error.
+    handler = logging.StreamHandler()
+    handler.setLevel(level)
     logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        level=level, handlers=[handler], format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
         return int(args.func(args))
-    except (LlamaError, StorageError, ValueError, FileNotFoundError, BenchError) as error:
+    except KimiBatchError as error:
+        # Expected failures: the message is for the user; detail lines (a spec, a log tail) follow.
         print(f"kimi-batch: error: {error}", file=sys.stderr)
         return 2
 

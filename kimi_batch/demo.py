@@ -10,8 +10,11 @@ import dagster as dg
 
 from kimi_batch.definitions import BATCH_ASSETS, DIGEST_ASSETS, build_resources
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, SOURCE_PARTITIONS_NAME
+from kimi_batch.defs.resources.digest import DigestResource
+from kimi_batch.errors import MissingInputError
+from kimi_batch.llama import server_from_settings
 from kimi_batch.settings import Settings, samples_dir
-from kimi_batch.storage.landing import Landing
+from kimi_batch.storage import Landing
 
 __all__ = ["run_demo"]
 
@@ -30,6 +33,12 @@ def _seed_inbox(settings: Settings) -> None:
             shutil.copy2(sample, inbox / sample.name)
 
 
+def _preflight(settings: Settings) -> None:
+    """What the first asset would fail on, checked before Dagster logs a run: one clear error."""
+    DigestResource().load()  # DigestLintError: cache-breaking content
+    server_from_settings(settings)  # ServerSpawnError: no model file, no llama-server binary
+
+
 def _instance(settings: Settings) -> dg.DagsterInstance:
     if os.environ.get("DAGSTER_HOME"):
         return dg.DagsterInstance.get()
@@ -46,6 +55,7 @@ def _metadata(result: dg.ExecuteInProcessResult, asset: str) -> dict[str, Any]:
 
 def run_demo(settings: Settings) -> dict[str, Any]:
     """Digest, prefill, then every inbox partition; returns the summary the CLI prints."""
+    _preflight(settings)
     _seed_inbox(settings)
     with Landing(settings.paths) as landing:
         files = landing.assign_inbox(
@@ -54,7 +64,7 @@ def run_demo(settings: Settings) -> dict[str, Any]:
             start=settings.first_partition_date(),
         )
     if not files:
-        raise FileNotFoundError(f"no input files in {settings.paths.inbox_dir}")
+        raise MissingInputError(f"no input files in {settings.paths.inbox_dir}")
     resources = build_resources()
     instance = _instance(settings)
     instance.add_dynamic_partitions(SOURCE_PARTITIONS_NAME, sorted({f.source for f in files}))

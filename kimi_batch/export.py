@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kimi_batch.errors import ConfigError, MissingInputError
 from kimi_batch.settings import Settings
 from kimi_batch.storage import Warehouse, validate_ds, validate_source
 
@@ -78,12 +79,12 @@ def export_partition(
     settings: Settings, *, ds: str, source: str, fmt: str, out: str | None
 ) -> Path:
     if fmt != "openai-batch":
-        raise ValueError(f"unknown export format {fmt!r}")
+        raise ConfigError(f"unknown export format {fmt!r}")
     ds, source = validate_ds(ds), validate_source(source)
     warehouse = Warehouse(settings.paths.warehouse_dir)
     distilled = warehouse.read_partition("distilled", ds, source)
     if distilled.is_empty() and not warehouse.partition_file("distilled", ds, source).is_file():
-        raise FileNotFoundError(f"no distilled partition ds={ds} source={source}")
+        raise MissingInputError(f"no distilled partition ds={ds} source={source}")
     quarantine = warehouse.read_partition("quarantine", ds, source)
     failed = (
         quarantine.filter(quarantine["stage"] == "distill") if quarantine.height else quarantine

@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from kimi_batch.errors import ConfigError
 from kimi_batch.paths import StatePaths
 
 __all__ = [
@@ -141,10 +142,6 @@ def _env_clock(name: str) -> time | None:
         return time.fromisoformat(raw)
     except ValueError as error:
         raise ConfigError(f"{name} must be a time of day HH:MM, got {raw!r}") from error
-
-
-class ConfigError(ValueError):
-    """A `KIMI_BATCH_*` variable holds a value that cannot be used."""
 
 
 class Settings(BaseModel):

@@ -1,124 +1,29 @@
-"""Shared fixtures: a real llama-server with the real SmolLM2 model, and (plugin) a real Trino.
+"""Session fixtures (plugins in `support/`) and the guard that keeps `make unit` server-free.
 
-Nothing here skips: a missing binary or model fails the run, because CI must exercise the real
-services (`make test` installs them first).
+`make unit` runs `pytest -m "not slow"`: the tier without llama-server, Trino, a webserver or a
+child process. A test that requests a real-server fixture without the `slow` mark would silently
+start a server there, so collection refuses it.
 """
 
 from __future__ import annotations
 
 import os
-import socket
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-from kimi_batch.llama.binary import find_llama_server
-from kimi_batch.llama.server import ResidentServer, ServerSpec
-from kimi_batch.settings import default_model_path
+from kimi_batch_tests.support.markers import unmarked_server_tests
 
-pytest_plugins = ["kimi_batch_tests.trino_fixtures"]
+pytest_plugins = ["kimi_batch_tests.support.llama_server", "kimi_batch_tests.support.trino"]
 
 # Tests use dated inbox folders from 2025 on. Set before any test module imports the definitions
 # (the date partitions are built at import), so they do not start at this run's install date.
 os.environ.setdefault("KIMI_BATCH_PARTITIONS_START", "2025-01-01")
 
-# Small enough for 2 cores, big enough for the ~1.1k-token shipped digest plus a short answer in
-# each of the 4 slots (llama.cpp splits the context between slots).
-TEST_SLOTS = 4
-TEST_CTX = 4 * 2048
-TEST_N_PREDICT = 256
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@pytest.fixture(scope="session")
-def llama_binary() -> Path:
-    return find_llama_server(os.environ.get("KIMI_BATCH_LLAMA_SERVER"))
-
-
-@pytest.fixture(scope="session")
-def model_path() -> Path:
-    path = default_model_path()
-    assert path is not None, "SmolLM2 model missing: run `make setup`"
-    assert path.is_file(), path
-    return path
-
-
-def make_spec(
-    binary: Path,
-    model: Path,
-    home: Path,
-    *,
-    port: int | None = None,
-    parallel: int = TEST_SLOTS,
-    ctx: int = TEST_CTX,
-    n_predict: int = TEST_N_PREDICT,
-    threads: int = 2,
-) -> ServerSpec:
-    return ServerSpec(
-        binary=binary,
-        model=model,
-        port=port or free_port(),
-        threads=threads,
-        ctx=ctx,
-        parallel=parallel,
-        n_predict=n_predict,
-        cache_ram_mib=1024,
-        slot_save_path=home / "slots",
-    )
-
-
-@dataclass(frozen=True)
-class LlamaEnv:
-    """A resident server started exactly as the Dagster resource would start it from env vars."""
-
-    home: Path
-    base_url: str
-    slots: int
-    server: ResidentServer
-
-
-@pytest.fixture(scope="session")
-def llama_env(
-    tmp_path_factory: pytest.TempPathFactory, llama_binary: Path, model_path: Path
-) -> Iterator[LlamaEnv]:
-    """KIMI_BATCH_* variables for a temp state dir, and the resident server running for them."""
-    home = tmp_path_factory.mktemp("kimi_home")
-    port = free_port()
-    variables = {
-        "KIMI_BATCH_HOME": str(home),
-        "KIMI_BATCH_MODEL": str(model_path),
-        "KIMI_BATCH_LLAMA_SERVER": str(llama_binary),
-        "KIMI_BATCH_LLAMA_PORT": str(port),
-        "KIMI_BATCH_LLAMA_THREADS": "2",
-        "KIMI_BATCH_LLAMA_CTX": str(TEST_CTX),
-        "KIMI_BATCH_LLAMA_PARALLEL": str(TEST_SLOTS),
-        "KIMI_BATCH_LLAMA_N_PREDICT": str(TEST_N_PREDICT),
-    }
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in variables.items():
-            patch.setenv(name, value)
-        for name in ("KIMI_BATCH_LLAMA_URL", "KIMI_BATCH_TRINO_HOST", "DAGSTER_HOME"):
-            patch.delenv(name, raising=False)
-        from kimi_batch.llama.factory import server_from_settings
-        from kimi_batch.settings import Settings
-
-        server = server_from_settings(Settings.from_env(), load_timeout_s=300)
-        assert isinstance(server, ResidentServer)
-        handle = server.ensure_running()
-        try:
-            yield LlamaEnv(home=home, base_url=handle.base_url, slots=handle.slots, server=server)
-        finally:
-            server.stop()
-
-
-@pytest.fixture(scope="session")
-def shared_server(llama_env: LlamaEnv) -> ResidentServer:
-    """The session's resident server (4 slots, real SmolLM2)."""
-    return llama_env.server
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    unmarked = unmarked_server_tests(items)
+    if unmarked:
+        raise pytest.UsageError(
+            "these tests need a real server but are not marked slow "
+            "(add `@pytest.mark.slow` or a module `pytestmark`):\n  " + "\n  ".join(unmarked)
+        )

@@ -9,12 +9,13 @@ import sys
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
 from kimi_batch.definitions import defs
+from kimi_batch_tests.support.repo import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
-
+@pytest.mark.slow
 def test_dagster_cli_validates_the_workspace_on_the_repo_instance_config(tmp_path: Path) -> None:
     shutil.copy(REPO_ROOT / "dagster.yaml", tmp_path / "dagster.yaml")
     dagster = Path(sys.executable).with_name("dagster")

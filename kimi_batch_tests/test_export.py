@@ -8,8 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from kimi_batch.storage import Warehouse
-from kimi_batch_tests.storage import amplified, distilled, quarantined
+from kimi_batch_tests.support.rows import amplified, distilled, quarantined
+
+pytestmark = pytest.mark.slow  # every test runs the CLI in a child process
 
 
 def test_export_writes_one_line_per_answer_and_per_failed_request(tmp_path: Path) -> None:

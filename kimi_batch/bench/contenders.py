@@ -28,7 +28,7 @@ from kimi_batch.engine import (
     SystemDigest,
     assemble_messages,
 )
-from kimi_batch.llama.client import LlamaClient
+from kimi_batch.llama import LlamaClient
 from kimi_batch.settings import Settings
 
 __all__ = ["BenchTarget", "run_all_slots", "run_dagster", "run_engine", "run_naive"]
@@ -163,7 +163,7 @@ def run_dagster(settings: Settings, inbox_name: str, max_tokens: int, seed: int)
 
     from kimi_batch.definitions import BATCH_ASSETS, build_resources
     from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, SOURCE_PARTITIONS_NAME
-    from kimi_batch.storage.landing import Landing
+    from kimi_batch.storage import Landing
 
     shutil.rmtree(settings.paths.ledger_dir, ignore_errors=True)
     shutil.rmtree(settings.paths.warehouse_dir, ignore_errors=True)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from kimi_batch.errors import KimiBatchError
+
 __all__ = ["BenchError"]
 
 
-class BenchError(Exception):
+class BenchError(KimiBatchError):
     """A llama.cpp tool failed or printed nothing usable, or a contender lost requests."""

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.engine.requests import GenerationResult
-from kimi_batch.llama.models import GenerationStats
+from kimi_batch.engine import GenerationResult
+from kimi_batch.llama import GenerationStats
 
 __all__ = ["ContenderReport", "PeakRss", "RequestRecord", "summarize_contender"]
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kimi_batch.errors import MissingInputError
+
 __all__ = [
     "PlanInput",
     "PlanResult",
@@ -114,7 +116,7 @@ def last_speeds(directories: list[Path]) -> Speeds:
     found = [d / SPEEDS_FILE for d in directories if (d / SPEEDS_FILE).is_file()]
     if not found:
         names = ", ".join(str(d) for d in directories)
-        raise FileNotFoundError(
+        raise MissingInputError(
             f"no measured speeds in {names}: run `kimi-batch bench` or `kimi-batch tune`, or "
             "pass --prompt-tok-s and --gen-tok-s"
         )

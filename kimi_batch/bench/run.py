@@ -33,9 +33,7 @@ from kimi_batch.bench.plan import PlanInput, Speeds, plan_partition, save_speeds
 from kimi_batch.bench.sweeps import batched_bench
 from kimi_batch.bench.workloads import Workload, WorkloadName, amplify_workload, distill_workload
 from kimi_batch.engine import Endpoint, load_digest
-from kimi_batch.llama.client import LlamaClient
-from kimi_batch.llama.factory import server_from_settings
-from kimi_batch.llama.server import ResidentServer
+from kimi_batch.llama import LlamaClient, ResidentServer, server_from_settings
 from kimi_batch.settings import Settings
 
 __all__ = ["BenchOptions", "run_bench"]

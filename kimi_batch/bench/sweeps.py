@@ -15,7 +15,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from kimi_batch.bench.errors import BenchError
-from kimi_batch.llama.binary import find_tool
+from kimi_batch.llama import find_tool
 
 __all__ = ["BatchedPoint", "ThreadPoint", "batched_bench", "thread_bench"]
 

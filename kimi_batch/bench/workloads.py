@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.engine.requests import GenerationRequest, SamplingParams
+from kimi_batch.engine import GenerationRequest, SamplingParams
 from kimi_batch.tasks.amplify import Strategy, amplification_requests
 from kimi_batch.tasks.distill import distillation_requests
 from kimi_batch.tasks.inputs import SeedPrompt, read_inbox_file

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 import dagster as dg
 
-from kimi_batch.engine.outcome import BatchOutcome
+from kimi_batch.engine import BatchOutcome
 
 __all__ = ["generation_figures", "summary_table"]
 

@@ -34,7 +34,7 @@ from kimi_batch.defs.partitions import (
     source_partitions,
 )
 from kimi_batch.settings import Settings
-from kimi_batch.storage.landing import Assignment, Landing
+from kimi_batch.storage import Assignment, Landing
 
 __all__ = [
     "MAX_RUNTIME_TAG",

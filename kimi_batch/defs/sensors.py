@@ -38,8 +38,7 @@ from kimi_batch.defs.partitions import (
     source_partitions,
 )
 from kimi_batch.settings import Settings
-from kimi_batch.storage.inbox import InboxFile, scan_inbox
-from kimi_batch.storage.landing import Assignment, Landing
+from kimi_batch.storage import Assignment, InboxFile, Landing, scan_inbox
 
 __all__ = [
     "FILE_TAG",

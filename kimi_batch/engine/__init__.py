@@ -1,20 +1,26 @@
-"""The batch engine: digest, slot warming, the runner and its ledger (no Dagster here)."""
+"""The batch engine: digest, slot warming, the runner and its ledger (no Dagster here).
+
+The layers above import from here, never from the modules: `generation` (requests and results),
+`digest` and `prompt` (the fixed system prefix), `prepare` and `warm` (the digest in every slot),
+`runner`, `outcome`, `deadline` and `watchdog` (every slot busy, nothing hung), `ledger` (every
+finished row kept), `stats` (the figures of a batch).
+"""
 
 from kimi_batch.engine.deadline import DeadlinePolicy
 from kimi_batch.engine.digest import DigestLintError, SystemDigest, lint_digest, load_digest
+from kimi_batch.engine.generation import GenerationRequest, GenerationResult, SamplingParams
 from kimi_batch.engine.ledger import Lease, LeaseHeldError, Ledger
-from kimi_batch.engine.prompt import assemble_messages
-from kimi_batch.engine.requests import GenerationRequest, GenerationResult, SamplingParams
-from kimi_batch.engine.runner import (
-    BatchEngine,
+from kimi_batch.engine.outcome import (
     BatchOutcome,
     ClientFactory,
     Endpoint,
-    EndpointHungError,
     EnginePolicy,
     FailedRequest,
     PlannedRow,
 )
+from kimi_batch.engine.prepare import Prepared, prepare
+from kimi_batch.engine.prompt import assemble_messages
+from kimi_batch.engine.runner import BatchEngine, EndpointHungError
 from kimi_batch.engine.stats import BatchStats, ProgressEvent
 from kimi_batch.engine.warm import SlotWarmer, WarmupReport
 from kimi_batch.engine.watchdog import WatchdogPolicy
@@ -36,6 +42,7 @@ __all__ = [
     "LeaseHeldError",
     "Ledger",
     "PlannedRow",
+    "Prepared",
     "ProgressEvent",
     "SamplingParams",
     "SlotWarmer",
@@ -45,4 +52,5 @@ __all__ = [
     "assemble_messages",
     "lint_digest",
     "load_digest",
+    "prepare",
 ]

@@ -12,8 +12,8 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.engine.requests import GenerationResult
-from kimi_batch.llama.types import ChatMessage
+from kimi_batch.engine.generation import GenerationResult
+from kimi_batch.llama import ChatMessage
 
 __all__ = ["DeadlinePolicy", "SpeedTracker", "estimate_prompt_tokens"]
 

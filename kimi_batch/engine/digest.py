@@ -14,6 +14,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kimi_batch.errors import KimiBatchError
+
 __all__ = [
     "DigestLintError",
     "LintFinding",
@@ -57,7 +59,7 @@ class LintFinding(BaseModel):
         return f"line {self.line}: {self.rule} {self.match!r}"
 
 
-class DigestLintError(ValueError):
+class DigestLintError(KimiBatchError, ValueError):
     """The digest holds content that would change between runs and break the prefix cache."""
 
     def __init__(self, path: str, findings: list[LintFinding]) -> None:

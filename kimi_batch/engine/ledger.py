@@ -17,7 +17,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from kimi_batch.engine.requests import GenerationResult
+from kimi_batch.engine.generation import GenerationResult
+from kimi_batch.errors import KimiBatchError
 from kimi_batch.paths import PRIVATE_FILE_MODE, private_dir
 
 __all__ = ["Lease", "LeaseHeldError", "Ledger"]
@@ -43,7 +44,7 @@ CREATE TABLE IF NOT EXISTS leases (
 """
 
 
-class LeaseHeldError(RuntimeError):
+class LeaseHeldError(KimiBatchError, RuntimeError):
     """Another run holds the partition's lease and did not let go in time."""
 
     def __init__(self, partition_key: str, owner: str, expires_in_s: float) -> None:

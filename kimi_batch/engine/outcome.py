@@ -9,12 +9,12 @@ from collections.abc import Callable, Iterator
 from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.engine.deadline import DeadlinePolicy
+from kimi_batch.engine.generation import GenerationRequest, GenerationResult, SamplingParams
 from kimi_batch.engine.ledger import Ledger
-from kimi_batch.engine.requests import GenerationRequest, GenerationResult, SamplingParams
 from kimi_batch.engine.stats import BatchStats
 from kimi_batch.engine.warm import WarmupReport
 from kimi_batch.engine.watchdog import WatchdogPolicy
-from kimi_batch.llama.client import LlamaClient
+from kimi_batch.llama import LlamaClient
 
 __all__ = [
     "BatchOutcome",

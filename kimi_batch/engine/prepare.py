@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.engine.digest import SystemDigest
 from kimi_batch.engine.runner import Endpoint
-from kimi_batch.llama.client import LlamaClient
+from kimi_batch.llama import LlamaClient
 
 __all__ = ["Prepared", "prepare"]
 

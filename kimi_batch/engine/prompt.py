@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kimi_batch.engine.digest import SystemDigest
-from kimi_batch.llama.types import ChatMessage
+from kimi_batch.llama import ChatMessage
 
 __all__ = ["WARMUP_USER_MESSAGE", "assemble_messages", "warmup_messages"]
 

@@ -25,6 +25,12 @@ from datetime import UTC, datetime
 
 from kimi_batch.engine.deadline import SpeedTracker, estimate_prompt_tokens
 from kimi_batch.engine.digest import SystemDigest
+from kimi_batch.engine.generation import (
+    GenerationRequest,
+    GenerationResult,
+    request_key,
+    row_request_id,
+)
 from kimi_batch.engine.ledger import Ledger
 from kimi_batch.engine.outcome import (
     BatchOutcome,
@@ -37,18 +43,13 @@ from kimi_batch.engine.outcome import (
     default_client,
 )
 from kimi_batch.engine.prompt import assemble_messages
-from kimi_batch.engine.requests import (
-    GenerationRequest,
-    GenerationResult,
-    request_key,
-    row_request_id,
-)
 from kimi_batch.engine.schedule import PrefixSchedule
 from kimi_batch.engine.stats import ProgressEvent, StatsAccumulator
 from kimi_batch.engine.warm import SlotWarmer, WarmupReport
 from kimi_batch.engine.watchdog import EndpointWatch
-from kimi_batch.llama.client import LlamaClient
-from kimi_batch.llama.exceptions import (
+from kimi_batch.llama import (
+    ChatCompletion,
+    LlamaClient,
     LlamaConnectionError,
     LlamaError,
     LlamaLoadingError,
@@ -57,7 +58,6 @@ from kimi_batch.llama.exceptions import (
     LlamaServerError,
     LlamaTimeoutError,
 )
-from kimi_batch.llama.models import ChatCompletion
 
 __all__ = [
     "BatchEngine",

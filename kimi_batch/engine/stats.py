@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.engine.requests import GenerationResult
+from kimi_batch.engine.generation import GenerationResult
 
 __all__ = ["BatchStats", "ProgressEvent", "StatsAccumulator"]
 

@@ -18,9 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.engine.digest import SystemDigest
 from kimi_batch.engine.prompt import warmup_messages
-from kimi_batch.llama.client import LlamaClient
-from kimi_batch.llama.exceptions import LlamaError, LlamaHTTPError
-from kimi_batch.llama.models import GenerationStats
+from kimi_batch.llama import GenerationStats, LlamaClient, LlamaError, LlamaHTTPError
 
 __all__ = ["CanaryResult", "SlotWarmer", "WarmupReport", "digest_save_name"]
 

@@ -21,8 +21,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.llama.client import LlamaClient
-from kimi_batch.llama.exceptions import (
+from kimi_batch.llama import (
+    LlamaClient,
     LlamaConnectionError,
     LlamaHTTPError,
     LlamaTimeoutError,

@@ -1,19 +1,51 @@
 """llama-server: typed client, server spec and the resident-server manager (no Dagster here).
 
-Errors: see `kimi_batch.llama.exceptions` for the whole tree.
+The layers above import from here, never from the modules: `client` (the HTTP API), `messages`
+(what is sent), `responses` (what comes back), `server`, `binary` and `factory` (the resident
+server), `exceptions` (the error tree, rooted in `kimi_batch.errors.KimiBatchError`).
 """
 
+from kimi_batch.llama.binary import find_tool
 from kimi_batch.llama.client import LlamaClient, RetryPolicy
-from kimi_batch.llama.exceptions import LlamaError, ServerSpawnError, SpecMismatchError
-from kimi_batch.llama.models import ChatCompletion, GenerationStats, HealthState, ServerProps
+from kimi_batch.llama.exceptions import (
+    LlamaConnectionError,
+    LlamaError,
+    LlamaHTTPError,
+    LlamaLoadingError,
+    LlamaRequestError,
+    LlamaResponseError,
+    LlamaServerError,
+    LlamaTimeoutError,
+    LlamaUnsupportedError,
+    ServerSpawnError,
+    SpecMismatchError,
+)
+from kimi_batch.llama.factory import server_from_settings
+from kimi_batch.llama.memory import (
+    InsufficientMemoryError,
+    MemoryEstimate,
+    ModelShape,
+    check_memory,
+    estimate_memory,
+    read_model_shape,
+)
+from kimi_batch.llama.messages import ChatMessage
+from kimi_batch.llama.responses import (
+    ChatCompletion,
+    GenerationStats,
+    HealthState,
+    ServerProps,
+    TokenLogprob,
+    TopLogprob,
+)
 from kimi_batch.llama.server import (
     AttachedServer,
     ResidentServer,
     ServerHandle,
     ServerSpec,
     ServerStatus,
+    available_cpus,
 )
-from kimi_batch.llama.types import ChatMessage, TokenLogprob, TopLogprob
 
 __all__ = [
     "AttachedServer",
@@ -21,8 +53,19 @@ __all__ = [
     "ChatMessage",
     "GenerationStats",
     "HealthState",
+    "InsufficientMemoryError",
     "LlamaClient",
+    "LlamaConnectionError",
     "LlamaError",
+    "LlamaHTTPError",
+    "LlamaLoadingError",
+    "LlamaRequestError",
+    "LlamaResponseError",
+    "LlamaServerError",
+    "LlamaTimeoutError",
+    "LlamaUnsupportedError",
+    "MemoryEstimate",
+    "ModelShape",
     "ResidentServer",
     "RetryPolicy",
     "ServerHandle",
@@ -33,4 +76,10 @@ __all__ = [
     "SpecMismatchError",
     "TokenLogprob",
     "TopLogprob",
+    "available_cpus",
+    "check_memory",
+    "estimate_memory",
+    "find_tool",
+    "read_model_shape",
+    "server_from_settings",
 ]

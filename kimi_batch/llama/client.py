@@ -33,7 +33,8 @@ from kimi_batch.llama.exceptions import (
     LlamaTimeoutError,
     LlamaUnsupportedError,
 )
-from kimi_batch.llama.models import (
+from kimi_batch.llama.messages import ChatMessage
+from kimi_batch.llama.responses import (
     ChatCompletion,
     Completion,
     HealthState,
@@ -42,7 +43,6 @@ from kimi_batch.llama.models import (
     SlotFileResult,
     SlotState,
 )
-from kimi_batch.llama.types import ChatMessage
 from kimi_batch.llama.urls import redact_url, url_credentials
 
 __all__ = ["LlamaClient", "RetryPolicy"]

@@ -1,6 +1,6 @@
 """Errors raised by the llama-server client and the resident-server manager.
 
-LlamaError
+LlamaError (a kimi_batch.errors.KimiBatchError)
 ├── LlamaConnectionError      nothing answers at the base URL (refused, reset, DNS)
 ├── LlamaTimeoutError         the server accepted but did not answer in time
 ├── LlamaHTTPError            an HTTP error status (status, message)
@@ -14,6 +14,8 @@ LlamaError
 """
 
 from __future__ import annotations
+
+from kimi_batch.errors import KimiBatchError
 
 __all__ = [
     "LlamaConnectionError",
@@ -30,7 +32,7 @@ __all__ = [
 ]
 
 
-class LlamaError(Exception):
+class LlamaError(KimiBatchError):
     """Base of every error of `kimi_batch.llama`."""
 
 

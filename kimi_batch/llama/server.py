@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from kimi_batch.llama.client import LlamaClient
 from kimi_batch.llama.exceptions import ServerSpawnError, SpecMismatchError
 from kimi_batch.llama.memory import check_memory
-from kimi_batch.llama.models import ServerProps
+from kimi_batch.llama.responses import ServerProps
 from kimi_batch.llama.urls import redact_url, url_credentials
 from kimi_batch.paths import private_dir
 

@@ -3,11 +3,11 @@
     Warehouse(root).write_partition(table, ds, source, rows) -> PartitionWrite
     TrinoPublisher(TrinoConfig(host=...)).publish_partition(warehouse, table, ds, source)
 
-Tables and their row models: `TABLES` (amplified, distilled, quarantine). Errors: see
-`kimi_batch.storage.errors`.
+Tables and their row models: `TABLES` (amplified, distilled, quarantine). The layers above import
+from here, never from the modules. Errors: see `kimi_batch.storage.exceptions`.
 """
 
-from kimi_batch.storage.errors import (
+from kimi_batch.storage.exceptions import (
     InvalidIdentifierError,
     InvalidPartitionError,
     SchemaMismatchError,
@@ -15,9 +15,23 @@ from kimi_batch.storage.errors import (
     TrinoQueryError,
     TrinoUnavailableError,
 )
-from kimi_batch.storage.parquet import PartitionWrite, Warehouse, validate_ds, validate_source
-from kimi_batch.storage.schema import (
+from kimi_batch.storage.inbox import InboxFile, scan_inbox
+from kimi_batch.storage.landing import (
+    Assignment,
+    Landing,
+    ResolvedInput,
+    resolve_input,
+    resolve_partition,
+)
+from kimi_batch.storage.parquet import (
     PARTITION_COLUMNS,
+    PartitionWrite,
+    Warehouse,
+    validate_ds,
+    validate_source,
+)
+from kimi_batch.storage.quarantine import replace_quarantine
+from kimi_batch.storage.schema import (
     TABLES,
     Column,
     columns,
@@ -25,16 +39,21 @@ from kimi_batch.storage.schema import (
     trino_columns,
     validate_identifier,
 )
+from kimi_batch.storage.seeds import land_seeds
 from kimi_batch.storage.trino import PublishReport, TrinoConfig, TrinoPublisher
 
 __all__ = [
     "PARTITION_COLUMNS",
     "TABLES",
+    "Assignment",
     "Column",
+    "InboxFile",
     "InvalidIdentifierError",
     "InvalidPartitionError",
+    "Landing",
     "PartitionWrite",
     "PublishReport",
+    "ResolvedInput",
     "SchemaMismatchError",
     "StorageError",
     "TrinoConfig",
@@ -43,7 +62,12 @@ __all__ = [
     "TrinoUnavailableError",
     "Warehouse",
     "columns",
+    "land_seeds",
     "polars_schema",
+    "replace_quarantine",
+    "resolve_input",
+    "resolve_partition",
+    "scan_inbox",
     "trino_columns",
     "validate_ds",
     "validate_identifier",

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.paths import PRIVATE_FILE_MODE, StatePaths, private_dir
 from kimi_batch.settings import Settings
-from kimi_batch.storage.errors import StorageError
+from kimi_batch.storage.exceptions import StorageError
 from kimi_batch.storage.inbox import (
     InboxFile,
     inspect_inbox_file,

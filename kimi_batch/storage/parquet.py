@@ -19,7 +19,7 @@ import polars as pl
 from pydantic import BaseModel, ConfigDict
 
 from kimi_batch.paths import PRIVATE_FILE_MODE, private_dir
-from kimi_batch.storage.errors import InvalidPartitionError
+from kimi_batch.storage.exceptions import InvalidPartitionError
 from kimi_batch.storage.schema import PARTITION_COLUMNS, TABLES, model_for, polars_schema
 
 __all__ = ["PART_FILE", "PartitionWrite", "Warehouse", "validate_ds", "validate_source"]
@@ -145,8 +145,8 @@ class Warehouse:
         try:
             for records in _chunks(rows, model, table):
                 chunk = directory / f".{PART_FILE}.{token}.{len(chunk_files)}.chunk"
+                chunk_files.append(chunk)  # before the write: a failed write is cleaned up too
                 pl.DataFrame(records, schema=schema).write_parquet(chunk, compression="zstd")
-                chunk_files.append(chunk)
             if not chunk_files:
                 pl.DataFrame(schema=schema).write_parquet(temp, compression="zstd", statistics=True)
             elif len(chunk_files) == 1:

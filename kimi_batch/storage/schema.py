@@ -27,7 +27,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 import polars as pl
 from pydantic import BaseModel
 
-from kimi_batch.storage.errors import InvalidIdentifierError, InvalidPartitionError
+from kimi_batch.storage.exceptions import InvalidIdentifierError, InvalidPartitionError
 from kimi_batch.tasks.rows import (
     PARTITION_COLUMNS,
     AmplifiedRow,

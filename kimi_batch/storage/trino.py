@@ -24,7 +24,7 @@ import trino.exceptions
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from kimi_batch.settings import Settings
-from kimi_batch.storage.errors import (
+from kimi_batch.storage.exceptions import (
     SchemaMismatchError,
     StorageError,
     TrinoQueryError,

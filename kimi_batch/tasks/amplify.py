@@ -19,8 +19,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.engine.requests import GenerationRequest, GenerationResult, SamplingParams
-from kimi_batch.llama.types import ChatMessage
+from kimi_batch.engine import GenerationRequest, GenerationResult, SamplingParams
+from kimi_batch.llama import ChatMessage
 from kimi_batch.tasks.inputs import SeedPrompt
 from kimi_batch.tasks.quarantine import result_row
 from kimi_batch.tasks.rows import AmplifiedRow, GenerationColumns, QuarantineRow

@@ -7,7 +7,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from kimi_batch.engine.requests import GenerationResult
+from kimi_batch.engine import GenerationResult
 from kimi_batch.tasks.rows import GenerationColumns
 
 __all__ = ["CheckFigures", "OutputTally"]

@@ -16,8 +16,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from kimi_batch.engine.requests import GenerationRequest, GenerationResult, SamplingParams
-from kimi_batch.llama.types import ChatMessage
+from kimi_batch.engine import GenerationRequest, GenerationResult, SamplingParams
+from kimi_batch.llama import ChatMessage
 from kimi_batch.tasks.amplify import Strategy, generation_columns, result_quarantine
 from kimi_batch.tasks.inputs import SeedPrompt, fold_instructions, format_validation_error
 from kimi_batch.tasks.rows import AmplifiedRow, DistilledRow, QuarantineRow

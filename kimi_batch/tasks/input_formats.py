@@ -20,6 +20,8 @@ from typing import IO, Any, NamedTuple
 
 import polars as pl
 
+from kimi_batch.errors import KimiBatchError
+
 __all__ = [
     "FILE_ERRORS",
     "MAX_JSON_ARRAY_BYTES",
@@ -42,7 +44,7 @@ _PREVIEW_CHARS = 4000  # more than the quarantine's `raw` keeps, so the cut is m
 _SKIP_CHUNK = 1 << 16
 
 
-class FileRefusedError(ValueError):
+class FileRefusedError(KimiBatchError, ValueError):
     """The file is not read (further) for a reason the user can act on."""
 
 

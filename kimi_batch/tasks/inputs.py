@@ -30,8 +30,8 @@ from typing import IO, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from kimi_batch.engine.requests import SamplingParams
-from kimi_batch.llama.types import ChatMessage
+from kimi_batch.engine import SamplingParams
+from kimi_batch.llama import ChatMessage
 from kimi_batch.tasks.input_formats import (
     FILE_ERRORS,
     FileRefusedError,

@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Sequence
 from datetime import datetime
 
-from kimi_batch.llama.client import LlamaClient
+from kimi_batch.llama import LlamaClient
 from kimi_batch.tasks.inputs import InputBatch, SeedPrompt, quarantine_overlong
 
 __all__ = [

@@ -6,8 +6,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Literal
 
-from kimi_batch.engine.requests import GenerationResult
-from kimi_batch.engine.runner import FailedRequest
+from kimi_batch.engine import FailedRequest, GenerationResult
 from kimi_batch.tasks.inputs import truncate_raw
 from kimi_batch.tasks.rows import QuarantineRow
 

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.llama.types import TokenLogprob, TopLogprob
+from kimi_batch.llama import TokenLogprob, TopLogprob
 
 __all__ = [
     "PARTITION_COLUMNS",

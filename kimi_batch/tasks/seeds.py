@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 
-from kimi_batch.llama.types import ChatMessage
+from kimi_batch.llama import ChatMessage
 from kimi_batch.tasks.inputs import ParamOverrides, SeedPrompt
 from kimi_batch.tasks.rows import SeedMessage, SeedRow
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kimi_batch.cli import main
-from kimi_batch_tests.conftest import free_port
+from kimi_batch_tests.support.ports import free_port
 
 TOP_LEVEL = {
     "naive_tok_s",

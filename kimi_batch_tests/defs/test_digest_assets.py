@@ -9,8 +9,10 @@ import dagster as dg
 import pytest
 
 from kimi_batch.definitions import DIGEST_ASSETS, build_resources
-from kimi_batch_tests.conftest import LlamaEnv
-from kimi_batch_tests.engine.test_warm import fresh_digest
+from kimi_batch_tests.support.engine import fresh_digest
+from kimi_batch_tests.support.llama_server import LlamaEnv
+
+pytestmark = pytest.mark.slow  # every test warms a real llama-server
 
 
 def _metadata(result: dg.ExecuteInProcessResult, asset: str) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from kimi_batch_tests.conftest import LlamaEnv
+from kimi_batch_tests.support.llama_server import LlamaEnv
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ def _probe(source: str, rows: int, n_probs: int, max_tokens: int) -> dict[str, f
         [
             sys.executable,
             "-m",
-            "kimi_batch_tests.defs.partition_memory_probe",
+            "kimi_batch_tests.support.partition_memory_probe",
             source,
             str(rows),
             str(n_probs),

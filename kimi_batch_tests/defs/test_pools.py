@@ -24,7 +24,10 @@ import pytest
 
 from kimi_batch.defs.jobs import LLAMA_TAG, batch_job, distillation_job, ingest_job
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION
-from kimi_batch_tests.defs import REPO_ROOT, STANDIN_SLEEP_ENV, DagsterStack, GraphQL
+from kimi_batch_tests.support.dagster_stack import DagsterStack
+from kimi_batch_tests.support.graphql import GraphQL
+from kimi_batch_tests.support.repo import REPO_ROOT
+from kimi_batch_tests.support.standins import STANDIN_SLEEP_ENV
 
 DAY = "2025-06-01"
 RUN_TIMEOUT_S = 1500.0
@@ -135,7 +138,7 @@ def standin_stack(tmp_path: Path) -> Iterator[DagsterStack]:
     workspace.write_text(
         "load_from:\n"
         "  - python_module:\n"
-        "      module_name: kimi_batch_tests.defs\n"
+        "      module_name: kimi_batch_tests.support.standins\n"
         "      attribute: STANDIN_DEFS\n"
         f"      working_directory: {REPO_ROOT}\n"
         "      location_name: standin\n"

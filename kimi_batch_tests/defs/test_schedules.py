@@ -23,7 +23,8 @@ from kimi_batch.defs.schedules import (
 )
 from kimi_batch.settings import Settings
 from kimi_batch.storage.landing import Assignment
-from kimi_batch_tests.defs import REPO_ROOT, standin_definitions
+from kimi_batch_tests.support.repo import REPO_ROOT
+from kimi_batch_tests.support.standins import standin_definitions
 
 pytestmark = pytest.mark.filterwarnings("ignore:Non-compliant tag keys:DeprecationWarning")
 
@@ -233,6 +234,7 @@ def _schedule_settings(env: dict[str, str]) -> dict[str, str]:
     return json.loads(output.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_cron_timezone_and_status_come_from_the_environment() -> None:
     assert _schedule_settings({}) == {"cron": "0 2 * * *", "tz": "UTC", "status": "STOPPED"}
     assert _schedule_settings(
@@ -244,6 +246,7 @@ def test_cron_timezone_and_status_come_from_the_environment() -> None:
     ) == {"cron": "30 3 * * 1-5", "tz": "Europe/Berlin", "status": "RUNNING"}
 
 
+@pytest.mark.slow
 def test_bad_timezone_fails_loudly() -> None:
     with pytest.raises(subprocess.CalledProcessError) as caught:
         _schedule_settings({"KIMI_BATCH_TIMEZONE": "Mars/Olympus"})

@@ -15,8 +15,11 @@ import pytest
 from kimi_batch.definitions import BATCH_ASSETS, build_resources
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
 from kimi_batch.storage import TrinoConfig, TrinoPublisher, Warehouse
-from kimi_batch_tests.conftest import LlamaEnv, free_port
-from kimi_batch_tests.trino_fixtures import TrinoServer
+from kimi_batch_tests.support.llama_server import LlamaEnv
+from kimi_batch_tests.support.ports import free_port
+from kimi_batch_tests.support.trino import TrinoServer
+
+pytestmark = pytest.mark.slow  # real llama-server, real Trino and the CLI in a child process
 
 RUN_CONFIG: dict[str, Any] = {
     "ops": {

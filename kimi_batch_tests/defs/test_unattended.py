@@ -24,7 +24,8 @@ from kimi_batch.engine.ledger import Ledger
 from kimi_batch.llama.factory import server_from_settings
 from kimi_batch.settings import Settings
 from kimi_batch.storage import Warehouse
-from kimi_batch_tests.conftest import TEST_SLOTS, LlamaEnv, free_port
+from kimi_batch_tests.support.llama_server import TEST_SLOTS, LlamaEnv
+from kimi_batch_tests.support.ports import free_port
 
 pytestmark = [
     pytest.mark.slow,

@@ -16,7 +16,8 @@ import dagster as dg
 import pytest
 
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION
-from kimi_batch_tests.defs import REPO_ROOT, DagsterStack
+from kimi_batch_tests.support.dagster_stack import DagsterStack
+from kimi_batch_tests.support.repo import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 

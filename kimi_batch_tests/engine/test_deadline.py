@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from kimi_batch.engine.deadline import DeadlinePolicy, SpeedTracker, estimate_prompt_tokens
-from kimi_batch.engine.requests import GenerationResult
-from kimi_batch.llama.types import ChatMessage
-from kimi_batch_tests.factories import make_result
+from kimi_batch.engine.generation import GenerationResult
+from kimi_batch.llama.messages import ChatMessage
+from kimi_batch_tests.support.results import make_result
 
 MINUTE = 60.0
 # The target: a 16k-token prompt takes ~44 minutes, a 1,024-token answer at 32k context ~7.

@@ -8,7 +8,7 @@ import pytest
 
 from kimi_batch.engine.digest import SystemDigest, lint_digest, load_digest
 from kimi_batch.engine.prompt import assemble_messages
-from kimi_batch.llama.types import ChatMessage
+from kimi_batch.llama.messages import ChatMessage
 from kimi_batch.settings import default_digest_path
 
 

@@ -14,15 +14,14 @@ from typing import Any
 
 import pytest
 
+from kimi_batch.engine.generation import GenerationRequest, SamplingParams
 from kimi_batch.engine.ledger import Ledger
-from kimi_batch.engine.requests import GenerationRequest, SamplingParams
 from kimi_batch.engine.runner import BatchEngine, BatchOutcome, EnginePolicy
 from kimi_batch.engine.watchdog import WatchdogPolicy
+from kimi_batch.llama.messages import ChatMessage
 from kimi_batch.llama.server import ResidentServer
-from kimi_batch.llama.types import ChatMessage
-from kimi_batch_tests.conftest import make_spec
-from kimi_batch_tests.engine.test_runner import server_tasks
-from kimi_batch_tests.engine.test_warm import digest_tokens, endpoint_of, fresh_digest
+from kimi_batch_tests.support.engine import digest_tokens, endpoint_of, fresh_digest, server_tasks
+from kimi_batch_tests.support.llama_server import make_spec
 
 pytestmark = pytest.mark.slow
 

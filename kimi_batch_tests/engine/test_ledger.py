@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from kimi_batch.engine.generation import GenerationResult
 from kimi_batch.engine.ledger import LeaseHeldError, Ledger
-from kimi_batch.engine.requests import GenerationResult
-from kimi_batch_tests.factories import make_result
+from kimi_batch_tests.support.results import make_result
 
 
 def _result(request_id: str, text: str = "answer") -> GenerationResult:
@@ -27,15 +27,16 @@ def test_put_is_first_writer_wins(tmp_path: Path) -> None:
         assert ledger.count() == 1
 
 
+@pytest.mark.slow
 def test_rows_committed_by_a_killed_process_survive(tmp_path: Path) -> None:
     path = tmp_path / "ledger.sqlite3"
     script = (
         "import os, sys\n"
         "from kimi_batch.engine.ledger import Ledger\n"
-        "from kimi_batch_tests.engine.test_ledger import _result\n"
+        "from kimi_batch_tests.support.results import make_result\n"
         "ledger = Ledger(__import__('pathlib').Path(sys.argv[1]))\n"
         "for i in range(5):\n"
-        "    ledger.put(_result(f'r{i}'))\n"
+        "    ledger.put(make_result(request_id=f'r{i}', input_id='seed-1', tag='seed'))\n"
         "os.kill(os.getpid(), 9)\n"
     )
     killed = subprocess.run([sys.executable, "-c", script, str(path)], check=False)

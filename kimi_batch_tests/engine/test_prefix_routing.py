@@ -8,11 +8,9 @@ from pathlib import Path
 
 from kimi_batch.bench.contenders import BenchTarget, run_all_slots
 from kimi_batch.bench.workloads import amplify_workload
-from kimi_batch.engine.ledger import Ledger
-from kimi_batch.engine.requests import GenerationResult
-from kimi_batch.engine.runner import BatchEngine
-from kimi_batch.llama.server import ResidentServer
-from kimi_batch_tests.engine.test_warm import digest_tokens, endpoint_of, fresh_digest
+from kimi_batch.engine import BatchEngine, GenerationResult, Ledger
+from kimi_batch.llama import ResidentServer
+from kimi_batch_tests.support.engine import digest_tokens, endpoint_of, fresh_digest
 
 
 def _by_slot(results: list[GenerationResult]) -> dict[int | None, list[GenerationResult]]:

@@ -18,13 +18,13 @@ import pytest
 
 from kimi_batch.engine.deadline import DeadlinePolicy
 from kimi_batch.engine.digest import SystemDigest
+from kimi_batch.engine.generation import GenerationRequest, SamplingParams
 from kimi_batch.engine.ledger import Ledger
-from kimi_batch.engine.requests import GenerationRequest, SamplingParams
 from kimi_batch.engine.runner import BatchEngine, BatchOutcome, Endpoint, EnginePolicy
 from kimi_batch.engine.watchdog import WatchdogPolicy
 from kimi_batch.llama.client import LlamaClient, RetryPolicy
-from kimi_batch.llama.types import ChatMessage
-from kimi_batch_tests.factories import chat_body
+from kimi_batch.llama.messages import ChatMessage
+from kimi_batch_tests.support.results import chat_body
 
 BASE_URL = "http://llama"
 DIGEST = SystemDigest.from_text("You answer briefly.\n")

@@ -2,62 +2,22 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from kimi_batch.engine.digest import SystemDigest, load_digest
+from kimi_batch.engine.digest import SystemDigest
 from kimi_batch.engine.ledger import Ledger
 from kimi_batch.engine.prompt import assemble_messages
-from kimi_batch.engine.requests import GenerationRequest, SamplingParams
-from kimi_batch.engine.runner import BatchEngine, Endpoint
+from kimi_batch.engine.runner import BatchEngine
 from kimi_batch.engine.warm import SlotWarmer, WarmupReport
+from kimi_batch.llama.messages import ChatMessage
 from kimi_batch.llama.server import ResidentServer
-from kimi_batch.llama.types import ChatMessage
-from kimi_batch.settings import default_digest_path
-from kimi_batch_tests.conftest import TEST_SLOTS, make_spec
+from kimi_batch_tests.support.engine import digest_tokens, endpoint_of, fresh_digest, questions
+from kimi_batch_tests.support.llama_server import TEST_SLOTS, make_spec
 
-SHORT = SamplingParams(max_tokens=8, temperature=0.0)
-
-
-def fresh_digest(tag: str = "") -> SystemDigest:
-    """The shipped digest plus a unique closing line: a sha no slot or save file has seen."""
-    base = load_digest(default_digest_path()).text
-    marker = uuid.uuid4().hex[:8].replace("0", "o")  # letters keep the lint quiet about hex ids
-    return SystemDigest.from_text(f"{base}Variant note {tag} {marker.translate(_LETTERS)}.\n")
-
-
-_LETTERS = str.maketrans("0123456789", "ghijklmnop")
-
-
-async def digest_tokens(server: ResidentServer, digest: SystemDigest) -> int:
-    async with server.client() as client:
-        return len(await client.tokenize(digest.text))
-
-
-def questions(n: int, prefix: str = "q") -> list[GenerationRequest]:
-    return [
-        GenerationRequest(
-            input_id=f"{prefix}{i}",
-            messages=[
-                ChatMessage(role="user", content=f"{prefix}: name one use of the number {i}.")
-            ],
-            params=SHORT,
-        )
-        for i in range(n)
-    ]
-
-
-def endpoint_of(server: ResidentServer) -> Endpoint:
-    return Endpoint(
-        base_url=server.base_url,
-        slots=server.spec.parallel,
-        model=server.spec.model_alias,
-        ctx=server.spec.ctx // server.spec.parallel,
-        n_predict=server.spec.n_predict,
-    )
+pytestmark = pytest.mark.slow  # every test here talks to a real llama-server
 
 
 async def test_one_prefill_then_restores_then_every_request_hits_the_digest(

@@ -17,16 +17,18 @@ from kimi_batch.llama.exceptions import (
     LlamaResponseError,
     LlamaTimeoutError,
 )
-from kimi_batch.llama.models import ChatCompletion, HealthState, SlotState
+from kimi_batch.llama.messages import ChatMessage
+from kimi_batch.llama.responses import ChatCompletion, HealthState, SlotState
 from kimi_batch.llama.server import ResidentServer
-from kimi_batch.llama.types import ChatMessage
-from kimi_batch_tests.conftest import TEST_SLOTS, free_port
-from kimi_batch_tests.factories import chat_body
+from kimi_batch_tests.support.llama_server import TEST_SLOTS
+from kimi_batch_tests.support.ports import free_port
+from kimi_batch_tests.support.results import chat_body
 
 FAST_RETRY = RetryPolicy(attempts=3, backoff_s=0.01, max_backoff_s=0.02)
 HELLO = [ChatMessage(role="user", content="Say hello in one word.")]
 
 
+@pytest.mark.slow
 async def test_health_props_slots_and_metrics(shared_server: ResidentServer) -> None:
     async with shared_server.client() as client:
         assert await client.health() is HealthState.OK
@@ -41,6 +43,7 @@ async def test_health_props_slots_and_metrics(shared_server: ResidentServer) -> 
         assert after.tokens_predicted_total > before.tokens_predicted_total
 
 
+@pytest.mark.slow
 async def test_chat_reports_tokens_timings_and_logprobs(shared_server: ResidentServer) -> None:
     async with shared_server.client() as client:
         completion = await client.chat(HELLO, max_tokens=6, temperature=0.0, top_logprobs=3)
@@ -57,6 +60,7 @@ async def test_chat_reports_tokens_timings_and_logprobs(shared_server: ResidentS
     assert all(len(token.top) == 3 for token in logprobs)
 
 
+@pytest.mark.slow
 async def test_tokenize_and_template(shared_server: ResidentServer) -> None:
     async with shared_server.client() as client:
         tokens = await client.tokenize("The quick brown fox")
@@ -65,6 +69,7 @@ async def test_tokenize_and_template(shared_server: ResidentServer) -> None:
     assert "Say hello in one word." in prompt
 
 
+@pytest.mark.slow
 async def test_slot_save_restore_erase(shared_server: ResidentServer) -> None:
     async with shared_server.client() as client:
         await client.chat(HELLO, max_tokens=2, temperature=0.0, slot_id=1)
@@ -79,6 +84,7 @@ async def test_slot_save_restore_erase(shared_server: ResidentServer) -> None:
             await client.restore_slot(3, "no-such-file.bin")
 
 
+@pytest.mark.slow
 async def test_a_prompt_longer_than_the_slot_context_is_a_request_error(
     shared_server: ResidentServer,
 ) -> None:

@@ -17,7 +17,8 @@ from kimi_batch.llama.memory import (
     read_model_shape,
 )
 from kimi_batch.llama.server import ResidentServer
-from kimi_batch_tests.conftest import free_port, make_spec
+from kimi_batch_tests.support.llama_server import make_spec
+from kimi_batch_tests.support.ports import free_port
 
 
 def _rss_bytes(pid: int) -> int:

@@ -19,7 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kimi_batch_tests.conftest import free_port
+from kimi_batch_tests.support.ports import free_port
+
+pytestmark = pytest.mark.slow  # every test drives `kimi-batch server` on a real llama-server
 
 
 def _cli(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

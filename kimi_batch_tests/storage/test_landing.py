@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kimi_batch.paths import StatePaths
-from kimi_batch.storage.errors import StorageError
+from kimi_batch.storage.exceptions import StorageError
 from kimi_batch.storage.inbox import scan_inbox
 from kimi_batch.storage.landing import InputTooLargeError, Landing, resolve_input
 

@@ -16,7 +16,7 @@ from kimi_batch.storage import (
     polars_schema,
 )
 from kimi_batch.storage.parquet import PART_FILE
-from kimi_batch_tests.storage import CREATED_AT, amplified, distilled, quarantined
+from kimi_batch_tests.support.rows import CREATED_AT, amplified, distilled, quarantined
 
 DS = "2024-05-01"
 

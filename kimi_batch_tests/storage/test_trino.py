@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from datetime import datetime
 
@@ -19,8 +18,9 @@ from kimi_batch.storage import (
     TrinoUnavailableError,
     Warehouse,
 )
-from kimi_batch_tests.storage import CREATED_AT, amplified, distilled, quarantined
-from kimi_batch_tests.trino_fixtures import TrinoServer
+from kimi_batch_tests.support.ports import free_port
+from kimi_batch_tests.support.rows import CREATED_AT, amplified, distilled, quarantined
+from kimi_batch_tests.support.trino import TrinoServer
 
 DS = "2024-05-01"
 
@@ -36,12 +36,7 @@ def isolated(
         yield warehouse, publisher
 
 
-def _dead_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
+@pytest.mark.slow
 def test_publish_creates_tables_with_parquet_counts(
     isolated: tuple[Warehouse, TrinoPublisher],
 ) -> None:
@@ -61,6 +56,7 @@ def test_publish_creates_tables_with_parquet_counts(
         assert publisher.registered_partitions(table) == [(DS, "demo")]
 
 
+@pytest.mark.slow
 def test_republishing_a_rewritten_partition_keeps_counts(
     isolated: tuple[Warehouse, TrinoPublisher],
 ) -> None:
@@ -83,6 +79,7 @@ def test_republishing_a_rewritten_partition_keeps_counts(
     assert [request_id for (request_id,) in ids] == [f"v2-{i}" for i in range(5)]
 
 
+@pytest.mark.slow
 def test_distilled_joins_amplified(isolated: tuple[Warehouse, TrinoPublisher]) -> None:
     warehouse, publisher = isolated
     variants = amplified(3)
@@ -108,6 +105,7 @@ def test_distilled_joins_amplified(isolated: tuple[Warehouse, TrinoPublisher]) -
     assert rows[0][4] == "Lyon"
 
 
+@pytest.mark.slow
 def test_empty_partition_is_published(isolated: tuple[Warehouse, TrinoPublisher]) -> None:
     warehouse, publisher = isolated
     warehouse.write_partition("quarantine", DS, "nothing_bad", [])
@@ -116,6 +114,7 @@ def test_empty_partition_is_published(isolated: tuple[Warehouse, TrinoPublisher]
     assert publisher.count("quarantine") == 0
 
 
+@pytest.mark.slow
 def test_publish_all_catches_up(isolated: tuple[Warehouse, TrinoPublisher]) -> None:
     warehouse, publisher = isolated
     warehouse.write_partition("amplified", "2024-05-01", "a", amplified(2))
@@ -149,14 +148,14 @@ def test_publish_all_catches_up(isolated: tuple[Warehouse, TrinoPublisher]) -> N
 )
 def test_bad_identifiers_are_rejected_before_sql(field: str, bad: str) -> None:
     # A dead port: had any SQL been sent, this would be a TrinoUnavailableError instead.
-    config = TrinoConfig.model_validate({"host": "127.0.0.1", "port": _dead_port(), field: bad})
+    config = TrinoConfig.model_validate({"host": "127.0.0.1", "port": free_port(), field: bad})
     with pytest.raises(InvalidIdentifierError, match="invalid"):
         TrinoPublisher(config)
 
 
 @pytest.mark.parametrize("table", ['amplified"', "amplified; DROP TABLE x", "amplified x", "AMP"])
 def test_bad_table_names_are_rejected_before_sql(table: str) -> None:
-    publisher = TrinoPublisher(TrinoConfig(host="127.0.0.1", port=_dead_port()))
+    publisher = TrinoPublisher(TrinoConfig(host="127.0.0.1", port=free_port()))
     with pytest.raises(InvalidIdentifierError):
         publisher.ensure_table(table)
     with pytest.raises(InvalidIdentifierError):
@@ -166,7 +165,7 @@ def test_bad_table_names_are_rejected_before_sql(table: str) -> None:
 
 
 def test_bad_partition_values_are_rejected_before_sql() -> None:
-    publisher = TrinoPublisher(TrinoConfig(host="127.0.0.1", port=_dead_port()))
+    publisher = TrinoPublisher(TrinoConfig(host="127.0.0.1", port=free_port()))
     with pytest.raises(InvalidPartitionError):
         publisher.register_partition("amplified", "2024-05-01'; --", "demo")
     with pytest.raises(InvalidPartitionError):
@@ -180,7 +179,7 @@ def test_unreachable_trino_raises_and_parquet_stays(
 ) -> None:
     warehouse = Warehouse(tmp_path_factory.mktemp("offline"))
     written = warehouse.write_partition("amplified", DS, "demo", amplified(2))
-    publisher = TrinoPublisher(TrinoConfig(host="127.0.0.1", port=_dead_port(), max_attempts=1))
+    publisher = TrinoPublisher(TrinoConfig(host="127.0.0.1", port=free_port(), max_attempts=1))
     with pytest.raises(TrinoUnavailableError, match="unreachable") as caught:
         publisher.publish_partition(warehouse, "amplified", DS, "demo")
     assert isinstance(caught.value, StorageError)
@@ -190,6 +189,7 @@ def test_unreachable_trino_raises_and_parquet_stays(
     assert warehouse.count("amplified") == 2
 
 
+@pytest.mark.slow
 def test_publishing_an_unwritten_partition_fails(
     isolated: tuple[Warehouse, TrinoPublisher],
 ) -> None:
@@ -198,6 +198,7 @@ def test_publishing_an_unwritten_partition_fails(
         publisher.publish_partition(warehouse, "amplified", DS, "never")
 
 
+@pytest.mark.slow
 def test_schema_drift_is_reported(isolated: tuple[Warehouse, TrinoPublisher]) -> None:
     warehouse, publisher = isolated
     publisher.ensure_schema()

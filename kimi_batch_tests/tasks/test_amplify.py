@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from kimi_batch.engine.requests import GenerationResult, SamplingParams, request_key
+from kimi_batch.engine.generation import GenerationResult, SamplingParams, request_key
 from kimi_batch.engine.schedule import shared_prefix
-from kimi_batch.llama.types import ChatMessage
+from kimi_batch.llama.messages import ChatMessage
 from kimi_batch.tasks.amplify import (
     DEFAULT_AMPLIFY_PARAMS,
     TEMPLATES,
@@ -22,7 +22,7 @@ from kimi_batch.tasks.amplify import (
 )
 from kimi_batch.tasks.inputs import SeedPrompt
 from kimi_batch.tasks.rows import AmplifiedRow
-from kimi_batch_tests.factories import CREATED, make_result
+from kimi_batch_tests.support.results import CREATED, make_result
 
 
 def _seed(input_id: str, prompt: str, line: int = 1) -> SeedPrompt:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from kimi_batch.engine.requests import GenerationResult, SamplingParams
-from kimi_batch.llama.types import TokenLogprob, TopLogprob
+from kimi_batch.engine.generation import GenerationResult, SamplingParams
+from kimi_batch.llama.responses import TokenLogprob, TopLogprob
 from kimi_batch.tasks.amplify import generation_columns
 from kimi_batch.tasks.distill import (
     DEFAULT_DISTILL_PARAMS,
@@ -19,7 +19,7 @@ from kimi_batch.tasks.distill import (
 )
 from kimi_batch.tasks.inputs import INSTRUCTIONS_OPEN, SeedPrompt
 from kimi_batch.tasks.rows import AmplifiedRow
-from kimi_batch_tests.factories import make_result
+from kimi_batch_tests.support.results import make_result
 
 
 class Answer(BaseModel):

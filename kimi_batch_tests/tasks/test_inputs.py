@@ -11,7 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from kimi_batch.engine.requests import SamplingParams
+from kimi_batch.engine.generation import SamplingParams
 from kimi_batch.settings import samples_dir
 from kimi_batch.tasks.input_formats import MAX_JSON_ARRAY_BYTES, MAX_ROW_BYTES, parquet_items
 from kimi_batch.tasks.inputs import (

@@ -56,7 +56,7 @@ def _write_jsonl(path: Path) -> tuple[int, int]:
 def _probe(path: Path, out_dir: Path) -> dict[str, Any]:
     out_dir.mkdir()
     done = subprocess.run(
-        [sys.executable, "-m", "kimi_batch_tests.tasks.memory_probe", str(path), str(out_dir)],
+        [sys.executable, "-m", "kimi_batch_tests.support.memory_probe", str(path), str(out_dir)],
         capture_output=True,
         text=True,
         check=True,

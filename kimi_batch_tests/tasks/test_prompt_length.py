@@ -5,9 +5,11 @@ from __future__ import annotations
 import random
 from datetime import UTC, datetime
 
+import pytest
+
 from kimi_batch.llama.client import LlamaClient
+from kimi_batch.llama.messages import ChatMessage
 from kimi_batch.llama.server import ResidentServer
-from kimi_batch.llama.types import ChatMessage
 from kimi_batch.settings import default_digest_path
 from kimi_batch.tasks.inputs import SeedPrompt
 from kimi_batch.tasks.prompt_length import (
@@ -51,6 +53,7 @@ def _seed(input_id: str, *contents: str) -> SeedPrompt:
     )
 
 
+@pytest.mark.slow
 async def test_byte_and_template_bounds_hold_on_the_real_tokenizer(
     shared_server: ResidentServer,
 ) -> None:
@@ -88,6 +91,7 @@ class _CountingClient(LlamaClient):
         return await super().tokenize(content, add_special=add_special)
 
 
+@pytest.mark.slow
 async def test_only_rows_over_the_byte_bound_are_tokenized(shared_server: ResidentServer) -> None:
     digest_tokens = 1000
     limit = 1400  # room for ~380 bytes of user text after the digest and the template

@@ -19,13 +19,16 @@ from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
-from kimi_batch.engine.digest import SystemDigest
-from kimi_batch.engine.ledger import LeaseHeldError, Ledger
-from kimi_batch.engine.outcome import BatchOutcome
-from kimi_batch.engine.requests import GenerationRequest, GenerationResult
-from kimi_batch.engine.runner import BatchEngine
-from kimi_batch.storage import StorageError, Warehouse, polars_schema
-from kimi_batch.storage.quarantine import replace_quarantine
+from kimi_batch.engine import (
+    BatchEngine,
+    BatchOutcome,
+    GenerationRequest,
+    GenerationResult,
+    LeaseHeldError,
+    Ledger,
+    SystemDigest,
+)
+from kimi_batch.storage import StorageError, Warehouse, polars_schema, replace_quarantine
 from kimi_batch.tasks.checks import CheckFigures, OutputTally
 from kimi_batch.tasks.quarantine import failure_rows
 from kimi_batch.tasks.rows import PARTITION_COLUMNS, GenerationColumns, QuarantineRow

@@ -23,14 +23,21 @@ from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
-from kimi_batch.engine.ledger import Ledger
-from kimi_batch.engine.outcome import BatchOutcome
-from kimi_batch.engine.requests import GenerationRequest, GenerationResult, SamplingParams
+from kimi_batch.engine import (
+    BatchOutcome,
+    GenerationRequest,
+    GenerationResult,
+    Ledger,
+    SamplingParams,
+)
 from kimi_batch.settings import Settings
-from kimi_batch.storage import StorageError
-from kimi_batch.storage.landing import ResolvedInput, resolve_partition
-from kimi_batch.storage.quarantine import replace_quarantine
-from kimi_batch.storage.seeds import land_seeds
+from kimi_batch.storage import (
+    ResolvedInput,
+    StorageError,
+    land_seeds,
+    replace_quarantine,
+    resolve_partition,
+)
 from kimi_batch.tasks.amplify import Strategy, amplification_requests, to_amplified_rows
 from kimi_batch.tasks.checks import OutputTally
 from kimi_batch.tasks.distill import distillation_requests, iter_distilled_rows

@@ -6,9 +6,8 @@ import dagster as dg
 
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
-from kimi_batch.engine.digest import DigestLintError, SystemDigest
-from kimi_batch.engine.warm import SlotWarmer, WarmupReport
-from kimi_batch.llama.client import LlamaClient
+from kimi_batch.engine import DigestLintError, SlotWarmer, SystemDigest, WarmupReport
+from kimi_batch.llama import LlamaClient
 
 __all__ = ["digest_prefill", "system_digest"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dagster as dg
 from pydantic import Field
 
-from kimi_batch.engine.digest import DigestLintError, SystemDigest, lint_digest, load_digest
+from kimi_batch.engine import DigestLintError, SystemDigest, lint_digest, load_digest
 from kimi_batch.settings import Settings
 
 __all__ = ["DigestResource"]

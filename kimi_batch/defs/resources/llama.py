@@ -7,11 +7,14 @@ import asyncio
 import dagster as dg
 from pydantic import Field
 
-from kimi_batch.engine.digest import SystemDigest
-from kimi_batch.engine.prepare import Prepared, prepare
-from kimi_batch.llama.client import LlamaClient
-from kimi_batch.llama.factory import server_from_settings
-from kimi_batch.llama.server import AttachedServer, ResidentServer, ServerHandle
+from kimi_batch.engine import Prepared, SystemDigest, prepare
+from kimi_batch.llama import (
+    AttachedServer,
+    LlamaClient,
+    ResidentServer,
+    ServerHandle,
+    server_from_settings,
+)
 from kimi_batch.settings import Settings
 
 __all__ = ["LlamaServerResource"]

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import dagster as dg
 
-from kimi_batch.engine.ledger import Ledger
+from kimi_batch.engine import Ledger
 from kimi_batch.paths import StatePaths
 from kimi_batch.settings import Settings
-from kimi_batch.storage import Warehouse
-from kimi_batch.storage.landing import Landing
+from kimi_batch.storage import Landing, Warehouse
 
 __all__ = ["WarehouseResource"]
 

@@ -1,6 +1,6 @@
 """Run the input reader over one file in a fresh process and print its peak memory growth as JSON.
 
-`python -m kimi_batch_tests.tasks.memory_probe FILE OUT_DIR [--whole]`: seeds are consumed in
+`python -m kimi_batch_tests.support.memory_probe FILE OUT_DIR [--whole]`: seeds are consumed in
 chunks the way the pipeline lands them (each chunk written to a Parquet part in OUT_DIR and then
 dropped); `--whole` uses `read_inbox_file` instead, to compare. The peak is the kernel's VmHWM,
 so everything the reader allocates counts, Python objects and native buffers alike.

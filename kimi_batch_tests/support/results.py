@@ -1,11 +1,11 @@
-"""Hand-built engine results for the pure-function tests (no server involved there)."""
+"""Hand-built engine results for the server-free tests of tasks and the ledger."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import Any
 
-from kimi_batch.engine.requests import GenerationResult
+from kimi_batch.engine.generation import GenerationResult
 
 __all__ = ["CREATED", "chat_body", "make_result"]
 

@@ -2,14 +2,13 @@
 
 The server gets its own KIMI_BATCH_HOME and a free loopback port, so it never touches `./var` or a
 `make trino` server. If it cannot start, the fixture fails: the tests that need Trino are never
-silently skipped.
+silently skipped (and are marked `slow`, which the conftest enforces).
 """
 
 from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,10 +17,12 @@ from pathlib import Path
 import pytest
 
 from kimi_batch.storage import TrinoConfig, Warehouse
+from kimi_batch_tests.support.ports import free_port
+from kimi_batch_tests.support.repo import REPO_ROOT
 
 __all__ = ["TrinoServer", "trino_server"]
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "trino.sh"
+SCRIPT = REPO_ROOT / "scripts" / "trino.sh"
 # A fresh machine downloads ~800 MB from Maven Central before the first start.
 START_TIMEOUT_S = 1800
 READY_TIMEOUT_S = 240
@@ -47,12 +48,6 @@ class TrinoServer:
         return warehouse, self.config(schema_name=name, warehouse_location=f"local:///{name}/")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _run(command: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(SCRIPT), command],
@@ -75,7 +70,7 @@ def _log_tail(home: Path, lines: int = 40) -> str:
 def trino_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TrinoServer]:
     """Start Trino for the session and stop it at the end; fail (never skip) if it can't start."""
     home = tmp_path_factory.mktemp("trino_home")
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "KIMI_BATCH_HOME": str(home),

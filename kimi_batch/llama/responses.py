@@ -1,4 +1,4 @@
-"""Pydantic models of llama-server responses.
+"""Pydantic models of llama-server responses, and the logprobs the layers above keep.
 
 Both llama.cpp and the ik_llama.cpp fork are accepted: unknown fields are ignored, fields one of
 them lacks are optional, and derived values (cached tokens) fall back through what each reports.
@@ -9,8 +9,6 @@ from __future__ import annotations
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
-
-from kimi_batch.llama.types import TokenLogprob, TopLogprob
 
 __all__ = [
     "ChatCompletion",
@@ -25,7 +23,26 @@ __all__ = [
     "SlotNextToken",
     "SlotState",
     "Timings",
+    "TokenLogprob",
+    "TopLogprob",
 ]
+
+
+class TopLogprob(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    token: str
+    logprob: float
+
+
+class TokenLogprob(BaseModel):
+    """A generated token with its logprob and the top-k alternatives (`n_probs`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    token: str
+    logprob: float
+    top: list[TopLogprob]
 
 
 class _Lenient(BaseModel):

@@ -1,6 +1,6 @@
 """Exceptions of the storage layer.
 
-StorageError                      base: anything the storage layer refuses or fails to do
+StorageError                      base (a kimi_batch.errors.KimiBatchError): anything the storage layer refuses or fails to do
 ├── InvalidPartitionError         bad table name, `ds` or `source` (also a ValueError)
 ├── InvalidIdentifierError        a schema/table/catalog name that is not a plain SQL identifier
 │                                 (also a ValueError); raised before any SQL is sent
@@ -10,6 +10,8 @@ StorageError                      base: anything the storage layer refuses or fa
 """
 
 from __future__ import annotations
+
+from kimi_batch.errors import KimiBatchError
 
 __all__ = [
     "InvalidIdentifierError",
@@ -21,7 +23,7 @@ __all__ = [
 ]
 
 
-class StorageError(Exception):
+class StorageError(KimiBatchError):
     """Base of every storage-layer error."""
 
 

@@ -1,6 +1,6 @@
 """Materialize one partition in a fresh process and print the peak memory growth as JSON.
 
-`python -m kimi_batch_tests.defs.partition_memory_probe SOURCE ROWS N_PROBS MAX_TOKENS`: writes
+`python -m kimi_batch_tests.support.partition_memory_probe SOURCE ROWS N_PROBS MAX_TOKENS`: writes
 ROWS short prompts to the inbox of $KIMI_BATCH_HOME, materializes `seed_prompts` and
 `distilled_responses` of (today, SOURCE) on a temporary instance and reports the growth of the
 kernel's peak RSS (VmHWM) over the materialization. A small partition runs first, and the peak is

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.llama.types import ChatMessage, TokenLogprob
+from kimi_batch.llama import ChatMessage, TokenLogprob
 
 __all__ = [
     "GenerationRequest",

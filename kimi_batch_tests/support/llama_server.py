@@ -1,0 +1,127 @@
+"""pytest plugin: a real llama-server with the real SmolLM2 model, shared by the session.
+
+Nothing here skips: a missing binary or model fails the run, because CI must exercise the real
+services (`make test` installs them first). Every test that requests these fixtures is marked
+`slow` (the conftest enforces it), so `make unit` never starts a server.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from kimi_batch.llama.binary import find_llama_server
+from kimi_batch.llama.server import ResidentServer, ServerSpec
+from kimi_batch.settings import default_model_path
+from kimi_batch_tests.support.ports import free_port
+
+__all__ = [
+    "TEST_CTX",
+    "TEST_N_PREDICT",
+    "TEST_SLOTS",
+    "LlamaEnv",
+    "llama_binary",
+    "llama_env",
+    "make_spec",
+    "model_path",
+    "shared_server",
+]
+
+# Small enough for 2 cores, big enough for the ~1.1k-token shipped digest plus a short answer in
+# each of the 4 slots (llama.cpp splits the context between slots).
+TEST_SLOTS = 4
+TEST_CTX = 4 * 2048
+TEST_N_PREDICT = 256
+
+
+@pytest.fixture(scope="session")
+def llama_binary() -> Path:
+    return find_llama_server(os.environ.get("KIMI_BATCH_LLAMA_SERVER"))
+
+
+@pytest.fixture(scope="session")
+def model_path() -> Path:
+    path = default_model_path()
+    assert path is not None, "SmolLM2 model missing: run `make setup`"
+    assert path.is_file(), path
+    return path
+
+
+def make_spec(
+    binary: Path,
+    model: Path,
+    home: Path,
+    *,
+    port: int | None = None,
+    parallel: int = TEST_SLOTS,
+    ctx: int = TEST_CTX,
+    n_predict: int = TEST_N_PREDICT,
+    threads: int = 2,
+) -> ServerSpec:
+    """A spec for a test's own server: a free port, slot saves under `home`."""
+    return ServerSpec(
+        binary=binary,
+        model=model,
+        port=port or free_port(),
+        threads=threads,
+        ctx=ctx,
+        parallel=parallel,
+        n_predict=n_predict,
+        cache_ram_mib=1024,
+        slot_save_path=home / "slots",
+    )
+
+
+@dataclass(frozen=True)
+class LlamaEnv:
+    """A resident server started exactly as the Dagster resource would start it from env vars."""
+
+    home: Path
+    base_url: str
+    slots: int
+    server: ResidentServer
+
+
+@pytest.fixture(scope="session")
+def llama_env(
+    tmp_path_factory: pytest.TempPathFactory, llama_binary: Path, model_path: Path
+) -> Iterator[LlamaEnv]:
+    """KIMI_BATCH_* variables for a temp state dir, and the resident server running for them."""
+    home = tmp_path_factory.mktemp("kimi_home")
+    port = free_port()
+    variables = {
+        "KIMI_BATCH_HOME": str(home),
+        "KIMI_BATCH_MODEL": str(model_path),
+        "KIMI_BATCH_LLAMA_SERVER": str(llama_binary),
+        "KIMI_BATCH_LLAMA_PORT": str(port),
+        "KIMI_BATCH_LLAMA_THREADS": "2",
+        "KIMI_BATCH_LLAMA_CTX": str(TEST_CTX),
+        "KIMI_BATCH_LLAMA_PARALLEL": str(TEST_SLOTS),
+        "KIMI_BATCH_LLAMA_N_PREDICT": str(TEST_N_PREDICT),
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in variables.items():
+            patch.setenv(name, value)
+        for name in ("KIMI_BATCH_LLAMA_URL", "KIMI_BATCH_TRINO_HOST", "DAGSTER_HOME"):
+            patch.delenv(name, raising=False)
+        # Imported here, after the variables are set, as the resource does at run time.
+        from kimi_batch.llama.factory import server_from_settings
+        from kimi_batch.settings import Settings
+
+        server = server_from_settings(Settings.from_env(), load_timeout_s=300)
+        assert isinstance(server, ResidentServer)
+        handle = server.ensure_running()
+        try:
+            yield LlamaEnv(home=home, base_url=handle.base_url, slots=handle.slots, server=server)
+        finally:
+            server.stop()
+
+
+@pytest.fixture(scope="session")
+def shared_server(llama_env: LlamaEnv) -> ResidentServer:
+    """The session's resident server (4 slots, real SmolLM2)."""
+    return llama_env.server

@@ -1,0 +1,81 @@
+"""The real jobs, sensor and schedule over small stand-in assets with the real keys and partitions.
+
+Asset jobs are defined by key and need assets to resolve; the sensor/schedule tests test
+orchestration, not generation, so the stand-ins only find their inbox file (through the real
+`resolve_partition`) and sleep a little in the llama pool. `STANDIN_DEFS` is the same thing as a
+code location (`kimi_batch_tests.support.standins:STANDIN_DEFS`).
+
+No `from __future__ import annotations` here: Dagster inspects the stand-in assets' `context`
+annotation when they are defined and rejects it as a string.
+"""
+
+import os
+import time
+
+import dagster as dg
+
+from kimi_batch.defs.jobs import batch_job, distillation_job, ingest_job
+from kimi_batch.defs.partitions import batch_partitions, partition_parts
+from kimi_batch.defs.schedules import nightly_distillation_schedule
+from kimi_batch.defs.sensors import inbox_sensor
+from kimi_batch.settings import Settings
+from kimi_batch.storage.landing import resolve_partition
+
+__all__ = ["STANDIN_DEFS", "STANDIN_SLEEP_ENV", "standin_definitions"]
+
+STANDIN_SLEEP_ENV = "KIMI_BATCH_TEST_STANDIN_SLEEP"
+
+
+def _standin_sleep() -> float:
+    return float(os.environ.get(STANDIN_SLEEP_ENV, "0"))
+
+
+def standin_definitions() -> dg.Definitions:
+    """The real jobs/sensor/schedule over stand-in assets with the real keys and partitions."""
+
+    @dg.asset(name="seed_prompts", partitions_def=batch_partitions)
+    def seed_prompts(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        ds, source = partition_parts(context)
+        resolved = resolve_partition(Settings.from_env(), ds, source)
+        version = resolved.version
+        return dg.MaterializeResult(
+            metadata={
+                "file": resolved.assignment.name,
+                "bytes": version.size if version else -1,
+                "problem": resolved.problem or "",
+            }
+        )
+
+    @dg.asset(
+        name="amplified_prompts",
+        partitions_def=batch_partitions,
+        deps=[seed_prompts],
+        pool="llama_server",
+    )
+    def amplified_prompts() -> dg.MaterializeResult:
+        return _pooled_step()
+
+    @dg.asset(
+        name="distilled_responses",
+        partitions_def=batch_partitions,
+        deps=[amplified_prompts],
+        pool="llama_server",
+    )
+    def distilled_responses() -> dg.MaterializeResult:
+        return _pooled_step()
+
+    return dg.Definitions(
+        assets=[seed_prompts, amplified_prompts, distilled_responses],
+        jobs=[batch_job, ingest_job, distillation_job],
+        sensors=[inbox_sensor],
+        schedules=[nightly_distillation_schedule],
+    )
+
+
+def _pooled_step() -> dg.MaterializeResult:
+    started = time.time()
+    time.sleep(_standin_sleep())
+    return dg.MaterializeResult(metadata={"started": started, "ended": time.time()})
+
+
+STANDIN_DEFS = standin_definitions()

@@ -1,0 +1,134 @@
+"""Expected CLI failures are one line on stderr with exit code 2; a bug keeps its traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kimi_batch import cli
+from kimi_batch.engine.digest import DigestLintError
+from kimi_batch.errors import ConfigError, KimiBatchError, MissingInputError
+from kimi_batch.llama.exceptions import LlamaError, SpecMismatchError
+from kimi_batch.storage.exceptions import StorageError, TrinoUnavailableError
+from kimi_batch_tests.support.ports import free_port
+
+
+def run_cli(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """`kimi-batch ARGS` in a child process with its own state dir; nothing is left running."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("KIMI_BATCH_")}
+    return subprocess.run(
+        [sys.executable, "-m", "kimi_batch.cli", *args],
+        env={**clean, "KIMI_BATCH_HOME": str(tmp_path / "home"), **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def assert_one_error_line(result: subprocess.CompletedProcess[str], *expected: str) -> None:
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("kimi-batch"), lines[0]
+    assert "Traceback" not in result.stderr
+    for text in expected:
+        assert text in lines[0]
+
+
+@pytest.mark.slow
+def test_a_digest_lint_finding_stops_the_demo_before_any_server_starts(tmp_path: Path) -> None:
+    digest = tmp_path / "digest.md"
+    digest.write_text("You answer briefly.\nToday is 2024-05-01.\n")
+    result = run_cli(tmp_path, "demo", KIMI_BATCH_DIGEST=str(digest))
+    assert_one_error_line(result, "cache-breaking", "line 2", "2024-05-01")
+    assert not (tmp_path / "home" / "server").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [("server", "start"), ("demo",)])
+def test_a_missing_model_is_one_line(tmp_path: Path, command: tuple[str, ...]) -> None:
+    missing = tmp_path / "no-such-model.gguf"
+    result = run_cli(tmp_path, *command, KIMI_BATCH_MODEL=str(missing))
+    assert_one_error_line(result, "model file not found", str(missing))
+
+
+@pytest.mark.slow
+def test_an_unreachable_trino_is_one_line(tmp_path: Path) -> None:
+    port = str(free_port())  # nothing listens there
+    result = run_cli(
+        tmp_path, "publish", KIMI_BATCH_TRINO_HOST="127.0.0.1", KIMI_BATCH_TRINO_PORT=port
+    )
+    assert_one_error_line(result, "unreachable", f"127.0.0.1:{port}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("server", "start", "--no-such-flag"), "--no-such-flag"),
+        (("frobnicate",), "invalid choice"),
+        (("export", "--date", "2026-11-30"), "--source"),
+    ],
+)
+def test_a_bad_flag_is_one_line(tmp_path: Path, args: tuple[str, ...], expected: str) -> None:
+    assert_one_error_line(run_cli(tmp_path, *args), expected)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("variable", "value", "expected"),
+    [
+        ("KIMI_BATCH_LLAMA_PORT", "eighty", "KIMI_BATCH_LLAMA_PORT must be an integer"),
+        ("KIMI_BATCH_LLAMA_PORT", "0", "llama_port"),
+    ],
+)
+def test_a_bad_setting_is_one_line(
+    tmp_path: Path, variable: str, value: str, expected: str
+) -> None:
+    assert_one_error_line(run_cli(tmp_path, "server", "status", **{variable: value}), expected)
+
+
+# ---- in process: which errors are expected -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "error",
+    [LlamaError, SpecMismatchError, StorageError, TrinoUnavailableError, ConfigError],
+)
+def test_every_layer_error_is_a_kimi_batch_error(error: type[Exception]) -> None:
+    assert issubclass(error, KimiBatchError)
+
+
+def test_the_special_errors_keep_their_builtin_bases_for_existing_handlers() -> None:
+    assert issubclass(DigestLintError, KimiBatchError)
+    assert issubclass(DigestLintError, ValueError)
+    assert issubclass(ConfigError, ValueError)
+    assert issubclass(MissingInputError, FileNotFoundError)
+
+
+def _status_raising(monkeypatch: pytest.MonkeyPatch, error: BaseException) -> None:
+    """`kimi-batch server status` whose server lookup raises `error`."""
+
+    def server_from_settings(_settings: object) -> None:
+        raise error
+
+    monkeypatch.setattr(cli, "server_from_settings", server_from_settings)
+
+
+def test_an_expected_error_is_one_line_and_exit_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _status_raising(monkeypatch, MissingInputError("no input files in /x/inbox"))
+    assert cli.main(["server", "status"]) == 2
+    assert capsys.readouterr().err == "kimi-batch: error: no input files in /x/inbox\n"
+
+
+def test_an_unexpected_error_keeps_its_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    _status_raising(monkeypatch, KeyError("a bug"))
+    with pytest.raises(KeyError, match="a bug"):
+        cli.main(["server", "status"])

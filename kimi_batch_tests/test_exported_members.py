@@ -1,0 +1,44 @@
+"""The package facades (`kimi_batch.llama`, `.engine`, `.storage`) export exactly their surface."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from types import ModuleType
+
+import pytest
+
+FACADES = ["kimi_batch.llama", "kimi_batch.engine", "kimi_batch.storage"]
+
+
+def _facade(name: str) -> ModuleType:
+    return importlib.import_module(name)
+
+
+@pytest.mark.parametrize("name", FACADES)
+def test_all_public_members_are_exported_and_nothing_else(name: str) -> None:
+    facade = _facade(name)
+    public = {
+        member
+        for member, value in vars(facade).items()
+        if not member.startswith("_") and not inspect.ismodule(value)
+    }
+    assert len(facade.__all__) == len(set(facade.__all__)), "duplicates in __all__"
+    assert set(facade.__all__) == public
+
+
+@pytest.mark.parametrize("name", FACADES)
+def test_every_exported_class_and_function_is_defined_in_the_package(name: str) -> None:
+    facade = _facade(name)
+    for member in facade.__all__:
+        value = getattr(facade, member)
+        if inspect.isclass(value) or inspect.isfunction(value):
+            assert value.__module__.startswith(f"{name}."), (member, value.__module__)
+
+
+def test_the_facades_hold_what_the_upper_layers_use() -> None:
+    """A few names per layer that the tasks, storage and Dagster layers build on."""
+    llama, engine, storage = (_facade(name) for name in FACADES)
+    assert {"LlamaClient", "ChatMessage", "TokenLogprob", "LlamaError"} <= set(llama.__all__)
+    assert {"BatchEngine", "GenerationRequest", "Ledger", "SlotWarmer"} <= set(engine.__all__)
+    assert {"Warehouse", "TrinoPublisher", "Landing", "StorageError"} <= set(storage.__all__)
