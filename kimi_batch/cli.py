@@ -8,6 +8,7 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from kimi_batch.errors import KimiBatchError
@@ -51,8 +52,15 @@ def _server_stop(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from kimi_batch.demo import run_demo
+    from kimi_batch.engine import listening
+    from kimi_batch.progress_bar import BatchProgressBar, wants_bar
 
-    summary = run_demo(Settings.from_env())
+    settings = Settings.from_env()
+    if wants_bar() and not args.verbose:
+        with BatchProgressBar() as bar, listening(bar):
+            summary = run_demo(settings, console_log_level="WARNING")
+    else:
+        summary = run_demo(settings)
     print(json.dumps(summary, sort_keys=True))
     return 0
 
@@ -73,6 +81,28 @@ def _publish(args: argparse.Namespace) -> int:
     report = publish_warehouse(Settings.from_env())
     print(json.dumps(dataclasses.asdict(report)))
     return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from kimi_batch.status import collect_status, render_status
+
+    status = collect_status(Settings.from_env())
+    print(status.model_dump_json(indent=2) if args.json else render_status(status))
+    return 0
+
+
+def _digest_lint(args: argparse.Namespace) -> int:
+    from kimi_batch.engine import lint_digest, load_digest
+
+    try:
+        text = load_digest(Path(args.file)).text
+    except OSError as error:
+        print(f"kimi-batch: error: cannot read {args.file}: {error.strerror}", file=sys.stderr)
+        return 2
+    findings = lint_digest(text, allow=args.allow)
+    for finding in findings:
+        print(finding)
+    return 1 if findings else 0
 
 
 class _Parser(argparse.ArgumentParser):
@@ -116,6 +146,24 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("publish", help="register every Parquet partition in Trino").set_defaults(
         func=_publish
     )
+
+    status_all = commands.add_parser(
+        "status", help="server, ledger, partitions, nightly run and inbox on one screen"
+    )
+    status_all.add_argument("--json", action="store_true")
+    status_all.set_defaults(func=_status)
+
+    digest = commands.add_parser("digest", help="the system digest").add_subparsers(
+        dest="action", required=True
+    )
+    lint = digest.add_parser(
+        "lint", help="exit 1 with one 'line N: rule 'match'' per cache-breaking finding, 0 if clean"
+    )
+    lint.add_argument("file")
+    lint.add_argument(
+        "--allow", action="append", default=[], metavar="REGEX", help="accept matches of REGEX"
+    )
+    lint.set_defaults(func=_digest_lint)
     _add_perf_commands(commands)
     return parser
 

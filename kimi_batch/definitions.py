@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import dagster as dg
 
+from kimi_batch.defs.alerts import (
+    distilled_by_night_end,
+    distilled_freshness_alert,
+    run_failure_alert,
+)
 from kimi_batch.defs.assets.batch import amplified_prompts, distilled_responses, seed_prompts
 from kimi_batch.defs.assets.digest import digest_prefill, system_digest
 from kimi_batch.defs.jobs import batch_job, distillation_job, ingest_job
@@ -41,9 +46,10 @@ def build_resources() -> dict[str, dg.ConfigurableResource]:
 def build_definitions() -> dg.Definitions:
     return dg.Definitions(
         assets=ALL_ASSETS,
+        asset_checks=[distilled_by_night_end],
         jobs=[batch_job, ingest_job, distillation_job],
         schedules=[nightly_distillation_schedule],
-        sensors=[inbox_sensor],
+        sensors=[inbox_sensor, run_failure_alert, distilled_freshness_alert],
         resources=build_resources(),
     )
 

@@ -11,6 +11,7 @@ import dagster as dg
 from kimi_batch.definitions import BATCH_ASSETS, DIGEST_ASSETS, build_resources
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, SOURCE_PARTITIONS_NAME
 from kimi_batch.defs.resources.digest import DigestResource
+from kimi_batch.engine import ProgressEvent, notify
 from kimi_batch.errors import MissingInputError
 from kimi_batch.llama import server_from_settings
 from kimi_batch.settings import Settings, samples_dir
@@ -18,8 +19,27 @@ from kimi_batch.storage import Landing
 
 __all__ = ["run_demo"]
 
-# Progress lines (rows done, tok/s, ETA) are INFO; Dagster's step events are DEBUG noise here.
-_QUIET = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+DIGEST_LABEL = "digest: prefill once, restore into every slot"
+
+
+def _console_config(log_level: str) -> dict[str, Any]:
+    """Progress lines (rows done, tok/s, ETA) are INFO; Dagster's step events are DEBUG noise.
+
+    Under a terminal progress bar the console shows warnings only: the bar says the rest.
+    """
+    return {"loggers": {"console": {"config": {"log_level": log_level}}}}
+
+
+def _phase(label: str, done: int) -> ProgressEvent:
+    return ProgressEvent(
+        done=done,
+        total=1,
+        failed=0,
+        completion_tokens_per_s=0.0,
+        elapsed_s=0.0,
+        eta_s=None,
+        label=label,
+    )
 
 
 def _seed_inbox(settings: Settings) -> None:
@@ -53,8 +73,12 @@ def _metadata(result: dg.ExecuteInProcessResult, asset: str) -> dict[str, Any]:
     return {key: value.value for key, value in materializations[-1].metadata.items()}
 
 
-def run_demo(settings: Settings) -> dict[str, Any]:
-    """Digest, prefill, then every inbox partition; returns the summary the CLI prints."""
+def run_demo(settings: Settings, *, console_log_level: str = "INFO") -> dict[str, Any]:
+    """Digest, prefill, then every inbox partition; returns the summary the CLI prints.
+
+    Progress goes to `kimi_batch.engine.progress` listeners as well as to the run logs.
+    """
+    quiet = _console_config(console_log_level)
     _preflight(settings)
     _seed_inbox(settings)
     with Landing(settings.paths) as landing:
@@ -69,9 +93,11 @@ def run_demo(settings: Settings) -> dict[str, Any]:
     instance = _instance(settings)
     instance.add_dynamic_partitions(SOURCE_PARTITIONS_NAME, sorted({f.source for f in files}))
 
+    notify(_phase(DIGEST_LABEL, 0))
     digest_run = dg.materialize(
-        DIGEST_ASSETS, resources=resources, instance=instance, run_config=_QUIET
+        DIGEST_ASSETS, resources=resources, instance=instance, run_config=quiet
     )
+    notify(_phase(DIGEST_LABEL, 1))
     prefill = _metadata(digest_run, "digest_prefill")
     totals = {"amplified": 0, "distilled": 0, "completion_tokens": 0, "quarantined": 0}
     wall_s = 0.0
@@ -83,7 +109,7 @@ def run_demo(settings: Settings) -> dict[str, Any]:
             partition_key=key,
             resources=resources,
             instance=instance,
-            run_config=_QUIET,
+            run_config=quiet,
         )
         for asset, table in (
             ("amplified_prompts", "amplified"),

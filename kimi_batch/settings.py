@@ -51,6 +51,7 @@ DEFAULT_TIMEZONE = "UTC"
 DEFAULT_NIGHTLY_CRON = "0 2 * * *"
 DEFAULT_INBOX_INTERVAL_S = 30
 DEFAULT_MAX_INPUT_MB = 256
+DEFAULT_DAGSTER_URL = "http://127.0.0.1:3000"
 # Modules whose pydantic models a run may name as `output_model` (run config is not trusted to
 # import arbitrary code); extend with KIMI_BATCH_OUTPUT_MODEL_MODULES.
 DEFAULT_OUTPUT_MODEL_MODULES: tuple[str, ...] = ("kimi_batch.tasks.schemas",)
@@ -205,6 +206,12 @@ class Settings(BaseModel):
         default=DEFAULT_OUTPUT_MODEL_MODULES,
         description="Modules whose pydantic models `output_model` may name.",
     )
+    alert_webhook: str | None = Field(
+        default=None, repr=False, description="Slack-compatible webhook for the morning alerts."
+    )
+    dagster_url: str = Field(
+        default=DEFAULT_DAGSTER_URL, description="The Dagster UI, for links in the alerts."
+    )
 
     @field_validator("timezone")
     @classmethod
@@ -262,6 +269,8 @@ class Settings(BaseModel):
                 partitions_start=_env_date("KIMI_BATCH_PARTITIONS_START"),
                 output_model_modules=DEFAULT_OUTPUT_MODEL_MODULES
                 + _env_list("KIMI_BATCH_OUTPUT_MODEL_MODULES"),
+                alert_webhook=_env_str("KIMI_BATCH_ALERT_WEBHOOK"),
+                dagster_url=_env_str("KIMI_BATCH_DAGSTER_URL") or DEFAULT_DAGSTER_URL,
             )
         except ValidationError as error:
             raise ConfigError(_first_error(error)) from error

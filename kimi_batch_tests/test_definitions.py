@@ -42,7 +42,11 @@ def test_asset_graph_reads_digest_then_seed_amplified_distilled() -> None:
     }
     assert defs.resolve_job_def("batch_job") is not None
     assert {s.name for s in defs.schedules or []} == {"nightly_distillation_schedule"}
-    assert {s.name for s in defs.sensors or []} == {"inbox_sensor"}
+    assert {s.name for s in defs.sensors or []} == {
+        "inbox_sensor",
+        "run_failure_alert",
+        "distilled_freshness_alert",
+    }
 
 
 def test_every_asset_has_a_description_and_a_group() -> None:

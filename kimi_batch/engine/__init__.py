@@ -3,7 +3,7 @@
 The layers above import from here, never from the modules: `generation` (requests and results),
 `digest` and `prompt` (the fixed system prefix), `prepare` and `warm` (the digest in every slot),
 `runner`, `outcome`, `deadline` and `watchdog` (every slot busy, nothing hung), `ledger` (every
-finished row kept), `stats` (the figures of a batch).
+finished row kept), `stats` (the figures of a batch), `progress` (in-process progress listeners).
 """
 
 from kimi_batch.engine.deadline import DeadlinePolicy
@@ -19,6 +19,7 @@ from kimi_batch.engine.outcome import (
     PlannedRow,
 )
 from kimi_batch.engine.prepare import Prepared, prepare
+from kimi_batch.engine.progress import ProgressCallback, listening, notify
 from kimi_batch.engine.prompt import assemble_messages
 from kimi_batch.engine.runner import BatchEngine, EndpointHungError
 from kimi_batch.engine.stats import BatchStats, ProgressEvent
@@ -43,6 +44,7 @@ __all__ = [
     "Ledger",
     "PlannedRow",
     "Prepared",
+    "ProgressCallback",
     "ProgressEvent",
     "SamplingParams",
     "SlotWarmer",
@@ -51,6 +53,8 @@ __all__ = [
     "WatchdogPolicy",
     "assemble_messages",
     "lint_digest",
+    "listening",
     "load_digest",
+    "notify",
     "prepare",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Sequence
 
@@ -10,6 +11,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from kimi_batch.engine.generation import GenerationResult
 
 __all__ = ["BatchStats", "ProgressEvent", "StatsAccumulator"]
+
+# What `str(ProgressEvent)` writes; alerts read the last such line of a failed run's log back.
+_PROGRESS_LINE = re.compile(
+    r"(?P<done>\d+)/(?P<total>\d+) rows \((?P<failed>\d+) failed\), "
+    r"(?P<tok_s>[\d.]+) tok/s, ETA (?:(?P<eta>[\d.]+) s|\?)"
+)
 
 
 class ProgressEvent(BaseModel):
@@ -21,12 +28,30 @@ class ProgressEvent(BaseModel):
     completion_tokens_per_s: float
     elapsed_s: float
     eta_s: float | None
+    label: str = Field(
+        default="", description="What runs, e.g. 'distilled_responses 2026-11-30|a'."
+    )
 
     def __str__(self) -> str:
         eta = f"{self.eta_s:.0f} s" if self.eta_s is not None else "?"
         return (
             f"{self.done}/{self.total} rows ({self.failed} failed), "
             f"{self.completion_tokens_per_s:.1f} tok/s, ETA {eta}"
+        )
+
+    @classmethod
+    def from_line(cls, line: str) -> ProgressEvent | None:
+        """The event a log line written by `str()` describes (elapsed time is not in it)."""
+        found = _PROGRESS_LINE.search(line)
+        if found is None:
+            return None
+        return cls(
+            done=int(found["done"]),
+            total=int(found["total"]),
+            failed=int(found["failed"]),
+            completion_tokens_per_s=float(found["tok_s"]),
+            elapsed_s=0.0,
+            eta_s=float(found["eta"]) if found["eta"] else None,
         )
 
 

@@ -163,6 +163,9 @@ class ServerStatus(BaseModel):
     slots: int | None
     managed: bool = Field(description="Started by kimi_batch (pid file) rather than attached.")
     log_path: str | None
+    started_at: float | None = Field(
+        default=None, description="Unix time the managed server was spawned."
+    )
 
 
 class _PidRecord(BaseModel):
@@ -432,6 +435,7 @@ class ResidentServer:
     def status(self) -> ServerStatus:
         pid = self._live_pid()
         spec = self._read_spec() if pid is not None else None
+        record = self._read_pid() if pid is not None else None
         state, props = _probe(self.base_url, self.api_key)
         return ServerStatus(
             running=pid is not None or state != "down",
@@ -443,6 +447,7 @@ class ResidentServer:
             slots=props.total_slots if props else (spec.parallel if spec else None),
             managed=pid is not None,
             log_path=str(self.log_path) if self.log_path.exists() else None,
+            started_at=record.started_at if record else None,
         )
 
     def stop(self) -> bool:

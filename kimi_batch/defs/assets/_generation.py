@@ -4,7 +4,7 @@ rows streamed from the ledger to Parquet, publishing, checks."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Literal, TypeVar
@@ -26,7 +26,9 @@ from kimi_batch.engine import (
     GenerationResult,
     LeaseHeldError,
     Ledger,
+    ProgressEvent,
     SystemDigest,
+    notify,
 )
 from kimi_batch.storage import StorageError, Warehouse, polars_schema, replace_quarantine
 from kimi_batch.tasks.checks import CheckFigures, OutputTally
@@ -114,6 +116,17 @@ def run_batch(
     return outcome
 
 
+def _progress_reporter(context: dg.AssetExecutionContext) -> Callable[[ProgressEvent], None]:
+    """The run log gets the periodic line; in-process listeners (a terminal bar) the event."""
+    label = f"{context.asset_key.to_user_string()} {context.partition_key}"
+
+    def report(event: ProgressEvent) -> None:
+        context.log.info(str(event))
+        notify(event.model_copy(update={"label": label}))
+
+    return report
+
+
 async def _generate(
     context: dg.AssetExecutionContext,
     llama: LlamaServerResource,
@@ -129,7 +142,7 @@ async def _generate(
         loaded,
         ledger,
         digest_tokens=prepared.digest_tokens,
-        on_progress=lambda event: context.log.info(str(event)),
+        on_progress=_progress_reporter(context),
         on_unreachable=llama.respawn_if_down,
         on_hung=llama.restart_hung,
     )

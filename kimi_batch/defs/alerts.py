@@ -1,0 +1,260 @@
+"""Morning alerts: nobody watches the night, so a failed run and an unfinished night are posted.
+
+- `run_failure_alert`: one message per failed run (what failed, which partition, rows done/total
+  from the run's last progress line, where to look).
+- `distilled_by_night_end`: the freshness check of `distilled_responses`: every partition of the
+  day that just ended is distilled by the end of the nightly window (`KIMI_BATCH_NIGHT_ENDS`,
+  07:00 when unset, in the schedule's timezone). `distilled_freshness_alert` evaluates it once
+  per night after that deadline, records the result on the check (the UI shows it) and posts a
+  message when it fails. The check can also be executed from the UI at any time.
+
+Messages go to `KIMI_BATCH_ALERT_WEBHOOK` (Slack-compatible JSON). Both sensors start running when
+that variable is set and stopped otherwise; without a webhook they only record and log.
+
+No `from __future__ import annotations`: Dagster inspects the check's `context` annotation.
+"""
+
+import logging
+from datetime import UTC, datetime, time, timedelta
+
+import dagster as dg
+from pydantic import BaseModel, ConfigDict
+
+from kimi_batch.defs.jobs import DISTILLED_RESPONSES
+from kimi_batch.defs.partition_states import (
+    PARTITION_TAG,
+    PartitionRecord,
+    PartitionState,
+    distill_states,
+    run_progress,
+)
+from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION
+from kimi_batch.settings import Settings
+from kimi_batch.storage import Landing
+from kimi_batch.webhook import post_message
+
+__all__ = [
+    "DEFAULT_NIGHT_ENDS",
+    "FRESHNESS_CHECK",
+    "FreshnessReport",
+    "distilled_by_night_end",
+    "distilled_freshness_alert",
+    "due_night",
+    "evaluate_freshness",
+    "failure_message",
+    "run_failure_alert",
+    "stale_message",
+]
+
+DEFAULT_NIGHT_ENDS = time(7, 0)
+FRESHNESS_CHECK = "distilled_by_night_end"
+FRESHNESS_INTERVAL_S = 300
+
+
+def _default_status() -> dg.DefaultSensorStatus:
+    # Read at import, like the other sensors' statuses: set the variable, reload the location.
+    return (
+        dg.DefaultSensorStatus.RUNNING
+        if Settings.from_env().alert_webhook
+        else dg.DefaultSensorStatus.STOPPED
+    )
+
+
+def _deliver(context_log: logging.Logger, settings: Settings, text: str) -> bool:
+    if not settings.alert_webhook:
+        context_log.info(f"no KIMI_BATCH_ALERT_WEBHOOK; alert not sent:\n{text}")
+        return False
+    result = post_message(settings.alert_webhook, text)
+    if not result.delivered:
+        context_log.warning(f"alert webhook failed ({result.error}); the alert was:\n{text}")
+    return result.delivered
+
+
+def _rows(event_done: int | None, event_total: int | None) -> str:
+    if event_done is None or event_total is None:
+        return "no rows reported"
+    return f"{event_done}/{event_total} rows done"
+
+
+# ---- failed runs --------------------------------------------------------------------------------
+
+
+def failure_message(
+    instance: dg.DagsterInstance,
+    run: dg.DagsterRun,
+    step_errors: list[str],
+    dagster_url: str,
+) -> str:
+    """The alert for one failed run."""
+    progress = run_progress(instance, run.run_id)
+    partition = run.tags.get(PARTITION_TAG, "none")
+    what = "; ".join(step_errors[:3]) or "the run failed before any step ran"
+    rows = _rows(progress.done if progress else None, progress.total if progress else None)
+    return "\n".join(
+        [
+            f"kimi_batch: run {run.run_id[:8]} of {run.job_name} FAILED",
+            f"partition: {partition}",
+            f"what failed: {what}",
+            f"rows: {rows} (finished rows are kept in the ledger; a rerun resumes)",
+            f"look: {dagster_url.rstrip('/')}/runs/{run.run_id} · kimi-batch status",
+        ]
+    )
+
+
+def _step_errors(context: dg.RunFailureSensorContext) -> list[str]:
+    errors = []
+    for event in context.get_step_failure_events():
+        error = event.step_failure_data.error
+        # Dagster wraps the asset's exception; the innermost cause is what the user raised.
+        while error is not None and error.cause is not None:
+            error = error.cause
+        first = (error.message if error else event.message or "").strip().splitlines()
+        errors.append(f"{event.step_key}: {first[0] if first else 'failed'}")
+    return errors
+
+
+@dg.run_failure_sensor(
+    name="run_failure_alert",
+    default_status=_default_status(),
+    description="Posts one message per failed run to KIMI_BATCH_ALERT_WEBHOOK: what failed, "
+    "the partition, rows done/total, and the run's page.",
+)
+def run_failure_alert(context: dg.RunFailureSensorContext) -> None:
+    """Tell the morning about a failed run."""
+    settings = Settings.from_env()
+    text = failure_message(
+        context.instance, context.dagster_run, _step_errors(context), settings.dagster_url
+    )
+    _deliver(context.log, settings, text)
+
+
+# ---- freshness of distilled_responses -----------------------------------------------------------
+
+
+class FreshnessReport(BaseModel):
+    """Whether the partitions of night `ds` were distilled by `deadline`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ds: str
+    deadline: datetime
+    expected: list[str]
+    stale: list[PartitionRecord]
+
+    @property
+    def passed(self) -> bool:
+        return not self.stale
+
+
+def due_night(now: datetime, night_ends: time | None) -> tuple[str, datetime]:
+    """(the day of the last night whose window has ended at `now`, that window's end).
+
+    The night after day D ends on D+1 at `night_ends`; before that time on D+1, the night due is
+    the one of D-1.
+    """
+    ends = night_ends or DEFAULT_NIGHT_ENDS
+    deadline = datetime.combine(now.date(), ends, tzinfo=now.tzinfo)
+    if now < deadline:
+        deadline -= timedelta(days=1)
+    return (deadline.date() - timedelta(days=1)).isoformat(), deadline
+
+
+def evaluate_freshness(
+    instance: dg.DagsterInstance, settings: Settings, now: datetime
+) -> FreshnessReport:
+    """Which partitions of the night that ended last are not distilled (yet).
+
+    The night's partitions are the inputs assigned to its day in the landing manifest (where the
+    sensor, the schedule and the demo record every input's partition when they first see it).
+    """
+    ds, deadline = due_night(now.astimezone(settings.zone), settings.night_ends)
+    with Landing(settings.paths) as landing:
+        assigned = [item for item in landing.assignments() if item.ds == ds]
+    keys = [
+        str(dg.MultiPartitionKey({DATE_DIMENSION: item.ds, SOURCE_DIMENSION: item.source}))
+        for item in assigned
+    ]
+    states = distill_states(instance, keys)
+    stale = [states[key] for key in keys if states[key].state != PartitionState.DONE]
+    return FreshnessReport(ds=ds, deadline=deadline, expected=keys, stale=stale)
+
+
+def stale_message(instance: dg.DagsterInstance, report: FreshnessReport, dagster_url: str) -> str:
+    """The alert for a night that was not distilled in time."""
+    lines = [
+        f"kimi_batch: distilled_responses is STALE: night {report.ds} not distilled by "
+        f"{report.deadline:%Y-%m-%d %H:%M %Z}",
+        f"{len(report.stale)} of {len(report.expected)} partition(s) not done:",
+    ]
+    for record in report.stale[:10]:
+        detail = record.state.value.replace("_", " ")
+        if record.run_id:
+            progress = run_progress(instance, record.run_id)
+            rows = _rows(progress.done if progress else None, progress.total if progress else None)
+            detail += f" (run {record.run_id[:8]}, {rows})"
+        else:
+            detail = "never ran"
+        lines.append(f"- {record.key}: {detail}")
+    if len(report.stale) > 10:
+        lines.append(f"- ... and {len(report.stale) - 10} more")
+    lines.append(
+        f"look: {dagster_url.rstrip('/')}/assets/{DISTILLED_RESPONSES.to_user_string()} "
+        "· kimi-batch status"
+    )
+    return "\n".join(lines)
+
+
+def _evaluation(report: FreshnessReport) -> dg.AssetCheckEvaluation:
+    return dg.AssetCheckEvaluation(
+        asset_key=DISTILLED_RESPONSES,
+        check_name=FRESHNESS_CHECK,
+        passed=report.passed,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={
+            "night": report.ds,
+            "deadline": report.deadline.isoformat(),
+            "expected_partitions": len(report.expected),
+            "stale_partitions": len(report.stale),
+            "stale": ", ".join(record.key for record in report.stale[:20]) or "none",
+        },
+    )
+
+
+@dg.asset_check(
+    asset=DISTILLED_RESPONSES,
+    name=FRESHNESS_CHECK,
+    description="Every partition of the day that just ended is distilled by the end of the "
+    "nightly window (KIMI_BATCH_NIGHT_ENDS, default 07:00).",
+)
+def distilled_by_night_end(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+    """The freshness check, on demand."""
+    report = evaluate_freshness(context.instance, Settings.from_env(), datetime.now(UTC))
+    evaluation = _evaluation(report)
+    return dg.AssetCheckResult(
+        passed=evaluation.passed, severity=evaluation.severity, metadata=evaluation.metadata
+    )
+
+
+@dg.sensor(
+    name="distilled_freshness_alert",
+    minimum_interval_seconds=FRESHNESS_INTERVAL_S,
+    default_status=_default_status(),
+    description="Once per night, after the nightly window ends: evaluates the "
+    f"{FRESHNESS_CHECK} check of distilled_responses and posts to KIMI_BATCH_ALERT_WEBHOOK "
+    "when partitions of the day that just ended are not distilled.",
+)
+def distilled_freshness_alert(
+    context: dg.SensorEvaluationContext,
+) -> dg.SensorResult | dg.SkipReason:
+    """Check the night that ended last, once; alert when it is stale."""
+    settings = Settings.from_env()
+    report = evaluate_freshness(context.instance, settings, datetime.now(UTC))
+    if context.cursor == report.ds:
+        return dg.SkipReason(f"night {report.ds} already checked")
+    if report.passed:
+        context.log.info(f"night {report.ds}: {len(report.expected)} partition(s) distilled")
+    else:
+        _deliver(
+            context.log, settings, stale_message(context.instance, report, settings.dagster_url)
+        )
+    return dg.SensorResult(asset_events=[_evaluation(report)], cursor=report.ds)

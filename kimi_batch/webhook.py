@@ -1,0 +1,43 @@
+"""Alerts to a chat webhook: one short text message, Slack-compatible JSON (`{"text": ...}`).
+
+No Dagster here: the sensors in `kimi_batch/defs/alerts.py` decide what to say, this module only
+delivers it. A webhook that is down must never take a sensor down with it, so delivery problems
+come back as a `WebhookResult`, not as an exception.
+"""
+
+from __future__ import annotations
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["MAX_TEXT_CHARS", "TIMEOUT_S", "WebhookResult", "post_message"]
+
+# Slack truncates long messages anyway; an alert that needs more belongs in the linked run page.
+MAX_TEXT_CHARS = 3000
+TIMEOUT_S = 10.0
+
+
+class WebhookResult(BaseModel):
+    """What happened to one message."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    delivered: bool
+    status_code: int | None = Field(default=None, description="None when no response came.")
+    error: str | None = None
+
+
+def post_message(url: str, text: str, *, timeout_s: float = TIMEOUT_S) -> WebhookResult:
+    """POST `{"text": text}` to `url` once; a 2xx answer counts as delivered."""
+    body = {"text": text if len(text) <= MAX_TEXT_CHARS else text[: MAX_TEXT_CHARS - 1] + "…"}
+    try:
+        response = httpx.post(url, json=body, timeout=timeout_s)
+    except httpx.HTTPError as error:
+        return WebhookResult(delivered=False, error=f"{type(error).__name__}: {error}")
+    if response.is_success:
+        return WebhookResult(delivered=True, status_code=response.status_code)
+    return WebhookResult(
+        delivered=False,
+        status_code=response.status_code,
+        error=f"HTTP {response.status_code}: {response.text[:200]}",
+    )

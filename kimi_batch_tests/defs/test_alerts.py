@@ -1,0 +1,241 @@
+"""Morning alerts on a real temporary Dagster instance, posted to a real HTTP receiver on loopback.
+
+The runs are real in-process runs of stand-ins for `distilled_responses` (same key and partitions)
+that log a real progress line and then fail or succeed; the sensors are the real ones, evaluated
+the way the daemon evaluates them.
+"""
+
+import json
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, time, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from kimi_batch.defs.alerts import (
+    FRESHNESS_CHECK,
+    distilled_by_night_end,
+    distilled_freshness_alert,
+    due_night,
+    run_failure_alert,
+)
+from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, batch_partitions
+from kimi_batch.engine.stats import ProgressEvent
+from kimi_batch.settings import Settings
+from kimi_batch.storage.landing import Landing
+from kimi_batch.webhook import post_message
+
+pytestmark = pytest.mark.filterwarnings("ignore:Non-compliant tag keys:DeprecationWarning")
+
+
+class Receiver:
+    """A Slack-style webhook endpoint on 127.0.0.1 that keeps what it is sent."""
+
+    def __init__(self, status: int = 200) -> None:
+        self.messages: list[dict[str, object]] = []
+        received = self.messages
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                received.append(json.loads(body))
+                self.send_response(status)
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> "Receiver":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    @property
+    def texts(self) -> list[str]:
+        return [str(message["text"]) for message in self.messages]
+
+
+@pytest.fixture
+def receiver(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Receiver]:
+    with Receiver() as found:
+        monkeypatch.setenv("KIMI_BATCH_ALERT_WEBHOOK", found.url)
+        monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path / "home"))
+        monkeypatch.setenv("KIMI_BATCH_DAGSTER_URL", "http://dagster.example:3000")
+        yield found
+
+
+def _key(ds: str, source: str) -> dg.MultiPartitionKey:
+    return dg.MultiPartitionKey({DATE_DIMENSION: ds, SOURCE_DIMENSION: source})
+
+
+def _standin(*, fail: bool) -> dg.AssetsDefinition:
+    @dg.asset(name="distilled_responses", partitions_def=batch_partitions)
+    def distilled_responses(context: dg.AssetExecutionContext) -> None:
+        progress = ProgressEvent(
+            done=3, total=8, failed=0, completion_tokens_per_s=4.2, elapsed_s=9.0, eta_s=15.0
+        )
+        context.log.info(str(progress))
+        if fail:
+            raise RuntimeError("llama-server went away")
+
+    return distilled_responses
+
+
+def _inbox_files(ds: str, *sources: str) -> None:
+    """Dated inbox files, assigned to their partitions as the sensor would on first sight."""
+    settings = Settings.from_env()
+    folder = settings.paths.inbox_dir / ds
+    folder.mkdir(parents=True, exist_ok=True)
+    for source in sources:
+        (folder / f"{source}.jsonl").write_text('{"prompt": "hi"}\n')
+    with Landing(settings.paths) as landing:
+        landing.assign_inbox(
+            settings.paths.inbox_dir,
+            arrived=settings.today(),
+            start=settings.first_partition_date(),
+        )
+
+
+def test_a_failed_run_posts_one_message(receiver: Receiver) -> None:
+    key = _key("2025-06-01", "nightly_a")
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("source", ["nightly_a"])
+        result = dg.materialize(
+            [_standin(fail=True)], partition_key=key, instance=instance, raise_on_error=False
+        )
+        assert not result.success
+        run = instance.get_run_by_id(result.run_id)
+        assert run is not None
+        failure = next(
+            event for event in result.all_events if event.event_type_value == "PIPELINE_FAILURE"
+        )
+        context = dg.build_run_status_sensor_context(
+            sensor_name="run_failure_alert",
+            dagster_instance=instance,
+            dagster_run=run,
+            dagster_event=failure,
+        ).for_run_failure()
+        run_failure_alert(context)
+
+    assert len(receiver.texts) == 1, receiver.texts
+    text = receiver.texts[0]
+    assert f"run {result.run_id[:8]}" in text
+    assert "FAILED" in text
+    assert "partition: 2025-06-01|nightly_a" in text
+    assert "distilled_responses: RuntimeError: llama-server went away" in text
+    assert "3/8 rows done" in text
+    assert f"http://dagster.example:3000/runs/{result.run_id}" in text
+
+
+def test_a_stale_night_posts_one_message_and_fails_the_check(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The window ends at midnight, so the night due now is always yesterday's.
+    monkeypatch.setenv("KIMI_BATCH_NIGHT_ENDS", "00:00")
+    yesterday = (datetime.now(UTC).date() - timedelta(days=1)).isoformat()
+    _inbox_files(yesterday, "done_src", "failed_src", "missing_src")
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("source", ["done_src", "failed_src", "missing_src"])
+        for source, fail in (("done_src", False), ("failed_src", True)):
+            dg.materialize(
+                [_standin(fail=fail)],
+                partition_key=_key(yesterday, source),
+                instance=instance,
+                raise_on_error=False,
+            )
+
+        first = distilled_freshness_alert(dg.build_sensor_context(instance=instance))
+        assert isinstance(first, dg.SensorResult)
+        again = distilled_freshness_alert(
+            dg.build_sensor_context(instance=instance, cursor=first.cursor)
+        )
+
+    assert isinstance(again, dg.SkipReason)
+    assert len(receiver.texts) == 1, receiver.texts
+    text = receiver.texts[0]
+    assert f"night {yesterday} not distilled" in text
+    assert "2 of 3 partition(s) not done" in text
+    assert f"{yesterday}|failed_src: failed (run " in text
+    assert "3/8 rows done" in text
+    assert f"{yesterday}|missing_src: never ran" in text
+    assert "done_src" not in text
+    assert "http://dagster.example:3000/assets/distilled_responses" in text
+    (evaluation,) = first.asset_events
+    assert isinstance(evaluation, dg.AssetCheckEvaluation)
+    assert evaluation.check_name == FRESHNESS_CHECK
+    assert not evaluation.passed
+    assert first.cursor == yesterday
+
+
+def test_a_distilled_night_passes_without_a_message(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("KIMI_BATCH_NIGHT_ENDS", "00:00")
+    yesterday = (datetime.now(UTC).date() - timedelta(days=1)).isoformat()
+    _inbox_files(yesterday, "only_src")
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("source", ["only_src"])
+        dg.materialize(
+            [_standin(fail=False)], partition_key=_key(yesterday, "only_src"), instance=instance
+        )
+        result = distilled_freshness_alert(dg.build_sensor_context(instance=instance))
+
+    assert isinstance(result, dg.SensorResult)
+    (evaluation,) = result.asset_events
+    assert isinstance(evaluation, dg.AssetCheckEvaluation)
+    assert evaluation.passed
+    assert receiver.texts == []
+
+
+@pytest.mark.parametrize(
+    ("now", "expected_ds", "expected_deadline"),
+    [
+        (datetime(2026, 3, 10, 6, 59, tzinfo=UTC), "2026-03-08", datetime(2026, 3, 9, 7, 0)),
+        (datetime(2026, 3, 10, 7, 0, tzinfo=UTC), "2026-03-09", datetime(2026, 3, 10, 7, 0)),
+        (datetime(2026, 3, 10, 23, 0, tzinfo=UTC), "2026-03-09", datetime(2026, 3, 10, 7, 0)),
+    ],
+)
+def test_due_night_is_the_last_night_whose_window_ended(
+    now: datetime, expected_ds: str, expected_deadline: datetime
+) -> None:
+    ds, deadline = due_night(now, time(7, 0))
+    assert ds == expected_ds
+    assert deadline == expected_deadline.replace(tzinfo=UTC)
+
+
+def test_a_webhook_that_fails_is_reported_not_raised() -> None:
+    with Receiver(status=500) as broken:
+        result = post_message(broken.url, "hello")
+    assert not result.delivered
+    assert result.status_code == 500
+    assert broken.texts == ["hello"]
+
+
+def test_the_check_run_with_the_materialization_counts_that_partition_done(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The Materialize button runs the asset's checks in the same run, while it is still going.
+    monkeypatch.setenv("KIMI_BATCH_NIGHT_ENDS", "00:00")
+    yesterday = (datetime.now(UTC).date() - timedelta(days=1)).isoformat()
+    _inbox_files(yesterday, "same_run")
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("source", ["same_run"])
+        result = dg.materialize(
+            [_standin(fail=False), distilled_by_night_end],
+            partition_key=_key(yesterday, "same_run"),
+            instance=instance,
+        )
+    (evaluation,) = result.get_asset_check_evaluations()
+    assert evaluation.check_name == FRESHNESS_CHECK
+    assert evaluation.passed, evaluation.metadata
