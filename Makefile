@@ -8,7 +8,7 @@ PIP := $(PY) -m pip
 UV := $(VENV)/bin/uv
 LOCK := requirements.lock
 # The lock covers the llama and dev extras for Python 3.11 (the oldest supported; CI's).
-LOCK_ARGS := pyproject.toml --extra llama --extra dev --python-version 3.11 -o $(LOCK)
+LOCK_ARGS := pyproject.toml --extra llama --extra bench --extra dev --python-version 3.11 -o $(LOCK)
 WHEELHOUSE := $(VENV)/wheelhouse
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 KIMI_BATCH_HOME ?= $(CURDIR)/var

@@ -9,7 +9,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from kimi_batch.errors import KimiBatchError
 from kimi_batch.llama import server_from_settings
@@ -164,7 +164,46 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow", action="append", default=[], metavar="REGEX", help="accept matches of REGEX"
     )
     lint.set_defaults(func=_digest_lint)
+    _add_perf_commands(commands)
     return parser
+
+
+def _add_perf_commands(commands: Any) -> None:
+    from kimi_batch.bench.commands import bench_command, plan_command, tune_command
+
+    bench = commands.add_parser("bench", help="naive vs all-slots client vs engine vs Dagster")
+    bench.add_argument("--json", default=None, help="also write the JSON (and .md, .png) here")
+    bench.add_argument("--workload", choices=["distill", "amplify", "both"], default="both")
+    bench.add_argument("--rows", type=int, default=24, help="distillation prompts")
+    bench.add_argument("--output-tokens", type=int, default=64, help="distillation answer length")
+    bench.add_argument("--seeds-per-slot", type=int, default=2, help="amplification seeds")
+    bench.add_argument("--variants", type=int, default=3, help="variants per strategy and seed")
+    bench.add_argument("--amplify-output-tokens", type=int, default=32)
+    bench.add_argument("--no-dagster", action="store_true", help="skip contender (D)")
+    bench.add_argument("--no-ceiling", action="store_true", help="skip llama-batched-bench")
+    bench.set_defaults(func=bench_command)
+
+    tune = commands.add_parser("tune", help="thread and slot sweeps; names the knees")
+    tune.add_argument("--threads", type=int, nargs="+", default=None, help="default: 1..CPUs")
+    tune.add_argument("--slots", type=int, nargs="+", default=[1, 2, 4, 8])
+    tune.add_argument("--prompt-tokens", type=int, default=256)
+    tune.add_argument("--output-tokens", type=int, default=64)
+    tune.add_argument("--ctx-per-slot", type=int, default=2048)
+    tune.add_argument("--repetitions", type=int, default=2)
+    tune.add_argument("--json", default=None, help="also write the JSON (and .md, .png) here")
+    tune.set_defaults(func=tune_command)
+
+    plan = commands.add_parser("plan", help="time a partition needs; what fits the window")
+    plan.add_argument("--prompt-tokens", type=int, required=True, help="evaluated, per row")
+    plan.add_argument("--output-tokens", type=int, required=True, help="generated, per row")
+    plan.add_argument("--rows", type=int, required=True)
+    plan.add_argument("--prompt-tok-s", type=float, default=None, help="per slot")
+    plan.add_argument("--gen-tok-s", type=float, default=None, help="per slot")
+    plan.add_argument("--slots", type=int, default=None)
+    plan.add_argument("--window-h", type=float, default=8.0)
+    plan.add_argument("--digest-tokens", type=int, default=0, help="a cold digest prefill")
+    plan.add_argument("--json", action="store_true")
+    plan.set_defaults(func=plan_command)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

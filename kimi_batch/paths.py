@@ -8,6 +8,8 @@
       inbox/             where users drop input files (the sensor watches it)
       warehouse/         Parquet tables in Hive layout (unless KIMI_BATCH_WAREHOUSE)
       dagster/           DAGSTER_HOME of the demo and `make dev`
+      bench/             `kimi-batch bench`: bench.json/.md/.png, speeds.json, state/ of its server
+      tune/              `kimi-batch tune`: tune.json/.md/.png, speeds.json
       partitions_start   the first date partition of this install (written once)
 
 Nothing else builds these paths. Directories holding generated text or inputs are created 0700:
@@ -78,6 +80,14 @@ class StatePaths(BaseModel):
     @property
     def dagster_home(self) -> Path:
         return self.home / "dagster"
+
+    @property
+    def bench_dir(self) -> Path:
+        return self.home / "bench"
+
+    @property
+    def tune_dir(self) -> Path:
+        return self.home / "tune"
 
     @property
     def partitions_start_file(self) -> Path:

@@ -43,7 +43,8 @@ DEFAULT_THREADS = 13
 DEFAULT_CTX = 16384
 DEFAULT_PARALLEL = 4
 DEFAULT_N_PREDICT = 1024
-DEFAULT_CACHE_RAM_MIB = 32768
+# llama.cpp's own default; the memory check counts it (32768 on the 768 GiB target).
+DEFAULT_CACHE_RAM_MIB = 8192
 # Loading ~550 GiB of weights from disk takes minutes; a load is not a failure until this.
 DEFAULT_LOAD_TIMEOUT_S = 1800.0
 DEFAULT_TIMEZONE = "UTC"

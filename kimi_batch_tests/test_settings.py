@@ -33,7 +33,7 @@ def test_defaults(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert settings.trino_catalog == "hive"
     assert settings.trino_schema == "kimi_batch"
     assert settings.llama_threads == 13
-    assert settings.llama_cache_ram_mib == 32768
+    assert settings.llama_cache_ram_mib == 8192
     assert settings.digest == default_digest_path()
 
 

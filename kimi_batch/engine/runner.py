@@ -1,6 +1,7 @@
 """The batch runner: every slot of every endpoint busy, every slot warm, every finished row kept.
 
-One worker per (endpoint, slot) pulls from a shared queue, so the server never has more requests
+One worker per (endpoint, slot) pulls from a shared schedule (`schedule.py`: requests sharing a
+long prefix back to back on one slot), so the server never has more requests
 in flight than slots and faster endpoints simply take more work. Each worker pins its requests to
 its own slot, which holds the digest; a finished row goes to the ledger before anything else
 happens, so a kill at any point loses at most the requests in flight and never duplicates one.
@@ -42,6 +43,7 @@ from kimi_batch.engine.outcome import (
     default_client,
 )
 from kimi_batch.engine.prompt import assemble_messages
+from kimi_batch.engine.schedule import PrefixSchedule
 from kimi_batch.engine.stats import ProgressEvent, StatsAccumulator
 from kimi_batch.engine.warm import SlotWarmer, WarmupReport
 from kimi_batch.engine.watchdog import EndpointWatch
@@ -227,14 +229,23 @@ class BatchEngine:
         )
 
 
+def _prefix_text(item: PlannedRequest) -> str:
+    """What the server sees after the digest, as far as prefix sharing goes."""
+    return "\n".join(f"{m.role}\x00{m.content}" for m in item.request.messages)
+
+
+def _work(item: PlannedRequest) -> int:
+    """Rough token cost of a request: its generated tokens plus ~4 characters per prompt token."""
+    return item.params.max_tokens + len(_prefix_text(item)) // 4
+
+
 class _Run:
     """State of one `BatchEngine.run` call."""
 
     def __init__(self, engine: BatchEngine, pending: list[PlannedRequest], started: float):
         self.engine = engine
-        self.queue: asyncio.Queue[PlannedRequest] = asyncio.Queue()
-        for item in pending:
-            self.queue.put_nowait(item)
+        # Requests sharing a long prefix (variants of one seed) run back to back on one slot.
+        self.schedule = PrefixSchedule(pending, text=_prefix_text, work=_work)
         self.total = len(pending)
         self.accumulator = StatsAccumulator(engine.digest_tokens)
         self.failures: dict[str, FailedRequest] = {}
@@ -295,11 +306,8 @@ class _Run:
         return warmups
 
     async def _worker(self, client: LlamaClient, warmer: SlotWarmer, slot_id: int) -> None:
-        while True:
-            try:
-                item = self.queue.get_nowait()
-            except asyncio.QueueEmpty:
-                return
+        lane = self.schedule.lane()
+        while (item := lane.next()) is not None:
             await self._process(client, warmer, slot_id, item)
 
     async def _process(

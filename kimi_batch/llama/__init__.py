@@ -5,6 +5,7 @@ The layers above import from here, never from the modules: `client` (the HTTP AP
 server), `exceptions` (the error tree, rooted in `kimi_batch.errors.KimiBatchError`).
 """
 
+from kimi_batch.llama.binary import find_tool
 from kimi_batch.llama.client import LlamaClient, RetryPolicy
 from kimi_batch.llama.exceptions import (
     LlamaConnectionError,
@@ -20,6 +21,14 @@ from kimi_batch.llama.exceptions import (
     SpecMismatchError,
 )
 from kimi_batch.llama.factory import server_from_settings
+from kimi_batch.llama.memory import (
+    InsufficientMemoryError,
+    MemoryEstimate,
+    ModelShape,
+    check_memory,
+    estimate_memory,
+    read_model_shape,
+)
 from kimi_batch.llama.messages import ChatMessage
 from kimi_batch.llama.responses import (
     ChatCompletion,
@@ -35,6 +44,7 @@ from kimi_batch.llama.server import (
     ServerHandle,
     ServerSpec,
     ServerStatus,
+    available_cpus,
 )
 
 __all__ = [
@@ -43,6 +53,7 @@ __all__ = [
     "ChatMessage",
     "GenerationStats",
     "HealthState",
+    "InsufficientMemoryError",
     "LlamaClient",
     "LlamaConnectionError",
     "LlamaError",
@@ -53,6 +64,8 @@ __all__ = [
     "LlamaServerError",
     "LlamaTimeoutError",
     "LlamaUnsupportedError",
+    "MemoryEstimate",
+    "ModelShape",
     "ResidentServer",
     "RetryPolicy",
     "ServerHandle",
@@ -63,5 +76,10 @@ __all__ = [
     "SpecMismatchError",
     "TokenLogprob",
     "TopLogprob",
+    "available_cpus",
+    "check_memory",
+    "estimate_memory",
+    "find_tool",
+    "read_model_shape",
     "server_from_settings",
 ]

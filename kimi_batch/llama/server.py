@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kimi_batch.llama.client import LlamaClient
 from kimi_batch.llama.exceptions import ServerSpawnError, SpecMismatchError
+from kimi_batch.llama.memory import check_memory
 from kimi_batch.llama.responses import ServerProps
 from kimi_batch.llama.urls import redact_url, url_credentials
 from kimi_batch.paths import private_dir
@@ -70,7 +71,7 @@ class ServerSpec(BaseModel):
     batch: int = Field(default=2048, ge=32)
     ubatch: int = Field(default=256, ge=32)
     cache_ram_mib: int | None = Field(
-        default=32768, ge=0, description="RAM prompt cache; None omits the flag (older builds)."
+        default=8192, ge=0, description="RAM prompt cache; None omits the flag (older builds)."
     )
     n_predict: int = Field(
         default=1024, gt=0, description="Server cap; requests are clamped to it."
@@ -350,6 +351,16 @@ class ResidentServer:
         raise ServerSpawnError(f"{self.base_url} still loading after {self.load_timeout_s:.0f} s")
 
     def _spawn(self) -> ServerHandle:
+        # Refuse a config that cannot fit before the load fills the page cache and the OOM
+        # killer picks the server minutes later.
+        estimate = check_memory(
+            self.spec.model,
+            ctx=self.spec.ctx,
+            ubatch=self.spec.ubatch,
+            cache_ram_mib=self.spec.cache_ram_mib,
+            extra_args=self.spec.extra_args,
+        )
+        logger.info("memory check: %s", estimate.describe())
         private_dir(self.spec.slot_save_path)
         env = dict(os.environ)
         env.pop("LLAMA_API_KEY", None)

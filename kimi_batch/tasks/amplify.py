@@ -2,7 +2,8 @@
 
 The instruction templates are user-side text (the digest holds the long rules for each strategy),
 worded so that a 135M model still answers with a bare question and a large model does not add
-commentary. Each of the k requests of a seed gets its own sampling seed and its own variant
+commentary. The seed comes first and the instruction after it, so the requests of one seed share
+a long prefix (see `variant_instruction`). Each of the k requests of a seed gets its own sampling seed and its own variant
 number in the text, so the k requests have different content hashes (different ledger keys and
 different samples even under greedy decoding) and the same ones on every rerun.
 """
@@ -52,17 +53,17 @@ class Strategy(StrEnum):
 # follow the last instruction they read, large ones otherwise like to explain what they changed.
 TEMPLATES: dict[Strategy, str] = {
     Strategy.PARAPHRASE: (
-        "Rewrite the question below using different words and a different sentence structure. "
+        "Rewrite the question above using different words and a different sentence structure. "
         "Keep exactly the same meaning, so that it has the same answer. "
         "Do not answer it. Reply with the rewritten question only."
     ),
     Strategy.HARDER: (
-        "Write a harder version of the question below. Stay on the same topic, but make it need "
+        "Write a harder version of the question above. Stay on the same topic, but make it need "
         "more steps, more knowledge or more careful reasoning. It must still be clear and have "
         "one good answer. Do not answer it. Reply with the new question only."
     ),
     Strategy.RELATED: (
-        "Write a new question on the same topic as the question below. It must ask about "
+        "Write a new question on the same topic as the question above. It must ask about "
         "something different, not the same thing in other words, and make sense on its own. "
         "Do not answer it. Reply with the new question only."
     ),
@@ -103,9 +104,14 @@ class AmplifyOutcome(BaseModel):
 
 
 def variant_instruction(strategy: Strategy, prompt: str, *, index: int, k: int) -> str:
-    """The user message asking for variant `index` (0-based) of `k` of `prompt`."""
+    """The user message asking for variant `index` (0-based) of `k` of `prompt`.
+
+    What requests share comes first: the seed (shared by all its strategies and variants), then
+    the strategy's instruction (shared by its k variants), then the variant number. Requests of
+    one seed run back to back on one slot, so each evaluates only what follows the shared part.
+    """
     numbering = f" This is variant {index + 1} of {k}." if k > 1 else ""
-    return f"{TEMPLATES[strategy]}{numbering}\n\nQuestion:\n{prompt.strip()}"
+    return f"Question:\n{prompt.strip()}\n\n{TEMPLATES[strategy]}{numbering}"
 
 
 def _variant_seed(base: int | None, seed_id: str, strategy: Strategy, index: int) -> int:

@@ -29,7 +29,7 @@ def test_default_argv_follows_the_batch_settings_on_a_16_core_box() -> None:
     assert _flag(argv, "--threads") == "13"
     assert _flag(argv, "--ctx-size") == "16384"
     assert _flag(argv, "--ubatch-size") == "256"
-    assert _flag(argv, "--cache-ram") == "32768"
+    assert _flag(argv, "--cache-ram") == "8192"
     assert _flag(argv, "--n-predict") == "1024"
     assert _flag(argv, "--host") == "127.0.0.1"
     assert _flag(argv, "--slot-save-path") == "/var/kimi/slots"

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from kimi_batch.engine.generation import GenerationResult, SamplingParams, request_key
+from kimi_batch.engine.schedule import shared_prefix
 from kimi_batch.llama.messages import ChatMessage
 from kimi_batch.tasks.amplify import (
     DEFAULT_AMPLIFY_PARAMS,
@@ -66,7 +67,7 @@ def test_requests_k_per_seed_per_strategy_with_distinct_keys() -> None:
     assert len(keys) == len(requests)
     for request in requests:
         assert [m.role for m in request.messages] == ["user"]
-        assert request.messages[0].content.startswith(TEMPLATES[Strategy(request.tag)])
+        assert TEMPLATES[Strategy(request.tag)] in request.messages[0].content
         assert request.params.max_tokens == DEFAULT_AMPLIFY_PARAMS.max_tokens
     assert "Why is the sky blue?" in requests[0].messages[0].content
     assert "variant 2 of 3" in requests[1].messages[0].content
@@ -88,7 +89,20 @@ def test_single_variant_has_no_numbering_and_strategies_are_deduplicated() -> No
     requests = amplification_requests(SEEDS[:1], [Strategy.HARDER, Strategy.HARDER], k=1)
 
     assert len(requests) == 1
-    assert "variant" not in requests[0].messages[0].content.split("Question:")[0].lower()
+    assert "variant" not in requests[0].messages[0].content.lower()
+
+
+def test_shared_text_comes_first_seed_then_strategy_then_variant() -> None:
+    requests = amplification_requests(SEEDS[:1], [Strategy.PARAPHRASE, Strategy.HARDER], k=2)
+    texts = [request.messages[0].content for request in requests]
+    seed = SEEDS[0].prompt.strip()
+
+    assert all(text.startswith(f"Question:\n{seed}\n\n") for text in texts)
+    # Two variants of one strategy differ only in their tail, after the whole instruction.
+    same_strategy = shared_prefix(texts[0], texts[1])
+    assert texts[0][:same_strategy].endswith(TEMPLATES[Strategy.PARAPHRASE] + " This is variant ")
+    # Two strategies of one seed still share the seed.
+    assert shared_prefix(texts[1], texts[2]) >= len(f"Question:\n{seed}\n\n")
 
 
 def test_requests_reject_bad_k() -> None:

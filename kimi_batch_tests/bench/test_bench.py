@@ -1,0 +1,76 @@
+"""A tiny real `kimi-batch bench`: every contender, the contract's JSON keys, table and chart."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kimi_batch.cli import main
+from kimi_batch_tests.support.ports import free_port
+
+TOP_LEVEL = {
+    "naive_tok_s",
+    "limit_tok_s",
+    "engine_tok_s",
+    "engine_over_limit",
+    "engine_over_limit_incl_warmup",
+    "engine_over_naive",
+    "digest_reprefills",
+    "orchestration_overhead_s",
+    "peak_rss_mb",
+}
+AMPLIFY = {
+    "limit_tok_s",
+    "engine_tok_s",
+    "engine_over_limit",
+    "limit_prompt_tokens",
+    "engine_prompt_tokens",
+    "prompt_tokens_ratio",
+}
+
+
+@pytest.mark.slow
+def test_tiny_bench_writes_the_contract_keys(
+    tmp_path: Path,
+    llama_binary: Path,
+    model_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for name, value in {
+        "KIMI_BATCH_HOME": str(tmp_path / "home"),
+        "KIMI_BATCH_MODEL": str(model_path),
+        "KIMI_BATCH_LLAMA_SERVER": str(llama_binary),
+        "KIMI_BATCH_LLAMA_PORT": str(free_port()),
+        "KIMI_BATCH_LLAMA_THREADS": "2",
+        "KIMI_BATCH_LLAMA_PARALLEL": "2",
+        "KIMI_BATCH_LLAMA_CTX": str(2 * 2048),
+    }.items():
+        monkeypatch.setenv(name, value)
+    for name in ("KIMI_BATCH_LLAMA_URL", "KIMI_BATCH_TRINO_HOST", "DAGSTER_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    out = tmp_path / "bench.json"
+    sizes = ["--rows", "4", "--output-tokens", "8", "--seeds-per-slot", "1", "--variants", "1"]
+
+    assert main(["bench", "--json", str(out), *sizes, "--amplify-output-tokens", "4"]) == 0
+
+    document = json.loads(out.read_text())
+    assert document.keys() >= TOP_LEVEL
+    assert document["amplify"].keys() >= AMPLIFY
+    assert set(document["distill"]["contenders"]) == {"naive", "all_slots", "engine", "dagster"}
+    engine = document["distill"]["contenders"]["engine"]
+    # --ignore-eos: every answer is exactly as long as asked, so tok/s compare.
+    assert engine["completion_tokens"] == 4 * 8
+    assert document["amplify"]["contenders"]["all_slots"]["completion_tokens"] == 6 * 4
+    assert document["digest_reprefills"] == 0
+    assert all(document[key] > 0 for key in ("naive_tok_s", "limit_tok_s", "engine_tok_s"))
+    # 2 seeds x 3 strategies on 2 slots: grouped, each seed is evaluated once instead of twice.
+    assert document["amplify"]["prompt_tokens_ratio"] < 1
+    assert document["ceiling_tok_s"] > 0
+    assert "(C) engine" in out.with_suffix(".md").read_text()
+    assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+    assert "(D) Dagster partition" in capsys.readouterr().out
+    # The bench stops the server it started.
+    assert not (tmp_path / "home" / "bench" / "state" / "server" / "server.pid").exists()

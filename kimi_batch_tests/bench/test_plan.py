@@ -1,0 +1,93 @@
+"""`plan` arithmetic and the command (no server)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from kimi_batch.bench.plan import PlanInput, Speeds, plan_partition, save_speeds
+from kimi_batch.cli import main
+
+
+def test_reproduces_the_source_documents_16k_prefill() -> None:
+    result = plan_partition(
+        PlanInput(prompt_tokens=16148, output_tokens=0, rows=1, prompt_tok_s=6.15, gen_tok_s=10)
+    )
+
+    assert round(result.minutes, 1) == 43.8
+
+
+def test_slots_run_their_share_of_rows_one_after_another() -> None:
+    spec = PlanInput(
+        prompt_tokens=100, output_tokens=50, rows=10, prompt_tok_s=50, gen_tok_s=10, slots=4
+    )
+    result = plan_partition(spec)
+
+    assert result.row_s == pytest.approx(2 + 5)
+    assert result.wall_s == pytest.approx(3 * 7)  # ceil(10 / 4) rows on the busiest slot
+    assert result.tokens_generated == 500
+
+
+def test_window_gives_fit_and_the_largest_partition_that_fits() -> None:
+    spec = PlanInput(
+        prompt_tokens=0,
+        output_tokens=3600,
+        rows=20,
+        prompt_tok_s=1,
+        gen_tok_s=1,
+        slots=2,
+        window_h=8,
+        digest_tokens=0,
+    )
+    result = plan_partition(spec)
+
+    assert result.wall_s == 10 * 3600
+    assert not result.fits
+    assert result.max_rows_in_window == 16
+    assert plan_partition(spec.model_copy(update={"rows": 16})).fits
+
+
+def test_a_cold_digest_prefill_is_paid_once() -> None:
+    spec = PlanInput(
+        prompt_tokens=10, output_tokens=0, rows=4, prompt_tok_s=10, gen_tok_s=1, digest_tokens=100
+    )
+
+    assert plan_partition(spec).wall_s == pytest.approx(10 + 4)
+
+
+def test_command_prints_minutes_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["plan", "--prompt-tokens", "16148", "--output-tokens", "0", "--rows", "1"]
+    speeds = ["--prompt-tok-s", "6.15", "--gen-tok-s", "10"]
+
+    assert main([*args, *speeds]) == 0
+    assert "43.8 min" in capsys.readouterr().out
+    assert main([*args, *speeds, "--json"]) == 0
+    assert math.isclose(json.loads(capsys.readouterr().out)["minutes"], 43.76, abs_tol=0.01)
+
+
+def test_command_reads_the_newest_measured_speeds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path))
+    args = ["plan", "--prompt-tokens", "100", "--output-tokens", "10", "--rows", "8", "--json"]
+
+    assert main(args) == 2
+    assert "run `kimi-batch bench`" in capsys.readouterr().err
+
+    save_speeds(tmp_path / "bench", Speeds(prompt_tok_s=100, gen_tok_s=10, slots=4, source="bench"))
+    assert main(args) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert planned["inputs"]["slots"] == 4
+    assert planned["wall_s"] == pytest.approx(2 * (1 + 1))
+
+
+def test_command_refuses_a_bad_value_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["plan", "--prompt-tokens", "-1", "--output-tokens", "1", "--rows", "1"]
+
+    assert main([*args, "--prompt-tok-s", "1", "--gen-tok-s", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "prompt_tokens" in err
