@@ -33,7 +33,7 @@ def _probe(source: str, rows: int, n_probs: int, max_tokens: int) -> dict[str, f
         env=dict(os.environ),
         capture_output=True,
         text=True,
-        timeout=1500,
+        timeout=2400,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-4000:]
@@ -43,7 +43,7 @@ def _probe(source: str, rows: int, n_probs: int, max_tokens: int) -> dict[str, f
 
 
 def test_a_5000_request_partition_stays_small(llama_env: LlamaEnv) -> None:
-    report = _probe("mem_plain", 5000, 0, 2)
+    report = _probe("mem_plain", 5000, 0, 4)
 
     assert report["rows"] + report["quarantined"] == 5000
     per_thousand = report["growth_mb"] / 5

@@ -35,7 +35,7 @@ def _partition(instance: dg.DagsterInstance, source: str, rows: int, config: dic
     inbox = settings.paths.inbox_dir
     inbox.mkdir(parents=True, exist_ok=True)
     lines = (
-        json.dumps({"id": f"{source}-{i}", "prompt": f"Say the number {i} in words."})
+        json.dumps({"id": f"{source}-{i}", "prompt": f"Reply with only the word yes. (case {i})"})
         for i in range(rows)
     )
     (inbox / f"{source}.jsonl").write_text("\n".join(lines) + "\n")
