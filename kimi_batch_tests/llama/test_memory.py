@@ -20,6 +20,8 @@ from kimi_batch.llama.server import ResidentServer
 from kimi_batch_tests.support.llama_server import make_spec
 from kimi_batch_tests.support.ports import free_port
 
+pytestmark = pytest.mark.slow  # a real llama-server
+
 
 def _rss_bytes(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
