@@ -52,9 +52,11 @@ RowT = TypeVar("RowT", bound=BaseModel)
 BATCH_GROUP = "batch"
 LLAMA_POOL = "llama_server"
 TRUNCATION_WARN_RATE = 0.25
-# A second run on the same partition waits this long for the first to finish a step, then leaves
-# the partition to it (the first run writes every row; the second would only duplicate work).
-LEASE_WAIT_S = 30.0
+# A lease lives this long without its holder's heartbeat: a killed run frees its partition then.
+LEASE_TTL_S = 60.0
+# A second run on the same partition waits this long, longer than a dead holder's lease can last,
+# then leaves a live holder the partition (it writes every row; a second run would only repeat).
+LEASE_WAIT_S = LEASE_TTL_S + 30.0
 
 
 @contextmanager
@@ -63,7 +65,9 @@ def partition_lease(
 ) -> Iterator[Ledger]:
     """Hold the partition (generation and every write of its tables) for this run."""
     with warehouse.ledger() as ledger:
-        lease = ledger.lease(f"{ds}|{source}", context.run_id, wait_s=LEASE_WAIT_S)
+        lease = ledger.lease(
+            f"{ds}|{source}", context.run_id, ttl_s=LEASE_TTL_S, wait_s=LEASE_WAIT_S
+        )
         try:
             lease.__enter__()
         except LeaseHeldError as error:
