@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import dagster as dg
+import polars as pl
 import pytest
 
 from kimi_batch.definitions import BATCH_ASSETS, build_resources
@@ -102,10 +103,17 @@ def test_counts_match_parquet_and_a_rerun_does_not_double_them(
                 f"JOIN hive.{SCHEMA}.amplified a ON d.input_id = a.request_id"
             )[0][0]
         assert counts["seeds"] == warehouse.count("seeds") == 3
-        assert counts["distilled"] == warehouse.count("distilled") > 0
+        distilled = warehouse.read_partition("distilled", _today(), "published")
+        set_aside = warehouse.read_partition("quarantine", _today(), "published").filter(
+            pl.col("stage") == "distill"
+        )
+        assert counts["distilled"] == warehouse.count("distilled")
         assert counts["amplified"] == warehouse.count("amplified") > 0
         assert counts["quarantine"] == warehouse.count("quarantine")
-        assert joined == warehouse.count("amplified")
+        # Every seed and variant has an answer: final (distilled) or set aside (cut off).
+        assert distilled.height + set_aside.height == 3 + warehouse.count("amplified")
+        # Each distilled variant joins its amplified row in Trino.
+        assert joined == distilled.filter(pl.col("origin") == "variant").height
 
         again = _materialize(instance, "published", warehouse, _trino_env(config))
         assert again.success

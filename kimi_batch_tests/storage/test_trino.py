@@ -19,7 +19,7 @@ from kimi_batch.storage import (
     Warehouse,
 )
 from kimi_batch_tests.support.ports import free_port
-from kimi_batch_tests.support.rows import CREATED_AT, amplified, distilled, quarantined
+from kimi_batch_tests.support.rows import CREATED_AT, amplified, distilled, quarantined, seeds
 from kimi_batch_tests.support.trino import TrinoServer
 
 DS = "2024-05-01"
@@ -45,6 +45,7 @@ def test_publish_creates_tables_with_parquet_counts(
     warehouse.write_partition("amplified", DS, "demo", variants)
     warehouse.write_partition("distilled", DS, "demo", distilled(variants))
     warehouse.write_partition("quarantine", DS, "demo", quarantined(2))
+    warehouse.write_partition("seeds", DS, "demo", seeds(3))
     for table in TABLES:
         report = publisher.publish_partition(warehouse, table, DS, "demo")
         assert report.partitions_registered == 1

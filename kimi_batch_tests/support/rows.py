@@ -9,11 +9,13 @@ from kimi_batch.tasks.rows import (
     AmplifiedRow,
     DistilledRow,
     QuarantineRow,
+    SeedMessage,
+    SeedRow,
     TokenLogprob,
     TopLogprob,
 )
 
-__all__ = ["CREATED_AT", "amplified", "distilled", "quarantined"]
+__all__ = ["CREATED_AT", "amplified", "distilled", "quarantined", "seeds"]
 
 CREATED_AT = datetime(2024, 5, 1, 12, 30, 15, 123456, tzinfo=UTC)
 
@@ -86,6 +88,23 @@ def quarantined(n: int) -> list[QuarantineRow]:
             line=i + 1,
             reason="missing field 'prompt'",
             raw='{"id": 1}',
+            created_at=CREATED_AT,
+        )
+        for i in range(n)
+    ]
+
+
+def seeds(n: int) -> list[SeedRow]:
+    """`n` landed seed rows of one input file."""
+    return [
+        SeedRow(
+            input_id=f"seed-{i}",
+            messages=[SeedMessage(role="user", content=f"Question {i}?")],
+            prompt=f"Question {i}?",
+            instructions=None,
+            source_file="seeds.jsonl",
+            line=i + 1,
+            input_sha256="0" * 64,
             created_at=CREATED_AT,
         )
         for i in range(n)
