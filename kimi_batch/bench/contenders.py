@@ -194,5 +194,7 @@ def run_dagster(settings: Settings, inbox_name: str, max_tokens: int, seed: int)
         )
         wall = time.perf_counter() - started
     materialized = result.asset_materializations_for_node("distilled_responses")
-    rows = int(materialized[-1].metadata["rows"].value) if materialized else 0  # type: ignore[arg-type]
+    # Generated requests, not table rows: with --ignore-eos every answer stops at max_tokens and
+    # is set aside (never a final answer), yet its tokens were generated all the same.
+    rows = int(materialized[-1].metadata["generated"].value) if materialized else 0  # type: ignore[arg-type]
     return DagsterRun(wall_s=wall, rows=rows, peak_rss_mb=rss.peak_mb())
