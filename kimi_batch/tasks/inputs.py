@@ -58,6 +58,7 @@ __all__ = [
     "fold_instructions",
     "format_validation_error",
     "in_chunks",
+    "input_row",
     "iter_inbox_rows",
     "quarantine_overlong",
     "read_inbox_file",
@@ -425,7 +426,7 @@ def _parse_record(record: Any, *, source_file: str, line: int | None) -> SeedPro
     )
 
 
-def _quarantine(
+def input_row(
     *,
     source_file: str,
     line: int | None,
@@ -434,6 +435,7 @@ def _quarantine(
     now: datetime,
     input_id: str | None,
 ) -> QuarantineRow:
+    """An input row (or a whole file, `line` None) set aside with the reason."""
     return QuarantineRow(
         request_id=None,
         input_id=input_id,
@@ -549,7 +551,7 @@ def iter_inbox_rows(
     seen = SeenIds()
 
     def row(line: int | None, reason: str, raw: str, input_id: str | None = None) -> QuarantineRow:
-        return _quarantine(
+        return input_row(
             source_file=source, line=line, reason=reason, raw=raw, now=created, input_id=input_id
         )
 
@@ -665,7 +667,7 @@ def quarantine_overlong(
             continue
         raw = _raw_json([message.model_dump() for message in seed.messages])
         quarantined.append(
-            _quarantine(
+            input_row(
                 source_file=seed.source_file,
                 line=seed.line,
                 reason=f"prompt is {count} tokens, over the limit of {limit}",

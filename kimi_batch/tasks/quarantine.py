@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Literal
 
 from kimi_batch.engine import FailedRequest, GenerationResult
-from kimi_batch.tasks.inputs import truncate_raw
+from kimi_batch.tasks.inputs import input_row, truncate_raw
 from kimi_batch.tasks.rows import QuarantineRow
 
 __all__ = ["failure_rows", "file_row", "result_row"]
@@ -17,17 +17,8 @@ Stage = Literal["input", "amplify", "distill"]
 
 def file_row(*, source_file: str, reason: str, created_at: datetime) -> QuarantineRow:
     """A whole input file set aside; its content is never copied into `raw`."""
-    return QuarantineRow(
-        request_id=None,
-        input_id=None,
-        model=None,
-        digest_sha256=None,
-        stage="input",
-        source_file=source_file,
-        line=None,
-        reason=reason,
-        raw="",
-        created_at=created_at,
+    return input_row(
+        source_file=source_file, line=None, reason=reason, raw="", now=created_at, input_id=None
     )
 
 
