@@ -231,18 +231,17 @@ def parse_batch_input(lines: Iterable[bytes], *, endpoint: str) -> BatchInput:
         if not isinstance(record, dict):
             fail("invalid_json_line", f"line {number} is not a JSON object", number)
             continue
+        if record.get("url") != endpoint:
+            fail(
+                "invalid_url",
+                f"line {number}: url {record.get('url')!r} does not match the batch's endpoint "
+                f"{endpoint!r}",
+                number,
+                "url",
+            )
+            continue
         try:
-            line = _Line.model_validate(record)
-            if line.url != endpoint:
-                fail(
-                    "invalid_url",
-                    f"line {number}: url {line.url!r} does not match the batch's endpoint "
-                    f"{endpoint!r}",
-                    number,
-                    "url",
-                )
-                continue
-            request = _request_line(line, number)
+            request = _request_line(_Line.model_validate(record), number)
         except ValidationError as error:
             reason = format_validation_error(error)
             fail("invalid_request", f"line {number}: {reason}", number, _param(error))
