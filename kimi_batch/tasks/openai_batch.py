@@ -24,14 +24,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kimi_batch.engine import GenerationRequest, GenerationResult, SamplingParams
 from kimi_batch.llama import ChatMessage, TokenLogprob
-from kimi_batch.tasks.amplify import generation_columns
-from kimi_batch.tasks.distill import EMPTY_REASON, TRUNCATED_REASON
 from kimi_batch.tasks.inputs import format_validation_error
-from kimi_batch.tasks.quarantine import result_row
-from kimi_batch.tasks.rows import DistilledRow, QuarantineRow
+from kimi_batch.tasks.tags import RequestTag
 
 __all__ = [
-    "API_TAG",
+    "API_STAGE",
     "CHAT_COMPLETIONS_URL",
     "MAX_LISTED_ERRORS",
     "AnsweredRequest",
@@ -40,13 +37,11 @@ __all__ = [
     "BatchRequestLine",
     "error_line",
     "parse_batch_input",
-    "requests_by_system",
     "response_line",
-    "to_api_rows",
 ]
 
 CHAT_COMPLETIONS_URL = "/v1/chat/completions"
-API_TAG = "api"
+API_STAGE = "api"
 MAX_LISTED_ERRORS = 100
 # OpenAI's chat completion defaults; max_tokens unset means "as long as the server allows"
 # (the engine clamps it to the server's n_predict).
@@ -85,7 +80,10 @@ class BatchRequestLine(BaseModel):
 
     def request(self) -> GenerationRequest:
         return GenerationRequest(
-            input_id=self.custom_id, messages=self.messages, params=self.params, tag=API_TAG
+            input_id=self.custom_id,
+            messages=self.messages,
+            params=self.params,
+            tag=RequestTag(stage=API_STAGE).wire,
         )
 
 
@@ -263,69 +261,6 @@ def parse_batch_input(lines: Iterable[bytes], *, endpoint: str) -> BatchInput:
     if not valid and not count:
         fail("empty_file", "the input file holds no requests", 1)
     return BatchInput(lines=valid if not count else [], errors=errors, error_count=count)
-
-
-def requests_by_system(lines: Sequence[BatchRequestLine]) -> dict[str, list[GenerationRequest]]:
-    """The batch's requests grouped by their system text (each group runs with it as digest)."""
-    groups: dict[str, list[GenerationRequest]] = {}
-    for line in lines:
-        groups.setdefault(line.system, []).append(line.request())
-    return groups
-
-
-def _structured(text: str) -> str | None:
-    """Canonical JSON of an answer asked for as JSON, None when it is not JSON."""
-    try:
-        return json.dumps(json.loads(text), ensure_ascii=False, separators=(",", ":"))
-    except json.JSONDecodeError:
-        return None
-
-
-def to_api_rows(
-    answered: Iterable[tuple[BatchRequestLine, GenerationResult]], *, source_file: str
-) -> tuple[list[DistilledRow], list[QuarantineRow]]:
-    """`distilled` rows of a batch's final answers; the rest set aside with the reason.
-
-    The output file still returns every answer as the client asked (a cut-off one with
-    finish_reason `length`); only the table keeps to final answers, as for distillation.
-    """
-    rows: list[DistilledRow] = []
-    set_aside: list[QuarantineRow] = []
-    for line, result in answered:
-        response = result.text.strip()
-        structured = _structured(response) if line.params.json_schema is not None else None
-        reason = (
-            EMPTY_REASON
-            if not response
-            else TRUNCATED_REASON
-            if result.truncated
-            else "answer is not the JSON its response_format asked for"
-            if line.params.json_schema is not None and structured is None
-            else None
-        )
-        if reason is not None:
-            set_aside.append(
-                result_row(
-                    result, stage="distill", source_file=source_file, line=line.line, reason=reason
-                )
-            )
-            continue
-        rows.append(
-            DistilledRow.model_validate(
-                {
-                    **generation_columns(result),
-                    "seed_id": line.custom_id,
-                    "origin": "seed",
-                    "strategy": None,
-                    "prompt": line.prompt,
-                    "response": response,
-                    "reasoning": result.reasoning_content or None,
-                    "structured": structured,
-                    "logprobs": result.logprobs,
-                }
-            )
-        )
-    return rows, set_aside
 
 
 # ---- output ---------------------------------------------------------------------------------

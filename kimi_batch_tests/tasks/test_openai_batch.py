@@ -17,9 +17,7 @@ from kimi_batch.storage import Warehouse
 from kimi_batch.tasks.openai_batch import (
     AnsweredRequest,
     parse_batch_input,
-    requests_by_system,
     response_line,
-    to_api_rows,
 )
 from kimi_batch.tasks.quarantine import result_row
 from kimi_batch_tests.support.results import make_result
@@ -74,7 +72,6 @@ def test_a_request_keeps_everything_it_asked_for() -> None:
     assert (second.params.temperature, second.params.top_p, second.params.n_probs) == (1, 1, 0)
     assert second.top_logprobs is None
     assert second.line == 3
-    assert list(requests_by_system(parsed.lines)) == ["You are terse.", ""]
 
 
 def test_every_bad_line_is_named_and_no_request_is_kept() -> None:
@@ -129,34 +126,6 @@ def test_an_output_line_parses_as_the_sdks_chat_completion() -> None:
     assert all(len(token.top_logprobs) == 1 for token in choice.logprobs.content)
     assert completion.usage is not None
     assert completion.usage.total_tokens == result.prompt_tokens + result.completion_tokens
-
-
-def test_only_final_answers_become_distilled_rows() -> None:
-    parsed = parse_batch_input(
-        [
-            line("ok"),
-            line("cut"),
-            line("json", response_format={"type": "json_object"}),
-            line("notjson", response_format={"type": "json_object"}),
-        ],
-        endpoint=URL,
-    )
-    texts = {"ok": "Hello.", "cut": "Hel", "json": '{"a": 1}', "notjson": "no"}
-    answered = [
-        (
-            request,
-            make_result(
-                texts[request.custom_id],
-                input_id=request.custom_id,
-                finish_reason="length" if request.custom_id == "cut" else "stop",
-            ),
-        )
-        for request in parsed.lines
-    ]
-    rows, set_aside = to_api_rows(answered, source_file="batch_x.jsonl")
-    assert [(r.seed_id, r.structured) for r in rows] == [("ok", None), ("json", '{"a":1}')]
-    assert [(q.input_id, q.line) for q in set_aside] == [("cut", 2), ("notjson", 4)]
-    assert "max_tokens" in set_aside[0].reason
 
 
 def test_export_reads_utc_keeps_reasoning_and_logprobs_and_names_variants_alike(

@@ -13,13 +13,16 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import dagster as dg
+import polars as pl
 
 from kimi_batch.defs.assets._generation import (
     LLAMA_POOL,
     check_specs,
-    land_generation,
+    generation_checks,
     partition_lease,
+    publish,
 )
+from kimi_batch.defs.assets.stage import stage_metadata
 from kimi_batch.defs.partitions import api_batch_partitions
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
@@ -35,16 +38,14 @@ from kimi_batch.storage import (
     ApiStore,
     BatchRecord,
     BatchStatus,
+    Warehouse,
     batch_lines,
+    replace_quarantine,
     write_batch_files,
 )
-from kimi_batch.tasks.checks import OutputTally
-from kimi_batch.tasks.openai_batch import (
-    API_TAG,
-    BatchRequestLine,
-    requests_by_system,
-    to_api_rows,
-)
+from kimi_batch.tasks.api_batch import ApiBatchTask
+from kimi_batch.tasks.openai_batch import BatchRequestLine
+from kimi_batch.tasks.sink import StageSink
 
 __all__ = ["API_GROUP", "API_TRIGGER_TAG", "api_batch_responses"]
 
@@ -161,6 +162,35 @@ def _finish(
     return store.update_batch(record.id, status=status)
 
 
+def _land(
+    context: dg.AssetExecutionContext,
+    task: ApiBatchTask,
+    outcome: BatchOutcome,
+    ledger: Ledger,
+    *,
+    warehouse: Warehouse,
+    trino: TrinoResource,
+    ds: str,
+    source: str,
+) -> "tuple[list[dg.AssetCheckResult], dict[str, dg.RawMetadataValue]]":
+    """The batch's final answers into its `distilled` partition, the rest into quarantine."""
+    sink = StageSink(task, task.load(lambda table, model: []))
+    written = warehouse.write_partition(
+        task.table, ds, source, sink.rows(outcome.iter_results(ledger))
+    )
+    sink.failed(
+        outcome.failures,
+        source_file=task.source_file,
+        model=outcome.model,
+        digest_sha=outcome.digest_sha256,
+        created_at=datetime.now(UTC),
+    )
+    quarantined = replace_quarantine(warehouse, ds, source, task.name, sink.quarantined)
+    checks = generation_checks(task.table, sink.figures(), pl.read_parquet_schema(written.path))
+    checks.append(publish(context, trino, warehouse, [task.table, "quarantine"], ds, source))
+    return checks, stage_metadata(trino, written, quarantined, outcome, sink)
+
+
 @dg.asset(
     partitions_def=api_batch_partitions,
     group_name=API_GROUP,
@@ -182,17 +212,20 @@ def api_batch_responses(
             raise dg.Failure(f"no landed Batch API batch {context.partition_key}")
         ds, source = batch.ds, batch.source
         lines = batch_lines(settings, batch)
-        first_run = API_TRIGGER_TAG in context.run.tags
+        task = ApiBatchTask(lines=lines, source_file=f"{batch.id}.jsonl")
         with partition_lease(context, warehouse, ds, source) as ledger:
-            if first_run and (batch.terminal or batch.status == BatchStatus.CANCELLING):
+            if API_TRIGGER_TAG in context.run.tags and (
+                batch.terminal or batch.status == BatchStatus.CANCELLING
+            ):
                 _finish(store, ledger, batch, lines, BatchStatus.CANCELLED)
                 raise dg.Failure(f"{batch.id} was cancelled before its run started")
             batch = store.update_batch(
                 batch.id, status=BatchStatus.IN_PROGRESS, run_id=context.run_id
             )
+            groups = task.load(lambda table, model: []).groups()
             try:
                 outcomes, cancelled = asyncio.run(
-                    _answer(context, llama, store, ledger, batch, requests_by_system(lines))
+                    _answer(context, llama, store, ledger, batch, groups)
                 )
             except BaseException:
                 # A run terminated from the UI lands here (its requests are cancelled by now).
@@ -204,30 +237,16 @@ def api_batch_responses(
                     f"{batch.id} was cancelled: {done.request_total - done.request_failed} of "
                     f"{done.request_total} requests answered (kept; a rerun sends the rest)"
                 )
-            outcome, tally = _merged(outcomes), OutputTally()
-            by_id = {line.custom_id: line for line in lines}
-            results = [
-                (by_id[r.input_id], r.model_copy(update={"tag": API_TAG}))
-                for r in tally.results(outcome.iter_results(ledger))
-            ]
-            rows, set_aside = to_api_rows(results, source_file=f"{batch.id}.jsonl")
+            outcome = _merged(outcomes)
             status = BatchStatus.EXPIRED if outcome.stopped_at_window else BatchStatus.COMPLETED
             done = _finish(store, ledger, batch, lines, status, outcomes=outcomes)
-            return land_generation(
-                context,
-                table="distilled",
-                stage="distill",
-                rows=rows,
-                set_aside=set_aside,
-                tally=tally,
-                outcome=outcome,
-                warehouse=warehouse.warehouse(),
-                trino=trino,
-                ds=ds,
-                source=source,
-                extra_metadata={
-                    "batch_id": dg.MetadataValue.text(batch.id),
-                    "system_prompts": len({line.system for line in lines}),
-                    "batch_status": dg.MetadataValue.text(done.status.value),
-                },
-            )
+            checks, metadata = _land(
+                context, task, outcome, ledger,
+                warehouse=warehouse.warehouse(), trino=trino, ds=ds, source=source,
+            )  # fmt: skip
+    metadata |= {
+        "batch_id": dg.MetadataValue.text(batch.id),
+        "system_prompts": len(groups),
+        "batch_status": dg.MetadataValue.text(done.status.value),
+    }
+    return dg.MaterializeResult(metadata=metadata, check_results=checks)
