@@ -55,6 +55,7 @@ API_TRIGGER_TAG = "kimi_batch/api_batch"
 CANCEL_POLL_S = 0.25
 _CANCELLED = ("batch_cancelled", "the batch was cancelled before this request was answered")
 _EXPIRED = ("batch_expired", "the batch's completion window ended before this request was answered")
+_FAILED = ("batch_failed", "the batch's run failed before this request was answered")
 
 
 async def _until_done_or_cancelled(
@@ -155,7 +156,11 @@ def _finish(
     if batch.terminal:
         return batch
     failed = {f.input_id: ("request_failed", f.reason) for o in outcomes for f in o.failures}
-    unanswered = {BatchStatus.CANCELLED: _CANCELLED, BatchStatus.EXPIRED: _EXPIRED}.get(status)
+    unanswered = {
+        BatchStatus.CANCELLED: _CANCELLED,
+        BatchStatus.EXPIRED: _EXPIRED,
+        BatchStatus.FAILED: _FAILED,
+    }.get(status)
     if status == BatchStatus.COMPLETED:
         store.update_batch(batch.id, status=BatchStatus.FINALIZING)
     record = write_batch_files(store, ledger, batch, lines, set_aside=failed, unanswered=unanswered)
@@ -227,9 +232,12 @@ def api_batch_responses(
                 outcomes, cancelled = asyncio.run(
                     _answer(context, llama, store, ledger, batch, groups)
                 )
-            except BaseException:
+            except dg.DagsterExecutionInterruptedError:
                 # A run terminated from the UI lands here (its requests are cancelled by now).
                 _finish(store, ledger, batch, lines, BatchStatus.CANCELLED)
+                raise
+            except Exception:
+                _finish(store, ledger, batch, lines, BatchStatus.FAILED)
                 raise
             if cancelled or not outcomes:
                 done = _finish(store, ledger, batch, lines, BatchStatus.CANCELLED)
