@@ -92,6 +92,13 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _api(args: argparse.Namespace) -> int:
+    from kimi_batch.api import serve
+
+    serve(Settings.from_env(), host=args.host, port=args.port)
+    return 0
+
+
 def _publish(args: argparse.Namespace) -> int:
     from kimi_batch.publish import publish_warehouse
 
@@ -167,6 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--source", required=True)
     export.add_argument("--out", default=None, help="output file (default: under the state dir)")
     export.set_defaults(func=_export)
+
+    api = commands.add_parser("api", help="the OpenAI-compatible Batch API (files, batches)")
+    api.add_argument("--host", default="127.0.0.1", help="non-loopback needs KIMI_BATCH_API_KEY")
+    api.add_argument("--port", type=int, default=None, help="default KIMI_BATCH_API_PORT (8090)")
+    api.set_defaults(func=_api)
 
     commands.add_parser("publish", help="register every Parquet partition in Trino").set_defaults(
         func=_publish
