@@ -52,6 +52,8 @@ DEFAULT_NIGHTLY_CRON = "0 2 * * *"
 DEFAULT_INBOX_INTERVAL_S = 30
 DEFAULT_MAX_INPUT_MB = 256
 DEFAULT_DAGSTER_URL = "http://127.0.0.1:3000"
+DEFAULT_API_PORT = 8090
+DEFAULT_API_SENSOR_INTERVAL_S = 2
 # Modules whose pydantic models a run may name as `output_model` (run config is not trusted to
 # import arbitrary code); extend with KIMI_BATCH_OUTPUT_MODEL_MODULES.
 DEFAULT_OUTPUT_MODEL_MODULES: tuple[str, ...] = ("kimi_batch.tasks.schemas",)
@@ -220,6 +222,11 @@ class Settings(BaseModel):
     dagster_url: str = Field(
         default=DEFAULT_DAGSTER_URL, description="The Dagster UI, for links in the alerts."
     )
+    api_key: str | None = Field(
+        default=None, repr=False, description="Bearer key of `kimi-batch api` (KIMI_BATCH_API_KEY)."
+    )
+    api_port: int = Field(default=DEFAULT_API_PORT, gt=0, lt=65536)
+    api_sensor_interval_s: int = Field(default=DEFAULT_API_SENSOR_INTERVAL_S, ge=1)
 
     @field_validator("timezone")
     @classmethod
@@ -281,6 +288,11 @@ class Settings(BaseModel):
                 + _env_list("KIMI_BATCH_OUTPUT_MODEL_MODULES"),
                 alert_webhook=_env_str("KIMI_BATCH_ALERT_WEBHOOK"),
                 dagster_url=_env_str("KIMI_BATCH_DAGSTER_URL") or DEFAULT_DAGSTER_URL,
+                api_key=_env_str("KIMI_BATCH_API_KEY"),
+                api_port=_env_int("KIMI_BATCH_API_PORT", DEFAULT_API_PORT),
+                api_sensor_interval_s=_env_int(
+                    "KIMI_BATCH_API_SENSOR_INTERVAL", DEFAULT_API_SENSOR_INTERVAL_S
+                ),
             )
         except ValidationError as error:
             raise ConfigError(_first_error(error)) from error

@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from kimi_batch.engine import GenerationRequest, SamplingParams
 from kimi_batch.tasks.amplify import Strategy, amplification_requests
 from kimi_batch.tasks.distill import distillation_requests
-from kimi_batch.tasks.inputs import SeedPrompt, read_inbox_file
+from kimi_batch.tasks.inputs import SeedPrompt
+from kimi_batch.tasks.reader import read_inbox_file
 
 __all__ = [
     "Workload",
