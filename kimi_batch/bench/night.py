@@ -39,7 +39,7 @@ from kimi_batch.llama import LlamaClient
 from kimi_batch.settings import Settings
 from kimi_batch.tasks.amplify import Strategy, amplification_requests
 from kimi_batch.tasks.distill import distillation_requests
-from kimi_batch.tasks.inputs import read_inbox_file
+from kimi_batch.tasks.reader import read_inbox_file
 
 __all__ = ["BusyTimeline", "SlotPoller", "run_night"]
 
