@@ -252,6 +252,7 @@ class _Simulator:
         prefilling = [s for s in busy if s.task and s.task.evaluated > 0]
         step = 0.0
         quantum = 1
+        evaluating: list[_Task] = []
         if prefilling:
             budget = max(profile.n_batch - len(decoding), 1)
             for slot in prefilling:
@@ -264,7 +265,7 @@ class _Simulator:
                 cost = profile.prefill_cost(position, chunk)
                 slot.tokens.extend(task.prompt[position : position + chunk])
                 task.evaluated -= chunk
-                task.prompt_s += cost
+                evaluating.append(task)
                 step += cost
                 budget -= chunk
                 self.prompt_tokens_total += chunk
@@ -282,8 +283,14 @@ class _Simulator:
                 assert task is not None
                 slot.tokens.extend([0] * quantum)  # generated pieces: never matched by a prompt
                 task.decoded += quantum
-                task.decode_s += cost
                 self.tokens_predicted_total += quantum
+        # Every slot of a step waits for all of it (a decode waits for another slot's prompt
+        # chunk): llama-server's timings are wall time per phase, and so are these.
+        for task in evaluating:
+            task.prompt_s += step
+        for slot in decoding:
+            if slot.task is not None:
+                slot.task.decode_s += step
         return step
 
     def _finish_done(self) -> None:
