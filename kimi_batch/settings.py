@@ -173,6 +173,14 @@ class Settings(BaseModel):
         description="--cache-ram in MiB; None omits the flag (builds without it, ik_llama.cpp).",
     )
     llama_load_timeout_s: float = Field(default=DEFAULT_LOAD_TIMEOUT_S, gt=0)
+    llama_spec: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9-]+(,[a-z0-9-]+)*$",
+        description="--spec-type of speculative decoding (ngram-simple, ngram-mod, draft...).",
+    )
+    llama_draft_model: Path | None = Field(
+        default=None, description="--model-draft: the draft GGUF of draft-model speculation."
+    )
     digest: Path = Field(description="System digest file.")
     warehouse: Path | None = Field(
         default=None, description="Warehouse root; default $KIMI_BATCH_HOME/warehouse."
@@ -254,6 +262,8 @@ class Settings(BaseModel):
                 llama_load_timeout_s=float(
                     _env_int("KIMI_BATCH_LLAMA_LOAD_TIMEOUT_S", int(DEFAULT_LOAD_TIMEOUT_S))
                 ),
+                llama_spec=_env_str("KIMI_BATCH_LLAMA_SPEC"),
+                llama_draft_model=_env_path("KIMI_BATCH_LLAMA_DRAFT_MODEL"),
                 digest=_env_path("KIMI_BATCH_DIGEST") or default_digest_path(),
                 warehouse=_env_path("KIMI_BATCH_WAREHOUSE"),
                 trino_host=_env_str("KIMI_BATCH_TRINO_HOST"),

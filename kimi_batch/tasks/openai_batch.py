@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kimi_batch.engine import GenerationRequest, GenerationResult, SamplingParams
 from kimi_batch.llama import ChatMessage, TokenLogprob
-from kimi_batch.tasks.inputs import format_validation_error
+from kimi_batch.tasks.raw_rows import format_validation_error
 from kimi_batch.tasks.tags import RequestTag
 
 __all__ = [
