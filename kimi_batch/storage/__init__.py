@@ -15,13 +15,17 @@ from kimi_batch.storage.exceptions import (
     TrinoQueryError,
     TrinoUnavailableError,
 )
-from kimi_batch.storage.inbox import InboxFile, scan_inbox
+from kimi_batch.storage.inbox import InboxFile, inspect_inbox_file, scan_inbox
 from kimi_batch.storage.landing import (
+    SETTLE_S,
     Assignment,
+    InputNotSettledError,
     Landing,
     ResolvedInput,
     resolve_input,
     resolve_partition,
+    still_changing,
+    wait_until_settled,
 )
 from kimi_batch.storage.parquet import (
     PARTITION_COLUMNS,
@@ -44,10 +48,12 @@ from kimi_batch.storage.trino import PublishReport, TrinoConfig, TrinoPublisher
 
 __all__ = [
     "PARTITION_COLUMNS",
+    "SETTLE_S",
     "TABLES",
     "Assignment",
     "Column",
     "InboxFile",
+    "InputNotSettledError",
     "InvalidIdentifierError",
     "InvalidPartitionError",
     "Landing",
@@ -62,14 +68,17 @@ __all__ = [
     "TrinoUnavailableError",
     "Warehouse",
     "columns",
+    "inspect_inbox_file",
     "land_seeds",
     "polars_schema",
     "replace_quarantine",
     "resolve_input",
     "resolve_partition",
     "scan_inbox",
+    "still_changing",
     "trino_columns",
     "validate_ds",
     "validate_identifier",
     "validate_source",
+    "wait_until_settled",
 ]

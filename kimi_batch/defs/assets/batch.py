@@ -115,6 +115,8 @@ def seed_prompts(
     ds, source = partition_parts(context)
     settings = llama.settings()
     resolved = _resolve(settings, ds, source)
+    if resolved.deferred:
+        context.log.warning(f"{resolved.deferred}; this run reads the last landed version")
     name, version, now = resolved.assignment.name, resolved.version, datetime.now(UTC)
     set_aside = (
         [file_row(source_file=name, reason=resolved.problem, created_at=now)]
