@@ -9,7 +9,7 @@ finished row kept), `stats` (the figures of a batch), `progress` (in-process pro
 from kimi_batch.engine.deadline import DeadlinePolicy
 from kimi_batch.engine.digest import DigestLintError, SystemDigest, lint_digest, load_digest
 from kimi_batch.engine.generation import GenerationRequest, GenerationResult, SamplingParams
-from kimi_batch.engine.ledger import Lease, LeaseHeldError, Ledger
+from kimi_batch.engine.ledger import Lease, LeaseHeldError, LeaseLostError, Ledger
 from kimi_batch.engine.outcome import (
     BatchOutcome,
     ClientFactory,
@@ -41,6 +41,7 @@ __all__ = [
     "GenerationResult",
     "Lease",
     "LeaseHeldError",
+    "LeaseLostError",
     "Ledger",
     "PlannedRow",
     "Prepared",

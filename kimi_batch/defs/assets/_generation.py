@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal, TypeVar
 
@@ -24,7 +25,9 @@ from kimi_batch.engine import (
     BatchOutcome,
     GenerationRequest,
     GenerationResult,
+    Lease,
     LeaseHeldError,
+    LeaseLostError,
     Ledger,
     ProgressEvent,
     SystemDigest,
@@ -38,6 +41,7 @@ from kimi_batch.tasks.rows import PARTITION_COLUMNS, GenerationColumns, Quaranti
 __all__ = [
     "BATCH_GROUP",
     "LLAMA_POOL",
+    "HeldPartition",
     "check_specs",
     "iter_results",
     "land_generation",
@@ -59,24 +63,39 @@ LEASE_TTL_S = 60.0
 LEASE_WAIT_S = LEASE_TTL_S + 30.0
 
 
+@dataclass(frozen=True)
+class HeldPartition:
+    """The ledger, and the lease this run holds on the partition: `check` before every write."""
+
+    ledger: Ledger
+    lease: Lease
+
+    def check(self) -> None:
+        """Raises LeaseLostError when another run has taken the partition over."""
+        self.lease.check()
+
+
 @contextmanager
 def partition_lease(
     context: dg.AssetExecutionContext, warehouse: WarehouseResource, ds: str, source: str
-) -> Iterator[Ledger]:
-    """Hold the partition (generation and every write of its tables) for this run."""
+) -> Iterator[HeldPartition]:
+    """Hold the partition (generation and every write of its tables) for this run; a lease lost
+    on the way (this run stalled past its ttl) fails the step instead of writing."""
     with warehouse.ledger() as ledger:
         lease = ledger.lease(
             f"{ds}|{source}", context.run_id, ttl_s=LEASE_TTL_S, wait_s=LEASE_WAIT_S
         )
         try:
-            lease.__enter__()
+            held = lease.__enter__()
         except LeaseHeldError as error:
             raise dg.Failure(
                 f"partition {ds}|{source} is being written by another run ({error}); "
                 "this run leaves it alone"
             ) from error
         try:
-            yield ledger
+            yield HeldPartition(ledger=ledger, lease=held)
+        except LeaseLostError as error:
+            raise dg.Failure(str(error)) from error
         finally:
             lease.__exit__(None, None, None)
 
@@ -168,8 +187,14 @@ def publish(
     tables: Sequence[str],
     ds: str,
     source: str,
+    guard: Callable[[], None] | None = None,
 ) -> dg.AssetCheckResult:
-    """Register the partitions in Trino; a failure is reported, never raised (Parquet landed)."""
+    """Register the partitions in Trino; a failure is reported, never raised (Parquet landed).
+
+    `guard` (the lease check) runs first: a run that lost the partition publishes nothing.
+    """
+    if guard is not None:
+        guard()
     if not trino.enabled:
         return dg.AssetCheckResult(
             check_name="published_to_trino", passed=True, metadata={"trino": "not configured"}
@@ -259,13 +284,15 @@ def land_generation(
     trino: TrinoResource,
     ds: str,
     source: str,
+    guard: Callable[[], None],
     extra_metadata: dict[str, dg.RawMetadataValue] | None = None,
 ) -> dg.MaterializeResult:
     """Stream the rows into the partition, then this stage's quarantine rows; publish; check.
 
-    `set_aside` fills while `rows` is consumed, so it is written after the partition.
+    `set_aside` fills while `rows` is consumed, so it is written after the partition. `guard`
+    (the partition lease's check) runs before each of the three writes.
     """
-    written = warehouse.write_partition(table, ds, source, tally.rows(rows))
+    written = warehouse.write_partition(table, ds, source, tally.rows(rows), guard=guard)
     failed = failure_rows(
         outcome.failures,
         stage=stage,
@@ -274,9 +301,11 @@ def land_generation(
         digest_sha=outcome.digest_sha256,
         created_at=datetime.now(UTC),
     )
-    quarantined = replace_quarantine(warehouse, ds, source, stage, [*set_aside, *failed])
+    quarantined = replace_quarantine(
+        warehouse, ds, source, stage, [*set_aside, *failed], guard=guard
+    )
     checks = generation_checks(table, tally.figures(), pl.read_parquet_schema(written.path))
-    checks.append(publish(context, trino, warehouse, [table, "quarantine"], ds, source))
+    checks.append(publish(context, trino, warehouse, [table, "quarantine"], ds, source, guard))
     metadata: dict[str, dg.RawMetadataValue] = {
         "rows": written.rows,
         "quarantined": quarantined,

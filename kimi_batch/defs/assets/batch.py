@@ -124,7 +124,7 @@ def seed_prompts(
         else []
     )
     store = warehouse.warehouse()
-    with partition_lease(context, warehouse, ds, source), asyncio.Runner() as runner:
+    with partition_lease(context, warehouse, ds, source) as held, asyncio.Runner() as runner:
         client = llama.client()
         try:
             prepared = runner.run(llama.prepare(digest.load()))
@@ -145,10 +145,12 @@ def seed_prompts(
                 ),
                 now=now,
                 set_aside=set_aside,
+                guard=held.check,
             )
         finally:
             runner.run(client.aclose())
-        replace_quarantine(store, ds, source, "input", set_aside)
+        replace_quarantine(store, ds, source, "input", set_aside, guard=held.check)
+        published = publish(context, trino, store, ["seeds", "quarantine"], ds, source, held.check)
     return dg.MaterializeResult(
         metadata={
             "rows": written.rows,
@@ -159,7 +161,7 @@ def seed_prompts(
             "prompt_token_limit": limit,
             "path": dg.MetadataValue.path(str(written.path)),
         },
-        check_results=[publish(context, trino, store, ["seeds", "quarantine"], ds, source)],
+        check_results=[published],
     )
 
 
@@ -193,7 +195,8 @@ def amplified_prompts(
     strategies = [Strategy(s) for s in config.strategies]
     requests = amplification_requests(seeds, strategies, config.variants_per_strategy, params)
     tally = OutputTally()
-    with partition_lease(context, warehouse, ds, source) as ledger:
+    with partition_lease(context, warehouse, ds, source) as held:
+        ledger = held.ledger
         outcome = run_batch(context, llama, digest, ledger, requests)
         amplified = to_amplified_rows(iter_results(ledger, outcome, tally), seeds)
         return land_generation(
@@ -208,6 +211,7 @@ def amplified_prompts(
             trino=trino,
             ds=ds,
             source=source,
+            guard=held.check,
             extra_metadata={"duplicates_dropped": amplified.duplicates},
         )
 
@@ -248,7 +252,8 @@ def distilled_responses(
         seeds, variants, params, n_probs=config.n_probs, output_model=output_model
     )
     tally, set_aside = OutputTally(), list[QuarantineRow]()
-    with partition_lease(context, warehouse, ds, source) as ledger:
+    with partition_lease(context, warehouse, ds, source) as held:
+        ledger = held.ledger
         outcome = run_batch(context, llama, digest, ledger, requests)
         results = iter_results(ledger, outcome, tally)
         if config.retry_truncated_max_tokens:
@@ -269,6 +274,7 @@ def distilled_responses(
             trino=trino,
             ds=ds,
             source=source,
+            guard=held.check,
         )
 
 
