@@ -7,6 +7,21 @@ Tables and their row models: `TABLES` (amplified, distilled, quarantine). The la
 from here, never from the modules. Errors: see `kimi_batch.storage.exceptions`.
 """
 
+from kimi_batch.storage.api_batches import (
+    RequestCounts,
+    batch_lines,
+    request_counts,
+    validate_batch,
+    write_batch_files,
+)
+from kimi_batch.storage.api_store import (
+    TERMINAL_STATUSES,
+    ApiStore,
+    BatchRecord,
+    BatchStatus,
+    FileRecord,
+    FileTooLargeError,
+)
 from kimi_batch.storage.exceptions import (
     InvalidIdentifierError,
     InvalidPartitionError,
@@ -50,8 +65,14 @@ __all__ = [
     "PARTITION_COLUMNS",
     "SETTLE_S",
     "TABLES",
+    "TERMINAL_STATUSES",
+    "ApiStore",
     "Assignment",
+    "BatchRecord",
+    "BatchStatus",
     "Column",
+    "FileRecord",
+    "FileTooLargeError",
     "InboxFile",
     "InputNotSettledError",
     "InvalidIdentifierError",
@@ -59,6 +80,7 @@ __all__ = [
     "Landing",
     "PartitionWrite",
     "PublishReport",
+    "RequestCounts",
     "ResolvedInput",
     "SchemaMismatchError",
     "StorageError",
@@ -67,18 +89,22 @@ __all__ = [
     "TrinoQueryError",
     "TrinoUnavailableError",
     "Warehouse",
+    "batch_lines",
     "columns",
     "inspect_inbox_file",
     "land_seeds",
     "polars_schema",
     "replace_quarantine",
+    "request_counts",
     "resolve_input",
     "resolve_partition",
     "scan_inbox",
     "still_changing",
     "trino_columns",
+    "validate_batch",
     "validate_ds",
     "validate_identifier",
     "validate_source",
     "wait_until_settled",
+    "write_batch_files",
 ]

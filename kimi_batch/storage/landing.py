@@ -272,7 +272,13 @@ class Landing:
     # ---- versions ---------------------------------------------------------------------------
 
     def land(
-        self, path: Path, assignment: Assignment, *, max_bytes: int, settle_s: float = SETTLE_S
+        self,
+        path: Path,
+        assignment: Assignment,
+        *,
+        max_bytes: int,
+        ext: str | None = None,
+        settle_s: float = SETTLE_S,
     ) -> LandedVersion:
         """Snapshot `path` as the partition's newest version (hashing while copying).
 
@@ -284,7 +290,7 @@ class Landing:
         copy (disk full, I/O error) leaves no snapshot behind. The same content lands once and
         is not a new version.
         """
-        ext = path.suffix.lower().lstrip(".") or "bin"
+        ext = ext or path.suffix.lower().lstrip(".") or "bin"
         temp = self.dir / f".{uuid.uuid4().hex}.tmp"
         digest = hashlib.sha256()
         copied = 0
