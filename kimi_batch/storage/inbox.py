@@ -11,9 +11,12 @@ extensions, so uploads written under a temporary name and renamed at the end are
 written. Which partition a file belongs to is decided once, when it is first seen, by the landing
 manifest (`kimi_batch.storage.landing`); this module only lists and inspects.
 
-Two kinds of entries are refused without reading a byte of them, and quarantined with the reason:
-a name that is not valid UTF-8 (it is shown by a safe, escaped name), and a symlink whose target
-lies outside the inbox (`ln -s ~/.env inbox/x.jsonl` must not publish the target's lines). A dated
+Three kinds of entries are refused without reading a byte of them, and quarantined with the
+reason: a name that is not valid UTF-8 (it is shown by a safe, escaped name), a symlink whose
+target lies outside the inbox (`ln -s ~/.env inbox/x.jsonl` must not publish the target's lines),
+and a name that is (or links to) a FIFO, socket or device: opening a FIFO blocks until a writer
+comes. Hashing and landing open files non-blocking and regular files only, so a FIFO swapped in
+after the scan is refused too. A dated
 folder that is a symlink out of the inbox is not listed at all.
 """
 
