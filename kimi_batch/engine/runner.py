@@ -270,7 +270,15 @@ class _Run:
     async def execute(self, *, warm: bool) -> list[WarmupReport]:
         engine = self.engine
         clients = [engine.client_factory(e) for e in engine.endpoints]
-        self.watches = {c: EndpointWatch(c, engine.policy.watchdog) for c in clients}
+        self.watches = {
+            client: EndpointWatch(
+                client,
+                engine.policy.watchdog,
+                prompt_tok_s=lambda: engine.speeds.measured_prompt_tok_s,
+                batch_tokens=endpoint.batch_tokens,
+            )
+            for client, endpoint in zip(clients, engine.endpoints, strict=True)
+        }
         warmups: list[WarmupReport] = []
         watchdog: asyncio.Task[None] | None = None
         try:
@@ -298,7 +306,8 @@ class _Run:
         finally:
             if watchdog is not None:
                 watchdog.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
+                # The rows are in the ledger: whatever ended the watchdog must not fail the batch.
+                with contextlib.suppress(asyncio.CancelledError, Exception):
                     await watchdog
             for client in clients:
                 await client.aclose()
@@ -378,8 +387,9 @@ class _Run:
             self.in_flight -= 1
             watch.sending.pop(slot_id, None)
         if task.cancelled():
-            stall = engine.policy.watchdog.stall_s
-            raise EndpointHungError(f"{client.base_url} made no progress for {stall:.0f} s")
+            raise EndpointHungError(
+                f"{client.base_url} made no progress ({watch.describe_stall()})"
+            )
         return task.result()
 
     async def _recover(
@@ -449,6 +459,7 @@ class _Run:
             # slot holds the digest again now; the count is what the bench reports.
             self.reprefills += 1
         self.watches[client].warm_slots.add(slot_id)
+        self.watches[client].mark_progress()  # an answer is progress, whatever the probes say
         self._report_progress()
 
     async def _watch(self) -> None:
@@ -457,10 +468,14 @@ class _Run:
         while True:
             await asyncio.sleep(every)
             watches = list(self.watches.values())
-            stalled = await asyncio.gather(*(watch.stalled() for watch in watches))
-            for watch, hung in zip(watches, stalled, strict=True):
-                if hung:
-                    await self._restart_hung(watch)
+            try:
+                stalled = await asyncio.gather(*(watch.stalled() for watch in watches))
+                for watch, hung in zip(watches, stalled, strict=True):
+                    if hung:
+                        await self._restart_hung(watch)
+            except Exception:
+                # A watchdog that dies leaves the batch without hang detection: log, go on.
+                logger.exception("watchdog round failed; probing again in %.0f s", every)
 
     async def _restart_hung(self, watch: EndpointWatch) -> None:
         engine = self.engine
@@ -525,5 +540,8 @@ class _Run:
                 completion_tokens_per_s=self.completion_tokens / elapsed if elapsed else 0.0,
                 elapsed_s=elapsed,
                 eta_s=(self.total - done) / rate if rate > 0 else None,
+                watchdog="; ".join(
+                    dict.fromkeys(w.describe_stall() for w in self.watches.values())
+                ),
             )
         )
