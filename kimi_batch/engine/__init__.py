@@ -8,7 +8,12 @@ finished row kept), `stats` (the figures of a batch), `progress` (in-process pro
 
 from kimi_batch.engine.deadline import DeadlinePolicy
 from kimi_batch.engine.digest import DigestLintError, SystemDigest, lint_digest, load_digest
-from kimi_batch.engine.generation import GenerationRequest, GenerationResult, SamplingParams
+from kimi_batch.engine.generation import (
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    row_request_id,
+)
 from kimi_batch.engine.ledger import Lease, LeaseHeldError, Ledger
 from kimi_batch.engine.outcome import (
     BatchOutcome,
@@ -65,4 +70,5 @@ __all__ = [
     "load_digest",
     "notify",
     "prepare",
+    "row_request_id",
 ]

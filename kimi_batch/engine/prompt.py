@@ -26,14 +26,16 @@ INSTRUCTIONS_CLOSE = "</instructions>"
 
 
 def assemble_messages(digest: SystemDigest, messages: Sequence[ChatMessage]) -> list[ChatMessage]:
-    """[system: digest] + the request's user-side messages.
+    """[system: digest] + the request's user-side messages (no system turn for an empty digest:
+    a Batch API request without a system message is sent without one).
 
     Anything variable (RAG context, the row's data, per-row instructions) must already be in
     `messages`; a system message there would land after the digest and is refused.
     """
     if any(message.role == "system" for message in messages):
         raise ValueError("request messages must not contain a system message: the digest is it")
-    return [ChatMessage(role="system", content=digest.text), *messages]
+    head = [ChatMessage(role="system", content=digest.text)] if digest.text else []
+    return [*head, *messages]
 
 
 def warmup_messages(digest: SystemDigest) -> list[ChatMessage]:

@@ -43,4 +43,6 @@ def completion_result(
         logprobs=completion.logprobs,
         created_at=datetime.now(UTC),
         reasoning_content=completion.reasoning_content,
+        draft_tokens=stats.draft_tokens,
+        draft_accepted_tokens=stats.draft_accepted_tokens,
     )
