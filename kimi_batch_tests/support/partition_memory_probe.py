@@ -31,11 +31,8 @@ from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
-from kimi_batch.engine import BatchEngine, GenerationResult, SamplingParams
+from kimi_batch.engine import BatchEngine, GenerationResult
 from kimi_batch.settings import Settings
-from kimi_batch.tasks.distill import distillation_requests
-from kimi_batch.tasks.rows import SeedRow
-from kimi_batch.tasks.seeds import seeds_from_rows
 
 __all__ = ["main"]
 
@@ -86,18 +83,13 @@ def _partition(
 
 def _prefill_ledger(source: str, config: dict[str, Any], generate: int) -> int:
     """Write the partition's finished answers, all but the last `generate`, to the ledger."""
-    ds = Settings.from_env().today().isoformat()
-    seeds = seeds_from_rows(
-        read_rows(WarehouseResource().warehouse(), "seeds", ds, source, SeedRow)
-    )
+    settings = Settings.from_env()
+    ds, store = settings.today().isoformat(), WarehouseResource().warehouse()
     # The requests exactly as `distilled_responses` builds them from this run config.
-    asset_config = DistillConfig(**config)
-    params = SamplingParams(
-        max_tokens=asset_config.max_tokens,
-        temperature=asset_config.temperature,
-        seed=asset_config.seed,
+    task = DistillConfig(**config).task(settings)
+    requests = task.requests(
+        task.load(lambda table, model: read_rows(store, table, ds, source, model))
     )
-    requests = distillation_requests(seeds, [], params, n_probs=asset_config.n_probs)
     digest = DigestResource().load()
     prepared = asyncio.run(LlamaServerResource().prepare(digest))
     with WarehouseResource().ledger() as ledger:
