@@ -251,13 +251,14 @@ def api_batch_responses(
                     f"{done.request_total} requests answered (kept; a rerun sends the rest)"
                 )
             outcome = _merged(outcomes)
-            status = BatchStatus.EXPIRED if outcome.stopped_at_window else BatchStatus.COMPLETED
-            done = _finish(store, ledger, batch, lines, status, outcomes=outcomes)
             checks, metadata = _land(
                 context, task, outcome, ledger,
                 warehouse=warehouse.warehouse(), trino=trino, ds=ds, source=source,
                 guard=held.check,
             )  # fmt: skip
+            # Completed once its rows are in the table (and Trino): then the files, then the status.
+            status = BatchStatus.EXPIRED if outcome.stopped_at_window else BatchStatus.COMPLETED
+            done = _finish(store, ledger, batch, lines, status, outcomes=outcomes)
     metadata |= {
         "batch_id": dg.MetadataValue.text(batch.id),
         "system_prompts": len(groups),
