@@ -339,6 +339,14 @@ class Landing:
         assert landed is not None
         return landed
 
+    def has_version(self, ds: str, source: str, sha256: str) -> bool:
+        """Whether this content was ever landed for the partition."""
+        row = self._db.execute(
+            "SELECT 1 FROM versions WHERE ds = ? AND source = ? AND sha256 = ? LIMIT 1",
+            (ds, source, sha256),
+        ).fetchone()
+        return row is not None
+
     def current(self, ds: str, source: str) -> LandedVersion | None:
         """The newest landed version of a partition, None if nothing landed yet."""
         row = self._db.execute(
