@@ -122,6 +122,8 @@ def seed_prompts(
     ds, source = partition_parts(context)
     settings = llama.settings()
     resolved = _resolve(settings, ds, source)
+    if resolved.deferred:
+        context.log.warning(f"{resolved.deferred}; this run reads the last landed version")
     name, version, now = resolved.assignment.name, resolved.version, datetime.now(UTC)
     set_aside = (
         [file_row(source_file=name, reason=resolved.problem, created_at=now)]
@@ -129,7 +131,7 @@ def seed_prompts(
         else []
     )
     store = warehouse.warehouse()
-    with partition_lease(context, warehouse, ds, source), asyncio.Runner() as runner:
+    with partition_lease(context, warehouse, ds, source) as held, asyncio.Runner() as runner:
         client = llama.client()
         try:
             prepared = runner.run(llama.prepare(digest.load()))
@@ -151,10 +153,12 @@ def seed_prompts(
                 ),
                 now=now,
                 set_aside=set_aside,
+                guard=held.check,
             )
         finally:
             runner.run(client.aclose())
-        replace_quarantine(store, ds, source, "input", set_aside)
+        replace_quarantine(store, ds, source, "input", set_aside, guard=held.check)
+        published = publish(context, trino, store, ["seeds", "quarantine"], ds, source, held.check)
     return dg.MaterializeResult(
         metadata={
             "rows": written.rows,
@@ -165,7 +169,7 @@ def seed_prompts(
             "prompt_token_limit": limit,
             "path": dg.MetadataValue.path(str(written.path)),
         },
-        check_results=[publish(context, trino, store, ["seeds", "quarantine"], ds, source)],
+        check_results=[published],
     )
 
 
