@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from kimi_batch.tasks.amplify import AmplifyTask
+from kimi_batch.tasks.api_batch import ApiBatchTask
 from kimi_batch.tasks.distill import DistillTask
 from kimi_batch.tasks.stage import GenerationTask
 from kimi_batch.tasks.tags import RequestTag
@@ -61,3 +62,4 @@ def stage_of_tag(tag: str) -> type[GenerationTask[Any, Any]] | None:
 
 register_stage(AmplifyTask)
 register_stage(DistillTask)
+register_stage(ApiBatchTask)
