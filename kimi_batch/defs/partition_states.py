@@ -84,10 +84,12 @@ def distill_states(
     for record in planned:
         if record.partition_key is not None:
             latest.setdefault(record.partition_key, record.run_id)
-    runs = {
-        run.run_id: run
-        for run in instance.get_runs(filters=dg.RunsFilter(run_ids=list(set(latest.values()))))
-    }
+    run_ids = sorted(set(latest.values()))
+    runs = (
+        {run.run_id: run for run in instance.get_runs(filters=dg.RunsFilter(run_ids=run_ids))}
+        if run_ids
+        else {}
+    )
     records: dict[str, PartitionRecord] = {}
     for key, run_id in latest.items():
         run = runs.get(run_id)

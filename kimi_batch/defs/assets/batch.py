@@ -72,7 +72,12 @@ class AmplifyConfig(dg.Config):
 
 
 class DistillConfig(dg.Config):
-    max_tokens: int = Field(default=256, gt=0, description="Kept within the server's n_predict.")
+    max_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="Answer budget in tokens; unset: the server's n_predict "
+        "(KIMI_BATCH_LLAMA_N_PREDICT, 1024), which a reasoning model needs to think and answer.",
+    )
     temperature: float = Field(default=0.7, ge=0.0, le=2.0)
     seed: int = Field(default=11)
     n_probs: int = Field(default=0, ge=0, le=20, description="Top-k logprobs per token (0: off).")
@@ -89,6 +94,12 @@ class DistillConfig(dg.Config):
         "never final answers); unset: they go to quarantine.",
     )
 
+    def sampling(self, n_predict: int) -> SamplingParams:
+        """The answers' sampling; the budget is the server's `n_predict` unless set here."""
+        return SamplingParams(
+            max_tokens=self.max_tokens or n_predict, temperature=self.temperature, seed=self.seed
+        )
+
 
 def _resolve(settings: Settings, ds: str, source: str) -> ResolvedInput:
     try:
@@ -101,7 +112,7 @@ def _resolve(settings: Settings, ds: str, source: str) -> ResolvedInput:
     partitions_def=batch_partitions,
     group_name=BATCH_GROUP,
     kinds={"parquet", "trino"},
-    check_specs=[dg.AssetCheckSpec("published_to_trino", asset="seed_prompts")],
+    check_specs=check_specs("seed_prompts", ["published_to_trino"]),
 )
 def seed_prompts(
     context: dg.AssetExecutionContext,
@@ -231,9 +242,7 @@ def distilled_responses(
     store = warehouse.warehouse()
     seeds = _seeds(warehouse, ds, source)
     variants = read_rows(store, "amplified", ds, source, AmplifiedRow)
-    params = SamplingParams(
-        max_tokens=config.max_tokens, temperature=config.temperature, seed=config.seed
-    )
+    params = config.sampling(llama.settings().llama_n_predict)
     try:
         output_model = (
             import_output_model(config.output_model, llama.settings().output_model_modules)
@@ -249,8 +258,8 @@ def distilled_responses(
     with partition_lease(context, warehouse, ds, source) as ledger:
         outcome = run_batch(context, llama, digest, ledger, requests)
         results = iter_results(ledger, outcome, tally)
-        if config.retry_truncated_max_tokens:
-            results = _with_retries(context, llama, digest, ledger, requests, outcome, config)
+        if budget := config.retry_truncated_max_tokens:
+            results = _with_retries(context, llama, digest, ledger, requests, outcome, budget)
             results = tally.results(results)
         rows = iter_distilled_rows(
             results, seeds, variants, output_model=output_model, set_aside=set_aside
@@ -277,10 +286,9 @@ def _with_retries(
     ledger: Ledger,
     requests: Sequence[GenerationRequest],
     outcome: BatchOutcome,
-    config: DistillConfig,
+    budget: int,
 ) -> Iterator[GenerationResult]:
     """The batch's results with every truncated answer asked again with the larger budget."""
-    budget = config.retry_truncated_max_tokens or config.max_tokens
     by_id = {
         row.request_id: request for row, request in zip(outcome.planned, requests, strict=True)
     }
