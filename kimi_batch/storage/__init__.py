@@ -20,6 +20,7 @@ from kimi_batch.storage.landing import (
     Assignment,
     Landing,
     ResolvedInput,
+    landed_versions,
     resolve_input,
     resolve_partition,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "Warehouse",
     "columns",
     "land_seeds",
+    "landed_versions",
     "polars_schema",
     "replace_quarantine",
     "resolve_input",

@@ -270,9 +270,7 @@ def test_an_alert_the_webhook_refused_is_sent_again_on_the_next_tick(
     assert isinstance(third, dg.SkipReason)
 
 
-def _checked_standin(
-    failed_check: str, metadata: dict[str, dg.RawMetadataValue]
-) -> dg.AssetsDefinition:
+def _checked_standin(failed_check: str, metadata: dict[str, float | str]) -> dg.AssetsDefinition:
     @dg.asset(
         name="distilled_responses",
         partitions_def=batch_partitions,
@@ -315,7 +313,7 @@ def test_the_morning_alert_names_a_distilled_partition_whose_check_failed(
     receiver: Receiver,
     monkeypatch: pytest.MonkeyPatch,
     failed_check: str,
-    metadata: dict[str, dg.RawMetadataValue],
+    metadata: dict[str, float | str],
     named: str,
 ) -> None:
     # The run succeeds (a failed check does not fail it), so only this alert tells the morning.
