@@ -22,6 +22,8 @@ def _server_start(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     manager = server_from_settings(settings, load_timeout_s=args.load_timeout)
     handle = manager.ensure_running()
+    if handle.previous_exit:
+        print(f"kimi-batch: warning: the previous {handle.previous_exit}", file=sys.stderr)
     print(handle.model_dump_json() if args.json else _describe_handle(handle.model_dump()))
     return 0
 
@@ -42,6 +44,21 @@ def _server_status(args: argparse.Namespace) -> int:
         state = "running" if status.running else "not running"
         print(f"llama-server {state} at {status.base_url} pid={status.pid} slots={status.slots}")
     return 0 if status.running or not args.check else 3
+
+
+def _server_smoke(args: argparse.Namespace) -> int:
+    from kimi_batch.llama import smoke_from_settings
+
+    result = smoke_from_settings(Settings.from_env(), timeout_s=args.timeout)
+    if args.json:
+        print(result.model_dump_json())
+    else:
+        print(
+            f"llama-server smoke test passed: {result.binary} loaded the demo model in "
+            f"{result.load_s:.1f} s and answered {result.completion_tokens} tokens "
+            f"({result.wall_s:.1f} s in all)"
+        )
+    return 0
 
 
 def _server_stop(args: argparse.Namespace) -> int:
@@ -72,6 +89,13 @@ def _export(args: argparse.Namespace) -> int:
         Settings.from_env(), ds=args.date, source=args.source, fmt=args.format, out=args.out
     )
     print(path)
+    return 0
+
+
+def _api(args: argparse.Namespace) -> int:
+    from kimi_batch.api import serve
+
+    serve(Settings.from_env(), host=args.host, port=args.port)
     return 0
 
 
@@ -131,6 +155,14 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_parser("stop", help="stop the server this state dir started").set_defaults(
         func=_server_stop
     )
+    smoke = server.add_parser(
+        "smoke",
+        help="start the configured binary on the demo model, ask a few tokens, stop it "
+        "(exit 2 naming the signal when it crashes)",
+    )
+    smoke.add_argument("--json", action="store_true")
+    smoke.add_argument("--timeout", type=float, default=None, help="seconds (default 120)")
+    smoke.set_defaults(func=_server_smoke)
 
     commands.add_parser("demo", help="run the whole pipeline once on the inbox").set_defaults(
         func=_demo
@@ -142,6 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--source", required=True)
     export.add_argument("--out", default=None, help="output file (default: under the state dir)")
     export.set_defaults(func=_export)
+
+    api = commands.add_parser("api", help="the OpenAI-compatible Batch API (files, batches)")
+    api.add_argument("--host", default="127.0.0.1", help="non-loopback needs KIMI_BATCH_API_KEY")
+    api.add_argument("--port", type=int, default=None, help="default KIMI_BATCH_API_PORT (8090)")
+    api.set_defaults(func=_api)
 
     commands.add_parser("publish", help="register every Parquet partition in Trino").set_defaults(
         func=_publish
@@ -173,7 +210,9 @@ def _add_perf_commands(commands: Any) -> None:
 
     bench = commands.add_parser("bench", help="naive vs all-slots client vs engine vs Dagster")
     bench.add_argument("--json", default=None, help="also write the JSON (and .md, .png) here")
-    bench.add_argument("--workload", choices=["distill", "amplify", "both"], default="both")
+    bench.add_argument(
+        "--workload", choices=["distill", "amplify", "both", "rewrite"], default="both"
+    )
     bench.add_argument("--rows", type=int, default=24, help="distillation prompts")
     bench.add_argument("--output-tokens", type=int, default=64, help="distillation answer length")
     bench.add_argument("--seeds-per-slot", type=int, default=2, help="amplification seeds")
@@ -181,6 +220,11 @@ def _add_perf_commands(commands: Any) -> None:
     bench.add_argument("--amplify-output-tokens", type=int, default=32)
     bench.add_argument("--no-dagster", action="store_true", help="skip contender (D)")
     bench.add_argument("--no-ceiling", action="store_true", help="skip llama-batched-bench")
+    bench.add_argument("--rewrite-rows", type=int, default=20, help="copy-heavy rows (rewrite)")
+    bench.add_argument("--rewrite-output-tokens", type=int, default=160)
+    bench.add_argument(
+        "--spec-type", default=None, help="rewrite: --spec-type (default KIMI_BATCH_LLAMA_SPEC)"
+    )
     bench.set_defaults(func=bench_command)
 
     tune = commands.add_parser("tune", help="thread and slot sweeps; names the knees")

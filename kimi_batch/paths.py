@@ -1,7 +1,8 @@
 """Where every state file lives: the one owner of the `$KIMI_BATCH_HOME` layout.
 
     home/
-      server/            pid, spec and log of the resident llama-server
+      server/            pid, spec, log and exit record of the resident llama-server
+      smoke/             log of the last `kimi-batch server smoke` (the end of `make setup`)
       slots/             slot saves of the system digest (--slot-save-path)
       ledger/            ledger.sqlite3: finished requests and partition leases
       landed/            content-addressed snapshots of ingested inputs + manifest.sqlite3
@@ -10,6 +11,7 @@
       dagster/           DAGSTER_HOME of the demo and `make dev`
       bench/             `kimi-batch bench`: bench.json/.md/.png, speeds.json, state/ of its server
       tune/              `kimi-batch tune`: tune.json/.md/.png, speeds.json
+      api/               `kimi-batch api`: files/<sha256> (uploads and output files), api.sqlite3
       partitions_start   the first date partition of this install (written once)
 
 Nothing else builds these paths. Directories holding generated text or inputs are created 0700:
@@ -52,6 +54,10 @@ class StatePaths(BaseModel):
         return self.home / "server"
 
     @property
+    def smoke_dir(self) -> Path:
+        return self.home / "smoke"
+
+    @property
     def slot_save_dir(self) -> Path:
         return self.home / "slots"
 
@@ -90,6 +96,18 @@ class StatePaths(BaseModel):
     @property
     def tune_dir(self) -> Path:
         return self.home / "tune"
+
+    @property
+    def api_dir(self) -> Path:
+        return self.home / "api"
+
+    @property
+    def api_files_dir(self) -> Path:
+        return self.api_dir / "files"
+
+    @property
+    def api_db_path(self) -> Path:
+        return self.api_dir / "api.sqlite3"
 
     @property
     def partitions_start_file(self) -> Path:

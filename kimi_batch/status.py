@@ -25,8 +25,7 @@ from kimi_batch.engine import load_digest
 from kimi_batch.llama import LlamaClient, LlamaError, server_from_settings
 from kimi_batch.settings import Settings
 from kimi_batch.storage import StorageError, landed_versions, scan_inbox
-from kimi_batch.tasks.amplify import Strategy
-from kimi_batch.tasks.distill import parse_tag
+from kimi_batch.tasks.stages import stage_of_tag
 
 __all__ = [
     "DigestState",
@@ -229,13 +228,8 @@ def _ledger(settings: Settings) -> LedgerSection:
 
 
 def _table_of(tag: str) -> str:
-    if tag in {strategy.value for strategy in Strategy}:
-        return "amplified"
-    try:
-        parse_tag(tag)
-    except ValueError:
-        return "other"
-    return "distilled"
+    stage = stage_of_tag(tag)
+    return stage.table if stage else "other"
 
 
 # ---- Dagster instance: partitions and nights ----------------------------------------------------

@@ -44,6 +44,7 @@ def test_asset_graph_reads_digest_then_seed_amplified_distilled() -> None:
     assert {s.name for s in defs.schedules or []} == {"nightly_distillation_schedule"}
     assert {s.name for s in defs.sensors or []} == {
         "inbox_sensor",
+        "api_batch_sensor",
         "run_failure_alert",
         "distilled_freshness_alert",
         "trino_catch_up",
@@ -53,4 +54,14 @@ def test_asset_graph_reads_digest_then_seed_amplified_distilled() -> None:
 def test_every_asset_has_a_description_and_a_group() -> None:
     for spec in defs.resolve_all_asset_specs():
         assert spec.description, spec.key
-        assert spec.group_name in {"digest", "batch"}, spec.key
+        assert spec.group_name in {"digest", "batch", "api"}, spec.key
+
+
+def test_a_batch_api_batch_is_its_own_partition_with_no_amplification() -> None:
+    graph = defs.resolve_asset_graph()
+    node = graph.get(dg.AssetKey("api_batch_responses"))
+    assert node.parent_keys == set()
+    assert isinstance(node.partitions_def, dg.DynamicPartitionsDefinition)
+    assert node.partitions_def.name == "api_batch"
+    job = defs.resolve_job_def("api_batch_job")
+    assert job.tags["kimi_batch/uses_llama_server"] == "true"

@@ -15,9 +15,11 @@ import dagster as dg
 from kimi_batch.settings import Settings
 
 __all__ = [
+    "API_BATCH_PARTITIONS_NAME",
     "DATE_DIMENSION",
     "SOURCE_DIMENSION",
     "SOURCE_PARTITIONS_NAME",
+    "api_batch_partitions",
     "batch_partitions",
     "date_partitions",
     "partition_parts",
@@ -27,6 +29,7 @@ __all__ = [
 DATE_DIMENSION = "date"
 SOURCE_DIMENSION = "source"
 SOURCE_PARTITIONS_NAME = "source"
+API_BATCH_PARTITIONS_NAME = "api_batch"
 
 _SETTINGS = Settings.from_env()
 date_partitions = dg.DailyPartitionsDefinition(
@@ -38,6 +41,10 @@ source_partitions = dg.DynamicPartitionsDefinition(name=SOURCE_PARTITIONS_NAME)
 batch_partitions = dg.MultiPartitionsDefinition(
     {DATE_DIMENSION: date_partitions, SOURCE_DIMENSION: source_partitions}
 )
+
+# One partition per Batch API batch (its id), added by the API batch sensor when the batch is
+# created; its rows land in the tables at ds=<day created>/source=<batch id>.
+api_batch_partitions = dg.DynamicPartitionsDefinition(name=API_BATCH_PARTITIONS_NAME)
 
 
 def partition_parts(context: dg.AssetExecutionContext) -> tuple[str, str]:
