@@ -162,13 +162,18 @@ def seed_prompts(
             )
         finally:
             runner.run(client.aclose())
-        replace_quarantine(store, ds, source, "input", set_aside)
+        sha = version.sha256 if version else None
+        stamped = [row.model_copy(update={"input_sha256": sha}) for row in set_aside]
+        replace_quarantine(store, ds, source, "input", stamped)
     return dg.MaterializeResult(
+        # The landed version is the data version: downstream partitions built from another one
+        # are shown stale (Dagster's provenance), and `status`/the nightly read the full sha.
+        data_version=dg.DataVersion(sha) if sha else None,
         metadata={
             "rows": written.rows,
             "quarantined": len(set_aside),
             "source_file": name,
-            "input_sha256": dg.MetadataValue.text(version.sha256[:12] if version else "none"),
+            "input_sha256": dg.MetadataValue.text(sha or "none"),
             "read_from": "inbox" if resolved.from_inbox else "landed snapshot",
             "prompt_token_limit": limit,
             "path": dg.MetadataValue.path(str(written.path)),
