@@ -235,6 +235,10 @@ CHECK_NAMES = (
 )
 
 
-def check_specs(asset: str, names: Sequence[str] = CHECK_NAMES) -> list[dg.AssetCheckSpec]:
+def check_specs(
+    asset: str,
+    names: Sequence[str] = CHECK_NAMES,
+    partitions_def: dg.PartitionsDefinition = batch_partitions,
+) -> list[dg.AssetCheckSpec]:
     """Partitioned like the asset, so each partition's check state is its own (UI, alerts)."""
-    return [dg.AssetCheckSpec(name, asset=asset, partitions_def=batch_partitions) for name in names]
+    return [dg.AssetCheckSpec(name, asset=asset, partitions_def=partitions_def) for name in names]
