@@ -24,6 +24,7 @@ def _write_outputs(
 
 
 def bench_command(args: argparse.Namespace) -> int:
+    from kimi_batch.bench.rehearsal import RehearsalOptions
     from kimi_batch.bench.report import bench_chart, bench_table
     from kimi_batch.bench.run import BenchOptions, run_bench
 
@@ -41,6 +42,15 @@ def bench_command(args: argparse.Namespace) -> int:
         rewrite_rows=args.rewrite_rows,
         rewrite_output_tokens=args.rewrite_output_tokens,
         spec_type=args.spec_type,
+        rehearsal=RehearsalOptions(
+            rows=args.rehearsal_rows,
+            partitions=args.partitions or 40,
+            time_scale=args.time_scale,
+            window_h=args.window_h,
+        ),
+        night_partitions=args.partitions or 12,
+        night_rows=args.rows_per_partition or 4,
+        night_output_tokens=args.night_output_tokens,
     )
     document = run_bench(settings, options)
     table = bench_table(document)
@@ -111,6 +121,8 @@ def plan_command(args: argparse.Namespace) -> int:
             slots=slots or 1,
             window_h=args.window_h,
             digest_tokens=args.digest_tokens,
+            partitions=args.partitions,
+            run_overhead_s=args.run_overhead_s,
         )
     except ValidationError as error:
         first = error.errors()[0]

@@ -46,7 +46,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["StandinServer", "TargetProfile", "standin_tokens"]
+__all__ = ["SlotSpeeds", "StandinServer", "TargetProfile", "standin_tokens"]
 
 _TOKEN = re.compile(r"\s?\w{1,6}|\s+|[^\w\s]")
 _WORDS = (
@@ -132,6 +132,41 @@ class _Slot:
     task: _Task | None = None
 
 
+class SlotSpeeds(BaseModel):
+    """Per-slot speeds of the rows answered so far, as llama-server's `timings` report them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rows: int
+    prompt_tokens_per_row: float
+    prompt_tok_s: float
+    gen_tok_s: float
+
+
+@dataclass
+class _Answered:
+    rows: int = 0
+    evaluated: int = 0
+    prompt_s: float = 0.0
+    decoded: int = 0
+    decode_s: float = 0.0
+
+    def add(self, task: _Task) -> None:
+        self.rows += 1
+        self.evaluated += len(task.prompt) - task.cached
+        self.prompt_s += task.prompt_s
+        self.decoded += task.max_tokens
+        self.decode_s += task.decode_s
+
+    def speeds(self) -> SlotSpeeds:
+        return SlotSpeeds(
+            rows=self.rows,
+            prompt_tokens_per_row=self.evaluated / self.rows if self.rows else 0.0,
+            prompt_tok_s=self.evaluated / self.prompt_s if self.prompt_s else 1.0,
+            gen_tok_s=self.decoded / self.decode_s if self.decode_s else 1.0,
+        )
+
+
 class _Simulator:
     """The slots and the virtual clock: one loop advances every busy slot step by step."""
 
@@ -149,6 +184,7 @@ class _Simulator:
         self.tokens_predicted_total = 0
         self.n_decode_total = 0
         self.busy_target_s = 0.0
+        self.answered = _Answered()
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -257,6 +293,8 @@ class _Simulator:
             slot.tokens = task.prompt + standin_tokens(text)
             slot.task = None
             finished = True
+            if task.max_tokens > 1:  # a digest warm-up or canary is not a row
+                self.answered.add(task)
             if not task.done.done():
                 task.done.set_result(self._response(slot.id, task, text))
         if finished:

@@ -38,7 +38,16 @@ from kimi_batch.defs.partitions import (
     source_partitions,
 )
 from kimi_batch.settings import Settings
-from kimi_batch.storage import Assignment, InboxFile, Landing, scan_inbox
+from kimi_batch.storage import (
+    SETTLE_S as LANDING_SETTLE_S,
+)
+from kimi_batch.storage import (
+    Assignment,
+    InboxFile,
+    Landing,
+    scan_inbox,
+    still_changing,
+)
 
 __all__ = [
     "FILE_TAG",
@@ -55,8 +64,8 @@ __all__ = [
 FILE_TAG = "kimi_batch/inbox_file"
 SHA256_TAG = "kimi_batch/sha256"
 # A file modified this recently may still be being written (a copy in progress): wait a tick
-# rather than hash half a file and run it twice.
-SETTLE_S = 5.0
+# rather than hash half a file and run it twice. Landing applies the same check to every run.
+SETTLE_S = LANDING_SETTLE_S
 # Sensor evaluation is cut off after 60 s by default; hashing stops after this long and the rest
 # of the files are picked up next tick (the cursor keeps what was done).
 HASH_BUDGET_S = 30.0
@@ -153,7 +162,7 @@ def plan_inbox_tick(
             cursor[item.name] = entry
             unchanged += 1
             continue
-        if now - item.mtime_ns < settle_s * 1e9:
+        if still_changing((item.size, item.mtime_ns), now, settle_s):
             deferred += 1
             continue
         assignment = assign(item)

@@ -30,16 +30,23 @@ _RESERVED_TABLES = frozenset({"seeds", "quarantine"})
 def register_stage(task: TaskT) -> TaskT:
     """Make a stage known (idempotent); usable as a class decorator.
 
-    ValueError when another stage already has its name or its table.
+    Stages may share a table when they share its row model (the Batch API's answers are
+    `distilled` rows); ValueError when another stage has the name, or the table with another
+    row model.
     """
     known = _STAGES.get(task.name)
     if known is task:
         return task
     if known is not None:
         raise ValueError(f"stage {task.name!r} is already {known.__name__}")
-    tables = {stage.table for stage in _STAGES.values()} | _RESERVED_TABLES
-    if task.table in tables:
-        raise ValueError(f"table {task.table!r} of stage {task.name!r} is already taken")
+    if task.table in _RESERVED_TABLES:
+        raise ValueError(f"table {task.table!r} of stage {task.name!r} is not a stage's table")
+    for other in _STAGES.values():
+        if other.table == task.table and other.row_model is not task.row_model:
+            raise ValueError(
+                f"table {task.table!r} of stage {task.name!r} is {other.name!r}'s, with rows "
+                f"{other.row_model.__name__}, not {task.row_model.__name__}"
+            )
     _STAGES[task.name] = task
     return task
 

@@ -206,6 +206,7 @@ def test_a_batch_is_answered_as_submitted_and_lands_in_the_tables(stack: Stack) 
     assert record is not None
     assert record.ds
     assert record.run_id
+    assert stack.graphql.wait_run(record.run_id, 120)["status"] == "SUCCESS"
     metadata = run_metadata(stack.graphql, record.run_id)
     assert metadata["cache_hit_ratio"] > 0
     assert metadata["generated"] == 8

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TypeVar
 
@@ -24,7 +25,9 @@ from kimi_batch.engine import (
     BatchEngine,
     BatchOutcome,
     GenerationRequest,
+    Lease,
     LeaseHeldError,
+    LeaseLostError,
     Ledger,
     ProgressEvent,
     SystemDigest,
@@ -37,6 +40,7 @@ from kimi_batch.tasks.sink import CheckFigures
 __all__ = [
     "BATCH_GROUP",
     "LLAMA_POOL",
+    "HeldPartition",
     "check_specs",
     "generation_checks",
     "partition_lease",
@@ -59,24 +63,39 @@ LEASE_TTL_S = 60.0
 LEASE_WAIT_S = LEASE_TTL_S + 30.0
 
 
+@dataclass(frozen=True)
+class HeldPartition:
+    """The ledger, and the lease this run holds on the partition: `check` before every write."""
+
+    ledger: Ledger
+    lease: Lease
+
+    def check(self) -> None:
+        """Raises LeaseLostError when another run has taken the partition over."""
+        self.lease.check()
+
+
 @contextmanager
 def partition_lease(
     context: dg.AssetExecutionContext, warehouse: WarehouseResource, ds: str, source: str
-) -> Iterator[Ledger]:
-    """Hold the partition (generation and every write of its tables) for this run."""
+) -> Iterator[HeldPartition]:
+    """Hold the partition (generation and every write of its tables) for this run; a lease lost
+    on the way (this run stalled past its ttl) fails the step instead of writing."""
     with warehouse.ledger() as ledger:
         lease = ledger.lease(
             f"{ds}|{source}", context.run_id, ttl_s=LEASE_TTL_S, wait_s=LEASE_WAIT_S
         )
         try:
-            lease.__enter__()
+            held = lease.__enter__()
         except LeaseHeldError as error:
             raise dg.Failure(
                 f"partition {ds}|{source} is being written by another run ({error}); "
                 "this run leaves it alone"
             ) from error
         try:
-            yield ledger
+            yield HeldPartition(ledger=ledger, lease=held)
+        except LeaseLostError as error:
+            raise dg.Failure(str(error)) from error
         finally:
             lease.__exit__(None, None, None)
 
@@ -168,8 +187,14 @@ def publish(
     tables: Sequence[str],
     ds: str,
     source: str,
+    guard: Callable[[], None] | None = None,
 ) -> dg.AssetCheckResult:
-    """Register the partitions in Trino; a failure is reported, never raised (Parquet landed)."""
+    """Register the partitions in Trino; a failure is reported, never raised (Parquet landed).
+
+    `guard` (the lease check) runs first: a run that lost the partition publishes nothing.
+    """
+    if guard is not None:
+        guard()
     if not trino.enabled:
         return dg.AssetCheckResult(
             check_name="published_to_trino", passed=True, metadata={"trino": "not configured"}

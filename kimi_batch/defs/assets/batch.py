@@ -130,6 +130,8 @@ def seed_prompts(
     ds, source = partition_parts(context)
     settings = llama.settings()
     resolved = _resolve(settings, ds, source)
+    if resolved.deferred:
+        context.log.warning(f"{resolved.deferred}; this run reads the last landed version")
     name, version, now = resolved.assignment.name, resolved.version, datetime.now(UTC)
     set_aside = (
         [file_row(source_file=name, reason=resolved.problem, created_at=now)]
@@ -137,7 +139,7 @@ def seed_prompts(
         else []
     )
     store = warehouse.warehouse()
-    with partition_lease(context, warehouse, ds, source), asyncio.Runner() as runner:
+    with partition_lease(context, warehouse, ds, source) as held, asyncio.Runner() as runner:
         client = llama.client()
         try:
             prepared = runner.run(llama.prepare(digest.load()))
@@ -159,12 +161,14 @@ def seed_prompts(
                 ),
                 now=now,
                 set_aside=set_aside,
+                guard=held.check,
             )
         finally:
             runner.run(client.aclose())
         sha = version.sha256 if version else None
         stamped = [row.model_copy(update={"input_sha256": sha}) for row in set_aside]
-        replace_quarantine(store, ds, source, "input", stamped)
+        replace_quarantine(store, ds, source, "input", stamped, guard=held.check)
+        published = publish(context, trino, store, ["seeds", "quarantine"], ds, source, held.check)
     return dg.MaterializeResult(
         # The landed version is the data version: downstream partitions built from another one
         # are shown stale (Dagster's provenance), and `status`/the nightly read the full sha.
@@ -178,7 +182,7 @@ def seed_prompts(
             "prompt_token_limit": limit,
             "path": dg.MetadataValue.path(str(written.path)),
         },
-        check_results=[publish(context, trino, store, ["seeds", "quarantine"], ds, source)],
+        check_results=[published],
     )
 
 

@@ -117,12 +117,15 @@ def run_stage(
     requests = task.requests(inputs)
     input_sha = consumed_input_sha(store, ds, source)
     sink = StageSink(task, inputs, input_sha256=input_sha)
-    with partition_lease(context, warehouse, ds, source) as ledger:
+    with partition_lease(context, warehouse, ds, source) as held:
+        ledger = held.ledger
         outcome = run_batch(context, llama, digest, ledger, requests)
         results = outcome.iter_results(ledger)
         if task.asks_again:
             results = _asked_again(context, llama, digest, ledger, task, requests, outcome)
-        written = store.write_partition(task.table, ds, source, sink.rows(results))
+        written = store.write_partition(
+            task.table, ds, source, sink.rows(results), guard=held.check
+        )
         sink.failed(
             outcome.failures,
             source_file=source,
@@ -130,9 +133,13 @@ def run_stage(
             digest_sha=outcome.digest_sha256,
             created_at=datetime.now(UTC),
         )
-        quarantined = replace_quarantine(store, ds, source, task.name, sink.quarantined)
+        quarantined = replace_quarantine(
+            store, ds, source, task.name, sink.quarantined, guard=held.check
+        )
         checks = generation_checks(task.table, sink.figures(), pl.read_parquet_schema(written.path))
-        checks.append(publish(context, trino, store, [task.table, "quarantine"], ds, source))
+        checks.append(
+            publish(context, trino, store, [task.table, "quarantine"], ds, source, held.check)
+        )
     metadata = stage_metadata(trino, written, quarantined, outcome, sink)
     metadata[INPUT_SHA_METADATA] = input_sha  # what `status` and the nightly compare (stale)
     return dg.MaterializeResult(metadata=metadata, check_results=checks)
