@@ -47,6 +47,7 @@ __all__ = [
     "Landing",
     "LandingIOError",
     "ResolvedInput",
+    "landed_versions",
     "resolve_input",
     "resolve_partition",
     "still_changing",
@@ -367,6 +368,30 @@ class Landing:
             landed_at=landed_at,
             path=self.dir / f"{sha256}.{ext}",
         )
+
+
+def landed_versions(paths: StatePaths) -> list[tuple[Assignment, str | None]]:
+    """Every assignment with the sha256 of its newest landed version, read-only (for `status`).
+
+    Nothing is created: no manifest yet is an empty list. An unreadable manifest (corrupted,
+    not a database) raises StorageError naming it.
+    """
+    path = paths.manifest_path
+    if not path.is_file():
+        return []
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+        try:
+            rows = db.execute(
+                "SELECT f.name, f.ds, f.source, f.first_seen, f.dated_ds, f.refused, "
+                "(SELECT v.sha256 FROM versions v WHERE v.ds = f.ds AND v.source = f.source "
+                "ORDER BY v.id DESC LIMIT 1) FROM files f ORDER BY f.ds, f.source"
+            ).fetchall()
+        finally:
+            db.close()
+    except sqlite3.Error as error:
+        raise StorageError(f"landing manifest {path} is unreadable: {error}") from error
+    return [(_assignment(row[:6]), row[6]) for row in rows]
 
 
 def _assignment(row: tuple[str, str, str, float, str | None, str | None]) -> Assignment:

@@ -213,8 +213,12 @@ class Warehouse:
         if not path.is_file():
             return pl.DataFrame(schema=polars_schema(table, partitions=True))
         schema = polars_schema(table)
-        # select + cast: column order and dtypes follow the model even for older files.
-        frame = pl.read_parquet(path).select(schema.names()).cast(schema)
+        # select + cast: column order and dtypes follow the model even for older files; a column
+        # added since (input_sha256) reads as null there.
+        frame = pl.read_parquet(path)
+        added = [name for name in schema.names() if name not in frame.columns]
+        frame = frame.with_columns(pl.lit(None).alias(name) for name in added)
+        frame = frame.select(schema.names()).cast(schema)
         return frame.with_columns(
             pl.lit(ds, dtype=pl.String).alias(PARTITION_COLUMNS[0]),
             pl.lit(source, dtype=pl.String).alias(PARTITION_COLUMNS[1]),

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from kimi_batch.defs.jobs import STOPPED_TAG, WINDOW_TAG
 from kimi_batch.defs.metadata import generation_figures
+from kimi_batch.defs.partitions import batch_partitions
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
@@ -52,7 +53,9 @@ RowT = TypeVar("RowT", bound=BaseModel)
 
 BATCH_GROUP = "batch"
 LLAMA_POOL = "llama_server"
-TRUNCATION_WARN_RATE = 0.25
+# Above this share of answers cut off at max_tokens the truncation check fails (ERROR): those
+# answers are set aside, so most of the night's work would be in quarantine.
+TRUNCATION_FAIL_RATE = 0.25
 # A lease lives this long without its holder's heartbeat: a killed run frees its partition then.
 LEASE_TTL_S = 60.0
 # A second run on the same partition waits this long, longer than a dead holder's lease can last,
@@ -215,7 +218,8 @@ def publish(
 def generation_checks(
     table: str, figures: CheckFigures, written: Mapping[str, pl.DataType]
 ) -> list[dg.AssetCheckResult]:
-    """Duplicate request ids, truncation rate, empty outputs (set aside included), and schema."""
+    """Duplicate request ids, truncation rate (fails above TRUNCATION_FAIL_RATE), empty outputs
+    (set aside included), and schema."""
     expected = polars_schema(table)
     warn = dg.AssetCheckSeverity.WARN
     return [
@@ -226,12 +230,11 @@ def generation_checks(
         ),
         dg.AssetCheckResult(
             check_name="truncation_rate",
-            passed=figures.truncation_rate <= TRUNCATION_WARN_RATE,
-            severity=warn,
+            passed=figures.truncation_rate <= TRUNCATION_FAIL_RATE,
             metadata={
                 "truncated": figures.truncated,
                 "rate": round(figures.truncation_rate, 3),
-                "threshold": TRUNCATION_WARN_RATE,
+                "threshold": TRUNCATION_FAIL_RATE,
             },
         ),
         dg.AssetCheckResult(
@@ -257,5 +260,10 @@ CHECK_NAMES = (
 )
 
 
-def check_specs(asset: str) -> list[dg.AssetCheckSpec]:
-    return [dg.AssetCheckSpec(name, asset=asset) for name in CHECK_NAMES]
+def check_specs(
+    asset: str,
+    names: Sequence[str] = CHECK_NAMES,
+    partitions_def: dg.PartitionsDefinition = batch_partitions,
+) -> list[dg.AssetCheckSpec]:
+    """Partitioned like the asset, so each partition's check state is its own (UI, alerts)."""
+    return [dg.AssetCheckSpec(name, asset=asset, partitions_def=partitions_def) for name in names]
