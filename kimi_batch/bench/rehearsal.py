@@ -7,8 +7,7 @@ in order (in this process, one run after another, as the run queue does) against
 target's `window_h` hours divided by the time scale. Past it the assets stop dispatching and the
 partition fails "N of M rows done, resumes next night"; the next night's evaluation asks for what
 is left, and finished rows come from the ledger. Amplification is the day's work (the inbox
-sensor's ingest job) and is left out of the nights (`strategies: []`), so a row is one teacher
-answer.
+sensor's ingest job) and is left out of the nights' selection, so a row is one teacher answer.
 
 Reported: rows done when the window closed, `plan`'s prediction for the window (its per-slot
 speeds measured by the night itself, as `bench` measures them, plus the measured per-run cost),
@@ -120,7 +119,6 @@ def _night(
     window_ends = datetime.now(scheduled.tzinfo) + timedelta(seconds=window_real_s)
     run_config = {
         "ops": {
-            "amplified_prompts": {"config": {"strategies": []}},
             "distilled_responses": {"config": {"max_tokens": options.output_tokens}},
         }
     }
@@ -137,7 +135,8 @@ def _night(
             inside = datetime.now(scheduled.tzinfo) < window_ends
             result = dg.materialize(
                 BATCH_ASSETS,
-                selection=["seed_prompts", "amplified_prompts", "distilled_responses"],
+                # distillation_job without its amplification step (the day's ingest job).
+                selection=["seed_prompts", "distilled_responses"],
                 partition_key=request.partition_key,
                 resources=build_resources(),
                 instance=instance,
