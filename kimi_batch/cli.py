@@ -247,7 +247,12 @@ def _add_perf_commands(commands: Any) -> None:
 
     plan = commands.add_parser("plan", help="time a partition needs; what fits the window")
     plan.add_argument("--prompt-tokens", type=int, required=True, help="evaluated, per row")
-    plan.add_argument("--output-tokens", type=int, required=True, help="generated, per row")
+    plan.add_argument(
+        "--output-tokens",
+        type=int,
+        default=None,
+        help="generated, per row (default: the answer budget, KIMI_BATCH_LLAMA_N_PREDICT)",
+    )
     plan.add_argument("--rows", type=int, required=True)
     plan.add_argument("--prompt-tok-s", type=float, default=None, help="per slot")
     plan.add_argument("--gen-tok-s", type=float, default=None, help="per slot")

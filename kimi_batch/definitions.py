@@ -14,6 +14,7 @@ from kimi_batch.defs.assets.api_batch import api_batch_responses
 from kimi_batch.defs.assets.batch import amplified_prompts, distilled_responses, seed_prompts
 from kimi_batch.defs.assets.digest import digest_prefill, system_digest
 from kimi_batch.defs.jobs import api_batch_job, batch_job, distillation_job, ingest_job
+from kimi_batch.defs.publishing import trino_catch_up
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
@@ -53,7 +54,13 @@ def build_definitions() -> dg.Definitions:
         asset_checks=[distilled_by_night_end],
         jobs=[batch_job, ingest_job, distillation_job, api_batch_job],
         schedules=[nightly_distillation_schedule],
-        sensors=[inbox_sensor, api_batch_sensor, run_failure_alert, distilled_freshness_alert],
+        sensors=[
+            inbox_sensor,
+            api_batch_sensor,
+            run_failure_alert,
+            distilled_freshness_alert,
+            trino_catch_up,
+        ],
         resources=build_resources(),
     )
 

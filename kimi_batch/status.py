@@ -1,8 +1,11 @@
 """`kimi-batch status`: the server, the ledger, the partitions, the nightly run and the inbox.
 
-Read-only: nothing here starts a server, prefills a slot or writes to the Dagster instance, so the
-command is safe to run in a loop while a night is in progress. Each section is collected on its
-own; a part that cannot be read (no server, no instance yet) says so instead of failing the rest.
+Read-only: nothing here starts a server, prefills a slot, writes to the Dagster instance or creates
+a file or folder (a mistyped KIMI_BATCH_HOME stays absent), so the command is safe to run in a loop
+while a night is in progress. Each section is collected on its own; a part that cannot be read (no
+server, no instance yet, a corrupted ledger or manifest) says so in its section instead of failing
+the rest. The Dagster definitions are imported only once an instance exists: importing them fixes
+the install's first partition date, a write.
 """
 
 from __future__ import annotations
@@ -10,24 +13,18 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections import Counter
+from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import dagster as dg
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.exc import SQLAlchemyError
 
-from kimi_batch.defs.partition_states import (
-    ACTIVE_RUN_STATUSES,
-    PartitionRecord,
-    PartitionState,
-    distill_states,
-)
-from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION
-from kimi_batch.defs.schedules import NIGHT_TAG, TRIGGER_TAG, nightly_distillation_schedule
 from kimi_batch.engine import load_digest
 from kimi_batch.llama import LlamaClient, LlamaError, server_from_settings
 from kimi_batch.settings import Settings
-from kimi_batch.storage import Landing, scan_inbox
+from kimi_batch.storage import StorageError, landed_versions, scan_inbox
 from kimi_batch.tasks.stages import stage_of_tag
 
 __all__ = [
@@ -42,9 +39,16 @@ __all__ = [
     "render_status",
 ]
 
+if TYPE_CHECKING:
+    from kimi_batch.defs.partition_states import PartitionRecord
+
 # Partition keys listed per state; the counts stay exact.
 MAX_KEYS = 20
 _DIGEST_PREFILL = dg.AssetKey("digest_prefill")
+# What a section that cannot be read fails with (corrupted sqlite files, an unreadable instance).
+_UNREADABLE = (sqlite3.Error, OSError, SQLAlchemyError, dg.DagsterError, StorageError)
+# The states `partition_states.PartitionState` names, listed without importing the definitions.
+_STATES = ("done", "pending", "running", "failed", "stopped_at_window", "stale")
 
 
 class _Section(BaseModel):
@@ -77,6 +81,7 @@ class LedgerSection(_Section):
     path: str
     rows: int
     by_table: dict[str, int] = Field(description="Finished requests by the table they feed.")
+    error: str | None = None
 
 
 class PartitionsSection(_Section):
@@ -88,6 +93,7 @@ class PartitionsSection(_Section):
     running: int = 0
     failed: int = 0
     stopped_at_window: int = 0
+    stale: int = Field(default=0, description="Distilled from an older version of the input.")
     keys: dict[str, list[str]] = Field(
         default_factory=dict, description=f"Keys per state except done (at most {MAX_KEYS})."
     )
@@ -115,6 +121,7 @@ class InboxSection(_Section):
     files: int
     waiting: int = Field(description="Files whose partition is not distilled yet.")
     waiting_files: list[str]
+    error: str | None = None
 
 
 class Status(_Section):
@@ -202,13 +209,18 @@ def _ledger(settings: Settings) -> LedgerSection:
     if not path.is_file():
         return LedgerSection(path=str(path), rows=0, by_table={})
     # Read-only, so a status call never holds a write lock beside a running batch.
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
     try:
-        rows = db.execute(
-            "SELECT json_extract(result_json, '$.tag'), count(*) FROM results GROUP BY 1"
-        ).fetchall()
-    finally:
-        db.close()
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+        try:
+            rows = db.execute(
+                "SELECT json_extract(result_json, '$.tag'), count(*) FROM results GROUP BY 1"
+            ).fetchall()
+        finally:
+            db.close()
+    except sqlite3.Error as error:
+        return LedgerSection(
+            path=str(path), rows=0, by_table={}, error=f"ledger {path} is unreadable: {error}"
+        )
     by_table: Counter[str] = Counter()
     for tag, count in rows:
         by_table[_table_of(str(tag or ""))] += int(count)
@@ -223,43 +235,56 @@ def _table_of(tag: str) -> str:
 # ---- Dagster instance: partitions and nights ----------------------------------------------------
 
 
-def _instance(settings: Settings) -> dg.DagsterInstance | None:
+def _instance(settings: Settings) -> tuple[dg.DagsterInstance | None, str | None]:
+    """The instance, or why there is none (absent, unreadable)."""
     home = settings.paths.dagster_home
     if not home.is_dir():
-        return None
-    return dg.DagsterInstance.from_config(str(home))
+        return None, f"no Dagster instance at {home}"
+    try:
+        return dg.DagsterInstance.from_config(str(home)), None
+    except _UNREADABLE as error:
+        return None, f"Dagster instance at {home} is unreadable: {error}"
 
 
-def _partitions(records: dict[str, PartitionRecord] | None, home: str) -> PartitionsSection:
+def _records(
+    instance: dg.DagsterInstance, keys: Iterable[str], landed: dict[str, str]
+) -> dict[str, PartitionRecord]:
+    from kimi_batch.defs.partition_states import distill_states
+
+    return distill_states(instance, keys, landed)
+
+
+def _partitions(
+    records: dict[str, PartitionRecord] | None, home: str, error: str | None
+) -> PartitionsSection:
     if records is None:
-        return PartitionsSection(dagster_home=None, error=f"no Dagster instance at {home}")
-    by_state: dict[PartitionState, list[str]] = {state: [] for state in PartitionState}
+        return PartitionsSection(dagster_home=None, error=error)
+    by_state: dict[str, list[str]] = {state: [] for state in _STATES}
     for record in records.values():
-        by_state[record.state].append(record.key)
+        by_state[record.state.value].append(record.key)
+    counts = {state: len(keys) for state, keys in by_state.items()}
     return PartitionsSection(
         dagster_home=home,
-        done=len(by_state[PartitionState.DONE]),
-        pending=len(by_state[PartitionState.PENDING]),
-        running=len(by_state[PartitionState.RUNNING]),
-        failed=len(by_state[PartitionState.FAILED]),
-        stopped_at_window=len(by_state[PartitionState.STOPPED_AT_WINDOW]),
+        done=counts["done"],
+        pending=counts["pending"],
+        running=counts["running"],
+        failed=counts["failed"],
+        stopped_at_window=counts["stopped_at_window"],
+        stale=counts["stale"],
         keys={
-            state.value: keys[:MAX_KEYS]
-            for state, keys in by_state.items()
-            if keys and state != PartitionState.DONE
+            state: keys[:MAX_KEYS] for state, keys in by_state.items() if keys and state != "done"
         },
     )
 
 
 def _schedule_state(
-    instance: dg.DagsterInstance | None,
+    settings: Settings, instance: dg.DagsterInstance | None
 ) -> Literal["running", "stopped", "unknown"]:
-    schedule = nightly_distillation_schedule
-    default = (
-        "running" if schedule.default_status == dg.DefaultScheduleStatus.RUNNING else "stopped"
-    )
+    default = "running" if settings.nightly_running else "stopped"
     if instance is None:
         return default
+    from kimi_batch.defs.schedules import nightly_distillation_schedule as schedule
+
     storage = instance.schedule_storage
     if storage is None:
         return "unknown"
@@ -282,6 +307,9 @@ def _next_tick(cron: str, timezone: str, now: datetime) -> datetime | None:
 def _last_night(instance: dg.DagsterInstance | None) -> NightRun | None:
     if instance is None:
         return None
+    from kimi_batch.defs.partition_states import ACTIVE_RUN_STATUSES
+    from kimi_batch.defs.schedules import NIGHT_TAG, TRIGGER_TAG
+
     runs = instance.get_runs(filters=dg.RunsFilter(tags={TRIGGER_TAG: "nightly"}), limit=500)
     if not runs:
         return None
@@ -305,15 +333,17 @@ def _last_night(instance: dg.DagsterInstance | None) -> NightRun | None:
     )
 
 
-def _nightly(instance: dg.DagsterInstance | None, now: datetime) -> NightlySection:
-    schedule = nightly_distillation_schedule
-    timezone = schedule.execution_timezone or "UTC"
-    state = _schedule_state(instance)
+def _nightly(
+    settings: Settings, instance: dg.DagsterInstance | None, now: datetime
+) -> NightlySection:
+    # The schedule is built from these settings (defs/schedules.py).
+    cron, timezone = settings.nightly_cron, settings.timezone
+    state = _schedule_state(settings, instance)
     return NightlySection(
-        cron=str(schedule.cron_schedule),
+        cron=cron,
         timezone=timezone,
         schedule=state,
-        next=_next_tick(str(schedule.cron_schedule), timezone, now) if state == "running" else None,
+        next=_next_tick(cron, timezone, now) if state == "running" else None,
         last=_last_night(instance),
     )
 
@@ -321,18 +351,23 @@ def _nightly(instance: dg.DagsterInstance | None, now: datetime) -> NightlySecti
 # ---- inbox and the whole ------------------------------------------------------------------------
 
 
-def _assignments(settings: Settings) -> dict[str, str]:
-    """Inbox name -> partition key, from the landing manifest when there is one."""
-    manifest = settings.paths.manifest_path
-    if not manifest.is_file():
-        return {}
-    with Landing(settings.paths) as landing:
-        return {
-            item.name: str(
-                dg.MultiPartitionKey({DATE_DIMENSION: item.ds, SOURCE_DIMENSION: item.source})
-            )
-            for item in landing.assignments()
-        }
+class _Manifest(BaseModel):
+    """What the landing manifest says: each inbox name's partition and its newest landed sha."""
+
+    key_of: dict[str, str] = {}
+    landed: dict[str, str] = {}
+    error: str | None = None
+
+
+def _manifest(settings: Settings) -> _Manifest:
+    try:
+        versions = landed_versions(settings.paths)
+    except StorageError as error:
+        return _Manifest(error=str(error))
+    # The key format of the date|source partitions (a MultiPartitionKey: dimensions by name).
+    key_of = {item.name: f"{item.ds}|{item.source}" for item, _ in versions}
+    landed = {f"{item.ds}|{item.source}": sha for item, sha in versions if sha}
+    return _Manifest(key_of=key_of, landed=landed)
 
 
 def collect_status(settings: Settings, *, now: datetime | None = None) -> Status:
@@ -340,14 +375,19 @@ def collect_status(settings: Settings, *, now: datetime | None = None) -> Status
     now = now or datetime.now(UTC)
     paths = settings.paths
     files = scan_inbox(paths.inbox_dir) if paths.inbox_dir.is_dir() else []
-    assigned = _assignments(settings)
+    manifest = _manifest(settings)
     # A file nobody has seen yet has no partition: it waits under its name.
-    key_of = {f.name: assigned.get(f.name) for f in files}
-    instance = _instance(settings)
+    key_of = {f.name: manifest.key_of.get(f.name) for f in files}
+    instance, instance_error = _instance(settings)
+    records: dict[str, PartitionRecord] | None = None
     try:
-        records = distill_states(instance, assigned.values()) if instance is not None else None
-        server = _server(settings, instance)
-        nightly = _nightly(instance, now)
+        if instance is not None:
+            try:
+                records = _records(instance, manifest.key_of.values(), manifest.landed)
+            except _UNREADABLE as error:
+                instance_error = f"Dagster instance is unreadable: {error}"
+        server = _server(settings, instance if records is not None else None)
+        nightly = _nightly(settings, instance if records is not None else None, now)
     finally:
         if instance is not None:
             instance.dispose()
@@ -355,18 +395,19 @@ def collect_status(settings: Settings, *, now: datetime | None = None) -> Status
     waiting = sorted(
         name
         for name, key in key_of.items()
-        if key is None or records is None or records[key].state != PartitionState.DONE
+        if key is None or records is None or key not in records or records[key].state != "done"
     )
     return Status(
         server=server,
         ledger=_ledger(settings),
-        partitions=_partitions(records, str(settings.paths.dagster_home)),
+        partitions=_partitions(records, str(settings.paths.dagster_home), instance_error),
         nightly=nightly,
         inbox=InboxSection(
             dir=str(paths.inbox_dir),
             files=len(files),
             waiting=len(waiting),
             waiting_files=waiting[:MAX_KEYS],
+            error=manifest.error,
         ),
     )
 
@@ -386,16 +427,21 @@ def render_status(status: Status) -> str:
     restored = {True: "restored", False: "NOT restored", None: "unknown"}[digest.restored]
     lines.append(f"digest     {(digest.sha256 or '?')[:12]} {restored} ({digest.detail})")
     tables = ", ".join(f"{name} {rows}" for name, rows in sorted(status.ledger.by_table.items()))
-    lines.append(f"ledger     {status.ledger.rows} rows ({tables or 'empty'})")
+    lines.append(
+        f"ledger     {status.ledger.error}"
+        if status.ledger.error
+        else f"ledger     {status.ledger.rows} rows ({tables or 'empty'})"
+    )
     parts = status.partitions
     if parts.dagster_home is None:
         lines.append(f"partitions {parts.error}")
     else:
         lines.append(
             f"partitions {parts.done} done, {parts.pending} pending, {parts.running} running, "
-            f"{parts.failed} failed, {parts.stopped_at_window} stopped at the nightly window"
+            f"{parts.failed} failed, {parts.stopped_at_window} stopped at the nightly window, "
+            f"{parts.stale} stale (input changed since)"
         )
-        for name in ("failed", "stopped_at_window", "running", "pending"):
+        for name in ("failed", "stopped_at_window", "stale", "running", "pending"):
             if parts.keys.get(name):
                 lines.append(f"  {name}: {', '.join(parts.keys[name])}")
     nightly = status.nightly
@@ -409,6 +455,8 @@ def render_status(status: Status) -> str:
     lines.append(f"nightly    {nightly.cron} {nightly.timezone}; next {next_text}; {last_text}")
     inbox = status.inbox
     lines.append(f"inbox      {inbox.files} file(s), {inbox.waiting} waiting ({inbox.dir})")
+    if inbox.error:
+        lines.append(f"  {inbox.error}")
     if inbox.waiting_files:
         lines.append(f"  waiting: {', '.join(inbox.waiting_files)}")
     return "\n".join(lines)

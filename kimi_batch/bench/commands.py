@@ -103,8 +103,10 @@ def plan_command(args: argparse.Namespace) -> int:
     from kimi_batch.errors import ConfigError
 
     prompt_speed, gen_speed, slots = args.prompt_tok_s, args.gen_tok_s, args.slots
+    settings = Settings.from_env()
+    # Unset, an answer is as long as the distillation's budget lets it be (the server's n_predict).
+    output_tokens = settings.llama_n_predict if args.output_tokens is None else args.output_tokens
     if prompt_speed is None or gen_speed is None:
-        settings = Settings.from_env()
         measured = last_speeds([settings.paths.bench_dir, settings.paths.tune_dir])
         prompt_speed = prompt_speed or measured.prompt_tok_s
         gen_speed = gen_speed or measured.gen_tok_s
@@ -112,7 +114,7 @@ def plan_command(args: argparse.Namespace) -> int:
     try:
         spec = PlanInput(
             prompt_tokens=args.prompt_tokens,
-            output_tokens=args.output_tokens,
+            output_tokens=output_tokens,
             rows=args.rows,
             prompt_tok_s=prompt_speed,
             gen_tok_s=gen_speed,

@@ -93,6 +93,20 @@ def test_command_refuses_a_bad_value_in_one_line(capsys: pytest.CaptureFixture[s
     assert "prompt_tokens" in err
 
 
+def test_command_plans_the_configured_answer_budget_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Without --output-tokens an answer is as long as the distillation may make it: n_predict.
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path))
+    monkeypatch.setenv("KIMI_BATCH_LLAMA_N_PREDICT", "512")
+    args = ["plan", "--prompt-tokens", "100", "--rows", "1", "--json"]
+
+    assert main([*args, "--prompt-tok-s", "100", "--gen-tok-s", "8"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert planned["inputs"]["output_tokens"] == 512
+    assert planned["wall_s"] == pytest.approx(1 + 512 / 8)
+
+
 def test_runs_of_a_night_pay_their_overhead_and_the_window_cuts_the_last_one() -> None:
     spec = PlanInput(
         prompt_tokens=0,
