@@ -142,7 +142,8 @@ def output_lines(client: openai.OpenAI, file_id: str | None) -> list[dict[str, A
 def long_requests(prefix: str, n: int) -> list[str]:
     topics = ["rivers", "mountains", "deserts", "oceans", "forests", "islands", "lakes", "caves"]
     return [
-        request(f"{prefix}-{i}", f"Write a long, detailed essay about {topics[i % 8]}.",
+        # The prefix is in the prompt: the same content is answered once, from the ledger.
+        request(f"{prefix}-{i}", f"Write a long, detailed essay about {topics[i % 8]} ({prefix}).",
                 max_tokens=250, temperature=0.8, seed=i)
         for i in range(n)
     ]  # fmt: skip
