@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dagster as dg
+import pytest
 
 from kimi_batch.defs.assets._generation import generation_checks
 from kimi_batch.defs.assets.batch import DistillConfig
@@ -11,8 +12,12 @@ from kimi_batch.storage import polars_schema
 from kimi_batch.tasks.sink import CheckFigures
 
 
-def test_the_answer_budget_defaults_to_the_servers_n_predict() -> None:
+def test_the_answer_budget_defaults_to_the_servers_n_predict(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # A reasoning model thinks for hundreds of tokens first: 256 would cut most answers off.
+    # The default, not the session server's setting (the llama_env fixture sets the variable).
+    monkeypatch.delenv("KIMI_BATCH_LLAMA_N_PREDICT", raising=False)
     n_predict = Settings.from_env().llama_n_predict
 
     assert n_predict == 1024
