@@ -88,7 +88,8 @@ def state(llama_env: Any) -> Settings:
         runs: list[tuple[str, bool, dict[str, str]]] = [
             ("st_done", False, {}),
             ("st_failed", True, {TRIGGER_TAG: "nightly", NIGHT_TAG: DAY}),
-            ("st_stopped", False, {STOPPED_AT_WINDOW_TAG: "true"}),
+            # A window-stopped run fails its step ("N of M rows done, resumes next night").
+            ("st_stopped", True, {STOPPED_AT_WINDOW_TAG: "true"}),
         ]
         for source, fail, tags in runs:
             dg.materialize(
