@@ -100,6 +100,8 @@ def _resolve(settings: Settings, ds: str, source: str) -> ResolvedInput:
 @dg.asset(
     partitions_def=batch_partitions,
     group_name=BATCH_GROUP,
+    # `llama.prepare()` may start the server and asks it to tokenize: a llama step like the others.
+    pool=LLAMA_POOL,
     kinds={"parquet", "trino"},
     check_specs=[dg.AssetCheckSpec("published_to_trino", asset="seed_prompts")],
 )
