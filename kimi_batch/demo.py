@@ -8,7 +8,7 @@ from typing import Any
 
 import dagster as dg
 
-from kimi_batch.definitions import BATCH_ASSETS, DIGEST_ASSETS, build_resources
+from kimi_batch.definitions import DIGEST_ASSETS, batch_assets, build_resources
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, SOURCE_PARTITIONS_NAME
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.engine import ProgressEvent, notify
@@ -55,7 +55,7 @@ def _seed_inbox(settings: Settings) -> None:
 
 def _preflight(settings: Settings) -> None:
     """What the first asset would fail on, checked before Dagster logs a run: one clear error."""
-    DigestResource().load()  # DigestLintError: cache-breaking content
+    DigestResource(deployment=settings).load()  # DigestLintError: cache-breaking content
     server_from_settings(settings)  # ServerSpawnError: no model file, no llama-server binary
 
 
@@ -89,7 +89,8 @@ def run_demo(settings: Settings, *, console_log_level: str = "INFO") -> dict[str
         )
     if not files:
         raise MissingInputError(f"no input files in {settings.paths.inbox_dir}")
-    resources = build_resources()
+    resources = build_resources(settings)
+    assets = batch_assets(settings)
     instance = _instance(settings)
     instance.add_dynamic_partitions(SOURCE_PARTITIONS_NAME, sorted({f.source for f in files}))
 
@@ -105,7 +106,7 @@ def run_demo(settings: Settings, *, console_log_level: str = "INFO") -> dict[str
     for file in files:
         key = dg.MultiPartitionKey({DATE_DIMENSION: file.ds, SOURCE_DIMENSION: file.source})
         run = dg.materialize(
-            BATCH_ASSETS,
+            assets,
             partition_key=key,
             resources=resources,
             instance=instance,

@@ -3,18 +3,17 @@
 Read-only: nothing here starts a server, prefills a slot or writes to the Dagster instance, so the
 command is safe to run in a loop while a night is in progress. Each section is collected on its
 own; a part that cannot be read (no server, no instance yet) says so instead of failing the rest.
+The document and its text are `kimi_batch.status_sections`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from collections import Counter
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 import dagster as dg
-from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.defs.partition_states import (
     ACTIVE_RUN_STATUSES,
@@ -23,107 +22,31 @@ from kimi_batch.defs.partition_states import (
     distill_states,
 )
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION
-from kimi_batch.defs.schedules import NIGHT_TAG, TRIGGER_TAG, nightly_distillation_schedule
-from kimi_batch.engine import load_digest
+from kimi_batch.defs.schedules import NIGHT_TAG, TRIGGER_TAG, build_nightly_schedule
+from kimi_batch.engine import Ledger, load_digest
 from kimi_batch.llama import LlamaClient, LlamaError, server_from_settings
 from kimi_batch.settings import Settings
+from kimi_batch.status_sections import (
+    MAX_KEYS,
+    DigestState,
+    InboxSection,
+    LedgerSection,
+    NightlySection,
+    NightRun,
+    PartitionsSection,
+    ServerSection,
+    Status,
+    render_status,
+)
 from kimi_batch.storage import Landing, scan_inbox
 from kimi_batch.tasks.amplify import Strategy
 from kimi_batch.tasks.distill import parse_tag
 
-__all__ = [
-    "DigestState",
-    "InboxSection",
-    "LedgerSection",
-    "NightlySection",
-    "PartitionsSection",
-    "ServerSection",
-    "Status",
-    "collect_status",
-    "render_status",
-]
+__all__ = ["Status", "collect_status", "render_status"]
 
-# Partition keys listed per state; the counts stay exact.
-MAX_KEYS = 20
 _DIGEST_PREFILL = dg.AssetKey("digest_prefill")
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class DigestState(_Section):
-    sha256: str | None
-    restored: bool | None = Field(
-        description="digest_prefill ran for this digest since the server started (a restore, or "
-        "the one prefill); None when that cannot be known (no instance, an attached server)."
-    )
-    detail: str = ""
-
-
-class ServerSection(_Section):
-    running: bool
-    healthy: bool
-    pid: int | None
-    base_url: str
-    model: str | None
-    slots: int | None
-    slots_busy: int | None
-    slots_idle: int | None
-    digest: DigestState
-    error: str | None = None
-
-
-class LedgerSection(_Section):
-    path: str
-    rows: int
-    by_table: dict[str, int] = Field(description="Finished requests by the table they feed.")
-
-
-class PartitionsSection(_Section):
-    """States of the `distilled_responses` partitions (date|source) the instance knows of."""
-
-    dagster_home: str | None
-    done: int = 0
-    pending: int = 0
-    running: int = 0
-    failed: int = 0
-    stopped_at_window: int = 0
-    keys: dict[str, list[str]] = Field(
-        default_factory=dict, description=f"Keys per state except done (at most {MAX_KEYS})."
-    )
-    error: str | None = None
-
-
-class NightRun(_Section):
-    night: str | None
-    runs: int
-    statuses: dict[str, int]
-    started: datetime | None
-    ended: datetime | None
-
-
-class NightlySection(_Section):
-    cron: str
-    timezone: str
-    schedule: Literal["running", "stopped", "unknown"]
-    next: datetime | None = Field(description="Next tick, when the schedule is running.")
-    last: NightRun | None
-
-
-class InboxSection(_Section):
-    dir: str
-    files: int
-    waiting: int = Field(description="Files whose partition is not distilled yet.")
-    waiting_files: list[str]
-
-
-class Status(_Section):
-    server: ServerSection
-    ledger: LedgerSection
-    partitions: PartitionsSection
-    nightly: NightlySection
-    inbox: InboxSection
+# Any start before now: the cron windows only serve to find the next tick (a yearly cron included).
+_CRON_LOOKBACK = timedelta(days=400)
 
 
 # ---- server -------------------------------------------------------------------------------------
@@ -200,19 +123,9 @@ def _digest_state(
 
 def _ledger(settings: Settings) -> LedgerSection:
     path = settings.paths.ledger_path
-    if not path.is_file():
-        return LedgerSection(path=str(path), rows=0, by_table={})
-    # Read-only, so a status call never holds a write lock beside a running batch.
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
-    try:
-        rows = db.execute(
-            "SELECT json_extract(result_json, '$.tag'), count(*) FROM results GROUP BY 1"
-        ).fetchall()
-    finally:
-        db.close()
     by_table: Counter[str] = Counter()
-    for tag, count in rows:
-        by_table[_table_of(str(tag or ""))] += int(count)
+    for tag, count in Ledger.count_by_tag(path).items():
+        by_table[_table_of(tag)] += count
     return LedgerSection(path=str(path), rows=sum(by_table.values()), by_table=dict(by_table))
 
 
@@ -258,9 +171,8 @@ def _partitions(records: dict[str, PartitionRecord] | None, home: str) -> Partit
 
 
 def _schedule_state(
-    instance: dg.DagsterInstance | None,
+    schedule: dg.ScheduleDefinition, instance: dg.DagsterInstance | None
 ) -> Literal["running", "stopped", "unknown"]:
-    schedule = nightly_distillation_schedule
     default = (
         "running" if schedule.default_status == dg.DefaultScheduleStatus.RUNNING else "stopped"
     )
@@ -275,14 +187,13 @@ def _schedule_state(
     return default
 
 
-def _next_tick(cron: str, timezone: str, now: datetime) -> datetime | None:
-    # Dagster's own cron iterator, so "next" means exactly what the daemon will do.
-    from dagster._utils.schedules import cron_string_iterator
-
-    for tick in cron_string_iterator(now.timestamp(), cron, timezone):
-        if tick.timestamp() > now.timestamp():
-            return tick
-    return None
+def _next_tick(cron: str, timezone: str, now: datetime) -> datetime:
+    """The first tick after `now`, by Dagster's own cron windows: what the daemon will do."""
+    windows = dg.TimeWindowPartitionsDefinition(
+        cron_schedule=cron, start=now - _CRON_LOOKBACK, timezone=timezone, fmt="%Y-%m-%dT%H:%M"
+    )
+    key = windows.get_partition_key_for_timestamp(now.timestamp())
+    return windows.time_window_for_partition_key(key).end
 
 
 def _last_night(instance: dg.DagsterInstance | None) -> NightRun | None:
@@ -311,10 +222,12 @@ def _last_night(instance: dg.DagsterInstance | None) -> NightRun | None:
     )
 
 
-def _nightly(instance: dg.DagsterInstance | None, now: datetime) -> NightlySection:
-    schedule = nightly_distillation_schedule
+def _nightly(
+    settings: Settings, instance: dg.DagsterInstance | None, now: datetime
+) -> NightlySection:
+    schedule = build_nightly_schedule(settings)
     timezone = schedule.execution_timezone or "UTC"
-    state = _schedule_state(instance)
+    state = _schedule_state(schedule, instance)
     return NightlySection(
         cron=str(schedule.cron_schedule),
         timezone=timezone,
@@ -353,7 +266,7 @@ def collect_status(settings: Settings, *, now: datetime | None = None) -> Status
     try:
         records = distill_states(instance, assigned.values()) if instance is not None else None
         server = _server(settings, instance)
-        nightly = _nightly(instance, now)
+        nightly = _nightly(settings, instance, now)
     finally:
         if instance is not None:
             instance.dispose()
@@ -375,46 +288,3 @@ def collect_status(settings: Settings, *, now: datetime | None = None) -> Status
             waiting_files=waiting[:MAX_KEYS],
         ),
     )
-
-
-def render_status(status: Status) -> str:
-    """One screen of text."""
-    server, digest = status.server, status.server.digest
-    lines = []
-    if server.running:
-        lines.append(
-            f"server     {'healthy' if server.healthy else 'not healthy'} pid={server.pid} "
-            f"{server.base_url} model={server.model} slots {server.slots_busy} busy / "
-            f"{server.slots_idle} idle"
-        )
-    else:
-        lines.append(f"server     not running ({server.base_url})")
-    restored = {True: "restored", False: "NOT restored", None: "unknown"}[digest.restored]
-    lines.append(f"digest     {(digest.sha256 or '?')[:12]} {restored} ({digest.detail})")
-    tables = ", ".join(f"{name} {rows}" for name, rows in sorted(status.ledger.by_table.items()))
-    lines.append(f"ledger     {status.ledger.rows} rows ({tables or 'empty'})")
-    parts = status.partitions
-    if parts.dagster_home is None:
-        lines.append(f"partitions {parts.error}")
-    else:
-        lines.append(
-            f"partitions {parts.done} done, {parts.pending} pending, {parts.running} running, "
-            f"{parts.failed} failed, {parts.stopped_at_window} stopped at the nightly window"
-        )
-        for name in ("failed", "stopped_at_window", "running", "pending"):
-            if parts.keys.get(name):
-                lines.append(f"  {name}: {', '.join(parts.keys[name])}")
-    nightly = status.nightly
-    last = nightly.last
-    last_text = (
-        f"last night {last.night}: {last.runs} run(s) {last.statuses}"
-        if last
-        else "no nightly run yet"
-    )
-    next_text = nightly.next.isoformat() if nightly.next else f"schedule {nightly.schedule}"
-    lines.append(f"nightly    {nightly.cron} {nightly.timezone}; next {next_text}; {last_text}")
-    inbox = status.inbox
-    lines.append(f"inbox      {inbox.files} file(s), {inbox.waiting} waiting ({inbox.dir})")
-    if inbox.waiting_files:
-        lines.append(f"  waiting: {', '.join(inbox.waiting_files)}")
-    return "\n".join(lines)

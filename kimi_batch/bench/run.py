@@ -9,13 +9,10 @@ the end. Contenders run one after another from erased slots.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import shlex
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,41 +60,24 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-# Another server, warehouse, Trino or Dagster home would take the bench's runs elsewhere.
-_UNSET = (
-    "KIMI_BATCH_LLAMA_URL",
-    "KIMI_BATCH_LLAMA_EXTRA_URLS",
-    "KIMI_BATCH_WAREHOUSE",
-    "KIMI_BATCH_TRINO_HOST",
-    "DAGSTER_HOME",
-)
-
-
-@contextlib.contextmanager
-def bench_environment(settings: Settings) -> Iterator[Settings]:
+def bench_settings(settings: Settings) -> Settings:
     """The configured server in its own state dir, with fixed answer lengths and no RAM cache.
 
-    Set as `KIMI_BATCH_*` variables for the duration, because the Dagster resources of contender
-    (D) read their settings from the environment, as they do in a deployment.
+    No attached or scale-out server, warehouse override or Trino: those would take the bench's
+    runs elsewhere. Contender (D)'s Dagster resources are built from these settings too.
     """
-    overrides = {
-        "KIMI_BATCH_HOME": str(settings.paths.bench_dir / "state"),
-        "KIMI_BATCH_LLAMA_PORT": str(_free_port()),
-        "KIMI_BATCH_LLAMA_EXTRA_ARGS": shlex.join([*settings.llama_extra_args, "--ignore-eos"]),
-        "KIMI_BATCH_LLAMA_CACHE_RAM": "0",
-    }
-    saved = {name: os.environ.get(name) for name in (*overrides, *_UNSET)}
-    try:
-        for name in _UNSET:
-            os.environ.pop(name, None)
-        os.environ.update(overrides)
-        yield Settings.from_env()
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    return settings.model_copy(
+        update={
+            "home": settings.paths.bench_dir / "state",
+            "llama_port": _free_port(),
+            "llama_extra_args": (*settings.llama_extra_args, "--ignore-eos"),
+            "llama_cache_ram_mib": 0,
+            "llama_url": None,
+            "llama_extra_urls": (),
+            "warehouse": None,
+            "trino_host": None,
+        }
+    )
 
 
 async def _target(base_url: str, model: str, digest_path: Path) -> BenchTarget:
@@ -217,8 +197,7 @@ def _run_workload(
 
 def run_bench(settings: Settings, options: BenchOptions) -> dict[str, Any]:
     """Spawn the bench server, run the workloads, stop it; returns the JSON document."""
-    with bench_environment(settings) as local:
-        document, speeds = _run_all(local, options)
+    document, speeds = _run_all(bench_settings(settings), options)
     save_speeds(settings.paths.bench_dir, speeds)
     return document
 

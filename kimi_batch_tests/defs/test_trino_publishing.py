@@ -13,8 +13,9 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from kimi_batch.definitions import BATCH_ASSETS, build_resources
+from kimi_batch.definitions import batch_assets, build_resources
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
+from kimi_batch.settings import Settings
 from kimi_batch.storage import TrinoConfig, TrinoPublisher, Warehouse
 from kimi_batch_tests.support.llama_server import LlamaEnv
 from kimi_batch_tests.support.ports import free_port
@@ -57,9 +58,9 @@ def _materialize(
         for name, value in trino.items():
             patch.setenv(name, value)
         return dg.materialize(
-            BATCH_ASSETS,
+            batch_assets(Settings.from_env()),
             partition_key=dg.MultiPartitionKey({"date": _today(), "source": source}),
-            resources=build_resources(),
+            resources=build_resources(Settings.from_env()),
             instance=instance,
             run_config=RUN_CONFIG,
         )

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from kimi_batch.definitions import BATCH_ASSETS, build_resources
+from kimi_batch.definitions import batch_assets, build_resources
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
 from kimi_batch.settings import Settings
 
@@ -41,12 +41,12 @@ def _partition(instance: dg.DagsterInstance, source: str, rows: int, config: dic
     (inbox / f"{source}.jsonl").write_text("\n".join(lines) + "\n")
     instance.add_dynamic_partitions(SOURCE_PARTITIONS_NAME, [source])
     result = dg.materialize(
-        BATCH_ASSETS,
+        batch_assets(Settings.from_env()),
         selection=["seed_prompts", "distilled_responses"],
         partition_key=dg.MultiPartitionKey(
             {"date": settings.today().isoformat(), "source": source}
         ),
-        resources=build_resources(),
+        resources=build_resources(Settings.from_env()),
         instance=instance,
         run_config={"ops": {"distilled_responses": {"config": config}}},
     )

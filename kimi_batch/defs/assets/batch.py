@@ -1,4 +1,9 @@
-"""Partitioned batch assets: seeds landed from the inbox, amplified variants, teacher answers."""
+"""Partitioned batch assets: seeds landed from the inbox, amplified variants, teacher answers.
+
+Their partitions depend on the deployment (`kimi_batch.defs.partitions`), so the assets are made
+by `build_batch_assets(partitions)` from the functions below; `defs` builds them for the code
+location from the one `Settings` (`kimi_batch.defs.deployment`).
+"""
 
 import asyncio
 from collections.abc import Iterator, Sequence
@@ -18,7 +23,8 @@ from kimi_batch.defs.assets._generation import (
     read_rows,
     run_batch,
 )
-from kimi_batch.defs.partitions import batch_partitions, partition_parts
+from kimi_batch.defs.deployment import deployment_settings
+from kimi_batch.defs.partitions import build_batch_partitions, partition_parts
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
@@ -52,6 +58,8 @@ __all__ = [
     "AmplifyConfig",
     "DistillConfig",
     "amplified_prompts",
+    "build_batch_assets",
+    "defs",
     "distilled_responses",
     "seed_prompts",
 ]
@@ -97,14 +105,6 @@ def _resolve(settings: Settings, ds: str, source: str) -> ResolvedInput:
         raise dg.Failure(str(error)) from error
 
 
-@dg.asset(
-    partitions_def=batch_partitions,
-    group_name=BATCH_GROUP,
-    # `llama.prepare()` may start the server and asks it to tokenize: a llama step like the others.
-    pool=LLAMA_POOL,
-    kinds={"parquet", "trino"},
-    check_specs=[dg.AssetCheckSpec("published_to_trino", asset="seed_prompts")],
-)
 def seed_prompts(
     context: dg.AssetExecutionContext,
     config: SeedConfig,
@@ -168,14 +168,6 @@ def _seeds(warehouse: WarehouseResource, ds: str, source: str) -> list[SeedPromp
     return seeds_from_rows(read_rows(warehouse.warehouse(), "seeds", ds, source, SeedRow))
 
 
-@dg.asset(
-    partitions_def=batch_partitions,
-    group_name=BATCH_GROUP,
-    pool=LLAMA_POOL,
-    kinds={"parquet", "trino"},
-    check_specs=check_specs("amplified_prompts"),
-    deps=[seed_prompts],
-)
 def amplified_prompts(
     context: dg.AssetExecutionContext,
     config: AmplifyConfig,
@@ -212,14 +204,6 @@ def amplified_prompts(
         )
 
 
-@dg.asset(
-    partitions_def=batch_partitions,
-    group_name=BATCH_GROUP,
-    pool=LLAMA_POOL,
-    deps=[seed_prompts, amplified_prompts],
-    kinds={"parquet", "trino"},
-    check_specs=check_specs("distilled_responses"),
-)
 def distilled_responses(
     context: dg.AssetExecutionContext,
     config: DistillConfig,
@@ -302,3 +286,38 @@ def _with_retries(
         yield (
             replacements.get((result.input_id, result.tag), result) if result.truncated else result
         )
+
+
+def build_batch_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDefinition]:
+    """seed_prompts → amplified_prompts → distilled_responses over `partitions`."""
+    seeds = dg.asset(
+        partitions_def=partitions,
+        group_name=BATCH_GROUP,
+        # `llama.prepare()` may start the server and asks it to tokenize: a llama step too.
+        pool=LLAMA_POOL,
+        kinds={"parquet", "trino"},
+        check_specs=[dg.AssetCheckSpec("published_to_trino", asset="seed_prompts")],
+    )(seed_prompts)
+    amplified = dg.asset(
+        partitions_def=partitions,
+        group_name=BATCH_GROUP,
+        pool=LLAMA_POOL,
+        kinds={"parquet", "trino"},
+        check_specs=check_specs("amplified_prompts"),
+        deps=[seeds],
+    )(amplified_prompts)
+    distilled = dg.asset(
+        partitions_def=partitions,
+        group_name=BATCH_GROUP,
+        pool=LLAMA_POOL,
+        deps=[seeds, amplified],
+        kinds={"parquet", "trino"},
+        check_specs=check_specs("distilled_responses"),
+    )(distilled_responses)
+    return [seeds, amplified, distilled]
+
+
+@dg.definitions
+def defs() -> dg.Definitions:
+    """The batch assets over the deployment's (date, source) partitions."""
+    return dg.Definitions(assets=build_batch_assets(build_batch_partitions(deployment_settings())))
