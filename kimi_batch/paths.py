@@ -1,7 +1,8 @@
 """Where every state file lives: the one owner of the `$KIMI_BATCH_HOME` layout.
 
     home/
-      server/            pid, spec and log of the resident llama-server
+      server/            pid, spec, log and exit record of the resident llama-server
+      smoke/             log of the last `kimi-batch server smoke` (the end of `make setup`)
       slots/             slot saves of the system digest (--slot-save-path)
       ledger/            ledger.sqlite3: finished requests and partition leases
       landed/            content-addressed snapshots of ingested inputs + manifest.sqlite3
@@ -48,6 +49,10 @@ class StatePaths(BaseModel):
     @property
     def server_dir(self) -> Path:
         return self.home / "server"
+
+    @property
+    def smoke_dir(self) -> Path:
+        return self.home / "smoke"
 
     @property
     def slot_save_dir(self) -> Path:

@@ -39,8 +39,7 @@ from kimi_batch.status_sections import (
     render_status,
 )
 from kimi_batch.storage import Landing, scan_inbox
-from kimi_batch.tasks.amplify import Strategy
-from kimi_batch.tasks.distill import parse_tag
+from kimi_batch.tasks.stages import stage_of_tag
 
 __all__ = ["Status", "collect_status", "render_status"]
 
@@ -130,13 +129,8 @@ def _ledger(settings: Settings) -> LedgerSection:
 
 
 def _table_of(tag: str) -> str:
-    if tag in {strategy.value for strategy in Strategy}:
-        return "amplified"
-    try:
-        parse_tag(tag)
-    except ValueError:
-        return "other"
-    return "distilled"
+    stage = stage_of_tag(tag)
+    return stage.table if stage else "other"
 
 
 # ---- Dagster instance: partitions and nights ----------------------------------------------------

@@ -1,8 +1,9 @@
 """llama-server: typed client, server spec and the resident-server manager (no Dagster here).
 
 The layers above import from here, never from the modules: `client` (the HTTP API), `messages`
-(what is sent), `responses` (what comes back), `server`, `binary` and `factory` (the resident
-server), `exceptions` (the error tree, rooted in `kimi_batch.errors.KimiBatchError`).
+(what is sent), `responses` (what comes back), `server`, `binary`, `exits` and `factory` (the
+resident server, and how a server process ended), `smoke` (the setup's smoke test of the binary),
+`exceptions` (the error tree, rooted in `kimi_batch.errors.KimiBatchError`).
 """
 
 from kimi_batch.llama.binary import find_tool
@@ -17,10 +18,11 @@ from kimi_batch.llama.exceptions import (
     LlamaServerError,
     LlamaTimeoutError,
     LlamaUnsupportedError,
+    ServerKilledError,
     ServerSpawnError,
     SpecMismatchError,
 )
-from kimi_batch.llama.factory import server_from_settings
+from kimi_batch.llama.factory import server_from_settings, smoke_from_settings
 from kimi_batch.llama.memory import (
     InsufficientMemoryError,
     MemoryEstimate,
@@ -46,6 +48,7 @@ from kimi_batch.llama.server import (
     ServerStatus,
     available_cpus,
 )
+from kimi_batch.llama.smoke import SmokeResult
 
 __all__ = [
     "AttachedServer",
@@ -69,10 +72,12 @@ __all__ = [
     "ResidentServer",
     "RetryPolicy",
     "ServerHandle",
+    "ServerKilledError",
     "ServerProps",
     "ServerSpawnError",
     "ServerSpec",
     "ServerStatus",
+    "SmokeResult",
     "SpecMismatchError",
     "TokenLogprob",
     "TopLogprob",
@@ -82,4 +87,5 @@ __all__ = [
     "find_tool",
     "read_model_shape",
     "server_from_settings",
+    "smoke_from_settings",
 ]

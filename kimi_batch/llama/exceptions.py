@@ -10,7 +10,8 @@ LlamaError (a kimi_batch.errors.KimiBatchError)
 │   └── LlamaUnsupportedError 404/501: endpoint or feature not available on this build
 ├── LlamaResponseError        a 2xx body that does not parse as the documented shape
 └── ServerSpawnError          the resident server could not be started or attached
-    └── SpecMismatchError     a server with another spec already runs (it is left running)
+    ├── SpecMismatchError     a server with another spec already runs (it is left running)
+    └── ServerKilledError     the server (or the smoke test's) was killed by a signal
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ __all__ = [
     "LlamaServerError",
     "LlamaTimeoutError",
     "LlamaUnsupportedError",
+    "ServerKilledError",
     "ServerSpawnError",
     "SpecMismatchError",
 ]
@@ -78,3 +80,11 @@ class ServerSpawnError(LlamaError):
 
 class SpecMismatchError(ServerSpawnError):
     pass
+
+
+class ServerKilledError(ServerSpawnError):
+    """Killed by a signal (SIGSEGV at the first computation: a binary this CPU cannot run)."""
+
+    def __init__(self, message: str, *, signal_name: str) -> None:
+        super().__init__(message)
+        self.signal_name = signal_name

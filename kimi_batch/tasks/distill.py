@@ -5,39 +5,48 @@ message with the seed's instructions block and overrides, because a variant is a
 question but the requester's style instructions still hold. Downstream a variant is identified by
 the `request_id` of its amplified row, which is the `input_id` of its distillation request.
 
-The request tag carries where the prompt came from: `seed`, or `variant:<strategy>`.
+The request tag (`RequestTag`, stage `distill`) carries where the prompt came from: a seed, or a
+variant of a strategy.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Literal
+from collections.abc import Iterable, Sequence
+from functools import cached_property
+from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kimi_batch.engine import GenerationRequest, GenerationResult, SamplingParams
 from kimi_batch.llama import ChatMessage
-from kimi_batch.tasks.amplify import Strategy, generation_columns, result_quarantine
 from kimi_batch.tasks.inputs import SeedPrompt, fold_instructions, format_validation_error
-from kimi_batch.tasks.rows import AmplifiedRow, DistilledRow, QuarantineRow
+from kimi_batch.tasks.rows import AmplifiedRow, DistilledRow, GenerationColumns, QuarantineRow
+from kimi_batch.tasks.sink import StageSink
+from kimi_batch.tasks.stage import (
+    GenerationTask,
+    RowReader,
+    SeedInputs,
+    SetAside,
+    generation_columns,
+)
+from kimi_batch.tasks.tags import DISTILL_STAGE, Origin, RequestTag, Strategy
 
 __all__ = [
     "DEFAULT_DISTILL_PARAMS",
     "EMPTY_REASON",
     "SEED_TAG",
     "TRUNCATED_REASON",
-    "VARIANT_TAG_PREFIX",
+    "DistillInputs",
     "DistillOutcome",
+    "DistillTask",
     "distillation_requests",
-    "iter_distilled_rows",
     "parse_tag",
     "to_distilled_rows",
     "variant_tag",
 ]
 
-SEED_TAG = "seed"
-VARIANT_TAG_PREFIX = "variant:"
+SEED_TAG = RequestTag(stage=DISTILL_STAGE).wire
 DEFAULT_DISTILL_PARAMS = SamplingParams(max_tokens=256, temperature=0.7, top_p=0.95)
 
 # Unconstrained models like to wrap JSON in a Markdown fence; the JSON inside is still the answer.
@@ -55,16 +64,18 @@ class DistillOutcome(BaseModel):
 
 def variant_tag(strategy: Strategy | str) -> str:
     """The tag of a variant's distillation request."""
-    return f"{VARIANT_TAG_PREFIX}{Strategy(strategy).value}"
+    return RequestTag(stage=DISTILL_STAGE, origin="variant", strategy=Strategy(strategy)).wire
 
 
-def parse_tag(tag: str) -> tuple[Literal["seed", "variant"], Strategy | None]:
+def parse_tag(tag: str) -> tuple[Origin, Strategy | None]:
     """(origin, strategy) from a distillation tag; ValueError on anything else."""
-    if tag == SEED_TAG:
-        return "seed", None
-    if tag.startswith(VARIANT_TAG_PREFIX):
-        return "variant", Strategy(tag.removeprefix(VARIANT_TAG_PREFIX))
-    raise ValueError(f"not a distillation tag: {tag!r}")
+    try:
+        parsed = RequestTag.parse(tag)
+    except ValueError:
+        parsed = None
+    if parsed is None or parsed.stage != DISTILL_STAGE:
+        raise ValueError(f"not a distillation tag: {tag!r}")
+    return parsed.origin, parsed.strategy
 
 
 def distillation_requests(
@@ -149,40 +160,64 @@ def _set_aside_reason(
     return structured, None
 
 
-def iter_distilled_rows(
-    results: Iterable[GenerationResult],
-    seeds: Sequence[SeedPrompt],
-    variants: Sequence[AmplifiedRow] = (),
-    *,
-    output_model: type[BaseModel] | None = None,
-    set_aside: list[QuarantineRow],
-) -> Iterator[DistilledRow]:
-    """Distillation results as rows, one at a time (results stream from the ledger).
+class DistillInputs(SeedInputs):
+    """The partition's seeds and the variants amplified from them."""
 
-    Only final answers become rows: an empty answer, one cut off at max_tokens, or one that breaks
-    the schema goes to `set_aside` with the reason (and the text in `raw`), so a student model is
-    never trained on half an answer. A result that matches no seed or variant is a caller bug and
-    raises ValueError.
-    """
-    seeds_by_id = {seed.input_id: seed for seed in seeds}
-    variants_by_id = {variant.request_id: variant for variant in variants}
-    for result in results:
+    variants: list[AmplifiedRow] = Field(default_factory=list)
+
+    @cached_property
+    def variants_by_id(self) -> dict[str, AmplifiedRow]:
+        return {variant.request_id: variant for variant in self.variants}
+
+
+class DistillTask(GenerationTask[DistillInputs, DistilledRow]):
+    """A teacher answer for every seed and variant (table `distilled`); only final answers are
+    rows: an empty answer, one cut off at max_tokens, or one that breaks the schema is set aside
+    with the reason (and the text in `raw`), so a student is never trained on half an answer."""
+
+    name: ClassVar[str] = DISTILL_STAGE
+    table: ClassVar[str] = "distilled"
+    row_model: ClassVar[type[GenerationColumns]] = DistilledRow
+
+    params: SamplingParams = DEFAULT_DISTILL_PARAMS
+    n_probs: int = Field(default=0, ge=0, le=20, description="Top-k logprobs per token (0: off).")
+    output_model: type[BaseModel] | None = Field(
+        default=None, description="Answers are constrained to its JSON schema and validated."
+    )
+    retry_truncated_max_tokens: int | None = Field(
+        default=None, gt=0, description="Ask truncated answers again with this budget."
+    )
+
+    def load(self, read: RowReader) -> DistillInputs:
+        seeds = SeedInputs.read(read).seeds
+        return DistillInputs(seeds=seeds, variants=read("amplified", AmplifiedRow))
+
+    def requests(self, inputs: DistillInputs) -> list[GenerationRequest]:
+        return distillation_requests(
+            inputs.seeds,
+            inputs.variants,
+            self.params,
+            n_probs=self.n_probs,
+            output_model=self.output_model,
+        )
+
+    def parse(self, result: GenerationResult, inputs: DistillInputs) -> DistilledRow | SetAside:
+        """A result that matches no seed or variant is a caller bug and raises ValueError."""
         origin, strategy = parse_tag(result.tag)
         if origin == "seed":
-            seed = seeds_by_id.get(result.input_id)
+            seed = inputs.by_id.get(result.input_id)
             prompt = seed.prompt if seed else ""
         else:
-            variant = variants_by_id.get(result.input_id)
-            seed = seeds_by_id.get(variant.seed_id) if variant else None
+            variant = inputs.variants_by_id.get(result.input_id)
+            seed = inputs.by_id.get(variant.seed_id) if variant else None
             prompt = variant.prompt if variant else ""
         if seed is None:
             raise ValueError(f"result {result.request_id} matches no seed or variant")
         response = result.text.strip()
-        structured, reason = _set_aside_reason(result, response, output_model)
+        structured, reason = _set_aside_reason(result, response, self.output_model)
         if reason is not None:
-            set_aside.append(result_quarantine(result, stage="distill", seed=seed, reason=reason))
-            continue
-        yield DistilledRow.model_validate(
+            return SetAside(reason=reason, source_file=seed.source_file, line=seed.line)
+        return DistilledRow.model_validate(
             {
                 **generation_columns(result),
                 "seed_id": seed.input_id,
@@ -196,6 +231,21 @@ def iter_distilled_rows(
             }
         )
 
+    @property
+    def asks_again(self) -> bool:
+        return self.retry_truncated_max_tokens is not None
+
+    def retry(
+        self, request: GenerationRequest, result: GenerationResult
+    ) -> GenerationRequest | None:
+        """A truncated answer is asked again with `retry_truncated_max_tokens`."""
+        budget = self.retry_truncated_max_tokens
+        if budget is None or not result.truncated:
+            return None
+        return request.model_copy(
+            update={"params": request.params.model_copy(update={"max_tokens": budget})}
+        )
+
 
 def to_distilled_rows(
     results: Iterable[GenerationResult],
@@ -204,13 +254,11 @@ def to_distilled_rows(
     *,
     output_model: type[BaseModel] | None = None,
 ) -> DistillOutcome:
-    """`iter_distilled_rows` collected, rows ordered by (seed, origin, strategy, request id)."""
-    quarantined: list[QuarantineRow] = []
-    rows = list(
-        iter_distilled_rows(
-            results, seeds, variants, output_model=output_model, set_aside=quarantined
-        )
-    )
+    """`DistillTask`'s rows collected, ordered by (seed, origin, strategy, request id)."""
+    task = DistillTask(output_model=output_model)
+    sink = StageSink(task, DistillInputs(seeds=list(seeds), variants=list(variants)))
+    rows = list(sink.rows(results))
+    quarantined = sink.quarantined
     rows.sort(key=lambda r: (r.seed_id, r.origin != "seed", r.strategy or "", r.request_id))
     quarantined.sort(key=lambda q: (q.input_id or "", q.request_id or ""))
     return DistillOutcome(rows=rows, quarantined=quarantined)

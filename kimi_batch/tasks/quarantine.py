@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Literal
 
 from kimi_batch.engine import FailedRequest, GenerationResult
 from kimi_batch.tasks.inputs import input_row, truncate_raw
@@ -12,7 +11,8 @@ from kimi_batch.tasks.rows import QuarantineRow
 
 __all__ = ["failure_rows", "file_row", "result_row"]
 
-Stage = Literal["input", "amplify", "distill"]
+# "input", or the `name` of the generation stage whose output or request it was.
+Stage = str
 
 
 def file_row(*, source_file: str, reason: str, created_at: datetime) -> QuarantineRow:

@@ -117,7 +117,7 @@ class QuarantineRow(_Row):
     cached_tokens: int = 0
     completion_tokens: int = 0
     finish_reason: str | None = None
-    stage: Literal["input", "amplify", "distill"]
+    stage: str = Field(description="input, or the generation stage (amplify, distill ...).")
     source_file: str
     line: int | None = Field(description="1-based line (JSONL/CSV) or row number (Parquet).")
     reason: str

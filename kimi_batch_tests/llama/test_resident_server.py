@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kimi_batch_tests.support.crashing_binary import crashing_binary, exiting_binary
 from kimi_batch_tests.support.ports import free_port
 
 pytestmark = pytest.mark.slow  # every test drives `kimi-batch server` on a real llama-server
@@ -38,19 +39,24 @@ def _cli(env: dict[str, str], *args: str, check: bool = True) -> subprocess.Comp
     return result
 
 
-@pytest.fixture
-def cli_env(tmp_path: Path, llama_binary: Path, model_path: Path) -> Iterator[dict[str, str]]:
+def _env(home: Path, binary: Path, model: Path) -> dict[str, str]:
     env = {
         **os.environ,
-        "KIMI_BATCH_HOME": str(tmp_path / "home"),
-        "KIMI_BATCH_MODEL": str(model_path),
-        "KIMI_BATCH_LLAMA_SERVER": str(llama_binary),
+        "KIMI_BATCH_HOME": str(home),
+        "KIMI_BATCH_MODEL": str(model),
+        "KIMI_BATCH_LLAMA_SERVER": str(binary),
         "KIMI_BATCH_LLAMA_PORT": str(free_port()),
         "KIMI_BATCH_LLAMA_THREADS": "1",
         "KIMI_BATCH_LLAMA_CTX": "2048",
         "KIMI_BATCH_LLAMA_PARALLEL": "1",
     }
     env.pop("KIMI_BATCH_LLAMA_URL", None)
+    return env
+
+
+@pytest.fixture
+def cli_env(tmp_path: Path, llama_binary: Path, model_path: Path) -> Iterator[dict[str, str]]:
+    env = _env(tmp_path / "home", llama_binary, model_path)
     yield env
     _cli(env, "server", "stop", check=False)
 
@@ -97,6 +103,56 @@ def test_a_killed_server_is_respawned_by_the_next_start(cli_env: dict[str, str])
     assert second["spawned"] is True
     assert second["pid"] != first["pid"]
     assert httpx.get(f"{second['base_url']}/health", timeout=5).status_code == 200
+
+
+def test_a_server_killed_by_sigsegv_at_start_is_named_in_one_line(
+    tmp_path: Path, model_path: Path
+) -> None:
+    binary = crashing_binary(tmp_path, "SEGV")  # as an AMX build dies on a Xeon
+    cli_env = _env(tmp_path / "home", binary, model_path)
+    result = _cli(cli_env, "server", "start", check=False)
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    log = Path(cli_env["KIMI_BATCH_HOME"]) / "server" / "server.log"
+    assert "llama-server (pid " in line
+    assert "was killed by SIGSEGV during the model load / first computation" in line
+    assert f"log: {log}" in line
+    assert "CPU instructions" in line
+    assert "KIMI_BATCH_LLAMA_SERVER" in line
+    status = json.loads(_cli(cli_env, "server", "status", "--json").stdout)
+    assert status["running"] is False
+
+
+def test_an_ordinary_exit_at_start_keeps_its_code_and_log_tail(
+    tmp_path: Path, model_path: Path
+) -> None:
+    binary = exiting_binary(tmp_path, 3)
+    result = _cli(_env(tmp_path / "home", binary, model_path), "server", "start", check=False)
+    assert result.returncode == 2
+    first, *tail = result.stderr.splitlines()
+    assert "exited" in first
+    assert "with code 3" in first
+    assert "killed" not in result.stderr
+    assert any("error: bad flag" in line for line in tail)
+
+
+def test_a_server_killed_by_a_signal_later_is_named_when_it_is_started_again(
+    cli_env: dict[str, str],
+) -> None:
+    first = _start(cli_env)
+    os.kill(int(str(first["pid"])), signal.SIGSEGV)
+    restarted = _cli(cli_env, "server", "start", "--json")
+    second = json.loads(restarted.stdout)
+    assert second["spawned"] is True
+    warning = f"the previous llama-server (pid {first['pid']}) was killed by SIGSEGV after"
+    assert warning in restarted.stderr
+    assert "of serving" in restarted.stderr
+    assert second["previous_exit"].startswith(f"llama-server (pid {first['pid']}) was killed")
+    # A server stopped on purpose is not a death to report.
+    _cli(cli_env, "server", "stop")
+    again = _cli(cli_env, "server", "start", "--json")
+    assert json.loads(again.stdout)["previous_exit"] is None
+    assert "warning" not in again.stderr
 
 
 def test_a_different_model_is_refused_and_the_running_server_is_left_alone(

@@ -15,13 +15,13 @@ from kimi_batch.tasks.amplify import (
     Strategy,
     amplification_requests,
     dedup_variants,
-    generation_columns,
     normalize_text,
     parse_variant,
     to_amplified_rows,
 )
 from kimi_batch.tasks.inputs import SeedPrompt
 from kimi_batch.tasks.rows import AmplifiedRow
+from kimi_batch.tasks.stage import generation_columns
 from kimi_batch_tests.support.results import CREATED, make_result
 
 

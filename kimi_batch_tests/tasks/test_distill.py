@@ -7,7 +7,6 @@ from pydantic import BaseModel, ValidationError
 
 from kimi_batch.engine.generation import GenerationResult, SamplingParams
 from kimi_batch.llama.responses import TokenLogprob, TopLogprob
-from kimi_batch.tasks.amplify import generation_columns
 from kimi_batch.tasks.distill import (
     DEFAULT_DISTILL_PARAMS,
     EMPTY_REASON,
@@ -19,6 +18,7 @@ from kimi_batch.tasks.distill import (
 )
 from kimi_batch.tasks.inputs import INSTRUCTIONS_OPEN, SeedPrompt
 from kimi_batch.tasks.rows import AmplifiedRow
+from kimi_batch.tasks.stage import generation_columns
 from kimi_batch_tests.support.results import make_result
 
 

@@ -1,20 +1,20 @@
-"""What the generation assets share: the partition's lease, the engine under the nightly window,
-rows streamed from the ledger to Parquet, publishing, checks."""
+"""What the batch assets share: the partition's lease, the engine under the nightly window,
+reading a partition's rows, publishing, the generation checks."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 import dagster as dg
 import polars as pl
 from pydantic import BaseModel
 
 from kimi_batch.defs.jobs import STOPPED_TAG, WINDOW_TAG
-from kimi_batch.defs.metadata import generation_figures, summary_table
+from kimi_batch.defs.metadata import generation_figures
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
@@ -23,24 +23,21 @@ from kimi_batch.engine import (
     BatchEngine,
     BatchOutcome,
     GenerationRequest,
-    GenerationResult,
     LeaseHeldError,
     Ledger,
     ProgressEvent,
     SystemDigest,
     notify,
 )
-from kimi_batch.storage import StorageError, Warehouse, polars_schema, replace_quarantine
-from kimi_batch.tasks.checks import CheckFigures, OutputTally
-from kimi_batch.tasks.quarantine import failure_rows
-from kimi_batch.tasks.rows import PARTITION_COLUMNS, GenerationColumns, QuarantineRow
+from kimi_batch.storage import StorageError, Warehouse, polars_schema
+from kimi_batch.tasks.rows import PARTITION_COLUMNS
+from kimi_batch.tasks.sink import CheckFigures
 
 __all__ = [
     "BATCH_GROUP",
     "LLAMA_POOL",
     "check_specs",
-    "iter_results",
-    "land_generation",
+    "generation_checks",
     "partition_lease",
     "publish",
     "read_rows",
@@ -237,56 +234,3 @@ CHECK_NAMES = (
 
 def check_specs(asset: str) -> list[dg.AssetCheckSpec]:
     return [dg.AssetCheckSpec(name, asset=asset) for name in CHECK_NAMES]
-
-
-def iter_results(
-    ledger: Ledger, outcome: BatchOutcome, tally: OutputTally
-) -> Iterator[GenerationResult]:
-    """The batch's finished rows in request order, streamed from the ledger and counted."""
-    return tally.results(outcome.iter_results(ledger))
-
-
-def land_generation(
-    context: dg.AssetExecutionContext,
-    *,
-    table: str,
-    stage: Literal["amplify", "distill"],
-    rows: Iterable[GenerationColumns],
-    set_aside: list[QuarantineRow],
-    tally: OutputTally,
-    outcome: BatchOutcome,
-    warehouse: Warehouse,
-    trino: TrinoResource,
-    ds: str,
-    source: str,
-    extra_metadata: dict[str, dg.RawMetadataValue] | None = None,
-) -> dg.MaterializeResult:
-    """Stream the rows into the partition, then this stage's quarantine rows; publish; check.
-
-    `set_aside` fills while `rows` is consumed, so it is written after the partition.
-    """
-    written = warehouse.write_partition(table, ds, source, tally.rows(rows))
-    failed = failure_rows(
-        outcome.failures,
-        stage=stage,
-        source_file=source,
-        model=outcome.model,
-        digest_sha=outcome.digest_sha256,
-        created_at=datetime.now(UTC),
-    )
-    quarantined = replace_quarantine(warehouse, ds, source, stage, [*set_aside, *failed])
-    checks = generation_checks(table, tally.figures(), pl.read_parquet_schema(written.path))
-    checks.append(publish(context, trino, warehouse, [table, "quarantine"], ds, source))
-    metadata: dict[str, dg.RawMetadataValue] = {
-        "rows": written.rows,
-        "quarantined": quarantined,
-        **generation_figures(outcome),
-        **(extra_metadata or {}),
-        "path": dg.MetadataValue.path(str(written.path)),
-    }
-    if trino.enabled:
-        name = trino.table_name(table)
-        metadata["trino_table"] = name
-        metadata["query"] = dg.MetadataValue.md(f"```sql\nSELECT * FROM {name} LIMIT 100\n```")
-    metadata["summary"] = summary_table(metadata)
-    return dg.MaterializeResult(metadata=metadata, check_results=checks)

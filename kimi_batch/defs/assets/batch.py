@@ -1,41 +1,25 @@
 """Partitioned batch assets: seeds landed from the inbox, amplified variants, teacher answers.
 
 Their partitions depend on the deployment (`kimi_batch.defs.partitions`), so the assets are made
-by `build_batch_assets(partitions)` from the functions below; `defs` builds them for the code
-location from the one `Settings` (`kimi_batch.defs.deployment`).
+by `build_batch_assets(partitions)`; `defs` builds them for the code location from the one
+`Settings` (`kimi_batch.defs.deployment`).
 """
 
 import asyncio
-from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 
 import dagster as dg
 from pydantic import Field
 
-from kimi_batch.defs.assets._generation import (
-    BATCH_GROUP,
-    LLAMA_POOL,
-    check_specs,
-    iter_results,
-    land_generation,
-    partition_lease,
-    publish,
-    read_rows,
-    run_batch,
-)
+from kimi_batch.defs.assets._generation import BATCH_GROUP, LLAMA_POOL, partition_lease, publish
+from kimi_batch.defs.assets.stage import StageConfig, generation_asset
 from kimi_batch.defs.deployment import deployment_settings
 from kimi_batch.defs.partitions import build_batch_partitions, partition_parts
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
-from kimi_batch.engine import (
-    BatchOutcome,
-    GenerationRequest,
-    GenerationResult,
-    Ledger,
-    SamplingParams,
-)
+from kimi_batch.engine import SamplingParams
 from kimi_batch.settings import Settings
 from kimi_batch.storage import (
     ResolvedInput,
@@ -44,23 +28,17 @@ from kimi_batch.storage import (
     replace_quarantine,
     resolve_partition,
 )
-from kimi_batch.tasks.amplify import Strategy, amplification_requests, to_amplified_rows
-from kimi_batch.tasks.checks import OutputTally
-from kimi_batch.tasks.distill import distillation_requests, iter_distilled_rows
-from kimi_batch.tasks.inputs import SeedPrompt
+from kimi_batch.tasks.amplify import AmplifyTask, Strategy
+from kimi_batch.tasks.distill import DistillTask
 from kimi_batch.tasks.prompt_length import check_prompt_lengths
 from kimi_batch.tasks.quarantine import file_row
-from kimi_batch.tasks.rows import AmplifiedRow, QuarantineRow, SeedRow
 from kimi_batch.tasks.schemas import import_output_model
-from kimi_batch.tasks.seeds import seeds_from_rows
 
 __all__ = [
     "AmplifyConfig",
     "DistillConfig",
-    "amplified_prompts",
     "build_batch_assets",
     "defs",
-    "distilled_responses",
     "seed_prompts",
 ]
 
@@ -71,15 +49,22 @@ class SeedConfig(dg.Config):
     )
 
 
-class AmplifyConfig(dg.Config):
+class AmplifyConfig(StageConfig):
     strategies: list[str] = Field(default_factory=lambda: [s.value for s in Strategy])
     variants_per_strategy: int = Field(default=1, ge=1, le=16)
     max_tokens: int = Field(default=128, gt=0)
     temperature: float = Field(default=0.9, ge=0.0, le=2.0)
     seed: int = Field(default=7, description="Base sampling seed: reruns ask the same questions.")
 
+    def task(self, settings: Settings) -> AmplifyTask:
+        params = SamplingParams(
+            max_tokens=self.max_tokens, temperature=self.temperature, seed=self.seed
+        )
+        strategies = [Strategy(s) for s in self.strategies]
+        return AmplifyTask(strategies=strategies, k=self.variants_per_strategy, params=params)
 
-class DistillConfig(dg.Config):
+
+class DistillConfig(StageConfig):
     max_tokens: int = Field(default=256, gt=0, description="Kept within the server's n_predict.")
     temperature: float = Field(default=0.7, ge=0.0, le=2.0)
     seed: int = Field(default=11)
@@ -96,6 +81,25 @@ class DistillConfig(dg.Config):
         description="Ask again, with this budget, for answers cut off at max_tokens (they are "
         "never final answers); unset: they go to quarantine.",
     )
+
+    def task(self, settings: Settings) -> DistillTask:
+        try:
+            output_model = (
+                import_output_model(self.output_model, settings.output_model_modules)
+                if self.output_model
+                else None
+            )
+        except ValueError as error:
+            raise dg.Failure(str(error)) from error
+        params = SamplingParams(
+            max_tokens=self.max_tokens, temperature=self.temperature, seed=self.seed
+        )
+        return DistillTask(
+            params=params,
+            n_probs=self.n_probs,
+            output_model=output_model,
+            retry_truncated_max_tokens=self.retry_truncated_max_tokens,
+        )
 
 
 def _resolve(settings: Settings, ds: str, source: str) -> ResolvedInput:
@@ -163,131 +167,6 @@ def seed_prompts(
     )
 
 
-def _seeds(warehouse: WarehouseResource, ds: str, source: str) -> list[SeedPrompt]:
-    """The partition's landed seeds (table `seeds`), never the inbox file."""
-    return seeds_from_rows(read_rows(warehouse.warehouse(), "seeds", ds, source, SeedRow))
-
-
-def amplified_prompts(
-    context: dg.AssetExecutionContext,
-    config: AmplifyConfig,
-    llama: LlamaServerResource,
-    digest: DigestResource,
-    warehouse: WarehouseResource,
-    trino: TrinoResource,
-) -> dg.MaterializeResult:
-    """New training prompts: k paraphrased, harder and related variants per seed, deduplicated."""
-    ds, source = partition_parts(context)
-    seeds = _seeds(warehouse, ds, source)
-    params = SamplingParams(
-        max_tokens=config.max_tokens, temperature=config.temperature, seed=config.seed
-    )
-    strategies = [Strategy(s) for s in config.strategies]
-    requests = amplification_requests(seeds, strategies, config.variants_per_strategy, params)
-    tally = OutputTally()
-    with partition_lease(context, warehouse, ds, source) as ledger:
-        outcome = run_batch(context, llama, digest, ledger, requests)
-        amplified = to_amplified_rows(iter_results(ledger, outcome, tally), seeds)
-        return land_generation(
-            context,
-            table="amplified",
-            stage="amplify",
-            rows=amplified.rows,
-            set_aside=amplified.quarantined,
-            tally=tally,
-            outcome=outcome,
-            warehouse=warehouse.warehouse(),
-            trino=trino,
-            ds=ds,
-            source=source,
-            extra_metadata={"duplicates_dropped": amplified.duplicates},
-        )
-
-
-def distilled_responses(
-    context: dg.AssetExecutionContext,
-    config: DistillConfig,
-    llama: LlamaServerResource,
-    digest: DigestResource,
-    warehouse: WarehouseResource,
-    trino: TrinoResource,
-) -> dg.MaterializeResult:
-    """Teacher answers for every seed and variant, with token counts, cache hits and timings."""
-    ds, source = partition_parts(context)
-    store = warehouse.warehouse()
-    seeds = _seeds(warehouse, ds, source)
-    variants = read_rows(store, "amplified", ds, source, AmplifiedRow)
-    params = SamplingParams(
-        max_tokens=config.max_tokens, temperature=config.temperature, seed=config.seed
-    )
-    try:
-        output_model = (
-            import_output_model(config.output_model, llama.settings().output_model_modules)
-            if config.output_model
-            else None
-        )
-    except ValueError as error:
-        raise dg.Failure(str(error)) from error
-    requests = distillation_requests(
-        seeds, variants, params, n_probs=config.n_probs, output_model=output_model
-    )
-    tally, set_aside = OutputTally(), list[QuarantineRow]()
-    with partition_lease(context, warehouse, ds, source) as ledger:
-        outcome = run_batch(context, llama, digest, ledger, requests)
-        results = iter_results(ledger, outcome, tally)
-        if config.retry_truncated_max_tokens:
-            results = _with_retries(context, llama, digest, ledger, requests, outcome, config)
-            results = tally.results(results)
-        rows = iter_distilled_rows(
-            results, seeds, variants, output_model=output_model, set_aside=set_aside
-        )
-        return land_generation(
-            context,
-            table="distilled",
-            stage="distill",
-            rows=rows,
-            set_aside=set_aside,
-            tally=tally,
-            outcome=outcome,
-            warehouse=store,
-            trino=trino,
-            ds=ds,
-            source=source,
-        )
-
-
-def _with_retries(
-    context: dg.AssetExecutionContext,
-    llama: LlamaServerResource,
-    digest: DigestResource,
-    ledger: Ledger,
-    requests: Sequence[GenerationRequest],
-    outcome: BatchOutcome,
-    config: DistillConfig,
-) -> Iterator[GenerationResult]:
-    """The batch's results with every truncated answer asked again with the larger budget."""
-    budget = config.retry_truncated_max_tokens or config.max_tokens
-    by_id = {
-        row.request_id: request for row, request in zip(outcome.planned, requests, strict=True)
-    }
-    truncated = [r.request_id for r in outcome.iter_results(ledger) if r.truncated]
-    again = [
-        by_id[rid].model_copy(
-            update={"params": by_id[rid].params.model_copy(update={"max_tokens": budget})}
-        )
-        for rid in truncated
-    ]
-    context.log.info(f"asking again for {len(again)} truncated answer(s) with max_tokens={budget}")
-    retried = run_batch(context, llama, digest, ledger, again) if again else None
-    replacements = {
-        (r.input_id, r.tag): r for r in (retried.iter_results(ledger) if retried else ())
-    }
-    for result in outcome.iter_results(ledger):
-        yield (
-            replacements.get((result.input_id, result.tag), result) if result.truncated else result
-        )
-
-
 def build_batch_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDefinition]:
     """seed_prompts → amplified_prompts → distilled_responses over `partitions`."""
     seeds = dg.asset(
@@ -298,22 +177,22 @@ def build_batch_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDef
         kinds={"parquet", "trino"},
         check_specs=[dg.AssetCheckSpec("published_to_trino", asset="seed_prompts")],
     )(seed_prompts)
-    amplified = dg.asset(
-        partitions_def=partitions,
-        group_name=BATCH_GROUP,
-        pool=LLAMA_POOL,
-        kinds={"parquet", "trino"},
-        check_specs=check_specs("amplified_prompts"),
+    amplified = generation_asset(
+        name="amplified_prompts",
+        task=AmplifyConfig,
+        partitions=partitions,
         deps=[seeds],
-    )(amplified_prompts)
-    distilled = dg.asset(
-        partitions_def=partitions,
-        group_name=BATCH_GROUP,
-        pool=LLAMA_POOL,
+        description="New training prompts: k paraphrased, harder and related variants per seed, "
+        "deduplicated.",
+    )
+    distilled = generation_asset(
+        name="distilled_responses",
+        task=DistillConfig,
+        partitions=partitions,
         deps=[seeds, amplified],
-        kinds={"parquet", "trino"},
-        check_specs=check_specs("distilled_responses"),
-    )(distilled_responses)
+        description="Teacher answers for every seed and variant, with token counts, cache hits "
+        "and timings.",
+    )
     return [seeds, amplified, distilled]
 
 

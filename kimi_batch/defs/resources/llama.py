@@ -50,7 +50,13 @@ class LlamaServerResource(dg.ConfigurableResource):
         return server_from_settings(self.settings(), load_timeout_s=self.load_timeout_s)
 
     def ensure_running(self) -> ServerHandle:
-        return self.manager().ensure_running()
+        """Attach or start; a server that died on its own (a signal, say) is named in the run log."""
+        handle = self.manager().ensure_running()
+        if handle.previous_exit:
+            dg.get_dagster_logger().warning(
+                f"the resident {handle.previous_exit}; it was started again"
+            )
+        return handle
 
     def client(self) -> LlamaClient:
         return self.manager().client()
@@ -84,7 +90,7 @@ class LlamaServerResource(dg.ConfigurableResource):
         """Engine hook: after a connection error, bring the resident server back if it died."""
         manager = self.manager()
         if isinstance(manager, ResidentServer) and base_url.rstrip("/") == manager.base_url:
-            manager.ensure_running()
+            self.ensure_running()
 
     def restart_hung(self, base_url: str) -> None:
         """Engine hook: the resident server stopped making progress; kill and respawn it."""

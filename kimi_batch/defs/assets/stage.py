@@ -1,0 +1,185 @@
+"""One asset per generation stage: `generation_asset(...)` turns a `GenerationTask` into a
+partitioned, pooled asset; `run_stage` is what every such asset runs.
+
+The run, for any stage: read its inputs, build its requests, run them under the partition's lease
+(the ledger skips what is done), ask again what the stage wants asked again, stream the results
+from the ledger through the stage's `StageSink` into the partition's Parquet, then write the
+sink's quarantine rows, publish to Trino and judge the checks.
+"""
+
+# No `from __future__ import annotations`: Dagster reads the asset function's annotations.
+
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import dagster as dg
+import polars as pl
+
+from kimi_batch.defs.assets._generation import (
+    BATCH_GROUP,
+    LLAMA_POOL,
+    check_specs,
+    generation_checks,
+    partition_lease,
+    publish,
+    read_rows,
+    run_batch,
+)
+from kimi_batch.defs.metadata import generation_figures, summary_table
+from kimi_batch.defs.partitions import partition_parts
+from kimi_batch.defs.resources.digest import DigestResource
+from kimi_batch.defs.resources.llama import LlamaServerResource
+from kimi_batch.defs.resources.trino import TrinoResource
+from kimi_batch.defs.resources.warehouse import WarehouseResource
+from kimi_batch.engine import BatchOutcome, GenerationRequest, GenerationResult, Ledger
+from kimi_batch.settings import Settings
+from kimi_batch.storage import PartitionWrite, replace_quarantine
+from kimi_batch.tasks.sink import StageSink
+from kimi_batch.tasks.stage import GenerationTask, RowReader
+from kimi_batch.tasks.stages import register_stage
+
+__all__ = ["StageConfig", "generation_asset", "run_stage"]
+
+Task = GenerationTask[Any, Any]
+
+
+class StageConfig(dg.Config):
+    """Run config of a stage's asset (shown in the launchpad); it builds the stage's task."""
+
+    def task(self, settings: Settings) -> Task:
+        raise NotImplementedError(f"{type(self).__name__} must build its stage's task")
+
+
+class _FixedTask(StageConfig):
+    """No run config: the asset runs the task it was made with."""
+
+
+def generation_asset(
+    *,
+    name: str,
+    task: type[StageConfig] | Task,
+    partitions: dg.PartitionsDefinition,
+    description: str,
+    deps: Sequence[dg.AssetsDefinition | str] = (),
+) -> dg.AssetsDefinition:
+    """The asset `name` of one stage over `partitions` (the deployment's batch partitions,
+    `kimi_batch.defs.partitions.build_batch_partitions`), in the llama pool, with the checks.
+
+    `task` is a `StageConfig` class (run config builds the task) or a task (no run config).
+    """
+    config_type = task if isinstance(task, type) else _FixedTask
+    fixed = None if isinstance(task, type) else task
+    if fixed is not None:
+        register_stage(type(fixed))
+
+    def materialize(
+        context: dg.AssetExecutionContext,
+        config: StageConfig,
+        llama: LlamaServerResource,
+        digest: DigestResource,
+        warehouse: WarehouseResource,
+        trino: TrinoResource,
+    ) -> dg.MaterializeResult:
+        stage = fixed or config.task(llama.settings())
+        return run_stage(
+            context, stage, llama=llama, digest=digest, warehouse=warehouse, trino=trino
+        )
+
+    # Dagster takes the run-config schema from the annotation: this stage's own config class.
+    materialize.__annotations__["config"] = config_type
+    return dg.asset(
+        name=name,
+        description=description,
+        partitions_def=partitions,
+        group_name=BATCH_GROUP,
+        pool=LLAMA_POOL,
+        kinds={"parquet", "trino"},
+        check_specs=check_specs(name),
+        deps=list(deps),
+    )(materialize)
+
+
+def run_stage(
+    context: dg.AssetExecutionContext,
+    task: Task,
+    *,
+    llama: LlamaServerResource,
+    digest: DigestResource,
+    warehouse: WarehouseResource,
+    trino: TrinoResource,
+) -> dg.MaterializeResult:
+    """Generate the partition's rows of `task`'s table (see the module docstring)."""
+    register_stage(type(task))
+    ds, source = partition_parts(context)
+    store = warehouse.warehouse()
+    reader: RowReader = lambda table, model: read_rows(store, table, ds, source, model)  # noqa: E731
+    inputs = task.load(reader)
+    requests = task.requests(inputs)
+    sink = StageSink(task, inputs)
+    with partition_lease(context, warehouse, ds, source) as ledger:
+        outcome = run_batch(context, llama, digest, ledger, requests)
+        results = outcome.iter_results(ledger)
+        if task.asks_again:
+            results = _asked_again(context, llama, digest, ledger, task, requests, outcome)
+        written = store.write_partition(task.table, ds, source, sink.rows(results))
+        sink.failed(
+            outcome.failures,
+            source_file=source,
+            model=outcome.model,
+            digest_sha=outcome.digest_sha256,
+            created_at=datetime.now(UTC),
+        )
+        quarantined = replace_quarantine(store, ds, source, task.name, sink.quarantined)
+        checks = generation_checks(task.table, sink.figures(), pl.read_parquet_schema(written.path))
+        checks.append(publish(context, trino, store, [task.table, "quarantine"], ds, source))
+    metadata = _metadata(trino, written, quarantined, outcome, sink)
+    return dg.MaterializeResult(metadata=metadata, check_results=checks)
+
+
+def _metadata(
+    trino: TrinoResource,
+    written: PartitionWrite,
+    quarantined: int,
+    outcome: BatchOutcome,
+    sink: StageSink[Any, Any],
+) -> "dict[str, dg.RawMetadataValue]":
+    metadata: dict[str, dg.RawMetadataValue] = {
+        "rows": written.rows,
+        "quarantined": quarantined,
+        **generation_figures(outcome),
+        **sink.metadata(),
+        "path": dg.MetadataValue.path(str(written.path)),
+    }
+    if trino.enabled:
+        name = trino.table_name(written.table)
+        metadata["trino_table"] = name
+        metadata["query"] = dg.MetadataValue.md(f"```sql\nSELECT * FROM {name} LIMIT 100\n```")
+    metadata["summary"] = summary_table(metadata)
+    return metadata
+
+
+def _asked_again(
+    context: dg.AssetExecutionContext,
+    llama: LlamaServerResource,
+    digest: DigestResource,
+    ledger: Ledger,
+    task: Task,
+    requests: Sequence[GenerationRequest],
+    outcome: BatchOutcome,
+) -> Iterator[GenerationResult]:
+    """The batch's results, each one the stage asks again for replaced by its new answer."""
+    by_id = {row.request_id: req for row, req in zip(outcome.planned, requests, strict=True)}
+    again: dict[str, GenerationRequest] = {}
+    for result in outcome.iter_results(ledger):
+        retry = task.retry(by_id[result.request_id], result)
+        if retry is not None:
+            again[result.request_id] = retry
+    context.log.info(f"asking again for {len(again)} answer(s) of the {task.name} stage")
+    retried = run_batch(context, llama, digest, ledger, list(again.values())) if again else None
+    replacements = {
+        (r.input_id, r.tag): r for r in (retried.iter_results(ledger) if retried else ())
+    }
+    for result in outcome.iter_results(ledger):
+        replaced = replacements.get((result.input_id, result.tag))
+        yield replaced if replaced is not None and result.request_id in again else result

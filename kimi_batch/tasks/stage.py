@@ -1,0 +1,130 @@
+"""The generation-stage protocol: what differs between amplify, distill and any later stage.
+
+A stage says which table it fills (`table`, `row_model`), what it reads (`load`), what it asks
+(`requests`, like curator's `LLM.prompt` or distilabel's `Task.format_input`) and what a finished
+request becomes (`parse`, like `LLM.parse` / `Task.format_output`): a row, or a `SetAside` with
+the reason. Everything else is shared and the stage never sees it: the engine, the ledger (a
+rerun sends only what it lacks), the partition lease, `StageSink` (quarantine rows and the
+figures the checks judge), and streaming the rows from the ledger to Parquet in chunks.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Sequence
+from functools import cached_property
+from typing import ClassVar, Generic, Protocol, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kimi_batch.engine import GenerationRequest, GenerationResult
+from kimi_batch.tasks.inputs import SeedPrompt
+from kimi_batch.tasks.rows import GenerationColumns, SeedRow
+from kimi_batch.tasks.seeds import seeds_from_rows
+
+__all__ = [
+    "GenerationTask",
+    "RowReader",
+    "SeedInputs",
+    "SetAside",
+    "generation_columns",
+]
+
+InputsT = TypeVar("InputsT")
+RowT = TypeVar("RowT", bound=GenerationColumns)
+ReadT = TypeVar("ReadT", bound=BaseModel)
+
+
+class RowReader(Protocol):
+    """Reads one table of the partition being generated (what a stage's inputs come from)."""
+
+    def __call__(self, table: str, model: type[ReadT], /) -> list[ReadT]: ...
+
+
+class SetAside(BaseModel):
+    """A finished request that is not a row: it goes to the quarantine table with the reason."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    reason: str = Field(min_length=1)
+    source_file: str = Field(description="The input file the request was built from.")
+    line: int | None = Field(default=None, description="Its line there, if known.")
+
+
+class SeedInputs(BaseModel):
+    """The partition's landed seeds, by id: the inputs of a stage that reads only `seeds`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seeds: list[SeedPrompt]
+
+    @classmethod
+    def read(cls, read: RowReader) -> SeedInputs:
+        return cls(seeds=seeds_from_rows(read("seeds", SeedRow)))
+
+    @cached_property
+    def by_id(self) -> dict[str, SeedPrompt]:
+        return {seed.input_id: seed for seed in self.seeds}
+
+    def seed_of(self, result: GenerationResult) -> SeedPrompt:
+        """The seed a result was asked for; a result of no seed is a caller bug (ValueError)."""
+        seed = self.by_id.get(result.input_id)
+        if seed is None:
+            raise ValueError(f"result {result.request_id} is for unknown seed {result.input_id!r}")
+        return seed
+
+
+def generation_columns(result: GenerationResult) -> dict[str, object]:
+    """The contract columns of an output row, taken from its result (every stage's rows)."""
+    return result.model_dump(include=set(GenerationColumns.model_fields))
+
+
+class GenerationTask(BaseModel, ABC, Generic[InputsT, RowT]):
+    """One generation stage. Subclasses set the class variables and implement the three methods;
+    their fields are the stage's options (sampling, k, an output schema ...).
+
+    Ledger guarantee: a request's ledger key is a content hash of (digest, model, params,
+    messages); `requests` must build the same requests from the same inputs on every rerun.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    name: ClassVar[str]
+    """The stage: the quarantine rows' `stage` and the tags' `RequestTag.stage`."""
+    table: ClassVar[str]
+    """The output table (Parquet directory and Trino table)."""
+    row_model: ClassVar[type[GenerationColumns]]
+    """The table's row model (its schema)."""
+    dropped_metric: ClassVar[str | None] = None
+    """Metadata name of the count of rows `keep` drops, when the stage drops any."""
+
+    @abstractmethod
+    def load(self, read: RowReader) -> InputsT:
+        """The stage's inputs from the partition's upstream tables."""
+
+    @abstractmethod
+    def requests(self, inputs: InputsT) -> Sequence[GenerationRequest]:
+        """The requests to run, deterministic across reruns (tag: a `RequestTag`'s wire form)."""
+
+    @abstractmethod
+    def parse(self, result: GenerationResult, inputs: InputsT) -> RowT | SetAside:
+        """A finished request as a row, or set aside with the reason."""
+
+    def order(self, results: Iterable[GenerationResult]) -> Iterable[GenerationResult]:
+        """The order results are parsed in; the default streams them in request order."""
+        return results
+
+    def keep(self, rows: Iterable[RowT], inputs: InputsT) -> Iterator[RowT]:
+        """The rows that go into the table (e.g. without duplicates); the default keeps all."""
+        yield from rows
+
+    @property
+    def asks_again(self) -> bool:
+        """Whether `retry` may return a request: the results are then read twice."""
+        return False
+
+    def retry(
+        self, request: GenerationRequest, result: GenerationResult
+    ) -> GenerationRequest | None:
+        """A request to send instead of one whose result is not good enough (None: keep it)."""
+        return None

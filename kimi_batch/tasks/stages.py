@@ -1,0 +1,56 @@
+"""The registered generation stages: their tables are output tables, their tags are known.
+
+`register_stage` is the one line a new stage needs besides its class (the asset factory
+`kimi_batch.defs.assets.stage.generation_asset` calls it too). Storage builds its table list from
+here (`kimi_batch.storage.TABLES`), and `kimi-batch status` maps ledger tags to tables with it.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from kimi_batch.tasks.amplify import AmplifyTask
+from kimi_batch.tasks.distill import DistillTask
+from kimi_batch.tasks.stage import GenerationTask
+from kimi_batch.tasks.tags import RequestTag
+
+__all__ = ["STAGES", "register_stage", "stage_of_tag"]
+
+TaskT = TypeVar("TaskT", bound=type[GenerationTask[Any, Any]])
+
+_STAGES: dict[str, type[GenerationTask[Any, Any]]] = {}
+STAGES: Mapping[str, type[GenerationTask[Any, Any]]] = types.MappingProxyType(_STAGES)
+"""Stage name -> stage class, in registration order (a live, read-only view)."""
+
+_RESERVED_TABLES = frozenset({"seeds", "quarantine"})
+
+
+def register_stage(task: TaskT) -> TaskT:
+    """Make a stage known (idempotent); usable as a class decorator.
+
+    ValueError when another stage already has its name or its table.
+    """
+    known = _STAGES.get(task.name)
+    if known is task:
+        return task
+    if known is not None:
+        raise ValueError(f"stage {task.name!r} is already {known.__name__}")
+    tables = {stage.table for stage in _STAGES.values()} | _RESERVED_TABLES
+    if task.table in tables:
+        raise ValueError(f"table {task.table!r} of stage {task.name!r} is already taken")
+    _STAGES[task.name] = task
+    return task
+
+
+def stage_of_tag(tag: str) -> type[GenerationTask[Any, Any]] | None:
+    """The registered stage whose request carried `tag` (a ledger row's), or None."""
+    try:
+        return _STAGES.get(RequestTag.parse(tag).stage)
+    except ValueError:
+        return None
+
+
+register_stage(AmplifyTask)
+register_stage(DistillTask)
