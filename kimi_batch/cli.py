@@ -94,6 +94,13 @@ def _export(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _api(args: argparse.Namespace, settings: Settings) -> int:
+    from kimi_batch.api import serve
+
+    serve(settings, host=args.host, port=args.port)
+    return 0
+
+
 def _publish(args: argparse.Namespace, settings: Settings) -> int:
     from kimi_batch.publish import publish_warehouse
 
@@ -170,6 +177,11 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", default=None, help="output file (default: under the state dir)")
     export.set_defaults(func=_export)
 
+    api = commands.add_parser("api", help="the OpenAI-compatible Batch API (files, batches)")
+    api.add_argument("--host", default="127.0.0.1", help="non-loopback needs KIMI_BATCH_API_KEY")
+    api.add_argument("--port", type=int, default=None, help="default KIMI_BATCH_API_PORT (8090)")
+    api.set_defaults(func=_api)
+
     commands.add_parser("publish", help="register every Parquet partition in Trino").set_defaults(
         func=_publish
     )
@@ -200,7 +212,9 @@ def _add_perf_commands(commands: Any) -> None:
 
     bench = commands.add_parser("bench", help="naive vs all-slots client vs engine vs Dagster")
     bench.add_argument("--json", default=None, help="also write the JSON (and .md, .png) here")
-    bench.add_argument("--workload", choices=["distill", "amplify", "both"], default="both")
+    bench.add_argument(
+        "--workload", choices=["distill", "amplify", "both", "rewrite"], default="both"
+    )
     bench.add_argument("--rows", type=int, default=24, help="distillation prompts")
     bench.add_argument("--output-tokens", type=int, default=64, help="distillation answer length")
     bench.add_argument("--seeds-per-slot", type=int, default=2, help="amplification seeds")
@@ -208,6 +222,11 @@ def _add_perf_commands(commands: Any) -> None:
     bench.add_argument("--amplify-output-tokens", type=int, default=32)
     bench.add_argument("--no-dagster", action="store_true", help="skip contender (D)")
     bench.add_argument("--no-ceiling", action="store_true", help="skip llama-batched-bench")
+    bench.add_argument("--rewrite-rows", type=int, default=20, help="copy-heavy rows (rewrite)")
+    bench.add_argument("--rewrite-output-tokens", type=int, default=160)
+    bench.add_argument(
+        "--spec-type", default=None, help="rewrite: --spec-type (default KIMI_BATCH_LLAMA_SPEC)"
+    )
     bench.set_defaults(func=bench_command)
 
     tune = commands.add_parser("tune", help="thread and slot sweeps; names the knees")

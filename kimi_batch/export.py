@@ -1,75 +1,69 @@
-"""`kimi-batch export`: a distilled partition as OpenAI Batch API output lines."""
+"""`kimi-batch export`: a distilled partition as OpenAI Batch API output lines.
+
+The lines come from the one writer of `kimi_batch.tasks.openai_batch` that the Batch API's
+output and error files use too.
+"""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from kimi_batch.errors import ConfigError, MissingInputError
+from kimi_batch.llama import TokenLogprob
 from kimi_batch.settings import Settings
 from kimi_batch.storage import Warehouse, validate_ds, validate_source
+from kimi_batch.tasks.openai_batch import AnsweredRequest, error_line, response_line
 
-__all__ = ["export_partition", "openai_batch_lines"]
+__all__ = ["export_custom_id", "export_partition", "openai_batch_lines"]
+
+
+def export_custom_id(input_id: str, variant: tuple[str, str] | None) -> str:
+    """The input row's id for a seed (an OpenAI Batch user joins on it as usual), and
+    `seed_id:strategy:variant_id` for a generated variant: answered or set aside alike."""
+    if variant is None:
+        return input_id
+    seed_id, strategy = variant
+    return f"{seed_id}:{strategy}:{input_id}"
+
+
+def _answer(row: dict[str, Any]) -> AnsweredRequest:
+    variant = None if row["origin"] == "seed" else (row["seed_id"], row["strategy"])
+    logprobs = row.get("logprobs")
+    return AnsweredRequest(
+        custom_id=export_custom_id(row["input_id"], variant),
+        request_id=row["request_id"],
+        model=row["model"],
+        created_at=row["created_at"],
+        content=row["response"],
+        reasoning=row.get("reasoning"),
+        logprobs=[TokenLogprob.model_validate(t) for t in logprobs] if logprobs else None,
+        finish_reason=row["finish_reason"],
+        prompt_tokens=row["prompt_tokens"],
+        completion_tokens=row["completion_tokens"],
+        cached_tokens=row["cached_tokens"],
+    )
 
 
 def openai_batch_lines(
-    distilled: list[dict[str, Any]], quarantined: list[dict[str, Any]]
+    distilled: list[dict[str, Any]],
+    quarantined: list[dict[str, Any]],
+    variants: dict[str, tuple[str, str]] | None = None,
 ) -> list[str]:
     """One line per answer (`response`) and per failed distillation request (`error`).
 
-    `custom_id` is the input row's id for seeds (so an OpenAI Batch user joins on it as usual)
-    and `seed_id:strategy:variant_id` for generated variants.
+    `variants`: variant request id -> (seed_id, strategy), from the `amplified` table, so a
+    set-aside variant gets the same `custom_id` its answer would have had.
     """
-    lines = []
-    for row in distilled:
-        custom_id = (
-            row["input_id"]
-            if row["origin"] == "seed"
-            else f"{row['seed_id']}:{row['strategy']}:{row['input_id']}"
-        )
-        body = {
-            "id": f"chatcmpl-{row['request_id']}",
-            "object": "chat.completion",
-            "created": int(row["created_at"].timestamp()),
-            "model": row["model"],
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": row["response"]},
-                    "finish_reason": row["finish_reason"],
-                }
-            ],
-            "usage": {
-                "prompt_tokens": row["prompt_tokens"],
-                "completion_tokens": row["completion_tokens"],
-                "total_tokens": row["prompt_tokens"] + row["completion_tokens"],
-                "prompt_tokens_details": {"cached_tokens": row["cached_tokens"]},
-            },
-        }
-        response = {"status_code": 200, "request_id": row["request_id"], "body": body}
-        lines.append(
-            json.dumps(
-                {
-                    "id": f"batch_req_{row['request_id']}",
-                    "custom_id": custom_id,
-                    "response": response,
-                    "error": None,
-                },
-                ensure_ascii=False,
-            )
-        )
+    lines = [response_line(_answer(row)) for row in distilled]
     for row in quarantined:
-        error = {"code": "quarantined", "message": row["reason"]}
+        input_id = row["input_id"] or ""
         lines.append(
-            json.dumps(
-                {
-                    "id": f"batch_req_{row['request_id'] or row['input_id']}",
-                    "custom_id": row["input_id"],
-                    "response": None,
-                    "error": error,
-                },
-                ensure_ascii=False,
+            error_line(
+                custom_id=export_custom_id(input_id, (variants or {}).get(input_id)),
+                request_id=row["request_id"],
+                code="quarantined",
+                message=row["reason"],
             )
         )
     return lines
@@ -89,9 +83,15 @@ def export_partition(
     failed = (
         quarantine.filter(quarantine["stage"] == "distill") if quarantine.height else quarantine
     )
+    amplified = warehouse.read_partition("amplified", ds, source)
+    variants = (
+        {row["request_id"]: (row["seed_id"], row["strategy"]) for row in amplified.to_dicts()}
+        if amplified.height
+        else {}
+    )
     path = Path(out) if out else settings.home / "exports" / f"distilled-{ds}-{source}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
-    lines = openai_batch_lines(distilled.to_dicts(), failed.to_dicts())
+    lines = openai_batch_lines(distilled.to_dicts(), failed.to_dicts(), variants)
     temp = path.with_name(f".{path.name}.tmp")
     temp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     temp.replace(path)

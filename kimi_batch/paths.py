@@ -11,6 +11,7 @@
       dagster/           DAGSTER_HOME of the demo and `make dev`
       bench/             `kimi-batch bench`: bench.json/.md/.png, speeds.json, state/ of its server
       tune/              `kimi-batch tune`: tune.json/.md/.png, speeds.json
+      api/               `kimi-batch api`: files/<sha256> (uploads and output files), api.sqlite3
       partitions_start   the first date partition of this install (written once)
 
 Nothing else builds these paths. Directories holding generated text or inputs are created 0700:
@@ -93,6 +94,18 @@ class StatePaths(BaseModel):
     @property
     def tune_dir(self) -> Path:
         return self.home / "tune"
+
+    @property
+    def api_dir(self) -> Path:
+        return self.home / "api"
+
+    @property
+    def api_files_dir(self) -> Path:
+        return self.api_dir / "files"
+
+    @property
+    def api_db_path(self) -> Path:
+        return self.api_dir / "api.sqlite3"
 
     @property
     def partitions_start_file(self) -> Path:

@@ -52,6 +52,8 @@ DEFAULT_NIGHTLY_CRON = "0 2 * * *"
 DEFAULT_INBOX_INTERVAL_S = 30
 DEFAULT_MAX_INPUT_MB = 256
 DEFAULT_DAGSTER_URL = "http://127.0.0.1:3000"
+DEFAULT_API_PORT = 8090
+DEFAULT_API_SENSOR_INTERVAL_S = 2
 # Modules whose pydantic models a run may name as `output_model` (run config is not trusted to
 # import arbitrary code); extend with KIMI_BATCH_OUTPUT_MODEL_MODULES.
 DEFAULT_OUTPUT_MODEL_MODULES: tuple[str, ...] = ("kimi_batch.tasks.schemas",)
@@ -171,6 +173,14 @@ class Settings(BaseModel):
         description="--cache-ram in MiB; None omits the flag (builds without it, ik_llama.cpp).",
     )
     llama_load_timeout_s: float = Field(default=DEFAULT_LOAD_TIMEOUT_S, gt=0)
+    llama_spec: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9-]+(,[a-z0-9-]+)*$",
+        description="--spec-type of speculative decoding (ngram-simple, ngram-mod, draft...).",
+    )
+    llama_draft_model: Path | None = Field(
+        default=None, description="--model-draft: the draft GGUF of draft-model speculation."
+    )
     digest: Path = Field(description="System digest file.")
     warehouse: Path | None = Field(
         default=None, description="Warehouse root; default $KIMI_BATCH_HOME/warehouse."
@@ -212,6 +222,11 @@ class Settings(BaseModel):
     dagster_url: str = Field(
         default=DEFAULT_DAGSTER_URL, description="The Dagster UI, for links in the alerts."
     )
+    api_key: str | None = Field(
+        default=None, repr=False, description="Bearer key of `kimi-batch api` (KIMI_BATCH_API_KEY)."
+    )
+    api_port: int = Field(default=DEFAULT_API_PORT, gt=0, lt=65536)
+    api_sensor_interval_s: int = Field(default=DEFAULT_API_SENSOR_INTERVAL_S, ge=1)
 
     @field_validator("timezone")
     @classmethod
@@ -247,6 +262,8 @@ class Settings(BaseModel):
                 llama_load_timeout_s=float(
                     _env_int("KIMI_BATCH_LLAMA_LOAD_TIMEOUT_S", int(DEFAULT_LOAD_TIMEOUT_S))
                 ),
+                llama_spec=_env_str("KIMI_BATCH_LLAMA_SPEC"),
+                llama_draft_model=_env_path("KIMI_BATCH_LLAMA_DRAFT_MODEL"),
                 digest=_env_path("KIMI_BATCH_DIGEST") or default_digest_path(),
                 warehouse=_env_path("KIMI_BATCH_WAREHOUSE"),
                 trino_host=_env_str("KIMI_BATCH_TRINO_HOST"),
@@ -271,6 +288,11 @@ class Settings(BaseModel):
                 + _env_list("KIMI_BATCH_OUTPUT_MODEL_MODULES"),
                 alert_webhook=_env_str("KIMI_BATCH_ALERT_WEBHOOK"),
                 dagster_url=_env_str("KIMI_BATCH_DAGSTER_URL") or DEFAULT_DAGSTER_URL,
+                api_key=_env_str("KIMI_BATCH_API_KEY"),
+                api_port=_env_int("KIMI_BATCH_API_PORT", DEFAULT_API_PORT),
+                api_sensor_interval_s=_env_int(
+                    "KIMI_BATCH_API_SENSOR_INTERVAL", DEFAULT_API_SENSOR_INTERVAL_S
+                ),
             )
         except ValidationError as error:
             raise ConfigError(_first_error(error)) from error

@@ -107,3 +107,14 @@ def test_an_unexpected_error_keeps_its_traceback(monkeypatch: pytest.MonkeyPatch
     _status_raising(monkeypatch, KeyError("a bug"))
     with pytest.raises(KeyError, match="a bug"):
         cli.main(["server", "status"])
+
+
+def test_the_batch_api_refuses_a_public_address_without_a_key(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path))
+    monkeypatch.delenv("KIMI_BATCH_API_KEY", raising=False)
+    assert cli.main(["api", "--host", "0.0.0.0"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1
+    assert "KIMI_BATCH_API_KEY" in error

@@ -53,6 +53,7 @@ def test_asset_graph_reads_digest_then_seed_amplified_distilled(defs: dg.Definit
     assert {s.name for s in defs.schedules or []} == {"nightly_distillation_schedule"}
     assert {s.name for s in defs.sensors or []} == {
         "inbox_sensor",
+        "api_batch_sensor",
         "run_failure_alert",
         "distilled_freshness_alert",
     }
@@ -61,7 +62,7 @@ def test_asset_graph_reads_digest_then_seed_amplified_distilled(defs: dg.Definit
 def test_every_asset_has_a_description_and_a_group(defs: dg.Definitions) -> None:
     for spec in defs.resolve_all_asset_specs():
         assert spec.description, spec.key
-        assert spec.group_name in {"digest", "batch"}, spec.key
+        assert spec.group_name in {"digest", "batch", "api"}, spec.key
 
 
 # Every module that builds definitions, and the entry points that import them.
@@ -121,6 +122,7 @@ def test_every_step_that_may_talk_to_llama_server_is_in_the_llama_pool(
         "seed_prompts",
         "amplified_prompts",
         "distilled_responses",
+        "api_batch_responses",
     }
     assert set(using.values()) == {"llama_server"}, using
 
@@ -143,3 +145,15 @@ def test_resources_hold_the_one_settings_and_run_config_cannot_replace_it(
     elsewhere = {"llama": {"config": {"deployment": {"llama_url": "http://evil.example"}}}}
     with pytest.raises(dg.DagsterInvalidConfigError):
         dg.materialize([probe], resources=resources, run_config={"resources": elsewhere})
+
+
+def test_a_batch_api_batch_is_its_own_partition_with_no_amplification(
+    defs: dg.Definitions,
+) -> None:
+    graph = defs.resolve_asset_graph()
+    node = graph.get(dg.AssetKey("api_batch_responses"))
+    assert node.parent_keys == set()
+    assert isinstance(node.partitions_def, dg.DynamicPartitionsDefinition)
+    assert node.partitions_def.name == "api_batch"
+    job = defs.resolve_job_def("api_batch_job")
+    assert job.tags["kimi_batch/uses_llama_server"] == "true"

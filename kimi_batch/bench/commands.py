@@ -37,6 +37,9 @@ def bench_command(args: argparse.Namespace, settings: Settings) -> int:
         amplify_output_tokens=args.amplify_output_tokens,
         dagster=not args.no_dagster,
         ceiling=not args.no_ceiling,
+        rewrite_rows=args.rewrite_rows,
+        rewrite_output_tokens=args.rewrite_output_tokens,
+        spec_type=args.spec_type,
     )
     document = run_bench(settings, options)
     table = bench_table(document)

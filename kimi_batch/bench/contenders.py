@@ -27,11 +27,20 @@ from kimi_batch.engine import (
     SlotWarmer,
     SystemDigest,
     assemble_messages,
+    load_digest,
 )
 from kimi_batch.llama import LlamaClient
 from kimi_batch.settings import Settings
 
-__all__ = ["BenchTarget", "run_all_slots", "run_dagster", "run_engine", "run_naive"]
+__all__ = [
+    "BenchTarget",
+    "bench_target",
+    "erase_slots",
+    "run_all_slots",
+    "run_dagster",
+    "run_engine",
+    "run_naive",
+]
 
 
 class BenchTarget(BaseModel):
@@ -42,6 +51,16 @@ class BenchTarget(BaseModel):
     endpoint: Endpoint
     digest: SystemDigest
     digest_tokens: int
+
+
+async def bench_target(base_url: str, model: str, digest_path: Path) -> BenchTarget:
+    """The server's slots and context, and the digest counted with its tokenizer."""
+    digest = load_digest(digest_path)
+    async with LlamaClient(base_url) as client:
+        props = await client.props()
+        digest_tokens = len(await client.tokenize(digest.text))
+    endpoint = Endpoint(base_url=base_url, slots=props.total_slots, model=model, ctx=props.n_ctx)
+    return BenchTarget(endpoint=endpoint, digest=digest, digest_tokens=digest_tokens)
 
 
 async def erase_slots(target: BenchTarget) -> None:

@@ -40,6 +40,37 @@ def _cell(report: dict[str, Any], key: str | tuple[str, ...], fmt: str) -> str:
     return fmt.format(*(report[k] for k in keys))
 
 
+# The figures of the workloads without contenders, in the order the table shows them.
+_FIGURES: dict[str, tuple[str, ...]] = {
+    "rewrite": (
+        "requests", "output_tokens", "slots", "spec_type", "engine_tok_s", "engine_spec_tok_s",
+        "spec_speedup", "spec_acceptance", "spec_drafted_per_request",
+        "spec_accepted_per_request", "spec_identical_fraction",
+    ),
+    "night": (
+        "partitions", "rows", "runs", "busy_fraction", "wall_s", "tok_s",
+        "engine_one_batch_tok_s", "night_over_one_batch", "idle_s",
+    ),
+    "rehearsal": (
+        "rows", "partitions", "time_scale", "window_h", "rows_done_in_window", "plan_rows",
+        "plan_error", "next_night_rows", "busy_fraction", "busy_fraction_at_target", "wall_s",
+    ),
+}  # fmt: skip
+
+
+def _figure(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_figure(v)}" for k, v in value.items())
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _figures_table(name: str, section: dict[str, Any]) -> str:
+    rows = [[key, _figure(section[key])] for key in _FIGURES[name] if key in section]
+    return f"**{name}**\n\n{markdown_table(['figure', 'value'], rows)}"
+
+
 def bench_table(document: dict[str, Any]) -> str:
     parts: list[str] = []
     for workload in ("distill", "amplify"):
@@ -66,6 +97,7 @@ def bench_table(document: dict[str, Any]) -> str:
             f"**{workload}** ({section['requests']} requests, {section['output_tokens']} output "
             f"tokens each)\n\n{markdown_table(header, rows)}\n\n{summary}"
         )
+    parts += [_figures_table(name, document[name]) for name in _FIGURES if document.get(name)]
     return "\n\n".join(parts) + "\n"
 
 
@@ -76,6 +108,8 @@ def bench_chart(document: dict[str, Any], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     workloads = [w for w in ("distill", "amplify") if document.get(w)]
+    if not workloads:
+        return _figures_chart(document, path)
     fig, axes = plt.subplots(1, len(workloads), figsize=(5.5 * len(workloads), 3.6), squeeze=False)
     for axis, workload in zip(axes[0], workloads, strict=True):
         section = document[workload]
@@ -89,6 +123,32 @@ def bench_chart(document: dict[str, Any], path: Path) -> Path:
             axis.legend(loc="lower right")
         axis.set_title(f"{workload}: generated tok/s")
         axis.set_ylabel("tok/s")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _figures_chart(document: dict[str, Any], path: Path) -> Path:
+    """Bars of the headline figures of rewrite / night / rehearsal (no contenders there)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bars: dict[str, float] = {}
+    if rewrite := document.get("rewrite"):
+        bars["rewrite tok/s"] = rewrite["engine_tok_s"]
+        bars[f"+ {rewrite['spec_type']}"] = rewrite["engine_spec_tok_s"]
+    if night := document.get("night"):
+        bars["night tok/s"] = night["tok_s"]
+        bars["one batch tok/s"] = night["engine_one_batch_tok_s"]
+    if rehearsal := document.get("rehearsal"):
+        bars["rehearsal rows"] = rehearsal["rows_done_in_window"]
+        bars["plan rows"] = rehearsal["plan_rows"]
+    fig, axis = plt.subplots(figsize=(6, 3.6))
+    drawn = axis.bar(list(bars), list(bars.values()), color="#4c72b0")
+    axis.bar_label(drawn, fmt="%.1f")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

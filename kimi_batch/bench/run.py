@@ -13,13 +13,13 @@ import logging
 import os
 import socket
 import time
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.bench.contenders import (
     BenchTarget,
+    bench_target,
     run_all_slots,
     run_dagster,
     run_engine,
@@ -27,9 +27,15 @@ from kimi_batch.bench.contenders import (
 )
 from kimi_batch.bench.measure import ContenderReport
 from kimi_batch.bench.plan import PlanInput, Speeds, plan_partition, save_speeds
+from kimi_batch.bench.rewrite import DEFAULT_SPEC_TYPE, run_rewrite
 from kimi_batch.bench.sweeps import batched_bench
-from kimi_batch.bench.workloads import Workload, WorkloadName, amplify_workload, distill_workload
-from kimi_batch.engine import Endpoint, load_digest
+from kimi_batch.bench.workloads import (
+    Workload,
+    WorkloadName,
+    amplify_workload,
+    distill_workload,
+    rewrite_workload,
+)
 from kimi_batch.llama import LlamaClient, ResidentServer, server_from_settings
 from kimi_batch.settings import Settings
 
@@ -52,6 +58,11 @@ class BenchOptions(BaseModel):
     amplify_output_tokens: int = Field(default=32, ge=1)
     dagster: bool = True
     ceiling: bool = True
+    rewrite_rows: int = Field(default=20, ge=1, description="Copy-heavy rows (rewrite).")
+    rewrite_output_tokens: int = Field(default=160, ge=1)
+    spec_type: str | None = Field(
+        default=None, description="--spec-type of the rewrite run; default KIMI_BATCH_LLAMA_SPEC."
+    )
 
 
 def _free_port() -> int:
@@ -78,15 +89,6 @@ def bench_settings(settings: Settings) -> Settings:
             "trino_host": None,
         }
     )
-
-
-async def _target(base_url: str, model: str, digest_path: Path) -> BenchTarget:
-    digest = load_digest(digest_path)
-    async with LlamaClient(base_url) as client:
-        props = await client.props()
-        digest_tokens = len(await client.tokenize(digest.text))
-    endpoint = Endpoint(base_url=base_url, slots=props.total_slots, model=model, ctx=props.n_ctx)
-    return BenchTarget(endpoint=endpoint, digest=digest, digest_tokens=digest_tokens)
 
 
 async def _user_tokens(target: BenchTarget, workload: Workload) -> float:
@@ -198,11 +200,12 @@ def _run_workload(
 def run_bench(settings: Settings, options: BenchOptions) -> dict[str, Any]:
     """Spawn the bench server, run the workloads, stop it; returns the JSON document."""
     document, speeds = _run_all(bench_settings(settings), options)
-    save_speeds(settings.paths.bench_dir, speeds)
+    if speeds is not None:  # speeds of the distill or amplify workload, the ones `plan` takes
+        save_speeds(settings.paths.bench_dir, speeds)
     return document
 
 
-def _run_all(local: Settings, options: BenchOptions) -> tuple[dict[str, Any], Speeds]:
+def _run_all(local: Settings, options: BenchOptions) -> tuple[dict[str, Any], Speeds | None]:
     manager = server_from_settings(local, load_timeout_s=600)
     assert isinstance(manager, ResidentServer)
     manager.stop()  # a bench server left behind by a killed run
@@ -210,10 +213,12 @@ def _run_all(local: Settings, options: BenchOptions) -> tuple[dict[str, Any], Sp
     started = time.perf_counter()
     handle = manager.ensure_running()
     try:
-        target = asyncio.run(_target(handle.base_url, handle.model, local.digest))
+        target = asyncio.run(bench_target(handle.base_url, handle.model, local.digest))
         inbox = local.paths.inbox_dir
         sections: dict[str, dict[str, Any]] = {}
         for name in options.workloads:
+            if name == "rewrite":
+                continue  # last: it restarts the server with speculation
             if name == "distill":
                 workload = distill_workload(
                     inbox / DISTILL_FILE, rows=options.rows, output_tokens=options.output_tokens
@@ -226,6 +231,20 @@ def _run_all(local: Settings, options: BenchOptions) -> tuple[dict[str, Any], Sp
                     output_tokens=options.amplify_output_tokens,
                 )
             sections[name] = _run_workload(local, target, workload, options)
+        if "rewrite" in options.workloads:
+            workload = rewrite_workload(
+                local.home / "workloads" / "rewrite.jsonl",
+                rows=options.rewrite_rows,
+                output_tokens=options.rewrite_output_tokens,
+            )
+            sections["rewrite"] = run_rewrite(
+                manager,
+                workload,
+                digest_path=local.digest,
+                spec_type=options.spec_type or local.llama_spec or DEFAULT_SPEC_TYPE,
+                draft_model=local.llama_draft_model,
+                work_dir=local.home,
+            )
     finally:
         manager.stop()
     document: dict[str, Any] = {}
@@ -233,8 +252,9 @@ def _run_all(local: Settings, options: BenchOptions) -> tuple[dict[str, Any], Sp
         distill = sections["distill"]
         document.update({k: v for k, v in distill.items() if k != "contenders"})
         document["distill"] = distill
-    if "amplify" in sections:
-        document["amplify"] = sections["amplify"]
+    for name in ("amplify", "rewrite"):
+        if name in sections:
+            document[name] = sections[name]
     document["config"] = {
         "model": handle.model,
         "slots": target.endpoint.slots,
@@ -247,7 +267,9 @@ def _run_all(local: Settings, options: BenchOptions) -> tuple[dict[str, Any], Sp
         "wall_s": round(time.perf_counter() - started, 1),
         "options": options.model_dump(),
     }
-    main = sections.get("distill") or sections["amplify"]
+    main = sections.get("distill") or sections.get("amplify")
+    if main is None:
+        return document, None
     engine = main["contenders"]["engine"]
     speeds = Speeds(
         prompt_tok_s=max(engine["prompt_tok_s"], 1e-6),

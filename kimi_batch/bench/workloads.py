@@ -18,11 +18,19 @@ from pydantic import BaseModel, ConfigDict, Field
 from kimi_batch.engine import GenerationRequest, SamplingParams
 from kimi_batch.tasks.amplify import Strategy, amplification_requests
 from kimi_batch.tasks.distill import distillation_requests
-from kimi_batch.tasks.inputs import SeedPrompt, read_inbox_file
+from kimi_batch.tasks.inputs import SeedPrompt
+from kimi_batch.tasks.reader import read_inbox_file
 
-__all__ = ["Workload", "WorkloadName", "amplify_workload", "distill_workload", "write_inbox_file"]
+__all__ = [
+    "Workload",
+    "WorkloadName",
+    "amplify_workload",
+    "distill_workload",
+    "rewrite_workload",
+    "write_inbox_file",
+]
 
-WorkloadName = Literal["distill", "amplify"]
+WorkloadName = Literal["distill", "amplify", "rewrite"]
 
 # (function, what it does): 24 specs, one answer each.
 FUNCTION_SPECS: tuple[tuple[str, str], ...] = (
@@ -163,6 +171,53 @@ def amplify_workload(
         name="amplify",
         seeds=batch,
         requests=amplification_requests(batch, list(Strategy), variants, params),
+        output_tokens=output_tokens,
+        params=params,
+    )
+
+
+# Copy-heavy edits: most of each answer restates its input, which an n-gram draft can predict.
+_PARAGRAPHS: tuple[str, ...] = (
+    "their is three reason why the cache brake when the system prompt change, first the bytes "
+    "is different, second the prefix dont match and third the server have to prefill again",
+    "the nightly job run at two oclock and it stop when the window close, rows that was not "
+    "done gets picked up by the next night without nobody touching nothing",
+    "a slot that loose the digest must be warm again before it take new requests, otherwise "
+    "every request pay for the hole prefill wich take fourty minute on the target",
+)
+_RECORDS: tuple[str, ...] = (
+    "name: SmolLM2\nparameters: 135M\nquantization: Q4_1\ncontext: 8192\nlicense: Apache-2.0",
+    "host: 127.0.0.1\nport: 8081\nthreads: 13\nslots: 4\nubatch: 256\ncache_ram: 32768",
+    "date: 2026-01-15\nsource: support_tickets\nrows: 1200\nlanguage: en\nstatus: landed",
+)
+
+
+def _rewrite_prompts(rows: int) -> list[str]:
+    hints = [
+        "Add type hints to every parameter and return value of this function. Answer with the "
+        f"whole function and nothing else.\n\n```python\n{source}\n```"
+        for _, source in _stdlib_sources()
+    ]
+    grammar = [
+        f"Fix the grammar and spelling of this text. Answer with the corrected text only.\n\n{text}"
+        for text in _PARAGRAPHS
+    ]
+    to_json = [
+        f"Convert these fields to one JSON object. Answer with the JSON only.\n\n{text}"
+        for text in _RECORDS
+    ]
+    kinds = (hints, grammar, to_json)  # interleaved: any prefix of the rows has all three
+    return [f"{kinds[i % 3][(i // 3) % len(kinds[i % 3])]}\n(item {i + 1})" for i in range(rows)]
+
+
+def rewrite_workload(inbox_file: Path, *, rows: int, output_tokens: int) -> Workload:
+    """`rows` copy-heavy edits (type hints, grammar, JSON), greedy: the speculation workload."""
+    seeds = read_inbox_file(write_inbox_file(inbox_file, _rewrite_prompts(rows))).seeds
+    params = SamplingParams(max_tokens=output_tokens, temperature=0.0, top_p=1.0, seed=11)
+    return Workload(
+        name="rewrite",
+        seeds=seeds,
+        requests=distillation_requests(seeds, [], params),
         output_tokens=output_tokens,
         params=params,
     )

@@ -16,11 +16,13 @@ from __future__ import annotations
 import dagster as dg
 
 __all__ = [
+    "API_BATCH_JOB_NAME",
     "JOB_TAG",
     "LLAMA_TAG",
     "RETRY_TAGS",
     "STOPPED_TAG",
     "WINDOW_TAG",
+    "api_batch_job",
     "batch_job",
     "distillation_job",
     "ingest_job",
@@ -40,6 +42,8 @@ RETRY_TAGS: dict[str, str] = {"dagster/max_retries": "2", "dagster/retry_strateg
 SEED_PROMPTS = dg.AssetKey("seed_prompts")
 AMPLIFIED_PROMPTS = dg.AssetKey("amplified_prompts")
 DISTILLED_RESPONSES = dg.AssetKey("distilled_responses")
+API_BATCH_RESPONSES = dg.AssetKey("api_batch_responses")
+API_BATCH_JOB_NAME = "api_batch_job"
 
 
 def _tags(kind: str) -> dict[str, str]:
@@ -67,4 +71,13 @@ distillation_job = dg.define_asset_job(
     selection=dg.AssetSelection.assets(DISTILLED_RESPONSES).upstream(),
     description="Teacher answers for the day's partitions (nightly); upstream steps reuse the ledger.",
     tags=_tags("distillation"),
+)
+
+# A Batch API batch: its own partition, queued behind (or before) the nightly runs like any run
+# that uses the server; no amplification.
+api_batch_job = dg.define_asset_job(
+    name=API_BATCH_JOB_NAME,
+    selection=dg.AssetSelection.assets(API_BATCH_RESPONSES),
+    description="Answers of one Batch API batch (started by the API batch sensor).",
+    tags=_tags("api_batch"),
 )

@@ -19,9 +19,11 @@ import dagster as dg
 from kimi_batch.settings import Settings
 
 __all__ = [
+    "API_BATCH_PARTITIONS_NAME",
     "DATE_DIMENSION",
     "SOURCE_DIMENSION",
     "SOURCE_PARTITIONS_NAME",
+    "api_batch_partitions",
     "build_batch_partitions",
     "build_date_partitions",
     "partition_parts",
@@ -32,6 +34,7 @@ __all__ = [
 DATE_DIMENSION = "date"
 SOURCE_DIMENSION = "source"
 SOURCE_PARTITIONS_NAME = "source"
+API_BATCH_PARTITIONS_NAME = "api_batch"
 
 source_partitions = dg.DynamicPartitionsDefinition(name=SOURCE_PARTITIONS_NAME)
 
@@ -57,6 +60,11 @@ def split_partition_key(raw: str) -> tuple[str, str] | None:
     # Dagster joins a multi-partition key's dimensions in name order: date, then source.
     parts = raw.split("|")
     return (parts[0], parts[1]) if len(parts) == 2 and all(parts) else None
+
+
+# One partition per Batch API batch (its id), added by the API batch sensor when the batch is
+# created; its rows land in the tables at ds=<day created>/source=<batch id>.
+api_batch_partitions = dg.DynamicPartitionsDefinition(name=API_BATCH_PARTITIONS_NAME)
 
 
 def partition_parts(context: dg.AssetExecutionContext) -> tuple[str, str]:

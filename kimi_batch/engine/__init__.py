@@ -8,7 +8,12 @@ finished row kept), `stats` (the figures of a batch), `progress` (in-process pro
 
 from kimi_batch.engine.deadline import DeadlinePolicy
 from kimi_batch.engine.digest import DigestLintError, SystemDigest, lint_digest, load_digest
-from kimi_batch.engine.generation import GenerationRequest, GenerationResult, SamplingParams
+from kimi_batch.engine.generation import (
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    row_request_id,
+)
 from kimi_batch.engine.ledger import Lease, LeaseHeldError, Ledger
 from kimi_batch.engine.outcome import (
     BatchOutcome,
@@ -20,13 +25,20 @@ from kimi_batch.engine.outcome import (
 )
 from kimi_batch.engine.prepare import Prepared, prepare
 from kimi_batch.engine.progress import ProgressCallback, listening, notify
-from kimi_batch.engine.prompt import assemble_messages
+from kimi_batch.engine.prompt import (
+    INSTRUCTIONS_CLOSE,
+    INSTRUCTIONS_OPEN,
+    assemble_messages,
+    fold_instructions,
+)
 from kimi_batch.engine.runner import BatchEngine, EndpointHungError
 from kimi_batch.engine.stats import BatchStats, ProgressEvent
 from kimi_batch.engine.warm import SlotWarmer, WarmupReport
 from kimi_batch.engine.watchdog import WatchdogPolicy
 
 __all__ = [
+    "INSTRUCTIONS_CLOSE",
+    "INSTRUCTIONS_OPEN",
     "BatchEngine",
     "BatchOutcome",
     "BatchStats",
@@ -52,9 +64,11 @@ __all__ = [
     "WarmupReport",
     "WatchdogPolicy",
     "assemble_messages",
+    "fold_instructions",
     "lint_digest",
     "listening",
     "load_digest",
     "notify",
     "prepare",
+    "row_request_id",
 ]

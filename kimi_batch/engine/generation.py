@@ -100,6 +100,12 @@ class GenerationResult(BaseModel):
     reasoning_content: str | None = Field(
         default=None, description="A reasoning model's thinking, kept apart from `text`."
     )
+    draft_tokens: int | None = Field(
+        default=None, ge=0, description="Speculative decoding: tokens the draft proposed."
+    )
+    draft_accepted_tokens: int | None = Field(
+        default=None, ge=0, description="Speculative decoding: drafted tokens accepted."
+    )
 
     @property
     def truncated(self) -> bool:

@@ -435,6 +435,8 @@ class _Run:
             logprobs=completion.logprobs,
             created_at=datetime.now(UTC),
             reasoning_content=completion.reasoning_content,
+            draft_tokens=stats.draft_tokens,
+            draft_accepted_tokens=stats.draft_accepted_tokens,
         )
         # Truncated and empty answers are recorded as they are (finish_reason says which):
         # what counts as final is the caller's decision.

@@ -29,6 +29,8 @@ def spec_from_settings(settings: Settings) -> ServerSpec:
         n_predict=settings.llama_n_predict,
         cache_ram_mib=settings.llama_cache_ram_mib,
         slot_save_path=settings.paths.slot_save_dir,
+        spec_type=settings.llama_spec,
+        draft_model=settings.llama_draft_model,
         extra_args=settings.llama_extra_args,
     )
 

@@ -69,6 +69,10 @@ class Timings(_Lenient):
     predicted_ms: float = 0.0
     predicted_per_second: float | None = None
     n_past: int | None = None
+    # Speculative decoding (llama.cpp, only when the server runs it): tokens the draft proposed
+    # and those the model accepted.
+    draft_n: int | None = None
+    draft_n_accepted: int | None = None
 
 
 class PromptTokensDetails(_Lenient):
@@ -93,6 +97,8 @@ class GenerationStats(BaseModel):
     completion_tokens: int = Field(ge=0)
     prompt_ms: float = Field(ge=0)
     predicted_ms: float = Field(ge=0)
+    draft_tokens: int | None = Field(default=None, ge=0, description="Speculation: drafted.")
+    draft_accepted_tokens: int | None = Field(default=None, ge=0, description="... accepted.")
 
 
 def _stats(
@@ -127,6 +133,8 @@ def _stats(
         completion_tokens=predicted,
         prompt_ms=timings.prompt_ms if timings else 0.0,
         predicted_ms=timings.predicted_ms if timings else 0.0,
+        draft_tokens=timings.draft_n if timings else None,
+        draft_accepted_tokens=timings.draft_n_accepted if timings else None,
     )
 
 

@@ -88,6 +88,10 @@ class ServerSpec(BaseModel):
     )
     slot_save_path: Path = Field(description="Directory of slot KV saves (the digest file).")
     metrics: bool = True
+    spec_type: str | None = Field(
+        default=None, description="--spec-type: speculative decoding (ngram-simple, draft...)."
+    )
+    draft_model: Path | None = Field(default=None, description="--model-draft GGUF.")
     extra_args: tuple[str, ...] = Field(
         default=(), description="Passed through untouched, e.g. ik_llama.cpp's -mla 3 -amb 512."
     )
@@ -138,12 +142,17 @@ class ServerSpec(BaseModel):
             args += ["--cache-ram", str(self.cache_ram_mib)]
         if self.metrics:
             args.append("--metrics")
+        if self.spec_type is not None:
+            args += ["--spec-type", self.spec_type]
+        if self.draft_model is not None:
+            args += ["--model-draft", str(self.draft_model)]
         return args + list(self.extra_args)
 
     def describe(self) -> str:
         return (
             f"model={self.model} ctx={self.ctx} slots={self.parallel} threads={self.threads} "
-            f"n_predict={self.n_predict} port={self.port} extra={' '.join(self.extra_args) or '-'}"
+            f"n_predict={self.n_predict} port={self.port} spec={self.spec_type or '-'} "
+            f"extra={' '.join(self.extra_args) or '-'}"
         )
 
 

@@ -7,6 +7,21 @@ Tables and their row models: `TABLES` (amplified, distilled, quarantine). The la
 from here, never from the modules. Errors: see `kimi_batch.storage.exceptions`.
 """
 
+from kimi_batch.storage.api_batches import (
+    RequestCounts,
+    batch_lines,
+    request_counts,
+    validate_batch,
+    write_batch_files,
+)
+from kimi_batch.storage.api_store import (
+    TERMINAL_STATUSES,
+    ApiStore,
+    BatchRecord,
+    BatchStatus,
+    FileRecord,
+    FileTooLargeError,
+)
 from kimi_batch.storage.exceptions import (
     InvalidIdentifierError,
     InvalidPartitionError,
@@ -45,14 +60,21 @@ from kimi_batch.storage.trino import PublishReport, TrinoConfig, TrinoPublisher
 __all__ = [
     "PARTITION_COLUMNS",
     "TABLES",
+    "TERMINAL_STATUSES",
+    "ApiStore",
     "Assignment",
+    "BatchRecord",
+    "BatchStatus",
     "Column",
+    "FileRecord",
+    "FileTooLargeError",
     "InboxFile",
     "InvalidIdentifierError",
     "InvalidPartitionError",
     "Landing",
     "PartitionWrite",
     "PublishReport",
+    "RequestCounts",
     "ResolvedInput",
     "SchemaMismatchError",
     "StorageError",
@@ -61,15 +83,19 @@ __all__ = [
     "TrinoQueryError",
     "TrinoUnavailableError",
     "Warehouse",
+    "batch_lines",
     "columns",
     "land_seeds",
     "polars_schema",
     "replace_quarantine",
+    "request_counts",
     "resolve_input",
     "resolve_partition",
     "scan_inbox",
     "trino_columns",
+    "validate_batch",
     "validate_ds",
     "validate_identifier",
     "validate_source",
+    "write_batch_files",
 ]

@@ -227,7 +227,9 @@ class Landing:
 
     # ---- versions ---------------------------------------------------------------------------
 
-    def land(self, path: Path, assignment: Assignment, *, max_bytes: int) -> LandedVersion:
+    def land(
+        self, path: Path, assignment: Assignment, *, max_bytes: int, ext: str | None = None
+    ) -> LandedVersion:
         """Snapshot `path` as the partition's newest version (hashing while copying).
 
         The size is checked before a byte is read and again while copying (a file growing
@@ -236,7 +238,7 @@ class Landing:
         size = path.stat().st_size
         if size > max_bytes:
             raise InputTooLargeError(_too_large(size, max_bytes))
-        ext = path.suffix.lower().lstrip(".") or "bin"
+        ext = ext or path.suffix.lower().lstrip(".") or "bin"
         temp = self.dir / f".{uuid.uuid4().hex}.tmp"
         digest = hashlib.sha256()
         copied = 0

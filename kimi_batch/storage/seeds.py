@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
+from typing import Protocol
 
 from kimi_batch.storage.parquet import PartitionWrite, Warehouse
-from kimi_batch.tasks.inputs import InputBatch, SeedPrompt, in_chunks, iter_inbox_rows
+from kimi_batch.tasks.inputs import InputBatch, SeedPrompt
 from kimi_batch.tasks.rows import QuarantineRow, SeedRow
 from kimi_batch.tasks.seeds import seed_rows
 
-__all__ = ["LengthCheck", "land_seeds"]
+__all__ = ["ChunkReader", "LengthCheck", "land_seeds"]
+
+
+class ChunkReader(Protocol):
+    """Reads an input file as chunks of seeds and quarantine rows (`tasks.reader.InputReader`)."""
+
+    def chunks(self, path: Path, /) -> Iterable[InputBatch]: ...
+
 
 LengthCheck = Callable[[Sequence[SeedPrompt]], InputBatch]
 """Splits seeds into those that fit a slot and quarantine rows for the over-long ones."""
@@ -23,9 +31,8 @@ def land_seeds(
     source: str,
     *,
     snapshot: Path | None,
-    source_name: str,
+    reader: ChunkReader,
     input_sha256: str,
-    max_input_bytes: int,
     check_lengths: LengthCheck,
     now: datetime,
     set_aside: list[QuarantineRow],
@@ -39,10 +46,7 @@ def land_seeds(
     def rows() -> Iterator[SeedRow]:
         if snapshot is None:
             return
-        stream = iter_inbox_rows(
-            snapshot, source_name=source_name, now=now, max_input_bytes=max_input_bytes
-        )
-        for chunk in in_chunks(stream):
+        for chunk in reader.chunks(snapshot):
             set_aside.extend(chunk.quarantined)
             checked = check_lengths(chunk.seeds)
             set_aside.extend(checked.quarantined)

@@ -18,9 +18,15 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kimi_batch.engine import GenerationRequest, GenerationResult, SamplingParams
+from kimi_batch.engine import (
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    fold_instructions,
+)
 from kimi_batch.llama import ChatMessage
-from kimi_batch.tasks.inputs import SeedPrompt, fold_instructions, format_validation_error
+from kimi_batch.tasks.inputs import SeedPrompt
+from kimi_batch.tasks.raw_rows import format_validation_error
 from kimi_batch.tasks.rows import AmplifiedRow, DistilledRow, GenerationColumns, QuarantineRow
 from kimi_batch.tasks.sink import StageSink
 from kimi_batch.tasks.stage import (

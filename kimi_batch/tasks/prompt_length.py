@@ -11,11 +11,13 @@ and generation prompt in the 8.5); the constants below leave room for other temp
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from datetime import datetime
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 
 from kimi_batch.llama import LlamaClient
-from kimi_batch.tasks.inputs import InputBatch, SeedPrompt, quarantine_overlong
+from kimi_batch.tasks.inputs import InputBatch, SeedPrompt
+from kimi_batch.tasks.quarantine import input_row, raw_json
+from kimi_batch.tasks.rows import QuarantineRow
 
 __all__ = [
     "TEMPLATE_TOKENS_FIXED",
@@ -23,6 +25,7 @@ __all__ = [
     "TOKENIZE_CONCURRENCY",
     "check_prompt_lengths",
     "find_overlong",
+    "quarantine_overlong",
     "template_tokens",
     "token_bound",
 ]
@@ -69,6 +72,43 @@ async def find_overlong(
     counts = await _user_tokens(client, doubtful)
     totals = [(seed, fixed(seed) + count) for seed, count in zip(doubtful, counts, strict=True)]
     return [(seed, total) for seed, total in totals if total > limit]
+
+
+def quarantine_overlong(
+    seeds: Sequence[SeedPrompt],
+    token_counts: Mapping[str, int],
+    limit: int,
+    *,
+    now: datetime | None = None,
+) -> InputBatch:
+    """Split seeds by prompt length in tokens (`token_counts` by input id, from the server).
+
+    `limit` is what fits: context per slot minus the digest and the answer budget. A seed
+    without a count is a caller bug, so it raises instead of guessing.
+    """
+    missing = [seed.input_id for seed in seeds if seed.input_id not in token_counts]
+    if missing:
+        raise ValueError(f"no token count for input ids: {', '.join(missing[:5])}")
+    created = now or datetime.now(UTC)
+    kept: list[SeedPrompt] = []
+    quarantined: list[QuarantineRow] = []
+    for seed in seeds:
+        count = token_counts[seed.input_id]
+        if count <= limit:
+            kept.append(seed)
+            continue
+        raw = raw_json([message.model_dump() for message in seed.messages])
+        quarantined.append(
+            input_row(
+                source_file=seed.source_file,
+                line=seed.line,
+                reason=f"prompt is {count} tokens, over the limit of {limit}",
+                raw=raw,
+                now=created,
+                input_id=seed.input_id,
+            )
+        )
+    return InputBatch(seeds=kept, quarantined=quarantined)
 
 
 async def check_prompt_lengths(

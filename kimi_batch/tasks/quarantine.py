@@ -2,17 +2,79 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from kimi_batch.engine import FailedRequest, GenerationResult
-from kimi_batch.tasks.inputs import input_row, truncate_raw
 from kimi_batch.tasks.rows import QuarantineRow
 
-__all__ = ["failure_rows", "file_row", "result_row"]
+__all__ = [
+    "RAW_LIMIT",
+    "failure_rows",
+    "file_row",
+    "input_row",
+    "raw_json",
+    "rejected_raw",
+    "result_row",
+    "truncate_raw",
+]
+
+RAW_LIMIT = 2000
 
 # "input", or the `name` of the generation stage whose output or request it was.
 Stage = str
+
+
+def truncate_raw(text: str, limit: int = RAW_LIMIT) -> str:
+    """`text` cut to `limit` characters (an ellipsis marks the cut) for the `raw` column."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def input_row(
+    *,
+    source_file: str,
+    line: int | None,
+    reason: str,
+    raw: str,
+    now: datetime,
+    input_id: str | None,
+) -> QuarantineRow:
+    """An input row (or a whole file, `line` None) set aside with the reason."""
+    return QuarantineRow(
+        request_id=None,
+        input_id=input_id,
+        model=None,
+        digest_sha256=None,
+        stage="input",
+        source_file=source_file,
+        line=line,
+        reason=reason,
+        raw=truncate_raw(raw),
+        created_at=now,
+    )
+
+
+def raw_json(record: Any) -> str:
+    """`record` as JSON for the `raw` column, as written where it is valid Unicode."""
+    text = json.dumps(record, ensure_ascii=False, default=str)
+    # Lone surrogates stay escaped: `raw` is written to Parquet, which needs valid UTF-8.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(record, default=str)
+    return text
+
+
+def rejected_raw(raw: Any, record: Any) -> str:
+    """The `raw` column of a rejected row: its text as written, else its value as JSON."""
+    if isinstance(raw, str):
+        return raw
+    try:
+        return raw_json(record if raw is None else raw)
+    except (ValueError, RecursionError):
+        return "(not shown: nested too deeply)"
 
 
 def file_row(*, source_file: str, reason: str, created_at: datetime) -> QuarantineRow:

@@ -81,6 +81,12 @@ class GenerationColumns(_Row):
     latency_ms: float = Field(ge=0, description="Wall time of the request as seen by the client.")
     endpoint: str = Field(description="Base URL of the server that answered.")
     created_at: datetime
+    draft_tokens: int | None = Field(
+        default=None, ge=0, description="Speculative decoding: tokens drafted (null: not used)."
+    )
+    draft_accepted_tokens: int | None = Field(
+        default=None, ge=0, description="Speculative decoding: drafted tokens accepted."
+    )
 
 
 class AmplifiedRow(GenerationColumns):

@@ -72,3 +72,36 @@ def test_spec_has_no_api_key_field_so_it_cannot_reach_argv_or_the_spec_file() ->
 def test_specs_compare_by_value() -> None:
     assert _spec() == _spec()
     assert _spec(ctx=8192) != _spec()
+
+
+def test_speculative_decoding_settings_reach_argv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kimi_batch.llama.factory import spec_from_settings
+    from kimi_batch.settings import Settings
+
+    model, draft = tmp_path / "main.gguf", tmp_path / "draft.gguf"
+    model.write_bytes(b"GGUF")
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("KIMI_BATCH_MODEL", str(model))
+    monkeypatch.setenv("KIMI_BATCH_LLAMA_SERVER", "/bin/true")
+    monkeypatch.setenv("KIMI_BATCH_LLAMA_SPEC", "draft-simple")
+    monkeypatch.setenv("KIMI_BATCH_LLAMA_DRAFT_MODEL", str(draft))
+    argv = spec_from_settings(Settings.from_env()).argv(cpus=16)
+    assert _flag(argv, "--spec-type") == "draft-simple"
+    assert _flag(argv, "--model-draft") == str(draft)
+
+
+def test_no_speculation_flags_by_default() -> None:
+    argv = _spec().argv(cpus=16)
+    assert "--spec-type" not in argv
+    assert "--model-draft" not in argv
+
+
+def test_a_malformed_spec_type_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kimi_batch.errors import ConfigError
+    from kimi_batch.settings import Settings
+
+    monkeypatch.setenv("KIMI_BATCH_LLAMA_SPEC", "ngram simple; rm")
+    with pytest.raises(ConfigError, match="llama_spec"):
+        Settings.from_env()

@@ -12,5 +12,6 @@
 - `standins`: the real jobs, sensor and schedule over stand-in assets (also a code location).
 - `memory_probe`, `partition_memory_probe`: scripts a test runs in a fresh process to measure
   the memory of the input reader and of a whole partition.
+- `api_server`: the Batch API app served in a thread (`serving_api`), for the `openai` client.
 - `graphql`, `dagster_stack`: a real dagster-webserver + daemon and a client for its GraphQL API.
 """

@@ -74,6 +74,17 @@ mutation Add($selector: RepositorySelector!, $name: String!, $key: String!) {
 }
 """
 
+_TERMINATE_RUN = """
+mutation Terminate($runId: String!) {
+  terminateRun(runId: $runId) {
+    __typename
+    ... on TerminateRunSuccess { run { runId status } }
+    ... on TerminateRunFailure { message }
+    ... on Error { message }
+  }
+}
+"""
+
 _ASSET_NODES_QUERY = """
 {
   assetNodes {
@@ -205,6 +216,17 @@ class GraphQL:
         return self._launch(
             {**self.repository_selector, "jobName": job}, _partition_tags(partition), run_config
         )
+
+    def launch_dynamic_partition_run(self, job: str, key: str) -> str:
+        """Queue a run of `job` for one partition of a single dynamic dimension."""
+        tags = [{"key": "dagster/partition", "value": key}]
+        return self._launch({**self.repository_selector, "jobName": job}, tags)
+
+    def terminate_run(self, run_id: str) -> None:
+        """What the UI's Terminate button does."""
+        result = self.query(_TERMINATE_RUN, {"runId": run_id})["terminateRun"]
+        if result["__typename"] != "TerminateRunSuccess":
+            raise AssertionError(f"terminateRun failed: {result}")
 
     def launch_assets_run(
         self, keys: list[str], partition: dg.MultiPartitionKey | None = None

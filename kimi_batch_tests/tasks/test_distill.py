@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel, ValidationError
 
+from kimi_batch.engine import INSTRUCTIONS_OPEN
 from kimi_batch.engine.generation import GenerationResult, SamplingParams
 from kimi_batch.llama.responses import TokenLogprob, TopLogprob
 from kimi_batch.tasks.distill import (
@@ -16,7 +17,7 @@ from kimi_batch.tasks.distill import (
     to_distilled_rows,
     variant_tag,
 )
-from kimi_batch.tasks.inputs import INSTRUCTIONS_OPEN, SeedPrompt
+from kimi_batch.tasks.inputs import SeedPrompt
 from kimi_batch.tasks.rows import AmplifiedRow
 from kimi_batch.tasks.stage import generation_columns
 from kimi_batch_tests.support.results import make_result

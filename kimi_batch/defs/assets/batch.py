@@ -32,6 +32,7 @@ from kimi_batch.tasks.amplify import AmplifyTask, Strategy
 from kimi_batch.tasks.distill import DistillTask
 from kimi_batch.tasks.prompt_length import check_prompt_lengths
 from kimi_batch.tasks.quarantine import file_row
+from kimi_batch.tasks.reader import InputReader
 from kimi_batch.tasks.schemas import import_output_model
 
 __all__ = [
@@ -139,9 +140,10 @@ def seed_prompts(
                 ds,
                 source,
                 snapshot=version.path if version else None,
-                source_name=name,
+                reader=InputReader(
+                    source_name=name, now=now, max_input_bytes=settings.max_input_bytes
+                ),
                 input_sha256=version.sha256 if version else "",
-                max_input_bytes=settings.max_input_bytes,
                 check_lengths=lambda seeds: runner.run(
                     check_prompt_lengths(
                         seeds, client, digest_tokens=prepared.digest_tokens, limit=limit, now=now

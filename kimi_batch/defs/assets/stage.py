@@ -39,7 +39,7 @@ from kimi_batch.tasks.sink import StageSink
 from kimi_batch.tasks.stage import GenerationTask, RowReader
 from kimi_batch.tasks.stages import register_stage
 
-__all__ = ["StageConfig", "generation_asset", "run_stage"]
+__all__ = ["StageConfig", "generation_asset", "run_stage", "stage_metadata"]
 
 Task = GenerationTask[Any, Any]
 
@@ -133,11 +133,11 @@ def run_stage(
         quarantined = replace_quarantine(store, ds, source, task.name, sink.quarantined)
         checks = generation_checks(task.table, sink.figures(), pl.read_parquet_schema(written.path))
         checks.append(publish(context, trino, store, [task.table, "quarantine"], ds, source))
-    metadata = _metadata(trino, written, quarantined, outcome, sink)
+    metadata = stage_metadata(trino, written, quarantined, outcome, sink)
     return dg.MaterializeResult(metadata=metadata, check_results=checks)
 
 
-def _metadata(
+def stage_metadata(
     trino: TrinoResource,
     written: PartitionWrite,
     quarantined: int,

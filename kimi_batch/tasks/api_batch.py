@@ -1,0 +1,105 @@
+"""The Batch API stage: one OpenAI batch's requests, answered as submitted, as `distilled` rows.
+
+Its inputs are the batch's validated lines (from its landed snapshot, not from an upstream
+table), its requests are theirs unchanged (no amplification), and only final answers become rows:
+an empty answer, one cut off at max_tokens or one that is not the JSON its `response_format`
+asked for is set aside with the reason. The client still gets every answer in its output file
+(a cut-off one with `finish_reason: "length"`, as OpenAI returns it): that file is written from
+the ledger, not from this table.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cached_property
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kimi_batch.engine import GenerationRequest, GenerationResult
+from kimi_batch.tasks.distill import EMPTY_REASON, TRUNCATED_REASON
+from kimi_batch.tasks.openai_batch import API_STAGE, BatchRequestLine
+from kimi_batch.tasks.rows import DistilledRow, GenerationColumns
+from kimi_batch.tasks.stage import GenerationTask, RowReader, SetAside, generation_columns
+
+__all__ = ["NOT_JSON_REASON", "ApiBatchInputs", "ApiBatchTask"]
+
+NOT_JSON_REASON = "answer is not the JSON its response_format asked for"
+
+
+class ApiBatchInputs(BaseModel):
+    """A batch's validated lines, by `custom_id`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lines: list[BatchRequestLine]
+    source_file: str
+
+    @cached_property
+    def by_id(self) -> dict[str, BatchRequestLine]:
+        return {line.custom_id: line for line in self.lines}
+
+    def groups(self) -> dict[str, list[GenerationRequest]]:
+        """The requests by system prompt: each group runs with its prompt as the digest."""
+        groups: dict[str, list[GenerationRequest]] = {}
+        for line in self.lines:
+            groups.setdefault(line.system, []).append(line.request())
+        return groups
+
+
+def _structured(text: str) -> str | None:
+    """Canonical JSON of an answer asked for as JSON; None when it is not JSON."""
+    try:
+        return json.dumps(json.loads(text), ensure_ascii=False, separators=(",", ":"))
+    except json.JSONDecodeError:
+        return None
+
+
+class ApiBatchTask(GenerationTask[ApiBatchInputs, DistilledRow]):
+    """A Batch API batch (table `distilled`, partition ds=<day created>/source=<batch id>)."""
+
+    name: ClassVar[str] = API_STAGE
+    table: ClassVar[str] = "distilled"
+    row_model: ClassVar[type[GenerationColumns]] = DistilledRow
+
+    lines: list[BatchRequestLine] = Field(description="The batch's validated requests.")
+    source_file: str = Field(description="The batch's landed input, as quarantine names it.")
+
+    def load(self, read: RowReader) -> ApiBatchInputs:
+        return ApiBatchInputs(lines=self.lines, source_file=self.source_file)
+
+    def requests(self, inputs: ApiBatchInputs) -> list[GenerationRequest]:
+        return [line.request() for line in inputs.lines]
+
+    def parse(self, result: GenerationResult, inputs: ApiBatchInputs) -> DistilledRow | SetAside:
+        """A result of no line of the batch is a caller bug and raises ValueError."""
+        line = inputs.by_id.get(result.input_id)
+        if line is None:
+            raise ValueError(f"result {result.request_id} is for no request of the batch")
+        response = result.text.strip()
+        asked_json = line.params.json_schema is not None
+        structured = _structured(response) if asked_json else None
+        reason = (
+            EMPTY_REASON
+            if not response
+            else TRUNCATED_REASON
+            if result.truncated
+            else NOT_JSON_REASON
+            if asked_json and structured is None
+            else None
+        )
+        if reason is not None:
+            return SetAside(reason=reason, source_file=inputs.source_file, line=line.line)
+        return DistilledRow.model_validate(
+            {
+                **generation_columns(result),
+                "seed_id": line.custom_id,
+                "origin": "seed",
+                "strategy": None,
+                "prompt": line.prompt,
+                "response": response,
+                "reasoning": result.reasoning_content or None,
+                "structured": structured,
+                "logprobs": result.logprobs,
+            }
+        )

@@ -1,0 +1,279 @@
+"""The Batch API on the real stack, driven by the official `openai` client as users drive it.
+
+Real llama-server (SmolLM2), a real Dagster webserver + daemon (the API batch sensor starts each
+batch's run), real Parquet and a real Trino. Cancel and terminate are checked on the server
+itself: its `/slots` show every slot idle soon after, and the seconds it took are printed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from openai.types import Batch
+from openai.types.chat import ChatCompletion
+
+from kimi_batch.settings import Settings
+from kimi_batch.storage import ApiStore, TrinoConfig, TrinoPublisher, Warehouse
+from kimi_batch_tests.support.api_server import serving_api
+from kimi_batch_tests.support.dagster_stack import DagsterStack
+from kimi_batch_tests.support.graphql import GraphQL
+from kimi_batch_tests.support.llama_server import LlamaEnv
+from kimi_batch_tests.support.repo import REPO_ROOT
+from kimi_batch_tests.support.trino import TrinoServer
+
+pytestmark = pytest.mark.slow
+
+KEY = "sk-full-stack"
+SCHEMA = "api_batches"
+BATCH_TIMEOUT_S = 900.0
+# Generous: a correctness bound (the slots do go idle), not a speed target; the measured
+# seconds are printed.
+IDLE_BOUND_S = 30.0
+SYSTEM = "You are a geography teacher. Answer in one short sentence."
+CAPITAL_SCHEMA = {
+    "type": "object",
+    "properties": {"capital": {"type": "string"}},
+    "required": ["capital"],
+}
+
+
+@dataclass(frozen=True)
+class Stack:
+    client: openai.OpenAI
+    graphql: GraphQL
+    settings: Settings
+    warehouse: Warehouse
+    trino: TrinoConfig
+    llama: LlamaEnv
+
+
+@pytest.fixture(scope="module")
+def stack(
+    llama_env: LlamaEnv, trino_server: TrinoServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    warehouse, trino = trino_server.isolated(SCHEMA)
+    variables = {
+        "KIMI_BATCH_API_KEY": KEY,
+        "KIMI_BATCH_WAREHOUSE": str(warehouse.root),
+        "KIMI_BATCH_TRINO_HOST": trino.host,
+        "KIMI_BATCH_TRINO_PORT": str(trino.port),
+        "KIMI_BATCH_TRINO_SCHEMA": trino.schema_name,
+        "KIMI_BATCH_TRINO_WAREHOUSE_LOCATION": trino.warehouse_location,
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in variables.items():
+            patch.setenv(name, value)
+        settings = Settings.from_env()
+        home = tmp_path_factory.mktemp("api_dagster")
+        with (
+            DagsterStack(
+                home, workspace=REPO_ROOT / "workspace.yaml", location="kimi_batch"
+            ) as dagster,
+            serving_api(settings) as base_url,
+        ):
+            client = openai.OpenAI(base_url=base_url, api_key=KEY, max_retries=0)
+            yield Stack(client, dagster.graphql, settings, warehouse, trino, llama_env)
+
+
+def request(custom_id: str, content: str, *, system: str | None = None, **body: Any) -> str:
+    messages = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": content})
+    line = {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "smollm2", "messages": messages, **body},
+    }
+    return json.dumps(line)
+
+
+def submit(client: openai.OpenAI, lines: list[str]) -> Batch:
+    upload = client.files.create(
+        file=("batch.jsonl", ("\n".join(lines) + "\n").encode()), purpose="batch"
+    )
+    return client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+
+
+def wait_for(
+    client: openai.OpenAI, batch_id: str, done: Any, timeout_s: float = BATCH_TIMEOUT_S
+) -> Batch:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        batch = client.batches.retrieve(batch_id)
+        if done(batch):
+            return batch
+        time.sleep(0.2)
+    raise TimeoutError(f"{batch_id} is still {client.batches.retrieve(batch_id).status}")
+
+
+def busy_slots(llama: LlamaEnv) -> int:
+    slots = httpx.get(f"{llama.base_url}/slots", timeout=10).json()
+    return sum(1 for slot in slots if slot.get("is_processing"))
+
+
+def seconds_until_idle(llama: LlamaEnv, since: float) -> float:
+    while busy_slots(llama):
+        assert time.monotonic() - since < IDLE_BOUND_S, "slots still busy"
+        time.sleep(0.05)
+    return time.monotonic() - since
+
+
+def output_lines(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    assert file_id is not None
+    return [json.loads(line) for line in client.files.content(file_id).text.splitlines()]
+
+
+def long_requests(prefix: str, n: int) -> list[str]:
+    topics = ["rivers", "mountains", "deserts", "oceans", "forests", "islands", "lakes", "caves"]
+    return [
+        request(f"{prefix}-{i}", f"Write a long, detailed essay about {topics[i % 8]}.",
+                max_tokens=250, temperature=0.8, seed=i)
+        for i in range(n)
+    ]  # fmt: skip
+
+
+def run_metadata(graphql: GraphQL, run_id: str) -> dict[str, Any]:
+    [materialization] = graphql.run(run_id)["assetMaterializations"]
+    values: dict[str, Any] = {}
+    for entry in materialization["metadataEntries"]:
+        for field in ("intValue", "floatValue", "text"):
+            if field in entry:
+                values[entry["label"]] = entry[field]
+    return values
+
+
+def test_a_batch_is_answered_as_submitted_and_lands_in_the_tables(stack: Stack) -> None:
+    geography = ["France", "Japan", "Italy", "Spain"]
+    lines = [
+        *(
+            request(f"sys-{country}", f"What is the capital of {country}?", system=SYSTEM,
+                    max_tokens=64, temperature=0, seed=1)
+            for country in geography
+        ),
+        request("json", "Give the capital of France as JSON.", max_tokens=48, temperature=0,
+                response_format={"type": "json_schema",
+                                 "json_schema": {"name": "capital", "schema": CAPITAL_SCHEMA}}),
+        request("logprobs", "Say hello.", max_tokens=8, logprobs=True, top_logprobs=2),
+        request("cut", "Tell me a long story about a dragon.", max_tokens=2),
+        request("plain", "Name one color.", max_tokens=24, temperature=0),
+    ]  # fmt: skip
+    client = stack.client
+    batch = submit(client, lines)
+    assert batch.status == "validating"
+    seen_in_progress = wait_for(client, batch.id, lambda b: b.status != "validating")
+    assert seen_in_progress.status in ("in_progress", "finalizing", "completed")
+    done = wait_for(client, batch.id, lambda b: b.status in ("completed", "failed", "cancelled"))
+    assert done.status == "completed", done
+    assert done.request_counts is not None
+    assert (done.request_counts.total, done.request_counts.completed) == (8, 8)
+    assert done.in_progress_at
+    assert done.finalizing_at
+    assert done.completed_at
+    assert done.error_file_id is None
+
+    outputs = output_lines(client, done.output_file_id)
+    by_id = {line["custom_id"]: line for line in outputs}
+    assert sorted(by_id) == sorted(json.loads(line)["custom_id"] for line in lines)
+    assert len(outputs) == len(by_id) == 8
+    completions = {
+        custom_id: ChatCompletion.model_validate(line["response"]["body"])
+        for custom_id, line in by_id.items()
+    }
+    assert json.loads(completions["json"].choices[0].message.content or "")["capital"]
+    logprobs = completions["logprobs"].choices[0].logprobs
+    assert logprobs is not None
+    assert logprobs.content
+    assert all(len(token.top_logprobs) == 2 for token in logprobs.content)
+    assert completions["cut"].choices[0].finish_reason == "length"
+    # The shared system prompt was prefilled once and restored: every request of it hit it.
+    for country in geography:
+        usage = completions[f"sys-{country}"].usage
+        assert usage is not None
+        assert usage.prompt_tokens_details is not None
+        assert (usage.prompt_tokens_details.cached_tokens or 0) > 0
+
+    with ApiStore(stack.settings.paths) as store:
+        record = store.batch(batch.id)
+    assert record is not None
+    assert record.ds
+    assert record.run_id
+    metadata = run_metadata(stack.graphql, record.run_id)
+    assert metadata["cache_hit_ratio"] > 0
+    assert metadata["generated"] == 8
+
+    distilled = stack.warehouse.read_partition("distilled", record.ds, batch.id)
+    quarantine = stack.warehouse.read_partition("quarantine", record.ds, batch.id)
+    answered = set(distilled["seed_id"].to_list())
+    set_aside = set(quarantine["input_id"].to_list()) if quarantine.height else set()
+    assert "cut" in set_aside
+    assert "cut" not in answered
+    assert answered | set_aside == set(by_id)
+    assert {"json", "plain"} <= answered
+    with TrinoPublisher(stack.trino) as trino:
+        [[rows]] = trino.query(
+            f"SELECT count(*) FROM hive.{SCHEMA}.distilled WHERE source = '{batch.id}'"
+        )
+    assert rows == distilled.height
+
+
+def test_cancel_mid_batch_frees_the_slots_keeps_the_answers_and_a_rerun_finishes(
+    stack: Stack,
+) -> None:
+    client, graphql = stack.client, stack.graphql
+    batch = submit(client, long_requests("essay", 8))
+    running = wait_for(
+        client, batch.id, lambda b: b.request_counts is not None and b.request_counts.completed
+    )
+    assert running.status == "in_progress"
+    assert busy_slots(stack.llama) > 0
+    cancelled_at = time.monotonic()
+    assert client.batches.cancel(batch.id).status == "cancelling"
+    idle_s = seconds_until_idle(stack.llama, cancelled_at)
+    print(f"\nBatch API cancel -> every slot idle: {idle_s:.2f} s")
+    done = wait_for(client, batch.id, lambda b: b.status == "cancelled", timeout_s=120)
+    assert done.cancelled_at is not None
+    answered = output_lines(client, done.output_file_id)
+    unanswered = output_lines(client, done.error_file_id)
+    assert 1 <= len(answered) < 8
+    assert len(answered) + len(unanswered) == 8
+    assert {line["error"]["code"] for line in unanswered} == {"batch_cancelled"}
+
+    # A later run of the partition sends only what is missing.
+    rerun = graphql.launch_dynamic_partition_run("api_batch_job", batch.id)
+    finished = graphql.wait_run(rerun, BATCH_TIMEOUT_S)
+    assert finished["status"] == "SUCCESS", graphql.run_errors(rerun)
+    metadata = run_metadata(graphql, rerun)
+    assert metadata["from_ledger"] == len(answered)
+    assert metadata["generated"] == 8 - len(answered)
+    assert client.batches.retrieve(batch.id).status == "cancelled"  # a final status stays
+
+
+def test_terminating_the_run_from_the_ui_frees_the_slots(stack: Stack) -> None:
+    client, graphql = stack.client, stack.graphql
+    batch = submit(client, long_requests("term", 8))
+    wait_for(client, batch.id, lambda b: b.status == "in_progress")
+    deadline = time.monotonic() + 120
+    while not busy_slots(stack.llama):
+        assert time.monotonic() < deadline, "no request reached the server"
+        time.sleep(0.1)
+    with ApiStore(stack.settings.paths) as store:
+        record = store.batch(batch.id)
+    assert record is not None
+    assert record.run_id
+    terminated_at = time.monotonic()
+    graphql.terminate_run(record.run_id)
+    idle_s = seconds_until_idle(stack.llama, terminated_at)
+    print(f"\nDagster terminateRun -> every slot idle: {idle_s:.2f} s")
+    assert graphql.wait_run(record.run_id, 120)["status"] == "CANCELED"
+    done = wait_for(client, batch.id, lambda b: b.status == "cancelled", timeout_s=120)
+    assert done.request_counts is not None
+    assert done.request_counts.completed < 8

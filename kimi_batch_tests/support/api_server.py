@@ -1,0 +1,43 @@
+"""The Batch API app (`kimi-batch api`) served by uvicorn on a free port, in a thread.
+
+In-process on purpose: the server-free tier drives it with the official `openai` client over
+real HTTP without a child process; the full-stack test uses the same helper next to a real
+Dagster webserver and daemon.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import uvicorn
+
+from kimi_batch.api import create_app
+from kimi_batch.settings import Settings
+from kimi_batch_tests.support.ports import free_port
+
+__all__ = ["serving_api"]
+
+
+@contextmanager
+def serving_api(settings: Settings) -> Iterator[str]:
+    """The API's base URL (`http://127.0.0.1:PORT/v1`) while the block runs."""
+    port = free_port()
+    config = uvicorn.Config(
+        create_app(settings), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="batch-api", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the Batch API did not start")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

@@ -1,0 +1,73 @@
+"""The Batch API stage: requests as submitted, grouped by system prompt; final answers as rows."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kimi_batch.tasks.api_batch import ApiBatchTask
+from kimi_batch.tasks.openai_batch import parse_batch_input
+from kimi_batch.tasks.sink import StageSink
+from kimi_batch_tests.support.results import make_result
+
+URL = "/v1/chat/completions"
+
+
+def line(custom_id: str, system: str | None = None, **body: Any) -> bytes:
+    messages = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": f"Question {custom_id}?"})
+    body["messages"] = messages
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": URL, "body": body}).encode()
+
+
+def task_of(*lines: bytes) -> ApiBatchTask:
+    parsed = parse_batch_input(lines, endpoint=URL)
+    assert parsed.errors == []
+    return ApiBatchTask(lines=parsed.lines, source_file="batch_x.jsonl")
+
+
+def test_requests_are_the_batch_s_own_grouped_by_system_prompt() -> None:
+    task = task_of(line("a", "Be terse."), line("b"), line("c", "Be terse.", max_tokens=9))
+    inputs = task.load(lambda table, model: [])
+    requests = task.requests(inputs)
+    assert [r.input_id for r in requests] == ["a", "b", "c"]
+    assert all(r.messages[0].role == "user" for r in requests)  # the system is the digest
+    assert requests[2].params.max_tokens == 9
+    groups = inputs.groups()
+    assert {system: [r.input_id for r in rs] for system, rs in groups.items()} == {
+        "Be terse.": ["a", "c"],
+        "": ["b"],
+    }
+    assert {r.tag for r in requests} == {"api/seed"}
+
+
+def test_only_final_answers_become_distilled_rows() -> None:
+    task = task_of(
+        line("ok"),
+        line("cut"),
+        line("json", response_format={"type": "json_object"}),
+        line("notjson", response_format={"type": "json_object"}),
+    )
+    texts = {"ok": "Hello.", "cut": "Hel", "json": '{"a": 1}', "notjson": "no"}
+    results = [
+        make_result(
+            texts[custom_id],
+            request_id=f"r-{custom_id}",
+            input_id=custom_id,
+            tag="api/seed",
+            finish_reason="length" if custom_id == "cut" else "stop",
+        )
+        for custom_id in texts
+    ]
+    sink = StageSink(task, task.load(lambda table, model: []))
+    rows = list(sink.rows(results))
+    assert [(r.seed_id, r.origin, r.structured) for r in rows] == [
+        ("ok", "seed", None),
+        ("json", "seed", '{"a":1}'),
+    ]
+    assert [(q.input_id, q.line, q.stage) for q in sink.quarantined] == [
+        ("cut", 2, "api"),
+        ("notjson", 4, "api"),
+    ]
+    assert "max_tokens" in sink.quarantined[0].reason
+    assert sink.figures().truncated == 1
