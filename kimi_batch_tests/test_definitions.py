@@ -74,7 +74,7 @@ _IMPORTED = (
     "kimi_batch.defs.alerts",
     "kimi_batch.defs.assets.batch",
     "kimi_batch.defs.assets.digest",
-    "kimi_batch.status",
+    "kimi_batch.cli.status",
     "kimi_batch.cli",
 )
 

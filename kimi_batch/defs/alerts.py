@@ -30,9 +30,9 @@ from kimi_batch.defs.partition_states import (
     run_progress,
 )
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION
+from kimi_batch.defs.webhook import post_message
 from kimi_batch.settings import Settings
 from kimi_batch.storage import Landing
-from kimi_batch.webhook import post_message
 
 __all__ = [
     "DEFAULT_NIGHT_ENDS",

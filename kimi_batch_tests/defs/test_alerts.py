@@ -17,10 +17,10 @@ import pytest
 
 from kimi_batch.defs.alerts import FRESHNESS_CHECK, build_alerts, due_night
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, build_batch_partitions
+from kimi_batch.defs.webhook import post_message
 from kimi_batch.engine.stats import ProgressEvent
 from kimi_batch.settings import Settings
 from kimi_batch.storage.landing import Landing
-from kimi_batch.webhook import post_message
 
 pytestmark = pytest.mark.filterwarnings("ignore:Non-compliant tag keys:DeprecationWarning")
 

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from kimi_batch.status import _next_tick
+from kimi_batch.cli.status import _next_tick
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@
 Read-only: nothing here starts a server, prefills a slot or writes to the Dagster instance, so the
 command is safe to run in a loop while a night is in progress. Each section is collected on its
 own; a part that cannot be read (no server, no instance yet) says so instead of failing the rest.
-The document and its text are `kimi_batch.status_sections`.
+The document and its text are `kimi_batch.cli.status_sections`.
 """
 
 from __future__ import annotations
@@ -15,18 +15,7 @@ from typing import Literal
 
 import dagster as dg
 
-from kimi_batch.defs.partition_states import (
-    ACTIVE_RUN_STATUSES,
-    PartitionRecord,
-    PartitionState,
-    distill_states,
-)
-from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION
-from kimi_batch.defs.schedules import NIGHT_TAG, TRIGGER_TAG, build_nightly_schedule
-from kimi_batch.engine import Ledger, load_digest
-from kimi_batch.llama import LlamaClient, LlamaError, server_from_settings
-from kimi_batch.settings import Settings
-from kimi_batch.status_sections import (
+from kimi_batch.cli.status_sections import (
     MAX_KEYS,
     DigestState,
     InboxSection,
@@ -38,6 +27,17 @@ from kimi_batch.status_sections import (
     Status,
     render_status,
 )
+from kimi_batch.defs.partition_states import (
+    ACTIVE_RUN_STATUSES,
+    PartitionRecord,
+    PartitionState,
+    distill_states,
+)
+from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION
+from kimi_batch.defs.schedules import NIGHT_TAG, TRIGGER_TAG, build_nightly_schedule
+from kimi_batch.engine import Ledger, load_digest
+from kimi_batch.llama import LlamaClient, LlamaError, server_from_settings
+from kimi_batch.settings import Settings
 from kimi_batch.storage import Landing, scan_inbox
 from kimi_batch.tasks.stages import stage_of_tag
 

@@ -71,9 +71,9 @@ def _server_stop(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _demo(args: argparse.Namespace, settings: Settings) -> int:
-    from kimi_batch.demo import run_demo
+    from kimi_batch.cli.demo import run_demo
+    from kimi_batch.cli.progress_bar import BatchProgressBar, wants_bar
     from kimi_batch.engine import listening
-    from kimi_batch.progress_bar import BatchProgressBar, wants_bar
 
     if wants_bar() and not args.verbose:
         with BatchProgressBar() as bar, listening(bar):
@@ -85,7 +85,7 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _export(args: argparse.Namespace, settings: Settings) -> int:
-    from kimi_batch.export import export_partition
+    from kimi_batch.cli.export import export_partition
 
     path = export_partition(
         settings, ds=args.date, source=args.source, fmt=args.format, out=args.out
@@ -102,7 +102,7 @@ def _api(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _publish(args: argparse.Namespace, settings: Settings) -> int:
-    from kimi_batch.publish import publish_warehouse
+    from kimi_batch.cli.publish import publish_warehouse
 
     report = publish_warehouse(settings)
     print(json.dumps(dataclasses.asdict(report)))
@@ -110,7 +110,7 @@ def _publish(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _status(args: argparse.Namespace, settings: Settings) -> int:
-    from kimi_batch.status import collect_status, render_status
+    from kimi_batch.cli.status import collect_status, render_status
 
     status = collect_status(settings)
     print(status.model_dump_json(indent=2) if args.json else render_status(status))
@@ -269,7 +269,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Expected failures: the message is for the user; detail lines (a spec, a log tail) follow.
         print(f"kimi-batch: error: {error}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
