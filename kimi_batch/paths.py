@@ -26,6 +26,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from kimi_batch.errors import ConfigError
+
 __all__ = ["PRIVATE_DIR_MODE", "PRIVATE_FILE_MODE", "StatePaths", "private_dir"]
 
 PRIVATE_DIR_MODE = 0o700
@@ -115,16 +117,36 @@ class StatePaths(BaseModel):
         """The first partition date of this install: written on first use, then fixed.
 
         A fixed date (not "today minus N") keeps every partition ever created inside the
-        partitions definition, and a new install shows no year of empty partitions.
+        partitions definition, and a new install shows no year of empty partitions. An empty or
+        garbled file is refused (ConfigError), never reset to today: older partitions would
+        fall outside the date range. The first writer wins, atomically (no reader sees it empty).
         """
         path = self.partitions_start_file
         try:
-            return date.fromisoformat(path.read_text().strip())
-        except (FileNotFoundError, ValueError):
+            return _read_start(path)
+        except FileNotFoundError:
             pass
         try:
             self.home.mkdir(parents=True, exist_ok=True)
-            path.write_text(today.isoformat() + "\n")
+            temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            temp.write_text(today.isoformat() + "\n")
+            try:
+                os.link(temp, path)
+            except FileExistsError:
+                return _read_start(path)
+            finally:
+                temp.unlink(missing_ok=True)
         except OSError:
             pass  # a read-only home still gets a start date, just not a persisted one
         return today
+
+
+def _read_start(path: Path) -> date:
+    text = path.read_text().strip()
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(
+            f"{path} holds {text[:40]!r}, not the install's first partition date (YYYY-MM-DD): "
+            "restore it, or set KIMI_BATCH_PARTITIONS_START"
+        ) from None

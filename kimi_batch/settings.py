@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shlex
 from datetime import UTC, date, datetime, time
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from kimi_batch.errors import ConfigError
@@ -128,6 +130,14 @@ def _env_status(name: str) -> bool:
     raise ConfigError(f"{name} must be 'running' or 'stopped', got {raw!r}")
 
 
+def _env_args(name: str) -> tuple[str, ...]:
+    """Shell-style words (quotes group them)."""
+    try:
+        return tuple(shlex.split(os.environ.get(name, "")))
+    except ValueError as error:
+        raise ConfigError(f"{name} cannot be split into arguments ({error})") from error
+
+
 def _env_date(name: str) -> date | None:
     raw = _env_str(name)
     if raw is None:
@@ -171,6 +181,7 @@ class Settings(BaseModel):
     llama_extra_args: tuple[str, ...] = Field(default=(), description="Passed through untouched.")
     llama_cache_ram_mib: int | None = Field(
         default=DEFAULT_CACHE_RAM_MIB,
+        ge=0,
         description="--cache-ram in MiB; None omits the flag (builds without it, ik_llama.cpp).",
     )
     llama_load_timeout_s: float = Field(default=DEFAULT_LOAD_TIMEOUT_S, gt=0)
@@ -234,8 +245,31 @@ class Settings(BaseModel):
     def _known_zone(cls, value: str) -> str:
         try:
             ZoneInfo(value)
-        except (ZoneInfoNotFoundError, ValueError) as error:
-            raise ValueError(f"KIMI_BATCH_TIMEZONE={value!r} is not an IANA timezone") from error
+        # A zone directory (`America`) is an OSError (IsADirectoryError), not a missing zone.
+        except (ZoneInfoNotFoundError, ValueError, OSError) as error:
+            raise ValueError(f"{value!r} is not an IANA timezone (e.g. Europe/Paris)") from error
+        return value
+
+    @field_validator("nightly_cron")
+    @classmethod
+    def _valid_cron(cls, value: str) -> str:
+        if not _is_cron(value):
+            raise ValueError(f"{value!r} is not a 5-field cron expression (e.g. '0 2 * * *')")
+        return value
+
+    @field_validator("alert_webhook")
+    @classmethod
+    def _valid_webhook(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if any(ord(char) < 0x21 or ord(char) == 0x7F for char in value):
+            raise ValueError("the URL contains whitespace or a control character")
+        try:
+            url = httpx.URL(value)
+        except httpx.InvalidURL as error:
+            raise ValueError(f"not a valid URL ({error})") from error
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError("must be an http(s) URL with a host")
         return value
 
     @classmethod
@@ -254,9 +288,7 @@ class Settings(BaseModel):
                 llama_ctx=_env_int("KIMI_BATCH_LLAMA_CTX", DEFAULT_CTX),
                 llama_parallel=_env_int("KIMI_BATCH_LLAMA_PARALLEL", DEFAULT_PARALLEL),
                 llama_n_predict=_env_int("KIMI_BATCH_LLAMA_N_PREDICT", DEFAULT_N_PREDICT),
-                llama_extra_args=tuple(
-                    shlex.split(os.environ.get("KIMI_BATCH_LLAMA_EXTRA_ARGS", ""))
-                ),
+                llama_extra_args=_env_args("KIMI_BATCH_LLAMA_EXTRA_ARGS"),
                 llama_cache_ram_mib=_env_optional_int(
                     "KIMI_BATCH_LLAMA_CACHE_RAM", DEFAULT_CACHE_RAM_MIB
                 ),
@@ -318,7 +350,71 @@ class Settings(BaseModel):
         return self.partitions_start or self.paths.install_date(self.today())
 
 
+# Fields whose variable is not KIMI_BATCH_ + the field name in capitals.
+_FIELD_VARIABLES = {
+    "home": "KIMI_BATCH_HOME",
+    "llama_cache_ram_mib": "KIMI_BATCH_LLAMA_CACHE_RAM",
+    "inbox_sensor_interval_s": "KIMI_BATCH_INBOX_SENSOR_INTERVAL",
+    "inbox_sensor_running": "KIMI_BATCH_INBOX_SENSOR_STATUS",
+    "nightly_running": "KIMI_BATCH_NIGHTLY_STATUS",
+}
+# Minute, hour, day of month, month, day of week. Numbers must lie in range; words must be month
+# or day names (or `l`, croniter's "last"); `*`, `?`, ranges, steps, lists and `#` pass.
+_CRON_RANGES = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 7))
+_CRON_WORDS = frozenset(
+    [
+        "jan",
+        "feb",
+        "mar",
+        "apr",
+        "may",
+        "jun",
+        "jul",
+        "aug",
+        "sep",
+        "oct",
+        "nov",
+        "dec",
+        "sun",
+        "mon",
+        "tue",
+        "wed",
+        "thu",
+        "fri",
+        "sat",
+        "l",
+    ]
+)
+_CRON_ALIASES = frozenset(
+    ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
+)
+
+
+def _is_cron(expression: str) -> bool:
+    """A 5-field cron expression or an `@daily`-style alias (what Dagster's schedules take),
+    checked here so a bad one is a configuration error rather than a definition error when the
+    code location loads."""
+    fields = expression.lower().split()
+    if len(fields) == 1 and fields[0] in _CRON_ALIASES:
+        return True
+    if len(fields) != 5:
+        return False
+    for field, (low, high) in zip(fields, _CRON_RANGES, strict=True):
+        if not re.fullmatch(r"[0-9a-z*?,/#-]+", field):
+            return False
+        # Steps (`*/15`) and nth weekdays (`fri#2`) are counts, not values of the field.
+        for token in re.findall(r"[0-9a-z]+", re.sub(r"[/#][0-9]+", "", field)):
+            if token.isdigit():
+                if not low <= int(token) <= high:
+                    return False
+            elif token not in _CRON_WORDS:
+                return False
+    return True
+
+
 def _first_error(error: ValidationError) -> str:
     item = error.errors()[0]
+    field = str(item["loc"][0]) if item["loc"] else ""
+    variable = _FIELD_VARIABLES.get(field, f"KIMI_BATCH_{field.upper()}")
     where = ".".join(str(part) for part in item["loc"])
-    return f"configuration: {where}: {item['msg'].removeprefix('Value error, ')}"
+    return f"configuration: {variable} ({where}): {item['msg'].removeprefix('Value error, ')}"

@@ -56,6 +56,7 @@ def test_asset_graph_reads_digest_then_seed_amplified_distilled(defs: dg.Definit
         "api_batch_sensor",
         "run_failure_alert",
         "distilled_freshness_alert",
+        "trino_catch_up",
     }
 
 

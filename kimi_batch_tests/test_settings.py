@@ -117,3 +117,45 @@ def test_a_new_install_shows_no_year_of_empty_partitions(
         timeout=120,
     )
     assert int(done.stdout.strip().splitlines()[-1]) <= 2  # today (and tomorrow's end offset)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("KIMI_BATCH_TIMEZONE", "America"),  # a zone directory: IsADirectoryError
+        ("KIMI_BATCH_LLAMA_CACHE_RAM", "-7"),
+        ("KIMI_BATCH_NIGHTLY_CRON", "banana"),
+        ("KIMI_BATCH_NIGHTLY_CRON", "0 25 * * *"),
+        ("KIMI_BATCH_LLAMA_EXTRA_ARGS", "'x"),
+        ("KIMI_BATCH_ALERT_WEBHOOK", "http://[::1"),
+        ("KIMI_BATCH_ALERT_WEBHOOK", "https://hooks.example/a\tb"),
+        ("KIMI_BATCH_ALERT_WEBHOOK", "hooks.example/no-scheme"),
+    ],
+)
+def test_an_unusable_value_is_a_config_error_naming_its_variable(
+    clean_env: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    clean_env.setenv(variable, value)
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env()
+    message = str(raised.value)
+    assert variable in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "cron", ["0 2 * * *", "*/15 * * * *", "30 1 * * mon-fri", "0 3 1,15 * *", "@daily"]
+)
+def test_usual_cron_expressions_are_accepted(clean_env: pytest.MonkeyPatch, cron: str) -> None:
+    clean_env.setenv("KIMI_BATCH_NIGHTLY_CRON", cron)
+    assert Settings.from_env().nightly_cron == cron
+
+
+def test_a_webhook_url_is_accepted_and_the_cache_can_be_off(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    clean_env.setenv("KIMI_BATCH_ALERT_WEBHOOK", "https://hooks.slack.com/services/T0/B0/x")
+    clean_env.setenv("KIMI_BATCH_LLAMA_CACHE_RAM", "0")
+    settings = Settings.from_env()
+    assert settings.alert_webhook == "https://hooks.slack.com/services/T0/B0/x"
+    assert settings.llama_cache_ram_mib == 0

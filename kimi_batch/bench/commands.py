@@ -24,6 +24,7 @@ def _write_outputs(
 
 
 def bench_command(args: argparse.Namespace, settings: Settings) -> int:
+    from kimi_batch.bench.rehearsal import RehearsalOptions
     from kimi_batch.bench.report import bench_chart, bench_table
     from kimi_batch.bench.run import BenchOptions, run_bench
 
@@ -40,6 +41,15 @@ def bench_command(args: argparse.Namespace, settings: Settings) -> int:
         rewrite_rows=args.rewrite_rows,
         rewrite_output_tokens=args.rewrite_output_tokens,
         spec_type=args.spec_type,
+        rehearsal=RehearsalOptions(
+            rows=args.rehearsal_rows,
+            partitions=args.partitions or 40,
+            time_scale=args.time_scale,
+            window_h=args.window_h,
+        ),
+        night_partitions=args.partitions or 12,
+        night_rows=args.rows_per_partition or 4,
+        night_output_tokens=args.night_output_tokens,
     )
     document = run_bench(settings, options)
     table = bench_table(document)
@@ -91,6 +101,8 @@ def plan_command(args: argparse.Namespace, settings: Settings) -> int:
     from kimi_batch.errors import ConfigError
 
     prompt_speed, gen_speed, slots = args.prompt_tok_s, args.gen_tok_s, args.slots
+    # Unset, an answer is as long as the distillation's budget lets it be (the server's n_predict).
+    output_tokens = settings.llama_n_predict if args.output_tokens is None else args.output_tokens
     if prompt_speed is None or gen_speed is None:
         measured = last_speeds([settings.paths.bench_dir, settings.paths.tune_dir])
         prompt_speed = prompt_speed or measured.prompt_tok_s
@@ -99,13 +111,15 @@ def plan_command(args: argparse.Namespace, settings: Settings) -> int:
     try:
         spec = PlanInput(
             prompt_tokens=args.prompt_tokens,
-            output_tokens=args.output_tokens,
+            output_tokens=output_tokens,
             rows=args.rows,
             prompt_tok_s=prompt_speed,
             gen_tok_s=gen_speed,
             slots=slots or 1,
             window_h=args.window_h,
             digest_tokens=args.digest_tokens,
+            partitions=args.partitions,
+            run_overhead_s=args.run_overhead_s,
         )
     except ValidationError as error:
         first = error.errors()[0]

@@ -54,6 +54,13 @@ class PlanInput(BaseModel):
     slots: int = Field(default=1, ge=1)
     window_h: float = Field(default=8.0, gt=0, description="The nightly window.")
     digest_tokens: int = Field(default=0, ge=0, description="One-time digest prefill, if cold.")
+    partitions: int = Field(default=1, ge=1, description="Runs the rows are split into.")
+    run_overhead_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="Server idle per run: process and step starts, writes (`bench --workload "
+        "night` measures it).",
+    )
 
 
 class PlanResult(BaseModel):
@@ -67,18 +74,42 @@ class PlanResult(BaseModel):
     hours: float
     fits: bool
     max_rows_in_window: int
+    rows_in_window: int = Field(description="Of these rows, those done when the window closes.")
     tokens_generated: int
+
+
+def _split(rows: int, partitions: int) -> list[int]:
+    return [rows // partitions + (1 if p < rows % partitions else 0) for p in range(partitions)]
+
+
+def _rows_in_window(spec: PlanInput, row_s: float, prefill_s: float, window_s: float) -> int:
+    """Partition after partition (each one run: its overhead, then its rows on the slots)."""
+    clock, done = prefill_s, 0
+    for rows in _split(spec.rows, spec.partitions):
+        clock += spec.run_overhead_s
+        if clock >= window_s:
+            break
+        need = math.ceil(rows / spec.slots) * row_s
+        if clock + need <= window_s:
+            clock, done = clock + need, done + rows
+            continue
+        if row_s > 0:  # the window closes inside this run: the rounds of rows that fit
+            done += min(rows, math.floor((window_s - clock) / row_s) * spec.slots)
+        break
+    return done
 
 
 def plan_partition(spec: PlanInput) -> PlanResult:
     row_s = spec.prompt_tokens / spec.prompt_tok_s + spec.output_tokens / spec.gen_tok_s
     prefill_s = spec.digest_tokens / spec.prompt_tok_s
-    wall_s = prefill_s + math.ceil(spec.rows / spec.slots) * row_s
+    rounds = sum(math.ceil(rows / spec.slots) for rows in _split(spec.rows, spec.partitions))
+    wall_s = prefill_s + spec.partitions * spec.run_overhead_s + rounds * row_s
     window_s = spec.window_h * 3600
+    fixed_s = prefill_s + spec.run_overhead_s
     if row_s > 0:
-        max_rows = max(0, math.floor((window_s - prefill_s) / row_s)) * spec.slots
+        max_rows = max(0, math.floor((window_s - fixed_s) / row_s)) * spec.slots
     else:
-        max_rows = spec.rows if prefill_s <= window_s else 0
+        max_rows = spec.rows if fixed_s <= window_s else 0
     return PlanResult(
         inputs=spec,
         row_s=row_s,
@@ -88,6 +119,7 @@ def plan_partition(spec: PlanInput) -> PlanResult:
         hours=wall_s / 3600,
         fits=wall_s <= window_s,
         max_rows_in_window=max_rows,
+        rows_in_window=_rows_in_window(spec, row_s, prefill_s, window_s),
         tokens_generated=spec.rows * spec.output_tokens,
     )
 
@@ -100,6 +132,12 @@ def describe(result: PlanResult) -> str:
         f"on {spec.slots} slot(s) at {spec.prompt_tok_s:g}/{spec.gen_tok_s:g} tok/s per slot: "
         f"{result.minutes:.1f} min ({result.hours:.2f} h); {verdict} the {spec.window_h:g} h "
         f"window; at most {result.max_rows_in_window} rows fit"
+        + (
+            f"; split into {spec.partitions} runs ({spec.run_overhead_s:g} s idle each): "
+            f"{result.rows_in_window} of the {spec.rows} rows done in the window"
+            if spec.partitions > 1 or spec.run_overhead_s
+            else ""
+        )
     )
 
 

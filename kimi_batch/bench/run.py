@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
 import time
 from typing import Any
 
@@ -26,7 +25,10 @@ from kimi_batch.bench.contenders import (
     run_naive,
 )
 from kimi_batch.bench.measure import ContenderReport
+from kimi_batch.bench.night import run_night
 from kimi_batch.bench.plan import PlanInput, Speeds, plan_partition, save_speeds
+from kimi_batch.bench.ports import free_port
+from kimi_batch.bench.rehearsal import RehearsalOptions, run_rehearsal
 from kimi_batch.bench.rewrite import DEFAULT_SPEC_TYPE, run_rewrite
 from kimi_batch.bench.sweeps import batched_bench
 from kimi_batch.bench.workloads import (
@@ -60,18 +62,18 @@ class BenchOptions(BaseModel):
     ceiling: bool = True
     rewrite_rows: int = Field(default=20, ge=1, description="Copy-heavy rows (rewrite).")
     rewrite_output_tokens: int = Field(default=160, ge=1)
+    night_partitions: int = Field(default=12, ge=1, description="Partitions of the night.")
+    night_rows: int = Field(default=4, ge=1, description="Seed rows per night partition.")
+    night_output_tokens: int = Field(
+        default=32, ge=1, description="The night's server --n-predict (every answer's length)."
+    )
+    rehearsal: RehearsalOptions = Field(default_factory=RehearsalOptions)
     spec_type: str | None = Field(
         default=None, description="--spec-type of the rewrite run; default KIMI_BATCH_LLAMA_SPEC."
     )
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def bench_settings(settings: Settings) -> Settings:
+def bench_settings(settings: Settings, *, n_predict: int | None = None) -> Settings:
     """The configured server in its own state dir, with fixed answer lengths and no RAM cache.
 
     No attached or scale-out server, warehouse override or Trino: those would take the bench's
@@ -80,9 +82,10 @@ def bench_settings(settings: Settings) -> Settings:
     return settings.model_copy(
         update={
             "home": settings.paths.bench_dir / "state",
-            "llama_port": _free_port(),
+            "llama_port": free_port(),
             "llama_extra_args": (*settings.llama_extra_args, "--ignore-eos"),
             "llama_cache_ram_mib": 0,
+            "llama_n_predict": settings.llama_n_predict if n_predict is None else n_predict,
             "llama_url": None,
             "llama_extra_urls": (),
             "warehouse": None,
@@ -199,7 +202,15 @@ def _run_workload(
 
 def run_bench(settings: Settings, options: BenchOptions) -> dict[str, Any]:
     """Spawn the bench server, run the workloads, stop it; returns the JSON document."""
-    document, speeds = _run_all(bench_settings(settings), options)
+    if options.workloads == ("rehearsal",):  # the stand-in only: no llama-server
+        started = time.perf_counter()
+        section = run_rehearsal(settings, options.rehearsal, settings.paths.bench_dir)
+        config = {"wall_s": round(time.perf_counter() - started, 1), "cpus": os.cpu_count()}
+        return {"rehearsal": section, "config": config}
+    # The night's answers are as long as the server lets them be (its runs take the assets'
+    # default configs): a short --n-predict keeps a night of Dagster runs to minutes.
+    n_predict = options.night_output_tokens if options.workloads == ("night",) else None
+    document, speeds = _run_all(bench_settings(settings, n_predict=n_predict), options)
     if speeds is not None:  # speeds of the distill or amplify workload, the ones `plan` takes
         save_speeds(settings.paths.bench_dir, speeds)
     return document
@@ -219,6 +230,15 @@ def _run_all(local: Settings, options: BenchOptions) -> tuple[dict[str, Any], Sp
         for name in options.workloads:
             if name == "rewrite":
                 continue  # last: it restarts the server with speculation
+            if name == "night":
+                sections["night"] = run_night(
+                    local,
+                    target,
+                    partitions=options.night_partitions,
+                    rows=options.night_rows,
+                    work_dir=local.home,
+                )
+                continue
             if name == "distill":
                 workload = distill_workload(
                     inbox / DISTILL_FILE, rows=options.rows, output_tokens=options.output_tokens
@@ -252,7 +272,7 @@ def _run_all(local: Settings, options: BenchOptions) -> tuple[dict[str, Any], Sp
         distill = sections["distill"]
         document.update({k: v for k, v in distill.items() if k != "contenders"})
         document["distill"] = distill
-    for name in ("amplify", "rewrite"):
+    for name in ("amplify", "rewrite", "night"):
         if name in sections:
             document[name] = sections[name]
     document["config"] = {

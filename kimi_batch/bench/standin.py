@@ -46,13 +46,14 @@ from urllib.parse import parse_qs, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["StandinServer", "TargetProfile", "standin_tokens"]
+__all__ = ["SlotSpeeds", "StandinServer", "TargetProfile", "standin_tokens"]
 
 _TOKEN = re.compile(r"\s?\w{1,6}|\s+|[^\w\s]")
 _WORDS = (
     "the", "model", "answer", "data", "batch", "night", "slot", "token", "cache", "value",
     "first", "then", "each", "which", "result", "given", "list", "return", "check", "input",
 )  # fmt: skip
+MAX_LAG_S = 2.0  # how far behind the wall clock the simulated steps may catch up
 _DECODE_QUANTUM = 16  # decode tokens simulated per step when no prompt is being evaluated
 
 
@@ -132,6 +133,41 @@ class _Slot:
     task: _Task | None = None
 
 
+class SlotSpeeds(BaseModel):
+    """Per-slot speeds of the rows answered so far, as llama-server's `timings` report them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rows: int
+    prompt_tokens_per_row: float
+    prompt_tok_s: float
+    gen_tok_s: float
+
+
+@dataclass
+class _Answered:
+    rows: int = 0
+    evaluated: int = 0
+    prompt_s: float = 0.0
+    decoded: int = 0
+    decode_s: float = 0.0
+
+    def add(self, task: _Task) -> None:
+        self.rows += 1
+        self.evaluated += len(task.prompt) - task.cached
+        self.prompt_s += task.prompt_s
+        self.decoded += task.max_tokens
+        self.decode_s += task.decode_s
+
+    def speeds(self) -> SlotSpeeds:
+        return SlotSpeeds(
+            rows=self.rows,
+            prompt_tokens_per_row=self.evaluated / self.rows if self.rows else 0.0,
+            prompt_tok_s=self.evaluated / self.prompt_s if self.prompt_s else 1.0,
+            gen_tok_s=self.decoded / self.decode_s if self.decode_s else 1.0,
+        )
+
+
 class _Simulator:
     """The slots and the virtual clock: one loop advances every busy slot step by step."""
 
@@ -149,6 +185,7 @@ class _Simulator:
         self.tokens_predicted_total = 0
         self.n_decode_total = 0
         self.busy_target_s = 0.0
+        self.answered = _Answered()
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -202,7 +239,9 @@ class _Simulator:
                 continue
             step = self._step(busy)
             self.busy_target_s += step
-            due = max(due, loop.time() - 0.05) + step / self.scale
+            # A step that ran late (a busy machine) is made up by the next ones, so target time
+            # keeps pace with the wall clock the nightly window is measured on.
+            due = max(due, loop.time() - MAX_LAG_S) + step / self.scale
             await asyncio.sleep(max(0.0, due - loop.time()))
             self._finish_done()
 
@@ -213,6 +252,7 @@ class _Simulator:
         prefilling = [s for s in busy if s.task and s.task.evaluated > 0]
         step = 0.0
         quantum = 1
+        evaluating: list[_Task] = []
         if prefilling:
             budget = max(profile.n_batch - len(decoding), 1)
             for slot in prefilling:
@@ -225,7 +265,7 @@ class _Simulator:
                 cost = profile.prefill_cost(position, chunk)
                 slot.tokens.extend(task.prompt[position : position + chunk])
                 task.evaluated -= chunk
-                task.prompt_s += cost
+                evaluating.append(task)
                 step += cost
                 budget -= chunk
                 self.prompt_tokens_total += chunk
@@ -243,8 +283,14 @@ class _Simulator:
                 assert task is not None
                 slot.tokens.extend([0] * quantum)  # generated pieces: never matched by a prompt
                 task.decoded += quantum
-                task.decode_s += cost
                 self.tokens_predicted_total += quantum
+        # Every slot of a step waits for all of it (a decode waits for another slot's prompt
+        # chunk): llama-server's timings are wall time per phase, and so are these.
+        for task in evaluating:
+            task.prompt_s += step
+        for slot in decoding:
+            if slot.task is not None:
+                slot.task.decode_s += step
         return step
 
     def _finish_done(self) -> None:
@@ -257,6 +303,8 @@ class _Simulator:
             slot.tokens = task.prompt + standin_tokens(text)
             slot.task = None
             finished = True
+            if task.max_tokens > 1:  # a digest warm-up or canary is not a row
+                self.answered.add(task)
             if not task.done.done():
                 task.done.set_result(self._response(slot.id, task, text))
         if finished:

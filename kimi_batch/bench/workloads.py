@@ -30,7 +30,7 @@ __all__ = [
     "write_inbox_file",
 ]
 
-WorkloadName = Literal["distill", "amplify", "rewrite"]
+WorkloadName = Literal["distill", "amplify", "rewrite", "night", "rehearsal"]
 
 # (function, what it does): 24 specs, one answer each.
 FUNCTION_SPECS: tuple[tuple[str, str], ...] = (

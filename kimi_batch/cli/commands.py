@@ -213,7 +213,9 @@ def _add_perf_commands(commands: Any) -> None:
     bench = commands.add_parser("bench", help="naive vs all-slots client vs engine vs Dagster")
     bench.add_argument("--json", default=None, help="also write the JSON (and .md, .png) here")
     bench.add_argument(
-        "--workload", choices=["distill", "amplify", "both", "rewrite"], default="both"
+        "--workload",
+        choices=["distill", "amplify", "both", "rewrite", "night", "rehearsal"],
+        default="both",
     )
     bench.add_argument("--rows", type=int, default=24, help="distillation prompts")
     bench.add_argument("--output-tokens", type=int, default=64, help="distillation answer length")
@@ -223,6 +225,12 @@ def _add_perf_commands(commands: Any) -> None:
     bench.add_argument("--no-dagster", action="store_true", help="skip contender (D)")
     bench.add_argument("--no-ceiling", action="store_true", help="skip llama-batched-bench")
     bench.add_argument("--rewrite-rows", type=int, default=20, help="copy-heavy rows (rewrite)")
+    bench.add_argument("--partitions", type=int, default=None, help="night/rehearsal partitions")
+    bench.add_argument("--rows-per-partition", type=int, default=None, help="night/rehearsal")
+    bench.add_argument("--night-output-tokens", type=int, default=32, help="night: --n-predict")
+    bench.add_argument("--rehearsal-rows", type=int, default=10_000, help="rehearsal: all rows")
+    bench.add_argument("--time-scale", type=float, default=600.0, help="rehearsal: x target speed")
+    bench.add_argument("--window-h", type=float, default=5.0, help="rehearsal: the night, hours")
     bench.add_argument("--rewrite-output-tokens", type=int, default=160)
     bench.add_argument(
         "--spec-type", default=None, help="rewrite: --spec-type (default KIMI_BATCH_LLAMA_SPEC)"
@@ -241,13 +249,22 @@ def _add_perf_commands(commands: Any) -> None:
 
     plan = commands.add_parser("plan", help="time a partition needs; what fits the window")
     plan.add_argument("--prompt-tokens", type=int, required=True, help="evaluated, per row")
-    plan.add_argument("--output-tokens", type=int, required=True, help="generated, per row")
+    plan.add_argument(
+        "--output-tokens",
+        type=int,
+        default=None,
+        help="generated, per row (default: the answer budget, KIMI_BATCH_LLAMA_N_PREDICT)",
+    )
     plan.add_argument("--rows", type=int, required=True)
     plan.add_argument("--prompt-tok-s", type=float, default=None, help="per slot")
     plan.add_argument("--gen-tok-s", type=float, default=None, help="per slot")
     plan.add_argument("--slots", type=int, default=None)
     plan.add_argument("--window-h", type=float, default=8.0)
     plan.add_argument("--digest-tokens", type=int, default=0, help="a cold digest prefill")
+    plan.add_argument("--partitions", type=int, default=1, help="runs the rows are split into")
+    plan.add_argument(
+        "--run-overhead-s", type=float, default=0.0, help="server idle per run (bench night)"
+    )
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(func=plan_command)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from typing import Any
 
 import dagster as dg
@@ -15,11 +16,19 @@ from kimi_batch.engine import ProgressEvent, notify
 from kimi_batch.errors import MissingInputError
 from kimi_batch.llama import server_from_settings
 from kimi_batch.settings import Settings, samples_dir
-from kimi_batch.storage import Landing
+from kimi_batch.storage import Assignment, Landing, inspect_inbox_file, wait_until_settled
 
-__all__ = ["run_demo"]
+__all__ = ["DEMO_INSTANCE_YAML", "demo_instance", "run_demo"]
 
 DIGEST_LABEL = "digest: prefill once, restore into every slot"
+# The instance settings the demo writes into a Dagster home that has none: telemetry off, so a
+# newcomer's first screen is the pipeline's, not Dagster's telemetry banner. `make dev` copies the
+# repository's dagster.yaml (telemetry off as well, plus the run queue and pools) over it.
+DEMO_INSTANCE_YAML = """\
+# Written by `kimi-batch demo`; the repository's dagster.yaml (make dev) replaces it.
+telemetry:
+  enabled: false
+"""
 
 
 def _console_config(log_level: str) -> dict[str, Any]:
@@ -53,17 +62,38 @@ def _seed_inbox(settings: Settings) -> None:
             shutil.copy2(sample, inbox / sample.name)
 
 
+def _settled(settings: Settings, landing: Landing, assignment: Assignment) -> bool:
+    """False for a file still being written that has no earlier landed version: the demo skips
+    it (a later run lands it whole) instead of failing or landing half of it."""
+    item = inspect_inbox_file(settings.paths.inbox_dir, assignment.name)
+    if item is None or item.refused or landing.current(assignment.ds, assignment.source):
+        return True
+    if wait_until_settled(item.path, (item.size, item.mtime_ns)):
+        return True
+    print(
+        f"kimi-batch demo: {assignment.name} is still being written; skipped "
+        "(a later run lands it once it has stopped changing)",
+        file=sys.stderr,
+    )
+    return False
+
+
 def _preflight(settings: Settings) -> None:
     """What the first asset would fail on, checked before Dagster logs a run: one clear error."""
     DigestResource(deployment=settings).load()  # DigestLintError: cache-breaking content
     server_from_settings(settings)  # ServerSpawnError: no model file, no llama-server binary
 
 
-def _instance(settings: Settings) -> dg.DagsterInstance:
+def demo_instance(settings: Settings) -> dg.DagsterInstance:
+    """The user's instance (`DAGSTER_HOME`), else the state dir's, with its settings written once."""
     if os.environ.get("DAGSTER_HOME"):
         return dg.DagsterInstance.get()
-    settings.paths.dagster_home.mkdir(parents=True, exist_ok=True)
-    return dg.DagsterInstance.from_config(str(settings.paths.dagster_home))
+    home = settings.paths.dagster_home
+    home.mkdir(parents=True, exist_ok=True)
+    config = home / "dagster.yaml"
+    if not config.exists():
+        config.write_text(DEMO_INSTANCE_YAML)
+    return dg.DagsterInstance.from_config(str(home))
 
 
 def _metadata(result: dg.ExecuteInProcessResult, asset: str) -> dict[str, Any]:
@@ -82,16 +112,17 @@ def run_demo(settings: Settings, *, console_log_level: str = "INFO") -> dict[str
     _preflight(settings)
     _seed_inbox(settings)
     with Landing(settings.paths) as landing:
-        files = landing.assign_inbox(
+        assigned = landing.assign_inbox(
             settings.paths.inbox_dir,
             arrived=settings.today(),
             start=settings.first_partition_date(),
         )
+        files = [item for item in assigned if _settled(settings, landing, item)]
     if not files:
         raise MissingInputError(f"no input files in {settings.paths.inbox_dir}")
     resources = build_resources(settings)
     assets = batch_assets(settings)
-    instance = _instance(settings)
+    instance = demo_instance(settings)
     instance.add_dynamic_partitions(SOURCE_PARTITIONS_NAME, sorted({f.source for f in files}))
 
     notify(_phase(DIGEST_LABEL, 0))

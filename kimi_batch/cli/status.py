@@ -1,19 +1,23 @@
 """`kimi-batch status`: the server, the ledger, the partitions, the nightly run and the inbox.
 
-Read-only: nothing here starts a server, prefills a slot or writes to the Dagster instance, so the
-command is safe to run in a loop while a night is in progress. Each section is collected on its
-own; a part that cannot be read (no server, no instance yet) says so instead of failing the rest.
-The document and its text are `kimi_batch.cli.status_sections`.
+Read-only: nothing here starts a server, prefills a slot, writes to the Dagster instance or creates
+a file or folder (a mistyped KIMI_BATCH_HOME stays absent), so the command is safe to run in a loop
+while a night is in progress. Each section is collected on its own; a part that cannot be read (no
+server, no instance yet, a corrupted ledger or manifest) says so in its section instead of failing
+the rest. The document and its text are `kimi_batch.cli.status_sections`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 import dagster as dg
+from pydantic import BaseModel
+from sqlalchemy.exc import SQLAlchemyError
 
 from kimi_batch.cli.status_sections import (
     MAX_KEYS,
@@ -33,17 +37,18 @@ from kimi_batch.defs.partition_states import (
     PartitionState,
     distill_states,
 )
-from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION
 from kimi_batch.defs.schedules import NIGHT_TAG, TRIGGER_TAG, build_nightly_schedule
 from kimi_batch.engine import Ledger, load_digest
 from kimi_batch.llama import LlamaClient, LlamaError, server_from_settings
 from kimi_batch.settings import Settings
-from kimi_batch.storage import Landing, scan_inbox
+from kimi_batch.storage import StorageError, landed_versions, scan_inbox
 from kimi_batch.tasks.stages import stage_of_tag
 
 __all__ = ["Status", "collect_status", "render_status"]
 
 _DIGEST_PREFILL = dg.AssetKey("digest_prefill")
+# What a section that cannot be read fails with (corrupted sqlite files, an unreadable instance).
+_UNREADABLE = (sqlite3.Error, OSError, SQLAlchemyError, dg.DagsterError, StorageError)
 # Any start before now: the cron windows only serve to find the next tick (a yearly cron included).
 _CRON_LOOKBACK = timedelta(days=400)
 
@@ -122,8 +127,14 @@ def _digest_state(
 
 def _ledger(settings: Settings) -> LedgerSection:
     path = settings.paths.ledger_path
+    try:
+        counts = Ledger.count_by_tag(path)
+    except sqlite3.Error as error:
+        return LedgerSection(
+            path=str(path), rows=0, by_table={}, error=f"ledger {path} is unreadable: {error}"
+        )
     by_table: Counter[str] = Counter()
-    for tag, count in Ledger.count_by_tag(path).items():
+    for tag, count in counts.items():
         by_table[_table_of(tag)] += count
     return LedgerSection(path=str(path), rows=sum(by_table.values()), by_table=dict(by_table))
 
@@ -136,16 +147,22 @@ def _table_of(tag: str) -> str:
 # ---- Dagster instance: partitions and nights ----------------------------------------------------
 
 
-def _instance(settings: Settings) -> dg.DagsterInstance | None:
+def _instance(settings: Settings) -> tuple[dg.DagsterInstance | None, str | None]:
+    """The instance, or why there is none (absent, unreadable)."""
     home = settings.paths.dagster_home
     if not home.is_dir():
-        return None
-    return dg.DagsterInstance.from_config(str(home))
+        return None, f"no Dagster instance at {home}"
+    try:
+        return dg.DagsterInstance.from_config(str(home)), None
+    except _UNREADABLE as error:
+        return None, f"Dagster instance at {home} is unreadable: {error}"
 
 
-def _partitions(records: dict[str, PartitionRecord] | None, home: str) -> PartitionsSection:
+def _partitions(
+    records: dict[str, PartitionRecord] | None, home: str, error: str | None
+) -> PartitionsSection:
     if records is None:
-        return PartitionsSection(dagster_home=None, error=f"no Dagster instance at {home}")
+        return PartitionsSection(dagster_home=None, error=error)
     by_state: dict[PartitionState, list[str]] = {state: [] for state in PartitionState}
     for record in records.values():
         by_state[record.state].append(record.key)
@@ -156,6 +173,7 @@ def _partitions(records: dict[str, PartitionRecord] | None, home: str) -> Partit
         running=len(by_state[PartitionState.RUNNING]),
         failed=len(by_state[PartitionState.FAILED]),
         stopped_at_window=len(by_state[PartitionState.STOPPED_AT_WINDOW]),
+        stale=len(by_state[PartitionState.STALE]),
         keys={
             state.value: keys[:MAX_KEYS]
             for state, keys in by_state.items()
@@ -234,18 +252,30 @@ def _nightly(
 # ---- inbox and the whole ------------------------------------------------------------------------
 
 
-def _assignments(settings: Settings) -> dict[str, str]:
-    """Inbox name -> partition key, from the landing manifest when there is one."""
-    manifest = settings.paths.manifest_path
-    if not manifest.is_file():
-        return {}
-    with Landing(settings.paths) as landing:
-        return {
-            item.name: str(
-                dg.MultiPartitionKey({DATE_DIMENSION: item.ds, SOURCE_DIMENSION: item.source})
-            )
-            for item in landing.assignments()
-        }
+class _Manifest(BaseModel):
+    """What the landing manifest says: each inbox name's partition and its newest landed sha."""
+
+    key_of: dict[str, str] = {}
+    landed: dict[str, str] = {}
+    error: str | None = None
+
+
+def _manifest(settings: Settings) -> _Manifest:
+    try:
+        versions = landed_versions(settings.paths)
+    except StorageError as error:
+        return _Manifest(error=str(error))
+    # The key format of the date|source partitions (a MultiPartitionKey: dimensions by name).
+    key_of = {item.name: f"{item.ds}|{item.source}" for item, _ in versions}
+    landed = {f"{item.ds}|{item.source}": sha for item, sha in versions if sha}
+    return _Manifest(key_of=key_of, landed=landed)
+
+
+def _refuse_garbled_start(settings: Settings) -> None:
+    """The partitions' start date, as the definitions read it: a garbled one is a ConfigError
+    (never reset to today); an absent one stays absent (status writes nothing)."""
+    if settings.partitions_start is None and settings.paths.partitions_start_file.is_file():
+        settings.first_partition_date()
 
 
 def collect_status(settings: Settings, *, now: datetime | None = None) -> Status:
@@ -253,14 +283,21 @@ def collect_status(settings: Settings, *, now: datetime | None = None) -> Status
     now = now or datetime.now(UTC)
     paths = settings.paths
     files = scan_inbox(paths.inbox_dir) if paths.inbox_dir.is_dir() else []
-    assigned = _assignments(settings)
+    manifest = _manifest(settings)
     # A file nobody has seen yet has no partition: it waits under its name.
-    key_of = {f.name: assigned.get(f.name) for f in files}
-    instance = _instance(settings)
+    key_of = {f.name: manifest.key_of.get(f.name) for f in files}
+    instance, instance_error = _instance(settings)
+    if instance is not None:
+        _refuse_garbled_start(settings)
+    records: dict[str, PartitionRecord] | None = None
     try:
-        records = distill_states(instance, assigned.values()) if instance is not None else None
-        server = _server(settings, instance)
-        nightly = _nightly(settings, instance, now)
+        if instance is not None:
+            try:
+                records = distill_states(instance, manifest.key_of.values(), manifest.landed)
+            except _UNREADABLE as error:
+                instance_error = f"Dagster instance is unreadable: {error}"
+        server = _server(settings, instance if records is not None else None)
+        nightly = _nightly(settings, instance if records is not None else None, now)
     finally:
         if instance is not None:
             instance.dispose()
@@ -268,17 +305,21 @@ def collect_status(settings: Settings, *, now: datetime | None = None) -> Status
     waiting = sorted(
         name
         for name, key in key_of.items()
-        if key is None or records is None or records[key].state != PartitionState.DONE
+        if key is None
+        or records is None
+        or key not in records
+        or records[key].state != PartitionState.DONE
     )
     return Status(
         server=server,
         ledger=_ledger(settings),
-        partitions=_partitions(records, str(settings.paths.dagster_home)),
+        partitions=_partitions(records, str(settings.paths.dagster_home), instance_error),
         nightly=nightly,
         inbox=InboxSection(
             dir=str(paths.inbox_dir),
             files=len(files),
             waiting=len(waiting),
             waiting_files=waiting[:MAX_KEYS],
+            error=manifest.error,
         ),
     )

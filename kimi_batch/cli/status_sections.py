@@ -54,6 +54,7 @@ class LedgerSection(_Section):
     path: str
     rows: int
     by_table: dict[str, int] = Field(description="Finished requests by the table they feed.")
+    error: str | None = None
 
 
 class PartitionsSection(_Section):
@@ -65,6 +66,7 @@ class PartitionsSection(_Section):
     running: int = 0
     failed: int = 0
     stopped_at_window: int = 0
+    stale: int = Field(default=0, description="Distilled from an older version of the input.")
     keys: dict[str, list[str]] = Field(
         default_factory=dict, description=f"Keys per state except done (at most {MAX_KEYS})."
     )
@@ -92,6 +94,7 @@ class InboxSection(_Section):
     files: int
     waiting: int = Field(description="Files whose partition is not distilled yet.")
     waiting_files: list[str]
+    error: str | None = None
 
 
 class Status(_Section):
@@ -117,16 +120,21 @@ def render_status(status: Status) -> str:
     restored = {True: "restored", False: "NOT restored", None: "unknown"}[digest.restored]
     lines.append(f"digest     {(digest.sha256 or '?')[:12]} {restored} ({digest.detail})")
     tables = ", ".join(f"{name} {rows}" for name, rows in sorted(status.ledger.by_table.items()))
-    lines.append(f"ledger     {status.ledger.rows} rows ({tables or 'empty'})")
+    lines.append(
+        f"ledger     {status.ledger.error}"
+        if status.ledger.error
+        else f"ledger     {status.ledger.rows} rows ({tables or 'empty'})"
+    )
     parts = status.partitions
     if parts.dagster_home is None:
         lines.append(f"partitions {parts.error}")
     else:
         lines.append(
             f"partitions {parts.done} done, {parts.pending} pending, {parts.running} running, "
-            f"{parts.failed} failed, {parts.stopped_at_window} stopped at the nightly window"
+            f"{parts.failed} failed, {parts.stopped_at_window} stopped at the nightly window, "
+            f"{parts.stale} stale (input changed since)"
         )
-        for name in ("failed", "stopped_at_window", "running", "pending"):
+        for name in ("failed", "stopped_at_window", "stale", "running", "pending"):
             if parts.keys.get(name):
                 lines.append(f"  {name}: {', '.join(parts.keys[name])}")
     nightly = status.nightly
@@ -140,6 +148,8 @@ def render_status(status: Status) -> str:
     lines.append(f"nightly    {nightly.cron} {nightly.timezone}; next {next_text}; {last_text}")
     inbox = status.inbox
     lines.append(f"inbox      {inbox.files} file(s), {inbox.waiting} waiting ({inbox.dir})")
+    if inbox.error:
+        lines.append(f"  {inbox.error}")
     if inbox.waiting_files:
         lines.append(f"  waiting: {', '.join(inbox.waiting_files)}")
     return "\n".join(lines)

@@ -6,7 +6,10 @@
   day that just ended is distilled by the end of the nightly window (`KIMI_BATCH_NIGHT_ENDS`,
   07:00 when unset, in the schedule's timezone). `distilled_freshness_alert` evaluates it once
   per night after that deadline, records the result on the check (the UI shows it) and posts a
-  message when it fails. The check can also be executed from the UI at any time.
+  message when it fails. The check can also be executed from the UI at any time. A partition
+  whose latest `published_to_trino` or `truncation_rate` check failed fails it too, by name: those
+  checks do not fail their run, so nothing else would tell the morning. When the webhook does not
+  take the message, the night's cursor is not advanced and the next tick delivers it again.
 
 Messages go to `KIMI_BATCH_ALERT_WEBHOOK` (Slack-compatible JSON). Both sensors start running when
 that variable is set and stopped otherwise; without a webhook they only record and log.
@@ -20,6 +23,7 @@ from datetime import UTC, datetime, time, timedelta
 import dagster as dg
 from pydantic import BaseModel, ConfigDict
 
+from kimi_batch.defs.check_states import FailedCheck, failed_checks
 from kimi_batch.defs.deployment import deployment_settings
 from kimi_batch.defs.jobs import DISTILLED_RESPONSES
 from kimi_batch.defs.partition_states import (
@@ -59,9 +63,10 @@ def _default_status(settings: Settings) -> dg.DefaultSensorStatus:
 
 
 def _deliver(context_log: logging.Logger, settings: Settings, text: str) -> bool:
+    """False only when the webhook did not take the message (without a webhook: logged, True)."""
     if not settings.alert_webhook:
         context_log.info(f"no KIMI_BATCH_ALERT_WEBHOOK; alert not sent:\n{text}")
-        return False
+        return True
     result = post_message(settings.alert_webhook, text)
     if not result.delivered:
         context_log.warning(f"alert webhook failed ({result.error}); the alert was:\n{text}")
@@ -123,10 +128,11 @@ class FreshnessReport(BaseModel):
     deadline: datetime
     expected: list[str]
     stale: list[PartitionRecord]
+    failed_checks: list[FailedCheck] = []
 
     @property
     def passed(self) -> bool:
-        return not self.stale
+        return not self.stale and not self.failed_checks
 
 
 def due_night(now: datetime, night_ends: time | None) -> tuple[str, datetime]:
@@ -159,16 +165,22 @@ def evaluate_freshness(
     ]
     states = distill_states(instance, keys)
     stale = [states[key] for key in keys if states[key].state != PartitionState.DONE]
-    return FreshnessReport(ds=ds, deadline=deadline, expected=keys, stale=stale)
+    failed = failed_checks(instance, keys)
+    return FreshnessReport(
+        ds=ds, deadline=deadline, expected=keys, stale=stale, failed_checks=failed
+    )
 
 
 def stale_message(instance: dg.DagsterInstance, report: FreshnessReport, dagster_url: str) -> str:
     """The alert for a night that was not distilled in time."""
     lines = [
         f"kimi_batch: distilled_responses is STALE: night {report.ds} not distilled by "
-        f"{report.deadline:%Y-%m-%d %H:%M %Z}",
-        f"{len(report.stale)} of {len(report.expected)} partition(s) not done:",
+        f"{report.deadline:%Y-%m-%d %H:%M %Z}"
+        if report.stale
+        else f"kimi_batch: night {report.ds} distilled, but checks failed",
     ]
+    if report.stale:
+        lines.append(f"{len(report.stale)} of {len(report.expected)} partition(s) not done:")
     for record in report.stale[:10]:
         detail = record.state.value.replace("_", " ")
         if record.run_id:
@@ -180,6 +192,9 @@ def stale_message(instance: dg.DagsterInstance, report: FreshnessReport, dagster
         lines.append(f"- {record.key}: {detail}")
     if len(report.stale) > 10:
         lines.append(f"- ... and {len(report.stale) - 10} more")
+    if report.failed_checks:
+        lines.append(f"{len(report.failed_checks)} failed check(s):")
+        lines.extend(f"- {item.partition}: {item.describe()}" for item in report.failed_checks[:10])
     lines.append(
         f"look: {dagster_url.rstrip('/')}/assets/{DISTILLED_RESPONSES.to_user_string()} "
         "· kimi-batch status"
@@ -199,6 +214,7 @@ def _evaluation(report: FreshnessReport) -> dg.AssetCheckEvaluation:
             "expected_partitions": len(report.expected),
             "stale_partitions": len(report.stale),
             "stale": ", ".join(record.key for record in report.stale[:20]) or "none",
+            "failed_checks": len(report.failed_checks),
         },
     )
 
@@ -244,17 +260,20 @@ def build_alerts(settings: Settings) -> dg.Definitions:
     def distilled_freshness_alert(
         context: dg.SensorEvaluationContext,
     ) -> dg.SensorResult | dg.SkipReason:
-        """Check the night that ended last, once; alert when it is stale."""
+        """Check the night that ended last, once; alert when it is stale (until it is taken)."""
         report = evaluate_freshness(context.instance, settings, datetime.now(UTC))
         if context.cursor == report.ds:
             return dg.SkipReason(f"night {report.ds} already checked")
+        # The evaluation is recorded once per night; an undelivered alert is only sent again.
+        retrying = context.cursor == _undelivered(report.ds)
+        events = [] if retrying else [_evaluation(report)]
         if report.passed:
             context.log.info(f"night {report.ds}: {len(report.expected)} partition(s) distilled")
-        else:
-            _deliver(
-                context.log, settings, stale_message(context.instance, report, settings.dagster_url)
-            )
-        return dg.SensorResult(asset_events=[_evaluation(report)], cursor=report.ds)
+        elif not _deliver(
+            context.log, settings, stale_message(context.instance, report, settings.dagster_url)
+        ):
+            return dg.SensorResult(asset_events=events, cursor=_undelivered(report.ds))
+        return dg.SensorResult(asset_events=events, cursor=report.ds)
 
     return dg.Definitions(
         asset_checks=[distilled_by_night_end],
@@ -266,3 +285,8 @@ def build_alerts(settings: Settings) -> dg.Definitions:
 def defs() -> dg.Definitions:
     """The morning alerts of this code location."""
     return build_alerts(deployment_settings())
+
+
+def _undelivered(ds: str) -> str:
+    """The cursor of a night whose alert the webhook did not take: the next tick sends it again."""
+    return f"{ds}:undelivered"

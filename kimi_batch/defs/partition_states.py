@@ -1,13 +1,16 @@
 """Where each `distilled_responses` partition stands, read from the Dagster instance.
 
 Shared by `kimi-batch status` and the morning alerts, so both name a partition's state the same
-way: the state comes from the latest run that distilled it (running, stopped at the nightly
-window, failed), else from its materializations (done), else it is pending.
+way. The base is Dagster's own per-partition status (materialized; a latest attempt with no
+materialization after it, whatever launched it, with its run), so a partition's state never
+depends on how many runs came after it; on top comes what only this project knows: the run was
+stopped at the nightly window, or the partition was distilled from an older version of its input
+than the latest landed one (stale).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from enum import StrEnum
 
 import dagster as dg
@@ -18,18 +21,23 @@ from kimi_batch.engine import ProgressEvent
 
 __all__ = [
     "ACTIVE_RUN_STATUSES",
+    "INPUT_SHA_METADATA",
     "PARTITION_TAG",
     "STOPPED_AT_WINDOW_TAG",
     "PartitionRecord",
     "PartitionState",
     "distill_states",
+    "distilled_input_sha",
     "run_progress",
 ]
 
 PARTITION_TAG = "dagster/partition"
 # "true" on a run that the end of the nightly window stopped before it was done.
 STOPPED_AT_WINDOW_TAG = STOPPED_TAG
-RUN_SCAN_LIMIT = 2000
+# Runs looked up per query (a filter on run ids becomes one SQL IN list).
+_RUN_BATCH = 500
+# The metadata key under which every batch materialization records its input version.
+INPUT_SHA_METADATA = "input_sha256"
 _UPSTREAM = (dg.AssetKey("seed_prompts"), dg.AssetKey("amplified_prompts"))
 ACTIVE_RUN_STATUSES = frozenset(
     {
@@ -49,6 +57,7 @@ class PartitionState(StrEnum):
     RUNNING = "running"
     FAILED = "failed"
     STOPPED_AT_WINDOW = "stopped_at_window"
+    STALE = "stale"
 
 
 class PartitionRecord(BaseModel):
@@ -59,42 +68,61 @@ class PartitionRecord(BaseModel):
     run_id: str | None = None
 
 
-def _state_of(run: dg.DagsterRun, done: set[str], key: str) -> PartitionState | None:
+def _state_of(run: dg.DagsterRun) -> PartitionState | None:
     if run.status in ACTIVE_RUN_STATUSES:
         return PartitionState.RUNNING
     if run.tags.get(STOPPED_AT_WINDOW_TAG) == "true":
         return PartitionState.STOPPED_AT_WINDOW
     if run.status in _FAILED:
         return PartitionState.FAILED
-    return PartitionState.DONE if key in done else None
+    return None  # e.g. a run that succeeded without writing it: done or pending below
+
+
+def _runs(instance: dg.DagsterInstance, run_ids: Iterable[str]) -> dict[str, dg.DagsterRun]:
+    ids = sorted(set(run_ids))
+    found: dict[str, dg.DagsterRun] = {}
+    for start in range(0, len(ids), _RUN_BATCH):
+        batch = ids[start : start + _RUN_BATCH]
+        found.update(
+            (run.run_id, run) for run in instance.get_runs(filters=dg.RunsFilter(run_ids=batch))
+        )
+    return found
+
+
+def distilled_input_sha(instance: dg.DagsterInstance, key: str) -> str | None:
+    """The input version (sha256) the partition's latest distillation was built from."""
+    found = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=DISTILLED_RESPONSES, asset_partitions=[key]), limit=1
+    ).records
+    materialization = found[0].asset_materialization if found else None
+    if materialization is None:
+        return None
+    value = materialization.metadata.get(INPUT_SHA_METADATA)
+    return str(getattr(value, "value", value)) if value is not None else None
 
 
 def distill_states(
-    instance: dg.DagsterInstance, known_keys: Iterable[str] = ()
+    instance: dg.DagsterInstance,
+    known_keys: Iterable[str] = (),
+    landed: Mapping[str, str] | None = None,
 ) -> dict[str, PartitionRecord]:
-    """Every partition the instance or `known_keys` (e.g. the inbox's) mentions, by key."""
+    """Every partition the instance or `known_keys` (e.g. the inbox's) mentions, by key.
+
+    `landed` maps a partition key to the sha256 of its newest landed input: a done partition
+    distilled from another version is stale.
+    """
     done = set(instance.get_materialized_partitions(DISTILLED_RESPONSES))
-    # A run that was to distill a partition logs a planned materialization of it, whatever
-    # launched it (a job, the Materialize button, a backfill): newest first, the first record of
-    # a partition is its latest attempt.
-    planned = instance.fetch_planned_materializations(
-        dg.AssetRecordsFilter(asset_key=DISTILLED_RESPONSES), limit=RUN_SCAN_LIMIT
-    ).records
-    latest: dict[str, str] = {}
-    for record in planned:
-        if record.partition_key is not None:
-            latest.setdefault(record.partition_key, record.run_id)
-    runs = {
-        run.run_id: run
-        for run in instance.get_runs(filters=dg.RunsFilter(run_ids=list(set(latest.values()))))
-    }
+    # Dagster's own record of each partition's latest attempt that nothing materialized since
+    # (failed, running, stopped): every such partition, however many runs came after it.
+    storage = instance.event_log_storage
+    attempts = storage.get_latest_asset_partition_materialization_attempts_without_materializations(
+        DISTILLED_RESPONSES
+    )
+    runs = _runs(instance, (run_id for run_id, _ in attempts.values()))
     records: dict[str, PartitionRecord] = {}
-    for key, run_id in latest.items():
+    for key, (run_id, _) in attempts.items():
         run = runs.get(run_id)
-        state = _state_of(run, done, key) if run is not None else None
-        if state == PartitionState.RUNNING and _materialized_by(instance, key, run_id):
-            # The run is still going (its checks, say), but this partition is written.
-            state = PartitionState.DONE
+        state = _state_of(run) if run is not None else None
         if state is not None:
             records[key] = PartitionRecord(key=key, state=state, run_id=run_id)
     expected = set(known_keys) | done
@@ -102,15 +130,15 @@ def distill_states(
         expected |= set(instance.get_materialized_partitions(asset))
     for key in expected - set(records):
         state = PartitionState.DONE if key in done else PartitionState.PENDING
+        current = (landed or {}).get(key)
+        if (
+            state == PartitionState.DONE
+            and current
+            and distilled_input_sha(instance, key) != current
+        ):
+            state = PartitionState.STALE
         records[key] = PartitionRecord(key=key, state=state)
     return dict(sorted(records.items()))
-
-
-def _materialized_by(instance: dg.DagsterInstance, key: str, run_id: str) -> bool:
-    found = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=DISTILLED_RESPONSES, asset_partitions=[key]), limit=1
-    ).records
-    return bool(found) and found[0].run_id == run_id
 
 
 def run_progress(instance: dg.DagsterInstance, run_id: str) -> ProgressEvent | None:

@@ -1,5 +1,9 @@
 """The nightly distillation: teacher answers for every partition not yet distilled, oldest first.
 
+"Not yet distilled" includes stale: a partition distilled from an older landed version of its
+input than the newest (a producer rewrote the file under the same name) is rebuilt; unchanged
+requests come from the ledger, so a new version costs only its new rows.
+
 Each night (KIMI_BATCH_NIGHTLY_CRON, default 02:00, in KIMI_BATCH_TIMEZONE) asks for every
 partition of the landing manifest dated up to the day that just ended whose `distilled_responses`
 is missing: that day's new inputs, and whatever an earlier night failed or stopped at the window.
@@ -27,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.defs.deployment import deployment_settings
 from kimi_batch.defs.jobs import RETRY_TAGS, WINDOW_TAG, distillation_job
+from kimi_batch.defs.partition_states import distilled_input_sha
 from kimi_batch.defs.partitions import (
     DATE_DIMENSION,
     SOURCE_DIMENSION,
@@ -93,14 +98,19 @@ def window_end(scheduled_time: datetime, settings: Settings) -> datetime | None:
 
 
 def nightly_partitions(
-    assignments: Iterable[Assignment], distilled: Iterable[str], night: str
+    assignments: Iterable[Assignment],
+    distilled: Iterable[str],
+    night: str,
+    stale: Iterable[str] = (),
 ) -> list[BatchPartition]:
-    """Partitions dated up to `night` whose distillation is missing, oldest first.
+    """Partitions dated up to `night` whose distillation is missing or stale, oldest first.
 
-    `distilled` holds the `distilled_responses` partition keys (`ds|source`) materialized.
+    `distilled` holds the `distilled_responses` partition keys (`ds|source`) materialized;
+    `stale` those of them distilled from an older version of their input than the newest landed.
     """
     done: set[tuple[str, str]] = set()
-    for raw in distilled:
+    rebuild = set(stale)
+    for raw in (key for key in distilled if key not in rebuild):
         parts = split_partition_key(raw)
         if parts is not None:
             done.add(parts)
@@ -120,15 +130,32 @@ def nightly_tags(night: str, end: datetime | None, started: datetime) -> dict[st
     return tags
 
 
-def _known_partitions(settings: Settings, night: str) -> list[Assignment]:
-    """The manifest's partitions, after assigning inbox files nobody has seen to `night`."""
+def _known_partitions(settings: Settings, night: str) -> tuple[list[Assignment], dict[str, str]]:
+    """The manifest's partitions, after assigning inbox files nobody has seen to `night`, and
+    the sha256 of each one's newest landed version by partition key."""
     with Landing(settings.paths) as landing:
         landing.assign_inbox(
             settings.paths.inbox_dir,
             arrived=date.fromisoformat(night),
             start=settings.first_partition_date(),
         )
-        return landing.assignments()
+        assignments = landing.assignments()
+        versions = {
+            str(BatchPartition(ds=a.ds, source=a.source).key): landing.current(a.ds, a.source)
+            for a in assignments
+        }
+    return assignments, {key: v.sha256 for key, v in versions.items() if v is not None}
+
+
+def _stale(
+    instance: dg.DagsterInstance, distilled: Iterable[str], landed: dict[str, str]
+) -> list[str]:
+    """Distilled partitions built from another input version than the newest landed one."""
+    return [
+        key
+        for key in distilled
+        if key in landed and distilled_input_sha(instance, key) != landed[key]
+    ]
 
 
 def _ensure_sources(instance: dg.DagsterInstance, partitions: Sequence[BatchPartition]) -> None:
@@ -157,28 +184,31 @@ def build_nightly_schedule(settings: Settings) -> dg.ScheduleDefinition:
         ),
         description=(
             "Nightly teacher run: distillation_job for every partition dated up to the day that "
-            "just ended whose distillation is missing (catch-up included), oldest first, stopping "
-            f"at KIMI_BATCH_NIGHT_ENDS. Cron '{settings.nightly_cron}', timezone "
-            f"{settings.timezone}."
+            "just ended whose distillation is missing or stale (built from an older version of "
+            "its input; catch-up included), oldest first, stopping at KIMI_BATCH_NIGHT_ENDS. "
+            f"Cron '{settings.nightly_cron}', timezone {settings.timezone}."
         ),
     )
     def nightly_distillation_schedule(
         context: dg.ScheduleEvaluationContext,
     ) -> list[dg.RunRequest] | dg.SkipReason:
-        """Request distillation for every partition still missing it."""
+        """Request distillation for every partition missing it or built from an older input."""
         scheduled = context.scheduled_execution_time
         night = night_ds(scheduled, settings)
         dates = build_date_partitions(settings)
         instance = context.instance
+        assignments, landed = _known_partitions(settings, night)
+        distilled = instance.get_materialized_partitions(_DISTILLED)
+        stale = _stale(instance, distilled, landed)
         partitions = [
             item
-            for item in nightly_partitions(
-                _known_partitions(settings, night),
-                instance.get_materialized_partitions(_DISTILLED),
-                night,
-            )
+            for item in nightly_partitions(assignments, distilled, night, stale)
             if dates.has_partition_key(item.ds)
         ]
+        if stale:
+            context.log.info(
+                f"rebuilding {len(stale)} stale partition(s): {', '.join(sorted(stale)[:10])}"
+            )
         if not partitions:
             return dg.SkipReason(f"every partition up to {night} is distilled")
         _ensure_sources(instance, partitions)

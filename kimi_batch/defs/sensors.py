@@ -39,7 +39,16 @@ from kimi_batch.defs.partitions import (
     source_partitions,
 )
 from kimi_batch.settings import Settings
-from kimi_batch.storage import Assignment, InboxFile, Landing, scan_inbox
+from kimi_batch.storage import (
+    SETTLE_S as LANDING_SETTLE_S,
+)
+from kimi_batch.storage import (
+    Assignment,
+    InboxFile,
+    Landing,
+    scan_inbox,
+    still_changing,
+)
 
 __all__ = [
     "FILE_TAG",
@@ -57,8 +66,8 @@ __all__ = [
 FILE_TAG = "kimi_batch/inbox_file"
 SHA256_TAG = "kimi_batch/sha256"
 # A file modified this recently may still be being written (a copy in progress): wait a tick
-# rather than hash half a file and run it twice.
-SETTLE_S = 5.0
+# rather than hash half a file and run it twice. Landing applies the same check to every run.
+SETTLE_S = LANDING_SETTLE_S
 # Sensor evaluation is cut off after 60 s by default; hashing stops after this long and the rest
 # of the files are picked up next tick (the cursor keeps what was done).
 HASH_BUDGET_S = 30.0
@@ -155,7 +164,7 @@ def plan_inbox_tick(
             cursor[item.name] = entry
             unchanged += 1
             continue
-        if now - item.mtime_ns < settle_s * 1e9:
+        if still_changing((item.size, item.mtime_ns), now, settle_s):
             deferred += 1
             continue
         assignment = assign(item)
@@ -231,6 +240,60 @@ def plan_inbox_tick(
     )
 
 
+# A file whose content no run managed to land (an I/O error each time) is requested again after
+# each failed run, at most this many runs in all, then left to a person (the alert names it).
+MAX_LANDING_RUNS = 5
+_RECENT_RUNS = 500
+_IN_FLIGHT = (
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+)
+
+
+def _landing_retries(
+    instance: dg.DagsterInstance,
+    landing: Landing,
+    files: Sequence[InboxFile],
+    plan: InboxTick,
+) -> list[InboxRequest]:
+    """Settled, already-requested files whose content is not landed and whose last run ended
+    (failed on an I/O error, or read an older version while the file was being written): asked
+    for again, one run key per earlier run, so the next tick retries what a run could not do."""
+    requested = {request.file.name for request in plan.requests}
+    # One query a tick (newest first), not one per file: a tick over thousands of files stays cheap.
+    runs_of: dict[tuple[str, str], list[dg.DagsterRun]] = {}
+    for run in instance.get_runs(
+        filters=dg.RunsFilter(job_name=ingest_job.name), limit=_RECENT_RUNS
+    ):
+        runs_of.setdefault((run.tags.get(FILE_TAG, ""), run.tags.get(SHA256_TAG, "")), []).append(
+            run
+        )
+    retries: list[InboxRequest] = []
+    for item in files:
+        entry = plan.cursor.root.get(item.name)
+        if item.name in requested or entry is None or entry[:2] != (item.mtime_ns, item.size):
+            continue
+        if entry[2] is None or entry[2] == "unread":
+            continue  # refused or unreadable: quarantined by its run, not landed
+        runs = runs_of.get((item.name, entry[2]), [])
+        if not runs or len(runs) >= MAX_LANDING_RUNS or any(r.status in _IN_FLIGHT for r in runs):
+            continue
+        sha256 = entry[2]
+        assignment = landing.assignment(item.name)
+        if assignment is None or landing.has_version(assignment.ds, assignment.source, sha256):
+            continue
+        retries.append(
+            InboxRequest(
+                file=item.model_copy(update={"sha256": sha256}),
+                assignment=assignment,
+                run_key=f"{item.name}:{sha256[:16]}:after:{runs[0].run_id[:8]}",
+            )
+        )
+    return retries
+
+
 def _new_sources(instance: dg.DagsterInstance, requests: Sequence[InboxRequest]) -> list[str]:
     wanted = {request.assignment.source for request in requests}
     if not wanted:
@@ -243,8 +306,9 @@ def _tick(context: dg.SensorEvaluationContext, settings: Settings) -> dg.SensorR
     inbox_dir = settings.paths.inbox_dir
     start = settings.first_partition_date()
     with Landing(settings.paths) as landing:
+        files = scan_inbox(inbox_dir)
         plan = plan_inbox_tick(
-            scan_inbox(inbox_dir),
+            files,
             InboxCursor.parse(context.cursor),
             assign=lambda item: landing.assign_file(item, arrived=settings.today(), start=start),
             is_valid_ds=build_date_partitions(settings).has_partition_key,
@@ -253,6 +317,10 @@ def _tick(context: dg.SensorEvaluationContext, settings: Settings) -> dg.SensorR
             settle_s=SETTLE_S,
             hash_budget_s=HASH_BUDGET_S,
         )
+        retries = _landing_retries(context.instance, landing, files, plan)
+    for retry in retries:
+        context.log.warning(f"{retry.file.name}: its last run did not land it; asking again")
+    plan = plan.model_copy(update={"requests": [*plan.requests, *retries]})
     for warning in plan.warnings:
         context.log.warning(warning)
     new_sources = _new_sources(context.instance, plan.requests)

@@ -14,7 +14,7 @@ from kimi_batch.engine.generation import (
     SamplingParams,
     row_request_id,
 )
-from kimi_batch.engine.ledger import Lease, LeaseHeldError, Ledger
+from kimi_batch.engine.ledger import Lease, LeaseHeldError, LeaseLostError, Ledger
 from kimi_batch.engine.outcome import (
     BatchOutcome,
     ClientFactory,
@@ -53,6 +53,7 @@ __all__ = [
     "GenerationResult",
     "Lease",
     "LeaseHeldError",
+    "LeaseLostError",
     "Ledger",
     "PlannedRow",
     "Prepared",

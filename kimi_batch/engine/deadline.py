@@ -71,6 +71,11 @@ class SpeedTracker:
             self.decode_tok_s = self._blend(self.decode_tok_s, speed, self._decode_seen)
             self._decode_seen = True
 
+    @property
+    def measured_prompt_tok_s(self) -> float | None:
+        """The prompt speed measured so far; None while only the initial guess is known."""
+        return self.prompt_tok_s if self._prompt_seen else None
+
     @staticmethod
     def _blend(current: float, sample: float, seen: bool) -> float:
         # The first measurement replaces the guess; later ones move the average.

@@ -3,6 +3,14 @@
 SQLite in WAL mode with `synchronous=FULL`: a row is either committed (and skipped by every rerun)
 or absent (and sent again), whatever kills the process. The key is the request's content hash, so
 the same request in another partition or run is never generated twice either.
+
+Partition leases live in the same file. A lease's expiry is measured on the machine's boot clock
+(CLOCK_BOOTTIME: it never jumps with NTP or a hand-set date, and every process on the machine
+reads the same value), stored with the boot id so that a lease from before a reboot is expired. A
+heartbeat renews it; a transient sqlite error ("database is locked") is retried until the lease
+would have run out, and only then is it `lost`. Every partition write calls `Lease.check` first,
+which fails (LeaseLostError) instead of letting a holder that stalled past the ttl write over the
+run that took the partition over.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from kimi_batch.engine.generation import GenerationResult
 from kimi_batch.errors import KimiBatchError
 from kimi_batch.paths import PRIVATE_FILE_MODE, private_dir
 
-__all__ = ["Lease", "LeaseHeldError", "Ledger"]
+__all__ = ["Lease", "LeaseHeldError", "LeaseLostError", "Ledger", "lease_clock"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,9 +47,44 @@ CREATE TABLE IF NOT EXISTS leases (
     partition_key TEXT PRIMARY KEY,
     owner         TEXT NOT NULL,
     token         TEXT NOT NULL,
-    expires_at    REAL NOT NULL
+    expires_at    REAL NOT NULL,
+    boot_id       TEXT,
+    expires_clock REAL
 )
 """
+# Columns added after the first release; older ledgers get them on open.
+_LEASE_COLUMNS = (("boot_id", "TEXT"), ("expires_clock", "REAL"))
+# A heartbeat that meets a locked database tries again this often (and waits on the lock at most
+# as long), until the lease would have expired.
+_RETRY_S = 1.0
+_BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
+_CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+
+
+def _boot_id() -> str:
+    try:
+        return _BOOT_ID_FILE.read_text().strip()
+    except OSError:
+        # No Linux boot id: the wall time of boot, to the minute, tells boots apart well enough.
+        return f"boot@{round((time.time() - time.clock_gettime(_CLOCK)) / 60)}"
+
+
+_THIS_BOOT = _boot_id()
+
+
+def lease_clock() -> tuple[str, float]:
+    """(boot id, seconds since boot): what lease expiry is measured on; it never jumps, and
+    every process on this machine reads the same value."""
+    return _THIS_BOOT, time.clock_gettime(_CLOCK)
+
+
+def _live(row: tuple[object, ...], boot: str, now_clock: float) -> bool:
+    """Whether a lease row (owner, expires_at, boot_id, expires_clock) still holds."""
+    _, expires_at, boot_id, expires_clock = row
+    if boot_id is None or expires_clock is None:
+        return float(expires_at) > time.time()  # type: ignore[arg-type] - a row of older code
+    # Another boot: its holder cannot be running any more.
+    return boot_id == boot and float(expires_clock) > now_clock  # type: ignore[arg-type]
 
 
 class LeaseHeldError(KimiBatchError, RuntimeError):
@@ -56,6 +99,17 @@ class LeaseHeldError(KimiBatchError, RuntimeError):
         self.owner = owner
 
 
+class LeaseLostError(KimiBatchError, RuntimeError):
+    """This run's lease expired (it stalled past the ttl) or was taken over: it must not write."""
+
+    def __init__(self, partition_key: str, why: str) -> None:
+        super().__init__(
+            f"lease on partition {partition_key!r} was lost ({why}); nothing more is written "
+            "by this run, the run that holds the partition now writes it"
+        )
+        self.partition_key = partition_key
+
+
 class Lease:
     """A held partition lease; a heartbeat thread renews it until the context exits."""
 
@@ -65,7 +119,9 @@ class Lease:
         self.token = token
         self.ttl_s = ttl_s
         self.lost = False
+        self.lost_why = ""
         self._path = path
+        self._held_until = lease_clock()[1] + ttl_s
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._heartbeat, name=f"lease-{partition_key}", daemon=True
@@ -74,23 +130,83 @@ class Lease:
     def start(self) -> None:
         self._thread.start()
 
+    def _renew(self, db: sqlite3.Connection) -> bool:
+        """Extend the lease if this run still holds it (same token, not expired); atomic."""
+        boot, now = lease_clock()
+        renewed = db.execute(
+            "UPDATE leases SET expires_at = ?, boot_id = ?, expires_clock = ? "
+            "WHERE partition_key = ? AND token = ? AND boot_id = ? AND expires_clock > ?",
+            (
+                time.time() + self.ttl_s,
+                boot,
+                now + self.ttl_s,
+                self.partition_key,
+                self.token,
+                boot,
+                now,
+            ),
+        ).rowcount
+        if renewed:
+            self._held_until = now + self.ttl_s
+        return bool(renewed)
+
+    def _mark_lost(self, why: str) -> None:
+        if not self.lost:
+            self.lost, self.lost_why = True, why
+            logger.error("lease on %s was lost: %s", self.partition_key, why)
+
     def _heartbeat(self) -> None:
         # Its own connection: a transaction on the ledger's connection from another thread
-        # would interleave with the writer's.
-        db = _connect(self._path)
+        # would interleave with the writer's. A short busy timeout, so a locked database is
+        # retried within the ttl rather than waited on past it.
         try:
-            while not self._stop.wait(self.ttl_s / 3):
-                renewed = db.execute(
-                    "UPDATE leases SET expires_at = ? WHERE partition_key = ? AND token = ?",
-                    (time.time() + self.ttl_s, self.partition_key, self.token),
-                ).rowcount
-                if renewed == 0:
-                    # Expired and taken over (this process stalled past the ttl): say so loudly.
-                    self.lost = True
-                    logger.error("lease on %s was lost to another run", self.partition_key)
-                    return
+            db = _connect(self._path, timeout_s=min(_RETRY_S, self.ttl_s / 6))
+        except sqlite3.Error as error:
+            self._mark_lost(f"cannot open the ledger: {error}")
+            return
+        try:
+            wait = self.ttl_s / 3
+            while not self._stop.wait(wait):
+                try:
+                    if not self._renew(db):
+                        self._mark_lost("expired and taken over by another run")
+                        return
+                    wait = self.ttl_s / 3
+                except sqlite3.OperationalError as error:  # "database is locked", I/O: transient
+                    if lease_clock()[1] >= self._held_until:
+                        self._mark_lost(f"could not renew it before it expired: {error}")
+                        return
+                    logger.warning(
+                        "lease on %s: renewal failed (%s), retrying", self.partition_key, error
+                    )
+                    wait = min(_RETRY_S, self.ttl_s / 6)
+        except Exception as error:
+            self._mark_lost(f"heartbeat failed: {type(error).__name__}: {error}")
         finally:
             db.close()
+
+    def check(self) -> None:
+        """Raise LeaseLostError unless this run still holds the partition (renewing it): called
+        before every write of the partition's tables."""
+        if self.lost:
+            raise LeaseLostError(self.partition_key, self.lost_why)
+        deadline = lease_clock()[1] + self.ttl_s / 3
+        while True:
+            try:
+                db = _connect(self._path, timeout_s=min(_RETRY_S, self.ttl_s / 6))
+                try:
+                    held = self._renew(db)
+                finally:
+                    db.close()
+                break
+            except sqlite3.OperationalError as error:
+                if lease_clock()[1] >= min(deadline, self._held_until):
+                    self._mark_lost(f"could not be confirmed: {error}")
+                    raise LeaseLostError(self.partition_key, self.lost_why) from error
+                time.sleep(min(_RETRY_S, self.ttl_s / 6))
+        if not held:
+            self._mark_lost("expired and taken over by another run")
+            raise LeaseLostError(self.partition_key, self.lost_why)
 
     def release(self) -> None:
         self._stop.set()
@@ -105,8 +221,8 @@ class Lease:
             db.close()
 
 
-def _connect(path: Path) -> sqlite3.Connection:
-    db = sqlite3.connect(path, isolation_level=None, timeout=60, check_same_thread=False)
+def _connect(path: Path, *, timeout_s: float = 60.0) -> sqlite3.Connection:
+    db = sqlite3.connect(path, isolation_level=None, timeout=timeout_s, check_same_thread=False)
     # SQLite gives the -wal and -shm files the database file's mode.
     os.chmod(path, PRIVATE_FILE_MODE)
     db.execute("PRAGMA journal_mode=WAL")
@@ -124,6 +240,10 @@ class Ledger:
         self._db = _connect(path)
         self._db.execute(_SCHEMA)
         self._db.execute(_LEASES)
+        present = {row[1] for row in self._db.execute("PRAGMA table_info(leases)")}
+        for name, kind in _LEASE_COLUMNS:
+            if name not in present:
+                self._db.execute(f"ALTER TABLE leases ADD COLUMN {name} {kind}")
 
     def close(self) -> None:
         self._db.close()
@@ -226,21 +346,24 @@ class Ledger:
     def _try_lease(
         self, partition_key: str, owner: str, token: str, ttl_s: float
     ) -> tuple[str, float] | None:
-        """Take the lease if it is free or expired; else (holder, expires_at)."""
-        now = time.time()
+        """Take the lease if it is free or expired; else (holder, wall-clock expiry)."""
+        boot, now = lease_clock()
         self._db.execute("BEGIN IMMEDIATE")  # one writer decides: no two takers of one lease
         try:
             row = self._db.execute(
-                "SELECT owner, expires_at FROM leases WHERE partition_key = ?", (partition_key,)
+                "SELECT owner, expires_at, boot_id, expires_clock FROM leases "
+                "WHERE partition_key = ?",
+                (partition_key,),
             ).fetchone()
-            if row is not None and row[1] > now:
+            if row is not None and _live(row, boot, now):
                 return str(row[0]), float(row[1])
             if row is not None:
                 logger.warning("taking over %s's expired lease on %s", row[0], partition_key)
             self._db.execute(
-                "INSERT OR REPLACE INTO leases (partition_key, owner, token, expires_at) "
-                "VALUES (?, ?, ?, ?)",
-                (partition_key, owner, token, now + ttl_s),
+                "INSERT OR REPLACE INTO leases "
+                "(partition_key, owner, token, expires_at, boot_id, expires_clock) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (partition_key, owner, token, time.time() + ttl_s, boot, now + ttl_s),
             )
             return None
         finally:

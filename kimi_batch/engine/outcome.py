@@ -38,6 +38,9 @@ class Endpoint(BaseModel):
     model: str
     ctx: int | None = None
     n_predict: int = Field(default=-1, description="Server cap on generated tokens; -1 none.")
+    batch_tokens: int = Field(
+        default=2048, ge=1, description="The server's --batch-size (sizes the watchdog's stall)."
+    )
     api_key: str | None = Field(default=None, repr=False)
 
 

@@ -31,12 +31,16 @@ class ProgressEvent(BaseModel):
     label: str = Field(
         default="", description="What runs, e.g. 'distilled_responses 2026-11-30|a'."
     )
+    watchdog: str = Field(
+        default="", description="The hang detection in force, e.g. 'stall after 60 s (...)'."
+    )
 
     def __str__(self) -> str:
         eta = f"{self.eta_s:.0f} s" if self.eta_s is not None else "?"
+        watchdog = f"; watchdog: {self.watchdog}" if self.watchdog else ""
         return (
             f"{self.done}/{self.total} rows ({self.failed} failed), "
-            f"{self.completion_tokens_per_s:.1f} tok/s, ETA {eta}"
+            f"{self.completion_tokens_per_s:.1f} tok/s, ETA {eta}{watchdog}"
         )
 
     @classmethod

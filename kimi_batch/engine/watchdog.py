@@ -7,15 +7,21 @@ still. An endpoint whose counters do not move, or that does not answer the probe
 whole stall period while requests are in flight is hung. A refused connection or a 503 is not a
 hang: the server is down or loading, and the send path handles that.
 
-Why the stall default is long (10 minutes): the server answers `/metrics` and `/slots` between
-decode batches only, and on the target one 2,048-token prefill batch at ~6 tok/s takes ~6 minutes.
+How long is a stall: the server answers `/metrics` and `/slots` between decode batches only, so
+the period must outlast the slowest batch, one full `--batch-size` prompt batch. It is derived from
+the measured prompt speed: 3 x (batch tokens / prompt tok/s), never under 60 s. On the target
+(2,048 tokens at ~6 tok/s) that is ~17 minutes; on a small machine the floor, so a frozen server
+is found in a minute. Until a prompt speed is measured it is 600 s. An unreadable probe (an HTML
+page from a proxy, a NaN counter) counts as no progress; the watchdog never ends a batch itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
@@ -29,6 +35,9 @@ from kimi_batch.llama import (
     LlamaUnsupportedError,
 )
 
+# llama.cpp's default --batch-size: the prompt tokens one decode batch may hold.
+DEFAULT_BATCH_TOKENS = 2048
+
 __all__ = ["EndpointWatch", "Probe", "WatchdogPolicy"]
 
 logger = logging.getLogger(__name__)
@@ -37,8 +46,18 @@ logger = logging.getLogger(__name__)
 class WatchdogPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    stall_s: float = Field(
-        default=600.0, gt=0, description="No progress this long with work in flight = hung."
+    stall_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="No progress this long with work in flight = hung; None: derived from the "
+        "measured prompt speed (see `stall_for`).",
+    )
+    unmeasured_stall_s: float = Field(
+        default=600.0, gt=0, description="The derived period until a prompt speed is measured."
+    )
+    floor_s: float = Field(default=60.0, gt=0, description="The derived period is never shorter.")
+    batches: float = Field(
+        default=3.0, ge=1.0, description="The derived period in full prompt batches."
     )
     probe_timeout_s: float = Field(default=10.0, gt=0, description="One probe's time limit.")
     interval_s: float | None = Field(
@@ -47,7 +66,22 @@ class WatchdogPolicy(BaseModel):
 
     @property
     def every_s(self) -> float:
-        return self.interval_s if self.interval_s is not None else min(self.stall_s / 6, 15.0)
+        if self.interval_s is not None:
+            return self.interval_s
+        return min((self.stall_s or self.floor_s) / 6, 15.0)
+
+    def stall_for(self, prompt_tok_s: float | None, batch_tokens: int) -> tuple[float, str]:
+        """The stall period in force and why: fixed, or `batches` full prompt batches at the
+        measured prompt speed (at least `floor_s`), or `unmeasured_stall_s` until measured."""
+        if self.stall_s is not None:
+            return self.stall_s, "fixed"
+        if prompt_tok_s is None or not math.isfinite(prompt_tok_s) or prompt_tok_s <= 0:
+            return self.unmeasured_stall_s, "no prompt speed measured yet"
+        derived = self.batches * batch_tokens / prompt_tok_s
+        return max(self.floor_s, derived), (
+            f"{self.batches:g} x a {batch_tokens}-token batch at {prompt_tok_s:.0f} tok/s, "
+            f"floor {self.floor_s:.0f} s"
+        )
 
 
 class Probe(StrEnum):
@@ -60,7 +94,14 @@ class Probe(StrEnum):
 class EndpointWatch:
     """Progress of one endpoint and the sends in flight on it."""
 
-    def __init__(self, client: LlamaClient, policy: WatchdogPolicy) -> None:
+    def __init__(
+        self,
+        client: LlamaClient,
+        policy: WatchdogPolicy,
+        *,
+        prompt_tok_s: Callable[[], float | None] = lambda: None,
+        batch_tokens: int = DEFAULT_BATCH_TOKENS,
+    ) -> None:
         self.client = client
         self.policy = policy
         self.sending: dict[int, asyncio.Task[Any]] = {}  # slot id -> the send in flight
@@ -68,44 +109,78 @@ class EndpointWatch:
         self.ready = asyncio.Event()  # cleared while a hung server is restarted
         self.ready.set()
         self.hangs = 0
+        self._prompt_tok_s = prompt_tok_s
+        self._batch_tokens = batch_tokens
         self._signature: tuple[int, ...] | None = None
         self._use_metrics = True
         self._last_progress = time.monotonic()
+        self._announced: str | None = None
+        self._unreadable_seen = False
 
     @property
     def base_url(self) -> str:
         return self.client.base_url
 
+    @property
+    def stall(self) -> tuple[float, str]:
+        """(seconds, why) of the stall period in force now."""
+        return self.policy.stall_for(self._prompt_tok_s(), self._batch_tokens)
+
+    @property
+    def stall_s(self) -> float:
+        return self.stall[0]
+
+    def describe_stall(self) -> str:
+        seconds, why = self.stall
+        return f"stall after {seconds:.0f} s ({why})"
+
     def mark_progress(self) -> None:
         self._last_progress = time.monotonic()
 
+    async def _read_signature(self, timeout: float) -> tuple[int, ...] | None:
+        """The progress counters; None when the server has no /metrics (then /slots is used)."""
+        if self._use_metrics:
+            try:
+                m = await self.client.metrics(timeout_s=timeout)
+            except LlamaUnsupportedError:
+                self._use_metrics = False  # no --metrics: /slots from now on
+                return None
+            return (
+                int(m.n_decode_total),
+                int(m.tokens_predicted_total),
+                int(m.prompt_tokens_total),
+            )
+        slots = await self.client.slots(timeout_s=timeout)
+        return tuple(v for s in slots for v in (s.id, s.id_task or -1, s.n_decoded))
+
     async def probe(self) -> Probe:
-        timeout = self.policy.probe_timeout_s
         try:
-            if self._use_metrics:
-                try:
-                    m = await self.client.metrics(timeout_s=timeout)
-                    signature = (
-                        int(m.n_decode_total),
-                        int(m.tokens_predicted_total),
-                        int(m.prompt_tokens_total),
-                    )
-                except LlamaUnsupportedError:
-                    self._use_metrics = False  # no --metrics: /slots from now on
-                    return Probe.PROGRESS
-            else:
-                slots = await self.client.slots(timeout_s=timeout)
-                signature = tuple(v for s in slots for v in (s.id, s.id_task or -1, s.n_decoded))
+            signature = await self._read_signature(self.policy.probe_timeout_s)
         except LlamaTimeoutError:
             return Probe.SILENT
         except (LlamaConnectionError, LlamaHTTPError):
             return Probe.DOWN
+        except Exception as error:
+            # An auth proxy's HTML page, a NaN counter: the answer says nothing about progress
+            # (answers that arrive still do). Said once, not at every probe.
+            level = logging.DEBUG if self._unreadable_seen else logging.WARNING
+            self._unreadable_seen = True
+            logger.log(
+                level, "%s: unreadable progress probe (%s): no progress", self.base_url, error
+            )
+            return Probe.STILL
+        if signature is None:
+            return Probe.PROGRESS
         moved = signature != self._signature
         self._signature = signature
         return Probe.PROGRESS if moved else Probe.STILL
 
     async def stalled(self) -> bool:
         """One probe; True when the endpoint has been still for a whole stall period."""
+        described = self.describe_stall()
+        if described != self._announced:
+            self._announced = described
+            logger.info("%s: watchdog will %s", self.base_url, described)
         if not self.sending or not self.ready.is_set():
             self.mark_progress()  # idle or being restarted: the clock starts with new work
             return False
@@ -114,13 +189,14 @@ class EndpointWatch:
             self.mark_progress()
             return False
         still_for = time.monotonic() - self._last_progress
-        if still_for >= self.policy.stall_s:
+        if still_for >= self.stall_s:
             logger.warning(
-                "%s made no progress for %.0f s with %d request(s) in flight (%s): hung",
+                "%s made no progress for %.0f s with %d request(s) in flight (%s; %s): hung",
                 self.base_url,
                 still_for,
                 len(self.sending),
                 state.value,
+                described,
             )
             return True
         return False

@@ -10,23 +10,18 @@ reported as such ("killed by SIGSEGV during the model load / first computation")
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import httpx
 from filelock import FileLock
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from kimi_batch.llama.client import LlamaClient
 from kimi_batch.llama.exceptions import ServerKilledError, ServerSpawnError, SpecMismatchError
 from kimi_batch.llama.exits import (
-    WAITER_SOURCE,
     ExitRecord,
     describe_exit,
     read_exit_record,
@@ -34,8 +29,10 @@ from kimi_batch.llama.exits import (
     wait_for_exit_record,
 )
 from kimi_batch.llama.memory import check_memory
+from kimi_batch.llama.process import PidRecord, probe, process_start_ticks, spawn_detached
 from kimi_batch.llama.responses import ServerProps
-from kimi_batch.llama.urls import redact_url, url_credentials
+from kimi_batch.llama.spec import ServerHandle, ServerSpec, ServerStatus, available_cpus
+from kimi_batch.llama.urls import redact_url
 from kimi_batch.paths import private_dir
 
 __all__ = [
@@ -50,208 +47,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 DEFAULT_LOAD_TIMEOUT_S = 1800.0
-PROBE_TIMEOUT_S = 3.0
 STOP_GRACE_S = 20.0
-
-
-def available_cpus() -> int:
-    """CPUs this process may run on (affinity and cgroup pinning included where visible)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-class ServerSpec(BaseModel):
-    """How to run llama-server. Defaults follow the source documents' batch settings."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    binary: Path = Field(description="llama-server (or ik_llama.cpp) executable.")
-    model: Path = Field(description="GGUF file (first shard of a split model).")
-    alias: str | None = Field(default=None, description="Model name reported; default file stem.")
-    host: str = "127.0.0.1"
-    port: int = Field(default=8081, gt=0, lt=65536)
-    threads: int = Field(
-        default=13, gt=0, description="Decode threads; 13 of 16 cores measured best."
-    )
-    threads_batch: int | None = Field(default=None, gt=0, description="Prefill threads.")
-    ctx: int = Field(default=16384, ge=512, description="Total context, shared by the slots.")
-    parallel: int = Field(default=4, ge=1, le=64, description="Slots (requests in flight).")
-    batch: int = Field(default=2048, ge=32)
-    ubatch: int = Field(default=256, ge=32)
-    cache_ram_mib: int | None = Field(
-        default=8192, ge=0, description="RAM prompt cache; None omits the flag (older builds)."
-    )
-    n_predict: int = Field(
-        default=1024, gt=0, description="Server cap; requests are clamped to it."
-    )
-    slot_save_path: Path = Field(description="Directory of slot KV saves (the digest file).")
-    metrics: bool = True
-    spec_type: str | None = Field(
-        default=None, description="--spec-type: speculative decoding (ngram-simple, draft...)."
-    )
-    draft_model: Path | None = Field(default=None, description="--model-draft GGUF.")
-    extra_args: tuple[str, ...] = Field(
-        default=(), description="Passed through untouched, e.g. ik_llama.cpp's -mla 3 -amb 512."
-    )
-
-    @property
-    def base_url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
-
-    @property
-    def model_alias(self) -> str:
-        return self.alias or self.model.name.removesuffix(".gguf")
-
-    def effective_threads(self, cpus: int | None = None) -> tuple[int, int]:
-        """(threads, threads_batch) clamped to the CPUs available, with a warning when clamped."""
-        cpus = cpus or available_cpus()
-        threads = self.threads
-        if threads > cpus:
-            logger.warning(
-                "threads=%d exceeds the %d CPUs available: clamped to %d (oversubscribed "
-                "threads make decode thrash)",
-                threads,
-                cpus,
-                cpus,
-            )
-            threads = cpus
-        threads_batch = min(self.threads_batch or threads, cpus)
-        return threads, threads_batch
-
-    def argv(self, *, cpus: int | None = None) -> list[str]:
-        threads, threads_batch = self.effective_threads(cpus)
-        args = [
-            str(self.binary),
-            "--model", str(self.model),
-            "--alias", self.model_alias,
-            "--host", self.host,
-            "--port", str(self.port),
-            "--threads", str(threads),
-            "--threads-batch", str(threads_batch),
-            "--ctx-size", str(self.ctx),
-            "--parallel", str(self.parallel),
-            "--batch-size", str(self.batch),
-            "--ubatch-size", str(self.ubatch),
-            "--n-predict", str(self.n_predict),
-            "--slot-save-path", str(self.slot_save_path),
-        ]  # fmt: skip
-        if self.cache_ram_mib is not None:
-            args += ["--cache-ram", str(self.cache_ram_mib)]
-        if self.metrics:
-            args.append("--metrics")
-        if self.spec_type is not None:
-            args += ["--spec-type", self.spec_type]
-        if self.draft_model is not None:
-            args += ["--model-draft", str(self.draft_model)]
-        return args + list(self.extra_args)
-
-    def describe(self) -> str:
-        return (
-            f"model={self.model} ctx={self.ctx} slots={self.parallel} threads={self.threads} "
-            f"n_predict={self.n_predict} port={self.port} spec={self.spec_type or '-'} "
-            f"extra={' '.join(self.extra_args) or '-'}"
-        )
-
-
-class ServerHandle(BaseModel):
-    """A healthy server this process may use."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    base_url: str
-    pid: int | None = Field(description="None for a server someone else runs.")
-    spawned: bool = Field(description="True when this call started it (a model load happened).")
-    slots: int
-    model: str
-    previous_exit: str | None = Field(
-        default=None,
-        description="How the server this state dir ran before ended, when it died on its own.",
-    )
-
-
-class ServerStatus(BaseModel):
-    """What `kimi-batch server status --json` prints."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    running: bool
-    healthy: bool
-    pid: int | None
-    base_url: str
-    model: str | None
-    threads: int | None
-    slots: int | None
-    managed: bool = Field(description="Started by kimi_batch (pid file) rather than attached.")
-    log_path: str | None
-    started_at: float | None = Field(
-        default=None, description="Unix time the managed server was spawned."
-    )
-
-
-class _PidRecord(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    pid: int
-    start_ticks: int
-    started_at: float
-    healthy_at: float | None = Field(default=None, description="When it first answered /health.")
-
-
-def _process_start_ticks(pid: int) -> int | None:
-    """Start time of a live, non-zombie process in clock ticks; None when it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[19])
-
-
-def _spawn_detached(argv: list[str], env: dict[str, str], log_path: Path, exit_path: Path) -> int:
-    """Start `argv` in its own session under a detached waiter that records how it ends.
-
-    A direct child of a long-lived process (a test, `dagster dev`) would linger as a zombie after
-    a crash and look alive; the launcher exits at once, init adopts the waiter, and the waiter
-    reaps the server the moment it dies and writes its wait status to `exit_path`.
-    """
-    result = subprocess.run(
-        [sys.executable, "-c", WAITER_SOURCE, json.dumps(argv), str(log_path), str(exit_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0:
-        reason = (result.stdout.strip() or result.stderr.strip()).removeprefix("error: ")
-        raise ServerSpawnError(f"could not launch {argv[0]}: {reason}")
-    return int(result.stdout.strip())
-
-
-def _probe(base_url: str, api_key: str | None) -> tuple[str, ServerProps | None]:
-    """('down' | 'loading' | 'ok', props when ok) without retries."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    credentials = url_credentials(base_url)
-    try:
-        with httpx.Client(
-            base_url=redact_url(base_url),
-            auth=httpx.BasicAuth(*credentials) if credentials else None,
-            headers=headers,
-            timeout=PROBE_TIMEOUT_S,
-        ) as http:
-            health = http.get("/health")
-            if health.status_code == 503:
-                return "loading", None
-            if health.status_code != 200:
-                return "down", None
-            props = http.get("/props")
-            return "ok", ServerProps.model_validate_json(props.content)
-    except (httpx.HTTPError, ValidationError):
-        return "down", None
 
 
 class ResidentServer:
@@ -284,9 +80,9 @@ class ResidentServer:
 
     # -- state files -----------------------------------------------------------------------
 
-    def _read_pid(self) -> _PidRecord | None:
+    def _read_pid(self) -> PidRecord | None:
         try:
-            return _PidRecord.model_validate_json(self.pid_path.read_text())
+            return PidRecord.model_validate_json(self.pid_path.read_text())
         except (OSError, ValidationError):
             return None
 
@@ -300,7 +96,7 @@ class ResidentServer:
         record = self._read_pid()
         if record is None:
             return None
-        if _process_start_ticks(record.pid) != record.start_ticks:
+        if process_start_ticks(record.pid) != record.start_ticks:
             return None
         return record.pid
 
@@ -308,11 +104,11 @@ class ResidentServer:
         self.pid_path.unlink(missing_ok=True)
         self.spec_path.unlink(missing_ok=True)
 
-    def _died(self, record: _PidRecord) -> ExitRecord | None:
+    def _died(self, record: PidRecord) -> ExitRecord | None:
         """How the server of `record` ended, if its waiter saw it (None: unknown)."""
         return wait_for_exit_record(self.exit_path, record.pid)
 
-    def _death_message(self, record: _PidRecord, ended: ExitRecord) -> str:
+    def _death_message(self, record: PidRecord, ended: ExitRecord) -> str:
         serving_s = ended.ended_at - record.healthy_at if record.healthy_at is not None else None
         return describe_exit(
             ended.returncode,
@@ -358,7 +154,7 @@ class ResidentServer:
                 return self._wait_healthy(pid, spawned=False)
             previous = self._previous_exit()
             self._clear_state()
-            state, props = _probe(self.base_url, self.api_key)
+            state, props = probe(self.base_url, self.api_key)
             if state != "down":
                 return self._adopt_foreign(state, props)
             return self._spawn().model_copy(update={"previous_exit": previous})
@@ -389,7 +185,7 @@ class ResidentServer:
     def _wait_props(self) -> ServerProps:
         deadline = time.monotonic() + self.load_timeout_s
         while time.monotonic() < deadline:
-            state, props = _probe(self.base_url, self.api_key)
+            state, props = probe(self.base_url, self.api_key)
             if state == "ok" and props is not None:
                 return props
             time.sleep(0.5)
@@ -418,9 +214,9 @@ class ResidentServer:
             log.write(" ".join(argv) + "\n")
         self.exit_path.unlink(missing_ok=True)
         started_at = time.time()
-        pid = _spawn_detached(argv, env, self.log_path, self.exit_path)
-        ticks = _process_start_ticks(pid)
-        record = _PidRecord(pid=pid, start_ticks=ticks or 0, started_at=started_at)
+        pid = spawn_detached(argv, env, self.log_path, self.exit_path)
+        ticks = process_start_ticks(pid)
+        record = PidRecord(pid=pid, start_ticks=ticks or 0, started_at=started_at)
         if ticks is None:
             self._raise_exited(record, at_once=True)
         self.spec_path.write_text(self.spec.model_dump_json(indent=2))
@@ -428,7 +224,7 @@ class ResidentServer:
         logger.info("spawned llama-server pid %d: %s", pid, " ".join(argv))
         return self._wait_healthy(pid, spawned=True)
 
-    def _raise_exited(self, record: _PidRecord, *, at_once: bool = False) -> None:
+    def _raise_exited(self, record: PidRecord, *, at_once: bool = False) -> None:
         """The server died while we waited for it: a signal in one line, else the log tail."""
         self._clear_state()
         ended = self._died(record)
@@ -451,12 +247,12 @@ class ResidentServer:
     def _wait_healthy(self, pid: int, *, spawned: bool) -> ServerHandle:
         deadline = time.monotonic() + self.load_timeout_s
         while time.monotonic() < deadline:
-            if _process_start_ticks(pid) is None:
+            if process_start_ticks(pid) is None:
                 record = self._read_pid()
                 if record is None or record.pid != pid:
-                    record = _PidRecord(pid=pid, start_ticks=0, started_at=time.time())
+                    record = PidRecord(pid=pid, start_ticks=0, started_at=time.time())
                 self._raise_exited(record)
-            state, props = _probe(self.base_url, self.api_key)
+            state, props = probe(self.base_url, self.api_key)
             if state == "ok" and props is not None:
                 self._mark_healthy(pid)
                 return ServerHandle(
@@ -497,7 +293,7 @@ class ResidentServer:
                 logger.warning("killing llama-server pid %d (hung) to restart it", pid)
                 os.kill(pid, signal.SIGKILL)
                 deadline = time.monotonic() + STOP_GRACE_S
-                while time.monotonic() < deadline and _process_start_ticks(pid) is not None:
+                while time.monotonic() < deadline and process_start_ticks(pid) is not None:
                     time.sleep(0.05)
                 self._clear_state()
         return self.ensure_running()
@@ -506,7 +302,7 @@ class ResidentServer:
         pid = self._live_pid()
         spec = self._read_spec() if pid is not None else None
         record = self._read_pid() if pid is not None else None
-        state, props = _probe(self.base_url, self.api_key)
+        state, props = probe(self.base_url, self.api_key)
         return ServerStatus(
             running=pid is not None or state != "down",
             healthy=state == "ok",
@@ -529,9 +325,9 @@ class ResidentServer:
                 return False
             os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + STOP_GRACE_S
-            while time.monotonic() < deadline and _process_start_ticks(pid) is not None:
+            while time.monotonic() < deadline and process_start_ticks(pid) is not None:
                 time.sleep(0.1)
-            if _process_start_ticks(pid) is not None:
+            if process_start_ticks(pid) is not None:
                 os.kill(pid, signal.SIGKILL)
             self._clear_state()
             return True
@@ -552,7 +348,7 @@ class AttachedServer:
     def ensure_running(self) -> ServerHandle:
         deadline = time.monotonic() + self.timeout_s
         while True:
-            state, props = _probe(self._url, self.api_key)
+            state, props = probe(self._url, self.api_key)
             if state == "ok" and props is not None:
                 return ServerHandle(
                     base_url=self.base_url,
@@ -566,7 +362,7 @@ class AttachedServer:
             time.sleep(0.5)
 
     def status(self) -> ServerStatus:
-        state, props = _probe(self._url, self.api_key)
+        state, props = probe(self._url, self.api_key)
         return ServerStatus(
             running=state != "down",
             healthy=state == "ok",

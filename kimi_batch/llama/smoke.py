@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.llama.exceptions import ServerKilledError, ServerSpawnError
 from kimi_batch.llama.exits import describe_exit, signal_name
-from kimi_batch.llama.server import ServerSpec, available_cpus
+from kimi_batch.llama.spec import ServerSpec, available_cpus
 from kimi_batch.paths import private_dir
 
 __all__ = ["SMOKE_TIMEOUT_S", "SmokeResult", "smoke_test"]

@@ -30,13 +30,18 @@ from kimi_batch.storage.exceptions import (
     TrinoQueryError,
     TrinoUnavailableError,
 )
-from kimi_batch.storage.inbox import InboxFile, scan_inbox
+from kimi_batch.storage.inbox import InboxFile, inspect_inbox_file, scan_inbox
 from kimi_batch.storage.landing import (
+    SETTLE_S,
     Assignment,
+    InputNotSettledError,
     Landing,
     ResolvedInput,
+    landed_versions,
     resolve_input,
     resolve_partition,
+    still_changing,
+    wait_until_settled,
 )
 from kimi_batch.storage.parquet import (
     PARTITION_COLUMNS,
@@ -59,6 +64,7 @@ from kimi_batch.storage.trino import PublishReport, TrinoConfig, TrinoPublisher
 
 __all__ = [
     "PARTITION_COLUMNS",
+    "SETTLE_S",
     "TABLES",
     "TERMINAL_STATUSES",
     "ApiStore",
@@ -69,6 +75,7 @@ __all__ = [
     "FileRecord",
     "FileTooLargeError",
     "InboxFile",
+    "InputNotSettledError",
     "InvalidIdentifierError",
     "InvalidPartitionError",
     "Landing",
@@ -85,17 +92,21 @@ __all__ = [
     "Warehouse",
     "batch_lines",
     "columns",
+    "inspect_inbox_file",
     "land_seeds",
+    "landed_versions",
     "polars_schema",
     "replace_quarantine",
     "request_counts",
     "resolve_input",
     "resolve_partition",
     "scan_inbox",
+    "still_changing",
     "trino_columns",
     "validate_batch",
     "validate_ds",
     "validate_identifier",
     "validate_source",
+    "wait_until_settled",
     "write_batch_files",
 ]

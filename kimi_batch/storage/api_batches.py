@@ -70,8 +70,13 @@ def validate_batch(settings: Settings, store: ApiStore, batch: BatchRecord) -> B
         refused=None,
     )
     with Landing(settings.paths) as landing:
+        # The blob was written whole by the API store before this call: nothing to settle.
         version = landing.land(
-            store.blob_path(upload), assignment, max_bytes=settings.max_input_bytes, ext="jsonl"
+            store.blob_path(upload),
+            assignment,
+            max_bytes=settings.max_input_bytes,
+            ext="jsonl",
+            settle_s=0.0,
         )
     return store.update_batch(
         batch.id,

@@ -7,6 +7,7 @@ StorageError                      base (a kimi_batch.errors.KimiBatchError): any
 ├── SchemaMismatchError           an existing Trino table whose columns differ from the row model
 ├── TrinoUnavailableError         Trino cannot be reached (refused, timed out, HTTP 5xx)
 └── TrinoQueryError               Trino answered with an error for a statement
+    └── TrinoTimeoutError         a statement did not finish within its deadline; it was cancelled
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ __all__ = [
     "SchemaMismatchError",
     "StorageError",
     "TrinoQueryError",
+    "TrinoTimeoutError",
     "TrinoUnavailableError",
 ]
 
@@ -45,3 +47,7 @@ class TrinoUnavailableError(StorageError):
 
 class TrinoQueryError(StorageError):
     """Trino rejected or failed a statement."""
+
+
+class TrinoTimeoutError(TrinoQueryError):
+    """A statement ran (or stayed queued) past its overall deadline and was cancelled."""

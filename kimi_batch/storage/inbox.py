@@ -11,9 +11,12 @@ extensions, so uploads written under a temporary name and renamed at the end are
 written. Which partition a file belongs to is decided once, when it is first seen, by the landing
 manifest (`kimi_batch.storage.landing`); this module only lists and inspects.
 
-Two kinds of entries are refused without reading a byte of them, and quarantined with the reason:
-a name that is not valid UTF-8 (it is shown by a safe, escaped name), and a symlink whose target
-lies outside the inbox (`ln -s ~/.env inbox/x.jsonl` must not publish the target's lines). A dated
+Three kinds of entries are refused without reading a byte of them, and quarantined with the
+reason: a name that is not valid UTF-8 (it is shown by a safe, escaped name), a symlink whose
+target lies outside the inbox (`ln -s ~/.env inbox/x.jsonl` must not publish the target's lines),
+and a name that is (or links to) a FIFO, socket or device: opening a FIFO blocks until a writer
+comes. Hashing and landing open files non-blocking and regular files only, so a FIFO swapped in
+after the scan is refused too. A dated
 folder that is a symlink out of the inbox is not listed at all.
 """
 
@@ -23,18 +26,22 @@ import hashlib
 import logging
 import os
 import re
+import stat
 from collections.abc import Iterator
 from datetime import date
 from pathlib import Path
+from typing import BinaryIO
 
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "INBOX_EXTENSIONS",
     "InboxFile",
+    "NotRegularFileError",
     "file_sha256",
     "inspect_inbox_file",
     "is_ignored_name",
+    "open_regular",
     "sanitize_source",
     "scan_inbox",
     "short_hash",
@@ -53,6 +60,7 @@ _MAX_SOURCE_LEN = 80
 _HASH_CHUNK = 1 << 20
 REFUSED_NAME = "file name is not valid UTF-8; rename it"
 REFUSED_LINK = "symlink resolves outside the inbox; its content is never read"
+REFUSED_SPECIAL = "not a regular file (a FIFO, socket or device); it is never read"
 
 _log = logging.getLogger(__name__)
 
@@ -88,10 +96,32 @@ class InboxFile(BaseModel):
         return self.model_copy(update={"sha256": file_sha256(self.path)})
 
 
+class NotRegularFileError(OSError):
+    """The name is (or leads to) a FIFO, socket or device: reading it could block forever."""
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """`path` opened for reading if it is a regular file (through symlinks), without blocking.
+
+    O_NONBLOCK makes opening a FIFO return at once instead of waiting for a writer; the fstat
+    of the open descriptor then refuses it (the name may have been swapped since any stat).
+    """
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise NotRegularFileError(f"{path.name}: {REFUSED_SPECIAL}")
+        os.set_blocking(descriptor, True)
+        return os.fdopen(descriptor, "rb")
+    except BaseException:
+        os.close(descriptor)
+        raise
+
+
 def file_sha256(path: Path) -> str:
-    """SHA-256 of the file's bytes, read in 1 MiB chunks (inputs can be gigabytes)."""
+    """SHA-256 of the file's bytes, read in 1 MiB chunks (inputs can be gigabytes); a name that
+    is not a regular file raises NotRegularFileError instead of blocking."""
     digest = hashlib.sha256()
-    with path.open("rb") as handle:
+    with open_regular(path) as handle:
         while chunk := handle.read(_HASH_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
@@ -167,18 +197,20 @@ def _inspect(path: Path, inbox_dir: Path, root: Path, dated: str | None) -> Inbo
         refused = REFUSED_LINK
     try:
         # lstat for refused entries: not even the target's metadata is needed.
-        stat = path.lstat() if refused else path.stat()
+        stat_result = path.lstat() if refused else path.stat()
     except FileNotFoundError:
         return None
     except OSError as error:
         _log.warning("inbox: cannot stat %s: %s", name, error)
         return None
+    if refused is None and not stat.S_ISREG(stat_result.st_mode):
+        refused = REFUSED_SPECIAL  # a link to a FIFO: hashing or copying it would block
     return InboxFile(
         path=path,
         name=name,
         dated_ds=dated,
-        size=stat.st_size,
-        mtime_ns=stat.st_mtime_ns,
+        size=stat_result.st_size,
+        mtime_ns=stat_result.st_mtime_ns,
         refused=refused,
     )
 

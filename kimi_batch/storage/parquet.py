@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
@@ -124,9 +124,18 @@ class Warehouse:
         return self.partition_dir(table, ds, source) / PART_FILE
 
     def write_partition(
-        self, table: str, ds: str | date, source: str, rows: Iterable[BaseModel]
+        self,
+        table: str,
+        ds: str | date,
+        source: str,
+        rows: Iterable[BaseModel],
+        *,
+        guard: Callable[[], None] | None = None,
     ) -> PartitionWrite:
         """Write (or atomically replace) one partition; zero rows still writes a schema-only file.
+
+        `guard` is called just before the new file replaces the old one (the partition lease's
+        check): when it raises, the partition is left as it was.
 
         `rows` is consumed in chunks of `CHUNK_ROWS` (pass a generator and memory stays bounded
         whatever the partition's size): each chunk is written to a hidden temp file, and several
@@ -156,6 +165,8 @@ class Warehouse:
             with temp.open("rb") as handle:
                 os.fsync(handle.fileno())
             os.chmod(temp, PRIVATE_FILE_MODE)
+            if guard is not None:
+                guard()
             os.replace(temp, target)
         finally:
             temp.unlink(missing_ok=True)
@@ -202,8 +213,12 @@ class Warehouse:
         if not path.is_file():
             return pl.DataFrame(schema=polars_schema(table, partitions=True))
         schema = polars_schema(table)
-        # select + cast: column order and dtypes follow the model even for older files.
-        frame = pl.read_parquet(path).select(schema.names()).cast(schema)
+        # select + cast: column order and dtypes follow the model even for older files; a column
+        # added since (input_sha256) reads as null there.
+        frame = pl.read_parquet(path)
+        added = [name for name in schema.names() if name not in frame.columns]
+        frame = frame.with_columns(pl.lit(None).alias(name) for name in added)
+        frame = frame.select(schema.names()).cast(schema)
         return frame.with_columns(
             pl.lit(ds, dtype=pl.String).alias(PARTITION_COLUMNS[0]),
             pl.lit(source, dtype=pl.String).alias(PARTITION_COLUMNS[1]),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import date
 
 import polars as pl
@@ -15,12 +15,19 @@ __all__ = ["replace_quarantine"]
 
 
 def replace_quarantine(
-    warehouse: Warehouse, ds: str | date, source: str, stage: str, rows: Iterable[QuarantineRow]
+    warehouse: Warehouse,
+    ds: str | date,
+    source: str,
+    stage: str,
+    rows: Iterable[QuarantineRow],
+    *,
+    guard: Callable[[], None] | None = None,
 ) -> int:
     """Replace `stage`'s quarantine rows of the partition, keeping the other stages' rows.
 
-    A read-modify-write of one partition: callers hold the partition's lease around it.
-    Returns the number of rows written for `stage`.
+    A read-modify-write of one partition: callers hold the partition's lease around it and pass
+    its check as `guard` (called before the replace). Returns the number of rows written for
+    `stage`.
     """
     frame = warehouse.read_partition("quarantine", ds, source)
     kept = frame.filter(pl.col("stage") != stage).drop(list(PARTITION_COLUMNS))
@@ -30,5 +37,6 @@ def replace_quarantine(
         ds,
         source,
         [*(QuarantineRow.model_validate(row) for row in kept.iter_rows(named=True)), *mine],
+        guard=guard,
     )
     return len(mine)

@@ -36,6 +36,7 @@ def land_seeds(
     check_lengths: LengthCheck,
     now: datetime,
     set_aside: list[QuarantineRow],
+    guard: Callable[[], None] | None = None,
 ) -> PartitionWrite:
     """Stream `snapshot` into the partition's `seeds` file; bad rows are appended to `set_aside`.
 
@@ -52,4 +53,4 @@ def land_seeds(
             set_aside.extend(checked.quarantined)
             yield from seed_rows(checked.seeds, input_sha256=input_sha256, created_at=now)
 
-    return warehouse.write_partition("seeds", ds, source, rows())
+    return warehouse.write_partition("seeds", ds, source, rows(), guard=guard)

@@ -12,6 +12,8 @@ values. No caller text is ever formatted into SQL unchecked.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date
@@ -28,6 +30,7 @@ from kimi_batch.storage.exceptions import (
     SchemaMismatchError,
     StorageError,
     TrinoQueryError,
+    TrinoTimeoutError,
     TrinoUnavailableError,
 )
 from kimi_batch.storage.parquet import Warehouse, validate_ds, validate_source
@@ -44,6 +47,11 @@ __all__ = ["PublishReport", "TrinoConfig", "TrinoPublisher"]
 
 DEFAULT_PORT = 8080
 REQUEST_TIMEOUT_S = 60.0
+# One statement, queued and run, all polls included. Publishing runs inside the partition lease,
+# and the llama pool admits one run: a query Trino keeps queued must not hold every later run.
+STATEMENT_TIMEOUT_S = 300.0
+# After the deadline, how long the cancelled statement's thread is given to notice.
+_CANCEL_GRACE_S = 5.0
 MAX_ATTEMPTS = 2
 
 
@@ -63,7 +71,14 @@ class TrinoConfig(BaseModel):
         default="local:///",
         description="The warehouse root as Trino's file system names it (local:///, s3://b/w/ ...).",
     )
-    request_timeout_s: float = Field(default=REQUEST_TIMEOUT_S, gt=0)
+    request_timeout_s: float = Field(
+        default=REQUEST_TIMEOUT_S, gt=0, description="One HTTP request to the coordinator."
+    )
+    statement_timeout_s: float = Field(
+        default=STATEMENT_TIMEOUT_S,
+        gt=0,
+        description="One statement from submission to its last row; then it is cancelled.",
+    )
     max_attempts: int = Field(default=MAX_ATTEMPTS, ge=1, le=10)
 
     @model_validator(mode="after")
@@ -103,6 +118,24 @@ class PublishReport:
     tables: tuple[str, ...]
     partitions_registered: int
     partitions_present: int
+
+
+def _cancel(cursor: trino.dbapi.Cursor) -> str:
+    """Cancel the cursor's statement (DELETE on its next URI); returns its last known state."""
+    stats = getattr(cursor, "stats", None) or {}
+    state = str(stats.get("state") or "not started")
+    with contextlib.suppress(Exception):  # best effort: the deadline is reported either way
+        cursor.cancel()
+    # The client's loops (execute's, and fetchall's, which does not look at `cancelled`) poll
+    # for as long as the coordinator hands out a nextUri: a queued-forever statement, or one
+    # whose DELETE was not taken, would be polled on for ever by the abandoned thread. Marking
+    # the query cancelled and finished ends both loops at their next poll; the client has no
+    # public way to do it.
+    query = getattr(cursor, "_query", None)
+    if query is not None:
+        query._cancelled = True
+        query._finished = True
+    return state
 
 
 def _literal(value: str) -> str:
@@ -156,10 +189,49 @@ class TrinoPublisher:
         return self._connection
 
     def query(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
-        """Run one statement (`?` placeholders for `params`) and return its rows as tuples."""
+        """Run one statement (`?` placeholders for `params`) and return its rows as tuples.
+
+        The client polls a queued or running statement for as long as the coordinator says
+        so; here the whole statement has `statement_timeout_s`, after which it is cancelled and
+        TrinoTimeoutError says how far it got.
+        """
         where = f"{self.config.host}:{self.config.port}"
+        cursor = self._cursor(where)
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                outcome["rows"] = self._execute(cursor, sql, params, where)
+            except BaseException as error:  # handed to the calling thread
+                outcome["error"] = error
+
+        worker = threading.Thread(target=run, name="trino-statement", daemon=True)
+        worker.start()
+        worker.join(self.config.statement_timeout_s)
+        if worker.is_alive():
+            state = _cancel(cursor)
+            worker.join(_CANCEL_GRACE_S)
+            self.close()  # the connection may still be in the abandoned thread's hands
+            raise TrinoTimeoutError(
+                f"Trino at {where} did not finish a statement within "
+                f"{self.config.statement_timeout_s:g} s (last state {state}); it was cancelled: "
+                f"{' '.join(sql.split())[:120]}"
+            )
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["rows"]
+
+    def _cursor(self, where: str) -> trino.dbapi.Cursor:
         try:
-            cursor = self._connect().cursor()
+            return self._connect().cursor()
+        except (trino.exceptions.TrinoConnectionError, OSError) as error:
+            raise TrinoUnavailableError(f"Trino at {where} is unreachable: {error}") from error
+
+    @staticmethod
+    def _execute(
+        cursor: trino.dbapi.Cursor, sql: str, params: Sequence[Any] | None, where: str
+    ) -> list[tuple[Any, ...]]:
+        try:
             if params:
                 cursor.execute(sql, list(params))
             else:

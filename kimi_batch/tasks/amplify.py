@@ -230,7 +230,7 @@ class AmplifyTask(GenerationTask[SeedInputs, AmplifiedRow]):
     row_model: ClassVar[type[GenerationColumns]] = AmplifiedRow
     dropped_metric: ClassVar[str | None] = "duplicates_dropped"
 
-    strategies: list[Strategy] = Field(default_factory=lambda: list(Strategy), min_length=1)
+    strategies: list[Strategy] = Field(default_factory=lambda: list(Strategy))
     k: int = Field(default=1, ge=1, description="Variants per seed and strategy.")
     params: SamplingParams = DEFAULT_AMPLIFY_PARAMS
 

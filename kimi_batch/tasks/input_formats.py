@@ -29,6 +29,7 @@ __all__ = [
     "PARQUET_BATCH_ROWS",
     "FileRefusedError",
     "Item",
+    "check_text_encoding",
     "csv_items",
     "json_items",
     "jsonl_items",
@@ -42,6 +43,15 @@ MAX_JSON_ARRAY_BYTES = 16 << 20
 PARQUET_BATCH_ROWS = 8192
 _PREVIEW_CHARS = 4000  # more than the quarantine's `raw` keeps, so the cut is marked there
 _SKIP_CHUNK = 1 << 16
+_TEXT_SUFFIXES = (".jsonl", ".ndjson", ".json", ".csv")
+# Longest first: the UTF-32 little-endian BOM starts with the UTF-16 one.
+_WIDE_BOMS = (
+    (b"\xff\xfe\x00\x00", "UTF-32"),
+    (b"\x00\x00\xfe\xff", "UTF-32"),
+    (b"\xff\xfe", "UTF-16"),
+    (b"\xfe\xff", "UTF-16"),
+)
+_SNIFF_BYTES = 64
 
 
 class FileRefusedError(KimiBatchError, ValueError):
@@ -68,6 +78,27 @@ class Item(NamedTuple):
     record: Any  # the decoded row; None when `error` is set
     raw: Any  # the row as written (text), or a value shown as JSON; None: show `record`
     error: str | None  # why the row could not be decoded
+
+
+def check_text_encoding(file: IO[bytes], suffix: str) -> None:
+    """Refuse a text input written in UTF-16/32 (a BOM, or ASCII with every other byte NUL, as
+    Windows tools write it): read as UTF-8 every line would be its own confusing error. The
+    file is left at its start."""
+    if suffix.lower() not in _TEXT_SUFFIXES:
+        return
+    head = file.read(_SNIFF_BYTES)
+    file.seek(0)
+    encoding = next((name for bom, name in _WIDE_BOMS if head.startswith(bom)), None)
+    pairs = len(head) // 2
+    if encoding is None and pairs >= 2:
+        even_nul = sum(head[i] == 0 for i in range(0, 2 * pairs, 2))
+        odd_nul = sum(head[i] == 0 for i in range(1, 2 * pairs, 2))
+        if max(even_nul, odd_nul) >= pairs * 3 // 4 and min(even_nul, odd_nul) == 0:
+            encoding = "UTF-16"
+    if encoding is not None:
+        raise FileRefusedError(
+            f"{encoding} text; convert to UTF-8 (e.g. iconv -f {encoding} -t UTF-8)"
+        )
 
 
 def _preview(data: bytes) -> str:

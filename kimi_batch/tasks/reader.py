@@ -26,6 +26,7 @@ from kimi_batch.tasks.input_formats import (
     FILE_ERRORS,
     FileRefusedError,
     Item,
+    check_text_encoding,
     csv_items,
     json_items,
     jsonl_items,
@@ -151,7 +152,12 @@ def iter_inbox_rows(
                 f"file is {_mib(size)}, over the input limit of {_mib(max_input_bytes)} "
                 "(KIMI_BATCH_MAX_INPUT_MB): split it into smaller files"
             )
+        if size == 0:
+            raise FileRefusedError("the file is empty (0 bytes); nothing to ingest")
+        check_text_encoding(file, path.suffix)
+        rows_read = 0
         for line, record, raw, decode_error in _items(path, file, size):
+            rows_read += 1
             try:
                 if decode_error is not None:
                     raise ValueError(decode_error)
@@ -174,6 +180,8 @@ def iter_inbox_rows(
                     yield row(line, reason, rejected_raw(raw, record), seed.input_id)
                 continue
             yield seed
+        if rows_read == 0:
+            yield row(None, "the file is empty (no rows, only blank lines or a header)", path.name)
     # Whatever stops the file from being read further becomes one row for the file: a broken
     # upload must not fail the partition (rows read before the error are kept).
     except FileRefusedError as error:

@@ -81,6 +81,9 @@ class GenerationColumns(_Row):
     latency_ms: float = Field(ge=0, description="Wall time of the request as seen by the client.")
     endpoint: str = Field(description="Base URL of the server that answered.")
     created_at: datetime
+    input_sha256: str = Field(
+        default="", description="sha256 of the landed input version the row was built from."
+    )
     draft_tokens: int | None = Field(
         default=None, ge=0, description="Speculative decoding: tokens drafted (null: not used)."
     )
@@ -129,6 +132,9 @@ class QuarantineRow(_Row):
     reason: str
     raw: str = Field(description="The offending input, truncated.")
     created_at: datetime
+    input_sha256: str | None = Field(
+        default=None, description="sha256 of the landed input version the row was built from."
+    )
 
 
 OutputRow = SeedRow | AmplifiedRow | DistilledRow | QuarantineRow

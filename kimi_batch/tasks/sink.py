@@ -44,9 +44,13 @@ class CheckFigures(BaseModel):
 class StageSink(Generic[InputsT, RowT]):
     """One stage run's results in, rows out; quarantine rows and figures kept here."""
 
-    def __init__(self, task: GenerationTask[InputsT, RowT], inputs: InputsT) -> None:
+    def __init__(
+        self, task: GenerationTask[InputsT, RowT], inputs: InputsT, *, input_sha256: str = ""
+    ) -> None:
         self._task = task
         self._inputs = inputs
+        # The landed input version the inputs were built from: every row and set-aside carries it.
+        self._input_sha256 = input_sha256
         self._quarantined: list[QuarantineRow] = []
         self._results = self._truncated = self._empty = 0
         self._parsed = self._rows = self._duplicates = 0
@@ -60,7 +64,7 @@ class StageSink(Generic[InputsT, RowT]):
             self._rows += 1
             self._duplicates += row.request_id in self._ids
             self._ids.add(row.request_id)
-            yield row
+            yield row.model_copy(update={"input_sha256": self._input_sha256})
 
     def _count(self, results: Iterable[GenerationResult]) -> Iterator[GenerationResult]:
         for result in results:
@@ -110,7 +114,8 @@ class StageSink(Generic[InputsT, RowT]):
     @property
     def quarantined(self) -> list[QuarantineRow]:
         """Outputs set aside (in the order they were parsed), then failed requests."""
-        return list(self._quarantined)
+        sha = self._input_sha256 or None
+        return [row.model_copy(update={"input_sha256": sha}) for row in self._quarantined]
 
     @property
     def dropped(self) -> int:

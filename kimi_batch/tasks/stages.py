@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from kimi_batch.tasks.amplify import AmplifyTask
+from kimi_batch.tasks.api_batch import ApiBatchTask
 from kimi_batch.tasks.distill import DistillTask
 from kimi_batch.tasks.stage import GenerationTask
 from kimi_batch.tasks.tags import RequestTag
@@ -30,16 +31,23 @@ _RESERVED_TABLES = frozenset({"seeds", "quarantine"})
 def register_stage(task: TaskT) -> TaskT:
     """Make a stage known (idempotent); usable as a class decorator.
 
-    ValueError when another stage already has its name or its table.
+    Stages may share a table when they share its row model (the Batch API's answers are
+    `distilled` rows); ValueError when another stage has the name, or the table with another
+    row model.
     """
     known = _STAGES.get(task.name)
     if known is task:
         return task
     if known is not None:
         raise ValueError(f"stage {task.name!r} is already {known.__name__}")
-    tables = {stage.table for stage in _STAGES.values()} | _RESERVED_TABLES
-    if task.table in tables:
-        raise ValueError(f"table {task.table!r} of stage {task.name!r} is already taken")
+    if task.table in _RESERVED_TABLES:
+        raise ValueError(f"table {task.table!r} of stage {task.name!r} is not a stage's table")
+    for other in _STAGES.values():
+        if other.table == task.table and other.row_model is not task.row_model:
+            raise ValueError(
+                f"table {task.table!r} of stage {task.name!r} is {other.name!r}'s, with rows "
+                f"{other.row_model.__name__}, not {task.row_model.__name__}"
+            )
     _STAGES[task.name] = task
     return task
 
@@ -54,3 +62,4 @@ def stage_of_tag(tag: str) -> type[GenerationTask[Any, Any]] | None:
 
 register_stage(AmplifyTask)
 register_stage(DistillTask)
+register_stage(ApiBatchTask)

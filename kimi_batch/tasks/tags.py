@@ -13,6 +13,7 @@ distill are the ones ledgers already hold (a ledger key never depends on the tag
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Literal
 
@@ -36,6 +37,7 @@ class Strategy(StrEnum):
 
 _STRATEGIES = frozenset(strategy.value for strategy in Strategy)
 _SEED = "seed"
+_STAGE = re.compile(r"^[a-z_][a-z0-9_]*$")
 _VARIANT_PREFIX = "variant:"
 
 
@@ -44,7 +46,7 @@ class RequestTag(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    stage: str = Field(pattern=r"^[a-z_][a-z0-9_]*$", description="The stage's `name`.")
+    stage: str = Field(pattern=_STAGE.pattern, description="The stage's `name`.")
     origin: Origin = Field(default="seed", description="The input: a seed or a variant.")
     strategy: Strategy | None = Field(
         default=None, description="Amplify: the strategy asked for; distill: the variant's."
@@ -76,7 +78,8 @@ class RequestTag(BaseModel):
         elif "/" in wire:
             stage, _, rest = wire.partition("/")
             origin, _, strategy = rest.partition(":")
-            if origin in ("seed", "variant") and (not strategy or strategy in _STRATEGIES):
+            known = origin in ("seed", "variant") and (not strategy or strategy in _STRATEGIES)
+            if known and _STAGE.fullmatch(stage):
                 return cls.model_validate(
                     {"stage": stage, "origin": origin, "strategy": strategy or None}
                 )

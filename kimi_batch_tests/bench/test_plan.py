@@ -91,3 +91,43 @@ def test_command_refuses_a_bad_value_in_one_line(capsys: pytest.CaptureFixture[s
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert "prompt_tokens" in err
+
+
+def test_command_plans_the_configured_answer_budget_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Without --output-tokens an answer is as long as the distillation may make it: n_predict.
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path))
+    monkeypatch.setenv("KIMI_BATCH_LLAMA_N_PREDICT", "512")
+    args = ["plan", "--prompt-tokens", "100", "--rows", "1", "--json"]
+
+    assert main([*args, "--prompt-tok-s", "100", "--gen-tok-s", "8"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert planned["inputs"]["output_tokens"] == 512
+    assert planned["wall_s"] == pytest.approx(1 + 512 / 8)
+
+
+def test_runs_of_a_night_pay_their_overhead_and_the_window_cuts_the_last_one() -> None:
+    spec = PlanInput(
+        prompt_tokens=0,
+        output_tokens=100,
+        rows=40,
+        prompt_tok_s=1,
+        gen_tok_s=1,
+        slots=4,
+        window_h=1.0,
+        partitions=4,
+        run_overhead_s=300,
+    )
+    result = plan_partition(spec)
+
+    # Each run: 300 s idle, then 10 rows on 4 slots = 3 rounds of 100 s.
+    assert result.wall_s == pytest.approx(4 * 300 + 4 * 3 * 100)
+    # 3600 s: the four runs take 4 x 600 = 2400 s, all 40 rows fit.
+    assert result.rows_in_window == 40
+    tight = plan_partition(spec.model_copy(update={"window_h": 2000 / 3600}))
+    # 600 + 600 + 300 idle = 1500 s, 500 s left in run 3: 5 rounds would fit, its 10 rows do.
+    assert tight.rows_in_window == 30
+    cut = plan_partition(spec.model_copy(update={"window_h": 1700 / 3600}))
+    # 1500 s used, 200 s left in run 3: two rounds of 4 rows.
+    assert cut.rows_in_window == 28

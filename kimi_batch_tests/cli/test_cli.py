@@ -60,6 +60,12 @@ def test_a_bad_flag_is_one_line(tmp_path: Path, args: tuple[str, ...], expected:
     [
         ("KIMI_BATCH_LLAMA_PORT", "eighty", "KIMI_BATCH_LLAMA_PORT must be an integer"),
         ("KIMI_BATCH_LLAMA_PORT", "0", "llama_port"),
+        ("KIMI_BATCH_TIMEZONE", "America", "KIMI_BATCH_TIMEZONE"),
+        ("KIMI_BATCH_LLAMA_CACHE_RAM", "-7", "KIMI_BATCH_LLAMA_CACHE_RAM"),
+        ("KIMI_BATCH_NIGHTLY_CRON", "banana", "KIMI_BATCH_NIGHTLY_CRON"),
+        ("KIMI_BATCH_LLAMA_EXTRA_ARGS", "'x", "KIMI_BATCH_LLAMA_EXTRA_ARGS"),
+        ("KIMI_BATCH_ALERT_WEBHOOK", "http://[::1", "KIMI_BATCH_ALERT_WEBHOOK"),
+        ("KIMI_BATCH_ALERT_WEBHOOK", "https://hooks.example/a\tb", "KIMI_BATCH_ALERT_WEBHOOK"),
     ],
 )
 def test_a_bad_setting_is_one_line(

@@ -25,6 +25,7 @@ from kimi_batch.defs.schedules import NIGHT_TAG, TRIGGER_TAG
 from kimi_batch.engine.ledger import Ledger
 from kimi_batch.settings import Settings
 from kimi_batch.storage.landing import Landing
+from kimi_batch_tests.support.ports import free_port
 from kimi_batch_tests.support.repo import REPO_ROOT
 from kimi_batch_tests.support.results import make_result
 
@@ -175,6 +176,43 @@ def test_status_without_an_instance_still_reports_the_rest(tmp_path: Path, llama
     assert status["partitions"]["dagster_home"] is None
     assert status["server"]["healthy"]
     assert status["server"]["digest"]["restored"] is None
+    assert status["ledger"]["rows"] == 0
+
+
+def test_status_right_after_server_start_on_a_fresh_state_dir(
+    tmp_path: Path, llama_env: Any
+) -> None:
+    """A newcomer's first `status`: a server just started, an empty instance, nothing run."""
+    home = tmp_path / "fresh"
+    (home / "dagster").mkdir(parents=True)
+    shutil.copy(REPO_ROOT / "dagster.yaml", home / "dagster" / "dagster.yaml")  # as `make dev`
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("KIMI_BATCH_LLAMA_")},
+        "KIMI_BATCH_HOME": str(home),
+        "KIMI_BATCH_LLAMA_SERVER": os.environ["KIMI_BATCH_LLAMA_SERVER"],
+        "KIMI_BATCH_LLAMA_PORT": str(free_port()),
+        "KIMI_BATCH_LLAMA_THREADS": "1",
+        "KIMI_BATCH_LLAMA_CTX": "2048",
+        "KIMI_BATCH_LLAMA_PARALLEL": "1",
+    }
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(CLI), *args], capture_output=True, text=True, env=env, timeout=300, check=False
+        )
+
+    assert cli("server", "start").returncode == 0
+    try:
+        text, as_json = cli("status"), cli("status", "--json")
+    finally:
+        cli("server", "stop")
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.startswith("server     healthy pid=")
+    assert as_json.returncode == 0, as_json.stderr
+    status = json.loads(as_json.stdout)
+    assert status["server"]["healthy"] is True
+    assert status["partitions"]["dagster_home"] == str(home / "dagster")
+    assert status["partitions"]["error"] is None
     assert status["ledger"]["rows"] == 0
 
 

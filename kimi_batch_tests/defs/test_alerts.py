@@ -252,3 +252,102 @@ def test_the_check_run_with_the_materialization_counts_that_partition_done(
     (evaluation,) = result.get_asset_check_evaluations()
     assert evaluation.check_name == FRESHNESS_CHECK
     assert evaluation.passed, evaluation.metadata
+
+
+def test_an_alert_the_webhook_refused_is_sent_again_on_the_next_tick(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("KIMI_BATCH_NIGHT_ENDS", "00:00")
+    yesterday = (datetime.now(UTC).date() - timedelta(days=1)).isoformat()
+    _inbox_files(yesterday, "missing_src")
+    with Receiver(status=500) as broken, Receiver() as working, dg.instance_for_test() as instance:
+        monkeypatch.setenv("KIMI_BATCH_ALERT_WEBHOOK", broken.url)
+        first = distilled_freshness_alert(dg.build_sensor_context(instance=instance))
+        monkeypatch.setenv("KIMI_BATCH_ALERT_WEBHOOK", working.url)
+        assert isinstance(first, dg.SensorResult)
+        second = distilled_freshness_alert(
+            dg.build_sensor_context(instance=instance, cursor=first.cursor)
+        )
+        assert isinstance(second, dg.SensorResult)
+        third = distilled_freshness_alert(
+            dg.build_sensor_context(instance=instance, cursor=second.cursor)
+        )
+
+    assert len(broken.texts) == 1
+    assert len(working.texts) == 1, working.texts  # delivered on the next tick, once
+    assert f"{yesterday}|missing_src: never ran" in working.texts[0]
+    assert len(first.asset_events) == 1  # one evaluation a night
+    assert second.asset_events == []
+    assert second.cursor == yesterday
+    assert isinstance(third, dg.SkipReason)
+
+
+def _checked_standin(failed_check: str, metadata: dict[str, float | str]) -> dg.AssetsDefinition:
+    batch_partitions = build_batch_partitions(Settings.from_env())
+
+    @dg.asset(
+        name="distilled_responses",
+        partitions_def=batch_partitions,
+        check_specs=[
+            dg.AssetCheckSpec(
+                "published_to_trino", asset="distilled_responses", partitions_def=batch_partitions
+            ),
+            dg.AssetCheckSpec(
+                "truncation_rate", asset="distilled_responses", partitions_def=batch_partitions
+            ),
+        ],
+    )
+    def distilled_responses() -> dg.MaterializeResult:
+        return dg.MaterializeResult(
+            check_results=[
+                dg.AssetCheckResult(
+                    check_name=name,
+                    passed=name != failed_check,
+                    metadata=metadata if name == failed_check else {},
+                )
+                for name in ("published_to_trino", "truncation_rate")
+            ]
+        )
+
+    return distilled_responses
+
+
+@pytest.mark.parametrize(
+    ("failed_check", "metadata", "named"),
+    [
+        (
+            "published_to_trino",
+            {"reason": "Trino unreachable at 127.0.0.1:8080"},
+            "distilled_responses not published to Trino (reason Trino unreachable",
+        ),
+        ("truncation_rate", {"rate": 0.476}, "distilled_responses truncation_rate (rate 0.476)"),
+    ],
+)
+def test_the_morning_alert_names_a_distilled_partition_whose_check_failed(
+    receiver: Receiver,
+    monkeypatch: pytest.MonkeyPatch,
+    failed_check: str,
+    metadata: dict[str, float | str],
+    named: str,
+) -> None:
+    # The run succeeds (a failed check does not fail it), so only this alert tells the morning.
+    monkeypatch.setenv("KIMI_BATCH_NIGHT_ENDS", "00:00")
+    yesterday = (datetime.now(UTC).date() - timedelta(days=1)).isoformat()
+    _inbox_files(yesterday, "checked_src")
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("source", ["checked_src"])
+        run = dg.materialize(
+            [_checked_standin(failed_check, metadata)],
+            partition_key=_key(yesterday, "checked_src"),
+            instance=instance,
+        )
+        assert run.success
+        result = distilled_freshness_alert(dg.build_sensor_context(instance=instance))
+
+    assert isinstance(result, dg.SensorResult)
+    (evaluation,) = result.asset_events
+    assert isinstance(evaluation, dg.AssetCheckEvaluation)
+    assert not evaluation.passed
+    (text,) = receiver.texts
+    assert f"- {yesterday}|checked_src: {named}" in text

@@ -170,6 +170,21 @@ def test_nightly_partitions_pure() -> None:
     assert nightly_partitions([], [], "2030-01-01") == []
 
 
+def test_a_partition_built_from_an_older_input_is_asked_for_again_oldest_first() -> None:
+    assignments = [
+        Assignment(name=n, ds=d, source=n, first_seen=0.0, dated_ds=None, refused=None)
+        for n, d in [("new", "2025-06-02"), ("rewritten", "2025-06-01"), ("same", "2025-05-31")]
+    ]
+    distilled = ["2025-06-01|rewritten", "2025-05-31|same"]
+
+    wanted = nightly_partitions(assignments, distilled, "2025-06-02", ["2025-06-01|rewritten"])
+
+    assert wanted == [
+        BatchPartition(ds="2025-06-01", source="rewritten"),
+        BatchPartition(ds="2025-06-02", source="new"),
+    ]
+
+
 def distill(
     defs: dg.Definitions, instance: dg.DagsterInstance, partition: str | dg.MultiPartitionKey
 ) -> None:

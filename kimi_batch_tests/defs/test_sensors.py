@@ -14,6 +14,7 @@ the only simulated error (a wrapper raising PermissionError once). A symlink out
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -34,7 +35,7 @@ from kimi_batch.defs.sensors import (
 from kimi_batch.paths import StatePaths
 from kimi_batch.settings import Settings
 from kimi_batch.storage.inbox import InboxFile, file_sha256, scan_inbox
-from kimi_batch.storage.landing import Assignment, Landing
+from kimi_batch.storage.landing import Assignment, Landing, LandingIOError
 from kimi_batch_tests.support.standins import standin_definitions
 
 # Dagster's own multi-partition tags (`dagster/partition/date`) trip its tag-key deprecation.
@@ -494,3 +495,29 @@ def _assign(inbox: Path) -> Callable[[InboxFile], Assignment]:
     return lambda item: landing.assign_file(
         item, arrived=settings.today(), start=settings.first_partition_date()
     )
+
+
+def test_a_landing_that_failed_on_an_io_error_is_asked_for_again_next_tick(
+    inbox: Path, daemon: SensorDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = put(inbox / DAY / "seeds.jsonl")
+
+    def disk_full(_fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "fsync", disk_full)  # the copy into landed/ cannot be flushed
+        with pytest.raises(LandingIOError):  # the stand-in's step fails: nothing was landed
+            daemon.tick()
+    (failed,) = daemon.instance.get_runs()
+    assert failed.status == dg.DagsterRunStatus.FAILURE
+
+    healed = daemon.tick()  # same file, same cursor entry: asked for again after the failure
+
+    (request,) = healed.launched
+    assert (
+        request.run_key == f"{DAY}/seeds.jsonl:{file_sha256(path)[:16]}:after:{failed.run_id[:8]}"
+    )
+    (result,) = healed.results
+    assert result.success
+    assert daemon.tick(execute=False).data.run_requests == []  # landed now: nothing more

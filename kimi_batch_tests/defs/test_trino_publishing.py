@@ -14,7 +14,9 @@ import polars as pl
 import pytest
 
 from kimi_batch.definitions import batch_assets, build_resources
+from kimi_batch.defs.check_states import PUBLISHED_CHECKS, failed_checks
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
+from kimi_batch.defs.publishing import build_trino_catch_up
 from kimi_batch.settings import Settings
 from kimi_batch.storage import TrinoConfig, TrinoPublisher, Warehouse
 from kimi_batch_tests.support.llama_server import LlamaEnv
@@ -162,4 +164,43 @@ def test_an_unreachable_trino_keeps_the_parquet_and_publish_catches_up(
             assert trino.count(table) == warehouse.count(table)
             assert trino.count(table, _today(), "outage") == len(
                 warehouse.read_partition(table, _today(), "outage")
+            )
+
+
+def test_an_outage_is_caught_up_by_the_sensor_once_trino_is_back(
+    llama_env: LlamaEnv, isolated: tuple[Warehouse, TrinoConfig]
+) -> None:
+    warehouse, config = isolated
+    _inbox(llama_env, "sensed", 2)
+    down = _trino_env(config, port=free_port())
+    with dg.instance_for_test() as instance, pytest.MonkeyPatch.context() as patch:
+        assert _materialize(instance, "sensed", warehouse, down).success
+        patch.setenv("KIMI_BATCH_WAREHOUSE", str(warehouse.root))
+        for name, value in down.items():
+            patch.setenv(name, value)
+        still_down = build_trino_catch_up(Settings.from_env())(
+            dg.build_sensor_context(instance=instance)
+        )
+        unpublished = failed_checks(instance, keys=PUBLISHED_CHECKS)
+        for name, value in _trino_env(config).items():
+            patch.setenv(name, value)
+        back = build_trino_catch_up(Settings.from_env())(dg.build_sensor_context(instance=instance))
+        assert isinstance(back, dg.SensorResult)
+        for event in back.asset_events:
+            assert isinstance(event, dg.AssetCheckEvaluation)
+            instance.report_runless_asset_event(event)  # what the daemon does with them
+        left = failed_checks(instance, keys=PUBLISHED_CHECKS)
+
+    assert isinstance(still_down, dg.SensorResult)
+    assert still_down.asset_events == []
+    key = f"{_today()}|sensed"
+    assert {(item.asset, item.partition) for item in unpublished} == {
+        (asset, key) for asset in ("seed_prompts", "amplified_prompts", "distilled_responses")
+    }
+    assert len(back.asset_events) == 3
+    assert left == []
+    with TrinoPublisher(config) as trino:
+        for table in ("seeds", "distilled", "amplified", "quarantine"):
+            assert trino.count(table, _today(), "sensed") == len(
+                warehouse.read_partition(table, _today(), "sensed")
             )

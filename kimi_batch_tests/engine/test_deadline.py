@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from kimi_batch.engine.deadline import DeadlinePolicy, SpeedTracker, estimate_prompt_tokens
 from kimi_batch.engine.digest import SystemDigest
 from kimi_batch.engine.generation import GenerationRequest, GenerationResult, SamplingParams
 from kimi_batch.engine.ledger import Ledger
 from kimi_batch.engine.runner import BatchEngine, Endpoint
+from kimi_batch.engine.watchdog import WatchdogPolicy
 from kimi_batch.llama.messages import ChatMessage
 from kimi_batch_tests.support.results import make_result
 
@@ -112,3 +115,36 @@ def test_a_slot_not_known_to_hold_the_digest_gets_time_to_prefill_it(tmp_path: P
         warm, cold = engine.deadline_s(item), engine.deadline_s(item, cold=True)
     assert cold > TARGET_PROMPT_S + TARGET_ANSWER_S
     assert warm < cold
+
+
+def test_the_stall_period_is_600_s_until_a_prompt_speed_is_measured() -> None:
+    seconds, why = WatchdogPolicy().stall_for(None, 2048)
+    assert seconds == 600.0
+    assert "no prompt speed" in why
+
+
+@pytest.mark.parametrize(
+    ("prompt_tok_s", "batch_tokens", "expected"),
+    [
+        (6.0, 2048, 1024.0),  # the target: 2,048-token batch at 6 tok/s, three of them
+        (500.0, 2048, 60.0),  # a fast machine: the floor
+        (50.0, 2048, 122.88),
+    ],
+)
+def test_the_stall_period_is_three_full_batches_at_the_measured_speed(
+    prompt_tok_s: float, batch_tokens: int, expected: float
+) -> None:
+    seconds, why = WatchdogPolicy().stall_for(prompt_tok_s, batch_tokens)
+    assert seconds == pytest.approx(expected)
+    assert f"{batch_tokens}-token batch" in why
+
+
+def test_a_fixed_stall_period_wins() -> None:
+    assert WatchdogPolicy(stall_s=30.0).stall_for(500.0, 2048) == (30.0, "fixed")
+
+
+def test_only_a_measured_prompt_speed_counts() -> None:
+    tracker = SpeedTracker(DeadlinePolicy())
+    assert tracker.measured_prompt_tok_s is None
+    tracker.observe(make_result(prompt_tokens=1000, cached_tokens=0, prompt_ms=2000.0))
+    assert tracker.measured_prompt_tok_s == pytest.approx(500.0)

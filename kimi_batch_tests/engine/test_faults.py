@@ -17,6 +17,7 @@ import pytest
 from kimi_batch.engine.generation import GenerationRequest, SamplingParams
 from kimi_batch.engine.ledger import Ledger
 from kimi_batch.engine.runner import BatchEngine, BatchOutcome, EnginePolicy
+from kimi_batch.engine.stats import ProgressEvent
 from kimi_batch.engine.watchdog import WatchdogPolicy
 from kimi_batch.llama.messages import ChatMessage
 from kimi_batch.llama.server import ResidentServer
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.slow
 STALL_S = 30.0
 # Detection takes the stall period plus a probe or two; the margin absorbs a loaded machine.
 DETECTION_MARGIN_S = 120.0
+UNMEASURED_STALL_S = WatchdogPolicy().unmeasured_stall_s
 
 
 def long_answers(n: int, prefix: str, max_tokens: int = 48) -> list[GenerationRequest]:
@@ -61,7 +63,11 @@ def own_server(tmp_path: Path, llama_binary: Path, model_path: Path) -> Iterator
 
 
 async def signal_mid_batch(
-    server: ResidentServer, ledger_path: Path, sig: signal.Signals, **engine_options: Any
+    server: ResidentServer,
+    ledger_path: Path,
+    sig: signal.Signals,
+    batch: list[GenerationRequest] | None = None,
+    **engine_options: Any,
 ) -> tuple[BatchOutcome, float]:
     """Run 8 requests and send `sig` to the server once 2 are in the ledger; then check that
     every row finished on a new server that got the digest back from the slot save (no
@@ -74,13 +80,13 @@ async def signal_mid_batch(
         engine = BatchEngine(
             [endpoint_of(server)], digest, ledger, digest_tokens=tokens, **engine_options
         )
-        batch = asyncio.create_task(engine.run(long_answers(8, sig.name)))
-        while ledger.count() < 2 and not batch.done():  # noqa: ASYNC110 - polls a file
+        running = asyncio.create_task(engine.run(batch or long_answers(8, sig.name)))
+        while ledger.count() < 2 and not running.done():  # noqa: ASYNC110 - polls a file
             await asyncio.sleep(0.05)
-        assert not batch.done()
+        assert not running.done()
         os.kill(first_pid, sig)
         signalled = time.monotonic()
-        outcome = await batch
+        outcome = await running
         rows = list(outcome.iter_results(ledger))
     assert outcome.failures == []
     assert len(rows) == 8
@@ -124,6 +130,47 @@ async def test_a_stopped_server_is_detected_restarted_and_the_batch_finishes(
     assert outcome.stats.hangs == 1
     assert len(hung_at) == 1
     assert hung_at[0] - stopped_at < STALL_S + DETECTION_MARGIN_S
+
+
+async def test_a_frozen_server_is_found_after_the_stall_period_its_measured_speed_gives(
+    own_server: ResidentServer, tmp_path: Path
+) -> None:
+    hung_at: list[float] = []
+    events: list[ProgressEvent] = []
+
+    def restart(_url: str) -> None:
+        hung_at.append(time.monotonic())
+        own_server.restart()
+
+    # Prompts long enough (~100 tokens after the cached digest) for a prompt speed to be measured.
+    context = " ".join(f"fact {i} is that {i} squared is {i * i}." for i in range(12))
+    batch = [
+        GenerationRequest(
+            input_id=f"frozen{i}",
+            messages=[ChatMessage(role="user", content=f"{context} Now say something about {i}.")],
+            params=SamplingParams(max_tokens=48, temperature=0.0),
+        )
+        for i in range(8)
+    ]
+    # The default watchdog: no stall period given, so it is derived from the measured speed.
+    outcome, stopped_at = await signal_mid_batch(
+        own_server,
+        tmp_path / "ledger.sqlite3",
+        signal.SIGSTOP,
+        batch,
+        policy=EnginePolicy(watchdog=WatchdogPolicy(probe_timeout_s=5.0)),
+        on_hung=restart,
+        on_progress=events.append,
+    )
+
+    assert outcome.stats.hangs == 1
+    # Found well before the 600 s that holds until a speed is measured (the old fixed period).
+    assert hung_at[0] - stopped_at < UNMEASURED_STALL_S
+    said = [str(event) for event in events]
+    # The run's progress lines say which period is in force: derived, at least the 60 s floor.
+    derived = [line for line in said if "2048-token batch at" in line]
+    assert derived
+    assert "floor 60 s" in derived[-1]
 
 
 async def test_past_the_stop_time_in_flight_rows_finish_and_a_rerun_does_the_rest(

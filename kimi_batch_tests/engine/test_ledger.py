@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from kimi_batch.engine import ledger as ledger_module
 from kimi_batch.engine.generation import GenerationResult
-from kimi_batch.engine.ledger import LeaseHeldError, Ledger
+from kimi_batch.engine.ledger import LeaseHeldError, LeaseLostError, Ledger, lease_clock
+from kimi_batch.storage import Warehouse
 from kimi_batch_tests.support.results import make_result
+from kimi_batch_tests.support.rows import quarantined
 
 
 def _result(request_id: str, text: str = "answer") -> GenerationResult:
@@ -131,3 +140,154 @@ def test_count_by_tag_reads_without_creating_or_writing(tmp_path: Path) -> None:
     before = path.stat().st_mtime_ns
     assert Ledger.count_by_tag(path) == {"paraphrase": 2, "seed": 1}
     assert path.stat().st_mtime_ns == before
+
+
+# ---- leases that hold: a lost lease writes nothing, the heartbeat survives a locked database ---
+
+PARTITION = "2025-01-01|web"
+
+
+class FlakyConnection:
+    """A ledger connection whose lease renewals fail with a sqlite error `failures` times
+    (None: always), as when another process holds the database's write lock."""
+
+    def __init__(self, db: sqlite3.Connection, failures: list[int | None]) -> None:
+        self._db = db
+        self._failures = failures
+
+    def execute(self, sql: str, params: Sequence[object] = ()) -> sqlite3.Cursor:
+        left = self._failures[0]
+        if sql.startswith("UPDATE leases") and (left is None or left > 0):
+            if left is not None:
+                self._failures[0] = left - 1
+            raise sqlite3.OperationalError("database is locked")
+        return self._db.execute(sql, params)
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def flaky_renewals(monkeypatch: pytest.MonkeyPatch, failures: int | None) -> None:
+    real = ledger_module._connect
+    left: list[int | None] = [failures]
+
+    def connect(path: Path, **options: Any) -> Any:
+        return FlakyConnection(real(path, **options), left)
+
+    monkeypatch.setattr(ledger_module, "_connect", connect)
+
+
+def test_the_heartbeat_retries_a_locked_database_and_keeps_the_lease(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    flaky_renewals(monkeypatch, failures=2)  # the first two renewals meet a lock
+    with (
+        Ledger(path) as first,
+        Ledger(path) as second,
+        first.lease(PARTITION, "run-a", ttl_s=1.2) as lease,
+    ):
+        time.sleep(3.0)  # more than two ttls: only renewals keep it
+        monkeypatch.undo()
+        with pytest.raises(LeaseHeldError), second.lease(PARTITION, "run-b"):
+            pass
+        assert not lease.lost
+        lease.check()
+
+
+def test_a_heartbeat_that_cannot_renew_before_the_ttl_marks_the_lease_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flaky_renewals(monkeypatch, failures=None)  # every renewal meets a lock
+    with (
+        Ledger(tmp_path / "ledger.sqlite3") as ledger,
+        ledger.lease(PARTITION, "run-a", ttl_s=0.6) as lease,
+    ):
+        time.sleep(1.5)
+        assert lease.lost
+        with pytest.raises(LeaseLostError, match="lost"):
+            lease.check()
+
+
+def test_a_wall_clock_step_does_not_expire_a_live_lease(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    with Ledger(path) as first, Ledger(path) as second, first.lease(PARTITION, "run-a") as lease:
+        stepped = time.time() + 3600  # NTP (or a person) sets the clock an hour ahead
+        monkeypatch.setattr(time, "time", lambda: stepped)
+        with pytest.raises(LeaseHeldError), second.lease(PARTITION, "run-b"):
+            pass
+        monkeypatch.undo()
+        lease.check()
+
+
+def test_a_lease_from_before_a_reboot_is_expired(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    with Ledger(path) as ledger:
+        _, now = lease_clock()
+        db = sqlite3.connect(path)
+        db.execute(
+            "INSERT INTO leases (partition_key, owner, token, expires_at, boot_id, expires_clock) "
+            "VALUES (?, 'run-before-reboot', 't', ?, 'another-boot', ?)",
+            (PARTITION, time.time() + 3600, now + 3600),
+        )
+        db.commit()
+        db.close()
+        with ledger.lease(PARTITION, "run-b") as taken:
+            taken.check()
+
+
+@pytest.mark.slow
+def test_a_holder_paused_past_the_ttl_writes_nothing_over_the_new_holder(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite3"
+    warehouse = Warehouse(tmp_path / "warehouse")
+    # The old holder: takes the lease, then (when told) writes its rows under the lease check.
+    script = (
+        "import sys, pathlib\n"
+        "from kimi_batch.engine.ledger import Ledger, LeaseLostError\n"
+        "from kimi_batch.storage import Warehouse\n"
+        "from kimi_batch_tests.support.rows import quarantined\n"
+        "ledger = Ledger(pathlib.Path(sys.argv[1]))\n"
+        "with ledger.lease('2025-01-01|web', 'paused-run', ttl_s=1.0) as lease:\n"
+        "    print('held', flush=True)\n"
+        "    sys.stdin.readline()\n"
+        "    try:\n"
+        "        Warehouse(sys.argv[2]).write_partition('quarantine', '2025-01-01', 'web',\n"
+        "            [quarantined(1)[0].model_copy(update={'reason': 'from the paused run'})],\n"
+        "            guard=lease.check)\n"
+        "        print('wrote', flush=True)\n"
+        "    except LeaseLostError as error:\n"
+        "        print('refused:', error, flush=True)\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", script, str(path), str(warehouse.root)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdin is not None
+        assert holder.stdout.readline().strip() == "held"
+        os.kill(holder.pid, signal.SIGSTOP)  # paused (swapped out, a debugger, a VM stall)
+        with Ledger(path) as ledger, ledger.lease(PARTITION, "new-run", wait_s=30) as lease:
+            warehouse.write_partition(
+                "quarantine",
+                "2025-01-01",
+                "web",
+                [quarantined(1)[0].model_copy(update={"reason": "from the new holder"})],
+                guard=lease.check,
+            )
+            os.kill(holder.pid, signal.SIGCONT)
+            holder.stdin.write("go\n")
+            holder.stdin.flush()
+            said = holder.stdout.readline()
+            assert holder.wait(timeout=60) == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(holder.pid, signal.SIGCONT)
+        holder.kill()
+    assert said.startswith("refused: lease on partition '2025-01-01|web' was lost")
+    reasons = warehouse.read_partition("quarantine", "2025-01-01", "web")["reason"].to_list()
+    assert reasons == ["from the new holder"]

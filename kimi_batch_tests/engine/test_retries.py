@@ -229,3 +229,64 @@ async def test_truncated_empty_and_reasoning_answers_are_recorded_as_such(ledger
     )
     assert first.truncated
     assert (second.text, second.reasoning_content, second.empty) == ("", None, True)
+
+
+class UnreadableProbes(FakeServer):
+    """A server whose progress probes cannot be read: /metrics missing and /slots an HTML page
+    (an auth proxy), or /metrics with a NaN counter."""
+
+    def __init__(self, replies: list[Reply], *, metrics: httpx.Response) -> None:
+        super().__init__(replies)
+        self.metrics = metrics
+        self.probes = 0
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            self.probes += 1
+            return self.metrics
+        if request.url.path == "/slots" and request.method == "GET":
+            self.probes += 1
+            return httpx.Response(200, text="<html><body>Sign in</body></html>")
+        return await super().handle(request)
+
+
+async def slow_ok() -> httpx.Response:
+    await asyncio.sleep(0.5)
+    return OK
+
+
+UNREADABLE = [
+    pytest.param(httpx.Response(501, json={"error": {"message": "no metrics"}}), id="html-slots"),
+    pytest.param(httpx.Response(200, text="llamacpp:n_decode_total NaN\n"), id="nan-counter"),
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("metrics", UNREADABLE)
+async def test_an_unreadable_probe_never_fails_a_finished_batch(
+    ledger: Ledger, metrics: httpx.Response
+) -> None:
+    watchdog = WatchdogPolicy(stall_s=30.0, probe_timeout_s=0.2, interval_s=0.05)
+    fake = UnreadableProbes([slow_ok], metrics=metrics)
+    outcome = await run(fake, ledger, policy=FAST.model_copy(update={"watchdog": watchdog}))
+    assert fake.probes >= 2  # the watchdog kept probing after the first unreadable answer
+    assert outcome.failures == []
+    assert outcome.stats.generated == 1
+    assert outcome.stats.hangs == 0
+    assert ledger.count() == 1
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("metrics", UNREADABLE)
+async def test_an_unreadable_probe_counts_as_no_progress(
+    ledger: Ledger, metrics: httpx.Response
+) -> None:
+    watchdog = WatchdogPolicy(stall_s=0.5, probe_timeout_s=0.2, interval_s=0.05)
+    fake = UnreadableProbes([never_answers, OK], metrics=metrics)
+    hung: list[str] = []
+    outcome = await run(
+        fake, ledger, policy=FAST.model_copy(update={"watchdog": watchdog}), on_hung=hung.append
+    )
+    assert hung == [BASE_URL]
+    assert outcome.stats.hangs == 1
+    assert outcome.stats.generated == 1

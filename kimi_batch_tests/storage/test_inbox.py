@@ -12,7 +12,9 @@ import pytest
 from kimi_batch.storage.inbox import (
     REFUSED_LINK,
     REFUSED_NAME,
+    REFUSED_SPECIAL,
     InboxFile,
+    NotRegularFileError,
     file_sha256,
     inspect_inbox_file,
     is_ignored_name,
@@ -206,3 +208,18 @@ def test_inspect_one_file_by_name(tmp_path: Path) -> None:
     assert item.dated_ds == "2025-06-01"
     assert item == by_name(tmp_path)["2025-06-01/seeds.csv"]
     assert inspect_inbox_file(tmp_path, "2025-06-01/missing.csv") is None
+
+
+@pytest.mark.timeout(60)
+def test_a_link_to_a_fifo_is_refused_and_hashing_a_fifo_never_blocks(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "pipe")  # no input extension: not a candidate by itself
+    (tmp_path / "x.jsonl").symlink_to(tmp_path / "pipe")
+
+    (item,) = scan_inbox(tmp_path)
+
+    assert item.name == "x.jsonl"
+    assert item.refused == REFUSED_SPECIAL
+    with pytest.raises(NotRegularFileError):
+        file_sha256(tmp_path / "x.jsonl")
+    with pytest.raises(PermissionError):
+        item.hashed()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import json
 import os
+import threading
 import time
 from collections.abc import Iterator
 from datetime import date
@@ -12,8 +15,14 @@ import pytest
 
 from kimi_batch.paths import StatePaths
 from kimi_batch.storage.exceptions import StorageError
-from kimi_batch.storage.inbox import scan_inbox
-from kimi_batch.storage.landing import InputTooLargeError, Landing, resolve_input
+from kimi_batch.storage.inbox import NotRegularFileError, scan_inbox
+from kimi_batch.storage.landing import (
+    InputNotSettledError,
+    InputTooLargeError,
+    Landing,
+    LandingIOError,
+    resolve_input,
+)
 
 START = date(2025, 1, 1)
 DAY1 = date(2026, 11, 28)
@@ -207,3 +216,135 @@ def test_state_dirs_are_private(landing: Landing, paths: StatePaths) -> None:
     assert version.path.stat().st_mode & 0o777 == 0o600
     assert paths.manifest_path.stat().st_mode & 0o777 == 0o600
     assert len(scan_inbox(paths.inbox_dir)) == 1
+
+
+# ---- an I/O error is not a content problem ----------------------------------------------------
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EIO, errno.EACCES])
+def test_an_io_error_while_landing_fails_and_leaves_no_snapshot(
+    landing: Landing, paths: StatePaths, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    put(paths.inbox_dir / "seeds.jsonl", '{"prompt": "one"}\n', mtime=time.time() - 60)
+    ds, source = DAY1.isoformat(), "seeds"
+
+    def failing_fsync(_fd: int) -> None:  # the disk fills (or fails) as the copy is flushed
+        raise OSError(code, os.strerror(code))
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "fsync", failing_fsync)
+        with pytest.raises(LandingIOError, match=os.strerror(code)):
+            resolve_input(
+                landing, paths.inbox_dir, ds, source, max_bytes=MB, arrived=DAY1, start=START
+            )
+    assert landing.current(ds, source) is None
+    assert sorted(p.name for p in paths.landed_dir.iterdir() if "manifest" not in p.name) == []
+
+    # Once the machine is healthy again, the next try lands the whole file.
+    healed = resolve_input(
+        landing, paths.inbox_dir, ds, source, max_bytes=MB, arrived=DAY1, start=START
+    )
+    assert healed.from_inbox
+    assert healed.problem is None
+    assert healed.version is not None
+    assert healed.version.path.read_text() == '{"prompt": "one"}\n'
+
+
+# ---- a file still being written ---------------------------------------------------------------
+
+
+class Writer:
+    """Appends a row to a file every few milliseconds until stopped (a slow copy in progress)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.rows = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._write, daemon=True)
+
+    def _write(self) -> None:
+        while not self._stop.is_set():
+            with self.path.open("a") as handle:
+                handle.write(json.dumps({"prompt": f"row {self.rows}"}) + "\n")
+            self.rows += 1
+            self._stop.wait(0.02)
+
+    def __enter__(self) -> Writer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def test_a_file_still_being_written_is_never_landed_half(
+    landing: Landing, paths: StatePaths
+) -> None:
+    path = paths.inbox_dir / "export.jsonl"
+    path.write_text("")
+    ds, source = DAY1.isoformat(), "export"
+    args = {"max_bytes": MB, "arrived": DAY1, "start": START, "settle_s": 0.5}
+
+    with Writer(path):
+        with pytest.raises(InputNotSettledError, match="still changing"):
+            resolve_input(landing, paths.inbox_dir, ds, source, **args)
+        assert landing.current(ds, source) is None
+    whole = resolve_input(landing, paths.inbox_dir, ds, source, **args)
+
+    assert whole.version is not None
+    assert whole.version.path.read_bytes() == path.read_bytes()
+
+    # A new version being written: the run reads the last whole one and says why.
+    with Writer(path):
+        meanwhile = resolve_input(landing, paths.inbox_dir, ds, source, **args)
+    assert meanwhile.version == whole.version
+    assert not meanwhile.from_inbox
+    assert meanwhile.problem is None
+    assert meanwhile.deferred is not None
+    assert "still changing" in meanwhile.deferred
+    later = resolve_input(landing, paths.inbox_dir, ds, source, **args)
+    assert later.version is not None
+    assert later.version.sha256 != whole.version.sha256
+    assert later.version.path.read_bytes() == path.read_bytes()
+
+
+def test_a_file_written_just_now_lands_once_it_has_stood_still(
+    landing: Landing, paths: StatePaths
+) -> None:
+    path = put(paths.inbox_dir / "fresh.jsonl")
+    (assignment,) = landing.assign_inbox(paths.inbox_dir, arrived=DAY1, start=START)
+
+    version = landing.land(path, assignment, max_bytes=MB, settle_s=0.5)
+
+    assert version.path.read_text() == path.read_text()
+
+
+# ---- FIFOs never block ------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_replacing_an_assigned_name_is_refused_without_blocking(
+    landing: Landing, paths: StatePaths
+) -> None:
+    path = put(paths.inbox_dir / "seeds.jsonl", mtime=time.time() - 60)
+    (assignment,) = landing.assign_inbox(paths.inbox_dir, arrived=DAY1, start=START)
+    first = landing.land(path, assignment, max_bytes=MB)
+    path.unlink()
+    os.mkfifo(path)
+
+    with pytest.raises(NotRegularFileError):
+        landing.land(path, assignment, max_bytes=MB)
+    resolved = resolve_input(
+        landing,
+        paths.inbox_dir,
+        assignment.ds,
+        assignment.source,
+        max_bytes=MB,
+        arrived=DAY1,
+        start=START,
+    )
+
+    assert resolved.version == first  # the partition keeps its last landed version
+    assert resolved.problem is not None
+    assert "not a regular file" in resolved.problem

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import http.server
+import json
+import threading
+import time
 from collections.abc import Iterator
 from datetime import datetime
 
@@ -18,6 +22,7 @@ from kimi_batch.storage import (
     TrinoUnavailableError,
     Warehouse,
 )
+from kimi_batch.storage.exceptions import TrinoTimeoutError
 from kimi_batch_tests.support.ports import free_port
 from kimi_batch_tests.support.rows import CREATED_AT, amplified, distilled, quarantined, seeds
 from kimi_batch_tests.support.trino import TrinoServer
@@ -211,3 +216,93 @@ def test_schema_drift_is_reported(isolated: tuple[Warehouse, TrinoPublisher]) ->
     warehouse.write_partition("amplified", DS, "demo", amplified(1))
     with pytest.raises(SchemaMismatchError, match="drop the Trino table"):
         publisher.publish_partition(warehouse, "amplified", DS, "demo")
+
+
+class QueuedForever(http.server.BaseHTTPRequestHandler):
+    """A coordinator that keeps every statement QUEUED with a fresh nextUri, for ever (a real
+    Trino cannot be told to); DELETE (the client's cancel) is counted and accepted."""
+
+    base = ""
+    polls = 0
+    cancels = 0
+
+    def _queued(self) -> None:
+        type(self).polls += 1
+        base = type(self).base
+        body = {
+            "id": "q1",
+            "infoUri": f"{base}/ui/q1",
+            "nextUri": f"{base}/v1/statement/queued/q1/{type(self).polls}",
+            "stats": {"state": "QUEUED", "queued": True, "scheduled": False},
+        }
+        payload = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self._queued()
+
+    def do_GET(self) -> None:
+        time.sleep(0.05)
+        self._queued()
+
+    def do_DELETE(self) -> None:
+        type(self).cancels += 1
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_statement_trino_keeps_queued_is_cancelled_at_its_deadline() -> None:
+    port = free_port()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), QueuedForever)
+    QueuedForever.base = f"http://127.0.0.1:{port}"
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        config = TrinoConfig(host="127.0.0.1", port=port, statement_timeout_s=2.0)
+        with (
+            TrinoPublisher(config) as publisher,
+            pytest.raises(TrinoTimeoutError, match=r"within 2 s \(last state QUEUED\)"),
+        ):
+            publisher.query("SELECT 1")
+        polls_at_cancel = QueuedForever.polls
+        time.sleep(1.0)
+    finally:
+        server.shutdown()
+    assert QueuedForever.cancels == 1
+    assert QueuedForever.polls <= polls_at_cancel + 1  # the client stopped polling
+    assert isinstance(TrinoTimeoutError("x"), StorageError)  # publish() reports it as a check
+
+
+@pytest.mark.slow
+def test_a_real_statement_past_its_deadline_is_cancelled_and_publishing_fails_with_the_reason(
+    trino_server: TrinoServer, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # Seconds of work for the coordinator: well past a 1 s deadline.
+    slow = (
+        "SELECT count(*) FROM UNNEST(sequence(1, 10000)) AS a(x) "
+        "CROSS JOIN UNNEST(sequence(1, 10000)) AS b(y) WHERE (x * y) % 7 = 3"
+    )
+    with (
+        TrinoPublisher(trino_server.config(statement_timeout_s=1.0)) as publisher,
+        pytest.raises(TrinoTimeoutError, match="within 1 s"),
+    ):
+        publisher.query(slow)
+    states: list[tuple[object, ...]] = []
+    with TrinoPublisher(trino_server.config()) as watcher:
+        for _ in range(60):  # the coordinator records the cancel within moments
+            states = watcher.query(
+                "SELECT state, error_code FROM system.runtime.queries WHERE query = ?", [slow]
+            )
+            if states and states[0][0] in ("FAILED", "FINISHED"):
+                break
+            time.sleep(0.5)
+    assert states == [("FAILED", "USER_CANCELED")]

@@ -602,3 +602,39 @@ def test_parquet_is_read_in_slices_with_running_row_numbers(tmp_path: Path) -> N
     batch = read_inbox_file(path)
     assert len(batch.seeds) == 9
     assert _reasons(batch) == {7: "prompt: must not be empty"}
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be"])
+def test_a_utf16_file_is_one_quarantine_row_naming_the_encoding(
+    tmp_path: Path, encoding: str
+) -> None:
+    lines = [json.dumps({"id": f"r{i}", "prompt": f"question {i}"}) for i in range(5)]
+    text = "\n".join(lines) + "\n"
+    # "utf-16" writes a BOM (as Windows tools do); the -le/-be codecs write none.
+    path = tmp_path / "export.jsonl"
+    path.write_bytes(text.encode(encoding))
+
+    batch = read_inbox_file(path, now=NOW)
+
+    assert batch.seeds == []
+    (row,) = batch.quarantined
+    assert row.line is None
+    assert "UTF-16 text; convert to UTF-8" in row.reason
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [("empty.jsonl", b""), ("blank.jsonl", b"\n\n  \n"), ("header.csv", b"prompt\n")],
+)
+def test_an_empty_input_file_leaves_one_row_saying_so(
+    tmp_path: Path, name: str, content: bytes
+) -> None:
+    path = tmp_path / name
+    path.write_bytes(content)
+
+    batch = read_inbox_file(path, now=NOW)
+
+    assert batch.seeds == []
+    (row,) = batch.quarantined
+    assert "empty" in row.reason
+    assert row.source_file == name

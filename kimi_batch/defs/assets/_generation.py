@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TypeVar
 
@@ -23,7 +24,9 @@ from kimi_batch.engine import (
     BatchEngine,
     BatchOutcome,
     GenerationRequest,
+    Lease,
     LeaseHeldError,
+    LeaseLostError,
     Ledger,
     ProgressEvent,
     SystemDigest,
@@ -36,6 +39,7 @@ from kimi_batch.tasks.sink import CheckFigures
 __all__ = [
     "BATCH_GROUP",
     "LLAMA_POOL",
+    "HeldPartition",
     "check_specs",
     "generation_checks",
     "partition_lease",
@@ -48,7 +52,9 @@ RowT = TypeVar("RowT", bound=BaseModel)
 
 BATCH_GROUP = "batch"
 LLAMA_POOL = "llama_server"
-TRUNCATION_WARN_RATE = 0.25
+# Above this share of answers cut off at max_tokens the truncation check fails (ERROR): those
+# answers are set aside, so most of the night's work would be in quarantine.
+TRUNCATION_FAIL_RATE = 0.25
 # A lease lives this long without its holder's heartbeat: a killed run frees its partition then.
 LEASE_TTL_S = 60.0
 # A second run on the same partition waits this long, longer than a dead holder's lease can last,
@@ -56,24 +62,39 @@ LEASE_TTL_S = 60.0
 LEASE_WAIT_S = LEASE_TTL_S + 30.0
 
 
+@dataclass(frozen=True)
+class HeldPartition:
+    """The ledger, and the lease this run holds on the partition: `check` before every write."""
+
+    ledger: Ledger
+    lease: Lease
+
+    def check(self) -> None:
+        """Raises LeaseLostError when another run has taken the partition over."""
+        self.lease.check()
+
+
 @contextmanager
 def partition_lease(
     context: dg.AssetExecutionContext, warehouse: WarehouseResource, ds: str, source: str
-) -> Iterator[Ledger]:
-    """Hold the partition (generation and every write of its tables) for this run."""
+) -> Iterator[HeldPartition]:
+    """Hold the partition (generation and every write of its tables) for this run; a lease lost
+    on the way (this run stalled past its ttl) fails the step instead of writing."""
     with warehouse.ledger() as ledger:
         lease = ledger.lease(
             f"{ds}|{source}", context.run_id, ttl_s=LEASE_TTL_S, wait_s=LEASE_WAIT_S
         )
         try:
-            lease.__enter__()
+            held = lease.__enter__()
         except LeaseHeldError as error:
             raise dg.Failure(
                 f"partition {ds}|{source} is being written by another run ({error}); "
                 "this run leaves it alone"
             ) from error
         try:
-            yield ledger
+            yield HeldPartition(ledger=ledger, lease=held)
+        except LeaseLostError as error:
+            raise dg.Failure(str(error)) from error
         finally:
             lease.__exit__(None, None, None)
 
@@ -165,8 +186,14 @@ def publish(
     tables: Sequence[str],
     ds: str,
     source: str,
+    guard: Callable[[], None] | None = None,
 ) -> dg.AssetCheckResult:
-    """Register the partitions in Trino; a failure is reported, never raised (Parquet landed)."""
+    """Register the partitions in Trino; a failure is reported, never raised (Parquet landed).
+
+    `guard` (the lease check) runs first: a run that lost the partition publishes nothing.
+    """
+    if guard is not None:
+        guard()
     if not trino.enabled:
         return dg.AssetCheckResult(
             check_name="published_to_trino", passed=True, metadata={"trino": "not configured"}
@@ -190,7 +217,8 @@ def publish(
 def generation_checks(
     table: str, figures: CheckFigures, written: Mapping[str, pl.DataType]
 ) -> list[dg.AssetCheckResult]:
-    """Duplicate request ids, truncation rate, empty outputs (set aside included), and schema."""
+    """Duplicate request ids, truncation rate (fails above TRUNCATION_FAIL_RATE), empty outputs
+    (set aside included), and schema."""
     expected = polars_schema(table)
     warn = dg.AssetCheckSeverity.WARN
     return [
@@ -201,12 +229,11 @@ def generation_checks(
         ),
         dg.AssetCheckResult(
             check_name="truncation_rate",
-            passed=figures.truncation_rate <= TRUNCATION_WARN_RATE,
-            severity=warn,
+            passed=figures.truncation_rate <= TRUNCATION_FAIL_RATE,
             metadata={
                 "truncated": figures.truncated,
                 "rate": round(figures.truncation_rate, 3),
-                "threshold": TRUNCATION_WARN_RATE,
+                "threshold": TRUNCATION_FAIL_RATE,
             },
         ),
         dg.AssetCheckResult(
@@ -232,5 +259,10 @@ CHECK_NAMES = (
 )
 
 
-def check_specs(asset: str) -> list[dg.AssetCheckSpec]:
-    return [dg.AssetCheckSpec(name, asset=asset) for name in CHECK_NAMES]
+def check_specs(
+    asset: str,
+    partitions_def: dg.PartitionsDefinition,
+    names: Sequence[str] = CHECK_NAMES,
+) -> list[dg.AssetCheckSpec]:
+    """Partitioned like the asset, so each partition's check state is its own (UI, alerts)."""
+    return [dg.AssetCheckSpec(name, asset=asset, partitions_def=partitions_def) for name in names]

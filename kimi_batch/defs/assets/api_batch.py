@@ -9,7 +9,7 @@ cancels the requests in flight, which closes their connections: llama-server sto
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 import dagster as dg
@@ -177,11 +177,13 @@ def _land(
     trino: TrinoResource,
     ds: str,
     source: str,
+    guard: Callable[[], None],
 ) -> "tuple[list[dg.AssetCheckResult], dict[str, dg.RawMetadataValue]]":
-    """The batch's final answers into its `distilled` partition, the rest into quarantine."""
+    """The batch's final answers into its `distilled` partition, the rest into quarantine;
+    `guard` (the partition lease's check) runs before each write."""
     sink = StageSink(task, task.load(lambda table, model: []))
     written = warehouse.write_partition(
-        task.table, ds, source, sink.rows(outcome.iter_results(ledger))
+        task.table, ds, source, sink.rows(outcome.iter_results(ledger)), guard=guard
     )
     sink.failed(
         outcome.failures,
@@ -190,9 +192,11 @@ def _land(
         digest_sha=outcome.digest_sha256,
         created_at=datetime.now(UTC),
     )
-    quarantined = replace_quarantine(warehouse, ds, source, task.name, sink.quarantined)
+    quarantined = replace_quarantine(
+        warehouse, ds, source, task.name, sink.quarantined, guard=guard
+    )
     checks = generation_checks(task.table, sink.figures(), pl.read_parquet_schema(written.path))
-    checks.append(publish(context, trino, warehouse, [task.table, "quarantine"], ds, source))
+    checks.append(publish(context, trino, warehouse, [task.table, "quarantine"], ds, source, guard))
     return checks, stage_metadata(trino, written, quarantined, outcome, sink)
 
 
@@ -201,7 +205,7 @@ def _land(
     group_name=API_GROUP,
     pool=LLAMA_POOL,
     kinds={"parquet", "trino"},
-    check_specs=check_specs("api_batch_responses"),
+    check_specs=check_specs("api_batch_responses", api_batch_partitions),
 )
 def api_batch_responses(
     context: dg.AssetExecutionContext,
@@ -218,7 +222,8 @@ def api_batch_responses(
         ds, source = batch.ds, batch.source
         lines = batch_lines(settings, batch)
         task = ApiBatchTask(lines=lines, source_file=f"{batch.id}.jsonl")
-        with partition_lease(context, warehouse, ds, source) as ledger:
+        with partition_lease(context, warehouse, ds, source) as held:
+            ledger = held.ledger
             if API_TRIGGER_TAG in context.run.tags and (
                 batch.terminal or batch.status == BatchStatus.CANCELLING
             ):
@@ -246,12 +251,14 @@ def api_batch_responses(
                     f"{done.request_total} requests answered (kept; a rerun sends the rest)"
                 )
             outcome = _merged(outcomes)
-            status = BatchStatus.EXPIRED if outcome.stopped_at_window else BatchStatus.COMPLETED
-            done = _finish(store, ledger, batch, lines, status, outcomes=outcomes)
             checks, metadata = _land(
                 context, task, outcome, ledger,
                 warehouse=warehouse.warehouse(), trino=trino, ds=ds, source=source,
+                guard=held.check,
             )  # fmt: skip
+            # Completed once its rows are in the table (and Trino): then the files, then the status.
+            status = BatchStatus.EXPIRED if outcome.stopped_at_window else BatchStatus.COMPLETED
+            done = _finish(store, ledger, batch, lines, status, outcomes=outcomes)
     metadata |= {
         "batch_id": dg.MetadataValue.text(batch.id),
         "system_prompts": len(groups),

@@ -11,7 +11,13 @@ from datetime import UTC, datetime
 import dagster as dg
 from pydantic import Field
 
-from kimi_batch.defs.assets._generation import BATCH_GROUP, LLAMA_POOL, partition_lease, publish
+from kimi_batch.defs.assets._generation import (
+    BATCH_GROUP,
+    LLAMA_POOL,
+    check_specs,
+    partition_lease,
+    publish,
+)
 from kimi_batch.defs.assets.stage import StageConfig, generation_asset
 from kimi_batch.defs.deployment import deployment_settings
 from kimi_batch.defs.partitions import build_batch_partitions, partition_parts
@@ -66,7 +72,12 @@ class AmplifyConfig(StageConfig):
 
 
 class DistillConfig(StageConfig):
-    max_tokens: int = Field(default=256, gt=0, description="Kept within the server's n_predict.")
+    max_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="Answer budget in tokens; unset: the server's n_predict "
+        "(KIMI_BATCH_LLAMA_N_PREDICT, 1024), which a reasoning model needs to think and answer.",
+    )
     temperature: float = Field(default=0.7, ge=0.0, le=2.0)
     seed: int = Field(default=11)
     n_probs: int = Field(default=0, ge=0, le=20, description="Top-k logprobs per token (0: off).")
@@ -83,6 +94,12 @@ class DistillConfig(StageConfig):
         "never final answers); unset: they go to quarantine.",
     )
 
+    def sampling(self, n_predict: int) -> SamplingParams:
+        """The answers' sampling; the budget is the server's `n_predict` unless set here."""
+        return SamplingParams(
+            max_tokens=self.max_tokens or n_predict, temperature=self.temperature, seed=self.seed
+        )
+
     def task(self, settings: Settings) -> DistillTask:
         try:
             output_model = (
@@ -92,11 +109,8 @@ class DistillConfig(StageConfig):
             )
         except ValueError as error:
             raise dg.Failure(str(error)) from error
-        params = SamplingParams(
-            max_tokens=self.max_tokens, temperature=self.temperature, seed=self.seed
-        )
         return DistillTask(
-            params=params,
+            params=self.sampling(settings.llama_n_predict),
             n_probs=self.n_probs,
             output_model=output_model,
             retry_truncated_max_tokens=self.retry_truncated_max_tokens,
@@ -122,6 +136,8 @@ def seed_prompts(
     ds, source = partition_parts(context)
     settings = llama.settings()
     resolved = _resolve(settings, ds, source)
+    if resolved.deferred:
+        context.log.warning(f"{resolved.deferred}; this run reads the last landed version")
     name, version, now = resolved.assignment.name, resolved.version, datetime.now(UTC)
     set_aside = (
         [file_row(source_file=name, reason=resolved.problem, created_at=now)]
@@ -129,7 +145,7 @@ def seed_prompts(
         else []
     )
     store = warehouse.warehouse()
-    with partition_lease(context, warehouse, ds, source), asyncio.Runner() as runner:
+    with partition_lease(context, warehouse, ds, source) as held, asyncio.Runner() as runner:
         client = llama.client()
         try:
             prepared = runner.run(llama.prepare(digest.load()))
@@ -151,21 +167,28 @@ def seed_prompts(
                 ),
                 now=now,
                 set_aside=set_aside,
+                guard=held.check,
             )
         finally:
             runner.run(client.aclose())
-        replace_quarantine(store, ds, source, "input", set_aside)
+        sha = version.sha256 if version else None
+        stamped = [row.model_copy(update={"input_sha256": sha}) for row in set_aside]
+        replace_quarantine(store, ds, source, "input", stamped, guard=held.check)
+        published = publish(context, trino, store, ["seeds", "quarantine"], ds, source, held.check)
     return dg.MaterializeResult(
+        # The landed version is the data version: downstream partitions built from another one
+        # are shown stale (Dagster's provenance), and `status`/the nightly read the full sha.
+        data_version=dg.DataVersion(sha) if sha else None,
         metadata={
             "rows": written.rows,
             "quarantined": len(set_aside),
             "source_file": name,
-            "input_sha256": dg.MetadataValue.text(version.sha256[:12] if version else "none"),
+            "input_sha256": dg.MetadataValue.text(sha or "none"),
             "read_from": "inbox" if resolved.from_inbox else "landed snapshot",
             "prompt_token_limit": limit,
             "path": dg.MetadataValue.path(str(written.path)),
         },
-        check_results=[publish(context, trino, store, ["seeds", "quarantine"], ds, source)],
+        check_results=[published],
     )
 
 
@@ -177,7 +200,7 @@ def build_batch_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDef
         # `llama.prepare()` may start the server and asks it to tokenize: a llama step too.
         pool=LLAMA_POOL,
         kinds={"parquet", "trino"},
-        check_specs=[dg.AssetCheckSpec("published_to_trino", asset="seed_prompts")],
+        check_specs=check_specs("seed_prompts", partitions, ["published_to_trino"]),
     )(seed_prompts)
     amplified = generation_asset(
         name="amplified_prompts",

@@ -27,6 +27,7 @@ from kimi_batch.defs.assets._generation import (
     run_batch,
 )
 from kimi_batch.defs.metadata import generation_figures, summary_table
+from kimi_batch.defs.partition_states import INPUT_SHA_METADATA
 from kimi_batch.defs.partitions import partition_parts
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
@@ -34,7 +35,7 @@ from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.engine import BatchOutcome, GenerationRequest, GenerationResult, Ledger
 from kimi_batch.settings import Settings
-from kimi_batch.storage import PartitionWrite, replace_quarantine
+from kimi_batch.storage import PartitionWrite, Warehouse, replace_quarantine
 from kimi_batch.tasks.sink import StageSink
 from kimi_batch.tasks.stage import GenerationTask, RowReader
 from kimi_batch.tasks.stages import register_stage
@@ -95,7 +96,7 @@ def generation_asset(
         group_name=BATCH_GROUP,
         pool=LLAMA_POOL,
         kinds={"parquet", "trino"},
-        check_specs=check_specs(name),
+        check_specs=check_specs(name, partitions),
         deps=list(deps),
     )(materialize)
 
@@ -116,13 +117,17 @@ def run_stage(
     reader: RowReader = lambda table, model: read_rows(store, table, ds, source, model)  # noqa: E731
     inputs = task.load(reader)
     requests = task.requests(inputs)
-    sink = StageSink(task, inputs)
-    with partition_lease(context, warehouse, ds, source) as ledger:
+    input_sha = consumed_input_sha(store, ds, source)
+    sink = StageSink(task, inputs, input_sha256=input_sha)
+    with partition_lease(context, warehouse, ds, source) as held:
+        ledger = held.ledger
         outcome = run_batch(context, llama, digest, ledger, requests)
         results = outcome.iter_results(ledger)
         if task.asks_again:
             results = _asked_again(context, llama, digest, ledger, task, requests, outcome)
-        written = store.write_partition(task.table, ds, source, sink.rows(results))
+        written = store.write_partition(
+            task.table, ds, source, sink.rows(results), guard=held.check
+        )
         sink.failed(
             outcome.failures,
             source_file=source,
@@ -130,11 +135,22 @@ def run_stage(
             digest_sha=outcome.digest_sha256,
             created_at=datetime.now(UTC),
         )
-        quarantined = replace_quarantine(store, ds, source, task.name, sink.quarantined)
+        quarantined = replace_quarantine(
+            store, ds, source, task.name, sink.quarantined, guard=held.check
+        )
         checks = generation_checks(task.table, sink.figures(), pl.read_parquet_schema(written.path))
-        checks.append(publish(context, trino, store, [task.table, "quarantine"], ds, source))
+        checks.append(
+            publish(context, trino, store, [task.table, "quarantine"], ds, source, held.check)
+        )
     metadata = stage_metadata(trino, written, quarantined, outcome, sink)
+    metadata[INPUT_SHA_METADATA] = input_sha  # what `status` and the nightly compare (stale)
     return dg.MaterializeResult(metadata=metadata, check_results=checks)
+
+
+def consumed_input_sha(store: Warehouse, ds: str, source: str) -> str:
+    """The landed input version the partition's `seeds` were built from ("" before any)."""
+    shas = store.read_partition("seeds", ds, source).get_column("input_sha256").unique()
+    return str(shas.sort()[-1]) if len(shas) else ""
 
 
 def stage_metadata(

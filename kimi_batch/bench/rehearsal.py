@@ -1,0 +1,251 @@
+"""`bench --workload rehearsal`: nights on the time-scaled stand-in of the target, against `plan`.
+
+R rows over P inbox files (P partitions of one day) are distilled through the nightly schedule:
+the schedule is evaluated on a real Dagster instance, and each of its run requests is executed
+in order (in this process, one run after another, as the run queue does) against the stand-in
+(`standin.py`, Kimi-K2.5 on the 16-core EPYC at `time_scale` x speed). The nightly window is the
+target's `window_h` hours divided by the time scale. Past it the assets stop dispatching and the
+partition fails "N of M rows done, resumes next night"; the next night's evaluation asks for what
+is left, and finished rows come from the ledger. Amplification is the day's work (the inbox
+sensor's ingest job) and is left out of the nights' selection, so a row is one teacher answer.
+
+Reported: rows done when the window closed, `plan`'s prediction for the window (its per-slot
+speeds measured by the night itself, as `bench` measures them, plus the measured per-run cost),
+the next night's catch-up, and the server-busy fraction, both at the stand-in's pace (where
+orchestration is `time_scale` times too expensive) and at the target's (busy target seconds
+against busy target seconds plus idle wall seconds: orchestration costs the same seconds there).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from datetime import date, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kimi_batch.bench.night import SlotPoller
+from kimi_batch.bench.plan import PlanInput, PlanResult, plan_partition
+from kimi_batch.bench.ports import free_port
+from kimi_batch.bench.standin import StandinServer
+from kimi_batch.bench.workloads import FUNCTION_SPECS, write_inbox_file
+from kimi_batch.engine import Ledger
+from kimi_batch.settings import Settings
+
+__all__ = ["RehearsalOptions", "run_rehearsal"]
+
+
+class RehearsalOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rows: int = Field(default=10_000, ge=1)
+    partitions: int = Field(default=40, ge=1)
+    time_scale: float = Field(default=600.0, gt=0)
+    window_h: float = Field(default=5.0, gt=0, description="The target's nightly window.")
+    slots: int = Field(default=4, ge=1)
+    ctx: int = Field(default=16384, ge=1024, description="Total context of the stand-in.")
+    output_tokens: int = Field(default=256, ge=1, description="Answer length (max_tokens).")
+    nights: int = Field(default=2, ge=1, description="Nights rehearsed (the first + catch-up).")
+
+
+def _rehearsal_settings(settings: Settings, home: Path, base_url: str, start: date) -> Settings:
+    """A fresh deployment on `home` attached to the stand-in: only the digest and the timezone
+    of `settings` carry over (its server, warehouse, Trino and schedule would change the nights).
+    """
+    return Settings(
+        home=home,
+        model=None,
+        llama_server=None,
+        llama_url=base_url,
+        digest=settings.digest,
+        timezone=settings.timezone,
+        partitions_start=start,
+    )
+
+
+def _write_inbox(folder: Path, rows: int, partitions: int) -> None:
+    per = [rows // partitions + (1 if p < rows % partitions else 0) for p in range(partitions)]
+    index = 0
+    for p, count in enumerate(per):
+        prompts = []
+        for _ in range(count):
+            signature, task = FUNCTION_SPECS[index % len(FUNCTION_SPECS)]
+            prompts.append(f"Write a Python function `{signature}` that returns {task}. (#{index})")
+            index += 1
+        write_inbox_file(folder / f"rehearsal-{p + 1:03d}.jsonl", prompts)
+
+
+class _Night(BaseModel):
+    rows_done: int
+    runs: int
+    runs_failed: int
+    wall_s: float
+    busy_fraction: float
+    busy_target_s: float
+    idle_s: float
+    run_overhead_s: float = Field(description="Mean server idle of a run inside the window.")
+
+
+def _night(
+    settings: Settings,
+    instance: Any,
+    scheduled: datetime,
+    window_real_s: float,
+    options: RehearsalOptions,
+    server: StandinServer,
+    ledger_path: Path,
+) -> _Night:
+    """One night: evaluate the schedule, run its requests in order until the queue is empty."""
+    import dagster as dg
+
+    from kimi_batch.definitions import batch_assets, build_resources
+    from kimi_batch.defs.jobs import WINDOW_TAG
+    from kimi_batch.defs.schedules import build_nightly_schedule
+
+    context = dg.build_schedule_context(instance=instance, scheduled_execution_time=scheduled)
+    requests = build_nightly_schedule(settings)(context)
+    assert isinstance(requests, list), requests
+    window_ends = datetime.now(scheduled.tzinfo) + timedelta(seconds=window_real_s)
+    run_config = {
+        "ops": {
+            "distilled_responses": {"config": {"max_tokens": options.output_tokens}},
+        }
+    }
+    done_before = _ledger_rows(ledger_path)
+    sim = server.sim
+    assert sim is not None
+    busy_before = sim.busy_target_s
+    failed = 0
+    overheads: list[float] = []  # server idle of each run that started inside the window
+    assets = batch_assets(settings)
+    started = time.monotonic()
+    with SlotPoller(server.base_url, interval_s=0.02) as poller:
+        for request in requests:
+            run_started, run_busy = time.monotonic(), sim.busy_target_s
+            inside = datetime.now(scheduled.tzinfo) < window_ends
+            result = dg.materialize(
+                assets,
+                # distillation_job without its amplification step (the day's ingest job).
+                selection=["seed_prompts", "distilled_responses"],
+                partition_key=request.partition_key,
+                resources=build_resources(settings),
+                instance=instance,
+                tags={**request.tags, WINDOW_TAG: window_ends.isoformat()},
+                run_config=run_config,
+                raise_on_error=False,
+            )
+            failed += 0 if result.success else 1
+            if inside:
+                busy_real = (sim.busy_target_s - run_busy) / options.time_scale
+                overheads.append(max(time.monotonic() - run_started - busy_real, 0.0))
+    wall = time.monotonic() - started
+    busy_target = sim.busy_target_s - busy_before
+    idle_real = max(wall - busy_target / options.time_scale, 0.0)
+    return _Night(
+        rows_done=_ledger_rows(ledger_path) - done_before,
+        runs=len(requests),
+        runs_failed=failed,
+        wall_s=wall,
+        busy_fraction=poller.timeline.busy_fraction(),
+        busy_target_s=busy_target,
+        idle_s=idle_real,
+        run_overhead_s=sum(overheads) / len(overheads) if overheads else 0.0,
+    )
+
+
+def _ledger_rows(path: Path) -> int:
+    if not path.exists():
+        return 0
+    with Ledger(path) as ledger:
+        return ledger.count()
+
+
+def run_rehearsal(settings: Settings, options: RehearsalOptions, work_dir: Path) -> dict[str, Any]:
+    """The nights on a fresh state dir and a fresh stand-in; returns the `rehearsal` figures."""
+    import dagster as dg
+
+    home = work_dir / "rehearsal"
+    shutil.rmtree(home, ignore_errors=True)
+    zone = settings.zone
+    first = datetime.now(zone) + timedelta(days=1)  # its night is today
+    today = (first - timedelta(days=1)).date().isoformat()
+    _write_inbox(home / "inbox" / today, options.rows, options.partitions)
+    window_real_s = options.window_h * 3600 / options.time_scale
+    nights: list[_Night] = []
+    started = time.monotonic()
+    with StandinServer(
+        port=free_port(),
+        slots=options.slots,
+        ctx=options.ctx,
+        n_predict=max(1024, options.output_tokens),
+        time_scale=options.time_scale,
+    ) as server:
+        local = _rehearsal_settings(settings, home, server.base_url, date.fromisoformat(today))
+        with dg.instance_for_test() as instance:
+            ledger_path = local.paths.ledger_dir / "ledger.sqlite3"
+            for night in range(options.nights):
+                scheduled = first + timedelta(days=night)
+                nights.append(
+                    _night(local, instance, scheduled, window_real_s, options, server, ledger_path)
+                )
+    wall = time.monotonic() - started
+    return _figures(options, nights, wall, server)
+
+
+def _figures(
+    options: RehearsalOptions, nights: list[_Night], wall: float, server: StandinServer
+) -> dict[str, Any]:
+    first = nights[0]
+    scale = options.time_scale
+    overhead_s = first.run_overhead_s
+    plan = _plan(options, first, server, overhead_s * scale).rows_in_window
+    naive = _plan(options, first, server, 0.0).rows_in_window
+    target_busy = sum(n.busy_target_s for n in nights)
+    target_idle = sum(n.idle_s for n in nights)
+    return {
+        "rows": options.rows,
+        "partitions": options.partitions,
+        "time_scale": scale,
+        "window_h": options.window_h,
+        "slots": options.slots,
+        "output_tokens": options.output_tokens,
+        "rows_done_in_window": first.rows_done,
+        "plan_rows": plan,
+        "plan_rows_without_run_overhead": naive,
+        "run_overhead_s": round(overhead_s, 3),
+        "plan_error": round((plan - first.rows_done) / first.rows_done, 4)
+        if first.rows_done
+        else 0.0,
+        "next_night_rows": nights[1].rows_done if len(nights) > 1 else 0,
+        "nights": [n.model_dump() for n in nights],
+        "busy_fraction": round(first.busy_fraction, 4),
+        "busy_fraction_at_target": round(target_busy / (target_busy + target_idle * 1.0), 4)
+        if target_busy
+        else 0.0,
+        "wall_s": round(wall, 1),
+    }
+
+
+def _plan(
+    options: RehearsalOptions, night: _Night, server: StandinServer, overhead_target_s: float
+) -> PlanResult:
+    """`plan` for the night, with the per-slot speeds the rows measured (as `bench` measures
+    them) and the measured server idle per run in target seconds."""
+    sim = server.sim
+    assert sim is not None
+    speeds = sim.answered.speeds()
+    return plan_partition(
+        PlanInput(
+            prompt_tokens=round(speeds.prompt_tokens_per_row),
+            output_tokens=options.output_tokens,
+            rows=options.rows,
+            prompt_tok_s=speeds.prompt_tok_s,
+            gen_tok_s=speeds.gen_tok_s,
+            slots=options.slots,
+            window_h=options.window_h,
+            partitions=options.partitions,
+            run_overhead_s=overhead_target_s,
+        )
+    )

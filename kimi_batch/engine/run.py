@@ -1,0 +1,229 @@
+"""One `BatchEngine.run`: a worker per (endpoint, slot) pulls from the shared schedule, sends
+(`send`), recovers between attempts and restarts hung endpoints (`recover`), records each
+finished row in the ledger first (`record`), and reports progress (`progress`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from kimi_batch.engine.outcome import FailedRequest, PlannedRequest
+from kimi_batch.engine.progress import ProgressReporter
+from kimi_batch.engine.record import completion_result
+from kimi_batch.engine.recover import Recovery
+from kimi_batch.engine.schedule import PrefixSchedule
+from kimi_batch.engine.send import TRANSIENT, InFlight, send_once
+from kimi_batch.engine.stats import StatsAccumulator
+from kimi_batch.engine.warm import SlotWarmer, WarmupReport
+from kimi_batch.engine.watchdog import EndpointWatch
+from kimi_batch.llama import ChatCompletion, LlamaClient, LlamaError, LlamaRequestError
+
+if TYPE_CHECKING:
+    from kimi_batch.engine.runner import BatchEngine
+
+__all__ = ["BatchRun"]
+
+logger = logging.getLogger(__name__)
+
+
+def _prefix_text(item: PlannedRequest) -> str:
+    """What the server sees after the digest, as far as prefix sharing goes."""
+    return "\n".join(f"{m.role}\x00{m.content}" for m in item.request.messages)
+
+
+def _work(item: PlannedRequest) -> int:
+    """Rough token cost of a request: its generated tokens plus ~4 characters per prompt token."""
+    return item.params.max_tokens + len(_prefix_text(item)) // 4
+
+
+class BatchRun:
+    """State of one `BatchEngine.run` call over the requests the ledger lacks."""
+
+    def __init__(
+        self,
+        engine: BatchEngine,
+        pending: list[PlannedRequest],
+        started: float,
+        *,
+        stop_at: datetime | None,
+    ) -> None:
+        self.engine = engine
+        # Requests sharing a long prefix (variants of one seed) run back to back on one slot.
+        self.schedule = PrefixSchedule(pending, text=_prefix_text, work=_work)
+        self.total = len(pending)
+        self.stop_at = stop_at
+        self.accumulator = StatsAccumulator(engine.digest_tokens)
+        self.failures: dict[str, FailedRequest] = {}
+        self.not_started = 0
+        self.watches: dict[LlamaClient, EndpointWatch] = {}
+        self.recovery = Recovery(
+            self.watches,
+            engine.policy,
+            on_unreachable=engine.on_unreachable,
+            on_hung=engine.on_hung,
+        )
+        self.flight = InFlight()
+        self.progress = ProgressReporter(engine.on_progress, total=self.total, started=started)
+        self._recorded_reprefills = 0
+        self.completion_tokens = 0
+
+    @property
+    def done(self) -> int:
+        return self.accumulator.generated + len(self.failures) + self.not_started
+
+    @property
+    def reprefills(self) -> int:
+        """Digest prefills paid again: by requests on a cold slot, and by re-warming."""
+        return self._recorded_reprefills + self.recovery.reprefills
+
+    @property
+    def max_in_flight(self) -> int:
+        return self.flight.peak
+
+    def _past_stop(self) -> bool:
+        return self.stop_at is not None and datetime.now(UTC) >= self.stop_at
+
+    async def execute(self, *, warm: bool) -> list[WarmupReport]:
+        engine = self.engine
+        clients = [engine.client_factory(e) for e in engine.endpoints]
+        self.watches.update(
+            {
+                client: EndpointWatch(
+                    client,
+                    engine.policy.watchdog,
+                    prompt_tok_s=lambda: engine.speeds.measured_prompt_tok_s,
+                    batch_tokens=endpoint.batch_tokens,
+                )
+                for client, endpoint in zip(clients, engine.endpoints, strict=True)
+            }
+        )
+        warmups: list[WarmupReport] = []
+        watchdog: asyncio.Task[None] | None = None
+        try:
+            warmers = [
+                SlotWarmer(
+                    client,
+                    engine.digest,
+                    digest_tokens=engine.digest_tokens,
+                    model=endpoint.model,
+                    ctx=endpoint.ctx,
+                )
+                for client, endpoint in zip(clients, engine.endpoints, strict=True)
+            ]
+            if warm and self.total and not self._past_stop():
+                for warmer, endpoint in zip(warmers, engine.endpoints, strict=True):
+                    warmups.append(await warmer.warm_all(endpoint.slots, verify=False))
+                    self.watches[warmer.client].warm_slots.update(range(endpoint.slots))
+            watchdog = asyncio.create_task(self.recovery.watch())
+            workers = [
+                asyncio.create_task(self._worker(warmer, slot_id))
+                for warmer, endpoint in zip(warmers, engine.endpoints, strict=True)
+                for slot_id in range(endpoint.slots)
+            ]
+            await asyncio.gather(*workers)
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
+                # The rows are in the ledger: whatever ended the watchdog must not fail the batch.
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await watchdog
+            for client in clients:
+                await client.aclose()
+        self._report_progress(force=True)
+        return warmups
+
+    async def _worker(self, warmer: SlotWarmer, slot_id: int) -> None:
+        lane = self.schedule.lane()
+        while (item := lane.next()) is not None:
+            await self._process(warmer, slot_id, item)
+
+    async def _process(self, warmer: SlotWarmer, slot_id: int, item: PlannedRequest) -> None:
+        """Send, recover between attempts, record: at most `policy.attempts` sends."""
+        if self._past_stop():
+            # The window closed: leave it for the next run (the ledger lacks it, so it resumes).
+            self.not_started += 1
+            return
+        watch = self.watches[warmer.client]
+        attempts = self.engine.policy.attempts
+        reason = ""
+        for attempt in range(1, attempts + 1):
+            sent = time.perf_counter()
+            try:
+                completion = await send_once(
+                    watch,
+                    slot_id,
+                    item,
+                    digest=self.engine.digest,
+                    deadline_s=self.engine.deadline_s(item, cold=slot_id not in watch.warm_slots),
+                    flight=self.flight,
+                )
+            except LlamaRequestError as error:
+                # The request itself is wrong (too long for the context, bad params): no retry.
+                self._fail(item, f"rejected by the server: {error.message}", attempt)
+                return
+            except TRANSIENT as error:
+                reason = f"{type(error).__name__}: {error}"
+                logger.warning("request %s attempt %d failed: %s", item.request_id, attempt, reason)
+                if attempt < attempts:
+                    await self.recovery.before_retry(warmer, slot_id, error, attempt)
+                continue
+            except LlamaError as error:
+                self._fail(item, f"{type(error).__name__}: {error}", attempt)
+                return
+            latency_ms = (time.perf_counter() - sent) * 1000
+            self._record(watch, slot_id, item, completion, latency_ms)
+            return
+        self._fail(item, reason, attempts)
+
+    def _record(
+        self,
+        watch: EndpointWatch,
+        slot_id: int,
+        item: PlannedRequest,
+        completion: ChatCompletion,
+        latency_ms: float,
+    ) -> None:
+        engine = self.engine
+        result = completion_result(
+            item,
+            completion,
+            model=engine.model,
+            digest_sha256=engine.digest.sha256,
+            endpoint=watch.base_url,
+            slot_id=slot_id,
+            latency_ms=latency_ms,
+        )
+        engine.ledger.put(result)  # first: a kill from here on loses nothing
+        self.accumulator.add(result)
+        engine.speeds.observe(result)
+        self.completion_tokens += result.completion_tokens
+        if result.cached_tokens < engine.digest_tokens:
+            # This request paid a full digest prefill (an evicted or restarted slot). The
+            # slot holds the digest again now; the count is what the bench reports.
+            self._recorded_reprefills += 1
+        watch.warm_slots.add(slot_id)
+        watch.mark_progress()  # an answer is progress, whatever the probes say
+        self._report_progress()
+
+    def _fail(self, item: PlannedRequest, reason: str, attempts: int) -> None:
+        self.failures[item.content_key] = FailedRequest(
+            request_id=item.content_key,
+            input_id=item.request.input_id,
+            tag=item.request.tag,
+            reason=reason,
+            attempts=attempts,
+        )
+        self._report_progress()
+
+    def _report_progress(self, *, force: bool = False) -> None:
+        self.progress.report(
+            done=self.done,
+            failed=len(self.failures),
+            completion_tokens=self.completion_tokens,
+            watchdog="; ".join(dict.fromkeys(w.describe_stall() for w in self.watches.values())),
+            force=force,
+        )

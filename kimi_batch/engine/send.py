@@ -1,0 +1,93 @@
+"""One attempt of one request: sent to its own slot, bounded by its deadline, and cancelled by
+the watchdog when its endpoint hangs (then it raises `EndpointHungError`)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from kimi_batch.engine.digest import SystemDigest
+from kimi_batch.engine.outcome import PlannedRequest
+from kimi_batch.engine.prompt import assemble_messages
+from kimi_batch.engine.watchdog import EndpointWatch
+from kimi_batch.llama import (
+    ChatCompletion,
+    LlamaConnectionError,
+    LlamaLoadingError,
+    LlamaResponseError,
+    LlamaServerError,
+    LlamaTimeoutError,
+)
+
+__all__ = ["TRANSIENT", "EndpointHungError", "InFlight", "send_once"]
+
+
+class EndpointHungError(LlamaTimeoutError):
+    """The watchdog cancelled this send: the endpoint made no progress for a stall period."""
+
+
+# Worth another attempt. A respawned server answers 503 while it loads the model: that is a
+# wait, not a failure.
+TRANSIENT = (
+    LlamaConnectionError,
+    LlamaLoadingError,
+    LlamaServerError,
+    LlamaTimeoutError,
+    LlamaResponseError,
+)
+
+
+class InFlight:
+    """Requests in flight on all endpoints now, and the most there ever were."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.peak = 0
+
+    def enter(self) -> None:
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+
+    def leave(self) -> None:
+        self.now -= 1
+
+
+async def send_once(
+    watch: EndpointWatch,
+    slot_id: int,
+    item: PlannedRequest,
+    *,
+    digest: SystemDigest,
+    deadline_s: float,
+    flight: InFlight,
+) -> ChatCompletion:
+    """One attempt on `slot_id` of the watched endpoint, after any restart of it is over."""
+    await watch.ready.wait()  # never send to a server that is being restarted
+    params = item.params
+    task = asyncio.create_task(
+        watch.client.chat(
+            assemble_messages(digest, item.request.messages),
+            max_tokens=params.max_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            seed=params.seed,
+            slot_id=slot_id,
+            top_logprobs=params.n_probs,
+            json_schema=params.json_schema,
+            timeout_s=deadline_s,
+        )
+    )
+    if not watch.sending:
+        watch.mark_progress()  # the stall clock starts with the first request in flight
+    watch.sending[slot_id] = task
+    flight.enter()
+    try:
+        await asyncio.wait({task})
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        flight.leave()
+        watch.sending.pop(slot_id, None)
+    if task.cancelled():
+        raise EndpointHungError(f"{watch.base_url} made no progress ({watch.describe_stall()})")
+    return task.result()

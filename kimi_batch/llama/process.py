@@ -1,0 +1,86 @@
+"""The server process: its pid record, a detached spawn under the exit-recording waiter, and a
+probe of its health that never retries."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kimi_batch.llama.exceptions import ServerSpawnError
+from kimi_batch.llama.exits import WAITER_SOURCE
+from kimi_batch.llama.responses import ServerProps
+from kimi_batch.llama.urls import redact_url, url_credentials
+
+__all__ = ["PROBE_TIMEOUT_S", "PidRecord", "probe", "process_start_ticks", "spawn_detached"]
+
+PROBE_TIMEOUT_S = 3.0
+
+
+class PidRecord(BaseModel):
+    """The pid file: which process is ours (start ticks tell a reused pid apart), since when."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    pid: int
+    start_ticks: int
+    started_at: float
+    healthy_at: float | None = Field(default=None, description="When it first answered /health.")
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """Start time of a live, non-zombie process in clock ticks; None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def spawn_detached(argv: list[str], env: dict[str, str], log_path: Path, exit_path: Path) -> int:
+    """Start `argv` in its own session under a detached waiter that records how it ends.
+
+    A direct child of a long-lived process (a test, `dagster dev`) would linger as a zombie after
+    a crash and look alive; the launcher exits at once, init adopts the waiter, and the waiter
+    reaps the server the moment it dies and writes its wait status to `exit_path`.
+    """
+    result = subprocess.run(
+        [sys.executable, "-c", WAITER_SOURCE, json.dumps(argv), str(log_path), str(exit_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        reason = (result.stdout.strip() or result.stderr.strip()).removeprefix("error: ")
+        raise ServerSpawnError(f"could not launch {argv[0]}: {reason}")
+    return int(result.stdout.strip())
+
+
+def probe(base_url: str, api_key: str | None) -> tuple[str, ServerProps | None]:
+    """('down' | 'loading' | 'ok', props when ok) without retries."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    credentials = url_credentials(base_url)
+    try:
+        with httpx.Client(
+            base_url=redact_url(base_url),
+            auth=httpx.BasicAuth(*credentials) if credentials else None,
+            headers=headers,
+            timeout=PROBE_TIMEOUT_S,
+        ) as http:
+            health = http.get("/health")
+            if health.status_code == 503:
+                return "loading", None
+            if health.status_code != 200:
+                return "down", None
+            props = http.get("/props")
+            return "ok", ServerProps.model_validate_json(props.content)
+    except (httpx.HTTPError, ValidationError):
+        return "down", None

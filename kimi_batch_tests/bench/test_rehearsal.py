@@ -1,0 +1,33 @@
+"""A reduced night rehearsal on the time-scaled stand-in: 1,000 rows over 10 partitions through
+the nightly schedule, a 5-hour window at 600x. The window stops the first night part-way and the
+next night's schedule asks for exactly what is left.
+
+Marked slow: it runs about two minutes of Dagster runs (no llama-server, no lock needed).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kimi_batch.bench.rehearsal import RehearsalOptions, run_rehearsal
+from kimi_batch.settings import Settings
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_window_stops_the_night_and_the_next_night_catches_up(tmp_path: Path) -> None:
+    options = RehearsalOptions(rows=1000, partitions=10, time_scale=600, window_h=5.0)
+    figures = run_rehearsal(Settings.from_env(), options, tmp_path)
+    first, second = figures["nights"]
+
+    # 1,000 rows need about 6 target hours on 4 slots: the 5-hour window closes first.
+    assert 0 < figures["rows_done_in_window"] < 1000
+    assert first["runs"] == 10
+    assert first["runs_failed"] >= 1  # stopped partitions fail "... resumes next night"
+    # The next night asks for the partitions not distilled, and only those.
+    assert second["runs"] == first["runs_failed"]
+    assert figures["next_night_rows"] > 0
+    assert figures["rows_done_in_window"] + figures["next_night_rows"] <= 1000
+    assert figures["plan_rows"] > 0

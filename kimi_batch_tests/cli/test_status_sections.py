@@ -1,0 +1,160 @@
+"""`kimi-batch status` on broken or absent state, run as the CLI (no server needed: it reports none).
+
+Status is read-only and reports what it cannot read in that section; the partition states come
+from Dagster's own per-partition status, however many runs came after a failure.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+from dagster._core.events import AssetMaterializationPlannedData, DagsterEvent, DagsterEventType
+from dagster._core.events.log import EventLogEntry
+
+from kimi_batch.defs.partition_states import PartitionState, distill_states
+from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, build_batch_partitions
+from kimi_batch.settings import Settings
+from kimi_batch_tests.support.ports import free_port
+from kimi_batch_tests.support.repo import REPO_ROOT
+
+pytestmark = pytest.mark.filterwarnings("ignore:Non-compliant tag keys:DeprecationWarning")
+
+DAY = (datetime.now(UTC).date() - timedelta(days=1)).isoformat()
+
+
+def _status(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KIMI_BATCH_")}
+    env["KIMI_BATCH_HOME"] = str(home)
+    env["KIMI_BATCH_LLAMA_PORT"] = str(free_port())  # nothing listens: the server is "down"
+    return subprocess.run(
+        [sys.executable, "-m", "kimi_batch.cli", "status", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def _json(home: Path) -> dict[str, Any]:
+    done = _status(home, "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_a_mistyped_home_is_reported_and_never_created(tmp_path: Path) -> None:
+    typo = tmp_path / "vra"
+
+    status = _json(typo)
+
+    assert not typo.exists()  # no folder, no partitions_start
+    assert status["partitions"]["error"] == f"no Dagster instance at {typo / 'dagster'}"
+    assert status["ledger"]["rows"] == 0
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [(b"", "no such table: results"), (b"garbage " * 512, "file is not a database")],
+)
+def test_an_unreadable_ledger_is_reported_in_its_section(
+    tmp_path: Path, content: bytes, reason: str
+) -> None:
+    ledger = tmp_path / "ledger" / "ledger.sqlite3"
+    ledger.parent.mkdir(parents=True)
+    ledger.write_bytes(content)
+
+    status = _json(tmp_path)
+
+    assert reason in status["ledger"]["error"]
+    assert str(ledger) in status["ledger"]["error"]
+    assert status["nightly"]["cron"]  # the other sections are there
+
+
+def test_an_unreadable_manifest_is_reported_in_the_inbox_section(tmp_path: Path) -> None:
+    manifest = tmp_path / "landed" / "manifest.sqlite3"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_bytes(b"not sqlite " * 512)
+    (tmp_path / "inbox").mkdir()
+    (tmp_path / "inbox" / "q.jsonl").write_text('{"prompt": "hi"}\n')
+
+    text = _status(tmp_path)
+    status = _json(tmp_path)
+
+    assert text.returncode == 0, text.stderr
+    assert "manifest" in status["inbox"]["error"]
+    assert "file is not a database" in status["inbox"]["error"]
+    assert status["inbox"]["waiting_files"] == ["q.jsonl"]
+    assert "file is not a database" in text.stdout
+
+
+@pytest.mark.parametrize("content", ["", "yesterday\n"])
+def test_a_garbled_partitions_start_is_refused_not_reset(tmp_path: Path, content: str) -> None:
+    (tmp_path / "partitions_start").write_text(content)
+    # With an instance, status reads the partitions (whose start date is this file).
+    (tmp_path / "dagster").mkdir()
+    shutil.copy(REPO_ROOT / "dagster.yaml", tmp_path / "dagster" / "dagster.yaml")
+
+    done = _status(tmp_path)
+
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "partitions_start" in done.stderr
+    assert "YYYY-MM-DD" in done.stderr
+    assert (tmp_path / "partitions_start").read_text() == content  # never rewritten
+
+
+def _key(source: str) -> dg.MultiPartitionKey:
+    return dg.MultiPartitionKey({DATE_DIMENSION: DAY, SOURCE_DIMENSION: source})
+
+
+def _planned(run_id: str, key: str) -> EventLogEntry:
+    """An attempt at a partition, as a run that planned it logs it."""
+    event = DagsterEvent(
+        event_type_value=DagsterEventType.ASSET_MATERIALIZATION_PLANNED.value,
+        job_name="distillation_job",
+        event_specific_data=AssetMaterializationPlannedData(
+            dg.AssetKey("distilled_responses"), partition=key
+        ),
+    )
+    return EventLogEntry(
+        error_info=None,
+        level="debug",
+        user_message="",
+        run_id=run_id,
+        timestamp=datetime.now(UTC).timestamp(),
+        dagster_event=event,
+        job_name="distillation_job",
+    )
+
+
+def test_an_old_failure_stays_failed_however_many_runs_came_after(tmp_path: Path) -> None:
+    @dg.asset(
+        name="distilled_responses", partitions_def=build_batch_partitions(Settings.from_env())
+    )
+    def failing() -> None:
+        raise RuntimeError("stand-in failure")
+
+    with dg.instance_for_test(temp_dir=str(tmp_path)) as instance:
+        instance.add_dynamic_partitions("source", ["old_failure", "busy"])
+        failed = dg.materialize(
+            [failing], partition_key=_key("old_failure"), instance=instance, raise_on_error=False
+        )
+        assert not failed.success
+        # A busy month of later attempts at another partition (one run's log, to stay quick).
+        later = str(uuid.uuid4())
+        instance.event_log_storage.store_event_batch(
+            [_planned(later, str(_key("busy"))) for _ in range(2001)]
+        )
+        states = distill_states(instance, [str(_key("old_failure"))])
+
+    record = states[str(_key("old_failure"))]
+    assert record.state == PartitionState.FAILED
+    assert record.run_id == failed.run_id

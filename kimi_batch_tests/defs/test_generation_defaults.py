@@ -1,0 +1,32 @@
+"""The generation assets' defaults: the answer budget and the truncation check (no server)."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from kimi_batch.defs.assets._generation import generation_checks
+from kimi_batch.defs.assets.batch import DistillConfig
+from kimi_batch.settings import Settings
+from kimi_batch.storage import polars_schema
+from kimi_batch.tasks.sink import CheckFigures
+
+
+def test_the_answer_budget_defaults_to_the_servers_n_predict() -> None:
+    # A reasoning model thinks for hundreds of tokens first: 256 would cut most answers off.
+    n_predict = Settings.from_env().llama_n_predict
+
+    assert n_predict == 1024
+    assert DistillConfig().sampling(n_predict).max_tokens == 1024
+    assert DistillConfig(max_tokens=64).sampling(n_predict).max_tokens == 64
+
+
+def test_a_partition_with_many_answers_cut_off_fails_its_truncation_check() -> None:
+    # The held-out run: 39 of 82 answers set aside at max_tokens.
+    figures = CheckFigures(results=82, truncated=39, empty=0, rows=43, duplicate_request_ids=0)
+
+    checks = generation_checks("distilled", figures, polars_schema("distilled"))
+
+    (truncation,) = [c for c in checks if c.check_name == "truncation_rate"]
+    assert not truncation.passed
+    assert truncation.severity == dg.AssetCheckSeverity.ERROR
+    assert truncation.metadata["rate"] == dg.MetadataValue.float(0.476)

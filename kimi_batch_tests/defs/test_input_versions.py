@@ -1,0 +1,203 @@
+"""The day-2 rewrite story through Dagster, on the real llama-server and a real instance.
+
+A producer writes `story.jsonl` on day 1 and new content under the same name on day 2. The real
+inbox sensor lands each version and runs `ingest_job`; the real nightly schedule asks for the
+partitions to distill and its runs execute on the same instance (what the daemons do with a tick's
+requests). After day 2's night every `distilled` row carries day 2's sha, day 1's rows are gone
+from the table (their answers stay in the ledger), and `kimi-batch status` showed the partition
+stale in between.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import polars as pl
+import pytest
+
+from kimi_batch.definitions import build_definitions
+from kimi_batch.engine.ledger import Ledger
+from kimi_batch.settings import Settings
+from kimi_batch.storage import Landing, Warehouse
+from kimi_batch_tests.support.llama_server import LlamaEnv
+from kimi_batch_tests.support.repo import REPO_ROOT
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore:Non-compliant tag keys:DeprecationWarning"),
+]
+
+QUICK: dict[str, Any] = {
+    "ops": {
+        "amplified_prompts": {"config": {"strategies": ["paraphrase"], "max_tokens": 24}},
+        "distilled_responses": {"config": {"max_tokens": 48, "temperature": 0.0}},
+    }
+}
+DAY_1 = ["Name a primary colour.", "What is 2+2?", "Name a planet."]
+DAY_2 = ["Name a primary colour.", "What is 2+2?", "Name an ocean."]  # one row replaced
+
+
+def _write(inbox: Path, prompts: list[str], age_s: float) -> None:
+    rows = [json.dumps({"id": f"story-{i}", "prompt": p}) for i, p in enumerate(prompts)]
+    path = inbox / "story.jsonl"
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    settled = time.time() - age_s  # older than the sensor's settle time
+    os.utime(path, (settled, settled))
+
+
+class Daemons:
+    """Per tick what the sensor and schedule daemons do: partitions, cursor, runs executed."""
+
+    def __init__(self, instance: dg.DagsterInstance, settings: Settings) -> None:
+        self.instance = instance
+        self.cursor: str | None = None
+        self.defs = build_definitions(settings)
+
+    def _execute(self, job_name: str, request: dg.RunRequest) -> dg.ExecuteInProcessResult:
+        job = self.defs.resolve_job_def(job_name)
+        tags = {k: v for k, v in request.tags.items() if not k.startswith("dagster/")}
+        result = job.execute_in_process(
+            instance=self.instance,
+            partition_key=request.partition_key,
+            run_config={
+                "ops": {
+                    k: v
+                    for k, v in QUICK["ops"].items()
+                    if job_name != "ingest_job" or k == "amplified_prompts"
+                }
+            },
+            tags=tags,
+            raise_on_error=False,
+        )
+        assert result.success, [e.message for e in result.all_events if e.is_failure]
+        return result
+
+    def sensor_tick(self) -> list[dg.ExecuteInProcessResult]:
+        inbox_sensor = self.defs.resolve_sensor_def("inbox_sensor")
+        context = dg.build_sensor_context(
+            instance=self.instance,
+            instance_ref=self.instance.get_ref(),
+            cursor=self.cursor,
+            definitions=self.defs,
+            sensor_name=inbox_sensor.name,
+        )
+        data = inbox_sensor.evaluate_tick(context)
+        for request in data.dynamic_partitions_requests or []:
+            assert isinstance(request, dg.AddDynamicPartitionsRequest)
+            self.instance.add_dynamic_partitions(
+                request.partitions_def_name, list(request.partition_keys)
+            )
+        self.cursor = data.cursor
+        return [self._execute("ingest_job", r) for r in data.run_requests or []]
+
+    def schedule_tick(self, when: datetime) -> list[dg.ExecuteInProcessResult]:
+        context = dg.build_schedule_context(
+            instance=self.instance,
+            scheduled_execution_time=when,
+            repository_def=self.defs.get_repository_def(),
+        )
+        schedule = self.defs.resolve_schedule_def("nightly_distillation_schedule")
+        data = schedule.evaluate_tick(context)
+        return [self._execute("distillation_job", r) for r in data.run_requests or []]
+
+
+def _status() -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "kimi_batch.cli", "status", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["partitions"]
+
+
+@pytest.fixture
+def home(llama_env: LlamaEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A state dir of its own (its own inbox and instance) on the session's real server."""
+    home = tmp_path / "home"
+    (home / "inbox").mkdir(parents=True)
+    (home / "dagster").mkdir()
+    shutil.copy(REPO_ROOT / "dagster.yaml", home / "dagster" / "dagster.yaml")
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(home))
+    monkeypatch.setenv("KIMI_BATCH_LLAMA_URL", llama_env.base_url)
+    return home
+
+
+def test_a_rewritten_input_is_distilled_again_and_only_its_new_rows_are_generated(
+    home: Path,
+) -> None:
+    settings = Settings.from_env()
+    today = settings.today()
+    night_1 = datetime.combine(today + timedelta(days=1), datetime.min.time(), settings.zone)
+    night_2 = night_1 + timedelta(days=1)
+    key = f"{today.isoformat()}|story"
+    warehouse = Warehouse(settings.paths.warehouse_dir)
+    instance = dg.DagsterInstance.from_config(str(home / "dagster"))
+    try:
+        daemons = Daemons(instance, settings)
+        _write(home / "inbox", DAY_1, age_s=120)
+        assert len(daemons.sensor_tick()) == 1  # day 1 lands, ingest runs
+        (first_night,) = daemons.schedule_tick(night_1.replace(hour=2))
+        day_1 = warehouse.read_partition("distilled", today, "story")
+        with Landing(settings.paths) as landing:
+            sha_1 = landing.current(today.isoformat(), "story").sha256  # type: ignore[union-attr]
+
+        _write(home / "inbox", DAY_2, age_s=60)  # day 2: same name, new content
+        (ingest,) = daemons.sensor_tick()
+        with Landing(settings.paths) as landing:
+            sha_2 = landing.current(today.isoformat(), "story").sha256  # type: ignore[union-attr]
+        between = _status()
+        (night,) = daemons.schedule_tick(night_2.replace(hour=2))
+        after = _status()
+        distilled = night.asset_materializations_for_node("distilled_responses")[0]
+        day_1_distilled = first_night.asset_materializations_for_node("distilled_responses")[0]
+        seeds = ingest.asset_materializations_for_node("seed_prompts")[0]
+    finally:
+        instance.dispose()
+
+    assert sha_1 != sha_2
+    assert set(day_1["input_sha256"].to_list()) == {sha_1}
+    # In between: seeds are day 2, distilled still day 1: status says stale, by key.
+    assert key in between["keys"]["stale"]
+    assert between["stale"] == 1
+    assert key not in {k for keys in after["keys"].values() for k in keys}
+    assert after["done"] == 1
+    # After night 2: every row of every table of the partition carries day 2's sha.
+    rows = warehouse.read_partition("distilled", today, "story")
+    assert rows.height > 0
+    assert set(rows["input_sha256"].to_list()) == {sha_2}
+    for table in ("seeds", "amplified"):
+        assert set(warehouse.read_partition(table, today, "story")["input_sha256"]) == {sha_2}
+    quarantine = warehouse.read_partition("quarantine", today, "story")
+    assert set(quarantine["input_sha256"].drop_nulls().to_list()) <= {sha_2}
+    # Day 1's replaced row (seed story-2, now another question) and its variants' answers are
+    # gone from the table, but still in the ledger.
+    gone = day_1.filter(pl.col("seed_id") == "story-2")["request_id"].to_list()
+    assert gone
+    assert not set(gone) & set(rows["request_id"].to_list())
+    with Ledger(settings.paths.ledger_path) as ledger:
+        assert set(ledger.get_many(gone)) == set(gone)
+    # Unchanged rows came from the ledger: only the new rows were generated.
+    from_ledger = distilled.metadata["from_ledger"].value
+    assert isinstance(from_ledger, int)
+    assert from_ledger > 0
+    assert distilled.metadata["input_sha256"].value == sha_2
+    # Dagster's own lineage: the landed sha is seed_prompts' data version, and distilled's
+    # provenance records another input version on night 2 than on night 1.
+    assert seeds.tags is not None
+    assert seeds.tags["dagster/data_version"] == sha_2
+    consumed = "dagster/input_data_version/seed_prompts"
+    assert distilled.tags is not None
+    assert day_1_distilled.tags is not None
+    assert distilled.tags[consumed] != day_1_distilled.tags[consumed]

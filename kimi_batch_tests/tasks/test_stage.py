@@ -1,0 +1,142 @@
+"""The stage protocol's shared parts: the typed tag and its wire form, the registry, the sink."""
+
+from __future__ import annotations
+
+import pytest
+
+from kimi_batch.engine import GenerationRequest, GenerationResult
+from kimi_batch.storage import TABLES
+from kimi_batch.tasks.amplify import AmplifyTask
+from kimi_batch.tasks.distill import DistillTask
+from kimi_batch.tasks.inputs import SeedPrompt
+from kimi_batch.tasks.rows import AmplifiedRow, DistilledRow, GenerationColumns
+from kimi_batch.tasks.sink import StageSink
+from kimi_batch.tasks.stage import (
+    GenerationTask,
+    RowReader,
+    SeedInputs,
+    SetAside,
+    generation_columns,
+)
+from kimi_batch.tasks.stages import STAGES, register_stage, stage_of_tag
+from kimi_batch.tasks.tags import RequestTag, Strategy
+from kimi_batch_tests.support.results import make_result
+
+
+def test_amplify_and_distill_tags_keep_the_wire_forms_ledgers_hold() -> None:
+    cases = {
+        "paraphrase": RequestTag(stage="amplify", strategy=Strategy.PARAPHRASE),
+        "seed": RequestTag(stage="distill"),
+        "variant:harder": RequestTag(stage="distill", origin="variant", strategy=Strategy.HARDER),
+    }
+    for wire, tag in cases.items():
+        assert tag.wire == wire
+        assert RequestTag.parse(wire) == tag
+
+
+def test_another_stage_s_tag_round_trips_and_garbage_is_refused() -> None:
+    tag = RequestTag(stage="judge", origin="variant", strategy=Strategy.RELATED)
+    assert tag.wire == "judge/variant:related"
+    assert RequestTag.parse(tag.wire) == tag
+    assert RequestTag.parse(RequestTag(stage="judge").wire) == RequestTag(stage="judge")
+    for wire in ("", "foo", "variant:nope", "judge/other", "Bad/seed", "judge/seed:nope"):
+        with pytest.raises(ValueError, match="not a request tag"):
+            RequestTag.parse(wire)
+
+
+def test_ledger_tags_map_to_the_registered_stages_tables() -> None:
+    assert stage_of_tag("harder") is AmplifyTask
+    assert stage_of_tag("variant:related") is DistillTask
+    assert stage_of_tag("nobody/seed") is None
+    assert stage_of_tag("garbage") is None
+
+
+class _Row(GenerationColumns):
+    seed_id: str
+
+
+class _EchoTask(GenerationTask[SeedInputs, _Row]):
+    name = "test_echo"
+    table = "test_echo_rows"
+    row_model = _Row
+
+    def load(self, read: RowReader) -> SeedInputs:
+        return SeedInputs.read(read)
+
+    def requests(self, inputs: SeedInputs) -> list[GenerationRequest]:
+        return []
+
+    def parse(self, result: GenerationResult, inputs: SeedInputs) -> _Row | SetAside:
+        seed = inputs.seed_of(result)
+        if result.empty:
+            return SetAside(reason="empty", source_file=seed.source_file, line=seed.line)
+        return _Row.model_validate({**generation_columns(result), "seed_id": seed.input_id})
+
+
+def test_registering_a_stage_makes_its_table_a_storage_table() -> None:
+    assert register_stage(_EchoTask) is _EchoTask
+    assert register_stage(_EchoTask) is _EchoTask  # idempotent
+    assert STAGES["test_echo"] is _EchoTask
+    assert TABLES["test_echo_rows"] is _Row
+    assert list(TABLES)[:3] == ["seeds", "amplified", "distilled"]
+    assert list(TABLES)[-1] == "quarantine"
+
+
+def test_a_stage_may_share_a_table_only_with_the_same_row_model() -> None:
+    class SameRows(_EchoTask):
+        name = "test_echo_again"
+
+    class OtherRows(_EchoTask):
+        name = "test_echo_other"
+        row_model = AmplifiedRow
+
+    class SameName(_EchoTask):
+        table = "test_echo_elsewhere"
+
+    class Reserved(_EchoTask):
+        name = "test_reserved"
+        table = "quarantine"
+
+    register_stage(_EchoTask)
+    assert register_stage(SameRows) is SameRows
+    for task in (OtherRows, SameName, Reserved):
+        with pytest.raises(ValueError, match=r"stage|table"):
+            register_stage(task)
+    assert TABLES["distilled"] is DistilledRow
+
+
+def _seed(input_id: str, line: int) -> SeedPrompt:
+    return SeedPrompt.model_validate(
+        {
+            "input_id": input_id,
+            "messages": [{"role": "user", "content": f"prompt {input_id}"}],
+            "prompt": f"prompt {input_id}",
+            "source_file": "in.jsonl",
+            "line": line,
+        }
+    )
+
+
+def test_the_sink_owns_the_quarantine_rows_and_the_figures() -> None:
+    inputs = SeedInputs(seeds=[_seed("s1", 1), _seed("s2", 2)])
+    sink = StageSink(_EchoTask(), inputs)
+    results = [
+        make_result("one", request_id="a", input_id="s1"),
+        make_result("  ", request_id="b", input_id="s2", finish_reason="length"),
+        make_result("one again", request_id="a", input_id="s1"),
+    ]
+    rows = sink.rows(results)
+    assert sink.quarantined == []  # nothing happens before the rows are consumed
+    assert [row.request_id for row in rows] == ["a", "a"]
+    (aside,) = sink.quarantined
+    assert (aside.stage, aside.input_id, aside.line, aside.reason) == (
+        "test_echo",
+        "s2",
+        2,
+        "empty",
+    )
+    figures = sink.figures()
+    assert (figures.results, figures.rows, figures.truncated, figures.empty) == (3, 2, 1, 1)
+    assert figures.duplicate_request_ids == 1
+    assert sink.dropped == 0
+    assert sink.metadata() == {}
