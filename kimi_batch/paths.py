@@ -21,6 +21,7 @@ prompts and answers can be confidential, and the box is shared with Dagster and 
 from __future__ import annotations
 
 import os
+import sqlite3
 from datetime import date
 from pathlib import Path
 
@@ -28,10 +29,26 @@ from pydantic import BaseModel, ConfigDict
 
 from kimi_batch.errors import ConfigError
 
-__all__ = ["PRIVATE_DIR_MODE", "PRIVATE_FILE_MODE", "StatePaths", "private_dir"]
+__all__ = [
+    "PRIVATE_DIR_MODE",
+    "PRIVATE_FILE_MODE",
+    "StatePaths",
+    "connect_private_db",
+    "private_dir",
+]
 
 PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600
+
+
+def connect_private_db(path: Path, *, timeout_s: float = 60.0) -> sqlite3.Connection:
+    """A state database (ledger, manifest, API store): owner-only, WAL, durable commits."""
+    db = sqlite3.connect(path, isolation_level=None, timeout=timeout_s, check_same_thread=False)
+    # SQLite gives the -wal and -shm files the database file's mode.
+    os.chmod(path, PRIVATE_FILE_MODE)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    return db
 
 
 def private_dir(path: Path) -> Path:

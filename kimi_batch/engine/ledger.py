@@ -16,7 +16,6 @@ run that took the partition over.
 from __future__ import annotations
 
 import logging
-import os
 import sqlite3
 import threading
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 
 from kimi_batch.engine.generation import GenerationResult
 from kimi_batch.errors import KimiBatchError
-from kimi_batch.paths import PRIVATE_FILE_MODE, private_dir
+from kimi_batch.paths import connect_private_db, private_dir
 
 __all__ = ["Lease", "LeaseHeldError", "LeaseLostError", "Ledger", "lease_clock"]
 
@@ -160,7 +159,7 @@ class Lease:
         # would interleave with the writer's. A short busy timeout, so a locked database is
         # retried within the ttl rather than waited on past it.
         try:
-            db = _connect(self._path, timeout_s=min(_RETRY_S, self.ttl_s / 6))
+            db = connect_private_db(self._path, timeout_s=min(_RETRY_S, self.ttl_s / 6))
         except sqlite3.Error as error:
             self._mark_lost(f"cannot open the ledger: {error}")
             return
@@ -193,7 +192,7 @@ class Lease:
         deadline = lease_clock()[1] + self.ttl_s / 3
         while True:
             try:
-                db = _connect(self._path, timeout_s=min(_RETRY_S, self.ttl_s / 6))
+                db = connect_private_db(self._path, timeout_s=min(_RETRY_S, self.ttl_s / 6))
                 try:
                     held = self._renew(db)
                 finally:
@@ -211,7 +210,7 @@ class Lease:
     def release(self) -> None:
         self._stop.set()
         self._thread.join()
-        db = _connect(self._path)
+        db = connect_private_db(self._path)
         try:
             db.execute(
                 "DELETE FROM leases WHERE partition_key = ? AND token = ?",
@@ -221,15 +220,6 @@ class Lease:
             db.close()
 
 
-def _connect(path: Path, *, timeout_s: float = 60.0) -> sqlite3.Connection:
-    db = sqlite3.connect(path, isolation_level=None, timeout=timeout_s, check_same_thread=False)
-    # SQLite gives the -wal and -shm files the database file's mode.
-    os.chmod(path, PRIVATE_FILE_MODE)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.execute("PRAGMA synchronous=FULL")
-    return db
-
-
 class Ledger:
     """Finished results keyed by request id."""
 
@@ -237,7 +227,7 @@ class Ledger:
         private_dir(path.parent)  # prompts and answers: owner-only
         self.path = path
         # Autocommit: each `put` is its own durable transaction.
-        self._db = _connect(path)
+        self._db = connect_private_db(path)
         self._db.execute(_SCHEMA)
         self._db.execute(_LEASES)
         present = {row[1] for row in self._db.execute("PRAGMA table_info(leases)")}

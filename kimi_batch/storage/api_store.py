@@ -16,7 +16,6 @@ import hashlib
 import io
 import json
 import os
-import sqlite3
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -26,7 +25,7 @@ from typing import IO, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.paths import PRIVATE_FILE_MODE, StatePaths, private_dir
+from kimi_batch.paths import PRIVATE_FILE_MODE, StatePaths, connect_private_db, private_dir
 from kimi_batch.storage.exceptions import StorageError
 from kimi_batch.tasks.openai_batch import BatchLineError
 
@@ -156,12 +155,7 @@ class ApiStore:
     def __init__(self, paths: StatePaths) -> None:
         private_dir(paths.api_dir)
         self.files_dir = private_dir(paths.api_files_dir)
-        self._db = sqlite3.connect(
-            paths.api_db_path, isolation_level=None, timeout=60, check_same_thread=False
-        )
-        os.chmod(paths.api_db_path, PRIVATE_FILE_MODE)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
+        self._db = connect_private_db(paths.api_db_path)
         for statement in _SCHEMA:
             self._db.execute(statement)
 

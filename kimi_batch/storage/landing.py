@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.paths import PRIVATE_FILE_MODE, StatePaths, private_dir
+from kimi_batch.paths import PRIVATE_FILE_MODE, StatePaths, connect_private_db, private_dir
 from kimi_batch.settings import Settings
 from kimi_batch.storage.exceptions import StorageError
 from kimi_batch.storage.inbox import (
@@ -161,12 +161,7 @@ class Landing:
 
     def __init__(self, paths: StatePaths) -> None:
         self.dir = private_dir(paths.landed_dir)
-        self._db = sqlite3.connect(
-            paths.manifest_path, isolation_level=None, timeout=60, check_same_thread=False
-        )
-        os.chmod(paths.manifest_path, PRIVATE_FILE_MODE)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
+        self._db = connect_private_db(paths.manifest_path)
         for statement in _SCHEMA:
             self._db.execute(statement)
 

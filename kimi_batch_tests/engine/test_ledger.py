@@ -153,13 +153,13 @@ class FlakyConnection:
 
 
 def flaky_renewals(monkeypatch: pytest.MonkeyPatch, failures: int | None) -> None:
-    real = ledger_module._connect
+    real = ledger_module.connect_private_db
     left: list[int | None] = [failures]
 
     def connect(path: Path, **options: Any) -> Any:
         return FlakyConnection(real(path, **options), left)
 
-    monkeypatch.setattr(ledger_module, "_connect", connect)
+    monkeypatch.setattr(ledger_module, "connect_private_db", connect)
 
 
 def test_the_heartbeat_retries_a_locked_database_and_keeps_the_lease(
