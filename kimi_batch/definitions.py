@@ -1,68 +1,66 @@
-"""The one `Definitions` object: assets, checks, jobs, schedule, sensor and resources."""
+"""The code location: every definition in the defs folder, built from one `Settings` per process.
+
+`defs` is what workspace.yaml, `dg` and `dagster -m kimi_batch.definitions` load: it reads the
+environment once (`Settings.from_env`) and hands that `Settings` to `build_definitions`, which
+loads `kimi_batch/defs/` with `dg.load_from_defs_folder` (so a file added with `dg scaffold defs`
+loads) and binds the resources. Importing this module reads no variable and writes no file: the
+work happens when Dagster calls `defs`. Tests, the demo and the bench call `build_definitions`,
+`build_resources` and `batch_assets` with a `Settings` of their own.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import dagster as dg
 
-from kimi_batch.defs.alerts import (
-    distilled_by_night_end,
-    distilled_freshness_alert,
-    run_failure_alert,
-)
-from kimi_batch.defs.api_sensor import api_batch_sensor
 from kimi_batch.defs.assets.api_batch import api_batch_responses
-from kimi_batch.defs.assets.batch import amplified_prompts, distilled_responses, seed_prompts
+from kimi_batch.defs.assets.batch import build_batch_assets
 from kimi_batch.defs.assets.digest import digest_prefill, system_digest
-from kimi_batch.defs.jobs import api_batch_job, batch_job, distillation_job, ingest_job
-from kimi_batch.defs.publishing import trino_catch_up
+from kimi_batch.defs.deployment import building
+from kimi_batch.defs.partitions import build_batch_partitions
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
-from kimi_batch.defs.schedules import nightly_distillation_schedule
-from kimi_batch.defs.sensors import inbox_sensor
+from kimi_batch.settings import Settings
 
 __all__ = [
-    "ALL_ASSETS",
     "API_ASSETS",
-    "BATCH_ASSETS",
     "DIGEST_ASSETS",
+    "batch_assets",
     "build_definitions",
     "build_resources",
     "defs",
 ]
 
 DIGEST_ASSETS = [system_digest, digest_prefill]
-BATCH_ASSETS = [seed_prompts, amplified_prompts, distilled_responses]
 API_ASSETS = [api_batch_responses]
-ALL_ASSETS = [*DIGEST_ASSETS, *BATCH_ASSETS, *API_ASSETS]
 
 
-def build_resources() -> dict[str, dg.ConfigurableResource]:
-    """The resources; each reads the deployment's settings (`KIMI_BATCH_*`) when it is used."""
+def batch_assets(settings: Settings) -> list[dg.AssetsDefinition]:
+    """seed_prompts, amplified_prompts, distilled_responses over the deployment's partitions."""
+    return build_batch_assets(build_batch_partitions(settings))
+
+
+def build_resources(settings: Settings) -> dict[str, dg.ConfigurableResource]:
+    """The resources, each holding `settings` as a dependency run config cannot replace."""
     return {
-        "llama": LlamaServerResource(),
-        "digest": DigestResource(),
-        "warehouse": WarehouseResource(),
-        "trino": TrinoResource(),
+        "llama": LlamaServerResource(deployment=settings),
+        "digest": DigestResource(deployment=settings),
+        "warehouse": WarehouseResource(deployment=settings),
+        "trino": TrinoResource(deployment=settings),
     }
 
 
-def build_definitions() -> dg.Definitions:
-    return dg.Definitions(
-        assets=ALL_ASSETS,
-        asset_checks=[distilled_by_night_end],
-        jobs=[batch_job, ingest_job, distillation_job, api_batch_job],
-        schedules=[nightly_distillation_schedule],
-        sensors=[
-            inbox_sensor,
-            api_batch_sensor,
-            run_failure_alert,
-            distilled_freshness_alert,
-            trino_catch_up,
-        ],
-        resources=build_resources(),
-    )
+def build_definitions(settings: Settings) -> dg.Definitions:
+    """Everything in the defs folder, for the deployment `settings`, with its resources."""
+    with building(settings):
+        folder = dg.load_from_defs_folder(path_within_project=Path(__file__).parent)
+    return dg.Definitions.merge(folder, dg.Definitions(resources=build_resources(settings)))
 
 
-defs = build_definitions()
+@dg.definitions
+def defs() -> dg.Definitions:
+    """The kimi_batch code location, configured by this process's `KIMI_BATCH_*` variables."""
+    return build_definitions(Settings.from_env())

@@ -1,9 +1,10 @@
 """The environment-variable contract (docs/architecture.md), read in one place.
 
-Every `KIMI_BATCH_*` variable and every default is here and nowhere else. Lower layers take explicit
-arguments; the CLI, the Dagster resources, the sensor and the schedule call `Settings.from_env`,
-so tests can build any object without touching the process environment. State file locations are
-`Settings.paths` (`kimi_batch.paths.StatePaths`).
+Every `KIMI_BATCH_*` variable and every default is here and nowhere else. `Settings.from_env` runs
+once per process, in the entry points: the code location (`kimi_batch.definitions.defs`) and the
+CLI's `main`; everything else takes the `Settings` it is handed (the resources hold it as a
+dependency), so tests can build any object without touching the process environment. State file
+locations are `Settings.paths` (`kimi_batch.paths.StatePaths`).
 """
 
 from __future__ import annotations

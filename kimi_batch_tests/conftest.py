@@ -15,8 +15,8 @@ from kimi_batch_tests.support.markers import unmarked_server_tests
 
 pytest_plugins = ["kimi_batch_tests.support.llama_server", "kimi_batch_tests.support.trino"]
 
-# Tests use dated inbox folders from 2025 on. Set before any test module imports the definitions
-# (the date partitions are built at import), so they do not start at this run's install date.
+# Tests use dated inbox folders from 2025 on. Set before any test builds definitions from the
+# environment (the date partitions start there), so they do not start at this run's install date.
 os.environ.setdefault("KIMI_BATCH_PARTITIONS_START", "2025-01-01")
 
 

@@ -6,13 +6,22 @@ import os
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import dagster as dg
 import pytest
 
-from kimi_batch.definitions import defs
+from kimi_batch.definitions import build_definitions, build_resources
+from kimi_batch.defs.resources.llama import LlamaServerResource
+from kimi_batch.defs.resources.warehouse import WarehouseResource
+from kimi_batch.settings import Settings
 from kimi_batch_tests.support.repo import REPO_ROOT
+
+
+@pytest.fixture(scope="module")
+def defs() -> dg.Definitions:
+    return build_definitions(Settings.from_env())
 
 
 @pytest.mark.slow
@@ -31,7 +40,7 @@ def test_dagster_cli_validates_the_workspace_on_the_repo_instance_config(tmp_pat
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-def test_asset_graph_reads_digest_then_seed_amplified_distilled() -> None:
+def test_asset_graph_reads_digest_then_seed_amplified_distilled(defs: dg.Definitions) -> None:
     graph = defs.resolve_asset_graph()
     key = dg.AssetKey
     assert graph.get(key("digest_prefill")).parent_keys == {key("system_digest")}
@@ -51,13 +60,97 @@ def test_asset_graph_reads_digest_then_seed_amplified_distilled() -> None:
     }
 
 
-def test_every_asset_has_a_description_and_a_group() -> None:
+def test_every_asset_has_a_description_and_a_group(defs: dg.Definitions) -> None:
     for spec in defs.resolve_all_asset_specs():
         assert spec.description, spec.key
         assert spec.group_name in {"digest", "batch", "api"}, spec.key
 
 
-def test_a_batch_api_batch_is_its_own_partition_with_no_amplification() -> None:
+# Every module that builds definitions, and the entry points that import them.
+_IMPORTED = (
+    "kimi_batch.definitions",
+    "kimi_batch.defs.partitions",
+    "kimi_batch.defs.sensors",
+    "kimi_batch.defs.schedules",
+    "kimi_batch.defs.alerts",
+    "kimi_batch.defs.assets.batch",
+    "kimi_batch.defs.assets.digest",
+    "kimi_batch.cli.status",
+    "kimi_batch.cli",
+)
+
+
+def test_importing_the_code_location_reads_no_variable_and_writes_no_file(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KIMI_BATCH_")}
+    # Reading either at import would fail the import (a bad zone) or create the state dir.
+    env.update({"KIMI_BATCH_HOME": str(home), "KIMI_BATCH_TIMEZONE": "Not/A_Zone"})
+    done = subprocess.run(
+        [sys.executable, "-c", "; ".join(f"import {module}" for module in _IMPORTED)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not home.exists()
+
+
+def test_a_defs_file_dropped_into_the_folder_is_loaded(tmp_path: Path) -> None:
+    # What `dg scaffold defs dagster.asset NAME.py` writes: a plain module in kimi_batch/defs/.
+    name = f"dropped_{uuid.uuid4().hex[:8]}"
+    path = REPO_ROOT / "kimi_batch" / "defs" / f"{name}.py"
+    path.write_text(f"import dagster as dg\n\n\n@dg.asset\ndef {name}() -> None: ...\n")
+    try:
+        loaded = build_definitions(Settings.from_env())
+    finally:
+        path.unlink()
+        sys.modules.pop(f"kimi_batch.defs.{name}", None)
+    assert loaded.resolve_asset_graph().has(dg.AssetKey(name))
+
+
+def test_every_step_that_may_talk_to_llama_server_is_in_the_llama_pool(
+    defs: dg.Definitions,
+) -> None:
+    assets = [defs.get_assets_def(spec.key) for spec in defs.resolve_all_asset_specs()]
+    using = {
+        a.key.to_user_string(): a.op.pool for a in assets if "llama" in a.required_resource_keys
+    }
+    assert set(using) == {
+        "system_digest",
+        "digest_prefill",
+        "seed_prompts",
+        "amplified_prompts",
+        "distilled_responses",
+        "api_batch_responses",
+    }
+    assert set(using.values()) == {"llama_server"}, using
+
+
+def test_resources_hold_the_one_settings_and_run_config_cannot_replace_it(
+    tmp_path: Path,
+) -> None:
+    settings = Settings.from_env().model_copy(update={"home": tmp_path / "home"})
+    seen: list[Settings] = []
+
+    @dg.asset
+    def probe(llama: LlamaServerResource, warehouse: WarehouseResource) -> None:
+        seen.extend([llama.settings(), warehouse.deployment])
+
+    resources = build_resources(settings)
+    assert dg.materialize([probe], resources=resources).success
+    assert seen == [settings, settings]
+    assert seen[0] is settings
+    # The deployment is a resource dependency, not config: the launchpad cannot point it elsewhere.
+    elsewhere = {"llama": {"config": {"deployment": {"llama_url": "http://evil.example"}}}}
+    with pytest.raises(dg.DagsterInvalidConfigError):
+        dg.materialize([probe], resources=resources, run_config={"resources": elsewhere})
+
+
+def test_a_batch_api_batch_is_its_own_partition_with_no_amplification(
+    defs: dg.Definitions,
+) -> None:
     graph = defs.resolve_asset_graph()
     node = graph.get(dg.AssetKey("api_batch_responses"))
     assert node.parent_keys == set()

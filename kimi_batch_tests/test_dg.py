@@ -10,9 +10,11 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kimi_batch_tests.support.repo import REPO_ROOT
 
@@ -66,3 +68,31 @@ def test_dg_list_defs_shows_the_code_location(listed: dict[str, list[dict[str, o
     checks = {item["key"] for item in listed["asset_checks"]}
     assert "distilled_responses:no_duplicate_request_ids" in checks
     assert {r["name"] for r in listed["resources"]} >= {"llama", "digest", "warehouse", "trino"}
+
+
+def test_workspace_yaml_names_the_code_location_of_tool_dg() -> None:
+    """One name: pyproject's [tool.dg.project]; workspace.yaml (dagster dev -w) agrees."""
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["dg"]["project"]
+    workspace = yaml.safe_load((REPO_ROOT / "workspace.yaml").read_text())
+    (location,) = workspace["load_from"]
+    module = location["python_module"]
+    assert module["location_name"] == project["code_location_name"]
+    assert module["module_name"] == project["code_location_target_module"]
+    assert "dagster" not in tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]
+
+
+@pytest.mark.slow
+def test_a_file_scaffolded_with_dg_loads(tmp_path: Path) -> None:
+    name = f"scaffolded_{tmp_path.name[-8:].replace('-', '_')}"
+    path = REPO_ROOT / "kimi_batch" / "defs" / f"{name}.py"
+    try:
+        scaffold = _dg(tmp_path, "scaffold", "defs", "dagster.asset", f"{name}.py")
+        assert scaffold.returncode == 0, scaffold.stdout + scaffold.stderr
+        assert path.is_file()
+        listed = _dg(tmp_path, "list", "defs", "--json")
+        checked = _dg(tmp_path, "check", "defs")
+    finally:
+        path.unlink(missing_ok=True)
+    assert listed.returncode == 0, listed.stderr
+    assert name in {item["asset_key"] for item in json.loads(listed.stdout)["assets"]}
+    assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -102,8 +102,9 @@ def test_a_new_install_shows_no_year_of_empty_partitions(
     clean_env: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     code = (
-        "from kimi_batch.defs.partitions import date_partitions as d; "
-        "print(len(d.get_partition_keys()))"
+        "from kimi_batch.defs.partitions import build_date_partitions as b; "
+        "from kimi_batch.settings import Settings; "
+        "print(len(b(Settings.from_env()).get_partition_keys()))"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("KIMI_BATCH_")}
     env["KIMI_BATCH_HOME"] = str(tmp_path / "fresh")

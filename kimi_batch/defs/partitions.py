@@ -6,6 +6,10 @@ date ranges; the source dimension is dynamic because inbox files are discovered 
 sensor adds them). The dates start at KIMI_BATCH_PARTITIONS_START, by default the day this state
 dir was first used, so a new install shows no year of empty partitions; an input dated earlier
 lands on the first day instead of being dropped (`kimi_batch.storage.landing`).
+
+The date dimension depends on the deployment, so it is built from a `Settings` (by the defs
+modules, from `kimi_batch.defs.deployment`), never at import: importing this module reads no
+variable and writes no install-date file.
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ __all__ = [
     "SOURCE_DIMENSION",
     "SOURCE_PARTITIONS_NAME",
     "api_batch_partitions",
-    "batch_partitions",
-    "date_partitions",
+    "build_batch_partitions",
+    "build_date_partitions",
     "partition_parts",
     "source_partitions",
+    "split_partition_key",
 ]
 
 DATE_DIMENSION = "date"
@@ -31,16 +36,31 @@ SOURCE_DIMENSION = "source"
 SOURCE_PARTITIONS_NAME = "source"
 API_BATCH_PARTITIONS_NAME = "api_batch"
 
-_SETTINGS = Settings.from_env()
-date_partitions = dg.DailyPartitionsDefinition(
-    start_date=_SETTINGS.first_partition_date().isoformat(),
-    end_offset=1,
-    timezone=_SETTINGS.timezone,
-)
 source_partitions = dg.DynamicPartitionsDefinition(name=SOURCE_PARTITIONS_NAME)
-batch_partitions = dg.MultiPartitionsDefinition(
-    {DATE_DIMENSION: date_partitions, SOURCE_DIMENSION: source_partitions}
-)
+
+
+def build_date_partitions(settings: Settings) -> dg.DailyPartitionsDefinition:
+    """Arrival dates from the first partition date, in the one clock (KIMI_BATCH_TIMEZONE)."""
+    return dg.DailyPartitionsDefinition(
+        start_date=settings.first_partition_date().isoformat(),
+        end_offset=1,
+        timezone=settings.timezone,
+    )
+
+
+def build_batch_partitions(settings: Settings) -> dg.MultiPartitionsDefinition:
+    """(date, source): the partitions of every batch asset."""
+    return dg.MultiPartitionsDefinition(
+        {DATE_DIMENSION: build_date_partitions(settings), SOURCE_DIMENSION: source_partitions}
+    )
+
+
+def split_partition_key(raw: str) -> tuple[str, str] | None:
+    """(ds, source) of a `date|source` key string; None for a key of another shape."""
+    # Dagster joins a multi-partition key's dimensions in name order: date, then source.
+    parts = raw.split("|")
+    return (parts[0], parts[1]) if len(parts) == 2 and all(parts) else None
+
 
 # One partition per Batch API batch (its id), added by the API batch sensor when the batch is
 # created; its rows land in the tables at ds=<day created>/source=<batch id>.

@@ -15,7 +15,8 @@ from __future__ import annotations
 import dagster as dg
 
 from kimi_batch.defs.check_states import PUBLISHED_CHECK, PUBLISHED_CHECKS, failed_checks
-from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, batch_partitions
+from kimi_batch.defs.deployment import deployment_settings
+from kimi_batch.defs.partitions import split_partition_key
 from kimi_batch.engine import LeaseHeldError, Ledger
 from kimi_batch.settings import Settings
 from kimi_batch.storage import (
@@ -26,7 +27,7 @@ from kimi_batch.storage import (
     Warehouse,
 )
 
-__all__ = ["TABLES_OF", "trino_catch_up"]
+__all__ = ["TABLES_OF", "build_trino_catch_up", "defs"]
 
 CATCH_UP_INTERVAL_S = 300
 OWNER = "trino_catch_up"
@@ -38,20 +39,11 @@ TABLES_OF = {
 }
 
 
-def _default_status() -> dg.DefaultSensorStatus:
-    return (
-        dg.DefaultSensorStatus.RUNNING
-        if Settings.from_env().trino_host
-        else dg.DefaultSensorStatus.STOPPED
-    )
-
-
 def _parts(partition: str) -> tuple[str, str]:
-    key = batch_partitions.get_partition_key_from_str(partition)
-    if not isinstance(key, dg.MultiPartitionKey):
+    parts = split_partition_key(partition)
+    if parts is None:
         raise ValueError(f"not a date|source partition: {partition!r}")
-    dims = key.keys_by_dimension
-    return dims[DATE_DIMENSION], dims[SOURCE_DIMENSION]
+    return parts
 
 
 def _published(asset: str, partition: str, tables: tuple[str, ...]) -> dg.AssetCheckEvaluation:
@@ -64,18 +56,32 @@ def _published(asset: str, partition: str, tables: tuple[str, ...]) -> dg.AssetC
     )
 
 
-@dg.sensor(
-    name=OWNER,
-    minimum_interval_seconds=CATCH_UP_INTERVAL_S,
-    default_status=_default_status(),
-    description="Publishes to Trino every partition whose published_to_trino check failed (a "
-    "Trino outage during its run), once Trino answers again, and marks the check passed.",
-)
-def trino_catch_up(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
-    """Publish what an outage left unpublished."""
-    settings = Settings.from_env()
-    if not settings.trino_host:
-        return dg.SkipReason("no KIMI_BATCH_TRINO_HOST: Parquet only")
+def build_trino_catch_up(settings: Settings) -> dg.SensorDefinition:
+    """The Trino catch-up sensor of the deployment `settings` (running when Trino is set)."""
+
+    @dg.sensor(
+        name=OWNER,
+        minimum_interval_seconds=CATCH_UP_INTERVAL_S,
+        default_status=(
+            dg.DefaultSensorStatus.RUNNING
+            if settings.trino_host
+            else dg.DefaultSensorStatus.STOPPED
+        ),
+        description="Publishes to Trino every partition whose published_to_trino check failed (a "
+        "Trino outage during its run), once Trino answers again, and marks the check passed.",
+    )
+    def trino_catch_up(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
+        """Publish what an outage left unpublished."""
+        if not settings.trino_host:
+            return dg.SkipReason("no KIMI_BATCH_TRINO_HOST: Parquet only")
+        return _catch_up(context, settings)
+
+    return trino_catch_up
+
+
+def _catch_up(
+    context: dg.SensorEvaluationContext, settings: Settings
+) -> dg.SensorResult | dg.SkipReason:
     missing = failed_checks(context.instance, keys=PUBLISHED_CHECKS)
     if not missing:
         return dg.SkipReason("every partition is published")
@@ -105,3 +111,9 @@ def trino_catch_up(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.
             done.append(_published(item.asset, item.partition, tables))
     context.log.info(f"published {len(done)} of {len(missing)} unpublished partition(s)")
     return dg.SensorResult(asset_events=done)
+
+
+@dg.definitions
+def defs() -> dg.Definitions:
+    """The Trino catch-up sensor of this code location."""
+    return dg.Definitions(sensors=[build_trino_catch_up(deployment_settings())])

@@ -29,14 +29,15 @@ from datetime import date, datetime, timedelta
 import dagster as dg
 from pydantic import BaseModel, ConfigDict, Field
 
+from kimi_batch.defs.deployment import deployment_settings
 from kimi_batch.defs.jobs import RETRY_TAGS, WINDOW_TAG, distillation_job
 from kimi_batch.defs.partition_states import distilled_input_sha
 from kimi_batch.defs.partitions import (
     DATE_DIMENSION,
     SOURCE_DIMENSION,
-    batch_partitions,
-    date_partitions,
+    build_date_partitions,
     source_partitions,
+    split_partition_key,
 )
 from kimi_batch.settings import Settings
 from kimi_batch.storage import Assignment, Landing
@@ -48,8 +49,9 @@ __all__ = [
     "WINDOW_GRACE_S",
     "WINDOW_TAG",
     "BatchPartition",
+    "build_nightly_schedule",
+    "defs",
     "night_ds",
-    "nightly_distillation_schedule",
     "nightly_partitions",
     "window_end",
 ]
@@ -109,10 +111,9 @@ def nightly_partitions(
     done: set[tuple[str, str]] = set()
     rebuild = set(stale)
     for raw in (key for key in distilled if key not in rebuild):
-        key = batch_partitions.get_partition_key_from_str(raw)
-        if isinstance(key, dg.MultiPartitionKey):
-            dims = key.keys_by_dimension
-            done.add((dims[DATE_DIMENSION], dims[SOURCE_DIMENSION]))
+        parts = split_partition_key(raw)
+        if parts is not None:
+            done.add(parts)
     wanted = {
         (item.ds, item.source)
         for item in assignments
@@ -168,55 +169,63 @@ def _ensure_sources(instance: dg.DagsterInstance, partitions: Sequence[BatchPart
         instance.add_dynamic_partitions(name, missing)
 
 
-_SETTINGS = Settings.from_env()
+def build_nightly_schedule(settings: Settings) -> dg.ScheduleDefinition:
+    """The nightly distillation of the deployment `settings` (cron, timezone, window, status)."""
+
+    @dg.schedule(
+        name="nightly_distillation_schedule",
+        job=distillation_job,
+        cron_schedule=settings.nightly_cron,
+        execution_timezone=settings.timezone,
+        default_status=(
+            dg.DefaultScheduleStatus.RUNNING
+            if settings.nightly_running
+            else dg.DefaultScheduleStatus.STOPPED
+        ),
+        description=(
+            "Nightly teacher run: distillation_job for every partition dated up to the day that "
+            "just ended whose distillation is missing or stale (built from an older version of "
+            "its input; catch-up included), oldest first, stopping at KIMI_BATCH_NIGHT_ENDS. "
+            f"Cron '{settings.nightly_cron}', timezone {settings.timezone}."
+        ),
+    )
+    def nightly_distillation_schedule(
+        context: dg.ScheduleEvaluationContext,
+    ) -> list[dg.RunRequest] | dg.SkipReason:
+        """Request distillation for every partition missing it or built from an older input."""
+        scheduled = context.scheduled_execution_time
+        night = night_ds(scheduled, settings)
+        dates = build_date_partitions(settings)
+        instance = context.instance
+        assignments, landed = _known_partitions(settings, night)
+        distilled = instance.get_materialized_partitions(_DISTILLED)
+        stale = _stale(instance, distilled, landed)
+        partitions = [
+            item
+            for item in nightly_partitions(assignments, distilled, night, stale)
+            if dates.has_partition_key(item.ds)
+        ]
+        if stale:
+            context.log.info(
+                f"rebuilding {len(stale)} stale partition(s): {', '.join(sorted(stale)[:10])}"
+            )
+        if not partitions:
+            return dg.SkipReason(f"every partition up to {night} is distilled")
+        _ensure_sources(instance, partitions)
+        tags = nightly_tags(night, window_end(scheduled, settings), _local(scheduled, settings))
+        return [
+            dg.RunRequest(
+                run_key=f"nightly:{night}:{item.ds}:{item.source}",
+                partition_key=item.key,
+                tags=tags,
+            )
+            for item in partitions
+        ]
+
+    return nightly_distillation_schedule
 
 
-@dg.schedule(
-    name="nightly_distillation_schedule",
-    job=distillation_job,
-    cron_schedule=_SETTINGS.nightly_cron,
-    execution_timezone=_SETTINGS.timezone,
-    default_status=(
-        dg.DefaultScheduleStatus.RUNNING
-        if _SETTINGS.nightly_running
-        else dg.DefaultScheduleStatus.STOPPED
-    ),
-    description=(
-        "Nightly teacher run: distillation_job for every partition dated up to the day that just "
-        "ended whose distillation is missing or stale (built from an older version of its "
-        "input; catch-up included), oldest first, stopping at "
-        f"KIMI_BATCH_NIGHT_ENDS. Cron '{_SETTINGS.nightly_cron}', timezone {_SETTINGS.timezone}."
-    ),
-)
-def nightly_distillation_schedule(
-    context: dg.ScheduleEvaluationContext,
-) -> list[dg.RunRequest] | dg.SkipReason:
-    """Request distillation for every partition missing it or built from an older input."""
-    settings = Settings.from_env()
-    scheduled = context.scheduled_execution_time
-    night = night_ds(scheduled, settings)
-    instance = context.instance
-    assignments, landed = _known_partitions(settings, night)
-    distilled = instance.get_materialized_partitions(_DISTILLED)
-    stale = _stale(instance, distilled, landed)
-    partitions = [
-        item
-        for item in nightly_partitions(assignments, distilled, night, stale)
-        if date_partitions.has_partition_key(item.ds)
-    ]
-    if stale:
-        context.log.info(
-            f"rebuilding {len(stale)} stale partition(s): {', '.join(sorted(stale)[:10])}"
-        )
-    if not partitions:
-        return dg.SkipReason(f"every partition up to {night} is distilled")
-    _ensure_sources(instance, partitions)
-    tags = nightly_tags(night, window_end(scheduled, settings), _local(scheduled, settings))
-    return [
-        dg.RunRequest(
-            run_key=f"nightly:{night}:{item.ds}:{item.source}",
-            partition_key=item.key,
-            tags=tags,
-        )
-        for item in partitions
-    ]
+@dg.definitions
+def defs() -> dg.Definitions:
+    """The nightly schedule of this code location."""
+    return dg.Definitions(schedules=[build_nightly_schedule(deployment_settings())])

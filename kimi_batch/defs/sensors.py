@@ -30,11 +30,12 @@ from collections.abc import Callable, Sequence
 import dagster as dg
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 
+from kimi_batch.defs.deployment import deployment_settings
 from kimi_batch.defs.jobs import RETRY_TAGS, ingest_job
 from kimi_batch.defs.partitions import (
     DATE_DIMENSION,
     SOURCE_DIMENSION,
-    date_partitions,
+    build_date_partitions,
     source_partitions,
 )
 from kimi_batch.settings import Settings
@@ -57,7 +58,8 @@ __all__ = [
     "InboxCursor",
     "InboxRequest",
     "InboxTick",
-    "inbox_sensor",
+    "build_inbox_sensor",
+    "defs",
     "plan_inbox_tick",
 ]
 
@@ -309,7 +311,7 @@ def _tick(context: dg.SensorEvaluationContext, settings: Settings) -> dg.SensorR
             files,
             InboxCursor.parse(context.cursor),
             assign=lambda item: landing.assign_file(item, arrived=settings.today(), start=start),
-            is_valid_ds=date_partitions.has_partition_key,
+            is_valid_ds=build_date_partitions(settings).has_partition_key,
             max_input_bytes=settings.max_input_bytes,
             # Module globals read per tick, not default arguments, so tests can shorten them.
             settle_s=SETTLE_S,
@@ -342,31 +344,38 @@ def _tick(context: dg.SensorEvaluationContext, settings: Settings) -> dg.SensorR
     )
 
 
-_SETTINGS = Settings.from_env()
+def build_inbox_sensor(settings: Settings) -> dg.SensorDefinition:
+    """The inbox sensor of the deployment `settings` (its inbox, interval and default status)."""
+
+    @dg.sensor(
+        name="inbox_sensor",
+        job=ingest_job,
+        minimum_interval_seconds=settings.inbox_sensor_interval_s,
+        default_status=(
+            dg.DefaultSensorStatus.RUNNING
+            if settings.inbox_sensor_running
+            else dg.DefaultSensorStatus.STOPPED
+        ),
+        description=(
+            "Watches $KIMI_BATCH_HOME/inbox: a new or changed input file adds its source "
+            "partition and starts ingest_job for (date, source). Run key = file path + content "
+            "hash, so an unchanged file never runs twice. Unreadable and refused files are "
+            "requested for quarantine without being read."
+        ),
+    )
+    def inbox_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+        """Request ingestion for new or changed inbox files."""
+        if not settings.paths.inbox_dir.is_dir():
+            return dg.SensorResult(
+                skip_reason=dg.SkipReason(f"inbox {settings.paths.inbox_dir} does not exist yet"),
+                cursor=context.cursor,
+            )
+        return _tick(context, settings)
+
+    return inbox_sensor
 
 
-@dg.sensor(
-    name="inbox_sensor",
-    job=ingest_job,
-    minimum_interval_seconds=_SETTINGS.inbox_sensor_interval_s,
-    default_status=(
-        dg.DefaultSensorStatus.RUNNING
-        if _SETTINGS.inbox_sensor_running
-        else dg.DefaultSensorStatus.STOPPED
-    ),
-    description=(
-        "Watches $KIMI_BATCH_HOME/inbox: a new or changed input file adds its source partition "
-        "and starts ingest_job for (date, source). Run key = file path + content hash, so an "
-        "unchanged file never runs twice. Unreadable and refused files are requested for "
-        "quarantine without being read."
-    ),
-)
-def inbox_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
-    """Request ingestion for new or changed inbox files."""
-    settings = Settings.from_env()
-    if not settings.paths.inbox_dir.is_dir():
-        return dg.SensorResult(
-            skip_reason=dg.SkipReason(f"inbox {settings.paths.inbox_dir} does not exist yet"),
-            cursor=context.cursor,
-        )
-    return _tick(context, settings)
+@dg.definitions
+def defs() -> dg.Definitions:
+    """The inbox sensor of this code location."""
+    return dg.Definitions(sensors=[build_inbox_sensor(deployment_settings())])

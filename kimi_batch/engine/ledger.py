@@ -361,3 +361,24 @@ class Ledger:
 
     def count(self) -> int:
         return int(self._db.execute("SELECT count(*) FROM results").fetchone()[0])
+
+    @staticmethod
+    def count_by_tag(path: Path) -> dict[str, int]:
+        """Finished requests per request tag, read-only: {} when there is no ledger yet.
+
+        Opens no writer (no WAL switch, no schema), so a reader beside a running batch never
+        holds a write lock and a status call never creates the file.
+        """
+        if not path.is_file():
+            return {}
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+        try:
+            rows = db.execute(
+                "SELECT json_extract(result_json, '$.tag'), count(*) FROM results GROUP BY 1"
+            ).fetchall()
+        finally:
+            db.close()
+        counts: dict[str, int] = {}
+        for tag, count in rows:  # a NULL tag counts as ""
+            counts[str(tag or "")] = counts.get(str(tag or ""), 0) + int(count)
+        return counts

@@ -14,12 +14,12 @@ from datetime import UTC, datetime
 import dagster as dg
 import pytest
 
-from kimi_batch.definitions import build_resources
-from kimi_batch.defs.assets.batch import seed_prompts
+from kimi_batch.definitions import batch_assets, build_resources
 from kimi_batch.defs.assets.stage import generation_asset
-from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
+from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME, build_batch_partitions
 from kimi_batch.engine import GenerationRequest, GenerationResult, SamplingParams
 from kimi_batch.llama import ChatMessage
+from kimi_batch.settings import Settings
 from kimi_batch.storage import Warehouse
 from kimi_batch.tasks.rows import GenerationColumns
 from kimi_batch.tasks.stage import (
@@ -78,10 +78,16 @@ class EchoLengthTask(GenerationTask[SeedInputs, EchoLengthRow]):
         )
 
 
-# The one registration line.
-echo_lengths = generation_asset(
-    name="echo_lengths", task=EchoLengthTask(), deps=[seed_prompts], description="Echoed lengths."
-)
+# The one registration line (over the deployment's partitions, as the batch assets are built).
+def echo_lengths(partitions: dg.PartitionsDefinition) -> dg.AssetsDefinition:
+    return generation_asset(
+        name="echo_lengths",
+        task=EchoLengthTask(),
+        partitions=partitions,
+        deps=["seed_prompts"],
+        description="Echoed lengths.",
+    )
+
 
 PROMPTS = {"e1": "What is a noun?", "e2": "Name a planet.", "e3": "Why is the sky blue?"}
 
@@ -93,13 +99,15 @@ def test_a_stage_of_one_class_runs_through_engine_ledger_and_parquet(llama_env: 
     (inbox / "echo.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     today = datetime.now(UTC).date().isoformat()
     key = dg.MultiPartitionKey({"date": today, "source": "echo"})
+    settings = Settings.from_env()
+    seed_prompts = batch_assets(settings)[0]
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions(SOURCE_PARTITIONS_NAME, ["echo"])
         runs = [
             dg.materialize(
-                [seed_prompts, echo_lengths],
+                [seed_prompts, echo_lengths(build_batch_partitions(settings))],
                 partition_key=key,
-                resources=build_resources(),
+                resources=build_resources(settings),
                 instance=instance,
             )
             for _ in range(2)

@@ -15,20 +15,31 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from kimi_batch.defs.alerts import (
-    FRESHNESS_CHECK,
-    distilled_by_night_end,
-    distilled_freshness_alert,
-    due_night,
-    run_failure_alert,
-)
-from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, batch_partitions
+from kimi_batch.defs.alerts import FRESHNESS_CHECK, build_alerts, due_night
+from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, build_batch_partitions
+from kimi_batch.defs.webhook import post_message
 from kimi_batch.engine.stats import ProgressEvent
 from kimi_batch.settings import Settings
 from kimi_batch.storage.landing import Landing
-from kimi_batch.webhook import post_message
 
 pytestmark = pytest.mark.filterwarnings("ignore:Non-compliant tag keys:DeprecationWarning")
+
+
+def _alerts() -> dg.Definitions:
+    """The real alerts, built for the environment as the test has set it."""
+    return build_alerts(Settings.from_env())
+
+
+def _sensor(name: str) -> dg.SensorDefinition:
+    return next(sensor for sensor in _alerts().sensors or [] if sensor.name == name)
+
+
+def run_failure_alert(context: dg.RunFailureSensorContext) -> object:
+    return _sensor("run_failure_alert")(context)
+
+
+def distilled_freshness_alert(context: dg.SensorEvaluationContext) -> object:
+    return _sensor("distilled_freshness_alert")(context)
 
 
 class Receiver:
@@ -80,7 +91,9 @@ def _key(ds: str, source: str) -> dg.MultiPartitionKey:
 
 
 def _standin(*, fail: bool) -> dg.AssetsDefinition:
-    @dg.asset(name="distilled_responses", partitions_def=batch_partitions)
+    @dg.asset(
+        name="distilled_responses", partitions_def=build_batch_partitions(Settings.from_env())
+    )
     def distilled_responses(context: dg.AssetExecutionContext) -> None:
         progress = ProgressEvent(
             done=3, total=8, failed=0, completion_tokens_per_s=4.2, elapsed_s=9.0, eta_s=15.0
@@ -232,7 +245,7 @@ def test_the_check_run_with_the_materialization_counts_that_partition_done(
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("source", ["same_run"])
         result = dg.materialize(
-            [_standin(fail=False), distilled_by_night_end],
+            [_standin(fail=False), *(_alerts().asset_checks or [])],
             partition_key=_key(yesterday, "same_run"),
             instance=instance,
         )
@@ -271,6 +284,8 @@ def test_an_alert_the_webhook_refused_is_sent_again_on_the_next_tick(
 
 
 def _checked_standin(failed_check: str, metadata: dict[str, float | str]) -> dg.AssetsDefinition:
+    batch_partitions = build_batch_partitions(Settings.from_env())
+
     @dg.asset(
         name="distilled_responses",
         partitions_def=batch_partitions,

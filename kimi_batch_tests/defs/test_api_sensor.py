@@ -9,7 +9,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from kimi_batch.defs.api_sensor import api_batch_sensor
+from kimi_batch.defs.api_sensor import build_api_batch_sensor
 from kimi_batch.defs.assets.api_batch import API_TRIGGER_TAG
 from kimi_batch.settings import Settings
 from kimi_batch.storage import ApiStore, BatchRecord, BatchStatus, validate_batch
@@ -45,7 +45,7 @@ def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
 
 
 def _tick(instance: dg.DagsterInstance) -> dg.SensorResult:
-    result = api_batch_sensor(dg.build_sensor_context(instance=instance))
+    result = build_api_batch_sensor(Settings.from_env())(dg.build_sensor_context(instance=instance))
     assert isinstance(result, dg.SensorResult)
     return result
 

@@ -19,8 +19,9 @@ import polars as pl
 import pytest
 from pydantic import BaseModel
 
-from kimi_batch.definitions import BATCH_ASSETS, build_resources
+from kimi_batch.definitions import batch_assets, build_resources
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
+from kimi_batch.settings import Settings
 from kimi_batch.storage import Warehouse
 from kimi_batch_tests.support.llama_server import LlamaEnv
 
@@ -55,10 +56,10 @@ def _materialize(
 ) -> dg.ExecuteInProcessResult:
     instance.add_dynamic_partitions(SOURCE_PARTITIONS_NAME, [source])
     return dg.materialize(
-        BATCH_ASSETS,
+        batch_assets(Settings.from_env()),
         selection=selection,
         partition_key=_key(source),
-        resources=build_resources(),
+        resources=build_resources(Settings.from_env()),
         instance=instance,
         run_config={
             "ops": {
@@ -156,12 +157,12 @@ import json
 import sys
 import dagster as dg
 import httpx
-from kimi_batch.definitions import BATCH_ASSETS, build_resources
+from kimi_batch.definitions import batch_assets, build_resources
 from kimi_batch.settings import Settings
 instance = dg.DagsterInstance.from_config(sys.argv[1])
 key = dg.MultiPartitionKey({"date": sys.argv[2], "source": sys.argv[3]})
-dg.materialize(BATCH_ASSETS, selection=["distilled_responses"], partition_key=key,
-               resources=build_resources(), instance=instance,
+dg.materialize(batch_assets(Settings.from_env()), selection=["distilled_responses"], partition_key=key,
+               resources=build_resources(Settings.from_env()), instance=instance,
                run_config=json.loads(sys.argv[4]))
 """
 
@@ -298,9 +299,9 @@ def test_schema_constrained_answers_and_logprobs_land_in_the_table(
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions(SOURCE_PARTITIONS_NAME, ["structured"])
         result = dg.materialize(
-            BATCH_ASSETS,
+            batch_assets(Settings.from_env()),
             partition_key=_key("structured"),
-            resources=build_resources(),
+            resources=build_resources(Settings.from_env()),
             instance=instance,
             run_config=run_config,
         )

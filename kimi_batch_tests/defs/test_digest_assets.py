@@ -9,6 +9,7 @@ import dagster as dg
 import pytest
 
 from kimi_batch.definitions import DIGEST_ASSETS, build_resources
+from kimi_batch.settings import Settings
 from kimi_batch_tests.support.engine import fresh_digest
 from kimi_batch_tests.support.llama_server import LlamaEnv
 
@@ -29,7 +30,9 @@ def _digest_file(home: Path, name: str) -> Path:
 def _materialize(digest_path: Path) -> dg.ExecuteInProcessResult:
     with pytest.MonkeyPatch.context() as patch, dg.instance_for_test() as instance:
         patch.setenv("KIMI_BATCH_DIGEST", str(digest_path))  # deployment config, not run config
-        return dg.materialize(DIGEST_ASSETS, resources=build_resources(), instance=instance)
+        return dg.materialize(
+            DIGEST_ASSETS, resources=build_resources(Settings.from_env()), instance=instance
+        )
 
 
 def test_digest_is_fingerprinted_then_prefilled_once_and_restored_everywhere(

@@ -26,9 +26,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from kimi_batch.definitions import defs
-from kimi_batch.defs.schedules import nightly_distillation_schedule
-from kimi_batch.defs.sensors import inbox_sensor
+from kimi_batch.definitions import build_definitions
 from kimi_batch.engine import row_request_id
 from kimi_batch.settings import Settings
 from kimi_batch.storage import Landing, Warehouse
@@ -61,12 +59,13 @@ def _write(inbox: Path, prompts: list[str], age_s: float) -> None:
 class Daemons:
     """Per tick what the sensor and schedule daemons do: partitions, cursor, runs executed."""
 
-    def __init__(self, instance: dg.DagsterInstance) -> None:
+    def __init__(self, instance: dg.DagsterInstance, settings: Settings) -> None:
         self.instance = instance
         self.cursor: str | None = None
+        self.defs = build_definitions(settings)
 
     def _execute(self, job_name: str, request: dg.RunRequest) -> dg.ExecuteInProcessResult:
-        job = defs.resolve_job_def(job_name)
+        job = self.defs.resolve_job_def(job_name)
         tags = {k: v for k, v in request.tags.items() if not k.startswith("dagster/")}
         result = job.execute_in_process(
             instance=self.instance,
@@ -85,11 +84,12 @@ class Daemons:
         return result
 
     def sensor_tick(self) -> list[dg.ExecuteInProcessResult]:
+        inbox_sensor = self.defs.resolve_sensor_def("inbox_sensor")
         context = dg.build_sensor_context(
             instance=self.instance,
             instance_ref=self.instance.get_ref(),
             cursor=self.cursor,
-            definitions=defs,
+            definitions=self.defs,
             sensor_name=inbox_sensor.name,
         )
         data = inbox_sensor.evaluate_tick(context)
@@ -105,9 +105,10 @@ class Daemons:
         context = dg.build_schedule_context(
             instance=self.instance,
             scheduled_execution_time=when,
-            repository_def=defs.get_repository_def(),
+            repository_def=self.defs.get_repository_def(),
         )
-        data = nightly_distillation_schedule.evaluate_tick(context)
+        schedule = self.defs.resolve_schedule_def("nightly_distillation_schedule")
+        data = schedule.evaluate_tick(context)
         return [self._execute("distillation_job", r) for r in data.run_requests or []]
 
 
@@ -146,7 +147,7 @@ def test_a_rewritten_input_is_distilled_again_and_only_its_new_rows_are_generate
     warehouse = Warehouse(settings.paths.warehouse_dir)
     instance = dg.DagsterInstance.from_config(str(home / "dagster"))
     try:
-        daemons = Daemons(instance)
+        daemons = Daemons(instance, settings)
         _write(home / "inbox", DAY_1, age_s=120)
         assert len(daemons.sensor_tick()) == 1  # day 1 lands, ingest runs
         (first_night,) = daemons.schedule_tick(night_1.replace(hour=2))

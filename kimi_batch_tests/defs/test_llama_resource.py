@@ -16,6 +16,7 @@ import pytest
 
 from kimi_batch.definitions import DIGEST_ASSETS, build_resources
 from kimi_batch.defs.resources.llama import LlamaServerResource
+from kimi_batch.settings import Settings
 from kimi_batch_tests.support.crashing_binary import crashing_binary
 from kimi_batch_tests.support.ports import free_port
 
@@ -35,7 +36,7 @@ def state_env(tmp_path: Path, model_path: Path) -> Iterator[pytest.MonkeyPatch]:
         for name in ("KIMI_BATCH_LLAMA_URL", "KIMI_BATCH_TRINO_HOST", "DAGSTER_HOME"):
             patch.delenv(name, raising=False)
         yield patch
-        LlamaServerResource().manager().stop()
+        LlamaServerResource(deployment=Settings.from_env()).manager().stop()
 
 
 def _run_log(instance: dg.DagsterInstance, run_id: str) -> str:
@@ -58,7 +59,10 @@ def test_a_server_killed_by_sigsegv_at_start_fails_the_run_naming_the_signal(
     state_env.setenv("KIMI_BATCH_LLAMA_SERVER", str(crashing_binary(tmp_path, "SEGV")))
     with dg.instance_for_test() as instance:
         result = dg.materialize(
-            DIGEST_ASSETS, resources=build_resources(), instance=instance, raise_on_error=False
+            DIGEST_ASSETS,
+            resources=build_resources(Settings.from_env()),
+            instance=instance,
+            raise_on_error=False,
         )
         log = _run_log(instance, result.run_id)
     assert not result.success
@@ -77,11 +81,13 @@ def test_a_server_that_died_by_a_signal_is_named_in_the_run_that_starts_it_again
     state_env: pytest.MonkeyPatch, llama_binary: Path
 ) -> None:
     state_env.setenv("KIMI_BATCH_LLAMA_SERVER", str(llama_binary))
-    first = LlamaServerResource().ensure_running()
+    first = LlamaServerResource(deployment=Settings.from_env()).ensure_running()
     assert first.pid is not None
     os.kill(first.pid, signal.SIGSEGV)
     with dg.instance_for_test() as instance:
-        result = dg.materialize(DIGEST_ASSETS, resources=build_resources(), instance=instance)
+        result = dg.materialize(
+            DIGEST_ASSETS, resources=build_resources(Settings.from_env()), instance=instance
+        )
         log = _run_log(instance, result.run_id)
     assert result.success
     assert f"llama-server (pid {first.pid}) was killed by SIGSEGV after" in log

@@ -17,7 +17,6 @@ from kimi_batch.defs import schedules
 from kimi_batch.defs.schedules import (
     BatchPartition,
     night_ds,
-    nightly_distillation_schedule,
     nightly_partitions,
     window_end,
 )
@@ -29,6 +28,7 @@ from kimi_batch_tests.support.standins import standin_definitions
 pytestmark = pytest.mark.filterwarnings("ignore:Non-compliant tag keys:DeprecationWarning")
 
 NIGHT = datetime(2025, 6, 2, 2, 0, tzinfo=UTC)  # the night after June 1
+SCHEDULE = "nightly_distillation_schedule"
 
 
 def put(path: Path, *, mtime: datetime | None = None) -> Path:
@@ -56,12 +56,13 @@ def inbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def evaluate(
     instance: dg.DagsterInstance, when: datetime
 ) -> tuple[list[dg.RunRequest], str | None]:
+    defs = standin_definitions()
     context = dg.build_schedule_context(
         instance=instance,
         scheduled_execution_time=when,
-        repository_def=standin_definitions().get_repository_def(),
+        repository_def=defs.get_repository_def(),
     )
-    data = nightly_distillation_schedule.evaluate_tick(context)
+    data = defs.resolve_schedule_def(SCHEDULE).evaluate_tick(context)
     return list(data.run_requests or []), data.skip_message
 
 
@@ -215,6 +216,7 @@ def test_night_ds(when: datetime, zone: str, ds: str) -> None:
 
 def test_job_is_the_partitioned_distillation_job() -> None:
     defs = standin_definitions()
+    nightly_distillation_schedule = defs.resolve_schedule_def(SCHEDULE)
     job = defs.resolve_job_def(nightly_distillation_schedule.job_name)
 
     assert nightly_distillation_schedule.job_name == "distillation_job"
@@ -229,9 +231,12 @@ def test_job_is_the_partitioned_distillation_job() -> None:
 
 
 def _schedule_settings(env: dict[str, str]) -> dict[str, str]:
-    """cron, timezone and default status of the schedule as a fresh process imports it."""
+    """cron, timezone and default status of the schedule as a fresh process loads it."""
     code = (
-        "import json; from kimi_batch.defs.schedules import nightly_distillation_schedule as s; "
+        "import json; from kimi_batch.definitions import build_definitions; "
+        "from kimi_batch.settings import Settings; "
+        "s = build_definitions(Settings.from_env()).resolve_schedule_def("
+        "'nightly_distillation_schedule'); "
         "print(json.dumps({'cron': s.cron_schedule, 'tz': s.execution_timezone, "
         "'status': s.default_status.value}))"
     )

@@ -29,7 +29,7 @@ from kimi_batch.defs import sensors
 from kimi_batch.defs.sensors import (
     FILE_TAG,
     InboxCursor,
-    inbox_sensor,
+    build_inbox_sensor,
     plan_inbox_tick,
 )
 from kimi_batch.paths import StatePaths
@@ -63,6 +63,10 @@ class SensorDaemon:
     cursor: str | None = None
     ticks: list[Tick] = field(default_factory=list)
 
+    @property
+    def sensor(self) -> dg.SensorDefinition:
+        return self.defs.resolve_sensor_def("inbox_sensor")
+
     def tick(self, *, execute: bool = True) -> Tick:
         """One tick; `execute=False` stops after partitions and cursor (no runs, no dedup)."""
         context = dg.build_sensor_context(
@@ -70,9 +74,9 @@ class SensorDaemon:
             instance_ref=self.instance.get_ref(),  # as in the daemon: partitions load from it
             cursor=self.cursor,
             definitions=self.defs,
-            sensor_name=inbox_sensor.name,
+            sensor_name=self.sensor.name,
         )
-        data = inbox_sensor.evaluate_tick(context)
+        data = self.sensor.evaluate_tick(context)
         for request in data.dynamic_partitions_requests or []:
             assert isinstance(request, dg.AddDynamicPartitionsRequest)
             self.instance.add_dynamic_partitions(
@@ -92,11 +96,11 @@ class SensorDaemon:
         return tick
 
     def _has_run(self, run_key: str) -> bool:
-        tags = {"dagster/run_key": run_key, "dagster/sensor_name": inbox_sensor.name}
+        tags = {"dagster/run_key": run_key, "dagster/sensor_name": self.sensor.name}
         return bool(self.instance.get_run_records(filters=dg.RunsFilter(tags=tags), limit=1))
 
     def _execute(self, request: dg.RunRequest) -> dg.ExecuteInProcessResult:
-        job = self.defs.resolve_job_def(str(inbox_sensor.job_name))
+        job = self.defs.resolve_job_def(str(self.sensor.job_name))
         tags = {k: v for k, v in request.tags.items() if not k.startswith("dagster/partition")}
         assert request.run_key is not None
         return job.execute_in_process(
@@ -115,7 +119,8 @@ def inbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def daemon() -> Iterator[SensorDaemon]:
+def daemon(inbox: Path) -> Iterator[SensorDaemon]:
+    # After `inbox`: the definitions are built for the state dir it points KIMI_BATCH_HOME at.
     with dg.instance_for_test() as instance:
         yield SensorDaemon(instance=instance, defs=standin_definitions())
 
@@ -476,6 +481,7 @@ def test_missing_inbox_is_a_skip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 
 def test_sensor_definition_defaults() -> None:
+    inbox_sensor = build_inbox_sensor(Settings.from_env())
     assert inbox_sensor.job_name == "ingest_job"
     assert inbox_sensor.minimum_interval_seconds == Settings.from_env().inbox_sensor_interval_s
     if not Settings.from_env().inbox_sensor_running:

@@ -13,10 +13,11 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from kimi_batch.definitions import BATCH_ASSETS, build_resources
+from kimi_batch.definitions import batch_assets, build_resources
 from kimi_batch.defs.check_states import PUBLISHED_CHECKS, failed_checks
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
-from kimi_batch.defs.publishing import trino_catch_up
+from kimi_batch.defs.publishing import build_trino_catch_up
+from kimi_batch.settings import Settings
 from kimi_batch.storage import TrinoConfig, TrinoPublisher, Warehouse
 from kimi_batch_tests.support.llama_server import LlamaEnv
 from kimi_batch_tests.support.ports import free_port
@@ -59,9 +60,9 @@ def _materialize(
         for name, value in trino.items():
             patch.setenv(name, value)
         return dg.materialize(
-            BATCH_ASSETS,
+            batch_assets(Settings.from_env()),
             partition_key=dg.MultiPartitionKey({"date": _today(), "source": source}),
-            resources=build_resources(),
+            resources=build_resources(Settings.from_env()),
             instance=instance,
             run_config=RUN_CONFIG,
         )
@@ -177,11 +178,13 @@ def test_an_outage_is_caught_up_by_the_sensor_once_trino_is_back(
         patch.setenv("KIMI_BATCH_WAREHOUSE", str(warehouse.root))
         for name, value in down.items():
             patch.setenv(name, value)
-        still_down = trino_catch_up(dg.build_sensor_context(instance=instance))
+        still_down = build_trino_catch_up(Settings.from_env())(
+            dg.build_sensor_context(instance=instance)
+        )
         unpublished = failed_checks(instance, keys=PUBLISHED_CHECKS)
         for name, value in _trino_env(config).items():
             patch.setenv(name, value)
-        back = trino_catch_up(dg.build_sensor_context(instance=instance))
+        back = build_trino_catch_up(Settings.from_env())(dg.build_sensor_context(instance=instance))
         assert isinstance(back, dg.SensorResult)
         for event in back.asset_events:
             assert isinstance(event, dg.AssetCheckEvaluation)

@@ -16,7 +16,7 @@ import polars as pl
 import pytest
 import yaml
 
-from kimi_batch.definitions import BATCH_ASSETS, build_resources
+from kimi_batch.definitions import batch_assets, build_resources
 from kimi_batch.defs.assets import _generation
 from kimi_batch.defs.jobs import RETRY_TAGS, STOPPED_TAG, WINDOW_TAG
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
@@ -64,10 +64,10 @@ def _run(
     instance.add_dynamic_partitions(SOURCE_PARTITIONS_NAME, [source])
     config = run_config or QUICK
     return dg.materialize(
-        BATCH_ASSETS,
+        batch_assets(Settings.from_env()),
         selection=selection,
         partition_key=dg.MultiPartitionKey({"date": _today(), "source": source}),
-        resources=build_resources(),
+        resources=build_resources(Settings.from_env()),
         instance=instance,
         run_config={
             "ops": {

@@ -127,6 +127,21 @@ def test_the_lease_of_a_killed_run_expires_and_is_taken_over(tmp_path: Path) -> 
         pass  # taken over once the dead run's ttl passed
 
 
+def test_count_by_tag_reads_without_creating_or_writing(tmp_path: Path) -> None:
+    path = tmp_path / "ledger" / "ledger.sqlite3"
+    assert Ledger.count_by_tag(path) == {}
+    assert not path.parent.exists()
+    with Ledger(path) as ledger:
+        ledger.put(make_result("a", request_id="r1", input_id="s1", tag="paraphrase"))
+        ledger.put(make_result("b", request_id="r2", input_id="s1", tag="paraphrase"))
+        ledger.put(make_result("c", request_id="r3", input_id="s1", tag="seed"))
+        # Beside a live writer: the reader sees what is committed.
+        assert Ledger.count_by_tag(path) == {"paraphrase": 2, "seed": 1}
+    before = path.stat().st_mtime_ns
+    assert Ledger.count_by_tag(path) == {"paraphrase": 2, "seed": 1}
+    assert path.stat().st_mtime_ns == before
+
+
 # ---- leases that hold: a lost lease writes nothing, the heartbeat survives a locked database ---
 
 PARTITION = "2025-01-01|web"

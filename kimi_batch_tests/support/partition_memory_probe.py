@@ -24,7 +24,7 @@ from typing import Any
 
 import dagster as dg
 
-from kimi_batch.definitions import BATCH_ASSETS, build_resources
+from kimi_batch.definitions import batch_assets, build_resources
 from kimi_batch.defs.assets._generation import read_rows
 from kimi_batch.defs.assets.batch import DistillConfig
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
@@ -59,12 +59,12 @@ def _materialize(
 ) -> dg.ExecuteInProcessResult:
     instance.add_dynamic_partitions(SOURCE_PARTITIONS_NAME, [source])
     return dg.materialize(
-        BATCH_ASSETS,
+        batch_assets(Settings.from_env()),
         selection=selection,
         partition_key=dg.MultiPartitionKey(
             {"date": Settings.from_env().today().isoformat(), "source": source}
         ),
-        resources=build_resources(),
+        resources=build_resources(Settings.from_env()),
         instance=instance,
         run_config={"ops": {"distilled_responses": {"config": config}}}
         if "distilled_responses" in selection
@@ -84,15 +84,15 @@ def _partition(
 def _prefill_ledger(source: str, config: dict[str, Any], generate: int) -> int:
     """Write the partition's finished answers, all but the last `generate`, to the ledger."""
     settings = Settings.from_env()
-    ds, store = settings.today().isoformat(), WarehouseResource().warehouse()
+    ds, store = settings.today().isoformat(), WarehouseResource(deployment=settings).warehouse()
     # The requests exactly as `distilled_responses` builds them from this run config.
     task = DistillConfig(**config).task(settings)
     requests = task.requests(
         task.load(lambda table, model: read_rows(store, table, ds, source, model))
     )
-    digest = DigestResource().load()
-    prepared = asyncio.run(LlamaServerResource().prepare(digest))
-    with WarehouseResource().ledger() as ledger:
+    digest = DigestResource(deployment=settings).load()
+    prepared = asyncio.run(LlamaServerResource(deployment=settings).prepare(digest))
+    with WarehouseResource(deployment=settings).ledger() as ledger:
         engine = BatchEngine(prepared.endpoints, digest, ledger, digest_tokens=0)
         planned = engine.plan(requests)[: max(0, len(requests) - generate)]
         for item in planned:

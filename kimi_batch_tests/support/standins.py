@@ -15,9 +15,9 @@ import time
 import dagster as dg
 
 from kimi_batch.defs.jobs import batch_job, distillation_job, ingest_job
-from kimi_batch.defs.partitions import batch_partitions, partition_parts
-from kimi_batch.defs.schedules import nightly_distillation_schedule
-from kimi_batch.defs.sensors import inbox_sensor
+from kimi_batch.defs.partitions import build_batch_partitions, partition_parts
+from kimi_batch.defs.schedules import build_nightly_schedule
+from kimi_batch.defs.sensors import build_inbox_sensor
 from kimi_batch.settings import Settings
 from kimi_batch.storage.landing import resolve_partition
 
@@ -30,13 +30,18 @@ def _standin_sleep() -> float:
     return float(os.environ.get(STANDIN_SLEEP_ENV, "0"))
 
 
-def standin_definitions() -> dg.Definitions:
-    """The real jobs/sensor/schedule over stand-in assets with the real keys and partitions."""
+def standin_definitions(settings: Settings | None = None) -> dg.Definitions:
+    """The real jobs/sensor/schedule over stand-in assets with the real keys and partitions.
+
+    Built for `settings`, by default the environment's when called (tests set it first).
+    """
+    settings = settings or Settings.from_env()
+    batch_partitions = build_batch_partitions(settings)
 
     @dg.asset(name="seed_prompts", partitions_def=batch_partitions)
     def seed_prompts(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         ds, source = partition_parts(context)
-        resolved = resolve_partition(Settings.from_env(), ds, source)
+        resolved = resolve_partition(settings, ds, source)
         version = resolved.version
         return dg.MaterializeResult(
             metadata={
@@ -67,8 +72,8 @@ def standin_definitions() -> dg.Definitions:
     return dg.Definitions(
         assets=[seed_prompts, amplified_prompts, distilled_responses],
         jobs=[batch_job, ingest_job, distillation_job],
-        sensors=[inbox_sensor],
-        schedules=[nightly_distillation_schedule],
+        sensors=[build_inbox_sensor(settings)],
+        schedules=[build_nightly_schedule(settings)],
     )
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from openai.types.chat import ChatCompletion
 
-from kimi_batch.export import export_partition
+from kimi_batch.cli.export import export_partition
 from kimi_batch.llama import TokenLogprob, TopLogprob
 from kimi_batch.settings import Settings
 from kimi_batch.storage import Warehouse

@@ -17,7 +17,6 @@ from pydantic import BaseModel
 
 from kimi_batch.defs.jobs import STOPPED_TAG, WINDOW_TAG
 from kimi_batch.defs.metadata import generation_figures
-from kimi_batch.defs.partitions import batch_partitions
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
@@ -263,8 +262,8 @@ CHECK_NAMES = (
 
 def check_specs(
     asset: str,
+    partitions_def: dg.PartitionsDefinition,
     names: Sequence[str] = CHECK_NAMES,
-    partitions_def: dg.PartitionsDefinition = batch_partitions,
 ) -> list[dg.AssetCheckSpec]:
     """Partitioned like the asset, so each partition's check state is its own (UI, alerts)."""
     with warnings.catch_warnings():

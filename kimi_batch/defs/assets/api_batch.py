@@ -205,7 +205,7 @@ def _land(
     group_name=API_GROUP,
     pool=LLAMA_POOL,
     kinds={"parquet", "trino"},
-    check_specs=check_specs("api_batch_responses", partitions_def=api_batch_partitions),
+    check_specs=check_specs("api_batch_responses", api_batch_partitions),
 )
 def api_batch_responses(
     context: dg.AssetExecutionContext,

@@ -1,4 +1,9 @@
-"""Partitioned batch assets: seeds landed from the inbox, amplified variants, teacher answers."""
+"""Partitioned batch assets: seeds landed from the inbox, amplified variants, teacher answers.
+
+Their partitions depend on the deployment (`kimi_batch.defs.partitions`), so the assets are made
+by `build_batch_assets(partitions)`; `defs` builds them for the code location from the one
+`Settings` (`kimi_batch.defs.deployment`).
+"""
 
 import asyncio
 from datetime import UTC, datetime
@@ -6,9 +11,16 @@ from datetime import UTC, datetime
 import dagster as dg
 from pydantic import Field
 
-from kimi_batch.defs.assets._generation import BATCH_GROUP, check_specs, partition_lease, publish
+from kimi_batch.defs.assets._generation import (
+    BATCH_GROUP,
+    LLAMA_POOL,
+    check_specs,
+    partition_lease,
+    publish,
+)
 from kimi_batch.defs.assets.stage import StageConfig, generation_asset
-from kimi_batch.defs.partitions import batch_partitions, partition_parts
+from kimi_batch.defs.deployment import deployment_settings
+from kimi_batch.defs.partitions import build_batch_partitions, partition_parts
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
@@ -32,8 +44,8 @@ from kimi_batch.tasks.schemas import import_output_model
 __all__ = [
     "AmplifyConfig",
     "DistillConfig",
-    "amplified_prompts",
-    "distilled_responses",
+    "build_batch_assets",
+    "defs",
     "seed_prompts",
 ]
 
@@ -112,12 +124,6 @@ def _resolve(settings: Settings, ds: str, source: str) -> ResolvedInput:
         raise dg.Failure(str(error)) from error
 
 
-@dg.asset(
-    partitions_def=batch_partitions,
-    group_name=BATCH_GROUP,
-    kinds={"parquet", "trino"},
-    check_specs=check_specs("seed_prompts", ["published_to_trino"]),
-)
 def seed_prompts(
     context: dg.AssetExecutionContext,
     config: SeedConfig,
@@ -186,18 +192,36 @@ def seed_prompts(
     )
 
 
-amplified_prompts = generation_asset(
-    name="amplified_prompts",
-    task=AmplifyConfig,
-    deps=[seed_prompts],
-    description="New training prompts: k paraphrased, harder and related variants per seed, "
-    "deduplicated.",
-)
+def build_batch_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDefinition]:
+    """seed_prompts → amplified_prompts → distilled_responses over `partitions`."""
+    seeds = dg.asset(
+        partitions_def=partitions,
+        group_name=BATCH_GROUP,
+        # `llama.prepare()` may start the server and asks it to tokenize: a llama step too.
+        pool=LLAMA_POOL,
+        kinds={"parquet", "trino"},
+        check_specs=check_specs("seed_prompts", partitions, ["published_to_trino"]),
+    )(seed_prompts)
+    amplified = generation_asset(
+        name="amplified_prompts",
+        task=AmplifyConfig,
+        partitions=partitions,
+        deps=[seeds],
+        description="New training prompts: k paraphrased, harder and related variants per seed, "
+        "deduplicated.",
+    )
+    distilled = generation_asset(
+        name="distilled_responses",
+        task=DistillConfig,
+        partitions=partitions,
+        deps=[seeds, amplified],
+        description="Teacher answers for every seed and variant, with token counts, cache hits "
+        "and timings.",
+    )
+    return [seeds, amplified, distilled]
 
-distilled_responses = generation_asset(
-    name="distilled_responses",
-    task=DistillConfig,
-    deps=[seed_prompts, amplified_prompts],
-    description="Teacher answers for every seed and variant, with token counts, cache hits and "
-    "timings.",
-)
+
+@dg.definitions
+def defs() -> dg.Definitions:
+    """The batch assets over the deployment's (date, source) partitions."""
+    return dg.Definitions(assets=build_batch_assets(build_batch_partitions(deployment_settings())))

@@ -24,7 +24,8 @@ def _load(digest: DigestResource) -> SystemDigest:
         ) from error
 
 
-@dg.asset(group_name=DIGEST_GROUP, kinds={"llamacpp"}, tags={"layer": "prompt"})
+# `llama.prepare()` may start the server and tokenizes the digest there: in the llama pool.
+@dg.asset(group_name=DIGEST_GROUP, pool=LLAMA_POOL, kinds={"llamacpp"}, tags={"layer": "prompt"})
 def system_digest(digest: DigestResource, llama: LlamaServerResource) -> dg.MaterializeResult:
     """The byte-stable system prompt every request starts with, fingerprinted and linted."""
     loaded = _load(digest)

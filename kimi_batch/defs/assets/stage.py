@@ -28,7 +28,7 @@ from kimi_batch.defs.assets._generation import (
 )
 from kimi_batch.defs.metadata import generation_figures, summary_table
 from kimi_batch.defs.partition_states import INPUT_SHA_METADATA
-from kimi_batch.defs.partitions import batch_partitions, partition_parts
+from kimi_batch.defs.partitions import partition_parts
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
@@ -60,10 +60,12 @@ def generation_asset(
     *,
     name: str,
     task: type[StageConfig] | Task,
+    partitions: dg.PartitionsDefinition,
     description: str,
     deps: Sequence[dg.AssetsDefinition | str] = (),
 ) -> dg.AssetsDefinition:
-    """The partitioned asset `name` of one stage, in the llama pool, with the generation checks.
+    """The asset `name` of one stage over `partitions` (the deployment's batch partitions,
+    `kimi_batch.defs.partitions.build_batch_partitions`), in the llama pool, with the checks.
 
     `task` is a `StageConfig` class (run config builds the task) or a task (no run config).
     """
@@ -90,11 +92,11 @@ def generation_asset(
     return dg.asset(
         name=name,
         description=description,
-        partitions_def=batch_partitions,
+        partitions_def=partitions,
         group_name=BATCH_GROUP,
         pool=LLAMA_POOL,
         kinds={"parquet", "trino"},
-        check_specs=check_specs(name),
+        check_specs=check_specs(name, partitions),
         deps=list(deps),
     )(materialize)
 

@@ -1,6 +1,7 @@
 """`DigestResource`: the fixed system digest and which lint exceptions are allowed."""
 
-from __future__ import annotations
+# No `from __future__ import annotations`: Dagster reads the `ResourceDependency` annotation
+# of `deployment` when the class is made, and a string would not be one.
 
 import dagster as dg
 from pydantic import Field
@@ -18,6 +19,9 @@ class DigestResource(dg.ConfigurableResource):
     into prompts (or into a lint error).
     """
 
+    deployment: dg.ResourceDependency[Settings] = Field(
+        description="The deployment's settings (KIMI_BATCH_*), built once per process."
+    )
     allow_patterns: list[str] = Field(
         default_factory=list,
         description="Regexes of dynamic-looking text the lint should accept (e.g. a version).",
@@ -25,7 +29,7 @@ class DigestResource(dg.ConfigurableResource):
 
     def load(self) -> SystemDigest:
         """The digest, refused when it holds cache-breaking dynamic content."""
-        digest = load_digest(Settings.from_env().digest)
+        digest = load_digest(self.deployment.digest)
         findings = lint_digest(digest.text, allow=self.allow_patterns)
         if findings:
             raise DigestLintError(digest.path, findings)

@@ -1,6 +1,7 @@
 """`LlamaServerResource`: the resident llama-server every run attaches to (and never stops)."""
 
-from __future__ import annotations
+# No `from __future__ import annotations`: Dagster reads the `ResourceDependency` annotation
+# of `deployment` when the class is made, and a string would not be one.
 
 import asyncio
 
@@ -26,12 +27,16 @@ HUNG_RESTART_MIN_AGE_S = 60.0
 class LlamaServerResource(dg.ConfigurableResource):
     """Attach to the resident llama-server, starting it once if it is not running.
 
-    Which server, binary, model, URL and API key is deployment configuration (`KIMI_BATCH_*`, read
-    through `Settings`), never run config: a launchpad user must not be able to start another
-    binary or send a key to another host. A run never stops the server, so the next run finds the
+    Which server, binary, model, URL and API key is deployment configuration: the one `Settings`
+    the code location was built with (`deployment`, a resource dependency that run config cannot
+    set), never run config: a launchpad user must not be able to start another binary or send a
+    key to another host. A run never stops the server, so the next run finds the
     model loaded and the digest in the slots.
     """
 
+    deployment: dg.ResourceDependency[Settings] = Field(
+        description="The deployment's settings (KIMI_BATCH_*), built once per process."
+    )
     load_timeout_s: float | None = Field(
         default=None,
         gt=0,
@@ -39,7 +44,7 @@ class LlamaServerResource(dg.ConfigurableResource):
     )
 
     def settings(self) -> Settings:
-        return Settings.from_env()
+        return self.deployment
 
     def manager(self) -> ResidentServer | AttachedServer:
         return server_from_settings(self.settings(), load_timeout_s=self.load_timeout_s)

@@ -1,8 +1,10 @@
 """`TrinoResource`: where to publish the warehouse tables; no host means Parquet only."""
 
-from __future__ import annotations
+# No `from __future__ import annotations`: Dagster reads the `ResourceDependency` annotation
+# of `deployment` when the class is made, and a string would not be one.
 
 import dagster as dg
+from pydantic import Field
 
 from kimi_batch.settings import Settings
 from kimi_batch.storage import TrinoConfig, TrinoPublisher
@@ -17,8 +19,12 @@ class TrinoResource(dg.ConfigurableResource):
     config: a run must not be able to send the password to another host.
     """
 
+    deployment: dg.ResourceDependency[Settings] = Field(
+        description="The deployment's settings (KIMI_BATCH_*), built once per process."
+    )
+
     def settings(self) -> Settings:
-        return Settings.from_env()
+        return self.deployment
 
     @property
     def enabled(self) -> bool:

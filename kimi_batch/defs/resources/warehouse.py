@@ -1,8 +1,10 @@
 """`WarehouseResource`: the Parquet warehouse (Hive layout) and the ledger the assets write to."""
 
-from __future__ import annotations
+# No `from __future__ import annotations`: Dagster reads the `ResourceDependency` annotation
+# of `deployment` when the class is made, and a string would not be one.
 
 import dagster as dg
+from pydantic import Field
 
 from kimi_batch.engine import Ledger
 from kimi_batch.paths import StatePaths
@@ -19,8 +21,12 @@ class WarehouseResource(dg.ConfigurableResource):
     sensor, the schedule and every run see the same state directory.
     """
 
+    deployment: dg.ResourceDependency[Settings] = Field(
+        description="The deployment's settings (KIMI_BATCH_*), built once per process."
+    )
+
     def paths(self) -> StatePaths:
-        return Settings.from_env().paths
+        return self.deployment.paths
 
     def warehouse(self) -> Warehouse:
         return Warehouse(self.paths().warehouse_dir)

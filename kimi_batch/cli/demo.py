@@ -9,7 +9,7 @@ from typing import Any
 
 import dagster as dg
 
-from kimi_batch.definitions import BATCH_ASSETS, DIGEST_ASSETS, build_resources
+from kimi_batch.definitions import DIGEST_ASSETS, batch_assets, build_resources
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, SOURCE_PARTITIONS_NAME
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.engine import ProgressEvent, notify
@@ -80,7 +80,7 @@ def _settled(settings: Settings, landing: Landing, assignment: Assignment) -> bo
 
 def _preflight(settings: Settings) -> None:
     """What the first asset would fail on, checked before Dagster logs a run: one clear error."""
-    DigestResource().load()  # DigestLintError: cache-breaking content
+    DigestResource(deployment=settings).load()  # DigestLintError: cache-breaking content
     server_from_settings(settings)  # ServerSpawnError: no model file, no llama-server binary
 
 
@@ -120,7 +120,8 @@ def run_demo(settings: Settings, *, console_log_level: str = "INFO") -> dict[str
         files = [item for item in assigned if _settled(settings, landing, item)]
     if not files:
         raise MissingInputError(f"no input files in {settings.paths.inbox_dir}")
-    resources = build_resources()
+    resources = build_resources(settings)
+    assets = batch_assets(settings)
     instance = demo_instance(settings)
     instance.add_dynamic_partitions(SOURCE_PARTITIONS_NAME, sorted({f.source for f in files}))
 
@@ -136,7 +137,7 @@ def run_demo(settings: Settings, *, console_log_level: str = "INFO") -> dict[str
     for file in files:
         key = dg.MultiPartitionKey({DATE_DIMENSION: file.ds, SOURCE_DIMENSION: file.source})
         run = dg.materialize(
-            BATCH_ASSETS,
+            assets,
             partition_key=key,
             resources=resources,
             instance=instance,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kimi_batch import cli
+from kimi_batch.cli import commands as cli
 from kimi_batch.engine.digest import DigestLintError
 from kimi_batch.errors import ConfigError, KimiBatchError, MissingInputError
 from kimi_batch.llama.exceptions import LlamaError, SpecMismatchError

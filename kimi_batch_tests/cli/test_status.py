@@ -20,7 +20,7 @@ import pytest
 
 from kimi_batch.definitions import DIGEST_ASSETS, build_resources
 from kimi_batch.defs.partition_states import STOPPED_AT_WINDOW_TAG
-from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, batch_partitions
+from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, build_batch_partitions
 from kimi_batch.defs.schedules import NIGHT_TAG, TRIGGER_TAG
 from kimi_batch.engine.ledger import Ledger
 from kimi_batch.settings import Settings
@@ -50,7 +50,9 @@ def _key(source: str) -> str:
 
 
 def _standin(*, fail: bool) -> dg.AssetsDefinition:
-    @dg.asset(name="distilled_responses", partitions_def=batch_partitions)
+    @dg.asset(
+        name="distilled_responses", partitions_def=build_batch_partitions(Settings.from_env())
+    )
     def distilled_responses() -> None:
         if fail:
             raise RuntimeError("stand-in failure")
@@ -84,7 +86,9 @@ def state(llama_env: Any) -> Settings:
     try:
         instance.add_dynamic_partitions("source", ["st_done", "st_failed", "st_stopped"])
         # The real digest prefill, after the server started: the slots hold the digest.
-        assert dg.materialize(DIGEST_ASSETS, resources=build_resources(), instance=instance).success
+        assert dg.materialize(
+            DIGEST_ASSETS, resources=build_resources(Settings.from_env()), instance=instance
+        ).success
         runs: list[tuple[str, bool, dict[str, str]]] = [
             ("st_done", False, {}),
             ("st_failed", True, {TRIGGER_TAG: "nightly", NIGHT_TAG: DAY}),

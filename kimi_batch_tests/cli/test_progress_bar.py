@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from kimi_batch.demo import DIGEST_LABEL
+from kimi_batch.cli.demo import DIGEST_LABEL
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,8 @@ from dagster._core.events import AssetMaterializationPlannedData, DagsterEvent, 
 from dagster._core.events.log import EventLogEntry
 
 from kimi_batch.defs.partition_states import PartitionState, distill_states
-from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, batch_partitions
+from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, build_batch_partitions
+from kimi_batch.settings import Settings
 from kimi_batch_tests.support.ports import free_port
 from kimi_batch_tests.support.repo import REPO_ROOT
 
@@ -135,7 +136,9 @@ def _planned(run_id: str, key: str) -> EventLogEntry:
 
 
 def test_an_old_failure_stays_failed_however_many_runs_came_after(tmp_path: Path) -> None:
-    @dg.asset(name="distilled_responses", partitions_def=batch_partitions)
+    @dg.asset(
+        name="distilled_responses", partitions_def=build_batch_partitions(Settings.from_env())
+    )
     def failing() -> None:
         raise RuntimeError("stand-in failure")
 

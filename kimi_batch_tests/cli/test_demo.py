@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kimi_batch.demo import demo_instance
+from kimi_batch.cli.demo import demo_instance
 from kimi_batch.settings import Settings
 
 

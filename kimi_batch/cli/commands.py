@@ -1,4 +1,8 @@
-"""`kimi-batch`: manage the resident server and run the pipeline outside the UI."""
+"""`kimi-batch`: manage the resident server and run the pipeline outside the UI.
+
+`main` reads the environment once (`Settings.from_env`) and hands that `Settings` to the command;
+`digest lint` needs none, so a bad `KIMI_BATCH_*` variable does not stop it.
+"""
 
 from __future__ import annotations
 
@@ -18,8 +22,7 @@ from kimi_batch.settings import Settings
 __all__ = ["main"]
 
 
-def _server_start(args: argparse.Namespace) -> int:
-    settings = Settings.from_env()
+def _server_start(args: argparse.Namespace, settings: Settings) -> int:
     manager = server_from_settings(settings, load_timeout_s=args.load_timeout)
     handle = manager.ensure_running()
     if handle.previous_exit:
@@ -36,8 +39,8 @@ def _describe_handle(handle: dict[str, object]) -> str:
     )
 
 
-def _server_status(args: argparse.Namespace) -> int:
-    status = server_from_settings(Settings.from_env()).status()
+def _server_status(args: argparse.Namespace, settings: Settings) -> int:
+    status = server_from_settings(settings).status()
     if args.json:
         print(status.model_dump_json())
     else:
@@ -46,10 +49,10 @@ def _server_status(args: argparse.Namespace) -> int:
     return 0 if status.running or not args.check else 3
 
 
-def _server_smoke(args: argparse.Namespace) -> int:
+def _server_smoke(args: argparse.Namespace, settings: Settings) -> int:
     from kimi_batch.llama import smoke_from_settings
 
-    result = smoke_from_settings(Settings.from_env(), timeout_s=args.timeout)
+    result = smoke_from_settings(settings, timeout_s=args.timeout)
     if args.json:
         print(result.model_dump_json())
     else:
@@ -61,18 +64,17 @@ def _server_smoke(args: argparse.Namespace) -> int:
     return 0
 
 
-def _server_stop(args: argparse.Namespace) -> int:
-    stopped = server_from_settings(Settings.from_env()).stop()
+def _server_stop(args: argparse.Namespace, settings: Settings) -> int:
+    stopped = server_from_settings(settings).stop()
     print("stopped llama-server" if stopped else "no llama-server was running")
     return 0
 
 
-def _demo(args: argparse.Namespace) -> int:
-    from kimi_batch.demo import run_demo
+def _demo(args: argparse.Namespace, settings: Settings) -> int:
+    from kimi_batch.cli.demo import run_demo
+    from kimi_batch.cli.progress_bar import BatchProgressBar, wants_bar
     from kimi_batch.engine import listening
-    from kimi_batch.progress_bar import BatchProgressBar, wants_bar
 
-    settings = Settings.from_env()
     if wants_bar() and not args.verbose:
         with BatchProgressBar() as bar, listening(bar):
             summary = run_demo(settings, console_log_level="WARNING")
@@ -82,40 +84,40 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _export(args: argparse.Namespace) -> int:
-    from kimi_batch.export import export_partition
+def _export(args: argparse.Namespace, settings: Settings) -> int:
+    from kimi_batch.cli.export import export_partition
 
     path = export_partition(
-        Settings.from_env(), ds=args.date, source=args.source, fmt=args.format, out=args.out
+        settings, ds=args.date, source=args.source, fmt=args.format, out=args.out
     )
     print(path)
     return 0
 
 
-def _api(args: argparse.Namespace) -> int:
+def _api(args: argparse.Namespace, settings: Settings) -> int:
     from kimi_batch.api import serve
 
-    serve(Settings.from_env(), host=args.host, port=args.port)
+    serve(settings, host=args.host, port=args.port)
     return 0
 
 
-def _publish(args: argparse.Namespace) -> int:
-    from kimi_batch.publish import publish_warehouse
+def _publish(args: argparse.Namespace, settings: Settings) -> int:
+    from kimi_batch.cli.publish import publish_warehouse
 
-    report = publish_warehouse(Settings.from_env())
+    report = publish_warehouse(settings)
     print(json.dumps(dataclasses.asdict(report)))
     return 0
 
 
-def _status(args: argparse.Namespace) -> int:
-    from kimi_batch.status import collect_status, render_status
+def _status(args: argparse.Namespace, settings: Settings) -> int:
+    from kimi_batch.cli.status import collect_status, render_status
 
-    status = collect_status(Settings.from_env())
+    status = collect_status(settings)
     print(status.model_dump_json(indent=2) if args.json else render_status(status))
     return 0
 
 
-def _digest_lint(args: argparse.Namespace) -> int:
+def _digest_lint(args: argparse.Namespace, settings: Settings | None) -> int:
     from kimi_batch.engine import lint_digest, load_digest
 
     try:
@@ -200,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     lint.add_argument(
         "--allow", action="append", default=[], metavar="REGEX", help="accept matches of REGEX"
     )
-    lint.set_defaults(func=_digest_lint)
+    lint.set_defaults(func=_digest_lint, needs_settings=False)
     _add_perf_commands(commands)
     return parser
 
@@ -278,12 +280,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=level, handlers=[handler], format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        return int(args.func(args))
+        settings = Settings.from_env() if getattr(args, "needs_settings", True) else None
+        return int(args.func(args, settings))
     except KimiBatchError as error:
         # Expected failures: the message is for the user; detail lines (a spec, a log tail) follow.
         print(f"kimi-batch: error: {error}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -4,8 +4,7 @@ Read-only: nothing here starts a server, prefills a slot, writes to the Dagster 
 a file or folder (a mistyped KIMI_BATCH_HOME stays absent), so the command is safe to run in a loop
 while a night is in progress. Each section is collected on its own; a part that cannot be read (no
 server, no instance yet, a corrupted ledger or manifest) says so in its section instead of failing
-the rest. The Dagster definitions are imported only once an instance exists: importing them fixes
-the install's first partition date, a write.
+the rest. The document and its text are `kimi_batch.cli.status_sections`.
 """
 
 from __future__ import annotations
@@ -13,123 +12,45 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections import Counter
-from collections.abc import Iterable
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Literal
+from datetime import UTC, datetime, timedelta
+from typing import Literal
 
 import dagster as dg
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 from sqlalchemy.exc import SQLAlchemyError
 
-from kimi_batch.engine import load_digest
+from kimi_batch.cli.status_sections import (
+    MAX_KEYS,
+    DigestState,
+    InboxSection,
+    LedgerSection,
+    NightlySection,
+    NightRun,
+    PartitionsSection,
+    ServerSection,
+    Status,
+    render_status,
+)
+from kimi_batch.defs.partition_states import (
+    ACTIVE_RUN_STATUSES,
+    PartitionRecord,
+    PartitionState,
+    distill_states,
+)
+from kimi_batch.defs.schedules import NIGHT_TAG, TRIGGER_TAG, build_nightly_schedule
+from kimi_batch.engine import Ledger, load_digest
 from kimi_batch.llama import LlamaClient, LlamaError, server_from_settings
 from kimi_batch.settings import Settings
 from kimi_batch.storage import StorageError, landed_versions, scan_inbox
 from kimi_batch.tasks.stages import stage_of_tag
 
-__all__ = [
-    "DigestState",
-    "InboxSection",
-    "LedgerSection",
-    "NightlySection",
-    "PartitionsSection",
-    "ServerSection",
-    "Status",
-    "collect_status",
-    "render_status",
-]
+__all__ = ["Status", "collect_status", "render_status"]
 
-if TYPE_CHECKING:
-    from kimi_batch.defs.partition_states import PartitionRecord
-
-# Partition keys listed per state; the counts stay exact.
-MAX_KEYS = 20
 _DIGEST_PREFILL = dg.AssetKey("digest_prefill")
 # What a section that cannot be read fails with (corrupted sqlite files, an unreadable instance).
 _UNREADABLE = (sqlite3.Error, OSError, SQLAlchemyError, dg.DagsterError, StorageError)
-# The states `partition_states.PartitionState` names, listed without importing the definitions.
-_STATES = ("done", "pending", "running", "failed", "stopped_at_window", "stale")
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class DigestState(_Section):
-    sha256: str | None
-    restored: bool | None = Field(
-        description="digest_prefill ran for this digest since the server started (a restore, or "
-        "the one prefill); None when that cannot be known (no instance, an attached server)."
-    )
-    detail: str = ""
-
-
-class ServerSection(_Section):
-    running: bool
-    healthy: bool
-    pid: int | None
-    base_url: str
-    model: str | None
-    slots: int | None
-    slots_busy: int | None
-    slots_idle: int | None
-    digest: DigestState
-    error: str | None = None
-
-
-class LedgerSection(_Section):
-    path: str
-    rows: int
-    by_table: dict[str, int] = Field(description="Finished requests by the table they feed.")
-    error: str | None = None
-
-
-class PartitionsSection(_Section):
-    """States of the `distilled_responses` partitions (date|source) the instance knows of."""
-
-    dagster_home: str | None
-    done: int = 0
-    pending: int = 0
-    running: int = 0
-    failed: int = 0
-    stopped_at_window: int = 0
-    stale: int = Field(default=0, description="Distilled from an older version of the input.")
-    keys: dict[str, list[str]] = Field(
-        default_factory=dict, description=f"Keys per state except done (at most {MAX_KEYS})."
-    )
-    error: str | None = None
-
-
-class NightRun(_Section):
-    night: str | None
-    runs: int
-    statuses: dict[str, int]
-    started: datetime | None
-    ended: datetime | None
-
-
-class NightlySection(_Section):
-    cron: str
-    timezone: str
-    schedule: Literal["running", "stopped", "unknown"]
-    next: datetime | None = Field(description="Next tick, when the schedule is running.")
-    last: NightRun | None
-
-
-class InboxSection(_Section):
-    dir: str
-    files: int
-    waiting: int = Field(description="Files whose partition is not distilled yet.")
-    waiting_files: list[str]
-    error: str | None = None
-
-
-class Status(_Section):
-    server: ServerSection
-    ledger: LedgerSection
-    partitions: PartitionsSection
-    nightly: NightlySection
-    inbox: InboxSection
+# Any start before now: the cron windows only serve to find the next tick (a yearly cron included).
+_CRON_LOOKBACK = timedelta(days=400)
 
 
 # ---- server -------------------------------------------------------------------------------------
@@ -206,24 +127,15 @@ def _digest_state(
 
 def _ledger(settings: Settings) -> LedgerSection:
     path = settings.paths.ledger_path
-    if not path.is_file():
-        return LedgerSection(path=str(path), rows=0, by_table={})
-    # Read-only, so a status call never holds a write lock beside a running batch.
     try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
-        try:
-            rows = db.execute(
-                "SELECT json_extract(result_json, '$.tag'), count(*) FROM results GROUP BY 1"
-            ).fetchall()
-        finally:
-            db.close()
+        counts = Ledger.count_by_tag(path)
     except sqlite3.Error as error:
         return LedgerSection(
             path=str(path), rows=0, by_table={}, error=f"ledger {path} is unreadable: {error}"
         )
     by_table: Counter[str] = Counter()
-    for tag, count in rows:
-        by_table[_table_of(str(tag or ""))] += int(count)
+    for tag, count in counts.items():
+        by_table[_table_of(tag)] += count
     return LedgerSection(path=str(path), rows=sum(by_table.values()), by_table=dict(by_table))
 
 
@@ -246,45 +158,38 @@ def _instance(settings: Settings) -> tuple[dg.DagsterInstance | None, str | None
         return None, f"Dagster instance at {home} is unreadable: {error}"
 
 
-def _records(
-    instance: dg.DagsterInstance, keys: Iterable[str], landed: dict[str, str]
-) -> dict[str, PartitionRecord]:
-    from kimi_batch.defs.partition_states import distill_states
-
-    return distill_states(instance, keys, landed)
-
-
 def _partitions(
     records: dict[str, PartitionRecord] | None, home: str, error: str | None
 ) -> PartitionsSection:
     if records is None:
         return PartitionsSection(dagster_home=None, error=error)
-    by_state: dict[str, list[str]] = {state: [] for state in _STATES}
+    by_state: dict[PartitionState, list[str]] = {state: [] for state in PartitionState}
     for record in records.values():
-        by_state[record.state.value].append(record.key)
-    counts = {state: len(keys) for state, keys in by_state.items()}
+        by_state[record.state].append(record.key)
     return PartitionsSection(
         dagster_home=home,
-        done=counts["done"],
-        pending=counts["pending"],
-        running=counts["running"],
-        failed=counts["failed"],
-        stopped_at_window=counts["stopped_at_window"],
-        stale=counts["stale"],
+        done=len(by_state[PartitionState.DONE]),
+        pending=len(by_state[PartitionState.PENDING]),
+        running=len(by_state[PartitionState.RUNNING]),
+        failed=len(by_state[PartitionState.FAILED]),
+        stopped_at_window=len(by_state[PartitionState.STOPPED_AT_WINDOW]),
+        stale=len(by_state[PartitionState.STALE]),
         keys={
-            state: keys[:MAX_KEYS] for state, keys in by_state.items() if keys and state != "done"
+            state.value: keys[:MAX_KEYS]
+            for state, keys in by_state.items()
+            if keys and state != PartitionState.DONE
         },
     )
 
 
 def _schedule_state(
-    settings: Settings, instance: dg.DagsterInstance | None
+    schedule: dg.ScheduleDefinition, instance: dg.DagsterInstance | None
 ) -> Literal["running", "stopped", "unknown"]:
-    default = "running" if settings.nightly_running else "stopped"
+    default = (
+        "running" if schedule.default_status == dg.DefaultScheduleStatus.RUNNING else "stopped"
+    )
     if instance is None:
         return default
-    from kimi_batch.defs.schedules import nightly_distillation_schedule as schedule
-
     storage = instance.schedule_storage
     if storage is None:
         return "unknown"
@@ -294,22 +199,18 @@ def _schedule_state(
     return default
 
 
-def _next_tick(cron: str, timezone: str, now: datetime) -> datetime | None:
-    # Dagster's own cron iterator, so "next" means exactly what the daemon will do.
-    from dagster._utils.schedules import cron_string_iterator
-
-    for tick in cron_string_iterator(now.timestamp(), cron, timezone):
-        if tick.timestamp() > now.timestamp():
-            return tick
-    return None
+def _next_tick(cron: str, timezone: str, now: datetime) -> datetime:
+    """The first tick after `now`, by Dagster's own cron windows: what the daemon will do."""
+    windows = dg.TimeWindowPartitionsDefinition(
+        cron_schedule=cron, start=now - _CRON_LOOKBACK, timezone=timezone, fmt="%Y-%m-%dT%H:%M"
+    )
+    key = windows.get_partition_key_for_timestamp(now.timestamp())
+    return windows.time_window_for_partition_key(key).end
 
 
 def _last_night(instance: dg.DagsterInstance | None) -> NightRun | None:
     if instance is None:
         return None
-    from kimi_batch.defs.partition_states import ACTIVE_RUN_STATUSES
-    from kimi_batch.defs.schedules import NIGHT_TAG, TRIGGER_TAG
-
     runs = instance.get_runs(filters=dg.RunsFilter(tags={TRIGGER_TAG: "nightly"}), limit=500)
     if not runs:
         return None
@@ -336,14 +237,14 @@ def _last_night(instance: dg.DagsterInstance | None) -> NightRun | None:
 def _nightly(
     settings: Settings, instance: dg.DagsterInstance | None, now: datetime
 ) -> NightlySection:
-    # The schedule is built from these settings (defs/schedules.py).
-    cron, timezone = settings.nightly_cron, settings.timezone
-    state = _schedule_state(settings, instance)
+    schedule = build_nightly_schedule(settings)
+    timezone = schedule.execution_timezone or "UTC"
+    state = _schedule_state(schedule, instance)
     return NightlySection(
-        cron=cron,
+        cron=str(schedule.cron_schedule),
         timezone=timezone,
         schedule=state,
-        next=_next_tick(cron, timezone, now) if state == "running" else None,
+        next=_next_tick(str(schedule.cron_schedule), timezone, now) if state == "running" else None,
         last=_last_night(instance),
     )
 
@@ -370,6 +271,13 @@ def _manifest(settings: Settings) -> _Manifest:
     return _Manifest(key_of=key_of, landed=landed)
 
 
+def _refuse_garbled_start(settings: Settings) -> None:
+    """The partitions' start date, as the definitions read it: a garbled one is a ConfigError
+    (never reset to today); an absent one stays absent (status writes nothing)."""
+    if settings.partitions_start is None and settings.paths.partitions_start_file.is_file():
+        settings.first_partition_date()
+
+
 def collect_status(settings: Settings, *, now: datetime | None = None) -> Status:
     """Every section, read from the state dir, the server and the Dagster instance."""
     now = now or datetime.now(UTC)
@@ -379,11 +287,13 @@ def collect_status(settings: Settings, *, now: datetime | None = None) -> Status
     # A file nobody has seen yet has no partition: it waits under its name.
     key_of = {f.name: manifest.key_of.get(f.name) for f in files}
     instance, instance_error = _instance(settings)
+    if instance is not None:
+        _refuse_garbled_start(settings)
     records: dict[str, PartitionRecord] | None = None
     try:
         if instance is not None:
             try:
-                records = _records(instance, manifest.key_of.values(), manifest.landed)
+                records = distill_states(instance, manifest.key_of.values(), manifest.landed)
             except _UNREADABLE as error:
                 instance_error = f"Dagster instance is unreadable: {error}"
         server = _server(settings, instance if records is not None else None)
@@ -395,7 +305,10 @@ def collect_status(settings: Settings, *, now: datetime | None = None) -> Status
     waiting = sorted(
         name
         for name, key in key_of.items()
-        if key is None or records is None or key not in records or records[key].state != "done"
+        if key is None
+        or records is None
+        or key not in records
+        or records[key].state != PartitionState.DONE
     )
     return Status(
         server=server,
@@ -410,53 +323,3 @@ def collect_status(settings: Settings, *, now: datetime | None = None) -> Status
             error=manifest.error,
         ),
     )
-
-
-def render_status(status: Status) -> str:
-    """One screen of text."""
-    server, digest = status.server, status.server.digest
-    lines = []
-    if server.running:
-        lines.append(
-            f"server     {'healthy' if server.healthy else 'not healthy'} pid={server.pid} "
-            f"{server.base_url} model={server.model} slots {server.slots_busy} busy / "
-            f"{server.slots_idle} idle"
-        )
-    else:
-        lines.append(f"server     not running ({server.base_url})")
-    restored = {True: "restored", False: "NOT restored", None: "unknown"}[digest.restored]
-    lines.append(f"digest     {(digest.sha256 or '?')[:12]} {restored} ({digest.detail})")
-    tables = ", ".join(f"{name} {rows}" for name, rows in sorted(status.ledger.by_table.items()))
-    lines.append(
-        f"ledger     {status.ledger.error}"
-        if status.ledger.error
-        else f"ledger     {status.ledger.rows} rows ({tables or 'empty'})"
-    )
-    parts = status.partitions
-    if parts.dagster_home is None:
-        lines.append(f"partitions {parts.error}")
-    else:
-        lines.append(
-            f"partitions {parts.done} done, {parts.pending} pending, {parts.running} running, "
-            f"{parts.failed} failed, {parts.stopped_at_window} stopped at the nightly window, "
-            f"{parts.stale} stale (input changed since)"
-        )
-        for name in ("failed", "stopped_at_window", "stale", "running", "pending"):
-            if parts.keys.get(name):
-                lines.append(f"  {name}: {', '.join(parts.keys[name])}")
-    nightly = status.nightly
-    last = nightly.last
-    last_text = (
-        f"last night {last.night}: {last.runs} run(s) {last.statuses}"
-        if last
-        else "no nightly run yet"
-    )
-    next_text = nightly.next.isoformat() if nightly.next else f"schedule {nightly.schedule}"
-    lines.append(f"nightly    {nightly.cron} {nightly.timezone}; next {next_text}; {last_text}")
-    inbox = status.inbox
-    lines.append(f"inbox      {inbox.files} file(s), {inbox.waiting} waiting ({inbox.dir})")
-    if inbox.error:
-        lines.append(f"  {inbox.error}")
-    if inbox.waiting_files:
-        lines.append(f"  waiting: {', '.join(inbox.waiting_files)}")
-    return "\n".join(lines)

@@ -1,0 +1,155 @@
+"""The `kimi-batch status` document: one model per section, and its one-screen text."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "MAX_KEYS",
+    "DigestState",
+    "InboxSection",
+    "LedgerSection",
+    "NightRun",
+    "NightlySection",
+    "PartitionsSection",
+    "ServerSection",
+    "Status",
+    "render_status",
+]
+
+# Partition keys listed per state; the counts stay exact.
+MAX_KEYS = 20
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DigestState(_Section):
+    sha256: str | None
+    restored: bool | None = Field(
+        description="digest_prefill ran for this digest since the server started (a restore, or "
+        "the one prefill); None when that cannot be known (no instance, an attached server)."
+    )
+    detail: str = ""
+
+
+class ServerSection(_Section):
+    running: bool
+    healthy: bool
+    pid: int | None
+    base_url: str
+    model: str | None
+    slots: int | None
+    slots_busy: int | None
+    slots_idle: int | None
+    digest: DigestState
+    error: str | None = None
+
+
+class LedgerSection(_Section):
+    path: str
+    rows: int
+    by_table: dict[str, int] = Field(description="Finished requests by the table they feed.")
+    error: str | None = None
+
+
+class PartitionsSection(_Section):
+    """States of the `distilled_responses` partitions (date|source) the instance knows of."""
+
+    dagster_home: str | None
+    done: int = 0
+    pending: int = 0
+    running: int = 0
+    failed: int = 0
+    stopped_at_window: int = 0
+    stale: int = Field(default=0, description="Distilled from an older version of the input.")
+    keys: dict[str, list[str]] = Field(
+        default_factory=dict, description=f"Keys per state except done (at most {MAX_KEYS})."
+    )
+    error: str | None = None
+
+
+class NightRun(_Section):
+    night: str | None
+    runs: int
+    statuses: dict[str, int]
+    started: datetime | None
+    ended: datetime | None
+
+
+class NightlySection(_Section):
+    cron: str
+    timezone: str
+    schedule: Literal["running", "stopped", "unknown"]
+    next: datetime | None = Field(description="Next tick, when the schedule is running.")
+    last: NightRun | None
+
+
+class InboxSection(_Section):
+    dir: str
+    files: int
+    waiting: int = Field(description="Files whose partition is not distilled yet.")
+    waiting_files: list[str]
+    error: str | None = None
+
+
+class Status(_Section):
+    server: ServerSection
+    ledger: LedgerSection
+    partitions: PartitionsSection
+    nightly: NightlySection
+    inbox: InboxSection
+
+
+def render_status(status: Status) -> str:
+    """One screen of text."""
+    server, digest = status.server, status.server.digest
+    lines = []
+    if server.running:
+        lines.append(
+            f"server     {'healthy' if server.healthy else 'not healthy'} pid={server.pid} "
+            f"{server.base_url} model={server.model} slots {server.slots_busy} busy / "
+            f"{server.slots_idle} idle"
+        )
+    else:
+        lines.append(f"server     not running ({server.base_url})")
+    restored = {True: "restored", False: "NOT restored", None: "unknown"}[digest.restored]
+    lines.append(f"digest     {(digest.sha256 or '?')[:12]} {restored} ({digest.detail})")
+    tables = ", ".join(f"{name} {rows}" for name, rows in sorted(status.ledger.by_table.items()))
+    lines.append(
+        f"ledger     {status.ledger.error}"
+        if status.ledger.error
+        else f"ledger     {status.ledger.rows} rows ({tables or 'empty'})"
+    )
+    parts = status.partitions
+    if parts.dagster_home is None:
+        lines.append(f"partitions {parts.error}")
+    else:
+        lines.append(
+            f"partitions {parts.done} done, {parts.pending} pending, {parts.running} running, "
+            f"{parts.failed} failed, {parts.stopped_at_window} stopped at the nightly window, "
+            f"{parts.stale} stale (input changed since)"
+        )
+        for name in ("failed", "stopped_at_window", "stale", "running", "pending"):
+            if parts.keys.get(name):
+                lines.append(f"  {name}: {', '.join(parts.keys[name])}")
+    nightly = status.nightly
+    last = nightly.last
+    last_text = (
+        f"last night {last.night}: {last.runs} run(s) {last.statuses}"
+        if last
+        else "no nightly run yet"
+    )
+    next_text = nightly.next.isoformat() if nightly.next else f"schedule {nightly.schedule}"
+    lines.append(f"nightly    {nightly.cron} {nightly.timezone}; next {next_text}; {last_text}")
+    inbox = status.inbox
+    lines.append(f"inbox      {inbox.files} file(s), {inbox.waiting} waiting ({inbox.dir})")
+    if inbox.error:
+        lines.append(f"  {inbox.error}")
+    if inbox.waiting_files:
+        lines.append(f"  waiting: {', '.join(inbox.waiting_files)}")
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""Tests of kimi_batch.cli (the `kimi-batch` command and its subcommands)."""
