@@ -16,13 +16,10 @@ import pytest
 from kimi_batch.paths import StatePaths
 from kimi_batch.storage.exceptions import StorageError
 from kimi_batch.storage.inbox import NotRegularFileError, scan_inbox
-from kimi_batch.storage.landing import (
-    InputNotSettledError,
-    InputTooLargeError,
-    Landing,
-    LandingIOError,
-    resolve_input,
-)
+from kimi_batch.storage.landing import Landing
+from kimi_batch.storage.partition_input import LandingIOError, resolve_input
+from kimi_batch.storage.settle import InputNotSettledError
+from kimi_batch.storage.snapshot import InputTooLargeError
 
 START = date(2025, 1, 1)
 DAY1 = date(2026, 11, 28)
