@@ -124,20 +124,41 @@ def test_an_unreadable_manifest_is_reported_in_the_inbox_section(
     assert "file is not a database" in text.stdout
 
 
-@pytest.mark.parametrize("content", ["", "yesterday\n"])
-def test_a_garbled_partitions_start_is_refused_not_reset(tmp_path: Path, content: str) -> None:
-    (tmp_path / "partitions_start").write_text(content)
+def _garbled_start(home: Path, content: str) -> None:
+    (home / "partitions_start").write_text(content)
     # With an instance, status reads the partitions (whose start date is this file).
-    (tmp_path / "dagster").mkdir()
-    shutil.copy(REPO_ROOT / "dagster.yaml", tmp_path / "dagster" / "dagster.yaml")
+    (home / "dagster").mkdir()
+    shutil.copy(REPO_ROOT / "dagster.yaml", home / "dagster" / "dagster.yaml")
 
-    done = _status(tmp_path)
 
+def _assert_refused_not_reset(
+    done: subprocess.CompletedProcess[str], home: Path, content: str
+) -> None:
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1, done.stderr
     assert "partitions_start" in done.stderr
     assert "YYYY-MM-DD" in done.stderr
-    assert (tmp_path / "partitions_start").read_text() == content  # never rewritten
+    assert (home / "partitions_start").read_text() == content  # never rewritten
+
+
+@pytest.mark.parametrize("content", ["", "yesterday\n"])
+def test_a_garbled_partitions_start_is_refused_not_reset(
+    tmp_path: Path, status: InProcess, content: str
+) -> None:
+    _garbled_start(tmp_path, content)
+
+    done = status(tmp_path)
+
+    _assert_refused_not_reset(done, tmp_path, content)
+
+
+def test_the_refusal_is_one_line_from_a_fresh_process_too(tmp_path: Path) -> None:
+    """A child imports Dagster afresh: a warning printed at import would be a second line."""
+    _garbled_start(tmp_path, "")
+
+    done = _status(tmp_path)
+
+    _assert_refused_not_reset(done, tmp_path, "")
 
 
 def _key(source: str) -> dg.MultiPartitionKey:
