@@ -52,6 +52,7 @@ class SlotSpeeds(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     rows: int
+    cached_tokens_per_row: float
     prompt_tokens_per_row: float
     prompt_tok_s: float
     gen_tok_s: float
@@ -60,6 +61,7 @@ class SlotSpeeds(BaseModel):
 @dataclass
 class _Answered:
     rows: int = 0
+    cached: int = 0
     evaluated: int = 0
     prompt_s: float = 0.0
     decoded: int = 0
@@ -67,6 +69,7 @@ class _Answered:
 
     def add(self, task: _Task) -> None:
         self.rows += 1
+        self.cached += task.cached
         self.evaluated += len(task.prompt) - task.cached
         self.prompt_s += task.prompt_s
         self.decoded += task.max_tokens
@@ -75,6 +78,7 @@ class _Answered:
     def speeds(self) -> SlotSpeeds:
         return SlotSpeeds(
             rows=self.rows,
+            cached_tokens_per_row=self.cached / self.rows if self.rows else 0.0,
             prompt_tokens_per_row=self.evaluated / self.rows if self.rows else 0.0,
             prompt_tok_s=self.evaluated / self.prompt_s if self.prompt_s else 1.0,
             gen_tok_s=self.decoded / self.decode_s if self.decode_s else 1.0,
