@@ -117,7 +117,7 @@ def _night(
     import dagster as dg
 
     from kimi_batch.definitions import batch_assets, build_resources
-    from kimi_batch.defs.jobs import WINDOW_TAG
+    from kimi_batch.defs.jobs import WINDOW_TAG, distillation_job
     from kimi_batch.defs.schedules import build_nightly_schedule
 
     context = dg.build_schedule_context(instance=instance, scheduled_execution_time=scheduled)
@@ -139,6 +139,9 @@ def _night(
     started = time.monotonic()
     with SlotPoller(server.base_url, interval_s=0.02) as poller:
         for request in requests:
+            # The schedule's job less its amplification step: a request for another job would
+            # make this a rehearsal of something else.
+            assert request.job_name in (None, distillation_job.name), request.job_name
             run_started = time.monotonic()
             inside = datetime.now(scheduled.tzinfo) < window_ends
             result = dg.materialize(
