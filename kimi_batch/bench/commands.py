@@ -105,6 +105,8 @@ def plan_command(args: argparse.Namespace, settings: Settings) -> int:
     # Unset, an answer is as long as the distillation's budget lets it be (the server's n_predict).
     output_tokens = settings.llama_n_predict if args.output_tokens is None else args.output_tokens
     target = TargetProfile() if args.target else None
+    if target is not None:
+        slots = slots or settings.llama_parallel  # the deployment's slots, as it would run
     if target is None and (prompt_speed is None or gen_speed is None):
         measured = last_speeds([settings.paths.bench_dir, settings.paths.tune_dir])
         prompt_speed = prompt_speed or measured.prompt_tok_s

@@ -179,10 +179,16 @@ def test_speeds_or_the_target_model_are_required() -> None:
         PlanInput(prompt_tokens=1, output_tokens=1, rows=1)
 
 
-def test_command_plans_on_the_target_model(capsys: pytest.CaptureFixture[str]) -> None:
+def test_command_plans_on_the_target_model(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     args = ["plan", "--target", "--prompt-tokens", "16148", "--output-tokens", "0", "--rows", "1"]
 
-    assert main([*args, "--json"]) == 0
+    assert main([*args, "--slots", "1", "--json"]) == 0
     planned = json.loads(capsys.readouterr().out)
     assert planned["minutes"] == pytest.approx(43.8, rel=0.02)
     assert planned["inputs"]["target"]["name"] == TargetProfile().name
+    # Without --slots: the deployment's slots.
+    monkeypatch.setenv("KIMI_BATCH_LLAMA_PARALLEL", "3")
+    assert main([*args, "--rows", "3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["inputs"]["slots"] == 3
