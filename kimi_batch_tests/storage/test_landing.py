@@ -263,6 +263,7 @@ class Writer:
         self.path = path
         self.rows = 0
         self._stop = threading.Event()
+        self._writing = threading.Event()
         self._thread = threading.Thread(target=self._write, daemon=True)
 
     def _write(self) -> None:
@@ -270,10 +271,14 @@ class Writer:
             with self.path.open("a") as handle:
                 handle.write(json.dumps({"prompt": f"row {self.rows}"}) + "\n")
             self.rows += 1
+            self._writing.set()
             self._stop.wait(0.02)
 
     def __enter__(self) -> Writer:
+        # Once the first row is written, the file is being written: on a loaded machine the
+        # thread might otherwise not have started when the test looks at the file.
         self._thread.start()
+        assert self._writing.wait(10), "the writer thread never wrote"
         return self
 
     def __exit__(self, *exc: object) -> None:
