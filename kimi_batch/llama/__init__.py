@@ -1,7 +1,8 @@
 """llama-server: typed client, server spec and the resident-server manager (no Dagster here).
 
 The layers above import from here, never from the modules: `client` (the HTTP API), `messages`
-(what is sent), `responses` (what comes back), `spec` (what runs), `server`, `process`, `binary`,
+(what is sent), `responses` (what comes back), `chat_stream` (a streamed chat answer
+rebuilt into one response), `spec` (what runs), `server`, `process`, `binary`,
 `exits` and `factory` (the resident server, its process, and how a server process ended),
 `smoke` (the setup's smoke test of the binary), `memory` (will the model fit), `urls`
 (credentials in a server URL), `exceptions` (the error tree, rooted in `kimi_batch.errors.KimiBatchError`).

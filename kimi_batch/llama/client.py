@@ -14,24 +14,25 @@ loop of their own; a transient connection reset should not fail a whole asset th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kimi_batch.llama.chat_stream import EVENT_STREAM, read_chat_stream
 from kimi_batch.llama.exceptions import (
     LlamaConnectionError,
     LlamaError,
     LlamaHTTPError,
     LlamaLoadingError,
-    LlamaRequestError,
     LlamaResponseError,
     LlamaServerError,
     LlamaTimeoutError,
-    LlamaUnsupportedError,
+    http_error,
 )
 from kimi_batch.llama.messages import ChatMessage
 from kimi_batch.llama.responses import (
@@ -126,25 +127,33 @@ class LlamaClient:
         timeout: httpx.Timeout | None = None,
     ) -> httpx.Response:
         url = f"{self.base_url}{path}"
-        # httpx's read timeout is per read; a server that trickles bytes could outlive it. The
-        # total deadline is what the caller asked for, so it bounds the whole exchange.
-        total = _total_seconds(timeout)
-        try:
-            async with asyncio.timeout(total):
-                response = await self._http.request(
-                    method,
-                    path,
-                    json=json,
-                    params=params,
-                    timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
-                )
-        except (httpx.TimeoutException, TimeoutError) as error:
-            raise LlamaTimeoutError(f"{method} {url} timed out: {error!r}") from error
-        except httpx.TransportError as error:
-            raise LlamaConnectionError(f"{method} {url}: {error!r}") from error
+        async with _bounded(method, url, timeout):
+            response = await self._http.request(
+                method,
+                path,
+                json=json,
+                params=params,
+                timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+            )
         if response.status_code >= 400:
             raise _http_error(response, url)
         return response
+
+    async def _stream_chat(self, body: Mapping[str, Any], timeout: httpx.Timeout) -> ChatCompletion:
+        """One streamed chat request; a plain JSON answer (a stand-in, a mock) parses as today."""
+        path = "/v1/chat/completions"
+        url = f"{self.base_url}{path}"
+        async with (
+            _bounded("POST", url, timeout),
+            self._http.stream("POST", path, json=body, timeout=timeout) as response,
+        ):
+            streamed = response.headers.get("content-type", "").startswith(EVENT_STREAM)
+            if response.status_code < 400 and streamed:
+                return await read_chat_stream(response.aiter_lines(), url)
+            await response.aread()
+            if response.status_code >= 400:
+                raise _http_error(response, url)
+            return self._parse(ChatCompletion, response)
 
     async def _request(
         self,
@@ -311,7 +320,6 @@ class LlamaClient:
             "temperature": temperature,
             "top_p": top_p,
             "cache_prompt": True,
-            "stream": False,
         }
         if seed is not None:
             body["seed"] = seed
@@ -320,15 +328,16 @@ class LlamaClient:
         if top_logprobs:
             body["logprobs"] = True
             body["top_logprobs"] = top_logprobs
+        else:
+            # Streamed, so that a cancelled request stops generating at once (llama-server runs a
+            # non-streamed answer whose client left to its end); `chat_stream` rebuilds the
+            # answer. Not with logprobs: this server's stream leaves out the entry of a token
+            # whose text is empty, so the list would be shorter than completion_tokens.
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
         if json_schema is not None:
             body["response_format"] = {"type": "json_object", "schema": dict(json_schema)}
-        response = await self._send_once(
-            "POST",
-            "/v1/chat/completions",
-            json=body,
-            timeout=self._generation_timeout_for(timeout_s),
-        )
-        return self._parse(ChatCompletion, response)
+        return await self._stream_chat(body, self._generation_timeout_for(timeout_s))
 
     def _generation_timeout_for(self, timeout_s: float | None) -> httpx.Timeout:
         return self._generation_timeout if timeout_s is None else _timeout(timeout_s)
@@ -368,6 +377,19 @@ def _json_object(response: httpx.Response) -> dict[str, Any]:
     return payload
 
 
+@contextlib.asynccontextmanager
+async def _bounded(method: str, url: str, timeout: httpx.Timeout | None) -> AsyncIterator[None]:
+    """The whole exchange within its total deadline (httpx's read timeout is per read: a server
+    trickling bytes could outlive it), transport failures as typed errors."""
+    try:
+        async with asyncio.timeout(_total_seconds(timeout)):
+            yield
+    except (httpx.TimeoutException, TimeoutError) as error:
+        raise LlamaTimeoutError(f"{method} {url} timed out: {error!r}") from error
+    except httpx.TransportError as error:
+        raise LlamaConnectionError(f"{method} {url}: {error!r}") from error
+
+
 def _http_error(response: httpx.Response, url: str) -> LlamaError:
     message = response.text[:500]
     try:
@@ -376,11 +398,4 @@ def _http_error(response: httpx.Response, url: str) -> LlamaError:
             message = str(payload["error"].get("message", message))
     except ValueError:
         pass
-    status = response.status_code
-    if status == 503:
-        return LlamaLoadingError(status, message, url=url)
-    if status in (404, 501):
-        return LlamaUnsupportedError(status, message, url=url)
-    if status >= 500:
-        return LlamaServerError(status, message, url=url)
-    return LlamaRequestError(status, message, url=url)
+    return http_error(response.status_code, message, url=url)

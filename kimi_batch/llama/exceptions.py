@@ -8,6 +8,7 @@ LlamaError (a kimi_batch.errors.KimiBatchError)
 │   ├── LlamaServerError      other 5xx
 │   ├── LlamaRequestError     4xx: the request itself is wrong (too long, bad params)
 │   └── LlamaUnsupportedError 404/501: endpoint or feature not available on this build
+│                             (an `error` event inside a streamed answer: the same, by its code)
 ├── LlamaResponseError        a 2xx body that does not parse as the documented shape
 └── ServerSpawnError          the resident server could not be started or attached
     ├── SpecMismatchError     a server with another spec already runs (it is left running)
@@ -31,6 +32,7 @@ __all__ = [
     "ServerKilledError",
     "ServerSpawnError",
     "SpecMismatchError",
+    "http_error",
 ]
 
 
@@ -68,6 +70,17 @@ class LlamaRequestError(LlamaHTTPError):
 
 class LlamaUnsupportedError(LlamaHTTPError):
     pass
+
+
+def http_error(status: int, message: str, *, url: str = "") -> LlamaHTTPError:
+    """The typed error of an HTTP error status (or of a streamed `error` event's code)."""
+    if status == 503:
+        return LlamaLoadingError(status, message, url=url)
+    if status in (404, 501):
+        return LlamaUnsupportedError(status, message, url=url)
+    if status >= 500:
+        return LlamaServerError(status, message, url=url)
+    return LlamaRequestError(status, message, url=url)
 
 
 class LlamaResponseError(LlamaError):

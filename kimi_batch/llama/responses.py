@@ -11,7 +11,10 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "ChatChoice",
     "ChatCompletion",
+    "ChatMessageOut",
+    "ChatTokenLogprob",
     "ChatUsage",
     "Completion",
     "CompletionLogprobs",
@@ -184,35 +187,37 @@ class Completion(_Lenient):
         )
 
 
-class _ChatTokenLogprob(_Lenient):
+class ChatTokenLogprob(_Lenient):
     token: str
     logprob: float
     top_logprobs: list[_ServerTopLogprob] = Field(default_factory=list)
 
 
 class CompletionLogprobs(_Lenient):
-    content: list[_ChatTokenLogprob] | None = None
+    content: list[ChatTokenLogprob] | None = None
 
 
-class _ChatMessageOut(_Lenient):
+class ChatMessageOut(_Lenient):
     role: str = "assistant"
     content: str | None = None
     reasoning_content: str | None = None
 
 
-class _ChatChoice(_Lenient):
+class ChatChoice(_Lenient):
     index: int = 0
     finish_reason: str | None = None
-    message: _ChatMessageOut
+    message: ChatMessageOut
     logprobs: CompletionLogprobs | None = None
 
 
 class ChatCompletion(_Lenient):
-    """Response of `POST /v1/chat/completions` (non-streaming), with llama.cpp's `timings`."""
+    """Response of `POST /v1/chat/completions`, with llama.cpp's `timings`: the body of a
+    non-streamed answer, or the one `chat_stream` rebuilds from a streamed answer's chunks."""
 
     id: str = ""
     model: str = ""
-    choices: list[_ChatChoice] = Field(min_length=1)
+    created: int | None = None
+    choices: list[ChatChoice] = Field(min_length=1)
     usage: ChatUsage | None = None
     timings: Timings | None = None
     id_slot: int | None = None

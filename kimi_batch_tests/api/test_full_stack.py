@@ -38,9 +38,9 @@ KEY = "sk-full-stack"
 SCHEMA = "api_batches"
 BATCH_TIMEOUT_S = 900.0
 # Generous: a correctness bound (the slots do go idle), not a speed target; the measured
-# seconds are printed (cancel 9.5 and 18.0 s, terminate 2.0 s, kill 12.2 s here). The slots free up when
-# llama-server notices the closed connections; this build keeps generating a non-streamed request
-# whose client went away, so on a loaded machine the answers in flight may run to their end.
+# seconds are printed (streamed requests: cancel 1.2 s, terminate 1.0 s; kill 12.2 s here). The
+# batch's one logprobs request is sent whole, and this llama-server runs a non-streamed request
+# whose client went away to its end, so on a loaded machine that answer may hold its slot.
 IDLE_BOUND_S = 30.0
 FINAL = ("completed", "failed", "cancelled", "expired")
 SYSTEM = "You are a geography teacher. Answer in one short sentence."

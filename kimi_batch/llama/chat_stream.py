@@ -1,0 +1,171 @@
+"""A streamed chat answer (server-sent events) rebuilt into the `ChatCompletion` a non-streamed
+request returns.
+
+Why stream at all: this llama-server keeps generating a non-streamed answer whose client has
+disconnected until the answer ends (a cancelled batch held its slots for as long as the answers
+in flight took), while a streamed one stops at the next token it cannot send. So the client
+streams every chat answer and the layers above still see one `ChatCompletion`.
+
+Per chunk, llama.cpp sends `choices[0].delta` (content, reasoning_content), `finish_reason` at
+the end, per-token `logprobs.content` when asked, and in its last chunks `usage`
+(`stream_options.include_usage`) and `timings`; `data: [DONE]` closes the stream. An error
+after the stream started arrives as an `error: {...}` line (or a data chunk holding `error`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kimi_batch.llama.exceptions import (
+    LlamaConnectionError,
+    LlamaError,
+    LlamaResponseError,
+    http_error,
+)
+from kimi_batch.llama.responses import (
+    ChatChoice,
+    ChatCompletion,
+    ChatMessageOut,
+    ChatTokenLogprob,
+    ChatUsage,
+    CompletionLogprobs,
+    Timings,
+)
+
+__all__ = ["EVENT_STREAM", "read_chat_stream"]
+
+EVENT_STREAM = "text/event-stream"
+_DONE = "[DONE]"
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class _Delta(_Lenient):
+    content: str | None = None
+    reasoning_content: str | None = None
+
+
+class _ChunkChoice(_Lenient):
+    index: int = 0
+    delta: _Delta = Field(default_factory=_Delta)
+    finish_reason: str | None = None
+    logprobs: CompletionLogprobs | None = None
+
+
+class _ChatChunk(_Lenient):
+    """One `chat.completion.chunk` event."""
+
+    id: str = ""
+    model: str = ""
+    created: int | None = None
+    choices: list[_ChunkChoice] = Field(default_factory=list)
+    usage: ChatUsage | None = None
+    timings: Timings | None = None
+    id_slot: int | None = None
+    n_past: int | None = None
+    tokens_cached: int | None = None
+
+
+class _ChatAssembly:
+    """The answer so far: text pieces appended, the last value of every whole field kept."""
+
+    def __init__(self) -> None:
+        self.head: _ChatChunk | None = None
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.logprobs: list[ChatTokenLogprob] | None = None
+        self.finish_reason: str | None = None
+        self.usage: ChatUsage | None = None
+        self.timings: Timings | None = None
+        self.slot_fields: dict[str, int] = {}
+
+    def add(self, chunk: _ChatChunk) -> None:
+        self.head = self.head or chunk
+        for choice in chunk.choices[:1]:  # one choice is asked for (n=1)
+            if choice.delta.content:
+                self.content.append(choice.delta.content)
+            if choice.delta.reasoning_content:
+                self.reasoning.append(choice.delta.reasoning_content)
+            if choice.logprobs is not None and choice.logprobs.content is not None:
+                self.logprobs = (self.logprobs or []) + choice.logprobs.content
+            self.finish_reason = choice.finish_reason or self.finish_reason
+        self.usage = chunk.usage or self.usage
+        self.timings = chunk.timings or self.timings
+        for name in ("id_slot", "n_past", "tokens_cached"):
+            value = getattr(chunk, name)
+            if value is not None:
+                self.slot_fields[name] = value
+
+    def completion(self, url: str) -> ChatCompletion:
+        if self.head is None or self.finish_reason is None:
+            # The server went away mid-answer (a crash, a restart): retryable, as a non-streamed
+            # request whose connection dropped.
+            raise LlamaConnectionError(f"POST {url}: the stream ended before the answer did")
+        message = ChatMessageOut(
+            content="".join(self.content), reasoning_content="".join(self.reasoning) or None
+        )
+        logprobs = CompletionLogprobs(content=self.logprobs) if self.logprobs is not None else None
+        choice = ChatChoice(finish_reason=self.finish_reason, message=message, logprobs=logprobs)
+        return ChatCompletion(
+            id=self.head.id,
+            model=self.head.model,
+            created=self.head.created,
+            choices=[choice],
+            usage=self.usage,
+            timings=self.timings,
+            **self.slot_fields,
+        )
+
+
+def _stream_error(payload: Any, url: str) -> LlamaError:
+    """The typed error of an in-stream `error` (llama.cpp: `{"error": {code, message, type}}`)."""
+    error = payload.get("error", payload) if isinstance(payload, dict) else payload
+    if not isinstance(error, dict):
+        return LlamaResponseError(f"error event from {url}: {str(payload)[:500]}")
+    code = error.get("code")
+    status = code if isinstance(code, int) and 400 <= code < 600 else 500
+    return http_error(status, str(error.get("message", error))[:500], url=url)
+
+
+def _load(data: str, url: str) -> Any:
+    try:
+        return json.loads(data)
+    except ValueError as error:
+        raise LlamaResponseError(f"non-JSON event from {url}: {data[:200]!r}") from error
+
+
+async def read_chat_stream(lines: AsyncIterator[str], url: str) -> ChatCompletion:
+    """Read an event stream to its end (`[DONE]`) and return the answer it carried."""
+    assembly = _ChatAssembly()
+    event = "message"
+    async for line in lines:
+        if not line:
+            event = "message"  # a blank line ends an event
+            continue
+        field, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if field == "event":
+            event = value
+            continue
+        if field not in ("data", "error"):
+            continue  # a comment (":" keep-alive) or a field this client does not use
+        if value == _DONE:
+            break
+        payload = _load(value, url)
+        if (
+            field == "error"
+            or event == "error"
+            or (isinstance(payload, dict) and "error" in payload)
+        ):
+            raise _stream_error(payload, url)
+        try:
+            assembly.add(_ChatChunk.model_validate(payload))
+        except ValidationError as error:
+            raise LlamaResponseError(f"unexpected chat chunk from {url}: {error}") from error
+    return assembly.completion(url)
