@@ -2,7 +2,7 @@
 
 N small inbox files dated yesterday (N partitions), a fresh Dagster home with the repository's
 dagster.yaml, and a real `dagster-daemon` on the repository's workspace: the nightly schedule
-(made to tick every minute, status running) asks for every partition not yet distilled, the
+(its daily tick moved to the next minute, status running) asks for every partition not yet distilled, the
 daemon queues the runs and launches each one with the instance's run launcher (a process per run,
 one llama run at a time, exactly as at 02:00). Meanwhile the bench polls the server's `/slots`;
 busy = at least one slot processing. Idle gaps are attributed from the runs' event logs: before a
@@ -18,7 +18,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -31,6 +30,7 @@ from typing import Any
 
 import httpx
 
+from kimi_batch.bench.children import start_group, stop_group
 from kimi_batch.bench.contenders import BenchTarget, run_engine
 from kimi_batch.bench.errors import BenchError
 from kimi_batch.bench.workloads import FUNCTION_SPECS, write_inbox_file
@@ -192,28 +192,13 @@ def _start_daemon(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
         capture_output=True,
         timeout=300,
     )
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [str(bin_dir / "dagster-daemon"), "run", "-w", str(_REPO / "workspace.yaml")],
-            env=env,
-            cwd=_REPO,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its code server and run workers share the group
-        )
-
-
-def _stop_group(process: subprocess.Popen[bytes]) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            process.wait(timeout=30)
-            break
-        except subprocess.TimeoutExpired:
-            continue
+    # Its code server and run workers share its process group: stop_group ends them all.
+    return start_group(
+        [str(bin_dir / "dagster-daemon"), "run", "-w", str(_REPO / "workspace.yaml")],
+        env=env,
+        cwd=_REPO,
+        log=log,
+    )
 
 
 @dataclass(frozen=True)
@@ -292,7 +277,7 @@ def run_night(
             run_ids = _wait_for_runs(home / "dagster", partitions, daemon)
         timeline = poller.timeline
     finally:
-        _stop_group(daemon)
+        stop_group(daemon)
     tokens = _predicted_total(base_url) - tokens_before
     with dg.DagsterInstance.from_config(str(home / "dagster")) as instance:
         windows = _windows(instance, run_ids, offset)

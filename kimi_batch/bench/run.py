@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kimi_batch.bench.children import signals_as_exit
 from kimi_batch.bench.contenders import (
     BenchTarget,
     bench_target,
@@ -201,7 +202,15 @@ def _run_workload(
 
 
 def run_bench(settings: Settings, options: BenchOptions) -> dict[str, Any]:
-    """Spawn the bench server, run the workloads, stop it; returns the JSON document."""
+    """Spawn the bench server, run the workloads, stop it; returns the JSON document.
+
+    SIGTERM and SIGHUP end the bench like Ctrl-C: its server and daemon are stopped on the way out.
+    """
+    with signals_as_exit():
+        return _run_bench(settings, options)
+
+
+def _run_bench(settings: Settings, options: BenchOptions) -> dict[str, Any]:
     if options.workloads == ("rehearsal",):  # the stand-in only: no llama-server
         started = time.perf_counter()
         section = run_rehearsal(settings, options.rehearsal, settings.paths.bench_dir)
@@ -222,8 +231,8 @@ def _run_all(local: Settings, options: BenchOptions) -> tuple[dict[str, Any], Sp
     manager.stop()  # a bench server left behind by a killed run
     load_before = os.getloadavg()
     started = time.perf_counter()
-    handle = manager.ensure_running()
     try:
+        handle = manager.ensure_running()
         target = asyncio.run(bench_target(handle.base_url, handle.model, local.digest))
         inbox = local.paths.inbox_dir
         sections: dict[str, dict[str, Any]] = {}
