@@ -1,8 +1,8 @@
 """`bench --workload night`: a whole night as the deployment runs it, and how busy the server was.
 
 N small inbox files dated yesterday (N partitions), a fresh Dagster home with the repository's
-dagster.yaml, and a real `dagster-daemon` on the repository's workspace: the nightly schedule
-(its daily tick moved to the next minute, status running) asks for every partition not yet distilled, the
+dagster.yaml, and a real `dagster-daemon` on the repository's workspace: the nightly schedule (its
+daily tick moved to the next minute, status running) asks for every partition not yet distilled, the
 daemon queues the runs and launches each one with the instance's run launcher (a process per run,
 one llama run at a time, exactly as at 02:00). Meanwhile the bench polls the server's `/slots`;
 busy = at least one slot processing. Idle gaps are attributed from the runs' event logs: before a
