@@ -37,7 +37,7 @@ from kimi_batch.bench.workloads import FUNCTION_SPECS, write_inbox_file
 from kimi_batch.engine import GenerationRequest, SamplingParams
 from kimi_batch.llama import LlamaClient
 from kimi_batch.settings import Settings
-from kimi_batch.tasks.amplify import Strategy, amplification_requests
+from kimi_batch.tasks.amplify import DEFAULT_AMPLIFY_PARAMS, Strategy, amplification_requests
 from kimi_batch.tasks.distill import distillation_requests
 from kimi_batch.tasks.reader import read_inbox_file
 
@@ -48,8 +48,8 @@ POLL_S = 0.05
 TICK_LEAD_S = 45.0
 RUNS_TIMEOUT_S = 1800.0
 # What the assets' configs default to (AmplifyConfig, DistillConfig): the baseline's requests.
-_AMPLIFY = SamplingParams(max_tokens=128, temperature=0.9, top_p=0.95, seed=7)
-_DISTILL = SamplingParams(max_tokens=256, temperature=0.7, top_p=0.95, seed=11)
+_DISTILL_TEMPERATURE = 0.7
+_DISTILL_SEED = 11
 _GENERATING_STEPS = ("amplified_prompts", "distilled_responses")
 _REPO = Path(__file__).resolve().parents[2]
 
@@ -144,13 +144,22 @@ def _write_night_inbox(inbox: Path, night: date, partitions: int, rows: int) -> 
     return files
 
 
-def _night_requests(files: Sequence[Path]) -> list[GenerationRequest]:
+def _night_requests(files: Sequence[Path], n_predict: int) -> list[GenerationRequest]:
     """What the night's runs send, in one list: amplification then distillation of the seeds."""
+    amplify = SamplingParams(
+        max_tokens=min(DEFAULT_AMPLIFY_PARAMS.max_tokens, n_predict),
+        temperature=0.9,
+        top_p=0.95,
+        seed=7,
+    )
+    distill = SamplingParams(
+        max_tokens=n_predict, temperature=_DISTILL_TEMPERATURE, top_p=0.95, seed=_DISTILL_SEED
+    )
     requests: list[GenerationRequest] = []
     for path in files:
         seeds = read_inbox_file(path).seeds
-        requests += amplification_requests(seeds, list(Strategy), 1, _AMPLIFY)
-        requests += distillation_requests(seeds, [], _DISTILL)
+        requests += amplification_requests(seeds, list(Strategy), 1, amplify)
+        requests += distillation_requests(seeds, [], distill)
     return requests
 
 
@@ -170,6 +179,8 @@ def _daemon_env(
             "KIMI_BATCH_LLAMA_URL": base_url,
             "KIMI_BATCH_DIGEST": str(settings.digest),
             "KIMI_BATCH_TIMEZONE": settings.timezone,
+            # The distillation's answer budget (DistillConfig's default is the n_predict).
+            "KIMI_BATCH_LLAMA_N_PREDICT": str(settings.llama_n_predict),
             "KIMI_BATCH_PARTITIONS_START": start.isoformat(),
             # The nightly schedule as deployed, its daily tick moved to the next minute so the
             # bench need not wait for 02:00. (Not every minute: run keys are deduplicated per
@@ -302,7 +313,9 @@ def run_night(
         idle[_cause(gap, windows, timeline)] += gap[1] - gap[0]
     ledger = work_dir / "night-one-batch.sqlite3"
     ledger.unlink(missing_ok=True)
-    baseline = asyncio.run(run_engine(target, _night_requests(files), ledger))
+    baseline = asyncio.run(
+        run_engine(target, _night_requests(files, settings.llama_n_predict), ledger)
+    )
     ledger.unlink(missing_ok=True)
     tok_s = tokens / wall if wall else 0.0
     return {
