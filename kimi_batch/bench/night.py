@@ -41,7 +41,7 @@ from kimi_batch.tasks.amplify import DEFAULT_AMPLIFY_PARAMS, Strategy, amplifica
 from kimi_batch.tasks.distill import distillation_requests
 from kimi_batch.tasks.reader import read_inbox_file
 
-__all__ = ["BusyTimeline", "SlotPoller", "run_night"]
+__all__ = ["BusyTimeline", "SlotPoller", "Window", "idle_by_cause", "run_night"]
 
 POLL_S = 0.05
 # The daemon and its code server start in well under this on 2 busy cores.
@@ -213,24 +213,33 @@ def _start_daemon(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
 
 
 @dataclass(frozen=True)
-class _Window:
+class Window:
     run_id: str
     kind: str  # "run" or a step key
     start: float
     end: float
 
 
-def _windows(instance: Any, run_ids: Sequence[str], offset: float) -> list[_Window]:
+def _windows(instance: Any, run_ids: Sequence[str], offset: float) -> list[Window]:
     """Run and step spans from the event logs, on the poller's monotonic clock."""
     import dagster as dg
 
-    windows: list[_Window] = []
+    windows: list[Window] = []
     for run_id in run_ids:
         records = instance.all_logs(run_id)
-        times = [r.timestamp - offset for r in records]
-        if not times:
+        # From RUN_START (the run's process is up) on: a run is in the log from when it was
+        # queued, and the night queues all its runs at once.
+        started = [
+            r.timestamp - offset
+            for r in records
+            if r.dagster_event is not None
+            and r.dagster_event.event_type == dg.DagsterEventType.RUN_START
+        ]
+        if not started:
             continue
-        windows.append(_Window(run_id, "run", min(times), max(times)))
+        windows.append(
+            Window(run_id, "run", min(started), max(r.timestamp for r in records) - offset)
+        )
         starts: dict[str, float] = {}
         for record in records:
             event = record.dagster_event
@@ -244,11 +253,12 @@ def _windows(instance: Any, run_ids: Sequence[str], offset: float) -> list[_Wind
             ):
                 ended = float(record.timestamp) - offset
                 begun = starts.get(event.step_key, ended)
-                windows.append(_Window(run_id, event.step_key, begun, ended))
+                windows.append(Window(run_id, event.step_key, begun, ended))
     return windows
 
 
-def _cause(gap: tuple[float, float], windows: Sequence[_Window], timeline: BusyTimeline) -> str:
+def _cause(gap: tuple[float, float], windows: Sequence[Window], timeline: BusyTimeline) -> str:
+    """Why the server idled: where the gap's middle falls among the runs' and steps' spans."""
     middle = (gap[0] + gap[1]) / 2
     for window in windows:
         if window.kind in _GENERATING_STEPS and window.start <= middle <= window.end:
@@ -257,7 +267,25 @@ def _cause(gap: tuple[float, float], windows: Sequence[_Window], timeline: BusyT
             if not busy_before:
                 return "step_start"
             return "other" if busy_after else "write"
-    return "run_start"
+    run = next((w for w in windows if w.kind == "run" and w.start <= middle <= w.end), None)
+    if run is None:
+        return "run_start"  # between runs: the queue, the launcher, the run's process
+    first_generating = min(
+        (w.start for w in windows if w.run_id == run.run_id and w.kind in _GENERATING_STEPS),
+        default=run.end,
+    )
+    # Inside a run before its first generating step: its process, `seed_prompts`. After it:
+    # between two steps, the next step's start (its process, with the multiprocess executor).
+    return "run_start" if middle < first_generating else "step_start"
+
+
+def idle_by_cause(timeline: BusyTimeline, windows: Sequence[Window]) -> dict[str, float]:
+    """Seconds of idle server between the first request and the last, by cause."""
+    idle: dict[str, float] = {"run_start": 0.0, "step_start": 0.0, "write": 0.0, "other": 0.0}
+    for gap in timeline.idle_gaps():
+        idle[_cause(gap, windows, timeline)] += gap[1] - gap[0]
+    return idle
+    return idle
 
 
 def run_night(
@@ -308,9 +336,7 @@ def run_night(
     if span is None:
         raise BenchError("the night sent no request (see the daemon log)")
     wall = span[1] - span[0]
-    idle: dict[str, float] = {"run_start": 0.0, "step_start": 0.0, "write": 0.0, "other": 0.0}
-    for gap in timeline.idle_gaps():
-        idle[_cause(gap, windows, timeline)] += gap[1] - gap[0]
+    idle = idle_by_cause(timeline, windows)
     ledger = work_dir / "night-one-batch.sqlite3"
     ledger.unlink(missing_ok=True)
     baseline = asyncio.run(
