@@ -6,7 +6,6 @@ import os
 import shutil
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import dagster as dg
@@ -99,15 +98,42 @@ def test_importing_the_code_location_reads_no_variable_and_writes_no_file(tmp_pa
 
 def test_a_defs_file_dropped_into_the_folder_is_loaded(tmp_path: Path) -> None:
     # What `dg scaffold defs dagster.asset NAME.py` writes: a plain module in kimi_batch/defs/.
-    name = f"dropped_{uuid.uuid4().hex[:8]}"
-    path = REPO_ROOT / "kimi_batch" / "defs" / f"{name}.py"
-    path.write_text(f"import dagster as dg\n\n\n@dg.asset\ndef {name}() -> None: ...\n")
-    try:
-        loaded = build_definitions(Settings.from_env())
-    finally:
-        path.unlink()
-        sys.modules.pop(f"kimi_batch.defs.{name}", None)
-    assert loaded.resolve_asset_graph().has(dg.AssetKey(name))
+    # It is dropped into a copy of the project, loaded by a child process importing that copy,
+    # so no other test (run in parallel) ever sees the file in the repository's folder.
+    project = tmp_path / "project"
+    shutil.copytree(
+        REPO_ROOT / "kimi_batch",
+        project / "kimi_batch",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    shutil.copy(REPO_ROOT / "pyproject.toml", project / "pyproject.toml")
+    name = "dropped_asset"
+    defs_folder = project / "kimi_batch" / "defs"
+    (defs_folder / f"{name}.py").write_text(
+        f"import dagster as dg\n\n\n@dg.asset\ndef {name}() -> None: ...\n"
+    )
+    code = (
+        "import dagster as dg, kimi_batch.defs as folder; "
+        "from kimi_batch.definitions import build_definitions; "
+        "from kimi_batch.settings import Settings; "
+        "loaded = build_definitions(Settings.from_env()); "
+        f"print(folder.__path__[0]); print(loaded.resolve_asset_graph().has(dg.AssetKey({name!r})))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KIMI_BATCH_")}
+    env.update({"KIMI_BATCH_HOME": str(tmp_path / "home"), "PYTHONPATH": str(project)})
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    folder, found = done.stdout.strip().splitlines()[-2:]
+    assert Path(folder) == defs_folder  # the copy was loaded, not the repository's package
+    assert found == "True"
 
 
 def test_every_step_that_may_talk_to_llama_server_is_in_the_llama_pool(

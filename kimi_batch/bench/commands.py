@@ -98,12 +98,16 @@ def plan_command(args: argparse.Namespace, settings: Settings) -> int:
     from pydantic import ValidationError
 
     from kimi_batch.bench.plan import PlanInput, describe, last_speeds, plan_partition
+    from kimi_batch.bench.speed_model import TargetProfile
     from kimi_batch.errors import ConfigError
 
     prompt_speed, gen_speed, slots = args.prompt_tok_s, args.gen_tok_s, args.slots
     # Unset, an answer is as long as the distillation's budget lets it be (the server's n_predict).
     output_tokens = settings.llama_n_predict if args.output_tokens is None else args.output_tokens
-    if prompt_speed is None or gen_speed is None:
+    target = TargetProfile() if args.target else None
+    if target is not None:
+        slots = slots or settings.llama_parallel  # the deployment's slots, as it would run
+    if target is None and (prompt_speed is None or gen_speed is None):
         measured = last_speeds([settings.paths.bench_dir, settings.paths.tune_dir])
         prompt_speed = prompt_speed or measured.prompt_tok_s
         gen_speed = gen_speed or measured.gen_tok_s
@@ -118,6 +122,8 @@ def plan_command(args: argparse.Namespace, settings: Settings) -> int:
             slots=slots or 1,
             window_h=args.window_h,
             digest_tokens=args.digest_tokens,
+            target=target,
+            context_tokens=args.context_tokens,
             partitions=args.partitions,
             run_overhead_s=args.run_overhead_s,
         )

@@ -1,10 +1,21 @@
 """`kimi-batch plan`: what a partition costs and how much of it fits the nightly window.
 
-Speeds are those one slot sees while all S slots are busy (llama-server reports them per request
-in `timings`; `bench` and `tune` write them as `speeds`), so a slot runs its share of the rows one
-after another: wall = ceil(rows / S) x (prompt / prompt_speed + output / gen_speed). With S = 1
+Two speed sources. Measured per-slot speeds (those one slot sees while all S slots are busy, as
+llama-server reports them in `timings`; `bench` and `tune` write them as `speeds`): a slot runs
+its share of the rows one after another, wall = ceil(rows / S) x (prompt / prompt_speed +
+output / gen_speed), the speeds taken as flat (measure them at your digest's length). With S = 1
 and single-stream speeds this is the source documents' arithmetic: 16,148 prompt tokens at
 6.15 tok/s = 43.8 min.
+
+Or the target's speed model (`--target`, `speed_model.TargetProfile`, the model the stand-in runs
+on): a round of n slots evaluates n prompts after the `context_tokens` already cached (the
+digest), one slot at a time (a step holds every slot), then decodes in lockstep with every step
+slower than the last as the context grows (digest + prompt + tokens generated so far), the slots
+sharing the weight passes; the last round of a partition has the rows left over.
+
+Then the night: the digest's cold prefill, each partition's run overhead, round after round until
+the window closes (`rows_in_window`, whole rounds); the next night runs what is left, each
+partition that still has rows paying its overhead again (`next_night_rows`, `nights_needed`).
 """
 
 from __future__ import annotations
@@ -12,9 +23,11 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from kimi_batch.bench.speed_model import TargetProfile
 from kimi_batch.errors import MissingInputError
 
 __all__ = [
@@ -28,6 +41,7 @@ __all__ = [
 ]
 
 SPEEDS_FILE = "speeds.json"
+_MAX_NIGHTS = 10_000  # a plan needing more nights than this says so instead of counting them
 
 
 class Speeds(BaseModel):
@@ -49,8 +63,17 @@ class PlanInput(BaseModel):
     )
     output_tokens: int = Field(ge=0, description="Generated tokens per row.")
     rows: int = Field(ge=0)
-    prompt_tok_s: float = Field(gt=0, description="Prompt speed of one slot.")
-    gen_tok_s: float = Field(gt=0, description="Generation speed of one slot.")
+    prompt_tok_s: float | None = Field(default=None, gt=0, description="Prompt speed of a slot.")
+    gen_tok_s: float | None = Field(default=None, gt=0, description="Generation speed of a slot.")
+    target: TargetProfile | None = Field(
+        default=None, description="The target's speed model, instead of measured speeds."
+    )
+    context_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="Tokens cached in the slot before a row's prompt (the digest): with "
+        "`target`, where the context of every row starts.",
+    )
     slots: int = Field(default=1, ge=1)
     window_h: float = Field(default=8.0, gt=0, description="The nightly window.")
     digest_tokens: int = Field(default=0, ge=0, description="One-time digest prefill, if cold.")
@@ -62,12 +85,20 @@ class PlanInput(BaseModel):
         "night` measures it).",
     )
 
+    @model_validator(mode="after")
+    def _has_speeds(self) -> Self:
+        if self.target is None and (self.prompt_tok_s is None or self.gen_tok_s is None):
+            raise ValueError("give prompt_tok_s and gen_tok_s, or the target's speed model")
+        return self
+
 
 class PlanResult(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     inputs: PlanInput
-    row_s: float = Field(description="One row on one slot.")
+    row_s: float = Field(description="One row on one slot (a round of all slots).")
+    prompt_tok_s: float = Field(description="Prompt speed of a slot in a full round.")
+    gen_tok_s: float = Field(description="Generation speed of a slot in a full round.")
     digest_prefill_s: float
     wall_s: float
     minutes: float
@@ -75,6 +106,9 @@ class PlanResult(BaseModel):
     fits: bool
     max_rows_in_window: int
     rows_in_window: int = Field(description="Of these rows, those done when the window closes.")
+    rows_left: int = Field(description="Rows the next night starts with.")
+    next_night_rows: int = Field(description="Rows the next night's window closes on.")
+    nights_needed: int | None = Field(description="Nights to the last row (None: never).")
     tokens_generated: int
 
 
@@ -82,44 +116,107 @@ def _split(rows: int, partitions: int) -> list[int]:
     return [rows // partitions + (1 if p < rows % partitions else 0) for p in range(partitions)]
 
 
-def _rows_in_window(spec: PlanInput, row_s: float, prefill_s: float, window_s: float) -> int:
-    """Partition after partition (each one run: its overhead, then its rows on the slots)."""
-    clock, done = prefill_s, 0
-    for rows in _split(spec.rows, spec.partitions):
-        clock += spec.run_overhead_s
-        if clock >= window_s:
-            break
-        need = math.ceil(rows / spec.slots) * row_s
-        if clock + need <= window_s:
-            clock, done = clock + need, done + rows
+class _Rounds:
+    """Seconds of a round of n rows, from measured speeds or from the target's speed model."""
+
+    def __init__(self, spec: PlanInput) -> None:
+        self.spec = spec
+
+    def prompt_s(self, slots: int) -> float:
+        spec = self.spec
+        if spec.target is None:
+            assert spec.prompt_tok_s is not None
+            return spec.prompt_tokens / spec.prompt_tok_s
+        return slots * spec.target.prefill_cost(spec.context_tokens, spec.prompt_tokens)
+
+    def decode_s(self, slots: int) -> float:
+        spec = self.spec
+        if spec.target is None:
+            assert spec.gen_tok_s is not None
+            return spec.output_tokens / spec.gen_tok_s
+        position = spec.context_tokens + spec.prompt_tokens
+        return spec.target.decode_cost(position, spec.output_tokens, slots)
+
+    def round_s(self, slots: int) -> float:
+        return self.prompt_s(slots) + self.decode_s(slots) if slots > 0 else 0.0
+
+    def digest_s(self) -> float:
+        spec = self.spec
+        if spec.target is None:
+            assert spec.prompt_tok_s is not None
+            return spec.digest_tokens / spec.prompt_tok_s
+        return spec.target.prefill_cost(0, spec.digest_tokens)
+
+    def partition_s(self, rows: int) -> float:
+        full, rest = divmod(rows, self.spec.slots)
+        return full * self.round_s(self.spec.slots) + self.round_s(rest)
+
+
+def _night(spec: PlanInput, rounds: _Rounds, left: list[int], clock: float) -> list[int]:
+    """One night from `clock` on: partition after partition (each one run: its overhead, then
+    its rows round after round); returns the rows each partition has left at the window's close.
+    """
+    window_s = spec.window_h * 3600
+    left = list(left)
+    for p, rows in enumerate(left):
+        if rows == 0:
             continue
-        if row_s > 0:  # the window closes inside this run: the rounds of rows that fit
-            done += min(rows, math.floor((window_s - clock) / row_s) * spec.slots)
-        break
+        clock += spec.run_overhead_s
+        while rows and clock < window_s:
+            n = min(rows, spec.slots)
+            if clock + rounds.round_s(n) > window_s:
+                break
+            clock, rows = clock + rounds.round_s(n), rows - n
+        left[p] = rows
+        if clock >= window_s or rows:
+            break
+    return left
+
+
+def _nights(spec: PlanInput, rounds: _Rounds) -> list[int]:
+    """Rows done each night until none are left (the digest is cold only the first night)."""
+    left, done = _split(spec.rows, spec.partitions), []
+    clock = rounds.digest_s()
+    while sum(left) and len(done) < _MAX_NIGHTS:
+        after = _night(spec, rounds, left, clock)
+        done.append(sum(left) - sum(after))
+        if done[-1] == 0:
+            break
+        left, clock = after, 0.0
     return done
 
 
 def plan_partition(spec: PlanInput) -> PlanResult:
-    row_s = spec.prompt_tokens / spec.prompt_tok_s + spec.output_tokens / spec.gen_tok_s
-    prefill_s = spec.digest_tokens / spec.prompt_tok_s
-    rounds = sum(math.ceil(rows / spec.slots) for rows in _split(spec.rows, spec.partitions))
-    wall_s = prefill_s + spec.partitions * spec.run_overhead_s + rounds * row_s
+    rounds = _Rounds(spec)
+    row_s = rounds.round_s(spec.slots)
+    prefill_s = rounds.digest_s()
+    runs_s = sum(rounds.partition_s(rows) for rows in _split(spec.rows, spec.partitions))
+    wall_s = prefill_s + spec.partitions * spec.run_overhead_s + runs_s
     window_s = spec.window_h * 3600
     fixed_s = prefill_s + spec.run_overhead_s
     if row_s > 0:
         max_rows = max(0, math.floor((window_s - fixed_s) / row_s)) * spec.slots
     else:
         max_rows = spec.rows if fixed_s <= window_s else 0
+    nights = _nights(spec, rounds)
+    in_window = nights[0] if nights else 0
+    finished = sum(nights) == spec.rows
+    prompt_s, decode_s = rounds.prompt_s(spec.slots), rounds.decode_s(spec.slots)
     return PlanResult(
         inputs=spec,
         row_s=row_s,
+        prompt_tok_s=spec.prompt_tokens / prompt_s if prompt_s else 0.0,
+        gen_tok_s=spec.output_tokens / decode_s if decode_s else 0.0,
         digest_prefill_s=prefill_s,
         wall_s=wall_s,
         minutes=wall_s / 60,
         hours=wall_s / 3600,
         fits=wall_s <= window_s,
         max_rows_in_window=max_rows,
-        rows_in_window=_rows_in_window(spec, row_s, prefill_s, window_s),
+        rows_in_window=in_window,
+        rows_left=spec.rows - in_window,
+        next_night_rows=nights[1] if len(nights) > 1 else 0,
+        nights_needed=len(nights) if finished else None,
         tokens_generated=spec.rows * spec.output_tokens,
     )
 
@@ -127,15 +224,31 @@ def plan_partition(spec: PlanInput) -> PlanResult:
 def describe(result: PlanResult) -> str:
     spec = result.inputs
     verdict = "fits" if result.fits else "does NOT fit"
+    speeds = (
+        f"the target's speed model ({result.prompt_tok_s:.3g}/{result.gen_tok_s:.3g} tok/s per "
+        f"slot after {spec.context_tokens} context tokens)"
+        if spec.target is not None
+        else f"{spec.prompt_tok_s:g}/{spec.gen_tok_s:g} tok/s per slot"
+    )
+    nights = (
+        f"{result.nights_needed} night(s) in all"
+        if result.nights_needed is not None
+        else "never done (no row fits a window)"
+    )
     return (
         f"{spec.rows} rows x ({spec.prompt_tokens} prompt + {spec.output_tokens} output tokens) "
-        f"on {spec.slots} slot(s) at {spec.prompt_tok_s:g}/{spec.gen_tok_s:g} tok/s per slot: "
+        f"on {spec.slots} slot(s) at {speeds}: "
         f"{result.minutes:.1f} min ({result.hours:.2f} h); {verdict} the {spec.window_h:g} h "
         f"window; at most {result.max_rows_in_window} rows fit"
         + (
-            f"; split into {spec.partitions} runs ({spec.run_overhead_s:g} s idle each): "
-            f"{result.rows_in_window} of the {spec.rows} rows done in the window"
+            f"; split into {spec.partitions} runs ({spec.run_overhead_s:g} s idle each)"
             if spec.partitions > 1 or spec.run_overhead_s
+            else ""
+        )
+        + (
+            f"; {result.rows_in_window} of the {spec.rows} rows done in the window, "
+            f"{result.rows_left} left, {result.next_night_rows} the next night, {nights}"
+            if not result.fits
             else ""
         )
     )

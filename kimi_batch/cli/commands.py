@@ -261,6 +261,14 @@ def _add_perf_commands(commands: Any) -> None:
     plan.add_argument("--slots", type=int, default=None)
     plan.add_argument("--window-h", type=float, default=8.0)
     plan.add_argument("--digest-tokens", type=int, default=0, help="a cold digest prefill")
+    plan.add_argument(
+        "--target",
+        action="store_true",
+        help="the target's speed model (Kimi-K2.5 on the 16-core EPYC) instead of measured speeds",
+    )
+    plan.add_argument(
+        "--context-tokens", type=int, default=0, help="cached before each row's prompt (digest)"
+    )
     plan.add_argument("--partitions", type=int, default=1, help="runs the rows are split into")
     plan.add_argument(
         "--run-overhead-s", type=float, default=0.0, help="server idle per run (bench night)"

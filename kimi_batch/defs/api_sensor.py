@@ -9,20 +9,62 @@ run started gets its run too (the same key): the run sees the cancel and finishe
 Unlike the inbox sensor it starts RUNNING: it acts only on batches someone created through the
 API in this state dir, and a batch that waits for someone to switch a sensor on is a bug to the
 client polling it. KIMI_BATCH_API_SENSOR_INTERVAL (seconds, default 2) is its tick.
+
+Each tick also finalizes the batches whose run ended without finishing them (the run worker was
+killed, run monitoring failed the run): a batch whose run is FAILURE or CANCELED in the instance
+while the batch is not final would say `in_progress` forever. It becomes `failed` (an error
+names the run) or `cancelled` (a cancel was asked), with its partial output and error files.
 """
 
 from __future__ import annotations
 
 import dagster as dg
 
-from kimi_batch.defs.assets.api_batch import API_TRIGGER_TAG
+from kimi_batch.defs.assets.api_batch import API_TRIGGER_TAG, finish_abandoned_batch
 from kimi_batch.defs.deployment import deployment_settings
 from kimi_batch.defs.jobs import api_batch_job
 from kimi_batch.defs.partitions import api_batch_partitions
 from kimi_batch.settings import Settings
-from kimi_batch.storage import ApiStore, BatchStatus
+from kimi_batch.storage import ApiStore, BatchRecord, BatchStatus
 
 __all__ = ["build_api_batch_sensor", "defs"]
+
+# Statuses a batch holds while a run is (or should be) working on it.
+_UNFINISHED = (
+    BatchStatus.VALIDATING,
+    BatchStatus.IN_PROGRESS,
+    BatchStatus.FINALIZING,
+    BatchStatus.CANCELLING,
+)
+_RUN_ENDED = (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
+# Set by Dagster on a failed run that run retries will execute again (dagster/max_retries).
+_WILL_RETRY_TAG = "dagster/will_retry"
+
+
+def _run_of(instance: dg.DagsterInstance, batch: BatchRecord) -> dg.DagsterRun | None:
+    """The run answering the batch: the one that took it up, else the newest requested for it."""
+    if batch.run_id is not None:
+        return instance.get_run_by_id(batch.run_id)
+    runs = instance.get_runs(filters=dg.RunsFilter(tags={API_TRIGGER_TAG: batch.id}), limit=1)
+    return runs[0] if runs else None
+
+
+def _finish_abandoned(
+    context: dg.SensorEvaluationContext, settings: Settings, store: ApiStore
+) -> None:
+    """Finalize each unfinished batch whose run has ended (see the module)."""
+    for status in _UNFINISHED:
+        for batch in store.batches(status=status):
+            run = _run_of(context.instance, batch)
+            if run is None or run.status not in _RUN_ENDED:
+                continue
+            if run.tags.get(_WILL_RETRY_TAG) == "true":
+                continue  # its retry takes the batch up again
+            done = finish_abandoned_batch(settings, store, batch, run)
+            context.log.warning(
+                f"{batch.id}: its run {run.run_id} ended {run.status.value} with the batch "
+                f"{batch.status.value}; the batch is now {done.status.value}"
+            )
 
 
 def build_api_batch_sensor(settings: Settings) -> dg.SensorDefinition:
@@ -43,6 +85,7 @@ def build_api_batch_sensor(settings: Settings) -> dg.SensorDefinition:
         if not settings.paths.api_db_path.is_file():
             return dg.SensorResult(skip_reason=dg.SkipReason("no Batch API batches yet"))
         with ApiStore(settings.paths) as store:
+            _finish_abandoned(context, settings, store)
             waiting = [
                 batch
                 for status in (BatchStatus.VALIDATING, BatchStatus.CANCELLING)

@@ -31,18 +31,7 @@ from kimi_batch.storage.exceptions import (
     TrinoUnavailableError,
 )
 from kimi_batch.storage.inbox import InboxFile, inspect_inbox_file, scan_inbox
-from kimi_batch.storage.landing import (
-    SETTLE_S,
-    Assignment,
-    InputNotSettledError,
-    Landing,
-    ResolvedInput,
-    landed_versions,
-    resolve_input,
-    resolve_partition,
-    still_changing,
-    wait_until_settled,
-)
+from kimi_batch.storage.landing import Assignment, Landing, landed_versions
 from kimi_batch.storage.parquet import (
     PARTITION_COLUMNS,
     PartitionWrite,
@@ -50,6 +39,7 @@ from kimi_batch.storage.parquet import (
     validate_ds,
     validate_source,
 )
+from kimi_batch.storage.partition_input import ResolvedInput, resolve_input, resolve_partition
 from kimi_batch.storage.quarantine import replace_quarantine
 from kimi_batch.storage.schema import (
     TABLES,
@@ -60,6 +50,12 @@ from kimi_batch.storage.schema import (
     validate_identifier,
 )
 from kimi_batch.storage.seeds import land_seeds
+from kimi_batch.storage.settle import (
+    SETTLE_S,
+    InputNotSettledError,
+    still_changing,
+    wait_until_settled,
+)
 from kimi_batch.storage.trino import PublishReport, TrinoConfig, TrinoPublisher
 
 __all__ = [

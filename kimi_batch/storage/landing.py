@@ -14,53 +14,21 @@ past and appending to a file on a later day does not split it into two partition
 
 from __future__ import annotations
 
-import hashlib
-import logging
-import os
 import sqlite3
 import time
-import uuid
 from datetime import date
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.paths import PRIVATE_FILE_MODE, StatePaths, connect_private_db, private_dir
-from kimi_batch.settings import Settings
+from kimi_batch.paths import StatePaths, connect_private_db, private_dir
 from kimi_batch.storage.exceptions import StorageError
-from kimi_batch.storage.inbox import (
-    InboxFile,
-    NotRegularFileError,
-    inspect_inbox_file,
-    open_regular,
-    sanitize_source,
-    scan_inbox,
-    short_hash,
-)
+from kimi_batch.storage.inbox import InboxFile, sanitize_source, scan_inbox, short_hash
+from kimi_batch.storage.settle import SETTLE_S
+from kimi_batch.storage.snapshot import copy_snapshot
 
-__all__ = [
-    "SETTLE_S",
-    "Assignment",
-    "InputNotSettledError",
-    "InputTooLargeError",
-    "LandedVersion",
-    "Landing",
-    "LandingIOError",
-    "ResolvedInput",
-    "landed_versions",
-    "resolve_input",
-    "resolve_partition",
-    "still_changing",
-    "wait_until_settled",
-]
+__all__ = ["Assignment", "LandedVersion", "Landing", "landed_versions"]
 
-_log = logging.getLogger(__name__)
-
-# A file whose size or mtime changed this recently may still be being written (a copy in
-# progress): landing waits for it rather than snapshot half of it. The sensor uses the same.
-SETTLE_S = 5.0
-
-_COPY_CHUNK = 1 << 20
 _SCHEMA = (
     """
     CREATE TABLE IF NOT EXISTS files (
@@ -87,40 +55,6 @@ _SCHEMA = (
     """,
     "CREATE INDEX IF NOT EXISTS versions_partition ON versions (ds, source, id)",
 )
-
-
-class InputTooLargeError(StorageError):
-    """An input file is over the configured size limit; it is refused before it is read."""
-
-
-class InputNotSettledError(StorageError):
-    """The inbox file changed within the settle period, or while it was copied: not landed."""
-
-
-class LandingIOError(StorageError):
-    """The inbox file could not be copied for a reason of the machine, not of its content (disk
-    full, I/O error, permission): nothing is landed, and the step fails so that it is tried
-    again, rather than the partition being emptied for good."""
-
-
-def still_changing(size_mtime: tuple[int, int], now_ns: int, settle_s: float = SETTLE_S) -> bool:
-    """True when a file of (size, mtime_ns) may still be being written: modified within the last
-    `settle_s` seconds (or dated in the future, where the mtime says nothing)."""
-    age_s = (now_ns - size_mtime[1]) / 1e9
-    return age_s < 0 or age_s < settle_s
-
-
-def wait_until_settled(path: Path, size_mtime: tuple[int, int], settle_s: float = SETTLE_S) -> bool:
-    """True once the file's (size, mtime) has stood still for `settle_s`, waiting at most that
-    long; False when it changed meanwhile (a copy still in progress) or vanished."""
-    if not still_changing(size_mtime, time.time_ns(), settle_s):
-        return True
-    age_s = (time.time_ns() - size_mtime[1]) / 1e9
-    time.sleep(settle_s - age_s if 0 <= age_s < settle_s else settle_s)
-    try:
-        return _size_mtime(os.stat(path)) == size_mtime
-    except FileNotFoundError:
-        return False
 
 
 class Assignment(BaseModel):
@@ -276,60 +210,28 @@ class Landing:
         ext: str | None = None,
         settle_s: float = SETTLE_S,
     ) -> LandedVersion:
-        """Snapshot `path` as the partition's newest version (hashing while copying).
-
-        The size is checked before a byte is read and again while copying (a file growing
-        during the copy is refused too). A file modified within the last `settle_s` is watched
-        until its size and mtime have stood still that long; one that moves meanwhile, or while
-        it is copied, raises InputNotSettledError and lands nothing. Only
-        regular files are opened (NotRegularFileError: a FIFO never blocks). An OSError of the
-        copy (disk full, I/O error) leaves no snapshot behind. The same content lands once and
-        is not a new version.
-        """
+        """Snapshot `path` as the partition's newest version (`snapshot.copy_snapshot`: size
+        limits, the settle wait, regular files only, nothing left behind by an OSError). The
+        same content lands once and is not a new version."""
         ext = ext or path.suffix.lower().lstrip(".") or "bin"
-        temp = self.dir / f".{uuid.uuid4().hex}.tmp"
-        digest = hashlib.sha256()
-        copied = 0
-        try:
-            with open_regular(path) as reader:
-                before = _size_mtime(os.fstat(reader.fileno()))
-                if before[0] > max_bytes:
-                    raise InputTooLargeError(_too_large(before[0], max_bytes))
-                if not wait_until_settled(path, before, settle_s):
-                    raise InputNotSettledError(
-                        f"{assignment.name} is still changing (its size or mtime moved within "
-                        f"{settle_s:g} s); it lands once it has stopped changing"
-                    )
-                with temp.open("wb") as writer:
-                    os.chmod(temp, PRIVATE_FILE_MODE)
-                    while chunk := reader.read(_COPY_CHUNK):
-                        copied += len(chunk)
-                        if copied > max_bytes:
-                            raise InputTooLargeError(_too_large(copied, max_bytes))
-                        digest.update(chunk)
-                        writer.write(chunk)
-                    writer.flush()
-                    os.fsync(writer.fileno())
-                after = _size_mtime(os.stat(path))
-                if after != before or copied != before[0]:
-                    raise InputNotSettledError(
-                        f"{assignment.name} is still changing (it went from {before[0]} to "
-                        f"{after[0]} bytes while it was copied); it lands once it has stopped "
-                        "changing"
-                    )
-            sha256 = digest.hexdigest()
-            target = self.dir / f"{sha256}.{ext}"
-            if not target.exists():
-                os.replace(temp, target)
-        finally:
-            temp.unlink(missing_ok=True)
+        snapshot = copy_snapshot(
+            path, self.dir, name=assignment.name, max_bytes=max_bytes, ext=ext, settle_s=settle_s
+        )
         current = self.current(assignment.ds, assignment.source)
-        if current is not None and current.sha256 == sha256 and current.ext == ext:
+        if current is not None and current.sha256 == snapshot.sha256 and current.ext == ext:
             return current
         self._db.execute(
             "INSERT INTO versions (ds, source, name, sha256, ext, size, landed_at) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (assignment.ds, assignment.source, assignment.name, sha256, ext, copied, time.time()),
+            (
+                assignment.ds,
+                assignment.source,
+                assignment.name,
+                snapshot.sha256,
+                ext,
+                snapshot.size,
+                time.time(),
+            ),
         )
         landed = self.current(assignment.ds, assignment.source)
         assert landed is not None
@@ -394,109 +296,3 @@ def _assignment(row: tuple[str, str, str, float, str | None, str | None]) -> Ass
     return Assignment(
         name=name, ds=ds, source=source, first_seen=first_seen, dated_ds=dated_ds, refused=refused
     )
-
-
-def _size_mtime(status: os.stat_result) -> tuple[int, int]:
-    return status.st_size, status.st_mtime_ns
-
-
-def _too_large(size: int, limit: int) -> str:
-    return (
-        f"file is {size / 2**20:.1f} MiB, over the {limit / 2**20:.0f} MiB limit "
-        "(KIMI_BATCH_MAX_INPUT_MB); split it or raise the limit"
-    )
-
-
-class ResolvedInput(BaseModel):
-    """What a partition reads: its newest landed version, and why anything was refused."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    assignment: Assignment
-    version: LandedVersion | None = Field(description="None: nothing could ever be landed.")
-    problem: str | None = Field(
-        default=None, description="Why the inbox file was not landed now (quarantine reason)."
-    )
-    deferred: str | None = Field(
-        default=None,
-        description="Why the inbox file's new content waits for a later run (still changing); "
-        "the partition reads its newest landed version meanwhile.",
-    )
-    from_inbox: bool = Field(description="The inbox file was there and is this version.")
-
-
-def resolve_input(
-    landing: Landing,
-    inbox_dir: Path,
-    ds: str,
-    source: str,
-    *,
-    max_bytes: int,
-    arrived: date,
-    start: date,
-    settle_s: float = SETTLE_S,
-) -> ResolvedInput:
-    """Land the partition's inbox file if it is there (a new version if it changed), else fall
-    back to the newest landed snapshot: a partition never depends on the inbox after ingestion.
-
-    Inbox files nothing has seen yet are assigned first (arriving on `arrived`), so a partition
-    materialized by hand finds its file. Only what is wrong with the file itself (refused, too
-    large, not a regular file) is a `problem` for the quarantine. A file still being written is
-    skipped with a log line (`deferred`) and read again by a later run; with no earlier version
-    that raises InputNotSettledError. An I/O error of the machine raises LandingIOError and lands
-    nothing. Raises StorageError for a partition with no input.
-    """
-    if landing.assignment_for(ds, source) is None:
-        landing.assign_inbox(inbox_dir, arrived=arrived, start=start)
-    assignment = landing.assignment_for(ds, source)
-    if assignment is None:
-        raise StorageError(
-            f"no input file was ever seen for partition date={ds} source={source} "
-            "(the sensor, the schedule or the demo assign inbox files to partitions)"
-        )
-    item = inspect_inbox_file(inbox_dir, assignment.name)
-    problem = deferred = None
-    if item is None:
-        problem = assignment.refused
-    elif item.refused is not None:
-        problem = item.refused
-    else:
-        try:
-            version = landing.land(item.path, assignment, max_bytes=max_bytes, settle_s=settle_s)
-        except (InputTooLargeError, NotRegularFileError) as error:
-            problem = f"cannot land {assignment.name}: {error}"
-        except InputNotSettledError as error:
-            if landing.current(ds, source) is None:
-                raise
-            deferred = str(error)
-            _log.warning("%s; reading the last landed version meanwhile", error)
-        except FileNotFoundError:
-            problem = assignment.refused  # gone between the look and the copy: the snapshot
-        except OSError as error:
-            raise LandingIOError(
-                f"cannot land {assignment.name} ({type(error).__name__}: {error}); nothing was "
-                "landed, the step fails so that a retry or a later run lands it"
-            ) from error
-        else:
-            return ResolvedInput(assignment=assignment, version=version, from_inbox=True)
-    return ResolvedInput(
-        assignment=assignment,
-        version=landing.current(ds, source),
-        problem=problem,
-        deferred=deferred,
-        from_inbox=False,
-    )
-
-
-def resolve_partition(settings: Settings, ds: str, source: str) -> ResolvedInput:
-    """`resolve_input` for the deployment's state dir, limits and clock."""
-    with Landing(settings.paths) as landing:
-        return resolve_input(
-            landing,
-            settings.paths.inbox_dir,
-            ds,
-            source,
-            max_bytes=settings.max_input_bytes,
-            arrived=settings.today(),
-            start=settings.first_partition_date(),
-        )

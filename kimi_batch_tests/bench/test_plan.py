@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from kimi_batch.bench.plan import PlanInput, Speeds, plan_partition, save_speeds
+from kimi_batch.bench.speed_model import TargetProfile
 from kimi_batch.cli import main
 
 
@@ -131,3 +132,63 @@ def test_runs_of_a_night_pay_their_overhead_and_the_window_cuts_the_last_one() -
     cut = plan_partition(spec.model_copy(update={"window_h": 1700 / 3600}))
     # 1500 s used, 200 s left in run 3: two rounds of 4 rows.
     assert cut.rows_in_window == 28
+    assert cut.rows_left == 12
+    # Night 2: run 3 again (300 s, its 2 rows left: one round), run 4 (300 s + 3 rounds): 900 s.
+    assert cut.next_night_rows == 12
+    assert cut.nights_needed == 2
+    # A window no round fits in: never done.
+    never = plan_partition(spec.model_copy(update={"window_h": 350 / 3600}))
+    assert never.rows_in_window == 0
+    assert never.nights_needed is None
+
+
+def test_on_the_target_model_every_decode_step_is_slower_than_the_last() -> None:
+    profile = TargetProfile()
+    spec = PlanInput(
+        prompt_tokens=50,
+        output_tokens=1000,
+        rows=8,
+        target=profile,
+        context_tokens=8000,
+        slots=4,
+    )
+    result = plan_partition(spec)
+
+    # Two rounds of 4: four prompts after the 8k digest, then 1,000 steps from 8,050 to 9,049.
+    steps = sum(profile.decode_step_cost([8050 + k] * 4) for k in range(1000))
+    assert result.row_s == pytest.approx(4 * profile.prefill_cost(8000, 50) + steps)
+    assert result.wall_s == pytest.approx(2 * result.row_s)
+    # Slower than at the first step, faster than at the last.
+    first, last = profile.decode_step_cost([8050] * 4), profile.decode_step_cost([9049] * 4)
+    assert 1 / last < result.gen_tok_s < 1 / first
+    # A longer digest: the same rows take longer.
+    longer = plan_partition(spec.model_copy(update={"context_tokens": 16000}))
+    assert longer.wall_s > result.wall_s * 1.3
+
+
+def test_on_the_target_model_the_last_round_has_the_rows_left_over() -> None:
+    profile = TargetProfile()
+    spec = PlanInput(prompt_tokens=20, output_tokens=100, rows=5, target=profile, slots=4)
+
+    expected = profile.round_s(0, 20, 100, 4) + profile.round_s(0, 20, 100, 1)
+    assert plan_partition(spec).wall_s == pytest.approx(expected)
+
+
+def test_speeds_or_the_target_model_are_required() -> None:
+    with pytest.raises(ValueError, match="prompt_tok_s and gen_tok_s"):
+        PlanInput(prompt_tokens=1, output_tokens=1, rows=1)
+
+
+def test_command_plans_on_the_target_model(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["plan", "--target", "--prompt-tokens", "16148", "--output-tokens", "0", "--rows", "1"]
+
+    assert main([*args, "--slots", "1", "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert planned["minutes"] == pytest.approx(43.8, rel=0.02)
+    assert planned["inputs"]["target"]["name"] == TargetProfile().name
+    # Without --slots: the deployment's slots.
+    monkeypatch.setenv("KIMI_BATCH_LLAMA_PARALLEL", "3")
+    assert main([*args, "--rows", "3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["inputs"]["slots"] == 3

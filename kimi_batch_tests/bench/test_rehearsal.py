@@ -1,6 +1,7 @@
 """A reduced night rehearsal on the time-scaled stand-in: 1,000 rows over 10 partitions through
-the nightly schedule, a 5-hour window at 600x. The window stops the first night part-way and the
-next night's schedule asks for exactly what is left.
+the nightly schedule, a 5-hour window at 600x, long answers after a long digest (where the
+growing context slows every decode step). The window stops the first night part-way, the next
+night's schedule asks for exactly what is left, and `plan` predicts both nights.
 
 Marked slow: it runs about two minutes of Dagster runs (no llama-server, no lock needed).
 """
@@ -18,11 +19,20 @@ pytestmark = pytest.mark.slow
 
 
 def test_the_window_stops_the_night_and_the_next_night_catches_up(tmp_path: Path) -> None:
-    options = RehearsalOptions(rows=1000, partitions=10, time_scale=600, window_h=5.0)
+    # The digest three times over (~4,100 tokens) and 768-token answers: decode at 4-5k context.
+    options = RehearsalOptions(
+        rows=1000,
+        partitions=10,
+        time_scale=600,
+        window_h=5.0,
+        output_tokens=768,
+        digest_repeat=3,
+        ctx=32768,
+    )
     figures = run_rehearsal(Settings.from_env(), options, tmp_path)
     first, second = figures["nights"]
 
-    # 1,000 rows need about 6 target hours on 4 slots: the 5-hour window closes first.
+    # 1,000 rows need about 38 target hours on 4 slots: the 5-hour window closes first.
     assert 0 < figures["rows_done_in_window"] < 1000
     assert first["runs"] == 10
     assert first["runs_failed"] >= 1  # stopped partitions fail "... resumes next night"
@@ -31,3 +41,8 @@ def test_the_window_stops_the_night_and_the_next_night_catches_up(tmp_path: Path
     assert figures["next_night_rows"] > 0
     assert figures["rows_done_in_window"] + figures["next_night_rows"] <= 1000
     assert figures["plan_rows"] > 0
+    # `plan` on the target's speed model, with the rows' shape and the measured run idle.
+    assert figures["context_tokens"] > 4000
+    assert abs(figures["plan_error"]) <= 0.10
+    assert abs(figures["plan_next_night_error"]) <= 0.10
+    assert figures["plan_row_s"] == pytest.approx(figures["measured_row_s"], rel=0.10)

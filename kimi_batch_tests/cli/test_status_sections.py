@@ -1,4 +1,6 @@
-"""`kimi-batch status` on broken or absent state, run as the CLI (no server needed: it reports none).
+"""`kimi-batch status` on broken or absent state, through the CLI's `main` (no server needed: it
+reports none); the one-line refusal runs as a child process, where a warning printed at import
+would show.
 
 Status is read-only and reports what it cannot read in that section; the partition states come
 from Dagster's own per-partition status, however many runs came after a failure.
@@ -19,6 +21,7 @@ import pytest
 from dagster._core.events import AssetMaterializationPlannedData, DagsterEvent, DagsterEventType
 from dagster._core.events.log import EventLogEntry
 
+from kimi_batch.cli.commands import main
 from kimi_batch.defs.partition_states import PartitionState, distill_states
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, build_batch_partitions
 from kimi_batch.settings import Settings
@@ -44,20 +47,44 @@ def _status(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _json(home: Path) -> dict[str, Any]:
-    done = _status(home, "--json")
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+class InProcess:
+    """`kimi-batch status ARGS` through `main` in this process, with the child's environment: only
+    KIMI_BATCH_HOME and a port nothing listens on (a child would import Dagster again: seconds)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+        self._monkeypatch = monkeypatch
+        self._capsys = capsys
+
+    def __call__(self, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+        with self._monkeypatch.context() as env:
+            for name in [k for k in os.environ if k.startswith("KIMI_BATCH_")]:
+                env.delenv(name)
+            env.setenv("KIMI_BATCH_HOME", str(home))
+            env.setenv("KIMI_BATCH_LLAMA_PORT", str(free_port()))
+            self._capsys.readouterr()
+            code = main(["status", *args])
+        out, err = self._capsys.readouterr()
+        return subprocess.CompletedProcess(["kimi-batch", "status", *args], code, out, err)
+
+    def json(self, home: Path) -> dict[str, Any]:
+        done = self(home, "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
 
 
-def test_a_mistyped_home_is_reported_and_never_created(tmp_path: Path) -> None:
+@pytest.fixture
+def status(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> InProcess:
+    return InProcess(monkeypatch, capsys)
+
+
+def test_a_mistyped_home_is_reported_and_never_created(tmp_path: Path, status: InProcess) -> None:
     typo = tmp_path / "vra"
 
-    status = _json(typo)
+    report = status.json(typo)
 
     assert not typo.exists()  # no folder, no partitions_start
-    assert status["partitions"]["error"] == f"no Dagster instance at {typo / 'dagster'}"
-    assert status["ledger"]["rows"] == 0
+    assert report["partitions"]["error"] == f"no Dagster instance at {typo / 'dagster'}"
+    assert report["ledger"]["rows"] == 0
 
 
 @pytest.mark.parametrize(
@@ -65,50 +92,73 @@ def test_a_mistyped_home_is_reported_and_never_created(tmp_path: Path) -> None:
     [(b"", "no such table: results"), (b"garbage " * 512, "file is not a database")],
 )
 def test_an_unreadable_ledger_is_reported_in_its_section(
-    tmp_path: Path, content: bytes, reason: str
+    tmp_path: Path, status: InProcess, content: bytes, reason: str
 ) -> None:
     ledger = tmp_path / "ledger" / "ledger.sqlite3"
     ledger.parent.mkdir(parents=True)
     ledger.write_bytes(content)
 
-    status = _json(tmp_path)
+    report = status.json(tmp_path)
 
-    assert reason in status["ledger"]["error"]
-    assert str(ledger) in status["ledger"]["error"]
-    assert status["nightly"]["cron"]  # the other sections are there
+    assert reason in report["ledger"]["error"]
+    assert str(ledger) in report["ledger"]["error"]
+    assert report["nightly"]["cron"]  # the other sections are there
 
 
-def test_an_unreadable_manifest_is_reported_in_the_inbox_section(tmp_path: Path) -> None:
+def test_an_unreadable_manifest_is_reported_in_the_inbox_section(
+    tmp_path: Path, status: InProcess
+) -> None:
     manifest = tmp_path / "landed" / "manifest.sqlite3"
     manifest.parent.mkdir(parents=True)
     manifest.write_bytes(b"not sqlite " * 512)
     (tmp_path / "inbox").mkdir()
     (tmp_path / "inbox" / "q.jsonl").write_text('{"prompt": "hi"}\n')
 
-    text = _status(tmp_path)
-    status = _json(tmp_path)
+    text = status(tmp_path)
+    report = status.json(tmp_path)
 
     assert text.returncode == 0, text.stderr
-    assert "manifest" in status["inbox"]["error"]
-    assert "file is not a database" in status["inbox"]["error"]
-    assert status["inbox"]["waiting_files"] == ["q.jsonl"]
+    assert "manifest" in report["inbox"]["error"]
+    assert "file is not a database" in report["inbox"]["error"]
+    assert report["inbox"]["waiting_files"] == ["q.jsonl"]
     assert "file is not a database" in text.stdout
 
 
-@pytest.mark.parametrize("content", ["", "yesterday\n"])
-def test_a_garbled_partitions_start_is_refused_not_reset(tmp_path: Path, content: str) -> None:
-    (tmp_path / "partitions_start").write_text(content)
+def _garbled_start(home: Path, content: str) -> None:
+    (home / "partitions_start").write_text(content)
     # With an instance, status reads the partitions (whose start date is this file).
-    (tmp_path / "dagster").mkdir()
-    shutil.copy(REPO_ROOT / "dagster.yaml", tmp_path / "dagster" / "dagster.yaml")
+    (home / "dagster").mkdir()
+    shutil.copy(REPO_ROOT / "dagster.yaml", home / "dagster" / "dagster.yaml")
 
-    done = _status(tmp_path)
 
+def _assert_refused_not_reset(
+    done: subprocess.CompletedProcess[str], home: Path, content: str
+) -> None:
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1, done.stderr
     assert "partitions_start" in done.stderr
     assert "YYYY-MM-DD" in done.stderr
-    assert (tmp_path / "partitions_start").read_text() == content  # never rewritten
+    assert (home / "partitions_start").read_text() == content  # never rewritten
+
+
+@pytest.mark.parametrize("content", ["", "yesterday\n"])
+def test_a_garbled_partitions_start_is_refused_not_reset(
+    tmp_path: Path, status: InProcess, content: str
+) -> None:
+    _garbled_start(tmp_path, content)
+
+    done = status(tmp_path)
+
+    _assert_refused_not_reset(done, tmp_path, content)
+
+
+def test_the_refusal_is_one_line_from_a_fresh_process_too(tmp_path: Path) -> None:
+    """A child imports Dagster afresh: a warning printed at import would be a second line."""
+    _garbled_start(tmp_path, "")
+
+    done = _status(tmp_path)
+
+    _assert_refused_not_reset(done, tmp_path, "")
 
 
 def _key(source: str) -> dg.MultiPartitionKey:

@@ -5,25 +5,33 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
 import pytest
 
 from kimi_batch.defs.api_sensor import build_api_batch_sensor
 from kimi_batch.defs.assets.api_batch import API_TRIGGER_TAG
+from kimi_batch.engine import Ledger
 from kimi_batch.settings import Settings
 from kimi_batch.storage import ApiStore, BatchRecord, BatchStatus, validate_batch
+from kimi_batch_tests.support.results import make_result
 
 
-def _batch(store: ApiStore, settings: Settings, *, land: bool) -> BatchRecord:
-    line = {
-        "custom_id": "a",
-        "method": "POST",
-        "url": "/v1/chat/completions",
-        "body": {"messages": [{"role": "user", "content": "Hi."}]},
-    }
+def _batch(
+    store: ApiStore, settings: Settings, *, land: bool, custom_ids: tuple[str, ...] = ("a",)
+) -> BatchRecord:
+    lines = [
+        {
+            "custom_id": custom_id,
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"messages": [{"role": "user", "content": "Hi."}]},
+        }
+        for custom_id in custom_ids
+    ]
     upload = store.add_file(
-        io.BytesIO(json.dumps(line).encode() + b"\n"),
+        io.BytesIO(b"".join(json.dumps(line).encode() + b"\n" for line in lines)),
         filename="in.jsonl",
         purpose="batch",
         max_bytes=1 << 20,
@@ -69,3 +77,102 @@ def test_a_landed_batch_gets_its_partition_and_one_run(settings: Settings) -> No
         [added] = result.dynamic_partitions_requests or []
         assert isinstance(added, dg.AddDynamicPartitionsRequest)
         assert set(added.partition_keys) == {landed.id, cancelled.id}
+
+
+def _run(
+    instance: dg.DagsterInstance,
+    status: dg.DagsterRunStatus,
+    tags: dict[str, str] | None = None,
+) -> dg.DagsterRun:
+    return instance.add_run(dg.DagsterRun(job_name="api_batch_job", status=status, tags=tags))
+
+
+def _after_a_tick(
+    instance: dg.DagsterInstance, settings: Settings, batch_id: str
+) -> tuple[BatchRecord, list[dict[str, Any]], list[dict[str, Any]]]:
+    """The batch after one sensor tick, with its output and error file lines."""
+    _tick(instance)
+    with ApiStore(settings.paths) as store:
+        record = store.batch(batch_id)
+        assert record is not None
+        ids = (record.output_file_id, record.error_file_id)
+        files = [store.file(file_id) if file_id else None for file_id in ids]
+        output, errors = (
+            [json.loads(line) for line in store.blob_path(f).read_text().splitlines()] if f else []
+            for f in files
+        )
+    return record, output, errors
+
+
+def _taken_up(store: ApiStore, settings: Settings, run: dg.DagsterRun) -> BatchRecord:
+    """A batch of two requests whose run answered one ("a") before it died."""
+    batch = _batch(store, settings, land=True, custom_ids=("a", "b"))
+    store.set_request_keys(batch.id, [("a", "key-a"), ("b", "key-b")])
+    with Ledger(settings.paths.ledger_path) as ledger:
+        ledger.put(make_result("the answer", request_id="key-a", input_id="a"))
+    return store.update_batch(batch.id, status=BatchStatus.IN_PROGRESS, run_id=run.run_id)
+
+
+def test_a_batch_whose_run_died_fails_with_the_run_named_and_its_partial_files(
+    settings: Settings,
+) -> None:
+    with dg.instance_for_test() as instance:
+        dead = _run(instance, dg.DagsterRunStatus.FAILURE)
+        with ApiStore(settings.paths) as store:
+            batch = _taken_up(store, settings, dead)
+        done, [answered], [unanswered] = _after_a_tick(instance, settings, batch.id)
+        assert done.status == BatchStatus.FAILED
+        assert done.failed_at is not None
+        [error] = done.errors
+        assert error.code == "run_failed"
+        assert dead.run_id in error.message
+        assert answered["custom_id"] == "a"
+        assert unanswered["custom_id"] == "b"
+        assert unanswered["error"] == {
+            "code": "batch_failed",
+            "message": "the batch's run failed before this request was answered",
+        }
+
+
+def test_a_cancel_whose_run_died_ends_cancelled(settings: Settings) -> None:
+    with dg.instance_for_test() as instance:
+        dead = _run(instance, dg.DagsterRunStatus.FAILURE)
+        with ApiStore(settings.paths) as store:
+            batch = _taken_up(store, settings, dead)
+            store.update_batch(batch.id, status=BatchStatus.CANCELLING)
+        done, [answered], [unanswered] = _after_a_tick(instance, settings, batch.id)
+        assert done.status == BatchStatus.CANCELLED
+        assert not done.errors
+        assert answered["custom_id"] == "a"
+        assert unanswered["error"]["code"] == "batch_cancelled"
+
+
+def test_a_queued_run_that_failed_before_its_step_fails_the_batch(settings: Settings) -> None:
+    with dg.instance_for_test() as instance:
+        with ApiStore(settings.paths) as store:
+            batch = _batch(store, settings, land=True)
+        _run(instance, dg.DagsterRunStatus.FAILURE, tags={API_TRIGGER_TAG: batch.id})
+        done, answered, [unanswered] = _after_a_tick(instance, settings, batch.id)
+        assert done.status == BatchStatus.FAILED
+        assert not answered
+        assert unanswered["custom_id"] == "a"
+
+
+@pytest.mark.parametrize(
+    ("status", "tags"),
+    [
+        (dg.DagsterRunStatus.STARTED, None),
+        (dg.DagsterRunStatus.CANCELING, None),
+        (dg.DagsterRunStatus.FAILURE, {"dagster/will_retry": "true"}),
+    ],
+)
+def test_a_batch_whose_run_goes_on_is_left_alone(
+    settings: Settings, status: dg.DagsterRunStatus, tags: dict[str, str] | None
+) -> None:
+    with dg.instance_for_test() as instance:
+        run = _run(instance, status, tags)
+        with ApiStore(settings.paths) as store:
+            batch = _taken_up(store, settings, run)
+        still, answered, unanswered = _after_a_tick(instance, settings, batch.id)
+        assert still.status == BatchStatus.IN_PROGRESS
+        assert (answered, unanswered) == ([], [])

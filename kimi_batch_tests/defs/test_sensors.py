@@ -35,7 +35,8 @@ from kimi_batch.defs.sensors import (
 from kimi_batch.paths import StatePaths
 from kimi_batch.settings import Settings
 from kimi_batch.storage.inbox import InboxFile, file_sha256, scan_inbox
-from kimi_batch.storage.landing import Assignment, Landing, LandingIOError
+from kimi_batch.storage.landing import Assignment, Landing
+from kimi_batch.storage.partition_input import LandingIOError
 from kimi_batch_tests.support.standins import standin_definitions
 
 # Dagster's own multi-partition tags (`dagster/partition/date`) trip its tag-key deprecation.

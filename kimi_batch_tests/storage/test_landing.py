@@ -16,18 +16,20 @@ import pytest
 from kimi_batch.paths import StatePaths
 from kimi_batch.storage.exceptions import StorageError
 from kimi_batch.storage.inbox import NotRegularFileError, scan_inbox
-from kimi_batch.storage.landing import (
-    InputNotSettledError,
-    InputTooLargeError,
-    Landing,
-    LandingIOError,
-    resolve_input,
-)
+from kimi_batch.storage.landing import Landing
+from kimi_batch.storage.partition_input import LandingIOError, resolve_input
+from kimi_batch.storage.settle import InputNotSettledError
+from kimi_batch.storage.snapshot import InputTooLargeError
 
 START = date(2025, 1, 1)
 DAY1 = date(2026, 11, 28)
 DAY2 = date(2026, 11, 29)
 MB = 1 << 20
+
+
+def a_minute_ago() -> float:
+    """An mtime past the settle period: the file is whole (tests not about settling use it)."""
+    return time.time() - 60
 
 
 @pytest.fixture
@@ -74,12 +76,13 @@ def test_a_new_file_never_renames_an_ingested_ones_source(
 def test_appending_on_a_later_day_is_a_new_version_not_a_second_partition(
     landing: Landing, paths: StatePaths
 ) -> None:
-    path = put(paths.inbox_dir / "log.jsonl")
+    path = put(paths.inbox_dir / "log.jsonl", mtime=a_minute_ago())
     (first,) = landing.assign_inbox(paths.inbox_dir, arrived=DAY1, start=START)
     v1 = landing.land(path, first, max_bytes=MB)
 
     with path.open("a") as handle:
         handle.write('{"prompt": "more"}\n')
+    os.utime(path, (a_minute_ago(), a_minute_ago()))
     (again,) = landing.assign_inbox(paths.inbox_dir, arrived=DAY2, start=START)
     v2 = landing.land(path, again, max_bytes=MB)
 
@@ -126,7 +129,7 @@ def test_the_same_name_in_two_places_on_one_day_gets_apart(
 def test_removing_or_rewriting_the_inbox_file_changes_nothing_landed(
     landing: Landing, paths: StatePaths
 ) -> None:
-    path = put(paths.inbox_dir / "seeds.jsonl", '{"prompt": "original"}\n')
+    path = put(paths.inbox_dir / "seeds.jsonl", '{"prompt": "original"}\n', mtime=a_minute_ago())
     ds, source = DAY1.isoformat(), "seeds"
     first = resolve_input(
         landing, paths.inbox_dir, ds, source, max_bytes=MB, arrived=DAY1, start=START
@@ -208,7 +211,7 @@ def test_refused_entries_are_assigned_with_their_reason_and_never_landed(
 
 
 def test_state_dirs_are_private(landing: Landing, paths: StatePaths) -> None:
-    path = put(paths.inbox_dir / "seeds.jsonl")
+    path = put(paths.inbox_dir / "seeds.jsonl", mtime=a_minute_ago())
     (assignment,) = landing.assign_inbox(paths.inbox_dir, arrived=DAY1, start=START)
     version = landing.land(path, assignment, max_bytes=MB)
 
@@ -225,7 +228,7 @@ def test_state_dirs_are_private(landing: Landing, paths: StatePaths) -> None:
 def test_an_io_error_while_landing_fails_and_leaves_no_snapshot(
     landing: Landing, paths: StatePaths, monkeypatch: pytest.MonkeyPatch, code: int
 ) -> None:
-    put(paths.inbox_dir / "seeds.jsonl", '{"prompt": "one"}\n', mtime=time.time() - 60)
+    put(paths.inbox_dir / "seeds.jsonl", '{"prompt": "one"}\n', mtime=a_minute_ago())
     ds, source = DAY1.isoformat(), "seeds"
 
     def failing_fsync(_fd: int) -> None:  # the disk fills (or fails) as the copy is flushed
@@ -260,6 +263,7 @@ class Writer:
         self.path = path
         self.rows = 0
         self._stop = threading.Event()
+        self._writing = threading.Event()
         self._thread = threading.Thread(target=self._write, daemon=True)
 
     def _write(self) -> None:
@@ -267,10 +271,14 @@ class Writer:
             with self.path.open("a") as handle:
                 handle.write(json.dumps({"prompt": f"row {self.rows}"}) + "\n")
             self.rows += 1
+            self._writing.set()
             self._stop.wait(0.02)
 
     def __enter__(self) -> Writer:
+        # Once the first row is written, the file is being written: on a loaded machine the
+        # thread might otherwise not have started when the test looks at the file.
         self._thread.start()
+        assert self._writing.wait(10), "the writer thread never wrote"
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -327,7 +335,7 @@ def test_a_file_written_just_now_lands_once_it_has_stood_still(
 def test_a_fifo_replacing_an_assigned_name_is_refused_without_blocking(
     landing: Landing, paths: StatePaths
 ) -> None:
-    path = put(paths.inbox_dir / "seeds.jsonl", mtime=time.time() - 60)
+    path = put(paths.inbox_dir / "seeds.jsonl", mtime=a_minute_ago())
     (assignment,) = landing.assign_inbox(paths.inbox_dir, arrived=DAY1, start=START)
     first = landing.land(path, assignment, max_bytes=MB)
     path.unlink()

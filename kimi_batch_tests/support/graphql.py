@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -14,6 +15,8 @@ __all__ = ["GraphQL"]
 REPOSITORY_NAME = "__repository__"  # what a `Definitions` object is called in GraphQL
 ASSET_JOB = "__ASSET_JOB"  # the implicit job of ad-hoc asset materializations
 TERMINAL_STATUSES = frozenset({"SUCCESS", "FAILURE", "CANCELED"})
+# Dagster's engine event when a run worker process starts.
+_STARTED_PROCESS = re.compile(r"Started process for run \(pid: (\d+)\)")
 
 _RUN_QUERY = """
 query Run($runId: ID!) {
@@ -271,9 +274,20 @@ class GraphQL:
             time.sleep(1.0)
         raise TimeoutError(f"run {run_id} still {self.run(run_id)['status']} after {timeout_s}s")
 
+    def run_events(self, run_id: str) -> list[dict[str, Any]]:
+        return self.query(_RUN_EVENTS_QUERY, {"runId": run_id})["logsForRun"].get("events", [])
+
+    def run_worker_pid(self, run_id: str) -> int:
+        """The pid of the run's worker process, from the launcher's "Started process" event."""
+        for event in self.run_events(run_id):
+            found = _STARTED_PROCESS.search(str(event.get("message") or ""))
+            if found:
+                return int(found.group(1))
+        raise AssertionError(f"run {run_id} has no 'Started process for run' event")
+
     def run_errors(self, run_id: str) -> str:
         """Error messages of a run, for assertion messages."""
-        events = self.query(_RUN_EVENTS_QUERY, {"runId": run_id})["logsForRun"].get("events", [])
+        events = self.run_events(run_id)
         lines = [
             str(event.get("error") or event.get("message"))
             for event in events

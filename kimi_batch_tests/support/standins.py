@@ -19,7 +19,7 @@ from kimi_batch.defs.partitions import build_batch_partitions, partition_parts
 from kimi_batch.defs.schedules import build_nightly_schedule
 from kimi_batch.defs.sensors import build_inbox_sensor
 from kimi_batch.settings import Settings
-from kimi_batch.storage.landing import resolve_partition
+from kimi_batch.storage.partition_input import resolve_partition
 
 __all__ = ["STANDIN_DEFS", "STANDIN_SLEEP_ENV", "standin_definitions"]
 

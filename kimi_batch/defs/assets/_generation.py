@@ -3,7 +3,6 @@ reading a partition's rows, publishing, the generation checks."""
 
 from __future__ import annotations
 
-import asyncio
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -15,6 +14,7 @@ import dagster as dg
 import polars as pl
 from pydantic import BaseModel
 
+from kimi_batch.defs.interrupts import run_interruptibly
 from kimi_batch.defs.jobs import STOPPED_TAG, WINDOW_TAG
 from kimi_batch.defs.metadata import generation_figures
 from kimi_batch.defs.resources.digest import DigestResource
@@ -122,7 +122,7 @@ def run_batch(
     """
     loaded = digest.load()
     stop_at = _window_end(context)
-    outcome = asyncio.run(_generate(context, llama, loaded, ledger, requests, stop_at))
+    outcome = run_interruptibly(_generate(context, llama, loaded, ledger, requests, stop_at))
     stats = outcome.stats
     context.log.info(
         f"{stats.generated} generated, {stats.from_ledger} from the ledger, {stats.failed} failed, "

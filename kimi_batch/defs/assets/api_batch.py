@@ -23,6 +23,7 @@ from kimi_batch.defs.assets._generation import (
     publish,
 )
 from kimi_batch.defs.assets.stage import stage_metadata
+from kimi_batch.defs.interrupts import run_interruptibly
 from kimi_batch.defs.partitions import api_batch_partitions
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
@@ -34,20 +35,22 @@ from kimi_batch.engine import (
     Ledger,
     SystemDigest,
 )
+from kimi_batch.settings import Settings
 from kimi_batch.storage import (
     ApiStore,
     BatchRecord,
     BatchStatus,
+    StorageError,
     Warehouse,
     batch_lines,
     replace_quarantine,
     write_batch_files,
 )
 from kimi_batch.tasks.api_batch import ApiBatchTask
-from kimi_batch.tasks.openai_batch import BatchRequestLine
+from kimi_batch.tasks.openai_batch import BatchLineError, BatchRequestLine
 from kimi_batch.tasks.sink import StageSink
 
-__all__ = ["API_GROUP", "API_TRIGGER_TAG", "api_batch_responses"]
+__all__ = ["API_GROUP", "API_TRIGGER_TAG", "api_batch_responses", "finish_abandoned_batch"]
 
 API_GROUP = "api"
 # Set by the API batch sensor on the first run of a batch; a rerun by hand has no such tag.
@@ -167,6 +170,34 @@ def _finish(
     return store.update_batch(record.id, status=status)
 
 
+def finish_abandoned_batch(
+    settings: Settings, store: ApiStore, batch: BatchRecord, run: dg.DagsterRun
+) -> BatchRecord:
+    """Finalize a batch whose run ended without doing it (its processes were killed, run
+    monitoring failed it): `cancelled` when a cancel was asked (the API's, or a terminate from
+    the UI), else `failed` with an error naming the run; the partial output and error files
+    come from the ledger either way."""
+    cancel_asked = (
+        batch.status == BatchStatus.CANCELLING or run.status == dg.DagsterRunStatus.CANCELED
+    )
+    status = BatchStatus.CANCELLED if cancel_asked else BatchStatus.FAILED
+    if status == BatchStatus.FAILED:
+        message = (
+            f"the batch's run {run.run_id} ended {run.status.value} before the batch was "
+            "finished; its answered requests are in the output file"
+        )
+        batch = store.update_batch(
+            batch.id, errors=[*batch.errors, BatchLineError(code="run_failed", message=message)]
+        )
+    try:
+        lines = batch_lines(settings, batch)
+    except StorageError:
+        # The landed input is gone or unreadable: the final status without files.
+        return store.update_batch(batch.id, status=status)
+    with Ledger(settings.paths.ledger_path) as ledger:
+        return _finish(store, ledger, batch, lines, status)
+
+
 def _land(
     context: dg.AssetExecutionContext,
     task: ApiBatchTask,
@@ -234,11 +265,12 @@ def api_batch_responses(
             )
             groups = task.load(lambda table, model: []).groups()
             try:
-                outcomes, cancelled = asyncio.run(
+                outcomes, cancelled = run_interruptibly(
                     _answer(context, llama, store, ledger, batch, groups)
                 )
             except dg.DagsterExecutionInterruptedError:
-                # A run terminated from the UI lands here (its requests are cancelled by now).
+                # A run terminated from the UI lands here, its requests cancelled by now.
+                store.update_batch(batch.id, status=BatchStatus.CANCELLING)
                 _finish(store, ledger, batch, lines, BatchStatus.CANCELLED)
                 raise
             except Exception:

@@ -5,7 +5,6 @@ by `build_batch_assets(partitions)`; `defs` builds them for the code location fr
 `Settings` (`kimi_batch.defs.deployment`).
 """
 
-import asyncio
 from datetime import UTC, datetime
 
 import dagster as dg
@@ -20,6 +19,7 @@ from kimi_batch.defs.assets._generation import (
 )
 from kimi_batch.defs.assets.stage import StageConfig, generation_asset
 from kimi_batch.defs.deployment import deployment_settings
+from kimi_batch.defs.interrupts import interruptible_runner
 from kimi_batch.defs.partitions import build_batch_partitions, partition_parts
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
@@ -153,7 +153,7 @@ def seed_prompts(
         else []
     )
     store = warehouse.warehouse()
-    with partition_lease(context, warehouse, ds, source) as held, asyncio.Runner() as runner:
+    with partition_lease(context, warehouse, ds, source) as held, interruptible_runner() as runner:
         client = llama.client()
         try:
             prepared = runner.run(llama.prepare(digest.load()))

@@ -1,9 +1,8 @@
 """The fixed system digest and its one-time prefill into every slot of the resident server."""
 
-import asyncio
-
 import dagster as dg
 
+from kimi_batch.defs.interrupts import run_interruptibly
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.engine import DigestLintError, SlotWarmer, SystemDigest, WarmupReport
@@ -29,7 +28,7 @@ def _load(digest: DigestResource) -> SystemDigest:
 def system_digest(digest: DigestResource, llama: LlamaServerResource) -> dg.MaterializeResult:
     """The byte-stable system prompt every request starts with, fingerprinted and linted."""
     loaded = _load(digest)
-    tokens = asyncio.run(llama.prepare(loaded)).digest_tokens
+    tokens = run_interruptibly(llama.prepare(loaded)).digest_tokens
     return dg.MaterializeResult(
         metadata={
             "sha256": loaded.sha256,
@@ -67,7 +66,7 @@ def digest_prefill(
 ) -> dg.MaterializeResult:
     """The digest in the KV cache of every slot: one prefill, saved, restored everywhere else."""
     loaded = _load(digest)
-    tokens, reports = asyncio.run(_warm(llama, loaded))
+    tokens, reports = run_interruptibly(_warm(llama, loaded))
     canaries = [c for report in reports for c in report.canaries]
     cold = [f"{r.endpoint} slot {c.slot_id}" for r in reports for c in r.canaries if not c.warm]
     prefill_ms = sum(r.prefill_ms for r in reports)

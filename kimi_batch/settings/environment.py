@@ -1,0 +1,92 @@
+"""Typed readers of one environment variable each: a bad value is a ConfigError naming it."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from datetime import date, time
+from pathlib import Path
+
+from kimi_batch.errors import ConfigError
+
+__all__ = [
+    "env_args",
+    "env_clock",
+    "env_date",
+    "env_int",
+    "env_list",
+    "env_optional_int",
+    "env_path",
+    "env_status",
+    "env_str",
+]
+
+
+def env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError as error:
+        raise ConfigError(f"{name} must be an integer, got {raw!r}") from error
+
+
+def env_optional_int(name: str, default: int) -> int | None:
+    """An integer, or None when the variable says "off"."""
+    if os.environ.get(name, "").strip().lower() == "off":
+        return None
+    return env_int(name, default)
+
+
+def env_str(name: str) -> str | None:
+    raw = os.environ.get(name, "").strip()
+    return raw or None
+
+
+def env_path(name: str) -> Path | None:
+    raw = env_str(name)
+    return Path(raw).expanduser().resolve() if raw else None
+
+
+def env_list(name: str) -> tuple[str, ...]:
+    """Whitespace- or comma-separated values."""
+    return tuple(item for item in os.environ.get(name, "").replace(",", " ").split() if item)
+
+
+def env_status(name: str) -> bool:
+    """`running` / `stopped` (default) for a sensor or schedule."""
+    raw = os.environ.get(name, "").strip().lower()
+    if raw in ("", "stopped"):
+        return False
+    if raw == "running":
+        return True
+    raise ConfigError(f"{name} must be 'running' or 'stopped', got {raw!r}")
+
+
+def env_args(name: str) -> tuple[str, ...]:
+    """Shell-style words (quotes group them)."""
+    try:
+        return tuple(shlex.split(os.environ.get(name, "")))
+    except ValueError as error:
+        raise ConfigError(f"{name} cannot be split into arguments ({error})") from error
+
+
+def env_date(name: str) -> date | None:
+    raw = env_str(name)
+    if raw is None:
+        return None
+    try:
+        return date.fromisoformat(raw)
+    except ValueError as error:
+        raise ConfigError(f"{name} must be a date YYYY-MM-DD, got {raw!r}") from error
+
+
+def env_clock(name: str) -> time | None:
+    raw = env_str(name)
+    if raw is None:
+        return None
+    try:
+        return time.fromisoformat(raw)
+    except ValueError as error:
+        raise ConfigError(f"{name} must be a time of day HH:MM, got {raw!r}") from error

@@ -1,0 +1,258 @@
+"""`Settings`: every `KIMI_BATCH_*` variable resolved and validated, built by `Settings.from_env`."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, date, datetime, time
+from pathlib import Path
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from kimi_batch.errors import ConfigError
+from kimi_batch.paths import StatePaths
+from kimi_batch.settings.cron import is_cron
+from kimi_batch.settings.defaults import (
+    DEFAULT_API_PORT,
+    DEFAULT_API_SENSOR_INTERVAL_S,
+    DEFAULT_CACHE_RAM_MIB,
+    DEFAULT_CTX,
+    DEFAULT_DAGSTER_URL,
+    DEFAULT_INBOX_INTERVAL_S,
+    DEFAULT_LLAMA_PORT,
+    DEFAULT_LOAD_TIMEOUT_S,
+    DEFAULT_MAX_INPUT_MB,
+    DEFAULT_N_PREDICT,
+    DEFAULT_NIGHTLY_CRON,
+    DEFAULT_OUTPUT_MODEL_MODULES,
+    DEFAULT_PARALLEL,
+    DEFAULT_THREADS,
+    DEFAULT_TIMEZONE,
+    DEFAULT_TRINO_PORT,
+    default_digest_path,
+    default_model_path,
+)
+from kimi_batch.settings.environment import (
+    env_args,
+    env_clock,
+    env_date,
+    env_int,
+    env_list,
+    env_optional_int,
+    env_path,
+    env_status,
+    env_str,
+)
+
+__all__ = ["Settings"]
+
+
+class Settings(BaseModel):
+    """Resolved configuration from `KIMI_BATCH_*` variables: every variable and default, once."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    home: Path = Field(description="State directory: server files, slot saves, warehouse, inbox.")
+    model: Path | None = Field(description="GGUF model file for a spawned server.")
+    llama_server: str | None = Field(description="llama-server binary (path or name on PATH).")
+    llama_url: str | None = Field(
+        repr=False, description="Attach-only URL of a server someone else runs (may hold creds)."
+    )
+    llama_extra_urls: tuple[str, ...] = Field(
+        default=(), description="More servers with the same model (scale-out)."
+    )
+    llama_port: int = Field(default=DEFAULT_LLAMA_PORT, gt=0, lt=65536)
+    llama_api_key: str | None = Field(default=None, repr=False)
+    llama_threads: int = Field(default=DEFAULT_THREADS, gt=0, description="Decode threads.")
+    llama_ctx: int = Field(default=DEFAULT_CTX, ge=512, description="Total context (all slots).")
+    llama_parallel: int = Field(default=DEFAULT_PARALLEL, ge=1, description="Slots in flight.")
+    llama_n_predict: int = Field(default=DEFAULT_N_PREDICT, gt=0, description="Server -n cap.")
+    llama_extra_args: tuple[str, ...] = Field(default=(), description="Passed through untouched.")
+    llama_cache_ram_mib: int | None = Field(
+        default=DEFAULT_CACHE_RAM_MIB,
+        ge=0,
+        description="--cache-ram in MiB; None omits the flag (builds without it, ik_llama.cpp).",
+    )
+    llama_load_timeout_s: float = Field(default=DEFAULT_LOAD_TIMEOUT_S, gt=0)
+    llama_spec: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9-]+(,[a-z0-9-]+)*$",
+        description="--spec-type of speculative decoding (ngram-simple, ngram-mod, draft...).",
+    )
+    llama_draft_model: Path | None = Field(
+        default=None, description="--model-draft: the draft GGUF of draft-model speculation."
+    )
+    digest: Path = Field(description="System digest file.")
+    warehouse: Path | None = Field(
+        default=None, description="Warehouse root; default $KIMI_BATCH_HOME/warehouse."
+    )
+    trino_host: str | None = None
+    trino_port: int = Field(default=DEFAULT_TRINO_PORT, gt=0, lt=65536)
+    trino_user: str = "kimi_batch"
+    trino_password: str | None = Field(default=None, repr=False)
+    trino_catalog: str = "hive"
+    trino_schema: str = "kimi_batch"
+    trino_warehouse_location: str = Field(
+        default="local:///",
+        description="The warehouse root as Trino's file system names it (local:///, s3://...).",
+    )
+    timezone: str = Field(
+        default=DEFAULT_TIMEZONE,
+        description="One clock: arrival dates, the nightly schedule and the nightly window.",
+    )
+    nightly_cron: str = DEFAULT_NIGHTLY_CRON
+    nightly_running: bool = Field(default=False, description="Nightly schedule starts running.")
+    night_ends: time | None = Field(
+        default=None, description="End of the nightly window (in `timezone`); None: no window."
+    )
+    inbox_sensor_running: bool = Field(default=False, description="Inbox sensor starts running.")
+    inbox_sensor_interval_s: int = Field(default=DEFAULT_INBOX_INTERVAL_S, ge=1)
+    max_input_mb: int = Field(
+        default=DEFAULT_MAX_INPUT_MB, gt=0, description="Larger input files are refused unread."
+    )
+    partitions_start: date | None = Field(
+        default=None, description="First date partition; None: the install date (see paths)."
+    )
+    output_model_modules: tuple[str, ...] = Field(
+        default=DEFAULT_OUTPUT_MODEL_MODULES,
+        description="Modules whose pydantic models `output_model` may name.",
+    )
+    alert_webhook: str | None = Field(
+        default=None, repr=False, description="Slack-compatible webhook for the morning alerts."
+    )
+    dagster_url: str = Field(
+        default=DEFAULT_DAGSTER_URL, description="The Dagster UI, for links in the alerts."
+    )
+    api_key: str | None = Field(
+        default=None, repr=False, description="Bearer key of `kimi-batch api` (KIMI_BATCH_API_KEY)."
+    )
+    api_port: int = Field(default=DEFAULT_API_PORT, gt=0, lt=65536)
+    api_sensor_interval_s: int = Field(default=DEFAULT_API_SENSOR_INTERVAL_S, ge=1)
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        # A zone directory (`America`) is an OSError (IsADirectoryError), not a missing zone.
+        except (ZoneInfoNotFoundError, ValueError, OSError) as error:
+            raise ValueError(f"{value!r} is not an IANA timezone (e.g. Europe/Paris)") from error
+        return value
+
+    @field_validator("nightly_cron")
+    @classmethod
+    def _valid_cron(cls, value: str) -> str:
+        if not is_cron(value):
+            raise ValueError(f"{value!r} is not a 5-field cron expression (e.g. '0 2 * * *')")
+        return value
+
+    @field_validator("alert_webhook")
+    @classmethod
+    def _valid_webhook(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if any(ord(char) < 0x21 or ord(char) == 0x7F for char in value):
+            raise ValueError("the URL contains whitespace or a control character")
+        try:
+            url = httpx.URL(value)
+        except httpx.InvalidURL as error:
+            raise ValueError(f"not a valid URL ({error})") from error
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError("must be an http(s) URL with a host")
+        return value
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        home = Path(os.environ.get("KIMI_BATCH_HOME", "./var")).expanduser().resolve()
+        try:
+            return cls(
+                home=home,
+                model=env_path("KIMI_BATCH_MODEL") or default_model_path(),
+                llama_server=env_str("KIMI_BATCH_LLAMA_SERVER"),
+                llama_url=env_str("KIMI_BATCH_LLAMA_URL"),
+                llama_extra_urls=env_list("KIMI_BATCH_LLAMA_EXTRA_URLS"),
+                llama_port=env_int("KIMI_BATCH_LLAMA_PORT", DEFAULT_LLAMA_PORT),
+                llama_api_key=env_str("KIMI_BATCH_LLAMA_API_KEY"),
+                llama_threads=env_int("KIMI_BATCH_LLAMA_THREADS", DEFAULT_THREADS),
+                llama_ctx=env_int("KIMI_BATCH_LLAMA_CTX", DEFAULT_CTX),
+                llama_parallel=env_int("KIMI_BATCH_LLAMA_PARALLEL", DEFAULT_PARALLEL),
+                llama_n_predict=env_int("KIMI_BATCH_LLAMA_N_PREDICT", DEFAULT_N_PREDICT),
+                llama_extra_args=env_args("KIMI_BATCH_LLAMA_EXTRA_ARGS"),
+                llama_cache_ram_mib=env_optional_int(
+                    "KIMI_BATCH_LLAMA_CACHE_RAM", DEFAULT_CACHE_RAM_MIB
+                ),
+                llama_load_timeout_s=float(
+                    env_int("KIMI_BATCH_LLAMA_LOAD_TIMEOUT_S", int(DEFAULT_LOAD_TIMEOUT_S))
+                ),
+                llama_spec=env_str("KIMI_BATCH_LLAMA_SPEC"),
+                llama_draft_model=env_path("KIMI_BATCH_LLAMA_DRAFT_MODEL"),
+                digest=env_path("KIMI_BATCH_DIGEST") or default_digest_path(),
+                warehouse=env_path("KIMI_BATCH_WAREHOUSE"),
+                trino_host=env_str("KIMI_BATCH_TRINO_HOST"),
+                trino_port=env_int("KIMI_BATCH_TRINO_PORT", DEFAULT_TRINO_PORT),
+                trino_user=env_str("KIMI_BATCH_TRINO_USER") or "kimi_batch",
+                trino_password=env_str("KIMI_BATCH_TRINO_PASSWORD"),
+                trino_catalog=env_str("KIMI_BATCH_TRINO_CATALOG") or "hive",
+                trino_schema=env_str("KIMI_BATCH_TRINO_SCHEMA") or "kimi_batch",
+                trino_warehouse_location=env_str("KIMI_BATCH_TRINO_WAREHOUSE_LOCATION")
+                or "local:///",
+                timezone=env_str("KIMI_BATCH_TIMEZONE") or DEFAULT_TIMEZONE,
+                nightly_cron=env_str("KIMI_BATCH_NIGHTLY_CRON") or DEFAULT_NIGHTLY_CRON,
+                nightly_running=env_status("KIMI_BATCH_NIGHTLY_STATUS"),
+                night_ends=env_clock("KIMI_BATCH_NIGHT_ENDS"),
+                inbox_sensor_running=env_status("KIMI_BATCH_INBOX_SENSOR_STATUS"),
+                inbox_sensor_interval_s=env_int(
+                    "KIMI_BATCH_INBOX_SENSOR_INTERVAL", DEFAULT_INBOX_INTERVAL_S
+                ),
+                max_input_mb=env_int("KIMI_BATCH_MAX_INPUT_MB", DEFAULT_MAX_INPUT_MB),
+                partitions_start=env_date("KIMI_BATCH_PARTITIONS_START"),
+                output_model_modules=DEFAULT_OUTPUT_MODEL_MODULES
+                + env_list("KIMI_BATCH_OUTPUT_MODEL_MODULES"),
+                alert_webhook=env_str("KIMI_BATCH_ALERT_WEBHOOK"),
+                dagster_url=env_str("KIMI_BATCH_DAGSTER_URL") or DEFAULT_DAGSTER_URL,
+                api_key=env_str("KIMI_BATCH_API_KEY"),
+                api_port=env_int("KIMI_BATCH_API_PORT", DEFAULT_API_PORT),
+                api_sensor_interval_s=env_int(
+                    "KIMI_BATCH_API_SENSOR_INTERVAL", DEFAULT_API_SENSOR_INTERVAL_S
+                ),
+            )
+        except ValidationError as error:
+            raise ConfigError(_first_error(error)) from error
+
+    @property
+    def paths(self) -> StatePaths:
+        return StatePaths(home=self.home, warehouse_override=self.warehouse)
+
+    @property
+    def zone(self) -> ZoneInfo:
+        return ZoneInfo(self.timezone)
+
+    @property
+    def max_input_bytes(self) -> int:
+        return self.max_input_mb * 1024 * 1024
+
+    def today(self, now: datetime | None = None) -> date:
+        """The current date in the configured timezone (the one clock)."""
+        return (now or datetime.now(UTC)).astimezone(self.zone).date()
+
+    def first_partition_date(self) -> date:
+        return self.partitions_start or self.paths.install_date(self.today())
+
+
+# Fields whose variable is not KIMI_BATCH_ + the field name in capitals.
+_FIELD_VARIABLES = {
+    "home": "KIMI_BATCH_HOME",
+    "llama_cache_ram_mib": "KIMI_BATCH_LLAMA_CACHE_RAM",
+    "inbox_sensor_interval_s": "KIMI_BATCH_INBOX_SENSOR_INTERVAL",
+    "inbox_sensor_running": "KIMI_BATCH_INBOX_SENSOR_STATUS",
+    "nightly_running": "KIMI_BATCH_NIGHTLY_STATUS",
+}
+
+
+def _first_error(error: ValidationError) -> str:
+    item = error.errors()[0]
+    field = str(item["loc"][0]) if item["loc"] else ""
+    variable = _FIELD_VARIABLES.get(field, f"KIMI_BATCH_{field.upper()}")
+    where = ".".join(str(part) for part in item["loc"])
+    return f"configuration: {variable} ({where}): {item['msg'].removeprefix('Value error, ')}"
