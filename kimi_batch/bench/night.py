@@ -1,8 +1,8 @@
 """`bench --workload night`: a whole night as the deployment runs it, and how busy the server was.
 
 N small inbox files dated yesterday (N partitions), a fresh Dagster home with the repository's
-dagster.yaml, and a real `dagster-daemon` on the repository's workspace: the nightly schedule
-(made to tick every minute, status running) asks for every partition not yet distilled, the
+dagster.yaml, and a real `dagster-daemon` on the repository's workspace: the nightly schedule (its
+daily tick moved to the next minute, status running) asks for every partition not yet distilled, the
 daemon queues the runs and launches each one with the instance's run launcher (a process per run,
 one llama run at a time, exactly as at 02:00). Meanwhile the bench polls the server's `/slots`;
 busy = at least one slot processing. Idle gaps are attributed from the runs' event logs: before a
@@ -18,7 +18,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -31,25 +30,26 @@ from typing import Any
 
 import httpx
 
+from kimi_batch.bench.children import start_group, stop_group
 from kimi_batch.bench.contenders import BenchTarget, run_engine
 from kimi_batch.bench.errors import BenchError
 from kimi_batch.bench.workloads import FUNCTION_SPECS, write_inbox_file
 from kimi_batch.engine import GenerationRequest, SamplingParams
 from kimi_batch.llama import LlamaClient
 from kimi_batch.settings import Settings
-from kimi_batch.tasks.amplify import Strategy, amplification_requests
+from kimi_batch.tasks.amplify import DEFAULT_AMPLIFY_PARAMS, Strategy, amplification_requests
 from kimi_batch.tasks.distill import distillation_requests
 from kimi_batch.tasks.reader import read_inbox_file
 
-__all__ = ["BusyTimeline", "SlotPoller", "run_night"]
+__all__ = ["BusyTimeline", "SlotPoller", "Window", "idle_by_cause", "run_night"]
 
 POLL_S = 0.05
 # The daemon and its code server start in well under this on 2 busy cores.
 TICK_LEAD_S = 45.0
 RUNS_TIMEOUT_S = 1800.0
 # What the assets' configs default to (AmplifyConfig, DistillConfig): the baseline's requests.
-_AMPLIFY = SamplingParams(max_tokens=128, temperature=0.9, top_p=0.95, seed=7)
-_DISTILL = SamplingParams(max_tokens=256, temperature=0.7, top_p=0.95, seed=11)
+_DISTILL_TEMPERATURE = 0.7
+_DISTILL_SEED = 11
 _GENERATING_STEPS = ("amplified_prompts", "distilled_responses")
 _REPO = Path(__file__).resolve().parents[2]
 
@@ -144,13 +144,22 @@ def _write_night_inbox(inbox: Path, night: date, partitions: int, rows: int) -> 
     return files
 
 
-def _night_requests(files: Sequence[Path]) -> list[GenerationRequest]:
+def _night_requests(files: Sequence[Path], n_predict: int) -> list[GenerationRequest]:
     """What the night's runs send, in one list: amplification then distillation of the seeds."""
+    amplify = SamplingParams(
+        max_tokens=min(DEFAULT_AMPLIFY_PARAMS.max_tokens, n_predict),
+        temperature=0.9,
+        top_p=0.95,
+        seed=7,
+    )
+    distill = SamplingParams(
+        max_tokens=n_predict, temperature=_DISTILL_TEMPERATURE, top_p=0.95, seed=_DISTILL_SEED
+    )
     requests: list[GenerationRequest] = []
     for path in files:
         seeds = read_inbox_file(path).seeds
-        requests += amplification_requests(seeds, list(Strategy), 1, _AMPLIFY)
-        requests += distillation_requests(seeds, [], _DISTILL)
+        requests += amplification_requests(seeds, list(Strategy), 1, amplify)
+        requests += distillation_requests(seeds, [], distill)
     return requests
 
 
@@ -170,6 +179,8 @@ def _daemon_env(
             "KIMI_BATCH_LLAMA_URL": base_url,
             "KIMI_BATCH_DIGEST": str(settings.digest),
             "KIMI_BATCH_TIMEZONE": settings.timezone,
+            # The distillation's answer budget (DistillConfig's default is the n_predict).
+            "KIMI_BATCH_LLAMA_N_PREDICT": str(settings.llama_n_predict),
             "KIMI_BATCH_PARTITIONS_START": start.isoformat(),
             # The nightly schedule as deployed, its daily tick moved to the next minute so the
             # bench need not wait for 02:00. (Not every minute: run keys are deduplicated per
@@ -192,49 +203,43 @@ def _start_daemon(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
         capture_output=True,
         timeout=300,
     )
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [str(bin_dir / "dagster-daemon"), "run", "-w", str(_REPO / "workspace.yaml")],
-            env=env,
-            cwd=_REPO,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its code server and run workers share the group
-        )
-
-
-def _stop_group(process: subprocess.Popen[bytes]) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            process.wait(timeout=30)
-            break
-        except subprocess.TimeoutExpired:
-            continue
+    # Its code server and run workers share its process group: stop_group ends them all.
+    return start_group(
+        [str(bin_dir / "dagster-daemon"), "run", "-w", str(_REPO / "workspace.yaml")],
+        env=env,
+        cwd=_REPO,
+        log=log,
+    )
 
 
 @dataclass(frozen=True)
-class _Window:
+class Window:
     run_id: str
     kind: str  # "run" or a step key
     start: float
     end: float
 
 
-def _windows(instance: Any, run_ids: Sequence[str], offset: float) -> list[_Window]:
+def _windows(instance: Any, run_ids: Sequence[str], offset: float) -> list[Window]:
     """Run and step spans from the event logs, on the poller's monotonic clock."""
     import dagster as dg
 
-    windows: list[_Window] = []
+    windows: list[Window] = []
     for run_id in run_ids:
         records = instance.all_logs(run_id)
-        times = [r.timestamp - offset for r in records]
-        if not times:
+        # From RUN_START (the run's process is up) on: a run is in the log from when it was
+        # queued, and the night queues all its runs at once.
+        started = [
+            r.timestamp - offset
+            for r in records
+            if r.dagster_event is not None
+            and r.dagster_event.event_type == dg.DagsterEventType.RUN_START
+        ]
+        if not started:
             continue
-        windows.append(_Window(run_id, "run", min(times), max(times)))
+        windows.append(
+            Window(run_id, "run", min(started), max(r.timestamp for r in records) - offset)
+        )
         starts: dict[str, float] = {}
         for record in records:
             event = record.dagster_event
@@ -248,11 +253,12 @@ def _windows(instance: Any, run_ids: Sequence[str], offset: float) -> list[_Wind
             ):
                 ended = float(record.timestamp) - offset
                 begun = starts.get(event.step_key, ended)
-                windows.append(_Window(run_id, event.step_key, begun, ended))
+                windows.append(Window(run_id, event.step_key, begun, ended))
     return windows
 
 
-def _cause(gap: tuple[float, float], windows: Sequence[_Window], timeline: BusyTimeline) -> str:
+def _cause(gap: tuple[float, float], windows: Sequence[Window], timeline: BusyTimeline) -> str:
+    """Why the server idled: where the gap's middle falls among the runs' and steps' spans."""
     middle = (gap[0] + gap[1]) / 2
     for window in windows:
         if window.kind in _GENERATING_STEPS and window.start <= middle <= window.end:
@@ -261,7 +267,25 @@ def _cause(gap: tuple[float, float], windows: Sequence[_Window], timeline: BusyT
             if not busy_before:
                 return "step_start"
             return "other" if busy_after else "write"
-    return "run_start"
+    run = next((w for w in windows if w.kind == "run" and w.start <= middle <= w.end), None)
+    if run is None:
+        return "run_start"  # between runs: the queue, the launcher, the run's process
+    first_generating = min(
+        (w.start for w in windows if w.run_id == run.run_id and w.kind in _GENERATING_STEPS),
+        default=run.end,
+    )
+    # Inside a run before its first generating step: its process, `seed_prompts`. After it:
+    # between two steps, the next step's start (its process, with the multiprocess executor).
+    return "run_start" if middle < first_generating else "step_start"
+
+
+def idle_by_cause(timeline: BusyTimeline, windows: Sequence[Window]) -> dict[str, float]:
+    """Seconds of idle server between the first request and the last, by cause."""
+    idle: dict[str, float] = {"run_start": 0.0, "step_start": 0.0, "write": 0.0, "other": 0.0}
+    for gap in timeline.idle_gaps():
+        idle[_cause(gap, windows, timeline)] += gap[1] - gap[0]
+    return idle
+    return idle
 
 
 def run_night(
@@ -292,7 +316,7 @@ def run_night(
             run_ids = _wait_for_runs(home / "dagster", partitions, daemon)
         timeline = poller.timeline
     finally:
-        _stop_group(daemon)
+        stop_group(daemon)
     tokens = _predicted_total(base_url) - tokens_before
     with dg.DagsterInstance.from_config(str(home / "dagster")) as instance:
         windows = _windows(instance, run_ids, offset)
@@ -312,12 +336,12 @@ def run_night(
     if span is None:
         raise BenchError("the night sent no request (see the daemon log)")
     wall = span[1] - span[0]
-    idle: dict[str, float] = {"run_start": 0.0, "step_start": 0.0, "write": 0.0, "other": 0.0}
-    for gap in timeline.idle_gaps():
-        idle[_cause(gap, windows, timeline)] += gap[1] - gap[0]
+    idle = idle_by_cause(timeline, windows)
     ledger = work_dir / "night-one-batch.sqlite3"
     ledger.unlink(missing_ok=True)
-    baseline = asyncio.run(run_engine(target, _night_requests(files), ledger))
+    baseline = asyncio.run(
+        run_engine(target, _night_requests(files, settings.llama_n_predict), ledger)
+    )
     ledger.unlink(missing_ok=True)
     tok_s = tokens / wall if wall else 0.0
     return {

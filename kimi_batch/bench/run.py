@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kimi_batch.bench.children import signals_as_exit
 from kimi_batch.bench.contenders import (
     BenchTarget,
     bench_target,
@@ -73,8 +74,12 @@ class BenchOptions(BaseModel):
     )
 
 
-def bench_settings(settings: Settings, *, n_predict: int | None = None) -> Settings:
+def bench_settings(
+    settings: Settings, *, n_predict: int | None = None, ignore_eos: bool = True
+) -> Settings:
     """The configured server in its own state dir, with fixed answer lengths and no RAM cache.
+
+    `ignore_eos=False` (the night): answers end where the model ends them, within their budget.
 
     No attached or scale-out server, warehouse override or Trino: those would take the bench's
     runs elsewhere. Contender (D)'s Dagster resources are built from these settings too.
@@ -83,7 +88,11 @@ def bench_settings(settings: Settings, *, n_predict: int | None = None) -> Setti
         update={
             "home": settings.paths.bench_dir / "state",
             "llama_port": free_port(),
-            "llama_extra_args": (*settings.llama_extra_args, "--ignore-eos"),
+            "llama_extra_args": (
+                (*settings.llama_extra_args, "--ignore-eos")
+                if ignore_eos
+                else settings.llama_extra_args
+            ),
             "llama_cache_ram_mib": 0,
             "llama_n_predict": settings.llama_n_predict if n_predict is None else n_predict,
             "llama_url": None,
@@ -201,16 +210,30 @@ def _run_workload(
 
 
 def run_bench(settings: Settings, options: BenchOptions) -> dict[str, Any]:
-    """Spawn the bench server, run the workloads, stop it; returns the JSON document."""
+    """Spawn the bench server, run the workloads, stop it; returns the JSON document.
+
+    SIGTERM and SIGHUP end the bench like Ctrl-C: its server and daemon are stopped on the way out.
+    """
+    with signals_as_exit():
+        return _run_bench(settings, options)
+
+
+def _run_bench(settings: Settings, options: BenchOptions) -> dict[str, Any]:
     if options.workloads == ("rehearsal",):  # the stand-in only: no llama-server
         started = time.perf_counter()
         section = run_rehearsal(settings, options.rehearsal, settings.paths.bench_dir)
         config = {"wall_s": round(time.perf_counter() - started, 1), "cpus": os.cpu_count()}
         return {"rehearsal": section, "config": config}
-    # The night's answers are as long as the server lets them be (its runs take the assets'
-    # default configs): a short --n-predict keeps a night of Dagster runs to minutes.
-    n_predict = options.night_output_tokens if options.workloads == ("night",) else None
-    document, speeds = _run_all(bench_settings(settings, n_predict=n_predict), options)
+    # The night's runs take the assets' default configs, so a request's max_tokens is not the
+    # server's --n-predict (llama-server lets max_tokens exceed it): the distillation's budget is
+    # the night's n_predict (the runs' KIMI_BATCH_LLAMA_N_PREDICT), amplification keeps its 128,
+    # and without --ignore-eos answers end where the model ends them. With --ignore-eos every
+    # answer ran to its budget and 12 x 4 rows took hours here.
+    night = options.workloads == ("night",)
+    local = bench_settings(
+        settings, n_predict=options.night_output_tokens if night else None, ignore_eos=not night
+    )
+    document, speeds = _run_all(local, options)
     if speeds is not None:  # speeds of the distill or amplify workload, the ones `plan` takes
         save_speeds(settings.paths.bench_dir, speeds)
     return document
@@ -222,8 +245,8 @@ def _run_all(local: Settings, options: BenchOptions) -> tuple[dict[str, Any], Sp
     manager.stop()  # a bench server left behind by a killed run
     load_before = os.getloadavg()
     started = time.perf_counter()
-    handle = manager.ensure_running()
     try:
+        handle = manager.ensure_running()
         target = asyncio.run(bench_target(handle.base_url, handle.model, local.digest))
         inbox = local.paths.inbox_dir
         sections: dict[str, dict[str, Any]] = {}

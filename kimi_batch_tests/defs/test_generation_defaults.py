@@ -6,7 +6,7 @@ import dagster as dg
 import pytest
 
 from kimi_batch.defs.assets._generation import generation_checks
-from kimi_batch.defs.assets.batch import DistillConfig
+from kimi_batch.defs.assets.batch import AmplifyConfig, DistillConfig
 from kimi_batch.settings import Settings
 from kimi_batch.storage import polars_schema
 from kimi_batch.tasks.sink import CheckFigures
@@ -23,6 +23,19 @@ def test_the_answer_budget_defaults_to_the_servers_n_predict(
     assert n_predict == 1024
     assert DistillConfig().sampling(n_predict).max_tokens == 1024
     assert DistillConfig(max_tokens=64).sampling(n_predict).max_tokens == 64
+
+
+def test_a_variants_budget_is_128_tokens_or_the_servers_smaller_n_predict(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # llama-server lets a request's max_tokens run past its --n-predict: the cap is the task's.
+    monkeypatch.delenv("KIMI_BATCH_LLAMA_N_PREDICT", raising=False)
+    settings = Settings.from_env()
+    small = settings.model_copy(update={"llama_n_predict": 8})
+
+    assert AmplifyConfig().task(settings).params.max_tokens == 128
+    assert AmplifyConfig().task(small).params.max_tokens == 8
+    assert AmplifyConfig(max_tokens=64).task(small).params.max_tokens == 64
 
 
 def test_a_partition_with_many_answers_cut_off_fails_its_truncation_check() -> None:

@@ -34,7 +34,7 @@ from kimi_batch.storage import (
     replace_quarantine,
     resolve_partition,
 )
-from kimi_batch.tasks.amplify import AmplifyTask, Strategy
+from kimi_batch.tasks.amplify import DEFAULT_AMPLIFY_PARAMS, AmplifyTask, Strategy
 from kimi_batch.tasks.distill import DistillTask
 from kimi_batch.tasks.prompt_length import check_prompt_lengths
 from kimi_batch.tasks.quarantine import file_row
@@ -50,6 +50,9 @@ __all__ = [
 ]
 
 
+AMPLIFY_MAX_TOKENS = DEFAULT_AMPLIFY_PARAMS.max_tokens
+
+
 class SeedConfig(dg.Config):
     answer_budget_tokens: int = Field(
         default=256, gt=0, description="Context kept free for the answer when checking length."
@@ -59,14 +62,19 @@ class SeedConfig(dg.Config):
 class AmplifyConfig(StageConfig):
     strategies: list[str] = Field(default_factory=lambda: [s.value for s in Strategy])
     variants_per_strategy: int = Field(default=1, ge=1, le=16)
-    max_tokens: int = Field(default=128, gt=0)
+    max_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description=f"Budget of one variant in tokens; unset: {AMPLIFY_MAX_TOKENS}, or the "
+        "server's n_predict (KIMI_BATCH_LLAMA_N_PREDICT) when that is smaller.",
+    )
     temperature: float = Field(default=0.9, ge=0.0, le=2.0)
     seed: int = Field(default=7, description="Base sampling seed: reruns ask the same questions.")
 
     def task(self, settings: Settings) -> AmplifyTask:
-        params = SamplingParams(
-            max_tokens=self.max_tokens, temperature=self.temperature, seed=self.seed
-        )
+        # llama-server lets a request's max_tokens exceed its --n-predict: the cap is ours.
+        budget = self.max_tokens or min(AMPLIFY_MAX_TOKENS, settings.llama_n_predict)
+        params = SamplingParams(max_tokens=budget, temperature=self.temperature, seed=self.seed)
         strategies = [Strategy(s) for s in self.strategies]
         return AmplifyTask(strategies=strategies, k=self.variants_per_strategy, params=params)
 
