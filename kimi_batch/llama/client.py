@@ -329,10 +329,8 @@ class LlamaClient:
             body["logprobs"] = True
             body["top_logprobs"] = top_logprobs
         else:
-            # Streamed, so that a cancelled request stops generating at once (llama-server runs a
-            # non-streamed answer whose client left to its end); `chat_stream` rebuilds the
-            # answer. Not with logprobs: this server's stream leaves out the entry of a token
-            # whose text is empty, so the list would be shorter than completion_tokens.
+            # Streamed: a cancelled request then stops at once (a non-streamed one runs to its
+            # end). Not with logprobs: the stream drops the entry of a token with empty text.
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
         if json_schema is not None:
