@@ -238,19 +238,17 @@ def _figures(
     first = nights[0]
     second = nights[1] if len(nights) > 1 else None
     scale = options.time_scale
-    # The median run of both nights: the rehearsal's first run idles longer (the process's
-    # first Dagster run; measured 3.9 s against 1.9-2.3 s), once, not once a run.
+    # Reported: the median run of both nights (the rehearsal's first run idles longer, the
+    # process's first Dagster run: measured 3.6-3.9 s against 0.6-2.3 s).
     overhead_s = statistics.median([idle for n in nights for idle in n.run_idle_s] or [0.0])
-    # Each night is predicted with its own measured run idle (the mean of its runs): at 600x one
-    # real second of a run's Dagster overhead is ten target minutes, so the machine's jitter
-    # would otherwise decide the error, which is to check the speed model, not that jitter.
-    plan = _plan(options, server, _mean_idle(first, overhead_s) * scale, target=True)
+    # Predicted: each night with its own runs' mean idle (`run_overhead_s`). At 600x one real
+    # second of a run's Dagster overhead is ten target minutes, so the machine's jitter would
+    # otherwise decide the error, which is to check the speed model, not that jitter.
+    plan = _plan(options, server, first.run_overhead_s * scale, target=True)
     plan_next = (
-        _plan(options, server, _mean_idle(second, overhead_s) * scale, target=True)
-        if second
-        else plan
+        _plan(options, server, second.run_overhead_s * scale, target=True) if second else plan
     )
-    measured = _plan(options, server, overhead_s * scale, target=False)
+    measured = _plan(options, server, first.run_overhead_s * scale, target=False)
     naive = _plan(options, server, 0.0, target=True)
     target_busy = sum(n.busy_target_s for n in nights)
     target_idle = sum(n.idle_s for n in nights)
@@ -287,10 +285,6 @@ def _figures(
         else 0.0,
         "wall_s": round(wall, 1),
     }
-
-
-def _mean_idle(night: _Night, fallback_s: float) -> float:
-    return statistics.fmean(night.run_idle_s) if night.run_idle_s else fallback_s
 
 
 def _error(predicted: int, measured: int) -> float:

@@ -4,7 +4,8 @@ request returns.
 Why stream at all: this llama-server keeps generating a non-streamed answer whose client has
 disconnected until the answer ends (a cancelled batch held its slots for as long as the answers
 in flight took), while a streamed one stops at the next token it cannot send. So the client
-streams every chat answer and the layers above still see one `ChatCompletion`.
+streams every chat answer that asks for no logprobs (the stream leaves out the entry of a token
+whose text is empty) and the layers above still see one `ChatCompletion`.
 
 Per chunk, llama.cpp sends `choices[0].delta` (content, reasoning_content), `finish_reason` at
 the end, per-token `logprobs.content` when asked, and in its last chunks `usage`
@@ -93,7 +94,8 @@ class _ChatAssembly:
             if choice.delta.reasoning_content:
                 self.reasoning.append(choice.delta.reasoning_content)
             if choice.logprobs is not None and choice.logprobs.content is not None:
-                self.logprobs = (self.logprobs or []) + choice.logprobs.content
+                self.logprobs = self.logprobs or []
+                self.logprobs.extend(choice.logprobs.content)
             self.finish_reason = choice.finish_reason or self.finish_reason
         self.usage = chunk.usage or self.usage
         self.timings = chunk.timings or self.timings

@@ -140,7 +140,8 @@ class LlamaClient:
         return response
 
     async def _stream_chat(self, body: Mapping[str, Any], timeout: httpx.Timeout) -> ChatCompletion:
-        """One streamed chat request; a plain JSON answer (a stand-in, a mock) parses as today."""
+        """One chat request; an event stream is rebuilt, a plain JSON answer (not streamed: with
+        logprobs, or from a stand-in or a mock) parses as it is."""
         path = "/v1/chat/completions"
         url = f"{self.base_url}{path}"
         async with (
