@@ -1,11 +1,12 @@
-"""The three partitioned jobs: everything, ingestion (the sensor's), distillation (the nightly one).
+"""The partitioned jobs: everything, ingestion (the sensor's), distillation of one partition, and
+the names of the nightly job (one run over many partitions, `kimi_batch.defs.assets.night`).
 
 Selections name asset keys rather than asset objects, so this module (and the sensor/schedule built
 on it) imports without the asset modules; `Definitions` resolves the keys, and the jobs take the
 assets' `batch_partitions` from them (Dagster deprecated passing `partitions_def` here), so
 backfills of any job work over date ranges.
 
-All three run assets of the `llama_server` pool and carry the `kimi_batch/uses_llama_server`
+All of them run steps of the `llama_server` pool and carry the `kimi_batch/uses_llama_server`
 tag: dagster.yaml limits runs with that tag to one at a time in the run queue (so two runs never
 share the server's slots), and the pool limit holds llama steps to one at a time even in runs
 without the tag.
@@ -13,12 +14,17 @@ without the tag.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import dagster as dg
 
 __all__ = [
     "API_BATCH_JOB_NAME",
     "JOB_TAG",
     "LLAMA_TAG",
+    "NIGHTLY_JOB_NAME",
+    "NIGHTLY_OP_NAME",
     "RETRY_TAGS",
     "STOPPED_TAG",
     "WINDOW_TAG",
@@ -26,6 +32,7 @@ __all__ = [
     "batch_job",
     "distillation_job",
     "ingest_job",
+    "nightly_run_config",
 ]
 
 JOB_TAG = "kimi_batch/job"
@@ -44,6 +51,9 @@ AMPLIFIED_PROMPTS = dg.AssetKey("amplified_prompts")
 DISTILLED_RESPONSES = dg.AssetKey("distilled_responses")
 API_BATCH_RESPONSES = dg.AssetKey("api_batch_responses")
 API_BATCH_JOB_NAME = "api_batch_job"
+# The nightly schedule's job: every partition of a night in one run (`defs/assets/night.py`).
+NIGHTLY_JOB_NAME = "nightly_job"
+NIGHTLY_OP_NAME = "night_batch"
 
 
 def _tags(kind: str) -> dict[str, str]:
@@ -64,15 +74,16 @@ ingest_job = dg.define_asset_job(
     tags=_tags("ingest"),
 )
 
-# Upstream included: a day the sensor never ingested still gets its answers, and a day it did
-# costs no generation twice (finished requests come from the ledger).
+# One partition's distillation (the UI, backfills). Upstream included: a day the sensor never
+# ingested still gets its answers, and a day it did costs no generation twice (finished requests
+# come from the ledger).
 # In process: its steps run one after another anyway (each holds the llama pool's one slot, or
 # waits on the step before it), so a process per step bought no parallelism and cost the server
 # an idle process start between every two steps (~5 s each on 2 cores, `bench --workload night`).
 distillation_job = dg.define_asset_job(
     name="distillation_job",
     selection=dg.AssetSelection.assets(DISTILLED_RESPONSES).upstream(),
-    description="Teacher answers for the day's partitions (nightly); upstream steps reuse the ledger.",
+    description="Teacher answers for a partition; upstream steps reuse the ledger.",
     tags=_tags("distillation"),
     executor_def=dg.in_process_executor,
 )
@@ -85,3 +96,9 @@ api_batch_job = dg.define_asset_job(
     description="Answers of one Batch API batch (started by the API batch sensor).",
     tags=_tags("api_batch"),
 )
+
+
+def nightly_run_config(partitions: Sequence[str], **config: Any) -> dict[str, Any]:
+    """Run config of a `nightly_job` run over `partitions` (keys `date|source`, oldest first);
+    `config` adds the night op's other fields (`amplify`, `distillation`, ...)."""
+    return {"ops": {NIGHTLY_OP_NAME: {"config": {"partitions": list(partitions), **config}}}}

@@ -3,20 +3,28 @@
 Shared by `kimi-batch status` and the morning alerts, so both name a partition's state the same
 way. The base is Dagster's own per-partition status (materialized; a latest attempt with no
 materialization after it, whatever launched it, with its run), so a partition's state never
-depends on how many runs came after it; on top comes what only this project knows: the run was
-stopped at the nightly window, or the partition was distilled from an older version of its input
-than the latest landed one (stale).
+depends on how many runs came after it. A `nightly_job` run covers many partitions from one op,
+which Dagster does not plan per partition: its run config names them, and a named partition with
+no materialization since the run began is that run's attempt. On top comes what only this project
+knows: the run was stopped at the nightly window, or the partition was distilled from an older
+version of its input than the latest landed one (stale).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
+from typing import Any
 
 import dagster as dg
 from pydantic import BaseModel, ConfigDict
 
-from kimi_batch.defs.jobs import DISTILLED_RESPONSES, STOPPED_TAG
+from kimi_batch.defs.jobs import (
+    DISTILLED_RESPONSES,
+    NIGHTLY_JOB_NAME,
+    NIGHTLY_OP_NAME,
+    STOPPED_TAG,
+)
 from kimi_batch.engine import ProgressEvent
 
 __all__ = [
@@ -28,6 +36,7 @@ __all__ = [
     "PartitionState",
     "distill_states",
     "distilled_input_sha",
+    "night_partitions",
     "run_progress",
 ]
 
@@ -36,6 +45,9 @@ PARTITION_TAG = "dagster/partition"
 STOPPED_AT_WINDOW_TAG = STOPPED_TAG
 # Runs looked up per query (a filter on run ids becomes one SQL IN list).
 _RUN_BATCH = 500
+# Nightly runs read for their partitions' attempts: a month of nights, and catch-up reruns.
+_NIGHT_RUNS = 60
+_RECORDS_PAGE = 1000
 # The metadata key under which every batch materialization records its input version.
 INPUT_SHA_METADATA = "input_sha256"
 _UPSTREAM = (dg.AssetKey("seed_prompts"), dg.AssetKey("amplified_prompts"))
@@ -89,6 +101,57 @@ def _runs(instance: dg.DagsterInstance, run_ids: Iterable[str]) -> dict[str, dg.
     return found
 
 
+def night_partitions(run: dg.DagsterRun) -> list[str]:
+    """The partition keys a `nightly_job` run covers (its run config); [] for another run."""
+    if run.job_name != NIGHTLY_JOB_NAME:
+        return []
+    found: Any = run.run_config or {}
+    for step in ("ops", NIGHTLY_OP_NAME, "config", "partitions"):
+        found = found.get(step) if isinstance(found, dict) else None
+    return [str(key) for key in found] if isinstance(found, list) else []
+
+
+def _started(instance: dg.DagsterInstance, run: dg.DagsterRun) -> float:
+    record = instance.get_run_record_by_id(run.run_id)
+    if record is None:
+        return 0.0
+    return record.start_time or record.create_timestamp.timestamp()
+
+
+def _night_attempts(instance: dg.DagsterInstance) -> dict[str, tuple[dg.DagsterRun, float]]:
+    """Each partition's latest `nightly_job` run (newest first wins) with no distillation since
+    that run began, and when it began."""
+    latest: dict[str, tuple[dg.DagsterRun, float]] = {}
+    runs = instance.get_runs(filters=dg.RunsFilter(job_name=NIGHTLY_JOB_NAME), limit=_NIGHT_RUNS)
+    for run in runs:
+        keys = [key for key in night_partitions(run) if key not in latest]
+        if keys:
+            began = _started(instance, run)
+            latest.update((key, (run, began)) for key in keys)
+    if not latest:
+        return {}
+    oldest = min(began for _, began in latest.values())
+    materialized: dict[str, float] = {}
+    records_filter = dg.AssetRecordsFilter(
+        asset_key=DISTILLED_RESPONSES, asset_partitions=list(latest), after_timestamp=oldest - 1.0
+    )
+    cursor: str | None = None
+    while True:
+        page = instance.fetch_materializations(records_filter, limit=_RECORDS_PAGE, cursor=cursor)
+        for record in page.records:
+            key = record.partition_key
+            if key is not None:
+                materialized[key] = max(materialized.get(key, 0.0), record.timestamp)
+        if not page.has_more:
+            break
+        cursor = page.cursor
+    return {
+        key: (run, began)
+        for key, (run, began) in latest.items()
+        if materialized.get(key, 0.0) < began
+    }
+
+
 def distilled_input_sha(instance: dg.DagsterInstance, key: str) -> str | None:
     """The input version (sha256) the partition's latest distillation was built from."""
     found = instance.fetch_materializations(
@@ -119,12 +182,19 @@ def distill_states(
         DISTILLED_RESPONSES
     )
     runs = _runs(instance, (run_id for run_id, _ in attempts.values()))
-    records: dict[str, PartitionRecord] = {}
+    latest: dict[str, tuple[dg.DagsterRun, float]] = {}
     for key, (run_id, _) in attempts.items():
         run = runs.get(run_id)
-        state = _state_of(run) if run is not None else None
+        if run is not None:
+            latest[key] = (run, _started(instance, run))
+    for key, (run, began) in _night_attempts(instance).items():
+        if key not in latest or latest[key][1] < began:
+            latest[key] = (run, began)
+    records: dict[str, PartitionRecord] = {}
+    for key, (run, _) in latest.items():
+        state = _state_of(run)
         if state is not None:
-            records[key] = PartitionRecord(key=key, state=state, run_id=run_id)
+            records[key] = PartitionRecord(key=key, state=state, run_id=run.run_id)
     expected = set(known_keys) | done
     for asset in _UPSTREAM:
         expected |= set(instance.get_materialized_partitions(asset))

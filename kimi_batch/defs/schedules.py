@@ -8,14 +8,16 @@ Each night (KIMI_BATCH_NIGHTLY_CRON, default 02:00, in KIMI_BATCH_TIMEZONE) asks
 partition of the landing manifest dated up to the day that just ended whose `distilled_responses`
 is missing: that day's new inputs, and whatever an earlier night failed or stopped at the window.
 So one lost night is recovered the next without anyone touching the UI. Inbox files nobody has
-seen yet (the sensor was off) are assigned to the day that just ended first. Each partition is one
-run of `distillation_job`, run key `nightly:{night}:{ds}:{source}`: a re-evaluated tick never
-starts a night twice, and the next night can ask again.
+seen yet (the sensor was off) are assigned to the day that just ended first. The night is one run
+of `nightly_job` over all of them (`kimi_batch.defs.assets.night`: one engine batch a stage, so the
+server stays busy across partitions; each partition still written, materialized and checked on
+its own), run key `nightly:{night}`: a re-evaluated tick never starts a night twice, and the next
+night asks again for whatever this one left.
 
-The nightly window (KIMI_BATCH_NIGHT_ENDS, e.g. `07:00`): every run carries its end as the
-`kimi_batch/window_ends` tag; past it the assets dispatch no new request, let those in flight
-finish and fail the partition with "N of M rows done, resumes next night". The runs also carry
-a matching `dagster/max_runtime`, so run monitoring ends a run that overstays anyway.
+The nightly window (KIMI_BATCH_NIGHT_ENDS, e.g. `07:00`): the run carries its end as the
+`kimi_batch/window_ends` tag; past it no new request is dispatched, those in flight finish, the
+partitions done are written and the run fails naming those that resume next night. It also
+carries a matching `dagster/max_runtime`, so run monitoring ends a run that overstays anyway.
 
 Starts STOPPED unless KIMI_BATCH_NIGHTLY_STATUS=running: an instance loading this location must
 not start runs by itself.
@@ -30,7 +32,7 @@ import dagster as dg
 from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.defs.deployment import deployment_settings
-from kimi_batch.defs.jobs import RETRY_TAGS, WINDOW_TAG, distillation_job
+from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, RETRY_TAGS, WINDOW_TAG, nightly_run_config
 from kimi_batch.defs.partition_states import distilled_input_sha
 from kimi_batch.defs.partitions import (
     DATE_DIMENSION,
@@ -45,6 +47,7 @@ from kimi_batch.storage import Assignment, Landing
 __all__ = [
     "MAX_RUNTIME_TAG",
     "NIGHT_TAG",
+    "PARTITIONS_TAG",
     "TRIGGER_TAG",
     "WINDOW_GRACE_S",
     "WINDOW_TAG",
@@ -58,6 +61,8 @@ __all__ = [
 
 TRIGGER_TAG = "kimi_batch/trigger"
 NIGHT_TAG = "kimi_batch/night"
+# How many partitions the night's run covers (the list is its run config).
+PARTITIONS_TAG = "kimi_batch/partitions"
 MAX_RUNTIME_TAG = "dagster/max_runtime"
 # Requests in flight at the window's end are allowed to finish: on the target one answer after a
 # long prompt can take most of an hour.
@@ -174,7 +179,7 @@ def build_nightly_schedule(settings: Settings) -> dg.ScheduleDefinition:
 
     @dg.schedule(
         name="nightly_distillation_schedule",
-        job=distillation_job,
+        job_name=NIGHTLY_JOB_NAME,
         cron_schedule=settings.nightly_cron,
         execution_timezone=settings.timezone,
         default_status=(
@@ -183,16 +188,16 @@ def build_nightly_schedule(settings: Settings) -> dg.ScheduleDefinition:
             else dg.DefaultScheduleStatus.STOPPED
         ),
         description=(
-            "Nightly teacher run: distillation_job for every partition dated up to the day that "
-            "just ended whose distillation is missing or stale (built from an older version of "
-            "its input; catch-up included), oldest first, stopping at KIMI_BATCH_NIGHT_ENDS. "
+            "Nightly teacher run: one nightly_job run over every partition dated up to the day "
+            "that just ended whose distillation is missing or stale (built from an older version "
+            "of its input; catch-up included), oldest first, stopping at KIMI_BATCH_NIGHT_ENDS. "
             f"Cron '{settings.nightly_cron}', timezone {settings.timezone}."
         ),
     )
     def nightly_distillation_schedule(
         context: dg.ScheduleEvaluationContext,
-    ) -> list[dg.RunRequest] | dg.SkipReason:
-        """Request distillation for every partition missing it or built from an older input."""
+    ) -> dg.RunRequest | dg.SkipReason:
+        """One run distilling every partition missing it or built from an older input."""
         scheduled = context.scheduled_execution_time
         night = night_ds(scheduled, settings)
         dates = build_date_partitions(settings)
@@ -213,14 +218,13 @@ def build_nightly_schedule(settings: Settings) -> dg.ScheduleDefinition:
             return dg.SkipReason(f"every partition up to {night} is distilled")
         _ensure_sources(instance, partitions)
         tags = nightly_tags(night, window_end(scheduled, settings), _local(scheduled, settings))
-        return [
-            dg.RunRequest(
-                run_key=f"nightly:{night}:{item.ds}:{item.source}",
-                partition_key=item.key,
-                tags=tags,
-            )
-            for item in partitions
-        ]
+        keys = [str(item.key) for item in partitions]
+        return dg.RunRequest(
+            run_key=f"nightly:{night}",
+            job_name=NIGHTLY_JOB_NAME,
+            run_config=nightly_run_config(keys),
+            tags={**tags, PARTITIONS_TAG: str(len(keys))},
+        )
 
     return nightly_distillation_schedule
 

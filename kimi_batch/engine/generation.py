@@ -72,6 +72,12 @@ class GenerationRequest(BaseModel):
     messages: list[ChatMessage] = Field(min_length=1, description="User side only, no system.")
     params: SamplingParams = Field(default_factory=SamplingParams)
     tag: str = Field(default="", description="Free label carried to the result (e.g. strategy).")
+    priority: int = Field(
+        default=0,
+        ge=0,
+        description="Lower is handed out first (a night's partitions, oldest first); not part "
+        "of the request's key.",
+    )
 
 
 class GenerationResult(BaseModel):

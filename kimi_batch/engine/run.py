@@ -53,7 +53,9 @@ class BatchRun:
     ) -> None:
         self.engine = engine
         # Requests sharing a long prefix (variants of one seed) run back to back on one slot.
-        self.schedule = PrefixSchedule(pending, text=_prefix_text, work=_work)
+        self.schedule = PrefixSchedule(
+            pending, text=_prefix_text, work=_work, rank=lambda item: item.request.priority
+        )
         self.total = len(pending)
         self.stop_at = stop_at
         self.accumulator = StatsAccumulator(engine.digest_tokens)

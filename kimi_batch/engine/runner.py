@@ -183,6 +183,7 @@ class BatchEngine:
                     content_key=p.content_key,
                     input_id=p.request.input_id,
                     tag=p.request.tag,
+                    from_ledger=p.content_key in finished,
                 )
                 for p in planned
             ],

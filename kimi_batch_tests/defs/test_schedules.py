@@ -14,6 +14,7 @@ import dagster as dg
 import pytest
 
 from kimi_batch.defs import schedules
+from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME
 from kimi_batch.defs.schedules import (
     BatchPartition,
     night_ds,
@@ -70,6 +71,13 @@ def mpk(source: str, ds: str = "2025-06-01") -> dg.MultiPartitionKey:
     return dg.MultiPartitionKey({"date": ds, "source": source})
 
 
+def night_keys(requests: list[dg.RunRequest]) -> list[str]:
+    """The partitions of the night's one run (its run config), in order."""
+    (request,) = requests
+    assert request.job_name == NIGHTLY_JOB_NAME
+    return request.run_config["ops"][NIGHTLY_OP_NAME]["config"]["partitions"]
+
+
 def test_night_asks_for_every_partition_not_yet_distilled_oldest_first(inbox: Path) -> None:
     with dg.instance_for_test() as instance:
         requests, skip = evaluate(instance, NIGHT)
@@ -77,18 +85,21 @@ def test_night_asks_for_every_partition_not_yet_distilled_oldest_first(inbox: Pa
 
     assert skip is None
     # Undated files nobody had seen are assigned to the night that just ended (June 1), whatever
-    # their mtime; the June 2 folder waits for its own night; May 31 was never distilled.
-    assert [request.partition_key for request in requests] == [
-        mpk("old", "2025-05-31"),
-        mpk("alpha"),
-        mpk("beta"),
-        mpk("early"),
-        mpk("late_upload"),
+    # their mtime; the June 2 folder waits for its own night; May 31 was never distilled. The
+    # night is one run over all of them.
+    assert night_keys(requests) == [
+        str(mpk("old", "2025-05-31")),
+        str(mpk("alpha")),
+        str(mpk("beta")),
+        str(mpk("early")),
+        str(mpk("late_upload")),
     ]
-    assert requests[1].run_key == "nightly:2025-06-01:2025-06-01:alpha"
-    assert all(request.tags["kimi_batch/night"] == "2025-06-01" for request in requests)
-    assert all(request.tags[schedules.TRIGGER_TAG] == "nightly" for request in requests)
-    assert all(request.tags["dagster/max_retries"] == "2" for request in requests)
+    (request,) = requests
+    assert request.run_key == "nightly:2025-06-01"
+    assert request.tags["kimi_batch/night"] == "2025-06-01"
+    assert request.tags[schedules.TRIGGER_TAG] == "nightly"
+    assert request.tags[schedules.PARTITIONS_TAG] == "5"
+    assert request.tags["dagster/max_retries"] == "2"
     assert {"alpha", "beta", "late_upload", "old", "early"} <= set(sources)
 
 
@@ -109,23 +120,22 @@ def test_a_lost_night_is_caught_up_the_next_night(inbox: Path) -> None:
         (inbox / "2025-06-01" / "beta.jsonl").unlink()  # cleaned up: its partition stays known
         next_night, _ = evaluate(instance, datetime(2025, 6, 3, 2, 0, tzinfo=UTC))
 
-    assert len(first) == 5
-    assert [request.partition_key for request in next_night] == [
-        mpk("old", "2025-05-31"),
-        mpk("beta"),
-        mpk("early"),
-        mpk("late_upload"),
-        mpk("next", "2025-06-02"),
+    assert len(night_keys(first)) == 5
+    assert night_keys(next_night) == [
+        str(mpk("old", "2025-05-31")),
+        str(mpk("beta")),
+        str(mpk("early")),
+        str(mpk("late_upload")),
+        str(mpk("next", "2025-06-02")),
     ]
-    assert next_night[0].run_key == "nightly:2025-06-02:2025-05-31:old"  # not deduped by night 1
+    assert next_night[0].run_key == "nightly:2025-06-02"  # not deduped by night 1
 
 
 def test_everything_distilled_is_a_skip(inbox: Path) -> None:
     defs = standin_definitions()
     with dg.instance_for_test() as instance:
-        for request in evaluate(instance, NIGHT)[0]:
-            assert isinstance(request.partition_key, str | dg.MultiPartitionKey)
-            distill(defs, instance, request.partition_key)
+        for key in night_keys(evaluate(instance, NIGHT)[0]):
+            distill(defs, instance, key)
         requests, skip = evaluate(instance, NIGHT)
 
     assert requests == []
@@ -214,20 +224,17 @@ def test_night_ds(when: datetime, zone: str, ds: str) -> None:
     assert night_ds(when, settings_in(zone)) == ds
 
 
-def test_job_is_the_partitioned_distillation_job() -> None:
+def test_job_is_the_nightly_job_over_many_partitions_with_the_llama_tag() -> None:
+    from kimi_batch.defs.assets.night import nightly_job
+
     defs = standin_definitions()
     nightly_distillation_schedule = defs.resolve_schedule_def(SCHEDULE)
-    job = defs.resolve_job_def(nightly_distillation_schedule.job_name)
 
-    assert nightly_distillation_schedule.job_name == "distillation_job"
-    assert job.partitions_def is not None
-    assert job.partitions_def == defs.get_assets_def("distilled_responses").partitions_def
-    # Upstream included, so a day the sensor never ingested is still distilled.
-    assert sorted(key.to_user_string() for key in job.asset_layer.executable_asset_keys) == [
-        "amplified_prompts",
-        "distilled_responses",
-        "seed_prompts",
-    ]
+    assert nightly_distillation_schedule.job_name == NIGHTLY_JOB_NAME == nightly_job.name
+    # Unpartitioned: its partitions are its run config; one llama run at a time in the queue.
+    assert nightly_job.partitions_def is None
+    assert nightly_job.tags["kimi_batch/uses_llama_server"] == "true"
+    assert [node.name for node in nightly_job.nodes] == [NIGHTLY_OP_NAME]
 
 
 def _schedule_settings(env: dict[str, str]) -> dict[str, str]:

@@ -14,7 +14,15 @@ import time
 
 import dagster as dg
 
-from kimi_batch.defs.jobs import batch_job, distillation_job, ingest_job
+from kimi_batch.defs.jobs import (
+    DISTILLED_RESPONSES,
+    LLAMA_TAG,
+    NIGHTLY_JOB_NAME,
+    NIGHTLY_OP_NAME,
+    batch_job,
+    distillation_job,
+    ingest_job,
+)
 from kimi_batch.defs.partitions import build_batch_partitions, partition_parts
 from kimi_batch.defs.schedules import build_nightly_schedule
 from kimi_batch.defs.sensors import build_inbox_sensor
@@ -69,12 +77,27 @@ def standin_definitions(settings: Settings | None = None) -> dg.Definitions:
     def distilled_responses() -> dg.MaterializeResult:
         return _pooled_step()
 
+    @dg.op(name=NIGHTLY_OP_NAME, pool="llama_server")
+    def night_batch(context: dg.OpExecutionContext, config: StandinNightConfig) -> None:
+        """The night's partitions, each materialized after a pooled sleep."""
+        for key in config.partitions:
+            _pooled_step()
+            context.log_event(dg.AssetMaterialization(DISTILLED_RESPONSES, partition=key))
+
+    @dg.job(name=NIGHTLY_JOB_NAME, tags={LLAMA_TAG: "true"}, executor_def=dg.in_process_executor)
+    def nightly_job() -> None:
+        night_batch()
+
     return dg.Definitions(
         assets=[seed_prompts, amplified_prompts, distilled_responses],
-        jobs=[batch_job, ingest_job, distillation_job],
+        jobs=[batch_job, ingest_job, distillation_job, nightly_job],
         sensors=[build_inbox_sensor(settings)],
         schedules=[build_nightly_schedule(settings)],
     )
+
+
+class StandinNightConfig(dg.Config):
+    partitions: list[str]
 
 
 def _pooled_step() -> dg.MaterializeResult:

@@ -41,15 +41,20 @@ __all__ = [
     "BATCH_GROUP",
     "LLAMA_POOL",
     "HeldPartition",
+    "RunContext",
     "check_specs",
+    "generate",
     "generation_checks",
     "partition_lease",
     "publish",
     "read_rows",
     "run_batch",
+    "window_end",
 ]
 
 RowT = TypeVar("RowT", bound=BaseModel)
+# An asset's step (one partition) or the nightly op's (many): what the helpers below read of it.
+RunContext = dg.AssetExecutionContext | dg.OpExecutionContext
 
 BATCH_GROUP = "batch"
 LLAMA_POOL = "llama_server"
@@ -77,13 +82,13 @@ class HeldPartition:
 
 @contextmanager
 def partition_lease(
-    context: dg.AssetExecutionContext, warehouse: WarehouseResource, ds: str, source: str
+    context: RunContext, warehouse: WarehouseResource, ds: str, source: str
 ) -> Iterator[HeldPartition]:
     """Hold the partition (generation and every write of its tables) for this run; a lease lost
     on the way (this run stalled past its ttl) fails the step instead of writing."""
     with warehouse.ledger() as ledger:
         lease = ledger.lease(
-            f"{ds}|{source}", context.run_id, ttl_s=LEASE_TTL_S, wait_s=LEASE_WAIT_S
+            f"{ds}|{source}", context.run.run_id, ttl_s=LEASE_TTL_S, wait_s=LEASE_WAIT_S
         )
         try:
             held = lease.__enter__()
@@ -100,7 +105,8 @@ def partition_lease(
             lease.__exit__(None, None, None)
 
 
-def _window_end(context: dg.AssetExecutionContext) -> datetime | None:
+def window_end(context: RunContext) -> datetime | None:
+    """The run's nightly window end (its WINDOW_TAG), None without one."""
     raw = context.run.tags.get(WINDOW_TAG)
     if not raw:
         return None
@@ -120,28 +126,51 @@ def run_batch(
     Past the run's nightly window nothing new is sent: the partition then fails visibly with
     what is done, and the next night's catch-up continues from the ledger.
     """
-    loaded = digest.load()
-    stop_at = _window_end(context)
-    outcome = run_interruptibly(_generate(context, llama, loaded, ledger, requests, stop_at))
-    stats = outcome.stats
-    context.log.info(
-        f"{stats.generated} generated, {stats.from_ledger} from the ledger, {stats.failed} failed, "
-        f"{stats.not_started} not started, max {stats.max_in_flight} in flight"
-    )
+    label = f"{context.asset_key.to_user_string()} {context.partition_key}"
+    outcome = generate(context, llama, digest, ledger, requests, label=label)
     if outcome.stopped_at_window:
+        stats = outcome.stats
         done = stats.generated + stats.from_ledger
-        context.instance.add_run_tags(context.run_id, {STOPPED_TAG: "true"})
+        mark_stopped_at_window(context)
         raise dg.Failure(
-            f"the nightly window ended at {stop_at}: {done} of {stats.total} rows done, "
-            "resumes next night",
+            f"the nightly window ended at {window_end(context)}: {done} of {stats.total} rows "
+            "done, resumes next night",
             metadata={"rows_done": done, "rows_total": stats.total, **generation_figures(outcome)},
         )
     return outcome
 
 
-def _progress_reporter(context: dg.AssetExecutionContext) -> Callable[[ProgressEvent], None]:
+def mark_stopped_at_window(context: RunContext) -> None:
+    """Tag the run STOPPED_TAG=true: `status` and the morning alerts name it so."""
+    context.instance.add_run_tags(context.run.run_id, {STOPPED_TAG: "true"})
+
+
+def generate(
+    context: RunContext,
+    llama: LlamaServerResource,
+    digest: DigestResource,
+    ledger: Ledger,
+    requests: Sequence[GenerationRequest],
+    *,
+    label: str,
+) -> BatchOutcome:
+    """One engine batch of `requests` under the run's window (`outcome.stopped_at_window` says
+    whether it cut the batch short); progress is logged as `label`."""
+    loaded = digest.load()
+    stop_at = window_end(context)
+    outcome = run_interruptibly(
+        _generate(context, llama, loaded, ledger, requests, stop_at, label=label)
+    )
+    stats = outcome.stats
+    context.log.info(
+        f"{stats.generated} generated, {stats.from_ledger} from the ledger, {stats.failed} failed, "
+        f"{stats.not_started} not started, max {stats.max_in_flight} in flight"
+    )
+    return outcome
+
+
+def _progress_reporter(context: RunContext, label: str) -> Callable[[ProgressEvent], None]:
     """The run log gets the periodic line; in-process listeners (a terminal bar) the event."""
-    label = f"{context.asset_key.to_user_string()} {context.partition_key}"
 
     def report(event: ProgressEvent) -> None:
         context.log.info(str(event))
@@ -151,12 +180,14 @@ def _progress_reporter(context: dg.AssetExecutionContext) -> Callable[[ProgressE
 
 
 async def _generate(
-    context: dg.AssetExecutionContext,
+    context: RunContext,
     llama: LlamaServerResource,
     loaded: SystemDigest,
     ledger: Ledger,
     requests: Sequence[GenerationRequest],
     stop_at: datetime | None,
+    *,
+    label: str,
 ) -> BatchOutcome:
     """One event loop and one server session per batch: prepare, then generate."""
     prepared = await llama.prepare(loaded)
@@ -165,7 +196,7 @@ async def _generate(
         loaded,
         ledger,
         digest_tokens=prepared.digest_tokens,
-        on_progress=_progress_reporter(context),
+        on_progress=_progress_reporter(context, label),
         on_unreachable=llama.respawn_if_down,
         on_hung=llama.restart_hung,
     )
@@ -181,7 +212,7 @@ def read_rows(
 
 
 def publish(
-    context: dg.AssetExecutionContext,
+    context: RunContext,
     trino: TrinoResource,
     warehouse: Warehouse,
     tables: Sequence[str],

@@ -13,6 +13,8 @@ from pydantic import Field
 from kimi_batch.defs.assets._generation import (
     BATCH_GROUP,
     LLAMA_POOL,
+    HeldPartition,
+    RunContext,
     check_specs,
     partition_lease,
     publish,
@@ -46,6 +48,7 @@ __all__ = [
     "DistillConfig",
     "build_batch_assets",
     "defs",
+    "land_seed_partition",
     "seed_prompts",
 ]
 
@@ -142,6 +145,33 @@ def seed_prompts(
 ) -> dg.MaterializeResult:
     """Validated input rows of one landed inbox file (table `seeds`); bad rows go to quarantine."""
     ds, source = partition_parts(context)
+    with partition_lease(context, warehouse, ds, source) as held:
+        return land_seed_partition(
+            context,
+            config,
+            held,
+            ds,
+            source,
+            llama=llama,
+            digest=digest,
+            warehouse=warehouse,
+            trino=trino,
+        )
+
+
+def land_seed_partition(
+    context: RunContext,
+    config: SeedConfig,
+    held: HeldPartition,
+    ds: str,
+    source: str,
+    *,
+    llama: LlamaServerResource,
+    digest: DigestResource,
+    warehouse: WarehouseResource,
+    trino: TrinoResource,
+) -> dg.MaterializeResult:
+    """Land the partition's input as its `seeds` rows (the run holds the partition's lease)."""
     settings = llama.settings()
     resolved = _resolve(settings, ds, source)
     if resolved.deferred:
@@ -153,7 +183,7 @@ def seed_prompts(
         else []
     )
     store = warehouse.warehouse()
-    with partition_lease(context, warehouse, ds, source) as held, interruptible_runner() as runner:
+    with interruptible_runner() as runner:
         client = llama.client()
         try:
             prepared = runner.run(llama.prepare(digest.load()))

@@ -9,7 +9,8 @@ sink's quarantine rows, publish to Trino and judge the checks.
 
 # No `from __future__ import annotations`: Dagster reads the asset function's annotations.
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,6 +20,8 @@ import polars as pl
 from kimi_batch.defs.assets._generation import (
     BATCH_GROUP,
     LLAMA_POOL,
+    HeldPartition,
+    RunContext,
     check_specs,
     generation_checks,
     partition_lease,
@@ -40,7 +43,16 @@ from kimi_batch.tasks.sink import StageSink
 from kimi_batch.tasks.stage import GenerationTask, RowReader
 from kimi_batch.tasks.stages import register_stage
 
-__all__ = ["StageConfig", "generation_asset", "run_stage", "stage_metadata"]
+__all__ = [
+    "StageConfig",
+    "StagePlan",
+    "asked_again",
+    "generation_asset",
+    "land_stage",
+    "plan_stage",
+    "run_stage",
+    "stage_metadata",
+]
 
 Task = GenerationTask[Any, Any]
 
@@ -101,6 +113,33 @@ def generation_asset(
     )(materialize)
 
 
+@dataclass(frozen=True)
+class StagePlan:
+    """One partition of one stage before generation: its inputs, requests and input version."""
+
+    task: Task
+    ds: str
+    source: str
+    inputs: Any
+    requests: list[GenerationRequest]
+    input_sha: str
+
+
+def plan_stage(task: Task, store: Warehouse, ds: str, source: str) -> StagePlan:
+    """Read the partition's inputs of `task` and build its requests."""
+    register_stage(type(task))
+    reader: RowReader = lambda table, model: read_rows(store, table, ds, source, model)  # noqa: E731
+    inputs = task.load(reader)
+    return StagePlan(
+        task=task,
+        ds=ds,
+        source=source,
+        inputs=inputs,
+        requests=list(task.requests(inputs)),
+        input_sha=consumed_input_sha(store, ds, source),
+    )
+
+
 def run_stage(
     context: dg.AssetExecutionContext,
     task: Task,
@@ -111,39 +150,54 @@ def run_stage(
     trino: TrinoResource,
 ) -> dg.MaterializeResult:
     """Generate the partition's rows of `task`'s table (see the module docstring)."""
-    register_stage(type(task))
     ds, source = partition_parts(context)
     store = warehouse.warehouse()
-    reader: RowReader = lambda table, model: read_rows(store, table, ds, source, model)  # noqa: E731
-    inputs = task.load(reader)
-    requests = task.requests(inputs)
-    input_sha = consumed_input_sha(store, ds, source)
-    sink = StageSink(task, inputs, input_sha256=input_sha)
+    plan = plan_stage(task, store, ds, source)
     with partition_lease(context, warehouse, ds, source) as held:
         ledger = held.ledger
-        outcome = run_batch(context, llama, digest, ledger, requests)
+        outcome = run_batch(context, llama, digest, ledger, plan.requests)
         results = outcome.iter_results(ledger)
         if task.asks_again:
-            results = _asked_again(context, llama, digest, ledger, task, requests, outcome)
-        written = store.write_partition(
-            task.table, ds, source, sink.rows(results), guard=held.check
-        )
-        sink.failed(
-            outcome.failures,
-            source_file=source,
-            model=outcome.model,
-            digest_sha=outcome.digest_sha256,
-            created_at=datetime.now(UTC),
-        )
-        quarantined = replace_quarantine(
-            store, ds, source, task.name, sink.quarantined, guard=held.check
-        )
-        checks = generation_checks(task.table, sink.figures(), pl.read_parquet_schema(written.path))
-        checks.append(
-            publish(context, trino, store, [task.table, "quarantine"], ds, source, held.check)
-        )
+            results = asked_again(
+                context,
+                ledger,
+                plan,
+                outcome,
+                rerun=lambda again: run_batch(context, llama, digest, ledger, again),
+            )
+        return land_stage(context, plan, held, outcome, results, store=store, trino=trino)
+
+
+def land_stage(
+    context: RunContext,
+    plan: StagePlan,
+    held: HeldPartition,
+    outcome: BatchOutcome,
+    results: Iterable[GenerationResult],
+    *,
+    store: Warehouse,
+    trino: TrinoResource,
+) -> dg.MaterializeResult:
+    """Write the partition's rows and quarantine, publish, judge the checks (lease held)."""
+    task, ds, source = plan.task, plan.ds, plan.source
+    sink = StageSink(task, plan.inputs, input_sha256=plan.input_sha)
+    written = store.write_partition(task.table, ds, source, sink.rows(results), guard=held.check)
+    sink.failed(
+        outcome.failures,
+        source_file=source,
+        model=outcome.model,
+        digest_sha=outcome.digest_sha256,
+        created_at=datetime.now(UTC),
+    )
+    quarantined = replace_quarantine(
+        store, ds, source, task.name, sink.quarantined, guard=held.check
+    )
+    checks = generation_checks(task.table, sink.figures(), pl.read_parquet_schema(written.path))
+    checks.append(
+        publish(context, trino, store, [task.table, "quarantine"], ds, source, held.check)
+    )
     metadata = stage_metadata(trino, written, quarantined, outcome, sink)
-    metadata[INPUT_SHA_METADATA] = input_sha  # what `status` and the nightly compare (stale)
+    metadata[INPUT_SHA_METADATA] = plan.input_sha  # what `status` and the nightly compare (stale)
     return dg.MaterializeResult(metadata=metadata, check_results=checks)
 
 
@@ -175,16 +229,17 @@ def stage_metadata(
     return metadata
 
 
-def _asked_again(
-    context: dg.AssetExecutionContext,
-    llama: LlamaServerResource,
-    digest: DigestResource,
+def asked_again(
+    context: RunContext,
     ledger: Ledger,
-    task: Task,
-    requests: Sequence[GenerationRequest],
+    plan: StagePlan,
     outcome: BatchOutcome,
+    *,
+    rerun: Callable[[list[GenerationRequest]], BatchOutcome],
 ) -> Iterator[GenerationResult]:
-    """The batch's results, each one the stage asks again for replaced by its new answer."""
+    """The batch's results, each one the stage asks again for replaced by its new answer
+    (`rerun` runs the new requests)."""
+    task, requests = plan.task, plan.requests
     by_id = {row.request_id: req for row, req in zip(outcome.planned, requests, strict=True)}
     again: dict[str, GenerationRequest] = {}
     for result in outcome.iter_results(ledger):
@@ -192,7 +247,7 @@ def _asked_again(
         if retry is not None:
             again[result.request_id] = retry
     context.log.info(f"asking again for {len(again)} answer(s) of the {task.name} stage")
-    retried = run_batch(context, llama, digest, ledger, list(again.values())) if again else None
+    retried = rerun(list(again.values())) if again else None
     replacements = {
         (r.input_id, r.tag): r for r in (retried.iter_results(ledger) if retried else ())
     }

@@ -1,0 +1,281 @@
+"""The nightly run: every partition the schedule asks for in one run, one engine batch a stage.
+
+A run per partition left the server idle while each run's process started (about 7 s a run on
+2 cores, `bench --workload night`). `nightly_job` is one op: it holds each partition's lease,
+lands each partition's seeds, then sends the amplification requests of every partition as one
+batch and their distillation requests as the next, so the slots stay full across partitions.
+Each partition is still written on its own (its Parquet replaced, its quarantine, its checks,
+its Trino partition) and recorded as its own materialization of `seed_prompts`,
+`amplified_prompts` and `distilled_responses` with its own check evaluations, so the UI,
+`status` and the next night see it as after a run of `distillation_job`.
+
+A partition that cannot go on (its input unreadable, its lease held by another run, a write
+refused) is left out and named; past the nightly window the partitions whose rows are not all
+done are left for the next night (their finished rows are in the ledger). Either way the run
+fails at the end with the list, after every finished partition is written.
+"""
+
+# No `from __future__ import annotations`: Dagster reads the op function's annotations.
+
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+import dagster as dg
+from pydantic import Field
+
+from kimi_batch.defs.assets._generation import (
+    LLAMA_POOL,
+    HeldPartition,
+    generate,
+    mark_stopped_at_window,
+    partition_lease,
+    window_end,
+)
+from kimi_batch.defs.assets.batch import (
+    AmplifyConfig,
+    DistillConfig,
+    SeedConfig,
+    land_seed_partition,
+)
+from kimi_batch.defs.assets.stage import StagePlan, asked_again, land_stage, plan_stage
+from kimi_batch.defs.jobs import (
+    AMPLIFIED_PROMPTS,
+    DISTILLED_RESPONSES,
+    JOB_TAG,
+    LLAMA_TAG,
+    NIGHTLY_JOB_NAME,
+    NIGHTLY_OP_NAME,
+    SEED_PROMPTS,
+)
+from kimi_batch.defs.partitions import split_partition_key
+from kimi_batch.defs.resources.digest import DigestResource
+from kimi_batch.defs.resources.llama import LlamaServerResource
+from kimi_batch.defs.resources.trino import TrinoResource
+from kimi_batch.defs.resources.warehouse import WarehouseResource
+from kimi_batch.engine import LeaseLostError, Ledger
+from kimi_batch.errors import KimiBatchError
+from kimi_batch.tasks.stage import GenerationTask
+
+__all__ = ["NightConfig", "night_batch", "nightly_job"]
+
+_DATA_VERSION_TAG = "dagster/data_version"
+
+
+class NightConfig(dg.Config):
+    """The night's partitions (the schedule fills them in) and each stage's config."""
+
+    partitions: list[str] = Field(description="'date|source' partition keys, oldest first.")
+    amplify: bool = Field(
+        default=True,
+        description="Amplify the seeds too (finished variants come from the ledger); off: "
+        "distil the seeds and the variants already landed.",
+    )
+    seeds: SeedConfig = Field(default_factory=SeedConfig)
+    amplification: AmplifyConfig = Field(default_factory=AmplifyConfig)
+    distillation: DistillConfig = Field(default_factory=DistillConfig)
+
+
+@dataclass
+class _Night:
+    """The partitions still going on, and why the others stopped."""
+
+    held: dict[str, HeldPartition] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    stopped: list[str] = field(default_factory=list)
+
+    def drop(self, key: str, reason: str) -> None:
+        self.held.pop(key, None)
+        self.failed[key] = reason
+
+    def summary(self, total: int) -> str:
+        lines = [f"{total - len(self.failed) - len(self.stopped)} of {total} partitions done"]
+        if self.stopped:
+            lines.append(
+                f"the nightly window ended: {len(self.stopped)} partition(s) resume next night "
+                f"({', '.join(self.stopped[:10])})"
+            )
+        lines += [f"{key}: {reason}" for key, reason in list(self.failed.items())[:20]]
+        return "; ".join(lines)
+
+
+def _record(
+    context: dg.OpExecutionContext, asset: dg.AssetKey, key: str, result: dg.MaterializeResult
+) -> None:
+    """The partition's materialization and check evaluations, as its own asset run logs them."""
+    tags = {_DATA_VERSION_TAG: result.data_version.value} if result.data_version else None
+    context.log_event(
+        dg.AssetMaterialization(asset, partition=key, metadata=result.metadata, tags=tags)
+    )
+    for check in result.check_results or ():
+        # Dagster's docs log an op's check evaluations this way; its `UserEvent` hint omits them.
+        context.log_event(
+            dg.AssetCheckEvaluation(  # pyright: ignore[reportArgumentType]
+                asset_key=asset,
+                check_name=check.check_name or "",
+                passed=check.passed,
+                metadata=check.metadata,
+                severity=check.severity,
+                partition=key,
+            )
+        )
+
+
+_SKIPPED = (dg.Failure, LeaseLostError, KimiBatchError)
+
+
+def _reason(error: BaseException) -> str:
+    return error.description if isinstance(error, dg.Failure) and error.description else str(error)
+
+
+def _land_seeds(
+    context: dg.OpExecutionContext,
+    config: NightConfig,
+    night: _Night,
+    resources: "_Resources",
+) -> None:
+    for key, held in list(night.held.items()):
+        ds, source = split_partition_key(key) or ("", "")
+        try:
+            result = land_seed_partition(
+                context,
+                config.seeds,
+                held,
+                ds,
+                source,
+                llama=resources.llama,
+                digest=resources.digest,
+                warehouse=resources.warehouse,
+                trino=resources.trino,
+            )
+        except _SKIPPED as error:
+            night.drop(key, _reason(error))
+            continue
+        _record(context, SEED_PROMPTS, key, result)
+
+
+@dataclass(frozen=True)
+class _Resources:
+    llama: LlamaServerResource
+    digest: DigestResource
+    warehouse: WarehouseResource
+    trino: TrinoResource
+
+
+def _run_stage(
+    context: dg.OpExecutionContext,
+    asset: dg.AssetKey,
+    task: GenerationTask[Any, Any],
+    night: _Night,
+    ledger: Ledger,
+    resources: "_Resources",
+) -> None:
+    """One batch of `task` over every partition still going on, then each one written."""
+    store = resources.warehouse.warehouse()
+    plans: dict[str, StagePlan] = {}
+    for key in night.held:
+        ds, source = split_partition_key(key) or ("", "")
+        try:
+            plans[key] = plan_stage(task, store, ds, source)
+        except _SKIPPED as error:
+            night.failed[key] = _reason(error)
+    for key in night.failed:
+        night.held.pop(key, None)
+    # Oldest partition first: past the window the partitions left are the newest, whole.
+    requests = [
+        request.model_copy(update={"priority": rank})
+        for rank, plan in enumerate(plans.values())
+        for request in plan.requests
+    ]
+    label = f"{asset.to_user_string()} ({len(plans)} partitions)"
+    llama, digest = resources.llama, resources.digest
+    outcome = generate(context, llama, digest, ledger, requests, label=label)
+    start = 0
+    for key, plan in plans.items():
+        share = outcome.share(slice(start, start + len(plan.requests)), ledger)
+        start += len(plan.requests)
+        if share.stopped_at_window:
+            night.held.pop(key, None)
+            night.stopped.append(key)
+            continue
+        results = share.iter_results(ledger)
+        if task.asks_again:
+            results = asked_again(
+                context,
+                ledger,
+                plan,
+                share,
+                rerun=lambda again: generate(context, llama, digest, ledger, again, label=label),
+            )
+        try:
+            result = land_stage(
+                context, plan, night.held[key], share, results, store=store, trino=resources.trino
+            )
+        except _SKIPPED as error:
+            night.drop(key, _reason(error))
+            continue
+        _record(context, asset, key, result)
+
+
+@dg.op(name=NIGHTLY_OP_NAME, pool=LLAMA_POOL)
+def night_batch(
+    context: dg.OpExecutionContext,
+    config: NightConfig,
+    llama: LlamaServerResource,
+    digest: DigestResource,
+    warehouse: WarehouseResource,
+    trino: TrinoResource,
+) -> None:
+    """Seeds, amplification and distillation of every partition of the night, one batch a
+    stage; each partition written, materialized and checked on its own."""
+    resources = _Resources(llama=llama, digest=digest, warehouse=warehouse, trino=trino)
+    settings = llama.settings()
+    night = _Night()
+    stages: list[tuple[dg.AssetKey, GenerationTask[Any, Any]]] = [
+        (DISTILLED_RESPONSES, config.distillation.task(settings))
+    ]
+    if config.amplify:
+        stages.insert(0, (AMPLIFIED_PROMPTS, config.amplification.task(settings)))
+    with ExitStack() as stack:
+        for key in config.partitions:
+            parts = split_partition_key(key)
+            if parts is None:
+                night.failed[key] = "not a date|source partition key"
+                continue
+            try:
+                night.held[key] = stack.enter_context(partition_lease(context, warehouse, *parts))
+            except dg.Failure as error:
+                night.failed[key] = _reason(error)
+        _land_seeds(context, config, night, resources)
+        ledger = stack.enter_context(warehouse.ledger())
+        for asset, task in stages:
+            if night.held:
+                _run_stage(context, asset, task, night, ledger, resources)
+    if night.stopped:
+        mark_stopped_at_window(context)
+    if night.failed or night.stopped:
+        raise dg.Failure(
+            night.summary(len(config.partitions)),
+            metadata={
+                "partitions": len(config.partitions),
+                "failed": len(night.failed),
+                "stopped_at_window": len(night.stopped),
+                "window_ends": str(window_end(context)),
+            },
+        )
+
+
+@dg.job(
+    name=NIGHTLY_JOB_NAME,
+    description="The nightly distillation: every partition the schedule asks for in one run.",
+    tags={JOB_TAG: "nightly", LLAMA_TAG: "true"},
+    executor_def=dg.in_process_executor,
+)
+def nightly_job() -> None:
+    night_batch()
+
+
+@dg.definitions
+def defs() -> dg.Definitions:
+    """The nightly job of this code location."""
+    return dg.Definitions(jobs=[nightly_job])

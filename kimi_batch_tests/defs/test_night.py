@@ -1,0 +1,229 @@
+"""The nightly run over many partitions, on the real llama-server and a real instance: the real
+schedule's one run request executed as the daemon would, each partition written, materialized
+and checked on its own, the window, a contested lease."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import polars as pl
+import pytest
+
+from kimi_batch.definitions import build_definitions
+from kimi_batch.defs.assets import _generation
+from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME, STOPPED_TAG, WINDOW_TAG
+from kimi_batch.defs.partition_states import PartitionState, distill_states
+from kimi_batch.defs.schedules import PARTITIONS_TAG
+from kimi_batch.engine.ledger import Ledger
+from kimi_batch.settings import Settings
+from kimi_batch.storage import Warehouse
+from kimi_batch_tests.support.llama_server import TEST_SLOTS, LlamaEnv
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore:Non-compliant tag keys:DeprecationWarning"),
+]
+
+QUICK: dict[str, Any] = {
+    "amplification": {"strategies": ["paraphrase"], "max_tokens": 24},
+    "distillation": {"max_tokens": 32, "temperature": 0.0},
+}
+ASSETS = ("seed_prompts", "amplified_prompts", "distilled_responses")
+CHECKS = ("no_duplicate_request_ids", "truncation_rate", "matches_table_schema")
+
+
+def _inbox(home: Path, name: str, prompts: list[str]) -> None:
+    path = home / "inbox" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [json.dumps({"id": f"{path.stem}-{i}", "prompt": p}) for i, p in enumerate(prompts)]
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+
+
+def _tick(
+    instance: dg.DagsterInstance, defs: dg.Definitions, settings: Settings
+) -> dg.RunRequest | None:
+    """The schedule's tick at 02:00 after today: its one run request, or None (skipped)."""
+    when = datetime.combine(settings.today() + timedelta(days=1), datetime.min.time())
+    context = dg.build_schedule_context(
+        instance=instance,
+        scheduled_execution_time=when.replace(hour=2, tzinfo=settings.zone),
+        repository_def=defs.get_repository_def(),
+    )
+    data = defs.resolve_schedule_def("nightly_distillation_schedule").evaluate_tick(context)
+    requests = data.run_requests or []
+    assert len(requests) <= 1, "a night is one run"
+    return requests[0] if requests else None
+
+
+def _execute(
+    instance: dg.DagsterInstance,
+    defs: dg.Definitions,
+    request: dg.RunRequest,
+    *,
+    stages: dict[str, Any] | None = None,
+    tags: dict[str, str] | None = None,
+) -> dg.ExecuteInProcessResult:
+    """The run the daemon would launch for `request`, with quick stage configs."""
+    assert request.job_name == NIGHTLY_JOB_NAME
+    config = request.run_config["ops"][NIGHTLY_OP_NAME]["config"]
+    run_config = {"ops": {NIGHTLY_OP_NAME: {"config": {**config, **(stages or QUICK)}}}}
+    request_tags = {k: v for k, v in request.tags.items() if not k.startswith("dagster/")}
+    return defs.resolve_job_def(NIGHTLY_JOB_NAME).execute_in_process(
+        instance=instance,
+        run_config=run_config,
+        tags={**request_tags, **(tags or {})},
+        raise_on_error=False,
+    )
+
+
+def _failure(result: dg.ExecuteInProcessResult) -> str:
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    return str(failure.event_specific_data)
+
+
+@pytest.fixture
+def night(
+    llama_env: LlamaEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Settings, dg.Definitions]:
+    """A state dir of its own (inbox, warehouse, ledger) on the session's real server."""
+    home = tmp_path / "home"
+    (home / "inbox").mkdir(parents=True)
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(home))
+    monkeypatch.setenv("KIMI_BATCH_LLAMA_URL", llama_env.base_url)
+    settings = Settings.from_env()
+    return settings, build_definitions(settings)
+
+
+def test_one_run_writes_materializes_and_checks_every_partition(
+    llama_env: LlamaEnv, night: tuple[Settings, dg.Definitions]
+) -> None:
+    settings, defs = night
+    sources = {"north": ["Name a primary colour.", "What is 2+2?"], "south": ["Name a planet."]}
+    for name, prompts in sources.items():
+        _inbox(settings.paths.home, f"{name}.jsonl", prompts)
+    today = settings.today().isoformat()
+    keys = [f"{today}|{name}" for name in sorted(sources)]
+    with dg.instance_for_test() as instance:
+        request = _tick(instance, defs, settings)
+        assert request is not None
+        assert request.run_key == f"nightly:{today}"
+        assert request.run_config["ops"][NIGHTLY_OP_NAME]["config"]["partitions"] == keys
+        assert request.tags[PARTITIONS_TAG] == "2"
+        result = _execute(instance, defs, request)
+        assert result.success, [e.message for e in result.all_events if e.is_failure]
+        materialized = {
+            asset: set(instance.get_materialized_partitions(dg.AssetKey(asset))) for asset in ASSETS
+        }
+        infos = instance.event_log_storage.get_asset_check_partition_info(
+            [dg.AssetCheckKey(dg.AssetKey("distilled_responses"), name) for name in CHECKS]
+        )
+        states = distill_states(instance)
+        again = _tick(instance, defs, settings)
+
+    assert materialized == {asset: set(keys) for asset in ASSETS}
+    # Each partition's own checks, evaluated and passed.
+    assert {(i.check_key.name, i.partition_key) for i in infos} == {
+        (name, key) for name in CHECKS for key in keys
+    }
+    assert all(i.latest_execution_status.value == "SUCCEEDED" for i in infos)
+    assert {key: record.state for key, record in states.items()} == {
+        key: PartitionState.DONE for key in keys
+    }
+    warehouse = Warehouse(settings.paths.warehouse_dir)
+    for name, prompts in sources.items():
+        variants = warehouse.read_partition("amplified", today, name)
+        distilled = warehouse.read_partition("distilled", today, name)
+        set_aside = warehouse.read_partition("quarantine", today, name).filter(
+            pl.col("stage") == "distill"
+        )
+        assert set(distilled["seed_id"]) == {f"{name}-{i}" for i in range(len(prompts))}
+        # Every seed and variant answered, or set aside with its reason (cut off at 32 tokens).
+        assert distilled.height + set_aside.height == len(prompts) + variants.height
+        assert distilled["request_id"].n_unique() == distilled.height
+    assert again is None  # the night is done: the next tick skips
+
+
+def test_past_the_window_the_finished_partitions_land_and_the_rest_resume(
+    llama_env: LlamaEnv, night: tuple[Settings, dg.Definitions]
+) -> None:
+    settings, defs = night
+    # The first partition is small; the second far more than the window holds.
+    _inbox(settings.paths.home, "a_small.jsonl", ["What is 2+2?"])
+    prompts = [f"Write a short story about the number {i}." for i in range(12 * TEST_SLOTS)]
+    _inbox(settings.paths.home, "b_large.jsonl", prompts)
+    today = settings.today().isoformat()
+    distill_only = {"amplify": False, "distillation": {"max_tokens": 128, "seed": 5}}
+    with dg.instance_for_test() as instance:
+        request = _tick(instance, defs, settings)
+        assert request is not None
+        end = datetime.now(UTC) + timedelta(seconds=15)
+        stopped = _execute(
+            instance, defs, request, stages=distill_only, tags={WINDOW_TAG: end.isoformat()}
+        )
+        run = instance.get_run_by_id(stopped.run_id)
+        states = distill_states(instance)
+        next_night = _tick(instance, defs, settings)
+        assert next_night is not None
+        resumed = _execute(instance, defs, next_night, stages=distill_only)
+        after = distill_states(instance)
+
+    assert not stopped.success
+    assert "resume next night" in _failure(stopped)
+    assert run is not None
+    assert run.tags[STOPPED_TAG] == "true"
+    # The small partition's one answer came back in the window; the large one waits.
+    assert states[f"{today}|a_small"].state == PartitionState.DONE
+    assert states[f"{today}|b_large"].state == PartitionState.STOPPED_AT_WINDOW
+    assert states[f"{today}|b_large"].run_id == stopped.run_id
+    config = next_night.run_config["ops"][NIGHTLY_OP_NAME]["config"]
+    assert config["partitions"] == [f"{today}|b_large"]
+    assert resumed.success
+    assert {key: r.state for key, r in after.items()} == {
+        f"{today}|a_small": PartitionState.DONE,
+        f"{today}|b_large": PartitionState.DONE,
+    }
+    warehouse = Warehouse(settings.paths.warehouse_dir)
+    rows = warehouse.read_partition("distilled", today, "b_large")
+    set_aside = warehouse.read_partition("quarantine", today, "b_large")
+    # Every story answered (a story cut off at 128 tokens is set aside, with its reason).
+    assert rows.height + set_aside.filter(pl.col("stage") == "distill").height == len(prompts)
+
+
+def test_a_partition_held_by_another_run_is_left_out_and_the_others_land(
+    llama_env: LlamaEnv, night: tuple[Settings, dg.Definitions], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings, defs = night
+    _inbox(settings.paths.home, "contested.jsonl", ["What is a lease?"])
+    _inbox(settings.paths.home, "free.jsonl", ["What is a ledger?"])
+    monkeypatch.setattr(_generation, "LEASE_WAIT_S", 1.0)
+    today = settings.today().isoformat()
+    with dg.instance_for_test() as instance:
+        request = _tick(instance, defs, settings)
+        assert request is not None
+        with (
+            Ledger(settings.paths.ledger_path) as ledger,
+            ledger.lease(f"{today}|contested", "another-run"),
+        ):
+            blocked = _execute(instance, defs, request)
+        materialized = set(instance.get_materialized_partitions(dg.AssetKey(ASSETS[-1])))
+        states = distill_states(instance)
+
+    assert not blocked.success
+    assert f"{today}|contested: partition" in _failure(blocked)
+    assert "being written by another run" in _failure(blocked)
+    assert materialized == {f"{today}|free"}
+    assert states[f"{today}|contested"].state == PartitionState.FAILED
+    warehouse = Warehouse(settings.paths.warehouse_dir)
+    assert warehouse.read_partition("distilled", today, "contested").height == 0
+    answered = warehouse.read_partition("distilled", today, "free").height
+    set_aside = warehouse.read_partition("quarantine", today, "free").filter(
+        pl.col("stage") == "distill"
+    )
+    assert (
+        answered + set_aside.height
+        == 1 + warehouse.read_partition("amplified", today, "free").height
+    )
