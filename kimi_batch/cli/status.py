@@ -33,9 +33,11 @@ from kimi_batch.cli.status_sections import (
 )
 from kimi_batch.defs.partition_states import (
     ACTIVE_RUN_STATUSES,
+    PARTITION_TAG,
     PartitionRecord,
     PartitionState,
     distill_states,
+    night_partitions,
 )
 from kimi_batch.defs.schedules import NIGHT_TAG, TRIGGER_TAG, build_nightly_schedule
 from kimi_batch.engine import Ledger, load_digest
@@ -208,7 +210,19 @@ def _next_tick(cron: str, timezone: str, now: datetime) -> datetime:
     return windows.time_window_for_partition_key(key).end
 
 
-def _last_night(instance: dg.DagsterInstance | None) -> NightRun | None:
+def _night_keys(runs: list[dg.DagsterRun]) -> list[str]:
+    """The partitions a night's runs covered: a `nightly_job` run's from its run config, a
+    one-partition run's (older nights, a rerun from the UI) from its partition tag."""
+    keys: dict[str, None] = {}
+    for run in runs:
+        covered = night_partitions(run) or [run.tags.get(PARTITION_TAG, "")]
+        keys.update((key, None) for key in covered if key)
+    return list(keys)
+
+
+def _last_night(
+    instance: dg.DagsterInstance | None, records: dict[str, PartitionRecord] | None
+) -> NightRun | None:
     if instance is None:
         return None
     runs = instance.get_runs(filters=dg.RunsFilter(tags={TRIGGER_TAG: "nightly"}), limit=500)
@@ -216,26 +230,37 @@ def _last_night(instance: dg.DagsterInstance | None) -> NightRun | None:
         return None
     night = runs[0].tags.get(NIGHT_TAG)
     same = [run for run in runs if run.tags.get(NIGHT_TAG) == night]
-    records = {
+    run_records = {
         record.dagster_run.run_id: record
         for record in instance.get_run_records(
             filters=dg.RunsFilter(run_ids=[run.run_id for run in same])
         )
     }
-    starts = [r.start_time for r in records.values() if r.start_time is not None]
-    ends = [r.end_time for r in records.values() if r.end_time is not None]
+    starts = [r.start_time for r in run_records.values() if r.start_time is not None]
+    ends = [r.end_time for r in run_records.values() if r.end_time is not None]
     active = any(run.status in ACTIVE_RUN_STATUSES for run in same)
+    # One run covers the whole night: what it did is each of its partitions' state now.
+    keys = _night_keys(same)
+    known = records or {}
+    states = Counter(
+        (known[key].state if key in known else PartitionState.PENDING).value for key in keys
+    )
     return NightRun(
         night=night,
         runs=len(same),
         statuses=dict(Counter(run.status.value for run in same)),
+        partitions=len(keys),
+        partition_states=dict(states),
         started=datetime.fromtimestamp(min(starts), UTC) if starts else None,
         ended=datetime.fromtimestamp(max(ends), UTC) if ends and not active else None,
     )
 
 
 def _nightly(
-    settings: Settings, instance: dg.DagsterInstance | None, now: datetime
+    settings: Settings,
+    instance: dg.DagsterInstance | None,
+    records: dict[str, PartitionRecord] | None,
+    now: datetime,
 ) -> NightlySection:
     schedule = build_nightly_schedule(settings)
     timezone = schedule.execution_timezone or "UTC"
@@ -245,7 +270,7 @@ def _nightly(
         timezone=timezone,
         schedule=state,
         next=_next_tick(str(schedule.cron_schedule), timezone, now) if state == "running" else None,
-        last=_last_night(instance),
+        last=_last_night(instance, records),
     )
 
 
@@ -297,7 +322,7 @@ def collect_status(settings: Settings, *, now: datetime | None = None) -> Status
             except _UNREADABLE as error:
                 instance_error = f"Dagster instance is unreadable: {error}"
         server = _server(settings, instance if records is not None else None)
-        nightly = _nightly(settings, instance if records is not None else None, now)
+        nightly = _nightly(settings, instance if records is not None else None, records, now)
     finally:
         if instance is not None:
             instance.dispose()

@@ -74,9 +74,17 @@ class PartitionsSection(_Section):
 
 
 class NightRun(_Section):
+    """The last night: its run (one `nightly_job` run a night; more after a rerun or on nights
+    from before it) and what became of each of its partitions."""
+
     night: str | None
     runs: int
-    statuses: dict[str, int]
+    statuses: dict[str, int] = Field(description="The night's runs by run status.")
+    partitions: int = Field(default=0, description="Partitions the night's runs covered.")
+    partition_states: dict[str, int] = Field(
+        default_factory=dict,
+        description="Those partitions by their state now (done, failed, stopped_at_window, ...).",
+    )
     started: datetime | None
     ended: datetime | None
 
@@ -103,6 +111,10 @@ class Status(_Section):
     partitions: PartitionsSection
     nightly: NightlySection
     inbox: InboxSection
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{count} {name}" for name, count in sorted(counts.items())) or "none"
 
 
 def render_status(status: Status) -> str:
@@ -140,7 +152,8 @@ def render_status(status: Status) -> str:
     nightly = status.nightly
     last = nightly.last
     last_text = (
-        f"last night {last.night}: {last.runs} run(s) {last.statuses}"
+        f"last night {last.night}: {last.partitions} partition(s) "
+        f"({_counts(last.partition_states)}) in {last.runs} run(s) ({_counts(last.statuses)})"
         if last
         else "no nightly run yet"
     )

@@ -1,7 +1,8 @@
 """Morning alerts: nobody watches the night, so a failed run and an unfinished night are posted.
 
-- `run_failure_alert`: one message per failed run (what failed, which partition, rows done/total
-  from the run's last progress line, where to look).
+- `run_failure_alert`: one message per failed run (what failed, which partition, or for the
+  night's one `nightly_job` run the partitions it covered, rows done/total from the run's last
+  progress line, where to look).
 - `distilled_by_night_end`: the freshness check of `distilled_responses`: every partition of the
   day that just ended is distilled by the end of the nightly window (`KIMI_BATCH_NIGHT_ENDS`,
   07:00 when unset, in the schedule's timezone). `distilled_freshness_alert` evaluates it once
@@ -31,6 +32,7 @@ from kimi_batch.defs.partition_states import (
     PartitionRecord,
     PartitionState,
     distill_states,
+    night_partitions,
     run_progress,
 )
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION
@@ -52,6 +54,8 @@ __all__ = [
 
 DEFAULT_NIGHT_ENDS = time(7, 0)
 FRESHNESS_CHECK = "distilled_by_night_end"
+# Partition keys a message lists (a nightly run's, a stale night's); the counts stay exact.
+_LISTED = 10
 FRESHNESS_INTERVAL_S = 300
 
 
@@ -90,13 +94,18 @@ def failure_message(
 ) -> str:
     """The alert for one failed run."""
     progress = run_progress(instance, run.run_id)
-    partition = run.tags.get(PARTITION_TAG, "none")
+    partition = f"partition: {run.tags.get(PARTITION_TAG, 'none')}"
+    covered = night_partitions(run)
+    if covered:  # one nightly run covers the night; its step error names the partitions it lost
+        shown = ", ".join(covered[:_LISTED])
+        more = f" and {len(covered) - _LISTED} more" if len(covered) > _LISTED else ""
+        partition = f"partitions: {len(covered)} ({shown}{more})"
     what = "; ".join(step_errors[:3]) or "the run failed before any step ran"
     rows = _rows(progress.done if progress else None, progress.total if progress else None)
     return "\n".join(
         [
             f"kimi_batch: run {run.run_id[:8]} of {run.job_name} FAILED",
-            f"partition: {partition}",
+            partition,
             f"what failed: {what}",
             f"rows: {rows} (finished rows are kept in the ledger; a rerun resumes)",
             f"look: {dagster_url.rstrip('/')}/runs/{run.run_id} · kimi-batch status",
@@ -111,7 +120,10 @@ def _step_errors(context: dg.RunFailureSensorContext) -> list[str]:
         # Dagster wraps the asset's exception; the innermost cause is what the user raised.
         while error is not None and error.cause is not None:
             error = error.cause
-        first = (error.message if error else event.message or "").strip().splitlines()
+        message = (error.message if error else event.message or "").strip()
+        if error is not None and error.cls_name == "Failure":  # the description the step gave
+            message = message.removeprefix(f"{dg.Failure.__module__}.Failure:").strip()
+        first = message.splitlines()
         errors.append(f"{event.step_key}: {first[0] if first else 'failed'}")
     return errors
 
@@ -181,7 +193,7 @@ def stale_message(instance: dg.DagsterInstance, report: FreshnessReport, dagster
     ]
     if report.stale:
         lines.append(f"{len(report.stale)} of {len(report.expected)} partition(s) not done:")
-    for record in report.stale[:10]:
+    for record in report.stale[:_LISTED]:
         detail = record.state.value.replace("_", " ")
         if record.run_id:
             progress = run_progress(instance, record.run_id)
@@ -194,7 +206,9 @@ def stale_message(instance: dg.DagsterInstance, report: FreshnessReport, dagster
         lines.append(f"- ... and {len(report.stale) - 10} more")
     if report.failed_checks:
         lines.append(f"{len(report.failed_checks)} failed check(s):")
-        lines.extend(f"- {item.partition}: {item.describe()}" for item in report.failed_checks[:10])
+        lines.extend(
+            f"- {item.partition}: {item.describe()}" for item in report.failed_checks[:_LISTED]
+        )
     lines.append(
         f"look: {dagster_url.rstrip('/')}/assets/{DISTILLED_RESPONSES.to_user_string()} "
         "· kimi-batch status"

@@ -2,8 +2,9 @@
 
 The state dir is the session's (`llama_env`): its real resident llama-server, a real ledger file
 and a real Dagster instance under $KIMI_BATCH_HOME/dagster, where the real digest assets run and
-stand-ins for `distilled_responses` (same key and partitions) leave one partition done, one
-failed, one stopped at the nightly window, and an inbox file that never ran.
+stand-ins for `distilled_responses` (same key and partitions) and a stand-in nightly run (over two
+partitions, one landed) leave one partition done, one failed, one stopped at the nightly window,
+and an inbox file that never ran.
 """
 
 import json
@@ -19,12 +20,15 @@ import dagster as dg
 import pytest
 
 from kimi_batch.definitions import DIGEST_ASSETS, build_resources
+from kimi_batch.defs.jobs import nightly_run_config
 from kimi_batch.defs.partition_states import STOPPED_AT_WINDOW_TAG
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, build_batch_partitions
 from kimi_batch.defs.schedules import NIGHT_TAG, TRIGGER_TAG
 from kimi_batch.engine.ledger import Ledger
+from kimi_batch.engine.stats import ProgressEvent
 from kimi_batch.settings import Settings
 from kimi_batch.storage.landing import Landing
+from kimi_batch_tests.support.night_standin import failing_night_job
 from kimi_batch_tests.support.ports import free_port
 from kimi_batch_tests.support.repo import REPO_ROOT
 from kimi_batch_tests.support.results import make_result
@@ -37,6 +41,9 @@ pytestmark = [
 CLI = Path(sys.executable).parent / "kimi-batch"
 # Recent, so inside the date partitions whatever their configured start.
 DAY = (datetime.now(UTC).date() - timedelta(days=3)).isoformat()
+PROGRESS = ProgressEvent(
+    done=1, total=2, failed=0, completion_tokens_per_s=1.0, elapsed_s=1.0, eta_s=1.0
+)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -91,7 +98,6 @@ def state(llama_env: Any) -> Settings:
         ).success
         runs: list[tuple[str, bool, dict[str, str]]] = [
             ("st_done", False, {}),
-            ("st_failed", True, {TRIGGER_TAG: "nightly", NIGHT_TAG: DAY}),
             # A window-stopped run fails its step ("N of M rows done, resumes next night").
             ("st_stopped", True, {STOPPED_AT_WINDOW_TAG: "true"}),
         ]
@@ -103,6 +109,14 @@ def state(llama_env: Any) -> Settings:
                 tags=tags,
                 raise_on_error=False,
             )
+        # The night: one nightly_job run over two partitions, one landed and one lost.
+        night = [_key("st_done"), _key("st_failed")]
+        failing_night_job(night[:1], progress=PROGRESS).execute_in_process(
+            instance=instance,
+            run_config=nightly_run_config(night),
+            tags={TRIGGER_TAG: "nightly", NIGHT_TAG: DAY},
+            raise_on_error=False,
+        )
     finally:
         instance.dispose()
     return settings
@@ -144,7 +158,10 @@ def test_status_json_reports_every_section(state: Settings, llama_env: Any) -> N
     assert nightly["schedule"] == "stopped"
     assert nightly["next"] is None
     assert nightly["last"]["night"] == DAY
+    assert nightly["last"]["runs"] == 1
     assert nightly["last"]["statuses"] == {"FAILURE": 1}
+    assert nightly["last"]["partitions"] == 2
+    assert nightly["last"]["partition_states"] == {"done": 1, "failed": 1}
 
     inbox = status["inbox"]
     waiting = {Path(name).name for name in inbox["waiting_files"]}
@@ -161,6 +178,8 @@ def test_status_text_is_one_screen(state: Settings) -> None:
     assert lines[0].startswith("server     healthy pid=")
     assert any(line.startswith("digest") and " restored " in line for line in lines)
     assert any("stopped at the nightly window" in line for line in lines)
+    nightly = next(line for line in lines if line.startswith("nightly"))
+    assert f"last night {DAY}: 2 partition(s) (1 done, 1 failed) in 1 run(s) (1 FAILURE)" in nightly
 
 
 def test_status_without_an_instance_still_reports_the_rest(tmp_path: Path, llama_env: Any) -> None:

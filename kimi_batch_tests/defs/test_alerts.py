@@ -16,11 +16,13 @@ import dagster as dg
 import pytest
 
 from kimi_batch.defs.alerts import FRESHNESS_CHECK, build_alerts, due_night
+from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME, nightly_run_config
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, build_batch_partitions
 from kimi_batch.defs.webhook import post_message
 from kimi_batch.engine.stats import ProgressEvent
 from kimi_batch.settings import Settings
 from kimi_batch.storage.landing import Landing
+from kimi_batch_tests.support.night_standin import LOST_REASON, failing_night_job
 
 pytestmark = pytest.mark.filterwarnings("ignore:Non-compliant tag keys:DeprecationWarning")
 
@@ -152,6 +154,52 @@ def test_a_failed_run_posts_one_message(receiver: Receiver) -> None:
     assert "distilled_responses: RuntimeError: llama-server went away" in text
     assert "3/8 rows done" in text
     assert f"http://dagster.example:3000/runs/{result.run_id}" in text
+
+
+def test_a_failed_nightly_run_names_its_partitions_and_the_stale_night_the_lost_ones(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KIMI_BATCH_NIGHT_ENDS", "00:00")
+    yesterday = (datetime.now(UTC).date() - timedelta(days=1)).isoformat()
+    sources = ["night_a", "night_b", "night_c"]
+    _inbox_files(yesterday, *sources)
+    keys = [str(_key(yesterday, source)) for source in sources]
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("source", sources)
+        progress = ProgressEvent(
+            done=5, total=9, failed=0, completion_tokens_per_s=4.2, elapsed_s=9.0, eta_s=15.0
+        )
+        result = failing_night_job(keys[:1], progress=progress).execute_in_process(
+            instance=instance, run_config=nightly_run_config(keys), raise_on_error=False
+        )
+        assert not result.success
+        run = instance.get_run_by_id(result.run_id)
+        assert run is not None
+        failure = next(
+            event for event in result.all_events if event.event_type_value == "PIPELINE_FAILURE"
+        )
+        run_failure_alert(
+            dg.build_run_status_sensor_context(
+                sensor_name="run_failure_alert",
+                dagster_instance=instance,
+                dagster_run=run,
+                dagster_event=failure,
+            ).for_run_failure()
+        )
+        stale = distilled_freshness_alert(dg.build_sensor_context(instance=instance))
+
+    assert isinstance(stale, dg.SensorResult)
+    assert len(receiver.texts) == 2, receiver.texts
+    failed, night = receiver.texts
+    assert f"run {result.run_id[:8]} of {NIGHTLY_JOB_NAME} FAILED" in failed
+    assert f"partitions: 3 ({', '.join(keys)})" in failed
+    assert f"{NIGHTLY_OP_NAME}: 1 of 3 partitions done; {keys[1]}: {LOST_REASON}" in failed
+    assert "5/9 rows done" in failed
+    # The night's one run is each lost partition's attempt; the landed one is done.
+    assert "2 of 3 partition(s) not done" in night
+    assert f"{keys[1]}: failed (run {result.run_id[:8]}" in night
+    assert f"{keys[2]}: failed (run {result.run_id[:8]}" in night
+    assert keys[0] not in night
 
 
 def test_a_stale_night_posts_one_message_and_fails_the_check(

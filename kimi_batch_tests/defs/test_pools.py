@@ -22,6 +22,7 @@ import dagster as dg
 import httpx
 import pytest
 
+from kimi_batch.defs.assets.night import nightly_job
 from kimi_batch.defs.jobs import LLAMA_TAG, batch_job, distillation_job, ingest_job
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION
 from kimi_batch_tests.support.dagster_stack import DagsterStack
@@ -111,7 +112,7 @@ def test_repo_dagster_yaml_queues_runs_and_limits_the_llama_pool(
 
 
 def test_every_job_carries_the_llama_tag() -> None:
-    for job in (batch_job, ingest_job, distillation_job):
+    for job in (batch_job, ingest_job, distillation_job, nightly_job):
         assert job.tags is not None
         assert job.tags[LLAMA_TAG] == "true"
 

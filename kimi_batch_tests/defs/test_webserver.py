@@ -15,6 +15,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION
 from kimi_batch_tests.support.dagster_stack import DagsterStack
 from kimi_batch_tests.support.repo import REPO_ROOT
@@ -73,7 +74,8 @@ def test_webserver_serves_the_graph_and_runs_a_partition(llama_env: Any, tmp_pat
             # The schedule and the sensor, as the UI lists them.
             schedules, sensors = graphql.instigators()
             nightly = schedules["nightly_distillation_schedule"]
-            assert nightly["pipelineName"] == "distillation_job"
+            # One run a night over all its partitions (distillation_job stays for one).
+            assert nightly["pipelineName"] == NIGHTLY_JOB_NAME
             assert nightly["cronSchedule"] == "0 2 * * *"
             assert nightly["executionTimezone"] == "UTC"
             assert nightly["description"]
