@@ -43,7 +43,7 @@ WINDOW_TAG = "kimi_batch/window_ends"
 STOPPED_TAG = "kimi_batch/stopped_at_window"
 # Runs nobody watches (sensor, nightly schedule) are retried a bounded number of times (run_retries
 # in dagster.yaml), from the failed step: finished requests come from the ledger, so a retry
-# repeats no generation.
+# repeats no generation. A run stopped at the nightly window is not retried (nothing would be sent).
 RETRY_TAGS: dict[str, str] = {"dagster/max_retries": "2", "dagster/retry_strategy": "FROM_FAILURE"}
 
 SEED_PROMPTS = dg.AssetKey("seed_prompts")

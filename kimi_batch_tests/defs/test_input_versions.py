@@ -234,11 +234,6 @@ def test_a_rewritten_input_is_distilled_again_and_only_its_new_rows_are_generate
     assert seeds.tags["dagster/data_version"] == sha_2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="night_batch logs its AssetMaterializations with only dagster/data_version: no "
-    "dagster/input_data_version/* provenance, which an asset step records (night.py _record)",
-)
 def test_the_nights_distillation_records_the_input_version_it_consumed(home: Path) -> None:
     settings = Settings.from_env()
     today = settings.today()

@@ -140,9 +140,16 @@ def run_batch(
     return outcome
 
 
+# Dagster's run tag: whether run retries re-execute a run that failed in a step.
+RETRY_ON_STEP_FAILURE_TAG = "dagster/retry_on_asset_or_op_failure"
+
+
 def mark_stopped_at_window(context: RunContext) -> None:
-    """Tag the run STOPPED_TAG=true: `status` and the morning alerts name it so."""
-    context.instance.add_run_tags(context.run.run_id, {STOPPED_TAG: "true"})
+    """Tag the run STOPPED_TAG=true (`status` and the morning alerts name it so) and not to be
+    retried: past the window a retry would send nothing, the next night resumes the work."""
+    context.instance.add_run_tags(
+        context.run.run_id, {STOPPED_TAG: "true", RETRY_ON_STEP_FAILURE_TAG: "false"}
+    )
 
 
 def generate(

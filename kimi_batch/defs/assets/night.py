@@ -62,6 +62,7 @@ from kimi_batch.tasks.stage import GenerationTask
 __all__ = ["NightConfig", "night_batch", "nightly_job"]
 
 _DATA_VERSION_TAG = "dagster/data_version"
+_INPUT_SEEDS_VERSION_TAG = f"dagster/input_data_version/{SEED_PROMPTS.to_user_string()}"
 
 
 class NightConfig(dg.Config):
@@ -113,13 +114,22 @@ def _record(
     key: str,
     result: dg.MaterializeResult,
     *,
+    consumed_seeds: str = "",
     checks_only: bool = False,
 ) -> None:
-    """The partition's materialization and check evaluations, as its own asset run logs them."""
+    """The partition's materialization and check evaluations, as its own asset run logs them:
+    its data version, and the seeds' data version it consumed (lineage and staleness in the UI
+    read these tags; an asset step's provenance records the same)."""
     if not checks_only:
-        tags = {_DATA_VERSION_TAG: result.data_version.value} if result.data_version else None
+        tags: dict[str, str] = {}
+        if result.data_version:
+            tags[_DATA_VERSION_TAG] = result.data_version.value
+        if consumed_seeds:
+            tags[_INPUT_SEEDS_VERSION_TAG] = consumed_seeds
         context.log_event(
-            dg.AssetMaterialization(asset, partition=key, metadata=result.metadata, tags=tags)
+            dg.AssetMaterialization(
+                asset, partition=key, metadata=result.metadata, tags=tags or None
+            )
         )
     for check in result.check_results or ():
         # Dagster's docs log an op's check evaluations this way; its `UserEvent` hint omits them.
@@ -235,7 +245,7 @@ def _run_stage(
         except _SKIPPED as error:
             night.drop(key, _reason(error))
             continue
-        _record(context, asset, key, result)
+        _record(context, asset, key, result, consumed_seeds=plan.input_sha)
         night.unpublished.append((asset, key, [task.table, "quarantine"]))
 
 
