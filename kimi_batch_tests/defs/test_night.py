@@ -1,6 +1,6 @@
 """The nightly run over many partitions, on the real llama-server and a real instance: the real
 schedule's one run request executed as the daemon would, each partition written, materialized
-and checked on its own, the window, a contested lease."""
+and checked on its own, the window, a contested lease, Trino after the last batch."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ from kimi_batch.defs.partition_states import PartitionState, distill_states
 from kimi_batch.defs.schedules import PARTITIONS_TAG
 from kimi_batch.engine.ledger import Ledger
 from kimi_batch.settings import Settings
-from kimi_batch.storage import Warehouse
+from kimi_batch.storage import TrinoPublisher, Warehouse
 from kimi_batch_tests.support.llama_server import TEST_SLOTS, LlamaEnv
+from kimi_batch_tests.support.trino import TrinoServer
 
 pytestmark = [
     pytest.mark.slow,
@@ -227,3 +228,49 @@ def test_a_partition_held_by_another_run_is_left_out_and_the_others_land(
         answered + set_aside.height
         == 1 + warehouse.read_partition("amplified", today, "free").height
     )
+
+
+def test_every_partition_is_published_to_trino_after_the_last_batch(
+    night: tuple[Settings, dg.Definitions],
+    trino_server: TrinoServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    warehouse, config = trino_server.isolated("night")
+    for name, value in {
+        "KIMI_BATCH_WAREHOUSE": str(warehouse.root),
+        "KIMI_BATCH_TRINO_HOST": config.host,
+        "KIMI_BATCH_TRINO_PORT": str(config.port),
+        "KIMI_BATCH_TRINO_SCHEMA": config.schema_name,
+        "KIMI_BATCH_TRINO_WAREHOUSE_LOCATION": config.warehouse_location,
+    }.items():
+        monkeypatch.setenv(name, value)
+    settings = Settings.from_env()
+    defs = build_definitions(settings)
+    _inbox(settings.paths.home, "east.jsonl", ["Name a river.", "Name a mountain."])
+    _inbox(settings.paths.home, "west.jsonl", ["Name a desert."])
+    with dg.instance_for_test() as instance:
+        request = _tick(instance, defs, settings)
+        assert request is not None
+        result = _execute(instance, defs, request)
+        assert result.success, [e.message for e in result.all_events if e.is_failure]
+        events = [
+            event
+            for event in result.all_events
+            if event.event_type_value in ("ASSET_MATERIALIZATION", "ASSET_CHECK_EVALUATION")
+        ]
+    with TrinoPublisher(config) as trino:
+        counts = {table: trino.count(table) for table in ("seeds", "amplified", "distilled")}
+
+    published = [
+        i for i, e in enumerate(events) if "published_to_trino" in str(e.event_specific_data)
+    ]
+    materialized = [
+        i for i, e in enumerate(events) if e.event_type_value == "ASSET_MATERIALIZATION"
+    ]
+    # One publish check per partition and asset, every one after the last materialization.
+    assert len(published) == 2 * len(ASSETS)
+    assert min(published) > max(materialized)
+    checks = [e.event_specific_data for e in (events[i] for i in published)]
+    assert all(getattr(check, "passed", False) for check in checks)
+    assert counts == {table: warehouse.count(table) for table in counts}
+    assert counts["seeds"] == 3

@@ -120,6 +120,28 @@ async def test_two_inputs_asking_the_same_thing_are_generated_once_but_stay_two_
     assert rows[0].text == rows[1].text
 
 
+async def test_one_batch_over_two_partitions_shares_out_each_ones_rows_and_counts(
+    shared_server: ResidentServer, tmp_path: Path
+) -> None:
+    digest = fresh_digest("share")
+    tokens = await digest_tokens(shared_server, digest)
+    first, second = questions(3, "share-a"), questions(2, "share-b")
+    with Ledger(tmp_path / "ledger.sqlite3") as ledger:
+        engine = BatchEngine([endpoint_of(shared_server)], digest, ledger, digest_tokens=tokens)
+        await engine.run(first[:1])  # one row of the first partition is done before the night
+        outcome = await engine.run([*first, *second])
+        shares = [outcome.share(slice(0, 3), ledger), outcome.share(slice(3, 5), ledger)]
+        rows = [[r.input_id for r in share.iter_results(ledger)] for share in shares]
+
+    assert rows == [[r.input_id for r in first], [r.input_id for r in second]]
+    assert [(s.stats.total, s.stats.from_ledger, s.stats.generated) for s in shares] == [
+        (3, 1, 2),
+        (2, 0, 2),
+    ]
+    assert not any(share.stopped_at_window for share in shares)
+    assert outcome.stats.generated == 4
+
+
 async def test_a_request_the_server_rejects_fails_alone_and_is_not_recorded(
     shared_server: ResidentServer, tmp_path: Path
 ) -> None:

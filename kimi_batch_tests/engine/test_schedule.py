@@ -71,3 +71,18 @@ def test_an_idle_lane_steals_the_back_half_of_the_largest_backlog() -> None:
     # No lane idles while the other holds a queue, and each half stays in prefix order.
     assert lanes[0] == one_group[:5]
     assert lanes[1] == one_group[5:]
+
+
+def test_a_lower_rank_is_handed_out_first_whatever_its_work() -> None:
+    # A night: partition 0's short requests before partition 1's long ones.
+    old = [f"old question {i}" for i in range(3)]
+    new = [f"new question {i}" for i in range(3)]
+    rank = {**dict.fromkeys(old, 0), **dict.fromkeys(new, 1)}
+    work = {**dict.fromkeys(old, 10), **dict.fromkeys(new, 1000)}
+    schedule = PrefixSchedule([*new, *old], text=str, work=work.__getitem__, rank=rank.__getitem__)
+
+    lane = schedule.lane()
+    order = [lane.next() for _ in range(6)]
+
+    assert order == [*old, *new]
+    assert lane.next() is None

@@ -261,7 +261,7 @@ def api_batch_responses(
                 _finish(store, ledger, batch, lines, BatchStatus.CANCELLED)
                 raise dg.Failure(f"{batch.id} was cancelled before its run started")
             batch = store.update_batch(
-                batch.id, status=BatchStatus.IN_PROGRESS, run_id=context.run_id
+                batch.id, status=BatchStatus.IN_PROGRESS, run_id=context.run.run_id
             )
             groups = task.load(lambda table, model: []).groups()
             try:

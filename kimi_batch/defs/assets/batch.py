@@ -170,8 +170,10 @@ def land_seed_partition(
     digest: DigestResource,
     warehouse: WarehouseResource,
     trino: TrinoResource,
+    publish_now: bool = True,
 ) -> dg.MaterializeResult:
-    """Land the partition's input as its `seeds` rows (the run holds the partition's lease)."""
+    """Land the partition's input as its `seeds` rows (the run holds the partition's lease);
+    `publish_now=False` leaves the Trino publish and its check to the caller."""
     settings = llama.settings()
     resolved = _resolve(settings, ds, source)
     if resolved.deferred:
@@ -212,7 +214,11 @@ def land_seed_partition(
         sha = version.sha256 if version else None
         stamped = [row.model_copy(update={"input_sha256": sha}) for row in set_aside]
         replace_quarantine(store, ds, source, "input", stamped, guard=held.check)
-        published = publish(context, trino, store, ["seeds", "quarantine"], ds, source, held.check)
+        published = (
+            [publish(context, trino, store, ["seeds", "quarantine"], ds, source, held.check)]
+            if publish_now
+            else []
+        )
     return dg.MaterializeResult(
         # The landed version is the data version: downstream partitions built from another one
         # are shown stale (Dagster's provenance), and `status`/the nightly read the full sha.
@@ -226,7 +232,7 @@ def land_seed_partition(
             "prompt_token_limit": limit,
             "path": dg.MetadataValue.path(str(written.path)),
         },
-        check_results=[published],
+        check_results=published,
     )
 
 

@@ -7,7 +7,8 @@ batch and their distillation requests as the next, so the slots stay full across
 Each partition is still written on its own (its Parquet replaced, its quarantine, its checks,
 its Trino partition) and recorded as its own materialization of `seed_prompts`,
 `amplified_prompts` and `distilled_responses` with its own check evaluations, so the UI,
-`status` and the next night see it as after a run of `distillation_job`.
+`status` and the next night see it as after a run of `distillation_job`. Trino publishing (and
+its check) waits until after the last batch: the server would idle through each publish.
 
 A partition that cannot go on (its input unreadable, its lease held by another run, a write
 refused) is left out and named; past the nightly window the partitions whose rows are not all
@@ -30,6 +31,7 @@ from kimi_batch.defs.assets._generation import (
     generate,
     mark_stopped_at_window,
     partition_lease,
+    publish,
     window_end,
 )
 from kimi_batch.defs.assets.batch import (
@@ -80,12 +82,18 @@ class NightConfig(dg.Config):
 class _Night:
     """The partitions still going on, and why the others stopped."""
 
-    held: dict[str, HeldPartition] = field(default_factory=dict)
+    leases: dict[str, HeldPartition] = field(default_factory=dict)  # every lease this run holds
+    going: dict[str, HeldPartition] = field(default_factory=dict)  # partitions still going on
     failed: dict[str, str] = field(default_factory=dict)
     stopped: list[str] = field(default_factory=list)
+    # (asset, partition key, tables) landed but not yet published to Trino.
+    unpublished: list[tuple[dg.AssetKey, str, list[str]]] = field(default_factory=list)
+
+    def hold(self, key: str, lease: HeldPartition) -> None:
+        self.leases[key] = self.going[key] = lease
 
     def drop(self, key: str, reason: str) -> None:
-        self.held.pop(key, None)
+        self.going.pop(key, None)
         self.failed[key] = reason
 
     def summary(self, total: int) -> str:
@@ -100,13 +108,19 @@ class _Night:
 
 
 def _record(
-    context: dg.OpExecutionContext, asset: dg.AssetKey, key: str, result: dg.MaterializeResult
+    context: dg.OpExecutionContext,
+    asset: dg.AssetKey,
+    key: str,
+    result: dg.MaterializeResult,
+    *,
+    checks_only: bool = False,
 ) -> None:
     """The partition's materialization and check evaluations, as its own asset run logs them."""
-    tags = {_DATA_VERSION_TAG: result.data_version.value} if result.data_version else None
-    context.log_event(
-        dg.AssetMaterialization(asset, partition=key, metadata=result.metadata, tags=tags)
-    )
+    if not checks_only:
+        tags = {_DATA_VERSION_TAG: result.data_version.value} if result.data_version else None
+        context.log_event(
+            dg.AssetMaterialization(asset, partition=key, metadata=result.metadata, tags=tags)
+        )
     for check in result.check_results or ():
         # Dagster's docs log an op's check evaluations this way; its `UserEvent` hint omits them.
         context.log_event(
@@ -134,7 +148,7 @@ def _land_seeds(
     night: _Night,
     resources: "_Resources",
 ) -> None:
-    for key, held in list(night.held.items()):
+    for key, held in list(night.going.items()):
         ds, source = split_partition_key(key) or ("", "")
         try:
             result = land_seed_partition(
@@ -147,11 +161,13 @@ def _land_seeds(
                 digest=resources.digest,
                 warehouse=resources.warehouse,
                 trino=resources.trino,
+                publish_now=False,
             )
         except _SKIPPED as error:
             night.drop(key, _reason(error))
             continue
         _record(context, SEED_PROMPTS, key, result)
+        night.unpublished.append((SEED_PROMPTS, key, ["seeds", "quarantine"]))
 
 
 @dataclass(frozen=True)
@@ -173,14 +189,12 @@ def _run_stage(
     """One batch of `task` over every partition still going on, then each one written."""
     store = resources.warehouse.warehouse()
     plans: dict[str, StagePlan] = {}
-    for key in night.held:
+    for key in list(night.going):
         ds, source = split_partition_key(key) or ("", "")
         try:
             plans[key] = plan_stage(task, store, ds, source)
         except _SKIPPED as error:
-            night.failed[key] = _reason(error)
-    for key in night.failed:
-        night.held.pop(key, None)
+            night.drop(key, _reason(error))
     # Oldest partition first: past the window the partitions left are the newest, whole.
     requests = [
         request.model_copy(update={"priority": rank})
@@ -195,7 +209,7 @@ def _run_stage(
         share = outcome.share(slice(start, start + len(plan.requests)), ledger)
         start += len(plan.requests)
         if share.stopped_at_window:
-            night.held.pop(key, None)
+            night.going.pop(key, None)
             night.stopped.append(key)
             continue
         results = share.iter_results(ledger)
@@ -209,12 +223,36 @@ def _run_stage(
             )
         try:
             result = land_stage(
-                context, plan, night.held[key], share, results, store=store, trino=resources.trino
+                context,
+                plan,
+                night.going[key],
+                share,
+                results,
+                store=store,
+                trino=resources.trino,
+                publish_now=False,
             )
         except _SKIPPED as error:
             night.drop(key, _reason(error))
             continue
         _record(context, asset, key, result)
+        night.unpublished.append((asset, key, [task.table, "quarantine"]))
+
+
+def _publish_all(context: dg.OpExecutionContext, night: _Night, resources: "_Resources") -> None:
+    """Publish every landed partition to Trino after the last batch (the server would idle
+    through each publish between two batches), and record each one's check."""
+    store = resources.warehouse.warehouse()
+    for asset, key, tables in night.unpublished:
+        ds, source = split_partition_key(key) or ("", "")
+        try:
+            check = publish(
+                context, resources.trino, store, tables, ds, source, night.leases[key].check
+            )
+        except LeaseLostError as error:
+            night.drop(key, _reason(error))
+            continue
+        _record(context, asset, key, dg.MaterializeResult(check_results=[check]), checks_only=True)
 
 
 @dg.op(name=NIGHTLY_OP_NAME, pool=LLAMA_POOL)
@@ -243,14 +281,15 @@ def night_batch(
                 night.failed[key] = "not a date|source partition key"
                 continue
             try:
-                night.held[key] = stack.enter_context(partition_lease(context, warehouse, *parts))
+                night.hold(key, stack.enter_context(partition_lease(context, warehouse, *parts)))
             except dg.Failure as error:
                 night.failed[key] = _reason(error)
         _land_seeds(context, config, night, resources)
         ledger = stack.enter_context(warehouse.ledger())
         for asset, task in stages:
-            if night.held:
+            if night.going:
                 _run_stage(context, asset, task, night, ledger, resources)
+        _publish_all(context, night, resources)
     if night.stopped:
         mark_stopped_at_window(context)
     if night.failed or night.stopped:

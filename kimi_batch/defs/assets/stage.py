@@ -177,8 +177,12 @@ def land_stage(
     *,
     store: Warehouse,
     trino: TrinoResource,
+    publish_now: bool = True,
 ) -> dg.MaterializeResult:
-    """Write the partition's rows and quarantine, publish, judge the checks (lease held)."""
+    """Write the partition's rows and quarantine, publish, judge the checks (lease held).
+
+    `publish_now=False` leaves the Trino publish and its check to the caller (the nightly run
+    publishes after its last batch, off the generation path)."""
     task, ds, source = plan.task, plan.ds, plan.source
     sink = StageSink(task, plan.inputs, input_sha256=plan.input_sha)
     written = store.write_partition(task.table, ds, source, sink.rows(results), guard=held.check)
@@ -193,9 +197,10 @@ def land_stage(
         store, ds, source, task.name, sink.quarantined, guard=held.check
     )
     checks = generation_checks(task.table, sink.figures(), pl.read_parquet_schema(written.path))
-    checks.append(
-        publish(context, trino, store, [task.table, "quarantine"], ds, source, held.check)
-    )
+    if publish_now:
+        checks.append(
+            publish(context, trino, store, [task.table, "quarantine"], ds, source, held.check)
+        )
     metadata = stage_metadata(trino, written, quarantined, outcome, sink)
     metadata[INPUT_SHA_METADATA] = plan.input_sha  # what `status` and the nightly compare (stale)
     return dg.MaterializeResult(metadata=metadata, check_results=checks)
