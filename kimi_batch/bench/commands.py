@@ -125,7 +125,8 @@ def plan_command(args: argparse.Namespace, settings: Settings) -> int:
             target=target,
             context_tokens=args.context_tokens,
             partitions=args.partitions,
-            run_overhead_s=args.run_overhead_s,
+            night_overhead_s=args.night_overhead_s,
+            partition_overhead_s=args.partition_overhead_s,
         )
     except ValidationError as error:
         first = error.errors()[0]

@@ -11,11 +11,15 @@ Or the target's speed model (`--target`, `speed_model.TargetProfile`, the model 
 on): a round of n slots evaluates n prompts after the `context_tokens` already cached (the
 digest), one slot at a time (a step holds every slot), then decodes in lockstep with every step
 slower than the last as the context grows (digest + prompt + tokens generated so far), the slots
-sharing the weight passes; the last round of a partition has the rows left over.
+sharing the weight passes; the last round of a batch has the rows left over.
 
-Then the night: the digest's cold prefill, each partition's run overhead, round after round until
-the window closes (`rows_in_window`, whole rounds); the next night runs what is left, each
-partition that still has rows paying its overhead again (`next_night_rows`, `nights_needed`).
+Then the night, one run over every partition (the nightly schedule's `nightly_job`): the digest's
+cold prefill, the night's overhead (the run's start), each partition's overhead (its lease, its
+seeds landed, its stage planned: all before the first request), then the rows of all partitions
+as one batch, oldest partition first, round after round until the window closes
+(`rows_in_window`, whole rounds; a round does not wait for a partition's end). The next night
+runs what is left, paying the night's overhead again and that of each partition with rows left
+(`next_night_rows`, `nights_needed`).
 """
 
 from __future__ import annotations
@@ -77,12 +81,20 @@ class PlanInput(BaseModel):
     slots: int = Field(default=1, ge=1)
     window_h: float = Field(default=8.0, gt=0, description="The nightly window.")
     digest_tokens: int = Field(default=0, ge=0, description="One-time digest prefill, if cold.")
-    partitions: int = Field(default=1, ge=1, description="Runs the rows are split into.")
-    run_overhead_s: float = Field(
+    partitions: int = Field(
+        default=1, ge=1, description="Partitions the rows are split into (one night run)."
+    )
+    night_overhead_s: float = Field(
         default=0.0,
         ge=0,
-        description="Server idle per run: process and step starts, writes (`bench --workload "
-        "night` measures it).",
+        description="Server idle once a night: the run's start (`bench --workload night` and "
+        "`--workload rehearsal` measure it).",
+    )
+    partition_overhead_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="Server idle per partition of the night before its first request: its "
+        "lease, its seeds landed.",
     )
 
     @model_validator(mode="after")
@@ -147,30 +159,30 @@ class _Rounds:
             return spec.digest_tokens / spec.prompt_tok_s
         return spec.target.prefill_cost(0, spec.digest_tokens)
 
-    def partition_s(self, rows: int) -> float:
+    def batch_s(self, rows: int) -> float:
+        """One batch of `rows` (every partition of a night): full rounds, then the rest."""
         full, rest = divmod(rows, self.spec.slots)
         return full * self.round_s(self.spec.slots) + self.round_s(rest)
 
 
 def _night(spec: PlanInput, rounds: _Rounds, left: list[int], clock: float) -> list[int]:
-    """One night from `clock` on: partition after partition (each one run: its overhead, then
-    its rows round after round); returns the rows each partition has left at the window's close.
-    """
+    """One night from `clock` on: the run's overhead, each partition's with rows left, then the
+    rows of all of them in one batch (oldest partition first) round after round; returns the
+    rows each partition has left at the window's close."""
     window_s = spec.window_h * 3600
-    left = list(left)
-    for p, rows in enumerate(left):
-        if rows == 0:
-            continue
-        clock += spec.run_overhead_s
-        while rows and clock < window_s:
-            n = min(rows, spec.slots)
-            if clock + rounds.round_s(n) > window_s:
-                break
-            clock, rows = clock + rounds.round_s(n), rows - n
-        left[p] = rows
-        if clock >= window_s or rows:
+    clock += spec.night_overhead_s + spec.partition_overhead_s * sum(1 for rows in left if rows)
+    rows, done = sum(left), 0
+    while rows and clock < window_s:
+        n = min(rows, spec.slots)
+        if clock + rounds.round_s(n) > window_s:
             break
-    return left
+        clock, rows, done = clock + rounds.round_s(n), rows - n, done + n
+    after = []
+    for rows in left:  # the rows done are the oldest partitions' first
+        taken = min(rows, done)
+        after.append(rows - taken)
+        done -= taken
+    return after
 
 
 def _nights(spec: PlanInput, rounds: _Rounds) -> list[int]:
@@ -190,10 +202,10 @@ def plan_partition(spec: PlanInput) -> PlanResult:
     rounds = _Rounds(spec)
     row_s = rounds.round_s(spec.slots)
     prefill_s = rounds.digest_s()
-    runs_s = sum(rounds.partition_s(rows) for rows in _split(spec.rows, spec.partitions))
-    wall_s = prefill_s + spec.partitions * spec.run_overhead_s + runs_s
+    overhead_s = spec.night_overhead_s + spec.partitions * spec.partition_overhead_s
+    fixed_s = prefill_s + overhead_s
+    wall_s = fixed_s + rounds.batch_s(spec.rows)  # one batch over every partition
     window_s = spec.window_h * 3600
-    fixed_s = prefill_s + spec.run_overhead_s
     if row_s > 0:
         max_rows = max(0, math.floor((window_s - fixed_s) / row_s)) * spec.slots
     else:
@@ -241,8 +253,9 @@ def describe(result: PlanResult) -> str:
         f"{result.minutes:.1f} min ({result.hours:.2f} h); {verdict} the {spec.window_h:g} h "
         f"window; at most {result.max_rows_in_window} rows fit"
         + (
-            f"; split into {spec.partitions} runs ({spec.run_overhead_s:g} s idle each)"
-            if spec.partitions > 1 or spec.run_overhead_s
+            f"; one night run over {spec.partitions} partition(s) ({spec.night_overhead_s:g} s "
+            f"idle a night, {spec.partition_overhead_s:g} s a partition)"
+            if spec.partitions > 1 or spec.night_overhead_s or spec.partition_overhead_s
             else ""
         )
         + (

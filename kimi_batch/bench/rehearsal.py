@@ -1,29 +1,32 @@
 """`bench --workload rehearsal`: nights on the time-scaled stand-in of the target, against `plan`.
 
 R rows over P inbox files (P partitions of one day) are distilled through the nightly schedule:
-the schedule is evaluated on a real Dagster instance, and each of its run requests is executed
-in order (in this process, one run after another, as the run queue does) against the stand-in
-(`standin.py`, Kimi-K2.5 on the 16-core EPYC at `time_scale` x speed). The nightly window is the
-target's `window_h` hours divided by the time scale. Past it the assets stop dispatching and the
-partition fails "N of M rows done, resumes next night"; the next night's evaluation asks for what
-is left, and finished rows come from the ledger. Amplification is the day's work (the inbox
-sensor's ingest job) and is left out of the nights' selection, so a row is one teacher answer.
+the schedule is evaluated on a real Dagster instance and its one run request is executed as the
+daemon would launch it (`nightly_job` in this process, its run config and tags plus the window's
+tag) against the stand-in (`standin.py`, Kimi-K2.5 on the 16-core EPYC at `time_scale` x speed).
+The nightly window is the target's `window_h` hours divided by the time scale. The run holds
+every partition's lease, lands each one's seeds, then sends all their rows as one engine batch;
+past the window it dispatches no more, lands the partitions whose rows are all done and fails
+naming the others ("resume next night"); the next night's evaluation asks for those, and their
+finished rows come from the ledger. Amplification is the day's work (the inbox sensor's ingest
+job): the night runs with `amplify: false`, so a row is one teacher answer.
 
 Reported: rows done when the window closed and the next night's catch-up, against `plan`'s
 prediction of both with the target's speed model (`speed_model`, the one the stand-in runs on:
 decode slowing as the context grows, slots sharing a step), the rows' shape (digest tokens
-cached before each prompt, the evaluated prompt, the answer) and the measured per-run server idle
-(the median run, in target seconds); `plan` with the flat per-slot speeds the rows measured (as
-`bench` measures them) beside it; and the server-busy fraction, both at the stand-in's pace
-(where orchestration is `time_scale` times too expensive) and at the target's (busy target
-seconds against busy target seconds plus idle wall seconds: orchestration costs the same seconds
-there).
+cached before each prompt, the evaluated prompt, the answer) and each night's measured server
+idle: per partition (the op's start to its last seeds landed, over the partitions) and once a
+night (the rest of the idle inside the window: the run's start, planning the stage, the engine's
+turnaround between rounds), in target seconds; `plan` with the flat per-slot speeds the rows
+measured (as `bench` measures them) beside it; and the server-busy fraction, both at the
+stand-in's pace (where orchestration is `time_scale` times too expensive) and at the target's
+(busy target seconds against busy target seconds plus idle wall seconds: orchestration costs
+the same seconds there).
 """
 
 from __future__ import annotations
 
 import shutil
-import statistics
 import time
 from datetime import date, datetime, timedelta
 from pathlib import Path
@@ -94,14 +97,20 @@ def _write_inbox(folder: Path, rows: int, partitions: int) -> None:
 
 class _Night(BaseModel):
     rows_done: int
-    runs: int
+    runs: int = Field(description="Runs the schedule asked for: one a night.")
     runs_failed: int
+    stopped_at_window: bool = Field(description="The run carries the window's stop tag.")
+    partitions: list[str] = Field(description="The partitions the night's run was asked for.")
+    partitions_left: list[str] = Field(description="Of these, those not distilled after it.")
     wall_s: float
     busy_fraction: float
     busy_target_s: float
     idle_s: float
-    run_overhead_s: float = Field(description="Mean server idle of a run inside the window.")
-    run_idle_s: list[float] = Field(description="Server idle of each run inside the window.")
+    lead_in_s: float = Field(description="Server idle from the run's start to its first request.")
+    seeds_s: float = Field(description="Of the lead-in, the op's start to its last seeds landed.")
+    gaps_s: float = Field(description="Server idle inside the window after the first request.")
+    night_overhead_s: float = Field(description="Lead-in and gaps less the partitions' share.")
+    partition_overhead_s: float = Field(description="Seeds landed (and lease) per partition.")
 
 
 def _night(
@@ -113,68 +122,99 @@ def _night(
     server: StandinServer,
     ledger_path: Path,
 ) -> _Night:
-    """One night: evaluate the schedule, run its requests in order until the queue is empty."""
+    """One night: evaluate the schedule and execute its one `nightly_job` run as the daemon
+    would launch it (its run config and tags, plus the window's tag), distillation only."""
     import dagster as dg
 
-    from kimi_batch.definitions import batch_assets, build_resources
-    from kimi_batch.defs.jobs import WINDOW_TAG, distillation_job
+    from kimi_batch.definitions import build_definitions
+    from kimi_batch.defs.jobs import (
+        DISTILLED_RESPONSES,
+        NIGHTLY_JOB_NAME,
+        NIGHTLY_OP_NAME,
+        STOPPED_TAG,
+        WINDOW_TAG,
+    )
     from kimi_batch.defs.schedules import build_nightly_schedule
 
     context = dg.build_schedule_context(instance=instance, scheduled_execution_time=scheduled)
-    requests = build_nightly_schedule(settings)(context)
-    assert isinstance(requests, list), requests
-    window_ends = datetime.now(scheduled.tzinfo) + timedelta(seconds=window_real_s)
-    run_config = {
-        "ops": {
-            "distilled_responses": {"config": {"max_tokens": options.output_tokens}},
-        }
+    request = build_nightly_schedule(settings)(context)
+    # One run a night for the night's job: anything else is the rehearsal of something else.
+    assert isinstance(request, dg.RunRequest), request
+    assert request.job_name == NIGHTLY_JOB_NAME, request.job_name
+    config = request.run_config["ops"][NIGHTLY_OP_NAME]["config"]
+    partitions: list[str] = list(config["partitions"])
+    # Amplification is the day's ingest job, not the night's: distil the seeds only.
+    night_config = {
+        **config,
+        "amplify": False,
+        "distillation": {"max_tokens": options.output_tokens},
     }
+    job = build_definitions(settings).resolve_job_def(NIGHTLY_JOB_NAME)
     done_before = _ledger_rows(ledger_path)
     sim = server.sim
     assert sim is not None
     busy_before = sim.busy_target_s
-    failed = 0
-    overheads: list[float] = []  # server idle of each run that started inside the window
-    assets = batch_assets(settings)
+    window_ends = datetime.now(scheduled.tzinfo) + timedelta(seconds=window_real_s)
     started = time.monotonic()
+    window_closes = started + window_real_s
     with SlotPoller(server.base_url, interval_s=0.02) as poller:
-        for request in requests:
-            # The schedule's job less its amplification step: a request for another job would
-            # make this a rehearsal of something else.
-            assert request.job_name in (None, distillation_job.name), request.job_name
-            run_started = time.monotonic()
-            inside = datetime.now(scheduled.tzinfo) < window_ends
-            result = dg.materialize(
-                assets,
-                # distillation_job without its amplification step (the day's ingest job).
-                selection=["seed_prompts", "distilled_responses"],
-                partition_key=request.partition_key,
-                resources=build_resources(settings),
-                instance=instance,
-                tags={**request.tags, WINDOW_TAG: window_ends.isoformat()},
-                run_config=run_config,
-                raise_on_error=False,
-            )
-            failed += 0 if result.success else 1
-            if inside:
-                window_left_s = (window_ends - datetime.now(scheduled.tzinfo)).total_seconds()
-                overheads.append(
-                    _idle_s(poller.samples, run_started, time.monotonic() + min(window_left_s, 0))
-                )
-    wall = time.monotonic() - started
+        result = job.execute_in_process(
+            instance=instance,
+            run_config={"ops": {NIGHTLY_OP_NAME: {"config": night_config}}},
+            tags={**request.tags, WINDOW_TAG: window_ends.isoformat()},
+            raise_on_error=False,
+        )
+    ended = time.monotonic()
+    samples = list(poller.samples)
+    first_busy = next((t for t, busy in samples if busy and t >= started), ended)
+    lead_in = _idle_s(samples, started, min(first_busy, window_closes))
+    inside = _idle_s(samples, started, min(ended, window_closes))
+    step_start, last_seeds = _seed_span(instance, result.run_id)
+    seeds = max(last_seeds - step_start, 0.0)
+    per_partition = min(seeds, lead_in) / len(partitions) if partitions else 0.0
+    run = instance.get_run_by_id(result.run_id)
+    distilled = {str(key) for key in instance.get_materialized_partitions(DISTILLED_RESPONSES)}
     busy_target = sim.busy_target_s - busy_before
-    idle_real = max(wall - busy_target / options.time_scale, 0.0)
+    wall = ended - started
     return _Night(
         rows_done=_ledger_rows(ledger_path) - done_before,
-        runs=len(requests),
-        runs_failed=failed,
+        runs=1,
+        runs_failed=0 if result.success else 1,
+        stopped_at_window=run is not None and run.tags.get(STOPPED_TAG) == "true",
+        partitions=partitions,
+        partitions_left=[key for key in partitions if key not in distilled],
         wall_s=wall,
         busy_fraction=poller.timeline.busy_fraction(),
         busy_target_s=busy_target,
-        idle_s=idle_real,
-        run_overhead_s=sum(overheads) / len(overheads) if overheads else 0.0,
-        run_idle_s=[round(idle, 3) for idle in overheads],
+        idle_s=max(wall - busy_target / options.time_scale, 0.0),
+        lead_in_s=lead_in,
+        seeds_s=seeds,
+        gaps_s=inside - lead_in,
+        night_overhead_s=inside - per_partition * len(partitions),
+        partition_overhead_s=per_partition,
     )
+
+
+def _seed_span(instance: Any, run_id: str) -> tuple[float, float]:
+    """Wall-clock times of the night op's start and of its last `seed_prompts` landed."""
+    import dagster as dg
+
+    from kimi_batch.defs.jobs import SEED_PROMPTS
+
+    logs = instance.all_logs(
+        run_id, of_type={dg.DagsterEventType.STEP_START, dg.DagsterEventType.ASSET_MATERIALIZATION}
+    )
+    start = next(
+        (e.timestamp for e in logs if e.dagster_event_type == dg.DagsterEventType.STEP_START), 0.0
+    )
+    seeds = [
+        e.timestamp
+        for e in logs
+        if e.dagster_event_type == dg.DagsterEventType.ASSET_MATERIALIZATION
+        and e.asset_materialization is not None
+        and e.asset_materialization.asset_key == SEED_PROMPTS
+    ]
+    return start, max(seeds, default=start)
 
 
 def _idle_s(samples: list[tuple[float, bool]], start: float, end: float) -> float:
@@ -238,18 +278,13 @@ def _figures(
     first = nights[0]
     second = nights[1] if len(nights) > 1 else None
     scale = options.time_scale
-    # Reported: the median run of both nights (the rehearsal's first run idles longer, the
-    # process's first Dagster run: measured 3.6-3.9 s against 0.6-2.3 s).
-    overhead_s = statistics.median([idle for n in nights for idle in n.run_idle_s] or [0.0])
-    # Predicted: each night with its own runs' mean idle (`run_overhead_s`). At 600x one real
-    # second of a run's Dagster overhead is ten target minutes, so the machine's jitter would
-    # otherwise decide the error, which is to check the speed model, not that jitter.
-    plan = _plan(options, server, first.run_overhead_s * scale, target=True)
-    plan_next = (
-        _plan(options, server, second.run_overhead_s * scale, target=True) if second else plan
-    )
-    measured = _plan(options, server, first.run_overhead_s * scale, target=False)
-    naive = _plan(options, server, 0.0, target=True)
+    # Predicted: each night with its own measured idle (at 600x one real second of Dagster is
+    # ten target minutes, so the machine's jitter would otherwise decide the error, which is to
+    # check the speed model and the night's shape, not that jitter).
+    plan = _plan(options, server, first, target=True)
+    plan_next = _plan(options, server, second, target=True) if second else plan
+    measured = _plan(options, server, first, target=False)
+    naive = _plan(options, server, None, target=True)
     target_busy = sum(n.busy_target_s for n in nights)
     target_idle = sum(n.idle_s for n in nights)
     return {
@@ -265,14 +300,16 @@ def _figures(
         "plan_rows": plan.rows_in_window,
         "plan_error": _error(plan.rows_in_window, first.rows_done),
         "plan_rows_measured_speeds": measured.rows_in_window,
-        "plan_rows_without_run_overhead": naive.rows_in_window,
+        "plan_rows_without_overhead": naive.rows_in_window,
         "plan_row_s": round(plan.row_s, 1),
         "measured_row_s": round(measured.row_s, 1),
         "plan_gen_tok_s": round(plan.gen_tok_s, 3),
         "measured_gen_tok_s": round(measured.gen_tok_s, 3),
         "plan_wall_h": round(plan.hours, 2),
         "plan_nights_needed": plan.nights_needed,
-        "run_overhead_s": round(overhead_s, 3),
+        "runs": [n.runs for n in nights],
+        "night_overhead_s": round(first.night_overhead_s, 3),
+        "partition_overhead_s": round(first.partition_overhead_s, 3),
         "next_night_rows": second.rows_done if second else 0,
         "plan_next_night_rows": plan_next.next_night_rows,
         "plan_next_night_error": _error(plan_next.next_night_rows, second.rows_done)
@@ -292,15 +329,17 @@ def _error(predicted: int, measured: int) -> float:
 
 
 def _plan(
-    options: RehearsalOptions, server: StandinServer, overhead_target_s: float, *, target: bool
+    options: RehearsalOptions, server: StandinServer, night: _Night | None, *, target: bool
 ) -> PlanResult:
     """`plan` for the night: with the target's speed model (the stand-in's own, so `plan` and
     the stand-in cannot drift) and the rows' shape (tokens cached before a row's prompt, its
     evaluated prompt), or, `target=False`, with the flat per-slot speeds the rows measured (as
-    `bench` measures them); both with the measured server idle per run in target seconds."""
+    `bench` measures them); both with `night`'s measured server idle, once a night and per
+    partition, in target seconds (None: without)."""
     sim = server.sim
     assert sim is not None
     speeds = sim.answered.speeds()
+    scale = options.time_scale
     return plan_partition(
         PlanInput(
             prompt_tokens=round(speeds.prompt_tokens_per_row),
@@ -314,6 +353,7 @@ def _plan(
             slots=options.slots,
             window_h=options.window_h,
             partitions=options.partitions,
-            run_overhead_s=overhead_target_s,
+            night_overhead_s=max(night.night_overhead_s, 0.0) * scale if night else 0.0,
+            partition_overhead_s=night.partition_overhead_s * scale if night else 0.0,
         )
     )

@@ -54,7 +54,8 @@ _FIGURES: dict[str, tuple[str, ...]] = {
     "rehearsal": (
         "rows", "partitions", "time_scale", "window_h", "rows_done_in_window", "plan_rows",
         "plan_error", "next_night_rows", "plan_next_night_rows", "plan_next_night_error",
-        "plan_row_s", "measured_row_s", "busy_fraction", "busy_fraction_at_target", "wall_s",
+        "plan_row_s", "measured_row_s", "runs", "night_overhead_s", "partition_overhead_s",
+        "busy_fraction", "busy_fraction_at_target", "wall_s",
     ),
 }  # fmt: skip
 

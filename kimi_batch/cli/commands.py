@@ -269,9 +269,17 @@ def _add_perf_commands(commands: Any) -> None:
     plan.add_argument(
         "--context-tokens", type=int, default=0, help="cached before each row's prompt (digest)"
     )
-    plan.add_argument("--partitions", type=int, default=1, help="runs the rows are split into")
     plan.add_argument(
-        "--run-overhead-s", type=float, default=0.0, help="server idle per run (bench night)"
+        "--partitions", type=int, default=1, help="partitions the rows are split into (one run)"
+    )
+    plan.add_argument(
+        "--night-overhead-s", type=float, default=0.0, help="server idle once a night (run start)"
+    )
+    plan.add_argument(
+        "--partition-overhead-s",
+        type=float,
+        default=0.0,
+        help="server idle per partition of a night (lease, seeds)",
     )
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(func=plan_command)

@@ -108,7 +108,7 @@ def test_command_plans_the_configured_answer_budget_by_default(
     assert planned["wall_s"] == pytest.approx(1 + 512 / 8)
 
 
-def test_runs_of_a_night_pay_their_overhead_and_the_window_cuts_the_last_one() -> None:
+def test_a_night_pays_its_overhead_once_each_partition_its_own_and_the_window_cuts_it() -> None:
     spec = PlanInput(
         prompt_tokens=0,
         output_tokens=100,
@@ -118,26 +118,27 @@ def test_runs_of_a_night_pay_their_overhead_and_the_window_cuts_the_last_one() -
         slots=4,
         window_h=1.0,
         partitions=4,
-        run_overhead_s=300,
+        night_overhead_s=300,
+        partition_overhead_s=50,
     )
     result = plan_partition(spec)
 
-    # Each run: 300 s idle, then 10 rows on 4 slots = 3 rounds of 100 s.
-    assert result.wall_s == pytest.approx(4 * 300 + 4 * 3 * 100)
-    # 3600 s: the four runs take 4 x 600 = 2400 s, all 40 rows fit.
+    # One run: 300 s, 4 x 50 s, then the 40 rows in one batch = 10 rounds of 100 s.
+    assert result.wall_s == pytest.approx(300 + 4 * 50 + 10 * 100)
     assert result.rows_in_window == 40
-    tight = plan_partition(spec.model_copy(update={"window_h": 2000 / 3600}))
-    # 600 + 600 + 300 idle = 1500 s, 500 s left in run 3: 5 rounds would fit, its 10 rows do.
-    assert tight.rows_in_window == 30
-    cut = plan_partition(spec.model_copy(update={"window_h": 1700 / 3600}))
-    # 1500 s used, 200 s left in run 3: two rounds of 4 rows.
-    assert cut.rows_in_window == 28
-    assert cut.rows_left == 12
-    # Night 2: run 3 again (300 s, its 2 rows left: one round), run 4 (300 s + 3 rounds): 900 s.
-    assert cut.next_night_rows == 12
-    assert cut.nights_needed == 2
-    # A window no round fits in: never done.
-    never = plan_partition(spec.model_copy(update={"window_h": 350 / 3600}))
+    # A round does not wait for a partition's end: 10 rows each, 5 rounds = 20 rows.
+    tight = plan_partition(spec.model_copy(update={"window_h": 1000 / 3600}))
+    assert tight.rows_in_window == 20
+    cut = plan_partition(spec.model_copy(update={"window_h": 900 / 3600}))
+    # 500 s idle, 4 rounds: 16 rows (partition 1 and 6 of partition 2).
+    assert cut.rows_in_window == 16
+    assert cut.rows_left == 24
+    # Night 2: 300 s + 3 partitions with rows left x 50 s, 450 s left: 4 rounds. Night 3: the
+    # last partition's 8 rows after 300 + 50 s.
+    assert cut.next_night_rows == 16
+    assert cut.nights_needed == 3
+    # A window no round fits in after the overhead: never done.
+    never = plan_partition(spec.model_copy(update={"window_h": 550 / 3600}))
     assert never.rows_in_window == 0
     assert never.nights_needed is None
 
