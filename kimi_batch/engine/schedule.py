@@ -4,7 +4,8 @@ llama-server reuses a slot's KV for the longest common prefix of the previous pr
 one, so the k variants of one seed cost one seed prefill when they follow each other on the same
 slot, and k prefills when they are dealt round-robin over the slots. The engine's workers (one
 per endpoint slot) each hold a *lane*: a lane runs one group to the end, then takes the group
-of the lowest rank (a night's oldest partition first) with the most remaining work
+of the lowest rank (a night's oldest partition first; a group never spans two ranks) with the
+most remaining work
 (longest-processing-time first, so no slot is left with the tail of a big group while the
 others idle), and when no group is left it steals the back half of the
 largest group another lane still holds. Everything here is pure and single-threaded (asyncio
@@ -91,14 +92,17 @@ class PrefixSchedule(Generic[T]):
         min_shared_chars: int = DEFAULT_MIN_SHARED_CHARS,
     ) -> None:
         self.work = work
-        groups = group_by_prefix(items, text=text, min_shared_chars=min_shared_chars)
-        # Stable sort: groups of equal rank and work (all singletons, say) keep their input order.
-        groups.sort(
-            key=lambda group: (
-                min(rank(item) for item in group),
-                -sum(work(item) for item in group),
-            )
-        )
+        by_rank: dict[int, list[T]] = {}
+        for item in items:
+            by_rank.setdefault(rank(item), []).append(item)
+        groups: list[list[T]] = []
+        # A group never spans two ranks: a night's partitions stay in order even where their
+        # prompts share a prefix (the same question asked in two partitions).
+        for _, ranked in sorted(by_rank.items()):
+            ranked_groups = group_by_prefix(ranked, text=text, min_shared_chars=min_shared_chars)
+            # Stable sort: groups of equal work (all singletons, say) keep their input order.
+            ranked_groups.sort(key=lambda group: -sum(work(item) for item in group))
+            groups += ranked_groups
         self._groups: deque[deque[T]] = deque(deque(group) for group in groups)
         self._lanes: list[Lane[T]] = []
         self.total = len(items)

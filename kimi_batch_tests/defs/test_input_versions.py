@@ -192,10 +192,17 @@ def test_a_rewritten_input_is_distilled_again_and_only_its_new_rows_are_generate
         distilled = _materialization(night, "distilled_responses")
         day_1_distilled = _materialization(first_night, "distilled_responses")
         seeds = ingest.asset_materializations_for_node("seed_prompts")[0]
+        night_landed = [
+            m
+            for m in night.asset_materializations_for_node(NIGHTLY_OP_NAME)
+            if m.asset_key == dg.AssetKey("seed_prompts")
+        ]
     finally:
         instance.dispose()
 
     assert sha_1 != sha_2
+    # The day's ingest landed day 2's seeds: the night kept them, it did not land them again.
+    assert night_landed == []
     assert set(day_1["input_sha256"].to_list()) == {sha_1}
     # In between: seeds are day 2, distilled still day 1: status says stale, by key.
     assert key in between["keys"]["stale"]

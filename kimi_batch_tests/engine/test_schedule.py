@@ -86,3 +86,14 @@ def test_a_lower_rank_is_handed_out_first_whatever_its_work() -> None:
 
     assert order == [*old, *new]
     assert lane.next() is None
+
+
+def test_requests_sharing_a_prefix_across_ranks_stay_in_rank_order() -> None:
+    # The same long question in three partitions: three groups, oldest partition first.
+    items = [f"{SEED_A}|partition {p}" for p in (2, 0, 1)]
+    rank = {item: int(item[-1]) for item in items}
+    schedule = PrefixSchedule(items, text=str, work=lambda _: 10, rank=rank.__getitem__)
+
+    lanes = _drain(schedule, 3)
+
+    assert [lane[0][-1] for lane in lanes] == ["0", "1", "2"]

@@ -19,7 +19,7 @@ from kimi_batch.defs.assets._generation import (
     partition_lease,
     publish,
 )
-from kimi_batch.defs.assets.stage import StageConfig, generation_asset
+from kimi_batch.defs.assets.stage import StageConfig, consumed_input_sha, generation_asset
 from kimi_batch.defs.deployment import deployment_settings
 from kimi_batch.defs.interrupts import interruptible_runner
 from kimi_batch.defs.partitions import build_batch_partitions, partition_parts
@@ -146,7 +146,7 @@ def seed_prompts(
     """Validated input rows of one landed inbox file (table `seeds`); bad rows go to quarantine."""
     ds, source = partition_parts(context)
     with partition_lease(context, warehouse, ds, source) as held:
-        return land_seed_partition(
+        landed = land_seed_partition(
             context,
             config,
             held,
@@ -157,6 +157,9 @@ def seed_prompts(
             warehouse=warehouse,
             trino=trino,
         )
+    if landed is None:  # only with skip_if_current, which this asset never asks for
+        raise dg.Failure(f"seeds of {ds}|{source} were not landed")
+    return landed
 
 
 def land_seed_partition(
@@ -171,11 +174,21 @@ def land_seed_partition(
     warehouse: WarehouseResource,
     trino: TrinoResource,
     publish_now: bool = True,
-) -> dg.MaterializeResult:
+    skip_if_current: bool = False,
+) -> dg.MaterializeResult | None:
     """Land the partition's input as its `seeds` rows (the run holds the partition's lease);
-    `publish_now=False` leaves the Trino publish and its check to the caller."""
+    `publish_now=False` leaves the Trino publish and its check to the caller. With
+    `skip_if_current`, seeds already landed from the partition's newest input version (the day's
+    ingest run did it) are kept as they are: None."""
     settings = llama.settings()
     resolved = _resolve(settings, ds, source)
+    if (
+        skip_if_current
+        and resolved.version is not None
+        and not resolved.problem
+        and consumed_input_sha(warehouse.warehouse(), ds, source) == resolved.version.sha256
+    ):
+        return None
     if resolved.deferred:
         context.log.warning(f"{resolved.deferred}; this run reads the last landed version")
     name, version, now = resolved.assignment.name, resolved.version, datetime.now(UTC)

@@ -2,7 +2,8 @@
 
 A run per partition left the server idle while each run's process started (about 7 s a run on
 2 cores, `bench --workload night`). `nightly_job` is one op: it holds each partition's lease,
-lands each partition's seeds, then sends the amplification requests of every partition as one
+lands each partition's seeds (unless the day's ingest run landed them from the newest input
+version already: they are kept), then sends the amplification requests of every partition as one
 batch and their distillation requests as the next, so the slots stay full across partitions.
 Each partition is still written on its own (its Parquet replaced, its quarantine, its checks,
 its Trino partition) and recorded as its own materialization of `seed_prompts`,
@@ -172,10 +173,13 @@ def _land_seeds(
                 warehouse=resources.warehouse,
                 trino=resources.trino,
                 publish_now=False,
+                skip_if_current=True,
             )
         except _SKIPPED as error:
             night.drop(key, _reason(error))
             continue
+        if result is None:
+            continue  # landed from this input version already (the day's ingest run)
         _record(context, SEED_PROMPTS, key, result)
         night.unpublished.append((SEED_PROMPTS, key, ["seeds", "quarantine"]))
 
