@@ -96,6 +96,8 @@ class _Night:
 
     def drop(self, key: str, reason: str) -> None:
         self.going.pop(key, None)
+        if key in self.stopped:  # its landed tables could not be published after all
+            self.stopped.remove(key)
         self.failed[key] = reason
 
     def summary(self, total: int) -> str:
