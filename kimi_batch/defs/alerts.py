@@ -202,8 +202,8 @@ def stale_message(instance: dg.DagsterInstance, report: FreshnessReport, dagster
         else:
             detail = "never ran"
         lines.append(f"- {record.key}: {detail}")
-    if len(report.stale) > 10:
-        lines.append(f"- ... and {len(report.stale) - 10} more")
+    if len(report.stale) > _LISTED:
+        lines.append(f"- ... and {len(report.stale) - _LISTED} more")
     if report.failed_checks:
         lines.append(f"{len(report.failed_checks)} failed check(s):")
         lines.extend(

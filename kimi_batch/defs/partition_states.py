@@ -90,13 +90,14 @@ def _state_of(run: dg.DagsterRun) -> PartitionState | None:
     return None  # e.g. a run that succeeded without writing it: done or pending below
 
 
-def _runs(instance: dg.DagsterInstance, run_ids: Iterable[str]) -> dict[str, dg.DagsterRun]:
+def _run_records(instance: dg.DagsterInstance, run_ids: Iterable[str]) -> dict[str, dg.RunRecord]:
     ids = sorted(set(run_ids))
-    found: dict[str, dg.DagsterRun] = {}
+    found: dict[str, dg.RunRecord] = {}
     for start in range(0, len(ids), _RUN_BATCH):
         batch = ids[start : start + _RUN_BATCH]
         found.update(
-            (run.run_id, run) for run in instance.get_runs(filters=dg.RunsFilter(run_ids=batch))
+            (record.dagster_run.run_id, record)
+            for record in instance.get_run_records(filters=dg.RunsFilter(run_ids=batch))
         )
     return found
 
@@ -111,10 +112,8 @@ def night_partitions(run: dg.DagsterRun) -> list[str]:
     return [str(key) for key in found] if isinstance(found, list) else []
 
 
-def _started(instance: dg.DagsterInstance, run: dg.DagsterRun) -> float:
-    record = instance.get_run_record_by_id(run.run_id)
-    if record is None:
-        return 0.0
+def _began(record: dg.RunRecord) -> float:
+    """When the run started (when it was created, for a run not started yet)."""
     return record.start_time or record.create_timestamp.timestamp()
 
 
@@ -122,12 +121,13 @@ def _night_attempts(instance: dg.DagsterInstance) -> dict[str, tuple[dg.DagsterR
     """Each partition's latest `nightly_job` run (newest first wins) with no distillation since
     that run began, and when it began."""
     latest: dict[str, tuple[dg.DagsterRun, float]] = {}
-    runs = instance.get_runs(filters=dg.RunsFilter(job_name=NIGHTLY_JOB_NAME), limit=_NIGHT_RUNS)
-    for run in runs:
-        keys = [key for key in night_partitions(run) if key not in latest]
-        if keys:
-            began = _started(instance, run)
-            latest.update((key, (run, began)) for key in keys)
+    night_runs = instance.get_run_records(
+        filters=dg.RunsFilter(job_name=NIGHTLY_JOB_NAME), limit=_NIGHT_RUNS
+    )
+    for record in night_runs:  # newest first
+        run = record.dagster_run
+        began = _began(record)
+        latest.update((key, (run, began)) for key in night_partitions(run) if key not in latest)
     if not latest:
         return {}
     oldest = min(began for _, began in latest.values())
@@ -181,12 +181,12 @@ def distill_states(
     attempts = storage.get_latest_asset_partition_materialization_attempts_without_materializations(
         DISTILLED_RESPONSES
     )
-    runs = _runs(instance, (run_id for run_id, _ in attempts.values()))
+    runs = _run_records(instance, (run_id for run_id, _ in attempts.values()))
     latest: dict[str, tuple[dg.DagsterRun, float]] = {}
     for key, (run_id, _) in attempts.items():
-        run = runs.get(run_id)
-        if run is not None:
-            latest[key] = (run, _started(instance, run))
+        record = runs.get(run_id)
+        if record is not None:
+            latest[key] = (record.dagster_run, _began(record))
     for key, (run, began) in _night_attempts(instance).items():
         if key not in latest or latest[key][1] < began:
             latest[key] = (run, began)
