@@ -6,14 +6,11 @@ import dagster as dg
 
 from kimi_batch.defs.jobs import DISTILLED_RESPONSES, NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME
 from kimi_batch.engine.stats import ProgressEvent
+from kimi_batch_tests.support.standins import StandinNightConfig
 
 __all__ = ["LOST_REASON", "failing_night_job"]
 
 LOST_REASON = "llama-server went away"
-
-
-class _NightConfig(dg.Config):
-    partitions: list[str]
 
 
 def failing_night_job(done: list[str], *, progress: ProgressEvent) -> dg.JobDefinition:
@@ -21,7 +18,7 @@ def failing_night_job(done: list[str], *, progress: ProgressEvent) -> dg.JobDefi
     `LOST_REASON`, as the real op words it."""
 
     @dg.op(name=NIGHTLY_OP_NAME)
-    def night_batch(context: dg.OpExecutionContext, config: _NightConfig) -> None:
+    def night_batch(context: dg.OpExecutionContext, config: StandinNightConfig) -> None:
         for key in done:
             context.log_event(dg.AssetMaterialization(DISTILLED_RESPONSES, partition=key))
         context.log.info(str(progress))

@@ -29,7 +29,7 @@ from kimi_batch.defs.sensors import build_inbox_sensor
 from kimi_batch.settings import Settings
 from kimi_batch.storage.partition_input import resolve_partition
 
-__all__ = ["STANDIN_DEFS", "STANDIN_SLEEP_ENV", "standin_definitions"]
+__all__ = ["STANDIN_DEFS", "STANDIN_SLEEP_ENV", "StandinNightConfig", "standin_definitions"]
 
 STANDIN_SLEEP_ENV = "KIMI_BATCH_TEST_STANDIN_SLEEP"
 

@@ -49,7 +49,9 @@ __all__ = [
     "build_batch_assets",
     "defs",
     "land_seed_partition",
+    "resolve_seeds_input",
     "seed_prompts",
+    "seeds_are_current",
 ]
 
 
@@ -128,11 +130,23 @@ class DistillConfig(StageConfig):
         )
 
 
-def _resolve(settings: Settings, ds: str, source: str) -> ResolvedInput:
+def resolve_seeds_input(settings: Settings, ds: str, source: str) -> ResolvedInput:
+    """The partition's input to land (its inbox file landed now, else its newest snapshot)."""
     try:
         return resolve_partition(settings, ds, source)
     except StorageError as error:
         raise dg.Failure(str(error)) from error
+
+
+def seeds_are_current(warehouse: WarehouseResource, resolved: ResolvedInput) -> bool:
+    """The partition's `seeds` were landed from `resolved`'s version already (the day's ingest
+    run did it), with nothing about the file to set aside."""
+    version, item = resolved.version, resolved.assignment
+    return (
+        version is not None
+        and not resolved.problem
+        and consumed_input_sha(warehouse.warehouse(), item.ds, item.source) == version.sha256
+    )
 
 
 def seed_prompts(
@@ -146,49 +160,34 @@ def seed_prompts(
     """Validated input rows of one landed inbox file (table `seeds`); bad rows go to quarantine."""
     ds, source = partition_parts(context)
     with partition_lease(context, warehouse, ds, source) as held:
-        landed = land_seed_partition(
+        return land_seed_partition(
             context,
             config,
             held,
-            ds,
-            source,
+            resolve_seeds_input(llama.settings(), ds, source),
             llama=llama,
             digest=digest,
             warehouse=warehouse,
             trino=trino,
         )
-    if landed is None:  # only with skip_if_current, which this asset never asks for
-        raise dg.Failure(f"seeds of {ds}|{source} were not landed")
-    return landed
 
 
 def land_seed_partition(
     context: RunContext,
     config: SeedConfig,
     held: HeldPartition,
-    ds: str,
-    source: str,
+    resolved: ResolvedInput,
     *,
     llama: LlamaServerResource,
     digest: DigestResource,
     warehouse: WarehouseResource,
     trino: TrinoResource,
     publish_now: bool = True,
-    skip_if_current: bool = False,
-) -> dg.MaterializeResult | None:
-    """Land the partition's input as its `seeds` rows (the run holds the partition's lease);
-    `publish_now=False` leaves the Trino publish and its check to the caller. With
-    `skip_if_current`, seeds already landed from the partition's newest input version (the day's
-    ingest run did it) are kept as they are: None."""
+) -> dg.MaterializeResult:
+    """Land the partition's `resolved` input as its `seeds` rows (the run holds the partition's
+    lease); `publish_now=False` leaves the Trino publish and its check to the caller."""
     settings = llama.settings()
-    resolved = _resolve(settings, ds, source)
-    if (
-        skip_if_current
-        and resolved.version is not None
-        and not resolved.problem
-        and consumed_input_sha(warehouse.warehouse(), ds, source) == resolved.version.sha256
-    ):
-        return None
+    ds, source = resolved.assignment.ds, resolved.assignment.source
     if resolved.deferred:
         context.log.warning(f"{resolved.deferred}; this run reads the last landed version")
     name, version, now = resolved.assignment.name, resolved.version, datetime.now(UTC)

@@ -40,6 +40,8 @@ from kimi_batch.defs.assets.batch import (
     DistillConfig,
     SeedConfig,
     land_seed_partition,
+    resolve_seeds_input,
+    seeds_are_current,
 )
 from kimi_batch.defs.assets.stage import StagePlan, asked_again, land_stage, plan_stage
 from kimi_batch.defs.jobs import (
@@ -155,37 +157,6 @@ def _reason(error: BaseException) -> str:
     return error.description if isinstance(error, dg.Failure) and error.description else str(error)
 
 
-def _land_seeds(
-    context: dg.OpExecutionContext,
-    config: NightConfig,
-    night: _Night,
-    resources: "_Resources",
-) -> None:
-    for key, held in list(night.going.items()):
-        ds, source = split_partition_key(key) or ("", "")
-        try:
-            result = land_seed_partition(
-                context,
-                config.seeds,
-                held,
-                ds,
-                source,
-                llama=resources.llama,
-                digest=resources.digest,
-                warehouse=resources.warehouse,
-                trino=resources.trino,
-                publish_now=False,
-                skip_if_current=True,
-            )
-        except _SKIPPED as error:
-            night.drop(key, _reason(error))
-            continue
-        if result is None:
-            continue  # landed from this input version already (the day's ingest run)
-        _record(context, SEED_PROMPTS, key, result)
-        night.unpublished.append((SEED_PROMPTS, key, ["seeds", "quarantine"]))
-
-
 @dataclass(frozen=True)
 class _Resources:
     llama: LlamaServerResource
@@ -194,21 +165,55 @@ class _Resources:
     trino: TrinoResource
 
 
+def _parts(key: str) -> tuple[str, str]:
+    """(ds, source) of a key the op has already checked (`night_batch` holds only those)."""
+    parts = split_partition_key(key)
+    if parts is None:
+        raise ValueError(f"not a date|source partition key: {key!r}")
+    return parts
+
+
+def _land_seeds(
+    context: dg.OpExecutionContext, config: NightConfig, night: _Night, resources: _Resources
+) -> None:
+    settings = resources.llama.settings()
+    for key, held in list(night.going.items()):
+        try:
+            resolved = resolve_seeds_input(settings, *_parts(key))
+            if seeds_are_current(resources.warehouse, resolved):
+                continue  # the day's ingest run landed this version: kept as it is
+            result = land_seed_partition(
+                context,
+                config.seeds,
+                held,
+                resolved,
+                llama=resources.llama,
+                digest=resources.digest,
+                warehouse=resources.warehouse,
+                trino=resources.trino,
+                publish_now=False,
+            )
+        except _SKIPPED as error:
+            night.drop(key, _reason(error))
+            continue
+        _record(context, SEED_PROMPTS, key, result)
+        night.unpublished.append((SEED_PROMPTS, key, ["seeds", "quarantine"]))
+
+
 def _run_stage(
     context: dg.OpExecutionContext,
     asset: dg.AssetKey,
     task: GenerationTask[Any, Any],
     night: _Night,
     ledger: Ledger,
-    resources: "_Resources",
+    resources: _Resources,
 ) -> None:
     """One batch of `task` over every partition still going on, then each one written."""
     store = resources.warehouse.warehouse()
     plans: dict[str, StagePlan] = {}
     for key in list(night.going):
-        ds, source = split_partition_key(key) or ("", "")
         try:
-            plans[key] = plan_stage(task, store, ds, source)
+            plans[key] = plan_stage(task, store, *_parts(key))
         except _SKIPPED as error:
             night.drop(key, _reason(error))
     # Oldest partition first: past the window the partitions left are the newest, whole.
@@ -255,15 +260,14 @@ def _run_stage(
         night.unpublished.append((asset, key, [task.table, "quarantine"]))
 
 
-def _publish_all(context: dg.OpExecutionContext, night: _Night, resources: "_Resources") -> None:
+def _publish_all(context: dg.OpExecutionContext, night: _Night, resources: _Resources) -> None:
     """Publish every landed partition to Trino after the last batch (the server would idle
     through each publish between two batches), and record each one's check."""
     store = resources.warehouse.warehouse()
     for asset, key, tables in night.unpublished:
-        ds, source = split_partition_key(key) or ("", "")
         try:
             check = publish(
-                context, resources.trino, store, tables, ds, source, night.leases[key].check
+                context, resources.trino, store, tables, *_parts(key), night.leases[key].check
             )
         except LeaseLostError as error:
             night.drop(key, _reason(error))
