@@ -11,7 +11,8 @@
       dagster/           DAGSTER_HOME of the demo and `make dev`
       bench/             `kimi-batch bench`: bench.json/.md/.png, speeds.json, state/ of its server
       tune/              `kimi-batch tune`: tune.json/.md/.png, speeds.json
-      api/               `kimi-batch api`: files/<sha256> (uploads and output files), api.sqlite3
+      api/               `kimi-batch api`: files/<sha256> (uploads and output files), api.sqlite3,
+                         key (the generated bearer key, 0600)
       partitions_start   the first date partition of this install (written once)
 
 Nothing else builds these paths. Directories holding generated text or inputs are created 0700:
@@ -125,6 +126,10 @@ class StatePaths(BaseModel):
     @property
     def api_db_path(self) -> Path:
         return self.api_dir / "api.sqlite3"
+
+    @property
+    def api_key_path(self) -> Path:
+        return self.api_dir / "key"
 
     @property
     def partitions_start_file(self) -> Path:

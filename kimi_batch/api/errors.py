@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-__all__ = ["ApiError", "error_response", "install_error_handlers"]
+__all__ = ["ApiError", "error_response", "install_error_handlers", "invalid_request"]
 
 
 class ApiError(Exception):
@@ -42,6 +45,15 @@ def error_response(error: ApiError) -> JSONResponse:
     return JSONResponse(body, status_code=error.status)
 
 
+def invalid_request(errors: Sequence[Any]) -> ApiError:
+    """A 400 naming the first of pydantic's (or FastAPI's) validation errors."""
+    first = errors[0] if errors else {}
+    location = [str(part) for part in first.get("loc", ()) if part not in ("body", "query")]
+    param = ".".join(location) or None
+    detail = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+    return ApiError(400, f"{param}: {detail}" if param else detail, param=param)
+
+
 async def _api_error(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, ApiError)
     return error_response(error)
@@ -55,11 +67,7 @@ async def _http_error(request: Request, error: Exception) -> JSONResponse:
 
 async def _validation_error(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, RequestValidationError)
-    first = error.errors()[0] if error.errors() else {}
-    location = [str(part) for part in first.get("loc", ()) if part not in ("body", "query")]
-    param = ".".join(location) or None
-    message = f"{param}: {first.get('msg', 'invalid request')}" if param else "invalid request"
-    return error_response(ApiError(400, message, param=param))
+    return error_response(invalid_request(error.errors()))
 
 
 def install_error_handlers(app: FastAPI) -> None:

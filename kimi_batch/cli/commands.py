@@ -97,7 +97,7 @@ def _export(args: argparse.Namespace, settings: Settings) -> int:
 def _api(args: argparse.Namespace, settings: Settings) -> int:
     from kimi_batch.api import serve
 
-    serve(settings, host=args.host, port=args.port)
+    serve(settings, host=args.host, port=args.port, no_auth=args.no_auth)
     return 0
 
 
@@ -178,8 +178,13 @@ def build_parser() -> argparse.ArgumentParser:
     export.set_defaults(func=_export)
 
     api = commands.add_parser("api", help="the OpenAI-compatible Batch API (files, batches)")
-    api.add_argument("--host", default="127.0.0.1", help="non-loopback needs KIMI_BATCH_API_KEY")
+    api.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     api.add_argument("--port", type=int, default=None, help="default KIMI_BATCH_API_PORT (8090)")
+    api.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="serve without a key (loopback only): every local user can then read every batch",
+    )
     api.set_defaults(func=_api)
 
     commands.add_parser("publish", help="register every Parquet partition in Trino").set_defaults(

@@ -6,6 +6,8 @@ import importlib.util
 from pathlib import Path
 
 __all__ = [
+    "DEFAULT_API_MAX_BATCH_MB",
+    "DEFAULT_API_MAX_BATCH_REQUESTS",
     "DEFAULT_API_PORT",
     "DEFAULT_API_SENSOR_INTERVAL_S",
     "DEFAULT_CACHE_RAM_MIB",
@@ -45,6 +47,9 @@ DEFAULT_MAX_INPUT_MB = 256
 DEFAULT_DAGSTER_URL = "http://127.0.0.1:3000"
 DEFAULT_API_PORT = 8090
 DEFAULT_API_SENSOR_INTERVAL_S = 2
+# OpenAI's own limits on one batch input file (https://platform.openai.com/docs/guides/batch).
+DEFAULT_API_MAX_BATCH_REQUESTS = 50_000
+DEFAULT_API_MAX_BATCH_MB = 200
 # Modules whose pydantic models a run may name as `output_model` (run config is not trusted to
 # import arbitrary code); extend with KIMI_BATCH_OUTPUT_MODEL_MODULES.
 DEFAULT_OUTPUT_MODEL_MODULES: tuple[str, ...] = ("kimi_batch.tasks.schemas",)

@@ -14,6 +14,8 @@ from kimi_batch.errors import ConfigError
 from kimi_batch.paths import StatePaths
 from kimi_batch.settings.cron import is_cron
 from kimi_batch.settings.defaults import (
+    DEFAULT_API_MAX_BATCH_MB,
+    DEFAULT_API_MAX_BATCH_REQUESTS,
     DEFAULT_API_PORT,
     DEFAULT_API_SENSOR_INTERVAL_S,
     DEFAULT_CACHE_RAM_MIB,
@@ -128,6 +130,19 @@ class Settings(BaseModel):
         default=None, repr=False, description="Bearer key of `kimi-batch api` (KIMI_BATCH_API_KEY)."
     )
     api_port: int = Field(default=DEFAULT_API_PORT, gt=0, lt=65536)
+    api_allowed_hosts: tuple[str, ...] = Field(
+        default=(),
+        description="Host header values the API answers besides the loopback names and its bind "
+        "host (a name clients use to reach it, e.g. behind a proxy).",
+    )
+    api_max_batch_requests: int = Field(
+        default=DEFAULT_API_MAX_BATCH_REQUESTS, gt=0, description="Requests in one batch file."
+    )
+    api_max_batch_mb: int = Field(
+        default=DEFAULT_API_MAX_BATCH_MB,
+        gt=0,
+        description="Size of one uploaded file in MiB (refused while it streams).",
+    )
     api_sensor_interval_s: int = Field(default=DEFAULT_API_SENSOR_INTERVAL_S, ge=1)
 
     @field_validator("timezone")
@@ -213,6 +228,11 @@ class Settings(BaseModel):
                 dagster_url=env_str("KIMI_BATCH_DAGSTER_URL") or DEFAULT_DAGSTER_URL,
                 api_key=env_str("KIMI_BATCH_API_KEY"),
                 api_port=env_int("KIMI_BATCH_API_PORT", DEFAULT_API_PORT),
+                api_allowed_hosts=env_list("KIMI_BATCH_API_ALLOWED_HOSTS"),
+                api_max_batch_requests=env_int(
+                    "KIMI_BATCH_API_MAX_BATCH_REQUESTS", DEFAULT_API_MAX_BATCH_REQUESTS
+                ),
+                api_max_batch_mb=env_int("KIMI_BATCH_API_MAX_BATCH_MB", DEFAULT_API_MAX_BATCH_MB),
                 api_sensor_interval_s=env_int(
                     "KIMI_BATCH_API_SENSOR_INTERVAL", DEFAULT_API_SENSOR_INTERVAL_S
                 ),
@@ -231,6 +251,12 @@ class Settings(BaseModel):
     @property
     def max_input_bytes(self) -> int:
         return self.max_input_mb * 1024 * 1024
+
+    @property
+    def api_max_upload_bytes(self) -> int:
+        """The largest file the Batch API keeps: its own limit, and never over the input limit
+        (a batch's file is landed as an input)."""
+        return min(self.api_max_batch_mb * 1024 * 1024, self.max_input_bytes)
 
     def today(self, now: datetime | None = None) -> date:
         """The current date in the configured timezone (the one clock)."""

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import uvicorn
 
-from kimi_batch.api import create_app
+from kimi_batch.api import ApiAccess, create_app
 from kimi_batch.settings import Settings
 from kimi_batch_tests.support.ports import free_port
 
@@ -22,11 +22,22 @@ __all__ = ["serving_api"]
 
 
 @contextmanager
-def serving_api(settings: Settings) -> Iterator[str]:
-    """The API's base URL (`http://127.0.0.1:PORT/v1`) while the block runs."""
+def serving_api(settings: Settings, access: ApiAccess | None = None) -> Iterator[str]:
+    """The API's base URL (`http://127.0.0.1:PORT/v1`) while the block runs.
+
+    Without `access`, the key is the settings' `KIMI_BATCH_API_KEY` (which must be set).
+    """
+    if access is None:
+        if not settings.api_key:
+            raise ValueError("serving_api needs KIMI_BATCH_API_KEY or an ApiAccess")
+        access = ApiAccess(key=settings.api_key, bound_host="127.0.0.1")
     port = free_port()
     config = uvicorn.Config(
-        create_app(settings), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
+        create_app(settings, access),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="off",
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="batch-api", daemon=True)
