@@ -35,7 +35,9 @@ class ApiAccess(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    key: str | None = Field(repr=False, description="The bearer key; None only with --no-auth.")
+    key: str | None = Field(
+        repr=False, min_length=1, description="The bearer key; None only with --no-auth."
+    )
     bound_host: str = Field(description="The address the server binds (a Host it answers).")
     allowed_hosts: tuple[str, ...] = Field(
         default=(), description="More Host names (KIMI_BATCH_API_ALLOWED_HOSTS)."
@@ -71,7 +73,7 @@ class Guard:
     def __init__(self, app: ASGIApp, access: ApiAccess) -> None:
         self.app = app
         self.names = access.host_names
-        self.expected = f"Bearer {access.key}".encode() if access.key is not None else None
+        self.expected = access.key.encode() if access.key is not None else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":  # no route speaks it; refuse before any handshake
@@ -101,7 +103,9 @@ class Guard:
                 403, "cross-origin requests are refused (no CORS)", code="cross_origin_refused"
             )
         if self.expected is not None:
-            given = headers.get("authorization", "").encode()
+            scheme, _, token = headers.get("authorization", "").partition(" ")
+            # The scheme is case-insensitive (RFC 9110); the key is compared in constant time.
+            given = token.strip().encode() if scheme.lower() == "bearer" else b""
             if not hmac.compare_digest(given, self.expected):
                 return ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
         return None

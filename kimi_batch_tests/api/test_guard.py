@@ -106,6 +106,10 @@ def test_every_route_docs_and_openapi_included_needs_the_key(
             assert set(error) == {"message", "type", "param", "code"}
             assert error["code"] == "invalid_api_key"
     assert httpx.get(root(keyed) + "/openapi.json", headers=AUTH).status_code == 200
+    lower = {"Authorization": f"bearer  {KEY}"}  # the scheme is case-insensitive
+    assert httpx.get(f"{keyed}/files", headers=lower).status_code == 200
+    with pytest.raises(ValueError, match="at least 1 character"):
+        ApiAccess(key="", bound_host="127.0.0.1")  # an empty key would match a missing header
 
 
 def test_a_delete_without_the_key_deletes_nothing(keyed: str, settings: Settings) -> None:
