@@ -1,9 +1,10 @@
 """The OpenAI-compatible Batch API: `/v1/files` and `/v1/batches` over the pipeline.
 
 An upload is kept in the API's file store (content-addressed, 0600, at most the input limit:
-larger ones get 413 before a byte is kept). Creating a batch validates its input file (the whole
-batch fails, with errors naming the lines, on a bad one) and lands it as the input of a partition
-of its own; the API batch sensor starts its Dagster run. Its `request_counts` are read from the
+larger ones get 413 before a byte is kept). Creating a batch records it `validating` and returns;
+a worker thread validates its input file (the whole batch fails, with errors naming the lines, on
+a bad one) and lands it as the input of a partition of its own; the API batch sensor starts its
+Dagster run. Its `request_counts` are read from the
 ledger on every retrieve. Cancel marks it `cancelling`: the run stops the requests in flight,
 writes the partial output and error files and marks it `cancelled`.
 
@@ -28,10 +29,10 @@ from kimi_batch.storage import (
     ApiStore,
     BatchRecord,
     BatchStatus,
+    BatchValidator,
     FileRecord,
     FileTooLargeError,
     request_counts,
-    validate_batch,
 )
 from kimi_batch.tasks.openai_batch import CHAT_COMPLETIONS_URL
 
@@ -98,6 +99,9 @@ def create_app(settings: Settings) -> FastAPI:
     install_error_handlers(app)
     app.state.settings = settings
     max_bytes = settings.max_input_bytes
+    # Validation runs in worker threads; what a killed API process left validating resumes.
+    validator = BatchValidator(settings)
+    validator.resume()
 
     @app.middleware("http")
     async def guard(
@@ -212,7 +216,8 @@ def create_app(settings: Settings) -> FastAPI:
             completion_window_s=window,
             metadata=body.metadata,
         )
-        return batch_object(opened, validate_batch(settings, opened, batch))
+        validator.submit(batch.id)  # returns at once, `validating`, as OpenAI's does
+        return batch_object(opened, batch)
 
     @app.get("/v1/batches")
     def list_batches(
