@@ -193,7 +193,9 @@ class ApiStore(ApiFileStore):
         completion_window_s: int,
         completion_window: str,
         metadata: dict[str, str] | None,
+        owner: str | None = None,
     ) -> BatchRecord:
+        """A new `validating` batch, its validation claimed by `owner` (default: this process)."""
         now = int(time.time())
         record = BatchRecord(
             id=f"batch_{uuid.uuid4().hex[:24]}",
@@ -213,7 +215,7 @@ class ApiStore(ApiFileStore):
             # Claimed by its creator at once: killed before validating, it is found abandoned.
             self._db.execute(
                 "INSERT INTO validations (batch_id, owner, heartbeat, attempts) VALUES (?, ?, ?, 0)",
-                (record.id, process_owner(), time.time()),
+                (record.id, owner or process_owner(), time.time()),
             )
         return record
 

@@ -25,13 +25,14 @@ def jsonl(*rows: object) -> bytes:
 
 
 def validated(client: openai.OpenAI, batch: Batch, *, timeout_s: float = 120.0) -> Batch:
-    """The batch once its validation ended: failed (or cancelled), or landed (its request
-    total known) and waiting for its run."""
+    """The batch once its validation ended: failed or cancelled, or landed (its request total
+    known) and waiting for its run (`validating`, or `cancelling` until the run ends it)."""
     deadline = time.monotonic() + timeout_s
     while True:
         batch = client.batches.retrieve(batch.id)
         counts = batch.request_counts
-        if batch.status != "validating" or (counts is not None and counts.total):
+        landed = counts is not None and counts.total > 0
+        if batch.status not in ("validating", "cancelling") or landed:
             return batch
         if time.monotonic() > deadline:
             raise AssertionError(f"{batch.id} is still validating after {timeout_s} s")
