@@ -2,7 +2,9 @@
 
 `create_app` wires the two routers (`files`, `batches`) behind the `Guard` (Host allow-list, no
 CORS, the bearer key: `guard.py`), which covers every path, `/openapi.json` included. There is
-no `/docs` page: it would load its scripts from a CDN and could not send the key.
+no `/docs` page: it would load its scripts from a CDN and could not send the key. Creating a
+batch records it `validating` and returns; the app's `BatchValidator` (worker threads) validates
+and lands it, and resumes at start what a killed API process left `validating`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from kimi_batch.api import batches, files
 from kimi_batch.api.errors import install_error_handlers
 from kimi_batch.api.guard import ApiAccess, Guard
 from kimi_batch.settings import Settings
+from kimi_batch.storage import BatchValidator
 
 __all__ = ["create_app"]
 
@@ -22,6 +25,10 @@ def create_app(settings: Settings, access: ApiAccess) -> FastAPI:
     app = FastAPI(title="kimi_batch Batch API", docs_url=None, redoc_url=None)
     install_error_handlers(app)
     app.state.settings = settings
+    # Validation runs in worker threads, off the event loop; what a killed API process left
+    # validating resumes now.
+    app.state.validator = BatchValidator(settings)
+    app.state.validator.resume()
     app.include_router(files.router)
     app.include_router(batches.router)
     app.add_middleware(Guard, access=access)

@@ -1,7 +1,8 @@
-"""`/v1/batches`: create (validates and lands the input file), list, retrieve, cancel.
+"""`/v1/batches`: create (validation and landing follow in a worker), list, retrieve, cancel.
 
-Creating a batch validates its input file (the whole batch fails, with errors naming the lines,
-on a bad one) and lands it as the input of a partition of its own; the API batch sensor starts
+Creating a batch records it `validating` and returns; a worker validates its input file as it
+streams (the whole batch fails, with errors naming the lines, on a bad one) and lands it as the
+input of a partition of its own; the API batch sensor starts
 its Dagster run. Its `request_counts` are read from the ledger on every retrieve. Cancel marks
 it `cancelling`: the run stops the requests in flight, writes the partial output and error
 files and marks it `cancelled`.
@@ -23,8 +24,8 @@ from kimi_batch.storage import (
     ApiStore,
     BatchRecord,
     BatchStatus,
+    BatchValidator,
     request_counts,
-    validate_batch,
 )
 from kimi_batch.tasks.openai_batch import CHAT_COMPLETIONS_URL
 
@@ -120,8 +121,9 @@ def create_batch(
         completion_window_s=window,
         metadata=body.metadata,
     )
-    # The request-count limit (settings.api_max_batch_requests) is validation's to enforce.
-    return _batch_object(settings, opened, validate_batch(settings, opened, batch))
+    validator: BatchValidator = request.app.state.validator
+    validator.submit(batch.id)  # returns at once, `validating`, as OpenAI's does
+    return _batch_object(settings, opened, batch)
 
 
 @router.get("")

@@ -1,7 +1,9 @@
 """`kimi-batch export`: a distilled partition as OpenAI Batch API output lines.
 
 The lines come from the one writer of `kimi_batch.tasks.openai_batch` that the Batch API's
-output and error files use too.
+output and error files use too. The file holds prompts' answers: it is written 0600 (temp,
+fsync, rename), the folders it creates are 0700 (the default `$KIMI_BATCH_HOME/exports` always),
+and the temp files of an export killed midway are removed by the next export there.
 """
 
 from __future__ import annotations
@@ -11,8 +13,14 @@ from typing import Any
 
 from kimi_batch.errors import ConfigError, MissingInputError
 from kimi_batch.llama import TokenLogprob
+from kimi_batch.paths import private_dir
 from kimi_batch.settings import Settings
-from kimi_batch.storage import Warehouse, validate_ds, validate_source
+from kimi_batch.storage import (
+    Warehouse,
+    validate_ds,
+    validate_source,
+    write_private_text,
+)
 from kimi_batch.tasks.openai_batch import AnsweredRequest, error_line, response_line
 
 __all__ = ["export_custom_id", "export_partition", "openai_batch_lines"]
@@ -89,10 +97,10 @@ def export_partition(
         if amplified.height
         else {}
     )
-    path = Path(out) if out else settings.home / "exports" / f"distilled-{ds}-{source}.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if out:
+        path = Path(out)
+    else:
+        # Ours: made owner-only even when an older version created it 0755.
+        path = private_dir(settings.home / "exports") / f"distilled-{ds}-{source}.jsonl"
     lines = openai_batch_lines(distilled.to_dicts(), failed.to_dicts(), variants)
-    temp = path.with_name(f".{path.name}.tmp")
-    temp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    temp.replace(path)
-    return path
+    return write_private_text(path, "".join(line + "\n" for line in lines))

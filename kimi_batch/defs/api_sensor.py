@@ -10,6 +10,11 @@ Unlike the inbox sensor it starts RUNNING: it acts only on batches someone creat
 API in this state dir, and a batch that waits for someone to switch a sensor on is a bug to the
 client polling it. KIMI_BATCH_API_SENSOR_INTERVAL (seconds, default 2) is its tick.
 
+Each tick first takes up what a killed process left behind (`resume_abandoned`): a batch whose
+validation was abandoned (the API process died while or before validating it) is validated again
+here, and one cancelled before it was landed ends `cancelled`, so no batch stays `validating` or
+`cancelling` for want of a process.
+
 Each tick also finalizes the batches whose run ended without finishing them (the run worker was
 killed, run monitoring failed the run): a batch whose run is FAILURE or CANCELED in the instance
 while the batch is not final would say `in_progress` forever. It becomes `failed` (an error
@@ -25,7 +30,13 @@ from kimi_batch.defs.deployment import deployment_settings
 from kimi_batch.defs.jobs import api_batch_job
 from kimi_batch.defs.partitions import api_batch_partitions
 from kimi_batch.settings import Settings
-from kimi_batch.storage import ApiStore, BatchRecord, BatchStatus
+from kimi_batch.storage import (
+    ApiStore,
+    BatchRecord,
+    BatchStatus,
+    resume_abandoned,
+    validate_batch,
+)
 
 __all__ = ["build_api_batch_sensor", "defs"]
 
@@ -85,6 +96,14 @@ def build_api_batch_sensor(settings: Settings) -> dg.SensorDefinition:
         if not settings.paths.api_db_path.is_file():
             return dg.SensorResult(skip_reason=dg.SkipReason("no Batch API batches yet"))
         with ApiStore(settings.paths) as store:
+            resumed = resume_abandoned(
+                settings, store, validate=lambda batch: validate_batch(settings, store, batch)
+            )
+            for batch_id in resumed:
+                context.log.warning(
+                    f"{batch_id}: the process validating it stopped; validated again or "
+                    "finished here"
+                )
             _finish_abandoned(context, settings, store)
             waiting = [
                 batch

@@ -10,17 +10,27 @@ from here, never from the modules. Errors: see `kimi_batch.storage.exceptions`.
 from kimi_batch.storage.api_batches import (
     RequestCounts,
     batch_lines,
+    begin_batch,
+    finish_batch,
     request_counts,
-    validate_batch,
     write_batch_files,
 )
+from kimi_batch.storage.api_files import FileRecord, FileTooLargeError, StagedFile
 from kimi_batch.storage.api_store import (
+    NEXT_STATUSES,
     TERMINAL_STATUSES,
     ApiStore,
     BatchRecord,
     BatchStatus,
-    FileRecord,
-    FileTooLargeError,
+    ValidationClaim,
+    process_owner,
+)
+from kimi_batch.storage.api_validation import (
+    MAX_VALIDATION_ATTEMPTS,
+    BatchValidator,
+    resume_abandoned,
+    settle_cancelled,
+    validate_batch,
 )
 from kimi_batch.storage.exceptions import (
     InvalidIdentifierError,
@@ -40,6 +50,12 @@ from kimi_batch.storage.parquet import (
     validate_source,
 )
 from kimi_batch.storage.partition_input import ResolvedInput, resolve_input, resolve_partition
+from kimi_batch.storage.private_files import (
+    private_folder,
+    remove_stale_temps,
+    temp_name,
+    write_private_text,
+)
 from kimi_batch.storage.quarantine import replace_quarantine
 from kimi_batch.storage.schema import (
     TABLES,
@@ -59,6 +75,8 @@ from kimi_batch.storage.settle import (
 from kimi_batch.storage.trino import PublishReport, TrinoConfig, TrinoPublisher
 
 __all__ = [
+    "MAX_VALIDATION_ATTEMPTS",
+    "NEXT_STATUSES",
     "PARTITION_COLUMNS",
     "SETTLE_S",
     "TABLES",
@@ -67,6 +85,7 @@ __all__ = [
     "Assignment",
     "BatchRecord",
     "BatchStatus",
+    "BatchValidator",
     "Column",
     "FileRecord",
     "FileTooLargeError",
@@ -80,24 +99,34 @@ __all__ = [
     "RequestCounts",
     "ResolvedInput",
     "SchemaMismatchError",
+    "StagedFile",
     "StorageError",
     "TrinoConfig",
     "TrinoPublisher",
     "TrinoQueryError",
     "TrinoUnavailableError",
+    "ValidationClaim",
     "Warehouse",
     "batch_lines",
+    "begin_batch",
     "columns",
+    "finish_batch",
     "inspect_inbox_file",
     "land_seeds",
     "landed_versions",
     "polars_schema",
+    "private_folder",
+    "process_owner",
+    "remove_stale_temps",
     "replace_quarantine",
     "request_counts",
     "resolve_input",
     "resolve_partition",
+    "resume_abandoned",
     "scan_inbox",
+    "settle_cancelled",
     "still_changing",
+    "temp_name",
     "trino_columns",
     "validate_batch",
     "validate_ds",
@@ -105,4 +134,5 @@ __all__ = [
     "validate_source",
     "wait_until_settled",
     "write_batch_files",
+    "write_private_text",
 ]

@@ -1,40 +1,72 @@
-"""A batch's way through the pipeline: validated and landed, counted live, its files written.
+"""A batch's way through its run: taken up, counted live, its files written, finished.
 
-validate_batch     validating -> failed (errors naming the lines), or landed input of a
-                   partition of its own (ds = the day it was created, source = the batch id)
+(Its validation and landing: `api_validation`.)
+
 batch_lines        the landed snapshot's requests (what a run answers, never the upload)
+begin_batch        validated -> in_progress, unless a cancel (or the end) came first
 request_counts     total / completed / failed, read live from the ledger
 write_batch_files  the output file (one line per answered request) and the error file (one
                    per request that failed, was set aside or was never answered)
+finish_batch       the files, then the final status; a cancel that arrived before the final
+                   status was entered makes it `cancelled`
+
+Every status change is a compare-and-set (`ApiStore.transition`), so a cancel landing between
+any two steps is honoured: the step after it sees that it did not move the batch.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.engine import Ledger, row_request_id
+from kimi_batch.engine import BatchOutcome, Ledger, row_request_id
 from kimi_batch.settings import Settings
 from kimi_batch.storage.api_store import ApiStore, BatchRecord, BatchStatus
 from kimi_batch.storage.exceptions import StorageError
-from kimi_batch.storage.landing import Assignment, Landing
+from kimi_batch.storage.landing import Landing
+from kimi_batch.tasks.batch_input import parse_batch_input
 from kimi_batch.tasks.openai_batch import (
     AnsweredRequest,
     BatchRequestLine,
     error_line,
-    parse_batch_input,
     response_line,
 )
 
 __all__ = [
+    "CANCELLED_REASON",
+    "EXPIRED_REASON",
+    "FAILED_REASON",
     "RequestCounts",
     "batch_lines",
+    "begin_batch",
+    "finish_batch",
     "request_counts",
-    "validate_batch",
     "write_batch_files",
 ]
+
+CANCELLED_REASON = (
+    "batch_cancelled",
+    "the batch was cancelled before this request was answered",
+)
+EXPIRED_REASON = (
+    "batch_expired",
+    "the batch's completion window ended before this request was answered",
+)
+FAILED_REASON = ("batch_failed", "the batch's run failed before this request was answered")
+_UNANSWERED = {
+    BatchStatus.CANCELLED: CANCELLED_REASON,
+    BatchStatus.EXPIRED: EXPIRED_REASON,
+    BatchStatus.FAILED: FAILED_REASON,
+}
+# The statuses a run's final status is entered from.
+_IN_RUN = (BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING)
+_FINAL_FROM = {
+    BatchStatus.COMPLETED: (BatchStatus.FINALIZING,),
+    BatchStatus.EXPIRED: (BatchStatus.FINALIZING,),
+    BatchStatus.CANCELLED: (BatchStatus.CANCELLING,),
+    BatchStatus.FAILED: (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING),
+}
 
 
 class RequestCounts(BaseModel):
@@ -43,48 +75,6 @@ class RequestCounts(BaseModel):
     total: int = Field(ge=0)
     completed: int = Field(ge=0)
     failed: int = Field(ge=0)
-
-
-def validate_batch(settings: Settings, store: ApiStore, batch: BatchRecord) -> BatchRecord:
-    """Validate the input file; a valid one is landed as the batch's partition input."""
-    upload = store.file(batch.input_file_id)
-    if upload is None:
-        raise StorageError(f"input file {batch.input_file_id} of {batch.id} is gone")
-    with store.blob_path(upload).open("rb") as reader:
-        parsed = parse_batch_input(reader, endpoint=batch.endpoint)
-    if parsed.errors:
-        return store.update_batch(
-            batch.id,
-            status=BatchStatus.FAILED,
-            errors=parsed.errors,
-            error_count=parsed.error_count,
-        )
-    ds = settings.today().isoformat()
-    # Not recorded in the inbox manifest: the nightly and the inbox sensor never see a batch.
-    assignment = Assignment(
-        name=f"{batch.id}.jsonl",
-        ds=ds,
-        source=batch.id,
-        first_seen=time.time(),
-        dated_ds=None,
-        refused=None,
-    )
-    with Landing(settings.paths) as landing:
-        # The blob was written whole by the API store before this call: nothing to settle.
-        version = landing.land(
-            store.blob_path(upload),
-            assignment,
-            max_bytes=settings.max_input_bytes,
-            ext="jsonl",
-            settle_s=0.0,
-        )
-    return store.update_batch(
-        batch.id,
-        ds=ds,
-        source=batch.id,
-        input_sha256=version.sha256,
-        request_total=len(parsed.lines),
-    )
 
 
 def batch_lines(settings: Settings, batch: BatchRecord) -> list[BatchRequestLine]:
@@ -165,3 +155,59 @@ def write_batch_files(
         output_file_id=output.id if output else None,
         error_file_id=error.id if error else None,
     )
+
+
+def begin_batch(
+    store: ApiStore, batch_id: str, *, run_id: str, by_hand: bool
+) -> BatchRecord | None:
+    """Take a landed batch up: -> in_progress (a retry's in_progress or finalizing batch too).
+    None when it was cancelled (or ended) first; a rerun `by_hand` of a finished batch keeps
+    its status and goes on (it sends only what the ledger lacks)."""
+    started = store.transition(
+        batch_id,
+        BatchStatus.IN_PROGRESS,
+        expect=(BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING),
+        run_id=run_id,
+    )
+    if started is not None:
+        return started
+    current = store.batch(batch_id)
+    if by_hand and current is not None and current.terminal:
+        return store.update_batch(batch_id, run_id=run_id)
+    return None
+
+
+def finish_batch(
+    store: ApiStore,
+    ledger: Ledger,
+    batch_id: str,
+    lines: Sequence[BatchRequestLine],
+    status: BatchStatus,
+    *,
+    outcomes: Sequence[BatchOutcome] = (),
+) -> BatchRecord:
+    """Write the output/error files, then enter `status` (never over a final one). A batch
+    being cancelled ends `cancelled`, whatever `status` the run reached."""
+    current = store.batch(batch_id)
+    if current is None:
+        raise StorageError(f"no batch {batch_id}")
+    if current.terminal:
+        return current
+    if status == BatchStatus.CANCELLED or current.status == BatchStatus.CANCELLING:
+        status = BatchStatus.CANCELLED
+        store.transition(batch_id, BatchStatus.CANCELLING)
+    elif (
+        status in (BatchStatus.COMPLETED, BatchStatus.EXPIRED)
+        # Finalizing before the files: a cancel until the final status still counts.
+        and store.transition(batch_id, BatchStatus.FINALIZING, expect=_IN_RUN) is None
+    ):
+        return finish_batch(store, ledger, batch_id, lines, BatchStatus.CANCELLED)
+    failed = {f.input_id: ("request_failed", f.reason) for o in outcomes for f in o.failures}
+    record = write_batch_files(
+        store, ledger, current, lines, set_aside=failed, unanswered=_UNANSWERED.get(status)
+    )
+    done = store.transition(batch_id, status, expect=_FINAL_FROM[status])
+    if done is None:
+        # Cancelled while the files were written: they hold every answer there is.
+        done = store.transition(batch_id, BatchStatus.CANCELLED, expect=[BatchStatus.CANCELLING])
+    return done or store.batch(batch_id) or record

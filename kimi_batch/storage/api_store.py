@@ -1,59 +1,63 @@
-"""The Batch API's files and batches: what `kimi-batch api` and the API batch runs share.
+"""The Batch API's batches: their records and lifecycle, shared by `kimi-batch api` and the runs.
 
-    api/files/<sha256>   uploaded inputs and the output/error files (content-addressed, 0600)
-    api/api.sqlite3      file ids -> blobs, batch records, each batch's request keys
+    api/api.sqlite3      batch records, each batch's request keys (and the files: `api_files`)
 
-A file id names one upload; two uploads of the same bytes share a blob, which is removed with
-the last id naming it. A file is written to a temp name while its size is counted and refused
-past the limit before it is kept. Batch records move only forward through the lifecycle
-(`BatchStatus`); a transition is one transaction, so the API process and a Dagster run can both
-update a batch.
+Batch records move only forward through the lifecycle (`BatchStatus`, `NEXT_STATUSES`). Every
+status change is a compare-and-set (`transition`): it happens only from the statuses the caller
+expects and says whether it did, so a cancel landing between two steps of a run is never
+overwritten by the run's next step. The API process and a Dagster run both update batches; each
+change is one write transaction.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
-import json
 import os
+import socket
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable
 from enum import StrEnum
-from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.paths import PRIVATE_FILE_MODE, StatePaths, connect_private_db, private_dir
+from kimi_batch.paths import StatePaths
+from kimi_batch.storage.api_files import ApiFileStore
 from kimi_batch.storage.exceptions import StorageError
+from kimi_batch.storage.private_files import pid_alive
 from kimi_batch.tasks.openai_batch import BatchLineError
 
 __all__ = [
+    "NEXT_STATUSES",
     "TERMINAL_STATUSES",
+    "VALIDATION_STALE_S",
     "ApiStore",
     "BatchRecord",
     "BatchStatus",
-    "FileRecord",
-    "FileTooLargeError",
+    "ValidationClaim",
+    "process_owner",
 ]
 
-_CHUNK = 1 << 20
+# A validator beats every few seconds while it reads; one silent this long is gone (only for an
+# owner on another host: on this one, its pid tells).
+VALIDATION_STALE_S = 600.0
+
 _SCHEMA = (
-    """
-    CREATE TABLE IF NOT EXISTS files (
-        seq        INTEGER PRIMARY KEY AUTOINCREMENT,
-        id         TEXT NOT NULL UNIQUE,
-        sha256     TEXT NOT NULL,
-        record     TEXT NOT NULL
-    )
-    """,
     """
     CREATE TABLE IF NOT EXISTS batches (
         seq        INTEGER PRIMARY KEY AUTOINCREMENT,
         id         TEXT NOT NULL UNIQUE,
         status     TEXT NOT NULL,
         record     TEXT NOT NULL
+    )
+    """,
+    # Who validates a `validating` batch not landed yet (see `ValidationClaim`).
+    """
+    CREATE TABLE IF NOT EXISTS validations (
+        batch_id   TEXT PRIMARY KEY,
+        owner      TEXT NOT NULL,
+        heartbeat  REAL NOT NULL,
+        attempts   INTEGER NOT NULL
     )
     """,
     """
@@ -65,10 +69,6 @@ _SCHEMA = (
     )
     """,
 )
-
-
-class FileTooLargeError(StorageError):
-    """An upload is over the input limit; nothing of it is kept."""
 
 
 class BatchStatus(StrEnum):
@@ -85,6 +85,20 @@ class BatchStatus(StrEnum):
 TERMINAL_STATUSES = frozenset(
     {BatchStatus.FAILED, BatchStatus.COMPLETED, BatchStatus.EXPIRED, BatchStatus.CANCELLED}
 )
+# The lifecycle: the statuses each one may move to. A cancelled batch never runs again
+# (cancelling -> cancelled only); a finished one never changes.
+NEXT_STATUSES: dict[BatchStatus, frozenset[BatchStatus]] = {
+    BatchStatus.VALIDATING: frozenset(
+        {BatchStatus.IN_PROGRESS, BatchStatus.FAILED, BatchStatus.CANCELLING}
+    ),
+    BatchStatus.IN_PROGRESS: frozenset(
+        {BatchStatus.FINALIZING, BatchStatus.EXPIRED, BatchStatus.FAILED, BatchStatus.CANCELLING}
+    ),
+    BatchStatus.FINALIZING: frozenset(
+        {BatchStatus.COMPLETED, BatchStatus.EXPIRED, BatchStatus.FAILED, BatchStatus.CANCELLING}
+    ),
+    BatchStatus.CANCELLING: frozenset({BatchStatus.CANCELLED}),
+}
 # The timestamp field each status sets when it is entered.
 _STAMPS = {
     BatchStatus.IN_PROGRESS: "in_progress_at",
@@ -95,21 +109,6 @@ _STAMPS = {
     BatchStatus.CANCELLING: "cancelling_at",
     BatchStatus.CANCELLED: "cancelled_at",
 }
-
-
-class FileRecord(BaseModel):
-    """An uploaded or generated file, as the API shows it (OpenAI's file object)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    id: str
-    object: str = "file"
-    bytes: int = Field(ge=0)
-    created_at: int
-    filename: str
-    purpose: str
-    status: str = "processed"
-    sha256: str = Field(exclude=True)
 
 
 class BatchRecord(BaseModel):
@@ -149,104 +148,40 @@ class BatchRecord(BaseModel):
         return self.status in TERMINAL_STATUSES
 
 
-class ApiStore:
+def process_owner() -> str:
+    """This process, as a validation claim names it: `host:pid`."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class ValidationClaim(BaseModel):
+    """The process validating a batch (its creator from the start), its last sign of life and
+    how many processes have started on it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    batch_id: str
+    owner: str
+    heartbeat: float
+    attempts: int = Field(ge=0)
+
+    def abandoned(self, now: float) -> bool:
+        """Its owner is gone: a dead pid on this host, else no beat for `VALIDATION_STALE_S`."""
+        host, _, pid = self.owner.rpartition(":")
+        if host == socket.gethostname() and pid.isdigit():
+            return not pid_alive(int(pid))
+        return now - self.heartbeat > VALIDATION_STALE_S
+
+
+class ApiStore(ApiFileStore):
     """Files and batches of the Batch API under `StatePaths.api_dir`."""
 
     def __init__(self, paths: StatePaths) -> None:
-        private_dir(paths.api_dir)
-        self.files_dir = private_dir(paths.api_files_dir)
-        self._db = connect_private_db(paths.api_db_path)
+        super().__init__(paths)
         for statement in _SCHEMA:
             self._db.execute(statement)
 
-    def close(self) -> None:
-        self._db.close()
-
     def __enter__(self) -> ApiStore:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # ---- files -------------------------------------------------------------------------------
-
-    def blob_path(self, record: FileRecord) -> Path:
-        return self.files_dir / record.sha256
-
-    def add_file(
-        self, reader: IO[bytes], *, filename: str, purpose: str, max_bytes: int
-    ) -> FileRecord:
-        """Copy `reader` in (hashing and counting); over `max_bytes` nothing is kept."""
-        temp = self.files_dir / f".{uuid.uuid4().hex}.tmp"
-        digest = hashlib.sha256()
-        size = 0
-        try:
-            with temp.open("wb") as writer:
-                os.chmod(temp, PRIVATE_FILE_MODE)
-                while chunk := reader.read(_CHUNK):
-                    size += len(chunk)
-                    if size > max_bytes:
-                        raise FileTooLargeError(
-                            f"file is over the input limit of {max_bytes} bytes "
-                            "(KIMI_BATCH_MAX_INPUT_MB)"
-                        )
-                    digest.update(chunk)
-                    writer.write(chunk)
-                writer.flush()
-                os.fsync(writer.fileno())
-            sha256 = digest.hexdigest()
-            target = self.files_dir / sha256
-            if not target.exists():
-                os.replace(temp, target)
-        finally:
-            temp.unlink(missing_ok=True)
-        record = FileRecord(
-            id=f"file-{uuid.uuid4().hex[:24]}",
-            bytes=size,
-            created_at=int(time.time()),
-            filename=filename,
-            purpose=purpose,
-            sha256=sha256,
-        )
-        self._db.execute(
-            "INSERT INTO files (id, sha256, record) VALUES (?, ?, ?)",
-            (record.id, sha256, record.model_dump_json()),
-        )
-        return record
-
-    def add_lines(self, lines: Iterable[str], *, filename: str, purpose: str) -> FileRecord:
-        """A generated file (batch output or errors) from its lines."""
-        data = "".join(line + "\n" for line in lines).encode("utf-8")
-        return self.add_file(
-            io.BytesIO(data), filename=filename, purpose=purpose, max_bytes=len(data)
-        )
-
-    def file(self, file_id: str) -> FileRecord | None:
-        row = self._db.execute(
-            "SELECT sha256, record FROM files WHERE id = ?", (file_id,)
-        ).fetchone()
-        return _file(row) if row else None
-
-    def files(
-        self, *, purpose: str | None = None, after: str | None = None, limit: int = 10000
-    ) -> list[FileRecord]:
-        """Newest first, like OpenAI's list; `after` is the last id of the previous page."""
-        return [
-            _file(row) for row in self._page("files", after=after, limit=limit, purpose=purpose)
-        ]
-
-    def delete_file(self, file_id: str) -> bool:
-        """Remove the id; the blob goes with the last id naming it."""
-        record = self.file(file_id)
-        if record is None:
-            return False
-        self._db.execute("DELETE FROM files WHERE id = ?", (file_id,))
-        shared = self._db.execute(
-            "SELECT 1 FROM files WHERE sha256 = ? LIMIT 1", (record.sha256,)
-        ).fetchone()
-        if not shared:
-            self.blob_path(record).unlink(missing_ok=True)
-        return True
 
     # ---- batches -----------------------------------------------------------------------------
 
@@ -258,7 +193,9 @@ class ApiStore:
         completion_window_s: int,
         completion_window: str,
         metadata: dict[str, str] | None,
+        owner: str | None = None,
     ) -> BatchRecord:
+        """A new `validating` batch, its validation claimed by `owner` (default: this process)."""
         now = int(time.time())
         record = BatchRecord(
             id=f"batch_{uuid.uuid4().hex[:24]}",
@@ -270,10 +207,16 @@ class ApiStore:
             created_at=now,
             expires_at=now + completion_window_s,
         )
-        self._db.execute(
-            "INSERT INTO batches (id, status, record) VALUES (?, ?, ?)",
-            (record.id, record.status.value, record.model_dump_json()),
-        )
+        with self._write_lock():
+            self._db.execute(
+                "INSERT INTO batches (id, status, record) VALUES (?, ?, ?)",
+                (record.id, record.status.value, record.model_dump_json()),
+            )
+            # Claimed by its creator at once: killed before validating, it is found abandoned.
+            self._db.execute(
+                "INSERT INTO validations (batch_id, owner, heartbeat, attempts) VALUES (?, ?, ?, 0)",
+                (record.id, owner or process_owner(), time.time()),
+            )
         return record
 
     def batch(self, batch_id: str) -> BatchRecord | None:
@@ -283,38 +226,104 @@ class ApiStore:
     def batches(
         self, *, after: str | None = None, limit: int = 10000, status: BatchStatus | None = None
     ) -> list[BatchRecord]:
-        rows = self._page("batches", after=after, limit=limit, status=status)
+        rows = self._page("batches", after=after, limit=limit, status=status and status.value)
         return [BatchRecord.model_validate_json(row[-1]) for row in rows]
+
+    def transition(
+        self,
+        batch_id: str,
+        status: BatchStatus | None,
+        *,
+        expect: Collection[BatchStatus] | None = None,
+        **fields: Any,
+    ) -> BatchRecord | None:
+        """Compare-and-set: if the batch is in one of `expect` (default: every status from which
+        the lifecycle allows `status`), enter `status` (stamping its time; None: keep it) and
+        set `fields`. Returns the new record, or None when the batch was elsewhere (nothing is
+        changed then)."""
+        if expect is None:
+            if status is None:
+                raise ValueError("a fields-only transition needs the statuses it expects")
+            expect = [s for s, after in NEXT_STATUSES.items() if status in after]
+        with self._write_lock():
+            record = self._record(batch_id)
+            if record.status not in expect:
+                return None
+            update = dict(fields)
+            if status is not None and status != record.status:
+                update["status"] = status
+                if (stamp := _STAMPS.get(status)) is not None:
+                    update[stamp] = int(time.time())
+            moved = BatchRecord.model_validate({**record.model_dump(), **update})
+            # WHERE status = the one read: the compare-and-set itself (the lock makes it
+            # certain here; it keeps the statement right where no such lock is held).
+            cursor = self._db.execute(
+                "UPDATE batches SET status = ?, record = ? WHERE id = ? AND status = ?",
+                (moved.status.value, moved.model_dump_json(), batch_id, record.status.value),
+            )
+            return moved if cursor.rowcount == 1 else None
 
     def update_batch(
         self, batch_id: str, *, status: BatchStatus | None = None, **fields: Any
     ) -> BatchRecord:
-        """Set fields and, with `status`, enter it (stamping its time) unless the batch is
-        already terminal: a finished batch never changes status again."""
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            row = self._db.execute(
-                "SELECT record FROM batches WHERE id = ?", (batch_id,)
-            ).fetchone()
-            if row is None:
-                raise StorageError(f"no batch {batch_id}")
-            record = BatchRecord.model_validate_json(row[0])
+        """Set `fields` whatever the status; with `status`, also enter it when the lifecycle
+        allows it from the current one (a finished or cancelling batch keeps its status). A
+        step that must not happen after another writer's change uses `transition`."""
+        with self._write_lock():
+            record = self._record(batch_id)
             update = dict(fields)
-            if status is not None and not record.terminal and status != record.status:
+            if status is not None and status in NEXT_STATUSES.get(record.status, ()):
                 update["status"] = status
-                stamp = _STAMPS.get(status)
-                if stamp is not None:
+                if (stamp := _STAMPS.get(status)) is not None:
                     update[stamp] = int(time.time())
             record = BatchRecord.model_validate({**record.model_dump(), **update})
             self._db.execute(
                 "UPDATE batches SET status = ?, record = ? WHERE id = ?",
                 (record.status.value, record.model_dump_json(), batch_id),
             )
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
         return record
+
+    def _record(self, batch_id: str) -> BatchRecord:
+        row = self._db.execute("SELECT record FROM batches WHERE id = ?", (batch_id,)).fetchone()
+        if row is None:
+            raise StorageError(f"no batch {batch_id}")
+        return BatchRecord.model_validate_json(row[0])
+
+    # ---- validation claims -------------------------------------------------------------------
+
+    def validation_claim(self, batch_id: str) -> ValidationClaim | None:
+        row = self._db.execute(
+            "SELECT batch_id, owner, heartbeat, attempts FROM validations WHERE batch_id = ?",
+            (batch_id,),
+        ).fetchone()
+        return _claim(row) if row else None
+
+    def claim_validation(self, batch_id: str, owner: str) -> ValidationClaim | None:
+        """Take the validation of a batch: unclaimed, already `owner`'s, or abandoned. The
+        claim counts one more attempt; None when a live process holds it."""
+        with self._write_lock():
+            now = time.time()
+            held = self.validation_claim(batch_id)
+            if held is not None and held.owner != owner and not held.abandoned(now):
+                return None
+            attempts = (held.attempts if held else 0) + 1
+            self._db.execute(
+                "INSERT OR REPLACE INTO validations (batch_id, owner, heartbeat, attempts) "
+                "VALUES (?, ?, ?, ?)",
+                (batch_id, owner, now, attempts),
+            )
+        return ValidationClaim(batch_id=batch_id, owner=owner, heartbeat=now, attempts=attempts)
+
+    def beat_validation(self, batch_id: str, owner: str) -> None:
+        self._db.execute(
+            "UPDATE validations SET heartbeat = ? WHERE batch_id = ? AND owner = ?",
+            (time.time(), batch_id, owner),
+        )
+
+    def release_validation(self, batch_id: str) -> None:
+        self._db.execute("DELETE FROM validations WHERE batch_id = ?", (batch_id,))
+
+    # ---- request keys --------------------------------------------------------------------------
 
     def set_request_keys(self, batch_id: str, keys: Iterable[tuple[str, str]]) -> None:
         """(custom_id, ledger content key) of every request of the batch, as planned."""
@@ -330,33 +339,7 @@ class ApiStore:
         ).fetchall()
         return dict(rows)
 
-    def _page(
-        self,
-        table: str,
-        *,
-        after: str | None,
-        limit: int,
-        purpose: str | None = None,
-        status: BatchStatus | None = None,
-    ) -> Iterator[tuple[Any, ...]]:
-        where, args = ["1 = 1"], list[Any]()
-        if after is not None:
-            where.append(f"seq < COALESCE((SELECT seq FROM {table} WHERE id = ?), -1)")
-            args.append(after)
-        if status is not None:
-            where.append("status = ?")
-            args.append(status.value)
-        columns = "sha256, record" if table == "files" else "record"
-        query = f"SELECT {columns} FROM {table} WHERE {' AND '.join(where)} ORDER BY seq DESC"
-        for row in self._db.execute(query, args):
-            if purpose is not None and json.loads(row[-1])["purpose"] != purpose:
-                continue
-            if limit <= 0:
-                return
-            limit -= 1
-            yield row
 
-
-def _file(row: tuple[str, str]) -> FileRecord:
-    sha256, record = row
-    return FileRecord.model_validate({**json.loads(record), "sha256": sha256})
+def _claim(row: tuple[str, str, float, int]) -> ValidationClaim:
+    batch_id, owner, heartbeat, attempts = row
+    return ValidationClaim(batch_id=batch_id, owner=owner, heartbeat=heartbeat, attempts=attempts)

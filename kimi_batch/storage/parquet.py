@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict
 
 from kimi_batch.paths import PRIVATE_FILE_MODE, private_dir
 from kimi_batch.storage.exceptions import InvalidPartitionError
+from kimi_batch.storage.private_files import remove_stale_temps
 from kimi_batch.storage.schema import PARTITION_COLUMNS, TABLES, model_for, polars_schema
 
 __all__ = ["PART_FILE", "PartitionWrite", "Warehouse", "validate_ds", "validate_source"]
@@ -148,7 +149,8 @@ class Warehouse:
         private_dir(self.root)  # generated text is confidential: the root is owner-only
         directory.mkdir(parents=True, exist_ok=True)
         target = directory / PART_FILE
-        token = uuid.uuid4().hex
+        remove_stale_temps(directory)  # those of a writer killed mid-write (named by pid)
+        token = f"{os.getpid()}-{uuid.uuid4().hex}"
         temp = directory / f".{PART_FILE}.{token}.tmp"
         chunk_files: list[Path] = []
         try:

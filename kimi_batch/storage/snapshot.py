@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import uuid
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -12,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kimi_batch.paths import PRIVATE_FILE_MODE
 from kimi_batch.storage.exceptions import StorageError
 from kimi_batch.storage.inbox import open_regular
+from kimi_batch.storage.private_files import remove_stale_temps, temp_name
 from kimi_batch.storage.settle import (
     SETTLE_S,
     InputNotSettledError,
@@ -55,7 +55,8 @@ def copy_snapshot(
     raises InputNotSettledError. Only regular files are opened (NotRegularFileError: a FIFO never
     blocks). An OSError of the copy (disk full, I/O error) leaves no file behind.
     """
-    temp = landed_dir / f".{uuid.uuid4().hex}.tmp"
+    remove_stale_temps(landed_dir)  # those of a copy killed midway (named by pid)
+    temp = temp_name(landed_dir, "snapshot")
     digest = hashlib.sha256()
     copied = 0
     try:

@@ -13,6 +13,7 @@ import pytest
 from kimi_batch.settings import Settings
 from kimi_batch.storage import ApiStore
 from kimi_batch_tests.support.api_server import serving_api
+from kimi_batch_tests.support.batches import validated
 
 KEY = "sk-test-key"
 
@@ -139,6 +140,7 @@ def test_a_duplicate_custom_id_fails_the_batch_naming_the_line(client: openai.Op
     batch = client.batches.create(
         input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
     )
+    batch = validated(client, batch)
     assert batch.status == "failed"
     assert batch.failed_at is not None
     assert batch.errors is not None
@@ -157,6 +159,7 @@ def test_a_wrong_url_and_a_bad_json_line_fail_the_batch(client: openai.OpenAI) -
     batch = client.batches.create(
         input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
     )
+    batch = validated(client, batch)
     assert batch.status == "failed"
     assert batch.errors is not None
     assert batch.errors.data is not None
@@ -176,7 +179,9 @@ def test_a_valid_batch_is_landed_and_waits_for_its_run(
         completion_window="24h",
         metadata={"team": "evals"},
     )
-    assert batch.status == "validating"
+    assert batch.status == "validating"  # at once, as OpenAI's; validated in a worker
+    batch = validated(client, batch)
+    assert batch.status == "validating"  # landed, waiting for its run
     assert batch.metadata == {"team": "evals"}
     assert batch.expires_at == batch.created_at + 24 * 3600
     assert batch.request_counts is not None

@@ -6,16 +6,18 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from kimi_batch.cli.export import export_partition
+from kimi_batch.settings import Settings
 from kimi_batch.storage import Warehouse
 from kimi_batch_tests.support.rows import amplified, distilled, quarantined
 
-pytestmark = pytest.mark.slow  # every test runs the CLI in a child process
 
-
+@pytest.mark.slow  # runs the CLI in a child process
 def test_export_writes_one_line_per_answer_and_per_failed_request(tmp_path: Path) -> None:
     warehouse = Warehouse(tmp_path / "home" / "warehouse")
     variants = amplified(2)
@@ -48,6 +50,7 @@ def test_export_writes_one_line_per_answer_and_per_failed_request(tmp_path: Path
     assert lines[-1]["custom_id"] == "seed-9"
 
 
+@pytest.mark.slow  # runs the CLI in a child process
 def test_export_of_a_missing_partition_is_a_clear_error(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "kimi_batch.cli", "export", "--date", "2026-11-30", "--source", "nope"],
@@ -56,3 +59,59 @@ def test_export_of_a_missing_partition_is_a_clear_error(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 2
     assert "no distilled partition" in result.stderr
+
+
+def _mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+@pytest.fixture
+def shared_umask() -> Iterator[None]:
+    """What a shared box's users have: files 0644, folders 0755."""
+    old = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def _exportable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path / "home"))
+    settings = Settings.from_env()
+    Warehouse(settings.paths.warehouse_dir).write_partition(
+        "distilled", "2026-11-30", "batch", distilled(amplified(1))
+    )
+    return settings
+
+
+@pytest.mark.usefixtures("shared_umask")
+def test_the_default_export_is_owner_only_and_clears_a_killed_export_s_temp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = _exportable(tmp_path, monkeypatch)
+    exports = settings.home / "exports"
+    exports.mkdir(parents=True)  # 0755, as an older version left it
+    name = "distilled-2026-11-30-batch.jsonl"
+    stale = exports / f".{name}.{(1 << 22) + 7}-{'0' * 32}.tmp"  # a killed export's temp
+    stale.write_text("half an export")
+    path = export_partition(settings, ds="2026-11-30", source="batch", fmt="openai-batch", out=None)
+    assert path == exports / name
+    assert (_mode(path), _mode(exports)) == (0o600, 0o700)
+    assert [p.name for p in exports.iterdir()] == [name]  # the stale temp is gone
+
+
+@pytest.mark.usefixtures("shared_umask")
+def test_an_export_elsewhere_creates_owner_only_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = _exportable(tmp_path, monkeypatch)
+    out = tmp_path / "new" / "deeper" / "answers.jsonl"
+    path = export_partition(
+        settings, ds="2026-11-30", source="batch", fmt="openai-batch", out=str(out)
+    )
+    assert path == out
+    assert _mode(out) == 0o600
+    assert _mode(out.parent) == _mode(tmp_path / "new") == 0o700
+    before = _mode(tmp_path)
+    export_partition(settings, ds="2026-11-30", source="batch", fmt="openai-batch", out=str(out))
+    assert _mode(tmp_path) == before  # a folder it did not create keeps its mode

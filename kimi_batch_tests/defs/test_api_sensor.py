@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +15,26 @@ from kimi_batch.defs.api_sensor import build_api_batch_sensor
 from kimi_batch.defs.assets.api_batch import API_TRIGGER_TAG
 from kimi_batch.engine import Ledger
 from kimi_batch.settings import Settings
-from kimi_batch.storage import ApiStore, BatchRecord, BatchStatus, validate_batch
+from kimi_batch.storage import (
+    MAX_VALIDATION_ATTEMPTS,
+    ApiStore,
+    BatchRecord,
+    BatchStatus,
+    validate_batch,
+)
 from kimi_batch_tests.support.results import make_result
+
+# Above the kernel's largest pid_max (2**22): never a live process.
+DEAD_OWNER = f"{socket.gethostname()}:{(1 << 22) + 7}"
 
 
 def _batch(
-    store: ApiStore, settings: Settings, *, land: bool, custom_ids: tuple[str, ...] = ("a",)
+    store: ApiStore,
+    settings: Settings,
+    *,
+    land: bool,
+    custom_ids: tuple[str, ...] = ("a",),
+    owner: str | None = None,
 ) -> BatchRecord:
     lines = [
         {
@@ -42,6 +57,7 @@ def _batch(
         completion_window="24h",
         completion_window_s=86400,
         metadata=None,
+        owner=owner,
     )
     return validate_batch(settings, store, batch) if land else batch
 
@@ -176,3 +192,38 @@ def test_a_batch_whose_run_goes_on_is_left_alone(
         still, answered, unanswered = _after_a_tick(instance, settings, batch.id)
         assert still.status == BatchStatus.IN_PROGRESS
         assert (answered, unanswered) == ([], [])
+
+
+def test_what_a_killed_api_left_validating_is_validated_and_run(settings: Settings) -> None:
+    with dg.instance_for_test() as instance:
+        with ApiStore(settings.paths) as store:
+            left = _batch(store, settings, land=False, owner=DEAD_OWNER)
+            cancelled = _batch(store, settings, land=False, owner=DEAD_OWNER)
+            store.update_batch(cancelled.id, status=BatchStatus.CANCELLING)
+            live = _batch(store, settings, land=False)  # this (live) process validates it
+        requests = _tick(instance).run_requests or []
+        assert [r.partition_key for r in requests] == [left.id]
+        with ApiStore(settings.paths) as store:
+            landed, gone, waiting = (store.batch(b.id) for b in (left, cancelled, live))
+        assert landed is not None
+        assert gone is not None
+        assert waiting is not None
+        assert landed.input_sha256 is not None
+        assert landed.request_total == 1
+        assert gone.status == BatchStatus.CANCELLED
+        assert waiting.input_sha256 is None
+
+
+def test_a_validation_interrupted_too_often_fails_the_batch(settings: Settings) -> None:
+    with dg.instance_for_test() as instance:
+        with ApiStore(settings.paths) as store:
+            batch = _batch(store, settings, land=False, owner=DEAD_OWNER)
+            for _ in range(MAX_VALIDATION_ATTEMPTS):
+                store.claim_validation(batch.id, DEAD_OWNER)  # each one killed midway
+        assert not _tick(instance).run_requests
+        with ApiStore(settings.paths) as store:
+            failed = store.batch(batch.id)
+        assert failed is not None
+        assert failed.status == BatchStatus.FAILED
+        [error] = failed.errors
+        assert error.code == "validation_interrupted"

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from kimi_batch.tasks.api_batch import ApiBatchTask
-from kimi_batch.tasks.openai_batch import parse_batch_input
+from kimi_batch.tasks.batch_input import parse_batch_input
 from kimi_batch.tasks.sink import StageSink
 from kimi_batch_tests.support.results import make_result
 

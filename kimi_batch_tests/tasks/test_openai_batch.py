@@ -14,11 +14,8 @@ from kimi_batch.cli.export import export_partition
 from kimi_batch.llama import TokenLogprob, TopLogprob
 from kimi_batch.settings import Settings
 from kimi_batch.storage import Warehouse
-from kimi_batch.tasks.openai_batch import (
-    AnsweredRequest,
-    parse_batch_input,
-    response_line,
-)
+from kimi_batch.tasks.batch_input import parse_batch_input
+from kimi_batch.tasks.openai_batch import AnsweredRequest, response_line
 from kimi_batch.tasks.quarantine import result_row
 from kimi_batch_tests.support.results import make_result
 from kimi_batch_tests.support.rows import CREATED_AT, amplified, distilled

@@ -43,11 +43,12 @@ from kimi_batch.storage import (
     StorageError,
     Warehouse,
     batch_lines,
+    begin_batch,
+    finish_batch,
     replace_quarantine,
-    write_batch_files,
 )
 from kimi_batch.tasks.api_batch import ApiBatchTask
-from kimi_batch.tasks.openai_batch import BatchLineError, BatchRequestLine
+from kimi_batch.tasks.openai_batch import BatchLineError
 from kimi_batch.tasks.sink import StageSink
 
 __all__ = ["API_GROUP", "API_TRIGGER_TAG", "api_batch_responses", "finish_abandoned_batch"]
@@ -56,9 +57,6 @@ API_GROUP = "api"
 # Set by the API batch sensor on the first run of a batch; a rerun by hand has no such tag.
 API_TRIGGER_TAG = "kimi_batch/api_batch"
 CANCEL_POLL_S = 0.25
-_CANCELLED = ("batch_cancelled", "the batch was cancelled before this request was answered")
-_EXPIRED = ("batch_expired", "the batch's completion window ended before this request was answered")
-_FAILED = ("batch_failed", "the batch's run failed before this request was answered")
 
 
 async def _until_done_or_cancelled(
@@ -146,30 +144,6 @@ def _merged(outcomes: Sequence[BatchOutcome]) -> BatchOutcome:
     )
 
 
-def _finish(
-    store: ApiStore,
-    ledger: Ledger,
-    batch: BatchRecord,
-    lines: Sequence[BatchRequestLine],
-    status: BatchStatus,
-    *,
-    outcomes: Sequence[BatchOutcome] = (),
-) -> BatchRecord:
-    """Write the output/error files, then enter the final status (never over a final one)."""
-    if batch.terminal:
-        return batch
-    failed = {f.input_id: ("request_failed", f.reason) for o in outcomes for f in o.failures}
-    unanswered = {
-        BatchStatus.CANCELLED: _CANCELLED,
-        BatchStatus.EXPIRED: _EXPIRED,
-        BatchStatus.FAILED: _FAILED,
-    }.get(status)
-    if status == BatchStatus.COMPLETED:
-        store.update_batch(batch.id, status=BatchStatus.FINALIZING)
-    record = write_batch_files(store, ledger, batch, lines, set_aside=failed, unanswered=unanswered)
-    return store.update_batch(record.id, status=status)
-
-
 def finish_abandoned_batch(
     settings: Settings, store: ApiStore, batch: BatchRecord, run: dg.DagsterRun
 ) -> BatchRecord:
@@ -195,7 +169,7 @@ def finish_abandoned_batch(
         # The landed input is gone or unreadable: the final status without files.
         return store.update_batch(batch.id, status=status)
     with Ledger(settings.paths.ledger_path) as ledger:
-        return _finish(store, ledger, batch, lines, status)
+        return finish_batch(store, ledger, batch.id, lines, status)
 
 
 def _land(
@@ -255,14 +229,17 @@ def api_batch_responses(
         task = ApiBatchTask(lines=lines, source_file=f"{batch.id}.jsonl")
         with partition_lease(context, warehouse, ds, source) as held:
             ledger = held.ledger
-            if API_TRIGGER_TAG in context.run.tags and (
-                batch.terminal or batch.status == BatchStatus.CANCELLING
-            ):
-                _finish(store, ledger, batch, lines, BatchStatus.CANCELLED)
-                raise dg.Failure(f"{batch.id} was cancelled before its run started")
-            batch = store.update_batch(
-                batch.id, status=BatchStatus.IN_PROGRESS, run_id=context.run.run_id
+            # A compare-and-set: a cancel that landed since the batch was read is not lost.
+            started = begin_batch(
+                store,
+                batch.id,
+                run_id=context.run.run_id,
+                by_hand=API_TRIGGER_TAG not in context.run.tags,
             )
+            if started is None:
+                finish_batch(store, ledger, batch.id, lines, BatchStatus.CANCELLED)
+                raise dg.Failure(f"{batch.id} was cancelled before its run started")
+            batch = started
             groups = task.load(lambda table, model: []).groups()
             try:
                 outcomes, cancelled = run_interruptibly(
@@ -270,14 +247,13 @@ def api_batch_responses(
                 )
             except dg.DagsterExecutionInterruptedError:
                 # A run terminated from the UI lands here, its requests cancelled by now.
-                store.update_batch(batch.id, status=BatchStatus.CANCELLING)
-                _finish(store, ledger, batch, lines, BatchStatus.CANCELLED)
+                finish_batch(store, ledger, batch.id, lines, BatchStatus.CANCELLED)
                 raise
             except Exception:
-                _finish(store, ledger, batch, lines, BatchStatus.FAILED)
+                finish_batch(store, ledger, batch.id, lines, BatchStatus.FAILED)
                 raise
             if cancelled or not outcomes:
-                done = _finish(store, ledger, batch, lines, BatchStatus.CANCELLED)
+                done = finish_batch(store, ledger, batch.id, lines, BatchStatus.CANCELLED)
                 raise dg.Failure(
                     f"{batch.id} was cancelled: {done.request_total - done.request_failed} of "
                     f"{done.request_total} requests answered (kept; a rerun sends the rest)"
@@ -290,7 +266,7 @@ def api_batch_responses(
             )  # fmt: skip
             # Completed once its rows are in the table (and Trino): then the files, then the status.
             status = BatchStatus.EXPIRED if outcome.stopped_at_window else BatchStatus.COMPLETED
-            done = _finish(store, ledger, batch, lines, status, outcomes=outcomes)
+            done = finish_batch(store, ledger, batch.id, lines, status, outcomes=outcomes)
     metadata |= {
         "batch_id": dg.MetadataValue.text(batch.id),
         "system_prompts": len(groups),

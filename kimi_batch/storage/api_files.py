@@ -1,0 +1,234 @@
+"""The Batch API's file store: uploads and generated files, content-addressed and owner-only.
+
+    api/files/<sha256>   the bytes (0600 in a 0700 folder), shared by every id naming them
+    files table          file id -> sha256 and its OpenAI file object
+
+A file id names one upload; two uploads of the same bytes share a blob, which is removed with
+the last id naming it. An upload is staged (copied to a temp name while its size is counted and
+refused past the limit), then kept: the blob is renamed into place and its id recorded in one
+write transaction. A delete drops the id and, when no other id names the blob, unlinks it in one
+too. SQLite's write lock (held across processes) orders the two, so a delete racing an upload of
+the same bytes never removes the blob the upload's id names. The temps of a writer killed
+mid-copy are removed by the next upload.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kimi_batch.paths import PRIVATE_FILE_MODE, StatePaths, connect_private_db, private_dir
+from kimi_batch.storage.exceptions import StorageError
+from kimi_batch.storage.private_files import remove_stale_temps, temp_name
+
+__all__ = ["ApiFileStore", "FileRecord", "FileTooLargeError", "StagedFile", "Transaction"]
+
+_CHUNK = 1 << 20
+_FILES_TABLE = """
+    CREATE TABLE IF NOT EXISTS files (
+        seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+        id         TEXT NOT NULL UNIQUE,
+        sha256     TEXT NOT NULL,
+        record     TEXT NOT NULL
+    )
+"""
+
+
+class FileTooLargeError(StorageError):
+    """An upload is over the input limit; nothing of it is kept."""
+
+
+class FileRecord(BaseModel):
+    """An uploaded or generated file, as the API shows it (OpenAI's file object)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    object: str = "file"
+    bytes: int = Field(ge=0)
+    created_at: int
+    filename: str
+    purpose: str
+    status: str = "processed"
+    sha256: str = Field(exclude=True)
+
+
+class StagedFile(BaseModel):
+    """An upload copied to its temp file, not yet kept (`ApiFileStore.keep_file`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temp: Path
+    sha256: str
+    bytes: int = Field(ge=0)
+
+
+class Transaction:
+    """`BEGIN IMMEDIATE` ... `COMMIT` (ROLLBACK on an error): SQLite's write lock, held across
+    processes for the block."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def __enter__(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, kind: object, *rest: object) -> None:
+        self._db.execute("COMMIT" if kind is None else "ROLLBACK")
+
+
+class ApiFileStore:
+    """The files of the Batch API under `StatePaths.api_dir` (the batches: `ApiStore`)."""
+
+    def __init__(self, paths: StatePaths) -> None:
+        private_dir(paths.api_dir)
+        self.files_dir = private_dir(paths.api_files_dir)
+        self._db = connect_private_db(paths.api_db_path)
+        self._db.execute(_FILES_TABLE)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def blob_path(self, record: FileRecord) -> Path:
+        return self.files_dir / record.sha256
+
+    def stage_file(self, reader: IO[bytes], *, max_bytes: int) -> StagedFile:
+        """Copy `reader` to a temp file (hashing and counting); over `max_bytes` nothing is
+        kept. The temps of writers killed mid-copy are removed first."""
+        remove_stale_temps(self.files_dir)
+        temp = temp_name(self.files_dir, "upload")
+        digest = hashlib.sha256()
+        size = 0
+        try:
+            with temp.open("wb") as writer:
+                os.chmod(temp, PRIVATE_FILE_MODE)
+                while chunk := reader.read(_CHUNK):
+                    size += len(chunk)
+                    if size > max_bytes:
+                        raise FileTooLargeError(
+                            f"file is over the input limit of {max_bytes} bytes "
+                            "(KIMI_BATCH_MAX_INPUT_MB)"
+                        )
+                    digest.update(chunk)
+                    writer.write(chunk)
+                writer.flush()
+                os.fsync(writer.fileno())
+        except BaseException:
+            temp.unlink(missing_ok=True)
+            raise
+        return StagedFile(temp=temp, sha256=digest.hexdigest(), bytes=size)
+
+    def keep_file(self, staged: StagedFile, *, filename: str, purpose: str) -> FileRecord:
+        """Put a staged file in place and record its id, in one write transaction."""
+        record = FileRecord(
+            id=f"file-{uuid.uuid4().hex[:24]}",
+            bytes=staged.bytes,
+            created_at=int(time.time()),
+            filename=filename,
+            purpose=purpose,
+            sha256=staged.sha256,
+        )
+        try:
+            with self._write_lock():
+                # Always renamed over the blob (same bytes): whatever a delete did before this
+                # lock was taken, the blob exists when the id is committed.
+                os.replace(staged.temp, self.files_dir / staged.sha256)
+                self._db.execute(
+                    "INSERT INTO files (id, sha256, record) VALUES (?, ?, ?)",
+                    (record.id, staged.sha256, record.model_dump_json()),
+                )
+        finally:
+            staged.temp.unlink(missing_ok=True)
+        return record
+
+    def add_file(
+        self, reader: IO[bytes], *, filename: str, purpose: str, max_bytes: int
+    ) -> FileRecord:
+        """Copy `reader` in (hashing and counting); over `max_bytes` nothing is kept."""
+        staged = self.stage_file(reader, max_bytes=max_bytes)
+        return self.keep_file(staged, filename=filename, purpose=purpose)
+
+    def add_lines(self, lines: Iterable[str], *, filename: str, purpose: str) -> FileRecord:
+        """A generated file (batch output or errors) from its lines."""
+        data = "".join(line + "\n" for line in lines).encode("utf-8")
+        return self.add_file(
+            io.BytesIO(data), filename=filename, purpose=purpose, max_bytes=len(data)
+        )
+
+    def file(self, file_id: str) -> FileRecord | None:
+        row = self._db.execute(
+            "SELECT sha256, record FROM files WHERE id = ?", (file_id,)
+        ).fetchone()
+        return _file(row) if row else None
+
+    def files(
+        self, *, purpose: str | None = None, after: str | None = None, limit: int = 10000
+    ) -> list[FileRecord]:
+        """Newest first, like OpenAI's list; `after` is the last id of the previous page."""
+        return [
+            _file(row) for row in self._page("files", after=after, limit=limit, purpose=purpose)
+        ]
+
+    def delete_file(self, file_id: str) -> bool:
+        """Remove the id; the blob goes with the last id naming it (under the write lock, so an
+        upload of the same bytes either names it before, and keeps it, or puts it back)."""
+        with self._write_lock():
+            row = self._db.execute("SELECT sha256 FROM files WHERE id = ?", (file_id,)).fetchone()
+            if row is None:
+                return False
+            self._db.execute("DELETE FROM files WHERE id = ?", (file_id,))
+            shared = self._db.execute(
+                "SELECT 1 FROM files WHERE sha256 = ? LIMIT 1", (row[0],)
+            ).fetchone()
+            if not shared:
+                # Unlinked before the commit, still under the lock: no upload can record an id
+                # for these bytes in between.
+                (self.files_dir / row[0]).unlink(missing_ok=True)
+        return True
+
+    def _write_lock(self) -> Transaction:
+        return Transaction(self._db)
+
+    def _page(
+        self,
+        table: str,
+        *,
+        after: str | None,
+        limit: int,
+        purpose: str | None = None,
+        status: str | None = None,
+    ) -> Iterator[tuple[Any, ...]]:
+        where, args = ["1 = 1"], list[Any]()
+        if after is not None:
+            where.append(f"seq < COALESCE((SELECT seq FROM {table} WHERE id = ?), -1)")
+            args.append(after)
+        if status is not None:
+            where.append("status = ?")
+            args.append(status)
+        columns = "sha256, record" if table == "files" else "record"
+        query = f"SELECT {columns} FROM {table} WHERE {' AND '.join(where)} ORDER BY seq DESC"
+        for row in self._db.execute(query, args):
+            if purpose is not None and json.loads(row[-1])["purpose"] != purpose:
+                continue
+            if limit <= 0:
+                return
+            limit -= 1
+            yield row
+
+
+def _file(row: tuple[str, str]) -> FileRecord:
+    sha256, record = row
+    return FileRecord.model_validate({**json.loads(record), "sha256": sha256})

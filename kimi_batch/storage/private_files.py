@@ -1,0 +1,109 @@
+"""Files holding prompts or answers: owner-only, written whole, no temp file left for ever.
+
+    private_folder(path)     create it 0700 (an existing folder of someone else is left alone)
+    temp_name(folder, name)  a hidden temp name carrying the writer's pid
+    remove_stale_temps(dir)  the temps of writers that are gone (killed mid-write)
+    write_private_text(p, t) write `t` to a temp, fsync, 0600, rename over `p`
+
+A write goes to a temp file first and is renamed into place, so a reader never sees half a file;
+a writer killed in between leaves its temp behind. Its name carries the writer's pid, so the next
+write into the same folder removes the temps of dead writers (never a live writer's). A temp
+without a pid (an older version's) is removed once it is an hour old.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import uuid
+from pathlib import Path
+
+from kimi_batch.paths import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE
+
+__all__ = [
+    "TEMP_SUFFIXES",
+    "pid_alive",
+    "private_folder",
+    "remove_stale_temps",
+    "temp_name",
+    "write_private_text",
+]
+
+TEMP_SUFFIXES = (".tmp", ".chunk")
+# `.<name>.<pid>-<32 hex>[.<n>].tmp|.chunk`: what temp_name writes (and its numbered chunks).
+_WITH_PID = re.compile(r"^\..*\.(\d+)-[0-9a-f]{32}(?:\.\d+)?\.(?:tmp|chunk)$")
+_UNNAMED_STALE_S = 3600.0
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process `pid` exists on this host (another user's counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def private_folder(path: Path) -> Path:
+    """Create `path` and its missing parents 0700; an existing folder keeps its mode (it may be
+    a shared one the user named, such as /tmp)."""
+    missing: list[Path] = []
+    probe = path
+    while not probe.exists():
+        missing.append(probe)
+        probe = probe.parent
+    path.mkdir(parents=True, exist_ok=True)
+    for created in missing:
+        os.chmod(created, PRIVATE_DIR_MODE)
+    return path
+
+
+def temp_name(folder: Path, name: str, suffix: str = ".tmp") -> Path:
+    """A fresh hidden temp path for `name` in `folder`, naming this process."""
+    return folder / f".{name}.{os.getpid()}-{uuid.uuid4().hex}{suffix}"
+
+
+def remove_stale_temps(folder: Path) -> list[Path]:
+    """Remove the temp files left in `folder` by writers that no longer run; returns them."""
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(folder))
+    except FileNotFoundError:
+        return removed
+    now = time.time()
+    for entry in entries:
+        if not entry.name.startswith(".") or not entry.name.endswith(TEMP_SUFFIXES):
+            continue
+        match = _WITH_PID.match(entry.name)
+        try:
+            if match is not None:
+                stale = int(match.group(1)) != os.getpid() and not pid_alive(int(match.group(1)))
+            else:
+                stale = now - entry.stat(follow_symlinks=False).st_mtime > _UNNAMED_STALE_S
+            if stale and entry.is_file(follow_symlinks=False):
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+        except FileNotFoundError:
+            continue  # another writer removed it first
+    return removed
+
+
+def write_private_text(path: Path, text: str) -> Path:
+    """Write `text` to `path` whole (temp, fsync, rename), 0600, its folder created 0700."""
+    folder = private_folder(path.parent)
+    remove_stale_temps(folder)
+    temp = temp_name(folder, path.name)
+    try:
+        descriptor = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE)
+        with os.fdopen(descriptor, "w", encoding="utf-8") as writer:
+            writer.write(text)
+            writer.flush()
+            os.fsync(writer.fileno())
+        os.replace(temp, path)
+    finally:
+        temp.unlink(missing_ok=True)
+    # The rename brings the temp's inode (0600; a umask only narrows it) over any older file.
+    return path

@@ -1,0 +1,290 @@
+"""The Batch API store: compare-and-set status changes (a cancel between any two run steps is
+honoured), uploads racing deletes of the same bytes, and a killed writer's temp files."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import kimi_batch.storage.api_batches as api_batches
+import kimi_batch.storage.api_validation as api_validation
+from kimi_batch.engine import Ledger
+from kimi_batch.settings import Settings
+from kimi_batch.storage import (
+    ApiStore,
+    BatchRecord,
+    BatchStatus,
+    Warehouse,
+    begin_batch,
+    finish_batch,
+    validate_batch,
+)
+from kimi_batch.tasks.batch_input import parse_batch_input
+from kimi_batch.tasks.openai_batch import BatchRequestLine
+from kimi_batch_tests.support.batches import chat_line, jsonl
+from kimi_batch_tests.support.results import make_result
+from kimi_batch_tests.support.rows import quarantined
+
+# Above the kernel's largest pid_max (2**22): never a live process.
+DEAD_PID = (1 << 22) + 7
+
+
+@pytest.fixture
+def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path / "home"))
+    return Settings.from_env()
+
+
+@pytest.fixture
+def store(settings: Settings) -> Iterator[ApiStore]:
+    with ApiStore(settings.paths) as opened:
+        yield opened
+
+
+def _landed(settings: Settings, store: ApiStore, *ids: str) -> BatchRecord:
+    upload = store.add_file(
+        io.BytesIO(jsonl(*(chat_line(i) for i in ids))),
+        filename="in.jsonl",
+        purpose="batch",
+        max_bytes=1 << 20,
+    )
+    batch = store.add_batch(
+        input_file_id=upload.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        completion_window_s=86400,
+        metadata=None,
+    )
+    landed = validate_batch(settings, store, batch)
+    assert landed.input_sha256 is not None
+    return landed
+
+
+def _lines(*ids: str) -> list[BatchRequestLine]:
+    data = jsonl(*(chat_line(i) for i in ids))
+    return parse_batch_input(io.BytesIO(data), endpoint="/v1/chat/completions").lines
+
+
+def _cancel(store: ApiStore, batch_id: str) -> None:
+    """What the API's cancel does (`POST /v1/batches/{id}/cancel`)."""
+    store.update_batch(batch_id, status=BatchStatus.CANCELLING)
+
+
+def _answered(settings: Settings, store: ApiStore, batch_id: str) -> Ledger:
+    store.set_request_keys(batch_id, [("a", "key-a"), ("b", "key-b")])
+    ledger = Ledger(settings.paths.ledger_path)
+    ledger.put(make_result("A", request_id="key-a", input_id="a"))
+    ledger.put(make_result("B", request_id="key-b", input_id="b"))
+    return ledger
+
+
+def _output(store: ApiStore, record: BatchRecord) -> list[dict[str, Any]]:
+    assert record.output_file_id is not None
+    found = store.file(record.output_file_id)
+    assert found is not None
+    return [json.loads(line) for line in store.blob_path(found).read_text().splitlines()]
+
+
+# ---- compare-and-set ------------------------------------------------------------------------
+
+
+def test_a_cancel_between_reading_the_batch_and_starting_it_is_honoured(
+    settings: Settings, store: ApiStore
+) -> None:
+    batch = _landed(settings, store, "a", "b")
+    read = store.batch(batch.id)  # the run reads the batch: validated, not cancelled
+    assert read is not None
+    assert read.status == BatchStatus.VALIDATING
+    _cancel(store, batch.id)  # the cancel lands in between
+    # The old step (update_batch to in_progress) overwrote the cancel: it no longer can.
+    store.update_batch(batch.id, status=BatchStatus.IN_PROGRESS, run_id="r1")
+    assert store.batch(batch.id).status == BatchStatus.CANCELLING  # type: ignore[union-attr]
+    assert begin_batch(store, batch.id, run_id="r1", by_hand=False) is None
+    with Ledger(settings.paths.ledger_path) as ledger:
+        done = finish_batch(store, ledger, batch.id, _lines("a", "b"), BatchStatus.CANCELLED)
+    assert done.status == BatchStatus.CANCELLED
+
+
+def test_a_cancel_after_the_last_request_before_finalizing_is_honoured(
+    settings: Settings, store: ApiStore
+) -> None:
+    batch = _landed(settings, store, "a", "b")
+    started = begin_batch(store, batch.id, run_id="r1", by_hand=False)
+    assert started is not None
+    assert started.status == BatchStatus.IN_PROGRESS
+    with _answered(settings, store, batch.id) as ledger:
+        _cancel(store, batch.id)  # every request answered, the cancel before the run's end
+        done = finish_batch(store, ledger, batch.id, _lines("a", "b"), BatchStatus.COMPLETED)
+    assert done.status == BatchStatus.CANCELLED
+    assert [line["custom_id"] for line in _output(store, done)] == ["a", "b"]
+
+
+@pytest.mark.parametrize("when", ["before the files", "after the files"])
+def test_a_cancel_while_finalizing_is_honoured(
+    settings: Settings, store: ApiStore, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    batch = _landed(settings, store, "a", "b")
+    assert begin_batch(store, batch.id, run_id="r1", by_hand=False) is not None
+    write = api_batches.write_batch_files
+
+    def cancelled_around(*args: Any, **kwargs: Any) -> BatchRecord:
+        assert store.batch(batch.id).status == BatchStatus.FINALIZING  # type: ignore[union-attr]
+        if when == "before the files":
+            _cancel(store, batch.id)
+        record = write(*args, **kwargs)
+        if when == "after the files":
+            _cancel(store, batch.id)
+        return record
+
+    monkeypatch.setattr(api_batches, "write_batch_files", cancelled_around)
+    with _answered(settings, store, batch.id) as ledger:
+        done = finish_batch(store, ledger, batch.id, _lines("a", "b"), BatchStatus.COMPLETED)
+    assert done.status == BatchStatus.CANCELLED
+    assert done.cancelled_at is not None
+    assert len(_output(store, done)) == 2  # the answers are all there
+
+
+def test_a_finished_batch_is_never_cancelled_or_restarted(
+    settings: Settings, store: ApiStore
+) -> None:
+    batch = _landed(settings, store, "a", "b")
+    assert begin_batch(store, batch.id, run_id="r1", by_hand=False) is not None
+    with _answered(settings, store, batch.id) as ledger:
+        done = finish_batch(store, ledger, batch.id, _lines("a", "b"), BatchStatus.COMPLETED)
+    assert done.status == BatchStatus.COMPLETED
+    assert store.transition(batch.id, BatchStatus.CANCELLING) is None
+    assert begin_batch(store, batch.id, run_id="r2", by_hand=False) is None
+    rerun = begin_batch(store, batch.id, run_id="r3", by_hand=True)  # by hand: sends the rest
+    assert rerun is not None
+    assert (rerun.status, rerun.run_id) == (BatchStatus.COMPLETED, "r3")
+
+
+def test_a_transition_moves_only_from_the_expected_statuses(
+    settings: Settings, store: ApiStore
+) -> None:
+    batch = _landed(settings, store, "a")
+    assert store.transition(batch.id, BatchStatus.COMPLETED) is None  # not from validating
+    moved = store.transition(batch.id, BatchStatus.IN_PROGRESS, run_id="r1")
+    assert moved is not None
+    assert (moved.status, moved.run_id) == (BatchStatus.IN_PROGRESS, "r1")
+    assert moved.in_progress_at is not None
+    again = store.transition(batch.id, BatchStatus.IN_PROGRESS, expect=[BatchStatus.VALIDATING])
+    assert again is None
+    assert store.batch(batch.id) == moved  # nothing changed
+
+
+def test_a_cancel_while_the_input_is_validated_ends_the_batch_cancelled(
+    settings: Settings, store: ApiStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    upload = store.add_file(
+        io.BytesIO(jsonl(chat_line("a"))), filename="in.jsonl", purpose="batch", max_bytes=1 << 20
+    )
+    batch = store.add_batch(
+        input_file_id=upload.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        completion_window_s=86400,
+        metadata=None,
+    )
+    scan = api_validation.scan_batch_input
+
+    def cancelled_midway(*args: Any, **kwargs: Any) -> Any:
+        _cancel(store, batch.id)
+        return scan(*args, **kwargs)
+
+    monkeypatch.setattr(api_validation, "scan_batch_input", cancelled_midway)
+    done = validate_batch(settings, store, batch)
+    assert done.status == BatchStatus.CANCELLED  # no run will ever come for it
+    assert done.input_sha256 is None
+    assert store.validation_claim(batch.id) is None
+
+
+# ---- blobs: an upload racing a delete of the same bytes -------------------------------------
+
+
+def test_a_delete_racing_an_upload_of_the_same_bytes_keeps_the_new_upload_s_content(
+    store: ApiStore,
+) -> None:
+    data = jsonl(chat_line("a"))
+    first = store.add_file(io.BytesIO(data), filename="1.jsonl", purpose="batch", max_bytes=1 << 20)
+    # The second upload of the same bytes is copied and hashed ...
+    staged = store.stage_file(io.BytesIO(data), max_bytes=1 << 20)
+    # ... the first id is deleted in between: no id names the blob, it goes ...
+    assert store.delete_file(first.id)
+    assert not store.blob_path(first).exists()
+    # ... and keeping the second puts the bytes back with its id.
+    second = store.keep_file(staged, filename="2.jsonl", purpose="batch")
+    assert store.blob_path(second).read_bytes() == data
+    assert [f.id for f in store.files()] == [second.id]
+    assert not staged.temp.exists()
+
+
+def test_a_delete_after_an_upload_of_the_same_bytes_keeps_the_blob(store: ApiStore) -> None:
+    data = jsonl(chat_line("a"))
+    first = store.add_file(io.BytesIO(data), filename="1.jsonl", purpose="batch", max_bytes=1 << 20)
+    staged = store.stage_file(io.BytesIO(data), max_bytes=1 << 20)
+    second = store.keep_file(staged, filename="2.jsonl", purpose="batch")
+    assert store.delete_file(first.id)
+    assert store.blob_path(second).read_bytes() == data
+    assert store.delete_file(second.id)
+    assert not store.blob_path(second).exists()
+    assert not store.delete_file(second.id)
+
+
+# ---- temp files of a killed write -----------------------------------------------------------
+
+
+def _stale(folder: Path, name: str, suffix: str = ".tmp") -> Path:
+    stale = folder / f".{name}.{DEAD_PID}-{'0' * 32}{suffix}"
+    stale.write_bytes(b"half a write")
+    return stale
+
+
+def test_the_next_upload_removes_a_killed_upload_s_temp_file(store: ApiStore) -> None:
+    stale = _stale(store.files_dir, "upload")
+    live = store.files_dir / f".upload.{os.getpid()}-{'1' * 32}.tmp"  # a writer still running
+    live.write_bytes(b"being written")
+    record = store.add_file(io.BytesIO(b"x\n"), filename="x", purpose="batch", max_bytes=10)
+    assert not stale.exists()
+    assert live.exists()
+    hidden = sorted(p.name for p in store.files_dir.iterdir() if p.name.startswith("."))
+    assert hidden == [live.name]
+    assert store.blob_path(record).stat().st_mode & 0o777 == 0o600
+    assert store.files_dir.stat().st_mode & 0o777 == 0o700
+
+
+def test_the_next_partition_write_removes_a_killed_write_s_chunks(settings: Settings) -> None:
+    warehouse = Warehouse(settings.paths.warehouse_dir)
+    write = warehouse.write_partition("quarantine", "2026-11-30", "s", quarantined(1))
+    folder = write.path.parent
+    stale = [
+        _stale(folder, "part-0.parquet", ".0.chunk"),
+        _stale(folder, "part-0.parquet", ".tmp"),
+    ]
+    warehouse.write_partition("quarantine", "2026-11-30", "s", quarantined(2))
+    assert not any(p.exists() for p in stale)
+    assert [p.name for p in folder.iterdir()] == [write.path.name]
+
+
+def test_owner_only_folders_and_files_for_what_a_cancel_leaves(
+    settings: Settings, store: ApiStore
+) -> None:
+    batch = _landed(settings, store, "a", "b")
+    _cancel(store, batch.id)
+    with _answered(settings, store, batch.id) as ledger:
+        done = finish_batch(store, ledger, batch.id, _lines("a", "b"), BatchStatus.CANCELLED)
+    assert done.output_file_id is not None
+    output = store.file(done.output_file_id)
+    assert output is not None
+    assert _mode(store.blob_path(output)) == 0o600
+    assert _mode(settings.paths.api_dir) == _mode(settings.paths.api_files_dir) == 0o700
+
+
+def _mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777

@@ -1,0 +1,39 @@
+"""Batch API helpers for tests: wait for a batch's validation, write batch input lines."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import openai
+from openai.types import Batch
+
+__all__ = ["chat_line", "jsonl", "validated"]
+
+
+def chat_line(custom_id: str, content: str = "Say hi.", **body: object) -> dict[str, object]:
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "any", "messages": [{"role": "user", "content": content}], **body},
+    }
+
+
+def jsonl(*rows: object) -> bytes:
+    return "".join(json.dumps(row) + "\n" for row in rows).encode()
+
+
+def validated(client: openai.OpenAI, batch: Batch, *, timeout_s: float = 120.0) -> Batch:
+    """The batch once its validation ended: failed or cancelled, or landed (its request total
+    known) and waiting for its run (`validating`, or `cancelling` until the run ends it)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        batch = client.batches.retrieve(batch.id)
+        counts = batch.request_counts
+        landed = counts is not None and counts.total > 0
+        if batch.status not in ("validating", "cancelling") or landed:
+            return batch
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{batch.id} is still validating after {timeout_s} s")
+        time.sleep(0.05)
