@@ -109,7 +109,11 @@ def _validate(
         raise FileNotFoundError(f"the input file {batch.input_file_id} was deleted")
     with store.blob_path(upload).open("rb") as reader:
         scan = scan_batch_input(
-            reader, endpoint=batch.endpoint, max_requests=MAX_BATCH_REQUESTS, on_line=beat
+            # TODO(lead): settings.api_max_batch_requests once the API guard's setting is in.
+            reader,
+            endpoint=batch.endpoint,
+            max_requests=MAX_BATCH_REQUESTS,
+            on_line=beat,
         )
     if scan.errors:
         return _end(store, batch.id, scan.errors, scan.error_count)
