@@ -45,8 +45,8 @@ __all__ = [
     "scan_batch_input",
 ]
 
-# OpenAI's limit per batch. TODO(lead): the Settings field the API guard adds replaces this
-# default (KIMI_BATCH_API_MAX_BATCH_REQUESTS); callers pass `max_requests`.
+# OpenAI's limit per batch; the default of `max_requests`. The API's validation passes
+# `settings.api_max_batch_requests` (KIMI_BATCH_API_MAX_BATCH_REQUESTS).
 MAX_BATCH_REQUESTS = 50_000
 # The pipeline's row bound (~250k tokens, more than a slot's context on the target).
 MAX_BATCH_LINE_BYTES = MAX_ROW_BYTES
