@@ -150,6 +150,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.post("/v1/files")
     async def upload_file(request: Request, opened: StoreDep) -> JSONResponse:
+        """Upload a batch input file (multipart `purpose=batch`, `file`); too large: 413."""
         form = await request.form()
         purpose, upload = form.get("purpose"), form.get("file")
         if purpose != "batch":
@@ -176,27 +177,32 @@ def create_app(settings: Settings) -> FastAPI:
         after: str | None = None,
         limit: Annotated[int, Query(ge=1, le=10000)] = 10000,
     ) -> dict[str, Any]:
+        """List the uploaded and generated files, newest first."""
         records = opened.files(purpose=purpose, after=after, limit=limit + 1)
         items = [file_object(r) for r in records[:limit]]
         return _page(items, limit, len(records) > limit)
 
     @app.get("/v1/files/{file_id}")
     def get_file(file_id: str, opened: StoreDep) -> dict[str, Any]:
+        """A file object: its id, size, name and purpose."""
         return file_object(found_file(opened, file_id))
 
     @app.get("/v1/files/{file_id}/content")
     def file_content(file_id: str, opened: StoreDep) -> FileResponse:
+        """The file's bytes: an input, or a batch's output or error lines."""
         record = found_file(opened, file_id)
         return FileResponse(opened.blob_path(record), media_type="application/octet-stream")
 
     @app.delete("/v1/files/{file_id}")
     def delete_file(file_id: str, opened: StoreDep) -> dict[str, Any]:
+        """Delete a file."""
         found_file(opened, file_id)
         opened.delete_file(file_id)
         return {"id": file_id, "object": "file", "deleted": True}
 
     @app.post("/v1/batches")
     def create_batch(body: BatchCreate, opened: StoreDep) -> dict[str, Any]:
+        """Create a batch: the input file is validated whole and landed; its run starts at once."""
         if body.endpoint != CHAT_COMPLETIONS_URL:
             raise ApiError(400, f"endpoint must be {CHAT_COMPLETIONS_URL!r} here", param="endpoint")
         window = COMPLETION_WINDOWS.get(body.completion_window)
@@ -220,16 +226,19 @@ def create_app(settings: Settings) -> FastAPI:
         after: str | None = None,
         limit: Annotated[int, Query(ge=1, le=100)] = 20,
     ) -> dict[str, Any]:
+        """List the batches, newest first."""
         records = opened.batches(after=after, limit=limit + 1)
         items = [batch_object(opened, r) for r in records[:limit]]
         return _page(items, limit, len(records) > limit)
 
     @app.get("/v1/batches/{batch_id}")
     def get_batch(batch_id: str, opened: StoreDep) -> dict[str, Any]:
+        """A batch: its status, request counts (from the ledger) and output and error files."""
         return batch_object(opened, found_batch(opened, batch_id))
 
     @app.post("/v1/batches/{batch_id}/cancel")
     def cancel_batch(batch_id: str, opened: StoreDep) -> dict[str, Any]:
+        """Cancel a batch: its requests in flight stop, the partial files are written."""
         batch = found_batch(opened, batch_id)
         if batch.terminal:
             raise ApiError(409, f"batch {batch_id} is {batch.status.value}: it cannot be cancelled")
