@@ -112,3 +112,18 @@ def test_status_of_a_running_server_prints_no_thread_warning(tmp_path: Path) -> 
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["server"]["pid"] == stand_in.pid
     assert THREAD_WARNING not in result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_starting_a_server_warns_of_the_clamp_once(tmp_path: Path) -> None:
+    """The command that starts the server is the one the thread clamp concerns."""
+    env = {"KIMI_BATCH_LLAMA_THREADS": "64", "KIMI_BATCH_LLAMA_PORT": str(free_port())}
+    try:
+        started = run_cli(tmp_path, "server", "start", **env)
+        assert started.returncode == 0, started.stderr
+        assert (started.stdout + started.stderr).count(THREAD_WARNING) == 1
+        again = run_cli(tmp_path, "server", "start", **env)  # attaches: nothing is started
+        assert again.returncode == 0, again.stderr
+        assert THREAD_WARNING not in again.stdout + again.stderr
+    finally:
+        run_cli(tmp_path, "server", "stop", **env)
