@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from kimi_batch.settings import Settings, default_digest_path
 from kimi_batch.storage import PARTITION_COLUMNS, TABLES, trino_columns
+from kimi_batch.tasks.rows import GenerationColumns
 
 __all__ = ["GENERATED", "batch_api_page", "cell", "tables_page"]
 
@@ -29,7 +30,12 @@ def cell(text: str) -> str:
 
 
 def _meanings(model: type[BaseModel]) -> dict[str, str]:
-    return {name: field.description or "" for name, field in model.model_fields.items()}
+    """Each column's description; a contract column without one reads the generated rows'."""
+    shared = GenerationColumns.model_fields
+    return {
+        name: field.description or (shared[name].description if name in shared else "") or ""
+        for name, field in model.model_fields.items()
+    }
 
 
 def tables_page() -> str:
