@@ -121,7 +121,8 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
             name += f" {action.metavar}"
         meaning = action.help or ""
         if action.choices is not None:
-            meaning = f"{meaning} One of {', '.join(f'`{c}`' for c in action.choices)}.".strip()
+            listed = ", ".join(f"`{choice}`" for choice in action.choices)
+            meaning = f"{meaning}; one of {listed}" if meaning else f"One of {listed}"
         if action.required and action.option_strings:
             meaning = f"Required. {meaning}".strip()
         default = action.default
