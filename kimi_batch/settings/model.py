@@ -120,8 +120,9 @@ class Settings(BaseModel):
     llama_cache_ram_mib: int | None = Field(
         default=DEFAULT_CACHE_RAM_MIB,
         ge=0,
-        description="`--cache-ram` (MiB) of llama.cpp's RAM prompt cache, counted by the memory "
-        "check before a spawn; `off` omits the flag for builds without it.",
+        description="`--cache-ram` (MiB) of llama.cpp's RAM prompt cache (its own default; "
+        "32768 on the 768 GiB target), counted by the memory check before a spawn; `off` omits "
+        "the flag for builds without it.",
     )
     llama_load_timeout_s: float = Field(
         default=DEFAULT_LOAD_TIMEOUT_S,
