@@ -21,12 +21,14 @@ LLAMA_FLAGS := amx$(KIMI_BATCH_LLAMA_AMX)-$(shell printf '%s' "$$CFLAGS|$$CXXFLA
 SETUP_STAMP := $(VENV)/.kimi_batch_setup-$(LLAMA_FLAGS)
 PYTEST_ARGS ?=
 
-.PHONY: help setup browser lock demo test unit lint format dev trino trino-stop trino-cli server-stop clean
+.PHONY: help setup browser lock demo test unit lint format docs reference dev trino trino-stop trino-cli server-stop clean
 
 help:
 	@echo "make demo   - set up, start the resident llama-server, run the pipeline once (./var)"
 	@echo "make test   - set up (llama-server, SmolLM2, Trino) and run every test"
 	@echo "make lint   - ruff format --check, ruff check, pyright"
+	@echo "make docs   - the documentation site (MkDocs, --strict) into site/"
+	@echo "make reference - regenerate docs/reference/ from the code (variables, CLI, tables, API)"
 	@echo "make lock   - re-resolve requirements.lock after a pyproject.toml change (UPGRADE=1: newest)"
 	@echo "make dev    - dagster dev on 127.0.0.1:3000 with the demo's state dir"
 	@echo "make trino / trino-stop - a local single-node Trino over ./var/warehouse"
@@ -93,6 +95,15 @@ lint: setup
 format: setup
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
+
+# The site fails on a broken link, a page missing from the nav or a stale anchor (--strict and
+# mkdocs.yml's validation); kimi_batch_tests/test_docs_site.py builds it in `make test` too.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+# docs/reference/*.md from the code: after changing a setting, a command, a row model or a route.
+reference: setup
+	$(PY) -m kimi_batch.cli.reference
 
 dev: setup
 	mkdir -p $(KIMI_BATCH_HOME)/dagster

@@ -62,10 +62,14 @@ class BatchCreate(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    input_file_id: str = Field(min_length=1, max_length=200)
-    endpoint: str = Field(max_length=200)
-    completion_window: str = Field(max_length=20)
-    metadata: dict[str, str] | None = None
+    input_file_id: str = Field(
+        min_length=1, max_length=200, description="The uploaded file of request lines."
+    )
+    endpoint: str = Field(max_length=200, description="`/v1/chat/completions`.")
+    completion_window: str = Field(max_length=20, description="`24h`.")
+    metadata: dict[str, str] | None = Field(
+        default=None, description="At most 16 pairs: keys up to 64, values up to 512 characters."
+    )
 
     @field_validator("metadata")
     @classmethod
@@ -99,12 +103,22 @@ def _found(opened: ApiStore, batch_id: str) -> BatchRecord:
     return batch
 
 
-@router.post("")
+# The body is read by `json_body` (bounded while it streams), so it is named here for the schema.
+_CREATE_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/BatchCreate"}}},
+    }
+}
+
+
+@router.post("", openapi_extra=_CREATE_BODY)
 def create_batch(
     request: Request,
     body: Annotated[BatchCreate, Depends(json_body(BatchCreate))],
     opened: StoreDep,
 ) -> dict[str, Any]:
+    """Create a batch: it is `validating` at once; validated and landed, its run starts."""
     settings = settings_of(request)
     if body.endpoint != CHAT_COMPLETIONS_URL:
         raise ApiError(400, f"endpoint must be {CHAT_COMPLETIONS_URL!r} here", param="endpoint")
@@ -133,6 +147,7 @@ def list_batches(
     after: str | None = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> dict[str, Any]:
+    """List the batches, newest first."""
     settings = settings_of(request)
     records = opened.batches(after=after, limit=limit + 1)
     items = [_batch_object(settings, opened, r) for r in records[:limit]]
@@ -141,11 +156,13 @@ def list_batches(
 
 @router.get("/{batch_id}")
 def get_batch(request: Request, batch_id: str, opened: StoreDep) -> dict[str, Any]:
+    """A batch: its status, request counts (from the ledger) and output and error files."""
     return _batch_object(settings_of(request), opened, _found(opened, batch_id))
 
 
 @router.post("/{batch_id}/cancel", dependencies=[Depends(no_body)])
 def cancel_batch(request: Request, batch_id: str, opened: StoreDep) -> dict[str, Any]:
+    """Cancel a batch: its requests in flight stop, the partial files are written."""
     batch = _found(opened, batch_id)
     if batch.terminal:
         raise ApiError(409, f"batch {batch_id} is {batch.status.value}: it cannot be cancelled")

@@ -34,6 +34,7 @@ def _keep(opened: ApiStore, received: ReceivedUpload, max_bytes: int) -> FileRec
 
 @router.post("")
 async def upload_file(request: Request, opened: StoreDep) -> dict[str, Any]:
+    """Upload a batch input file (multipart `purpose=batch`, `file`); too large: 413."""
     max_bytes = settings_of(request).api_max_upload_bytes
     received = await receive_upload(request, opened.files_dir, max_bytes)
     try:
@@ -53,23 +54,27 @@ def list_files(
     after: str | None = None,
     limit: Annotated[int, Query(ge=1, le=10000)] = 10000,
 ) -> dict[str, Any]:
+    """List the uploaded and generated files, newest first."""
     records = opened.files(purpose=purpose, after=after, limit=limit + 1)
     return page([r.model_dump() for r in records[:limit]], len(records) > limit)
 
 
 @router.get("/{file_id}")
 def get_file(file_id: str, opened: StoreDep) -> dict[str, Any]:
+    """A file object: its id, size, name and purpose."""
     return _found(opened, file_id).model_dump()
 
 
 @router.get("/{file_id}/content")
 def file_content(file_id: str, opened: StoreDep) -> FileResponse:
+    """The file's bytes: an input, or a batch's output or error lines."""
     record = _found(opened, file_id)
     return FileResponse(opened.blob_path(record), media_type="application/octet-stream")
 
 
 @router.delete("/{file_id}")
 def delete_file(file_id: str, opened: StoreDep) -> dict[str, Any]:
+    """Delete a file."""
     _found(opened, file_id)
     opened.delete_file(file_id)
     return {"id": file_id, "object": "file", "deleted": True}

@@ -9,7 +9,7 @@ from typing import Any
 
 from kimi_batch.settings import Settings
 
-__all__ = ["bench_command", "plan_command", "tune_command"]
+__all__ = ["add_perf_commands", "bench_command", "plan_command", "tune_command"]
 
 
 def _write_outputs(
@@ -134,3 +134,125 @@ def plan_command(args: argparse.Namespace, settings: Settings) -> int:
     result = plan_partition(spec)
     print(result.model_dump_json() if args.json else describe(result))
     return 0
+
+
+def add_perf_commands(commands: Any, *, json_help: str) -> None:
+    """`bench`, `tune` and `plan` on the `kimi-batch` parser's subcommands."""
+    bench = commands.add_parser(
+        "bench",
+        help="measure this machine: how fast the pipeline runs against simple clients",
+        description="Start a server of its own from your configuration and run the same "
+        "prompts through a one-at-a-time client, a client that fills every slot, the "
+        "pipeline's engine and a pipeline run; write the figures as JSON, a table and a chart.",
+    )
+    bench.add_argument(
+        "--json", default=None, metavar="FILE", help="also write the JSON (and .md, .png) here"
+    )
+    bench.add_argument(
+        "--workload",
+        choices=["distill", "amplify", "both", "rewrite", "night", "rehearsal"],
+        default="both",
+        help="what to measure",
+    )
+    bench.add_argument("--rows", type=int, default=24, help="distillation prompts")
+    bench.add_argument("--output-tokens", type=int, default=64, help="distillation answer length")
+    bench.add_argument("--seeds-per-slot", type=int, default=2, help="amplification seeds")
+    bench.add_argument("--variants", type=int, default=3, help="variants per strategy and seed")
+    bench.add_argument(
+        "--amplify-output-tokens", type=int, default=32, help="amplification answer length"
+    )
+    bench.add_argument("--no-dagster", action="store_true", help="skip the pipeline run")
+    bench.add_argument(
+        "--no-ceiling", action="store_true", help="skip llama.cpp's own batched benchmark"
+    )
+    bench.add_argument("--rewrite-rows", type=int, default=20, help="rewrite: copy-heavy rows")
+    bench.add_argument("--partitions", type=int, default=None, help="night/rehearsal: partitions")
+    bench.add_argument(
+        "--rows-per-partition", type=int, default=None, help="night/rehearsal: rows of each"
+    )
+    bench.add_argument(
+        "--night-output-tokens", type=int, default=32, help="night: the answer budget"
+    )
+    bench.add_argument("--rehearsal-rows", type=int, default=10_000, help="rehearsal: all rows")
+    bench.add_argument(
+        "--time-scale", type=float, default=600.0, help="rehearsal: times the target's speed"
+    )
+    bench.add_argument("--window-h", type=float, default=5.0, help="rehearsal: the night, hours")
+    bench.add_argument(
+        "--rewrite-output-tokens", type=int, default=160, help="rewrite: answer length"
+    )
+    bench.add_argument(
+        "--spec-type",
+        default=None,
+        help="rewrite: the speculative decoding type (default: KIMI_BATCH_LLAMA_SPEC)",
+    )
+    bench.set_defaults(func=bench_command)
+
+    tune = commands.add_parser(
+        "tune",
+        help="find the thread and slot counts that suit this machine",
+        description="Measure prompt and generation speed over thread counts and slot counts "
+        "with llama.cpp's own benchmarks, and name where more stops helping.",
+    )
+    tune.add_argument(
+        "--threads", type=int, nargs="+", default=None, help="thread counts (default: 1..CPUs)"
+    )
+    tune.add_argument("--slots", type=int, nargs="+", default=[1, 2, 4, 8], help="slot counts")
+    tune.add_argument("--prompt-tokens", type=int, default=256, help="prompt length measured")
+    tune.add_argument("--output-tokens", type=int, default=64, help="answer length measured")
+    tune.add_argument("--ctx-per-slot", type=int, default=2048, help="context of each slot")
+    tune.add_argument("--repetitions", type=int, default=2, help="runs of each measurement")
+    tune.add_argument(
+        "--json", default=None, metavar="FILE", help="also write the JSON (and .md, .png) here"
+    )
+    tune.set_defaults(func=tune_command)
+
+    plan = commands.add_parser(
+        "plan",
+        help="how long rows take, and how many fit the nightly window",
+        description="Compute the time a batch of rows needs at measured speeds (your last "
+        "bench or tune, or the ones given) or on the target's speed model (--target), whether "
+        "it fits the window, and what is left for the next night.",
+    )
+    plan.add_argument(
+        "--prompt-tokens", type=int, required=True, help="prompt tokens evaluated per row"
+    )
+    plan.add_argument(
+        "--output-tokens",
+        type=int,
+        default=None,
+        help="tokens generated per row (default: the answer budget, KIMI_BATCH_LLAMA_N_PREDICT)",
+    )
+    plan.add_argument("--rows", type=int, required=True, help="rows to generate")
+    plan.add_argument("--prompt-tok-s", type=float, default=None, help="prompt speed per slot")
+    plan.add_argument("--gen-tok-s", type=float, default=None, help="generation speed per slot")
+    plan.add_argument("--slots", type=int, default=None, help="slots (requests in flight)")
+    plan.add_argument("--window-h", type=float, default=8.0, help="the nightly window, hours")
+    plan.add_argument(
+        "--digest-tokens", type=int, default=0, help="the digest's one cold prefill, tokens"
+    )
+    plan.add_argument(
+        "--target",
+        action="store_true",
+        help="the target's speed model (Kimi-K2.5 on the 16-core EPYC) instead of measured speeds",
+    )
+    plan.add_argument(
+        "--context-tokens", type=int, default=0, help="cached before each row's prompt (digest)"
+    )
+    plan.add_argument(
+        "--partitions", type=int, default=1, help="partitions the rows are split into (one run)"
+    )
+    plan.add_argument(
+        "--night-overhead-s",
+        type=float,
+        default=0.0,
+        help="seconds the server idles once a night (the run's start)",
+    )
+    plan.add_argument(
+        "--partition-overhead-s",
+        type=float,
+        default=0.0,
+        help="seconds the server idles for each partition of a night",
+    )
+    plan.add_argument("--json", action="store_true", help=json_help)
+    plan.set_defaults(func=plan_command)

@@ -1,7 +1,8 @@
 """`kimi-batch`: manage the resident server and run the pipeline outside the UI.
 
 `main` reads the environment once (`Settings.from_env`) and hands that `Settings` to the command;
-`digest lint` needs none, so a bad `KIMI_BATCH_*` variable does not stop it.
+`digest lint` needs none, so a bad `KIMI_BATCH_*` variable does not stop it. The help texts are
+for users: what a command does for them, never the names inside (a test checks).
 """
 
 from __future__ import annotations
@@ -13,13 +14,24 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
+from kimi_batch.bench.commands import add_perf_commands
 from kimi_batch.errors import KimiBatchError
 from kimi_batch.llama import server_from_settings
 from kimi_batch.settings import Settings
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
+
+DESCRIPTION = """\
+Batch inference on a model server you keep running: start the server once, run the pipeline on
+your input files, see where the night stands, serve an OpenAI-compatible Batch API, and size a
+night before you run it."""
+EPILOG = """\
+Configuration comes from KIMI_BATCH_* environment variables (state directory: KIMI_BATCH_HOME,
+default ./var); every one is listed in docs/reference/environment.md. Run
+'kimi-batch COMMAND --help' for a command's options."""
+JSON_HELP = "print the result as one JSON object"
 
 
 def _server_start(args: argparse.Namespace, settings: Settings) -> int:
@@ -139,47 +151,108 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="kimi-batch", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(
+        prog="kimi-batch",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="also print progress and informational logs"
+    )
+    commands = parser.add_subparsers(
+        dest="command", required=True, title="commands", metavar="COMMAND"
+    )
 
-    server = commands.add_parser("server", help="the resident llama-server").add_subparsers(
-        dest="action", required=True
+    server = commands.add_parser(
+        "server",
+        help="start, check or stop the model server (llama-server)",
+        description="The model server stays up between runs: start it once, and every command "
+        "and run uses it.",
+    ).add_subparsers(dest="action", required=True, title="commands", metavar="COMMAND")
+    start = server.add_parser(
+        "start",
+        help="start the model server, or report the one already running",
+        description="Start llama-server with your model in the background and wait until it "
+        "answers (a large model takes minutes to load). When it already runs with the same "
+        "settings, report it; with other settings, refuse and name both.",
     )
-    start = server.add_parser("start", help="start it, or attach when it already runs")
-    start.add_argument("--json", action="store_true")
-    start.add_argument("--load-timeout", type=float, default=None, help="seconds")
+    start.add_argument("--json", action="store_true", help=JSON_HELP)
+    start.add_argument(
+        "--load-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="how long the model load may take (default: KIMI_BATCH_LLAMA_LOAD_TIMEOUT_S)",
+    )
     start.set_defaults(func=_server_start)
-    status = server.add_parser("status", help="is it running, with which spec")
-    status.add_argument("--json", action="store_true")
-    status.add_argument("--check", action="store_true", help="exit 3 when not running")
-    status.set_defaults(func=_server_status)
-    server.add_parser("stop", help="stop the server this state dir started").set_defaults(
-        func=_server_stop
+    status = server.add_parser(
+        "status",
+        help="is the model server running: its address, process, model and slots",
+        description="Say whether the model server runs, where, with which model and slots.",
     )
+    status.add_argument("--json", action="store_true", help=JSON_HELP)
+    status.add_argument("--check", action="store_true", help="exit 3 when it is not running")
+    status.set_defaults(func=_server_status)
+    server.add_parser(
+        "stop",
+        help="stop the model server started from this state directory",
+        description="Stop the model server that 'kimi-batch server start' started here.",
+    ).set_defaults(func=_server_stop)
     smoke = server.add_parser(
         "smoke",
-        help="start the configured binary on the demo model, ask a few tokens, stop it "
-        "(exit 2 naming the signal when it crashes)",
+        help="check that the llama-server binary runs on this machine",
+        description="Start the configured llama-server on the small demo model, ask for a few "
+        "tokens and stop it, in seconds. A binary this CPU cannot run fails with one line "
+        "naming the signal (exit 2).",
     )
-    smoke.add_argument("--json", action="store_true")
-    smoke.add_argument("--timeout", type=float, default=None, help="seconds (default 120)")
+    smoke.add_argument("--json", action="store_true", help=JSON_HELP)
+    smoke.add_argument(
+        "--timeout", type=float, default=None, metavar="SECONDS", help="give up after (120)"
+    )
     smoke.set_defaults(func=_server_smoke)
 
-    commands.add_parser("demo", help="run the whole pipeline once on the inbox").set_defaults(
-        func=_demo
-    )
+    commands.add_parser(
+        "demo",
+        help="run the whole pipeline once on the inbox and print a summary",
+        description="Run the whole pipeline once on the files in the inbox (sample files when "
+        "it is empty): the digest, every partition's variants and answers, the tables. Ends "
+        "with one JSON line of counts and speeds.",
+    ).set_defaults(func=_demo)
 
-    export = commands.add_parser("export", help="write a partition in another format")
-    export.add_argument("--format", choices=["openai-batch"], default="openai-batch")
-    export.add_argument("--date", required=True)
-    export.add_argument("--source", required=True)
-    export.add_argument("--out", default=None, help="output file (default: under the state dir)")
+    export = commands.add_parser(
+        "export",
+        help="write a partition's answers as OpenAI Batch output lines",
+        description="Write one partition's answers (the distilled table) as OpenAI Batch API "
+        "output lines, and print the file's path.",
+    )
+    export.add_argument(
+        "--format", choices=["openai-batch"], default="openai-batch", help="the file's format"
+    )
+    export.add_argument("--date", required=True, help="the partition's day, YYYY-MM-DD")
+    export.add_argument(
+        "--source", required=True, help="the partition's source: the input file's stem"
+    )
+    export.add_argument(
+        "--out", default=None, help="the output file (default: under the state directory)"
+    )
     export.set_defaults(func=_export)
 
-    api = commands.add_parser("api", help="the OpenAI-compatible Batch API (files, batches)")
-    api.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    api.add_argument("--port", type=int, default=None, help="default KIMI_BATCH_API_PORT (8090)")
+    api = commands.add_parser(
+        "api",
+        help="serve the OpenAI-compatible Batch API for the openai client",
+        description="Serve OpenAI's Batch API (files and batches) over the pipeline: code "
+        "written for OpenAI's batches runs unchanged, and each batch is run and kept like any "
+        "input. Every request needs the key: KIMI_BATCH_API_KEY, or the one created at the "
+        "first start (its file is printed).",
+    )
+    api.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1)",
+    )
+    api.add_argument(
+        "--port", type=int, default=None, help="port (default: KIMI_BATCH_API_PORT, 8090)"
+    )
     api.add_argument(
         "--no-auth",
         action="store_true",
@@ -187,107 +260,42 @@ def build_parser() -> argparse.ArgumentParser:
     )
     api.set_defaults(func=_api)
 
-    commands.add_parser("publish", help="register every Parquet partition in Trino").set_defaults(
-        func=_publish
-    )
+    commands.add_parser(
+        "publish",
+        help="make every table partition on disk queryable in Trino",
+        description="Register every partition written to disk in Trino, e.g. after Trino was "
+        "down; prints what was registered as JSON.",
+    ).set_defaults(func=_publish)
 
     status_all = commands.add_parser(
-        "status", help="server, ledger, partitions, nightly run and inbox on one screen"
+        "status",
+        help="where everything stands: server, finished rows, partitions, last night, inbox",
+        description="One screen: the model server, the rows finished per table, the partitions "
+        "done, pending, failed or stale, the last night's run and the inbox. Reads only; "
+        "changes nothing.",
     )
-    status_all.add_argument("--json", action="store_true")
+    status_all.add_argument("--json", action="store_true", help=JSON_HELP)
     status_all.set_defaults(func=_status)
 
-    digest = commands.add_parser("digest", help="the system digest").add_subparsers(
-        dest="action", required=True
-    )
+    digest = commands.add_parser(
+        "digest",
+        help="check the system digest (the fixed system prompt)",
+        description="The digest is the system prompt every request starts with; it is "
+        "computed once and reused, so it must never change from one request to the next.",
+    ).add_subparsers(dest="action", required=True, title="commands", metavar="COMMAND")
     lint = digest.add_parser(
-        "lint", help="exit 1 with one 'line N: rule 'match'' per cache-breaking finding, 0 if clean"
+        "lint",
+        help="find what would break the prompt cache in a digest (dates, ids, 'today')",
+        description="Print one 'line N: rule 'match'' per finding and exit 1, or exit 0 when "
+        "the digest is clean (fits pre-commit and CI).",
     )
-    lint.add_argument("file")
+    lint.add_argument("file", help="the digest file")
     lint.add_argument(
         "--allow", action="append", default=[], metavar="REGEX", help="accept matches of REGEX"
     )
     lint.set_defaults(func=_digest_lint, needs_settings=False)
-    _add_perf_commands(commands)
+    add_perf_commands(commands, json_help=JSON_HELP)
     return parser
-
-
-def _add_perf_commands(commands: Any) -> None:
-    from kimi_batch.bench.commands import bench_command, plan_command, tune_command
-
-    bench = commands.add_parser("bench", help="naive vs all-slots client vs engine vs Dagster")
-    bench.add_argument("--json", default=None, help="also write the JSON (and .md, .png) here")
-    bench.add_argument(
-        "--workload",
-        choices=["distill", "amplify", "both", "rewrite", "night", "rehearsal"],
-        default="both",
-    )
-    bench.add_argument("--rows", type=int, default=24, help="distillation prompts")
-    bench.add_argument("--output-tokens", type=int, default=64, help="distillation answer length")
-    bench.add_argument("--seeds-per-slot", type=int, default=2, help="amplification seeds")
-    bench.add_argument("--variants", type=int, default=3, help="variants per strategy and seed")
-    bench.add_argument("--amplify-output-tokens", type=int, default=32)
-    bench.add_argument("--no-dagster", action="store_true", help="skip contender (D)")
-    bench.add_argument("--no-ceiling", action="store_true", help="skip llama-batched-bench")
-    bench.add_argument("--rewrite-rows", type=int, default=20, help="copy-heavy rows (rewrite)")
-    bench.add_argument("--partitions", type=int, default=None, help="night/rehearsal partitions")
-    bench.add_argument("--rows-per-partition", type=int, default=None, help="night/rehearsal")
-    bench.add_argument("--night-output-tokens", type=int, default=32, help="night: --n-predict")
-    bench.add_argument("--rehearsal-rows", type=int, default=10_000, help="rehearsal: all rows")
-    bench.add_argument("--time-scale", type=float, default=600.0, help="rehearsal: x target speed")
-    bench.add_argument("--window-h", type=float, default=5.0, help="rehearsal: the night, hours")
-    bench.add_argument("--rewrite-output-tokens", type=int, default=160)
-    bench.add_argument(
-        "--spec-type", default=None, help="rewrite: --spec-type (default KIMI_BATCH_LLAMA_SPEC)"
-    )
-    bench.set_defaults(func=bench_command)
-
-    tune = commands.add_parser("tune", help="thread and slot sweeps; names the knees")
-    tune.add_argument("--threads", type=int, nargs="+", default=None, help="default: 1..CPUs")
-    tune.add_argument("--slots", type=int, nargs="+", default=[1, 2, 4, 8])
-    tune.add_argument("--prompt-tokens", type=int, default=256)
-    tune.add_argument("--output-tokens", type=int, default=64)
-    tune.add_argument("--ctx-per-slot", type=int, default=2048)
-    tune.add_argument("--repetitions", type=int, default=2)
-    tune.add_argument("--json", default=None, help="also write the JSON (and .md, .png) here")
-    tune.set_defaults(func=tune_command)
-
-    plan = commands.add_parser("plan", help="time a partition needs; what fits the window")
-    plan.add_argument("--prompt-tokens", type=int, required=True, help="evaluated, per row")
-    plan.add_argument(
-        "--output-tokens",
-        type=int,
-        default=None,
-        help="generated, per row (default: the answer budget, KIMI_BATCH_LLAMA_N_PREDICT)",
-    )
-    plan.add_argument("--rows", type=int, required=True)
-    plan.add_argument("--prompt-tok-s", type=float, default=None, help="per slot")
-    plan.add_argument("--gen-tok-s", type=float, default=None, help="per slot")
-    plan.add_argument("--slots", type=int, default=None)
-    plan.add_argument("--window-h", type=float, default=8.0)
-    plan.add_argument("--digest-tokens", type=int, default=0, help="a cold digest prefill")
-    plan.add_argument(
-        "--target",
-        action="store_true",
-        help="the target's speed model (Kimi-K2.5 on the 16-core EPYC) instead of measured speeds",
-    )
-    plan.add_argument(
-        "--context-tokens", type=int, default=0, help="cached before each row's prompt (digest)"
-    )
-    plan.add_argument(
-        "--partitions", type=int, default=1, help="partitions the rows are split into (one run)"
-    )
-    plan.add_argument(
-        "--night-overhead-s", type=float, default=0.0, help="server idle once a night (run start)"
-    )
-    plan.add_argument(
-        "--partition-overhead-s",
-        type=float,
-        default=0.0,
-        help="server idle per partition of a night (lease, seeds)",
-    )
-    plan.add_argument("--json", action="store_true")
-    plan.set_defaults(func=plan_command)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

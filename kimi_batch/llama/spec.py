@@ -66,23 +66,26 @@ class ServerSpec(BaseModel):
         return self.alias or self.model.name.removesuffix(".gguf")
 
     def effective_threads(self, cpus: int | None = None) -> tuple[int, int]:
-        """(threads, threads_batch) clamped to the CPUs available, with a warning when clamped."""
+        """(threads, threads_batch) clamped to the CPUs available; silent (status asks it too)."""
         cpus = cpus or available_cpus()
-        threads = self.threads
-        if threads > cpus:
+        threads = min(self.threads, cpus)
+        return threads, min(self.threads_batch or threads, cpus)
+
+    def argv(self, *, cpus: int | None = None) -> list[str]:
+        """The command line that starts this server; warns once when the threads are clamped.
+
+        Only a start builds it, so the warning reaches the commands that start a server and no
+        other (`status` and `--help` read the settings too).
+        """
+        threads, threads_batch = self.effective_threads(cpus)
+        if threads < self.threads:
             logger.warning(
                 "threads=%d exceeds the %d CPUs available: clamped to %d (oversubscribed "
                 "threads make decode thrash)",
+                self.threads,
                 threads,
-                cpus,
-                cpus,
+                threads,
             )
-            threads = cpus
-        threads_batch = min(self.threads_batch or threads, cpus)
-        return threads, threads_batch
-
-    def argv(self, *, cpus: int | None = None) -> list[str]:
-        threads, threads_batch = self.effective_threads(cpus)
         args = [
             str(self.binary),
             "--model", str(self.model),

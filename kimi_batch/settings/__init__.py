@@ -25,7 +25,7 @@ from kimi_batch.settings.defaults import (
     default_model_path,
     samples_dir,
 )
-from kimi_batch.settings.model import Settings
+from kimi_batch.settings.model import Settings, variable_of
 
 __all__ = [
     "DEFAULT_CACHE_RAM_MIB",
@@ -41,4 +41,5 @@ __all__ = [
     "default_digest_path",
     "default_model_path",
     "samples_dir",
+    "variable_of",
 ]

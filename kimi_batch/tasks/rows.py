@@ -74,13 +74,13 @@ class GenerationColumns(_Row):
     digest_sha256: str = Field(description="sha256 of the system digest used as prefix.")
     prompt_tokens: int = Field(ge=0, description="Prompt tokens of the request, cached included.")
     cached_tokens: int = Field(ge=0, description="Prompt tokens served from the KV cache.")
-    completion_tokens: int = Field(ge=0)
+    completion_tokens: int = Field(ge=0, description="Tokens generated.")
     finish_reason: str = Field(description="stop | length | error reason from the server.")
-    prompt_ms: float = Field(ge=0)
-    predicted_ms: float = Field(ge=0)
+    prompt_ms: float = Field(ge=0, description="Server time evaluating the prompt.")
+    predicted_ms: float = Field(ge=0, description="Server time generating the answer.")
     latency_ms: float = Field(ge=0, description="Wall time of the request as seen by the client.")
     endpoint: str = Field(description="Base URL of the server that answered.")
-    created_at: datetime
+    created_at: datetime = Field(description="When the row was written (UTC).")
     input_sha256: str = Field(
         default="", description="sha256 of the landed input version the row was built from."
     )
@@ -95,7 +95,7 @@ class GenerationColumns(_Row):
 class AmplifiedRow(GenerationColumns):
     """One generated variant of a seed prompt."""
 
-    seed_id: str
+    seed_id: str = Field(description="Input id of the seed it varies.")
     strategy: str = Field(description="paraphrase | harder | related ...")
     prompt: str = Field(description="The variant prompt, parsed from the completion.")
 
@@ -103,11 +103,11 @@ class AmplifiedRow(GenerationColumns):
 class DistilledRow(GenerationColumns):
     """One teacher answer for a seed or a variant."""
 
-    seed_id: str
-    origin: Literal["seed", "variant"]
+    seed_id: str = Field(description="Input id of the seed (itself, or the variant's).")
+    origin: Literal["seed", "variant"] = Field(description="Answer to a seed or to a variant.")
     strategy: str | None = Field(description="Strategy of the variant; null for seeds.")
-    prompt: str
-    response: str
+    prompt: str = Field(description="The prompt answered.")
+    response: str = Field(description="The final answer (a reasoning model's thinking apart).")
     reasoning: str | None = Field(
         default=None, description="A reasoning model's thinking (reasoning_content), if any."
     )
@@ -127,9 +127,9 @@ class QuarantineRow(_Row):
     completion_tokens: int = 0
     finish_reason: str | None = None
     stage: str = Field(description="input, or the generation stage (amplify, distill ...).")
-    source_file: str
+    source_file: str = Field(description="Inbox name of the file, or the table, it came from.")
     line: int | None = Field(description="1-based line (JSONL/CSV) or row number (Parquet).")
-    reason: str
+    reason: str = Field(description="Why it was set aside, for a person to read.")
     raw: str = Field(description="The offending input, truncated.")
     created_at: datetime
     input_sha256: str | None = Field(

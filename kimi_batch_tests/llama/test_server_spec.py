@@ -47,6 +47,13 @@ def test_threads_above_the_cpus_are_clamped_with_a_warning(
     assert any("clamped to 2" in record.getMessage() for record in caplog.records)
 
 
+def test_asking_the_thread_count_warns_of_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    """`status` asks it of a running server: only building the start's argv warns."""
+    with caplog.at_level(logging.WARNING, logger="kimi_batch.llama.server"):
+        assert _spec().effective_threads(cpus=2) == (2, 2)
+    assert not caplog.records
+
+
 def test_no_warning_when_threads_fit(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="kimi_batch.llama.server"):
         argv = _spec().argv(cpus=13)

@@ -1,0 +1,80 @@
+"""docs/reference/ is what the code says: regenerated in memory, every committed page must match."""
+
+from __future__ import annotations
+
+import inspect
+import os
+from pathlib import Path
+
+import pytest
+
+from kimi_batch.cli.reference import (
+    PAGES,
+    REFERENCE_DIR,
+    main,
+    render_pages,
+    setting_rows,
+    stale_pages,
+)
+from kimi_batch.settings import Settings, variable_of
+
+
+def test_every_committed_reference_page_is_current() -> None:
+    stale = stale_pages(REFERENCE_DIR)
+    assert not stale, f"docs/reference/ is stale: {', '.join(stale)}; run `make reference`"
+
+
+def test_a_default_changed_in_settings_without_regenerating_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(Settings.model_fields["llama_threads"], "default", 99)
+
+    assert "environment.md" in stale_pages(REFERENCE_DIR)
+    assert "| `KIMI_BATCH_LLAMA_THREADS` | `99` |" in render_pages()["environment.md"]
+
+
+def test_check_writes_nothing_and_names_the_stale_pages(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--check", "--out", str(tmp_path)]) == 1
+    assert not list(tmp_path.iterdir())
+    assert "environment.md" in capsys.readouterr().err
+
+    assert main(["--out", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(PAGES)
+    assert main(["--check", "--out", str(tmp_path)]) == 0
+
+
+def test_every_setting_has_a_meaning() -> None:
+    missing = [variable for _, variable, _, meaning in setting_rows() if not meaning]
+    assert not missing, f"Settings fields without a description: {missing}"
+
+
+def test_every_variable_on_the_page_is_the_one_from_env_reads() -> None:
+    source = inspect.getsource(Settings.from_env)
+    for name in Settings.model_fields:
+        assert f'"{variable_of(name)}"' in source, f"{name}: from_env never reads its variable"
+
+
+def test_the_defaults_on_the_page_are_what_an_empty_environment_gives(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for variable in [v for v in os.environ if v.startswith("KIMI_BATCH_")]:
+        monkeypatch.delenv(variable)
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path))
+    settings = Settings.from_env()
+    for name, field in Settings.model_fields.items():
+        shown = isinstance(field.json_schema_extra, dict) and field.json_schema_extra
+        if shown or field.is_required():
+            continue  # computed from the environment: its page text says how
+        assert getattr(settings, name) == field.default, name
+
+
+def test_the_pages_name_every_variable_command_table_and_route() -> None:
+    pages = render_pages()
+    assert "`KIMI_BATCH_NIGHT_ENDS`" in pages["environment.md"]
+    assert "## `kimi-batch digest lint`" in pages["cli.md"]
+    assert "| `--prompt-tokens` |" in pages["cli.md"]
+    assert "## `distilled`" in pages["tables.md"]
+    assert "| `input_sha256` | `VARCHAR` |" in pages["tables.md"]
+    assert "### `POST /v1/batches/{batch_id}/cancel`" in pages["batch-api.md"]
