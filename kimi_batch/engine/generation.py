@@ -3,6 +3,12 @@
 A request carries only the user side of the conversation: the system digest is prepended by
 `kimi_batch.engine.prompt.assemble_messages`, the one place prompts are assembled, so no caller
 can put a byte in front of the cached prefix.
+
+Request identity (the ledger key): a request whose answer is determined by its content (greedy,
+or a fixed seed) is keyed by that content alone, so every input asking it shares one answer. Any
+other request is a sample: its key adds the sample's identity (`GenerationRequest.sample`: the
+scope its input row lives in, a stage's partition or a Batch API batch, and its input id), so N
+inputs asking the same get N answers, and a rerun of the same scope still finds its own.
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ __all__ = [
     "row_request_id",
 ]
 
+# llama.cpp's LLAMA_DEFAULT_SEED: a seed of 0xFFFFFFFF (or -1) asks for a random one.
+_RANDOM_SEED = 0xFFFFFFFF
+
 
 class SamplingParams(BaseModel):
     """Sampling settings of one request; part of its content hash."""
@@ -39,18 +48,34 @@ class SamplingParams(BaseModel):
         default=None, description="Constrain the output to this JSON schema (llama.cpp grammar)."
     )
 
+    @property
+    def determined(self) -> bool:
+        """Whether the answer follows from the request: greedy decoding or a fixed seed. Only
+        such requests share an answer across inputs (up to llama.cpp's batched numerics)."""
+        return self.temperature == 0 or (self.seed is not None and 0 <= self.seed < _RANDOM_SEED)
+
 
 def request_key(
-    *, digest_sha256: str, model: str, params: SamplingParams, messages: list[ChatMessage]
+    *,
+    digest_sha256: str,
+    model: str,
+    params: SamplingParams,
+    messages: list[ChatMessage],
+    sample: str | None = None,
 ) -> str:
-    """Content hash that identifies a request across reruns (the ledger key)."""
+    """Hash that identifies a request across reruns (the ledger key): its content, plus the
+    sample's identity when the answer is not determined (`GenerationRequest.sample`)."""
+    content: dict[str, object] = {
+        "digest": digest_sha256,
+        "model": model,
+        "params": params.model_dump(mode="json"),
+        "messages": [message.model_dump(mode="json") for message in messages],
+    }
+    if sample is not None:
+        # Only here: a determined request keeps the key it always had (ledgers stay valid).
+        content["sample"] = sample
     canonical = json.dumps(
-        {
-            "digest": digest_sha256,
-            "model": model,
-            "params": params.model_dump(mode="json"),
-            "messages": [message.model_dump(mode="json") for message in messages],
-        },
+        content,
         sort_keys=True,
         ensure_ascii=False,
         separators=(",", ":"),
@@ -76,8 +101,21 @@ class GenerationRequest(BaseModel):
         default=0,
         ge=0,
         description="Lower is handed out first (a night's partitions, oldest first); not part "
-        "of the request's key.",
+        "of the request's key. A request several inputs share goes out at the lowest.",
     )
+    sample_scope: str = Field(
+        default="",
+        description="Where the input row lives (a stage's partition, a Batch API batch): with "
+        "`input_id` it names the sample of a request whose answer is not determined.",
+    )
+
+    @property
+    def sample(self) -> str | None:
+        """This request's own sample in the ledger key; None when the answer is determined
+        (temperature 0 or a fixed seed), which every input asking the same then shares."""
+        if self.params.determined:
+            return None
+        return json.dumps([self.sample_scope, self.input_id], ensure_ascii=False)
 
 
 class GenerationResult(BaseModel):

@@ -1,8 +1,9 @@
 """Durable per-row ledger: every finished request is committed before the next one is counted.
 
 SQLite in WAL mode with `synchronous=FULL`: a row is either committed (and skipped by every rerun)
-or absent (and sent again), whatever kills the process. The key is the request's content hash, so
-the same request in another partition or run is never generated twice either.
+or absent (and sent again), whatever kills the process. The key is the request's hash
+(`generation.request_key`): a rerun finds every row it finished, and a determined request (greedy
+or seeded) asked in another partition or run is never generated twice either.
 
 Partition leases live in the same file. A lease's expiry is measured on the machine's boot clock
 (CLOCK_BOOTTIME: it never jumps with NTP or a hand-set date, and every process on the machine

@@ -76,7 +76,10 @@ class PlannedRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     request_id: str = Field(description="The output row's id: content key + input id.")
-    content_key: str = Field(description="Ledger key: hash of digest, model, params, messages.")
+    content_key: str = Field(
+        description="Ledger key: hash of digest, model, params, messages (and the sample's "
+        "identity when the answer is not determined)."
+    )
     request: GenerationRequest
     params: SamplingParams
 

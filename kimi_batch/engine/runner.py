@@ -50,9 +50,25 @@ __all__ = [
     "FailedRequest",
     "PlannedRequest",
     "PlannedRow",
+    "distinct",
 ]
 
 logger = logging.getLogger(__name__)
+
+
+def distinct(planned: Sequence[PlannedRequest]) -> list[PlannedRequest]:
+    """One request per ledger key (a determined answer is generated once, whichever inputs
+    ask for it), in first-asked order, each at the lowest rank any of its copies has: a
+    request the oldest partition needs goes out with the oldest partition's."""
+    unique: dict[str, PlannedRequest] = {}
+    for item in planned:
+        kept = unique.get(item.content_key)
+        if kept is None:
+            unique[item.content_key] = item
+        elif item.request.priority < kept.request.priority:
+            request = kept.request.model_copy(update={"priority": item.request.priority})
+            unique[item.content_key] = kept.model_copy(update={"request": request})
+    return list(unique.values())
 
 
 class BatchEngine:
@@ -105,6 +121,7 @@ class BatchEngine:
                 model=self.model,
                 params=params,
                 messages=list(request.messages),
+                sample=request.sample,
             )
             planned.append(
                 PlannedRequest(
@@ -139,8 +156,7 @@ class BatchEngine:
             raise ValueError("stop_at must be timezone-aware")
         started = time.perf_counter()
         planned = self.plan(requests)
-        # Identical content is generated once, whichever inputs ask for it.
-        unique = list({p.content_key: p for p in planned}.values())
+        unique = distinct(planned)
         finished = self.ledger.finished_keys(p.content_key for p in unique)
         pending = [p for p in unique if p.content_key not in finished]
         logger.info(

@@ -32,6 +32,7 @@ class ApiBatchInputs(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    batch_id: str
     lines: list[BatchRequestLine]
     source_file: str
 
@@ -39,11 +40,16 @@ class ApiBatchInputs(BaseModel):
     def by_id(self) -> dict[str, BatchRequestLine]:
         return {line.custom_id: line for line in self.lines}
 
+    def request(self, line: BatchRequestLine) -> GenerationRequest:
+        """The line's request, its own sample (batch id + `custom_id`) unless its answer is
+        determined: the same line in another batch is sampled anew, a rerun finds its answer."""
+        return line.request().model_copy(update={"sample_scope": self.batch_id})
+
     def groups(self) -> dict[str, list[GenerationRequest]]:
         """The requests by system prompt: each group runs with its prompt as the digest."""
         groups: dict[str, list[GenerationRequest]] = {}
         for line in self.lines:
-            groups.setdefault(line.system, []).append(line.request())
+            groups.setdefault(line.system, []).append(self.request(line))
         return groups
 
 
@@ -62,14 +68,17 @@ class ApiBatchTask(GenerationTask[ApiBatchInputs, DistilledRow]):
     table: ClassVar[str] = "distilled"
     row_model: ClassVar[type[GenerationColumns]] = DistilledRow
 
+    batch_id: str = Field(min_length=1, description="The batch's id (its lines' sample scope).")
     lines: list[BatchRequestLine] = Field(description="The batch's validated requests.")
     source_file: str = Field(description="The batch's landed input, as quarantine names it.")
 
     def load(self, read: RowReader) -> ApiBatchInputs:
-        return ApiBatchInputs(lines=self.lines, source_file=self.source_file)
+        return ApiBatchInputs(
+            batch_id=self.batch_id, lines=self.lines, source_file=self.source_file
+        )
 
     def requests(self, inputs: ApiBatchInputs) -> list[GenerationRequest]:
-        return [line.request() for line in inputs.lines]
+        return [inputs.request(line) for line in inputs.lines]
 
     def parse(self, result: GenerationResult, inputs: ApiBatchInputs) -> DistilledRow | SetAside:
         """A result of no line of the batch is a caller bug and raises ValueError."""

@@ -83,8 +83,10 @@ class GenerationTask(BaseModel, ABC, Generic[InputsT, RowT]):
     """One generation stage. Subclasses set the class variables and implement the three methods;
     their fields are the stage's options (sampling, k, an output schema ...).
 
-    Ledger guarantee: a request's ledger key is a content hash of (digest, model, params,
-    messages); `requests` must build the same requests from the same inputs on every rerun.
+    Ledger guarantee: a request's ledger key is a hash of (digest, model, params, messages)
+    and, when its answer is not determined (no fixed seed, temperature above 0), of its sample:
+    the partition it is planned in and its `input_id`. `requests` must build the same requests
+    with the same input ids from the same inputs on every rerun.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)

@@ -181,3 +181,41 @@ async def test_max_tokens_above_the_server_cap_is_clamped(
         outcome = await engine.run([request])
     assert planned[0].params.max_tokens == endpoint.n_predict
     assert outcome.stats.clamped == 1
+
+
+async def test_identical_lines_are_three_samples_unless_greedy_or_seeded(
+    shared_server: ResidentServer, tmp_path: Path
+) -> None:
+    digest = fresh_digest("samples")
+    tokens = await digest_tokens(shared_server, digest)
+    message = [ChatMessage(role="user", content="Write one word about the sea.")]
+
+    def lines(params: SamplingParams, scope: str) -> list[GenerationRequest]:
+        return [
+            GenerationRequest(
+                input_id=f"line{i}", messages=message, params=params, sample_scope=scope
+            )
+            for i in range(3)
+        ]
+
+    sampled = SamplingParams(max_tokens=6, temperature=1.0, top_p=1.0)
+    sent: dict[str, int] = {}
+    with Ledger(tmp_path / "ledger.sqlite3") as ledger:
+        engine = BatchEngine([endpoint_of(shared_server)], digest, ledger, digest_tokens=tokens)
+        for name, params, scope in (
+            ("sampled", sampled, "batch_a"),
+            ("rerun", sampled, "batch_a"),
+            ("another batch", sampled, "batch_b"),
+            ("greedy", SamplingParams(max_tokens=6, temperature=0.0), "batch_c"),
+            ("seeded", sampled.model_copy(update={"seed": 7}), "batch_d"),
+        ):
+            before = server_tasks(shared_server)
+            outcome = await engine.run(lines(params, scope), warm=False)
+            sent[name] = server_tasks(shared_server) - before
+            rows = list(outcome.iter_results(ledger))
+            assert [r.input_id for r in rows] == ["line0", "line1", "line2"], name
+            assert len({r.request_id for r in rows}) == 3, name
+        rows_in_ledger = ledger.count()
+
+    assert sent == {"sampled": 3, "rerun": 0, "another batch": 3, "greedy": 1, "seeded": 1}
+    assert rows_in_ledger == 3 + 3 + 1 + 1

@@ -25,8 +25,8 @@ from typing import Any
 import dagster as dg
 
 from kimi_batch.definitions import batch_assets, build_resources
-from kimi_batch.defs.assets._generation import read_rows
 from kimi_batch.defs.assets.batch import DistillConfig
+from kimi_batch.defs.assets.stage import plan_stage
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
@@ -85,11 +85,10 @@ def _prefill_ledger(source: str, config: dict[str, Any], generate: int) -> int:
     """Write the partition's finished answers, all but the last `generate`, to the ledger."""
     settings = Settings.from_env()
     ds, store = settings.today().isoformat(), WarehouseResource(deployment=settings).warehouse()
-    # The requests exactly as `distilled_responses` builds them from this run config.
+    # The requests exactly as `distilled_responses` plans them from this run config (each
+    # sampling one the partition's own sample).
     task = DistillConfig(**config).task(settings)
-    requests = task.requests(
-        task.load(lambda table, model: read_rows(store, table, ds, source, model))
-    )
+    requests = plan_stage(task, store, ds, source).requests
     digest = DigestResource(deployment=settings).load()
     prepared = asyncio.run(LlamaServerResource(deployment=settings).prepare(digest))
     with WarehouseResource(deployment=settings).ledger() as ledger:

@@ -20,10 +20,10 @@ def line(custom_id: str, system: str | None = None, **body: Any) -> bytes:
     return json.dumps({"custom_id": custom_id, "method": "POST", "url": URL, "body": body}).encode()
 
 
-def task_of(*lines: bytes) -> ApiBatchTask:
+def task_of(*lines: bytes, batch_id: str = "batch_x") -> ApiBatchTask:
     parsed = parse_batch_input(lines, endpoint=URL)
     assert parsed.errors == []
-    return ApiBatchTask(lines=parsed.lines, source_file="batch_x.jsonl")
+    return ApiBatchTask(batch_id=batch_id, lines=parsed.lines, source_file=f"{batch_id}.jsonl")
 
 
 def test_requests_are_the_batch_s_own_grouped_by_system_prompt() -> None:
@@ -39,6 +39,23 @@ def test_requests_are_the_batch_s_own_grouped_by_system_prompt() -> None:
         "": ["b"],
     }
     assert {r.tag for r in requests} == {"api/seed"}
+    # The group's requests are the batch's own, as `requests` builds them.
+    assert sorted(groups["Be terse."] + groups[""], key=lambda r: r.input_id) == requests
+
+
+def test_each_line_that_samples_is_its_own_sample_in_its_own_batch() -> None:
+    def samples(batch_id: str, **body: Any) -> list[str | None]:
+        task = task_of(line("a", **body), line("b", **body), batch_id=batch_id)
+        return [r.sample for r in task.requests(task.load(lambda table, model: []))]
+
+    first = samples("batch_1", temperature=1.0)
+    assert len(set(first)) == 2
+    assert None not in first
+    assert samples("batch_1", temperature=1.0) == first  # a rerun: the same samples
+    assert not set(samples("batch_2", temperature=1.0)) & set(first)  # another batch: new ones
+    # A determined answer (greedy, or a fixed seed) is nobody's own: shared by every line.
+    assert samples("batch_1", temperature=0.0) == [None, None]
+    assert samples("batch_2", seed=3) == [None, None]
 
 
 def test_only_final_answers_become_distilled_rows() -> None:

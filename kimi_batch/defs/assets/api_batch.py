@@ -226,7 +226,7 @@ def api_batch_responses(
             raise dg.Failure(f"no landed Batch API batch {context.partition_key}")
         ds, source = batch.ds, batch.source
         lines = batch_lines(settings, batch)
-        task = ApiBatchTask(lines=lines, source_file=f"{batch.id}.jsonl")
+        task = ApiBatchTask(batch_id=batch.id, lines=lines, source_file=f"{batch.id}.jsonl")
         with partition_lease(context, warehouse, ds, source) as held:
             ledger = held.ledger
             # A compare-and-set: a cancel that landed since the batch was read is not lost.

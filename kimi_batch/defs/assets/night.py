@@ -19,6 +19,7 @@ fails at the end with the list, after every finished partition is written.
 
 # No `from __future__ import annotations`: Dagster reads the op function's annotations.
 
+from collections.abc import Iterable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,7 +63,7 @@ from kimi_batch.engine import LeaseLostError, Ledger
 from kimi_batch.errors import KimiBatchError
 from kimi_batch.tasks.stage import GenerationTask
 
-__all__ = ["NightConfig", "night_batch", "nightly_job"]
+__all__ = ["NightConfig", "night_batch", "nightly_job", "oldest_first"]
 
 _DATA_VERSION_TAG = "dagster/data_version"
 _INPUT_SEEDS_VERSION_TAG = f"dagster/input_data_version/{SEED_PROMPTS.to_user_string()}"
@@ -200,6 +201,12 @@ def _land_seeds(
         night.unpublished.append((SEED_PROMPTS, key, ["seeds", "quarantine"]))
 
 
+def oldest_first(keys: Iterable[str]) -> dict[str, int]:
+    """Each checked `date|source` key's rank (0 = the oldest day), whatever order the run's
+    config lists them in; a request several partitions share goes out at the lowest."""
+    return {key: rank for rank, key in enumerate(sorted(keys, key=_parts))}
+
+
 def _run_stage(
     context: dg.OpExecutionContext,
     asset: dg.AssetKey,
@@ -217,9 +224,10 @@ def _run_stage(
         except _SKIPPED as error:
             night.drop(key, _reason(error))
     # Oldest partition first: past the window the partitions left are the newest, whole.
+    ranks = oldest_first(plans)
     requests = [
-        request.model_copy(update={"priority": rank})
-        for rank, plan in enumerate(plans.values())
+        request.model_copy(update={"priority": ranks[key]})
+        for key, plan in plans.items()
         for request in plan.requests
     ]
     label = f"{asset.to_user_string()} ({len(plans)} partitions)"

@@ -51,6 +51,7 @@ __all__ = [
     "land_stage",
     "plan_stage",
     "run_stage",
+    "sample_scope",
     "stage_metadata",
 ]
 
@@ -125,17 +126,24 @@ class StagePlan:
     input_sha: str
 
 
+def sample_scope(task: Task, ds: str, source: str) -> str:
+    """Where a stage's input rows live: a request that samples (not greedy, no fixed seed) is
+    this partition's own, apart from the same request asked in another partition or stage."""
+    return f"{task.name}|{ds}|{source}"
+
+
 def plan_stage(task: Task, store: Warehouse, ds: str, source: str) -> StagePlan:
-    """Read the partition's inputs of `task` and build its requests."""
+    """Read the partition's inputs of `task` and build its requests (each row its own sample)."""
     register_stage(type(task))
     reader: RowReader = lambda table, model: read_rows(store, table, ds, source, model)  # noqa: E731
     inputs = task.load(reader)
+    scope = sample_scope(task, ds, source)
     return StagePlan(
         task=task,
         ds=ds,
         source=source,
         inputs=inputs,
-        requests=list(task.requests(inputs)),
+        requests=[r.model_copy(update={"sample_scope": scope}) for r in task.requests(inputs)],
         input_sha=consumed_input_sha(store, ds, source),
     )
 

@@ -1,0 +1,93 @@
+"""Batch API batches on a real instance and a real server: each line that samples is its own
+(batch id + custom_id), a greedy line is shared, and a rerun of a batch sends nothing."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from kimi_batch.definitions import build_resources
+from kimi_batch.defs.assets.api_batch import api_batch_responses
+from kimi_batch.defs.partitions import API_BATCH_PARTITIONS_NAME
+from kimi_batch.engine import Ledger
+from kimi_batch.settings import Settings
+from kimi_batch.storage import ApiStore, BatchRecord, BatchStatus, validate_batch
+from kimi_batch_tests.support.llama_server import LlamaEnv
+
+pytestmark = pytest.mark.slow  # every test answers batches on a real llama-server
+
+
+def _landed(settings: Settings, temperature: float, n: int = 3) -> BatchRecord:
+    """A landed batch of `n` identical lines (custom ids `line0..`)."""
+    body: dict[str, Any] = {
+        "messages": [{"role": "user", "content": "Write one word about the sea."}],
+        "max_tokens": 6,
+        "temperature": temperature,
+    }
+    lines = [
+        {"custom_id": f"line{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+        for i in range(n)
+    ]
+    with ApiStore(settings.paths) as store:
+        upload = store.add_file(
+            io.BytesIO(b"".join(json.dumps(line).encode() + b"\n" for line in lines)),
+            filename="same.jsonl",
+            purpose="batch",
+            max_bytes=1 << 20,
+        )
+        batch = store.add_batch(
+            input_file_id=upload.id,
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+            completion_window_s=86400,
+            metadata=None,
+        )
+        return validate_batch(settings, store, batch)
+
+
+def _answer(instance: dg.DagsterInstance, batch: BatchRecord) -> int:
+    """Run the batch's partition; the requests it sent (the batch outcome's `generated`: the
+    server's own count also holds the digest warm-up)."""
+    settings = Settings.from_env()
+    instance.add_dynamic_partitions(API_BATCH_PARTITIONS_NAME, [batch.id])
+    result = dg.materialize(
+        [api_batch_responses],
+        partition_key=batch.id,
+        resources=build_resources(settings),
+        instance=instance,
+    )
+    assert result.success
+    with ApiStore(settings.paths) as store:
+        record = store.batch(batch.id)
+    assert record is not None
+    assert record.status == BatchStatus.COMPLETED
+    (materialization,) = result.asset_materializations_for_node("api_batch_responses")
+    generated = materialization.metadata["generated"].value
+    assert isinstance(generated, int)
+    return generated
+
+
+def test_a_batch_samples_each_line_and_a_second_batch_samples_anew(llama_env: LlamaEnv) -> None:
+    del llama_env  # the server and the state dir the resources find
+    settings = Settings.from_env()
+    with dg.instance_for_test() as instance, Ledger(settings.paths.ledger_path) as ledger:
+        start = ledger.count()
+        first = _landed(settings, temperature=1.0)
+        sent_first = _answer(instance, first)
+        after_first = ledger.count()
+        sent_rerun = _answer(instance, first)  # a rerun of the same batch
+        second = _landed(settings, temperature=1.0)
+        sent_second = _answer(instance, second)
+        after_second = ledger.count()
+        greedy = _landed(settings, temperature=0.0)
+        sent_greedy = _answer(instance, greedy)
+        end = ledger.count()
+
+    assert (sent_first, after_first - start) == (3, 3)  # three lines, three samples
+    assert sent_rerun == 0  # the ledger has the batch's own answers
+    assert (sent_second, after_second - after_first) == (3, 3)  # not the first batch's
+    assert (sent_greedy, end - after_second) == (1, 1)  # determined: one answer, shared
