@@ -30,7 +30,7 @@ from kimi_batch.storage.exceptions import (
     TrinoQueryError,
     TrinoUnavailableError,
 )
-from kimi_batch.storage.inbox import InboxFile, inspect_inbox_file, scan_inbox
+from kimi_batch.storage.inbox import InboxFile, file_sha256, inspect_inbox_file, scan_inbox
 from kimi_batch.storage.landing import Assignment, Landing, landed_versions
 from kimi_batch.storage.parquet import (
     PARTITION_COLUMNS,
@@ -39,7 +39,13 @@ from kimi_batch.storage.parquet import (
     validate_ds,
     validate_source,
 )
-from kimi_batch.storage.partition_input import ResolvedInput, resolve_input, resolve_partition
+from kimi_batch.storage.partition_input import (
+    InboxLanding,
+    ResolvedInput,
+    land_inbox,
+    resolve_input,
+    resolve_partition,
+)
 from kimi_batch.storage.quarantine import replace_quarantine
 from kimi_batch.storage.schema import (
     TABLES,
@@ -71,6 +77,7 @@ __all__ = [
     "FileRecord",
     "FileTooLargeError",
     "InboxFile",
+    "InboxLanding",
     "InputNotSettledError",
     "InvalidIdentifierError",
     "InvalidPartitionError",
@@ -88,7 +95,9 @@ __all__ = [
     "Warehouse",
     "batch_lines",
     "columns",
+    "file_sha256",
     "inspect_inbox_file",
+    "land_inbox",
     "land_seeds",
     "landed_versions",
     "polars_schema",
