@@ -5,12 +5,18 @@ a file or folder (a mistyped KIMI_BATCH_HOME stays absent), so the command is sa
 while a night is in progress. Each section is collected on its own; a part that cannot be read (no
 server, no instance yet, a corrupted ledger or manifest) says so in its section instead of failing
 the rest. The document and its text are `kimi_batch.cli.status_sections`.
+
+A partition is stale when its distillation consumed another version of its input than the one
+the night would read: the newest landed version, or the inbox file's content when that is
+settled and differs (the night lands it; the inbox sensor need not run). So `status` hashes the
+settled inbox files of known partitions; it never lands them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from typing import Literal
@@ -43,7 +49,14 @@ from kimi_batch.defs.schedules import NIGHT_TAG, TRIGGER_TAG, build_nightly_sche
 from kimi_batch.engine import Ledger, load_digest
 from kimi_batch.llama import LlamaClient, LlamaError, server_from_settings
 from kimi_batch.settings import Settings
-from kimi_batch.storage import StorageError, landed_versions, scan_inbox
+from kimi_batch.storage import (
+    InboxFile,
+    StorageError,
+    file_sha256,
+    landed_versions,
+    scan_inbox,
+    still_changing,
+)
 from kimi_batch.tasks.stages import stage_of_tag
 
 __all__ = ["Status", "collect_status", "render_status"]
@@ -296,6 +309,24 @@ def _manifest(settings: Settings) -> _Manifest:
     return _Manifest(key_of=key_of, landed=landed)
 
 
+def _night_versions(files: list[InboxFile], manifest: _Manifest, max_bytes: int) -> dict[str, str]:
+    """The version the night reads, by partition key: the settled inbox file's content where it
+    differs from the newest landed one (the night lands it), else the newest landed one."""
+    versions = dict(manifest.landed)
+    now = time.time_ns()
+    for item in files:
+        key = manifest.key_of.get(item.name)
+        if key is None or item.refused or item.size > max_bytes:
+            continue  # unassigned: pending anyway; refused: quarantined by its run
+        if still_changing((item.size, item.mtime_ns), now):
+            continue
+        try:
+            versions[key] = file_sha256(item.path)
+        except OSError:
+            continue  # unreadable now: its run says why
+    return versions
+
+
 def _refuse_garbled_start(settings: Settings) -> None:
     """The partitions' start date, as the definitions read it: a garbled one is a ConfigError
     (never reset to today); an absent one stays absent (status writes nothing)."""
@@ -318,7 +349,8 @@ def collect_status(settings: Settings, *, now: datetime | None = None) -> Status
     try:
         if instance is not None:
             try:
-                records = distill_states(instance, manifest.key_of.values(), manifest.landed)
+                versions = _night_versions(files, manifest, settings.max_input_bytes)
+                records = distill_states(instance, manifest.key_of.values(), versions)
             except _UNREADABLE as error:
                 instance_error = f"Dagster instance is unreadable: {error}"
         server = _server(settings, instance if records is not None else None)

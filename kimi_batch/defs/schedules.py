@@ -8,7 +8,14 @@ Each night (KIMI_BATCH_NIGHTLY_CRON, default 02:00, in KIMI_BATCH_TIMEZONE) asks
 partition of the landing manifest dated up to the day that just ended whose `distilled_responses`
 is missing: that day's new inputs, and whatever an earlier night failed or stopped at the window.
 So one lost night is recovered the next without anyone touching the UI. Inbox files nobody has
-seen yet (the sensor was off) are assigned to the day that just ended first. The night is one run
+seen yet (the sensor was off) are assigned to the day that just ended first.
+
+The night looks at the inbox itself, sensor or not (it is STOPPED by default): every settled
+inbox file is hashed before the night decides, and one whose content is not its partition's
+newest landed version is landed as a new version (`storage.land_inbox`), so a file rewritten
+under the same name, or reverted (A -> B -> A lands A again), makes its partition stale and
+asked for. A file still changing is not waited for: the skip reason (or the log) names it, and
+the next tick lands it. The night is one run
 of `nightly_job` over all of them (`kimi_batch.defs.assets.night`: one engine batch a stage, so the
 server stays busy across partitions; each partition still written, materialized and checked on
 its own), run key `nightly:{night}`: a re-evaluated tick never starts a night twice, and the next
@@ -25,7 +32,7 @@ not start runs by itself.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import date, datetime, timedelta
 
 import dagster as dg
@@ -42,12 +49,14 @@ from kimi_batch.defs.partitions import (
     split_partition_key,
 )
 from kimi_batch.settings import Settings
-from kimi_batch.storage import Assignment, Landing
+from kimi_batch.storage import SETTLE_S as LANDING_SETTLE_S
+from kimi_batch.storage import Assignment, InboxLanding, Landing, land_inbox
 
 __all__ = [
     "MAX_RUNTIME_TAG",
     "NIGHT_TAG",
     "PARTITIONS_TAG",
+    "SETTLE_S",
     "TRIGGER_TAG",
     "WINDOW_GRACE_S",
     "WINDOW_TAG",
@@ -68,6 +77,10 @@ MAX_RUNTIME_TAG = "dagster/max_runtime"
 # long prompt can take most of an hour.
 WINDOW_GRACE_S = 3600
 _DISTILLED = dg.AssetKey("distilled_responses")
+# How long an inbox file must have stood still before the night lands it (a module global read
+# per tick, so tests can shorten it); one still changing is landed by the next tick.
+SETTLE_S = LANDING_SETTLE_S
+_NAMED = 10
 
 
 class BatchPartition(BaseModel):
@@ -135,21 +148,50 @@ def nightly_tags(night: str, end: datetime | None, started: datetime) -> dict[st
     return tags
 
 
-def _known_partitions(settings: Settings, night: str) -> tuple[list[Assignment], dict[str, str]]:
-    """The manifest's partitions, after assigning inbox files nobody has seen to `night`, and
-    the sha256 of each one's newest landed version by partition key."""
+def _known_partitions(
+    settings: Settings, night: str, accept_ds: Callable[[str], bool]
+) -> tuple[list[Assignment], dict[str, str], InboxLanding]:
+    """The manifest's partitions, after assigning inbox files nobody has seen to `night` and
+    landing every settled file that changed; the sha256 of each one's newest landed version by
+    partition key; and what the look at the inbox landed or left for later."""
     with Landing(settings.paths) as landing:
-        landing.assign_inbox(
+        inbox = land_inbox(
+            landing,
             settings.paths.inbox_dir,
+            max_bytes=settings.max_input_bytes,
             arrived=date.fromisoformat(night),
             start=settings.first_partition_date(),
+            accept_ds=accept_ds,
+            settle_s=SETTLE_S,
         )
         assignments = landing.assignments()
         versions = {
             str(BatchPartition(ds=a.ds, source=a.source).key): landing.current(a.ds, a.source)
             for a in assignments
         }
-    return assignments, {key: v.sha256 for key, v in versions.items() if v is not None}
+    landed = {key: v.sha256 for key, v in versions.items() if v is not None}
+    return assignments, landed, inbox
+
+
+def _named(names: Sequence[str]) -> str:
+    more = f" and {len(names) - _NAMED} more" if len(names) > _NAMED else ""
+    return ", ".join(names[:_NAMED]) + more
+
+
+def _log_inbox(context: dg.ScheduleEvaluationContext, inbox: InboxLanding) -> str:
+    """Log what the look at the inbox did; the sentence naming the files still changing."""
+    if inbox.landed:
+        context.log.info(
+            f"landed {len(inbox.landed)} new input version(s): "
+            + _named([f"{v.name} ({v.sha256[:12]})" for v in inbox.landed])
+        )
+    for problem in inbox.problems:
+        context.log.warning(f"inbox file not landed: {problem}")
+    if not inbox.settling:
+        return ""
+    settling = f"still changing, landed by the next tick: {_named(inbox.settling)}"
+    context.log.info(settling)
+    return settling
 
 
 def _stale(
@@ -202,7 +244,8 @@ def build_nightly_schedule(settings: Settings) -> dg.ScheduleDefinition:
         night = night_ds(scheduled, settings)
         dates = build_date_partitions(settings)
         instance = context.instance
-        assignments, landed = _known_partitions(settings, night)
+        assignments, landed, inbox = _known_partitions(settings, night, dates.has_partition_key)
+        settling = _log_inbox(context, inbox)
         distilled = instance.get_materialized_partitions(_DISTILLED)
         stale = _stale(instance, distilled, landed)
         partitions = [
@@ -215,7 +258,8 @@ def build_nightly_schedule(settings: Settings) -> dg.ScheduleDefinition:
                 f"rebuilding {len(stale)} stale partition(s): {', '.join(sorted(stale)[:10])}"
             )
         if not partitions:
-            return dg.SkipReason(f"every partition up to {night} is distilled")
+            done = f"every partition up to {night} is distilled"
+            return dg.SkipReason(f"{done}; {settling}" if settling else done)
         _ensure_sources(instance, partitions)
         tags = nightly_tags(night, window_end(scheduled, settings), _local(scheduled, settings))
         keys = [str(item.key) for item in partitions]

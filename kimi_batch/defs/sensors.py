@@ -2,8 +2,11 @@
 
 Each tick lists the inbox (stat only) and hashes just the files whose (mtime, size) differ from the
 cursor, so a tick over thousands of settled files reads none of them. The run key is the file's
-inbox path plus its content hash: the daemon never starts a second run for a key it has seen, so an
-unchanged file never runs twice (even after a cursor reset) and a changed one runs again. A file's
+inbox path, its content hash and how often that content was landed for the partition before
+(`Landing.earlier_landings`; no suffix the first time): the daemon never starts a second run for a
+key it has seen, so an unchanged file never runs twice (even after a cursor reset), a changed one
+runs again, and a file reverted to an earlier content (A -> B -> A) gets a new key and lands A
+again as the newest version: versions are events in time, not a set of contents. A file's
 partition comes from the landing manifest: fixed when the sensor first sees it, never changed by
 later files, and dated by its arrival in KIMI_BATCH_TIMEZONE, not by its mtime.
 
@@ -138,13 +141,16 @@ def plan_inbox_tick(
     assign: Callable[[InboxFile], Assignment],
     is_valid_ds: Callable[[str], bool],
     max_input_bytes: int,
+    earlier_landings: Callable[[Assignment, str], int] = lambda assignment, sha256: 0,
     now_ns: int | None = None,
     settle_s: float = SETTLE_S,
     hash_budget_s: float = HASH_BUDGET_S,
 ) -> InboxTick:
     """Decide which inbox files to request; reads only files new or changed since `previous`.
 
-    `assign` gives a file's partition (the landing manifest: fixed at first sight). Files over
+    `assign` gives a file's partition (the landing manifest: fixed at first sight);
+    `earlier_landings` how often a content was landed for it before (`Landing.earlier_landings`),
+    which makes a reverted file's run key new. Files over
     `max_input_bytes` and refused entries are requested without being read, under a key of their
     name, mtime and size, so their runs quarantine them with the reason.
     """
@@ -221,9 +227,9 @@ def plan_inbox_tick(
         if entry is not None and entry[2] == sha256:
             unchanged += 1  # touched, not changed: same run key, nothing to do
             continue
-        requests.append(
-            InboxRequest(file=read, assignment=assignment, run_key=f"{item.name}:{sha256[:16]}")
-        )
+        again = earlier_landings(assignment, sha256)
+        run_key = f"{item.name}:{sha256[:16]}" + (f":landed-again:{again}" if again else "")
+        requests.append(InboxRequest(file=read, assignment=assignment, run_key=run_key))
 
     if out_of_range:
         warnings.append(
@@ -282,7 +288,10 @@ def _landing_retries(
             continue
         sha256 = entry[2]
         assignment = landing.assignment(item.name)
-        if assignment is None or landing.has_version(assignment.ds, assignment.source, sha256):
+        current = landing.current(assignment.ds, assignment.source) if assignment else None
+        # Landed means landed as the newest version: in A -> B -> A, A's day-1 landing does not
+        # count for the A of day 3.
+        if assignment is None or (current is not None and current.sha256 == sha256):
             continue
         retries.append(
             InboxRequest(
@@ -313,6 +322,9 @@ def _tick(context: dg.SensorEvaluationContext, settings: Settings) -> dg.SensorR
             assign=lambda item: landing.assign_file(item, arrived=settings.today(), start=start),
             is_valid_ds=build_date_partitions(settings).has_partition_key,
             max_input_bytes=settings.max_input_bytes,
+            earlier_landings=lambda item, sha256: landing.earlier_landings(
+                item.ds, item.source, sha256
+            ),
             # Module globals read per tick, not default arguments, so tests can shorten them.
             settle_s=SETTLE_S,
             hash_budget_s=HASH_BUDGET_S,
@@ -359,7 +371,9 @@ def build_inbox_sensor(settings: Settings) -> dg.SensorDefinition:
         description=(
             "Watches $KIMI_BATCH_HOME/inbox: a new or changed input file adds its source "
             "partition and starts ingest_job for (date, source). Run key = file path + content "
-            "hash, so an unchanged file never runs twice. Unreadable and refused files are "
+            "hash (+ how often that content was landed before), so an unchanged file never runs "
+            "twice and a file changed back to an earlier content runs again. Unreadable and "
+            "refused files are "
             "requested for quarantine without being read."
         ),
     )

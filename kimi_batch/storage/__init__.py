@@ -40,7 +40,7 @@ from kimi_batch.storage.exceptions import (
     TrinoQueryError,
     TrinoUnavailableError,
 )
-from kimi_batch.storage.inbox import InboxFile, inspect_inbox_file, scan_inbox
+from kimi_batch.storage.inbox import InboxFile, file_sha256, inspect_inbox_file, scan_inbox
 from kimi_batch.storage.landing import Assignment, Landing, landed_versions
 from kimi_batch.storage.parquet import (
     PARTITION_COLUMNS,
@@ -49,7 +49,13 @@ from kimi_batch.storage.parquet import (
     validate_ds,
     validate_source,
 )
-from kimi_batch.storage.partition_input import ResolvedInput, resolve_input, resolve_partition
+from kimi_batch.storage.partition_input import (
+    InboxLanding,
+    ResolvedInput,
+    land_inbox,
+    resolve_input,
+    resolve_partition,
+)
 from kimi_batch.storage.private_files import (
     private_folder,
     remove_stale_temps,
@@ -90,6 +96,7 @@ __all__ = [
     "FileRecord",
     "FileTooLargeError",
     "InboxFile",
+    "InboxLanding",
     "InputNotSettledError",
     "InvalidIdentifierError",
     "InvalidPartitionError",
@@ -110,8 +117,10 @@ __all__ = [
     "batch_lines",
     "begin_batch",
     "columns",
+    "file_sha256",
     "finish_batch",
     "inspect_inbox_file",
+    "land_inbox",
     "land_seeds",
     "landed_versions",
     "polars_schema",

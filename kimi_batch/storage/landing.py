@@ -245,6 +245,18 @@ class Landing:
         ).fetchone()
         return row is not None
 
+    def earlier_landings(self, ds: str, source: str, sha256: str) -> int:
+        """How often this content was landed for the partition before its landing that is (or
+        would be) the newest: 0 the first time, 1 for A in A -> B -> A, the same count again
+        while A stays the newest. Versions are events in time: a run key made of the content
+        and this count is new for every landing and stable while the content stays current."""
+        (count,) = self._db.execute(
+            "SELECT COUNT(*) FROM versions WHERE ds = ? AND source = ? AND sha256 = ?",
+            (ds, source, sha256),
+        ).fetchone()
+        current = self.current(ds, source)
+        return count - 1 if current is not None and current.sha256 == sha256 else count
+
     def current(self, ds: str, source: str) -> LandedVersion | None:
         """The newest landed version of a partition, None if nothing landed yet."""
         row = self._db.execute(

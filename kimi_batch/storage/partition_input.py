@@ -1,8 +1,11 @@
-"""What a partition reads: its inbox file landed now, else its newest landed snapshot."""
+"""What a partition reads: its inbox file landed now, else its newest landed snapshot; and the
+night's look at the whole inbox (`land_inbox`), which lands every settled file that changed."""
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from datetime import date
 from pathlib import Path
 
@@ -10,12 +13,24 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.settings import Settings
 from kimi_batch.storage.exceptions import StorageError
-from kimi_batch.storage.inbox import NotRegularFileError, inspect_inbox_file
+from kimi_batch.storage.inbox import (
+    NotRegularFileError,
+    file_sha256,
+    inspect_inbox_file,
+    scan_inbox,
+)
 from kimi_batch.storage.landing import Assignment, LandedVersion, Landing
-from kimi_batch.storage.settle import SETTLE_S, InputNotSettledError
+from kimi_batch.storage.settle import SETTLE_S, InputNotSettledError, still_changing
 from kimi_batch.storage.snapshot import InputTooLargeError
 
-__all__ = ["LandingIOError", "ResolvedInput", "resolve_input", "resolve_partition"]
+__all__ = [
+    "InboxLanding",
+    "LandingIOError",
+    "ResolvedInput",
+    "land_inbox",
+    "resolve_input",
+    "resolve_partition",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -119,3 +134,62 @@ def resolve_partition(settings: Settings, ds: str, source: str) -> ResolvedInput
             arrived=settings.today(),
             start=settings.first_partition_date(),
         )
+
+
+class InboxLanding(BaseModel):
+    """What one look at the whole inbox landed, and what it left for a later look."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    landed: list[LandedVersion] = Field(description="New versions landed by this look.")
+    settling: list[str] = Field(description="Files still changing: landed by a later look.")
+    problems: list[str] = Field(description="Files that could not be read (their run says why).")
+
+
+def land_inbox(
+    landing: Landing,
+    inbox_dir: Path,
+    *,
+    max_bytes: int,
+    arrived: date,
+    start: date,
+    accept_ds: Callable[[str], bool] = lambda ds: True,
+    settle_s: float = SETTLE_S,
+) -> InboxLanding:
+    """Assign every inbox file, and land each settled one whose content is not its partition's
+    newest landed version (a rewrite, or a return to an earlier content: A -> B -> A lands A
+    again as the newest version), whether or not the inbox sensor runs.
+
+    Every settled file is hashed; only a changed one is copied. A file still changing is not
+    waited for (`settling`); refused and over-size files, and files dated outside the partitions
+    (`accept_ds`), are left to their partition's run, which quarantines them with the reason.
+    """
+    landed: list[LandedVersion] = []
+    settling: list[str] = []
+    problems: list[str] = []
+    for item in scan_inbox(inbox_dir):
+        assignment = landing.assign_file(item, arrived=arrived, start=start)
+        if item.refused or item.size > max_bytes or not accept_ds(assignment.ds):
+            continue
+        if still_changing((item.size, item.mtime_ns), time.time_ns(), settle_s):
+            settling.append(item.name)
+            continue
+        try:
+            sha256 = file_sha256(item.path)
+            current = landing.current(assignment.ds, assignment.source)
+            if current is not None and current.sha256 == sha256:
+                continue
+            version = landing.land(item.path, assignment, max_bytes=max_bytes, settle_s=settle_s)
+        except FileNotFoundError:
+            continue  # gone since the listing: its partition reads its landed snapshot
+        except InputNotSettledError:
+            settling.append(item.name)
+            continue
+        except OSError as error:  # InputTooLargeError is a StorageError, caught below
+            problems.append(f"{item.name}: {type(error).__name__}: {error}")
+            continue
+        except StorageError as error:
+            problems.append(f"{item.name}: {error}")
+            continue
+        landed.append(version)
+    return InboxLanding(landed=landed, settling=settling, problems=problems)

@@ -11,6 +11,7 @@ from kimi_batch.engine import FailedRequest, GenerationResult
 from kimi_batch.tasks.rows import QuarantineRow
 
 __all__ = [
+    "INPUT_STAGE",
     "RAW_LIMIT",
     "failure_rows",
     "file_row",
@@ -25,6 +26,8 @@ RAW_LIMIT = 2000
 
 # "input", or the `name` of the generation stage whose output or request it was.
 Stage = str
+# The stage of input rows (and whole files) set aside while the seeds were landed.
+INPUT_STAGE: Stage = "input"
 
 
 def truncate_raw(text: str, limit: int = RAW_LIMIT) -> str:
@@ -47,7 +50,7 @@ def input_row(
         input_id=input_id,
         model=None,
         digest_sha256=None,
-        stage="input",
+        stage=INPUT_STAGE,
         source_file=source_file,
         line=line,
         reason=reason,

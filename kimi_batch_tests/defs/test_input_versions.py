@@ -10,6 +10,7 @@ partition stale in between.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -261,3 +262,115 @@ def test_the_nights_distillation_records_the_input_version_it_consumed(home: Pat
     # What the UI's staleness and the asset's lineage read (distillation_job records it).
     consumed = "dagster/input_data_version/seed_prompts"
     assert distilled.tags.get(consumed) == seeds.tags["dagster/data_version"]
+
+
+def _evaluate(daemons: Daemons, when: datetime) -> tuple[list[str], str | None]:
+    """The partitions the nightly schedule asks for at `when` (no run), and its skip reason."""
+    context = dg.build_schedule_context(
+        instance=daemons.instance,
+        scheduled_execution_time=when,
+        repository_def=daemons.defs.get_repository_def(),
+    )
+    data = daemons.defs.resolve_schedule_def("nightly_distillation_schedule").evaluate_tick(context)
+    return [
+        key
+        for request in data.run_requests or []
+        for key in request.run_config["ops"][NIGHTLY_OP_NAME]["config"]["partitions"]
+    ], data.skip_message
+
+
+def _prompts(rows: pl.DataFrame) -> set[str]:
+    return set(rows["prompt"].to_list())
+
+
+def test_with_the_sensor_stopped_the_night_rebuilds_a_rewritten_then_reverted_input(
+    home: Path,
+) -> None:
+    """A -> B -> A under one name, the inbox sensor never ticking: each next night lands the
+    file's new version, asks for its partition and rebuilds it from that version alone."""
+    settings = Settings.from_env()
+    today = settings.today()
+    night_1 = datetime.combine(today + timedelta(days=1), datetime.min.time(), settings.zone)
+    nights = [night_1.replace(hour=2) + timedelta(days=n) for n in range(3)]
+    key = f"{today.isoformat()}|story"
+    warehouse = Warehouse(settings.paths.warehouse_dir)
+    instance = dg.DagsterInstance.from_config(str(home / "dagster"))
+    try:
+        daemons = Daemons(instance, settings)
+        _write(home / "inbox", DAY_1, age_s=180)
+        (run_1,) = daemons.schedule_tick(nights[0])
+        a_rows = warehouse.read_partition("distilled", today, "story")
+        seeds_a = warehouse.read_partition("seeds", today, "story")
+
+        _write(home / "inbox", DAY_2, age_s=120)  # B: same name, one row replaced
+        asked_b, _ = _evaluate(daemons, nights[1])
+        between = _status()
+        (run_2,) = daemons.schedule_tick(nights[1])
+        b_rows = warehouse.read_partition("distilled", today, "story")
+        seeds_b = warehouse.read_partition("seeds", today, "story")
+
+        _write(home / "inbox", DAY_1, age_s=60)  # and back to A
+        asked_a, _ = _evaluate(daemons, nights[2])
+        (run_3,) = daemons.schedule_tick(nights[2])
+        again_rows = warehouse.read_partition("distilled", today, "story")
+        seeds_again = warehouse.read_partition("seeds", today, "story")
+        after, skip = _evaluate(daemons, nights[2] + timedelta(days=1))
+        with Landing(settings.paths) as landing:
+            current = landing.current(today.isoformat(), "story")
+    finally:
+        instance.dispose()
+
+    sha_a, sha_b = (set(s["input_sha256"].to_list()) for s in (seeds_a, seeds_b))
+    assert len(sha_a) == len(sha_b) == 1
+    assert sha_a != sha_b
+    assert (asked_b, asked_a) == ([key], [key])
+    assert key in between["keys"]["stale"]  # status saw the rewrite before the night did
+    for rows, seeds, sha in ((b_rows, seeds_b, sha_b), (again_rows, seeds_again, sha_a)):
+        assert rows.height > 0
+        assert set(rows["input_sha256"].to_list()) == sha
+        assert set(rows["seed_id"].to_list()) <= set(seeds["input_id"].to_list())
+    # B's night: the row that left the file is gone; A's night: it is back, B's new one gone.
+    assert "Name a planet." in _prompts(seeds_a) - _prompts(seeds_b)
+    assert _prompts(seeds_again) == set(DAY_1)
+    gone = set(a_rows.filter(pl.col("seed_id") == "story-2")["request_id"].to_list())
+    assert gone
+    assert not gone & set(b_rows["request_id"].to_list())
+    for run in (run_1, run_2, run_3):
+        distilled = _materialization(run, "distilled_responses")
+        assert distilled.metadata["input_sha256"].value in sha_a | sha_b
+    assert _materialization(run_3, "distilled_responses").metadata["input_sha256"].value in sha_a
+    assert current is not None
+    assert {current.sha256} == sha_a
+    assert (after, skip) == (
+        [],
+        f"every partition up to {nights[2].date().isoformat()} is distilled",
+    )
+
+
+def test_a_file_of_only_bad_lines_is_consumed_once_and_not_asked_for_again(home: Path) -> None:
+    settings = Settings.from_env()
+    today = settings.today()
+    night = datetime.combine(today + timedelta(days=1), datetime.min.time(), settings.zone)
+    path = home / "inbox" / "bad.jsonl"
+    path.write_text('not json\n{"id": "no-prompt"}\n', encoding="utf-8")
+    settled = time.time() - 120
+    os.utime(path, (settled, settled))
+    warehouse = Warehouse(settings.paths.warehouse_dir)
+    instance = dg.DagsterInstance.from_config(str(home / "dagster"))
+    try:
+        daemons = Daemons(instance, settings)
+        (run,) = daemons.schedule_tick(night.replace(hour=2))
+        next_night, skip = _evaluate(daemons, night.replace(hour=2) + timedelta(days=1))
+    finally:
+        instance.dispose()
+
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    distilled = _materialization(run, "distilled_responses")
+    assert distilled.metadata["input_sha256"].value == sha  # consumed: the file's version
+    assert warehouse.read_partition("distilled", today, "bad").height == 0
+    quarantine = warehouse.read_partition("quarantine", today, "bad")
+    assert quarantine.filter(pl.col("stage") == "input").height == 2
+    assert set(quarantine["input_sha256"].to_list()) == {sha}
+    assert next_night == []
+    assert skip is not None
+    assert skip.startswith("every partition up to")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -22,7 +23,7 @@ from kimi_batch.defs.schedules import (
     window_end,
 )
 from kimi_batch.settings import Settings
-from kimi_batch.storage.landing import Assignment
+from kimi_batch.storage.landing import Assignment, Landing
 from kimi_batch_tests.support.repo import REPO_ROOT
 from kimi_batch_tests.support.standins import standin_definitions
 
@@ -139,7 +140,9 @@ def test_everything_distilled_is_a_skip(inbox: Path) -> None:
         requests, skip = evaluate(instance, NIGHT)
 
     assert requests == []
-    assert skip == "every partition up to 2025-06-01 is distilled"
+    # The fixture's files were written just now: still changing, named for the next tick.
+    assert skip is not None
+    assert skip.startswith("every partition up to 2025-06-01 is distilled")
 
 
 def test_the_window_end_and_a_matching_max_runtime_ride_on_every_run(
@@ -278,3 +281,71 @@ def test_bad_timezone_fails_loudly() -> None:
     with pytest.raises(subprocess.CalledProcessError) as caught:
         _schedule_settings({"KIMI_BATCH_TIMEZONE": "Mars/Olympus"})
     assert "KIMI_BATCH_TIMEZONE" in caught.value.stderr
+
+
+def _settled(path: Path, text: str, age_s: float) -> str:
+    """Write `text` to `path` with an mtime `age_s` ago (settled); its sha256."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    past = datetime.now(UTC).timestamp() - age_s
+    os.utime(path, (past, past))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _current(ds: str, source: str) -> str | None:
+    with Landing(Settings.from_env().paths) as landing:
+        version = landing.current(ds, source)
+    return version.sha256 if version else None
+
+
+def test_with_the_sensor_stopped_the_night_lands_rewrites_and_reverts_and_asks_for_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path))
+    path = tmp_path / "inbox" / "2025-06-01" / "story.jsonl"
+    defs = standin_definitions()
+    partition = str(mpk("story"))
+    with dg.instance_for_test() as instance:
+        sha_a = _settled(path, '{"prompt": "A"}\n', age_s=300)
+        night_1 = night_keys(evaluate(instance, NIGHT)[0])
+        distill(defs, instance, partition)  # records the version the night landed
+        unchanged, skip = evaluate(instance, datetime(2025, 6, 3, 2, 0, tzinfo=UTC))
+        sha_b = _settled(path, '{"prompt": "B"}\n', age_s=200)  # rewritten, same name
+        night_2 = night_keys(evaluate(instance, datetime(2025, 6, 3, 2, 0, tzinfo=UTC))[0])
+        landed_b = _current("2025-06-01", "story")
+        distill(defs, instance, partition)
+        _settled(path, '{"prompt": "A"}\n', age_s=100)  # and back: A -> B -> A
+        night_3 = night_keys(evaluate(instance, datetime(2025, 6, 4, 2, 0, tzinfo=UTC))[0])
+        landed_a = _current("2025-06-01", "story")
+
+    assert night_1 == [partition]
+    assert unchanged == []
+    assert skip == "every partition up to 2025-06-02 is distilled"
+    assert (night_2, landed_b) == ([partition], sha_b)
+    # A landed again as the newest version: the distillation (of B) is stale.
+    assert (night_3, landed_a) == ([partition], sha_a)
+
+
+def test_a_file_still_changing_is_named_and_landed_by_the_next_tick(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path))
+    path = tmp_path / "inbox" / "2025-06-01" / "story.jsonl"
+    defs = standin_definitions()
+    with dg.instance_for_test() as instance:
+        sha_a = _settled(path, '{"prompt": "A"}\n', age_s=300)
+        evaluate(instance, NIGHT)
+        distill(defs, instance, mpk("story"))
+        path.write_text('{"prompt": "B, still being copied"}\n')  # mtime now: still changing
+        busy, skip = evaluate(instance, NIGHT)
+        still_a = _current("2025-06-01", "story")
+        past = datetime.now(UTC).timestamp() - 60
+        os.utime(path, (past, past))
+        settled, _ = evaluate(instance, NIGHT)
+
+    assert busy == []
+    assert skip is not None
+    assert "still changing" in skip
+    assert "2025-06-01/story.jsonl" in skip
+    assert still_a == sha_a
+    assert night_keys(settled) == [str(mpk("story"))]

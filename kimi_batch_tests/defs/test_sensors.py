@@ -522,3 +522,57 @@ def test_a_landing_that_failed_on_an_io_error_is_asked_for_again_next_tick(
     (result,) = healed.results
     assert result.success
     assert daemon.tick(execute=False).data.run_requests == []  # landed now: nothing more
+
+
+def test_a_file_changed_back_to_an_earlier_content_runs_again_and_lands_as_the_newest(
+    inbox: Path, daemon: SensorDaemon
+) -> None:
+    path = put(inbox / DAY / "seeds.jsonl", '{"prompt": "A"}\n', age_s=90)
+    first = daemon.tick()
+    put(path, '{"prompt": "B"}\n', age_s=60)
+    second = daemon.tick()
+    put(path, '{"prompt": "A"}\n', age_s=30)  # A -> B -> A
+    third = daemon.tick()
+    daemon.cursor = None  # lost cursor: A is landed and newest, its run key is the same again
+    fourth = daemon.tick()
+
+    sha_a = file_sha256(path)
+    assert [len(tick.launched) for tick in (first, second, third)] == [1, 1, 1]
+    # The same content, a new event: a new run key, not the day-1 one the daemon already ran.
+    assert third.run_keys == [f"{DAY}/seeds.jsonl:{sha_a[:16]}:landed-again:1"]
+    assert first.run_keys == [f"{DAY}/seeds.jsonl:{sha_a[:16]}"]
+    assert fourth.run_keys == third.run_keys
+    assert fourth.launched == []
+    with Landing(StatePaths(home=inbox.parent)) as landing:
+        current = landing.current(DAY, "seeds")
+        assert landing.earlier_landings(DAY, "seeds", sha_a) == 1
+    assert current is not None
+    assert current.sha256 == sha_a
+
+
+def test_a_reverted_file_whose_landing_failed_is_asked_for_again(
+    inbox: Path, daemon: SensorDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = put(inbox / DAY / "seeds.jsonl", '{"prompt": "A"}\n', age_s=90)
+    daemon.tick()
+    put(path, '{"prompt": "B"}\n', age_s=60)
+    daemon.tick()
+    put(path, '{"prompt": "A"}\n', age_s=30)
+
+    def disk_full(_fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "fsync", disk_full)
+        with pytest.raises(LandingIOError):
+            daemon.tick()
+    failed = daemon.instance.get_runs(limit=1)[0]
+    assert failed.status == dg.DagsterRunStatus.FAILURE
+
+    # A was landed on day 1, but B is the newest version: A is not landed, so it is asked again.
+    (request,) = daemon.tick().launched
+    assert str(request.run_key).endswith(f":after:{failed.run_id[:8]}")
+    with Landing(StatePaths(home=inbox.parent)) as landing:
+        current = landing.current(DAY, "seeds")
+    assert current is not None
+    assert current.sha256 == file_sha256(path)

@@ -23,10 +23,13 @@ from kimi_batch.defs.jobs import (
     distillation_job,
     ingest_job,
 )
-from kimi_batch.defs.partitions import build_batch_partitions, partition_parts
+from kimi_batch.defs.partition_states import INPUT_SHA_METADATA
+from kimi_batch.defs.partitions import build_batch_partitions, partition_parts, split_partition_key
 from kimi_batch.defs.schedules import build_nightly_schedule
 from kimi_batch.defs.sensors import build_inbox_sensor
 from kimi_batch.settings import Settings
+from kimi_batch.storage.inbox import file_sha256, inspect_inbox_file
+from kimi_batch.storage.landing import Landing
 from kimi_batch.storage.partition_input import resolve_partition
 
 __all__ = ["STANDIN_DEFS", "STANDIN_SLEEP_ENV", "StandinNightConfig", "standin_definitions"]
@@ -68,21 +71,39 @@ def standin_definitions(settings: Settings | None = None) -> dg.Definitions:
     def amplified_prompts() -> dg.MaterializeResult:
         return _pooled_step()
 
+    def consumed(key: str) -> dict[str, str]:
+        """The input version a real distillation records: the inbox file's content (its run
+        lands it first), else the partition's newest landed version."""
+        parts = split_partition_key(key)
+        assert parts is not None
+        with Landing(settings.paths) as landing:
+            assignment = landing.assignment_for(*parts)
+            version = landing.current(*parts)
+        item = inspect_inbox_file(settings.paths.inbox_dir, assignment.name) if assignment else None
+        if item is not None and item.refused is None:
+            return {INPUT_SHA_METADATA: file_sha256(item.path)}
+        return {INPUT_SHA_METADATA: version.sha256 if version else ""}
+
     @dg.asset(
         name="distilled_responses",
         partitions_def=batch_partitions,
         deps=[amplified_prompts],
         pool="llama_server",
     )
-    def distilled_responses() -> dg.MaterializeResult:
-        return _pooled_step()
+    def distilled_responses(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        step = _pooled_step()
+        return dg.MaterializeResult(
+            metadata={**(step.metadata or {}), **consumed(context.partition_key)}
+        )
 
     @dg.op(name=NIGHTLY_OP_NAME, pool="llama_server")
     def night_batch(context: dg.OpExecutionContext, config: StandinNightConfig) -> None:
         """The night's partitions, each materialized after a pooled sleep."""
         for key in config.partitions:
             _pooled_step()
-            context.log_event(dg.AssetMaterialization(DISTILLED_RESPONSES, partition=key))
+            context.log_event(
+                dg.AssetMaterialization(DISTILLED_RESPONSES, partition=key, metadata=consumed(key))
+            )
 
     @dg.job(name=NIGHTLY_JOB_NAME, tags={LLAMA_TAG: "true"}, executor_def=dg.in_process_executor)
     def nightly_job() -> None:

@@ -39,7 +39,7 @@ from kimi_batch.storage import (
 from kimi_batch.tasks.amplify import DEFAULT_AMPLIFY_PARAMS, AmplifyTask, Strategy
 from kimi_batch.tasks.distill import DistillTask
 from kimi_batch.tasks.prompt_length import check_prompt_lengths
-from kimi_batch.tasks.quarantine import file_row
+from kimi_batch.tasks.quarantine import INPUT_STAGE, file_row
 from kimi_batch.tasks.reader import InputReader
 from kimi_batch.tasks.schemas import import_output_model
 
@@ -225,7 +225,7 @@ def land_seed_partition(
             runner.run(client.aclose())
         sha = version.sha256 if version else None
         stamped = [row.model_copy(update={"input_sha256": sha}) for row in set_aside]
-        replace_quarantine(store, ds, source, "input", stamped, guard=held.check)
+        replace_quarantine(store, ds, source, INPUT_STAGE, stamped, guard=held.check)
         published = (
             [publish(context, trino, store, ["seeds", "quarantine"], ds, source, held.check)]
             if publish_now

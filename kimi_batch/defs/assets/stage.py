@@ -39,6 +39,7 @@ from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.engine import BatchOutcome, GenerationRequest, GenerationResult, Ledger
 from kimi_batch.settings import Settings
 from kimi_batch.storage import PartitionWrite, Warehouse, replace_quarantine
+from kimi_batch.tasks.quarantine import INPUT_STAGE
 from kimi_batch.tasks.sink import StageSink
 from kimi_batch.tasks.stage import GenerationTask, RowReader
 from kimi_batch.tasks.stages import register_stage
@@ -215,9 +216,18 @@ def land_stage(
 
 
 def consumed_input_sha(store: Warehouse, ds: str, source: str) -> str:
-    """The landed input version the partition's `seeds` were built from ("" before any)."""
-    shas = store.read_partition("seeds", ds, source).get_column("input_sha256").unique()
-    return str(shas.sort()[-1]) if len(shas) else ""
+    """The landed input version the partition's `seeds` were built from ("" before any).
+
+    A file of only bad lines leaves no seed row: the version is then its input quarantine rows'
+    (every line set aside is stamped with it), so the partition consumed its input, its outputs
+    are empty, and it is not stale the next night.
+    """
+    shas = store.read_partition("seeds", ds, source).get_column("input_sha256").drop_nulls()
+    if shas.is_empty():
+        set_aside = store.read_partition("quarantine", ds, source)
+        shas = set_aside.filter(pl.col("stage") == INPUT_STAGE).get_column("input_sha256")
+        shas = shas.drop_nulls()
+    return str(shas.unique().sort()[-1]) if len(shas) else ""
 
 
 def stage_metadata(
