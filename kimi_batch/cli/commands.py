@@ -22,7 +22,26 @@ from kimi_batch.settings import Settings
 __all__ = ["main"]
 
 
+def _refuse_unfit_context(settings: Settings) -> None:
+    """Before a model load (minutes on the target): does a slot hold digest + prompt + answer?
+    The digest is estimated from its characters: no tokenizer runs before the server does."""
+    from kimi_batch.engine import PROMPT_ALLOWANCE_TOKENS, check_fit, estimate_tokens, load_digest
+
+    if not settings.digest.is_file():
+        return  # the digest's own commands name a missing file; starting needs none
+    check_fit(
+        digest_tokens=estimate_tokens(load_digest(settings.digest).text),
+        digest_estimated=True,
+        prompt_tokens=PROMPT_ALLOWANCE_TOKENS,
+        answer_tokens=settings.llama_n_predict,
+        ctx=settings.llama_ctx,
+        slots=settings.llama_parallel,
+    )
+
+
 def _server_start(args: argparse.Namespace, settings: Settings) -> int:
+    if not settings.llama_url:  # an attached server is checked on its own numbers (/props)
+        _refuse_unfit_context(settings)
     manager = server_from_settings(settings, load_timeout_s=args.load_timeout)
     handle = manager.ensure_running()
     if handle.previous_exit:
@@ -261,6 +280,12 @@ def _add_perf_commands(commands: Any) -> None:
     plan.add_argument("--slots", type=int, default=None)
     plan.add_argument("--window-h", type=float, default=8.0)
     plan.add_argument("--digest-tokens", type=int, default=0, help="a cold digest prefill")
+    plan.add_argument(
+        "--ctx",
+        type=int,
+        default=None,
+        help="the server's whole context, shared by its slots (default KIMI_BATCH_LLAMA_CTX)",
+    )
     plan.add_argument(
         "--target",
         action="store_true",

@@ -12,7 +12,13 @@ from kimi_batch.engine.outcome import EnginePolicy
 from kimi_batch.engine.send import EndpointHungError
 from kimi_batch.engine.warm import SlotWarmer
 from kimi_batch.engine.watchdog import EndpointWatch
-from kimi_batch.llama import LlamaClient, LlamaConnectionError, LlamaError, LlamaLoadingError
+from kimi_batch.llama import (
+    LlamaClient,
+    LlamaConnectionError,
+    LlamaError,
+    LlamaLoadingError,
+    LlamaTimeoutError,
+)
 
 __all__ = ["Recovery"]
 
@@ -35,6 +41,19 @@ class Recovery:
         self.on_unreachable = on_unreachable
         self.on_hung = on_hung
         self.reprefills = 0
+
+    async def before_warmup(self, client: LlamaClient, error: LlamaError, attempt: int) -> None:
+        """Bring the endpoint back before warming it again. A warm-up call that ran out of time
+        met a server that accepts connections and does not answer: restart it as hung (waiting
+        for its health would wait on the frozen server itself)."""
+        if isinstance(error, LlamaTimeoutError):
+            await self._restart_hung(self.watches[client])
+            return
+        if isinstance(error, LlamaConnectionError) and self.on_unreachable is not None:
+            await asyncio.to_thread(self.on_unreachable, client.base_url)
+        with contextlib.suppress(LlamaError):
+            await client.wait_until_healthy(self.policy.load_wait_s)
+        await asyncio.sleep(self.policy.delay(attempt))
 
     async def before_retry(
         self, warmer: SlotWarmer, slot_id: int, error: LlamaError, attempt: int
