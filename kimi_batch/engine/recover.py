@@ -47,7 +47,7 @@ class Recovery:
         met a server that accepts connections and does not answer: restart it as hung (waiting
         for its health would wait on the frozen server itself)."""
         if isinstance(error, LlamaTimeoutError):
-            await self._restart_hung(self.watches[client])
+            await self._restart_if_silent(self.watches[client])
             return
         if isinstance(error, LlamaConnectionError) and self.on_unreachable is not None:
             await asyncio.to_thread(self.on_unreachable, client.base_url)
@@ -71,8 +71,23 @@ class Recovery:
             # attempts in seconds.
             with contextlib.suppress(LlamaError):
                 await client.wait_until_healthy(self.policy.load_wait_s)
+        elif isinstance(error, LlamaTimeoutError):
+            # Past its deadline with nothing else in flight to keep the watchdog looking.
+            await self._restart_if_silent(self.watches[client])
         await asyncio.sleep(self.policy.delay(attempt))
         await self._rewarm_quietly(warmer, slot_id)
+
+    async def _restart_if_silent(self, watch: EndpointWatch) -> None:
+        """Restart an endpoint whose /health does not answer (frozen); one restart at a time."""
+        if not watch.ready.is_set():
+            await watch.ready.wait()  # another request's restart is under way
+            return
+        try:
+            await watch.client.health(timeout_s=self.policy.watchdog.probe_timeout_s)
+        except LlamaTimeoutError:
+            await self._restart_hung(watch)
+        except LlamaError:
+            pass  # down or loading: the next attempt's own errors bring it back
 
     async def _rewarm_quietly(self, warmer: SlotWarmer, slot_id: int) -> None:
         warm_slots = self.watches[warmer.client].warm_slots

@@ -37,6 +37,7 @@ def state_env(tmp_path: Path, model_path: Path) -> Iterator[pytest.MonkeyPatch]:
         patch.setenv("KIMI_BATCH_LLAMA_THREADS", "1")
         patch.setenv("KIMI_BATCH_LLAMA_CTX", "4096")
         patch.setenv("KIMI_BATCH_LLAMA_PARALLEL", "2")
+        patch.setenv("KIMI_BATCH_LLAMA_N_PREDICT", "256")  # digest + question + answer fit a slot
         for name in ("KIMI_BATCH_LLAMA_URL", "KIMI_BATCH_TRINO_HOST", "DAGSTER_HOME"):
             patch.delenv(name, raising=False)
         yield patch
