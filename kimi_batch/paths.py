@@ -1,7 +1,8 @@
 """Where every state file lives: the one owner of the `$KIMI_BATCH_HOME` layout.
 
     home/
-      server/            pid, spec, log and exit record of the resident llama-server
+      server/            pid, spec, log and exit record of the resident llama-server;
+                         speeds.json: the prompt/decode speeds last measured, per model
       smoke/             log of the last `kimi-batch server smoke` (the end of `make setup`)
       slots/             slot saves of the system digest (--slot-save-path)
       ledger/            ledger.sqlite3: finished requests and partition leases
@@ -70,6 +71,10 @@ class StatePaths(BaseModel):
     @property
     def server_dir(self) -> Path:
         return self.home / "server"
+
+    @property
+    def measured_speeds_path(self) -> Path:
+        return self.server_dir / "speeds.json"
 
     @property
     def smoke_dir(self) -> Path:

@@ -131,6 +131,7 @@ def plan_command(args: argparse.Namespace, settings: Settings) -> int:
     except ValidationError as error:
         first = error.errors()[0]
         raise ConfigError(f"plan: {first['loc'][0]}: {first['msg']}") from None
+    _refuse_unfit_context(args, settings, output_tokens, spec.slots)
     result = plan_partition(spec)
     print(result.model_dump_json() if args.json else describe(result))
     return 0
@@ -232,6 +233,12 @@ def add_perf_commands(commands: Any, *, json_help: str) -> None:
         "--digest-tokens", type=int, default=0, help="the digest's one cold prefill, tokens"
     )
     plan.add_argument(
+        "--ctx",
+        type=int,
+        default=None,
+        help="the server's whole context, shared by its slots (default KIMI_BATCH_LLAMA_CTX)",
+    )
+    plan.add_argument(
         "--target",
         action="store_true",
         help="the target's speed model (Kimi-K2.5 on the 16-core EPYC) instead of measured speeds",
@@ -256,3 +263,28 @@ def add_perf_commands(commands: Any, *, json_help: str) -> None:
     )
     plan.add_argument("--json", action="store_true", help=json_help)
     plan.set_defaults(func=plan_command)
+
+
+def _refuse_unfit_context(
+    args: argparse.Namespace, settings: Settings, output_tokens: int, slots: int
+) -> None:
+    """A plan whose rows do not fit a slot (digest + prompt + answer) would be a night of
+    truncated answers: refuse it with the numbers. The digest: the larger of --digest-tokens
+    and --context-tokens, else the configured digest estimated from its characters."""
+    from kimi_batch.engine import check_fit, estimate_tokens, load_digest
+
+    digest_tokens = max(args.digest_tokens, args.context_tokens)
+    estimated = False
+    if not digest_tokens and settings.digest.is_file():
+        digest_tokens, estimated = estimate_tokens(load_digest(settings.digest).text), True
+    ctx = args.ctx or settings.llama_ctx
+    check_fit(
+        digest_tokens=digest_tokens,
+        digest_estimated=estimated,
+        prompt_tokens=args.prompt_tokens,
+        answer_tokens=output_tokens,
+        ctx=ctx,
+        slots=slots,
+        remedy="pass --ctx (KIMI_BATCH_LLAMA_CTX) of at least {ctx_needed}, fewer --slots, "
+        "or fewer --output-tokens",
+    )

@@ -34,7 +34,26 @@ default ./var); every one is listed in docs/reference/environment.md. Run
 JSON_HELP = "print the result as one JSON object"
 
 
+def _refuse_unfit_context(settings: Settings) -> None:
+    """Before a model load (minutes on the target): does a slot hold digest + prompt + answer?
+    The digest is estimated from its characters: no tokenizer runs before the server does."""
+    from kimi_batch.engine import PROMPT_ALLOWANCE_TOKENS, check_fit, estimate_tokens, load_digest
+
+    if not settings.digest.is_file():
+        return  # the digest's own commands name a missing file; starting needs none
+    check_fit(
+        digest_tokens=estimate_tokens(load_digest(settings.digest).text),
+        digest_estimated=True,
+        prompt_tokens=PROMPT_ALLOWANCE_TOKENS,
+        answer_tokens=settings.llama_n_predict,
+        ctx=settings.llama_ctx,
+        slots=settings.llama_parallel,
+    )
+
+
 def _server_start(args: argparse.Namespace, settings: Settings) -> int:
+    if not settings.llama_url:  # an attached server is checked on its own numbers (/props)
+        _refuse_unfit_context(settings)
     manager = server_from_settings(settings, load_timeout_s=args.load_timeout)
     handle = manager.ensure_running()
     if handle.previous_exit:

@@ -1,12 +1,22 @@
 """The batch engine: digest, slot warming, the runner and its ledger (no Dagster here).
 
 The layers above import from here, never from the modules: `generation` (requests and results),
-`digest` and `prompt` (the fixed system prefix), `prepare` and `warm` (the digest in every slot),
-`runner`, `outcome`, `deadline` and `watchdog` (every slot busy, nothing hung), `ledger` (every
-finished row kept), `stats` (the figures of a batch), `progress` (in-process progress listeners).
+`digest` and `prompt` (the fixed system prefix), `budget` (what a slot holds), `prepare` and
+`warm` (the digest in every slot), `runner`, `outcome`, `deadline` and `watchdog` (every slot
+busy, nothing hung), `speeds` (the measured speeds, kept across runs), `ledger` (every finished
+row kept), `stats` (the figures of a batch), `progress` (in-process progress listeners).
 """
 
-from kimi_batch.engine.deadline import DeadlinePolicy
+from kimi_batch.engine.budget import (
+    DEFAULT_REMEDY,
+    PROMPT_ALLOWANCE_TOKENS,
+    ContextTooSmallError,
+    SlotFit,
+    answer_cap,
+    check_fit,
+    estimate_tokens,
+)
+from kimi_batch.engine.deadline import DeadlinePolicy, SpeedTracker
 from kimi_batch.engine.digest import DigestLintError, SystemDigest, lint_digest, load_digest
 from kimi_batch.engine.generation import (
     GenerationRequest,
@@ -32,17 +42,21 @@ from kimi_batch.engine.prompt import (
     fold_instructions,
 )
 from kimi_batch.engine.runner import BatchEngine, EndpointHungError
+from kimi_batch.engine.speeds import MeasuredSpeeds, SpeedStore
 from kimi_batch.engine.stats import BatchStats, ProgressEvent
 from kimi_batch.engine.warm import SlotWarmer, WarmupReport
 from kimi_batch.engine.watchdog import WatchdogPolicy
 
 __all__ = [
+    "DEFAULT_REMEDY",
     "INSTRUCTIONS_CLOSE",
     "INSTRUCTIONS_OPEN",
+    "PROMPT_ALLOWANCE_TOKENS",
     "BatchEngine",
     "BatchOutcome",
     "BatchStats",
     "ClientFactory",
+    "ContextTooSmallError",
     "DeadlinePolicy",
     "DigestLintError",
     "Endpoint",
@@ -55,16 +69,23 @@ __all__ = [
     "LeaseHeldError",
     "LeaseLostError",
     "Ledger",
+    "MeasuredSpeeds",
     "PlannedRow",
     "Prepared",
     "ProgressCallback",
     "ProgressEvent",
     "SamplingParams",
+    "SlotFit",
     "SlotWarmer",
+    "SpeedStore",
+    "SpeedTracker",
     "SystemDigest",
     "WarmupReport",
     "WatchdogPolicy",
+    "answer_cap",
     "assemble_messages",
+    "check_fit",
+    "estimate_tokens",
     "fold_instructions",
     "lint_digest",
     "listening",

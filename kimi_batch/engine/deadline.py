@@ -9,10 +9,12 @@ safety multiplier, never under a generous floor.
 from __future__ import annotations
 
 import math
+import time
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.engine.generation import GenerationResult
+from kimi_batch.engine.speeds import MeasuredSpeeds, SpeedStore
 from kimi_batch.llama import ChatMessage
 
 __all__ = ["DeadlinePolicy", "SpeedTracker", "estimate_prompt_tokens"]
@@ -51,25 +53,59 @@ def estimate_prompt_tokens(messages: list[ChatMessage], chars_per_token: float) 
 
 
 class SpeedTracker:
-    """Prompt and decode speeds per request, updated from finished requests (moving average)."""
+    """Prompt and decode speeds per request, updated from finished requests (moving average).
 
-    def __init__(self, policy: DeadlinePolicy) -> None:
+    With a `store`, it starts from the speeds last measured for `model` (another step, another
+    run) and keeps what it measures there."""
+
+    def __init__(
+        self, policy: DeadlinePolicy, *, store: SpeedStore | None = None, model: str = ""
+    ) -> None:
         self.policy = policy
         self.prompt_tok_s = policy.prompt_tok_s
         self.decode_tok_s = policy.decode_tok_s
         self._prompt_seen = False
         self._decode_seen = False
+        self._store = store
+        self._model = model
+        if store is not None:
+            last = store.load(model)
+            if last.prompt_tok_s is not None:
+                self.prompt_tok_s, self._prompt_seen = last.prompt_tok_s, True
+            if last.decode_tok_s is not None:
+                self.decode_tok_s, self._decode_seen = last.decode_tok_s, True
 
     def observe(self, result: GenerationResult) -> None:
         evaluated = result.prompt_tokens - result.cached_tokens
-        if evaluated >= _MIN_PROMPT_SAMPLE and result.prompt_ms > 0:
-            speed = evaluated / (result.prompt_ms / 1000)
-            self.prompt_tok_s = self._blend(self.prompt_tok_s, speed, self._prompt_seen)
-            self._prompt_seen = True
+        self.observe_prompt(evaluated, result.prompt_ms, keep=False)
         if result.completion_tokens >= _MIN_DECODE_SAMPLE and result.predicted_ms > 0:
             speed = result.completion_tokens / (result.predicted_ms / 1000)
             self.decode_tok_s = self._blend(self.decode_tok_s, speed, self._decode_seen)
             self._decode_seen = True
+        self.keep(force=False)
+
+    def observe_prompt(self, tokens: int, ms: float, *, keep: bool = True) -> None:
+        """A prompt evaluation: a request's, or the digest prefill's (the longest there is)."""
+        if tokens >= _MIN_PROMPT_SAMPLE and ms > 0:
+            speed = tokens / (ms / 1000)
+            self.prompt_tok_s = self._blend(self.prompt_tok_s, speed, self._prompt_seen)
+            self._prompt_seen = True
+            if keep:
+                self.keep()
+
+    def keep(self, *, force: bool = True) -> None:
+        """Write what was measured to the store (unforced: at most every few seconds)."""
+        if self._store is None or not (self._prompt_seen or self._decode_seen):
+            return
+        self._store.save(
+            self._model,
+            MeasuredSpeeds(
+                prompt_tok_s=self.prompt_tok_s if self._prompt_seen else None,
+                decode_tok_s=self.decode_tok_s if self._decode_seen else None,
+                measured_at=time.time(),
+            ),
+            force=force,
+        )
 
     @property
     def measured_prompt_tok_s(self) -> float | None:

@@ -6,15 +6,20 @@ runs a single `asyncio.run` around preparing and generating.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kimi_batch.engine.budget import SlotFit
 from kimi_batch.engine.digest import SystemDigest
 from kimi_batch.engine.runner import Endpoint
-from kimi_batch.llama import LlamaClient
+from kimi_batch.llama import LlamaClient, LlamaTimeoutError
 
-__all__ = ["Prepared", "prepare"]
+__all__ = ["PREPARE_TIMEOUT_S", "Prepared", "prepare"]
+
+# /props and /tokenize answer in milliseconds; the client retries each a few times within this.
+PREPARE_TIMEOUT_S = 120.0
 
 
 class Prepared(BaseModel):
@@ -31,6 +36,25 @@ class Prepared(BaseModel):
         first = self.endpoints[0]
         return first.ctx or 0
 
+    def check_fit(
+        self, *, prompt_tokens: int, answer_tokens: int, remedy: str | None = None
+    ) -> list[SlotFit]:
+        """Digest + prompt + answer against each endpoint's slot; raises
+        `ContextTooSmallError` with the numbers for the first that cannot hold them."""
+        fits = []
+        for endpoint in self.endpoints:
+            if not endpoint.ctx:
+                continue  # the server does not say: the engine's cap is all there is
+            fit = SlotFit(
+                digest_tokens=self.digest_tokens,
+                prompt_tokens=prompt_tokens,
+                answer_tokens=answer_tokens,
+                ctx=endpoint.ctx * endpoint.slots,
+                slots=endpoint.slots,
+            )
+            fits.append(fit.check(remedy) if remedy is not None else fit.check())
+        return fits
+
 
 async def prepare(
     urls: Sequence[str],
@@ -39,21 +63,32 @@ async def prepare(
     digest: SystemDigest,
     api_key: str | None = None,
     known_n_predict: int | None = None,
+    timeout_s: float = PREPARE_TIMEOUT_S,
 ) -> Prepared:
     """Ask each server for its slots and limits; count the digest with the first one's tokenizer.
 
-    `known_n_predict` covers llama.cpp's /props, which does not report `--n-predict`: for the
-    server kimi_batch started, the caller knows it.
+    `known_n_predict` is the answer budget of a server whose /props reports none (llama.cpp's does
+    not report `--n-predict`): the `-n` of the server kimi_batch started, or the configured
+    default budget for an attached one, so no request goes out with an unbounded budget (the
+    engine also caps it at the slot's context). Each server has `timeout_s` to answer: a frozen
+    one accepts the connection and never does.
     """
     endpoints: list[Endpoint] = []
     digest_tokens = 0
     for index, url in enumerate(urls):
         async with LlamaClient(url, api_key=api_key) as client:
-            props = await client.props()
-            if index == 0:
-                digest_tokens = len(await client.tokenize(digest.text))
+            try:
+                async with asyncio.timeout(timeout_s):
+                    props = await client.props()
+                    if index == 0:
+                        digest_tokens = len(await client.tokenize(digest.text))
+            except TimeoutError:
+                raise LlamaTimeoutError(
+                    f"{client.base_url} did not describe itself within {timeout_s:.0f} s "
+                    "(/props, /tokenize): it accepts connections but does not answer"
+                ) from None
         n_predict = props.n_predict
-        if n_predict <= 0 and index == 0 and known_n_predict is not None:
+        if n_predict <= 0 and known_n_predict is not None:
             n_predict = known_n_predict
         endpoints.append(
             Endpoint(

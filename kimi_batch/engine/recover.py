@@ -12,7 +12,13 @@ from kimi_batch.engine.outcome import EnginePolicy
 from kimi_batch.engine.send import EndpointHungError
 from kimi_batch.engine.warm import SlotWarmer
 from kimi_batch.engine.watchdog import EndpointWatch
-from kimi_batch.llama import LlamaClient, LlamaConnectionError, LlamaError, LlamaLoadingError
+from kimi_batch.llama import (
+    LlamaClient,
+    LlamaConnectionError,
+    LlamaError,
+    LlamaLoadingError,
+    LlamaTimeoutError,
+)
 
 __all__ = ["Recovery"]
 
@@ -36,6 +42,19 @@ class Recovery:
         self.on_hung = on_hung
         self.reprefills = 0
 
+    async def before_warmup(self, client: LlamaClient, error: LlamaError, attempt: int) -> None:
+        """Bring the endpoint back before warming it again. A warm-up call that ran out of time
+        met a server that accepts connections and does not answer: restart it as hung (waiting
+        for its health would wait on the frozen server itself)."""
+        if isinstance(error, LlamaTimeoutError):
+            await self._restart_if_silent(self.watches[client])
+            return
+        if isinstance(error, LlamaConnectionError) and self.on_unreachable is not None:
+            await asyncio.to_thread(self.on_unreachable, client.base_url)
+        with contextlib.suppress(LlamaError):
+            await client.wait_until_healthy(self.policy.load_wait_s)
+        await asyncio.sleep(self.policy.delay(attempt))
+
     async def before_retry(
         self, warmer: SlotWarmer, slot_id: int, error: LlamaError, attempt: int
     ) -> None:
@@ -52,8 +71,23 @@ class Recovery:
             # attempts in seconds.
             with contextlib.suppress(LlamaError):
                 await client.wait_until_healthy(self.policy.load_wait_s)
+        elif isinstance(error, LlamaTimeoutError):
+            # Past its deadline with nothing else in flight to keep the watchdog looking.
+            await self._restart_if_silent(self.watches[client])
         await asyncio.sleep(self.policy.delay(attempt))
         await self._rewarm_quietly(warmer, slot_id)
+
+    async def _restart_if_silent(self, watch: EndpointWatch) -> None:
+        """Restart an endpoint whose /health does not answer (frozen); one restart at a time."""
+        if not watch.ready.is_set():
+            await watch.ready.wait()  # another request's restart is under way
+            return
+        try:
+            await watch.client.health(timeout_s=self.policy.watchdog.probe_timeout_s)
+        except LlamaTimeoutError:
+            await self._restart_hung(watch)
+        except LlamaError:
+            pass  # down or loading: the next attempt's own errors bring it back
 
     async def _rewarm_quietly(self, warmer: SlotWarmer, slot_id: int) -> None:
         warm_slots = self.watches[warmer.client].warm_slots

@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 __all__ = ["BatchRun"]
 
+# The watchdog's key for a warm-up in flight (sends are keyed by their slot id, 0 up).
+WARMUP_KEY = -1
+
 logger = logging.getLogger(__name__)
 
 
@@ -113,14 +116,19 @@ class BatchRun:
                     digest_tokens=engine.digest_tokens,
                     model=endpoint.model,
                     ctx=endpoint.ctx,
+                    prefill_timeout_s=engine.speeds.deadline_s(engine.digest_tokens, 1),
                 )
                 for client, endpoint in zip(clients, engine.endpoints, strict=True)
             ]
+            # The watchdog runs from the start: a server frozen during the digest restore is as
+            # hung as one frozen mid-answer.
+            watchdog = asyncio.create_task(self.recovery.watch())
             if warm and self.total and not self._past_stop():
                 for warmer, endpoint in zip(warmers, engine.endpoints, strict=True):
-                    warmups.append(await warmer.warm_all(endpoint.slots, verify=False))
-                    self.watches[warmer.client].warm_slots.update(range(endpoint.slots))
-            watchdog = asyncio.create_task(self.recovery.watch())
+                    report = await self._warm_watched(warmer, endpoint.slots)
+                    if report is not None:
+                        warmups.append(report)
+                        self.watches[warmer.client].warm_slots.update(range(endpoint.slots))
             workers = [
                 asyncio.create_task(self._worker(warmer, slot_id))
                 for warmer, endpoint in zip(warmers, engine.endpoints, strict=True)
@@ -135,8 +143,51 @@ class BatchRun:
                     await watchdog
             for client in clients:
                 await client.aclose()
+            engine.speeds.keep()  # the next step and the next run start from these
         self._report_progress(force=True)
         return warmups
+
+    async def _warm_watched(self, warmer: SlotWarmer, slots: int) -> WarmupReport | None:
+        """The digest into every slot, watched like a request: a hung server is restarted and
+        the warm-up begins again; one that fails otherwise leaves the slots cold (each request
+        then restores or prefills the digest itself)."""
+        watch = self.watches[warmer.client]
+        attempts = self.engine.policy.attempts
+        for attempt in range(1, attempts + 1):
+            await watch.ready.wait()
+            task = asyncio.create_task(warmer.warm_all(slots, verify=False))
+            if not watch.sending:
+                watch.mark_progress()
+            watch.sending[WARMUP_KEY] = task
+            try:
+                await asyncio.wait({task})
+            except asyncio.CancelledError:
+                task.cancel()
+                raise
+            finally:
+                watch.sending.pop(WARMUP_KEY, None)
+            if task.cancelled():
+                logger.warning(
+                    "%s hung during the digest warm-up (attempt %d of %d); warming again",
+                    watch.base_url,
+                    attempt,
+                    attempts,
+                )
+                continue
+            error = task.exception()
+            if error is None:
+                report = task.result()
+                if report.prefilled_slots:  # the longest prompt there is: a prompt speed
+                    tokens = report.digest_tokens * len(report.prefilled_slots)
+                    self.engine.speeds.observe_prompt(tokens, report.prefill_ms)
+                return report
+            if not isinstance(error, LlamaError):
+                raise error
+            logger.warning("digest warm-up of %s failed: %s", watch.base_url, error)
+            if attempt < attempts:
+                await self.recovery.before_warmup(warmer.client, error, attempt)
+        logger.warning("%s: slots left cold; each request warms its own", watch.base_url)
+        return None
 
     async def _worker(self, warmer: SlotWarmer, slot_id: int) -> None:
         lane = self.schedule.lane()

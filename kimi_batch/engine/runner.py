@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
+from kimi_batch.engine.budget import answer_cap
 from kimi_batch.engine.deadline import SpeedTracker, estimate_prompt_tokens
 from kimi_batch.engine.digest import SystemDigest
 from kimi_batch.engine.generation import GenerationRequest, request_key, row_request_id
@@ -38,6 +39,7 @@ from kimi_batch.engine.outcome import (
 )
 from kimi_batch.engine.run import BatchRun
 from kimi_batch.engine.send import EndpointHungError
+from kimi_batch.engine.speeds import SpeedStore
 from kimi_batch.engine.stats import ProgressEvent
 
 __all__ = [
@@ -86,6 +88,7 @@ class BatchEngine:
         on_progress: Callable[[ProgressEvent], None] | None = None,
         on_unreachable: Callable[[str], None] | None = None,
         on_hung: Callable[[str], None] | None = None,
+        speed_store: SpeedStore | None = None,
     ) -> None:
         if not endpoints:
             raise ValueError("at least one endpoint is needed")
@@ -103,13 +106,16 @@ class BatchEngine:
         self.on_progress = on_progress
         self.on_unreachable = on_unreachable
         self.on_hung = on_hung
-        self.speeds = SpeedTracker(self.policy.deadline)
-        self.n_predict_cap = min(
-            (e.n_predict for e in self.endpoints if e.n_predict > 0), default=None
-        )
+        self.speeds = SpeedTracker(self.policy.deadline, store=speed_store, model=self.model)
+        # No budget a server cannot hold: its n_predict and its slot's context after the digest.
+        caps = [
+            answer_cap(n_predict=e.n_predict, slot_ctx=e.ctx, digest_tokens=digest_tokens)
+            for e in self.endpoints
+        ]
+        self.n_predict_cap = min((c for c in caps if c is not None), default=None)
 
     def plan(self, requests: Sequence[GenerationRequest]) -> list[PlannedRequest]:
-        """Clamp max_tokens to the servers' n_predict and compute each request's keys."""
+        """Clamp max_tokens to what every server holds and compute each request's keys."""
         planned: list[PlannedRequest] = []
         for request in requests:
             params = request.params

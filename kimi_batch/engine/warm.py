@@ -83,15 +83,23 @@ class SlotWarmer:
         digest_tokens: int,
         model: str,
         ctx: int | None,
+        prefill_timeout_s: float | None = None,
     ) -> None:
         self.client = client
         self.digest = digest
         self.digest_tokens = digest_tokens
         self.save_name = digest_save_name(digest.sha256, model, ctx)
+        # The digest's prefill at the measured speed, with margin (the caller's deadline): a
+        # frozen server ends the call, it does not hold it for the client's hour.
+        self.prefill_timeout_s = prefill_timeout_s
 
     async def _generate_on(self, slot_id: int) -> GenerationStats:
         completion = await self.client.chat(
-            warmup_messages(self.digest), max_tokens=1, temperature=0.0, slot_id=slot_id
+            warmup_messages(self.digest),
+            max_tokens=1,
+            temperature=0.0,
+            slot_id=slot_id,
+            timeout_s=self.prefill_timeout_s,
         )
         return completion.stats
 

@@ -2,16 +2,20 @@
 
 A llama-server stopped with SIGSTOP (or wedged in its main loop) still accepts TCP connections,
 so a request to it just waits. Its `/metrics` counters (`n_decode_total` grows with every decode
-batch, prefill and generation alike) or, without `--metrics`, its `/slots` `n_decoded` stand
-still. An endpoint whose counters do not move, or that does not answer the probe at all, for a
-whole stall period while requests are in flight is hung. A refused connection or a 503 is not a
-hang: the server is down or loading, and the send path handles that.
+batch, prefill and generation alike; `prompt_tokens_total` with every evaluated prompt) or,
+without `--metrics`, its `/slots` `n_decoded` and prompt progress (`n_past`, where the build
+reports it) stand still. An endpoint whose counters do not move, or that does not answer the
+probe at all, for a whole stall period while work is in flight (a request, or the digest
+warm-up and restores) is hung. A refused connection or a 503 is not a hang: the server is down
+or loading, and the send path handles that.
 
 How long is a stall: the server answers `/metrics` and `/slots` between decode batches only, so
 the period must outlast the slowest batch, one full `--batch-size` prompt batch. It is derived from
 the measured prompt speed: 3 x (batch tokens / prompt tok/s), never under 60 s. On the target
 (2,048 tokens at ~6 tok/s) that is ~17 minutes; on a small machine the floor, so a frozen server
-is found in a minute. Until a prompt speed is measured it is 600 s. An unreadable probe (an HTML
+is found in a minute. The speeds are those last measured by any batch or digest prefill of this
+model (kept in the state dir, `speeds.py`), so a new step or run starts with its period; only a
+model never measured here waits 600 s. An unreadable probe (an HTML
 page from a proxy, a NaN counter) counts as no progress; the watchdog never ends a batch itself.
 """
 
@@ -151,7 +155,9 @@ class EndpointWatch:
                 int(m.prompt_tokens_total),
             )
         slots = await self.client.slots(timeout_s=timeout)
-        return tuple(v for s in slots for v in (s.id, s.id_task or -1, s.n_decoded))
+        return tuple(
+            v for s in slots for v in (s.id, s.id_task or -1, s.n_decoded, s.prompt_progress)
+        )
 
     async def probe(self) -> Probe:
         try:

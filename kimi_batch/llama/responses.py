@@ -311,6 +311,14 @@ class SlotState(_Lenient):
     is_processing: bool = False
     id_task: int | None = None
     next_token: SlotNextToken | list[SlotNextToken] | None = None
+    # Prompt progress where the build reports it (a long prefill decodes nothing for minutes).
+    n_past: int | None = None
+    n_prompt_tokens_processed: int | None = None
+
+    @property
+    def prompt_progress(self) -> int:
+        """Prompt tokens the slot has evaluated so far, as far as this build tells."""
+        return (self.n_past or 0) + (self.n_prompt_tokens_processed or 0)
 
     @property
     def n_decoded(self) -> int:

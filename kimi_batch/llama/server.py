@@ -48,6 +48,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_LOAD_TIMEOUT_S = 1800.0
 STOP_GRACE_S = 20.0
+FROZEN_S = 60.0
 
 
 class ResidentServer:
@@ -246,13 +247,22 @@ class ResidentServer:
 
     def _wait_healthy(self, pid: int, *, spawned: bool) -> ServerHandle:
         deadline = time.monotonic() + self.load_timeout_s
+        # /health is answered beside the decode loop, even mid-prefill: a server that served
+        # before and now answers nothing for FROZEN_S is frozen (SIGSTOP, wedged). Replace it.
+        record, answered = self._read_pid(), time.monotonic()
+        frozen_check = not spawned and record is not None and record.healthy_at is not None
         while time.monotonic() < deadline:
+            if frozen_check and time.monotonic() - answered > FROZEN_S:
+                logger.warning("llama-server pid %d answers nothing: frozen, replacing it", pid)
+                self._kill_and_clear(pid)
+                return self._spawn()
             if process_start_ticks(pid) is None:
                 record = self._read_pid()
                 if record is None or record.pid != pid:
                     record = PidRecord(pid=pid, start_ticks=0, started_at=time.time())
                 self._raise_exited(record)
             state, props = probe(self.base_url, self.api_key)
+            answered = time.monotonic() if state != "down" else answered
             if state == "ok" and props is not None:
                 self._mark_healthy(pid)
                 return ServerHandle(
@@ -291,12 +301,15 @@ class ResidentServer:
                 return self._wait_healthy(pid, spawned=False)
             else:
                 logger.warning("killing llama-server pid %d (hung) to restart it", pid)
-                os.kill(pid, signal.SIGKILL)
-                deadline = time.monotonic() + STOP_GRACE_S
-                while time.monotonic() < deadline and process_start_ticks(pid) is not None:
-                    time.sleep(0.05)
-                self._clear_state()
+                self._kill_and_clear(pid)
         return self.ensure_running()
+
+    def _kill_and_clear(self, pid: int) -> None:
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline and process_start_ticks(pid) is not None:
+            time.sleep(0.05)
+        self._clear_state()
 
     def status(self) -> ServerStatus:
         pid = self._live_pid()

@@ -61,7 +61,8 @@ def test_a_cold_digest_prefill_is_paid_once() -> None:
 
 def test_command_prints_minutes_and_json(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["plan", "--prompt-tokens", "16148", "--output-tokens", "0", "--rows", "1"]
-    speeds = ["--prompt-tok-s", "6.15", "--gen-tok-s", "10"]
+    # A 16k-token prompt after the digest needs more than the default context in its slot.
+    speeds = ["--prompt-tok-s", "6.15", "--gen-tok-s", "10", "--ctx", "32768"]
 
     assert main([*args, *speeds]) == 0
     assert "43.8 min" in capsys.readouterr().out
@@ -184,6 +185,7 @@ def test_command_plans_on_the_target_model(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     args = ["plan", "--target", "--prompt-tokens", "16148", "--output-tokens", "0", "--rows", "1"]
+    args += ["--ctx", "65536"]  # 3 slots of a 16k-token prompt after the digest
 
     assert main([*args, "--slots", "1", "--json"]) == 0
     planned = json.loads(capsys.readouterr().out)
@@ -193,3 +195,25 @@ def test_command_plans_on_the_target_model(
     monkeypatch.setenv("KIMI_BATCH_LLAMA_PARALLEL", "3")
     assert main([*args, "--rows", "3", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["inputs"]["slots"] == 3
+
+
+def test_command_refuses_a_digest_prompt_and_answer_a_slot_cannot_hold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The target: a 16,148-token digest cached before each row, 512-token prompts, 1,024-token
+    # answers, on the default context (16,384 tokens over 4 slots).
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path))
+    for name in ("KIMI_BATCH_LLAMA_CTX", "KIMI_BATCH_LLAMA_PARALLEL"):
+        monkeypatch.delenv(name, raising=False)
+    args = ["plan", "--target", "--context-tokens", "16148", "--prompt-tokens", "512"]
+    args += ["--output-tokens", "1024", "--rows", "100"]
+
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "digest 16,148 + prompt 512 + answer 1,024 = 17,684 tokens" in err
+    assert "a slot holds 4,096 (context 16,384 over 4 slots)" in err
+    assert "--ctx (KIMI_BATCH_LLAMA_CTX) of at least 71680" in err
+
+    assert main([*args, "--ctx", "71680", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["inputs"]["slots"] == 4

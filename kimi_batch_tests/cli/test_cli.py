@@ -125,3 +125,32 @@ def test_the_batch_api_refuses_a_public_address_without_a_key(
     error = capsys.readouterr().err
     assert error.count("\n") == 1
     assert "--no-auth" in error
+
+
+def _long_digest(path: Path, words: int) -> Path:
+    """A lint-clean digest of about `words` x 1.25 tokens (no digits, no dates)."""
+    path.write_text(" ".join(["Answer with care and cite the source."] * (words // 7)) + "\n")
+    return path
+
+
+def test_server_start_refuses_a_context_its_digest_does_not_fit_before_any_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # ~10k tokens of digest (by characters) in the default 16,384 over 4 slots.
+    digest = _long_digest(tmp_path / "digest.md", 8_000)
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("KIMI_BATCH_DIGEST", str(digest))
+    # Were the check missing, the start would fail on this binary instead, never load a model.
+    monkeypatch.setenv("KIMI_BATCH_LLAMA_SERVER", str(tmp_path / "no-such-llama-server"))
+    monkeypatch.delenv("KIMI_BATCH_LLAMA_URL", raising=False)
+    for name in ("KIMI_BATCH_LLAMA_CTX", "KIMI_BATCH_LLAMA_PARALLEL", "KIMI_BATCH_LLAMA_N_PREDICT"):
+        monkeypatch.delenv(name, raising=False)
+
+    assert cli.main(["server", "start"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "a slot cannot hold digest ~" in err
+    assert "+ prompt 256 + answer 1,024" in err
+    assert "a slot holds 4,096 (context 16,384 over 4 slots)" in err
+    assert "set KIMI_BATCH_LLAMA_CTX to at least" in err
+    assert not (tmp_path / "home" / "server" / "server.pid").exists()

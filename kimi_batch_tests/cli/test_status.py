@@ -214,6 +214,8 @@ def test_status_right_after_server_start_on_a_fresh_state_dir(
         "KIMI_BATCH_LLAMA_THREADS": "1",
         "KIMI_BATCH_LLAMA_CTX": "2048",
         "KIMI_BATCH_LLAMA_PARALLEL": "1",
+        # The digest, a question and the answer budget must fit the one 2,048-token slot.
+        "KIMI_BATCH_LLAMA_N_PREDICT": "256",
     }
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -11,7 +11,7 @@ import pytest
 from kimi_batch.definitions import DIGEST_ASSETS, build_resources
 from kimi_batch.settings import Settings
 from kimi_batch_tests.support.engine import fresh_digest
-from kimi_batch_tests.support.llama_server import LlamaEnv
+from kimi_batch_tests.support.llama_server import TEST_CTX, TEST_N_PREDICT, TEST_SLOTS, LlamaEnv
 
 pytestmark = pytest.mark.slow  # every test warms a real llama-server
 
@@ -83,3 +83,30 @@ def test_a_digest_with_a_timestamp_or_uuid_fails_with_the_line(llama_env: LlamaE
     message = str(failure.value)
     assert "line 2: datetime '2026-11-30 10:00'" in message
     assert "line 3: uuid" in message
+
+
+def test_a_digest_its_slots_cannot_hold_with_a_question_and_an_answer_is_refused(
+    llama_env: LlamaEnv,
+) -> None:
+    # Three copies of the ~1.1k-token digest in slots of 2,048 tokens (8,192 over 4).
+    path = llama_env.home / "too-long.md"
+    path.write_text(fresh_digest("too-long").text * 3, encoding="utf-8")
+    with pytest.MonkeyPatch.context() as patch, dg.instance_for_test() as instance:
+        patch.setenv("KIMI_BATCH_DIGEST", str(path))
+        result = dg.materialize(
+            DIGEST_ASSETS,
+            resources=build_resources(Settings.from_env()),
+            instance=instance,
+            raise_on_error=False,
+        )
+    assert not result.success
+    (failure,) = result.get_step_failure_events()
+    error = failure.step_failure_data.error
+    assert error is not None
+    assert "a slot cannot hold digest " in error.message
+    assert f"+ prompt 256 + answer {TEST_N_PREDICT} = " in error.message
+    assert f"a slot holds {TEST_CTX // TEST_SLOTS:,} (context {TEST_CTX:,} over 4 slots)" in (
+        error.message
+    )
+    assert "set KIMI_BATCH_LLAMA_CTX to at least" in error.message
+    assert not result.asset_materializations_for_node("digest_prefill")

@@ -16,8 +16,12 @@ import pytest
 
 from kimi_batch.definitions import DIGEST_ASSETS, build_resources
 from kimi_batch.defs.resources.llama import LlamaServerResource
+from kimi_batch.engine import BatchEngine, GenerationRequest, Ledger, SamplingParams
+from kimi_batch.llama import ChatMessage
 from kimi_batch.settings import Settings
 from kimi_batch_tests.support.crashing_binary import crashing_binary
+from kimi_batch_tests.support.engine import fresh_digest
+from kimi_batch_tests.support.llama_server import TEST_CTX, TEST_SLOTS, LlamaEnv
 from kimi_batch_tests.support.ports import free_port
 
 pytestmark = pytest.mark.slow  # a server, or a stand-in binary, runs as a child
@@ -33,6 +37,7 @@ def state_env(tmp_path: Path, model_path: Path) -> Iterator[pytest.MonkeyPatch]:
         patch.setenv("KIMI_BATCH_LLAMA_THREADS", "1")
         patch.setenv("KIMI_BATCH_LLAMA_CTX", "4096")
         patch.setenv("KIMI_BATCH_LLAMA_PARALLEL", "2")
+        patch.setenv("KIMI_BATCH_LLAMA_N_PREDICT", "256")  # digest + question + answer fit a slot
         for name in ("KIMI_BATCH_LLAMA_URL", "KIMI_BATCH_TRINO_HOST", "DAGSTER_HOME"):
             patch.delenv(name, raising=False)
         yield patch
@@ -92,3 +97,33 @@ def test_a_server_that_died_by_a_signal_is_named_in_the_run_that_starts_it_again
     assert result.success
     assert f"llama-server (pid {first.pid}) was killed by SIGSEGV after" in log
     assert "it was started again" in log
+
+
+async def test_an_attached_server_gets_the_default_budget_capped_at_its_slot(
+    llama_env: LlamaEnv,
+) -> None:
+    # Attach-only (KIMI_BATCH_LLAMA_URL): /props is all that is known of the server. A request
+    # without max_tokens (the Batch API's "as long as the server allows") must not go out
+    # unbounded: the default budget, at most what the slot holds after the digest.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("KIMI_BATCH_LLAMA_URL", llama_env.base_url)
+        patch.setenv("KIMI_BATCH_LLAMA_N_PREDICT", "100")
+        resource = LlamaServerResource(deployment=Settings.from_env())
+        digest = fresh_digest("attached")
+        prepared = await resource.prepare(digest)
+    (endpoint,) = prepared.endpoints
+    assert endpoint.ctx == TEST_CTX // TEST_SLOTS  # per slot, from /props
+    # llama.cpp's /props reports no n_predict (-1) whatever the server's -n: the default budget.
+    assert endpoint.n_predict == 100
+    request = GenerationRequest(
+        input_id="line-1",
+        messages=[ChatMessage(role="user", content="Say hello.")],
+        params=SamplingParams(max_tokens=1 << 20),
+    )
+    with Ledger(llama_env.home / "attached-ledger.sqlite3") as ledger:
+        engine = BatchEngine(
+            prepared.endpoints, digest, ledger, digest_tokens=prepared.digest_tokens
+        )
+        (planned,) = engine.plan([request])
+    assert planned.params.max_tokens == endpoint.n_predict
+    assert planned.params.max_tokens <= TEST_CTX // TEST_SLOTS - prepared.digest_tokens

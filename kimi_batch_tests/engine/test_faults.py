@@ -17,6 +17,7 @@ import pytest
 from kimi_batch.engine.generation import GenerationRequest, SamplingParams
 from kimi_batch.engine.ledger import Ledger
 from kimi_batch.engine.runner import BatchEngine, BatchOutcome, EnginePolicy
+from kimi_batch.engine.speeds import SpeedStore
 from kimi_batch.engine.stats import ProgressEvent
 from kimi_batch.engine.watchdog import WatchdogPolicy
 from kimi_batch.llama.messages import ChatMessage
@@ -45,6 +46,11 @@ def long_answers(n: int, prefix: str, max_tokens: int = 48) -> list[GenerationRe
         )
         for i in range(n)
     ]
+
+
+def report_recovery(fault: str, seconds: float) -> None:
+    """Fault to last row, for the notes (`pytest -s`); never asserted (no timed assertions)."""
+    print(f"\nrecovery after {fault}: {seconds:.0f} s from the fault to the last row")
 
 
 @pytest.fixture
@@ -87,6 +93,7 @@ async def signal_mid_batch(
         os.kill(first_pid, sig)
         signalled = time.monotonic()
         outcome = await running
+        report_recovery(f"{sig.name} mid-batch", time.monotonic() - signalled)
         rows = list(outcome.iter_results(ledger))
     assert outcome.failures == []
     assert len(rows) == 8
@@ -201,3 +208,99 @@ async def test_past_the_stop_time_in_flight_rows_finish_and_a_rerun_does_the_res
     assert sent == stats.not_started
     assert not next_night.stopped_at_window
     assert [r.input_id for r in rows] == [r.input_id for r in requests]
+
+
+def _restarting(server: ResidentServer, hung_at: list[float]) -> Any:
+    def restart(_url: str) -> None:
+        hung_at.append(time.monotonic())
+        server.restart()
+
+    return restart
+
+
+async def _measure_a_step(
+    server: ResidentServer, ledger: Ledger, store: SpeedStore, digest_name: str
+) -> tuple[Any, int]:
+    """An earlier step on this server: it prefills the digest (a prompt speed) and keeps it."""
+    digest = fresh_digest(digest_name)
+    tokens = await digest_tokens(server, digest)
+    engine = BatchEngine(
+        [endpoint_of(server)], digest, ledger, digest_tokens=tokens, speed_store=store
+    )
+    await engine.run(long_answers(2, f"{digest_name}-earlier", max_tokens=8))
+    assert engine.speeds.measured_prompt_tok_s is not None
+    return digest, tokens
+
+
+# Ten minutes from the fault to the last row, with the server's own start and the earlier step.
+@pytest.mark.timeout(600)
+async def test_a_server_frozen_at_the_start_of_a_step_is_replaced_and_every_row_finishes_once(
+    own_server: ResidentServer, tmp_path: Path
+) -> None:
+    store = SpeedStore(tmp_path / "server" / "speeds.json")
+    hung_at: list[float] = []
+    with Ledger(tmp_path / "ledger.sqlite3") as ledger:
+        digest, tokens = await _measure_a_step(own_server, ledger, store, "frozen-start")
+        before = ledger.count()
+        # A new step, as Dagster starts one: a new engine that knows only the state dir.
+        engine = BatchEngine(
+            [endpoint_of(own_server)],
+            digest,
+            ledger,
+            digest_tokens=tokens,
+            on_hung=_restarting(own_server, hung_at),
+            speed_store=store,
+        )
+        first_pid = own_server.status().pid
+        assert first_pid is not None
+        # Frozen before the step's first call: its digest restore meets a stopped server.
+        os.kill(first_pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        requests = long_answers(6, "frozen-start")
+        outcome = await engine.run(requests)
+        report_recovery("SIGSTOP at the start of a step", time.monotonic() - stopped_at)
+        rows = list(outcome.iter_results(ledger))
+        assert ledger.count() - before == len(requests)  # every row once
+    assert outcome.failures == []
+    assert sorted(r.input_id for r in rows) == sorted(r.input_id for r in requests)
+    assert outcome.stats.hangs == 1
+    assert len(hung_at) == 1
+    assert own_server.status().pid not in (None, first_pid)
+
+
+@pytest.mark.timeout(600)
+async def test_a_server_frozen_before_a_batch_measured_anything_is_found_by_the_last_speeds(
+    own_server: ResidentServer, tmp_path: Path
+) -> None:
+    # Short prompts: this batch measures no prompt speed of its own before the freeze, so only
+    # the speeds kept by an earlier step shorten the 600 s unmeasured period.
+    store = SpeedStore(tmp_path / "server" / "speeds.json")
+    hung_at: list[float] = []
+    with Ledger(tmp_path / "ledger.sqlite3") as ledger:
+        digest, tokens = await _measure_a_step(own_server, ledger, store, "frozen-mid")
+        engine = BatchEngine(
+            [endpoint_of(own_server)],
+            digest,
+            ledger,
+            digest_tokens=tokens,
+            on_hung=_restarting(own_server, hung_at),
+            speed_store=store,
+        )
+        first_pid = own_server.status().pid
+        assert first_pid is not None
+        before = ledger.count()
+        requests = long_answers(8, "frozen-mid")
+        running = asyncio.create_task(engine.run(requests))
+        while ledger.count() < before + 2 and not running.done():  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        assert not running.done()
+        os.kill(first_pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        outcome = await running
+        report_recovery("SIGSTOP mid-batch (default watchdog)", time.monotonic() - stopped_at)
+        rows = list(outcome.iter_results(ledger))
+        assert ledger.count() - before == len(requests)
+    assert outcome.failures == []
+    assert sorted(r.input_id for r in rows) == sorted(r.input_id for r in requests)
+    assert outcome.stats.hangs == 1
+    assert hung_at[0] - stopped_at < UNMEASURED_STALL_S

@@ -5,6 +5,7 @@ Each test gets its own state dir and port, so these servers never collide with t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -49,6 +50,8 @@ def _env(home: Path, binary: Path, model: Path) -> dict[str, str]:
         "KIMI_BATCH_LLAMA_THREADS": "1",
         "KIMI_BATCH_LLAMA_CTX": "2048",
         "KIMI_BATCH_LLAMA_PARALLEL": "1",
+        # The digest, a question and the answer budget must fit the one 2,048-token slot.
+        "KIMI_BATCH_LLAMA_N_PREDICT": "256",
     }
     env.pop("KIMI_BATCH_LLAMA_URL", None)
     return env
@@ -100,6 +103,22 @@ def test_a_killed_server_is_respawned_by_the_next_start(cli_env: dict[str, str])
     os.kill(int(str(first["pid"])), signal.SIGKILL)
     time.sleep(0.5)
     second = _start(cli_env)
+    assert second["spawned"] is True
+    assert second["pid"] != first["pid"]
+    assert httpx.get(f"{second['base_url']}/health", timeout=5).status_code == 200
+
+
+def test_a_frozen_server_is_replaced_by_the_next_start(cli_env: dict[str, str]) -> None:
+    # A step that starts while the server is stopped (SIGSTOP): its pid lives, it served
+    # before, and it answers nothing. The start replaces it instead of waiting for its health.
+    first = _start(cli_env)
+    pid = int(str(first["pid"]))
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        second = _start(cli_env)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     assert second["spawned"] is True
     assert second["pid"] != first["pid"]
     assert httpx.get(f"{second['base_url']}/health", timeout=5).status_code == 200

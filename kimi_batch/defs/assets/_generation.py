@@ -206,6 +206,7 @@ async def _generate(
         on_progress=_progress_reporter(context, label),
         on_unreachable=llama.respawn_if_down,
         on_hung=llama.restart_hung,
+        speed_store=llama.speed_store(),
     )
     return await engine.run(requests, stop_at=stop_at)
 

@@ -97,6 +97,7 @@ async def _answer(
             on_progress=lambda event: context.log.info(str(event)),
             on_unreachable=llama.respawn_if_down,
             on_hung=llama.restart_hung,
+            speed_store=llama.speed_store(),
         )
         store.set_request_keys(
             batch.id, [(p.request.input_id, p.content_key) for p in engine.plan(requests)]

@@ -8,7 +8,7 @@ import asyncio
 import dagster as dg
 from pydantic import Field
 
-from kimi_batch.engine import Prepared, SystemDigest, prepare
+from kimi_batch.engine import DEFAULT_REMEDY, Prepared, SpeedStore, SystemDigest, prepare
 from kimi_batch.llama import (
     AttachedServer,
     LlamaClient,
@@ -70,10 +70,23 @@ class LlamaServerResource(dg.ConfigurableResource):
         settings = self.settings()
         return [settings.llama_url or handle.base_url, *settings.llama_extra_urls]
 
-    def known_n_predict(self) -> int | None:
-        """llama.cpp's /props does not report --n-predict; for a server we started we know it."""
-        settings = self.settings()
-        return None if settings.llama_url else settings.llama_n_predict
+    def known_n_predict(self) -> int:
+        """The answer budget where /props reports none (llama.cpp's does not report
+        --n-predict): the -n of the server we started, the default budget for an attached one."""
+        return self.settings().llama_n_predict
+
+    def speed_store(self) -> SpeedStore:
+        """Where the speeds a batch or a digest prefill measures wait for the next one."""
+        return SpeedStore(self.settings().paths.measured_speeds_path)
+
+    def fit_remedy(self) -> str:
+        """What to change when digest + prompt + answer do not fit a slot (`{ctx_needed}`)."""
+        if self.settings().llama_url:
+            return (
+                "start the attached server (KIMI_BATCH_LLAMA_URL) with --ctx-size at least "
+                "{ctx_needed}, or fewer --parallel slots"
+            )
+        return DEFAULT_REMEDY
 
     async def prepare(self, digest: SystemDigest) -> Prepared:
         """Start or attach (in a thread: a model load blocks), then describe every endpoint."""
