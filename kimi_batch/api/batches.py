@@ -112,6 +112,20 @@ _CREATE_BODY = {
 }
 
 
+# Why the other OpenAI batch endpoints are refused (docs/batch-api-lifecycle.md).
+_REFUSED_ENDPOINTS = {
+    "/v1/completions": "prompt-style completions batches are not run here yet (their output "
+    "lines would need OpenAI's text_completion shape)",
+    "/v1/responses": "this llama-server version is not known to serve the Responses API",
+}
+
+
+def _endpoint_refused(endpoint: str) -> str:
+    why = _REFUSED_ENDPOINTS.get(endpoint)
+    reason = f": {why}" if why else ""
+    return f"endpoint {endpoint[:200]!r} is not supported{reason}; use {CHAT_COMPLETIONS_URL!r}"
+
+
 @router.post("", openapi_extra=_CREATE_BODY)
 def create_batch(
     request: Request,
@@ -121,7 +135,7 @@ def create_batch(
     """Create a batch: it is `validating` at once; validated and landed, its run starts."""
     settings = settings_of(request)
     if body.endpoint != CHAT_COMPLETIONS_URL:
-        raise ApiError(400, f"endpoint must be {CHAT_COMPLETIONS_URL!r} here", param="endpoint")
+        raise ApiError(400, _endpoint_refused(body.endpoint), param="endpoint")
     window = COMPLETION_WINDOWS.get(body.completion_window)
     if window is None:
         raise ApiError(400, "completion_window must be '24h'", param="completion_window")

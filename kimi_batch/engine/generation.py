@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.llama import ChatMessage, TokenLogprob
+from kimi_batch.llama import ChatExtras, ChatMessage, TokenLogprob
 
 __all__ = [
     "GenerationRequest",
@@ -47,6 +47,28 @@ class SamplingParams(BaseModel):
     json_schema: dict[str, Any] | None = Field(
         default=None, description="Constrain the output to this JSON schema (llama.cpp grammar)."
     )
+    # OpenAI's other sampling fields, sent as they are (`ChatExtras`); None: not sent. Part of
+    # the key only when set, so a request without them keeps the key it always had.
+    stop: list[str] | None = Field(default=None, description="Stop strings.")
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = Field(default=None, description="Token id -> bias.")
+
+    def extras(self) -> ChatExtras | None:
+        """The fields sent besides the core ones; None when none is set."""
+        extras = ChatExtras(
+            stop=self.stop,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            logit_bias=self.logit_bias,
+        )
+        return extras if extras.body() else None
+
+    def key_fields(self) -> dict[str, Any]:
+        """What the ledger key hashes: every field, the extras only when set."""
+        core = self.model_dump(mode="json", exclude=set(ChatExtras.model_fields))
+        extras = self.extras()
+        return {**core, **(extras.body() if extras is not None else {})}
 
     @property
     def determined(self) -> bool:
@@ -68,7 +90,7 @@ def request_key(
     content: dict[str, object] = {
         "digest": digest_sha256,
         "model": model,
-        "params": params.model_dump(mode="json"),
+        "params": params.key_fields(),
         "messages": [message.model_dump(mode="json") for message in messages],
     }
     if sample is not None:

@@ -73,6 +73,7 @@ async def send_once(
             slot_id=slot_id,
             top_logprobs=params.n_probs,
             json_schema=params.json_schema,
+            extras=params.extras(),
             timeout_s=deadline_s,
         )
     )

@@ -33,7 +33,7 @@ from kimi_batch.llama.memory import (
     estimate_memory,
     read_model_shape,
 )
-from kimi_batch.llama.messages import ChatMessage
+from kimi_batch.llama.messages import ChatExtras, ChatMessage, chat_body
 from kimi_batch.llama.responses import (
     ChatCompletion,
     GenerationStats,
@@ -55,6 +55,7 @@ from kimi_batch.llama.smoke import SmokeResult
 __all__ = [
     "AttachedServer",
     "ChatCompletion",
+    "ChatExtras",
     "ChatMessage",
     "GenerationStats",
     "HealthState",
@@ -84,6 +85,7 @@ __all__ = [
     "TokenLogprob",
     "TopLogprob",
     "available_cpus",
+    "chat_body",
     "check_memory",
     "estimate_memory",
     "find_tool",

@@ -34,7 +34,7 @@ from kimi_batch.llama.exceptions import (
     LlamaTimeoutError,
     http_error,
 )
-from kimi_batch.llama.messages import ChatMessage
+from kimi_batch.llama.messages import ChatExtras, ChatMessage, chat_body
 from kimi_batch.llama.responses import (
     ChatCompletion,
     Completion,
@@ -311,31 +311,22 @@ class LlamaClient:
         slot_id: int | None = None,
         top_logprobs: int = 0,
         json_schema: Mapping[str, Any] | None = None,
+        extras: ChatExtras | None = None,
         timeout_s: float | None = None,
     ) -> ChatCompletion:
         """`POST /v1/chat/completions`, one attempt of at most `timeout_s` seconds (default
         `generation_timeout_s`); `slot_id` pins the request to a slot holding the digest."""
-        body: dict[str, Any] = {
-            "messages": [m.model_dump() for m in messages],
-            "max_tokens": max_tokens,
-            "temperature": temperature,
-            "top_p": top_p,
-            "cache_prompt": True,
-        }
-        if seed is not None:
-            body["seed"] = seed
-        if slot_id is not None:
-            body["id_slot"] = slot_id
-        if top_logprobs:
-            body["logprobs"] = True
-            body["top_logprobs"] = top_logprobs
-        else:
-            # Streamed: a cancelled request then stops at once (a non-streamed one runs to its
-            # end). Not with logprobs: the stream drops the entry of a token with empty text.
-            body["stream"] = True
-            body["stream_options"] = {"include_usage": True}
-        if json_schema is not None:
-            body["response_format"] = {"type": "json_object", "schema": dict(json_schema)}
+        body = chat_body(
+            messages,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            slot_id=slot_id,
+            top_logprobs=top_logprobs,
+            json_schema=json_schema,
+            extras=extras,
+        )
         return await self._stream_chat(body, self._generation_timeout_for(timeout_s))
 
     def _generation_timeout_for(self, timeout_s: float | None) -> httpx.Timeout:

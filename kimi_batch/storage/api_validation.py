@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from kimi_batch.settings import Settings
 from kimi_batch.storage.api_store import ApiStore, BatchRecord, BatchStatus, process_owner
 from kimi_batch.storage.landing import Assignment, Landing
+from kimi_batch.tasks.batch_fields import served_models
 from kimi_batch.tasks.batch_input import BatchScan, scan_batch_input
 from kimi_batch.tasks.openai_batch import BatchLineError
 
@@ -113,6 +114,7 @@ def _validate(
             endpoint=batch.endpoint,
             max_requests=settings.api_max_batch_requests,
             on_line=beat,
+            models=served_models(settings),
         )
     if scan.errors:
         return _end(store, batch.id, scan.errors, scan.error_count)

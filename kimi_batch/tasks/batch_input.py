@@ -25,6 +25,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kimi_batch.engine import SamplingParams
 from kimi_batch.llama import ChatMessage
+from kimi_batch.tasks.batch_fields import (
+    check_logit_bias,
+    check_stops,
+    model_not_served,
+    refused_field,
+)
 from kimi_batch.tasks.input_formats import MAX_ROW_BYTES, Item, jsonl_items
 from kimi_batch.tasks.openai_batch import (
     MAX_LISTED_ERRORS,
@@ -118,8 +124,10 @@ class _ResponseFormat(BaseModel):
 
 
 class _Body(BaseModel):
+    # Unknown fields are refused before this model is built (`refused_field`).
     model_config = ConfigDict(extra="ignore", frozen=True)
 
+    model: str | None = None
     messages: list[_Message] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, gt=0, strict=True)
     max_completion_tokens: int | None = Field(default=None, gt=0, strict=True)
@@ -131,6 +139,13 @@ class _Body(BaseModel):
     top_logprobs: int | None = Field(default=None, ge=0, le=20, strict=True)
     n: int | None = Field(default=None, ge=1, le=1, description="One choice per request.")
     stream: Literal[False] | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+
+    _stops = field_validator("stop")(check_stops)
+    _biases = field_validator("logit_bias")(check_logit_bias)
 
 
 class _Line(BaseModel):
@@ -175,6 +190,10 @@ def _request_line(line: _Line, number: int) -> BatchRequestLine:
         # lists as many as were asked for.
         n_probs=max(top, 1) if top is not None else 0,
         json_schema=format_.schema_or_none() if format_ else None,
+        stop=[body.stop] if isinstance(body.stop, str) else body.stop or None,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        logit_bias=body.logit_bias,
     )
     return BatchRequestLine(
         custom_id=line.custom_id,
@@ -212,8 +231,15 @@ class BatchValidator:
     """Checks one line after another; keeps the custom_id index, the request count and the
     first errors, nothing of a line once it is checked."""
 
-    def __init__(self, *, endpoint: str, max_requests: int = MAX_BATCH_REQUESTS) -> None:
+    def __init__(
+        self,
+        *,
+        endpoint: str,
+        max_requests: int = MAX_BATCH_REQUESTS,
+        models: frozenset[str] | None = None,
+    ) -> None:
         self.endpoint = endpoint
+        self.models = models
         self.max_requests = max_requests
         self.requests = 0
         self.errors: list[BatchLineError] = []
@@ -259,6 +285,15 @@ class BatchValidator:
                 number,
                 "url",
             )
+            return None
+        refused = refused_field(record.get("body"))
+        if refused is not None:
+            param, why = refused
+            self._fail("unsupported_field", f"line {number}: {param} {why}", number, param)
+            return None
+        model = model_not_served(record.get("body"), self.models)
+        if model is not None:
+            self._fail("model_not_found", f"line {number}: {model}", number, "body.model")
             return None
         try:
             request = _request_line(_Line.model_validate(record), number)
@@ -323,9 +358,11 @@ def scan_batch_input(
     endpoint: str,
     max_requests: int = MAX_BATCH_REQUESTS,
     on_line: Callable[[], None] | None = None,
+    models: frozenset[str] | None = None,
 ) -> BatchScan:
-    """Validate a batch input file holding one line at a time; `on_line` runs after each."""
-    validator = BatchValidator(endpoint=endpoint, max_requests=max_requests)
+    """Validate a batch input file holding one line at a time; `on_line` runs after each.
+    `models`: the names a line's `model` may take (None: any, the served name unknown)."""
+    validator = BatchValidator(endpoint=endpoint, max_requests=max_requests, models=models)
     for _ in _valid_lines(
         validator, jsonl_items(file, max_row_bytes=MAX_BATCH_LINE_BYTES), on_line
     ):

@@ -13,7 +13,7 @@ import pytest
 from kimi_batch.settings import Settings
 from kimi_batch.storage import ApiStore
 from kimi_batch_tests.support.api_server import serving_api
-from kimi_batch_tests.support.batches import validated
+from kimi_batch_tests.support.batches import MODEL, validated
 
 KEY = "sk-test-key"
 
@@ -23,7 +23,7 @@ def line(custom_id: str, content: str = "Say hi.", **body: object) -> dict[str, 
         "custom_id": custom_id,
         "method": "POST",
         "url": "/v1/chat/completions",
-        "body": {"model": "any", "messages": [{"role": "user", "content": content}], **body},
+        "body": {"model": MODEL, "messages": [{"role": "user", "content": content}], **body},
     }
 
 
@@ -213,3 +213,38 @@ def test_a_bad_endpoint_or_window_is_a_400_in_openai_shape(client: openai.OpenAI
             endpoint="/v1/chat/completions",
             completion_window="1h",  # type: ignore[arg-type]
         )
+
+
+def test_completions_and_responses_batches_are_refused_at_creation_saying_why(
+    client: openai.OpenAI,
+) -> None:
+    upload = client.files.create(file=("ok.jsonl", jsonl(line("a"))), purpose="batch")
+    for endpoint, why in [("/v1/completions", "completions"), ("/v1/responses", "Responses")]:
+        with pytest.raises(openai.BadRequestError) as bad:
+            client.batches.create(
+                input_file_id=upload.id,
+                endpoint=endpoint,  # type: ignore[arg-type]
+                completion_window="24h",
+            )
+        assert bad.value.body["param"] == "endpoint"  # type: ignore[index]
+        assert why in bad.value.message
+
+
+def test_an_ignored_field_or_an_unknown_model_fails_the_batch_naming_the_line(
+    client: openai.OpenAI,
+) -> None:
+    unknown = line("b")
+    unknown["body"] = {**unknown["body"], "model": "gpt-4o-mini"}  # type: ignore[dict-item]
+    data = jsonl(line("a", stop=["\n"]), unknown, line("c", tool_choice="auto"))
+    upload = client.files.create(file=("fields.jsonl", data), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    batch = validated(client, batch)
+    assert batch.status == "failed"
+    assert batch.errors is not None
+    assert batch.errors.data is not None
+    expected = [("model_not_found", 2, "body.model"), ("unsupported_field", 3, "body.tool_choice")]
+    if MODEL == "any":  # no model installed: no served name to compare with
+        expected = expected[1:]
+    assert [(e.code, e.line, e.param) for e in batch.errors.data] == expected

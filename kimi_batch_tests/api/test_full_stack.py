@@ -26,6 +26,7 @@ from openai.types.chat import ChatCompletion
 from kimi_batch.settings import Settings
 from kimi_batch.storage import ApiStore, TrinoConfig, TrinoPublisher, Warehouse
 from kimi_batch_tests.support.api_server import serving_api
+from kimi_batch_tests.support.batches import MODEL
 from kimi_batch_tests.support.dagster_stack import DagsterStack
 from kimi_batch_tests.support.graphql import GraphQL
 from kimi_batch_tests.support.llama_server import LlamaEnv
@@ -96,7 +97,7 @@ def request(custom_id: str, content: str, *, system: str | None = None, **body: 
         "custom_id": custom_id,
         "method": "POST",
         "url": "/v1/chat/completions",
-        "body": {"model": "smollm2", "messages": messages, **body},
+        "body": {"model": MODEL, "messages": messages, **body},
     }
     return json.dumps(line)
 

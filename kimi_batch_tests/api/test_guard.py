@@ -20,6 +20,7 @@ from kimi_batch.api import ApiAccess, create_app
 from kimi_batch.settings import Settings
 from kimi_batch.storage import ApiStore
 from kimi_batch_tests.support.api_server import serving_api
+from kimi_batch_tests.support.batches import MODEL
 
 KEY = "sk-guard-test"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -31,7 +32,7 @@ def jsonl(*custom_ids: str) -> bytes:
             "custom_id": custom_id,
             "method": "POST",
             "url": "/v1/chat/completions",
-            "body": {"model": "any", "messages": [{"role": "user", "content": "Hi."}]},
+            "body": {"model": MODEL, "messages": [{"role": "user", "content": "Hi."}]},
         }
         for custom_id in custom_ids
     ]

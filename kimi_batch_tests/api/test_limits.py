@@ -17,6 +17,7 @@ import pytest
 from kimi_batch.settings import Settings
 from kimi_batch.storage import ApiStore
 from kimi_batch_tests.support.api_server import serving_api
+from kimi_batch_tests.support.batches import MODEL
 
 KEY = "sk-limits-test"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -182,7 +183,7 @@ def _upload(client: openai.OpenAI) -> str:
         "custom_id": "a",
         "method": "POST",
         "url": "/v1/chat/completions",
-        "body": {"model": "any", "messages": [{"role": "user", "content": "Hi."}]},
+        "body": {"model": MODEL, "messages": [{"role": "user", "content": "Hi."}]},
     }
     return client.files.create(file=("in.jsonl", json.dumps(line).encode()), purpose="batch").id
 

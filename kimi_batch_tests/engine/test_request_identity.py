@@ -89,7 +89,15 @@ def test_a_determined_request_keeps_the_key_it_had() -> None:
         {
             "digest": DIGEST.sha256,
             "model": "m",
-            "params": GREEDY.model_dump(mode="json"),
+            # The params as they were dumped before the optional sampling fields existed.
+            "params": {
+                "max_tokens": 8,
+                "temperature": 0.0,
+                "top_p": 0.95,
+                "seed": None,
+                "n_probs": 0,
+                "json_schema": None,
+            },
             "messages": [m.model_dump(mode="json") for m in messages],
         },
         sort_keys=True,
@@ -139,3 +147,23 @@ def _own_questions(prefix: str, priority: int) -> list[GenerationRequest]:
         )
         for i in range(2)
     ]
+
+
+def test_requests_differing_only_in_a_sampling_field_never_share_a_ledger_row() -> None:
+    """`stop`, the penalties and `logit_bias` change the answer: each is part of the key; a
+    request setting none keeps the key it had before they existed."""
+    message = [ChatMessage(role="user", content="Count to ten.")]
+
+    def key(params: SamplingParams) -> str:
+        return request_key(digest_sha256="d", model="m", params=params, messages=message)
+
+    variants = [
+        GREEDY,
+        GREEDY.model_copy(update={"stop": ["5"]}),
+        GREEDY.model_copy(update={"stop": ["6"]}),
+        GREEDY.model_copy(update={"presence_penalty": 1.0}),
+        GREEDY.model_copy(update={"frequency_penalty": 1.0}),
+        GREEDY.model_copy(update={"logit_bias": {"42": -100.0}}),
+    ]
+    assert len({key(params) for params in variants}) == len(variants)
+    assert "stop" not in GREEDY.key_fields()

@@ -8,7 +8,14 @@ import time
 import openai
 from openai.types import Batch
 
-__all__ = ["chat_line", "jsonl", "validated"]
+from kimi_batch.settings import default_model_path
+
+__all__ = ["MODEL", "chat_line", "jsonl", "validated"]
+
+# The name the Batch API accepts for the test model (its file stem, the served `--alias`); any
+# name passes when no model is installed (nothing to compare with).
+_MODEL_PATH = default_model_path()
+MODEL = _MODEL_PATH.name.removesuffix(".gguf") if _MODEL_PATH is not None else "any"
 
 
 def chat_line(custom_id: str, content: str = "Say hi.", **body: object) -> dict[str, object]:
@@ -16,7 +23,7 @@ def chat_line(custom_id: str, content: str = "Say hi.", **body: object) -> dict[
         "custom_id": custom_id,
         "method": "POST",
         "url": "/v1/chat/completions",
-        "body": {"model": "any", "messages": [{"role": "user", "content": content}], **body},
+        "body": {"model": MODEL, "messages": [{"role": "user", "content": content}], **body},
     }
 
 
