@@ -116,7 +116,8 @@ _CREATE_BODY = {
 _REFUSED_ENDPOINTS = {
     "/v1/completions": "prompt-style completions batches are not run here yet (their output "
     "lines would need OpenAI's text_completion shape)",
-    "/v1/responses": "this llama-server version is not known to serve the Responses API",
+    "/v1/responses": "Responses batches are not run here (the runner answers chat completions "
+    "only; whether this llama-server's /v1/responses matches OpenAI's is untested)",
 }
 
 

@@ -8,9 +8,10 @@ through to llama-server: the sampling fields (`max_tokens`/`max_completion_token
 choice). Accepted and not sent, because they do not change the answer: `user`, `metadata`,
 `store`, and `stream: false`.
 
-Refused, with the reason: `tools`/`tool_choice` (and the older `functions`/`function_call`):
-llama-server applies them only when started with `--jinja`, which the resident server is not,
-and an answer's tool calls would not reach the output line (the ledger keeps text only).
+Refused, with the reason: `tools`/`tool_choice` (and `parallel_tool_calls`, the older
+`functions`/`function_call`). The bundled llama-server would apply them (its `--jinja` chat
+templates are on by default), but an answer's tool calls would not reach the output line: the
+ledger, the `distilled` row and the output writer keep an answer's text only.
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ ACCEPTED_BODY_FIELDS = frozenset(
 _MESSAGE_FIELDS = frozenset({"role", "content"})
 _TOOLS = frozenset({"tools", "tool_choice", "parallel_tool_calls", "functions", "function_call"})
 _TOOLS_WHY = (
-    "is not supported: tool calling needs llama-server started with --jinja (the resident "
-    "server is not) and an answer's tool calls would not reach the output file"
+    "is not supported: tool calling is not run here (an answer's tool calls would not reach "
+    "the output file: the run keeps an answer's text only)"
 )
 
 

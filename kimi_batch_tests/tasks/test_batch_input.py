@@ -98,7 +98,7 @@ def test_a_field_the_server_would_not_apply_fails_its_line_naming_the_field() ->
         ("unsupported_field", 5, "body.n"),
         ("unsupported_field", 6, "body.messages.0.name"),
     ]
-    assert "--jinja" in parsed.errors[0].message
+    assert "tool calls" in parsed.errors[0].message
     assert all(e.message.startswith(f"line {e.line}: {e.param}") for e in parsed.errors)
 
 

@@ -1,0 +1,87 @@
+"""A Batch API line's `stop` reaches the real server: the answer ends before the stop string,
+with `finish_reason: "stop"`, where the same line without it runs on (issue 27, item 5)."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from kimi_batch.definitions import build_resources
+from kimi_batch.defs.assets.api_batch import api_batch_responses
+from kimi_batch.defs.partitions import API_BATCH_PARTITIONS_NAME
+from kimi_batch.settings import Settings
+from kimi_batch.storage import ApiStore, BatchStatus, validate_batch
+from kimi_batch_tests.support.llama_server import LlamaEnv
+
+pytestmark = pytest.mark.slow  # answers a batch on a real llama-server
+
+_COUNT = "Count from 1 to 10, separated by commas. Reply with the numbers only."
+
+
+def _line(custom_id: str, **body: Any) -> bytes:
+    request = {
+        "messages": [{"role": "user", "content": _COUNT}],
+        "max_tokens": 40,
+        "temperature": 0,
+        **body,
+    }
+    line = {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions"}
+    return json.dumps({**line, "body": request}).encode() + b"\n"
+
+
+def _answered(settings: Settings, instance: dg.DagsterInstance, data: bytes) -> dict[str, Any]:
+    """Land and run a batch of `data`; the first choice of each output line, by custom_id."""
+    with ApiStore(settings.paths) as store:
+        upload = store.add_file(
+            io.BytesIO(data), filename="stop.jsonl", purpose="batch", max_bytes=1 << 20
+        )
+        batch = store.add_batch(
+            input_file_id=upload.id,
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+            completion_window_s=86400,
+            metadata=None,
+        )
+        batch = validate_batch(settings, store, batch)
+    assert batch.request_total == 1, batch.errors
+    instance.add_dynamic_partitions(API_BATCH_PARTITIONS_NAME, [batch.id])
+    result = dg.materialize(
+        [api_batch_responses],
+        partition_key=batch.id,
+        resources=build_resources(settings),
+        instance=instance,
+    )
+    assert result.success
+    with ApiStore(settings.paths) as store:
+        record = store.batch(batch.id)
+        assert record is not None
+        assert record.status == BatchStatus.COMPLETED
+        assert record.output_file_id is not None
+        output = store.file(record.output_file_id)
+        assert output is not None
+        lines = store.blob_path(output).read_text().splitlines()
+    return {
+        row["custom_id"]: row["response"]["body"]["choices"][0] for row in map(json.loads, lines)
+    }
+
+
+def test_a_lines_stop_string_ends_its_answer_on_the_server(llama_env: LlamaEnv) -> None:
+    del llama_env  # the server and the state dir the resources find
+    settings = Settings.from_env()
+    with dg.instance_for_test() as instance:
+        free = _answered(settings, instance, _line("free"))["free"]
+        text = free["message"]["content"]
+        # A stop string the greedy answer holds past its start: the stopped answer must end
+        # before it (on the server: nothing here trims an answer).
+        words = [w for w in text.split() if text.index(w) > 0]
+        assert words, f"the answer is too short to stop inside: {text!r}"
+        stop = words[len(words) // 2]
+        stopped = _answered(settings, instance, _line("stopped", stop=[stop]))["stopped"]
+    assert stopped["finish_reason"] == "stop"
+    assert stop not in stopped["message"]["content"]
+    assert text.startswith(stopped["message"]["content"].rstrip())
+    assert len(stopped["message"]["content"]) < len(text)
