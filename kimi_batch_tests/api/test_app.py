@@ -219,7 +219,7 @@ def test_completions_and_responses_batches_are_refused_at_creation_saying_why(
     client: openai.OpenAI,
 ) -> None:
     upload = client.files.create(file=("ok.jsonl", jsonl(line("a"))), purpose="batch")
-    for endpoint, why in [("/v1/completions", "completions"), ("/v1/responses", "Responses")]:
+    for endpoint, why in [("/v1/completions", "text_completion"), ("/v1/responses", "Responses")]:
         with pytest.raises(openai.BadRequestError) as bad:
             client.batches.create(
                 input_file_id=upload.id,
