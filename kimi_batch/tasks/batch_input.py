@@ -1,9 +1,11 @@
 """A Batch API input file validated as it streams by: OpenAI's rules, each failure a line error.
 
 One JSON object a line, `{custom_id, method, url, body}`, `body` a chat completion request:
-`max_tokens` (or `max_completion_tokens`), `temperature`, `top_p`, `seed`, `response_format`
-(JSON schema or object) and `logprobs`/`top_logprobs` become the request's sampling params;
-unset values take OpenAI's defaults (temperature 1, top_p 1). Validation is all or nothing, as
+`max_tokens` (or `max_completion_tokens`), `temperature`, `top_p`, `seed`, `stop`, the
+penalties, `logit_bias`, `response_format` (JSON schema or object) and
+`logprobs`/`top_logprobs` become the request's sampling params; unset values take OpenAI's
+defaults (temperature 1, top_p 1). Any other field, or a `model` not served, fails its line
+(`tasks.batch_fields`): a batch runs the request it was given. Validation is all or nothing, as
 OpenAI's: one bad line fails the batch with errors naming it (the first `MAX_LISTED_ERRORS`
 listed, all counted).
 
