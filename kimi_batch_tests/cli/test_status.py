@@ -7,6 +7,7 @@ partitions, one landed) leave one partition done, one failed, one stopped at the
 and an inbox file that never ran.
 """
 
+import hashlib
 import json
 import os
 import shutil
@@ -21,7 +22,7 @@ import pytest
 
 from kimi_batch.definitions import DIGEST_ASSETS, build_resources
 from kimi_batch.defs.jobs import nightly_run_config
-from kimi_batch.defs.partition_states import STOPPED_AT_WINDOW_TAG
+from kimi_batch.defs.partition_states import INPUT_SHA_METADATA, STOPPED_AT_WINDOW_TAG
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, build_batch_partitions
 from kimi_batch.defs.schedules import NIGHT_TAG, TRIGGER_TAG
 from kimi_batch.engine.ledger import Ledger
@@ -56,13 +57,20 @@ def _key(source: str) -> str:
     return str(dg.MultiPartitionKey({DATE_DIMENSION: DAY, SOURCE_DIMENSION: source}))
 
 
+# Every partition's inbox file has these bytes.
+INBOX_LINE = '{"prompt": "status?"}\n'
+INBOX_SHA256 = hashlib.sha256(INBOX_LINE.encode()).hexdigest()
+
+
 def _standin(*, fail: bool) -> dg.AssetsDefinition:
     @dg.asset(
         name="distilled_responses", partitions_def=build_batch_partitions(Settings.from_env())
     )
-    def distilled_responses() -> None:
+    def distilled_responses() -> dg.MaterializeResult:
         if fail:
             raise RuntimeError("stand-in failure")
+        # The input version a real distillation records (else status counts it stale).
+        return dg.MaterializeResult(metadata={INPUT_SHA_METADATA: INBOX_SHA256})
 
     return distilled_responses
 
@@ -76,7 +84,7 @@ def state(llama_env: Any) -> Settings:
     for source in ("st_done", "st_failed", "st_stopped", "st_never"):
         folder = settings.paths.inbox_dir / DAY
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{source}.jsonl").write_text('{"prompt": "status?"}\n')
+        (folder / f"{source}.jsonl").write_text(INBOX_LINE)
     # The partitions are fixed the first time anything sees the files (here: as the sensor would).
     with Landing(settings.paths) as landing:
         landing.assign_inbox(
@@ -111,7 +119,9 @@ def state(llama_env: Any) -> Settings:
             )
         # The night: one nightly_job run over two partitions, one landed and one lost.
         night = [_key("st_done"), _key("st_failed")]
-        failing_night_job(night[:1], progress=PROGRESS).execute_in_process(
+        failing_night_job(
+            night[:1], progress=PROGRESS, input_sha256=INBOX_SHA256
+        ).execute_in_process(
             instance=instance,
             run_config=nightly_run_config(night),
             tags={TRIGGER_TAG: "nightly", NIGHT_TAG: DAY},
