@@ -13,6 +13,7 @@ schedule's expression checked at read time). Other modules import this facade.
 
 from kimi_batch.errors import ConfigError
 from kimi_batch.settings.defaults import (
+    DEFAULT_API_MAX_BATCH_REQUESTS,
     DEFAULT_CACHE_RAM_MIB,
     DEFAULT_CTX,
     DEFAULT_LLAMA_PORT,
@@ -28,6 +29,7 @@ from kimi_batch.settings.defaults import (
 from kimi_batch.settings.model import Settings, variable_of
 
 __all__ = [
+    "DEFAULT_API_MAX_BATCH_REQUESTS",
     "DEFAULT_CACHE_RAM_MIB",
     "DEFAULT_CTX",
     "DEFAULT_LLAMA_PORT",

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kimi_batch.engine import SamplingParams
 from kimi_batch.llama import ChatMessage
+from kimi_batch.settings import DEFAULT_API_MAX_BATCH_REQUESTS
 from kimi_batch.tasks.batch_fields import (
     check_logit_bias,
     check_stops,
@@ -55,7 +56,7 @@ __all__ = [
 
 # OpenAI's limit per batch; the default of `max_requests`. The API's validation passes
 # `settings.api_max_batch_requests` (KIMI_BATCH_API_MAX_BATCH_REQUESTS).
-MAX_BATCH_REQUESTS = 50_000
+MAX_BATCH_REQUESTS = DEFAULT_API_MAX_BATCH_REQUESTS
 # The pipeline's row bound (~250k tokens, more than a slot's context on the target).
 MAX_BATCH_LINE_BYTES = MAX_ROW_BYTES
 # Deeper than any chat request or JSON schema needs; a deeper value could overflow the
