@@ -34,6 +34,7 @@ import httpx
 
 from kimi_batch.bench.children import start_group, stop_group
 from kimi_batch.bench.contenders import BenchTarget, run_engine
+from kimi_batch.bench.cpu import CpuSampler, TokenRateSampler
 from kimi_batch.bench.errors import BenchError
 from kimi_batch.bench.workloads import FUNCTION_SPECS, write_inbox_file
 from kimi_batch.engine import GenerationRequest, SamplingParams
@@ -312,13 +313,15 @@ def run_night(
     env = _daemon_env(settings, home, base_url, night - timedelta(days=1), tick)
     tokens_before = _predicted_total(base_url)
     offset = time.time() - time.monotonic()
-    daemon = _start_daemon(env, home / "daemon.log")
-    try:
-        with SlotPoller(base_url) as poller:
-            run_ids = _wait_for_runs(home / "dagster", daemon)
-        timeline = poller.timeline
-    finally:
-        stop_group(daemon)
+    # The daemon starts inside the CPU sampler: its start-up and code servers are the night's.
+    with CpuSampler() as night_cpu, TokenRateSampler(base_url) as rates:
+        daemon = _start_daemon(env, home / "daemon.log")
+        try:
+            with SlotPoller(base_url) as poller:
+                run_ids = _wait_for_runs(home / "dagster", daemon)
+            timeline = poller.timeline
+        finally:
+            stop_group(daemon)
     tokens = _predicted_total(base_url) - tokens_before
     with dg.DagsterInstance.from_config(str(home / "dagster")) as instance:
         windows = _windows(instance, run_ids, offset)
@@ -341,9 +344,10 @@ def run_night(
     idle = idle_by_cause(timeline, windows)
     ledger = work_dir / "night-one-batch.sqlite3"
     ledger.unlink(missing_ok=True)
-    baseline = asyncio.run(
-        run_engine(target, _night_requests(files, settings.llama_n_predict), ledger)
-    )
+    with CpuSampler() as one_batch_cpu:
+        baseline = asyncio.run(
+            run_engine(target, _night_requests(files, settings.llama_n_predict), ledger)
+        )
     ledger.unlink(missing_ok=True)
     tok_s = tokens / wall if wall else 0.0
     return {
@@ -359,6 +363,15 @@ def run_night(
         "engine_one_batch_tok_s": round(baseline.gen_tok_s, 2),
         "night_over_one_batch": round(tok_s / baseline.gen_tok_s, 4) if baseline.gen_tok_s else 0.0,
         "poll_interval_s": POLL_S,
+        "cpu_s": night_cpu.split().as_json(),
+        "one_batch_cpu_s": one_batch_cpu.split().as_json(),
+        # Seconds from the first busy sample: the server's speed next to the runs' spans.
+        "server_tok_s_over_time": [
+            [round(t - span[0], 1), round(rate, 2)] for t, rate in rates.points
+        ],
+        "events": [
+            [w.kind, round(w.start - span[0], 1), round(w.end - span[0], 1)] for w in windows
+        ],
     }
 
 

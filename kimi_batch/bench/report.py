@@ -49,7 +49,7 @@ _FIGURES: dict[str, tuple[str, ...]] = {
     ),
     "night": (
         "partitions", "rows", "runs", "busy_fraction", "wall_s", "tok_s",
-        "engine_one_batch_tok_s", "night_over_one_batch", "idle_s",
+        "engine_one_batch_tok_s", "night_over_one_batch", "idle_s", "cpu_s", "one_batch_cpu_s",
     ),
     "rehearsal": (
         "rows", "partitions", "time_scale", "window_h", "rows_done_in_window", "plan_rows",
@@ -148,13 +148,44 @@ def _figures_chart(document: dict[str, Any], path: Path) -> Path:
     if rehearsal := document.get("rehearsal"):
         bars["rehearsal rows"] = rehearsal["rows_done_in_window"]
         bars["plan rows"] = rehearsal["plan_rows"]
-    fig, axis = plt.subplots(figsize=(6, 3.6))
+    night_panels = bool(night and night.get("cpu_s"))
+    fig, axes = plt.subplots(1, 3 if night_panels else 1, figsize=(17 if night_panels else 6, 3.6))
+    axis = axes[0] if night_panels else axes
     drawn = axis.bar(list(bars), list(bars.values()), color="#4c72b0")
     axis.bar_label(drawn, fmt="%.1f")
+    if night and night_panels:
+        _cpu_panel(axes[1], night)
+        _token_rate_panel(axes[2], night)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _cpu_panel(axis: Any, night: dict[str, Any]) -> None:
+    """CPU seconds by process group, stacked, for the night and the one-batch run."""
+    runs = {"night": night["cpu_s"], "one batch": night.get("one_batch_cpu_s", {})}
+    groups = [g for g in night["cpu_s"] if g not in ("machine", "wall")]
+    bottoms = [0.0] * len(runs)
+    for group in groups:
+        values = [float(split.get(group, 0.0)) for split in runs.values()]
+        if any(values):
+            axis.bar(list(runs), values, bottom=bottoms, label=group)
+            bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
+    axis.set_title("CPU seconds by process group")
+    axis.legend(fontsize="small")
+
+
+def _token_rate_panel(axis: Any, night: dict[str, Any]) -> None:
+    """The server's generated tok/s over the night, the runs and steps shaded under it."""
+    points = night.get("server_tok_s_over_time") or []
+    for number, (kind, start, end) in enumerate(night.get("events") or []):
+        axis.axvspan(start, end, alpha=0.08 if kind == "run" else 0.15, color=f"C{number % 10}")
+    if points:
+        axis.plot([p[0] for p in points], [p[1] for p in points], color="#4c72b0")
+    axis.set_title("server tok/s over the night (runs and steps shaded)")
+    axis.set_xlabel("s from the first request")
+    axis.set_ylabel("tok/s")
 
 
 def tune_chart(document: dict[str, Any], path: Path) -> Path:

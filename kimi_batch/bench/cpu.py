@@ -1,0 +1,223 @@
+"""Where the CPU goes during a bench: seconds by process group, read from `/proc`, and the
+server's own generation speed over time from its `/metrics`.
+
+The night bench asks what the orchestration costs the model. Each process on the machine is
+put in a group by its command line (`llama_server`, `run_worker`, `daemon`, `code_servers`,
+`webserver`, `trino`, `bench`, `other`); a sampler thread reads every process's user+system
+time every `interval_s` and keeps the last value seen per process, so a process that exits
+loses at most its last interval. `machine` is the whole box's busy time from `/proc/stat` over
+the same span: `machine` minus the groups' sum is what the sampler missed (processes born and
+gone between two samples, such as short `dagster` CLI calls).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+__all__ = [
+    "GROUPS",
+    "CpuSampler",
+    "CpuSplit",
+    "TokenRateSampler",
+    "process_group",
+]
+
+GROUPS = (
+    "llama_server",
+    "run_worker",
+    "daemon",
+    "code_servers",
+    "webserver",
+    "trino",
+    "bench",
+    "other",
+)
+_PROC = Path("/proc")
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def process_group(argv: Sequence[str], *, pid: int, bench_pid: int) -> str:
+    """The group a process belongs to, from its command line (`/proc/<pid>/cmdline`)."""
+    if pid == bench_pid:
+        return "bench"
+    if not argv:
+        return "other"
+    program = os.path.basename(argv[0])
+    words = [os.path.basename(word) for word in argv[:6]]
+    if "llama-server" in program or "llama-server" in words:
+        return "llama_server"
+    if "dagster-daemon" in words:
+        return "daemon"
+    if "dagster-webserver" in words or "dagit" in words:
+        return "webserver"
+    joined = " ".join(argv[:8])
+    if "dagster" in joined and ("api grpc" in joined or "code-server" in joined):
+        return "code_servers"
+    if "dagster" in joined and ("execute_run" in joined or "execute_step" in joined):
+        return "run_worker"
+    if program == "java" and any("trino" in word for word in argv):
+        return "trino"
+    return "other"
+
+
+def _argv(pid: int) -> list[str]:
+    raw = (_PROC / str(pid) / "cmdline").read_bytes()
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def _cpu_ticks(pid: int) -> tuple[int, int]:
+    """(start time, utime + stime) in clock ticks: the start time tells a reused pid apart."""
+    stat = (_PROC / str(pid) / "stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()  # the command name may hold spaces
+    return int(fields[19]), int(fields[11]) + int(fields[12])
+
+
+def _machine_busy_ticks() -> int:
+    """Busy clock ticks of all CPUs together (every `/proc/stat` column but idle and iowait)."""
+    first = (_PROC / "stat").read_text().splitlines()[0].split()[1:]
+    values = [int(value) for value in first[:8]]
+    return sum(values) - values[3] - values[4]
+
+
+@dataclass(frozen=True)
+class CpuSplit:
+    """CPU seconds by group over one sampled span, and the whole machine's for comparison."""
+
+    by_group: dict[str, float]
+    machine_s: float
+    wall_s: float
+
+    def as_json(self) -> dict[str, float]:
+        """The `cpu_s` figures: every group (rounded), `machine`, and the span's `wall`."""
+        figures = {group: round(self.by_group.get(group, 0.0), 2) for group in GROUPS}
+        return figures | {"machine": round(self.machine_s, 2), "wall": round(self.wall_s, 2)}
+
+
+@dataclass
+class _Seen:
+    group: str
+    first: int
+    last: int
+
+
+@dataclass
+class CpuSampler:
+    """Samples every process's CPU time in a thread while entered; `split()` after the exit.
+
+    A process already running at the start counts only what it used after it (its first
+    sample is its baseline); one born later counts from zero.
+    """
+
+    interval_s: float = 0.5
+    _seen: dict[tuple[int, int], _Seen] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _started: tuple[float, int] = (0.0, 0)
+    _ended: tuple[float, int] = (0.0, 0)
+    _first_pass: bool = True
+
+    def __enter__(self) -> CpuSampler:
+        self._started = (time.monotonic(), _machine_busy_ticks())
+        self.sample()
+        self._first_pass = False
+        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        self.sample()
+        self._ended = (time.monotonic(), _machine_busy_ticks())
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def sample(self) -> None:
+        """One pass over `/proc` (processes that vanish mid-read are skipped)."""
+        bench_pid = os.getpid()
+        for entry in _PROC.iterdir():
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            try:
+                start, ticks = _cpu_ticks(pid)
+                key = (pid, start)
+                seen = self._seen.get(key)
+                if seen is None:
+                    group = process_group(_argv(pid), pid=pid, bench_pid=bench_pid)
+                    baseline = ticks if self._first_pass else 0
+                    self._seen[key] = _Seen(group=group, first=baseline, last=ticks)
+                else:
+                    seen.last = ticks
+            except (OSError, ValueError, IndexError):
+                continue
+
+    def split(self) -> CpuSplit:
+        by_group: dict[str, float] = {}
+        for seen in self._seen.values():
+            seconds = (seen.last - seen.first) / _TICKS_PER_S
+            by_group[seen.group] = by_group.get(seen.group, 0.0) + seconds
+        machine = (self._ended[1] - self._started[1]) / _TICKS_PER_S
+        return CpuSplit(
+            by_group=by_group, machine_s=machine, wall_s=self._ended[0] - self._started[0]
+        )
+
+
+@dataclass
+class TokenRateSampler:
+    """The server's generated tok/s over time, from `llamacpp:tokens_predicted_total` in its
+    `/metrics` (llama-server's `--metrics`), one point per `interval_s`."""
+
+    base_url: str
+    interval_s: float = 2.0
+    points: list[tuple[float, float]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> TokenRateSampler:
+        self._thread = threading.Thread(target=self._run, name="tok-rate-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def _run(self) -> None:
+        previous: tuple[float, float] | None = None
+        with httpx.Client(base_url=self.base_url, timeout=5.0) as client:
+            while True:
+                now, total = time.monotonic(), _predicted_total(client)
+                if total is not None:
+                    if previous is not None and now > previous[0]:
+                        rate = (total - previous[1]) / (now - previous[0])
+                        self.points.append((now, max(rate, 0.0)))
+                    previous = (now, total)
+                if self._stop.wait(self.interval_s):
+                    return
+
+
+def _predicted_total(client: httpx.Client) -> float | None:
+    """The counter's value, None when the server does not answer or has no metrics."""
+    try:
+        text = client.get("/metrics").text
+    except httpx.HTTPError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("llamacpp:tokens_predicted_total"):
+            try:
+                return float(line.split()[-1])
+            except ValueError:
+                return None
+    return None
