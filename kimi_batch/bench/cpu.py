@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,6 +100,21 @@ class CpuSplit:
         return figures | {"machine": round(self.machine_s, 2), "wall": round(self.wall_s, 2)}
 
 
+class _Background:
+    """A daemon thread running `loop(stop)` between `start()` and `stop()`."""
+
+    def __init__(self, loop: Callable[[threading.Event], None], name: str) -> None:
+        self._event = threading.Event()
+        self._thread = threading.Thread(target=loop, args=(self._event,), name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._event.set()
+        self._thread.join(10)
+
+
 @dataclass
 class _Seen:
     group: str
@@ -117,8 +132,7 @@ class CpuSampler:
 
     interval_s: float = 0.5
     _seen: dict[tuple[int, int], _Seen] = field(default_factory=dict)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    _thread: _Background | None = None
     _started: tuple[float, int] = (0.0, 0)
     _ended: tuple[float, int] = (0.0, 0)
     _first_pass: bool = True
@@ -127,19 +141,18 @@ class CpuSampler:
         self._started = (time.monotonic(), _machine_busy_ticks())
         self.sample()
         self._first_pass = False
-        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+        self._thread = _Background(self._run, "cpu-sampler")
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
         if self._thread is not None:
-            self._thread.join(10)
+            self._thread.stop()
         self.sample()
         self._ended = (time.monotonic(), _machine_busy_ticks())
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+    def _run(self, stop: threading.Event) -> None:
+        while not stop.wait(self.interval_s):
             self.sample()
 
     def sample(self) -> None:
@@ -162,6 +175,14 @@ class CpuSampler:
             except (OSError, ValueError, IndexError):
                 continue
 
+    def process(self, pid: int) -> tuple[str, float] | None:
+        """(group, CPU seconds counted) of the newest process seen with `pid`, if any."""
+        seen = [(start, item) for (known, start), item in self._seen.items() if known == pid]
+        if not seen:
+            return None
+        item = max(seen, key=lambda pair: pair[0])[1]
+        return item.group, (item.last - item.first) / _TICKS_PER_S
+
     def split(self) -> CpuSplit:
         by_group: dict[str, float] = {}
         for seen in self._seen.values():
@@ -181,20 +202,18 @@ class TokenRateSampler:
     base_url: str
     interval_s: float = 2.0
     points: list[tuple[float, float]] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    _thread: _Background | None = None
 
     def __enter__(self) -> TokenRateSampler:
-        self._thread = threading.Thread(target=self._run, name="tok-rate-sampler", daemon=True)
+        self._thread = _Background(self._run, "tok-rate-sampler")
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
         if self._thread is not None:
-            self._thread.join(10)
+            self._thread.stop()
 
-    def _run(self) -> None:
+    def _run(self, stop: threading.Event) -> None:
         previous: tuple[float, float] | None = None
         with httpx.Client(base_url=self.base_url, timeout=5.0) as client:
             while True:
@@ -204,7 +223,7 @@ class TokenRateSampler:
                         rate = (total - previous[1]) / (now - previous[0])
                         self.points.append((now, max(rate, 0.0)))
                     previous = (now, total)
-                if self._stop.wait(self.interval_s):
+                if stop.wait(self.interval_s):
                     return
 
 
