@@ -72,11 +72,17 @@ def _argv(pid: int) -> list[str]:
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
-def _cpu_ticks(pid: int) -> tuple[int, int]:
-    """(start time, utime + stime) in clock ticks: the start time tells a reused pid apart."""
+def _cpu_ticks(pid: int) -> tuple[int, int, int]:
+    """(start time, utime + stime, parent pid); the start time tells a reused pid apart."""
     stat = (_PROC / str(pid) / "stat").read_text()
     fields = stat[stat.rindex(")") + 2 :].split()  # the command name may hold spaces
-    return int(fields[19]), int(fields[11]) + int(fields[12])
+    return int(fields[19]), int(fields[11]) + int(fields[12]), int(fields[1])
+
+
+# A process of no group of its own belongs to its parent's when the parent is one of these: a
+# code server starts each run's worker as a `multiprocessing` child (its command line names no
+# dagster), the daemon's helpers are the daemon's.
+_INHERITED = {"code_servers": "run_worker", "run_worker": "run_worker", "daemon": "daemon"}
 
 
 def _machine_busy_ticks() -> int:
@@ -132,6 +138,7 @@ class CpuSampler:
 
     interval_s: float = 0.5
     _seen: dict[tuple[int, int], _Seen] = field(default_factory=dict)
+    _by_pid: dict[int, _Seen] = field(default_factory=dict)  # the newest process of each pid
     _thread: _Background | None = None
     _started: tuple[float, int] = (0.0, 0)
     _ended: tuple[float, int] = (0.0, 0)
@@ -163,25 +170,33 @@ class CpuSampler:
                 continue
             pid = int(entry.name)
             try:
-                start, ticks = _cpu_ticks(pid)
+                start, ticks, parent = _cpu_ticks(pid)
                 key = (pid, start)
                 seen = self._seen.get(key)
                 if seen is None:
                     group = process_group(_argv(pid), pid=pid, bench_pid=bench_pid)
+                    if group == "other":
+                        group = _INHERITED.get(self._group_of(parent), group)
                     baseline = ticks if self._first_pass else 0
                     self._seen[key] = _Seen(group=group, first=baseline, last=ticks)
+                    self._by_pid[pid] = self._seen[key]
                 else:
                     seen.last = ticks
             except (OSError, ValueError, IndexError):
                 continue
 
+    def _group_of(self, pid: int) -> str:
+        """The group of the newest process seen with `pid` ("other" if none was)."""
+        newest = self._newest(pid)
+        return newest.group if newest is not None else "other"
+
+    def _newest(self, pid: int) -> _Seen | None:
+        return self._by_pid.get(pid)
+
     def process(self, pid: int) -> tuple[str, float] | None:
         """(group, CPU seconds counted) of the newest process seen with `pid`, if any."""
-        seen = [(start, item) for (known, start), item in self._seen.items() if known == pid]
-        if not seen:
-            return None
-        item = max(seen, key=lambda pair: pair[0])[1]
-        return item.group, (item.last - item.first) / _TICKS_PER_S
+        item = self._newest(pid)
+        return None if item is None else (item.group, (item.last - item.first) / _TICKS_PER_S)
 
     def split(self) -> CpuSplit:
         by_group: dict[str, float] = {}

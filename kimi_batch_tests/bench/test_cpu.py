@@ -63,6 +63,26 @@ def test_a_process_that_ends_between_samples_keeps_the_cpu_it_used() -> None:
     assert set(figures) == {*GROUPS, "machine", "wall"}
 
 
+def test_a_code_servers_unnamed_child_is_a_run_worker() -> None:
+    # Dagster's code server starts a run's worker as a multiprocessing child whose command line
+    # names no dagster: the sampler counts it by its parent.
+    parent_code = (
+        "import subprocess, time\n"
+        "time.sleep(0.4)\n"
+        # Its own sys.executable is lost with `exec -a`: the interpreter is named.
+        f"subprocess.run([{sys.executable!r}, '-c', {_BURN.format(seconds=0.3)!r}], check=True)\n"
+    )
+    code_server = ["bash", "-c", f'exec -a dagster {sys.executable} -c "$0" api grpc', parent_code]
+    with CpuSampler(interval_s=0.05) as sampler:
+        parent = subprocess.Popen(code_server)
+        assert parent.wait(timeout=60) == 0
+    counted = sampler.process(parent.pid)
+    assert counted is not None
+    assert counted[0] == "code_servers"
+    workers = sampler.split().by_group.get("run_worker", 0.0)
+    assert workers >= 0.2
+
+
 def test_a_process_running_before_the_start_counts_only_what_it_used_after() -> None:
     before = subprocess.Popen(
         [sys.executable, "-c", "import time\ntime.sleep(30)"], stdout=subprocess.DEVNULL
