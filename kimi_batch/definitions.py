@@ -10,6 +10,7 @@ work happens when Dagster calls `defs`. Tests, the demo and the bench call `buil
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import dagster as dg
@@ -23,6 +24,9 @@ from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
+from kimi_batch.llama import ServerSpawnError
+from kimi_batch.llama.affinity import format_cpu_list, pin_to_the_rest
+from kimi_batch.llama.factory import server_cpus
 from kimi_batch.settings import Settings
 
 __all__ = [
@@ -60,7 +64,24 @@ def build_definitions(settings: Settings) -> dg.Definitions:
     return dg.Definitions.merge(folder, dg.Definitions(resources=build_resources(settings)))
 
 
+def keep_off_the_server_cpus(settings: Settings) -> frozenset[int] | None:
+    """With `KIMI_BATCH_LLAMA_CPUS` set, move this process (a code server or a run worker, and
+    what it starts) to the CPUs the server does not hold; the set it keeps, or None."""
+    try:
+        cpus = server_cpus(settings)
+    except ServerSpawnError as error:  # `server start` reports it; loading goes on unpinned
+        logging.getLogger(__name__).warning("not pinned: %s", error)
+        return None
+    if cpus is None:
+        return None
+    rest = pin_to_the_rest(cpus)
+    logging.getLogger(__name__).info("pinned to CPUs %s", format_cpu_list(rest))
+    return rest
+
+
 @dg.definitions
 def defs() -> dg.Definitions:
     """The kimi_batch code location, configured by this process's `KIMI_BATCH_*` variables."""
-    return build_definitions(Settings.from_env())
+    settings = Settings.from_env()
+    keep_off_the_server_cpus(settings)
+    return build_definitions(settings)

@@ -165,7 +165,9 @@ def _figures_chart(document: dict[str, Any], path: Path) -> Path:
 def _cpu_panel(axis: Any, night: dict[str, Any]) -> None:
     """CPU seconds by process group, stacked, for the night and the one-batch run."""
     runs = {"night": night["cpu_s"], "one batch": night.get("one_batch_cpu_s", {})}
-    groups = [g for g in night["cpu_s"] if g not in ("machine", "wall")]
+    from kimi_batch.bench.cpu import GROUPS  # the groups in one order, one colour each
+
+    groups = [g for g in GROUPS if g in night["cpu_s"]]
     bottoms = [0.0] * len(runs)
     for group in groups:
         values = [float(split.get(group, 0.0)) for split in runs.values()]
@@ -182,8 +184,12 @@ def _token_rate_panel(axis: Any, night: dict[str, Any]) -> None:
     for number, (kind, start, end) in enumerate(night.get("events") or []):
         axis.axvspan(start, end, alpha=0.08 if kind == "run" else 0.15, color=f"C{number % 10}")
     if points:
-        axis.plot([p[0] for p in points], [p[1] for p in points], color="#4c72b0")
-    axis.set_title("server tok/s over the night (runs and steps shaded)")
+        # llama-server counts a request's tokens when it ends: a window of ~5 points evens that.
+        width = min(5, len(points))
+        rates = [p[1] for p in points]
+        smooth = [sum(rates[max(0, i - width + 1) : i + 1]) / width for i in range(len(rates))]
+        axis.plot([p[0] for p in points], smooth, color="#4c72b0")
+    axis.set_title("server tok/s over the night, 10 s mean (runs and steps shaded)")
     axis.set_xlabel("s from the first request")
     axis.set_ylabel("tok/s")
 

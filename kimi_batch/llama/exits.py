@@ -38,13 +38,14 @@ CPU_FEATURE_HINT = (
 )
 _CPU_SIGNALS = frozenset({signal.SIGILL, signal.SIGSEGV})
 
-# Run as `python -c WAITER_SOURCE ARGV_JSON LOG EXIT_PATH`. The first process forks and exits once
+# Run as `python -c WAITER_SOURCE ARGV_JSON LOG EXIT_PATH CPUS_JSON`. The first process forks and exits once
 # the server is started (printing its pid, or `error: ...`), so init adopts the waiter and nothing
 # lingers under a long-lived caller; the waiter, in a session of its own, is the server's parent:
 # it reaps the server at once (no zombie looks alive) and writes how it ended to EXIT_PATH.
 WAITER_SOURCE = """\
 import json, os, subprocess, sys, time
 argv, log, exit_path = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+cpus = json.loads(sys.argv[4]) if len(sys.argv) > 4 else []
 read_end, write_end = os.pipe()
 if os.fork():
     os.close(write_end)
@@ -57,6 +58,8 @@ if os.fork():
 os.close(read_end)
 os.setsid()
 try:
+    if cpus:  # inherited by the server from its first thread on
+        os.sched_setaffinity(0, cpus)
     with open(log, "ab") as out:
         server = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                   start_new_session=True, close_fds=True, umask=0o077)

@@ -2,13 +2,35 @@
 
 from __future__ import annotations
 
+import os
+
+from kimi_batch.llama.affinity import CpuListError, format_cpu_list, parse_cpu_list
 from kimi_batch.llama.binary import find_llama_server
 from kimi_batch.llama.exceptions import ServerSpawnError
 from kimi_batch.llama.server import AttachedServer, ResidentServer, ServerSpec
 from kimi_batch.llama.smoke import SMOKE_TIMEOUT_S, SmokeResult, smoke_test
 from kimi_batch.settings import Settings, default_model_path
 
-__all__ = ["server_from_settings", "smoke_from_settings", "spec_from_settings"]
+__all__ = ["server_cpus", "server_from_settings", "smoke_from_settings", "spec_from_settings"]
+
+
+def server_cpus(settings: Settings) -> frozenset[int] | None:
+    """The CPUs `KIMI_BATCH_LLAMA_CPUS` pins the server to (None: unpinned); ServerSpawnError
+    when the list is malformed or names a CPU this process may not use."""
+    if not settings.llama_cpus:
+        return None
+    try:
+        cpus = parse_cpu_list(settings.llama_cpus)
+    except CpuListError as error:
+        raise ServerSpawnError(f"KIMI_BATCH_LLAMA_CPUS: {error}") from error
+    allowed = frozenset(os.sched_getaffinity(0))
+    if not cpus <= allowed:
+        raise ServerSpawnError(
+            f"KIMI_BATCH_LLAMA_CPUS={settings.llama_cpus} names CPUs "
+            f"{format_cpu_list(cpus - allowed)} this machine does not offer (it has "
+            f"{format_cpu_list(allowed)})"
+        )
+    return cpus
 
 
 def spec_from_settings(settings: Settings) -> ServerSpec:
@@ -24,6 +46,7 @@ def spec_from_settings(settings: Settings) -> ServerSpec:
         model=settings.model,
         port=settings.llama_port,
         threads=settings.llama_threads,
+        cpus=server_cpus(settings),
         ctx=settings.llama_ctx,
         parallel=settings.llama_parallel,
         n_predict=settings.llama_n_predict,

@@ -44,15 +44,31 @@ def process_start_ticks(pid: int) -> int | None:
     return int(fields[19])
 
 
-def spawn_detached(argv: list[str], env: dict[str, str], log_path: Path, exit_path: Path) -> int:
-    """Start `argv` in its own session under a detached waiter that records how it ends.
+def spawn_detached(
+    argv: list[str],
+    env: dict[str, str],
+    log_path: Path,
+    exit_path: Path,
+    *,
+    cpus: frozenset[int] | None = None,
+) -> int:
+    """Start `argv` in its own session under a detached waiter that records how it ends
+    (pinned to `cpus` when given).
 
     A direct child of a long-lived process (a test, `dagster dev`) would linger as a zombie after
     a crash and look alive; the launcher exits at once, init adopts the waiter, and the waiter
     reaps the server the moment it dies and writes its wait status to `exit_path`.
     """
     result = subprocess.run(
-        [sys.executable, "-c", WAITER_SOURCE, json.dumps(argv), str(log_path), str(exit_path)],
+        [
+            sys.executable,
+            "-c",
+            WAITER_SOURCE,
+            json.dumps(argv),
+            str(log_path),
+            str(exit_path),
+            json.dumps(sorted(cpus or ())),
+        ],
         env=env,
         capture_output=True,
         text=True,

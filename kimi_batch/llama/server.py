@@ -215,7 +215,7 @@ class ResidentServer:
             log.write(" ".join(argv) + "\n")
         self.exit_path.unlink(missing_ok=True)
         started_at = time.time()
-        pid = spawn_detached(argv, env, self.log_path, self.exit_path)
+        pid = spawn_detached(argv, env, self.log_path, self.exit_path, cpus=self.spec.cpus)
         ticks = process_start_ticks(pid)
         record = PidRecord(pid=pid, start_ticks=ticks or 0, started_at=started_at)
         if ticks is None:

@@ -36,6 +36,9 @@ class ServerSpec(BaseModel):
         default=13, gt=0, description="Decode threads; 13 of 16 cores measured best."
     )
     threads_batch: int | None = Field(default=None, gt=0, description="Prefill threads.")
+    cpus: frozenset[int] | None = Field(
+        default=None, description="CPUs the server is pinned to; its threads fit the set."
+    )
     ctx: int = Field(default=16384, ge=512, description="Total context, shared by the slots.")
     parallel: int = Field(default=4, ge=1, le=64, description="Slots (requests in flight).")
     batch: int = Field(default=2048, ge=32)
@@ -67,7 +70,7 @@ class ServerSpec(BaseModel):
 
     def effective_threads(self, cpus: int | None = None) -> tuple[int, int]:
         """(threads, threads_batch) clamped to the CPUs available; silent (status asks it too)."""
-        cpus = cpus or available_cpus()
+        cpus = cpus or (len(self.cpus) if self.cpus else available_cpus())
         threads = min(self.threads, cpus)
         return threads, min(self.threads_batch or threads, cpus)
 
@@ -78,7 +81,7 @@ class ServerSpec(BaseModel):
         other (`status` and `--help` read the settings too).
         """
         threads, threads_batch = self.effective_threads(cpus)
-        if threads < self.threads:
+        if threads < self.threads and not self.cpus:  # pinned: the threads fit the set
             logger.warning(
                 "threads=%d exceeds the %d CPUs available: clamped to %d (oversubscribed "
                 "threads make decode thrash)",

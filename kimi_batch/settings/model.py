@@ -103,6 +103,11 @@ class Settings(BaseModel):
         description="Decode threads; clamped to the CPUs available (one warning when a server "
         "is started).",
     )
+    llama_cpus: str | None = Field(
+        default=None,
+        description="CPUs llama-server is pinned to (`0-12`); its threads fit the set and the "
+        "pipeline's own processes keep to the other CPUs. Unset: no pinning.",
+    )
     llama_ctx: int = Field(
         default=DEFAULT_CTX, ge=512, description="Total context, split between the slots."
     )
@@ -290,6 +295,7 @@ class Settings(BaseModel):
                 llama_port=env_int("KIMI_BATCH_LLAMA_PORT", DEFAULT_LLAMA_PORT),
                 llama_api_key=env_str("KIMI_BATCH_LLAMA_API_KEY"),
                 llama_threads=env_int("KIMI_BATCH_LLAMA_THREADS", DEFAULT_THREADS),
+                llama_cpus=env_str("KIMI_BATCH_LLAMA_CPUS"),
                 llama_ctx=env_int("KIMI_BATCH_LLAMA_CTX", DEFAULT_CTX),
                 llama_parallel=env_int("KIMI_BATCH_LLAMA_PARALLEL", DEFAULT_PARALLEL),
                 llama_n_predict=env_int("KIMI_BATCH_LLAMA_N_PREDICT", DEFAULT_N_PREDICT),

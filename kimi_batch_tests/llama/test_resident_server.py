@@ -228,3 +228,36 @@ def test_api_key_reaches_the_child_environment_not_its_argv(cli_env: dict[str, s
         f"{base}/props", headers={"Authorization": "Bearer s3cret-key"}, timeout=5
     )
     assert authorized.status_code == 200
+
+
+def _allowed_cpus(pid: int) -> str:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return line.split(":", 1)[1].strip()
+    raise AssertionError(f"no Cpus_allowed_list for {pid}")
+
+
+def test_a_pinned_server_runs_on_its_cpus_with_threads_that_fit_them(
+    cli_env: dict[str, str],
+) -> None:
+    last = max(os.sched_getaffinity(0))
+    env = {**cli_env, "KIMI_BATCH_LLAMA_CPUS": str(last), "KIMI_BATCH_LLAMA_THREADS": "13"}
+    started = _start(env)
+    pid = int(str(started["pid"]))
+    assert _allowed_cpus(pid) == str(last)
+    # Every thread of the server, not only its first, is on the set.
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        assert _allowed_cpus(int(task.name)) == str(last)
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    assert argv[argv.index(b"--threads") + 1] == b"1"
+    assert _cli(env, "server", "start").returncode == 0  # attaches: the same pinned spec
+
+
+def test_a_cpu_list_the_machine_does_not_offer_is_refused_in_one_line(
+    cli_env: dict[str, str],
+) -> None:
+    env = {**cli_env, "KIMI_BATCH_LLAMA_CPUS": "4096-4097"}
+    result = _cli(env, "server", "start", check=False)
+    assert result.returncode != 0
+    assert "KIMI_BATCH_LLAMA_CPUS=4096-4097 names CPUs 4096-4097" in result.stderr
+    assert "Traceback" not in result.stderr
