@@ -124,6 +124,12 @@ query Instigators($selector: RepositorySelector!) {
 }
 """
 
+_POOL_QUERY = """
+query Pool($pool: String!) {
+  instance { concurrencyLimit(concurrencyKey: $pool) { claimedSlots { runId stepKey } } }
+}
+"""
+
 _WORKSPACE_QUERY = """
 {
   workspaceOrError {
@@ -284,6 +290,11 @@ class GraphQL:
             if found:
                 return int(found.group(1))
         raise AssertionError(f"run {run_id} has no 'Started process for run' event")
+
+    def pool_holders(self, pool: str) -> set[str]:
+        """Ids of the runs holding a slot of the concurrency pool `pool` now."""
+        limit = self.query(_POOL_QUERY, {"pool": pool})["instance"]["concurrencyLimit"]
+        return {str(slot["runId"]) for slot in limit["claimedSlots"]}
 
     def run_errors(self, run_id: str) -> str:
         """Error messages of a run, for assertion messages."""
