@@ -238,7 +238,10 @@ class GraphQL:
             raise AssertionError(f"terminateRun failed: {result}")
 
     def launch_assets_run(
-        self, keys: list[str], partition: dg.MultiPartitionKey | None = None
+        self,
+        keys: list[str],
+        partition: dg.MultiPartitionKey | None = None,
+        run_config: Mapping[str, Any] | None = None,
     ) -> str:
         """Queue a run of just these assets, as the UI's Materialize button does (no job tags)."""
         selector = {
@@ -246,7 +249,8 @@ class GraphQL:
             "jobName": ASSET_JOB,
             "assetSelection": [{"path": key.split("/")} for key in keys],
         }
-        return self._launch(selector, _partition_tags(partition) if partition else [])
+        tags = _partition_tags(partition) if partition else []
+        return self._launch(selector, tags, run_config)
 
     def _launch(
         self,
