@@ -23,6 +23,7 @@ import pytest
 from openai.types import Batch
 from openai.types.chat import ChatCompletion
 
+from kimi_batch.defs.assets._generation import LLAMA_POOL
 from kimi_batch.settings import Settings
 from kimi_batch.storage import ApiStore, TrinoConfig, TrinoPublisher, Warehouse
 from kimi_batch_tests.support.api_server import serving_api
@@ -44,6 +45,10 @@ BATCH_TIMEOUT_S = 900.0
 # whose client went away to its end, so on a loaded machine that answer may hold its slot.
 IDLE_BOUND_S = 30.0
 FINAL = ("completed", "failed", "cancelled", "expired")
+# dagster.yaml's run monitoring frees a dead run's pool slot ~20 s after the run failed (a 10 s
+# poll, 10 s after its end); the bound leaves a loaded machine room and fails the 6 minutes of
+# Dagster's example settings.
+SLOT_FREED_BOUND_S = 90.0
 SYSTEM = "You are a geography teacher. Answer in one short sentence."
 CAPITAL_SCHEMA = {
     "type": "object",
@@ -362,6 +367,13 @@ def test_a_run_killed_hard_fails_its_batch_with_the_partial_output(stack: Stack)
     assert graphql.wait_run(run_id, 120)["status"] == "FAILURE"
     done = wait_for(client, batch.id, lambda b: b.status in FINAL, timeout_s=120)
     print(f"run worker SIGKILL -> batch {done.status}: {time.monotonic() - killed_at:.2f} s")
+    # The dead step never released its slot of the one-slot pool: run monitoring frees it, soon
+    # enough that the next batch is not left queued behind a dead run for minutes.
+    failed_at = time.monotonic()
+    while run_id in graphql.pool_holders(LLAMA_POOL):
+        assert time.monotonic() - failed_at < SLOT_FREED_BOUND_S, "the dead run keeps its slot"
+        time.sleep(0.5)
+    print(f"run worker SIGKILL -> pool slot freed: {time.monotonic() - killed_at:.2f} s")
     assert done.status == "failed", done
     assert done.failed_at is not None
     assert done.errors is not None

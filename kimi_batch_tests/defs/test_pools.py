@@ -104,6 +104,13 @@ def test_repo_dagster_yaml_queues_runs_and_limits_the_llama_pool(
         ] == [(LLAMA_TAG, "true", 1)]
         assert instance.run_monitoring_enabled
         assert instance.run_monitoring_start_timeout_seconds == 300
+        # A run killed hard holds its `llama_server` slot until the daemon frees it: seconds
+        # after its end, not minutes (the full-stack kill test measures it on a real daemon).
+        monitoring = instance.run_monitoring_settings
+        assert (
+            monitoring["poll_interval_seconds"] + monitoring["free_slots_after_run_end_seconds"]
+            <= 30
+        )
         assert instance.is_persistent
         assert not instance.telemetry_enabled
         # Storage resolves from DAGSTER_HOME: the databases appear under this home.

@@ -33,6 +33,10 @@ STALL_S = 30.0
 # Detection takes the stall period plus a probe or two; the margin absorbs a loaded machine.
 DETECTION_MARGIN_S = 120.0
 UNMEASURED_STALL_S = WatchdogPolicy().unmeasured_stall_s
+# The period derived from the speeds an earlier step kept, floored at STALL_S rather than the
+# default 60 s (the test above checks that floor): each frozen-server test then waits half as
+# long, and the derived period still stands against the 600 s that holds until a speed is known.
+SPEED_DERIVED = EnginePolicy(watchdog=WatchdogPolicy(floor_s=STALL_S))
 
 
 def long_answers(n: int, prefix: str, max_tokens: int = 48) -> list[GenerationRequest]:
@@ -250,6 +254,7 @@ async def test_a_server_frozen_at_the_start_of_a_step_is_replaced_and_every_row_
             digest_tokens=tokens,
             on_hung=_restarting(own_server, hung_at),
             speed_store=store,
+            policy=SPEED_DERIVED,
         )
         first_pid = own_server.status().pid
         assert first_pid is not None
@@ -285,6 +290,7 @@ async def test_a_server_frozen_before_a_batch_measured_anything_is_found_by_the_
             digest_tokens=tokens,
             on_hung=_restarting(own_server, hung_at),
             speed_store=store,
+            policy=SPEED_DERIVED,
         )
         first_pid = own_server.status().pid
         assert first_pid is not None

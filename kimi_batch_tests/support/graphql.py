@@ -124,6 +124,12 @@ query Instigators($selector: RepositorySelector!) {
 }
 """
 
+_POOL_QUERY = """
+query Pool($pool: String!) {
+  instance { concurrencyLimit(concurrencyKey: $pool) { claimedSlots { runId stepKey } } }
+}
+"""
+
 _WORKSPACE_QUERY = """
 {
   workspaceOrError {
@@ -232,7 +238,10 @@ class GraphQL:
             raise AssertionError(f"terminateRun failed: {result}")
 
     def launch_assets_run(
-        self, keys: list[str], partition: dg.MultiPartitionKey | None = None
+        self,
+        keys: list[str],
+        partition: dg.MultiPartitionKey | None = None,
+        run_config: Mapping[str, Any] | None = None,
     ) -> str:
         """Queue a run of just these assets, as the UI's Materialize button does (no job tags)."""
         selector = {
@@ -240,7 +249,8 @@ class GraphQL:
             "jobName": ASSET_JOB,
             "assetSelection": [{"path": key.split("/")} for key in keys],
         }
-        return self._launch(selector, _partition_tags(partition) if partition else [])
+        tags = _partition_tags(partition) if partition else []
+        return self._launch(selector, tags, run_config)
 
     def _launch(
         self,
@@ -284,6 +294,11 @@ class GraphQL:
             if found:
                 return int(found.group(1))
         raise AssertionError(f"run {run_id} has no 'Started process for run' event")
+
+    def pool_holders(self, pool: str) -> set[str]:
+        """Ids of the runs holding a slot of the concurrency pool `pool` now."""
+        limit = self.query(_POOL_QUERY, {"pool": pool})["instance"]["concurrencyLimit"]
+        return {str(slot["runId"]) for slot in limit["claimedSlots"]}
 
     def run_errors(self, run_id: str) -> str:
         """Error messages of a run, for assertion messages."""
