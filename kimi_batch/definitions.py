@@ -15,7 +15,6 @@ from pathlib import Path
 
 import dagster as dg
 
-from kimi_batch.defs.assets.api_batch import api_batch_responses
 from kimi_batch.defs.assets.batch import build_batch_assets
 from kimi_batch.defs.assets.digest import digest_prefill, system_digest
 from kimi_batch.defs.deployment import building
@@ -30,7 +29,6 @@ from kimi_batch.llama.factory import server_cpus
 from kimi_batch.settings import Settings
 
 __all__ = [
-    "API_ASSETS",
     "DIGEST_ASSETS",
     "batch_assets",
     "build_definitions",
@@ -39,7 +37,6 @@ __all__ = [
 ]
 
 DIGEST_ASSETS = [system_digest, digest_prefill]
-API_ASSETS = [api_batch_responses]
 
 
 def batch_assets(settings: Settings) -> list[dg.AssetsDefinition]:

@@ -16,13 +16,12 @@ import string
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from kimi_batch.engine import GenerationRequest, GenerationResult, SamplingParams
 from kimi_batch.llama import ChatMessage
 from kimi_batch.tasks.inputs import SeedPrompt
-from kimi_batch.tasks.rows import AmplifiedRow, GenerationColumns, QuarantineRow
-from kimi_batch.tasks.sink import StageSink
+from kimi_batch.tasks.rows import AmplifiedRow, GenerationColumns
 from kimi_batch.tasks.stage import (
     GenerationTask,
     RowReader,
@@ -35,14 +34,12 @@ from kimi_batch.tasks.tags import AMPLIFY_STAGE, RequestTag, Strategy
 __all__ = [
     "DEFAULT_AMPLIFY_PARAMS",
     "TEMPLATES",
-    "AmplifyOutcome",
     "AmplifyTask",
     "Strategy",
     "amplification_requests",
     "dedup_variants",
     "normalize_text",
     "parse_variant",
-    "to_amplified_rows",
     "variant_instruction",
 ]
 
@@ -88,16 +85,6 @@ _ECHOED_NUMBER = re.compile(r"\(?this is variant \d+ of \d+\.?\)?\s*", re.IGNORE
 _LEAD_IN = re.compile(r"^(?:sure|certainly|okay|ok|of course|here)\b.*:\s*$", re.IGNORECASE)
 _LIST_MARK = re.compile(r"^(?:[-*•]\s+|\d+[.)]\s+)")
 _FENCE = re.compile(r"^```[\w-]*\s*|\s*```$")
-
-
-class AmplifyOutcome(BaseModel):
-    """Rows kept, outputs set aside, and how many variants deduplication dropped."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    rows: list[AmplifiedRow]
-    quarantined: list[QuarantineRow]
-    duplicates: int = Field(ge=0, description="Variants equal to a seed or an earlier variant.")
 
 
 def variant_instruction(strategy: Strategy, prompt: str, *, index: int, k: int) -> str:
@@ -268,16 +255,3 @@ class AmplifyTask(GenerationTask[SeedInputs, AmplifiedRow]):
     def keep(self, rows: Iterable[AmplifiedRow], inputs: SeedInputs) -> Iterator[AmplifiedRow]:
         """Without variants equal to a seed prompt or an earlier variant (normalized text)."""
         return _new_variants(rows, (seed.prompt for seed in inputs.seeds))
-
-
-def to_amplified_rows(
-    results: Iterable[GenerationResult], seeds: Sequence[SeedPrompt]
-) -> AmplifyOutcome:
-    """Parse, check and dedup amplification results into rows and quarantine rows (collected).
-
-    A result whose seed is not in `seeds`, or whose tag is not a strategy, is a caller bug and
-    raises ValueError.
-    """
-    sink = StageSink(AmplifyTask(), SeedInputs(seeds=list(seeds)))
-    rows = list(sink.rows(results))
-    return AmplifyOutcome(rows=rows, quarantined=sink.quarantined, duplicates=sink.dropped)

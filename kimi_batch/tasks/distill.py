@@ -12,11 +12,11 @@ variant of a strategy.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from functools import cached_property
 from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from kimi_batch.engine import (
     GenerationRequest,
@@ -27,8 +27,7 @@ from kimi_batch.engine import (
 from kimi_batch.llama import ChatMessage
 from kimi_batch.tasks.inputs import SeedPrompt
 from kimi_batch.tasks.raw_rows import format_validation_error
-from kimi_batch.tasks.rows import AmplifiedRow, DistilledRow, GenerationColumns, QuarantineRow
-from kimi_batch.tasks.sink import StageSink
+from kimi_batch.tasks.rows import AmplifiedRow, DistilledRow, GenerationColumns
 from kimi_batch.tasks.stage import (
     GenerationTask,
     RowReader,
@@ -44,11 +43,9 @@ __all__ = [
     "SEED_TAG",
     "TRUNCATED_REASON",
     "DistillInputs",
-    "DistillOutcome",
     "DistillTask",
     "distillation_requests",
     "parse_tag",
-    "to_distilled_rows",
     "variant_tag",
 ]
 
@@ -57,15 +54,6 @@ DEFAULT_DISTILL_PARAMS = SamplingParams(max_tokens=256, temperature=0.7, top_p=0
 
 # Unconstrained models like to wrap JSON in a Markdown fence; the JSON inside is still the answer.
 _FENCED_JSON = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.IGNORECASE | re.S)
-
-
-class DistillOutcome(BaseModel):
-    """Distilled rows and the results set aside (schema violations)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    rows: list[DistilledRow]
-    quarantined: list[QuarantineRow]
 
 
 def variant_tag(strategy: Strategy | str) -> str:
@@ -251,20 +239,3 @@ class DistillTask(GenerationTask[DistillInputs, DistilledRow]):
         return request.model_copy(
             update={"params": request.params.model_copy(update={"max_tokens": budget})}
         )
-
-
-def to_distilled_rows(
-    results: Iterable[GenerationResult],
-    seeds: Sequence[SeedPrompt],
-    variants: Sequence[AmplifiedRow] = (),
-    *,
-    output_model: type[BaseModel] | None = None,
-) -> DistillOutcome:
-    """`DistillTask`'s rows collected, ordered by (seed, origin, strategy, request id)."""
-    task = DistillTask(output_model=output_model)
-    sink = StageSink(task, DistillInputs(seeds=list(seeds), variants=list(variants)))
-    rows = list(sink.rows(results))
-    quarantined = sink.quarantined
-    rows.sort(key=lambda r: (r.seed_id, r.origin != "seed", r.strategy or "", r.request_id))
-    quarantined.sort(key=lambda q: (q.input_id or "", q.request_id or ""))
-    return DistillOutcome(rows=rows, quarantined=quarantined)

@@ -299,6 +299,15 @@ def test_cancel_mid_batch_frees_the_slots_keeps_the_answers_and_a_rerun_finishes
     assert done.cancelled_at is not None
     answered = answered_before_the_end(client, done, unanswered_code="batch_cancelled", total=8)
     assert 1 <= answered < 8
+    # The user's cancel ends the run CANCELED, as a terminate does: no failure event, no alert.
+    with ApiStore(stack.settings.paths) as store:
+        record = store.batch(batch.id)
+    assert record is not None
+    assert record.run_id
+    run = stack.graphql.wait_run(record.run_id, 120)
+    assert run["status"] == "CANCELED", stack.graphql.run_errors(record.run_id)
+    events = stack.graphql.run_events(record.run_id)
+    assert not [event for event in events if event["__typename"] == "RunFailureEvent"]
 
     rerun_sends_only_the_rest(stack, batch.id, answered=answered, total=8)
     assert client.batches.retrieve(batch.id).status == "cancelled"  # a final status stays

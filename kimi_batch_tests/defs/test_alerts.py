@@ -5,11 +5,8 @@ that log a real progress line and then fail or succeed; the sensors are the real
 the way the daemon evaluates them.
 """
 
-import json
-import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, time, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import dagster as dg
@@ -23,6 +20,7 @@ from kimi_batch.engine.stats import ProgressEvent
 from kimi_batch.settings import Settings
 from kimi_batch.storage.landing import Landing
 from kimi_batch_tests.support.night_standin import LOST_REASON, failing_night_job
+from kimi_batch_tests.support.webhook import Receiver
 
 pytestmark = pytest.mark.filterwarnings("ignore:Non-compliant tag keys:DeprecationWarning")
 
@@ -42,44 +40,6 @@ def run_failure_alert(context: dg.RunFailureSensorContext) -> object:
 
 def distilled_freshness_alert(context: dg.SensorEvaluationContext) -> object:
     return _sensor("distilled_freshness_alert")(context)
-
-
-class Receiver:
-    """A Slack-style webhook endpoint on 127.0.0.1 that keeps what it is sent."""
-
-    def __init__(self, status: int = 200) -> None:
-        self.messages: list[dict[str, object]] = []
-        received = self.messages
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                received.append(json.loads(body))
-                self.send_response(status)
-                self.end_headers()
-                self.wfile.write(b"ok")
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        # A short poll: `shutdown` waits for the serving loop to look (0.5 s by default).
-        self.thread = threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-
-    def __enter__(self) -> "Receiver":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    @property
-    def texts(self) -> list[str]:
-        return [str(message["text"]) for message in self.messages]
 
 
 @pytest.fixture

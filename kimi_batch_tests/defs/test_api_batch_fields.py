@@ -3,7 +3,6 @@ with `finish_reason: "stop"`, where the same line without it runs on (issue 27, 
 
 from __future__ import annotations
 
-import io
 import json
 from typing import Any
 
@@ -14,7 +13,8 @@ from kimi_batch.definitions import build_resources
 from kimi_batch.defs.assets.api_batch import api_batch_responses
 from kimi_batch.defs.partitions import API_BATCH_PARTITIONS_NAME
 from kimi_batch.settings import Settings
-from kimi_batch.storage import ApiStore, BatchStatus, validate_batch
+from kimi_batch.storage import ApiStore, BatchStatus
+from kimi_batch_tests.support.batches import landed_batch
 from kimi_batch_tests.support.llama_server import LlamaEnv
 
 pytestmark = pytest.mark.slow  # answers a batch on a real llama-server
@@ -35,18 +35,7 @@ def _line(custom_id: str, **body: Any) -> bytes:
 
 def _answered(settings: Settings, instance: dg.DagsterInstance, data: bytes) -> dict[str, Any]:
     """Land and run a batch of `data`; the first choice of each output line, by custom_id."""
-    with ApiStore(settings.paths) as store:
-        upload = store.add_file(
-            io.BytesIO(data), filename="stop.jsonl", purpose="batch", max_bytes=1 << 20
-        )
-        batch = store.add_batch(
-            input_file_id=upload.id,
-            endpoint="/v1/chat/completions",
-            completion_window="24h",
-            completion_window_s=86400,
-            metadata=None,
-        )
-        batch = validate_batch(settings, store, batch)
+    batch = landed_batch(settings, data, filename="stop.jsonl")
     assert batch.request_total == 1, batch.errors
     instance.add_dynamic_partitions(API_BATCH_PARTITIONS_NAME, [batch.id])
     result = dg.materialize(

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import io
-import json
 from typing import Any
 
 import dagster as dg
@@ -15,7 +13,8 @@ from kimi_batch.defs.assets.api_batch import api_batch_responses
 from kimi_batch.defs.partitions import API_BATCH_PARTITIONS_NAME
 from kimi_batch.engine import Ledger
 from kimi_batch.settings import Settings
-from kimi_batch.storage import ApiStore, BatchRecord, BatchStatus, validate_batch
+from kimi_batch.storage import ApiStore, BatchRecord, BatchStatus
+from kimi_batch_tests.support.batches import jsonl, landed_batch
 from kimi_batch_tests.support.llama_server import LlamaEnv
 
 pytestmark = pytest.mark.slow  # every test answers batches on a real llama-server
@@ -32,21 +31,7 @@ def _landed(settings: Settings, temperature: float, n: int = 3) -> BatchRecord:
         {"custom_id": f"line{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
         for i in range(n)
     ]
-    with ApiStore(settings.paths) as store:
-        upload = store.add_file(
-            io.BytesIO(b"".join(json.dumps(line).encode() + b"\n" for line in lines)),
-            filename="same.jsonl",
-            purpose="batch",
-            max_bytes=1 << 20,
-        )
-        batch = store.add_batch(
-            input_file_id=upload.id,
-            endpoint="/v1/chat/completions",
-            completion_window="24h",
-            completion_window_s=86400,
-            metadata=None,
-        )
-        return validate_batch(settings, store, batch)
+    return landed_batch(settings, jsonl(*lines), filename="same.jsonl")
 
 
 def _answer(instance: dg.DagsterInstance, batch: BatchRecord) -> int:

@@ -14,4 +14,5 @@
   the memory of the input reader and of a whole partition.
 - `api_server`: the Batch API app served in a thread (`serving_api`), for the `openai` client.
 - `graphql`, `dagster_stack`: a real dagster-webserver + daemon and a client for its GraphQL API.
+- `webhook`: `Receiver`, a webhook endpoint on loopback that keeps what the alerts post.
 """

@@ -1,16 +1,19 @@
-"""Batch API helpers for tests: wait for a batch's validation, write batch input lines."""
+"""Batch API helpers for tests: wait for a batch's validation, write batch input lines, land a
+batch straight into a store (no API in between)."""
 
 from __future__ import annotations
 
+import io
 import json
 import time
 
 import openai
 from openai.types import Batch
 
-from kimi_batch.settings import default_model_path
+from kimi_batch.settings import Settings, default_model_path
+from kimi_batch.storage import ApiStore, BatchRecord, validate_batch
 
-__all__ = ["MODEL", "chat_line", "jsonl", "validated"]
+__all__ = ["MODEL", "chat_line", "jsonl", "landed_batch", "validated"]
 
 # The name the Batch API accepts for the test model (its file stem, the served `--alias`); any
 # name passes when no model is installed (nothing to compare with).
@@ -44,3 +47,19 @@ def validated(client: openai.OpenAI, batch: Batch, *, timeout_s: float = 120.0) 
         if time.monotonic() > deadline:
             raise AssertionError(f"{batch.id} is still validating after {timeout_s} s")
         time.sleep(0.05)
+
+
+def landed_batch(settings: Settings, data: bytes, *, filename: str = "in.jsonl") -> BatchRecord:
+    """A batch of the input file `data`, created and validated (landed) as the API does it."""
+    with ApiStore(settings.paths) as store:
+        upload = store.add_file(
+            io.BytesIO(data), filename=filename, purpose="batch", max_bytes=1 << 20
+        )
+        batch = store.add_batch(
+            input_file_id=upload.id,
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+            completion_window_s=86400,
+            metadata=None,
+        )
+        return validate_batch(settings, store, batch)

@@ -12,16 +12,17 @@ from kimi_batch.llama.messages import ChatMessage
 from kimi_batch.tasks.amplify import (
     DEFAULT_AMPLIFY_PARAMS,
     TEMPLATES,
+    AmplifyTask,
     Strategy,
     amplification_requests,
     dedup_variants,
     normalize_text,
     parse_variant,
-    to_amplified_rows,
 )
 from kimi_batch.tasks.inputs import SeedPrompt
-from kimi_batch.tasks.rows import AmplifiedRow
-from kimi_batch.tasks.stage import generation_columns
+from kimi_batch.tasks.rows import AmplifiedRow, QuarantineRow
+from kimi_batch.tasks.sink import StageSink
+from kimi_batch.tasks.stage import SeedInputs, generation_columns
 from kimi_batch_tests.support.results import CREATED, make_result
 
 
@@ -51,6 +52,16 @@ def _result(
 
 
 SEEDS = [_seed("s1", "Why is the sky blue?", 1), _seed("s2", "What is a prime number?", 2)]
+
+
+def _amplified(
+    results: list[GenerationResult],
+) -> tuple[list[AmplifiedRow], list[QuarantineRow], int]:
+    """(rows, set-asides, duplicates dropped) of `results` through the stage's sink, as the
+    asset lands them."""
+    sink = StageSink(AmplifyTask(), SeedInputs(seeds=SEEDS))
+    rows = list(sink.rows(results))
+    return rows, sink.quarantined, sink.dropped
 
 
 def _key(params: SamplingParams, messages: list[ChatMessage]) -> str:
@@ -191,7 +202,7 @@ def test_dedup_drops_seed_copies_and_repeats() -> None:
     assert dropped == 3
 
 
-def test_to_amplified_rows_parses_quarantines_and_is_order_independent() -> None:
+def test_the_sink_parses_quarantines_and_is_order_independent() -> None:
     results = [
         _result("Paraphrase: What makes the sky look blue?", request_id="a1"),
         _result("what makes the sky look blue", request_id="a2"),  # duplicate of a1
@@ -207,18 +218,18 @@ def test_to_amplified_rows_parses_quarantines_and_is_order_independent() -> None
     shuffled = results[:]
     random.Random(4).shuffle(shuffled)
 
-    outcome = to_amplified_rows(results, SEEDS)
+    rows, quarantined, duplicates = _amplified(results)
 
-    assert outcome == to_amplified_rows(shuffled, SEEDS)
-    assert [(r.seed_id, r.strategy, r.prompt) for r in outcome.rows] == [
+    assert (rows, quarantined, duplicates) == _amplified(shuffled)
+    assert [(r.seed_id, r.strategy, r.prompt) for r in rows] == [
         ("s1", "paraphrase", "What makes the sky look blue?"),
         ("s2", "related", "Why are prime numbers important in cryptography?"),
     ]
-    assert outcome.rows[0].request_id == "a1"
-    assert outcome.rows[0].cached_tokens == 100
-    assert outcome.rows[0].created_at == CREATED
-    assert outcome.duplicates == 2
-    (bad,) = outcome.quarantined
+    assert rows[0].request_id == "a1"
+    assert rows[0].cached_tokens == 100
+    assert rows[0].created_at == CREATED
+    assert duplicates == 2
+    (bad,) = quarantined
     assert (bad.stage, bad.request_id, bad.input_id, bad.reason) == (
         "amplify",
         "a3",
@@ -228,8 +239,8 @@ def test_to_amplified_rows_parses_quarantines_and_is_order_independent() -> None
     assert (bad.source_file, bad.line, bad.finish_reason) == ("seeds.jsonl", 1, "stop")
 
 
-def test_to_amplified_rows_rejects_results_it_did_not_ask_for() -> None:
+def test_the_sink_rejects_results_the_stage_did_not_ask_for() -> None:
     with pytest.raises(ValueError, match="unknown seed"):
-        to_amplified_rows([_result("How?", input_id="nope")], SEEDS)
+        _amplified([_result("How?", input_id="nope")])
     with pytest.raises(ValueError, match="no strategy tag"):
-        to_amplified_rows([_result("How do tides work?", tag="seed")], SEEDS)
+        _amplified([_result("How do tides work?", tag="seed")])

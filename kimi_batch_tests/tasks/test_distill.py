@@ -12,13 +12,15 @@ from kimi_batch.tasks.distill import (
     DEFAULT_DISTILL_PARAMS,
     EMPTY_REASON,
     TRUNCATED_REASON,
+    DistillInputs,
+    DistillTask,
     distillation_requests,
     parse_tag,
-    to_distilled_rows,
     variant_tag,
 )
 from kimi_batch.tasks.inputs import SeedPrompt
-from kimi_batch.tasks.rows import AmplifiedRow
+from kimi_batch.tasks.rows import AmplifiedRow, DistilledRow, QuarantineRow
+from kimi_batch.tasks.sink import StageSink
 from kimi_batch.tasks.stage import generation_columns
 from kimi_batch_tests.support.results import make_result
 
@@ -89,6 +91,18 @@ VARIANTS = [
 ]
 
 
+def _distilled(
+    results: list[GenerationResult], output_model: type[BaseModel] | None = None
+) -> tuple[list[DistilledRow], list[QuarantineRow]]:
+    """(rows by request id, set-asides in parse order) of `results` through the stage's sink,
+    as the asset lands them."""
+    sink = StageSink(
+        DistillTask(output_model=output_model), DistillInputs(seeds=SEEDS, variants=VARIANTS)
+    )
+    rows = sorted(sink.rows(results), key=lambda row: row.request_id)
+    return rows, sink.quarantined
+
+
 def test_requests_for_seeds_and_variants() -> None:
     requests = distillation_requests(SEEDS, VARIANTS)
 
@@ -153,20 +167,20 @@ def test_rows_keep_provenance_and_logprobs_and_only_final_answers() -> None:
         )
     )
 
-    outcome = to_distilled_rows(results, SEEDS, VARIANTS)
+    rows, quarantined = _distilled(results)
 
     # An empty answer and one cut off at max_tokens are never final answers: set aside, visible.
-    assert [(q.request_id, q.reason) for q in outcome.quarantined] == [
+    assert [(q.request_id, q.reason) for q in quarantined] == [
         ("b", EMPTY_REASON),
         ("e", TRUNCATED_REASON),
     ]
-    assert outcome.quarantined[1].raw == "Because the light"
-    assert [(r.seed_id, r.origin, r.strategy, r.input_id) for r in outcome.rows] == [
-        ("s1", "seed", None, "s1"),
-        ("s1", "variant", "related", "v1"),
-        ("s2", "variant", "harder", "v2"),
+    assert quarantined[1].raw == "Because the light"
+    assert [(r.request_id, r.seed_id, r.origin, r.strategy, r.input_id) for r in rows] == [
+        ("a", "s1", "seed", None, "s1"),
+        ("c", "s2", "variant", "harder", "v2"),
+        ("d", "s1", "variant", "related", "v1"),
     ]
-    by_request = {row.request_id: row for row in outcome.rows}
+    by_request = {row.request_id: row for row in rows}
     assert by_request["a"].logprobs == logprobs
     assert by_request["a"].prompt == "Why is the sky blue?"
     assert by_request["a"].cached_tokens == 180
@@ -199,14 +213,14 @@ def test_structured_output_is_validated_and_bad_json_quarantined() -> None:
         ),
     ]
 
-    outcome = to_distilled_rows(results, SEEDS, VARIANTS, output_model=Answer)
+    rows, quarantined = _distilled(results, output_model=Answer)
 
-    assert [row.request_id for row in outcome.rows] == ["a", "b"]
-    assert outcome.rows[0].structured == '{"answer":"Rayleigh scattering","confidence":0.9}'
-    assert Answer.model_validate_json(outcome.rows[1].structured or "") == Answer(
+    assert [row.request_id for row in rows] == ["a", "b"]
+    assert rows[0].structured == '{"answer":"Rayleigh scattering","confidence":0.9}'
+    assert Answer.model_validate_json(rows[1].structured or "") == Answer(
         answer="56", confidence=1.0
     )
-    reasons = {row.request_id: row for row in outcome.quarantined}
+    reasons = {row.request_id: row for row in quarantined}
     assert set(reasons) == {"c", "d"}
     assert reasons["c"].reason == "answer does not match Answer: confidence: Field required"
     assert reasons["d"].reason.endswith("(cut off at max_tokens)")
@@ -221,4 +235,4 @@ def test_structured_output_is_validated_and_bad_json_quarantined() -> None:
 def test_rows_reject_results_that_match_nothing() -> None:
     stray = _result("x", input_id="v9", tag="variant:harder", request_id="z")
     with pytest.raises(ValueError, match="matches no seed or variant"):
-        to_distilled_rows([stray], SEEDS, VARIANTS)
+        _distilled([stray])

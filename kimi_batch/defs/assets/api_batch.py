@@ -3,26 +3,26 @@
 The batch's requests are grouped by their system prompt; each group runs with that prompt as its
 digest (prefilled once, saved, restored into every slot) and everything else as submitted. The
 rows land in the `distilled` table at ds=<day created>/source=<batch id>, the output and error
-files in the API's file store. Cancelling the batch (the API) or terminating the run (the UI)
-cancels the requests in flight, which closes their connections: llama-server stops those slots.
+files in the API's file store, through `land_stage` as every stage's rows. Cancelling the batch
+(the API) or terminating the run (the UI) cancels the requests in flight, which closes their
+connections: llama-server stops those slots; the batch ends `cancelled` and the run CANCELED.
 """
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import NoReturn
 
 import dagster as dg
-import polars as pl
 
 from kimi_batch.defs.assets._generation import (
     LLAMA_POOL,
+    HeldPartition,
     check_specs,
-    generation_checks,
     partition_lease,
-    publish,
 )
-from kimi_batch.defs.assets.stage import stage_metadata
+from kimi_batch.defs.assets.stage import StagePlan, land_stage
 from kimi_batch.defs.interrupts import run_interruptibly
 from kimi_batch.defs.partitions import api_batch_partitions
 from kimi_batch.defs.resources.llama import LlamaServerResource
@@ -45,13 +45,16 @@ from kimi_batch.storage import (
     batch_lines,
     begin_batch,
     finish_batch,
-    replace_quarantine,
 )
-from kimi_batch.tasks.api_batch import ApiBatchTask
+from kimi_batch.tasks.api_batch import ApiBatchInputs, ApiBatchTask
 from kimi_batch.tasks.openai_batch import BatchLineError
-from kimi_batch.tasks.sink import StageSink
 
-__all__ = ["API_GROUP", "API_TRIGGER_TAG", "api_batch_responses", "finish_abandoned_batch"]
+__all__ = [
+    "API_GROUP",
+    "API_TRIGGER_TAG",
+    "api_batch_responses",
+    "finish_abandoned_batch",
+]
 
 API_GROUP = "api"
 # Set by the API batch sensor on the first run of a batch; a rerun by hand has no such tag.
@@ -173,37 +176,82 @@ def finish_abandoned_batch(
         return finish_batch(store, ledger, batch.id, lines, status)
 
 
-def _land(
+def _cancelled_message(done: BatchRecord) -> str:
+    answered = done.request_total - done.request_failed
+    return (
+        f"{done.id} was cancelled: {answered} of {done.request_total} requests answered "
+        "(kept; a rerun sends the rest)"
+    )
+
+
+def _end_run_cancelled(context: dg.AssetExecutionContext, done: BatchRecord) -> NoReturn:
+    """End the run of a batch the user cancelled as Dagster's CANCELED, not FAILURE.
+
+    Called once the batch is `cancelled` (its files written) and the partition's lease is
+    released. The run is cancelled through the instance's run coordinator, as a terminate from
+    the UI is; its status is CANCELING from then on, so it ends CANCELED whether the step's
+    error or the termination reaches the run worker first. A canceled run raises no failure
+    alert (the run-failure sensor acts on failed runs only) and is not retried. The step's
+    error says why it stopped."""
+    if done.status != BatchStatus.CANCELLED:  # not cancelled: it had ended before this run
+        raise dg.Failure(f"{done.id} is {done.status.value}: this run had nothing to answer")
+    message = _cancelled_message(done)
+    run, instance = context.run, context.instance
+    context.log.info(f"{message}; cancelling run {run.run_id}")
+    try:
+        asked = instance.run_coordinator.cancel_run(run.run_id)
+    except Exception as error:  # the code server unreachable: the status below still holds
+        context.log.warning(f"the run coordinator did not cancel the run: {error}")
+        asked = False
+    if not asked:
+        # Nothing to terminate (a run in process) or a launcher that cannot: CANCELING is
+        # what makes the run's end CANCELED.
+        instance.report_run_canceling(run, message=message)
+    raise dg.Failure(description=message)
+
+
+def _answered(
     context: dg.AssetExecutionContext,
-    task: ApiBatchTask,
-    outcome: BatchOutcome,
-    ledger: Ledger,
+    llama: LlamaServerResource,
+    store: ApiStore,
+    held: HeldPartition,
+    plan: StagePlan,
+    batch: BatchRecord,
     *,
     warehouse: Warehouse,
     trino: TrinoResource,
-    ds: str,
-    source: str,
-    guard: Callable[[], None],
-) -> "tuple[list[dg.AssetCheckResult], dict[str, dg.RawMetadataValue]]":
-    """The batch's final answers into its `distilled` partition, the rest into quarantine;
-    `guard` (the partition lease's check) runs before each write."""
-    sink = StageSink(task, task.load(lambda table, model: []))
-    written = warehouse.write_partition(
-        task.table, ds, source, sink.rows(outcome.iter_results(ledger)), guard=guard
+) -> dg.MaterializeResult | BatchRecord:
+    """Run the taken-up batch and land it: the materialization, or the batch's final record
+    when a cancel stopped it first (the partial output and error files written)."""
+    inputs: ApiBatchInputs = plan.inputs
+    ledger, lines, groups = held.ledger, inputs.lines, inputs.groups()
+    try:
+        outcomes, cancelled = run_interruptibly(
+            _answer(context, llama, store, ledger, batch, groups)
+        )
+    except dg.DagsterExecutionInterruptedError:
+        # A run terminated from the UI lands here, its requests cancelled by now.
+        finish_batch(store, ledger, batch.id, lines, BatchStatus.CANCELLED)
+        raise
+    except Exception:
+        finish_batch(store, ledger, batch.id, lines, BatchStatus.FAILED)
+        raise
+    if cancelled or not outcomes:
+        return finish_batch(store, ledger, batch.id, lines, BatchStatus.CANCELLED)
+    outcome = _merged(outcomes)
+    landed = land_stage(
+        context, plan, held, outcome, outcome.iter_results(ledger), store=warehouse, trino=trino
     )
-    sink.failed(
-        outcome.failures,
-        source_file=task.source_file,
-        model=outcome.model,
-        digest_sha=outcome.digest_sha256,
-        created_at=datetime.now(UTC),
-    )
-    quarantined = replace_quarantine(
-        warehouse, ds, source, task.name, sink.quarantined, guard=guard
-    )
-    checks = generation_checks(task.table, sink.figures(), pl.read_parquet_schema(written.path))
-    checks.append(publish(context, trino, warehouse, [task.table, "quarantine"], ds, source, guard))
-    return checks, stage_metadata(trino, written, quarantined, outcome, sink)
+    # Completed once its rows are in the table (and Trino): then the files, then the status.
+    status = BatchStatus.EXPIRED if outcome.stopped_at_window else BatchStatus.COMPLETED
+    done = finish_batch(store, ledger, batch.id, lines, status, outcomes=outcomes)
+    metadata = {
+        **(landed.metadata or {}),
+        "batch_id": dg.MetadataValue.text(batch.id),
+        "system_prompts": len(groups),
+        "batch_status": dg.MetadataValue.text(done.status.value),
+    }
+    return dg.MaterializeResult(metadata=metadata, check_results=landed.check_results)
 
 
 @dg.asset(
@@ -219,17 +267,19 @@ def api_batch_responses(
     warehouse: WarehouseResource,
     trino: TrinoResource,
 ) -> dg.MaterializeResult:
-    """Answers of one Batch API batch (table `distilled`), each request exactly as submitted."""
+    """Answers of one Batch API batch (table `distilled`), each request exactly as submitted.
+
+    A batch the user cancels ends `cancelled` and its run CANCELED (not FAILURE: no alert)."""
     settings = llama.settings()
     with ApiStore(settings.paths) as store:
         batch = store.batch(context.partition_key)
         if batch is None or batch.ds is None or batch.source is None:
             raise dg.Failure(f"no landed Batch API batch {context.partition_key}")
-        ds, source = batch.ds, batch.source
-        lines = batch_lines(settings, batch)
-        task = ApiBatchTask(batch_id=batch.id, lines=lines, source_file=f"{batch.id}.jsonl")
-        with partition_lease(context, warehouse, ds, source) as held:
-            ledger = held.ledger
+        task = ApiBatchTask(
+            batch_id=batch.id, lines=batch_lines(settings, batch), source_file=f"{batch.id}.jsonl"
+        )
+        plan = _plan(task, batch.ds, batch.source, batch.input_sha256)
+        with partition_lease(context, warehouse, plan.ds, plan.source) as held:
             # A compare-and-set: a cancel that landed since the batch was read is not lost.
             started = begin_batch(
                 store,
@@ -238,39 +288,33 @@ def api_batch_responses(
                 by_hand=API_TRIGGER_TAG not in context.run.tags,
             )
             if started is None:
-                finish_batch(store, ledger, batch.id, lines, BatchStatus.CANCELLED)
-                raise dg.Failure(f"{batch.id} was cancelled before its run started")
-            batch = started
-            groups = task.load(lambda table, model: []).groups()
-            try:
-                outcomes, cancelled = run_interruptibly(
-                    _answer(context, llama, store, ledger, batch, groups)
+                answered = finish_batch(
+                    store, held.ledger, batch.id, task.lines, BatchStatus.CANCELLED
                 )
-            except dg.DagsterExecutionInterruptedError:
-                # A run terminated from the UI lands here, its requests cancelled by now.
-                finish_batch(store, ledger, batch.id, lines, BatchStatus.CANCELLED)
-                raise
-            except Exception:
-                finish_batch(store, ledger, batch.id, lines, BatchStatus.FAILED)
-                raise
-            if cancelled or not outcomes:
-                done = finish_batch(store, ledger, batch.id, lines, BatchStatus.CANCELLED)
-                raise dg.Failure(
-                    f"{batch.id} was cancelled: {done.request_total - done.request_failed} of "
-                    f"{done.request_total} requests answered (kept; a rerun sends the rest)"
+            else:
+                answered = _answered(
+                    context,
+                    llama,
+                    store,
+                    held,
+                    plan,
+                    started,
+                    warehouse=warehouse.warehouse(),
+                    trino=trino,
                 )
-            outcome = _merged(outcomes)
-            checks, metadata = _land(
-                context, task, outcome, ledger,
-                warehouse=warehouse.warehouse(), trino=trino, ds=ds, source=source,
-                guard=held.check,
-            )  # fmt: skip
-            # Completed once its rows are in the table (and Trino): then the files, then the status.
-            status = BatchStatus.EXPIRED if outcome.stopped_at_window else BatchStatus.COMPLETED
-            done = finish_batch(store, ledger, batch.id, lines, status, outcomes=outcomes)
-    metadata |= {
-        "batch_id": dg.MetadataValue.text(batch.id),
-        "system_prompts": len(groups),
-        "batch_status": dg.MetadataValue.text(done.status.value),
-    }
-    return dg.MaterializeResult(metadata=metadata, check_results=checks)
+    if isinstance(answered, BatchRecord):  # cancelled: the lease and the store are let go
+        _end_run_cancelled(context, answered)
+    return answered
+
+
+def _plan(task: ApiBatchTask, ds: str, source: str, input_sha: str | None) -> StagePlan:
+    """The batch as a stage's partition: its lines, landed at ds/source from input `input_sha`."""
+    inputs = task.load(lambda table, model: [])  # the lines are the inputs: no table read
+    return StagePlan(
+        task=task,
+        ds=ds,
+        source=source,
+        inputs=inputs,
+        requests=task.requests(inputs),
+        input_sha=input_sha or "",
+    )
