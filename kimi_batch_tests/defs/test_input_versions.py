@@ -26,6 +26,7 @@ from typing import Any
 import dagster as dg
 import polars as pl
 import pytest
+from dagster_graphql.test.utils import define_out_of_process_context, execute_dagster_graphql
 
 from kimi_batch.definitions import build_definitions
 from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME, nightly_run_config
@@ -242,26 +243,55 @@ def test_a_rewritten_input_is_distilled_again_and_only_its_new_rows_are_generate
     assert seeds.tags["dagster/data_version"] == sha_2
 
 
-def test_the_nights_distillation_records_the_input_version_it_consumed(home: Path) -> None:
+_STALENESS = """
+query Staleness($key: AssetKeyInput!, $partition: String!) {
+  assetNodeOrError(assetKey: $key) {
+    ... on AssetNode { staleStatus(partition: $partition) }
+  }
+}
+"""
+
+
+def _stale_status(instance: dg.DagsterInstance, asset: str, partition: str) -> str:
+    """The partition's staleness as the UI reads it: Dagster's GraphQL over the code location
+    that `workspace.yaml` loads, on this instance."""
+    with define_out_of_process_context(str(REPO_ROOT / "workspace.yaml"), None, instance) as ctx:
+        result = execute_dagster_graphql(
+            ctx, _STALENESS, {"key": {"path": [asset]}, "partition": partition}
+        )
+    assert not result.errors, result.errors
+    return result.data["assetNodeOrError"]["staleStatus"]
+
+
+def test_the_night_records_the_version_it_consumed_and_dagster_sees_a_rewrite_stale(
+    home: Path,
+) -> None:
     settings = Settings.from_env()
     today = settings.today()
     night = datetime.combine(today + timedelta(days=1), datetime.min.time(), settings.zone)
+    key = f"{today.isoformat()}|story"
     instance = dg.DagsterInstance.from_config(str(home / "dagster"))
     try:
         daemons = Daemons(instance, settings)
         _write(home / "inbox", DAY_1[:1], age_s=120)
         (ingest,) = daemons.sensor_tick()
         (run,) = daemons.schedule_tick(night.replace(hour=2))
-        seeds = ingest.asset_materializations_for_node("seed_prompts")[0]
         distilled = _materialization(run, "distilled_responses")
+        after_night = _stale_status(instance, "distilled_responses", key)
+        _write(home / "inbox", ["Name a moon."], age_s=60)  # seeds rewritten
+        daemons.sensor_tick()
+        after_rewrite = _stale_status(instance, "distilled_responses", key)
+        daemons.schedule_tick((night + timedelta(days=1)).replace(hour=2))
+        after_next_night = _stale_status(instance, "distilled_responses", key)
+        seeds = ingest.asset_materializations_for_node("seed_prompts")[0]
     finally:
         instance.dispose()
 
-    assert seeds.tags is not None
-    assert distilled.tags is not None
-    # What the UI's staleness and the asset's lineage read (distillation_job records it).
-    consumed = "dagster/input_data_version/seed_prompts"
-    assert distilled.tags.get(consumed) == seeds.tags["dagster/data_version"]
+    # The version it consumed, as `status` reads it: the seeds' landed sha.
+    assert distilled.metadata["input_sha256"] == seeds.metadata["input_sha256"]
+    # Dagster's own staleness of the night's materializations: fresh after the night, stale
+    # once the seeds are rewritten, fresh again after the next night distilled them.
+    assert (after_night, after_rewrite, after_next_night) == ("FRESH", "STALE", "FRESH")
 
 
 def _evaluate(daemons: Daemons, when: datetime) -> tuple[list[str], str | None]:
