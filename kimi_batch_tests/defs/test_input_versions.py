@@ -26,7 +26,7 @@ from typing import Any
 import dagster as dg
 import polars as pl
 import pytest
-from dagster_graphql.test.utils import define_out_of_process_context, execute_dagster_graphql
+from dagster_graphql.test.utils import define_out_of_process_workspace, execute_dagster_graphql
 
 from kimi_batch.definitions import build_definitions
 from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME, nightly_run_config
@@ -252,15 +252,30 @@ query Staleness($key: AssetKeyInput!, $partition: String!) {
 """
 
 
-def _stale_status(instance: dg.DagsterInstance, asset: str, partition: str) -> str:
-    """The partition's staleness as the UI reads it: Dagster's GraphQL over the code location
-    that `workspace.yaml` loads, on this instance."""
-    with define_out_of_process_context(str(REPO_ROOT / "workspace.yaml"), None, instance) as ctx:
+class _Staleness:
+    """Partitions' staleness as the UI reads it: Dagster's GraphQL over the code location that
+    `workspace.yaml` loads (one code server for the test), on this instance."""
+
+    def __init__(self, instance: dg.DagsterInstance) -> None:
+        path = str(REPO_ROOT / "workspace.yaml")
+        self._workspace = define_out_of_process_workspace(path, None, instance)
+
+    def __enter__(self) -> _Staleness:
+        self._workspace.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._workspace.__exit__(None, None, None)
+
+    def status(self, asset: str, partition: str) -> str:
+        """FRESH, STALE or MISSING, read in a request of its own (nothing cached between)."""
         result = execute_dagster_graphql(
-            ctx, _STALENESS, {"key": {"path": [asset]}, "partition": partition}
+            self._workspace.create_request_context(),
+            _STALENESS,
+            {"key": {"path": [asset]}, "partition": partition},
         )
-    assert not result.errors, result.errors
-    return result.data["assetNodeOrError"]["staleStatus"]
+        assert not result.errors, result.errors
+        return result.data["assetNodeOrError"]["staleStatus"]
 
 
 def test_the_night_records_the_version_it_consumed_and_dagster_sees_a_rewrite_stale(
@@ -277,13 +292,14 @@ def test_the_night_records_the_version_it_consumed_and_dagster_sees_a_rewrite_st
         (ingest,) = daemons.sensor_tick()
         (run,) = daemons.schedule_tick(night.replace(hour=2))
         distilled = _materialization(run, "distilled_responses")
-        after_night = _stale_status(instance, "distilled_responses", key)
-        _write(home / "inbox", ["Name a moon."], age_s=60)  # seeds rewritten
-        daemons.sensor_tick()
-        after_rewrite = _stale_status(instance, "distilled_responses", key)
-        daemons.schedule_tick((night + timedelta(days=1)).replace(hour=2))
-        after_next_night = _stale_status(instance, "distilled_responses", key)
         seeds = ingest.asset_materializations_for_node("seed_prompts")[0]
+        with _Staleness(instance) as staleness:
+            after_night = staleness.status("distilled_responses", key)
+            _write(home / "inbox", ["Name a moon."], age_s=60)  # seeds rewritten
+            daemons.sensor_tick()
+            after_rewrite = staleness.status("distilled_responses", key)
+            daemons.schedule_tick((night + timedelta(days=1)).replace(hour=2))
+            after_next_night = staleness.status("distilled_responses", key)
     finally:
         instance.dispose()
 
