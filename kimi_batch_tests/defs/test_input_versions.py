@@ -26,6 +26,7 @@ from typing import Any
 import dagster as dg
 import polars as pl
 import pytest
+from dagster_graphql.test.utils import define_out_of_process_workspace, execute_dagster_graphql
 
 from kimi_batch.definitions import build_definitions
 from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME, nightly_run_config
@@ -242,26 +243,71 @@ def test_a_rewritten_input_is_distilled_again_and_only_its_new_rows_are_generate
     assert seeds.tags["dagster/data_version"] == sha_2
 
 
-def test_the_nights_distillation_records_the_input_version_it_consumed(home: Path) -> None:
+_STALENESS = """
+query Staleness($key: AssetKeyInput!, $partition: String!) {
+  assetNodeOrError(assetKey: $key) {
+    ... on AssetNode { staleStatus(partition: $partition) }
+  }
+}
+"""
+
+
+class _Staleness:
+    """Partitions' staleness as the UI reads it: Dagster's GraphQL over the code location that
+    `workspace.yaml` loads (one code server for the test), on this instance."""
+
+    def __init__(self, instance: dg.DagsterInstance) -> None:
+        path = str(REPO_ROOT / "workspace.yaml")
+        self._workspace = define_out_of_process_workspace(path, None, instance)
+
+    def __enter__(self) -> _Staleness:
+        self._workspace.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._workspace.__exit__(None, None, None)
+
+    def status(self, asset: str, partition: str) -> str:
+        """FRESH, STALE or MISSING, read in a request of its own (nothing cached between)."""
+        result = execute_dagster_graphql(
+            self._workspace.create_request_context(),
+            _STALENESS,
+            {"key": {"path": [asset]}, "partition": partition},
+        )
+        assert not result.errors, result.errors
+        return result.data["assetNodeOrError"]["staleStatus"]
+
+
+def test_the_night_records_the_version_it_consumed_and_dagster_sees_a_rewrite_stale(
+    home: Path,
+) -> None:
     settings = Settings.from_env()
     today = settings.today()
     night = datetime.combine(today + timedelta(days=1), datetime.min.time(), settings.zone)
+    key = f"{today.isoformat()}|story"
     instance = dg.DagsterInstance.from_config(str(home / "dagster"))
     try:
         daemons = Daemons(instance, settings)
         _write(home / "inbox", DAY_1[:1], age_s=120)
         (ingest,) = daemons.sensor_tick()
         (run,) = daemons.schedule_tick(night.replace(hour=2))
-        seeds = ingest.asset_materializations_for_node("seed_prompts")[0]
         distilled = _materialization(run, "distilled_responses")
+        seeds = ingest.asset_materializations_for_node("seed_prompts")[0]
+        with _Staleness(instance) as staleness:
+            after_night = staleness.status("distilled_responses", key)
+            _write(home / "inbox", ["Name a moon."], age_s=60)  # seeds rewritten
+            daemons.sensor_tick()
+            after_rewrite = staleness.status("distilled_responses", key)
+            daemons.schedule_tick((night + timedelta(days=1)).replace(hour=2))
+            after_next_night = staleness.status("distilled_responses", key)
     finally:
         instance.dispose()
 
-    assert seeds.tags is not None
-    assert distilled.tags is not None
-    # What the UI's staleness and the asset's lineage read (distillation_job records it).
-    consumed = "dagster/input_data_version/seed_prompts"
-    assert distilled.tags.get(consumed) == seeds.tags["dagster/data_version"]
+    # The version it consumed, as `status` reads it: the seeds' landed sha.
+    assert distilled.metadata["input_sha256"] == seeds.metadata["input_sha256"]
+    # Dagster's own staleness of the night's materializations: fresh after the night, stale
+    # once the seeds are rewritten, fresh again after the next night distilled them.
+    assert (after_night, after_rewrite, after_next_night) == ("FRESH", "STALE", "FRESH")
 
 
 def _evaluate(daemons: Daemons, when: datetime) -> tuple[list[str], str | None]:

@@ -1,6 +1,7 @@
 """The nightly run over many partitions, on the real llama-server and a real instance: the real
 schedule's one run request executed as the daemon would, each partition written, materialized
-and checked on its own, the window, a contested lease, Trino after the last batch."""
+and checked on its own, the window, a contested lease, Trino as each partition lands, a night
+that dies after landing."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ import pytest
 
 from kimi_batch.definitions import build_definitions
 from kimi_batch.defs.assets import _generation
+from kimi_batch.defs.assets import landing as landing_module
+from kimi_batch.defs.assets import night as night_module
+from kimi_batch.defs.check_states import PUBLISHED_CHECKS, failed_checks
 from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME, STOPPED_TAG, WINDOW_TAG
 from kimi_batch.defs.partition_states import PartitionState, distill_states
 from kimi_batch.defs.schedules import PARTITIONS_TAG
@@ -232,22 +236,27 @@ def test_a_partition_held_by_another_run_is_left_out_and_the_others_land(
     )
 
 
-def test_every_partition_is_published_to_trino_after_the_last_batch(
-    night: tuple[Settings, dg.Definitions],
-    trino_server: TrinoServer,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    warehouse, config = trino_server.isolated("night")
-    for name, value in {
+def _trino_night(monkeypatch: pytest.MonkeyPatch, trino_server: TrinoServer, name: str) -> Any:
+    """Settings, definitions, warehouse and Trino config of a night publishing to Trino."""
+    warehouse, config = trino_server.isolated(name)
+    for variable, value in {
         "KIMI_BATCH_WAREHOUSE": str(warehouse.root),
         "KIMI_BATCH_TRINO_HOST": config.host,
         "KIMI_BATCH_TRINO_PORT": str(config.port),
         "KIMI_BATCH_TRINO_SCHEMA": config.schema_name,
         "KIMI_BATCH_TRINO_WAREHOUSE_LOCATION": config.warehouse_location,
     }.items():
-        monkeypatch.setenv(name, value)
+        monkeypatch.setenv(variable, value)
     settings = Settings.from_env()
-    defs = build_definitions(settings)
+    return settings, build_definitions(settings), warehouse, config
+
+
+def test_every_partition_is_published_to_trino_as_it_lands(
+    night: tuple[Settings, dg.Definitions],
+    trino_server: TrinoServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings, defs, warehouse, config = _trino_night(monkeypatch, trino_server, "night")
     _inbox(settings.paths.home, "east.jsonl", ["Name a river.", "Name a mountain."])
     _inbox(settings.paths.home, "west.jsonl", ["Name a desert."])
     with dg.instance_for_test() as instance:
@@ -260,19 +269,71 @@ def test_every_partition_is_published_to_trino_after_the_last_batch(
             for event in result.all_events
             if event.event_type_value in ("ASSET_MATERIALIZATION", "ASSET_CHECK_EVALUATION")
         ]
+        unpublished = failed_checks(instance, keys=PUBLISHED_CHECKS)
     with TrinoPublisher(config) as trino:
         counts = {table: trino.count(table) for table in ("seeds", "amplified", "distilled")}
 
-    published = [
-        i for i, e in enumerate(events) if "published_to_trino" in str(e.event_specific_data)
-    ]
-    materialized = [
-        i for i, e in enumerate(events) if e.event_type_value == "ASSET_MATERIALIZATION"
-    ]
-    # One publish check per partition and asset, every one after the last materialization.
-    assert len(published) == 2 * len(ASSETS)
-    assert min(published) > max(materialized)
-    checks = [e.event_specific_data for e in (events[i] for i in published)]
-    assert all(getattr(check, "passed", False) for check in checks)
+    def published(event: dg.DagsterEvent) -> Any:
+        data = event.event_specific_data
+        return data if getattr(data, "check_name", None) == "published_to_trino" else None
+
+    order = {
+        (e.asset_key, e.partition): i for i, e in enumerate(events) if e.is_step_materialization
+    }
+    last: dict[tuple[Any, Any], tuple[int, Any]] = {}
+    for i, event in enumerate(events):
+        if (check := published(event)) is not None:
+            last[(check.asset_key, check.partition)] = (i, check)
+    # Each partition of each asset: recorded with its publish pending, then published and its
+    # check passed, after its materialization; none left for the catch-up.
+    assert len(order) == 2 * len(ASSETS)
+    assert set(last) == set(order)
+    assert all(check.passed and i > order[key] for key, (i, check) in last.items())
+    assert unpublished == []
     assert counts == {table: warehouse.count(table) for table in counts}
     assert counts["seeds"] == 3
+
+
+def test_a_night_that_dies_after_landing_leaves_its_seeds_to_be_published(
+    night: tuple[Settings, dg.Definitions],
+    trino_server: TrinoServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 26 (a): a night killed after landing its seeds, before their publish; the next
+    night keeps the seeds (the ingest version is landed) and must still publish them."""
+    settings, defs, warehouse, config = _trino_night(monkeypatch, trino_server, "killed")
+    _inbox(settings.paths.home, "north.jsonl", ["Name a lake.", "Name a sea."])
+    key = f"{settings.today().isoformat()}|north"
+
+    def killed(*args: object, **kwargs: object) -> Any:
+        raise RuntimeError("the night's process died")
+
+    with dg.instance_for_test() as instance:
+        request = _tick(instance, defs, settings)
+        assert request is not None
+        with monkeypatch.context() as dying:
+            dying.setattr(night_module, "run_partitions", killed)  # dies in the first batch
+            dying.setattr(landing_module, "publish_tables", killed)  # before the publish
+            died = _execute(instance, defs, request)
+        seeds_after_death = set(instance.get_materialized_partitions(dg.AssetKey("seed_prompts")))
+        left = [(f.asset, f.partition) for f in failed_checks(instance, keys=PUBLISHED_CHECKS)]
+        next_night = _tick(instance, defs, settings)
+        assert next_night is not None
+        resumed = _execute(instance, defs, next_night)
+        assert resumed.success, [e.message for e in resumed.all_events if e.is_failure]
+        kept = [
+            m
+            for m in resumed.asset_materializations_for_node(NIGHTLY_OP_NAME)
+            if m.asset_key == dg.AssetKey("seed_prompts")
+        ]
+        unpublished = failed_checks(instance, keys=PUBLISHED_CHECKS)
+    with TrinoPublisher(config) as trino:
+        in_trino = trino.count("seeds")
+
+    assert not died.success
+    assert seeds_after_death == {key}
+    # The dead night's seeds are recorded with their publish failed: the catch-up finds them.
+    assert left == [("seed_prompts", key)]
+    assert kept == []  # the next night kept the landed seeds ...
+    assert in_trino == warehouse.count("seeds") == 2  # ... and published them
+    assert unpublished == []

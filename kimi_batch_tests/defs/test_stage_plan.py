@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kimi_batch.defs.assets.stage import plan_stage
+from kimi_batch.defs.assets.driver import plan_stage
 from kimi_batch.engine import SamplingParams
 from kimi_batch.storage import Warehouse
 from kimi_batch.tasks.amplify import AmplifyTask, Strategy

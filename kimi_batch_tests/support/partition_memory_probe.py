@@ -26,7 +26,7 @@ import dagster as dg
 
 from kimi_batch.definitions import batch_assets, build_resources
 from kimi_batch.defs.assets.batch import DistillConfig
-from kimi_batch.defs.assets.stage import plan_stage
+from kimi_batch.defs.assets.driver import plan_stage
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource

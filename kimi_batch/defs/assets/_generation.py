@@ -47,8 +47,9 @@ __all__ = [
     "generation_checks",
     "partition_lease",
     "publish",
+    "publish_tables",
     "read_rows",
-    "run_batch",
+    "stopped_at_window",
     "window_end",
 ]
 
@@ -114,30 +115,18 @@ def window_end(context: RunContext) -> datetime | None:
     return end if end.tzinfo else end.replace(tzinfo=UTC)
 
 
-def run_batch(
-    context: dg.AssetExecutionContext,
-    llama: LlamaServerResource,
-    digest: DigestResource,
-    ledger: Ledger,
-    requests: Sequence[GenerationRequest],
-) -> BatchOutcome:
-    """Run requests on every endpoint's slots; finished rows are in the ledger as they land.
-
-    Past the run's nightly window nothing new is sent: the partition then fails visibly with
-    what is done, and the next night's catch-up continues from the ledger.
-    """
-    label = f"{context.asset_key.to_user_string()} {context.partition_key}"
-    outcome = generate(context, llama, digest, ledger, requests, label=label)
-    if outcome.stopped_at_window:
-        stats = outcome.stats
-        done = stats.generated + stats.from_ledger
-        mark_stopped_at_window(context)
-        raise dg.Failure(
-            f"the nightly window ended at {window_end(context)}: {done} of {stats.total} rows "
-            "done, resumes next night",
-            metadata={"rows_done": done, "rows_total": stats.total, **generation_figures(outcome)},
-        )
-    return outcome
+def stopped_at_window(context: dg.AssetExecutionContext, outcome: BatchOutcome) -> dg.Failure:
+    """The failure of an asset's partition that the nightly window cut short (the run marked
+    so): it fails visibly with what is done, the next night's catch-up continues from the
+    ledger."""
+    stats = outcome.stats
+    done = stats.generated + stats.from_ledger
+    mark_stopped_at_window(context)
+    return dg.Failure(
+        f"the nightly window ended at {window_end(context)}: {done} of {stats.total} rows "
+        "done, resumes next night",
+        metadata={"rows_done": done, "rows_total": stats.total, **generation_figures(outcome)},
+    )
 
 
 # Dagster's run tag: whether run retries re-execute a run that failed in a step.
@@ -232,6 +221,25 @@ def publish(
 
     `guard` (the lease check) runs first: a run that lost the partition publishes nothing.
     """
+    check = publish_tables(trino, warehouse, tables, ds, source, guard)
+    if not check.passed:
+        context.log.warning(
+            f"Trino publish failed, run `kimi-batch publish` later ({ds}|{source}): "
+            f"{getattr(check.metadata.get('reason'), 'value', '')}"
+        )
+    return check
+
+
+def publish_tables(
+    trino: TrinoResource,
+    warehouse: Warehouse,
+    tables: Sequence[str],
+    ds: str,
+    source: str,
+    guard: Callable[[], None] | None = None,
+) -> dg.AssetCheckResult:
+    """`publish` without the run log: safe to call off the run's thread (the night's
+    background publishing), the caller logs the outcome."""
     if guard is not None:
         guard()
     if not trino.enabled:
@@ -239,11 +247,10 @@ def publish(
             check_name="published_to_trino", passed=True, metadata={"trino": "not configured"}
         )
     try:
-        publisher = trino.publisher()
-        for table in tables:
-            publisher.publish_partition(warehouse, table, ds, source)
+        with trino.publisher() as publisher:
+            for table in tables:
+                publisher.publish_partition(warehouse, table, ds, source)
     except StorageError as error:
-        context.log.warning(f"Trino publish failed, run `kimi-batch publish` later: {error}")
         return dg.AssetCheckResult(
             check_name="published_to_trino",
             passed=False,

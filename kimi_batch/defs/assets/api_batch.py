@@ -22,7 +22,7 @@ from kimi_batch.defs.assets._generation import (
     check_specs,
     partition_lease,
 )
-from kimi_batch.defs.assets.stage import StagePlan, land_stage
+from kimi_batch.defs.assets.landing import StagePlan, land_stage
 from kimi_batch.defs.interrupts import run_interruptibly
 from kimi_batch.defs.partitions import api_batch_partitions
 from kimi_batch.defs.resources.llama import LlamaServerResource

@@ -19,7 +19,8 @@ from kimi_batch.defs.assets._generation import (
     partition_lease,
     publish,
 )
-from kimi_batch.defs.assets.stage import StageConfig, consumed_input_sha, generation_asset
+from kimi_batch.defs.assets.landing import consumed_input_sha
+from kimi_batch.defs.assets.stage import StageConfig, generation_asset
 from kimi_batch.defs.deployment import deployment_settings
 from kimi_batch.defs.interrupts import interruptible_runner
 from kimi_batch.defs.partitions import build_batch_partitions, partition_parts
