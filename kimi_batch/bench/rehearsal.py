@@ -135,6 +135,7 @@ def _night(
         WINDOW_TAG,
     )
     from kimi_batch.defs.schedules import build_nightly_schedule
+    from kimi_batch.defs.stages import DISTILL, nightly_stages
 
     context = dg.build_schedule_context(instance=instance, scheduled_execution_time=scheduled)
     request = build_nightly_schedule(settings)(context)
@@ -146,8 +147,8 @@ def _night(
     # Amplification is the day's ingest job, not the night's: distil the seeds only.
     night_config = {
         **config,
-        "amplify": False,
-        "distillation": {"max_tokens": options.output_tokens},
+        "skip_stages": [d.asset for d in nightly_stages() if d is not DISTILL],
+        DISTILL.config_field: {"max_tokens": options.output_tokens},
     }
     job = build_definitions(settings).resolve_job_def(NIGHTLY_JOB_NAME)
     done_before = _ledger_rows(ledger_path)

@@ -17,7 +17,7 @@ from kimi_batch.tasks.distill import DistillTask
 from kimi_batch.tasks.stage import GenerationTask
 from kimi_batch.tasks.tags import RequestTag
 
-__all__ = ["STAGES", "register_stage", "stage_of_tag"]
+__all__ = ["STAGES", "register_stage", "stage_of_tag", "unregister_stage"]
 
 TaskT = TypeVar("TaskT", bound=type[GenerationTask[Any, Any]])
 
@@ -50,6 +50,12 @@ def register_stage(task: TaskT) -> TaskT:
             )
     _STAGES[task.name] = task
     return task
+
+
+def unregister_stage(task: type[GenerationTask[Any, Any]]) -> None:
+    """Forget a stage registered by `register_stage` (a test's own); no-op if it is not."""
+    if _STAGES.get(task.name) is task:
+        del _STAGES[task.name]
 
 
 def stage_of_tag(tag: str) -> type[GenerationTask[Any, Any]] | None:

@@ -9,7 +9,7 @@ sink's quarantine rows, publish to Trino and judge the checks.
 
 # No `from __future__ import annotations`: Dagster reads the asset function's annotations.
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -36,8 +36,8 @@ from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
+from kimi_batch.defs.stages import StageConfig
 from kimi_batch.engine import BatchOutcome, GenerationRequest, GenerationResult, Ledger
-from kimi_batch.settings import Settings
 from kimi_batch.storage import PartitionWrite, Warehouse, replace_quarantine
 from kimi_batch.tasks.quarantine import INPUT_STAGE
 from kimi_batch.tasks.sink import StageSink
@@ -59,13 +59,6 @@ __all__ = [
 Task = GenerationTask[Any, Any]
 
 
-class StageConfig(dg.Config):
-    """Run config of a stage's asset (shown in the launchpad); it builds the stage's task."""
-
-    def task(self, settings: Settings) -> Task:
-        raise NotImplementedError(f"{type(self).__name__} must build its stage's task")
-
-
 class _FixedTask(StageConfig):
     """No run config: the asset runs the task it was made with."""
 
@@ -77,6 +70,7 @@ def generation_asset(
     partitions: dg.PartitionsDefinition,
     description: str,
     deps: Sequence[dg.AssetsDefinition | str] = (),
+    tags: Mapping[str, str] | None = None,
 ) -> dg.AssetsDefinition:
     """The asset `name` of one stage over `partitions` (the deployment's batch partitions,
     `kimi_batch.defs.partitions.build_batch_partitions`), in the llama pool, with the checks.
@@ -112,6 +106,7 @@ def generation_asset(
         kinds={"parquet", "trino"},
         check_specs=check_specs(name, partitions),
         deps=list(deps),
+        tags=dict(tags or {}),
     )(materialize)
 
 
