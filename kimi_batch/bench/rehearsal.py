@@ -9,7 +9,8 @@ every partition's lease, lands each one's seeds, then sends all their rows as on
 past the window it dispatches no more, lands the partitions whose rows are all done and fails
 naming the others ("resume next night"); the next night's evaluation asks for those, and their
 finished rows come from the ledger. Amplification is the day's work (the inbox sensor's ingest
-job): the night runs with `amplify: false`, so a row is one teacher answer.
+job): the night skips every stage but distillation (`skip_stages`), so a row is one teacher
+answer.
 
 Reported: rows done when the window closed and the next night's catch-up, against `plan`'s
 prediction of both with the target's speed model (`speed_model`, the one the stand-in runs on:

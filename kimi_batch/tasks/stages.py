@@ -1,8 +1,10 @@
 """The registered generation stages: their tables are output tables, their tags are known.
 
-`register_stage` is the one line a new stage needs besides its class (the asset factory
-`kimi_batch.defs.assets.stage.generation_asset` calls it too). Storage builds its table list from
-here (`kimi_batch.storage.TABLES`), and `kimi-batch status` maps ledger tags to tables with it.
+A stage's declaration (`kimi_batch.defs.stages.declare_stage`) registers its task here, as does
+the asset factory `kimi_batch.defs.assets.stage.generation_asset`; the built-in tasks are
+registered below, so the layers that never import the declarations (storage, the CLI's export and
+publish) know their tables. Storage builds its table list from here (`kimi_batch.storage.TABLES`),
+and `kimi-batch status` maps ledger tags to tables with it.
 """
 
 from __future__ import annotations
