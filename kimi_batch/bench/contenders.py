@@ -182,6 +182,7 @@ def run_dagster(settings: Settings, inbox_name: str, max_tokens: int, seed: int)
 
     from kimi_batch.definitions import batch_assets, build_resources
     from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, SOURCE_PARTITIONS_NAME
+    from kimi_batch.defs.stages import DISTILL, SEED_ASSET
     from kimi_batch.storage import Landing
 
     shutil.rmtree(settings.paths.ledger_dir, ignore_errors=True)
@@ -205,14 +206,14 @@ def run_dagster(settings: Settings, inbox_name: str, max_tokens: int, seed: int)
         started = time.perf_counter()
         result = dg.materialize(
             batch_assets(settings),
-            selection=["seed_prompts", "distilled_responses"],
+            selection=[SEED_ASSET, DISTILL.asset],
             partition_key=key,
             resources=resources,
             instance=instance,
-            run_config={"ops": {"distilled_responses": {"config": config}}},
+            run_config={"ops": {DISTILL.asset: {"config": config}}},
         )
         wall = time.perf_counter() - started
-    materialized = result.asset_materializations_for_node("distilled_responses")
+    materialized = result.asset_materializations_for_node(DISTILL.asset)
     # Generated requests, not table rows: with --ignore-eos every answer stops at max_tokens and
     # is set aside (never a final answer), yet its tokens were generated all the same.
     rows = int(materialized[-1].metadata["generated"].value) if materialized else 0  # type: ignore[arg-type]

@@ -53,8 +53,6 @@ RUNS_TIMEOUT_S = 1800.0
 # What the assets' configs default to (AmplifyConfig, DistillConfig): the baseline's requests.
 _DISTILL_TEMPERATURE = 0.7
 _DISTILL_SEED = 11
-# The per-partition jobs' generating steps, and the nightly job's one step.
-_GENERATING_STEPS = ("amplified_prompts", "distilled_responses", "night_batch")
 _REPO = Path(__file__).resolve().parents[2]
 
 
@@ -263,9 +261,14 @@ def _windows(instance: Any, run_ids: Sequence[str], offset: float) -> list[Windo
 
 def _cause(gap: tuple[float, float], windows: Sequence[Window], timeline: BusyTimeline) -> str:
     """Why the server idled: where the gap's middle falls among the runs' and steps' spans."""
+    from kimi_batch.defs.jobs import NIGHTLY_OP_NAME
+    from kimi_batch.defs.stages import nightly_stages
+
+    # The per-partition jobs' generating steps, and the nightly job's one step.
+    generating = {*(d.asset for d in nightly_stages()), NIGHTLY_OP_NAME}
     middle = (gap[0] + gap[1]) / 2
     for window in windows:
-        if window.kind in _GENERATING_STEPS and window.start <= middle <= window.end:
+        if window.kind in generating and window.start <= middle <= window.end:
             busy_before = any(p for t, p in timeline.samples if window.start <= t < gap[0])
             busy_after = any(p for t, p in timeline.samples if gap[1] <= t <= window.end)
             if not busy_before:
@@ -275,7 +278,7 @@ def _cause(gap: tuple[float, float], windows: Sequence[Window], timeline: BusyTi
     if run is None:
         return "run_start"  # between runs: the queue, the launcher, the run's process
     first_generating = min(
-        (w.start for w in windows if w.run_id == run.run_id and w.kind in _GENERATING_STEPS),
+        (w.start for w in windows if w.run_id == run.run_id and w.kind in generating),
         default=run.end,
     )
     # Inside a run before its first generating step: its process, `seed_prompts`. After it:

@@ -9,7 +9,8 @@ every partition's lease, lands each one's seeds, then sends all their rows as on
 past the window it dispatches no more, lands the partitions whose rows are all done and fails
 naming the others ("resume next night"); the next night's evaluation asks for those, and their
 finished rows come from the ledger. Amplification is the day's work (the inbox sensor's ingest
-job): the night runs with `amplify: false`, so a row is one teacher answer.
+job): the night skips every stage but distillation (`skip_stages`), so a row is one teacher
+answer.
 
 Reported: rows done when the window closed and the next night's catch-up, against `plan`'s
 prediction of both with the target's speed model (`speed_model`, the one the stand-in runs on:
@@ -135,6 +136,7 @@ def _night(
         WINDOW_TAG,
     )
     from kimi_batch.defs.schedules import build_nightly_schedule
+    from kimi_batch.defs.stages import DISTILL, nightly_stages
 
     context = dg.build_schedule_context(instance=instance, scheduled_execution_time=scheduled)
     request = build_nightly_schedule(settings)(context)
@@ -146,8 +148,8 @@ def _night(
     # Amplification is the day's ingest job, not the night's: distil the seeds only.
     night_config = {
         **config,
-        "amplify": False,
-        "distillation": {"max_tokens": options.output_tokens},
+        "skip_stages": [d.asset for d in nightly_stages() if d is not DISTILL],
+        DISTILL.config_field: {"max_tokens": options.output_tokens},
     }
     job = build_definitions(settings).resolve_job_def(NIGHTLY_JOB_NAME)
     done_before = _ledger_rows(ledger_path)

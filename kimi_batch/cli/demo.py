@@ -12,6 +12,7 @@ import dagster as dg
 from kimi_batch.definitions import DIGEST_ASSETS, batch_assets, build_resources
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, SOURCE_PARTITIONS_NAME
 from kimi_batch.defs.resources.digest import DigestResource
+from kimi_batch.defs.stages import STAGE_DECLARATIONS
 from kimi_batch.engine import ProgressEvent, notify
 from kimi_batch.errors import MissingInputError
 from kimi_batch.llama import server_from_settings
@@ -131,7 +132,9 @@ def run_demo(settings: Settings, *, console_log_level: str = "INFO") -> dict[str
     )
     notify(_phase(DIGEST_LABEL, 1))
     prefill = _metadata(digest_run, "digest_prefill")
-    totals = {"amplified": 0, "distilled": 0, "completion_tokens": 0, "quarantined": 0}
+    stages = list(STAGE_DECLARATIONS.values())
+    rows = dict.fromkeys((d.table for d in stages), 0)
+    totals = {"completion_tokens": 0, "quarantined": 0}
     wall_s = 0.0
     cache_ratios: list[float] = []
     for file in files:
@@ -143,20 +146,17 @@ def run_demo(settings: Settings, *, console_log_level: str = "INFO") -> dict[str
             instance=instance,
             run_config=quiet,
         )
-        for asset, table in (
-            ("amplified_prompts", "amplified"),
-            ("distilled_responses", "distilled"),
-        ):
-            meta = _metadata(run, asset)
-            totals[table] += int(meta.get("rows", 0))
+        for stage in stages:
+            meta = _metadata(run, stage.asset)
+            rows[stage.table] += int(meta.get("rows", 0))
             totals["completion_tokens"] += int(meta.get("completion_tokens", 0))
             totals["quarantined"] += int(meta.get("quarantined", 0))
             wall_s += float(meta.get("wall_s", 0.0))
             if meta.get("generated", 0):
                 cache_ratios.append(float(meta["cache_hit_ratio"]))
     return {
-        "rows_distilled": totals["distilled"],
-        "rows_amplified": totals["amplified"],
+        # rows_amplified, rows_distilled, and one such count per stage declared besides.
+        **{f"rows_{table}": count for table, count in rows.items()},
         "rows_quarantined": totals["quarantined"],
         "partitions": len(files),
         "tokens_per_second": round(totals["completion_tokens"] / wall_s, 2) if wall_s else 0.0,

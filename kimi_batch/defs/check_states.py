@@ -8,29 +8,38 @@ unpublished ones. The state is Dagster's own per-partition check status, newest 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import dagster as dg
-from dagster._core.event_api import PartitionKeyFilter
-from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 from pydantic import BaseModel, ConfigDict
+
+from kimi_batch.defs.stages import SEED_ASSET, STAGE_DECLARATIONS
 
 __all__ = [
     "PUBLISHED_CHECK",
-    "PUBLISHED_CHECKS",
     "TRUNCATION_CHECK",
-    "WATCHED_CHECKS",
     "FailedCheck",
     "failed_checks",
+    "published_checks",
+    "watched_checks",
 ]
 
 PUBLISHED_CHECK = "published_to_trino"
 TRUNCATION_CHECK = "truncation_rate"
-_BATCH_ASSETS = ("seed_prompts", "amplified_prompts", "distilled_responses")
-PUBLISHED_CHECKS = tuple(dg.AssetCheckKey(dg.AssetKey(a), PUBLISHED_CHECK) for a in _BATCH_ASSETS)
-WATCHED_CHECKS = (
-    *PUBLISHED_CHECKS,
-    *(dg.AssetCheckKey(dg.AssetKey(a), TRUNCATION_CHECK) for a in _BATCH_ASSETS[1:]),
-)
+# Failed evaluations read per page while looking for a partition's newest one.
+_HISTORY_PAGE = 200
+
+
+def published_checks() -> list[dg.AssetCheckKey]:
+    """The `published_to_trino` check of the seeds and of every declared stage."""
+    assets = [SEED_ASSET, *STAGE_DECLARATIONS]
+    return [dg.AssetCheckKey(dg.AssetKey(asset), PUBLISHED_CHECK) for asset in assets]
+
+
+def watched_checks() -> list[dg.AssetCheckKey]:
+    """The checks the alerts report: publishing, and every declared stage's truncation rate."""
+    truncation = [dg.AssetCheckKey(d.key, TRUNCATION_CHECK) for d in STAGE_DECLARATIONS.values()]
+    return [*published_checks(), *truncation]
 
 
 class FailedCheck(BaseModel):
@@ -61,29 +70,53 @@ def _reason(record: dg.AssetCheckEvaluation | None) -> str:
 def failed_checks(
     instance: dg.DagsterInstance,
     partitions: Iterable[str] | None = None,
-    keys: Sequence[dg.AssetCheckKey] = WATCHED_CHECKS,
+    keys: Sequence[dg.AssetCheckKey] | None = None,
 ) -> list[FailedCheck]:
-    """Checks whose latest evaluation on a partition failed (all partitions, or `partitions`)."""
+    """Checks whose latest evaluation on a partition failed (all partitions, or `partitions`),
+    of `keys` (default: `watched_checks()`)."""
     wanted = None if partitions is None else list(partitions)
     if wanted == []:
         return []
     storage = instance.event_log_storage
-    infos = storage.get_asset_check_partition_info(list(keys), partition_keys=wanted)
-    failed: list[FailedCheck] = []
+    infos = storage.get_asset_check_partition_info(
+        list(keys or watched_checks()), partition_keys=wanted
+    )
+    failing: dict[dg.AssetCheckKey, set[str]] = {}
+    failed_status: Any = None
     for info in infos:
-        if info.partition_key is None:
-            continue
-        if info.latest_execution_status != AssetCheckExecutionRecordStatus.FAILED:
-            continue
-        record = storage.get_latest_asset_check_execution_by_key(
-            [info.check_key], partition_filter=PartitionKeyFilter(key=info.partition_key)
-        ).get(info.check_key)
-        failed.append(
-            FailedCheck(
-                partition=info.partition_key,
-                asset=info.check_key.asset_key.to_user_string(),
-                check=info.check_key.name,
-                reason=_reason(record.evaluation if record else None),
-            )
+        status = info.latest_execution_status
+        # The status enum is not exported by `dagster`: its FAILED member, from its class.
+        failed_status = type(status).FAILED
+        if info.partition_key is not None and status == failed_status:
+            failing.setdefault(info.check_key, set()).add(info.partition_key)
+    failed = [
+        FailedCheck(
+            partition=partition,
+            asset=key.asset_key.to_user_string(),
+            check=key.name,
+            reason=reason,
         )
+        for key, partitions_failing in failing.items()
+        for partition, reason in _reasons(instance, key, partitions_failing, failed_status).items()
+    ]
     return sorted(failed, key=lambda item: (item.partition, item.asset, item.check))
+
+
+def _reasons(
+    instance: dg.DagsterInstance, key: dg.AssetCheckKey, partitions: set[str], failed: Any
+) -> dict[str, str]:
+    """Each of `partitions`' reason, from its newest failed evaluation of `key` (newest first)."""
+    storage = instance.event_log_storage
+    reasons: dict[str, str] = {}
+    cursor: int | None = None
+    while len(reasons) < len(partitions):
+        page = storage.get_asset_check_execution_history(
+            key, limit=_HISTORY_PAGE, cursor=cursor, status={failed}
+        )
+        for record in page:
+            if record.partition in partitions and record.partition not in reasons:
+                reasons[record.partition] = _reason(record.evaluation)
+        if len(page) < _HISTORY_PAGE:
+            break
+        cursor = page[-1].id
+    return {partition: reasons.get(partition, "") for partition in partitions}

@@ -1,8 +1,9 @@
 """The partitioned jobs: everything, ingestion (the sensor's), distillation of one partition, and
 the names of the nightly job (one run over many partitions, `kimi_batch.defs.assets.night`).
 
-Selections name asset keys rather than asset objects, so this module (and the sensor/schedule built
-on it) imports without the asset modules; `Definitions` resolves the keys, and the jobs take the
+Selections name the batch group, an asset tag or asset keys rather than asset objects, so this
+module (and the sensor/schedule built on it) imports without the asset modules, and a stage
+declared later (`kimi_batch.defs.stages`) is selected too; `Definitions` resolves them, and the jobs take the
 assets' `batch_partitions` from them (Dagster deprecated passing `partitions_def` here), so
 backfills of any job work over date ranges.
 
@@ -18,6 +19,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import dagster as dg
+
+from kimi_batch.defs.stages import BATCH_GROUP, DISTILL, INGEST_TAG, SEED_ASSET
 
 __all__ = [
     "API_BATCH_JOB_NAME",
@@ -46,9 +49,8 @@ STOPPED_TAG = "kimi_batch/stopped_at_window"
 # repeats no generation. A run stopped at the nightly window is not retried (nothing would be sent).
 RETRY_TAGS: dict[str, str] = {"dagster/max_retries": "2", "dagster/retry_strategy": "FROM_FAILURE"}
 
-SEED_PROMPTS = dg.AssetKey("seed_prompts")
-AMPLIFIED_PROMPTS = dg.AssetKey("amplified_prompts")
-DISTILLED_RESPONSES = dg.AssetKey("distilled_responses")
+SEED_PROMPTS = dg.AssetKey(SEED_ASSET)
+DISTILLED_RESPONSES = DISTILL.key
 API_BATCH_RESPONSES = dg.AssetKey("api_batch_responses")
 API_BATCH_JOB_NAME = "api_batch_job"
 # The nightly schedule's job: every partition of a night in one run (`defs/assets/night.py`).
@@ -62,15 +64,16 @@ def _tags(kind: str) -> dict[str, str]:
 
 batch_job = dg.define_asset_job(
     name="batch_job",
-    selection=dg.AssetSelection.assets(SEED_PROMPTS, AMPLIFIED_PROMPTS, DISTILLED_RESPONSES),
-    description="One batch end to end: seed prompts, amplification, distillation.",
+    selection=dg.AssetSelection.groups(BATCH_GROUP),
+    description="One batch end to end: seed prompts and every declared stage.",
     tags=_tags("batch"),
 )
 
 ingest_job = dg.define_asset_job(
     name="ingest_job",
-    selection=dg.AssetSelection.assets(SEED_PROMPTS, AMPLIFIED_PROMPTS),
-    description="Read a new inbox file and amplify its prompts (started by the inbox sensor).",
+    selection=dg.AssetSelection.tag(INGEST_TAG, "true"),
+    description="Read a new inbox file and run the stages declared for ingest, amplification "
+    "(started by the inbox sensor).",
     tags=_tags("ingest"),
 )
 

@@ -25,6 +25,7 @@ from kimi_batch.defs.jobs import (
     NIGHTLY_OP_NAME,
     STOPPED_TAG,
 )
+from kimi_batch.defs.stages import DISTILL, upstream_of
 from kimi_batch.engine import ProgressEvent
 
 __all__ = [
@@ -50,7 +51,6 @@ _NIGHT_RUNS = 60
 _RECORDS_PAGE = 1000
 # The metadata key under which every batch materialization records its input version.
 INPUT_SHA_METADATA = "input_sha256"
-_UPSTREAM = (dg.AssetKey("seed_prompts"), dg.AssetKey("amplified_prompts"))
 ACTIVE_RUN_STATUSES = frozenset(
     {
         dg.DagsterRunStatus.QUEUED,
@@ -196,8 +196,8 @@ def distill_states(
         if state is not None:
             records[key] = PartitionRecord(key=key, state=state, run_id=run.run_id)
     expected = set(known_keys) | done
-    for asset in _UPSTREAM:
-        expected |= set(instance.get_materialized_partitions(asset))
+    for asset in upstream_of(DISTILL.asset):
+        expected |= set(instance.get_materialized_partitions(dg.AssetKey(asset)))
     for key in expected - set(records):
         state = PartitionState.DONE if key in done else PartitionState.PENDING
         current = (landed or {}).get(key)

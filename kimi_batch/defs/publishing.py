@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import dagster as dg
 
-from kimi_batch.defs.check_states import PUBLISHED_CHECK, PUBLISHED_CHECKS, failed_checks
+from kimi_batch.defs.check_states import PUBLISHED_CHECK, failed_checks, published_checks
 from kimi_batch.defs.deployment import deployment_settings
 from kimi_batch.defs.partitions import split_partition_key
+from kimi_batch.defs.stages import SEED_ASSET, SEED_TABLES, STAGE_DECLARATIONS
 from kimi_batch.engine import LeaseHeldError, Ledger
 from kimi_batch.settings import Settings
 from kimi_batch.storage import (
@@ -27,16 +28,15 @@ from kimi_batch.storage import (
     Warehouse,
 )
 
-__all__ = ["TABLES_OF", "build_trino_catch_up", "defs"]
+__all__ = ["build_trino_catch_up", "defs", "tables_of"]
 
 CATCH_UP_INTERVAL_S = 300
 OWNER = "trino_catch_up"
-# What each asset publishes (the same tables its own `published_to_trino` check covers).
-TABLES_OF = {
-    "seed_prompts": ("seeds", "quarantine"),
-    "amplified_prompts": ("amplified", "quarantine"),
-    "distilled_responses": ("distilled", "quarantine"),
-}
+
+
+def tables_of(asset: str) -> tuple[str, ...]:
+    """What `asset` publishes (the same tables its own `published_to_trino` check covers)."""
+    return SEED_TABLES if asset == SEED_ASSET else STAGE_DECLARATIONS[asset].tables
 
 
 def _parts(partition: str) -> tuple[str, str]:
@@ -82,7 +82,7 @@ def build_trino_catch_up(settings: Settings) -> dg.SensorDefinition:
 def _catch_up(
     context: dg.SensorEvaluationContext, settings: Settings
 ) -> dg.SensorResult | dg.SkipReason:
-    missing = failed_checks(context.instance, keys=PUBLISHED_CHECKS)
+    missing = failed_checks(context.instance, keys=published_checks())
     if not missing:
         return dg.SkipReason("every partition is published")
     warehouse = Warehouse(settings.paths.warehouse_dir)
@@ -90,7 +90,7 @@ def _catch_up(
     with TrinoPublisher(TrinoConfig.from_settings(settings)) as publisher:
         for item in missing:
             ds, source = _parts(item.partition)
-            tables = TABLES_OF[item.asset]
+            tables = tables_of(item.asset)
             try:
                 # The lease key of the partition's runs (defs/assets/_generation.py).
                 with (

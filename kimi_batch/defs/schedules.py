@@ -48,6 +48,7 @@ from kimi_batch.defs.partitions import (
     source_partitions,
     split_partition_key,
 )
+from kimi_batch.defs.stages import DISTILL
 from kimi_batch.settings import Settings
 from kimi_batch.storage import SETTLE_S as LANDING_SETTLE_S
 from kimi_batch.storage import Assignment, InboxLanding, Landing, land_inbox
@@ -76,7 +77,7 @@ MAX_RUNTIME_TAG = "dagster/max_runtime"
 # Requests in flight at the window's end are allowed to finish: on the target one answer after a
 # long prompt can take most of an hour.
 WINDOW_GRACE_S = 3600
-_DISTILLED = dg.AssetKey("distilled_responses")
+_DISTILLED = DISTILL.key
 # How long an inbox file must have stood still before the night lands it (a module global read
 # per tick, so tests can shorten it); one still changing is landed by the next tick.
 SETTLE_S = LANDING_SETTLE_S

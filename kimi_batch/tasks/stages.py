@@ -1,8 +1,10 @@
 """The registered generation stages: their tables are output tables, their tags are known.
 
-`register_stage` is the one line a new stage needs besides its class (the asset factory
-`kimi_batch.defs.assets.stage.generation_asset` calls it too). Storage builds its table list from
-here (`kimi_batch.storage.TABLES`), and `kimi-batch status` maps ledger tags to tables with it.
+A stage's declaration (`kimi_batch.defs.stages.declare_stage`) registers its task here, as does
+the asset factory `kimi_batch.defs.assets.stage.generation_asset`; the built-in tasks are
+registered below, so the layers that never import the declarations (storage, the CLI's export and
+publish) know their tables. Storage builds its table list from here (`kimi_batch.storage.TABLES`),
+and `kimi-batch status` maps ledger tags to tables with it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from kimi_batch.tasks.distill import DistillTask
 from kimi_batch.tasks.stage import GenerationTask
 from kimi_batch.tasks.tags import RequestTag
 
-__all__ = ["STAGES", "register_stage", "stage_of_tag"]
+__all__ = ["STAGES", "register_stage", "stage_of_tag", "unregister_stage"]
 
 TaskT = TypeVar("TaskT", bound=type[GenerationTask[Any, Any]])
 
@@ -50,6 +52,12 @@ def register_stage(task: TaskT) -> TaskT:
             )
     _STAGES[task.name] = task
     return task
+
+
+def unregister_stage(task: type[GenerationTask[Any, Any]]) -> None:
+    """Forget a stage registered by `register_stage` (a test's own); no-op if it is not."""
+    if _STAGES.get(task.name) is task:
+        del _STAGES[task.name]
 
 
 def stage_of_tag(tag: str) -> type[GenerationTask[Any, Any]] | None:

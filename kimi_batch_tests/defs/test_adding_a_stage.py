@@ -1,133 +1,193 @@
-"""Adding a stage is one class: a test-only `GenerationTask` runs end to end on the real server.
+"""Adding a stage is one class and one declaration: the architecture doc's "Adding a stage" code.
 
-Everything the stage needs is in this file: its row model, its class, and the one registration
-line (`generation_asset`). The engine, the ledger, the sink, the quarantine table and the Parquet
-writer are the shared ones.
+The doc's python block is run as it stands (so the doc cannot rot), then, with no other file
+changed, the stage is in the code location: its asset with the generation checks, the batch job,
+the nightly job, Trino publishing, the alerts' check states, `kimi-batch status` and the demo.
+The slow test runs it on the real server: from its asset, from the nightly job, published to a
+real Trino.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
-from datetime import UTC, datetime
+import re
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
 
 import dagster as dg
+import polars as pl
 import pytest
 
-from kimi_batch.definitions import batch_assets, build_resources
-from kimi_batch.defs.assets.stage import generation_asset
-from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME, build_batch_partitions
-from kimi_batch.engine import GenerationRequest, GenerationResult, SamplingParams
-from kimi_batch.llama import ChatMessage
+from kimi_batch.cli.demo import run_demo
+from kimi_batch.cli.status import collect_status
+from kimi_batch.definitions import batch_assets, build_definitions, build_resources
+from kimi_batch.defs.check_states import TRUNCATION_CHECK, failed_checks, watched_checks
+from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME
+from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
+from kimi_batch.defs.publishing import tables_of
+from kimi_batch.defs.stages import STAGE_DECLARATIONS, nightly_stages, withdraw_stage
 from kimi_batch.settings import Settings
-from kimi_batch.storage import Warehouse
-from kimi_batch.tasks.rows import GenerationColumns
-from kimi_batch.tasks.stage import (
-    GenerationTask,
-    RowReader,
-    SeedInputs,
-    SetAside,
-    generation_columns,
-)
+from kimi_batch.storage import TABLES, TrinoPublisher
+from kimi_batch.tasks.stages import stage_of_tag
 from kimi_batch.tasks.tags import RequestTag
 from kimi_batch_tests.support.llama_server import LlamaEnv
+from kimi_batch_tests.support.trino import TrinoServer
 
-pytestmark = pytest.mark.slow  # materializes on a real llama-server
-
-
-class EchoLengthRow(GenerationColumns):
-    seed_id: str
-    prompt_chars: int
-    reply: str
+DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
+ASSET = "judged_answers"
+# Dagster's own multi-partition tags (`dagster/partition/date`) trip its tag-key deprecation.
+_TAG_WARNING = "ignore:Non-compliant tag keys:DeprecationWarning"
 
 
-class EchoLengthTask(GenerationTask[SeedInputs, EchoLengthRow]):
-    """Ask the teacher to echo each seed's length in characters."""
-
-    name = "echo_length"
-    table = "echo_lengths"
-    row_model = EchoLengthRow
-
-    def load(self, read: RowReader) -> SeedInputs:
-        return SeedInputs.read(read)
-
-    def requests(self, inputs: SeedInputs) -> list[GenerationRequest]:
-        return [
-            GenerationRequest(
-                input_id=seed.input_id,
-                messages=[
-                    ChatMessage(role="user", content=f"Reply with the number {len(seed.prompt)}.")
-                ],
-                params=SamplingParams(max_tokens=8, temperature=0.0, seed=1),
-                tag=RequestTag(stage=self.name).wire,
-            )
-            for seed in inputs.seeds
-        ]
-
-    def parse(self, result: GenerationResult, inputs: SeedInputs) -> EchoLengthRow | SetAside:
-        seed = inputs.seed_of(result)
-        if result.empty:
-            return SetAside(reason="empty reply", source_file=seed.source_file, line=seed.line)
-        return EchoLengthRow.model_validate(
-            {
-                **generation_columns(result),
-                "seed_id": seed.input_id,
-                "prompt_chars": len(seed.prompt),
-                "reply": result.text.strip(),
-            }
-        )
+def doc_stage_code() -> str:
+    """The python block of the doc's "Adding a stage" section."""
+    section = DOC.read_text(encoding="utf-8").split("\n## Adding a stage\n", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    (block,) = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
+    return block
 
 
-# The one registration line (over the deployment's partitions, as the batch assets are built).
-def echo_lengths(partitions: dg.PartitionsDefinition) -> dg.AssetsDefinition:
-    return generation_asset(
-        name="echo_lengths",
-        task=EchoLengthTask(),
-        partitions=partitions,
-        deps=["seed_prompts"],
-        description="Echoed lengths.",
-    )
+@pytest.fixture
+def judge(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.ModuleType]:
+    """The doc's stage, declared by running the doc's code as a module; withdrawn afterwards."""
+    module = types.ModuleType("doc_judge_stage")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    exec(compile(doc_stage_code(), str(DOC), "exec"), module.__dict__)
+    try:
+        yield module
+    finally:
+        withdraw_stage(ASSET)
 
 
-PROMPTS = {"e1": "What is a noun?", "e2": "Name a planet.", "e3": "Why is the sky blue?"}
+@pytest.fixture
+def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path / "home"))
+    return Settings.from_env()
 
 
-def test_a_stage_of_one_class_runs_through_engine_ledger_and_parquet(llama_env: LlamaEnv) -> None:
-    inbox = llama_env.home / "inbox"
-    inbox.mkdir(parents=True, exist_ok=True)
-    lines = [json.dumps({"id": key, "prompt": prompt}) for key, prompt in PROMPTS.items()]
-    (inbox / "echo.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    today = datetime.now(UTC).date().isoformat()
-    key = dg.MultiPartitionKey({"date": today, "source": "echo"})
-    settings = Settings.from_env()
-    seed_prompts = batch_assets(settings)[0]
+def test_the_doc_declares_a_stage_every_part_of_the_code_location_knows(
+    judge: types.ModuleType, settings: Settings
+) -> None:
+    declaration = STAGE_DECLARATIONS[ASSET]
+    assert declaration is judge.JUDGE
+    defs = build_definitions(settings)
+    graph = defs.resolve_asset_graph()
+    key = dg.AssetKey(ASSET)
+    assert graph.get(key).parent_keys == {dg.AssetKey("distilled_responses")}
+    checks = {check.name for check in graph.get(key).check_keys}
+    assert {"published_to_trino", TRUNCATION_CHECK} <= checks
+    batch_job = defs.resolve_job_def("batch_job")
+    assert key in batch_job.asset_layer.selected_asset_keys
+    ingest_job = defs.resolve_job_def("ingest_job")
+    assert key not in ingest_job.asset_layer.selected_asset_keys  # not declared for ingest
+    assert nightly_stages()[-1] is declaration  # the night runs it last, after distillation
+    assert tables_of(ASSET) == ("judged", "quarantine")
+    assert "judged" in TABLES
+    assert stage_of_tag(RequestTag(stage="judge").wire) is judge.JudgeTask
+    assert dg.AssetCheckKey(key, TRUNCATION_CHECK) in watched_checks()
+
+
+@pytest.mark.filterwarnings(_TAG_WARNING)
+def test_a_failed_check_of_the_new_stage_is_what_the_alerts_read(
+    judge: types.ModuleType, settings: Settings
+) -> None:
+    partition = "2026-01-02|judge_src"
     with dg.instance_for_test() as instance:
-        instance.add_dynamic_partitions(SOURCE_PARTITIONS_NAME, ["echo"])
-        runs = [
-            dg.materialize(
-                [seed_prompts, echo_lengths(build_batch_partitions(settings))],
-                partition_key=key,
-                resources=build_resources(settings),
-                instance=instance,
+        instance.report_runless_asset_event(
+            dg.AssetCheckEvaluation(
+                asset_key=dg.AssetKey(ASSET),
+                check_name=TRUNCATION_CHECK,
+                passed=False,
+                partition=partition,
+                metadata={"rate": 0.9},
             )
-            for _ in range(2)
-        ]
-    assert all(run.success for run in runs)
+        )
+        failed = failed_checks(instance, [partition])
+    assert [item.describe() for item in failed] == [f"{ASSET} {TRUNCATION_CHECK} (rate 0.9)"]
 
-    table = Warehouse(llama_env.home / "warehouse").read_partition("echo_lengths", today, "echo")
-    assert sorted(table["seed_id"].to_list()) == sorted(PROMPTS)
-    assert dict(zip(table["seed_id"], table["prompt_chars"], strict=True)) == {
-        key: len(prompt) for key, prompt in PROMPTS.items()
-    }
-    assert table["request_id"].n_unique() == len(PROMPTS)
-    assert (table["completion_tokens"] > 0).all()
 
-    first, second = (run.asset_materializations_for_node("echo_lengths")[0] for run in runs)
-    assert first.metadata["generated"].value == len(PROMPTS)
-    # The rerun asks nothing: every row comes back from the ledger, keyed by content hash.
-    assert second.metadata["generated"].value == 0
-    assert second.metadata["from_ledger"].value == len(PROMPTS)
-    assert second.metadata["rows"].value == len(PROMPTS)
-    with sqlite3.connect(llama_env.home / "ledger" / "ledger.sqlite3") as db:
-        tags = [json.loads(row[0])["tag"] for row in db.execute("SELECT result_json FROM results")]
-    assert [RequestTag.parse(tag).stage for tag in tags].count("echo_length") == len(PROMPTS)
+@pytest.mark.slow
+@pytest.mark.filterwarnings(_TAG_WARNING)
+def test_the_new_stage_runs_from_its_asset_the_night_trino_status_and_the_demo(
+    judge: types.ModuleType,
+    llama_env: LlamaEnv,
+    trino_server: TrinoServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    warehouse, trino = trino_server.isolated("judge")
+    for name, value in {
+        "KIMI_BATCH_HOME": str(tmp_path / "home"),
+        "KIMI_BATCH_LLAMA_URL": llama_env.base_url,
+        "KIMI_BATCH_WAREHOUSE": str(warehouse.root),
+        "KIMI_BATCH_TRINO_HOST": trino.host,
+        "KIMI_BATCH_TRINO_PORT": str(trino.port),
+        "KIMI_BATCH_TRINO_SCHEMA": trino.schema_name,
+        "KIMI_BATCH_TRINO_WAREHOUSE_LOCATION": trino.warehouse_location,
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    settings = Settings.from_env()
+    inbox = settings.paths.inbox_dir
+    inbox.mkdir(parents=True)
+    (inbox / "judge_src.jsonl").write_text(json.dumps({"id": "j1", "prompt": "Name a planet."}))
+    today = settings.today().isoformat()
+    partition = f"{today}|judge_src"
+    key = dg.MultiPartitionKey({"date": today, "source": "judge_src"})
+    defs = build_definitions(settings)
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(SOURCE_PARTITIONS_NAME, ["judge_src"])
+        from_asset = dg.materialize(
+            batch_assets(settings),
+            partition_key=key,
+            resources=build_resources(settings),
+            instance=instance,
+        )
+        assert from_asset.success
+        night = defs.resolve_job_def(NIGHTLY_JOB_NAME).execute_in_process(
+            instance=instance,
+            run_config={"ops": {NIGHTLY_OP_NAME: {"config": {"partitions": [partition]}}}},
+        )
+        assert night.success
+        checked = {
+            item.check_key.name: item.latest_execution_status.value
+            for item in instance.event_log_storage.get_asset_check_partition_info(
+                [k for k in watched_checks() if k.asset_key == dg.AssetKey(ASSET)]
+            )
+        }
+        failed = {
+            item.check for item in failed_checks(instance, [partition]) if item.asset == ASSET
+        }
+        materialized = set(instance.get_materialized_partitions(dg.AssetKey(ASSET)))
+
+    judged = warehouse.read_partition("judged", today, "judge_src")
+    distilled = warehouse.read_partition("distilled", today, "judge_src")
+    set_aside = warehouse.read_partition("quarantine", today, "judge_src").filter(
+        pl.col("stage") == "judge"
+    )
+    # Every answer graded, or set aside with the reason; the night asked nothing again.
+    assert distilled.height > 0
+    assert judged.height + set_aside.height == distilled.height
+    (from_asset_run,) = from_asset.asset_materializations_for_node(ASSET)
+    assert from_asset_run.metadata["generated"].value == distilled.height
+    night_runs = [
+        event.step_materialization_data.materialization
+        for event in night.all_events
+        if event.is_step_materialization and event.asset_key == dg.AssetKey(ASSET)
+    ]
+    assert len(night_runs) == 1
+    assert night_runs[0].metadata["from_ledger"].value == distilled.height
+    assert materialized == {partition}
+    with TrinoPublisher(trino) as publisher:
+        assert publisher.count("judged") == judged.height
+    # Its checks were evaluated on the partition; the alerts' reading names exactly the failed.
+    assert set(checked) == {"published_to_trino", TRUNCATION_CHECK}
+    assert checked["published_to_trino"] == "SUCCEEDED"
+    assert failed == {name for name, status in checked.items() if status == "FAILED"}
+
+    status = collect_status(settings)
+    assert status.ledger.by_table["judged"] == distilled.height
+    summary = run_demo(settings, console_log_level="ERROR")
+    assert summary["rows_judged"] == judged.height

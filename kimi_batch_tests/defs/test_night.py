@@ -22,6 +22,7 @@ from kimi_batch.defs.check_states import PUBLISHED_CHECKS, failed_checks
 from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME, STOPPED_TAG, WINDOW_TAG
 from kimi_batch.defs.partition_states import PartitionState, distill_states
 from kimi_batch.defs.schedules import PARTITIONS_TAG
+from kimi_batch.defs.stages import AMPLIFY
 from kimi_batch.engine.ledger import Ledger
 from kimi_batch.settings import Settings
 from kimi_batch.storage import TrinoPublisher, Warehouse
@@ -161,7 +162,7 @@ def test_past_the_window_the_finished_partitions_land_and_the_rest_resume(
     prompts = [f"Write a short story about the number {i}." for i in range(12 * TEST_SLOTS)]
     _inbox(settings.paths.home, "b_large.jsonl", prompts)
     today = settings.today().isoformat()
-    distill_only = {"amplify": False, "distillation": {"max_tokens": 128, "seed": 5}}
+    distill_only = {"skip_stages": [AMPLIFY.asset], "distillation": {"max_tokens": 128, "seed": 5}}
     with dg.instance_for_test() as instance:
         request = _tick(instance, defs, settings)
         assert request is not None

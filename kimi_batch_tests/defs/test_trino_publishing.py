@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 
 from kimi_batch.definitions import batch_assets, build_resources
-from kimi_batch.defs.check_states import PUBLISHED_CHECKS, failed_checks
+from kimi_batch.defs.check_states import failed_checks, published_checks
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
 from kimi_batch.defs.publishing import build_trino_catch_up
 from kimi_batch.settings import Settings
@@ -181,7 +181,7 @@ def test_an_outage_is_caught_up_by_the_sensor_once_trino_is_back(
         still_down = build_trino_catch_up(Settings.from_env())(
             dg.build_sensor_context(instance=instance)
         )
-        unpublished = failed_checks(instance, keys=PUBLISHED_CHECKS)
+        unpublished = failed_checks(instance, keys=published_checks())
         for name, value in _trino_env(config).items():
             patch.setenv(name, value)
         back = build_trino_catch_up(Settings.from_env())(dg.build_sensor_context(instance=instance))
@@ -189,7 +189,7 @@ def test_an_outage_is_caught_up_by_the_sensor_once_trino_is_back(
         for event in back.asset_events:
             assert isinstance(event, dg.AssetCheckEvaluation)
             instance.report_runless_asset_event(event)  # what the daemon does with them
-        left = failed_checks(instance, keys=PUBLISHED_CHECKS)
+        left = failed_checks(instance, keys=published_checks())
 
     assert isinstance(still_down, dg.SensorResult)
     assert still_down.asset_events == []

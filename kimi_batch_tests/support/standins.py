@@ -27,6 +27,7 @@ from kimi_batch.defs.partition_states import INPUT_SHA_METADATA
 from kimi_batch.defs.partitions import build_batch_partitions, partition_parts, split_partition_key
 from kimi_batch.defs.schedules import build_nightly_schedule
 from kimi_batch.defs.sensors import build_inbox_sensor
+from kimi_batch.defs.stages import BATCH_GROUP, INGEST_TAG
 from kimi_batch.settings import Settings
 from kimi_batch.storage.inbox import file_sha256, inspect_inbox_file
 from kimi_batch.storage.landing import Landing
@@ -49,7 +50,12 @@ def standin_definitions(settings: Settings | None = None) -> dg.Definitions:
     settings = settings or Settings.from_env()
     batch_partitions = build_batch_partitions(settings)
 
-    @dg.asset(name="seed_prompts", partitions_def=batch_partitions)
+    # The real assets' group and ingest tags: the real jobs select by them.
+    ingest = {INGEST_TAG: "true"}
+
+    @dg.asset(
+        name="seed_prompts", partitions_def=batch_partitions, group_name=BATCH_GROUP, tags=ingest
+    )
     def seed_prompts(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         ds, source = partition_parts(context)
         resolved = resolve_partition(settings, ds, source)
@@ -67,6 +73,8 @@ def standin_definitions(settings: Settings | None = None) -> dg.Definitions:
         partitions_def=batch_partitions,
         deps=[seed_prompts],
         pool="llama_server",
+        group_name=BATCH_GROUP,
+        tags=ingest,
     )
     def amplified_prompts() -> dg.MaterializeResult:
         return _pooled_step()
@@ -89,6 +97,7 @@ def standin_definitions(settings: Settings | None = None) -> dg.Definitions:
         partitions_def=batch_partitions,
         deps=[amplified_prompts],
         pool="llama_server",
+        group_name=BATCH_GROUP,
     )
     def distilled_responses(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         step = _pooled_step()

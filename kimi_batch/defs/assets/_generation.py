@@ -21,6 +21,7 @@ from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
+from kimi_batch.defs.stages import BATCH_GROUP
 from kimi_batch.engine import (
     BatchEngine,
     BatchOutcome,
@@ -57,7 +58,6 @@ RowT = TypeVar("RowT", bound=BaseModel)
 # An asset's step (one partition) or the nightly op's (many): what the helpers below read of it.
 RunContext = dg.AssetExecutionContext | dg.OpExecutionContext
 
-BATCH_GROUP = "batch"
 LLAMA_POOL = "llama_server"
 # Above this share of answers cut off at max_tokens the truncation check fails (ERROR): those
 # answers are set aside, so most of the night's work would be in quarantine.

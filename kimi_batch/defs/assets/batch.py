@@ -11,7 +11,6 @@ import dagster as dg
 from pydantic import Field
 
 from kimi_batch.defs.assets._generation import (
-    BATCH_GROUP,
     LLAMA_POOL,
     HeldPartition,
     RunContext,
@@ -20,7 +19,7 @@ from kimi_batch.defs.assets._generation import (
     publish,
 )
 from kimi_batch.defs.assets.landing import consumed_input_sha
-from kimi_batch.defs.assets.stage import StageConfig, generation_asset
+from kimi_batch.defs.assets.stage import generation_asset
 from kimi_batch.defs.deployment import deployment_settings
 from kimi_batch.defs.interrupts import interruptible_runner
 from kimi_batch.defs.partitions import build_batch_partitions, partition_parts
@@ -28,7 +27,15 @@ from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
-from kimi_batch.engine import SamplingParams
+from kimi_batch.defs.stages import (
+    BATCH_GROUP,
+    INGEST_TAG,
+    SEED_ASSET,
+    STAGE_DECLARATIONS,
+    AmplifyConfig,
+    DistillConfig,
+    StageDeclaration,
+)
 from kimi_batch.settings import Settings
 from kimi_batch.storage import (
     ResolvedInput,
@@ -37,17 +44,15 @@ from kimi_batch.storage import (
     replace_quarantine,
     resolve_partition,
 )
-from kimi_batch.tasks.amplify import DEFAULT_AMPLIFY_PARAMS, AmplifyTask, Strategy
-from kimi_batch.tasks.distill import DistillTask
 from kimi_batch.tasks.prompt_length import check_prompt_lengths
 from kimi_batch.tasks.quarantine import INPUT_STAGE, file_row
 from kimi_batch.tasks.reader import InputReader
-from kimi_batch.tasks.schemas import import_output_model
 
 __all__ = [
     "AmplifyConfig",
     "DistillConfig",
     "build_batch_assets",
+    "declared_asset",
     "defs",
     "land_seed_partition",
     "resolve_seeds_input",
@@ -56,79 +61,10 @@ __all__ = [
 ]
 
 
-AMPLIFY_MAX_TOKENS = DEFAULT_AMPLIFY_PARAMS.max_tokens
-
-
 class SeedConfig(dg.Config):
     answer_budget_tokens: int = Field(
         default=256, gt=0, description="Context kept free for the answer when checking length."
     )
-
-
-class AmplifyConfig(StageConfig):
-    strategies: list[str] = Field(default_factory=lambda: [s.value for s in Strategy])
-    variants_per_strategy: int = Field(default=1, ge=1, le=16)
-    max_tokens: int | None = Field(
-        default=None,
-        gt=0,
-        description=f"Budget of one variant in tokens; unset: {AMPLIFY_MAX_TOKENS}, or the "
-        "server's n_predict (KIMI_BATCH_LLAMA_N_PREDICT) when that is smaller.",
-    )
-    temperature: float = Field(default=0.9, ge=0.0, le=2.0)
-    seed: int = Field(default=7, description="Base sampling seed: reruns ask the same questions.")
-
-    def task(self, settings: Settings) -> AmplifyTask:
-        # llama-server lets a request's max_tokens exceed its --n-predict: the cap is ours.
-        budget = self.max_tokens or min(AMPLIFY_MAX_TOKENS, settings.llama_n_predict)
-        params = SamplingParams(max_tokens=budget, temperature=self.temperature, seed=self.seed)
-        strategies = [Strategy(s) for s in self.strategies]
-        return AmplifyTask(strategies=strategies, k=self.variants_per_strategy, params=params)
-
-
-class DistillConfig(StageConfig):
-    max_tokens: int | None = Field(
-        default=None,
-        gt=0,
-        description="Answer budget in tokens; unset: the server's n_predict "
-        "(KIMI_BATCH_LLAMA_N_PREDICT, 1024), which a reasoning model needs to think and answer.",
-    )
-    temperature: float = Field(default=0.7, ge=0.0, le=2.0)
-    seed: int = Field(default=11)
-    n_probs: int = Field(default=0, ge=0, le=20, description="Top-k logprobs per token (0: off).")
-    output_model: str | None = Field(
-        default=None,
-        description="'package.module:Model' of a pydantic model: the answer is constrained to its "
-        "JSON schema and validated; answers that do not validate go to quarantine. Only "
-        "modules the deployment allows (KIMI_BATCH_OUTPUT_MODEL_MODULES) can be named.",
-    )
-    retry_truncated_max_tokens: int | None = Field(
-        default=None,
-        gt=0,
-        description="Ask again, with this budget, for answers cut off at max_tokens (they are "
-        "never final answers); unset: they go to quarantine.",
-    )
-
-    def sampling(self, n_predict: int) -> SamplingParams:
-        """The answers' sampling; the budget is the server's `n_predict` unless set here."""
-        return SamplingParams(
-            max_tokens=self.max_tokens or n_predict, temperature=self.temperature, seed=self.seed
-        )
-
-    def task(self, settings: Settings) -> DistillTask:
-        try:
-            output_model = (
-                import_output_model(self.output_model, settings.output_model_modules)
-                if self.output_model
-                else None
-            )
-        except ValueError as error:
-            raise dg.Failure(str(error)) from error
-        return DistillTask(
-            params=self.sampling(settings.llama_n_predict),
-            n_probs=self.n_probs,
-            output_model=output_model,
-            retry_truncated_max_tokens=self.retry_truncated_max_tokens,
-        )
 
 
 def resolve_seeds_input(settings: Settings, ds: str, source: str) -> ResolvedInput:
@@ -250,32 +186,34 @@ def land_seed_partition(
 
 
 def build_batch_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDefinition]:
-    """seed_prompts → amplified_prompts → distilled_responses over `partitions`."""
+    """seed_prompts, then one asset per declared stage (`STAGE_DECLARATIONS`), over
+    `partitions`."""
     seeds = dg.asset(
+        name=SEED_ASSET,
         partitions_def=partitions,
         group_name=BATCH_GROUP,
         # `llama.prepare()` may start the server and asks it to tokenize: a llama step too.
         pool=LLAMA_POOL,
         kinds={"parquet", "trino"},
-        check_specs=check_specs("seed_prompts", partitions, ["published_to_trino"]),
+        # The ingest job lands the seeds first (defs/jobs.py selects by this tag).
+        tags={INGEST_TAG: "true"},
+        check_specs=check_specs(SEED_ASSET, partitions, ["published_to_trino"]),
     )(seed_prompts)
-    amplified = generation_asset(
-        name="amplified_prompts",
-        task=AmplifyConfig,
+    return [seeds, *(declared_asset(d, partitions) for d in STAGE_DECLARATIONS.values())]
+
+
+def declared_asset(
+    declaration: StageDeclaration, partitions: dg.PartitionsDefinition
+) -> dg.AssetsDefinition:
+    """The asset of one declared stage over `partitions`."""
+    return generation_asset(
+        name=declaration.asset,
+        task=declaration.config or declaration.task(),
         partitions=partitions,
-        deps=[seeds],
-        description="New training prompts: k paraphrased, harder and related variants per seed, "
-        "deduplicated.",
+        deps=declaration.reads,
+        description=declaration.description,
+        tags={INGEST_TAG: "true"} if declaration.ingest else None,
     )
-    distilled = generation_asset(
-        name="distilled_responses",
-        task=DistillConfig,
-        partitions=partitions,
-        deps=[seeds, amplified],
-        description="Teacher answers for every seed and variant, with token counts, cache hits "
-        "and timings.",
-    )
-    return [seeds, amplified, distilled]
 
 
 @dg.definitions

@@ -23,13 +23,14 @@ fails at the end with the list, after every finished partition is written.
 
 # No `from __future__ import annotations`: Dagster reads the op function's annotations.
 
+import types
 from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
 import dagster as dg
-from pydantic import Field
+from pydantic import Field, create_model
 
 from kimi_batch.defs.assets._generation import (
     LLAMA_POOL,
@@ -39,8 +40,6 @@ from kimi_batch.defs.assets._generation import (
     window_end,
 )
 from kimi_batch.defs.assets.batch import (
-    AmplifyConfig,
-    DistillConfig,
     SeedConfig,
     land_seed_partition,
     resolve_seeds_input,
@@ -54,8 +53,6 @@ from kimi_batch.defs.assets.driver import (
 )
 from kimi_batch.defs.assets.landing import PublishBehind, partition_parts_of
 from kimi_batch.defs.jobs import (
-    AMPLIFIED_PROMPTS,
-    DISTILLED_RESPONSES,
     JOB_TAG,
     LLAMA_TAG,
     NIGHTLY_JOB_NAME,
@@ -67,25 +64,33 @@ from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
+from kimi_batch.defs.stages import SEED_TABLES, nightly_stages
 from kimi_batch.tasks.stage import GenerationTask
 
-__all__ = ["NightConfig", "night_batch", "nightly_job"]
-
-SEED_TABLES = ("seeds", "quarantine")
+__all__ = ["NightConfig", "build_nightly_job", "night_batch", "night_config_type", "nightly_job"]
 
 
 class NightConfig(dg.Config):
-    """The night's partitions (the schedule fills them in) and each stage's config."""
+    """The night's partitions (the schedule fills them in) and the seeds' config;
+    `night_config_type()` adds a field per nightly stage with a run config (`night_field`)."""
 
     partitions: list[str] = Field(description="'date|source' partition keys, oldest first.")
-    amplify: bool = Field(
-        default=True,
-        description="Amplify the seeds too (finished variants come from the ledger); off: "
-        "distil the seeds and the variants already landed.",
+    skip_stages: list[str] = Field(
+        default_factory=list,
+        description="Nightly stages (asset names) not run this night: the stages after them "
+        "read the rows they landed already.",
     )
     seeds: SeedConfig = Field(default_factory=SeedConfig)
-    amplification: AmplifyConfig = Field(default_factory=AmplifyConfig)
-    distillation: DistillConfig = Field(default_factory=DistillConfig)
+
+
+def night_config_type() -> type[NightConfig]:
+    """`NightConfig` with each declared nightly stage's run config as a field, as declared now."""
+    fields: dict[str, Any] = {
+        d.config_field: (d.config, Field(default_factory=d.config))
+        for d in nightly_stages()
+        if d.config is not None
+    }
+    return create_model("NightConfig", __base__=NightConfig, __doc__=NightConfig.__doc__, **fields)
 
 
 @dataclass
@@ -177,7 +182,6 @@ def _hold(
             night.failed[key] = _reason(error)
 
 
-@dg.op(name=NIGHTLY_OP_NAME, pool=LLAMA_POOL)
 def night_batch(
     context: dg.OpExecutionContext,
     config: NightConfig,
@@ -192,10 +196,10 @@ def night_batch(
     settings = llama.settings()
     night = _Night()
     stages: list[tuple[dg.AssetKey, GenerationTask[Any, Any]]] = [
-        (DISTILLED_RESPONSES, config.distillation.task(settings))
+        (d.key, d.build(getattr(config, d.config_field, None), settings))
+        for d in nightly_stages()
+        if d.asset not in config.skip_stages
     ]
-    if config.amplify:
-        stages.insert(0, (AMPLIFIED_PROMPTS, config.amplification.task(settings)))
     with ExitStack() as stack:
         _hold(context, stack, night, config.partitions, warehouse)
         # Entered after the leases, so it is done publishing before they are released.
@@ -233,17 +237,32 @@ def night_batch(
         )
 
 
-@dg.job(
-    name=NIGHTLY_JOB_NAME,
-    description="The nightly distillation: every partition the schedule asks for in one run.",
-    tags={JOB_TAG: "nightly", LLAMA_TAG: "true"},
-    executor_def=dg.in_process_executor,
-)
-def nightly_job() -> None:
-    night_batch()
+def build_nightly_job() -> dg.JobDefinition:
+    """The nightly job over the stages declared now (`kimi_batch.defs.stages`)."""
+
+    # `night_batch` itself, with its own annotations: Dagster takes the run-config schema from
+    # the `config` annotation, here with a field per declared nightly stage.
+    op = types.FunctionType(night_batch.__code__, night_batch.__globals__, NIGHTLY_OP_NAME)
+    op.__annotations__ = {**night_batch.__annotations__, "config": night_config_type()}
+    op.__doc__ = night_batch.__doc__
+    night_op = dg.op(name=NIGHTLY_OP_NAME, pool=LLAMA_POOL)(op)
+
+    @dg.job(
+        name=NIGHTLY_JOB_NAME,
+        description="The nightly distillation: every partition the schedule asks for in one run.",
+        tags={JOB_TAG: "nightly", LLAMA_TAG: "true"},
+        executor_def=dg.in_process_executor,
+    )
+    def nightly_job() -> None:
+        night_op()
+
+    return nightly_job
+
+
+nightly_job = build_nightly_job()
 
 
 @dg.definitions
 def defs() -> dg.Definitions:
-    """The nightly job of this code location."""
-    return dg.Definitions(jobs=[nightly_job])
+    """The nightly job of this code location, over the stages declared when it loads."""
+    return dg.Definitions(jobs=[build_nightly_job()])

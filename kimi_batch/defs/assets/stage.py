@@ -10,7 +10,7 @@ judge the checks and publish to Trino before the step returns its result.
 
 # No `from __future__ import annotations`: Dagster reads the asset function's annotations.
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import dagster as dg
@@ -29,20 +29,13 @@ from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
-from kimi_batch.settings import Settings
+from kimi_batch.defs.stages import StageConfig
 from kimi_batch.tasks.stage import GenerationTask
 from kimi_batch.tasks.stages import register_stage
 
 __all__ = ["StageConfig", "generation_asset", "run_stage"]
 
 Task = GenerationTask[Any, Any]
-
-
-class StageConfig(dg.Config):
-    """Run config of a stage's asset (shown in the launchpad); it builds the stage's task."""
-
-    def task(self, settings: Settings) -> Task:
-        raise NotImplementedError(f"{type(self).__name__} must build its stage's task")
 
 
 class _FixedTask(StageConfig):
@@ -56,6 +49,7 @@ def generation_asset(
     partitions: dg.PartitionsDefinition,
     description: str,
     deps: Sequence[dg.AssetsDefinition | str] = (),
+    tags: Mapping[str, str] | None = None,
 ) -> dg.AssetsDefinition:
     """The asset `name` of one stage over `partitions` (the deployment's batch partitions,
     `kimi_batch.defs.partitions.build_batch_partitions`), in the llama pool, with the checks.
@@ -91,6 +85,7 @@ def generation_asset(
         kinds={"parquet", "trino"},
         check_specs=check_specs(name, partitions),
         deps=list(deps),
+        tags=dict(tags or {}),
     )(materialize)
 
 
