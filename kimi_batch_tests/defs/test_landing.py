@@ -12,7 +12,7 @@ import pytest
 from kimi_batch.defs.assets import landing as landing_module
 from kimi_batch.defs.assets._generation import HeldPartition
 from kimi_batch.defs.assets.landing import PublishBehind
-from kimi_batch.defs.check_states import PUBLISHED_CHECKS, failed_checks
+from kimi_batch.defs.check_states import failed_checks, published_checks
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.engine import Ledger
 from kimi_batch.settings import Settings
@@ -77,7 +77,7 @@ def test_a_landed_partition_is_recorded_pending_then_published(
     with dg.instance_for_test() as instance:
         result = _night(tmp_path, monkeypatch).execute_in_process(instance=instance)
         events = _events(instance, result.run_id)
-        left = failed_checks(instance, keys=PUBLISHED_CHECKS)
+        left = failed_checks(instance, keys=published_checks())
 
     assert result.success
     assert events == [("materialized", None), ("published", False), ("published", True)]
@@ -93,7 +93,7 @@ def test_a_night_that_dies_before_the_publish_leaves_its_check_failed(
             instance=instance, raise_on_error=False
         )
         events = _events(instance, result.run_id)
-        left = failed_checks(instance, keys=PUBLISHED_CHECKS)
+        left = failed_checks(instance, keys=published_checks())
 
     assert not result.success
     assert events == [("materialized", None), ("published", False)]

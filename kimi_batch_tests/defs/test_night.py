@@ -18,7 +18,7 @@ from kimi_batch.definitions import build_definitions
 from kimi_batch.defs.assets import _generation
 from kimi_batch.defs.assets import landing as landing_module
 from kimi_batch.defs.assets import night as night_module
-from kimi_batch.defs.check_states import PUBLISHED_CHECKS, failed_checks
+from kimi_batch.defs.check_states import failed_checks, published_checks
 from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME, STOPPED_TAG, WINDOW_TAG
 from kimi_batch.defs.partition_states import PartitionState, distill_states
 from kimi_batch.defs.schedules import PARTITIONS_TAG
@@ -270,7 +270,7 @@ def test_every_partition_is_published_to_trino_as_it_lands(
             for event in result.all_events
             if event.event_type_value in ("ASSET_MATERIALIZATION", "ASSET_CHECK_EVALUATION")
         ]
-        unpublished = failed_checks(instance, keys=PUBLISHED_CHECKS)
+        unpublished = failed_checks(instance, keys=published_checks())
     with TrinoPublisher(config) as trino:
         counts = {table: trino.count(table) for table in ("seeds", "amplified", "distilled")}
 
@@ -317,7 +317,7 @@ def test_a_night_that_dies_after_landing_leaves_its_seeds_to_be_published(
             dying.setattr(landing_module, "publish_tables", killed)  # before the publish
             died = _execute(instance, defs, request)
         seeds_after_death = set(instance.get_materialized_partitions(dg.AssetKey("seed_prompts")))
-        left = [(f.asset, f.partition) for f in failed_checks(instance, keys=PUBLISHED_CHECKS)]
+        left = [(f.asset, f.partition) for f in failed_checks(instance, keys=published_checks())]
         next_night = _tick(instance, defs, settings)
         assert next_night is not None
         resumed = _execute(instance, defs, next_night)
@@ -327,7 +327,7 @@ def test_a_night_that_dies_after_landing_leaves_its_seeds_to_be_published(
             for m in resumed.asset_materializations_for_node(NIGHTLY_OP_NAME)
             if m.asset_key == dg.AssetKey("seed_prompts")
         ]
-        unpublished = failed_checks(instance, keys=PUBLISHED_CHECKS)
+        unpublished = failed_checks(instance, keys=published_checks())
     with TrinoPublisher(config) as trino:
         in_trino = trino.count("seeds")
 
