@@ -23,9 +23,7 @@ from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
-from kimi_batch.llama import ServerSpawnError
-from kimi_batch.llama.affinity import format_cpu_list, pin_to_the_rest
-from kimi_batch.llama.factory import server_cpus
+from kimi_batch.llama import ServerSpawnError, format_cpu_list, pin_to_the_rest, server_cpus
 from kimi_batch.settings import Settings
 
 __all__ = [

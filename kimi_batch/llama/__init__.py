@@ -8,6 +8,7 @@ rebuilt into one response), `spec` (what runs), `server`, `process`, `binary`,
 (credentials in a server URL), `exceptions` (the error tree, rooted in `kimi_batch.errors.KimiBatchError`).
 """
 
+from kimi_batch.llama.affinity import CpuListError, format_cpu_list, pin_to_the_rest
 from kimi_batch.llama.binary import find_tool
 from kimi_batch.llama.client import LlamaClient, RetryPolicy
 from kimi_batch.llama.exceptions import (
@@ -24,7 +25,7 @@ from kimi_batch.llama.exceptions import (
     ServerSpawnError,
     SpecMismatchError,
 )
-from kimi_batch.llama.factory import server_from_settings, smoke_from_settings
+from kimi_batch.llama.factory import server_cpus, server_from_settings, smoke_from_settings
 from kimi_batch.llama.memory import (
     InsufficientMemoryError,
     MemoryEstimate,
@@ -57,6 +58,7 @@ __all__ = [
     "ChatCompletion",
     "ChatExtras",
     "ChatMessage",
+    "CpuListError",
     "GenerationStats",
     "HealthState",
     "InsufficientMemoryError",
@@ -89,7 +91,10 @@ __all__ = [
     "check_memory",
     "estimate_memory",
     "find_tool",
+    "format_cpu_list",
+    "pin_to_the_rest",
     "read_model_shape",
+    "server_cpus",
     "server_from_settings",
     "smoke_from_settings",
 ]
