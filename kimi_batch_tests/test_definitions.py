@@ -186,38 +186,30 @@ def test_a_batch_api_batch_is_its_own_partition_with_no_amplification(
     assert job.tags["kimi_batch/uses_llama_server"] == "true"
 
 
-# A process that loads the code location as a code server or run worker does, then says where
-# it may run.
-_CPUS_AFTER_LOADING = (
-    "import os\n"
-    "from kimi_batch.definitions import defs\n"
-    "defs()\n"
-    "print(sorted(os.sched_getaffinity(0)))\n"
-)
+def _cpus_after_loading(home: Path, llama_cpus: str | None) -> str:
+    """Where a process may run after it loads the code location, as a code server or a run
+    worker does (`sorted(os.sched_getaffinity(0))` as printed)."""
+    env = {k: v for k, v in os.environ.items() if k != "KIMI_BATCH_LLAMA_CPUS"}
+    env["KIMI_BATCH_HOME"] = str(home)
+    if llama_cpus is not None:
+        env["KIMI_BATCH_LLAMA_CPUS"] = llama_cpus
+    code = (
+        "import os\n"
+        "from kimi_batch.definitions import defs\n"
+        "defs()\n"
+        "print(sorted(os.sched_getaffinity(0)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    return out.stdout.strip().splitlines()[-1]
 
 
 def test_loading_the_code_location_moves_it_off_a_pinned_servers_cpus(tmp_path: Path) -> None:
     allowed = sorted(os.sched_getaffinity(0))
     rest = allowed[1:] or allowed  # one CPU: nothing to move to, it stays
-    env = {**os.environ, "KIMI_BATCH_HOME": str(tmp_path), "KIMI_BATCH_LLAMA_CPUS": str(allowed[0])}
-    out = subprocess.run(
-        [sys.executable, "-c", _CPUS_AFTER_LOADING],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert out.stdout.strip().splitlines()[-1] == str(rest)
+    assert _cpus_after_loading(tmp_path, str(allowed[0])) == str(rest)
 
 
 def test_an_unpinned_code_location_keeps_every_cpu(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "KIMI_BATCH_LLAMA_CPUS"}
-    env["KIMI_BATCH_HOME"] = str(tmp_path)
-    out = subprocess.run(
-        [sys.executable, "-c", _CPUS_AFTER_LOADING],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert out.stdout.strip().splitlines()[-1] == str(sorted(os.sched_getaffinity(0)))
+    assert _cpus_after_loading(tmp_path, None) == str(sorted(os.sched_getaffinity(0)))
