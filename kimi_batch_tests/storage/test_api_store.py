@@ -27,7 +27,7 @@ from kimi_batch.storage import (
 )
 from kimi_batch.tasks.batch_input import parse_batch_input
 from kimi_batch.tasks.openai_batch import BatchRequestLine
-from kimi_batch_tests.support.batches import chat_line, jsonl
+from kimi_batch_tests.support.batches import chat_line, jsonl, landed_batch
 from kimi_batch_tests.support.results import make_result
 from kimi_batch_tests.support.rows import quarantined
 
@@ -48,20 +48,7 @@ def store(settings: Settings) -> Iterator[ApiStore]:
 
 
 def _landed(settings: Settings, store: ApiStore, *ids: str) -> BatchRecord:
-    upload = store.add_file(
-        io.BytesIO(jsonl(*(chat_line(i) for i in ids))),
-        filename="in.jsonl",
-        purpose="batch",
-        max_bytes=1 << 20,
-    )
-    batch = store.add_batch(
-        input_file_id=upload.id,
-        endpoint="/v1/chat/completions",
-        completion_window="24h",
-        completion_window_s=86400,
-        metadata=None,
-    )
-    landed = validate_batch(settings, store, batch)
+    landed = landed_batch(settings, jsonl(*(chat_line(i) for i in ids)), store=store)
     assert landed.input_sha256 is not None
     return landed
 

@@ -49,17 +49,24 @@ def validated(client: openai.OpenAI, batch: Batch, *, timeout_s: float = 120.0) 
         time.sleep(0.05)
 
 
-def landed_batch(settings: Settings, data: bytes, *, filename: str = "in.jsonl") -> BatchRecord:
-    """A batch of the input file `data`, created and validated (landed) as the API does it."""
-    with ApiStore(settings.paths) as store:
-        upload = store.add_file(
-            io.BytesIO(data), filename=filename, purpose="batch", max_bytes=1 << 20
-        )
-        batch = store.add_batch(
-            input_file_id=upload.id,
-            endpoint="/v1/chat/completions",
-            completion_window="24h",
-            completion_window_s=86400,
-            metadata=None,
-        )
-        return validate_batch(settings, store, batch)
+def landed_batch(
+    settings: Settings,
+    data: bytes,
+    *,
+    filename: str = "in.jsonl",
+    store: ApiStore | None = None,
+) -> BatchRecord:
+    """A batch of the input file `data`, created and validated (landed) as the API does it, in
+    `store` (a test's open one) or the state dir's."""
+    if store is None:
+        with ApiStore(settings.paths) as opened:
+            return landed_batch(settings, data, filename=filename, store=opened)
+    upload = store.add_file(io.BytesIO(data), filename=filename, purpose="batch", max_bytes=1 << 20)
+    batch = store.add_batch(
+        input_file_id=upload.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        completion_window_s=86400,
+        metadata=None,
+    )
+    return validate_batch(settings, store, batch)
