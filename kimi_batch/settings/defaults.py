@@ -11,7 +11,11 @@ __all__ = [
     "DEFAULT_API_PORT",
     "DEFAULT_API_SENSOR_INTERVAL_S",
     "DEFAULT_CACHE_RAM_MIB",
+    "DEFAULT_CONTAMINATION_MAX_RATE",
+    "DEFAULT_CONTAMINATION_NGRAM",
     "DEFAULT_CTX",
+    "DEFAULT_DEDUP_SHINGLE",
+    "DEFAULT_DEDUP_THRESHOLD",
     "DEFAULT_DAGSTER_URL",
     "DEFAULT_INBOX_INTERVAL_S",
     "DEFAULT_LLAMA_PORT",
@@ -25,6 +29,7 @@ __all__ = [
     "DEFAULT_TIMEZONE",
     "DEFAULT_TRINO_PORT",
     "default_digest_path",
+    "default_judge_rubric_path",
     "default_model_path",
     "samples_dir",
 ]
@@ -53,12 +58,24 @@ DEFAULT_API_MAX_BATCH_MB = 200
 # Modules whose pydantic models a run may name as `output_model` (run config is not trusted to
 # import arbitrary code); extend with KIMI_BATCH_OUTPUT_MODEL_MODULES.
 DEFAULT_OUTPUT_MODEL_MODULES: tuple[str, ...] = ("kimi_batch.tasks.schemas",)
+# Near-duplicates: datasketch's MinHash LSH at Jaccard 0.8 over 5-word shingles (the range
+# datatrove and the LSH literature use for web text; README "Training-ready data").
+DEFAULT_DEDUP_THRESHOLD = 0.8
+DEFAULT_DEDUP_SHINGLE = 5
+# Decontamination: 13-word n-grams, as GPT-3's and lm-eval's decontamination do.
+DEFAULT_CONTAMINATION_NGRAM = 13
+DEFAULT_CONTAMINATION_MAX_RATE = 0.01
 _PACKAGE_DATA = Path(__file__).parent.parent / "data"
 
 
 def default_digest_path() -> Path:
     """The system digest shipped with the package."""
     return _PACKAGE_DATA / "system_digest.md"
+
+
+def default_judge_rubric_path() -> Path:
+    """The judge stage's rubric shipped with the package."""
+    return _PACKAGE_DATA / "judge_rubric.md"
 
 
 def samples_dir() -> Path:

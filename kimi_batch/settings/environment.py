@@ -13,8 +13,10 @@ __all__ = [
     "env_args",
     "env_clock",
     "env_date",
+    "env_float",
     "env_int",
     "env_list",
+    "env_on",
     "env_optional_int",
     "env_path",
     "env_status",
@@ -30,6 +32,28 @@ def env_int(name: str, default: int) -> int:
         return int(raw)
     except ValueError as error:
         raise ConfigError(f"{name} must be an integer, got {raw!r}") from error
+
+
+def env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return float(raw)
+    except ValueError as error:
+        raise ConfigError(f"{name} must be a number, got {raw!r}") from error
+
+
+def env_on(name: str, *, default: bool) -> bool:
+    """`on` / `off` (also `1`/`0`, `true`/`false`) for a feature switch."""
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("on", "1", "true", "yes"):
+        return True
+    if raw in ("off", "0", "false", "no"):
+        return False
+    raise ConfigError(f"{name} must be 'on' or 'off', got {raw!r}")
 
 
 def env_optional_int(name: str, default: int) -> int | None:

@@ -36,6 +36,7 @@ from kimi_batch.settings.defaults import (
     default_digest_path,
     default_model_path,
 )
+from kimi_batch.settings.quality import QualitySettings, quality_from_env
 from kimi_batch.settings.environment import (
     env_args,
     env_clock,
@@ -56,7 +57,7 @@ def _shown(text: str) -> JsonDict:
     return {"shown_default": text}
 
 
-class Settings(BaseModel):
+class Settings(QualitySettings):
     """Resolved configuration from `KIMI_BATCH_*` variables: every variable and default, once."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -342,6 +343,7 @@ class Settings(BaseModel):
                 api_sensor_interval_s=env_int(
                     "KIMI_BATCH_API_SENSOR_INTERVAL", DEFAULT_API_SENSOR_INTERVAL_S
                 ),
+                **quality_from_env(),
             )
         except ValidationError as error:
             raise ConfigError(_first_error(error)) from error
