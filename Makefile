@@ -73,9 +73,15 @@ demo: setup
 	$(VENV)/bin/kimi-batch server start
 	$(VENV)/bin/kimi-batch demo
 
+# Every test, in two tiers: the server-free one on every core, then the slow one in one process
+# (its tests share one llama-server and one Trino at a time). Both run even when the first fails,
+# and the exit status is the first failure's. Temp dirs in RAM, as `make unit` (below) explains.
 test: setup browser
 	scripts/trino.sh fetch
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/pytest -ra $(PYTEST_ARGS)
+	export PATH="$(CURDIR)/$(VENV)/bin:$$PATH" TMPDIR="$(UNIT_TMPDIR)"; status=0; \
+	$(VENV)/bin/pytest -ra -m "not slow" -n $(UNIT_WORKERS) $(PYTEST_ARGS) || status=$$?; \
+	$(VENV)/bin/pytest -ra -m slow $(PYTEST_ARGS) || { test $$status -ne 0 || status=$$?; }; \
+	exit $$status
 
 # The server-free tier on every core (pytest-xdist; each test has its own temp dirs and ports),
 # its temp dirs in RAM: Dagster's SQLite storage commits (fsyncs) on every event, which costs

@@ -149,6 +149,7 @@ def test_every_step_that_may_talk_to_llama_server_is_in_the_llama_pool(
         "seed_prompts",
         "amplified_prompts",
         "distilled_responses",
+        "judged_answers",
         "api_batch_responses",
     }
     assert set(using.values()) == {"llama_server"}, using

@@ -27,8 +27,13 @@ def bench_command(args: argparse.Namespace, settings: Settings) -> int:
     from kimi_batch.bench.rehearsal import RehearsalOptions
     from kimi_batch.bench.report import bench_chart, bench_table
     from kimi_batch.bench.run import BenchOptions, run_bench
+    from kimi_batch.bench.workloads import WorkloadName
 
-    workloads = ("distill", "amplify") if args.workload == "both" else (args.workload,)
+    paired: dict[str, tuple[WorkloadName, ...]] = {
+        "both": ("distill", "amplify"),
+        "judge": ("distill", "judge"),  # its cost is a ratio to the answers' in one run
+    }
+    workloads = paired.get(args.workload, (args.workload,))
     options = BenchOptions(
         workloads=workloads,
         rows=args.rows,
@@ -127,6 +132,7 @@ def plan_command(args: argparse.Namespace, settings: Settings) -> int:
             partitions=args.partitions,
             night_overhead_s=args.night_overhead_s,
             partition_overhead_s=args.partition_overhead_s,
+            **_judge_tokens(args, settings, output_tokens),
         )
     except ValidationError as error:
         first = error.errors()[0]
@@ -135,6 +141,25 @@ def plan_command(args: argparse.Namespace, settings: Settings) -> int:
     result = plan_partition(spec)
     print(result.model_dump_json() if args.json else describe(result))
     return 0
+
+
+def _judge_tokens(
+    args: argparse.Namespace, settings: Settings, output_tokens: int
+) -> dict[str, int]:
+    """The judge pass of a row with `--judge`: the rubric (estimated from its characters), the
+    request and the answer read, a verdict written."""
+    if not args.judge:
+        return {}
+    from kimi_batch.bench.workloads import JUDGE_VERDICT_TOKENS
+    from kimi_batch.engine import estimate_tokens
+
+    rubric = (
+        settings.judge_rubric.read_text(encoding="utf-8") if settings.judge_rubric.is_file() else ""
+    )
+    return {
+        "judge_prompt_tokens": estimate_tokens(rubric) + args.prompt_tokens + output_tokens,
+        "judge_output_tokens": JUDGE_VERDICT_TOKENS,
+    }
 
 
 def add_perf_commands(commands: Any, *, json_help: str) -> None:
@@ -151,7 +176,7 @@ def add_perf_commands(commands: Any, *, json_help: str) -> None:
     )
     bench.add_argument(
         "--workload",
-        choices=["distill", "amplify", "both", "rewrite", "night", "rehearsal"],
+        choices=["distill", "amplify", "both", "judge", "rewrite", "night", "rehearsal"],
         default="both",
         help="what to measure",
     )
@@ -260,6 +285,11 @@ def add_perf_commands(commands: Any, *, json_help: str) -> None:
         type=float,
         default=0.0,
         help="seconds the server idles for each partition of a night",
+    )
+    plan.add_argument(
+        "--judge",
+        action="store_true",
+        help="add the judge stage: every answer graded by the same model (its share is shown)",
     )
     plan.add_argument("--json", action="store_true", help=json_help)
     plan.set_defaults(func=plan_command)

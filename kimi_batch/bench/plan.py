@@ -20,6 +20,9 @@ as one batch, oldest partition first, round after round until the window closes
 (`rows_in_window`, whole rounds; a round does not wait for a partition's end). The next night
 runs what is left, paying the night's overhead again and that of each partition with rows left
 (`next_night_rows`, `nights_needed`).
+
+With the judge stage (`judge_prompt_tokens` > 0) every row costs a second request after its
+answer: the rubric, the request and the answer read, a verdict written; `judge_s` is its share.
 """
 
 from __future__ import annotations
@@ -97,6 +100,13 @@ class PlanInput(BaseModel):
         "lease, its seeds landed.",
     )
 
+    judge_prompt_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="The judge stage's prompt per row (rubric, request and answer); 0: no judge.",
+    )
+    judge_output_tokens: int = Field(default=0, ge=0, description="The judge's verdict per row.")
+
     @model_validator(mode="after")
     def _has_speeds(self) -> Self:
         if self.target is None and (self.prompt_tok_s is None or self.gen_tok_s is None):
@@ -122,6 +132,7 @@ class PlanResult(BaseModel):
     next_night_rows: int = Field(description="Rows the next night's window closes on.")
     nights_needed: int | None = Field(description="Nights to the last row (None: never).")
     tokens_generated: int
+    judge_s: float = Field(default=0.0, description="Of `wall_s`, the judge stage's seconds.")
 
 
 def _split(rows: int, partitions: int) -> list[int]:
@@ -131,8 +142,22 @@ def _split(rows: int, partitions: int) -> list[int]:
 class _Rounds:
     """Seconds of a round of n rows, from measured speeds or from the target's speed model."""
 
-    def __init__(self, spec: PlanInput) -> None:
+    def __init__(self, spec: PlanInput, *, judging: bool = True) -> None:
         self.spec = spec
+        # A judged row is two requests: its answer, then its verdict (the same slots).
+        self.judge = (
+            _Rounds(
+                spec.model_copy(
+                    update={
+                        "prompt_tokens": spec.judge_prompt_tokens,
+                        "output_tokens": spec.judge_output_tokens,
+                    }
+                ),
+                judging=False,
+            )
+            if judging and spec.judge_prompt_tokens
+            else None
+        )
 
     def prompt_s(self, slots: int) -> float:
         spec = self.spec
@@ -150,7 +175,10 @@ class _Rounds:
         return spec.target.decode_cost(position, spec.output_tokens, slots)
 
     def round_s(self, slots: int) -> float:
-        return self.prompt_s(slots) + self.decode_s(slots) if slots > 0 else 0.0
+        if slots <= 0:
+            return 0.0
+        judge_s = self.judge.round_s(slots) if self.judge else 0.0
+        return self.prompt_s(slots) + self.decode_s(slots) + judge_s
 
     def digest_s(self) -> float:
         spec = self.spec
@@ -229,7 +257,8 @@ def plan_partition(spec: PlanInput) -> PlanResult:
         rows_left=spec.rows - in_window,
         next_night_rows=nights[1] if len(nights) > 1 else 0,
         nights_needed=len(nights) if finished else None,
-        tokens_generated=spec.rows * spec.output_tokens,
+        tokens_generated=spec.rows * (spec.output_tokens + spec.judge_output_tokens),
+        judge_s=rounds.judge.batch_s(spec.rows) if rounds.judge else 0.0,
     )
 
 
@@ -256,6 +285,13 @@ def describe(result: PlanResult) -> str:
             f"; one night run over {spec.partitions} partition(s) ({spec.night_overhead_s:g} s "
             f"idle a night, {spec.partition_overhead_s:g} s a partition)"
             if spec.partitions > 1 or spec.night_overhead_s or spec.partition_overhead_s
+            else ""
+        )
+        + (
+            f"; the judge stage ({spec.judge_prompt_tokens} prompt + {spec.judge_output_tokens} "
+            f"output tokens a row) is {result.judge_s / 60:.1f} min of it "
+            f"({result.judge_s / result.wall_s:.0%})"
+            if spec.judge_prompt_tokens and result.wall_s
             else ""
         )
         + (

@@ -37,6 +37,7 @@ from kimi_batch.bench.workloads import (
     WorkloadName,
     amplify_workload,
     distill_workload,
+    judge_workload,
     rewrite_workload,
 )
 from kimi_batch.llama import LlamaClient, ResidentServer, server_from_settings
@@ -262,10 +263,15 @@ def _run_all(local: Settings, options: BenchOptions) -> tuple[dict[str, Any], Sp
                     work_dir=local.home,
                 )
                 continue
-            if name == "distill":
+            if name in ("distill", "judge"):
                 workload = distill_workload(
                     inbox / DISTILL_FILE, rows=options.rows, output_tokens=options.output_tokens
                 )
+                if name == "judge":
+                    rubric = local.judge_rubric.read_text(encoding="utf-8")
+                    workload = judge_workload(
+                        workload, rubric=rubric, answer_tokens=options.output_tokens
+                    )
             else:
                 workload = amplify_workload(
                     local.home / "workloads" / "amplify.jsonl",
@@ -295,9 +301,14 @@ def _run_all(local: Settings, options: BenchOptions) -> tuple[dict[str, Any], Sp
         distill = sections["distill"]
         document.update({k: v for k, v in distill.items() if k != "contenders"})
         document["distill"] = distill
-    for name in ("amplify", "rewrite", "night"):
+    for name in ("amplify", "judge", "rewrite", "night"):
         if name in sections:
             document[name] = sections[name]
+    if "judge" in sections and "distill" in sections:
+        # What judging the answers adds to writing them, measured in this run (engine walls).
+        document["judge"]["judge_over_answer_wall"] = _ratio(
+            sections["judge"]["engine_wall_s"], sections["distill"]["engine_wall_s"]
+        )
     document["config"] = {
         "model": handle.model,
         "slots": target.endpoint.slots,

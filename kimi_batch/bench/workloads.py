@@ -15,10 +15,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.engine import GenerationRequest, SamplingParams
+from kimi_batch.engine import GenerationRequest, SamplingParams, estimate_tokens
+from kimi_batch.llama import ChatMessage
 from kimi_batch.tasks.amplify import Strategy, amplification_requests
 from kimi_batch.tasks.distill import distillation_requests
 from kimi_batch.tasks.inputs import SeedPrompt
+from kimi_batch.tasks.judge import judge_prompt
 from kimi_batch.tasks.reader import read_inbox_file
 
 __all__ = [
@@ -26,11 +28,12 @@ __all__ = [
     "WorkloadName",
     "amplify_workload",
     "distill_workload",
+    "judge_workload",
     "rewrite_workload",
     "write_inbox_file",
 ]
 
-WorkloadName = Literal["distill", "amplify", "rewrite", "night", "rehearsal"]
+WorkloadName = Literal["distill", "amplify", "judge", "rewrite", "night", "rehearsal"]
 
 # (function, what it does): 24 specs, one answer each.
 FUNCTION_SPECS: tuple[tuple[str, str], ...] = (
@@ -153,6 +156,40 @@ def distill_workload(inbox_file: Path, *, rows: int, output_tokens: int) -> Work
         seeds=seeds,
         requests=distillation_requests(seeds, [], params),
         output_tokens=output_tokens,
+        params=params,
+    )
+
+
+# A plausible teacher answer to a function spec, repeated to the answer length the night writes.
+_ANSWER = (
+    'def solve(values):\n    """Return the result for values.\n\n    >>> solve([1, 2])\n'
+    '    3\n    """\n    total = 0\n    for value in values:\n        total += value\n'
+    "    return total\n"
+)
+# A verdict: {"score": 7, "reason": "<one sentence>"}.
+JUDGE_VERDICT_TOKENS = 48
+
+
+def judge_workload(distill: Workload, *, rubric: str, answer_tokens: int) -> Workload:
+    """The judge stage over the distill workload's prompts, each with an answer of about
+    `answer_tokens` tokens: the rubric, the request and the answer read, a verdict written."""
+    repeats = max(1, round(answer_tokens / max(estimate_tokens(_ANSWER), 1)))
+    answer = (_ANSWER * repeats).rstrip()
+    params = _params(JUDGE_VERDICT_TOKENS)
+    requests = [
+        GenerationRequest(
+            input_id=seed.input_id,
+            messages=[ChatMessage(role="user", content=judge_prompt(rubric, seed.prompt, answer))],
+            params=params,
+            tag="judge",
+        )
+        for seed in distill.seeds
+    ]
+    return Workload(
+        name="judge",
+        seeds=distill.seeds,
+        requests=requests,
+        output_tokens=JUDGE_VERDICT_TOKENS,
         params=params,
     )
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import dagster as dg
 
-from kimi_batch.defs.stages import BATCH_GROUP, DISTILL, INGEST_TAG, SEED_ASSET
+from kimi_batch.defs.stages import BATCH_GROUP, DISTILL, INGEST_TAG, OPTIONAL_TAG, SEED_ASSET
 
 __all__ = [
     "API_BATCH_JOB_NAME",
@@ -64,8 +64,9 @@ def _tags(kind: str) -> dict[str, str]:
 
 batch_job = dg.define_asset_job(
     name="batch_job",
-    selection=dg.AssetSelection.groups(BATCH_GROUP),
-    description="One batch end to end: seed prompts and every declared stage.",
+    selection=dg.AssetSelection.groups(BATCH_GROUP) - dg.AssetSelection.tag(OPTIONAL_TAG, "true"),
+    description="One batch end to end: seed prompts and every stage but those a setting "
+    "switches on (the judge).",
     tags=_tags("batch"),
 )
 

@@ -28,6 +28,7 @@ from kimi_batch.engine import SamplingParams
 from kimi_batch.settings import Settings
 from kimi_batch.tasks.amplify import DEFAULT_AMPLIFY_PARAMS, AmplifyTask, Strategy
 from kimi_batch.tasks.distill import DistillTask
+from kimi_batch.tasks.judge import DEFAULT_JUDGE_PARAMS, JudgeTask
 from kimi_batch.tasks.schemas import import_output_model
 from kimi_batch.tasks.stage import GenerationTask
 from kimi_batch.tasks.stages import register_stage, unregister_stage
@@ -37,11 +38,14 @@ __all__ = [
     "BATCH_GROUP",
     "DISTILL",
     "INGEST_TAG",
+    "JUDGE",
+    "OPTIONAL_TAG",
     "SEED_ASSET",
     "SEED_TABLES",
     "STAGE_DECLARATIONS",
     "AmplifyConfig",
     "DistillConfig",
+    "JudgeConfig",
     "StageConfig",
     "StageDeclaration",
     "declare_stage",
@@ -56,6 +60,8 @@ SEED_ASSET = "seed_prompts"
 SEED_TABLES = ("seeds", "quarantine")
 # Asset tag of the stages the inbox sensor's ingest_job runs after landing the seeds.
 INGEST_TAG = "kimi_batch/ingest"
+# Asset tag of the stages a setting switches on (`switch`): batch_job leaves them out.
+OPTIONAL_TAG = "kimi_batch/optional"
 
 
 class StageConfig(dg.Config):
@@ -94,6 +100,24 @@ class StageDeclaration(BaseModel):
         pattern=r"^([a-z][a-z0-9_]*)?$",
         description="Its field in the night's run config; empty: the task's name.",
     )
+    switch: str = Field(
+        default="",
+        description="A boolean `Settings` field that turns the stage on in the night and the "
+        "demo (`batch_job` leaves it out; its asset is always there to materialize by hand); "
+        "empty: always on.",
+    )
+
+    @field_validator("switch")
+    @classmethod
+    def _is_a_switch(cls, switch: str) -> str:
+        field = Settings.model_fields.get(switch)
+        if switch and (field is None or field.annotation is not bool):
+            raise ValueError(f"{switch!r} is not a boolean Settings field")
+        return switch
+
+    def enabled(self, settings: Settings) -> bool:
+        """Whether the night and the demo run it under `settings`."""
+        return not self.switch or bool(getattr(settings, self.switch))
 
     @field_validator("task")
     @classmethod
@@ -158,9 +182,12 @@ def withdraw_stage(asset: str) -> None:
         unregister_stage(declaration.task)
 
 
-def nightly_stages() -> list[StageDeclaration]:
-    """The stages the nightly job runs, in declaration order."""
-    return [d for d in _DECLARATIONS.values() if d.nightly]
+def nightly_stages(settings: Settings | None = None) -> list[StageDeclaration]:
+    """The stages the nightly job runs, in declaration order: with `settings`, only those
+    switched on (without, every stage it may run: its run config has a field for each)."""
+    return [
+        d for d in _DECLARATIONS.values() if d.nightly and (settings is None or d.enabled(settings))
+    ]
 
 
 def upstream_of(asset: str) -> list[str]:
@@ -259,4 +286,32 @@ DISTILL = declare_stage(
     description="Teacher answers for every seed and variant, with token counts, cache hits "
     "and timings.",
     night_field="distillation",
+)
+
+
+class JudgeConfig(StageConfig):
+    max_tokens: int = Field(
+        default=DEFAULT_JUDGE_PARAMS.max_tokens,
+        gt=0,
+        description="Budget of one verdict in tokens (a score and one sentence).",
+    )
+
+    def task(self, settings: Settings) -> JudgeTask:
+        try:
+            rubric = settings.judge_rubric.read_text(encoding="utf-8")
+        except OSError as error:
+            raise dg.Failure(f"judge rubric {settings.judge_rubric}: {error}") from error
+        params = DEFAULT_JUDGE_PARAMS.model_copy(update={"max_tokens": self.max_tokens})
+        return JudgeTask(rubric=rubric, params=params)
+
+
+JUDGE = declare_stage(
+    asset="judged_answers",
+    task=JudgeTask,
+    config=JudgeConfig,
+    reads=(DISTILL.asset,),
+    description="A 1-10 score and a reason for every teacher answer, by the same model against "
+    "the rubric (the night runs it when KIMI_BATCH_JUDGE_NIGHTLY=on).",
+    night_field="judging",
+    switch="judge_nightly",
 )

@@ -8,7 +8,7 @@ from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator
 from pydantic.config import JsonDict
 
 from kimi_batch.errors import ConfigError
@@ -36,7 +36,6 @@ from kimi_batch.settings.defaults import (
     default_digest_path,
     default_model_path,
 )
-from kimi_batch.settings.quality import QualitySettings, quality_from_env
 from kimi_batch.settings.environment import (
     env_args,
     env_clock,
@@ -48,6 +47,7 @@ from kimi_batch.settings.environment import (
     env_status,
     env_str,
 )
+from kimi_batch.settings.quality import QualitySettings, quality_from_env
 
 __all__ = ["Settings", "variable_of"]
 

@@ -1,4 +1,4 @@
-"""Row models of the output tables (`seeds`, `amplified`, `distilled`, `quarantine`).
+"""Row models of the output tables (`seeds`, `amplified`, `distilled`, `judged`, `quarantine`).
 
 Parquet files and Trino tables share these schemas. The Hive partition columns `ds` and `source`
 live in the directory path (`table/ds=YYYY-MM-DD/source=NAME/`), never inside the files, so they
@@ -19,6 +19,7 @@ __all__ = [
     "AmplifiedRow",
     "DistilledRow",
     "GenerationColumns",
+    "JudgedRow",
     "OutputRow",
     "QuarantineRow",
     "SeedMessage",
@@ -113,6 +114,14 @@ class DistilledRow(GenerationColumns):
     )
     structured: str | None = Field(description="Validated JSON when a schema was requested.")
     logprobs: list[TokenLogprob] | None = Field(description="Top-k logprobs when n_probs > 0.")
+
+
+class JudgedRow(GenerationColumns):
+    """The judge stage's grade of one teacher answer (a `distilled` row of the same partition)."""
+
+    answer_request_id: str = Field(description="`request_id` of the distilled row graded.")
+    score: int = Field(ge=1, le=10, description="The grade, 1 (worst) to 10, by the rubric.")
+    reason: str = Field(description="The judge's one-sentence reason.")
 
 
 class QuarantineRow(_Row):

@@ -8,6 +8,7 @@ those: the rows are never collected.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Generic, TypeVar
@@ -55,6 +56,7 @@ class StageSink(Generic[InputsT, RowT]):
         self._results = self._truncated = self._empty = 0
         self._parsed = self._rows = self._duplicates = 0
         self._ids: set[str] = set()
+        self._sums: Counter[str] = Counter()
 
     def rows(self, results: Iterable[GenerationResult]) -> Iterator[RowT]:
         """The stage's rows of `results`, one at a time; set-asides stay in the sink."""
@@ -64,6 +66,7 @@ class StageSink(Generic[InputsT, RowT]):
             self._rows += 1
             self._duplicates += row.request_id in self._ids
             self._ids.add(row.request_id)
+            self._sums.update(self._task.measure(row))
             yield row.model_copy(update={"input_sha256": self._input_sha256})
 
     def _count(self, results: Iterable[GenerationResult]) -> Iterator[GenerationResult]:
@@ -131,7 +134,8 @@ class StageSink(Generic[InputsT, RowT]):
             duplicate_request_ids=self._duplicates,
         )
 
-    def metadata(self) -> dict[str, int]:
-        """The stage's own figures for the materialization (e.g. duplicates dropped)."""
+    def metadata(self) -> dict[str, float]:
+        """The stage's own figures for the materialization (e.g. duplicates dropped, scores)."""
         metric = self._task.dropped_metric
-        return {metric: self.dropped} if metric else {}
+        dropped = {metric: self.dropped} if metric else {}
+        return {**dropped, **self._task.summarize(self._sums, self._rows)}

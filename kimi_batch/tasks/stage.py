@@ -11,7 +11,7 @@ figures the checks judge), and streaming the rows from the ledger to Parquet in 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import cached_property
 from typing import ClassVar, Generic, Protocol, TypeVar
 
@@ -119,6 +119,14 @@ class GenerationTask(BaseModel, ABC, Generic[InputsT, RowT]):
     def keep(self, rows: Iterable[RowT], inputs: InputsT) -> Iterator[RowT]:
         """The rows that go into the table (e.g. without duplicates); the default keeps all."""
         yield from rows
+
+    def measure(self, row: RowT) -> Mapping[str, float]:
+        """Numbers of one kept row that the partition's metadata sums (the judge: its score)."""
+        return {}
+
+    def summarize(self, sums: Mapping[str, float], rows: int) -> dict[str, float]:
+        """The partition's metadata from the sums of `measure` over its `rows` kept rows."""
+        return dict(sums)
 
     @property
     def asks_again(self) -> bool:

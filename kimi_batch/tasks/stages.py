@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from kimi_batch.tasks.amplify import AmplifyTask
 from kimi_batch.tasks.api_batch import ApiBatchTask
 from kimi_batch.tasks.distill import DistillTask
+from kimi_batch.tasks.judge import JudgeTask
 from kimi_batch.tasks.stage import GenerationTask
 from kimi_batch.tasks.tags import RequestTag
 
@@ -70,4 +71,5 @@ def stage_of_tag(tag: str) -> type[GenerationTask[Any, Any]] | None:
 
 register_stage(AmplifyTask)
 register_stage(DistillTask)
+register_stage(JudgeTask)
 register_stage(ApiBatchTask)

@@ -31,13 +31,8 @@ AMPLIFY = {
 }
 
 
-@pytest.mark.slow
-def test_tiny_bench_writes_the_contract_keys(
-    tmp_path: Path,
-    llama_binary: Path,
-    model_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+def _bench_env(
+    tmp_path: Path, llama_binary: Path, model_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for name, value in {
         "KIMI_BATCH_HOME": str(tmp_path / "home"),
@@ -51,6 +46,17 @@ def test_tiny_bench_writes_the_contract_keys(
         monkeypatch.setenv(name, value)
     for name in ("KIMI_BATCH_LLAMA_URL", "KIMI_BATCH_TRINO_HOST", "DAGSTER_HOME"):
         monkeypatch.delenv(name, raising=False)
+
+
+@pytest.mark.slow
+def test_tiny_bench_writes_the_contract_keys(
+    tmp_path: Path,
+    llama_binary: Path,
+    model_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _bench_env(tmp_path, llama_binary, model_path, monkeypatch)
     out = tmp_path / "bench.json"
     sizes = ["--rows", "4", "--output-tokens", "8", "--seeds-per-slot", "1", "--variants", "1"]
 
@@ -74,3 +80,22 @@ def test_tiny_bench_writes_the_contract_keys(
     assert "(D) Dagster partition" in capsys.readouterr().out
     # The bench stops the server it started.
     assert not (tmp_path / "home" / "bench" / "state" / "server" / "server.pid").exists()
+
+
+@pytest.mark.slow
+def test_the_judge_workload_reports_its_cost_against_the_answers_in_one_run(
+    tmp_path: Path, llama_binary: Path, model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _bench_env(tmp_path, llama_binary, model_path, monkeypatch)
+    out = tmp_path / "judge.json"
+    quick = ["--rows", "2", "--output-tokens", "16", "--no-dagster", "--no-ceiling"]
+
+    assert main(["bench", "--workload", "judge", "--json", str(out), *quick]) == 0
+
+    document = json.loads(out.read_text())
+    judge, answers = document["judge"], document["distill"]
+    assert judge["requests"] == answers["requests"] == 2
+    # A verdict per answer, read after the rubric, the request and the answer.
+    assert judge["contenders"]["engine"]["completion_tokens"] == 2 * judge["output_tokens"]
+    assert judge["engine_prompt_tokens"] > answers["engine_prompt_tokens"]
+    assert judge["judge_over_answer_wall"] > 0

@@ -217,3 +217,33 @@ def test_command_refuses_a_digest_prompt_and_answer_a_slot_cannot_hold(
 
     assert main([*args, "--ctx", "71680", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["inputs"]["slots"] == 4
+
+
+def test_a_judged_row_costs_its_verdict_after_its_answer() -> None:
+    answers = PlanInput(
+        prompt_tokens=100, output_tokens=50, rows=10, prompt_tok_s=50, gen_tok_s=10, slots=4
+    )
+    judged = answers.model_copy(update={"judge_prompt_tokens": 400, "judge_output_tokens": 20})
+    alone, with_judge = plan_partition(answers), plan_partition(judged)
+
+    # A verdict reads the rubric, the request and the answer (8 s), then writes 20 tokens (2 s).
+    assert with_judge.row_s == pytest.approx(7 + 8 + 2)
+    assert with_judge.judge_s == pytest.approx(3 * 10)
+    assert with_judge.wall_s == pytest.approx(alone.wall_s + with_judge.judge_s)
+    assert alone.judge_s == 0
+    assert with_judge.tokens_generated == 10 * (50 + 20)
+
+
+def test_command_reports_the_judge_stages_share(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["plan", "--prompt-tokens", "200", "--output-tokens", "300", "--rows", "100"]
+    speeds = ["--prompt-tok-s", "50", "--gen-tok-s", "10", "--slots", "2"]
+
+    assert main([*args, *speeds, "--json"]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert main([*args, *speeds, "--judge", "--json"]) == 0
+    judged = json.loads(capsys.readouterr().out)
+    # The judge reads the rubric, the 200-token request and the 300-token answer.
+    assert judged["inputs"]["judge_prompt_tokens"] > 500
+    assert judged["wall_s"] == pytest.approx(alone["wall_s"] + judged["judge_s"])
+    assert main([*args, *speeds, "--judge"]) == 0
+    assert "the judge stage" in capsys.readouterr().out

@@ -36,7 +36,7 @@ from kimi_batch_tests.support.llama_server import LlamaEnv
 from kimi_batch_tests.support.trino import TrinoServer
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
-ASSET = "judged_answers"
+ASSET = "answer_summaries"
 # Dagster's own multi-partition tags (`dagster/partition/date`) trip its tag-key deprecation.
 _TAG_WARNING = "ignore:Non-compliant tag keys:DeprecationWarning"
 
@@ -50,9 +50,9 @@ def doc_stage_code() -> str:
 
 
 @pytest.fixture
-def judge(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.ModuleType]:
+def summary(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.ModuleType]:
     """The doc's stage, declared by running the doc's code as a module; withdrawn afterwards."""
-    module = types.ModuleType("doc_judge_stage")
+    module = types.ModuleType("doc_summary_stage")
     monkeypatch.setitem(sys.modules, module.__name__, module)
     exec(compile(doc_stage_code(), str(DOC), "exec"), module.__dict__)
     try:
@@ -68,10 +68,10 @@ def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
 
 
 def test_the_doc_declares_a_stage_every_part_of_the_code_location_knows(
-    judge: types.ModuleType, settings: Settings
+    summary: types.ModuleType, settings: Settings
 ) -> None:
     declaration = STAGE_DECLARATIONS[ASSET]
-    assert declaration is judge.JUDGE
+    assert declaration is summary.SUMMARY
     defs = build_definitions(settings)
     graph = defs.resolve_asset_graph()
     key = dg.AssetKey(ASSET)
@@ -83,17 +83,17 @@ def test_the_doc_declares_a_stage_every_part_of_the_code_location_knows(
     ingest_job = defs.resolve_job_def("ingest_job")
     assert key not in ingest_job.asset_layer.selected_asset_keys  # not declared for ingest
     assert nightly_stages()[-1] is declaration  # the night runs it last, after distillation
-    assert tables_of(ASSET) == ("judged", "quarantine")
-    assert "judged" in TABLES
-    assert stage_of_tag(RequestTag(stage="judge").wire) is judge.JudgeTask
+    assert tables_of(ASSET) == ("summaries", "quarantine")
+    assert "summaries" in TABLES
+    assert stage_of_tag(RequestTag(stage="summary").wire) is summary.SummaryTask
     assert dg.AssetCheckKey(key, TRUNCATION_CHECK) in watched_checks()
 
 
 @pytest.mark.filterwarnings(_TAG_WARNING)
 def test_a_failed_check_of_the_new_stage_is_what_the_alerts_read(
-    judge: types.ModuleType, settings: Settings
+    summary: types.ModuleType, settings: Settings
 ) -> None:
-    partition = "2026-01-02|judge_src"
+    partition = "2026-01-02|summary_src"
     with dg.instance_for_test() as instance:
         instance.report_runless_asset_event(
             dg.AssetCheckEvaluation(
@@ -111,13 +111,13 @@ def test_a_failed_check_of_the_new_stage_is_what_the_alerts_read(
 @pytest.mark.slow
 @pytest.mark.filterwarnings(_TAG_WARNING)
 def test_the_new_stage_runs_from_its_asset_the_night_trino_status_and_the_demo(
-    judge: types.ModuleType,
+    summary: types.ModuleType,
     llama_env: LlamaEnv,
     trino_server: TrinoServer,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    warehouse, trino = trino_server.isolated("judge")
+    warehouse, trino = trino_server.isolated("summary")
     for name, value in {
         "KIMI_BATCH_HOME": str(tmp_path / "home"),
         "KIMI_BATCH_LLAMA_URL": llama_env.base_url,
@@ -132,13 +132,13 @@ def test_the_new_stage_runs_from_its_asset_the_night_trino_status_and_the_demo(
     settings = Settings.from_env()
     inbox = settings.paths.inbox_dir
     inbox.mkdir(parents=True)
-    (inbox / "judge_src.jsonl").write_text(json.dumps({"id": "j1", "prompt": "Name a planet."}))
+    (inbox / "summary_src.jsonl").write_text(json.dumps({"id": "j1", "prompt": "Name a planet."}))
     today = settings.today().isoformat()
-    partition = f"{today}|judge_src"
-    key = dg.MultiPartitionKey({"date": today, "source": "judge_src"})
+    partition = f"{today}|summary_src"
+    key = dg.MultiPartitionKey({"date": today, "source": "summary_src"})
     defs = build_definitions(settings)
     with dg.instance_for_test() as instance:
-        instance.add_dynamic_partitions(SOURCE_PARTITIONS_NAME, ["judge_src"])
+        instance.add_dynamic_partitions(SOURCE_PARTITIONS_NAME, ["summary_src"])
         from_asset = dg.materialize(
             batch_assets(settings),
             partition_key=key,
@@ -162,14 +162,14 @@ def test_the_new_stage_runs_from_its_asset_the_night_trino_status_and_the_demo(
         }
         materialized = set(instance.get_materialized_partitions(dg.AssetKey(ASSET)))
 
-    judged = warehouse.read_partition("judged", today, "judge_src")
-    distilled = warehouse.read_partition("distilled", today, "judge_src")
-    set_aside = warehouse.read_partition("quarantine", today, "judge_src").filter(
-        pl.col("stage") == "judge"
+    summaries = warehouse.read_partition("summaries", today, "summary_src")
+    distilled = warehouse.read_partition("distilled", today, "summary_src")
+    set_aside = warehouse.read_partition("quarantine", today, "summary_src").filter(
+        pl.col("stage") == "summary"
     )
-    # Every answer graded, or set aside with the reason; the night asked nothing again.
+    # Every answer summed up, or set aside with the reason; the night asked nothing again.
     assert distilled.height > 0
-    assert judged.height + set_aside.height == distilled.height
+    assert summaries.height + set_aside.height == distilled.height
     (from_asset_run,) = from_asset.asset_materializations_for_node(ASSET)
     assert from_asset_run.metadata["generated"].value == distilled.height
     night_runs = [
@@ -181,13 +181,13 @@ def test_the_new_stage_runs_from_its_asset_the_night_trino_status_and_the_demo(
     assert night_runs[0].metadata["from_ledger"].value == distilled.height
     assert materialized == {partition}
     with TrinoPublisher(trino) as publisher:
-        assert publisher.count("judged") == judged.height
+        assert publisher.count("summaries") == summaries.height
     # Its checks were evaluated on the partition; the alerts' reading names exactly the failed.
     assert set(checked) == {"published_to_trino", TRUNCATION_CHECK}
     assert checked["published_to_trino"] == "SUCCEEDED"
     assert failed == {name for name, status in checked.items() if status == "FAILED"}
 
     status = collect_status(settings)
-    assert status.ledger.by_table["judged"] == distilled.height
-    summary = run_demo(settings, console_log_level="ERROR")
-    assert summary["rows_judged"] == judged.height
+    assert status.ledger.by_table["summaries"] == distilled.height
+    demo = run_demo(settings, console_log_level="ERROR")
+    assert demo["rows_summaries"] == summaries.height

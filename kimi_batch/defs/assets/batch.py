@@ -30,6 +30,7 @@ from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.defs.stages import (
     BATCH_GROUP,
     INGEST_TAG,
+    OPTIONAL_TAG,
     SEED_ASSET,
     STAGE_DECLARATIONS,
     AmplifyConfig,
@@ -212,7 +213,11 @@ def declared_asset(
         partitions=partitions,
         deps=declaration.reads,
         description=declaration.description,
-        tags={INGEST_TAG: "true"} if declaration.ingest else None,
+        tags={
+            **({INGEST_TAG: "true"} if declaration.ingest else {}),
+            **({OPTIONAL_TAG: "true"} if declaration.switch else {}),
+        }
+        or None,
     )
 
 

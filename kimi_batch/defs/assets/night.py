@@ -197,7 +197,7 @@ def night_batch(
     night = _Night()
     stages: list[tuple[dg.AssetKey, GenerationTask[Any, Any]]] = [
         (d.key, d.build(getattr(config, d.config_field, None), settings))
-        for d in nightly_stages()
+        for d in nightly_stages(settings)
         if d.asset not in config.skip_stages
     ]
     with ExitStack() as stack:
