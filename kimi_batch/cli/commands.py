@@ -166,10 +166,12 @@ def _add_export(commands: argparse._SubParsersAction[_Parser]) -> None:
         "--format", choices=["openai-batch", "chat", "hf", "kd"], default="openai-batch",
         help="what to write (default: openai-batch)",
     )  # fmt: skip
-    export.add_argument("--since", type=_day, help="first day to export, YYYY-MM-DD")
-    export.add_argument("--until", type=_day, help="last day to export, YYYY-MM-DD")
-    export.add_argument("--date", type=_day, help="one day only, YYYY-MM-DD")
-    export.add_argument("--source", default=None, help="one source only: the input file's stem")
+    export.add_argument("--since", type=_day, metavar="D", help="first day to export, YYYY-MM-DD")
+    export.add_argument("--until", type=_day, metavar="D", help="last day to export, YYYY-MM-DD")
+    export.add_argument("--date", type=_day, metavar="D", help="one day only, YYYY-MM-DD")
+    export.add_argument(
+        "--source", default=None, metavar="S", help="one source only: the input file's stem"
+    )
     export.add_argument(
         "--min-judge-score", type=_score, metavar="N",
         help="keep only answers the judge scored N (1-10) or more",
@@ -182,7 +184,7 @@ def _add_export(commands: argparse._SubParsersAction[_Parser]) -> None:
         "--no-system", action="store_true", help="write the conversations without a system turn"
     )
     export.add_argument(
-        "--out", type=Path, default=None,
+        "--out", type=Path, default=None, metavar="PATH",
         help="the output file, or folder for hf (default: under the state directory)",
     )  # fmt: skip
     export.set_defaults(func=_export)

@@ -170,6 +170,8 @@ def run_export(settings: Settings, request: ExportRequest) -> Path:
     if request.fmt not in FORMATS:
         raise ConfigError(f"unknown export format {request.fmt!r}")
     query = request.query.check()
+    if query.min_judge_score is not None and request.fmt not in TRAINING_FORMATS:
+        raise ConfigError("--min-judge-score chooses training rows: use it with chat, hf or kd")
     warehouse = Warehouse(settings.paths.warehouse_dir)
     training = request.fmt in TRAINING_FORMATS
     partitions = select_partitions(warehouse, query, training=training)

@@ -136,6 +136,8 @@ def test_min_judge_score_keeps_the_judged_answers_at_or_above_it(settings: Setti
     assert len(_export(settings, min_judge_score=1)) == 3
     with pytest.raises(MissingInputError, match="judge"):
         _export(settings, until=date.fromisoformat(DAYS[0]), min_judge_score=5)
+    with pytest.raises(ConfigError, match="training rows"):
+        _export(settings, "openai-batch", min_judge_score=5)
 
 
 def test_kd_lines_carry_the_answer_tokens_top_k_logprobs(settings: Settings) -> None:

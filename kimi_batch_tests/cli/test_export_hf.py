@@ -66,6 +66,7 @@ def test_datasets_loads_the_hf_export_and_its_card_says_how_it_was_made(
     assert f"| contaminated | {partitions} |" in card
     assert f"| answer | {partitions} |" in card
     assert "smollm2-135m" in card
+    assert "- Judge scores (score: rows): 7: 1" in card
     assert "| near-duplicate threshold (MinHash Jaccard) | 0.8 |" in card
     assert "| prompt | 12 | 110.0 | 110 | 120 | 120 |" in card
     assert "distillation run config's defaults" in card

@@ -110,6 +110,7 @@ class DatasetCard(_Figures):
     completion_tokens: TokenStats
     min_judge_score: int | None
     judged_rows: int = Field(ge=0)
+    judge_scores: dict[int, int] = Field(default_factory=dict, description="Rows by score.")
     dropped_unjudged: int = Field(ge=0)
     dropped_below_score: int = Field(ge=0)
 
@@ -211,6 +212,9 @@ def _token_rows(card: DatasetCard) -> list[tuple[object, ...]]:
 
 def _judge_lines(card: DatasetCard) -> list[str]:
     lines = [f"- Judged rows: {card.judged_rows}"]
+    if card.judge_scores:
+        spread = ", ".join(f"{score}: {n}" for score, n in sorted(card.judge_scores.items()))
+        lines.append(f"- Judge scores (score: rows): {spread}")
     if card.min_judge_score is not None:
         lines.append(
             f"- Judge score floor: {card.min_judge_score} ({card.dropped_below_score} rows below "

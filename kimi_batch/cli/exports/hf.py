@@ -68,6 +68,7 @@ class _Tally:
         self.inputs: dict[tuple[str, str], tuple[set[str], int]] = {}
         self.files: dict[tuple[str, str], str] = {}
         self.judged = self.unjudged = self.below = self.top_k = 0
+        self.scores: dict[int, int] = {}
 
     def add(self, rows: PartitionRows, built: list[ExportExample]) -> None:
         self.examples += len(built)
@@ -76,7 +77,9 @@ class _Tally:
             self.digests.add(example.digest_sha256)
             self.prompt.append(example.prompt_tokens)
             self.completion.append(example.completion_tokens)
-            self.judged += example.judge_score is not None
+            if example.judge_score is not None:
+                self.judged += 1
+                self.scores[example.judge_score] = self.scores.get(example.judge_score, 0) + 1
             for token in example.logprobs or []:
                 self.top_k = max(self.top_k, len(token.top))
         shas = {example.input_sha256 for example in built if example.input_sha256}
@@ -159,6 +162,7 @@ def _card(settings: Settings, query: ExportQuery, tally: _Tally) -> DatasetCard:
         completion_tokens=TokenStats.of(tally.completion),
         min_judge_score=query.min_judge_score,
         judged_rows=tally.judged,
+        judge_scores=tally.scores,
         dropped_unjudged=tally.unjudged,
         dropped_below_score=tally.below,
     )
