@@ -13,11 +13,12 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from datetime import date
 from pathlib import Path
 from typing import NoReturn
 
 from kimi_batch.bench.commands import add_perf_commands
-from kimi_batch.errors import KimiBatchError
+from kimi_batch.errors import ConfigError, KimiBatchError
 from kimi_batch.llama import server_from_settings
 from kimi_batch.settings import Settings
 
@@ -116,13 +117,77 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _export(args: argparse.Namespace, settings: Settings) -> int:
-    from kimi_batch.cli.export import export_partition
+    from kimi_batch.cli.export import ExportRequest, run_export
+    from kimi_batch.cli.exports.selection import ExportQuery
 
-    path = export_partition(
-        settings, ds=args.date, source=args.source, fmt=args.format, out=args.out
+    if args.date and (args.since or args.until):
+        raise ConfigError("--date is one day: use it without --since and --until")
+    query = ExportQuery(
+        since=args.date or args.since,
+        until=args.date or args.until,
+        source=args.source,
+        min_judge_score=args.min_judge_score,
     )
-    print(path)
+    request = ExportRequest(
+        fmt=args.format,
+        out=args.out,
+        query=query,
+        system_files=tuple(args.system),
+        no_system=args.no_system,
+    )
+    print(run_export(settings, request))
     return 0
+
+
+def _day(value: str) -> date:
+    try:
+        return date.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a day YYYY-MM-DD: {value!r}") from None
+
+
+def _score(value: str) -> int:
+    if not value.isdigit() or not 1 <= int(value) <= 10:
+        raise argparse.ArgumentTypeError(f"a judge score is 1 to 10, not {value!r}")
+    return int(value)
+
+
+def _add_export(commands: argparse._SubParsersAction[_Parser]) -> None:
+    export = commands.add_parser(
+        "export",
+        help="write the answers for training, or as OpenAI Batch output lines",
+        description="Write the teacher's answers (every day and source unless you narrow "
+        "them) in a trainer's format, or as OpenAI Batch API output lines, and print the "
+        "path. Training formats: chat (JSONL of system, user and assistant messages), hf "
+        "(a Hugging Face dataset folder with its card), kd (chat plus the answer tokens' "
+        "top-k logprobs). Batch API batches are left out of them unless --source names one.",
+    )
+    export.add_argument(
+        "--format", choices=["openai-batch", "chat", "hf", "kd"], default="openai-batch",
+        help="what to write (default: openai-batch)",
+    )  # fmt: skip
+    export.add_argument("--since", type=_day, metavar="D", help="first day to export, YYYY-MM-DD")
+    export.add_argument("--until", type=_day, metavar="D", help="last day to export, YYYY-MM-DD")
+    export.add_argument("--date", type=_day, metavar="D", help="one day only, YYYY-MM-DD")
+    export.add_argument(
+        "--source", default=None, metavar="S", help="one source only: the input file's stem"
+    )
+    export.add_argument(
+        "--min-judge-score", type=_score, metavar="N",
+        help="keep only answers the judge scored N (1-10) or more",
+    )  # fmt: skip
+    export.add_argument(
+        "--system", action="append", type=Path, default=[], metavar="FILE",
+        help="an older system digest file, for answers generated under it (repeatable)",
+    )  # fmt: skip
+    export.add_argument(
+        "--no-system", action="store_true", help="write the conversations without a system turn"
+    )
+    export.add_argument(
+        "--out", type=Path, default=None, metavar="PATH",
+        help="the output file, or folder for hf (default: under the state directory)",
+    )  # fmt: skip
+    export.set_defaults(func=_export)
 
 
 def _api(args: argparse.Namespace, settings: Settings) -> int:
@@ -238,23 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
         "with one JSON line of counts and speeds.",
     ).set_defaults(func=_demo)
 
-    export = commands.add_parser(
-        "export",
-        help="write a partition's answers as OpenAI Batch output lines",
-        description="Write one partition's answers (the distilled table) as OpenAI Batch API "
-        "output lines, and print the file's path.",
-    )
-    export.add_argument(
-        "--format", choices=["openai-batch"], default="openai-batch", help="the file's format"
-    )
-    export.add_argument("--date", required=True, help="the partition's day, YYYY-MM-DD")
-    export.add_argument(
-        "--source", required=True, help="the partition's source: the input file's stem"
-    )
-    export.add_argument(
-        "--out", default=None, help="the output file (default: under the state directory)"
-    )
-    export.set_defaults(func=_export)
+    _add_export(commands)
 
     api = commands.add_parser(
         "api",

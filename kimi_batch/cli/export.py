@@ -1,29 +1,52 @@
-"""`kimi-batch export`: a distilled partition as OpenAI Batch API output lines.
+"""`kimi-batch export`: distilled answers as OpenAI Batch output lines, or in a trainer's format.
 
-The lines come from the one writer of `kimi_batch.tasks.openai_batch` that the Batch API's
-output and error files use too. The file holds prompts' answers: it is written 0600 (temp,
-fsync, rename), the folders it creates are 0700 (the default `$KIMI_BATCH_HOME/exports` always),
-and the temp files of an export killed midway are removed by the next export there.
+    openai-batch  OpenAI Batch API output lines (the Batch API's own writer, tasks.openai_batch)
+    chat          JSONL of {"messages": [system, user, assistant]} (TRL's SFTTrainer, axolotl)
+    hf            a folder datasets.load_dataset loads, with its dataset card (exports/hf.py)
+    kd            chat lines plus the answer's per-token top-k logprobs
+
+Every partition of `distilled` unless `--since`/`--until`/`--source` narrow it (`exports/
+selection.py`); the training formats leave Batch API batches out unless `--source` names one.
+Files hold prompts and answers: written 0600 whole (temp, fsync, rename), the folders created
+0700 (the default `$KIMI_BATCH_HOME/exports` always), a killed export's temps removed by the next.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
+from pydantic import BaseModel, ConfigDict
+
+from kimi_batch.cli.exports.conversation import BuildExamples, SystemTexts, example_builder
+from kimi_batch.cli.exports.hf import write_hf
+from kimi_batch.cli.exports.selection import (
+    ExportQuery,
+    PartitionRows,
+    read_selection,
+    select_partitions,
+)
+from kimi_batch.engine import load_digest
 from kimi_batch.errors import ConfigError, MissingInputError
 from kimi_batch.llama import TokenLogprob
 from kimi_batch.paths import private_dir
 from kimi_batch.settings import Settings
-from kimi_batch.storage import (
-    Warehouse,
-    validate_ds,
-    validate_source,
-    write_private_text,
-)
+from kimi_batch.storage import Warehouse, private_writer, validate_ds, validate_source
 from kimi_batch.tasks.openai_batch import AnsweredRequest, error_line, response_line
 
-__all__ = ["export_custom_id", "export_partition", "openai_batch_lines"]
+__all__ = [
+    "FORMATS",
+    "ExportRequest",
+    "export_custom_id",
+    "export_partition",
+    "openai_batch_lines",
+    "run_export",
+]
+
+FORMATS = ("openai-batch", "chat", "hf", "kd")
+TRAINING_FORMATS = ("chat", "hf", "kd")
 
 
 def export_custom_id(input_id: str, variant: tuple[str, str] | None) -> str:
@@ -77,30 +100,101 @@ def openai_batch_lines(
     return lines
 
 
+class ExportRequest(BaseModel):
+    """What `kimi-batch export` was asked for."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fmt: str = "openai-batch"
+    out: Path | None = None
+    query: ExportQuery = ExportQuery()
+    system_files: tuple[Path, ...] = ()
+    no_system: bool = False
+
+
+def _default_path(settings: Settings, request: ExportRequest) -> Path:
+    query = request.query
+    if query.single:
+        stem = f"distilled-{query.since}-{query.source}"
+    elif query.since is None and query.until is None:
+        stem = "distilled-all" + (f"-{query.source}" if query.source else "")
+    else:
+        span = f"{query.since or 'first'}..{query.until or 'last'}"
+        stem = f"distilled-{span}" + (f"-{query.source}" if query.source else "")
+    suffix = {"openai-batch": ".jsonl", "chat": ".chat.jsonl", "kd": ".kd.jsonl", "hf": ".hf"}
+    # Ours: made owner-only even when an older version created it 0755.
+    return private_dir(settings.home / "exports") / (stem + suffix[request.fmt])
+
+
+def _openai_batch(warehouse: Warehouse, ds: str, source: str) -> list[str]:
+    distilled = warehouse.read_partition("distilled", ds, source)
+    quarantine = warehouse.read_partition("quarantine", ds, source)
+    failed = quarantine.filter(quarantine["stage"] == "distill")
+    amplified = warehouse.read_partition("amplified", ds, source)
+    variants = {
+        row["request_id"]: (row["seed_id"], row["strategy"]) for row in amplified.to_dicts()
+    }
+    return openai_batch_lines(distilled.to_dicts(), failed.to_dicts(), variants)
+
+
+def _system_texts(settings: Settings, request: ExportRequest) -> SystemTexts:
+    paths = [settings.digest, *request.system_files]
+    missing = [path for path in paths if not path.is_file()]
+    if missing and not request.no_system:
+        raise MissingInputError(f"system digest file {missing[0]} does not exist")
+    return SystemTexts([load_digest(p) for p in paths if p.is_file()], omit=request.no_system)
+
+
+def _write_lines(
+    writer: TextIO, fmt: str, selection: Iterable[PartitionRows], build: BuildExamples
+) -> int:
+    written = 0
+    for rows in selection:
+        built = build(rows)
+        if fmt == "kd":
+            bare = [example.request_id for example in built if not example.logprobs]
+            if bare:
+                raise MissingInputError(
+                    f"{len(bare)} of {len(built)} answers of ds={rows.ds} source={rows.source} "
+                    "have no logprobs: --format kd needs answers distilled with n_probs above 0 "
+                    "(narrow the export with --since/--until/--source)"
+                )
+        for example in built:
+            writer.write((example.kd_line() if fmt == "kd" else example.chat_line()) + "\n")
+        written += len(built)
+    return written
+
+
+def run_export(settings: Settings, request: ExportRequest) -> Path:
+    """Write the export; returns its path (a file, or the hf folder)."""
+    if request.fmt not in FORMATS:
+        raise ConfigError(f"unknown export format {request.fmt!r}")
+    query = request.query.check()
+    if query.min_judge_score is not None and request.fmt not in TRAINING_FORMATS:
+        raise ConfigError("--min-judge-score chooses training rows: use it with chat, hf or kd")
+    warehouse = Warehouse(settings.paths.warehouse_dir)
+    training = request.fmt in TRAINING_FORMATS
+    partitions = select_partitions(warehouse, query, training=training)
+    path = request.out or _default_path(settings, request)
+    if not training:
+        with private_writer(path) as writer:
+            for ds, source in partitions:
+                writer.writelines(line + "\n" for line in _openai_batch(warehouse, ds, source))
+        return path
+    build = example_builder(settings, _system_texts(settings, request))
+    selection = read_selection(warehouse, query, partitions)
+    if request.fmt == "hf":
+        return write_hf(settings, path, query, selection, build)
+    with private_writer(path) as writer:
+        if not _write_lines(writer, request.fmt, selection, build):
+            raise MissingInputError(f"no rows to export in {query.describe()}")
+    return path
+
+
 def export_partition(
     settings: Settings, *, ds: str, source: str, fmt: str, out: str | None
 ) -> Path:
-    if fmt != "openai-batch":
-        raise ConfigError(f"unknown export format {fmt!r}")
-    ds, source = validate_ds(ds), validate_source(source)
-    warehouse = Warehouse(settings.paths.warehouse_dir)
-    distilled = warehouse.read_partition("distilled", ds, source)
-    if distilled.is_empty() and not warehouse.partition_file("distilled", ds, source).is_file():
-        raise MissingInputError(f"no distilled partition ds={ds} source={source}")
-    quarantine = warehouse.read_partition("quarantine", ds, source)
-    failed = (
-        quarantine.filter(quarantine["stage"] == "distill") if quarantine.height else quarantine
-    )
-    amplified = warehouse.read_partition("amplified", ds, source)
-    variants = (
-        {row["request_id"]: (row["seed_id"], row["strategy"]) for row in amplified.to_dicts()}
-        if amplified.height
-        else {}
-    )
-    if out:
-        path = Path(out)
-    else:
-        # Ours: made owner-only even when an older version created it 0755.
-        path = private_dir(settings.home / "exports") / f"distilled-{ds}-{source}.jsonl"
-    lines = openai_batch_lines(distilled.to_dicts(), failed.to_dicts(), variants)
-    return write_private_text(path, "".join(line + "\n" for line in lines))
+    """One partition (`--date D --source S`), as `run_export` writes it."""
+    day = date.fromisoformat(validate_ds(ds))
+    query = ExportQuery(since=day, until=day, source=validate_source(source))
+    return run_export(settings, ExportRequest(fmt=fmt, out=Path(out) if out else None, query=query))

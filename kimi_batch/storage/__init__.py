@@ -58,6 +58,8 @@ from kimi_batch.storage.partition_input import (
 )
 from kimi_batch.storage.private_files import (
     private_folder,
+    private_folder_swap,
+    private_writer,
     remove_stale_temps,
     temp_name,
     write_private_text,
@@ -125,6 +127,8 @@ __all__ = [
     "landed_versions",
     "polars_schema",
     "private_folder",
+    "private_folder_swap",
+    "private_writer",
     "process_owner",
     "remove_stale_temps",
     "replace_quarantine",

@@ -4,6 +4,8 @@
     temp_name(folder, name)  a hidden temp name carrying the writer's pid
     remove_stale_temps(dir)  the temps of writers that are gone (killed mid-write)
     write_private_text(p, t) write `t` to a temp, fsync, 0600, rename over `p`
+    private_writer(p)        the same, streamed: lines written as they come, renamed at the end
+    private_folder_swap(p)   a folder filled in a hidden temp folder (0700), renamed over `p`
 
 A write goes to a temp file first and is renamed into place, so a reader never sees half a file;
 a writer killed in between leaves its temp behind. Its name carries the writer's pid, so the next
@@ -15,9 +17,13 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TextIO
 
 from kimi_batch.paths import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE
 
@@ -25,6 +31,8 @@ __all__ = [
     "TEMP_SUFFIXES",
     "pid_alive",
     "private_folder",
+    "private_folder_swap",
+    "private_writer",
     "remove_stale_temps",
     "temp_name",
     "write_private_text",
@@ -91,19 +99,67 @@ def remove_stale_temps(folder: Path) -> list[Path]:
     return removed
 
 
-def write_private_text(path: Path, text: str) -> Path:
-    """Write `text` to `path` whole (temp, fsync, rename), 0600, its folder created 0700."""
+@contextmanager
+def private_writer(path: Path) -> Iterator[TextIO]:
+    """A text writer whose file appears at `path` whole (0600, folder created 0700) when the
+    block ends; an exception (or a kill) inside the block leaves `path` as it was."""
     folder = private_folder(path.parent)
     remove_stale_temps(folder)
     temp = temp_name(folder, path.name)
     try:
         descriptor = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE)
         with os.fdopen(descriptor, "w", encoding="utf-8") as writer:
-            writer.write(text)
+            yield writer
             writer.flush()
             os.fsync(writer.fileno())
         os.replace(temp, path)
     finally:
         temp.unlink(missing_ok=True)
     # The rename brings the temp's inode (0600; a umask only narrows it) over any older file.
+
+
+def write_private_text(path: Path, text: str) -> Path:
+    """Write `text` to `path` whole (temp, fsync, rename), 0600, its folder created 0700."""
+    with private_writer(path) as writer:
+        writer.write(text)
     return path
+
+
+def _remove_stale_temp_folders(parent: Path, name: str) -> None:
+    """The temp folders of `name` left by writers that no longer run."""
+    for entry in parent.glob(f".{name}.*.tmp"):
+        match = _WITH_PID.match(entry.name)
+        pid = int(match.group(1)) if match else os.getpid()
+        if pid != os.getpid() and not pid_alive(pid) and entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _fsync_tree(folder: Path) -> None:
+    """Every file and folder under `folder`, and `folder` itself, on disk."""
+    for path in [*sorted(folder.rglob("*"), reverse=True), folder]:
+        descriptor = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+
+@contextmanager
+def private_folder_swap(path: Path) -> Iterator[Path]:
+    """A fresh hidden folder (0700) to fill; when the block ends its files are synced and it
+    replaces `path` (an older folder there is removed after the rename). An exception or a kill
+    inside the block leaves `path` as it was; the next swap removes a dead writer's temp."""
+    parent = private_folder(path.parent)
+    _remove_stale_temp_folders(parent, path.name)
+    temp = temp_name(parent, path.name)
+    old = temp_name(parent, f"{path.name}.old")
+    temp.mkdir(mode=PRIVATE_DIR_MODE)
+    try:
+        yield temp
+        _fsync_tree(temp)
+        if path.exists():
+            os.replace(path, old)
+        os.replace(temp, path)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)

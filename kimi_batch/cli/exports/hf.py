@@ -1,0 +1,199 @@
+"""`--format hf`: a folder `datasets.load_dataset("parquet", data_dir=...)` (or
+`load_dataset(folder)`) loads: `data/train-NNNNN.parquet`, one file a partition, and the card.
+
+    <out>/README.md                    the dataset card (card.py)
+    <out>/data/train-00000.parquet     messages + ids, model, tokens, judge score
+
+The folder is filled as a hidden temp folder beside `<out>` and renamed over it at the end, so
+an export that fails or is killed midway leaves the older export (or nothing) in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import polars as pl
+
+from kimi_batch.cli.exports.card import (
+    DatasetCard,
+    DedupFigures,
+    InputSource,
+    SamplingFigures,
+    TokenStats,
+    quarantine_counts,
+)
+from kimi_batch.cli.exports.conversation import BuildExamples, ExportExample
+from kimi_batch.cli.exports.selection import ExportQuery, PartitionRows
+from kimi_batch.errors import ConfigError, MissingInputError
+from kimi_batch.paths import PRIVATE_FILE_MODE
+from kimi_batch.settings import Settings
+from kimi_batch.storage import Warehouse, landed_versions, private_folder_swap
+
+__all__ = ["HF_SCHEMA", "write_hf"]
+
+CARD = "README.md"
+DATA = "data"
+HF_SCHEMA = pl.Schema(
+    {
+        "messages": pl.List(pl.Struct({"role": pl.String, "content": pl.String})),
+        "ds": pl.String,
+        "source": pl.String,
+        "request_id": pl.String,
+        "input_id": pl.String,
+        "seed_id": pl.String,
+        "origin": pl.String,
+        "strategy": pl.String,
+        "model": pl.String,
+        "digest_sha256": pl.String,
+        "input_sha256": pl.String,
+        "prompt_tokens": pl.Int64,
+        "cached_tokens": pl.Int64,
+        "completion_tokens": pl.Int64,
+        "finish_reason": pl.String,
+        "judge_score": pl.Int64,
+    }
+)
+
+
+class _Tally:
+    """What the card says, gathered one partition at a time."""
+
+    def __init__(self) -> None:
+        self.examples = 0
+        self.models: set[str] = set()
+        self.digests: set[str] = set()
+        self.prompt: list[int] = []
+        self.completion: list[int] = []
+        self.inputs: dict[tuple[str, str], tuple[set[str], int]] = {}
+        self.files: dict[tuple[str, str], str] = {}
+        self.judged = self.unjudged = self.below = self.top_k = 0
+        self.scores: dict[int, int] = {}
+
+    def add(self, rows: PartitionRows, built: list[ExportExample]) -> None:
+        self.examples += len(built)
+        for example in built:
+            self.models.add(example.model)
+            self.digests.add(example.digest_sha256)
+            self.prompt.append(example.prompt_tokens)
+            self.completion.append(example.completion_tokens)
+            if example.judge_score is not None:
+                self.judged += 1
+                self.scores[example.judge_score] = self.scores.get(example.judge_score, 0) + 1
+            for token in example.logprobs or []:
+                self.top_k = max(self.top_k, len(token.top))
+        shas = {example.input_sha256 for example in built if example.input_sha256}
+        self.inputs[(rows.ds, rows.source)] = (shas, len(built))
+        for seed in rows.seeds.values():
+            self.files[(rows.ds, rows.source)] = seed.source_file
+            break
+        self.unjudged += rows.unjudged_dropped
+        self.below += rows.below_floor
+
+
+def _write_part(folder: Path, index: int, built: list[ExportExample]) -> None:
+    records = [example.model_dump() for example in built]  # logprobs excluded: kd has them
+    path = folder / f"train-{index:05d}.parquet"
+    pl.DataFrame(records, schema=HF_SCHEMA).write_parquet(path, compression="zstd")
+    path.chmod(PRIVATE_FILE_MODE)
+
+
+def _sources(settings: Settings, tally: _Tally) -> list[InputSource]:
+    landed = {(a.ds, a.source): (a.name, sha) for a, sha in landed_versions(settings.paths)}
+    return [
+        InputSource(
+            ds=ds,
+            source=source,
+            file=landed.get((ds, source), (None, None))[0] or tally.files.get((ds, source)),
+            input_sha256=sorted(shas),
+            latest_sha256=landed.get((ds, source), (None, None))[1],
+            rows=count,
+        )
+        for (ds, source), (shas, count) in sorted(tally.inputs.items())
+    ]
+
+
+def _sampling(settings: Settings, warehouse: Warehouse, tally: _Tally) -> SamplingFigures:
+    # The distillation run config's defaults: rows do not record the params they were sent with.
+    from kimi_batch.defs.stages import DistillConfig
+
+    params = DistillConfig().sampling(settings.llama_n_predict)
+    overrides = 0
+    for ds, source in tally.inputs:
+        seeds = warehouse.read_partition("seeds", ds, source)
+        fields = ("max_tokens", "temperature", "top_p", "seed")
+        overrides += seeds.filter(pl.any_horizontal(pl.col(f).is_not_null() for f in fields)).height
+    return SamplingFigures(
+        recorded=False,
+        params=params.model_dump(include={"max_tokens", "temperature", "top_p", "seed"}),
+        top_k_logprobs=tally.top_k,
+        rows_with_overrides=overrides,
+        note="The rows do not record the sampling they were generated with: these are the "
+        "distillation run config's defaults (max_tokens: KIMI_BATCH_LLAMA_N_PREDICT), which a "
+        "run's config or a seed's own fields may have changed.",
+    )
+
+
+def _quarantine(warehouse: Warehouse, tally: _Tally) -> dict[str, int]:
+    reasons: list[str] = []
+    for ds, source in tally.inputs:
+        reasons.extend(warehouse.read_partition("quarantine", ds, source)["reason"].to_list())
+    return quarantine_counts(reasons)
+
+
+def _card(settings: Settings, query: ExportQuery, tally: _Tally) -> DatasetCard:
+    warehouse = Warehouse(settings.paths.warehouse_dir)
+    return DatasetCard(
+        rows=tally.examples,
+        models=sorted(tally.models),
+        digest_sha256=sorted(tally.digests),
+        sources=_sources(settings, tally),
+        sampling=_sampling(settings, warehouse, tally),
+        quarantine=_quarantine(warehouse, tally),
+        quality=DedupFigures(
+            dedup=settings.dedup,
+            dedup_fields=settings.dedup_fields,
+            dedup_threshold=settings.dedup_threshold,
+            dedup_shingle=settings.dedup_shingle,
+            benchmarks=[path.name for path in settings.benchmarks],
+            contamination_ngram=settings.contamination_ngram,
+        ),
+        prompt_tokens=TokenStats.of(tally.prompt),
+        completion_tokens=TokenStats.of(tally.completion),
+        min_judge_score=query.min_judge_score,
+        judged_rows=tally.judged,
+        judge_scores=tally.scores,
+        dropped_unjudged=tally.unjudged,
+        dropped_below_score=tally.below,
+    )
+
+
+def _refuse_foreign(path: Path) -> None:
+    """Only an earlier export (its card inside) is replaced, never a folder of the user's."""
+    if path.exists() and not (path.is_dir() and (path / CARD).is_file() and (path / DATA).is_dir()):
+        raise ConfigError(f"{path} exists and is not an earlier hf export: choose another --out")
+
+
+def write_hf(
+    settings: Settings,
+    path: Path,
+    query: ExportQuery,
+    selection: Iterable[PartitionRows],
+    build: BuildExamples,
+) -> Path:
+    """The folder at `path`, whole or not at all."""
+    _refuse_foreign(path)
+    tally = _Tally()
+    with private_folder_swap(path) as folder:
+        data = folder / DATA
+        data.mkdir(mode=0o700)
+        for rows in selection:
+            built = build(rows)
+            tally.add(rows, built)
+            if built:
+                _write_part(data, len(list(data.iterdir())), built)
+        if not tally.examples:
+            raise MissingInputError(f"no rows to export in {query.describe()}")
+        (folder / CARD).write_text(_card(settings, query, tally).render(), encoding="utf-8")
+        (folder / CARD).chmod(PRIVATE_FILE_MODE)
+    return path
