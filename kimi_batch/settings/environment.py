@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import os
 import shlex
+from collections.abc import Callable
 from datetime import date, time
 from pathlib import Path
+from typing import TypeVar
 
 from kimi_batch.errors import ConfigError
+
+NumberT = TypeVar("NumberT", int, float)
 
 __all__ = [
     "env_args",
@@ -24,24 +28,22 @@ __all__ = [
 ]
 
 
-def env_int(name: str, default: int) -> int:
+def _number(name: str, default: NumberT, parse: Callable[[str], NumberT], kind: str) -> NumberT:
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
     try:
-        return int(raw)
+        return parse(raw)
     except ValueError as error:
-        raise ConfigError(f"{name} must be an integer, got {raw!r}") from error
+        raise ConfigError(f"{name} must be {kind}, got {raw!r}") from error
+
+
+def env_int(name: str, default: int) -> int:
+    return _number(name, default, int, "an integer")
 
 
 def env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        return float(raw)
-    except ValueError as error:
-        raise ConfigError(f"{name} must be a number, got {raw!r}") from error
+    return _number(name, default, float, "a number")
 
 
 def env_on(name: str, *, default: bool) -> bool:

@@ -26,7 +26,6 @@ from kimi_batch.storage.schema import (
     TABLES,
     model_for,
     polars_schema,
-    validate_identifier,
 )
 
 __all__ = ["PART_FILE", "PartitionWrite", "Warehouse", "validate_ds", "validate_source"]
@@ -129,23 +128,6 @@ class Warehouse:
 
     def partition_file(self, table: str, ds: str | date, source: str) -> Path:
         return self.partition_dir(table, ds, source) / PART_FILE
-
-    def any_partition_file(self, table: str, ds: str | date, source: str) -> Path:
-        """Where one partition of any table is, its row model known to this process or not
-        (a stage declared elsewhere): the same layout."""
-        table = validate_identifier(table)
-        return (
-            self.root
-            / table
-            / f"ds={validate_ds(ds)}"
-            / f"source={validate_source(source)}"
-            / PART_FILE
-        )
-
-    def read_any_partition(self, table: str, ds: str | date, source: str) -> pl.DataFrame | None:
-        """One partition's rows as written (no schema applied), None when it has no file."""
-        path = self.any_partition_file(table, ds, source)
-        return pl.read_parquet(path) if path.is_file() else None
 
     def write_partition(
         self,

@@ -2,8 +2,7 @@
 
 Each inbox partition holds two seeds (one with its own instructions, one with earlier turns),
 three answers (both seeds and a variant of the first), and quarantine rows of every kind the
-quality gates write. `judge` adds a `judged` partition the way the judge stage lays it out,
-written with polars (its row model belongs to the stage).
+quality gates write. `judge` adds a `judged` partition (the judge stage's rows).
 """
 
 from __future__ import annotations
@@ -12,14 +11,13 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-import polars as pl
-
 from kimi_batch.engine import fold_instructions, load_digest
 from kimi_batch.settings import Settings
 from kimi_batch.storage import Warehouse
 from kimi_batch.tasks.rows import (
     AmplifiedRow,
     DistilledRow,
+    JudgedRow,
     QuarantineRow,
     SeedMessage,
     SeedRow,
@@ -189,24 +187,12 @@ def build_warehouse(settings: Settings, *, logprobs: bool = True) -> Warehouse:
 def judge(warehouse: Warehouse, ds: str, source: str, scores: dict[str, int]) -> Path:
     """A `judged` partition scoring the answers named (request id -> score)."""
     rows = [
-        {
-            "request_id": f"judge-{answer}",
-            "input_id": answer,
-            "model": "smollm2-135m",
-            "digest_sha256": "0" * 64,
-            "prompt_tokens": 50,
-            "cached_tokens": 0,
-            "completion_tokens": 12,
-            "finish_reason": "stop",
-            "input_sha256": _sha(ds, source),
-            "created_at": CREATED_AT.replace(tzinfo=None),
-            "answer_request_id": answer,
-            "score": score,
-            "reason": f"scored {score}",
-        }
+        JudgedRow(
+            **_generation(f"judge-{answer}", answer, "0" * 64, _sha(ds, source), 0),
+            answer_request_id=answer,
+            score=score,
+            reason=f"scored {score}",
+        )
         for answer, score in scores.items()
     ]
-    path = warehouse.any_partition_file("judged", ds, source)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pl.DataFrame(rows).write_parquet(path)
-    return path
+    return warehouse.write_partition("judged", ds, source, rows).path

@@ -84,9 +84,9 @@ class _Tally:
                 self.top_k = max(self.top_k, len(token.top))
         shas = {example.input_sha256 for example in built if example.input_sha256}
         self.inputs[(rows.ds, rows.source)] = (shas, len(built))
-        for seed in rows.seeds.values():
-            self.files[(rows.ds, rows.source)] = seed.source_file
-            break
+        first = next(iter(rows.seeds.values()), None)
+        if first is not None:
+            self.files[(rows.ds, rows.source)] = first.source_file
         self.unjudged += rows.unjudged_dropped
         self.below += rows.below_floor
 
@@ -100,17 +100,20 @@ def _write_part(folder: Path, index: int, built: list[ExportExample]) -> None:
 
 def _sources(settings: Settings, tally: _Tally) -> list[InputSource]:
     landed = {(a.ds, a.source): (a.name, sha) for a, sha in landed_versions(settings.paths)}
-    return [
-        InputSource(
-            ds=ds,
-            source=source,
-            file=landed.get((ds, source), (None, None))[0] or tally.files.get((ds, source)),
-            input_sha256=sorted(shas),
-            latest_sha256=landed.get((ds, source), (None, None))[1],
-            rows=count,
+    sources: list[InputSource] = []
+    for key, (shas, count) in sorted(tally.inputs.items()):
+        name, latest = landed.get(key, (None, None))
+        sources.append(
+            InputSource(
+                ds=key[0],
+                source=key[1],
+                file=name or tally.files.get(key),
+                input_sha256=sorted(shas),
+                latest_sha256=latest,
+                rows=count,
+            )
         )
-        for (ds, source), (shas, count) in sorted(tally.inputs.items())
-    ]
+    return sources
 
 
 def _sampling(settings: Settings, warehouse: Warehouse, tally: _Tally) -> SamplingFigures:
@@ -187,11 +190,13 @@ def write_hf(
     with private_folder_swap(path) as folder:
         data = folder / DATA
         data.mkdir(mode=0o700)
+        parts = 0
         for rows in selection:
             built = build(rows)
             tally.add(rows, built)
             if built:
-                _write_part(data, len(list(data.iterdir())), built)
+                _write_part(data, parts, built)
+                parts += 1
         if not tally.examples:
             raise MissingInputError(f"no rows to export in {query.describe()}")
         (folder / CARD).write_text(_card(settings, query, tally).render(), encoding="utf-8")

@@ -17,19 +17,19 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.errors import ConfigError, MissingInputError
 from kimi_batch.storage import Warehouse, validate_source
-from kimi_batch.tasks.rows import DistilledRow, SeedRow
+from kimi_batch.tasks.judge import JudgeTask, Verdict
+from kimi_batch.tasks.rows import DistilledRow, JudgedRow, SeedRow
 
 __all__ = [
     "JUDGED_TABLE",
     "ExportQuery",
-    "Judgement",
     "PartitionRows",
     "is_batch_source",
     "read_selection",
     "select_partitions",
 ]
 
-JUDGED_TABLE = "judged"
+JUDGED_TABLE = JudgeTask.table
 # The Batch API store names a batch `batch_<24 hex>`, and the batch's partition after it.
 _BATCH_SOURCE = re.compile(r"^batch_[0-9a-f]{24}$")
 
@@ -91,20 +91,13 @@ def select_partitions(
     if not found:
         raise MissingInputError(f"no distilled partition {query.describe()}")
     if query.min_judge_score is not None and not any(
-        warehouse.any_partition_file(JUDGED_TABLE, ds, source).is_file() for ds, source in found
+        warehouse.partition_file(JUDGED_TABLE, ds, source).is_file() for ds, source in found
     ):
         raise MissingInputError(
             f"--min-judge-score needs judge scores, and no partition of {query.describe()} has "
             "been judged: run the judge stage on it first"
         )
     return found
-
-
-class Judgement(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    score: int = Field(ge=1, le=10)
-    reason: str
 
 
 class PartitionRows(BaseModel):
@@ -116,7 +109,7 @@ class PartitionRows(BaseModel):
     source: str
     answers: list[DistilledRow]
     seeds: dict[str, SeedRow]
-    judgements: dict[str, Judgement] | None = Field(description="None: never judged.")
+    judgements: dict[str, Verdict] | None = Field(description="None: never judged.")
     unjudged_dropped: int = 0
     below_floor: int = 0
 
@@ -129,15 +122,11 @@ def _rows(warehouse: Warehouse, table: str, ds: str, source: str) -> list[dict[s
     return warehouse.read_partition(table, ds, source).drop("ds", "source").to_dicts()
 
 
-def _judgements(warehouse: Warehouse, ds: str, source: str) -> dict[str, Judgement] | None:
-    frame = warehouse.read_any_partition(JUDGED_TABLE, ds, source)
-    if frame is None:
+def _judgements(warehouse: Warehouse, ds: str, source: str) -> dict[str, Verdict] | None:
+    if not warehouse.partition_file(JUDGED_TABLE, ds, source).is_file():
         return None
-    rows = frame.select("answer_request_id", "score", "reason").to_dicts()
-    return {
-        str(row["answer_request_id"]): Judgement(score=row["score"], reason=row["reason"] or "")
-        for row in rows
-    }
+    rows = [JudgedRow.model_validate(row) for row in _rows(warehouse, JUDGED_TABLE, ds, source)]
+    return {row.answer_request_id: Verdict(score=row.score, reason=row.reason) for row in rows}
 
 
 def _partition(warehouse: Warehouse, query: ExportQuery, ds: str, source: str) -> PartitionRows:
