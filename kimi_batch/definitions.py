@@ -38,8 +38,9 @@ DIGEST_ASSETS = [system_digest, digest_prefill]
 
 
 def batch_assets(settings: Settings) -> list[dg.AssetsDefinition]:
-    """seed_prompts, amplified_prompts, distilled_responses over the deployment's partitions."""
-    return build_batch_assets(build_batch_partitions(settings))
+    """seed_prompts and the stages `settings` switch on (amplify, distill; the judge when
+    KIMI_BATCH_JUDGE_NIGHTLY=on) over the deployment's partitions."""
+    return build_batch_assets(build_batch_partitions(settings), settings)
 
 
 def build_resources(settings: Settings) -> dict[str, dg.ConfigurableResource]:

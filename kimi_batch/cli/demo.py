@@ -12,7 +12,7 @@ import dagster as dg
 from kimi_batch.definitions import DIGEST_ASSETS, batch_assets, build_resources
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, SOURCE_PARTITIONS_NAME
 from kimi_batch.defs.resources.digest import DigestResource
-from kimi_batch.defs.stages import SEED_ASSET, STAGE_DECLARATIONS
+from kimi_batch.defs.stages import STAGE_DECLARATIONS
 from kimi_batch.engine import ProgressEvent, notify
 from kimi_batch.errors import MissingInputError
 from kimi_batch.llama import server_from_settings
@@ -145,8 +145,6 @@ def run_demo(settings: Settings, *, console_log_level: str = "INFO") -> dict[str
             resources=resources,
             instance=instance,
             run_config=quiet,
-            # The stages a setting switches on (the judge) only when it is on.
-            selection=[dg.AssetKey(SEED_ASSET), *(d.key for d in stages)],
         )
         for stage in stages:
             meta = _metadata(run, stage.asset)

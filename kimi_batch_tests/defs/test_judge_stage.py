@@ -10,7 +10,7 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from kimi_batch.definitions import build_definitions
+from kimi_batch.definitions import batch_assets, build_definitions
 from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME
 from kimi_batch.defs.stages import DISTILL, JUDGE, nightly_stages
 from kimi_batch.settings import Settings
@@ -41,6 +41,10 @@ def test_by_default_the_judge_is_in_the_code_location_but_not_run(
     assert DISTILL.key in defs.resolve_job_def("batch_job").asset_layer.selected_asset_keys
     assert JUDGE not in nightly_stages(settings)
     assert DISTILL in nightly_stages(settings)
+    # "Everything" (the demo, the bench's pipeline run) is the stages switched on.
+    everything = {asset.key for asset in batch_assets(settings)}
+    assert DISTILL.key in everything
+    assert JUDGE.key not in everything
 
 
 def test_switched_on_the_night_runs_it_after_distillation(
@@ -49,6 +53,7 @@ def test_switched_on_the_night_runs_it_after_distillation(
     settings = _settings(tmp_path, monkeypatch, KIMI_BATCH_JUDGE_NIGHTLY="on")
     stages = nightly_stages(settings)
     assert stages.index(JUDGE) > stages.index(DISTILL)
+    assert JUDGE.key in {asset.key for asset in batch_assets(settings)}
 
 
 @pytest.mark.slow

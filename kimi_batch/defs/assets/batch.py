@@ -186,9 +186,12 @@ def land_seed_partition(
     )
 
 
-def build_batch_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDefinition]:
+def build_batch_assets(
+    partitions: dg.PartitionsDefinition, settings: Settings | None = None
+) -> list[dg.AssetsDefinition]:
     """seed_prompts, then one asset per declared stage (`STAGE_DECLARATIONS`), over
-    `partitions`."""
+    `partitions`; with `settings`, only the stages they switch on (what a run of "everything"
+    materializes: the demo, the bench), without, all of them (the code location)."""
     seeds = dg.asset(
         name=SEED_ASSET,
         partitions_def=partitions,
@@ -200,7 +203,8 @@ def build_batch_assets(partitions: dg.PartitionsDefinition) -> list[dg.AssetsDef
         tags={INGEST_TAG: "true"},
         check_specs=check_specs(SEED_ASSET, partitions, ["published_to_trino"]),
     )(seed_prompts)
-    return [seeds, *(declared_asset(d, partitions) for d in STAGE_DECLARATIONS.values())]
+    declared = [d for d in STAGE_DECLARATIONS.values() if settings is None or d.enabled(settings)]
+    return [seeds, *(declared_asset(d, partitions) for d in declared)]
 
 
 def declared_asset(
