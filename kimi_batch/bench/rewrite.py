@@ -61,6 +61,17 @@ def _tok_s(results: Sequence[GenerationResult], wall_s: float) -> float:
     return sum(r.completion_tokens for r in results) / wall_s if wall_s > 0 else 0.0
 
 
+def _plain_run(
+    manager: ResidentServer, workload: Workload, digest_path: Path, work_dir: Path
+) -> tuple[list[GenerationResult], float, BenchTarget]:
+    """The workload through the engine on the plain server (started, then stopped)."""
+    handle = manager.ensure_running()
+    target = asyncio.run(bench_target(handle.base_url, handle.model, digest_path))
+    results, wall = _engine_results(target, workload.requests, work_dir / "rewrite-plain.sqlite3")
+    manager.stop()
+    return results, wall, target
+
+
 def run_rewrite(
     manager: ResidentServer,
     workload: Workload,
@@ -71,18 +82,15 @@ def run_rewrite(
     work_dir: Path,
 ) -> dict[str, Any]:
     """Plain, speculative, plain again; `manager`'s server runs on entry, stopped on return."""
-    handle = manager.ensure_running()
-    target = asyncio.run(bench_target(handle.base_url, handle.model, digest_path))
-    plain, plain_wall = _engine_results(
-        target, workload.requests, work_dir / "rewrite-plain.sqlite3"
-    )
-    manager.stop()
+    plain, plain_wall, target = _plain_run(manager, workload, digest_path, work_dir)
     spec = manager.spec.model_copy(update={"spec_type": spec_type, "draft_model": draft_model})
     speculating = ResidentServer(spec, work_dir / "server-spec", load_timeout_s=600)
     speculating.stop()  # one left behind by a killed bench
     spec_handle = speculating.ensure_running()
     try:
-        spec_target = asyncio.run(bench_target(spec_handle.base_url, handle.model, digest_path))
+        spec_target = asyncio.run(
+            bench_target(spec_handle.base_url, target.endpoint.model, digest_path)
+        )
         drafted, spec_wall = _engine_results(
             spec_target, workload.requests, work_dir / "rewrite-spec.sqlite3"
         )
@@ -90,18 +98,14 @@ def run_rewrite(
         speculating.stop()
     # The plain run again after the speculative one: on a shared machine the load drifts, and the
     # mean of a run before and one after is what speculation is compared with.
-    handle = manager.ensure_running()
-    target = asyncio.run(bench_target(handle.base_url, handle.model, digest_path))
-    again, again_wall = _engine_results(
-        target, workload.requests, work_dir / "rewrite-plain.sqlite3"
-    )
-    manager.stop()
+    again, again_wall, _ = _plain_run(manager, workload, digest_path, work_dir)
     plain_runs = [_tok_s(plain, plain_wall), _tok_s(again, again_wall)]
     plain_text = {r.input_id: r.text for r in plain}
     identical = sum(1 for r in drafted if plain_text.get(r.input_id) == r.text)
     draft_n = sum(r.draft_tokens or 0 for r in drafted)
     accepted_n = sum(r.draft_accepted_tokens or 0 for r in drafted)
     engine_tok_s, spec_tok_s = sum(plain_runs) / 2, _tok_s(drafted, spec_wall)
+    per_request = max(len(drafted), 1)
     return {
         "requests": len(workload.requests),
         "output_tokens": workload.output_tokens,
@@ -112,10 +116,10 @@ def run_rewrite(
         "engine_spec_tok_s": round(spec_tok_s, 2),
         "spec_speedup": round(spec_tok_s / engine_tok_s, 4) if engine_tok_s else 0.0,
         "spec_acceptance": round(accepted_n / draft_n, 4) if draft_n else 0.0,
-        "spec_drafted_per_request": round(draft_n / max(len(drafted), 1), 1),
-        "spec_accepted_per_request": round(accepted_n / max(len(drafted), 1), 1),
+        "spec_drafted_per_request": round(draft_n / per_request, 1),
+        "spec_accepted_per_request": round(accepted_n / per_request, 1),
         "spec_requests_with_drafts": sum(1 for r in drafted if r.draft_tokens),
-        "spec_identical_fraction": round(identical / max(len(drafted), 1), 4),
+        "spec_identical_fraction": round(identical / per_request, 4),
         "engine_tok_s_runs": [round(x, 2) for x in plain_runs],
         "plain_identical_fraction": round(
             sum(1 for r in again if plain_text.get(r.input_id) == r.text) / max(len(again), 1), 4

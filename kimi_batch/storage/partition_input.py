@@ -59,6 +59,21 @@ class ResolvedInput(BaseModel):
     from_inbox: bool = Field(description="The inbox file was there and is this version.")
 
 
+def _assignment(
+    landing: Landing, inbox_dir: Path, ds: str, source: str, *, arrived: date, start: date
+) -> Assignment:
+    """The partition's inbox file, assigning unseen inbox files first; StorageError if none."""
+    if landing.assignment_for(ds, source) is None:
+        landing.assign_inbox(inbox_dir, arrived=arrived, start=start)
+    assignment = landing.assignment_for(ds, source)
+    if assignment is None:
+        raise StorageError(
+            f"no input file was ever seen for partition date={ds} source={source} "
+            "(the sensor, the schedule or the demo assign inbox files to partitions)"
+        )
+    return assignment
+
+
 def resolve_input(
     landing: Landing,
     inbox_dir: Path,
@@ -80,14 +95,7 @@ def resolve_input(
     that raises InputNotSettledError. An I/O error of the machine raises LandingIOError and lands
     nothing. Raises StorageError for a partition with no input.
     """
-    if landing.assignment_for(ds, source) is None:
-        landing.assign_inbox(inbox_dir, arrived=arrived, start=start)
-    assignment = landing.assignment_for(ds, source)
-    if assignment is None:
-        raise StorageError(
-            f"no input file was ever seen for partition date={ds} source={source} "
-            "(the sensor, the schedule or the demo assign inbox files to partitions)"
-        )
+    assignment = _assignment(landing, inbox_dir, ds, source, arrived=arrived, start=start)
     item = inspect_inbox_file(inbox_dir, assignment.name)
     problem = deferred = None
     if item is None:

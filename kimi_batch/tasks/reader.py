@@ -18,7 +18,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -115,6 +115,47 @@ def _mib(size: int) -> str:
     return f"{size / (1 << 20):.1f} MiB"
 
 
+class _RowMaker(Protocol):
+    """Makes the file's quarantine row for one reason (`iter_inbox_rows`' `row`)."""
+
+    def __call__(
+        self, line: int | None, reason: str, raw: str, input_id: str | None = None
+    ) -> QuarantineRow: ...
+
+
+def _file_rows(
+    path: Path, file: IO[bytes], size: int, source: str, rejects: _Rejects, row: _RowMaker
+) -> Iterator[SeedPrompt | QuarantineRow]:
+    """The rows of an opened, size-checked file: each decoded and validated, a bad one or a
+    repeated input id a quarantine row (`row`) while `rejects` admits more."""
+    seen = SeenIds()
+    rows_read = 0
+    for line, record, raw, decode_error in _items(path, file, size):
+        rows_read += 1
+        try:
+            if decode_error is not None:
+                raise ValueError(decode_error)
+            seed = parse_record(record, source_file=source, line=line)
+        except ValidationError as error:
+            if rejects.admit(line, reason := format_validation_error(error)):
+                yield row(line, reason, rejected_raw(raw, record))
+            continue
+        except (ValueError, RecursionError) as error:
+            reason = str(error) if not isinstance(error, RecursionError) else "nested too deeply"
+            if rejects.admit(line, reason):
+                yield row(line, reason, rejected_raw(raw, record))
+            continue
+        if not seen.add(seed.input_id, line):
+            where = seen.first_line(seed.input_id)
+            reason = f"duplicate input id {seed.input_id!r} (first on line {where})"
+            if rejects.admit(line, reason):
+                yield row(line, reason, rejected_raw(raw, record), seed.input_id)
+            continue
+        yield seed
+    if rows_read == 0:
+        yield row(None, "the file is empty (no rows, only blank lines or a header)", path.name)
+
+
 def iter_inbox_rows(
     path: Path,
     *,
@@ -134,7 +175,6 @@ def iter_inbox_rows(
     source = source_name or path.name
     created = now or datetime.now(UTC)
     rejects = _Rejects(max_quarantine_rows)
-    seen = SeenIds()
 
     def row(line: int | None, reason: str, raw: str, input_id: str | None = None) -> QuarantineRow:
         return input_row(
@@ -155,33 +195,7 @@ def iter_inbox_rows(
         if size == 0:
             raise FileRefusedError("the file is empty (0 bytes); nothing to ingest")
         check_text_encoding(file, path.suffix)
-        rows_read = 0
-        for line, record, raw, decode_error in _items(path, file, size):
-            rows_read += 1
-            try:
-                if decode_error is not None:
-                    raise ValueError(decode_error)
-                seed = parse_record(record, source_file=source, line=line)
-            except ValidationError as error:
-                if rejects.admit(line, reason := format_validation_error(error)):
-                    yield row(line, reason, rejected_raw(raw, record))
-                continue
-            except (ValueError, RecursionError) as error:
-                reason = (
-                    str(error) if not isinstance(error, RecursionError) else "nested too deeply"
-                )
-                if rejects.admit(line, reason):
-                    yield row(line, reason, rejected_raw(raw, record))
-                continue
-            if not seen.add(seed.input_id, line):
-                where = seen.first_line(seed.input_id)
-                reason = f"duplicate input id {seed.input_id!r} (first on line {where})"
-                if rejects.admit(line, reason):
-                    yield row(line, reason, rejected_raw(raw, record), seed.input_id)
-                continue
-            yield seed
-        if rows_read == 0:
-            yield row(None, "the file is empty (no rows, only blank lines or a header)", path.name)
+        yield from _file_rows(path, file, size, source, rejects, row)
     # Whatever stops the file from being read further becomes one row for the file: a broken
     # upload must not fail the partition (rows read before the error are kept).
     except FileRefusedError as error:
