@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+from psycopg.pq import TransactionStatus
 
 from kimi_batch.state.database import Cursor, StateBusyError, StateDatabase, StateError
 
@@ -77,36 +78,61 @@ class PostgresDatabase(StateDatabase):
             raise StateError(f"not a schema name: {schema!r}")
         self.url, self.schema = url, schema
         self._lock = _lock_id(schema)
+        self._timeout_s = timeout_s
+        self._db = self._connect()
+
+    def _connect(self) -> psycopg.Connection[Any]:
         try:
-            self._db = psycopg.connect(
-                url,
+            db = psycopg.connect(
+                self.url,
                 autocommit=True,
                 connect_timeout=_CONNECT_TIMEOUT_S,
                 # A statement waiting on a lock longer than SQLite's busy timeout fails as busy.
-                options=f"-c lock_timeout={int(timeout_s * 1000)}",
+                options=f"-c lock_timeout={int(self._timeout_s * 1000)}",
             )
+            # The schema may not exist yet: it is created with the tables (`create`).
+            db.execute(f"SET search_path TO {self.schema}")  # type: ignore[arg-type]
         except psycopg.Error as error:
-            raise _translated(error, url) from error
-        self.execute(f"SET search_path TO {schema}")  # created with the tables (`create`)
+            raise _translated(error, self.url) from error
+        return db
+
+    def _live(self) -> psycopg.Connection[Any]:
+        """The connection; a new one when the last was lost (a database restart, a dropped
+        connection). The statement that met the loss failed as busy; the next one goes on."""
+        if self._db.broken or self._db.closed:
+            self._db = self._connect()
+        return self._db
 
     def execute(self, sql: str, params: Sequence[object] = ()) -> Cursor:
+        db = self._live()
+        alone = db.info.transaction_status == TransactionStatus.IDLE
         try:
-            return self._db.execute(_placeholders(sql), tuple(params))  # type: ignore[arg-type]
+            return db.execute(_placeholders(sql), tuple(params))  # type: ignore[arg-type]
+        except psycopg.Error as error:
+            if not (alone and db.broken):
+                raise _translated(error, self.url) from error
+        # The connection was lost (a restart, a dropped connection): a statement of its own is
+        # sent once more on a new one. Every such statement of the stores may run twice (an
+        # upsert, a renewal, a delete); one inside a transaction fails with the transaction.
+        try:
+            return self._live().execute(_placeholders(sql), tuple(params))  # type: ignore[arg-type]
         except psycopg.Error as error:
             raise _translated(error, self.url) from error
 
     def executemany(self, sql: str, rows: Iterable[Sequence[object]]) -> None:
         try:
-            with self._db.cursor() as cursor:
+            with self._live().cursor() as cursor:
                 cursor.executemany(_placeholders(sql), [tuple(row) for row in rows])  # type: ignore[arg-type]
         except psycopg.Error as error:
             raise _translated(error, self.url) from error
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
+        self.execute("SELECT 1")  # a lost connection is replaced before the transaction begins
         try:
-            with self._db.transaction():
-                self._db.execute("SELECT pg_advisory_xact_lock(%s)", (self._lock,))
+            db = self._live()
+            with db.transaction():
+                db.execute("SELECT pg_advisory_xact_lock(%s)", (self._lock,))
                 yield
         except psycopg.Error as error:
             raise _translated(error, self.url) from error
@@ -153,15 +179,9 @@ class PostgresDatabase(StateDatabase):
 
 def read_postgres(url: str, schema: str) -> PostgresDatabase | None:
     """The store for reading, or None when nothing was ever written to it (no schema)."""
-    db = PostgresDatabase.__new__(PostgresDatabase)
-    db.url, db.schema, db._lock = url, schema, _lock_id(schema)
-    try:
-        db._db = psycopg.connect(url, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S)
-    except psycopg.Error as error:
-        raise _translated(error, url) from error
+    db = PostgresDatabase(url, schema)
     found = db.execute("SELECT 1 FROM pg_namespace WHERE nspname = ?", (schema,)).fetchone()
     if found is None:
         db.close()
         return None
-    db.execute(f"SET search_path TO {schema}")
     return db

@@ -211,22 +211,23 @@ class Landing:
         snapshot = copy_snapshot(
             path, self.dir, name=assignment.name, max_bytes=max_bytes, ext=ext, settle_s=settle_s
         )
-        current = self.current(assignment.ds, assignment.source)
-        if current is not None and current.sha256 == snapshot.sha256 and current.ext == ext:
-            return current
-        self._db.execute(
-            "INSERT INTO versions (ds, source, name, sha256, ext, size, landed_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (
-                assignment.ds,
-                assignment.source,
-                assignment.name,
-                snapshot.sha256,
-                ext,
-                snapshot.size,
-                time.time(),
-            ),
-        )
+        with self._db.transaction():  # two processes landing the same bytes add one version
+            current = self.current(assignment.ds, assignment.source)
+            if current is not None and current.sha256 == snapshot.sha256 and current.ext == ext:
+                return current
+            self._db.execute(
+                "INSERT INTO versions (ds, source, name, sha256, ext, size, landed_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    assignment.ds,
+                    assignment.source,
+                    assignment.name,
+                    snapshot.sha256,
+                    ext,
+                    snapshot.size,
+                    time.time(),
+                ),
+            )
         landed = self.current(assignment.ds, assignment.source)
         assert landed is not None
         return landed

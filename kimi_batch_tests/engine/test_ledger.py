@@ -17,6 +17,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from kimi_batch.engine import ledger as ledger_module
@@ -25,7 +26,7 @@ from kimi_batch.engine.ledger import LeaseHeldError, LeaseLostError, Ledger, lea
 from kimi_batch.paths import StateLocation
 from kimi_batch.state import StateBusyError, StateDatabase, connect_state, read_state
 from kimi_batch.storage import Warehouse
-from kimi_batch_tests.support.postgres import StateBackend
+from kimi_batch_tests.support.postgres import PostgresServer, StateBackend
 from kimi_batch_tests.support.results import make_result
 from kimi_batch_tests.support.rows import quarantined
 
@@ -321,3 +322,29 @@ def test_a_holder_paused_past_the_ttl_writes_nothing_over_the_new_holder(
     assert said.startswith("refused: lease on partition '2025-01-01|web' was lost")
     reasons = warehouse.read_partition("quarantine", "2025-01-01", "web")["reason"].to_list()
     assert reasons == ["from the new holder"]
+
+
+def test_a_dropped_postgres_connection_is_reconnected_and_the_lease_kept(
+    postgres_server: PostgresServer,
+) -> None:
+    """The database restarts or a proxy drops the heartbeat's connection: it reconnects."""
+    url = postgres_server.new_database()
+    where = StateLocation(path=Path("unused.sqlite3"), schema_name="kimi_ledger", url=url)
+    with Ledger(where) as first, Ledger(where) as second:
+        with first.lease(PARTITION, "run-a", ttl_s=1.5) as lease:
+            time.sleep(0.7)  # the heartbeat has its connection
+            with psycopg.connect(postgres_server.url, autocommit=True) as admin:
+                dropped = admin.execute(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = %s AND pid <> pg_backend_pid() AND application_name = ''",
+                    (url.rsplit("/", 1)[1],),
+                ).fetchone()
+            assert dropped is not None
+            assert dropped[0] >= 1
+            time.sleep(3.0)  # two ttls: only a reconnected heartbeat keeps it
+            assert not lease.lost, lease.lost_why
+            lease.check()
+        # The ledgers' own connections were dropped too: their next statements reconnect.
+        assert first.put(make_result("after", request_id="r-after", input_id="s", tag="seed"))
+        with second.lease(PARTITION, "run-b"):
+            pass
