@@ -133,6 +133,7 @@ def test_a_new_install_shows_no_year_of_empty_partitions(
         ("KIMI_BATCH_ALERT_WEBHOOK", "hooks.example/no-scheme"),
         ("KIMI_BATCH_DATABASE_URL", "mysql://db.internal/kimi"),
         ("KIMI_BATCH_DATABASE_URL", "postgresql://db.internal:5432/"),  # no database named
+        ("KIMI_BATCH_WAREHOUSE", "s3://bucket/warehouse"),  # not built yet: refused, not a folder
     ],
 )
 def test_an_unusable_value_is_a_config_error_naming_its_variable(

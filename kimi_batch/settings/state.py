@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, field_validator
 
+from kimi_batch.errors import ConfigError
 from kimi_batch.settings.environment import env_path, env_str
 
 __all__ = ["StateSettings", "state_from_env"]
@@ -26,7 +27,8 @@ class StateSettings(BaseModel):
 
     warehouse: Path | None = Field(
         default=None,
-        description="Parquet warehouse root.",
+        description="Parquet warehouse root: a local or mounted folder (object-store URLs are "
+        "refused: not supported yet).",
         json_schema_extra={"shown_default": "`$KIMI_BATCH_HOME/warehouse`"},
     )
 
@@ -54,6 +56,13 @@ class StateSettings(BaseModel):
 
 def state_from_env() -> dict[str, Any]:
     """The state fields' values from the environment (defaults where unset)."""
+    warehouse = env_str("KIMI_BATCH_WAREHOUSE")
+    if warehouse is not None and "://" in warehouse:
+        # A URL read as a path would be a local folder named `s3:`, silently.
+        raise ConfigError(
+            f"KIMI_BATCH_WAREHOUSE={warehouse}: an object-store warehouse is not supported yet; "
+            "use a local or mounted folder"
+        )
     return {
         "warehouse": env_path("KIMI_BATCH_WAREHOUSE"),
         "database_url": env_str("KIMI_BATCH_DATABASE_URL"),
