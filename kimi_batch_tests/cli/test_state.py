@@ -6,14 +6,19 @@ import json
 from datetime import date
 from pathlib import Path
 
+import dagster as dg
 import pytest
 
 from kimi_batch.cli.commands import main
 from kimi_batch.cli.state import migrate_state
+from kimi_batch.definitions import batch_assets, build_resources
+from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
 from kimi_batch.engine import Ledger
 from kimi_batch.settings import Settings
 from kimi_batch.storage import ApiStore, Landing
 from kimi_batch_tests.support.batches import chat_line, jsonl, landed_batch
+from kimi_batch_tests.support.engine import server_tasks
+from kimi_batch_tests.support.llama_server import LlamaEnv
 from kimi_batch_tests.support.postgres import PostgresServer
 from kimi_batch_tests.support.results import make_result
 
@@ -99,3 +104,54 @@ def test_migrating_to_something_not_postgres_is_one_line(
     assert error.startswith("kimi-batch: error: state migrate --to mysql://db/x: must be a")
     assert error.count("\n") == 1
     assert not Path(box.paths.ledger_path).with_name("ledger.sqlite3-journal").exists()
+
+
+# ---- a real run moved: the rerun on PostgreSQL sends nothing -----------------------------------
+
+SMALL_RUN = {
+    "ops": {
+        "amplified_prompts": {"config": {"strategies": ["paraphrase"], "max_tokens": 16}},
+        "distilled_responses": {"config": {"max_tokens": 16}},
+    }
+}
+
+
+def _materialize(
+    instance: dg.DagsterInstance, key: dg.MultiPartitionKey
+) -> dg.ExecuteInProcessResult:
+    settings = Settings.from_env()
+    return dg.materialize(
+        batch_assets(settings),
+        partition_key=key,
+        resources=build_resources(settings),
+        instance=instance,
+        run_config=SMALL_RUN,
+    )
+
+
+@pytest.mark.slow
+def test_a_run_migrated_to_postgres_is_not_generated_again(
+    llama_env: LlamaEnv,
+    postgres_server: PostgresServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    inbox = llama_env.home / "inbox"
+    inbox.mkdir(parents=True, exist_ok=True)
+    rows = [json.dumps({"id": f"m{i}", "prompt": f"Name a colour, number {i}."}) for i in range(3)]
+    (inbox / "moved.jsonl").write_text("".join(row + "\n" for row in rows))
+    key = dg.MultiPartitionKey({"date": Settings.from_env().today().isoformat(), "source": "moved"})
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(SOURCE_PARTITIONS_NAME, ["moved"])
+        assert _materialize(instance, key).success  # on the box: SQLite
+        url = postgres_server.new_database()
+        migrate_state(Settings.from_env(), url)
+        monkeypatch.setenv("KIMI_BATCH_DATABASE_URL", url)
+        before = server_tasks(llama_env.server)
+        again = _materialize(instance, key)  # on PostgreSQL
+        sent = server_tasks(llama_env.server) - before
+    assert again.success
+    for asset in ("amplified_prompts", "distilled_responses"):
+        (done,) = again.asset_materializations_for_node(asset)
+        assert done.metadata["generated"].value == 0
+        assert done.metadata["from_ledger"].value == done.metadata["requests"].value
+    assert sent == 0
