@@ -21,7 +21,7 @@ LLAMA_FLAGS := amx$(KIMI_BATCH_LLAMA_AMX)-$(shell printf '%s' "$$CFLAGS|$$CXXFLA
 SETUP_STAMP := $(VENV)/.kimi_batch_setup-$(LLAMA_FLAGS)
 PYTEST_ARGS ?=
 
-.PHONY: help setup browser lock demo test unit lint format docs reference dev trino trino-stop trino-cli server-stop clean
+.PHONY: help setup browser postgres lock demo test unit lint format docs reference dev trino trino-stop trino-cli server-stop clean
 
 help:
 	@echo "make demo   - set up, start the resident llama-server, run the pipeline once (./var)"
@@ -63,6 +63,11 @@ browser:
 		echo "installing chromium (apt-get) for the browser test"; \
 		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q chromium; }
 
+# The state tests run on PostgreSQL as well as SQLite: Debian's package, a throwaway cluster per
+# test run (scripts/postgres.sh start|stop|url; as root it runs in a user namespace).
+postgres:
+	scripts/postgres.sh install
+
 # Keeps the pins that still fit pyproject.toml (after adding a dependency); UPGRADE=1 moves every
 # pin to the newest allowed version.
 lock:
@@ -76,7 +81,7 @@ demo: setup
 # Every test, in two tiers: the server-free one on every core, then the slow one in one process
 # (its tests share one llama-server and one Trino at a time). Both run even when the first fails,
 # and the exit status is the first failure's. The first tier's temp dirs in RAM (see `make unit`).
-test: setup browser
+test: setup browser postgres
 	scripts/trino.sh fetch
 	export PATH="$(CURDIR)/$(VENV)/bin:$$PATH"; status=0; \
 	TMPDIR="$(UNIT_TMPDIR)" $(VENV)/bin/pytest -ra -m "not slow" -n $(UNIT_WORKERS) $(PYTEST_ARGS) \
@@ -90,7 +95,7 @@ test: setup browser
 UNIT_WORKERS ?= auto
 UNIT_TMPDIR ?= $(if $(wildcard /dev/shm/.),/dev/shm,$(or $(TMPDIR),/tmp))
 
-unit: setup
+unit: setup postgres
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" TMPDIR="$(UNIT_TMPDIR)" \
 		$(VENV)/bin/pytest -ra -m "not slow" -n $(UNIT_WORKERS) $(PYTEST_ARGS)
 

@@ -16,6 +16,10 @@
                          key (the generated bearer key, 0600)
       partitions_start   the first date partition of this install (written once)
 
+With `KIMI_BATCH_DATABASE_URL` set, the three databases (ledger, manifest, API store) are
+schemas of that PostgreSQL database instead of the SQLite files (`StateLocation`); the files
+stay where `kimi-batch state migrate` reads them.
+
 Nothing else builds these paths. Directories holding generated text or inputs are created 0700:
 prompts and answers can be confidential, and the box is shared with Dagster and Trino users.
 """
@@ -27,13 +31,14 @@ import sqlite3
 from datetime import date
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.errors import ConfigError
 
 __all__ = [
     "PRIVATE_DIR_MODE",
     "PRIVATE_FILE_MODE",
+    "StateLocation",
     "StatePaths",
     "connect_private_db",
     "private_dir",
@@ -60,6 +65,21 @@ def private_dir(path: Path) -> Path:
     return path
 
 
+class StateLocation(BaseModel):
+    """Where one store's tables live: its SQLite file (the embedded default), or its schema in
+    the PostgreSQL database `url` names."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: Path = Field(description="The SQLite file: the store itself when `url` is None.")
+    schema_name: str = Field(pattern=r"^[a-z_][a-z0-9_]*$")
+    url: str | None = Field(default=None, description="postgresql://...; None: the SQLite file.")
+
+    @property
+    def embedded(self) -> bool:
+        return self.url is None
+
+
 class StatePaths(BaseModel):
     """The state directory layout (see the module docstring)."""
 
@@ -67,6 +87,7 @@ class StatePaths(BaseModel):
 
     home: Path
     warehouse_override: Path | None = None
+    database_url: str | None = None
 
     @property
     def server_dir(self) -> Path:
@@ -93,12 +114,24 @@ class StatePaths(BaseModel):
         return self.ledger_dir / "ledger.sqlite3"
 
     @property
+    def ledger_state(self) -> StateLocation:
+        return StateLocation(
+            path=self.ledger_path, schema_name="kimi_ledger", url=self.database_url
+        )
+
+    @property
     def landed_dir(self) -> Path:
         return self.home / "landed"
 
     @property
     def manifest_path(self) -> Path:
         return self.landed_dir / "manifest.sqlite3"
+
+    @property
+    def manifest_state(self) -> StateLocation:
+        return StateLocation(
+            path=self.manifest_path, schema_name="kimi_landing", url=self.database_url
+        )
 
     @property
     def inbox_dir(self) -> Path:
@@ -131,6 +164,10 @@ class StatePaths(BaseModel):
     @property
     def api_db_path(self) -> Path:
         return self.api_dir / "api.sqlite3"
+
+    @property
+    def api_state(self) -> StateLocation:
+        return StateLocation(path=self.api_db_path, schema_name="kimi_api", url=self.database_url)
 
     @property
     def api_key_path(self) -> Path:

@@ -1,7 +1,8 @@
 """Session fixtures (plugins in `support/`) and the guard that keeps `make unit` server-free.
 
 `make unit` runs `pytest -m "not slow"`: the tier without llama-server, Trino, a webserver or a
-child process. A test that requests a real-server fixture without the `slow` mark would silently
+child process, save one: the state tests' PostgreSQL (`support/postgres.py`), a cluster started
+once per test process in about two seconds, as much the state's backend as SQLite is. A test that requests a real-server fixture without the `slow` mark would silently
 start a server there, so collection refuses it.
 """
 
@@ -13,7 +14,11 @@ import pytest
 
 from kimi_batch_tests.support.markers import unmarked_server_tests
 
-pytest_plugins = ["kimi_batch_tests.support.llama_server", "kimi_batch_tests.support.trino"]
+pytest_plugins = [
+    "kimi_batch_tests.support.llama_server",
+    "kimi_batch_tests.support.trino",
+    "kimi_batch_tests.support.postgres",
+]
 
 # Tests use dated inbox folders from 2025 on. Set before any test builds definitions from the
 # environment (the date partitions start there), so they do not start at this run's install date.

@@ -10,12 +10,13 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 PACKAGE = TESTS.parent / "kimi_batch"
 # Lower number = lower layer. Top-level modules not listed here sit above everything.
-# `errors` and `paths` are single modules, `settings` a package, below everything. The entry points (`cli/`,
+# `errors` and `paths` are single modules, `settings` and `state` packages, below everything. The entry points (`cli/`,
 # `definitions.py`, `api/`, `bench/`) sit above everything.
 LAYERS = {
     "errors": 0,
     "settings": 0,
     "paths": 0,
+    "state": 0,
     "llama": 1,
     "engine": 2,
     "tasks": 3,
@@ -85,7 +86,7 @@ def test_test_packages_hold_no_code() -> None:
         ), path.relative_to(TESTS)
 
 
-FACADES = ("settings", "llama", "engine", "storage")
+FACADES = ("settings", "state", "llama", "engine", "storage")
 
 
 @pytest.mark.parametrize("facade", FACADES)

@@ -34,6 +34,19 @@ def test_defaults(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert settings.llama_threads == 13
     assert settings.llama_cache_ram_mib == 8192
     assert settings.digest == default_digest_path()
+    # The embedded default: the state is SQLite files under the state dir.
+    assert settings.paths.ledger_state.embedded
+    assert settings.paths.ledger_state.path == tmp_path / "var" / "ledger" / "ledger.sqlite3"
+
+
+def test_a_database_url_puts_every_store_in_its_own_schema_of_it(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    clean_env.setenv("KIMI_BATCH_DATABASE_URL", "postgresql://kimi@db.internal:5432/kimi")
+    paths = Settings.from_env().paths
+    stores = (paths.ledger_state, paths.manifest_state, paths.api_state)
+    assert {store.url for store in stores} == {"postgresql://kimi@db.internal:5432/kimi"}
+    assert [store.schema_name for store in stores] == ["kimi_ledger", "kimi_landing", "kimi_api"]
 
 
 def test_overrides(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -79,8 +92,10 @@ def test_the_url_with_credentials_is_not_in_the_settings_repr(
 ) -> None:
     clean_env.setenv("KIMI_BATCH_LLAMA_URL", "http://u:hunter2@epyc:8081")
     clean_env.setenv("KIMI_BATCH_LLAMA_API_KEY", "sk-secret")
+    clean_env.setenv("KIMI_BATCH_DATABASE_URL", "postgresql://kimi:pg-secret@db:5432/kimi")
     assert "hunter2" not in repr(Settings.from_env())
     assert "sk-secret" not in repr(Settings.from_env())
+    assert "pg-secret" not in repr(Settings.from_env())
 
 
 def test_partitions_start_on_the_install_date_and_stay_there(
@@ -116,6 +131,9 @@ def test_a_new_install_shows_no_year_of_empty_partitions(
         ("KIMI_BATCH_ALERT_WEBHOOK", "http://[::1"),
         ("KIMI_BATCH_ALERT_WEBHOOK", "https://hooks.example/a\tb"),
         ("KIMI_BATCH_ALERT_WEBHOOK", "hooks.example/no-scheme"),
+        ("KIMI_BATCH_DATABASE_URL", "mysql://db.internal/kimi"),
+        ("KIMI_BATCH_DATABASE_URL", "postgresql://db.internal:5432/"),  # no database named
+        ("KIMI_BATCH_WAREHOUSE", "s3://bucket/warehouse"),  # not built yet: refused, not a folder
     ],
 )
 def test_an_unusable_value_is_a_config_error_naming_its_variable(

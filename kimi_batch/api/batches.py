@@ -91,7 +91,7 @@ def _batch_object(settings: Settings, opened: ApiStore, batch: BatchRecord) -> d
     body["errors"] = (
         {"object": "list", "data": [e.model_dump() for e in batch.errors]} if batch.errors else None
     )
-    with Ledger(settings.paths.ledger_path) as ledger:
+    with Ledger(settings.paths.ledger_state) as ledger:
         body["request_counts"] = request_counts(opened, ledger, batch).model_dump()
     return body
 

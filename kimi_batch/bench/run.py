@@ -82,8 +82,8 @@ def bench_settings(
 
     `ignore_eos=False` (the night): answers end where the model ends them, within their budget.
 
-    No attached or scale-out server, warehouse override or Trino: those would take the bench's
-    runs elsewhere. Contender (D)'s Dagster resources are built from these settings too.
+    No attached or scale-out server, warehouse override, state database or Trino: those would
+    take the bench's runs (and their ledger rows) elsewhere. Contender (D)'s Dagster resources are built from these settings too.
     """
     return settings.model_copy(
         update={
@@ -99,6 +99,7 @@ def bench_settings(
             "llama_url": None,
             "llama_extra_urls": (),
             "warehouse": None,
+            "database_url": None,
             "trino_host": None,
         }
     )

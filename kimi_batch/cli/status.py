@@ -49,6 +49,7 @@ from kimi_batch.defs.schedules import NIGHT_TAG, TRIGGER_TAG, build_nightly_sche
 from kimi_batch.engine import Ledger, load_digest
 from kimi_batch.llama import LlamaClient, LlamaError, server_from_settings
 from kimi_batch.settings import Settings
+from kimi_batch.state import StateError, shown_location
 from kimi_batch.storage import (
     InboxFile,
     StorageError,
@@ -63,7 +64,14 @@ __all__ = ["Status", "collect_status", "render_status"]
 
 _DIGEST_PREFILL = dg.AssetKey("digest_prefill")
 # What a section that cannot be read fails with (corrupted sqlite files, an unreadable instance).
-_UNREADABLE = (sqlite3.Error, OSError, SQLAlchemyError, dg.DagsterError, StorageError)
+_UNREADABLE = (
+    sqlite3.Error,
+    StateError,
+    OSError,
+    SQLAlchemyError,
+    dg.DagsterError,
+    StorageError,
+)
 # Any start before now: the cron windows only serve to find the next tick (a yearly cron included).
 _CRON_LOOKBACK = timedelta(days=400)
 
@@ -141,12 +149,13 @@ def _digest_state(
 
 
 def _ledger(settings: Settings) -> LedgerSection:
-    path = settings.paths.ledger_path
+    location = settings.paths.ledger_state
+    path = shown_location(location)
     try:
-        counts = Ledger.count_by_tag(path)
-    except sqlite3.Error as error:
+        counts = Ledger.count_by_tag(location)
+    except (sqlite3.Error, StateError) as error:
         return LedgerSection(
-            path=str(path), rows=0, by_table={}, error=f"ledger {path} is unreadable: {error}"
+            path=path, rows=0, by_table={}, error=f"ledger {path} is unreadable: {error}"
         )
     by_table: Counter[str] = Counter()
     for tag, count in counts.items():

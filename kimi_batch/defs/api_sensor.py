@@ -93,7 +93,7 @@ def build_api_batch_sensor(settings: Settings) -> dg.SensorDefinition:
     )
     def api_batch_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         """Request a run for each validated Batch API batch that has none yet."""
-        if not settings.paths.api_db_path.is_file():
+        if not ApiStore.exists(settings.paths):
             return dg.SensorResult(skip_reason=dg.SkipReason("no Batch API batches yet"))
         with ApiStore(settings.paths) as store:
             resumed = resume_abandoned(

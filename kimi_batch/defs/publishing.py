@@ -94,7 +94,7 @@ def _catch_up(
             try:
                 # The lease key of the partition's runs (defs/assets/_generation.py).
                 with (
-                    Ledger(settings.paths.ledger_path) as ledger,
+                    Ledger(settings.paths.ledger_state) as ledger,
                     ledger.lease(f"{ds}|{source}", OWNER, wait_s=0.0),
                 ):
                     for table in tables:

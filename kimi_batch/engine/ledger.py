@@ -1,23 +1,25 @@
 """Durable per-row ledger: every finished request is committed before the next one is counted.
 
-SQLite in WAL mode with `synchronous=FULL`: a row is either committed (and skipped by every rerun)
-or absent (and sent again), whatever kills the process. The key is the request's hash
-(`generation.request_key`): a rerun finds every row it finished, and a determined request (greedy
-or seeded) asked in another partition or run is never generated twice either.
+A row is either committed (and skipped by every rerun) or absent (and sent again), whatever
+kills the process: each `put` is its own durable commit, in the store's database
+(`kimi_batch.state`: a SQLite file in WAL mode with `synchronous=FULL` by default, PostgreSQL
+when `KIMI_BATCH_DATABASE_URL` is set). The key is the request's hash (`generation.request_key`):
+a rerun finds every row it finished, and a determined request (greedy or seeded) asked in another
+partition or run, on any worker sharing the database, is never generated twice either.
 
-Partition leases live in the same file. A lease's expiry is measured on the machine's boot clock
-(CLOCK_BOOTTIME: it never jumps with NTP or a hand-set date, and every process on the machine
-reads the same value), stored with the boot id so that a lease from before a reboot is expired. A
-heartbeat renews it; a transient sqlite error ("database is locked") is retried until the lease
-would have run out, and only then is it `lost`. Every partition write calls `Lease.check` first,
-which fails (LeaseLostError) instead of letting a holder that stalled past the ttl write over the
-run that took the partition over.
+Partition leases live in the same database. A lease's expiry is measured on the database's lease
+clock (`StateDatabase.clock`): the machine's boot clock for SQLite (it never jumps, and a lease
+from before a reboot is expired), the database server's clock for PostgreSQL (workers on other
+machines agree on it). A lease is taken in a transaction under the store's write lock (one taker
+wins). A heartbeat renews it; a transient database error (a lock, a dropped connection) is retried
+until the lease would have run out, and only then is it `lost`. Every partition write calls
+`Lease.check` first, which renews the lease in one atomic statement and fails (LeaseLostError)
+instead of letting a holder that stalled past the ttl write over the run that took it over.
 """
 
 from __future__ import annotations
 
 import logging
-import sqlite3
 import threading
 import time
 import uuid
@@ -27,64 +29,66 @@ from pathlib import Path
 
 from kimi_batch.engine.generation import GenerationResult
 from kimi_batch.errors import KimiBatchError
-from kimi_batch.paths import connect_private_db, private_dir
+from kimi_batch.paths import StateLocation
+from kimi_batch.state import (
+    StateBusyError,
+    StateDatabase,
+    StateError,
+    boot_clock,
+    connect_state,
+    read_state,
+)
 
 __all__ = ["Lease", "LeaseHeldError", "LeaseLostError", "Ledger", "lease_clock"]
 
 logger = logging.getLogger(__name__)
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS results (
-    request_id  TEXT PRIMARY KEY,
-    input_id    TEXT NOT NULL,
-    result_json TEXT NOT NULL,
-    finished_at REAL NOT NULL
+_SCHEMA = (
+    """
+    CREATE TABLE IF NOT EXISTS results (
+        request_id  TEXT PRIMARY KEY,
+        input_id    TEXT NOT NULL,
+        result_json TEXT NOT NULL,
+        finished_at {real} NOT NULL
+    )
+    """,
+    """
+    CREATE TABLE IF NOT EXISTS leases (
+        partition_key TEXT PRIMARY KEY,
+        owner         TEXT NOT NULL,
+        token         TEXT NOT NULL,
+        expires_at    {real} NOT NULL,
+        boot_id       TEXT,
+        expires_clock {real}
+    )
+    """,
 )
-"""
-
-_LEASES = """
-CREATE TABLE IF NOT EXISTS leases (
-    partition_key TEXT PRIMARY KEY,
-    owner         TEXT NOT NULL,
-    token         TEXT NOT NULL,
-    expires_at    REAL NOT NULL,
-    boot_id       TEXT,
-    expires_clock REAL
-)
-"""
 # Columns added after the first release; older ledgers get them on open.
-_LEASE_COLUMNS = (("boot_id", "TEXT"), ("expires_clock", "REAL"))
+_LEASE_COLUMNS = (("boot_id", "TEXT"), ("expires_clock", "{real}"))
 # A heartbeat that meets a locked database tries again this often (and waits on the lock at most
 # as long), until the lease would have expired.
 _RETRY_S = 1.0
-_BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
-_CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+# The ledger's schema in a PostgreSQL database (`StatePaths.ledger_state`).
+_SCHEMA_NAME = "kimi_ledger"
+
+# The SQLite ledger's lease clock (tests write leases of another boot with it).
+lease_clock = boot_clock
 
 
-def _boot_id() -> str:
-    try:
-        return _BOOT_ID_FILE.read_text().strip()
-    except OSError:
-        # No Linux boot id: the wall time of boot, to the minute, tells boots apart well enough.
-        return f"boot@{round((time.time() - time.clock_gettime(_CLOCK)) / 60)}"
+def _location(where: StateLocation | Path) -> StateLocation:
+    """A bare path is a SQLite ledger file (tests and the bench name their own)."""
+    if isinstance(where, StateLocation):
+        return where
+    return StateLocation(path=where, schema_name=_SCHEMA_NAME)
 
 
-_THIS_BOOT = _boot_id()
-
-
-def lease_clock() -> tuple[str, float]:
-    """(boot id, seconds since boot): what lease expiry is measured on; it never jumps, and
-    every process on this machine reads the same value."""
-    return _THIS_BOOT, time.clock_gettime(_CLOCK)
-
-
-def _live(row: tuple[object, ...], boot: str, now_clock: float) -> bool:
+def _live(row: tuple[object, ...], clock: str, now_clock: float) -> bool:
     """Whether a lease row (owner, expires_at, boot_id, expires_clock) still holds."""
     _, expires_at, boot_id, expires_clock = row
     if boot_id is None or expires_clock is None:
         return float(expires_at) > time.time()  # type: ignore[arg-type] - a row of older code
-    # Another boot: its holder cannot be running any more.
-    return boot_id == boot and float(expires_clock) > now_clock  # type: ignore[arg-type]
+    # Another boot (or another clock): its holder cannot be running any more.
+    return boot_id == clock and float(expires_clock) > now_clock  # type: ignore[arg-type]
 
 
 class LeaseHeldError(KimiBatchError, RuntimeError):
@@ -113,15 +117,19 @@ class LeaseLostError(KimiBatchError, RuntimeError):
 class Lease:
     """A held partition lease; a heartbeat thread renews it until the context exits."""
 
-    def __init__(self, path: Path, partition_key: str, owner: str, token: str, ttl_s: float):
+    def __init__(
+        self, location: StateLocation, partition_key: str, owner: str, token: str, ttl_s: float
+    ):
         self.partition_key = partition_key
         self.owner = owner
         self.token = token
         self.ttl_s = ttl_s
         self.lost = False
         self.lost_why = ""
-        self._path = path
-        self._held_until = lease_clock()[1] + ttl_s
+        self._location = location
+        # On this process's own clock: how long it may still count on the lease, measured from
+        # before the last renewal was sent (never later than the database's expiry).
+        self._held_until = time.monotonic() + ttl_s
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._heartbeat, name=f"lease-{partition_key}", daemon=True
@@ -130,24 +138,30 @@ class Lease:
     def start(self) -> None:
         self._thread.start()
 
-    def _renew(self, db: sqlite3.Connection) -> bool:
+    def _connect(self) -> StateDatabase:
+        # A short busy timeout, so a locked database is retried within the ttl rather than
+        # waited on past it.
+        return connect_state(self._location, timeout_s=min(_RETRY_S, self.ttl_s / 6))
+
+    def _renew(self, db: StateDatabase) -> bool:
         """Extend the lease if this run still holds it (same token, not expired); atomic."""
-        boot, now = lease_clock()
+        sent = time.monotonic()
+        clock, now = db.clock()
         renewed = db.execute(
             "UPDATE leases SET expires_at = ?, boot_id = ?, expires_clock = ? "
             "WHERE partition_key = ? AND token = ? AND boot_id = ? AND expires_clock > ?",
             (
                 time.time() + self.ttl_s,
-                boot,
+                clock,
                 now + self.ttl_s,
                 self.partition_key,
                 self.token,
-                boot,
+                clock,
                 now,
             ),
         ).rowcount
         if renewed:
-            self._held_until = now + self.ttl_s
+            self._held_until = sent + self.ttl_s
         return bool(renewed)
 
     def _mark_lost(self, why: str) -> None:
@@ -157,50 +171,44 @@ class Lease:
 
     def _heartbeat(self) -> None:
         # Its own connection: a transaction on the ledger's connection from another thread
-        # would interleave with the writer's. A short busy timeout, so a locked database is
-        # retried within the ttl rather than waited on past it.
-        try:
-            db = connect_private_db(self._path, timeout_s=min(_RETRY_S, self.ttl_s / 6))
-        except sqlite3.Error as error:
-            self._mark_lost(f"cannot open the ledger: {error}")
-            return
+        # would interleave with the writer's.
+        db: StateDatabase | None = None
         try:
             wait = self.ttl_s / 3
             while not self._stop.wait(wait):
                 try:
+                    db = db or self._connect()
                     if not self._renew(db):
                         self._mark_lost("expired and taken over by another run")
                         return
                     wait = self.ttl_s / 3
-                except sqlite3.OperationalError as error:  # "database is locked", I/O: transient
-                    if lease_clock()[1] >= self._held_until:
+                except StateBusyError as error:  # a lock, a dropped connection: transient
+                    if time.monotonic() >= self._held_until:
                         self._mark_lost(f"could not renew it before it expired: {error}")
                         return
                     logger.warning(
                         "lease on %s: renewal failed (%s), retrying", self.partition_key, error
                     )
+                    db = _closed(db)
                     wait = min(_RETRY_S, self.ttl_s / 6)
         except Exception as error:
             self._mark_lost(f"heartbeat failed: {type(error).__name__}: {error}")
         finally:
-            db.close()
+            _closed(db)
 
     def check(self) -> None:
         """Raise LeaseLostError unless this run still holds the partition (renewing it): called
         before every write of the partition's tables."""
         if self.lost:
             raise LeaseLostError(self.partition_key, self.lost_why)
-        deadline = lease_clock()[1] + self.ttl_s / 3
+        deadline = time.monotonic() + self.ttl_s / 3
         while True:
             try:
-                db = connect_private_db(self._path, timeout_s=min(_RETRY_S, self.ttl_s / 6))
-                try:
+                with self._connect() as db:
                     held = self._renew(db)
-                finally:
-                    db.close()
                 break
-            except sqlite3.OperationalError as error:
-                if lease_clock()[1] >= min(deadline, self._held_until):
+            except StateBusyError as error:
+                if time.monotonic() >= min(deadline, self._held_until):
                     self._mark_lost(f"could not be confirmed: {error}")
                     raise LeaseLostError(self.partition_key, self.lost_why) from error
                 time.sleep(min(_RETRY_S, self.ttl_s / 6))
@@ -211,30 +219,31 @@ class Lease:
     def release(self) -> None:
         self._stop.set()
         self._thread.join()
-        db = connect_private_db(self._path)
-        try:
+        with connect_state(self._location) as db:
             db.execute(
                 "DELETE FROM leases WHERE partition_key = ? AND token = ?",
                 (self.partition_key, self.token),
             )
-        finally:
+
+
+def _closed(db: StateDatabase | None) -> None:
+    if db is not None:
+        try:
             db.close()
+        except StateError:
+            logger.debug("closing a lease connection failed", exc_info=True)
 
 
 class Ledger:
     """Finished results keyed by request id."""
 
-    def __init__(self, path: Path) -> None:
-        private_dir(path.parent)  # prompts and answers: owner-only
-        self.path = path
-        # Autocommit: each `put` is its own durable transaction.
-        self._db = connect_private_db(path)
-        self._db.execute(_SCHEMA)
-        self._db.execute(_LEASES)
-        present = {row[1] for row in self._db.execute("PRAGMA table_info(leases)")}
-        for name, kind in _LEASE_COLUMNS:
-            if name not in present:
-                self._db.execute(f"ALTER TABLE leases ADD COLUMN {name} {kind}")
+    def __init__(self, location: StateLocation | Path) -> None:
+        self.location = _location(location)
+        # Autocommit: each `put` is its own durable transaction. (The SQLite file's folder is
+        # created owner-only: prompts and answers.)
+        self._db = connect_state(self.location)
+        self._db.create(_SCHEMA)
+        self._db.add_columns("leases", _LEASE_COLUMNS)
 
     def close(self) -> None:
         self._db.close()
@@ -248,8 +257,8 @@ class Ledger:
     def put(self, result: GenerationResult) -> bool:
         """Record a finished result; False when the request was already recorded."""
         cursor = self._db.execute(
-            "INSERT OR IGNORE INTO results (request_id, input_id, result_json, finished_at) "
-            "VALUES (?, ?, ?, ?)",
+            "INSERT INTO results (request_id, input_id, result_json, finished_at) "
+            "VALUES (?, ?, ?, ?) ON CONFLICT (request_id) DO NOTHING",
             (result.request_id, result.input_id, result.model_dump_json(), time.time()),
         )
         return cursor.rowcount == 1
@@ -323,11 +332,11 @@ class Ledger:
             holder = self._try_lease(partition_key, owner, token, ttl_s)
             if holder is None:
                 break
-            held_by, expires_at = holder
+            held_by, expires_in_s = holder
             if time.monotonic() >= deadline:
-                raise LeaseHeldError(partition_key, held_by, expires_at - time.time())
+                raise LeaseHeldError(partition_key, held_by, expires_in_s)
             time.sleep(min(poll_s, max(deadline - time.monotonic(), 0.0)))
-        lease = Lease(self.path, partition_key, owner, token, ttl_s)
+        lease = Lease(self.location, partition_key, owner, token, ttl_s)
         lease.start()
         try:
             yield lease
@@ -337,48 +346,46 @@ class Ledger:
     def _try_lease(
         self, partition_key: str, owner: str, token: str, ttl_s: float
     ) -> tuple[str, float] | None:
-        """Take the lease if it is free or expired; else (holder, wall-clock expiry)."""
-        boot, now = lease_clock()
-        self._db.execute("BEGIN IMMEDIATE")  # one writer decides: no two takers of one lease
-        try:
+        """Take the lease if it is free or expired; else (holder, seconds until it expires)."""
+        with self._db.transaction():  # one writer decides: no two takers of one lease
+            clock, now = self._db.clock()
             row = self._db.execute(
                 "SELECT owner, expires_at, boot_id, expires_clock FROM leases "
                 "WHERE partition_key = ?",
                 (partition_key,),
             ).fetchone()
-            if row is not None and _live(row, boot, now):
-                return str(row[0]), float(row[1])
+            if row is not None and _live(row, clock, now):
+                left = float(row[3]) - now if row[3] is not None else float(row[1]) - time.time()
+                return str(row[0]), left
             if row is not None:
                 logger.warning("taking over %s's expired lease on %s", row[0], partition_key)
             self._db.execute(
-                "INSERT OR REPLACE INTO leases "
+                "INSERT INTO leases "
                 "(partition_key, owner, token, expires_at, boot_id, expires_clock) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (partition_key, owner, token, time.time() + ttl_s, boot, now + ttl_s),
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (partition_key) DO UPDATE SET "
+                "owner = excluded.owner, token = excluded.token, "
+                "expires_at = excluded.expires_at, boot_id = excluded.boot_id, "
+                "expires_clock = excluded.expires_clock",
+                (partition_key, owner, token, time.time() + ttl_s, clock, now + ttl_s),
             )
             return None
-        finally:
-            self._db.execute("COMMIT")
 
     def count(self) -> int:
         return int(self._db.execute("SELECT count(*) FROM results").fetchone()[0])
 
     @staticmethod
-    def count_by_tag(path: Path) -> dict[str, int]:
+    def count_by_tag(location: StateLocation | Path) -> dict[str, int]:
         """Finished requests per request tag, read-only: {} when there is no ledger yet.
 
         Opens no writer (no WAL switch, no schema), so a reader beside a running batch never
-        holds a write lock and a status call never creates the file.
+        holds a write lock and a status call never creates the ledger.
         """
-        if not path.is_file():
+        db = read_state(_location(location))
+        if db is None:
             return {}
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
-        try:
-            rows = db.execute(
-                "SELECT json_extract(result_json, '$.tag'), count(*) FROM results GROUP BY 1"
-            ).fetchall()
-        finally:
-            db.close()
+        with db:
+            tag = db.json_text("result_json", "tag")
+            rows = db.execute(f"SELECT {tag}, count(*) FROM results GROUP BY 1").fetchall()
         counts: dict[str, int] = {}
         for tag, count in rows:  # a NULL tag counts as ""
             counts[str(tag or "")] = counts.get(str(tag or ""), 0) + int(count)

@@ -48,6 +48,7 @@ from kimi_batch.settings.environment import (
     env_str,
 )
 from kimi_batch.settings.quality import QualitySettings, quality_from_env
+from kimi_batch.settings.state import StateSettings, state_from_env
 
 __all__ = ["Settings", "variable_of"]
 
@@ -57,7 +58,7 @@ def _shown(text: str) -> JsonDict:
     return {"shown_default": text}
 
 
-class Settings(QualitySettings):
+class Settings(QualitySettings, StateSettings):
     """Resolved configuration from `KIMI_BATCH_*` variables: every variable and default, once."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -149,11 +150,6 @@ class Settings(QualitySettings):
     digest: Path = Field(
         description="The system digest file: the fixed system prompt every request starts with.",
         json_schema_extra=_shown("`kimi_batch/data/system_digest.md`"),
-    )
-    warehouse: Path | None = Field(
-        default=None,
-        description="Parquet warehouse root.",
-        json_schema_extra=_shown("`$KIMI_BATCH_HOME/warehouse`"),
     )
     trino_host: str | None = Field(
         default=None,
@@ -310,7 +306,6 @@ class Settings(QualitySettings):
                 llama_spec=env_str("KIMI_BATCH_LLAMA_SPEC"),
                 llama_draft_model=env_path("KIMI_BATCH_LLAMA_DRAFT_MODEL"),
                 digest=env_path("KIMI_BATCH_DIGEST") or default_digest_path(),
-                warehouse=env_path("KIMI_BATCH_WAREHOUSE"),
                 trino_host=env_str("KIMI_BATCH_TRINO_HOST"),
                 trino_port=env_int("KIMI_BATCH_TRINO_PORT", DEFAULT_TRINO_PORT),
                 trino_user=env_str("KIMI_BATCH_TRINO_USER") or "kimi_batch",
@@ -344,13 +339,16 @@ class Settings(QualitySettings):
                     "KIMI_BATCH_API_SENSOR_INTERVAL", DEFAULT_API_SENSOR_INTERVAL_S
                 ),
                 **quality_from_env(),
+                **state_from_env(),
             )
         except ValidationError as error:
             raise ConfigError(_first_error(error)) from error
 
     @property
     def paths(self) -> StatePaths:
-        return StatePaths(home=self.home, warehouse_override=self.warehouse)
+        return StatePaths(
+            home=self.home, warehouse_override=self.warehouse, database_url=self.database_url
+        )
 
     @property
     def zone(self) -> ZoneInfo:

@@ -7,9 +7,9 @@ A file id names one upload; two uploads of the same bytes share a blob, which is
 the last id naming it. An upload is staged (copied to a temp name while its size is counted and
 refused past the limit), then kept: the blob is renamed into place and its id recorded in one
 write transaction. A delete drops the id and, when no other id names the blob, unlinks it in one
-too. SQLite's write lock (held across processes) orders the two, so a delete racing an upload of
-the same bytes never removes the blob the upload's id names. The temps of a writer killed
-mid-copy are removed by the next upload.
+too. The store's write lock (`StateDatabase.transaction`: SQLite's, or PostgreSQL's advisory lock)
+orders the two, so a delete racing an upload of the same bytes never removes the blob the
+upload's id names. The temps of a writer killed mid-copy are removed by the next upload.
 """
 
 from __future__ import annotations
@@ -18,25 +18,26 @@ import hashlib
 import io
 import json
 import os
-import sqlite3
 import time
 import uuid
 from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import IO, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.paths import PRIVATE_FILE_MODE, StatePaths, connect_private_db, private_dir
+from kimi_batch.paths import PRIVATE_FILE_MODE, StatePaths, private_dir
+from kimi_batch.state import connect_state, read_state
 from kimi_batch.storage.exceptions import StorageError
 from kimi_batch.storage.private_files import remove_stale_temps, temp_name
 
-__all__ = ["ApiFileStore", "FileRecord", "FileTooLargeError", "StagedFile", "Transaction"]
+__all__ = ["ApiFileStore", "FileRecord", "FileTooLargeError", "StagedFile"]
 
 _CHUNK = 1 << 20
 _FILES_TABLE = """
     CREATE TABLE IF NOT EXISTS files (
-        seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+        seq        {serial},
         id         TEXT NOT NULL UNIQUE,
         sha256     TEXT NOT NULL,
         record     TEXT NOT NULL
@@ -73,28 +74,22 @@ class StagedFile(BaseModel):
     bytes: int = Field(ge=0)
 
 
-class Transaction:
-    """`BEGIN IMMEDIATE` ... `COMMIT` (ROLLBACK on an error): SQLite's write lock, held across
-    processes for the block."""
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db = db
-
-    def __enter__(self) -> None:
-        self._db.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, kind: object, *rest: object) -> None:
-        self._db.execute("COMMIT" if kind is None else "ROLLBACK")
-
-
 class ApiFileStore:
     """The files of the Batch API under `StatePaths.api_dir` (the batches: `ApiStore`)."""
 
     def __init__(self, paths: StatePaths) -> None:
         private_dir(paths.api_dir)
         self.files_dir = private_dir(paths.api_files_dir)
-        self._db = connect_private_db(paths.api_db_path)
-        self._db.execute(_FILES_TABLE)
+        self._db = connect_state(paths.api_state)
+        self._db.create([_FILES_TABLE])
+
+    @staticmethod
+    def exists(paths: StatePaths) -> bool:
+        """Whether the store was ever created (read-only: creates nothing)."""
+        db = read_state(paths.api_state)
+        if db is not None:
+            db.close()
+        return db is not None
 
     def close(self) -> None:
         self._db.close()
@@ -199,8 +194,8 @@ class ApiFileStore:
                 (self.files_dir / row[0]).unlink(missing_ok=True)
         return True
 
-    def _write_lock(self) -> Transaction:
-        return Transaction(self._db)
+    def _write_lock(self) -> AbstractContextManager[None]:
+        return self._db.transaction()
 
     def _page(
         self,

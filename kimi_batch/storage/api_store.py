@@ -1,6 +1,7 @@
 """The Batch API's batches: their records and lifecycle, shared by `kimi-batch api` and the runs.
 
-    api/api.sqlite3      batch records, each batch's request keys (and the files: `api_files`)
+    api/api.sqlite3      batch records, each batch's request keys (and the files: `api_files`);
+                         the `kimi_api` schema of KIMI_BATCH_DATABASE_URL when it is set
 
 Batch records move only forward through the lifecycle (`BatchStatus`, `NEXT_STATUSES`). Every
 status change is a compare-and-set (`transition`): it happens only from the statuses the caller
@@ -45,7 +46,7 @@ VALIDATION_STALE_S = 600.0
 _SCHEMA = (
     """
     CREATE TABLE IF NOT EXISTS batches (
-        seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+        seq        {serial},
         id         TEXT NOT NULL UNIQUE,
         status     TEXT NOT NULL,
         record     TEXT NOT NULL
@@ -56,8 +57,8 @@ _SCHEMA = (
     CREATE TABLE IF NOT EXISTS validations (
         batch_id   TEXT PRIMARY KEY,
         owner      TEXT NOT NULL,
-        heartbeat  REAL NOT NULL,
-        attempts   INTEGER NOT NULL
+        heartbeat  {real} NOT NULL,
+        attempts   {int} NOT NULL
     )
     """,
     """
@@ -177,8 +178,7 @@ class ApiStore(ApiFileStore):
 
     def __init__(self, paths: StatePaths) -> None:
         super().__init__(paths)
-        for statement in _SCHEMA:
-            self._db.execute(statement)
+        self._db.create(_SCHEMA)
 
     def __enter__(self) -> ApiStore:
         return self
@@ -308,8 +308,10 @@ class ApiStore(ApiFileStore):
                 return None
             attempts = (held.attempts if held else 0) + 1
             self._db.execute(
-                "INSERT OR REPLACE INTO validations (batch_id, owner, heartbeat, attempts) "
-                "VALUES (?, ?, ?, ?)",
+                "INSERT INTO validations (batch_id, owner, heartbeat, attempts) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT (batch_id) DO UPDATE SET "
+                "owner = excluded.owner, heartbeat = excluded.heartbeat, "
+                "attempts = excluded.attempts",
                 (batch_id, owner, now, attempts),
             )
         return ValidationClaim(batch_id=batch_id, owner=owner, heartbeat=now, attempts=attempts)
@@ -328,8 +330,8 @@ class ApiStore(ApiFileStore):
     def set_request_keys(self, batch_id: str, keys: Iterable[tuple[str, str]]) -> None:
         """(custom_id, ledger content key) of every request of the batch, as planned."""
         self._db.executemany(
-            "INSERT OR REPLACE INTO batch_requests (batch_id, custom_id, content_key) "
-            "VALUES (?, ?, ?)",
+            "INSERT INTO batch_requests (batch_id, custom_id, content_key) VALUES (?, ?, ?) "
+            "ON CONFLICT (batch_id, custom_id) DO UPDATE SET content_key = excluded.content_key",
             [(batch_id, custom_id, key) for custom_id, key in keys],
         )
 

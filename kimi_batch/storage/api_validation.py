@@ -207,7 +207,7 @@ class BatchValidator:
         self._pool.submit(self._resume)
 
     def _resume(self) -> None:
-        if not self.settings.paths.api_db_path.is_file():
+        if not ApiStore.exists(self.settings.paths):
             return
         with ApiStore(self.settings.paths) as store:
             resume_abandoned(self.settings, store, validate=lambda batch: self.submit(batch.id))

@@ -2,6 +2,7 @@
 
     landed/<sha256>.<ext>       the bytes of one version of an input file (content-addressed)
     landed/manifest.sqlite3     name -> (ds, source) fixed when first seen; versions landed per partition
+                                (the `kimi_landing` schema of KIMI_BATCH_DATABASE_URL when it is set)
 
 Once a file is landed, its partition never depends on the inbox again: removing, renaming or
 rewriting the inbox file changes nothing already landed, and every downstream step reads the
@@ -14,14 +15,14 @@ past and appending to a file on a later day does not split it into two partition
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from datetime import date
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.paths import StatePaths, connect_private_db, private_dir
+from kimi_batch.paths import StatePaths, private_dir
+from kimi_batch.state import StateError, connect_state, read_state
 from kimi_batch.storage.exceptions import StorageError
 from kimi_batch.storage.inbox import InboxFile, sanitize_source, scan_inbox, short_hash
 from kimi_batch.storage.settle import SETTLE_S
@@ -35,7 +36,7 @@ _SCHEMA = (
         name       TEXT PRIMARY KEY,
         ds         TEXT NOT NULL,
         source     TEXT NOT NULL,
-        first_seen REAL NOT NULL,
+        first_seen {real} NOT NULL,
         dated_ds   TEXT,
         refused    TEXT,
         UNIQUE (ds, source)
@@ -43,14 +44,14 @@ _SCHEMA = (
     """,
     """
     CREATE TABLE IF NOT EXISTS versions (
-        id        INTEGER PRIMARY KEY AUTOINCREMENT,
+        id        {serial},
         ds        TEXT NOT NULL,
         source    TEXT NOT NULL,
         name      TEXT NOT NULL,
         sha256    TEXT NOT NULL,
         ext       TEXT NOT NULL,
-        size      INTEGER NOT NULL,
-        landed_at REAL NOT NULL
+        size      {int} NOT NULL,
+        landed_at {real} NOT NULL
     )
     """,
     "CREATE INDEX IF NOT EXISTS versions_partition ON versions (ds, source, id)",
@@ -95,9 +96,8 @@ class Landing:
 
     def __init__(self, paths: StatePaths) -> None:
         self.dir = private_dir(paths.landed_dir)
-        self._db = connect_private_db(paths.manifest_path)
-        for statement in _SCHEMA:
-            self._db.execute(statement)
+        self._db = connect_state(paths.manifest_state)
+        self._db.create(_SCHEMA)
 
     def close(self) -> None:
         self._db.close()
@@ -148,14 +148,12 @@ class Landing:
         sanitized file stem, told apart from other names of the same day by the extension,
         then a short hash: an existing assignment is never changed.
         """
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._db.transaction():  # one writer decides a new name's partition
             existing = self.assignment(name)
             if existing is not None:
                 if existing.refused != refused:
                     self._db.execute("UPDATE files SET refused = ? WHERE name = ?", (refused, name))
                     existing = existing.model_copy(update={"refused": refused})
-                self._db.execute("COMMIT")
                 return existing
             ds = max(date.fromisoformat(dated_ds), start) if dated_ds else max(arrived, start)
             source = self._free_source(ds.isoformat(), name)
@@ -164,10 +162,6 @@ class Landing:
                 "VALUES (?, ?, ?, ?, ?, ?)",
                 (name, ds.isoformat(), source, time.time(), dated_ds, refused),
             )
-            self._db.execute("COMMIT")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
         assigned = self.assignment(name)
         assert assigned is not None
         return assigned
@@ -217,22 +211,23 @@ class Landing:
         snapshot = copy_snapshot(
             path, self.dir, name=assignment.name, max_bytes=max_bytes, ext=ext, settle_s=settle_s
         )
-        current = self.current(assignment.ds, assignment.source)
-        if current is not None and current.sha256 == snapshot.sha256 and current.ext == ext:
-            return current
-        self._db.execute(
-            "INSERT INTO versions (ds, source, name, sha256, ext, size, landed_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (
-                assignment.ds,
-                assignment.source,
-                assignment.name,
-                snapshot.sha256,
-                ext,
-                snapshot.size,
-                time.time(),
-            ),
-        )
+        with self._db.transaction():  # two processes landing the same bytes add one version
+            current = self.current(assignment.ds, assignment.source)
+            if current is not None and current.sha256 == snapshot.sha256 and current.ext == ext:
+                return current
+            self._db.execute(
+                "INSERT INTO versions (ds, source, name, sha256, ext, size, landed_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    assignment.ds,
+                    assignment.source,
+                    assignment.name,
+                    snapshot.sha256,
+                    ext,
+                    snapshot.size,
+                    time.time(),
+                ),
+            )
         landed = self.current(assignment.ds, assignment.source)
         assert landed is not None
         return landed
@@ -283,23 +278,20 @@ def landed_versions(paths: StatePaths) -> list[tuple[Assignment, str | None]]:
     """Every assignment with the sha256 of its newest landed version, read-only (for `status`).
 
     Nothing is created: no manifest yet is an empty list. An unreadable manifest (corrupted,
-    not a database) raises StorageError naming it.
+    not a database, an unreachable server) raises StorageError naming it.
     """
-    path = paths.manifest_path
-    if not path.is_file():
-        return []
     try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
-        try:
+        db = read_state(paths.manifest_state)
+        if db is None:
+            return []
+        with db:
             rows = db.execute(
                 "SELECT f.name, f.ds, f.source, f.first_seen, f.dated_ds, f.refused, "
                 "(SELECT v.sha256 FROM versions v WHERE v.ds = f.ds AND v.source = f.source "
                 "ORDER BY v.id DESC LIMIT 1) FROM files f ORDER BY f.ds, f.source"
             ).fetchall()
-        finally:
-            db.close()
-    except sqlite3.Error as error:
-        raise StorageError(f"landing manifest {path} is unreadable: {error}") from error
+    except StateError as error:
+        raise StorageError(f"landing manifest is unreadable: {error}") from error
     return [(_assignment(row[:6]), row[6]) for row in rows]
 
 

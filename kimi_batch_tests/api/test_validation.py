@@ -1,5 +1,7 @@
 """Batch validation through the `openai` client: off the request, every bad line a line error,
-and nothing left `validating` or `cancelling` by a killed API process."""
+and nothing left `validating` or `cancelling` by a killed API process.
+
+The server-free tests run on both state backends (`state_backend`: SQLite, PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from kimi_batch.settings import Settings
 from kimi_batch.storage import ApiStore, BatchStatus
 from kimi_batch_tests.support.api_server import serving_api
 from kimi_batch_tests.support.batches import chat_line, jsonl, validated
+from kimi_batch_tests.support.postgres import StateBackend
 from kimi_batch_tests.support.validation_probe import measure_validation
 
 KEY = "sk-test-key"
@@ -24,8 +27,16 @@ DEAD_OWNER = f"{socket.gethostname()}:{(1 << 22) + 7}"
 
 
 @pytest.fixture
-def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+def settings(state_backend: StateBackend, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    state_backend.apply(monkeypatch)
+    monkeypatch.setenv("KIMI_BATCH_API_KEY", KEY)
+    return Settings.from_env()
+
+
+@pytest.fixture
+def sqlite_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
     monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("KIMI_BATCH_DATABASE_URL", raising=False)
     monkeypatch.setenv("KIMI_BATCH_API_KEY", KEY)
     return Settings.from_env()
 
@@ -105,9 +116,9 @@ def test_the_api_start_validates_what_a_killed_api_left_validating(settings: Set
 
 @pytest.mark.slow  # a 200 MB file; the RSS of this process is the API's
 def test_a_200_mb_file_validates_in_bounded_memory_while_requests_are_answered(
-    settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    sqlite_settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    report = measure_validation(settings, tmp_path / "big.jsonl", KEY, size_mb=200)
+    report = measure_validation(sqlite_settings, tmp_path / "big.jsonl", KEY, size_mb=200)
     with capsys.disabled():
         print(f"\nvalidation of a 200 MB batch input: {json.dumps(report)}")
     assert report["status"] == "validating"  # landed: valid, waiting for its run

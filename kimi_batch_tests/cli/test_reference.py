@@ -18,6 +18,7 @@ from kimi_batch.cli.reference import (
 )
 from kimi_batch.settings import Settings, variable_of
 from kimi_batch.settings.quality import quality_from_env
+from kimi_batch.settings.state import state_from_env
 
 
 def test_every_committed_reference_page_is_current() -> None:
@@ -52,8 +53,12 @@ def test_every_setting_has_a_meaning() -> None:
 
 
 def test_every_variable_on_the_page_is_the_one_from_env_reads() -> None:
-    # The quality gates' variables are read by `quality_from_env`, which from_env calls.
-    source = inspect.getsource(Settings.from_env) + inspect.getsource(quality_from_env)
+    # The quality gates' and the state's variables are read by `quality_from_env` and
+    # `state_from_env`, which from_env calls.
+    source = "".join(
+        inspect.getsource(reader)
+        for reader in (Settings.from_env, quality_from_env, state_from_env)
+    )
     for name in Settings.model_fields:
         assert f'"{variable_of(name)}"' in source, f"{name}: from_env never reads its variable"
 

@@ -1,4 +1,6 @@
-"""The ledger keeps every committed row across processes and never records one twice."""
+"""The ledger keeps every committed row across processes and never records one twice.
+
+Every test runs on both state backends (`state_backend`: SQLite files, a PostgreSQL database)."""
 
 from __future__ import annotations
 
@@ -11,15 +13,20 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from kimi_batch.engine import ledger as ledger_module
 from kimi_batch.engine.generation import GenerationResult
 from kimi_batch.engine.ledger import LeaseHeldError, LeaseLostError, Ledger, lease_clock
+from kimi_batch.paths import StateLocation
+from kimi_batch.state import StateBusyError, StateDatabase, connect_state, read_state
 from kimi_batch.storage import Warehouse
+from kimi_batch_tests.support.postgres import PostgresServer, StateBackend
 from kimi_batch_tests.support.results import make_result
 from kimi_batch_tests.support.rows import quarantined
 
@@ -28,8 +35,8 @@ def _result(request_id: str, text: str = "answer") -> GenerationResult:
     return make_result(text, request_id=request_id, input_id="seed-1", tag="seed")
 
 
-def test_put_is_first_writer_wins(tmp_path: Path) -> None:
-    with Ledger(tmp_path / "ledger.sqlite3") as ledger:
+def test_put_is_first_writer_wins(state_backend: StateBackend) -> None:
+    with Ledger(state_backend.ledger) as ledger:
         assert ledger.put(_result("a", "first")) is True
         assert ledger.put(_result("a", "second")) is False
         assert ledger.get_many(["a", "missing"])["a"].text == "first"
@@ -37,25 +44,26 @@ def test_put_is_first_writer_wins(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_rows_committed_by_a_killed_process_survive(tmp_path: Path) -> None:
-    path = tmp_path / "ledger.sqlite3"
+def test_rows_committed_by_a_killed_process_survive(state_backend: StateBackend) -> None:
+    path = state_backend.ledger
     script = (
         "import os, sys\n"
         "from kimi_batch.engine.ledger import Ledger\n"
+        "from kimi_batch.paths import StateLocation\n"
         "from kimi_batch_tests.support.results import make_result\n"
-        "ledger = Ledger(__import__('pathlib').Path(sys.argv[1]))\n"
+        "ledger = Ledger(StateLocation.model_validate_json(sys.argv[1]))\n"
         "for i in range(5):\n"
         "    ledger.put(make_result(request_id=f'r{i}', input_id='seed-1', tag='seed'))\n"
         "os.kill(os.getpid(), 9)\n"
     )
-    killed = subprocess.run([sys.executable, "-c", script, str(path)], check=False)
+    killed = subprocess.run([sys.executable, "-c", script, path.model_dump_json()], check=False)
     assert killed.returncode == -9
     with Ledger(path) as ledger:
         assert sorted(ledger.get_many(f"r{i}" for i in range(6))) == [f"r{i}" for i in range(5)]
 
 
-def test_iter_results_streams_in_the_asked_order_in_chunks(tmp_path: Path) -> None:
-    with Ledger(tmp_path / "ledger.sqlite3") as ledger:
+def test_iter_results_streams_in_the_asked_order_in_chunks(state_backend: StateBackend) -> None:
+    with Ledger(state_backend.ledger) as ledger:
         for i in range(7):
             ledger.put(_result(f"r{i}", f"text {i}"))
         asked = ["r6", "missing", "r0", "r3", "r0", "r5", "r1", "r2", "r4"]
@@ -66,19 +74,22 @@ def test_iter_results_streams_in_the_asked_order_in_chunks(tmp_path: Path) -> No
     assert rest[0].text == "text 0"
 
 
-def _hold_lease_then_die(path: Path, ttl_s: float) -> subprocess.CompletedProcess[bytes]:
+def _hold_lease_then_die(path: StateLocation, ttl_s: float) -> subprocess.CompletedProcess[bytes]:
     script = (
-        "import os, sys, pathlib\n"
+        "import os, sys\n"
         "from kimi_batch.engine.ledger import Ledger\n"
-        "ledger = Ledger(pathlib.Path(sys.argv[1]))\n"
+        "from kimi_batch.paths import StateLocation\n"
+        "ledger = Ledger(StateLocation.model_validate_json(sys.argv[1]))\n"
         "with ledger.lease('2025-01-01|web', 'dead-run', ttl_s=float(sys.argv[2])):\n"
         "    os.kill(os.getpid(), 9)\n"
     )
-    return subprocess.run([sys.executable, "-c", script, str(path), str(ttl_s)], check=False)
+    return subprocess.run(
+        [sys.executable, "-c", script, path.model_dump_json(), str(ttl_s)], check=False
+    )
 
 
-def test_a_second_holder_waits_then_gets_a_clear_error(tmp_path: Path) -> None:
-    path = tmp_path / "ledger.sqlite3"
+def test_a_second_holder_waits_then_gets_a_clear_error(state_backend: StateBackend) -> None:
+    path = state_backend.ledger
     with Ledger(path) as first, Ledger(path) as second:
         with first.lease("2025-01-01|web", "run-a", ttl_s=0.6) as lease:
             # Held past several ttls: the heartbeat renews it, so it never expires while held.
@@ -93,8 +104,10 @@ def test_a_second_holder_waits_then_gets_a_clear_error(tmp_path: Path) -> None:
             assert taken.owner == "run-b"
 
 
-def test_a_waiting_holder_gets_the_lease_when_the_first_lets_go(tmp_path: Path) -> None:
-    path = tmp_path / "ledger.sqlite3"
+def test_a_waiting_holder_gets_the_lease_when_the_first_lets_go(
+    state_backend: StateBackend,
+) -> None:
+    path = state_backend.ledger
     order: list[str] = []
 
     def second_run() -> None:
@@ -111,35 +124,37 @@ def test_a_waiting_holder_gets_the_lease_when_the_first_lets_go(tmp_path: Path) 
     assert order == ["a done", "b"]
 
 
-def test_other_partitions_are_not_blocked(tmp_path: Path) -> None:
+def test_other_partitions_are_not_blocked(state_backend: StateBackend) -> None:
     with (
-        Ledger(tmp_path / "l.sqlite3") as ledger,
+        Ledger(state_backend.ledger) as ledger,
         ledger.lease("p1", "run-a"),
         ledger.lease("p2", "run-b") as other,
     ):
         assert other.partition_key == "p2"
 
 
-def test_the_lease_of_a_killed_run_expires_and_is_taken_over(tmp_path: Path) -> None:
-    path = tmp_path / "ledger.sqlite3"
+def test_the_lease_of_a_killed_run_expires_and_is_taken_over(state_backend: StateBackend) -> None:
+    path = state_backend.ledger
     assert _hold_lease_then_die(path, ttl_s=1.0).returncode == -9
     with Ledger(path) as ledger, ledger.lease("2025-01-01|web", "run-b", wait_s=30, poll_s=0.1):
         pass  # taken over once the dead run's ttl passed
 
 
-def test_count_by_tag_reads_without_creating_or_writing(tmp_path: Path) -> None:
-    path = tmp_path / "ledger" / "ledger.sqlite3"
-    assert Ledger.count_by_tag(path) == {}
-    assert not path.parent.exists()
-    with Ledger(path) as ledger:
+def test_count_by_tag_reads_without_creating_or_writing(state_backend: StateBackend) -> None:
+    where = state_backend.ledger
+    assert Ledger.count_by_tag(where) == {}
+    assert read_state(where) is None  # the reader created nothing: no file, no schema
+    assert not where.path.parent.exists()
+    with Ledger(where) as ledger:
         ledger.put(make_result("a", request_id="r1", input_id="s1", tag="paraphrase"))
         ledger.put(make_result("b", request_id="r2", input_id="s1", tag="paraphrase"))
         ledger.put(make_result("c", request_id="r3", input_id="s1", tag="seed"))
         # Beside a live writer: the reader sees what is committed.
-        assert Ledger.count_by_tag(path) == {"paraphrase": 2, "seed": 1}
-    before = path.stat().st_mtime_ns
-    assert Ledger.count_by_tag(path) == {"paraphrase": 2, "seed": 1}
-    assert path.stat().st_mtime_ns == before
+        assert Ledger.count_by_tag(where) == {"paraphrase": 2, "seed": 1}
+    if where.embedded:
+        before = where.path.stat().st_mtime_ns
+        assert Ledger.count_by_tag(where) == {"paraphrase": 2, "seed": 1}
+        assert where.path.stat().st_mtime_ns == before
 
 
 # ---- leases that hold: a lost lease writes nothing, the heartbeat survives a locked database ---
@@ -148,71 +163,72 @@ PARTITION = "2025-01-01|web"
 
 
 class FlakyConnection:
-    """A ledger connection whose lease renewals fail with a sqlite error `failures` times
-    (None: always), as when another process holds the database's write lock."""
+    """A ledger connection whose lease renewals fail as busy `failures` times (None: always),
+    as when another process holds SQLite's write lock or PostgreSQL's connection drops."""
 
-    def __init__(self, db: sqlite3.Connection, failures: list[int | None]) -> None:
+    def __init__(self, db: StateDatabase, failures: list[int | None]) -> None:
         self._db = db
         self._failures = failures
 
-    def execute(self, sql: str, params: Sequence[object] = ()) -> sqlite3.Cursor:
+    def execute(self, sql: str, params: Sequence[object] = ()) -> Any:
         left = self._failures[0]
         if sql.startswith("UPDATE leases") and (left is None or left > 0):
             if left is not None:
                 self._failures[0] = left - 1
-            raise sqlite3.OperationalError("database is locked")
+            raise StateBusyError("database is locked")
         return self._db.execute(sql, params)
 
-    def close(self) -> None:
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
+
+    def __enter__(self) -> FlakyConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
         self._db.close()
 
 
 def flaky_renewals(monkeypatch: pytest.MonkeyPatch, failures: int | None) -> None:
-    real = ledger_module.connect_private_db
+    real = ledger_module.connect_state
     left: list[int | None] = [failures]
 
-    def connect(path: Path, **options: Any) -> Any:
-        return FlakyConnection(real(path, **options), left)
+    def connect(location: StateLocation, **options: Any) -> Any:
+        return FlakyConnection(real(location, **options), left)
 
-    monkeypatch.setattr(ledger_module, "connect_private_db", connect)
+    monkeypatch.setattr(ledger_module, "connect_state", connect)
 
 
 def test_the_heartbeat_retries_a_locked_database_and_keeps_the_lease(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    state_backend: StateBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = tmp_path / "ledger.sqlite3"
-    flaky_renewals(monkeypatch, failures=2)  # the first two renewals meet a lock
-    with (
-        Ledger(path) as first,
-        Ledger(path) as second,
-        first.lease(PARTITION, "run-a", ttl_s=1.2) as lease,
-    ):
-        time.sleep(3.0)  # more than two ttls: only renewals keep it
-        monkeypatch.undo()
-        with pytest.raises(LeaseHeldError), second.lease(PARTITION, "run-b"):
-            pass
-        assert not lease.lost
-        lease.check()
-
-
-def test_a_heartbeat_that_cannot_renew_before_the_ttl_marks_the_lease_lost(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    flaky_renewals(monkeypatch, failures=None)  # every renewal meets a lock
-    with (
-        Ledger(tmp_path / "ledger.sqlite3") as ledger,
-        ledger.lease(PARTITION, "run-a", ttl_s=0.6) as lease,
-    ):
-        time.sleep(1.5)
-        assert lease.lost
-        with pytest.raises(LeaseLostError, match="lost"):
+    path = state_backend.ledger
+    with Ledger(path) as first, Ledger(path) as second:
+        flaky_renewals(monkeypatch, failures=2)  # the first two renewals meet a lock
+        with first.lease(PARTITION, "run-a", ttl_s=1.2) as lease:
+            time.sleep(3.0)  # more than two ttls: only renewals keep it
+            monkeypatch.undo()
+            with pytest.raises(LeaseHeldError), second.lease(PARTITION, "run-b"):
+                pass
+            assert not lease.lost
             lease.check()
 
 
-def test_a_wall_clock_step_does_not_expire_a_live_lease(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_heartbeat_that_cannot_renew_before_the_ttl_marks_the_lease_lost(
+    state_backend: StateBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = tmp_path / "ledger.sqlite3"
+    with Ledger(state_backend.ledger) as ledger:
+        flaky_renewals(monkeypatch, failures=None)  # every renewal meets a lock
+        with ledger.lease(PARTITION, "run-a", ttl_s=0.6) as lease:
+            time.sleep(1.5)
+            assert lease.lost
+            with pytest.raises(LeaseLostError, match="lost"):
+                lease.check()
+
+
+def test_a_wall_clock_step_does_not_expire_a_live_lease(
+    state_backend: StateBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = state_backend.ledger
     with Ledger(path) as first, Ledger(path) as second, first.lease(PARTITION, "run-a") as lease:
         stepped = time.time() + 3600  # NTP (or a person) sets the clock an hour ahead
         monkeypatch.setattr(time, "time", lambda: stepped)
@@ -222,33 +238,48 @@ def test_a_wall_clock_step_does_not_expire_a_live_lease(
         lease.check()
 
 
-def test_a_lease_from_before_a_reboot_is_expired(tmp_path: Path) -> None:
-    path = tmp_path / "ledger.sqlite3"
-    with Ledger(path) as ledger:
-        _, now = lease_clock()
-        db = sqlite3.connect(path)
+def test_a_lease_from_another_boot_or_clock_is_expired(state_backend: StateBackend) -> None:
+    with Ledger(state_backend.ledger) as ledger, connect_state(state_backend.ledger) as db:
+        _, now = db.clock()
         db.execute(
             "INSERT INTO leases (partition_key, owner, token, expires_at, boot_id, expires_clock) "
             "VALUES (?, 'run-before-reboot', 't', ?, 'another-boot', ?)",
             (PARTITION, time.time() + 3600, now + 3600),
         )
-        db.commit()
-        db.close()
         with ledger.lease(PARTITION, "run-b") as taken:
             taken.check()
 
 
-@pytest.mark.slow
-def test_a_holder_paused_past_the_ttl_writes_nothing_over_the_new_holder(tmp_path: Path) -> None:
+def test_a_sqlite_lease_is_measured_on_the_boot_clock(tmp_path: Path) -> None:
+    """The embedded ledger's lease clock is this boot's: a row written with it holds."""
     path = tmp_path / "ledger.sqlite3"
+    with Ledger(path) as ledger:
+        boot, now = lease_clock()
+        with closing(sqlite3.connect(path)) as db:
+            db.execute(
+                "INSERT INTO leases (partition_key, owner, token, expires_at, boot_id, "
+                "expires_clock) VALUES (?, 'run-a', 't', ?, ?, ?)",
+                (PARTITION, time.time() + 3600, boot, now + 3600),
+            )
+            db.commit()
+        with pytest.raises(LeaseHeldError, match="run-a"), ledger.lease(PARTITION, "run-b"):
+            pass
+
+
+@pytest.mark.slow
+def test_a_holder_paused_past_the_ttl_writes_nothing_over_the_new_holder(
+    tmp_path: Path, state_backend: StateBackend
+) -> None:
+    path = state_backend.ledger
     warehouse = Warehouse(tmp_path / "warehouse")
     # The old holder: takes the lease, then (when told) writes its rows under the lease check.
     script = (
-        "import sys, pathlib\n"
+        "import sys\n"
         "from kimi_batch.engine.ledger import Ledger, LeaseLostError\n"
+        "from kimi_batch.paths import StateLocation\n"
         "from kimi_batch.storage import Warehouse\n"
         "from kimi_batch_tests.support.rows import quarantined\n"
-        "ledger = Ledger(pathlib.Path(sys.argv[1]))\n"
+        "ledger = Ledger(StateLocation.model_validate_json(sys.argv[1]))\n"
         "with ledger.lease('2025-01-01|web', 'paused-run', ttl_s=1.0) as lease:\n"
         "    print('held', flush=True)\n"
         "    sys.stdin.readline()\n"
@@ -261,7 +292,7 @@ def test_a_holder_paused_past_the_ttl_writes_nothing_over_the_new_holder(tmp_pat
         "        print('refused:', error, flush=True)\n"
     )
     holder = subprocess.Popen(
-        [sys.executable, "-c", script, str(path), str(warehouse.root)],
+        [sys.executable, "-c", script, path.model_dump_json(), str(warehouse.root)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -291,3 +322,29 @@ def test_a_holder_paused_past_the_ttl_writes_nothing_over_the_new_holder(tmp_pat
     assert said.startswith("refused: lease on partition '2025-01-01|web' was lost")
     reasons = warehouse.read_partition("quarantine", "2025-01-01", "web")["reason"].to_list()
     assert reasons == ["from the new holder"]
+
+
+def test_a_dropped_postgres_connection_is_reconnected_and_the_lease_kept(
+    postgres_server: PostgresServer,
+) -> None:
+    """The database restarts or a proxy drops the heartbeat's connection: it reconnects."""
+    url = postgres_server.new_database()
+    where = StateLocation(path=Path("unused.sqlite3"), schema_name="kimi_ledger", url=url)
+    with Ledger(where) as first, Ledger(where) as second:
+        with first.lease(PARTITION, "run-a", ttl_s=1.5) as lease:
+            time.sleep(0.7)  # the heartbeat has its connection
+            with psycopg.connect(postgres_server.url, autocommit=True) as admin:
+                dropped = admin.execute(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = %s AND pid <> pg_backend_pid() AND application_name = ''",
+                    (url.rsplit("/", 1)[1],),
+                ).fetchone()
+            assert dropped is not None
+            assert dropped[0] >= 1
+            time.sleep(3.0)  # two ttls: only a reconnected heartbeat keeps it
+            assert not lease.lost, lease.lost_why
+            lease.check()
+        # The ledgers' own connections were dropped too: their next statements reconnect.
+        assert first.put(make_result("after", request_id="r-after", input_id="s", tag="seed"))
+        with second.lease(PARTITION, "run-b"):
+            pass

@@ -1,5 +1,7 @@
 """The Batch API store: compare-and-set status changes (a cancel between any two run steps is
-honoured), uploads racing deletes of the same bytes, and a killed writer's temp files."""
+honoured), uploads racing deletes of the same bytes, and a killed writer's temp files.
+
+Every test runs on both state backends (`state_backend`: SQLite files, a PostgreSQL database)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from kimi_batch.storage import (
 from kimi_batch.tasks.batch_input import parse_batch_input
 from kimi_batch.tasks.openai_batch import BatchRequestLine
 from kimi_batch_tests.support.batches import chat_line, jsonl, landed_batch
+from kimi_batch_tests.support.postgres import StateBackend
 from kimi_batch_tests.support.results import make_result
 from kimi_batch_tests.support.rows import quarantined
 
@@ -36,8 +39,8 @@ DEAD_PID = (1 << 22) + 7
 
 
 @pytest.fixture
-def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
-    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path / "home"))
+def settings(state_backend: StateBackend, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    state_backend.apply(monkeypatch)
     return Settings.from_env()
 
 
@@ -65,7 +68,7 @@ def _cancel(store: ApiStore, batch_id: str) -> None:
 
 def _answered(settings: Settings, store: ApiStore, batch_id: str) -> Ledger:
     store.set_request_keys(batch_id, [("a", "key-a"), ("b", "key-b")])
-    ledger = Ledger(settings.paths.ledger_path)
+    ledger = Ledger(settings.paths.ledger_state)
     ledger.put(make_result("A", request_id="key-a", input_id="a"))
     ledger.put(make_result("B", request_id="key-b", input_id="b"))
     return ledger
@@ -93,7 +96,7 @@ def test_a_cancel_between_reading_the_batch_and_starting_it_is_honoured(
     store.update_batch(batch.id, status=BatchStatus.IN_PROGRESS, run_id="r1")
     assert store.batch(batch.id).status == BatchStatus.CANCELLING  # type: ignore[union-attr]
     assert begin_batch(store, batch.id, run_id="r1", by_hand=False) is None
-    with Ledger(settings.paths.ledger_path) as ledger:
+    with Ledger(settings.paths.ledger_state) as ledger:
         done = finish_batch(store, ledger, batch.id, _lines("a", "b"), BatchStatus.CANCELLED)
     assert done.status == BatchStatus.CANCELLED
 

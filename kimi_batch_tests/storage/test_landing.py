@@ -1,4 +1,6 @@
-"""Landed inputs on real files and a real manifest: partitions fixed at first sight, snapshots."""
+"""Landed inputs on real files and a real manifest: partitions fixed at first sight, snapshots.
+
+The manifest runs on both state backends (`state_backend`: a SQLite file, a PostgreSQL schema)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from kimi_batch.storage.landing import Landing
 from kimi_batch.storage.partition_input import LandingIOError, resolve_input
 from kimi_batch.storage.settle import InputNotSettledError
 from kimi_batch.storage.snapshot import InputTooLargeError
+from kimi_batch_tests.support.postgres import StateBackend
 
 START = date(2025, 1, 1)
 DAY1 = date(2026, 11, 28)
@@ -33,8 +36,8 @@ def a_minute_ago() -> float:
 
 
 @pytest.fixture
-def paths(tmp_path: Path) -> StatePaths:
-    paths = StatePaths(home=tmp_path / "home")
+def paths(state_backend: StateBackend) -> StatePaths:
+    paths = state_backend.paths
     paths.inbox_dir.mkdir(parents=True)
     return paths
 
@@ -217,7 +220,10 @@ def test_state_dirs_are_private(landing: Landing, paths: StatePaths) -> None:
 
     assert paths.landed_dir.stat().st_mode & 0o777 == 0o700
     assert version.path.stat().st_mode & 0o777 == 0o600
-    assert paths.manifest_path.stat().st_mode & 0o777 == 0o600
+    if paths.database_url is None:
+        assert paths.manifest_path.stat().st_mode & 0o777 == 0o600
+    else:
+        assert not paths.manifest_path.exists()  # the manifest is in PostgreSQL only
     assert len(scan_inbox(paths.inbox_dir)) == 1
 
 

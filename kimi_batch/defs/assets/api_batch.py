@@ -172,7 +172,7 @@ def finish_abandoned_batch(
     except StorageError:
         # The landed input is gone or unreadable: the final status without files.
         return store.update_batch(batch.id, status=status)
-    with Ledger(settings.paths.ledger_path) as ledger:
+    with Ledger(settings.paths.ledger_state) as ledger:
         return finish_batch(store, ledger, batch.id, lines, status)
 
 

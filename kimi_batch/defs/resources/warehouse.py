@@ -32,7 +32,7 @@ class WarehouseResource(dg.ConfigurableResource):
         return Warehouse(self.paths().warehouse_dir)
 
     def ledger(self) -> Ledger:
-        return Ledger(self.paths().ledger_path)
+        return Ledger(self.paths().ledger_state)
 
     def landing(self) -> Landing:
         return Landing(self.paths())

@@ -1,0 +1,82 @@
+"""`kimi-batch state migrate --to URL`: a box's SQLite state copied into PostgreSQL.
+
+The ledger (finished requests), the landing manifest (every file's partition and its landed
+versions) and the Batch API store (files and batches) move as they are, so a team that outgrows
+one box keeps every row it generated: a rerun on PostgreSQL finds them all and sends nothing.
+Partition leases are left behind (a lease is held by a running process; none runs across a
+move). The files under the state dir (landed snapshots, Batch API blobs, the warehouse) stay
+where they are; `KIMI_BATCH_WAREHOUSE` names where the warehouse is read from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from pydantic import ValidationError
+
+from kimi_batch.settings import ConfigError, Settings, StateSettings
+from kimi_batch.state import StoreCopy, connect_state, copy_store, shown_url
+
+__all__ = ["add_state_commands", "migrate_state"]
+
+
+def migrate_state(settings: Settings, url: str) -> list[StoreCopy]:
+    """Copy the ledger, the manifest and the API store of `settings`' state dir to `url`."""
+    # Imported when run: the CLI's other commands start without the storage layer.
+    from kimi_batch.engine import Ledger
+    from kimi_batch.storage import ApiStore, Landing
+
+    try:
+        StateSettings(database_url=url)
+    except ValidationError as error:
+        reason = error.errors()[0]["msg"].removeprefix("Value error, ")
+        raise ConfigError(f"state migrate --to {shown_url(url)}: {reason}") from None
+    source = settings.paths
+    target = source.model_copy(update={"database_url": url})
+    # Each store creates its own tables in the target first.
+    Ledger(target.ledger_state).close()
+    Landing(target).close()
+    ApiStore(target).close()
+    copies = []
+    for store, path, location, leave_out in (
+        ("ledger", source.ledger_path, target.ledger_state, ("leases",)),
+        ("manifest", source.manifest_path, target.manifest_state, ()),
+        ("api", source.api_db_path, target.api_state, ()),
+    ):
+        with connect_state(location) as db:
+            copies.append(copy_store(store, path, db, leave_out=leave_out))
+    return copies
+
+
+def _migrate(args: argparse.Namespace, settings: Settings) -> int:
+    copies = migrate_state(settings, args.to)
+    report: dict[str, Any] = {
+        "to": shown_url(args.to),
+        "stores": [copy.model_dump() for copy in copies],
+    }
+    print(json.dumps(report))
+    return 0
+
+
+def add_state_commands(commands: argparse._SubParsersAction[Any]) -> None:
+    state = commands.add_parser(
+        "state",
+        help="move the pipeline's state (finished rows, landed inputs, batches) to PostgreSQL",
+        description="The state this box keeps in SQLite files under the state directory: "
+        "finished requests, which partition each input file belongs to, Batch API files and "
+        "batches.",
+    ).add_subparsers(dest="action", required=True, title="commands", metavar="COMMAND")
+    migrate = state.add_parser(
+        "migrate",
+        help="copy this box's state into a PostgreSQL database",
+        description="Copy this box's finished requests, landed inputs' partitions and Batch "
+        "API batches into the PostgreSQL database URL names, then set KIMI_BATCH_DATABASE_URL "
+        "to it on every machine: nothing already generated is generated again. A database "
+        "that already holds them is left as it is; prints what was copied as JSON.",
+    )
+    migrate.add_argument(
+        "--to", required=True, metavar="URL", help="postgresql://user:password@host:5432/db"
+    )
+    migrate.set_defaults(func=_migrate)

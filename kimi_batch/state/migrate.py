@@ -1,0 +1,68 @@
+"""Copying a store's SQLite file into another backend (`kimi-batch state migrate --to URL`).
+
+The target's tables are created first by the store itself (its own `create`), so a copy never
+guesses a schema; then every row of the file's tables goes over in one transaction under the
+target store's write lock, ids included (a landed version stays the newest, a batch keeps its
+place in the list). A target store that already holds rows is left as it is: a migration that
+finished is never copied twice, and one that failed left nothing (its transaction rolled back).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from itertools import islice
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kimi_batch.state.database import StateDatabase
+from kimi_batch.state.sqlite import read_sqlite
+
+__all__ = ["StoreCopy", "copy_store"]
+
+_CHUNK = 1000
+
+
+class StoreCopy(BaseModel):
+    """What one store's migration did."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    store: str
+    rows: dict[str, int] = Field(default_factory=dict, description="Rows copied, per table.")
+    skipped: str | None = Field(default=None, description="Why nothing was copied, if so.")
+
+
+def copy_store(
+    store: str, source: Path, target: StateDatabase, *, leave_out: Collection[str] = ()
+) -> StoreCopy:
+    """Copy the tables of the SQLite file `source` (those the target has, but `leave_out`)
+    into `target`, whose tables the store created already."""
+    db = read_sqlite(source)
+    if db is None:
+        return StoreCopy(store=store, skipped=f"no {source}: nothing to copy")
+    with db:
+        tables = [t for t in db.tables() if t not in leave_out and target.columns(t)]
+        holding = [t for t in tables if target.execute(f"SELECT 1 FROM {t} LIMIT 1").fetchone()]
+        if holding:
+            return StoreCopy(
+                store=store, skipped=f"the target already holds rows ({', '.join(holding)})"
+            )
+        copied: dict[str, int] = {}
+        with target.transaction():
+            for table in tables:
+                copied[table] = _copy_table(db, target, table)
+                target.reset_serials(table)
+    return StoreCopy(store=store, rows=copied)
+
+
+def _copy_table(source: StateDatabase, target: StateDatabase, table: str) -> int:
+    columns = sorted(source.columns(table) & target.columns(table))
+    names = ", ".join(columns)
+    insert = f"INSERT INTO {table} ({names}) VALUES ({', '.join('?' * len(columns))})"
+    rows = iter(source.execute(f"SELECT {names} FROM {table}"))
+    count = 0
+    while chunk := list(islice(rows, _CHUNK)):
+        target.executemany(insert, chunk)
+        count += len(chunk)
+    return count

@@ -1,0 +1,157 @@
+"""`kimi-batch state migrate`: a box's SQLite state copied into a real PostgreSQL, whole and once."""
+
+from __future__ import annotations
+
+import json
+from datetime import date
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from kimi_batch.cli.commands import main
+from kimi_batch.cli.state import migrate_state
+from kimi_batch.definitions import batch_assets, build_resources
+from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
+from kimi_batch.engine import Ledger
+from kimi_batch.settings import Settings
+from kimi_batch.storage import ApiStore, Landing
+from kimi_batch_tests.support.batches import chat_line, jsonl, landed_batch
+from kimi_batch_tests.support.engine import server_tasks
+from kimi_batch_tests.support.llama_server import LlamaEnv
+from kimi_batch_tests.support.postgres import PostgresServer
+from kimi_batch_tests.support.results import make_result
+
+DAY = date(2026, 11, 28)
+START = date(2025, 1, 1)
+
+
+@pytest.fixture
+def box(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """A box's SQLite state: finished requests, two landed versions of an input, a batch."""
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("KIMI_BATCH_DATABASE_URL", raising=False)
+    settings = Settings.from_env()
+    with Ledger(settings.paths.ledger_state) as ledger:
+        for i in range(3):
+            ledger.put(make_result(f"answer {i}", request_id=f"r{i}", input_id=f"s{i}", tag="seed"))
+        with ledger.lease("2026-11-28|web", "a-run"):  # held while migrating: left behind
+            pass
+    inbox = settings.paths.inbox_dir
+    inbox.mkdir(parents=True)
+    with Landing(settings.paths) as landing:
+        for text in ('{"prompt": "one"}\n', '{"prompt": "two"}\n'):
+            (inbox / "web.jsonl").write_text(text)
+            assignment = landing.assign(inbox.joinpath("web.jsonl").name, arrived=DAY, start=START)
+            landing.land(inbox / "web.jsonl", assignment, max_bytes=1 << 20, settle_s=0.0)
+    landed_batch(settings, jsonl(chat_line("a"), chat_line("b")))
+    return settings
+
+
+def test_a_migrated_box_finds_every_row_partition_and_batch_in_postgres(
+    box: Settings, postgres_server: PostgresServer
+) -> None:
+    url = postgres_server.new_database()
+    copies = {copy.store: copy for copy in migrate_state(box, url)}
+
+    assert copies["ledger"].rows == {"results": 3}
+    # Two versions of the inbox file, and the batch's input (a partition of its own).
+    assert copies["manifest"].rows == {"files": 1, "versions": 3}
+    assert copies["api"].rows["batches"] == 1
+    moved = box.model_copy(update={"database_url": url})
+    with Ledger(moved.paths.ledger_state) as ledger:
+        assert ledger.finished_keys(["r0", "r1", "r2", "r3"]) == {"r0", "r1", "r2"}
+        assert ledger.get_many(["r1"])["r1"].text == "answer 1"
+        with ledger.lease("2026-11-28|web", "next-run") as lease:  # no lease came along
+            lease.check()
+    with Landing(moved.paths) as landing, Landing(box.paths) as before:
+        assert landing.assignment("web.jsonl") == before.assignment("web.jsonl")
+        assert landing.current(DAY.isoformat(), "web") == before.current(DAY.isoformat(), "web")
+        # The ids go on after the copied ones: a version landed now is the newest.
+        inbox = moved.paths.inbox_dir
+        (inbox / "web.jsonl").write_text('{"prompt": "three"}\n')
+        assignment = landing.assignment("web.jsonl")
+        assert assignment is not None
+        newest = landing.land(inbox / "web.jsonl", assignment, max_bytes=1 << 20, settle_s=0.0)
+        assert landing.current(DAY.isoformat(), "web") == newest
+    with ApiStore(moved.paths) as store, ApiStore(box.paths) as old:
+        assert store.batches() == old.batches()
+        assert store.files() == old.files()
+
+
+def test_a_second_migration_copies_nothing_twice(
+    box: Settings, postgres_server: PostgresServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = postgres_server.new_database()
+    migrate_state(box, url)
+    with Ledger(box.paths.ledger_state) as ledger:  # the box went on after the first copy
+        ledger.put(make_result("late", request_id="r9", input_id="s9", tag="seed"))
+
+    assert main(["state", "migrate", "--to", url]) == 0
+
+    report = json.loads(capsys.readouterr().out)
+    assert all("already holds rows" in store["skipped"] for store in report["stores"])
+    moved = box.model_copy(update={"database_url": url})
+    with Ledger(moved.paths.ledger_state) as ledger:
+        assert ledger.count() == 3
+
+
+def test_migrating_to_something_not_postgres_is_one_line(
+    box: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["state", "migrate", "--to", "mysql://db/x"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("kimi-batch: error: state migrate --to mysql://db/x: must be a")
+    assert error.count("\n") == 1
+    assert not Path(box.paths.ledger_path).with_name("ledger.sqlite3-journal").exists()
+
+
+# ---- a real run moved: the rerun on PostgreSQL sends nothing -----------------------------------
+
+SMALL_RUN = {
+    "ops": {
+        "amplified_prompts": {"config": {"strategies": ["paraphrase"], "max_tokens": 16}},
+        "distilled_responses": {"config": {"max_tokens": 16}},
+    }
+}
+
+
+def _materialize(
+    instance: dg.DagsterInstance, key: dg.MultiPartitionKey
+) -> dg.ExecuteInProcessResult:
+    settings = Settings.from_env()
+    return dg.materialize(
+        batch_assets(settings),
+        partition_key=key,
+        resources=build_resources(settings),
+        instance=instance,
+        run_config=SMALL_RUN,
+    )
+
+
+@pytest.mark.slow
+def test_a_run_migrated_to_postgres_is_not_generated_again(
+    llama_env: LlamaEnv,
+    postgres_server: PostgresServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    inbox = llama_env.home / "inbox"
+    inbox.mkdir(parents=True, exist_ok=True)
+    rows = [json.dumps({"id": f"m{i}", "prompt": f"Name a colour, number {i}."}) for i in range(3)]
+    (inbox / "moved.jsonl").write_text("".join(row + "\n" for row in rows))
+    key = dg.MultiPartitionKey({"date": Settings.from_env().today().isoformat(), "source": "moved"})
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(SOURCE_PARTITIONS_NAME, ["moved"])
+        assert _materialize(instance, key).success  # on the box: SQLite
+        url = postgres_server.new_database()
+        migrate_state(Settings.from_env(), url)
+        monkeypatch.setenv("KIMI_BATCH_DATABASE_URL", url)
+        before = server_tasks(llama_env.server)
+        again = _materialize(instance, key)  # on PostgreSQL
+        sent = server_tasks(llama_env.server) - before
+    assert again.success
+    for asset in ("amplified_prompts", "distilled_responses"):
+        (done,) = again.asset_materializations_for_node(asset)
+        assert done.metadata["generated"].value == 0
+        assert done.metadata["from_ledger"].value == done.metadata["requests"].value
+    assert sent == 0

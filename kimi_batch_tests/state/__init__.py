@@ -1,0 +1,1 @@
+"""Tests of kimi_batch/state/: the state databases shared by several workers."""
