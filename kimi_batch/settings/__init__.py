@@ -27,6 +27,7 @@ from kimi_batch.settings.defaults import (
     samples_dir,
 )
 from kimi_batch.settings.model import Settings, variable_of
+from kimi_batch.settings.quality import QualitySettings
 
 __all__ = [
     "DEFAULT_API_MAX_BATCH_REQUESTS",
@@ -38,6 +39,7 @@ __all__ = [
     "DEFAULT_PARALLEL",
     "DEFAULT_THREADS",
     "DEFAULT_TRINO_PORT",
+    "QualitySettings",
     "ConfigError",
     "Settings",
     "default_digest_path",

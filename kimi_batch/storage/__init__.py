@@ -64,6 +64,14 @@ from kimi_batch.storage.private_files import (
     temp_name,
     write_private_text,
 )
+from kimi_batch.storage.quality_gate import (
+    CONTAMINATED,
+    DUPLICATE,
+    NEAR_DUPLICATE,
+    GateCounts,
+    PartitionGate,
+    QualityGate,
+)
 from kimi_batch.storage.quarantine import replace_quarantine
 from kimi_batch.storage.schema import (
     TABLES,
@@ -83,6 +91,9 @@ from kimi_batch.storage.settle import (
 from kimi_batch.storage.trino import PublishReport, TrinoConfig, TrinoPublisher
 
 __all__ = [
+    "CONTAMINATED",
+    "DUPLICATE",
+    "NEAR_DUPLICATE",
     "MAX_VALIDATION_ATTEMPTS",
     "NEXT_STATUSES",
     "PARTITION_COLUMNS",
@@ -102,7 +113,9 @@ __all__ = [
     "InputNotSettledError",
     "InvalidIdentifierError",
     "InvalidPartitionError",
+    "GateCounts",
     "Landing",
+    "PartitionGate",
     "PartitionWrite",
     "PublishReport",
     "RequestCounts",
@@ -115,6 +128,7 @@ __all__ = [
     "TrinoQueryError",
     "TrinoUnavailableError",
     "ValidationClaim",
+    "QualityGate",
     "Warehouse",
     "batch_lines",
     "begin_batch",

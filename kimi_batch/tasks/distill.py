@@ -172,6 +172,7 @@ class DistillTask(GenerationTask[DistillInputs, DistilledRow]):
     name: ClassVar[str] = DISTILL_STAGE
     table: ClassVar[str] = "distilled"
     row_model: ClassVar[type[GenerationColumns]] = DistilledRow
+    quality_gated: ClassVar[bool] = True
 
     params: SamplingParams = DEFAULT_DISTILL_PARAMS
     n_probs: int = Field(default=0, ge=0, le=20, description="Top-k logprobs per token (0: off).")

@@ -99,6 +99,9 @@ class GenerationTask(BaseModel, ABC, Generic[InputsT, RowT]):
     """The table's row model (its schema)."""
     dropped_metric: ClassVar[str | None] = None
     """Metadata name of the count of rows `keep` drops, when the stage drops any."""
+    quality_gated: ClassVar[bool] = False
+    """Whether its rows pass the quality gate (contamination, duplicates across nights) as they
+    land: rows with a `prompt` and a `response` that training reads."""
 
     @abstractmethod
     def load(self, read: RowReader) -> InputsT:

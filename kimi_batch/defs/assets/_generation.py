@@ -8,12 +8,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import dagster as dg
 import polars as pl
 from pydantic import BaseModel
 
+from kimi_batch.defs.check_states import CONTAMINATION_CHECK
 from kimi_batch.defs.interrupts import run_interruptibly
 from kimi_batch.defs.jobs import STOPPED_TAG, WINDOW_TAG
 from kimi_batch.defs.metadata import generation_figures
@@ -37,9 +38,11 @@ from kimi_batch.engine import (
 from kimi_batch.storage import StorageError, Warehouse, polars_schema
 from kimi_batch.tasks.rows import PARTITION_COLUMNS
 from kimi_batch.tasks.sink import CheckFigures
+from kimi_batch.tasks.stage import GenerationTask
 
 __all__ = [
     "BATCH_GROUP",
+    "CHECK_NAMES",
     "LLAMA_POOL",
     "HeldPartition",
     "RunContext",
@@ -50,6 +53,7 @@ __all__ = [
     "publish",
     "publish_tables",
     "read_rows",
+    "stage_check_names",
     "stopped_at_window",
     "window_end",
 ]
@@ -304,6 +308,11 @@ CHECK_NAMES = (
     "matches_table_schema",
     "published_to_trino",
 )
+
+
+def stage_check_names(task: type[GenerationTask[Any, Any]]) -> tuple[str, ...]:
+    """The checks a stage's asset declares: every stage's, and the gate's when it is gated."""
+    return (*CHECK_NAMES, CONTAMINATION_CHECK) if task.quality_gated else CHECK_NAMES
 
 
 def check_specs(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
@@ -34,13 +35,19 @@ from kimi_batch.defs.assets._generation import (
     publish,
     publish_tables,
 )
-from kimi_batch.defs.check_states import PUBLISHED_CHECK
+from kimi_batch.defs.check_states import CONTAMINATION_CHECK, PUBLISHED_CHECK
 from kimi_batch.defs.metadata import generation_figures, summary_table
 from kimi_batch.defs.partition_states import INPUT_SHA_METADATA
 from kimi_batch.defs.partitions import split_partition_key
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.engine import BatchOutcome, GenerationRequest, GenerationResult, LeaseLostError
-from kimi_batch.storage import PartitionWrite, Warehouse, replace_quarantine
+from kimi_batch.storage import (
+    PartitionGate,
+    PartitionWrite,
+    QualityGate,
+    Warehouse,
+    replace_quarantine,
+)
 from kimi_batch.tasks.quarantine import INPUT_STAGE
 from kimi_batch.tasks.sink import StageSink
 from kimi_batch.tasks.stage import GenerationTask
@@ -89,32 +96,68 @@ def land_stage(
     *,
     store: Warehouse,
     trino: TrinoResource,
+    gate: QualityGate | None = None,
     publish_now: bool = True,
 ) -> dg.MaterializeResult:
     """Write the partition's rows and quarantine, judge the checks, publish (lease held).
 
+    A quality-gated stage's rows pass `gate` on their way to the Parquet (contamination and
+    duplicates set aside); the gate's index takes the kept rows once both files are written.
     `publish_now=False` leaves the Trino publish and its check to the caller (a `Landing`)."""
     task, ds, source = plan.task, plan.ds, plan.source
     sink = StageSink(task, plan.inputs, input_sha256=plan.input_sha)
-    written = store.write_partition(task.table, ds, source, sink.rows(results), guard=held.check)
-    sink.failed(
-        outcome.failures,
-        source_file=source,
-        model=outcome.model,
-        digest_sha=outcome.digest_sha256,
-        created_at=datetime.now(UTC),
-    )
-    quarantined = replace_quarantine(
-        store, ds, source, task.name, sink.quarantined, guard=held.check
-    )
+    gated = gate if task.quality_gated and gate is not None and gate.active else None
+    with ExitStack() as stack:
+        screen = (
+            stack.enter_context(gated.partition(store, task.table, task.name, ds, source))
+            if gated
+            else None
+        )
+        rows = sink.rows(results)
+        written = store.write_partition(
+            task.table, ds, source, screen.admit(rows) if screen else rows, guard=held.check
+        )
+        sink.failed(
+            outcome.failures,
+            source_file=source,
+            model=outcome.model,
+            digest_sha=outcome.digest_sha256,
+            created_at=datetime.now(UTC),
+        )
+        set_aside = [*sink.quarantined, *(screen.quarantined if screen else ())]
+        quarantined = replace_quarantine(store, ds, source, task.name, set_aside, guard=held.check)
     checks = generation_checks(task.table, sink.figures(), pl.read_parquet_schema(written.path))
+    if screen is not None and gated is not None:
+        checks.append(contamination_check(screen, gated.settings.contamination_max_rate))
     if publish_now:
         checks.append(
             publish(context, trino, store, [task.table, "quarantine"], ds, source, held.check)
         )
     metadata = stage_metadata(trino, written, quarantined, outcome, sink)
+    if screen is not None:
+        metadata.update(screen.metadata())
+        metadata["summary"] = summary_table(metadata)
     metadata[INPUT_SHA_METADATA] = plan.input_sha  # what `status` and the nightly compare (stale)
     return dg.MaterializeResult(metadata=metadata, check_results=checks)
+
+
+def contamination_check(screen: PartitionGate, max_rate: float) -> dg.AssetCheckResult:
+    """Fails when the partition's share of contaminated rows is above `max_rate`; the rows are
+    in quarantine either way, so a failure says the inputs overlap the benchmarks."""
+    counts = screen.counts
+    return dg.AssetCheckResult(
+        check_name=CONTAMINATION_CHECK,
+        passed=counts.contamination_rate <= max_rate,
+        metadata={
+            "contaminated": counts.contaminated,
+            "screened": counts.screened,
+            "rate": round(counts.contamination_rate, 4),
+            "max_rate": max_rate,
+            "benchmarks": len(screen.benchmark_files),
+            "duplicates": counts.duplicates,
+            "near_duplicates": counts.near_duplicates,
+        },
+    )
 
 
 def consumed_input_sha(store: Warehouse, ds: str, source: str) -> str:
