@@ -31,7 +31,9 @@ def dedup_bench_command(args: argparse.Namespace, settings: Settings) -> int:
         write_dedup_outputs,
     )
 
-    options = DedupBenchOptions(rows=args.dedup_rows, partition_rows=args.rows_per_partition or 1000)
+    options = DedupBenchOptions(
+        rows=args.dedup_rows, partition_rows=args.rows_per_partition or 1000
+    )
     document = run_dedup_bench(settings, options)
     paths = write_dedup_outputs(document, settings.paths.bench_dir / "dedup.json")
     if args.json:

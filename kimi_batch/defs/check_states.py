@@ -17,6 +17,7 @@ from kimi_batch.defs.stages import SEED_ASSET, STAGE_DECLARATIONS
 
 __all__ = [
     "CONTAMINATION_CHECK",
+    "DUPLICATE_CHECK",
     "PUBLISHED_CHECK",
     "TRUNCATION_CHECK",
     "FailedCheck",
@@ -27,8 +28,10 @@ __all__ = [
 
 PUBLISHED_CHECK = "published_to_trino"
 TRUNCATION_CHECK = "truncation_rate"
-# The quality-gated stages' share of rows sharing an n-gram with a benchmark.
+# The quality-gated stages' share of rows sharing an n-gram with a benchmark (fails above the
+# configured rate), and of rows repeating kept ones (warns; not an alert: they are set aside).
 CONTAMINATION_CHECK = "benchmark_contamination"
+DUPLICATE_CHECK = "duplicate_rate"
 # Failed evaluations read per page while looking for a partition's newest one.
 _HISTORY_PAGE = 200
 

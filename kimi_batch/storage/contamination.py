@@ -1,7 +1,8 @@
 """Benchmark decontamination: the n-grams of every benchmark item, and the first one a text shares.
 
 A benchmark file (`KIMI_BATCH_BENCHMARKS`) is JSONL or Parquet, one item per line or row: an `id`
-and text fields; every string field but `id` is indexed. Texts are normalized as the duplicate
+and text fields; every string field but `id` is indexed, and every string of a list field (the
+choices of a multiple-choice item). Texts are normalized as the duplicate
 check normalizes them (casefolded, punctuation-free, whitespace-collapsed) and cut into word
 n-grams (13 by default, as lm-eval's decontamination). Loaded indexes are kept per process, keyed
 by the files' paths, sizes and modification times, so a night loads them once.
@@ -60,8 +61,18 @@ def _items(path: Path) -> Iterator[tuple[str, list[str]]]:
         item_id = record.get("id")
         if item_id is None:
             raise ConfigError(f"benchmark {path} item {number}: no `id`")
-        texts = [value for key, value in record.items() if key != "id" and isinstance(value, str)]
-        yield str(item_id), texts
+        yield (
+            str(item_id),
+            [text for key, value in record.items() if key != "id" for text in _strings(value)],
+        )
+
+
+def _strings(value: object) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [item for item in value if isinstance(item, str)]  # pyright: ignore[reportUnknownVariableType]
+    return []
 
 
 class BenchmarkIndex:

@@ -1,24 +1,26 @@
 """The quality gate of a stage's landing: benchmark contamination, then duplicates across nights.
 
-`QualityGate.partition(ds, source, ...)` screens one partition's rows as they stream to its
-Parquet: a row sharing an n-gram with a benchmark item is set aside as `contaminated`, then a row
-repeating one already kept (exactly, or MinHash-alike above the threshold) as `duplicate` or
-`near_duplicate`; the rest go on, and are indexed when the block ends. The gate applies to the
-stages that say so (`GenerationTask.quality_gated`: the teacher's answers), not to API batches,
-whose callers asked for every line.
+`QualityGate.partition(...)` screens one partition's rows as they stream to its Parquet: a row
+sharing an n-gram with a benchmark item is set aside as `contaminated`, then a row repeating one
+already kept (its normalized text exactly, or MinHash-alike at the threshold) as `duplicate` or
+`near_duplicate`, naming the kept row; the first one stays. The rest go on and are indexed, for
+good when the block ends without an error. What a row is judged on is its stage's (`screened`:
+the conversation the teacher saw, and its answer). The gate applies to the stages that say so
+(`GenerationTask.quality_gated`: the teacher's answers), not to Batch API batches, whose callers
+asked for every line, nor to the judge's verdicts.
 
-The duplicate index (`storage.dedup_index`) lives at `home/quality/dedup.sqlite3`. When it is
-new, or its signature setting changed, it is first rebuilt from the table's landed partitions
-(every row there counts as kept), so an install that had answers before the gate does not let
-their repeats in.
+The duplicate index (`storage.dedup_index`) lives at `home/quality/dedup.sqlite3`. When it is new,
+or its signature setting changed, the first partition screened rebuilds it from the stage's
+landed partitions (every row there counts as kept), so an install that had answers before the
+gate, or a changed shingle size, does not let their repeats in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Protocol, TypeVar, cast
+from typing import Any, TypeVar
 
 import polars as pl
 from pydantic import BaseModel, ConfigDict
@@ -27,23 +29,25 @@ from kimi_batch.settings import QualitySettings
 from kimi_batch.storage.contamination import BenchmarkIndex, load_benchmarks
 from kimi_batch.storage.dedup_index import (
     DedupIndex,
+    DedupSetting,
     DuplicateMatch,
     IndexedText,
     PartitionDedup,
 )
 from kimi_batch.storage.parquet import Warehouse
 from kimi_batch.tasks.amplify import normalize_text
-from kimi_batch.tasks.quarantine import truncate_raw
+from kimi_batch.tasks.quarantine import INPUT_STAGE, set_aside_row
 from kimi_batch.tasks.rows import GenerationColumns, QuarantineRow
+from kimi_batch.tasks.stage import GenerationTask, ScreenedText
 
 __all__ = [
     "CONTAMINATED",
     "DUPLICATE",
     "NEAR_DUPLICATE",
     "GateCounts",
-    "GatedRow",
     "PartitionGate",
     "QualityGate",
+    "set_aside_totals",
 ]
 
 DUPLICATE = "duplicate"
@@ -51,23 +55,11 @@ NEAR_DUPLICATE = "near_duplicate"
 CONTAMINATED = "contaminated"
 
 RowT = TypeVar("RowT", bound=GenerationColumns)
-
-
-class GatedRow(Protocol):
-    """What the gate reads of a row (a distilled answer)."""
-
-    @property
-    def request_id(self) -> str: ...
-    @property
-    def input_id(self) -> str: ...
-    @property
-    def prompt(self) -> str: ...
-    @property
-    def response(self) -> str: ...
+Task = GenerationTask[Any, Any]
 
 
 class GateCounts(BaseModel):
-    """One partition's screening: rows seen and set aside by reason."""
+    """One partition's screening: rows seen, and set aside by reason."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -80,10 +72,10 @@ class GateCounts(BaseModel):
     def contamination_rate(self) -> float:
         return self.contaminated / self.screened if self.screened else 0.0
 
-
-def _dedup_text(row: GatedRow, fields: str) -> str:
-    prompt = normalize_text(row.prompt)
-    return f"{prompt} {normalize_text(row.response)}" if fields == "prompt+answer" else prompt
+    @property
+    def duplicate_rate(self) -> float:
+        repeated = self.duplicates + self.near_duplicates
+        return repeated / self.screened if self.screened else 0.0
 
 
 def _duplicate_reason(match: DuplicateMatch) -> str:
@@ -101,73 +93,74 @@ class PartitionGate:
         self,
         *,
         stage: str,
-        source: str,
+        screened: Callable[[Any], ScreenedText],
         fields: str,
         dedup: PartitionDedup | None,
         benchmarks: BenchmarkIndex | None,
     ) -> None:
-        self._stage, self._source, self._fields = stage, source, fields
+        self._stage, self._screened, self._fields = stage, screened, fields
         self._dedup, self._benchmarks = dedup, benchmarks
         self.counts = GateCounts()
         self.quarantined: list[QuarantineRow] = []
-        self.benchmark_files: list[str] = benchmarks.names if benchmarks else []
+
+    @property
+    def dedup(self) -> bool:
+        return self._dedup is not None
+
+    @property
+    def benchmark_files(self) -> list[str]:
+        return self._benchmarks.names if self._benchmarks else []
 
     def admit(self, rows: Iterable[RowT]) -> Iterator[RowT]:
         """The rows that pass, in order; the others become `quarantined` rows."""
         for row in rows:
             self.counts.screened += 1
-            reason = self._reason(cast(GatedRow, row))
-            if reason is None:
+            text = self._screened(row)
+            set_aside = self._contamination(text) or self._repeat(row, text)
+            if set_aside is None:
                 yield row
                 continue
-            self.quarantined.append(self._set_aside(row, reason))
+            reason, raw = set_aside
+            self.quarantined.append(
+                set_aside_row(
+                    row,
+                    stage=self._stage,
+                    source_file=text.source_file,
+                    line=text.line,
+                    reason=reason,
+                    raw=raw,
+                )
+            )
 
-    def _reason(self, row: GatedRow) -> str | None:
-        if self._benchmarks is not None:
-            for text in (row.prompt, row.response):
-                hit = self._benchmarks.first_hit(normalize_text(text))
-                if hit is not None:
-                    self.counts.contaminated += 1
-                    return (
-                        f"{CONTAMINATED}: shares {self._benchmarks.n} words with benchmark "
-                        f"{hit.benchmark} item {hit.item_id!r}: {hit.ngram!r}"
-                    )
+    def _contamination(self, text: ScreenedText) -> tuple[str, str] | None:
+        """(reason, the text that shares it) for the first benchmark n-gram a row shares."""
+        if self._benchmarks is None:
+            return None
+        for where, said in (("prompt", text.prompt), ("answer", text.answer)):
+            hit = self._benchmarks.first_hit(normalize_text(said))
+            if hit is not None:
+                self.counts.contaminated += 1
+                reason = (
+                    f"{CONTAMINATED}: the {where} shares {self._benchmarks.n} words with "
+                    f"benchmark {hit.benchmark} item {hit.item_id!r}: {hit.ngram!r}"
+                )
+                return reason, said
+        return None
+
+    def _repeat(self, row: GenerationColumns, text: ScreenedText) -> tuple[str, str] | None:
         if self._dedup is None:
             return None
-        match = self._dedup.check(
-            IndexedText(
-                request_id=row.request_id,
-                input_id=row.input_id,
-                text=_dedup_text(row, self._fields),
-            )
+        indexed = IndexedText(
+            request_id=row.request_id, input_id=row.input_id, text=dedup_text(text, self._fields)
         )
+        match = self._dedup.check(indexed)
         if match is None:
             return None
-        if match.kind == "duplicate":
+        if match.kind == DUPLICATE:
             self.counts.duplicates += 1
         else:
             self.counts.near_duplicates += 1
-        return _duplicate_reason(match)
-
-    def _set_aside(self, row: GenerationColumns, reason: str) -> QuarantineRow:
-        prompt = getattr(row, "prompt", "")
-        return QuarantineRow(
-            request_id=row.request_id,
-            input_id=row.input_id,
-            model=row.model,
-            digest_sha256=row.digest_sha256,
-            prompt_tokens=row.prompt_tokens,
-            cached_tokens=row.cached_tokens,
-            completion_tokens=row.completion_tokens,
-            finish_reason=row.finish_reason,
-            stage=self._stage,
-            source_file=self._source,
-            line=None,
-            reason=reason,
-            raw=truncate_raw(prompt),
-            created_at=row.created_at,  # the row's own time: a rerun yields identical rows
-            input_sha256=row.input_sha256 or None,
-        )
+        return _duplicate_reason(match), text.prompt
 
     def metadata(self) -> dict[str, float]:
         """The partition's screening figures for its materialization."""
@@ -175,10 +168,18 @@ class PartitionGate:
         if self._dedup is not None:
             figures["duplicates"] = self.counts.duplicates
             figures["near_duplicates"] = self.counts.near_duplicates
+            if self._dedup.rebuilt is not None:
+                figures["dedup_index_rebuilt_rows"] = self._dedup.rebuilt
         if self._benchmarks is not None:
             figures["contaminated"] = self.counts.contaminated
             figures["contamination_rate"] = round(self.counts.contamination_rate, 4)
         return figures
+
+
+def dedup_text(text: ScreenedText, fields: str) -> str:
+    """The normalized text a row's duplicates are found by (`KIMI_BATCH_DEDUP_FIELDS`)."""
+    prompt = normalize_text(text.prompt)
+    return f"{prompt} {normalize_text(text.answer)}" if fields == "prompt+answer" else prompt
 
 
 class QualityGate:
@@ -188,54 +189,80 @@ class QualityGate:
         self.settings = settings
         self.index = DedupIndex(
             index_path,
-            threshold=settings.dedup_threshold,
-            shingle=settings.dedup_shingle,
-            fields=settings.dedup_fields,
+            DedupSetting(
+                threshold=settings.dedup_threshold,
+                shingle=settings.dedup_shingle,
+                fields=settings.dedup_fields,
+            ),
         )
 
-    @property
-    def active(self) -> bool:
-        return self.settings.dedup or bool(self.settings.benchmarks)
+    def screens(self, task: Task) -> bool:
+        """Whether `task`'s rows pass the gate here: a gated stage, and a gate switched on."""
+        return task.quality_gated and (self.settings.dedup or bool(self.settings.benchmarks))
 
-    def _rebuild_from(self, store: Warehouse, table: str, ds: str, source: str) -> None:
-        fields = self.settings.dedup_fields
+    def _landed(self, store: Warehouse, task: Task) -> Iterator[tuple[str, str, Iterator[Any]]]:
+        """Every landed partition of `task`'s table as the index takes it (a rebuild); each
+        read only when the index asks for its rows."""
+        for ds, source in store.partitions(task.table):
+            yield ds, source, self._indexed(store, task, ds, source)
 
-        def rows(frame: pl.DataFrame) -> Iterator[IndexedText]:
-            for record in frame.select("request_id", "input_id", "prompt", "response").iter_rows(
-                named=True
-            ):
-                text = normalize_text(record["prompt"])
-                if fields == "prompt+answer":
-                    text = f"{text} {normalize_text(record['response'])}"
-                yield IndexedText(
-                    request_id=record["request_id"], input_id=record["input_id"], text=text
-                )
-
-        landed = [p for p in sorted(store.partitions(table)) if p != (ds, source)]
-        self.index.rebuild(
-            (p_ds, p_source, rows(store.read_partition(table, p_ds, p_source)))
-            for p_ds, p_source in landed
-        )
+    def _indexed(self, store: Warehouse, task: Task, ds: str, source: str) -> Iterator[IndexedText]:
+        inputs = task.load(lambda table, model: store.read_rows(table, ds, source, model))
+        for row in store.read_rows(task.table, ds, source, task.row_model):
+            text = dedup_text(task.screened(row, inputs), self.settings.dedup_fields)
+            yield IndexedText(request_id=row.request_id, input_id=row.input_id, text=text)
 
     @contextmanager
     def partition(
-        self, store: Warehouse, table: str, stage: str, ds: str, source: str
+        self,
+        store: Warehouse,
+        task: Task,
+        inputs: Any,
+        ds: str,
+        source: str,
+        *,
+        guard: Callable[[], None] | None = None,
     ) -> Iterator[PartitionGate]:
-        """Screen partition (ds, source) of `table`; its kept rows are indexed when the block
-        ends without an error (the caller writes them inside it)."""
-        benchmarks = load_benchmarks(
-            self.settings.benchmarks, self.settings.contamination_ngram
+        """Screen partition (ds, source) of `task`'s table (its `inputs` say what each row was
+        asked); its kept rows are indexed when the block ends without an error and `guard`
+        (the partition's lease) passes. The caller writes the rows inside the block."""
+        settings = self.settings
+        benchmarks = load_benchmarks(settings.benchmarks, settings.contamination_ngram)
+        if not settings.dedup:
+            yield self._gate(task, inputs, None, benchmarks)
+            return
+        rebuild = lambda: self._landed(store, task)  # noqa: E731
+        with self.index.partition(ds, source, rebuild=rebuild, guard=guard) as dedup:
+            yield self._gate(task, inputs, dedup, benchmarks)
+
+    def _gate(
+        self,
+        task: Task,
+        inputs: Any,
+        dedup: PartitionDedup | None,
+        benchmarks: BenchmarkIndex | None,
+    ) -> PartitionGate:
+        return PartitionGate(
+            stage=task.name,
+            screened=lambda row: task.screened(row, inputs),
+            fields=self.settings.dedup_fields,
+            dedup=dedup,
+            benchmarks=benchmarks,
         )
-        with ExitStack() as stack:
-            dedup = None
-            if self.settings.dedup:
-                if self.index.needs_rebuild():
-                    self._rebuild_from(store, table, ds, source)
-                dedup = stack.enter_context(self.index.partition(ds, source))
-            yield PartitionGate(
-                stage=stage,
-                source=source,
-                fields=self.settings.dedup_fields,
-                dedup=dedup,
-                benchmarks=benchmarks,
-            )
+
+
+def set_aside_totals(store: Warehouse) -> dict[str, int]:
+    """Rows the gate set aside in every partition, by kind (`duplicate`, `near_duplicate`,
+    `contaminated`): the quarantine's output rows by their reason's first word (an input row
+    with a repeated id is the reader's `duplicate input id`, not the gate's)."""
+    kind = pl.col("reason").str.extract(r"^([a-z_]+)", 1)
+    found = dict(
+        store.scan("quarantine")
+        .filter(pl.col("stage") != INPUT_STAGE)
+        .select(kind.alias("kind"))
+        .group_by("kind")
+        .len()
+        .collect()
+        .iter_rows()
+    )
+    return {name: int(found.get(name, 0)) for name in (DUPLICATE, NEAR_DUPLICATE, CONTAMINATED)}

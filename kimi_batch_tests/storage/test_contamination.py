@@ -35,17 +35,21 @@ def test_a_text_sharing_13_words_names_the_benchmark_item_and_the_ngram(tmp_path
     hit = index.first_hit(normalize_text(quoted))
     assert hit is not None
     assert (hit.benchmark, hit.item_id) == ("gsm8k.jsonl", "q-7")
-    assert len(hit.ngram.split()) == 13 and hit.ngram in normalize_text(QUESTION)
+    assert len(hit.ngram.split()) == 13
+    assert hit.ngram in normalize_text(QUESTION)
     # Twelve shared words are not an overlap.
     twelve = " ".join(normalize_text(QUESTION).split()[:12])
     assert index.first_hit(f"unrelated start {twelve} unrelated end") is None
 
 
-def test_parquet_benchmarks_index_every_text_field(tmp_path: Path) -> None:
+def test_parquet_benchmarks_index_every_text_field_and_list(tmp_path: Path) -> None:
     path = tmp_path / "mmlu.parquet"
-    pl.DataFrame({"id": [1], "question": ["short"], "answer": [QUESTION]}).write_parquet(path)
+    pl.DataFrame(
+        {"id": [1, 2], "question": ["short", "also short"], "choices": [[QUESTION], ["a", "b"]]}
+    ).write_parquet(path)
     hit = BenchmarkIndex([path], 13).first_hit(normalize_text(QUESTION))
-    assert hit is not None and hit.item_id == "1"
+    assert hit is not None
+    assert (hit.benchmark, hit.item_id) == ("mmlu.parquet", "1")
 
 
 @pytest.mark.parametrize(
@@ -66,6 +70,7 @@ def test_loaded_indexes_are_reused_until_a_file_changes(tmp_path: Path) -> None:
     assert load_benchmarks([path], 13) is first
     _jsonl(path, [{"id": "2", "q": QUESTION + " and more words here"}])
     changed = load_benchmarks([path], 13)
-    assert changed is not first and changed is not None
+    assert changed is not None
+    assert changed is not first
     with pytest.raises(ConfigError, match="benchmark file"):
         load_benchmarks([tmp_path / "missing.jsonl"], 13)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
@@ -35,7 +34,8 @@ from kimi_batch.defs.assets._generation import (
     publish,
     publish_tables,
 )
-from kimi_batch.defs.check_states import CONTAMINATION_CHECK, PUBLISHED_CHECK
+from kimi_batch.defs.assets.quality import quality_checks, screening
+from kimi_batch.defs.check_states import PUBLISHED_CHECK
 from kimi_batch.defs.metadata import generation_figures, summary_table
 from kimi_batch.defs.partition_states import INPUT_SHA_METADATA
 from kimi_batch.defs.partitions import split_partition_key
@@ -102,17 +102,12 @@ def land_stage(
     """Write the partition's rows and quarantine, judge the checks, publish (lease held).
 
     A quality-gated stage's rows pass `gate` on their way to the Parquet (contamination and
-    duplicates set aside); the gate's index takes the kept rows once both files are written.
-    `publish_now=False` leaves the Trino publish and its check to the caller (a `Landing`)."""
+    duplicates set aside, `defs.assets.quality`); its index takes the kept rows once the rows
+    and the quarantine are written. `publish_now=False` leaves the Trino publish and its check
+    to the caller (a `Landing`)."""
     task, ds, source = plan.task, plan.ds, plan.source
     sink = StageSink(task, plan.inputs, input_sha256=plan.input_sha)
-    gated = gate if task.quality_gated and gate is not None and gate.active else None
-    with ExitStack() as stack:
-        screen = (
-            stack.enter_context(gated.partition(store, task.table, task.name, ds, source))
-            if gated
-            else None
-        )
+    with screening(gate, store, task, plan.inputs, (ds, source), held) as screen:
         rows = sink.rows(results)
         written = store.write_partition(
             task.table, ds, source, screen.admit(rows) if screen else rows, guard=held.check
@@ -127,37 +122,15 @@ def land_stage(
         set_aside = [*sink.quarantined, *(screen.quarantined if screen else ())]
         quarantined = replace_quarantine(store, ds, source, task.name, set_aside, guard=held.check)
     checks = generation_checks(task.table, sink.figures(), pl.read_parquet_schema(written.path))
-    if screen is not None and gated is not None:
-        checks.append(contamination_check(screen, gated.settings.contamination_max_rate))
+    if task.quality_gated and gate is not None:
+        checks.extend(quality_checks(screen, gate))
     if publish_now:
         checks.append(
             publish(context, trino, store, [task.table, "quarantine"], ds, source, held.check)
         )
-    metadata = stage_metadata(trino, written, quarantined, outcome, sink)
-    if screen is not None:
-        metadata.update(screen.metadata())
-        metadata["summary"] = summary_table(metadata)
+    metadata = stage_metadata(trino, written, quarantined, outcome, sink, screen)
     metadata[INPUT_SHA_METADATA] = plan.input_sha  # what `status` and the nightly compare (stale)
     return dg.MaterializeResult(metadata=metadata, check_results=checks)
-
-
-def contamination_check(screen: PartitionGate, max_rate: float) -> dg.AssetCheckResult:
-    """Fails when the partition's share of contaminated rows is above `max_rate`; the rows are
-    in quarantine either way, so a failure says the inputs overlap the benchmarks."""
-    counts = screen.counts
-    return dg.AssetCheckResult(
-        check_name=CONTAMINATION_CHECK,
-        passed=counts.contamination_rate <= max_rate,
-        metadata={
-            "contaminated": counts.contaminated,
-            "screened": counts.screened,
-            "rate": round(counts.contamination_rate, 4),
-            "max_rate": max_rate,
-            "benchmarks": len(screen.benchmark_files),
-            "duplicates": counts.duplicates,
-            "near_duplicates": counts.near_duplicates,
-        },
-    )
 
 
 def consumed_input_sha(store: Warehouse, ds: str, source: str) -> str:
@@ -181,12 +154,14 @@ def stage_metadata(
     quarantined: int,
     outcome: BatchOutcome,
     sink: StageSink[Any, Any],
+    screen: PartitionGate | None = None,
 ) -> dict[str, dg.RawMetadataValue]:
     metadata: dict[str, dg.RawMetadataValue] = {
         "rows": written.rows,
         "quarantined": quarantined,
         **generation_figures(outcome),
         **sink.metadata(),
+        **(screen.metadata() if screen else {}),
         "path": dg.MetadataValue.path(str(written.path)),
     }
     if trino.enabled:

@@ -17,8 +17,8 @@ import dagster as dg
 
 from kimi_batch.defs.assets._generation import (
     BATCH_GROUP,
-    LLAMA_POOL,
     CHECK_NAMES,
+    LLAMA_POOL,
     check_specs,
     partition_lease,
     stopped_at_window,
