@@ -21,6 +21,7 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from datetime import date, timedelta
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,8 @@ def synthetic_prompts(rows: int, *, seed: int = 5) -> tuple[list[str], int, int]
     """`rows` prompts and how many exact and near repeats were planted among them."""
     chooser = random.Random(seed)
     words = [f"w{index}" for index in range(_VOCABULARY)]
-    weights = [1 / (rank + 1) for rank in range(_VOCABULARY)]  # a few words are everywhere
+    # Zipf-like: a few words are everywhere (cumulative weights, summed once).
+    cumulative = list(accumulate(1 / (rank + 1) for rank in range(_VOCABULARY)))
     prompts: list[str] = []
     exact = near = 0
     for index in range(rows):
@@ -67,7 +69,7 @@ def synthetic_prompts(rows: int, *, seed: int = 5) -> tuple[list[str], int, int]
             near += 1
         else:
             length = chooser.randint(20, 60)
-            prompts.append(" ".join(chooser.choices(words, weights=weights, k=length)))
+            prompts.append(" ".join(chooser.choices(words, cum_weights=cumulative, k=length)))
     return prompts, exact, near
 
 

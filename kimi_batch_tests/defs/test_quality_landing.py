@@ -2,7 +2,7 @@
 file): planted duplicates and a contaminated row end in quarantine naming what they repeat or
 overlap, a rerun quarantines nothing of its own, no export carries them, `status` sums them."""
 
-from __future__ import annotations
+# No `from __future__ import annotations`: Dagster reads the op function's annotations.
 
 import json
 from dataclasses import dataclass
@@ -15,7 +15,8 @@ import pytest
 from kimi_batch.cli.export import ExportQuery, ExportRequest, run_export
 from kimi_batch.cli.status import collect_status
 from kimi_batch.defs.assets._generation import HeldPartition
-from kimi_batch.defs.assets.landing import StagePlan, land_stage
+from kimi_batch.defs.assets.landing import StagePlan, land_stage, record
+from kimi_batch.defs.check_states import failed_checks
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.engine import Ledger
@@ -178,3 +179,23 @@ def test_status_sums_what_the_gate_set_aside(nights: Nights) -> None:
     assert quality.error is None
     gate_rows = nights.store.read_table("quarantine").filter(pl.col("stage") == "distill")
     assert gate_rows.height == 4
+
+
+def test_the_failed_contamination_check_is_what_the_morning_alert_reads(nights: Nights) -> None:
+    """Recorded as the night records a landed partition, on a real instance."""
+    result = nights.results[("2026-12-02", "south")]
+
+    @dg.op
+    def lands(context: dg.OpExecutionContext) -> None:
+        record(context, dg.AssetKey("distilled_responses"), "2026-12-02|south", result)
+
+    @dg.job
+    def night() -> None:
+        lands()
+
+    with dg.instance_for_test() as instance:
+        assert night.execute_in_process(instance=instance).success
+        failed = failed_checks(instance)
+    assert [(item.asset, item.check, item.partition, item.reason) for item in failed] == [
+        ("distilled_responses", "benchmark_contamination", "2026-12-02|south", "rate 0.25")
+    ]
