@@ -248,10 +248,16 @@ class Warehouse:
         return pl.concat(frames, how="vertical")
 
     def scan(self, table: str) -> pl.LazyFrame:
-        """Every partition file of a table as one lazy frame (no `ds`/`source`): only what is
-        selected is read."""
+        """Every partition file of a table as one lazy frame in the table's schema (no
+        `ds`/`source`; a column added since reads as null in older files): only what is selected
+        is read."""
+        schema = polars_schema(table)
         files = [self.partition_file(table, ds, source) for ds, source in self.partitions(table)]
-        return pl.scan_parquet(files) if files else pl.LazyFrame(schema=polars_schema(table))
+        if not files:
+            return pl.LazyFrame(schema=schema)
+        return pl.scan_parquet(
+            files, schema=schema, missing_columns="insert", extra_columns="ignore"
+        )
 
     def count(self, table: str) -> int:
         """Rows in all partitions of a table (from the Parquet footers, no data read)."""
