@@ -15,7 +15,7 @@ from kimi_batch.tasks.rows import (
     TopLogprob,
 )
 
-__all__ = ["CREATED_AT", "amplified", "answer", "distilled", "quarantined", "seeds"]
+__all__ = ["CREATED_AT", "amplified", "distilled", "quarantined", "seeds"]
 
 CREATED_AT = datetime(2024, 5, 1, 12, 30, 15, 123456, tzinfo=UTC)
 
@@ -74,20 +74,6 @@ def distilled(
         )
         for i, variant in enumerate(variants)
     ]
-
-
-def answer(request_id: str, prompt: str, response: str = "an answer") -> DistilledRow:
-    """One teacher answer to a seed (`input_id` is the request id with an `in-` prefix)."""
-    return DistilledRow(
-        **_generation(request_id, f"in-{request_id}"),
-        seed_id=f"in-{request_id}",
-        origin="seed",
-        strategy=None,
-        prompt=prompt,
-        response=response,
-        structured=None,
-        logprobs=None,
-    )
 
 
 def quarantined(n: int) -> list[QuarantineRow]:
