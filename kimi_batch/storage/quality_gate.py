@@ -129,6 +129,7 @@ class PartitionGate:
                     line=text.line,
                     reason=reason,
                     raw=raw,
+                    input_sha256=row.input_sha256 or None,
                 )
             )
 

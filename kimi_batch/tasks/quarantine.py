@@ -105,6 +105,7 @@ def set_aside_row(
     line: int | None,
     reason: str,
     raw: str,
+    input_sha256: str | None = None,
 ) -> QuarantineRow:
     """An output set aside (a result, or a row the quality gate keeps out) with its figures."""
     return QuarantineRow(
@@ -123,6 +124,7 @@ def set_aside_row(
         raw=truncate_raw(raw),
         # The output's own time, so that a rerun from the ledger yields identical rows.
         created_at=output.created_at,
+        input_sha256=input_sha256,
     )
 
 

@@ -118,6 +118,10 @@ def test_repeats_across_nights_and_a_contaminated_row_are_quarantined_naming_why
         "contaminated: the prompt shares 13 words with benchmark bakery_eval.jsonl item 'bake-1'"
     )
 
+    # Lineage as every output row's: the landed input version the row was built from.
+    aside = store.read_partition("quarantine", "2026-12-02", "south")
+    assert aside["input_sha256"].to_list() == ["0" * 64] * 3
+
     result = nights.results[("2026-12-02", "south")]
     metadata = {
         name: getattr(value, "value", value) for name, value in (result.metadata or {}).items()
