@@ -12,6 +12,8 @@
       dagster/           DAGSTER_HOME of the demo and `make dev`
       bench/             `kimi-batch bench`: bench.json/.md/.png, speeds.json, state/ of its server
       tune/              `kimi-batch tune`: tune.json/.md/.png, speeds.json
+      quality/           dedup.sqlite3: every kept answer's exact key and MinHash (the duplicate
+                         index of the quality gate, across nights)
       api/               `kimi-batch api`: files/<sha256> (uploads and output files), api.sqlite3,
                          key (the generated bearer key, 0600)
       partitions_start   the first date partition of this install (written once)
@@ -168,6 +170,10 @@ class StatePaths(BaseModel):
     @property
     def api_state(self) -> StateLocation:
         return StateLocation(path=self.api_db_path, schema_name="kimi_api", url=self.database_url)
+
+    @property
+    def dedup_index_path(self) -> Path:
+        return self.home / "quality" / "dedup.sqlite3"
 
     @property
     def api_key_path(self) -> Path:

@@ -338,10 +338,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     status_all = commands.add_parser(
         "status",
-        help="where everything stands: server, finished rows, partitions, last night, inbox",
+        help="where everything stands: server, finished rows, partitions, last night, inbox, "
+        "answers kept out of training",
         description="One screen: the model server, the rows finished per table, the partitions "
-        "done, pending, failed or stale, the last night's run and the inbox. Reads only; "
-        "changes nothing.",
+        "done, pending, failed or stale, the last night's run, the inbox, and the answers set "
+        "aside as duplicates or benchmark overlaps. Reads only; changes nothing.",
     )
     status_all.add_argument("--json", action="store_true", help=JSON_HELP)
     status_all.set_defaults(func=_status)

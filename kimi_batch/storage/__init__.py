@@ -32,6 +32,13 @@ from kimi_batch.storage.api_validation import (
     settle_cancelled,
     validate_batch,
 )
+from kimi_batch.storage.dedup_index import (
+    DedupIndex,
+    DedupSetting,
+    IndexedText,
+    index_entries,
+    shingles,
+)
 from kimi_batch.storage.exceptions import (
     InvalidIdentifierError,
     InvalidPartitionError,
@@ -64,6 +71,14 @@ from kimi_batch.storage.private_files import (
     temp_name,
     write_private_text,
 )
+from kimi_batch.storage.quality_gate import (
+    CONTAMINATED,
+    DUPLICATE,
+    NEAR_DUPLICATE,
+    PartitionGate,
+    QualityGate,
+    set_aside_totals,
+)
 from kimi_batch.storage.quarantine import replace_quarantine
 from kimi_batch.storage.schema import (
     TABLES,
@@ -83,7 +98,10 @@ from kimi_batch.storage.settle import (
 from kimi_batch.storage.trino import PublishReport, TrinoConfig, TrinoPublisher
 
 __all__ = [
+    "CONTAMINATED",
+    "DUPLICATE",
     "MAX_VALIDATION_ATTEMPTS",
+    "NEAR_DUPLICATE",
     "NEXT_STATUSES",
     "PARTITION_COLUMNS",
     "SETTLE_S",
@@ -95,16 +113,21 @@ __all__ = [
     "BatchStatus",
     "BatchValidator",
     "Column",
+    "DedupIndex",
+    "DedupSetting",
     "FileRecord",
     "FileTooLargeError",
     "InboxFile",
     "InboxLanding",
+    "IndexedText",
     "InputNotSettledError",
     "InvalidIdentifierError",
     "InvalidPartitionError",
     "Landing",
+    "PartitionGate",
     "PartitionWrite",
     "PublishReport",
+    "QualityGate",
     "RequestCounts",
     "ResolvedInput",
     "SchemaMismatchError",
@@ -121,6 +144,7 @@ __all__ = [
     "columns",
     "file_sha256",
     "finish_batch",
+    "index_entries",
     "inspect_inbox_file",
     "land_inbox",
     "land_seeds",
@@ -137,7 +161,9 @@ __all__ = [
     "resolve_partition",
     "resume_abandoned",
     "scan_inbox",
+    "set_aside_totals",
     "settle_cancelled",
+    "shingles",
     "still_changing",
     "temp_name",
     "trino_columns",

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, date, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import polars as pl
 from pydantic import BaseModel, ConfigDict
@@ -29,6 +29,8 @@ from kimi_batch.storage.schema import (
 )
 
 __all__ = ["PART_FILE", "PartitionWrite", "Warehouse", "validate_ds", "validate_source"]
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 PART_FILE = "part-0.parquet"
 # Rows held in memory at once while a partition is written.
@@ -231,12 +233,31 @@ class Warehouse:
             pl.lit(source, dtype=pl.String).alias(PARTITION_COLUMNS[1]),
         )
 
+    def read_rows(
+        self, table: str, ds: str | date, source: str, model: type[ModelT]
+    ) -> list[ModelT]:
+        """One partition's rows as `model` (without `ds` and `source`); [] if never written."""
+        frame = self.read_partition(table, ds, source).drop(PARTITION_COLUMNS)
+        return [model.model_validate(row) for row in frame.iter_rows(named=True)]
+
     def read_table(self, table: str) -> pl.DataFrame:
         """Every partition of a table, with `ds` and `source`; an empty frame with the schema if none."""
         frames = [self.read_partition(table, ds, source) for ds, source in self.partitions(table)]
         if not frames:
             return pl.DataFrame(schema=polars_schema(table, partitions=True))
         return pl.concat(frames, how="vertical")
+
+    def scan(self, table: str) -> pl.LazyFrame:
+        """Every partition file of a table as one lazy frame in the table's schema (no
+        `ds`/`source`; a column added since reads as null in older files): only what is selected
+        is read."""
+        schema = polars_schema(table)
+        files = [self.partition_file(table, ds, source) for ds, source in self.partitions(table)]
+        if not files:
+            return pl.LazyFrame(schema=schema)
+        return pl.scan_parquet(
+            files, schema=schema, missing_columns="insert", extra_columns="ignore"
+        )
 
     def count(self, table: str) -> int:
         """Rows in all partitions of a table (from the Parquet footers, no data read)."""

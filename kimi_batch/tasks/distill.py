@@ -31,6 +31,7 @@ from kimi_batch.tasks.rows import AmplifiedRow, DistilledRow, GenerationColumns
 from kimi_batch.tasks.stage import (
     GenerationTask,
     RowReader,
+    ScreenedText,
     SeedInputs,
     SetAside,
     generation_columns,
@@ -172,6 +173,7 @@ class DistillTask(GenerationTask[DistillInputs, DistilledRow]):
     name: ClassVar[str] = DISTILL_STAGE
     table: ClassVar[str] = "distilled"
     row_model: ClassVar[type[GenerationColumns]] = DistilledRow
+    quality_gated: ClassVar[bool] = True
 
     params: SamplingParams = DEFAULT_DISTILL_PARAMS
     n_probs: int = Field(default=0, ge=0, le=20, description="Top-k logprobs per token (0: off).")
@@ -223,6 +225,20 @@ class DistillTask(GenerationTask[DistillInputs, DistilledRow]):
                 "structured": structured,
                 "logprobs": result.logprobs,
             }
+        )
+
+    def screened(self, row: DistilledRow, inputs: DistillInputs) -> ScreenedText:
+        """A seed's answer is judged on the seed's conversation, a variant's on the variant
+        with the seed's instructions: what the teacher was asked."""
+        seed = inputs.by_id.get(row.seed_id)
+        if seed is None:
+            return ScreenedText(prompt=row.prompt, answer=row.response, source_file="distilled")
+        if row.origin == "seed":
+            prompt = "\n\n".join(message.content for message in seed.messages)
+        else:
+            prompt = fold_instructions(seed.instructions, row.prompt)
+        return ScreenedText(
+            prompt=prompt, answer=row.response, source_file=seed.source_file, line=seed.line
         )
 
     @property

@@ -8,12 +8,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import dagster as dg
 import polars as pl
 from pydantic import BaseModel
 
+from kimi_batch.defs.check_states import CONTAMINATION_CHECK, DUPLICATE_CHECK
 from kimi_batch.defs.interrupts import run_interruptibly
 from kimi_batch.defs.jobs import STOPPED_TAG, WINDOW_TAG
 from kimi_batch.defs.metadata import generation_figures
@@ -35,11 +36,12 @@ from kimi_batch.engine import (
     notify,
 )
 from kimi_batch.storage import StorageError, Warehouse, polars_schema
-from kimi_batch.tasks.rows import PARTITION_COLUMNS
 from kimi_batch.tasks.sink import CheckFigures
+from kimi_batch.tasks.stage import GenerationTask
 
 __all__ = [
     "BATCH_GROUP",
+    "CHECK_NAMES",
     "LLAMA_POOL",
     "HeldPartition",
     "RunContext",
@@ -50,6 +52,7 @@ __all__ = [
     "publish",
     "publish_tables",
     "read_rows",
+    "stage_check_names",
     "stopped_at_window",
     "window_end",
 ]
@@ -203,9 +206,7 @@ async def _generate(
 def read_rows(
     warehouse: Warehouse, table: str, ds: str, source: str, model: type[RowT]
 ) -> list[RowT]:
-    frame = warehouse.read_partition(table, ds, source)
-    frame = frame.drop([c for c in PARTITION_COLUMNS if c in frame.columns])
-    return [model.model_validate(row) for row in frame.iter_rows(named=True)]
+    return warehouse.read_rows(table, ds, source, model)
 
 
 def publish(
@@ -304,6 +305,12 @@ CHECK_NAMES = (
     "matches_table_schema",
     "published_to_trino",
 )
+
+
+def stage_check_names(task: type[GenerationTask[Any, Any]]) -> tuple[str, ...]:
+    """The checks a stage's asset declares: every stage's, and the gate's when it is gated."""
+    gated = (CONTAMINATION_CHECK, DUPLICATE_CHECK) if task.quality_gated else ()
+    return (*CHECK_NAMES, *gated)
 
 
 def check_specs(

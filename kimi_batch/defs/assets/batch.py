@@ -17,6 +17,7 @@ from kimi_batch.defs.assets._generation import (
     check_specs,
     partition_lease,
     publish,
+    stage_check_names,
 )
 from kimi_batch.defs.assets.landing import consumed_input_sha
 from kimi_batch.defs.assets.stage import generation_asset
@@ -222,6 +223,7 @@ def declared_asset(
             **({OPTIONAL_TAG: "true"} if declaration.switch else {}),
         }
         or None,
+        checks=stage_check_names(declaration.task),
     )
 
 

@@ -209,6 +209,7 @@ class _StageRun:
                 results,
                 store=self.store,
                 trino=trino,
+                gate=self.resources.warehouse.quality_gate(),
                 publish_now=False,
             )
             landed = self.landing.landed(self.asset, key, tables, held, written)

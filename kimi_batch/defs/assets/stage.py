@@ -17,6 +17,7 @@ import dagster as dg
 
 from kimi_batch.defs.assets._generation import (
     BATCH_GROUP,
+    CHECK_NAMES,
     LLAMA_POOL,
     check_specs,
     partition_lease,
@@ -50,11 +51,13 @@ def generation_asset(
     description: str,
     deps: Sequence[dg.AssetsDefinition | str] = (),
     tags: Mapping[str, str] | None = None,
+    checks: Sequence[str] = CHECK_NAMES,
 ) -> dg.AssetsDefinition:
     """The asset `name` of one stage over `partitions` (the deployment's batch partitions,
     `kimi_batch.defs.partitions.build_batch_partitions`), in the llama pool, with the checks.
 
-    `task` is a `StageConfig` class (run config builds the task) or a task (no run config).
+    `task` is a `StageConfig` class (run config builds the task) or a task (no run config);
+    `checks`: the check names it declares (`stage_check_names` of its task class).
     """
     config_type = task if isinstance(task, type) else _FixedTask
     fixed = None if isinstance(task, type) else task
@@ -83,7 +86,7 @@ def generation_asset(
         group_name=BATCH_GROUP,
         pool=LLAMA_POOL,
         kinds={"parquet", "trino"},
-        check_specs=check_specs(name, partitions),
+        check_specs=check_specs(name, partitions, checks),
         deps=list(deps),
         tags=dict(tags or {}),
     )(materialize)

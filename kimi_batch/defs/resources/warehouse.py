@@ -9,7 +9,7 @@ from pydantic import Field
 from kimi_batch.engine import Ledger
 from kimi_batch.paths import StatePaths
 from kimi_batch.settings import Settings
-from kimi_batch.storage import Landing, Warehouse
+from kimi_batch.storage import Landing, QualityGate, Warehouse
 
 __all__ = ["WarehouseResource"]
 
@@ -36,3 +36,8 @@ class WarehouseResource(dg.ConfigurableResource):
 
     def landing(self) -> Landing:
         return Landing(self.paths())
+
+    def quality_gate(self) -> QualityGate:
+        """The gate the quality-gated stages' rows pass as they land (KIMI_BATCH_DEDUP_*,
+        KIMI_BATCH_BENCHMARKS)."""
+        return QualityGate(self.deployment, self.paths().dedup_index_path)
