@@ -89,6 +89,31 @@ def _utc_naive(value: Any) -> Any:
     return value
 
 
+def _write_chunked(
+    temp: Path, rows: Iterable[BaseModel], *, model: type[BaseModel], table: str, token: str
+) -> None:
+    """Write `rows` to `temp` (fsynced, owner-only) one chunk file at a time, then merge them."""
+    schema = polars_schema(table)
+    chunk_files: list[Path] = []
+    try:
+        for records in _chunks(rows, model, table):
+            chunk = temp.parent / f".{PART_FILE}.{token}.{len(chunk_files)}.chunk"
+            chunk_files.append(chunk)  # before the write: a failed write is cleaned up too
+            pl.DataFrame(records, schema=schema).write_parquet(chunk, compression="zstd")
+        if not chunk_files:
+            pl.DataFrame(schema=schema).write_parquet(temp, compression="zstd", statistics=True)
+        elif len(chunk_files) == 1:
+            os.replace(chunk_files[0], temp)
+        else:
+            pl.scan_parquet(chunk_files).sink_parquet(temp, compression="zstd", statistics=True)
+        with temp.open("rb") as handle:
+            os.fsync(handle.fileno())
+        os.chmod(temp, PRIVATE_FILE_MODE)
+    finally:
+        for chunk in chunk_files:
+            chunk.unlink(missing_ok=True)
+
+
 def _chunks(
     rows: Iterable[BaseModel], model: type[BaseModel], table: str
 ) -> Iterator[list[dict[str, Any]]]:
@@ -151,7 +176,6 @@ class Warehouse:
         """
         model = model_for(table)
         ds, source = validate_ds(ds), validate_source(source)
-        schema = polars_schema(table)
         directory = self.partition_dir(table, ds, source)
         private_dir(self.root)  # generated text is confidential: the root is owner-only
         directory.mkdir(parents=True, exist_ok=True)
@@ -159,28 +183,13 @@ class Warehouse:
         remove_stale_temps(directory)  # those of a writer killed mid-write (named by pid)
         token = f"{os.getpid()}-{uuid.uuid4().hex}"
         temp = directory / f".{PART_FILE}.{token}.tmp"
-        chunk_files: list[Path] = []
         try:
-            for records in _chunks(rows, model, table):
-                chunk = directory / f".{PART_FILE}.{token}.{len(chunk_files)}.chunk"
-                chunk_files.append(chunk)  # before the write: a failed write is cleaned up too
-                pl.DataFrame(records, schema=schema).write_parquet(chunk, compression="zstd")
-            if not chunk_files:
-                pl.DataFrame(schema=schema).write_parquet(temp, compression="zstd", statistics=True)
-            elif len(chunk_files) == 1:
-                os.replace(chunk_files[0], temp)
-            else:
-                pl.scan_parquet(chunk_files).sink_parquet(temp, compression="zstd", statistics=True)
-            with temp.open("rb") as handle:
-                os.fsync(handle.fileno())
-            os.chmod(temp, PRIVATE_FILE_MODE)
+            _write_chunked(temp, rows, model=model, table=table, token=token)
             if guard is not None:
                 guard()
             os.replace(temp, target)
         finally:
             temp.unlink(missing_ok=True)
-            for chunk in chunk_files:
-                chunk.unlink(missing_ok=True)
         # Files of another writer (part-1.parquet, ...) would be read as extra rows of the partition.
         for stale in directory.glob("*.parquet"):
             if stale.name != PART_FILE:
