@@ -30,7 +30,7 @@ from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from kimi_batch.bench.busy import POLL_S, BusyTimeline, SlotPoller, idle_by_cause, run_windows
+from kimi_batch.bench.busy import BusyTimeline, SlotPoller, idle_by_cause, run_windows
 from kimi_batch.bench.children import start_group, stop_group
 from kimi_batch.bench.client_cpu import client_cpu_per_token
 from kimi_batch.bench.code_server import CODE_SERVER_WORKSPACE, serving_code_location
@@ -50,6 +50,9 @@ __all__ = ["run_night"]
 # The code server, then the daemon, start in well under this on 2 busy cores.
 TICK_LEAD_S = 75.0
 RUNS_TIMEOUT_S = 1800.0
+# `/slots` every 0.25 s: idle stretches of a second are still seen, and the poll is cheap (every
+# 50 ms the bench took about a tenth of a core, mostly polling, and the server answered it).
+NIGHT_POLL_S = 0.25
 # Requests of the client CPU measurement (each sent twice: streamed and not).
 CLIENT_CPU_REQUESTS = 12
 # What the assets' configs default to (AmplifyConfig, DistillConfig): the baseline's requests.
@@ -196,7 +199,7 @@ def _drive_night(home: Path, env: dict[str, str], base_url: str) -> _Night:
     offset = time.time() - time.monotonic()
     # Everything starts inside the CPU sampler: the processes' start-up is the night's.
     with CpuSampler() as cpu, TokenRateSampler(base_url) as rates:
-        with _night_processes(env, home) as daemon, SlotPoller(base_url) as poller:
+        with _night_processes(env, home) as daemon, SlotPoller(base_url, NIGHT_POLL_S) as poller:
             run_ids = _wait_for_runs(home / "dagster", daemon)
         timeline = poller.timeline
     tokens = _predicted_total(base_url) - tokens_before
@@ -216,7 +219,31 @@ def _drive_night(home: Path, env: dict[str, str], base_url: str) -> _Night:
     return _Night(run_ids, statuses, timeline, windows, tokens, cpu.split(), list(rates.points))
 
 
-def _figures(night: _Night, baseline_tok_s: float, one_batch_cpu: CpuSplit) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _OneBatch:
+    tok_s: float
+    busy_fraction: float
+    cpu: CpuSplit
+
+
+def _one_batch(
+    target: BenchTarget, requests: Sequence[GenerationRequest], ledger: Path
+) -> _OneBatch:
+    """The same requests in one engine batch, measured as the night is (the same samplers
+    polling the server: their cost is on both sides of night / one batch)."""
+    base_url = target.endpoint.base_url
+    ledger.unlink(missing_ok=True)
+    with (
+        CpuSampler() as cpu,
+        TokenRateSampler(base_url),
+        SlotPoller(base_url, NIGHT_POLL_S) as poller,
+    ):
+        report = asyncio.run(run_engine(target, requests, ledger))
+    ledger.unlink(missing_ok=True)
+    return _OneBatch(report.gen_tok_s, poller.timeline.busy_fraction(), cpu.split())
+
+
+def _figures(night: _Night, baseline: _OneBatch) -> dict[str, Any]:
     span = night.timeline.span
     if span is None:
         raise BenchError("the night sent no request (see the daemon log)")
@@ -231,11 +258,12 @@ def _figures(night: _Night, baseline_tok_s: float, one_batch_cpu: CpuSplit) -> d
         "idle_s": {cause: round(seconds, 2) for cause, seconds in idle.items()},
         "tokens_generated": int(night.tokens),
         "tok_s": round(tok_s, 2),
-        "engine_one_batch_tok_s": round(baseline_tok_s, 2),
-        "night_over_one_batch": round(tok_s / baseline_tok_s, 4) if baseline_tok_s else 0.0,
-        "poll_interval_s": POLL_S,
+        "engine_one_batch_tok_s": round(baseline.tok_s, 2),
+        "night_over_one_batch": round(tok_s / baseline.tok_s, 4) if baseline.tok_s else 0.0,
+        "engine_one_batch_busy_fraction": round(baseline.busy_fraction, 4),
+        "poll_interval_s": NIGHT_POLL_S,
         "cpu_s": night.cpu.as_json(),
-        "one_batch_cpu_s": one_batch_cpu.as_json(),
+        "one_batch_cpu_s": baseline.cpu.as_json(),
         # Seconds from the first busy sample: the server's speed next to the runs' spans.
         "server_tok_s_over_time": [
             [round(t - span[0], 1), round(rate, 2)] for t, rate in night.rates
@@ -271,12 +299,8 @@ def run_night(
     requests = _night_requests(files, settings.llama_n_predict)
     with _kept_to(rest):
         seen = _drive_night(home, env, base_url)
-        ledger = work_dir / "night-one-batch.sqlite3"
-        ledger.unlink(missing_ok=True)
-        with CpuSampler() as one_batch_cpu:
-            baseline = asyncio.run(run_engine(target, requests, ledger))
-        ledger.unlink(missing_ok=True)
-        figures = _figures(seen, baseline.gen_tok_s, one_batch_cpu.split())
+        baseline = _one_batch(target, requests, work_dir / "night-one-batch.sqlite3")
+        figures = _figures(seen, baseline)
         if client_cpu:
             distill = [r for r in requests if r.params.seed == _DISTILL_SEED]
             figures["client_cpu"] = asyncio.run(

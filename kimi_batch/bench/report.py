@@ -49,7 +49,8 @@ _FIGURES: dict[str, tuple[str, ...]] = {
     ),
     "night": (
         "partitions", "rows", "runs", "run_statuses", "busy_fraction", "wall_s", "tok_s",
-        "engine_one_batch_tok_s", "night_over_one_batch", "idle_s", "client_cpu", "pinning",
+        "engine_one_batch_tok_s", "night_over_one_batch", "engine_one_batch_busy_fraction",
+        "idle_s", "client_cpu", "pinning",
     ),
     "rehearsal": (
         "rows", "partitions", "time_scale", "window_h", "rows_done_in_window", "plan_rows",
