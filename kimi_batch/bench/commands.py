@@ -77,6 +77,7 @@ def bench_command(args: argparse.Namespace, settings: Settings) -> int:
         night_partitions=args.partitions or 12,
         night_rows=args.rows_per_partition or 4,
         night_output_tokens=args.night_output_tokens,
+        night_pinning=args.pinning,
     )
     document = run_bench(settings, options)
     table = bench_table(document)
@@ -220,6 +221,13 @@ def add_perf_commands(commands: Any, *, json_help: str) -> None:
     )
     bench.add_argument(
         "--night-output-tokens", type=int, default=32, help="night: the answer budget"
+    )
+    bench.add_argument(
+        "--pinning",
+        choices=["configured", "both"],
+        default="configured",
+        help="night: the server's CPUs as KIMI_BATCH_LLAMA_CPUS says (configured), or the night "
+        "twice, unpinned then pinned (both)",
     )
     bench.add_argument("--rehearsal-rows", type=int, default=10_000, help="rehearsal: all rows")
     bench.add_argument(

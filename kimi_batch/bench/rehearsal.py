@@ -35,7 +35,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.bench.night import SlotPoller
+from kimi_batch.bench.busy import SlotPoller
 from kimi_batch.bench.plan import PlanInput, PlanResult, plan_partition
 from kimi_batch.bench.ports import free_port
 from kimi_batch.bench.standin import StandinServer

@@ -8,7 +8,13 @@ rebuilt into one response), `spec` (what runs), `server`, `process`, `binary`,
 (credentials in a server URL), `exceptions` (the error tree, rooted in `kimi_batch.errors.KimiBatchError`).
 """
 
-from kimi_batch.llama.affinity import CpuListError, format_cpu_list, pin_to_the_rest
+from kimi_batch.llama.affinity import (
+    CpuListError,
+    format_cpu_list,
+    parse_cpu_list,
+    pin_to_the_rest,
+    the_rest,
+)
 from kimi_batch.llama.binary import find_tool
 from kimi_batch.llama.client import LlamaClient, RetryPolicy
 from kimi_batch.llama.exceptions import (
@@ -92,9 +98,11 @@ __all__ = [
     "estimate_memory",
     "find_tool",
     "format_cpu_list",
+    "parse_cpu_list",
     "pin_to_the_rest",
     "read_model_shape",
     "server_cpus",
     "server_from_settings",
     "smoke_from_settings",
+    "the_rest",
 ]
