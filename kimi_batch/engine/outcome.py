@@ -4,7 +4,7 @@ figures). The results themselves stay in the ledger: `BatchOutcome.iter_results`
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -25,6 +25,8 @@ __all__ = [
     "PlannedRequest",
     "PlannedRow",
     "default_client",
+    "distinct",
+    "lower_rank",
 ]
 
 
@@ -82,6 +84,26 @@ class PlannedRequest(BaseModel):
     )
     request: GenerationRequest
     params: SamplingParams
+
+
+def distinct(planned: Sequence[PlannedRequest]) -> list[PlannedRequest]:
+    """One request per ledger key (a determined answer is generated once, whichever inputs
+    ask for it), in first-asked order, each at the lowest rank any of its copies has: a
+    request the oldest partition needs goes out with the oldest partition's."""
+    unique: dict[str, PlannedRequest] = {}
+    for item in planned:
+        kept = unique.get(item.content_key)
+        if kept is None:
+            unique[item.content_key] = item
+        elif item.request.priority < kept.request.priority:
+            unique[item.content_key] = lower_rank(kept, item.request.priority)
+    return list(unique.values())
+
+
+def lower_rank(item: PlannedRequest, priority: int) -> PlannedRequest:
+    """`item` at rank `priority` (a lower one another input asking for it has)."""
+    request = item.request.model_copy(update={"priority": priority})
+    return item.model_copy(update={"request": request})
 
 
 class PlannedRow(BaseModel):
