@@ -157,33 +157,3 @@ class BatchOutcome(BaseModel):
             yield result.model_copy(
                 update={"request_id": row.request_id, "input_id": row.input_id, "tag": row.tag}
             )
-
-    def share(self, rows: slice, ledger: Ledger) -> BatchOutcome:
-        """The outcome of `planned[rows]` alone (one partition of a batch over many): its rows,
-        failures and counts; rates, latencies and wall stay the whole batch's."""
-        planned = self.planned[rows]
-        ids = {p.request_id for p in planned}
-        failures = [f for f in self.failures if f.request_id in ids]
-        failed_ids = {f.request_id for f in failures}
-        keys = {p.content_key for p in planned}
-        failed = {p.content_key for p in planned if p.request_id in failed_ids}
-        before = {p.content_key for p in planned if p.from_ledger}
-        finished = ledger.finished_keys(keys)
-        not_started = len(keys - finished - failed)
-        stats = self.stats.model_copy(
-            update={
-                "total": len(keys),
-                "generated": len(finished - before),
-                "from_ledger": len(before),
-                "failed": len(failed),
-                "not_started": not_started,
-            }
-        )
-        return self.model_copy(
-            update={
-                "planned": planned,
-                "failures": failures,
-                "stats": stats,
-                "stopped_at_window": not_started > 0,
-            }
-        )
