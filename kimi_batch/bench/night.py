@@ -9,8 +9,7 @@ busy = at least one slot processing. Idle gaps are attributed from the runs' eve
 run's first generating step ("run_start": queue, launcher, process start, `seed_prompts`), inside a
 step before its first request ("step_start": process start, digest restore), after a step's last
 request ("write": Parquet, checks, Trino), inside a step between two busy stretches ("other": in
-`nightly_job` the amplified partitions written and the distillation planned between its two
-batches).
+`nightly_job` a moment with every slot waiting for a partition's next stage to be planned).
 Then the engine runs the same requests in one batch on the same server, the baseline.
 """
 
