@@ -5,10 +5,13 @@ dagster.yaml, one long-lived code server (`workspace.code-server.yaml`, as a dep
 and a real `dagster-daemon` on it: the nightly schedule (its daily tick moved to the next minute,
 status running) asks for every partition not yet distilled (one `nightly_job` run over all of
 them), the daemon queues the run and launches it through the code server, exactly as at 02:00.
-Meanwhile the bench polls the server's `/slots` (`busy`: busy fraction, idle stretches by cause)
-and samples every process's CPU time (`cpu`). Then the engine runs the same requests in one
-batch on the same server, the baseline, and the client's CPU per token is measured streamed and
-not (`client_cpu`).
+Meanwhile the bench polls the server's `/slots` (`busy`: busy fraction, idle stretches by cause:
+before a run's first generating step "run_start", inside a step before its first request
+"step_start", after a step's last request "write", between two busy stretches "other": in
+`nightly_job` a moment with every slot waiting for a partition's next stage to be planned) and
+samples every process's CPU time (`cpu`). Then the engine runs the same requests in one batch on
+the same server, the baseline, and the client's CPU per token is measured streamed and not
+(`client_cpu`).
 
 With `KIMI_BATCH_LLAMA_CPUS` set (the bench's server pinned to that set), the bench itself, the
 code server, the daemon and the run worker keep to the other CPUs, as a deployment runs them.

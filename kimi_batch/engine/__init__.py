@@ -3,8 +3,9 @@
 The layers above import from here, never from the modules: `generation` (requests and results),
 `digest` and `prompt` (the fixed system prefix), `budget` (what a slot holds), `prepare` and
 `warm` (the digest in every slot), `runner`, `outcome`, `deadline` and `watchdog` (every slot
-busy, nothing hung), `speeds` (the measured speeds, kept across runs), `ledger` (every finished
-row kept), `stats` (the figures of a batch), `progress` (in-process progress listeners).
+busy, nothing hung), `run` and `submission` (a run that takes more requests while it runs),
+`speeds` (the measured speeds, kept across runs), `ledger` (every finished row kept), `stats`
+(the figures of a batch), `progress` (in-process progress listeners).
 """
 
 from kimi_batch.engine.budget import (
@@ -41,6 +42,7 @@ from kimi_batch.engine.prompt import (
     assemble_messages,
     fold_instructions,
 )
+from kimi_batch.engine.run import BatchRun
 from kimi_batch.engine.runner import BatchEngine, EndpointHungError
 from kimi_batch.engine.speeds import MeasuredSpeeds, SpeedStore
 from kimi_batch.engine.stats import BatchStats, ProgressEvent
@@ -54,6 +56,7 @@ __all__ = [
     "PROMPT_ALLOWANCE_TOKENS",
     "BatchEngine",
     "BatchOutcome",
+    "BatchRun",
     "BatchStats",
     "ClientFactory",
     "ContextTooSmallError",

@@ -3,8 +3,8 @@
 `land_stage` writes a planned partition's rows; a `Landing` then publishes it and says what is
 recorded. `PublishNow` (an asset's one partition) publishes before the step returns its result.
 `PublishBehind` (the nightly op, many partitions) records each partition as it lands, with a
-failing `published_to_trino` check, and publishes it on a background thread while the next batch
-generates: if the night dies before the publish is recorded, the check stays failed and the Trino
+failing `published_to_trino` check, and publishes it on a background thread while the slots keep
+generating: if the night dies before the publish is recorded, the check stays failed and the Trino
 catch-up sensor (`defs/publishing.py`) finds it. No partition is ever recorded as materialized
 with its publish unaccounted for.
 
@@ -265,7 +265,8 @@ class PublishBehind:
 
     One publishing thread: publishes run in landing order, and a partition's next landing waits
     for its previous publish (both register its quarantine table). Check evaluations are logged
-    on the run's thread, as each partition lands and when `collect` is called.
+    by the caller's thread (the driver's landing thread; the op's, for kept seeds and at the
+    end), as each partition lands and when `collect` is called: never two threads at once.
     """
 
     def __init__(self, context: dg.OpExecutionContext, trino: TrinoResource, store: Warehouse):
@@ -306,6 +307,7 @@ class PublishBehind:
         recorded = with_checks(result, [_pending_check()])
         record(self._context, asset, key, recorded)
         self.publish(asset, key, tables, held)
+        self.collect(block=False)  # the other partitions' publishes that are done meanwhile
         return recorded
 
     def publish(

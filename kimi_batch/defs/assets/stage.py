@@ -23,7 +23,7 @@ from kimi_batch.defs.assets._generation import (
     partition_lease,
     stopped_at_window,
 )
-from kimi_batch.defs.assets.driver import GenerationResources, run_partitions
+from kimi_batch.defs.assets.driver import GenerationResources, PipelineStage, run_partitions
 from kimi_batch.defs.assets.landing import PublishNow
 from kimi_batch.defs.partitions import partition_parts
 from kimi_batch.defs.resources.digest import DigestResource
@@ -109,8 +109,7 @@ def run_stage(
     with partition_lease(context, warehouse, ds, source) as held:
         (result,) = run_partitions(
             context,
-            context.asset_key,
-            task,
+            [PipelineStage(context.asset_key, task)],
             {f"{ds}|{source}": held},
             ledger=held.ledger,
             resources=resources,
