@@ -140,6 +140,49 @@ def _ceiling(
     return points[-1].model_dump()
 
 
+def _plan_check(target: BenchTarget, workload: Workload, engine: ContenderReport) -> dict[str, Any]:
+    """What `plan` predicts from this run's own per-slot speeds, against the engine's wall."""
+    predicted = plan_partition(
+        PlanInput(
+            prompt_tokens=round(engine.prompt_tokens_evaluated / max(engine.requests, 1)),
+            output_tokens=workload.output_tokens,
+            rows=engine.requests,
+            prompt_tok_s=max(engine.prompt_tok_s, 1e-6),
+            gen_tok_s=max(engine.slot_gen_tok_s, 1e-6),
+            slots=target.endpoint.slots,
+        )
+    )
+    return {
+        "plan_predicted_wall_s": round(predicted.wall_s, 2),
+        "engine_wall_s": round(engine.wall_s, 2),
+        "plan_error": _ratio(predicted.wall_s - engine.wall_s, engine.wall_s),
+    }
+
+
+def _dagster_contender(
+    settings: Settings, workload: Workload, engine: ContenderReport, section: dict[str, Any]
+) -> ContenderReport:
+    """The same prompts as a Dagster partition run; its figures go into `section`."""
+    # The partition holding the same prompts: the inbox file the workload was written to.
+    dagster = run_dagster(settings, DISTILL_FILE, workload.output_tokens, workload.params.seed or 0)
+    engine_total = engine.wall_s + engine.warmup_s
+    section["dagster_wall_s"] = round(dagster.wall_s, 2)
+    section["dagster_tok_s"] = round(dagster.rows * workload.output_tokens / dagster.wall_s, 2)
+    section["orchestration_overhead_s"] = round(dagster.wall_s - engine_total, 2)
+    section["peak_rss_mb"] = round(max(engine.peak_rss_mb, dagster.peak_rss_mb), 1)
+    return ContenderReport(
+        **{
+            **engine.model_dump(),
+            "name": "dagster",
+            "wall_s": dagster.wall_s,
+            "warmup_s": 0.0,
+            "gen_tok_s": section["dagster_tok_s"],
+            "gen_tok_s_incl_warmup": section["dagster_tok_s"],
+            "peak_rss_mb": dagster.peak_rss_mb,
+        }
+    )
+
+
 def _run_workload(
     settings: Settings, target: BenchTarget, workload: Workload, options: BenchOptions
 ) -> dict[str, Any]:
@@ -173,41 +216,9 @@ def _run_workload(
     if "naive" in reports:
         section["naive_tok_s"] = round(reports["naive"].gen_tok_s, 2)
         section["engine_over_naive"] = _ratio(engine.gen_tok_s, reports["naive"].gen_tok_s)
-    # What `plan` predicts from this run's own per-slot speeds, against the engine's wall.
-    predicted = plan_partition(
-        PlanInput(
-            prompt_tokens=round(engine.prompt_tokens_evaluated / max(engine.requests, 1)),
-            output_tokens=workload.output_tokens,
-            rows=engine.requests,
-            prompt_tok_s=max(engine.prompt_tok_s, 1e-6),
-            gen_tok_s=max(engine.slot_gen_tok_s, 1e-6),
-            slots=target.endpoint.slots,
-        )
-    )
-    section["plan_predicted_wall_s"] = round(predicted.wall_s, 2)
-    section["engine_wall_s"] = round(engine.wall_s, 2)
-    section["plan_error"] = _ratio(predicted.wall_s - engine.wall_s, engine.wall_s)
+    section.update(_plan_check(target, workload, engine))
     if workload.name == "distill" and options.dagster:
-        # The partition holding the same prompts: the inbox file the workload was written to.
-        dagster = run_dagster(
-            settings, DISTILL_FILE, workload.output_tokens, workload.params.seed or 0
-        )
-        engine_total = engine.wall_s + engine.warmup_s
-        section["dagster_wall_s"] = round(dagster.wall_s, 2)
-        section["dagster_tok_s"] = round(dagster.rows * workload.output_tokens / dagster.wall_s, 2)
-        section["orchestration_overhead_s"] = round(dagster.wall_s - engine_total, 2)
-        section["peak_rss_mb"] = round(max(engine.peak_rss_mb, dagster.peak_rss_mb), 1)
-        reports["dagster"] = ContenderReport(
-            **{
-                **engine.model_dump(),
-                "name": "dagster",
-                "wall_s": dagster.wall_s,
-                "warmup_s": 0.0,
-                "gen_tok_s": section["dagster_tok_s"],
-                "gen_tok_s_incl_warmup": section["dagster_tok_s"],
-                "peak_rss_mb": dagster.peak_rss_mb,
-            }
-        )
+        reports["dagster"] = _dagster_contender(settings, workload, engine, section)
     if options.ceiling:
         prompt = target.digest_tokens + round(asyncio.run(_user_tokens(target, workload)))
         ceiling = _ceiling(settings, target, prompt, workload.output_tokens)
