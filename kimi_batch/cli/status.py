@@ -60,7 +60,7 @@ from kimi_batch.storage import (
     scan_inbox,
     still_changing,
 )
-from kimi_batch.tasks.stages import stage_of_tag
+from kimi_batch.tasks.registry import stage_of_tag
 
 __all__ = ["Status", "collect_status", "render_status"]
 

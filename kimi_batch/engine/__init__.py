@@ -2,12 +2,15 @@
 
 The layers above import from here, never from the modules: `generation` (requests and results),
 `digest` and `prompt` (the fixed system prefix), `budget` (what a slot holds), `prepare` and
-`warm` (the digest in every slot), `runner`, `outcome`, `deadline` and `watchdog` (every slot
-busy, nothing hung), `run` and `submission` (a run that takes more requests while it runs),
+`warm` (the digest in every slot), `batch_engine`, `outcome`, `deadline` and `watchdog` (every
+slot busy, nothing hung), `batch_run` and `submission` (a run that takes more requests while it
+runs),
 `speeds` (the measured speeds, kept across runs), `ledger` (every finished row kept), `stats`
 (the figures of a batch), `progress` (in-process progress listeners).
 """
 
+from kimi_batch.engine.batch_engine import BatchEngine, EndpointHungError
+from kimi_batch.engine.batch_run import BatchRun
 from kimi_batch.engine.budget import (
     DEFAULT_REMEDY,
     PROMPT_ALLOWANCE_TOKENS,
@@ -42,8 +45,6 @@ from kimi_batch.engine.prompt import (
     assemble_messages,
     fold_instructions,
 )
-from kimi_batch.engine.run import BatchRun
-from kimi_batch.engine.runner import BatchEngine, EndpointHungError
 from kimi_batch.engine.speeds import MeasuredSpeeds, SpeedStore
 from kimi_batch.engine.stats import BatchStats, ProgressEvent
 from kimi_batch.engine.warm import SlotWarmer, WarmupReport

@@ -36,9 +36,9 @@ from kimi_batch.storage.dedup_index import (
 )
 from kimi_batch.storage.parquet import Warehouse
 from kimi_batch.tasks.amplify import normalize_text
+from kimi_batch.tasks.generation_task import GenerationTask, ScreenedText
 from kimi_batch.tasks.quarantine import INPUT_STAGE, set_aside_row
 from kimi_batch.tasks.rows import GenerationColumns, QuarantineRow
-from kimi_batch.tasks.stage import GenerationTask, ScreenedText
 
 __all__ = [
     "CONTAMINATED",

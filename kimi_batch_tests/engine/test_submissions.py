@@ -15,10 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kimi_batch.engine.batch_engine import BatchEngine, Endpoint, EnginePolicy
 from kimi_batch.engine.digest import SystemDigest
 from kimi_batch.engine.generation import GenerationRequest, SamplingParams
 from kimi_batch.engine.ledger import Ledger
-from kimi_batch.engine.runner import BatchEngine, Endpoint, EnginePolicy
 from kimi_batch.llama.client import LlamaClient, RetryPolicy
 from kimi_batch.llama.messages import ChatMessage
 from kimi_batch_tests.support.results import chat_body

@@ -34,8 +34,8 @@ from kimi_batch.engine import (
     notify,
 )
 from kimi_batch.storage import StorageError, Warehouse, polars_schema
+from kimi_batch.tasks.generation_task import GenerationTask
 from kimi_batch.tasks.sink import CheckFigures
-from kimi_batch.tasks.stage import GenerationTask
 
 __all__ = [
     "BATCH_GROUP",

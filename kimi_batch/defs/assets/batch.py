@@ -20,7 +20,7 @@ from kimi_batch.defs.assets._generation import (
     stage_check_names,
 )
 from kimi_batch.defs.assets.landing import consumed_input_sha
-from kimi_batch.defs.assets.stage import generation_asset
+from kimi_batch.defs.assets.stage_asset import generation_asset
 from kimi_batch.defs.deployment import deployment_settings
 from kimi_batch.defs.interrupts import InterruptibleRunner, interruptible_runner
 from kimi_batch.defs.partitions import build_batch_partitions, partition_parts

@@ -53,8 +53,8 @@ from kimi_batch.engine import (
 )
 from kimi_batch.errors import KimiBatchError
 from kimi_batch.storage import Warehouse
-from kimi_batch.tasks.stage import GenerationTask, RowReader
-from kimi_batch.tasks.stages import register_stage
+from kimi_batch.tasks.generation_task import GenerationTask, RowReader
+from kimi_batch.tasks.registry import register_stage
 
 __all__ = [
     "SKIPPED",

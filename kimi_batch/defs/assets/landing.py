@@ -48,9 +48,9 @@ from kimi_batch.storage import (
     Warehouse,
     replace_quarantine,
 )
+from kimi_batch.tasks.generation_task import GenerationTask
 from kimi_batch.tasks.quarantine import INPUT_STAGE
 from kimi_batch.tasks.sink import StageSink
-from kimi_batch.tasks.stage import GenerationTask
 
 __all__ = [
     "Landing",

@@ -1,7 +1,7 @@
 """The batch runner: every slot of every endpoint busy, every slot warm, every finished row kept.
 
 `BatchEngine` plans a batch (keys, clamped params, what the ledger already has) and sums up its
-outcome; a `run.BatchRun` does the work. `BatchEngine.session` keeps a run open while its
+outcome; a `batch_run.BatchRun` does the work. `BatchEngine.session` keeps a run open while its
 caller adds requests (a night's stages, partition by partition); `BatchEngine.run` is one batch. One worker per (endpoint, slot) pulls from a shared
 schedule (`schedule.py`: requests sharing a long prefix back to back on one slot), so the server
 never has more requests in flight than slots and faster endpoints simply take more work. Each worker pins its requests to
@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 
+from kimi_batch.engine.batch_run import BatchRun
 from kimi_batch.engine.budget import answer_cap
 from kimi_batch.engine.deadline import SpeedTracker, estimate_prompt_tokens
 from kimi_batch.engine.digest import SystemDigest
@@ -40,7 +41,6 @@ from kimi_batch.engine.outcome import (
     default_client,
     distinct,
 )
-from kimi_batch.engine.run import BatchRun
 from kimi_batch.engine.send import EndpointHungError
 from kimi_batch.engine.speeds import SpeedStore
 from kimi_batch.engine.stats import ProgressEvent

@@ -31,7 +31,7 @@ from kimi_batch.engine.watchdog import EndpointWatch
 from kimi_batch.llama import ChatCompletion, LlamaClient, LlamaError, LlamaRequestError
 
 if TYPE_CHECKING:
-    from kimi_batch.engine.runner import BatchEngine
+    from kimi_batch.engine.batch_engine import BatchEngine
 
 __all__ = ["BatchRun"]
 
