@@ -1,7 +1,7 @@
 """llama-server: typed client, server spec and the resident-server manager (no Dagster here).
 
 The layers above import from here, never from the modules: `client` (the HTTP API), `messages`
-(what is sent), `responses` (what comes back), `chat_stream` (a streamed chat answer
+(what is sent), `responses` (what comes back), `chat_stream` (a streamed answer
 rebuilt into one response), `spec` (what runs), `server`, `process`, `binary`,
 `exits` and `factory` (the resident server, its process, and how a server process ended),
 `smoke` (the setup's smoke test of the binary), `memory` (will the model fit), `urls`
@@ -14,6 +14,7 @@ from kimi_batch.llama.client import LlamaClient, RetryPolicy
 from kimi_batch.llama.exceptions import (
     LlamaConnectionError,
     LlamaError,
+    LlamaFeatureError,
     LlamaHTTPError,
     LlamaLoadingError,
     LlamaRequestError,
@@ -34,13 +35,14 @@ from kimi_batch.llama.memory import (
     estimate_memory,
     read_model_shape,
 )
-from kimi_batch.llama.messages import ChatExtras, ChatMessage, chat_body
+from kimi_batch.llama.messages import ChatExtras, ChatMessage, chat_body, completion_body
 from kimi_batch.llama.responses import (
     ChatCompletion,
     GenerationStats,
     HealthState,
     ServerProps,
     TokenLogprob,
+    ToolCall,
     TopLogprob,
 )
 from kimi_batch.llama.server import (
@@ -65,6 +67,7 @@ __all__ = [
     "LlamaClient",
     "LlamaConnectionError",
     "LlamaError",
+    "LlamaFeatureError",
     "LlamaHTTPError",
     "LlamaLoadingError",
     "LlamaRequestError",
@@ -85,10 +88,12 @@ __all__ = [
     "SmokeResult",
     "SpecMismatchError",
     "TokenLogprob",
+    "ToolCall",
     "TopLogprob",
     "available_cpus",
     "chat_body",
     "check_memory",
+    "completion_body",
     "estimate_memory",
     "find_tool",
     "format_cpu_list",

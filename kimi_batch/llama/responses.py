@@ -7,10 +7,12 @@ them lacks are optional, and derived values (cached tokens) fall back through wh
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "AnswerEnvelope",
     "ChatChoice",
     "ChatCompletion",
     "ChatMessageOut",
@@ -22,11 +24,15 @@ __all__ = [
     "HealthState",
     "ServerMetrics",
     "ServerProps",
+    "ServerToolCall",
     "SlotFileResult",
     "SlotNextToken",
     "SlotState",
+    "TextCompletion",
     "Timings",
     "TokenLogprob",
+    "ToolCall",
+    "ToolCallFunction",
     "TopLogprob",
 ]
 
@@ -46,6 +52,25 @@ class TokenLogprob(BaseModel):
     token: str
     logprob: float
     top: list[TopLogprob]
+
+
+class ToolCallFunction(BaseModel):
+    """The function a tool call names, and its arguments as the model wrote them (JSON text)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    """One tool call of an answer, in OpenAI's shape (`choices[0].message.tool_calls[]`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
 
 
 class _Lenient(BaseModel):
@@ -197,10 +222,30 @@ class CompletionLogprobs(_Lenient):
     content: list[ChatTokenLogprob] | None = None
 
 
+class _ServerFunction(_Lenient):
+    name: str = ""
+    arguments: str = ""
+
+
+class ServerToolCall(_Lenient):
+    """A tool call as llama-server writes it (`id` may be empty: not every chat format has one)."""
+
+    id: str = ""
+    type: str = "function"
+    function: _ServerFunction = Field(default_factory=_ServerFunction)
+
+    def to_tool_call(self, index: int) -> ToolCall:
+        return ToolCall(
+            id=self.id or f"call_{index}",
+            function=ToolCallFunction(name=self.function.name, arguments=self.function.arguments),
+        )
+
+
 class ChatMessageOut(_Lenient):
     role: str = "assistant"
     content: str | None = None
     reasoning_content: str | None = None
+    tool_calls: list[ServerToolCall] | None = None
 
 
 class ChatChoice(_Lenient):
@@ -210,19 +255,29 @@ class ChatChoice(_Lenient):
     logprobs: CompletionLogprobs | None = None
 
 
-class ChatCompletion(_Lenient):
-    """Response of `POST /v1/chat/completions`, with llama.cpp's `timings`: the body of a
-    non-streamed answer, or the one `chat_stream` rebuilds from a streamed answer's chunks."""
+class AnswerEnvelope(_Lenient):
+    """What a llama-server answer, and each chunk of a streamed one, carries besides its
+    choices: ids, usage, llama.cpp's `timings` and slot fields."""
 
     id: str = ""
     model: str = ""
     created: int | None = None
-    choices: list[ChatChoice] = Field(min_length=1)
     usage: ChatUsage | None = None
     timings: Timings | None = None
     id_slot: int | None = None
     n_past: int | None = None
     tokens_cached: int | None = None
+
+    def envelope(self) -> dict[str, object]:
+        """These fields alone, to build another answer around them."""
+        return {name: getattr(self, name) for name in AnswerEnvelope.model_fields}
+
+
+class ChatCompletion(AnswerEnvelope):
+    """Response of `POST /v1/chat/completions`: the body of a non-streamed answer, or the one
+    `chat_stream` rebuilds from a streamed answer's chunks."""
+
+    choices: list[ChatChoice] = Field(min_length=1)
 
     @property
     def text(self) -> str:
@@ -236,6 +291,12 @@ class ChatCompletion(_Lenient):
     def reasoning_content(self) -> str | None:
         """The thinking of a reasoning model, which llama.cpp returns apart from the answer."""
         return self.choices[0].message.reasoning_content or None
+
+    @property
+    def tool_calls(self) -> list[ToolCall] | None:
+        """The answer's tool calls (`finish_reason` "tool_calls"); None when it made none."""
+        calls = self.choices[0].message.tool_calls
+        return [call.to_tool_call(i) for i, call in enumerate(calls)] if calls else None
 
     @property
     def logprobs(self) -> list[TokenLogprob] | None:
@@ -264,6 +325,30 @@ class ChatCompletion(_Lenient):
         )
 
 
+class _TextChoice(_Lenient):
+    index: int = 0
+    text: str = ""
+    finish_reason: str | None = None
+    logprobs: CompletionLogprobs | None = None
+
+
+class TextCompletion(AnswerEnvelope):
+    """Response of `POST /v1/completions` (a `text_completion`): llama.cpp writes its logprobs,
+    usage and timings as the chat endpoint does, so it reads as that answer (`as_chat`)."""
+
+    choices: list[_TextChoice] = Field(min_length=1)
+
+    def as_chat(self) -> ChatCompletion:
+        """The same answer as a `ChatCompletion` (its text as the message's content): one
+        model for every answer the engine records."""
+        choice = self.choices[0]
+        message = ChatMessageOut(content=choice.text)
+        chat_choice = ChatChoice(
+            finish_reason=choice.finish_reason, message=message, logprobs=choice.logprobs
+        )
+        return ChatCompletion.model_validate({**self.envelope(), "choices": [chat_choice]})
+
+
 class _GenerationParams(_Lenient):
     n_predict: int = -1
 
@@ -283,6 +368,16 @@ class ServerProps(_Lenient):
     )
     build_info: str = ""
     chat_template: str = ""
+    chat_template_caps: dict[str, object] = Field(
+        default_factory=dict, description="What the chat template renders (llama.cpp's caps)."
+    )
+
+    @property
+    def renders_tools(self) -> bool | None:
+        """Whether the chat template writes a request's tools into the prompt (llama.cpp drops
+        them when it does not); None when the build does not say (ik_llama.cpp, older ones)."""
+        supported = self.chat_template_caps.get("supports_tools")
+        return supported if isinstance(supported, bool) else None
 
     @property
     def n_ctx(self) -> int | None:
