@@ -1,7 +1,8 @@
 """llama-server: typed client, server spec and the resident-server manager (no Dagster here).
 
 The layers above import from here, never from the modules: `client` (the HTTP API), `messages`
-(what is sent), `responses` (what comes back), `chat_stream` (a streamed answer
+(what is sent), `responses` (the answers that come back), `server_state` (what the server says
+about itself), `chat_stream` (a streamed answer
 rebuilt into one response), `spec` (what runs), `server`, `process`, `binary`,
 `exits` and `factory` (the resident server, its process, and how a server process ended),
 `smoke` (the setup's smoke test of the binary), `memory` (will the model fit), `urls`
@@ -39,8 +40,6 @@ from kimi_batch.llama.messages import ChatExtras, ChatMessage, chat_body, comple
 from kimi_batch.llama.responses import (
     ChatCompletion,
     GenerationStats,
-    HealthState,
-    ServerProps,
     TokenLogprob,
     ToolCall,
     TopLogprob,
@@ -53,6 +52,7 @@ from kimi_batch.llama.server import (
     ServerStatus,
     available_cpus,
 )
+from kimi_batch.llama.server_state import HealthState, ServerProps
 from kimi_batch.llama.smoke import SmokeResult
 
 __all__ = [

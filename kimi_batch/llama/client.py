@@ -36,15 +36,13 @@ from kimi_batch.llama.exceptions import (
     http_error,
 )
 from kimi_batch.llama.messages import ChatExtras, ChatMessage, chat_body, completion_body
-from kimi_batch.llama.responses import (
-    ChatCompletion,
-    Completion,
+from kimi_batch.llama.responses import ChatCompletion, Completion, TextCompletion
+from kimi_batch.llama.server_state import (
     HealthState,
     ServerMetrics,
     ServerProps,
     SlotFileResult,
     SlotState,
-    TextCompletion,
 )
 from kimi_batch.llama.urls import redact_url, url_credentials
 

@@ -19,8 +19,9 @@ from kimi_batch.llama.exceptions import (
     LlamaTimeoutError,
 )
 from kimi_batch.llama.messages import ChatExtras, ChatMessage
-from kimi_batch.llama.responses import ChatCompletion, HealthState, SlotState
+from kimi_batch.llama.responses import ChatCompletion
 from kimi_batch.llama.server import ResidentServer
+from kimi_batch.llama.server_state import HealthState, SlotState
 from kimi_batch_tests.support.llama_server import TEST_SLOTS
 from kimi_batch_tests.support.ports import free_port
 from kimi_batch_tests.support.results import chat_body
