@@ -155,9 +155,10 @@ class GenerationRequest(BaseModel):
         if [m.role for m in self.messages] != ["user"]:
             raise ValueError("a completion request is one user message: the raw prompt")
         extras = self.params.extras()
-        if extras is not None and extras.has_tools:
+        if self.params.json_schema is not None or (extras is not None and extras.has_tools):
             raise ValueError(
-                "a completion request cannot carry tools (a raw prompt has no chat template)"
+                "a completion request carries no tools and no JSON schema (they go through "
+                "the chat endpoint)"
             )
         return self
 

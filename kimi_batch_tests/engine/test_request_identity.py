@@ -194,3 +194,8 @@ def test_a_chat_line_and_a_completion_line_of_the_same_text_never_share_an_answe
             messages=[ChatMessage(role="user", content="a"), ChatMessage(role="user", content="b")],
             kind="completion",
         )
+    for chat_only in ({"tools": tools}, {"json_schema": {"type": "object"}}):
+        with pytest.raises(ValueError, match="chat endpoint"):
+            completion.model_validate(
+                {**completion.model_dump(), "params": GREEDY.model_copy(update=chat_only)}
+            )
