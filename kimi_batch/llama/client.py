@@ -1,9 +1,9 @@
 """Typed async client for llama-server (llama.cpp and ik_llama.cpp).
 
-Generation calls (`chat`, `text_completion`, `complete`) make exactly one attempt, bounded by a total deadline: the
-batch engine is the one retry layer, because only it knows the request's deadline, can restart a
-hung server and restore the digest before trying again. Retrying inside the client as well
-multiplied the attempts (a hung server held one request for hours).
+Generation calls (`chat`, `text_completion`, `complete`) make exactly one attempt, bounded by a
+total deadline: the batch engine is the one retry layer, because only it knows the request's
+deadline, can restart a hung server and restore the digest before trying again. Retrying inside
+the client as well multiplied the attempts (a hung server held one request for hours).
 
 Control calls (`/props`, `/slots`, slot save/restore, `/tokenize`, `/metrics`) keep a short
 bounded retry (`RetryPolicy`, 3 tries within seconds): they are cheap, idempotent, answered in

@@ -152,6 +152,25 @@ class BatchValidator:
                 "url",
             )
             return None
+        request = self._request(record, number)
+        if request is None:
+            return None
+        if not self._seen.add(request.custom_id, number):
+            first = self._seen.first_line(request.custom_id)
+            self._fail(
+                "duplicate_custom_id",
+                f"line {number}: custom_id {request.custom_id[:200]!r} is already used on line "
+                f"{first}",
+                number,
+                "custom_id",
+            )
+            return None
+        self.requests += 1
+        return request
+
+    def _request(self, record: dict[str, Any], number: int) -> BatchRequestLine | None:
+        """The request a line's body asks for, or None (its error recorded): fields this
+        server would not honour, a model it does not serve, invalid values."""
         refused = refused_field(record.get("body"), self.kind)
         if refused is not None:
             param, why = refused
@@ -177,17 +196,6 @@ class BatchValidator:
             reason = f"{type(error).__name__}: {str(error)[:200]}"
             self._fail("invalid_request", f"line {number}: {reason}", number)
             return None
-        if not self._seen.add(request.custom_id, number):
-            first = self._seen.first_line(request.custom_id)
-            self._fail(
-                "duplicate_custom_id",
-                f"line {number}: custom_id {request.custom_id[:200]!r} is already used on line "
-                f"{first}",
-                number,
-                "custom_id",
-            )
-            return None
-        self.requests += 1
         return request
 
     def finish(self) -> BatchScan:
