@@ -1,11 +1,13 @@
 """A Batch API line runs on the real server as it was given (issue 27, item 5): its `stop` ends
 the answer where the same line without it runs on; a `/v1/completions` line is its raw prompt,
-answered as a `text_completion`; tools the served chat template cannot render fail their line
-unsent."""
+answered as a `text_completion`; a line's tools reach the chat template and the answer's tool
+calls reach the output line and the `distilled` row."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import dagster as dg
@@ -15,14 +17,17 @@ import pytest
 from kimi_batch.definitions import build_resources
 from kimi_batch.defs.assets.api_batch import api_batch_responses
 from kimi_batch.defs.partitions import API_BATCH_PARTITIONS_NAME
+from kimi_batch.llama import ResidentServer, server_from_settings
 from kimi_batch.settings import Settings
 from kimi_batch.storage import ApiStore, BatchStatus, Warehouse
 from kimi_batch.tasks.rows import DistilledRow
 from kimi_batch_tests.support.batches import landed_batch
 from kimi_batch_tests.support.llama_server import LlamaEnv
+from kimi_batch_tests.support.ports import free_port
 
 pytestmark = pytest.mark.slow  # answers a batch on a real llama-server
 
+_TOOL_TEMPLATE = Path(__file__).resolve().parents[1] / "support" / "tool_template.jinja"
 _COUNT = "Count from 1 to 10, separated by commas. Reply with the numbers only."
 _CHAT = "/v1/chat/completions"
 
@@ -176,3 +181,41 @@ def test_tools_the_served_template_cannot_render_fail_their_line_unsent(
     assert error is not None
     assert error["error"]["code"] == "request_failed"
     assert "does not render tools" in error["error"]["message"]
+
+
+@pytest.fixture
+def tool_server(
+    llama_env: LlamaEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Settings]:
+    """A resident server of the same model with a chat template that renders tools (Qwen2.5's,
+    the same <|im_start|> tokens), in a state dir of its own; the settings that find it."""
+    del llama_env  # its variables (model, binary, threads, slots) are this server's too
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("KIMI_BATCH_LLAMA_PORT", str(free_port()))
+    monkeypatch.setenv("KIMI_BATCH_LLAMA_EXTRA_ARGS", f"--chat-template-file {_TOOL_TEMPLATE}")
+    settings = Settings.from_env()
+    server = server_from_settings(settings, load_timeout_s=300)
+    assert isinstance(server, ResidentServer)
+    server.ensure_running()
+    try:
+        yield settings
+    finally:
+        server.stop()
+
+
+def test_a_lines_tools_reach_the_chat_template_of_a_server_that_renders_them(
+    tool_server: Settings,
+) -> None:
+    """The server writes the line's tools into the prompt: its prompt is longer than the same
+    line's without them by the tools block. (This llama.cpp build finds no tool-call format in
+    this template, so it neither enforces `required` nor parses calls here; the output line of
+    an answer with calls is tested server-free.)"""
+    question = [{"role": "user", "content": "What is the weather in Paris?"}]
+    plain = _line("plain", messages=question, max_tokens=4)
+    tools = _line("tools", messages=question, max_tokens=4, tools=[_WEATHER], tool_choice="auto")
+    with dg.instance_for_test() as instance:
+        without, with_tools = (_run(tool_server, instance, line).body for line in (plain, tools))
+    assert without is not None
+    assert with_tools is not None
+    grown = with_tools["usage"]["prompt_tokens"] - without["usage"]["prompt_tokens"]
+    assert grown > 80, (with_tools["usage"], without["usage"])
