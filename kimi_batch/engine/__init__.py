@@ -25,6 +25,7 @@ from kimi_batch.engine.digest import DigestLintError, SystemDigest, lint_digest,
 from kimi_batch.engine.generation import (
     GenerationRequest,
     GenerationResult,
+    RequestKind,
     SamplingParams,
     row_request_id,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "Prepared",
     "ProgressCallback",
     "ProgressEvent",
+    "RequestKind",
     "SamplingParams",
     "SlotFit",
     "SlotWarmer",

@@ -114,6 +114,7 @@ class BatchEngine:
                 params=params,
                 messages=list(request.messages),
                 sample=request.sample,
+                kind=request.kind,
             )
             planned.append(
                 PlannedRequest(

@@ -215,19 +215,26 @@ def test_a_bad_endpoint_or_window_is_a_400_in_openai_shape(client: openai.OpenAI
         )
 
 
-def test_completions_and_responses_batches_are_refused_at_creation_saying_why(
+def test_a_completions_batch_validates_and_a_responses_batch_is_refused_saying_why(
     client: openai.OpenAI,
 ) -> None:
-    upload = client.files.create(file=("ok.jsonl", jsonl(line("a"))), purpose="batch")
-    for endpoint, why in [("/v1/completions", "text_completion"), ("/v1/responses", "Responses")]:
-        with pytest.raises(openai.BadRequestError) as bad:
-            client.batches.create(
-                input_file_id=upload.id,
-                endpoint=endpoint,  # type: ignore[arg-type]
-                completion_window="24h",
-            )
-        assert bad.value.body["param"] == "endpoint"  # type: ignore[index]
-        assert why in bad.value.message
+    prompt = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 4}
+    row = {"custom_id": "p", "method": "POST", "url": "/v1/completions", "body": prompt}
+    upload = client.files.create(file=("prompts.jsonl", jsonl(row)), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/completions", completion_window="24h"
+    )
+    batch = validated(client, batch)
+    assert batch.errors is None
+    assert batch.request_counts is not None
+    assert batch.request_counts.total == 1
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.batches.create(
+            input_file_id=upload.id, endpoint="/v1/responses", completion_window="24h"
+        )
+    assert bad.value.body["param"] == "endpoint"  # type: ignore[index]
+    assert "translat" in bad.value.message
+    assert "'/v1/completions'" in bad.value.message
 
 
 def test_an_ignored_field_or_an_unknown_model_fails_the_batch_naming_the_line(
@@ -235,7 +242,7 @@ def test_an_ignored_field_or_an_unknown_model_fails_the_batch_naming_the_line(
 ) -> None:
     unknown = line("b")
     unknown["body"] = {**unknown["body"], "model": "gpt-4o-mini"}  # type: ignore[dict-item]
-    data = jsonl(line("a", stop=["\n"]), unknown, line("c", tool_choice="auto"))
+    data = jsonl(line("a", stop=["\n"]), unknown, line("c", functions=[{"name": "f"}]))
     upload = client.files.create(file=("fields.jsonl", data), purpose="batch")
     batch = client.batches.create(
         input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
@@ -244,7 +251,7 @@ def test_an_ignored_field_or_an_unknown_model_fails_the_batch_naming_the_line(
     assert batch.status == "failed"
     assert batch.errors is not None
     assert batch.errors.data is not None
-    expected = [("model_not_found", 2, "body.model"), ("unsupported_field", 3, "body.tool_choice")]
+    expected = [("model_not_found", 2, "body.model"), ("unsupported_field", 3, "body.functions")]
     if MODEL == "any":  # no model installed: no served name to compare with
         expected = expected[1:]
     assert [(e.code, e.line, e.param) for e in batch.errors.data] == expected
