@@ -8,11 +8,15 @@ without creating anything; `copy_store` copies a store's SQLite file into anothe
 (`kimi-batch state migrate`). Other layers import this facade.
 """
 
+import typing
+
 from kimi_batch.state.connect import connect_state, read_state, shown_location
 from kimi_batch.state.database import Cursor, StateBusyError, StateDatabase, StateError
 from kimi_batch.state.migrate import StoreCopy, copy_store
-from kimi_batch.state.postgres import POSTGRES_CLOCK, PostgresDatabase, shown_url
 from kimi_batch.state.sqlite import SqliteDatabase, boot_clock
+
+if typing.TYPE_CHECKING:
+    from kimi_batch.state.postgres import POSTGRES_CLOCK, PostgresDatabase, shown_url
 
 __all__ = [
     "POSTGRES_CLOCK",
@@ -30,3 +34,15 @@ __all__ = [
     "shown_location",
     "shown_url",
 ]
+
+_LAZY_MEMBERS = frozenset({"POSTGRES_CLOCK", "PostgresDatabase", "shown_url"})
+
+
+def __getattr__(name: str) -> object:
+    """The PostgreSQL backend's members, imported on first use: psycopg costs every process
+    that loads the code location ~0.4 s, and the embedded default never needs it."""
+    if name in _LAZY_MEMBERS:
+        from kimi_batch.state import postgres
+
+        return getattr(postgres, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from datasketch import MinHash, MinHashLSH
 from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.paths import connect_private_db, private_dir
@@ -146,6 +145,8 @@ Rebuild = Callable[[], Iterable[tuple[str, str, Iterable[IndexedText]]]]
 
 @cache
 def _optimal_bands(threshold: float) -> tuple[int, int]:
+    from datasketch import MinHashLSH  # see _Signer: imported when first used
+
     lsh = MinHashLSH(threshold=threshold, num_perm=NUM_PERM)  # integrates: ~0.1 s, once
     return lsh.b, lsh.r
 
@@ -166,12 +167,19 @@ class _Signer:
     """MinHash signatures and their LSH band hashes under one setting."""
 
     def __init__(self, setting: DedupSetting) -> None:
+        # Imported here, not at the top: datasketch's package imports scipy (~2 s on 2 cores),
+        # which every process loading the code location (code servers, run workers, the CLI)
+        # would pay whether or not it screens a row.
+        from datasketch import MinHash
+
         self._shingle = setting.shingle
         self._bands, self._rows = setting.bands()
         # Drawn once: each MinHash would otherwise draw its 128 permutations again.
         self._permutations = MinHash(num_perm=NUM_PERM, seed=_SEED, scheme=_SCHEME).permutations
 
     def signature(self, text: str) -> np.ndarray:
+        from datasketch import MinHash
+
         minhash = MinHash(
             num_perm=NUM_PERM, seed=_SEED, permutations=self._permutations, scheme=_SCHEME
         )
