@@ -57,7 +57,15 @@ def build_definitions(settings: Settings) -> dg.Definitions:
     """Everything in the defs folder, for the deployment `settings`, with its resources."""
     with building(settings):
         folder = dg.load_from_defs_folder(path_within_project=Path(__file__).parent)
-    return dg.Definitions.merge(folder, dg.Definitions(resources=build_resources(settings)))
+    # Every job's steps run in its run's own process (the jobs' default; a job may still name
+    # another executor). Steps of one run go one after another anyway (each holds the llama
+    # pool's one slot or waits on the step before it), so a process per step bought no
+    # parallelism: it cost a process start loading this location (~5-8 s on 2 cores) between
+    # every two steps, with the server idle (`bench --workload night`).
+    return dg.Definitions.merge(
+        folder,
+        dg.Definitions(resources=build_resources(settings), executor=dg.in_process_executor),
+    )
 
 
 def keep_off_the_server_cpus(settings: Settings) -> frozenset[int] | None:
