@@ -66,7 +66,8 @@ class BatchCreate(BaseModel):
         min_length=1, max_length=200, description="The uploaded file of request lines."
     )
     endpoint: str = Field(
-        max_length=200, description="`/v1/chat/completions` or `/v1/completions`."
+        max_length=200,
+        description="`/v1/chat/completions`, `/v1/completions` or `/v1/responses`.",
     )
     completion_window: str = Field(max_length=20, description="`24h`.")
     metadata: dict[str, str] | None = Field(
@@ -114,20 +115,9 @@ _CREATE_BODY = {
 }
 
 
-# Why the other OpenAI batch endpoints are refused (docs/batch-api-lifecycle.md).
-_REFUSED_ENDPOINTS = {
-    "/v1/responses": "Responses batches are not run here: llama-server serves /v1/responses by "
-    "translating it to a chat request, but this runner would have to translate both ways "
-    "itself (input items, instructions, Responses output objects) to run it as a batch; send "
-    "the same requests as /v1/chat/completions lines",
-}
-
-
 def _endpoint_refused(endpoint: str) -> str:
-    why = _REFUSED_ENDPOINTS.get(endpoint)
-    reason = f": {why}" if why else ""
-    served = " or ".join(repr(url) for url in BATCH_ENDPOINTS)
-    return f"endpoint {endpoint[:200]!r} is not supported{reason}; use {served}"
+    served = ", ".join(repr(url) for url in BATCH_ENDPOINTS)
+    return f"endpoint {endpoint[:200]!r} is not supported; use one of {served}"
 
 
 @router.post("", openapi_extra=_CREATE_BODY)

@@ -1,9 +1,11 @@
-"""A Batch API line as models: its body, chat or completion, into the request it runs.
+"""A Batch API line as models: its body, chat, completion or Responses, into the request it runs.
 
 What a client may send, typed: `_ChatBody` (`/v1/chat/completions`: messages, response format,
-tools) and `_CompletionBody` (`/v1/completions`: one raw prompt) share the sampling fields
-(`_SamplingBody`); unset values take OpenAI's defaults (temperature 1, top_p 1; a completion's
-max_tokens 16, a chat answer's as long as the server allows). Which field names a body may hold
+tools), `_CompletionBody` (`/v1/completions`: one raw prompt) and `_ResponsesBody`
+(`/v1/responses`: instructions and input items, run as the chat request llama-server's own
+/v1/responses makes of them) share the sampling fields (`_SamplingBody`); unset values take
+OpenAI's defaults (temperature 1, top_p 1; a completion's max_tokens 16, a chat or Responses
+answer's as long as the server allows). Which field names a body may hold
 at all is `tasks.batch_fields`, checked before these models are built; `request_line` turns a
 line that validates into its `BatchRequestLine`, or raises (`LineRefusedError` names the field
 of a line that validates as models but asks for what is not served).
@@ -16,10 +18,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from kimi_batch.engine import RequestKind, SamplingParams
+from kimi_batch.engine import SamplingParams
 from kimi_batch.llama import ChatMessage
 from kimi_batch.tasks.batch_fields import check_logit_bias, check_stops
-from kimi_batch.tasks.openai_batch import BatchRequestLine
+from kimi_batch.tasks.openai_batch import BatchRequestLine, LineKind
 
 __all__ = ["LineRefusedError", "request_line"]
 
@@ -44,6 +46,11 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
 
+# Text content parts: a chat message's, and a Responses input item's (the model's own earlier
+# turns come back as output_text).
+_TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
+
+
 class _Message(_Model):
     role: Literal["system", "developer", "user", "assistant"]
     content: str
@@ -52,10 +59,16 @@ class _Message(_Model):
     @classmethod
     def _parts(cls, value: Any) -> Any:
         if isinstance(value, list):
-            if not all(isinstance(p, dict) and p.get("type") == "text" for p in value):
+            if not all(isinstance(p, dict) and p.get("type") in _TEXT_PARTS for p in value):
                 raise ValueError("only text content parts are supported")
             return "".join(str(p.get("text", "")) for p in value)
         return value
+
+
+class _InputItem(_Message):
+    """A Responses input item: a message (`type` "message" or absent), text parts only."""
+
+    type: Literal["message"] = "message"
 
 
 class _ResponseFormat(_Model):
@@ -156,6 +169,67 @@ class _CompletionBody(_SamplingBody):
     best_of: int | None = Field(default=None, ge=1, le=1)
 
 
+class _TextFormat(_Model):
+    """The Responses API's `text.format`: the same three kinds, the schema at its top level."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+
+    def response_format(self) -> _ResponseFormat:
+        schema = None if self.schema_ is None else {"schema": self.schema_}
+        return _ResponseFormat(type=self.type, json_schema=schema)
+
+
+class _Text(_Model):
+    format: _TextFormat | None = None
+
+
+class _FlatTool(BaseModel):
+    """A Responses function tool: the function's fields beside `type`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["function"]
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    def chat_tool(self) -> _Tool:
+        return _Tool(type="function", function=_Function(**self.model_dump(exclude={"type"})))
+
+
+class _ResponsesBody(_SamplingBody):
+    input: list[_InputItem] = Field(min_length=1)
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(default=None, gt=0, strict=True)
+    text: _Text | None = None
+    tools: list[_FlatTool] | None = Field(default=None, min_length=1, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | None = None
+    parallel_tool_calls: bool | None = None
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _one_user_turn(cls, value: Any) -> Any:
+        """A string input is one user message (the Responses API's shorthand)."""
+        return [{"role": "user", "content": value}] if isinstance(value, str) else value
+
+    def chat_body(self) -> _ChatBody:
+        """The chat request llama-server's /v1/responses would make of this body."""
+        system = [_Message(role="system", content=self.instructions)] if self.instructions else []
+        text_format = self.text.format if self.text else None
+        return _ChatBody(
+            messages=[*system, *(_Message(role=i.role, content=i.content) for i in self.input)],
+            max_tokens=self.max_output_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            response_format=text_format.response_format() if text_format else None,
+            tools=[tool.chat_tool() for tool in self.tools] if self.tools else None,
+            tool_choice=self.tool_choice,
+            parallel_tool_calls=self.parallel_tool_calls,
+        )
+
+
 class _ChatLine(_Model):
     custom_id: str = Field(min_length=1)
     method: Literal["POST"]
@@ -189,9 +263,28 @@ def _split_system(messages: Sequence[_Message]) -> tuple[str, list[ChatMessage]]
     return system, turns
 
 
+class _ResponsesLine(_Model):
+    custom_id: str = Field(min_length=1)
+    method: Literal["POST"]
+    url: str
+    body: _ResponsesBody
+
+
 def _chat_line(record: dict[str, Any], number: int) -> BatchRequestLine:
     line = _ChatLine.model_validate(record)
-    body = line.body
+    return _chat_request(line.custom_id, line.body, number)
+
+
+def _responses_line(record: dict[str, Any], number: int) -> BatchRequestLine:
+    line = _ResponsesLine.model_validate(record)
+    try:
+        request = _chat_request(line.custom_id, line.body.chat_body(), number)
+    except LineRefusedError as error:  # the turns came from `input`: name it
+        raise LineRefusedError(str(error), error.param.replace("messages", "input")) from None
+    return request.model_copy(update={"kind": "responses"})
+
+
+def _chat_request(custom_id: str, body: _ChatBody, number: int) -> BatchRequestLine:
     system, messages = _split_system(body.messages)
     format_ = body.response_format
     top = (body.top_logprobs or 0) if body.logprobs else None
@@ -204,7 +297,7 @@ def _chat_line(record: dict[str, Any], number: int) -> BatchRequestLine:
         **body.tool_fields(),
     )
     return BatchRequestLine(
-        custom_id=line.custom_id,
+        custom_id=custom_id,
         line=number,
         system=system,
         messages=messages,
@@ -232,7 +325,10 @@ def _completion_line(record: dict[str, Any], number: int) -> BatchRequestLine:
     )
 
 
-def request_line(record: dict[str, Any], number: int, kind: RequestKind) -> BatchRequestLine:
+_READERS = {"chat": _chat_line, "completion": _completion_line, "responses": _responses_line}
+
+
+def request_line(record: dict[str, Any], number: int, kind: LineKind) -> BatchRequestLine:
     """The request of input line `number` (`record`, its JSON object) of a batch whose lines
     are of `kind`. Raises pydantic's ValidationError or `LineRefusedError`."""
-    return (_completion_line if kind == "completion" else _chat_line)(record, number)
+    return _READERS[kind](record, number)

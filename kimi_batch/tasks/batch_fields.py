@@ -18,7 +18,14 @@ Completion lines (`/v1/completions`) pass through `prompt` (one string), the sam
 fields (`max_tokens`), and `logprobs` (an integer); `echo` only as false and `best_of` only as
 1 (llama-server applies neither), `suffix` is refused (it would be ignored).
 
-Both: `n` only as 1 (one choice per request). Accepted and not sent, because they do not
+Responses lines (`/v1/responses`) run as the chat request llama-server's own /v1/responses
+makes of them: `instructions` (the system turn), `input` (a string, or message items of text
+parts), `max_output_tokens`, `temperature`, `top_p`, `text.format` (text, json_object,
+json_schema), and function `tools` (flat, as the Responses API writes them) with `tool_choice`
+and `parallel_tool_calls`. Refused: `previous_response_id` (no response is stored here: a line
+stands alone), input items other than messages, and every other field.
+
+All: `n` only as 1 (one choice per request). Accepted and not sent, because they do not
 change the answer: `user`, `metadata`, `store`, and `stream: false`.
 """
 
@@ -27,8 +34,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from kimi_batch.engine import RequestKind
 from kimi_batch.settings import Settings
+from kimi_batch.tasks.openai_batch import LineKind
 
 __all__ = [
     "ACCEPTED_BODY_FIELDS",
@@ -39,7 +46,9 @@ __all__ = [
     "served_models",
 ]
 
-_SAMPLING = frozenset(
+# Bookkeeping OpenAI keeps; no effect on the answer.
+_BOOKKEEPING = frozenset({"user", "metadata", "store", "stream"})
+_SAMPLING = _BOOKKEEPING | frozenset(
     {
         "model",
         "max_tokens",
@@ -52,14 +61,9 @@ _SAMPLING = frozenset(
         "logit_bias",
         "logprobs",
         "n",
-        "stream",
-        # Bookkeeping OpenAI keeps; no effect on the answer.
-        "user",
-        "metadata",
-        "store",
     }
 )
-ACCEPTED_BODY_FIELDS: dict[RequestKind, frozenset[str]] = {
+ACCEPTED_BODY_FIELDS: dict[LineKind, frozenset[str]] = {
     "chat": _SAMPLING
     | {
         "messages",
@@ -71,8 +75,22 @@ ACCEPTED_BODY_FIELDS: dict[RequestKind, frozenset[str]] = {
         "parallel_tool_calls",
     },
     "completion": _SAMPLING | {"prompt", "echo", "best_of"},
+    "responses": _BOOKKEEPING
+    | {
+        "model",
+        "input",
+        "instructions",
+        "max_output_tokens",
+        "temperature",
+        "top_p",
+        "text",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+    },
 }
 _MESSAGE_FIELDS = frozenset({"role", "content"})
+_INPUT_ITEM_FIELDS = frozenset({"type", "role", "content"})
 _WHY: dict[str, str] = {
     "functions": "is not supported: llama-server does not apply the deprecated "
     "functions/function_call; send them as tools/tool_choice",
@@ -80,11 +98,15 @@ _WHY: dict[str, str] = {
     "tool_calls": "is not supported here: a conversation is text turns (a model's tool calls "
     "come back in the output line; a line carrying them or their results cannot be sent)",
 }
+_WHY["previous_response_id"] = (
+    "is not supported: no response is stored here, so a line stands alone (send the whole "
+    "conversation as input items)"
+)
 _WHY["function_call"] = _WHY["functions"]
 _WHY["tool_call_id"] = _WHY["tool_calls"]
 
 
-def _refused_value(body: dict[Any, Any], kind: RequestKind) -> tuple[str, str] | None:
+def _refused_value(body: dict[Any, Any], kind: LineKind) -> tuple[str, str] | None:
     """A field accepted only with OpenAI's default, or in one shape, holding another value."""
     n, best_of = body.get("n"), body.get("best_of")
     if isinstance(n, int) and not isinstance(n, bool) and n > 1:
@@ -98,6 +120,10 @@ def _refused_value(body: dict[Any, Any], kind: RequestKind) -> tuple[str, str] |
             "must be one string: a list of prompts or token ids is not supported (one line "
             "per prompt)"
         )
+    if kind == "responses":
+        refused = _refused_responses_value(body)
+        if refused is not None:
+            return refused
     if isinstance(body.get("tool_choice"), dict):
         return "body.tool_choice", (
             "must be 'none', 'auto' or 'required': llama-server does not force a named "
@@ -106,7 +132,28 @@ def _refused_value(body: dict[Any, Any], kind: RequestKind) -> tuple[str, str] |
     return None
 
 
-def refused_field(body: Any, kind: RequestKind = "chat") -> tuple[str, str] | None:
+def _refused_responses_value(body: dict[Any, Any]) -> tuple[str, str] | None:
+    """A Responses input item that is not a message, or a tool that is not a function."""
+    items = body.get("input")
+    for index, item in enumerate(items if isinstance(items, list) else []):
+        kind = item.get("type", "message") if isinstance(item, dict) else "message"
+        if kind != "message":
+            return f"body.input.{index}.type", (
+                f"{str(kind)[:100]!r} is not supported: input items are messages of text here "
+                "(no tool calls or their outputs, files or images)"
+            )
+    tools = body.get("tools")
+    for index, tool in enumerate(tools if isinstance(tools, list) else []):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind != "function":
+            return f"body.tools.{index}.type", (
+                f"{str(kind)[:100]!r} is not supported: llama-server runs function tools only "
+                "(no built-in tools)"
+            )
+    return None
+
+
+def refused_field(body: Any, kind: LineKind = "chat") -> tuple[str, str] | None:
     """(param, why) of the first field of `body` this server would not apply to a request of
     `kind`; None if none."""
     if not isinstance(body, dict):
@@ -119,12 +166,15 @@ def refused_field(body: Any, kind: RequestKind = "chat") -> tuple[str, str] | No
     refused = _refused_value(body, kind)
     if refused is not None:
         return refused
-    messages = body.get("messages")
+    field, allowed = (
+        ("input", _INPUT_ITEM_FIELDS) if kind == "responses" else ("messages", _MESSAGE_FIELDS)
+    )
+    messages = body.get(field)
     for index, message in enumerate(messages if isinstance(messages, list) else []):
         for name in message if isinstance(message, dict) else ():
-            if name not in _MESSAGE_FIELDS:
+            if name not in allowed:
                 why = _WHY.get(name, "is not supported here")
-                return f"body.messages.{index}.{str(name)[:100]}", why
+                return f"body.{field}.{index}.{str(name)[:100]}", why
     return None
 
 

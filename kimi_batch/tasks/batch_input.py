@@ -23,7 +23,6 @@ from typing import IO, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kimi_batch.engine import RequestKind
 from kimi_batch.settings import DEFAULT_API_MAX_BATCH_REQUESTS
 from kimi_batch.tasks.batch_bodies import LineRefusedError, request_line
 from kimi_batch.tasks.batch_fields import model_not_served, refused_field
@@ -34,6 +33,7 @@ from kimi_batch.tasks.openai_batch import (
     BatchInput,
     BatchLineError,
     BatchRequestLine,
+    LineKind,
 )
 from kimi_batch.tasks.raw_rows import format_validation_error
 from kimi_batch.tasks.seen_ids import SeenIds
@@ -104,7 +104,7 @@ class BatchValidator:
         if endpoint not in BATCH_ENDPOINTS:
             raise ValueError(f"no batch endpoint {endpoint!r}")
         self.endpoint = endpoint
-        self.kind: RequestKind = BATCH_ENDPOINTS[endpoint]
+        self.kind: LineKind = BATCH_ENDPOINTS[endpoint]
         self.models = models
         self.max_requests = max_requests
         self.requests = 0

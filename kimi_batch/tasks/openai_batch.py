@@ -9,14 +9,16 @@ are sent as they are, and the body's fields become the request's params. A compl
 
 Output: one writer (`response_line`, `error_line`) for the API's output and error files and for
 `kimi-batch export`: a `chat.completion` body (tool calls included) for a chat line, a
-`text_completion` body for a completion line, as OpenAI's batch output has them.
+`text_completion` body for a completion line, a `response` object for a Responses line
+(`/v1/responses`, run as the chat request llama-server's own /v1/responses would make of it), as
+OpenAI's batch output has them.
 """
 
 from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -30,21 +32,34 @@ __all__ = [
     "CHAT_COMPLETIONS_URL",
     "COMPLETIONS_URL",
     "MAX_LISTED_ERRORS",
+    "RESPONSES_URL",
     "AnsweredRequest",
     "BatchInput",
     "BatchLineError",
     "BatchRequestLine",
+    "LineKind",
     "error_line",
     "response_line",
 ]
 
 CHAT_COMPLETIONS_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
-BATCH_ENDPOINTS: dict[str, RequestKind] = {
+RESPONSES_URL = "/v1/responses"
+LineKind = Literal["chat", "completion", "responses"]
+"""What a batch's lines are: the shape they are read in and answered in."""
+BATCH_ENDPOINTS: dict[str, LineKind] = {
     CHAT_COMPLETIONS_URL: "chat",
     COMPLETIONS_URL: "completion",
+    RESPONSES_URL: "responses",
 }
-"""The endpoints a batch may name, and the kind of request each line of it is."""
+"""The endpoints a batch may name, and the kind of line each holds."""
+# A Responses line runs as a chat request (instructions as the system turn, input items as the
+# turns), which is what llama-server's own /v1/responses does with it.
+_REQUEST_KIND: dict[LineKind, RequestKind] = {
+    "chat": "chat",
+    "completion": "completion",
+    "responses": "chat",
+}
 API_STAGE = "api"
 MAX_LISTED_ERRORS = 100
 
@@ -73,7 +88,7 @@ class BatchRequestLine(BaseModel):
     )
     params: SamplingParams
     top_logprobs: int | None = Field(description="None: logprobs not asked for.")
-    kind: RequestKind = Field(default="chat", description="`completion`: a /v1/completions line.")
+    kind: LineKind = Field(default="chat", description="The batch endpoint's kind of line.")
 
     @property
     def prompt(self) -> str:
@@ -86,7 +101,7 @@ class BatchRequestLine(BaseModel):
             messages=self.messages,
             params=self.params,
             tag=RequestTag(stage=API_STAGE).wire,
-            kind=self.kind,
+            kind=_REQUEST_KIND[self.kind],
         )
 
 
@@ -204,34 +219,103 @@ def _chat_choice(answer: AnsweredRequest, top_logprobs: int | None) -> dict[str,
     }
 
 
-def response_line(
-    answer: AnsweredRequest, *, top_logprobs: int | None = None, kind: RequestKind = "chat"
-) -> str:
-    """The output-file line of a finished request: a chat completion, or for a completion
-    line a `text_completion`, as OpenAI returns them.
+def _response_object(answer: AnsweredRequest) -> dict[str, Any]:
+    """A Responses API `response` body: its text as one message item, then its tool calls."""
+    output: list[dict[str, Any]] = []
+    if answer.content or not answer.tool_calls:
+        text = {"type": "output_text", "text": answer.content, "annotations": []}
+        output.append(
+            {
+                "type": "message",
+                "id": f"msg_{answer.request_id}",
+                "status": "completed",
+                "role": "assistant",
+                "content": [text],
+            }
+        )
+    for call in answer.tool_calls or []:
+        output.append(
+            {
+                "type": "function_call",
+                "id": f"fc_{call.id}",
+                "call_id": call.id,
+                "name": call.function.name,
+                "arguments": call.function.arguments,
+                "status": "completed",
+            }
+        )
+    cut_off = answer.finish_reason == "length"
+    return {
+        "id": f"resp_{answer.request_id}",
+        "object": "response",
+        "created_at": _epoch(answer.created_at),
+        "status": "incomplete" if cut_off else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if cut_off else None,
+        "error": None,
+        "model": answer.model,
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "usage": {
+            "input_tokens": answer.prompt_tokens,
+            # What the server did not find in its cache it evaluated and kept in the slot.
+            "input_tokens_details": {
+                "cached_tokens": answer.cached_tokens,
+                "cache_write_tokens": max(0, answer.prompt_tokens - answer.cached_tokens),
+            },
+            "output_tokens": answer.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": answer.prompt_tokens + answer.completion_tokens,
+        },
+    }
 
-    `top_logprobs`: how many alternatives the request asked for (None: all that were kept).
-    An answer cut off at max_tokens is a success with `finish_reason: "length"`.
-    """
-    if kind == "completion":
-        logprobs = answer.logprobs
-        choice: dict[str, Any] = {
-            "text": answer.content,
-            "index": 0,
-            "logprobs": _text_logprobs(logprobs, top_logprobs) if logprobs else None,
-            "finish_reason": answer.finish_reason,
-        }
-        head = {"id": f"cmpl-{answer.request_id}", "object": "text_completion"}
-    else:
-        choice = _chat_choice(answer, top_logprobs)
-        head = {"id": f"chatcmpl-{answer.request_id}", "object": "chat.completion"}
-    body = {
-        **head,
+
+def _completion_object(answer: AnsweredRequest, top_logprobs: int | None) -> dict[str, Any]:
+    logprobs = answer.logprobs
+    choice: dict[str, Any] = {
+        "text": answer.content,
+        "index": 0,
+        "logprobs": _text_logprobs(logprobs, top_logprobs) if logprobs else None,
+        "finish_reason": answer.finish_reason,
+    }
+    return {
+        "id": f"cmpl-{answer.request_id}",
+        "object": "text_completion",
         "created": _epoch(answer.created_at),
         "model": answer.model,
         "choices": [choice],
         "usage": _usage(answer),
     }
+
+
+def _chat_completion_object(answer: AnsweredRequest, top_logprobs: int | None) -> dict[str, Any]:
+    return {
+        "id": f"chatcmpl-{answer.request_id}",
+        "object": "chat.completion",
+        "created": _epoch(answer.created_at),
+        "model": answer.model,
+        "choices": [_chat_choice(answer, top_logprobs)],
+        "usage": _usage(answer),
+    }
+
+
+def response_line(
+    answer: AnsweredRequest, *, top_logprobs: int | None = None, kind: LineKind = "chat"
+) -> str:
+    """The output-file line of a finished request, as OpenAI returns it for the batch's kind
+    of line: a `chat.completion`, a `text_completion`, or a `response` object.
+
+    `top_logprobs`: how many alternatives the request asked for (None: all that were kept).
+    An answer cut off at max_tokens is a success with `finish_reason: "length"` (a Responses
+    answer: `status: "incomplete"`, reason `max_output_tokens`).
+    """
+    if kind == "completion":
+        body = _completion_object(answer, top_logprobs)
+    elif kind == "responses":
+        body = _response_object(answer)
+    else:
+        body = _chat_completion_object(answer, top_logprobs)
     return json.dumps(
         {
             "id": f"batch_req_{answer.request_id}",

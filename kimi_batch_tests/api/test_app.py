@@ -215,26 +215,34 @@ def test_a_bad_endpoint_or_window_is_a_400_in_openai_shape(client: openai.OpenAI
         )
 
 
-def test_a_completions_batch_validates_and_a_responses_batch_is_refused_saying_why(
+def test_completions_and_responses_batches_validate_and_their_lines_must_match_them(
     client: openai.OpenAI,
 ) -> None:
     prompt = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 4}
-    row = {"custom_id": "p", "method": "POST", "url": "/v1/completions", "body": prompt}
-    upload = client.files.create(file=("prompts.jsonl", jsonl(row)), purpose="batch")
-    batch = client.batches.create(
-        input_file_id=upload.id, endpoint="/v1/completions", completion_window="24h"
-    )
-    batch = validated(client, batch)
-    assert batch.errors is None
-    assert batch.request_counts is not None
-    assert batch.request_counts.total == 1
-    with pytest.raises(openai.BadRequestError) as bad:
+    completion = {"custom_id": "p", "method": "POST", "url": "/v1/completions", "body": prompt}
+    asked = {"model": MODEL, "instructions": "Be brief.", "input": "Hi.", "max_output_tokens": 4}
+    response = {"custom_id": "r", "method": "POST", "url": "/v1/responses", "body": asked}
+    for row in (completion, response):
+        upload = client.files.create(file=("lines.jsonl", jsonl(row)), purpose="batch")
+        batch = client.batches.create(
+            input_file_id=upload.id,
+            endpoint=row["url"],  # type: ignore[arg-type]
+            completion_window="24h",
+        )
+        batch = validated(client, batch)
+        assert batch.errors is None, row["url"]
+        assert batch.request_counts is not None
+        assert batch.request_counts.total == 1
+    # A completions file named as a Responses batch: its line names another endpoint.
+    upload = client.files.create(file=("p.jsonl", jsonl(completion)), purpose="batch")
+    mismatched = validated(
+        client,
         client.batches.create(
             input_file_id=upload.id, endpoint="/v1/responses", completion_window="24h"
-        )
-    assert bad.value.body["param"] == "endpoint"  # type: ignore[index]
-    assert "translat" in bad.value.message
-    assert "'/v1/completions'" in bad.value.message
+        ),
+    )
+    assert mismatched.errors is not None
+    assert [(e.code, e.line) for e in mismatched.errors.data or []] == [("invalid_url", 1)]
 
 
 def test_an_ignored_field_or_an_unknown_model_fails_the_batch_naming_the_line(

@@ -1,6 +1,7 @@
 """A Batch API line runs on the real server as it was given (issue 27, item 5): its `stop` ends
 the answer where the same line without it runs on; a `/v1/completions` line is its raw prompt,
-answered as a `text_completion`; a line's tools reach the chat template and the answer's tool
+answered as a `text_completion`; a `/v1/responses` line is answered as the server's own route
+answers it, as a `response` object; a line's tools reach the chat template and the answer's tool
 calls reach the output line and the `distilled` row."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any, NamedTuple
 import dagster as dg
 import httpx
 import pytest
+from openai.types.responses import Response
 
 from kimi_batch.definitions import build_resources
 from kimi_batch.defs.assets.api_batch import api_batch_responses
@@ -30,10 +32,12 @@ pytestmark = pytest.mark.slow  # answers a batch on a real llama-server
 _TOOL_TEMPLATE = Path(__file__).resolve().parents[1] / "support" / "tool_template.jinja"
 _COUNT = "Count from 1 to 10, separated by commas. Reply with the numbers only."
 _CHAT = "/v1/chat/completions"
+_RESPONSES = "/v1/responses"
 
 
 def _line(custom_id: str, url: str = _CHAT, **body: Any) -> bytes:
-    request = {"max_tokens": 40, "temperature": 0, **body}
+    budget = {"max_output_tokens" if url == _RESPONSES else "max_tokens": 40}
+    request = {**budget, "temperature": 0, **body}
     if url == _CHAT:
         request.setdefault("messages", [{"role": "user", "content": _COUNT}])
     line = {"custom_id": custom_id, "method": "POST", "url": url}
@@ -219,3 +223,31 @@ def test_a_lines_tools_reach_the_chat_template_of_a_server_that_renders_them(
     assert with_tools is not None
     grown = with_tools["usage"]["prompt_tokens"] - without["usage"]["prompt_tokens"]
     assert grown > 80, (with_tools["usage"], without["usage"])
+
+
+def test_a_responses_line_is_answered_as_the_servers_own_responses_route_answers_it(
+    llama_env: LlamaEnv,
+) -> None:
+    """A /v1/responses line runs as the chat request llama-server's route makes of it: at
+    temperature 0 the same text, as a `response` object, landed as a row."""
+    settings = Settings.from_env()
+    request = {
+        "instructions": "Answer in one short sentence.",
+        "input": "What color is the sky on a clear day?",
+        "max_output_tokens": 32,
+        "temperature": 0,
+    }
+    direct = httpx.post(f"{llama_env.base_url}/v1/responses", json=request, timeout=120)
+    direct.raise_for_status()
+    expected = Response.model_validate(direct.json()).output_text
+    with dg.instance_for_test() as instance:
+        body, _, row = _run(settings, instance, _line("r", _RESPONSES, **request), _RESPONSES)
+    assert body is not None
+    response = Response.model_validate(body)
+    assert expected.strip()
+    assert response.output_text == expected
+    assert response.usage is not None
+    assert response.usage.output_tokens > 0
+    assert row is not None
+    assert (row.prompt, row.input_id) == (request["input"], "r")
+    assert row.response == expected.strip()

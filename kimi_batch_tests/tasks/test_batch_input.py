@@ -273,3 +273,89 @@ def test_the_sampling_fields_reach_the_request_and_the_body_sent() -> None:
         extras=params.extras(),
     )
     assert {name: body[name] for name in fields} == {**fields, "stop": ["END"]}
+
+
+RESPONSES = "/v1/responses"
+
+
+def test_a_responses_line_runs_as_the_chat_request_llama_server_would_make_of_it() -> None:
+    conversation = [
+        {"role": "user", "content": [{"type": "input_text", "text": "Two?"}]},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "2"}]},
+        {"type": "message", "role": "user", "content": "Three?"},
+    ]
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    function = {"type": "function", "name": "count", "parameters": {"type": "object"}}
+    lines = [
+        _raw(
+            "plain",
+            {"input": "Hi.", "instructions": "Be terse.", "max_output_tokens": 9},
+            RESPONSES,
+        ),
+        _raw(
+            "turns",
+            {
+                "model": "m",
+                "input": conversation,
+                "temperature": 0,
+                "text": {"format": {"type": "json_schema", "name": "n", "schema": schema}},
+                "tools": [function],
+                "tool_choice": "required",
+                "store": False,
+            },
+            RESPONSES,
+        ),
+    ]
+    parsed = parse_batch_input(lines, endpoint=RESPONSES)
+    assert parsed.errors == []
+    plain, turns = parsed.lines
+    assert (plain.kind, plain.system, plain.prompt, plain.params.max_tokens) == (
+        "responses",
+        "Be terse.",
+        "Hi.",
+        9,
+    )
+    request = turns.request()
+    assert request.kind == "chat"  # the same request a chat line with these turns makes
+    assert [(m.role, m.content) for m in request.messages] == [
+        ("user", "Two?"),
+        ("assistant", "2"),
+        ("user", "Three?"),
+    ]
+    assert request.params.json_schema == schema
+    assert request.params.tools == [
+        {"type": "function", "function": {"name": "count", "parameters": {"type": "object"}}}
+    ]
+    assert (request.params.tool_choice, request.params.temperature) == ("required", 0.0)
+    chat = parse_batch_input(
+        [_raw("plain", {"messages": [{"role": "user", "content": "Three?"}]})], endpoint=URL
+    ).lines[0]
+    assert chat.request().messages[-1] == request.messages[-1]
+
+
+def test_a_responses_line_fails_naming_what_is_not_served() -> None:
+    lines = [
+        _raw("chained", {"input": "a", "previous_response_id": "resp_1"}, RESPONSES),
+        _raw("call", {"input": [{"type": "function_call_output", "call_id": "1"}]}, RESPONSES),
+        _raw("search", {"input": "a", "tools": [{"type": "web_search"}]}, RESPONSES),
+        _raw("reasoning", {"input": "a", "reasoning": {"effort": "low"}}, RESPONSES),
+        _raw("stop", {"input": "a", "stop": ["\n"]}, RESPONSES),
+        _raw("system", {"input": [{"role": "system", "content": "only"}]}, RESPONSES),
+        _raw("empty", {"input": []}, RESPONSES),
+        _raw(
+            "image", {"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, RESPONSES
+        ),
+    ]
+    parsed = parse_batch_input(lines, endpoint=RESPONSES)
+    assert [(e.code, e.param) for e in parsed.errors] == [
+        ("unsupported_field", "body.previous_response_id"),
+        ("unsupported_field", "body.input.0.type"),
+        ("unsupported_field", "body.tools.0.type"),
+        ("unsupported_field", "body.reasoning"),
+        ("unsupported_field", "body.stop"),
+        ("invalid_request", "body.input"),
+        ("invalid_request", "body.input"),
+        ("invalid_request", "body.input.0.content"),
+    ]
+    assert "no response is stored here" in parsed.errors[0].message
+    assert "function tools only" in parsed.errors[2].message

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
+from openai.types.responses import Response
 
 from kimi_batch.cli.export import export_partition
 from kimi_batch.llama import TokenLogprob, ToolCall, TopLogprob
@@ -199,3 +200,34 @@ def test_export_reads_utc_keeps_reasoning_and_logprobs_and_names_variants_alike(
     assert ok["custom_id"] == f"seed-0:paraphrase:{variants[0].request_id}"
     assert error["custom_id"] == f"seed-1:paraphrase:{variants[1].request_id}"
     assert error["error"] == {"code": "quarantined", "message": "cut off"}
+
+
+def test_a_responses_line_s_output_parses_as_the_sdks_response() -> None:
+    call = ToolCall.model_validate(
+        {"id": "call_2", "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}}
+    )
+    answered = make_result("It is", input_id="r1", finish_reason="length", tool_calls=[call])
+    answer = AnsweredRequest.from_result(answered, custom_id="r1")
+    body = json.loads(response_line(answer, kind="responses"))["response"]["body"]
+    response = Response.model_validate(body)
+    assert (response.object, response.status) == ("response", "incomplete")
+    assert response.incomplete_details is not None
+    assert response.incomplete_details.reason == "max_output_tokens"
+    assert response.output_text == "It is"
+    [message, made] = response.output
+    assert message.type == "message"
+    assert made.type == "function_call"
+    assert (made.call_id, made.name, made.arguments) == ("call_2", "get_weather", '{"city":"Oslo"}')
+    assert response.usage is not None
+    assert response.usage.input_tokens == answered.prompt_tokens
+    assert response.usage.output_tokens == answered.completion_tokens
+    finished = make_result("Done.", input_id="r2")
+    done = json.loads(
+        response_line(AnsweredRequest.from_result(finished, custom_id="r2"), kind="responses")
+    )
+    complete = Response.model_validate(done["response"]["body"])
+    assert (complete.status, complete.incomplete_details, complete.output_text) == (
+        "completed",
+        None,
+        "Done.",
+    )
