@@ -52,6 +52,7 @@ from kimi_batch.engine import (
     Ledger,
 )
 from kimi_batch.errors import KimiBatchError
+from kimi_batch.settings import Settings
 from kimi_batch.storage import Warehouse
 from kimi_batch.tasks.generation_task import GenerationTask, RowReader
 from kimi_batch.tasks.registry import register_stage
@@ -83,6 +84,11 @@ class GenerationResources:
     digest: DigestResource
     warehouse: WarehouseResource
     trino: TrinoResource
+
+    @property
+    def settings(self) -> Settings:
+        """The deployment's one `Settings`, which every resource holds."""
+        return self.llama.settings()
 
 
 @dataclass(frozen=True)

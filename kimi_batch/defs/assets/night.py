@@ -144,7 +144,7 @@ def _land_seeds(
 ) -> None:
     """Each partition's seeds landed from its newest input version, or kept (and published:
     a night that died before publishing them left them landed) when they are that version."""
-    settings = resources.llama.settings()
+    settings = resources.settings
     for key, held in list(night.going.items()):
         try:
             resolved = resolve_seeds_input(settings, *partition_parts_of(key))
