@@ -92,7 +92,7 @@ def _catch_up(
             ds, source = _parts(item.partition)
             tables = tables_of(item.asset)
             try:
-                # The lease key of the partition's runs (defs/assets/_generation.py).
+                # The lease key of the partition's runs (defs/assets/lease.py).
                 with (
                     Ledger(settings.paths.ledger_state) as ledger,
                     ledger.lease(f"{ds}|{source}", OWNER, wait_s=0.0),

@@ -23,7 +23,7 @@ import pytest
 from openai.types import Batch
 from openai.types.chat import ChatCompletion
 
-from kimi_batch.defs.assets._generation import LLAMA_POOL
+from kimi_batch.defs.assets.context import LLAMA_POOL
 from kimi_batch.settings import Settings
 from kimi_batch.storage import ApiStore, TrinoConfig, TrinoPublisher, Warehouse
 from kimi_batch_tests.support.api_server import serving_api

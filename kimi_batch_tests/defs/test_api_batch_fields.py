@@ -239,7 +239,14 @@ def test_a_responses_line_is_answered_as_the_servers_own_responses_route_answers
     }
     direct = httpx.post(f"{llama_env.base_url}/v1/responses", json=request, timeout=120)
     direct.raise_for_status()
-    expected = Response.model_validate(direct.json()).output_text
+    # Read as JSON: this build's own response object lacks fields the SDK's model requires.
+    expected = "".join(
+        part["text"]
+        for item in direct.json()["output"]
+        if item["type"] == "message"
+        for part in item["content"]
+        if part["type"] == "output_text"
+    )
     with dg.instance_for_test() as instance:
         body, _, row = _run(settings, instance, _line("r", _RESPONSES, **request), _RESPONSES)
     assert body is not None

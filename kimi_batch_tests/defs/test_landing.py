@@ -10,8 +10,8 @@ import dagster as dg
 import pytest
 
 from kimi_batch.defs.assets import landing as landing_module
-from kimi_batch.defs.assets._generation import HeldPartition
 from kimi_batch.defs.assets.landing import PublishBehind
+from kimi_batch.defs.assets.lease import HeldPartition
 from kimi_batch.defs.check_states import failed_checks, published_checks
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.engine import Ledger

@@ -15,8 +15,8 @@ import polars as pl
 import pytest
 
 from kimi_batch.definitions import build_definitions
-from kimi_batch.defs.assets import _generation
 from kimi_batch.defs.assets import landing as landing_module
+from kimi_batch.defs.assets import lease
 from kimi_batch.defs.assets import night as night_module
 from kimi_batch.defs.check_states import failed_checks, published_checks
 from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME, STOPPED_TAG, WINDOW_TAG
@@ -267,7 +267,7 @@ def test_a_partition_held_by_another_run_is_left_out_and_the_others_land(
     settings, defs = night
     _inbox(settings.paths.home, "contested.jsonl", ["What is a lease?"])
     _inbox(settings.paths.home, "free.jsonl", ["What is a ledger?"])
-    monkeypatch.setattr(_generation, "LEASE_WAIT_S", 1.0)
+    monkeypatch.setattr(lease, "LEASE_WAIT_S", 1.0)
     today = settings.today().isoformat()
     with dg.instance_for_test() as instance:
         request = _tick(instance, defs, settings)

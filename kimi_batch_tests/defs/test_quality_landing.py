@@ -14,8 +14,8 @@ import pytest
 
 from kimi_batch.cli.export import ExportQuery, ExportRequest, run_export
 from kimi_batch.cli.status import collect_status
-from kimi_batch.defs.assets._generation import HeldPartition
 from kimi_batch.defs.assets.landing import StagePlan, land_stage, record
+from kimi_batch.defs.assets.lease import HeldPartition
 from kimi_batch.defs.check_states import failed_checks
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource

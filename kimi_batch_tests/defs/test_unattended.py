@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from kimi_batch.definitions import batch_assets, build_resources
-from kimi_batch.defs.assets import _generation
+from kimi_batch.defs.assets import lease
 from kimi_batch.defs.jobs import RETRY_TAGS, STOPPED_TAG, WINDOW_TAG
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
 from kimi_batch.engine.ledger import Ledger
@@ -162,7 +162,7 @@ def test_a_partition_held_by_another_run_is_left_alone(
     llama_env: LlamaEnv, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _inbox(llama_env.home, "contested.jsonl", ["What is a lease?"])
-    monkeypatch.setattr(_generation, "LEASE_WAIT_S", 1.0)
+    monkeypatch.setattr(lease, "LEASE_WAIT_S", 1.0)
     with dg.instance_for_test() as instance:
         assert _run(instance, "contested", ["seed_prompts"]).success
         with (

@@ -16,13 +16,10 @@ from typing import NoReturn
 
 import dagster as dg
 
-from kimi_batch.defs.assets._generation import (
-    LLAMA_POOL,
-    HeldPartition,
-    check_specs,
-    partition_lease,
-)
+from kimi_batch.defs.assets.checks import check_specs
+from kimi_batch.defs.assets.context import LLAMA_POOL
 from kimi_batch.defs.assets.landing import StagePlan, land_stage
+from kimi_batch.defs.assets.lease import HeldPartition, partition_lease
 from kimi_batch.defs.interrupts import run_interruptibly
 from kimi_batch.defs.partitions import api_batch_partitions
 from kimi_batch.defs.resources.llama import LlamaServerResource

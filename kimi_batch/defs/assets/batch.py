@@ -10,16 +10,11 @@ from datetime import UTC, datetime
 import dagster as dg
 from pydantic import Field
 
-from kimi_batch.defs.assets._generation import (
-    LLAMA_POOL,
-    HeldPartition,
-    RunContext,
-    check_specs,
-    partition_lease,
-    publish,
-    stage_check_names,
-)
+from kimi_batch.defs.assets.checks import check_specs, stage_check_names
+from kimi_batch.defs.assets.context import LLAMA_POOL, RunContext
 from kimi_batch.defs.assets.landing import consumed_input_sha
+from kimi_batch.defs.assets.lease import HeldPartition, partition_lease
+from kimi_batch.defs.assets.publish import publish
 from kimi_batch.defs.assets.stage_asset import generation_asset
 from kimi_batch.defs.deployment import deployment_settings
 from kimi_batch.defs.interrupts import InterruptibleRunner, interruptible_runner

@@ -25,12 +25,8 @@ from typing import Any, TypeVar
 
 import dagster as dg
 
-from kimi_batch.defs.assets._generation import (
-    HeldPartition,
-    RunContext,
-    engine_session,
-    read_rows,
-)
+from kimi_batch.defs.assets.context import RunContext
+from kimi_batch.defs.assets.engine_session import engine_session
 from kimi_batch.defs.assets.landing import (
     Landing,
     StagePlan,
@@ -38,6 +34,7 @@ from kimi_batch.defs.assets.landing import (
     land_stage,
     partition_parts_of,
 )
+from kimi_batch.defs.assets.lease import HeldPartition
 from kimi_batch.defs.interrupts import run_interruptibly
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
@@ -119,7 +116,7 @@ def sample_scope(task: Task, ds: str, source: str) -> str:
 def plan_stage(task: Task, store: Warehouse, ds: str, source: str) -> StagePlan:
     """Read the partition's inputs of `task` and build its requests (each row its own sample)."""
     register_stage(type(task))
-    reader: RowReader = lambda table, model: read_rows(store, table, ds, source, model)  # noqa: E731
+    reader: RowReader = lambda table, model: store.read_rows(table, ds, source, model)  # noqa: E731
     inputs = task.load(reader)
     scope = sample_scope(task, ds, source)
     return StagePlan(

@@ -27,13 +27,10 @@ from typing import Any, Protocol, Self
 import dagster as dg
 import polars as pl
 
-from kimi_batch.defs.assets._generation import (
-    HeldPartition,
-    RunContext,
-    generation_checks,
-    publish,
-    publish_tables,
-)
+from kimi_batch.defs.assets.checks import generation_checks
+from kimi_batch.defs.assets.context import RunContext
+from kimi_batch.defs.assets.lease import HeldPartition
+from kimi_batch.defs.assets.publish import publish, publish_tables
 from kimi_batch.defs.assets.quality import quality_checks, screening
 from kimi_batch.defs.check_states import PUBLISHED_CHECK
 from kimi_batch.defs.metadata import generation_figures, summary_table

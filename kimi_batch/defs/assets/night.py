@@ -36,19 +36,13 @@ from typing import Any
 import dagster as dg
 from pydantic import Field, create_model
 
-from kimi_batch.defs.assets._generation import (
-    LLAMA_POOL,
-    HeldPartition,
-    mark_stopped_at_window,
-    partition_lease,
-    window_end,
-)
 from kimi_batch.defs.assets.batch import (
     SeedConfig,
     land_seed_partition,
     resolve_seeds_input,
     seeds_are_current,
 )
+from kimi_batch.defs.assets.context import LLAMA_POOL
 from kimi_batch.defs.assets.driver import (
     SKIPPED,
     GenerationResources,
@@ -57,6 +51,8 @@ from kimi_batch.defs.assets.driver import (
     run_partitions,
 )
 from kimi_batch.defs.assets.landing import PublishBehind, partition_parts_of
+from kimi_batch.defs.assets.lease import HeldPartition, partition_lease
+from kimi_batch.defs.assets.window import mark_stopped_at_window, window_end
 from kimi_batch.defs.jobs import (
     JOB_TAG,
     LLAMA_TAG,

@@ -16,7 +16,7 @@ from typing import Any
 
 import dagster as dg
 
-from kimi_batch.defs.assets._generation import HeldPartition
+from kimi_batch.defs.assets.lease import HeldPartition
 from kimi_batch.defs.check_states import CONTAMINATION_CHECK, DUPLICATE_CHECK
 from kimi_batch.storage import PartitionGate, QualityGate, Warehouse
 from kimi_batch.tasks.generation_task import GenerationTask

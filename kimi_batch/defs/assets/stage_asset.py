@@ -15,22 +15,18 @@ from typing import Any
 
 import dagster as dg
 
-from kimi_batch.defs.assets._generation import (
-    BATCH_GROUP,
-    CHECK_NAMES,
-    LLAMA_POOL,
-    check_specs,
-    partition_lease,
-    stopped_at_window,
-)
+from kimi_batch.defs.assets.checks import CHECK_NAMES, check_specs
+from kimi_batch.defs.assets.context import LLAMA_POOL
 from kimi_batch.defs.assets.driver import GenerationResources, PipelineStage, run_partitions
 from kimi_batch.defs.assets.landing import PublishNow
+from kimi_batch.defs.assets.lease import partition_lease
+from kimi_batch.defs.assets.window import stopped_at_window
 from kimi_batch.defs.partitions import partition_parts
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
-from kimi_batch.defs.stages import StageConfig
+from kimi_batch.defs.stages import BATCH_GROUP, StageConfig
 from kimi_batch.tasks.generation_task import GenerationTask
 from kimi_batch.tasks.registry import register_stage
 

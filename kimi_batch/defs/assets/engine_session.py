@@ -1,0 +1,51 @@
+"""One engine run of a step: the digest prepared on the server, under the run's window."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from kimi_batch.defs.assets.context import RunContext
+from kimi_batch.defs.assets.window import window_end
+from kimi_batch.defs.resources.digest import DigestResource
+from kimi_batch.defs.resources.llama import LlamaServerResource
+from kimi_batch.engine import BatchEngine, BatchRun, Ledger, ProgressEvent, notify
+
+__all__ = ["engine_session"]
+
+
+def _progress_reporter(context: RunContext, label: str) -> Callable[[ProgressEvent], None]:
+    """The run log gets the periodic line; in-process listeners (a terminal bar) the event."""
+
+    def report(event: ProgressEvent) -> None:
+        context.log.info(str(event))
+        notify(event.model_copy(update={"label": label}))
+
+    return report
+
+
+@asynccontextmanager
+async def engine_session(
+    context: RunContext,
+    llama: LlamaServerResource,
+    digest: DigestResource,
+    ledger: Ledger,
+    *,
+    label: str,
+) -> AsyncIterator[BatchRun]:
+    """One engine run under the run's window, open while the block adds requests to it (a
+    batch's outcome says whether the window cut it short); progress is logged as `label`."""
+    loaded = digest.load()
+    prepared = await llama.prepare(loaded)
+    engine = BatchEngine(
+        prepared.endpoints,
+        loaded,
+        ledger,
+        digest_tokens=prepared.digest_tokens,
+        on_progress=_progress_reporter(context, label),
+        on_unreachable=llama.respawn_if_down,
+        on_hung=llama.restart_hung,
+        speed_store=llama.speed_store(),
+    )
+    async with engine.session(stop_at=window_end(context)) as run:
+        yield run

@@ -1,0 +1,58 @@
+"""The partition's lease: one run at a time generates and writes a partition's tables."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import dagster as dg
+
+from kimi_batch.defs.assets.context import RunContext
+from kimi_batch.defs.resources.warehouse import WarehouseResource
+from kimi_batch.engine import Lease, LeaseHeldError, LeaseLostError, Ledger
+
+__all__ = ["LEASE_TTL_S", "LEASE_WAIT_S", "HeldPartition", "partition_lease"]
+
+# A lease lives this long without its holder's heartbeat: a killed run frees its partition then.
+LEASE_TTL_S = 60.0
+# A second run on the same partition waits this long, longer than a dead holder's lease can last,
+# then leaves a live holder the partition (it writes every row; a second run would only repeat).
+LEASE_WAIT_S = LEASE_TTL_S + 30.0
+
+
+@dataclass(frozen=True)
+class HeldPartition:
+    """The ledger, and the lease this run holds on the partition: `check` before every write."""
+
+    ledger: Ledger
+    lease: Lease
+
+    def check(self) -> None:
+        """Raises LeaseLostError when another run has taken the partition over."""
+        self.lease.check()
+
+
+@contextmanager
+def partition_lease(
+    context: RunContext, warehouse: WarehouseResource, ds: str, source: str
+) -> Iterator[HeldPartition]:
+    """Hold the partition (generation and every write of its tables) for this run; a lease lost
+    on the way (this run stalled past its ttl) fails the step instead of writing."""
+    with warehouse.ledger() as ledger:
+        lease = ledger.lease(
+            f"{ds}|{source}", context.run.run_id, ttl_s=LEASE_TTL_S, wait_s=LEASE_WAIT_S
+        )
+        try:
+            held = lease.__enter__()
+        except LeaseHeldError as error:
+            raise dg.Failure(
+                f"partition {ds}|{source} is being written by another run ({error}); "
+                "this run leaves it alone"
+            ) from error
+        try:
+            yield HeldPartition(ledger=ledger, lease=held)
+        except LeaseLostError as error:
+            raise dg.Failure(str(error)) from error
+        finally:
+            lease.__exit__(None, None, None)
