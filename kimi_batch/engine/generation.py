@@ -1,6 +1,7 @@
 """What the engine is asked to generate and what it hands back.
 
-A request carries only the user side of the conversation: the system digest is prepended by
+A request carries only the user side of the conversation: the system digest (the engine's, or the
+request's own: a Batch API line's system prompt) is prepended by
 `kimi_batch.engine.prompt.assemble_messages`, the one place prompts are assembled, so no caller
 can put a byte in front of the cached prefix.
 
@@ -20,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kimi_batch.engine.digest import SystemDigest
 from kimi_batch.llama import ChatExtras, ChatMessage, TokenLogprob
 
 __all__ = [
@@ -129,6 +131,12 @@ class GenerationRequest(BaseModel):
         default="",
         description="Where the input row lives (a stage's partition, a Batch API batch): with "
         "`input_id` it names the sample of a request whose answer is not determined.",
+    )
+    digest: SystemDigest | None = Field(
+        default=None,
+        repr=False,
+        description="The request's own system digest (a Batch API line's system prompt), sent "
+        "in place of the engine's and keyed by its sha; None: the engine's digest.",
     )
 
     @property

@@ -1,6 +1,7 @@
-"""One `BatchEngine.run`: a worker per (endpoint, slot) pulls from the shared schedule, sends
-(`send`), recovers between attempts and restarts hung endpoints (`recover`), records each
-finished row in the ledger first (`record`), and reports progress (`progress`)."""
+"""One `BatchEngine.run`: a worker per (endpoint, slot) pulls from the shared schedule, brings
+the request's digest into its slot (`slot_digests`), sends (`send`), recovers between attempts
+and restarts hung endpoints (`recover`), records each finished row in the ledger first
+(`record`), and reports progress (`progress`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -17,6 +19,7 @@ from kimi_batch.engine.record import completion_result
 from kimi_batch.engine.recover import Recovery
 from kimi_batch.engine.schedule import PrefixSchedule
 from kimi_batch.engine.send import TRANSIENT, InFlight, send_once
+from kimi_batch.engine.slot_digests import SlotDigests
 from kimi_batch.engine.stats import StatsAccumulator
 from kimi_batch.engine.warm import SlotWarmer, WarmupReport
 from kimi_batch.engine.watchdog import EndpointWatch
@@ -55,13 +58,27 @@ class BatchRun:
         stop_at: datetime | None,
     ) -> None:
         self.engine = engine
-        # Requests sharing a long prefix (variants of one seed) run back to back on one slot.
+        # Requests of one digest together, and those sharing a long prefix after it (variants
+        # of one seed) back to back on one slot.
         self.schedule = PrefixSchedule(
-            pending, text=_prefix_text, work=_work, rank=lambda item: item.request.priority
+            pending,
+            text=_prefix_text,
+            work=_work,
+            rank=lambda item: item.request.priority,
+            kind=self._digest_sha,
         )
+        self.slot_digests = SlotDigests(
+            engine.digest,
+            shared=self.schedule.shared_kinds,
+            remaining=Counter(self._digest_sha(item) for item in pending),
+            tokens=engine.tokens_of,
+            prefill_timeout_s=lambda tokens: engine.speeds.deadline_s(tokens, 1),
+            max_saves=engine.policy.slot_saves_max,
+        )
+        self.own_digest_prefills = 0
         self.total = len(pending)
         self.stop_at = stop_at
-        self.accumulator = StatsAccumulator(engine.digest_tokens)
+        self.accumulator = StatsAccumulator()
         self.failures: dict[str, FailedRequest] = {}
         self.not_started = 0
         self.watches: dict[LlamaClient, EndpointWatch] = {}
@@ -88,6 +105,9 @@ class BatchRun:
     @property
     def max_in_flight(self) -> int:
         return self.flight.peak
+
+    def _digest_sha(self, item: PlannedRequest) -> str:
+        return self.engine.digest_of(item.request).sha256
 
     def _past_stop(self) -> bool:
         return self.stop_at is not None and datetime.now(UTC) >= self.stop_at
@@ -123,12 +143,15 @@ class BatchRun:
             # The watchdog runs from the start: a server frozen during the digest restore is as
             # hung as one frozen mid-answer.
             watchdog = asyncio.create_task(self.recovery.watch())
-            if warm and self.total and not self._past_stop():
+            for warmer, endpoint in zip(warmers, engine.endpoints, strict=True):
+                self.slot_digests.add_endpoint(endpoint, warmer)
+            if warm and self.slot_digests.remaining[engine.digest.sha256] and not self._past_stop():
                 for warmer, endpoint in zip(warmers, engine.endpoints, strict=True):
                     report = await self._warm_watched(warmer, endpoint.slots)
                     if report is not None:
                         warmups.append(report)
-                        self.watches[warmer.client].warm_slots.update(range(endpoint.slots))
+                        held = dict.fromkeys(range(endpoint.slots), engine.digest.sha256)
+                        self.watches[warmer.client].digests.update(held)
             workers = [
                 asyncio.create_task(self._worker(warmer, slot_id))
                 for warmer, endpoint in zip(warmers, engine.endpoints, strict=True)
@@ -141,6 +164,7 @@ class BatchRun:
                 # The rows are in the ledger: whatever ended the watchdog must not fail the batch.
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await watchdog
+            self.slot_digests.close()  # the batch's own saves go, however it ended
             for client in clients:
                 await client.aclose()
             engine.speeds.keep()  # the next step and the next run start from these
@@ -193,6 +217,7 @@ class BatchRun:
         lane = self.schedule.lane()
         while (item := lane.next()) is not None:
             await self._process(warmer, slot_id, item)
+            self.slot_digests.finished(self._digest_sha(item))
 
     async def _process(self, warmer: SlotWarmer, slot_id: int, item: PlannedRequest) -> None:
         """Send, recover between attempts, record: at most `policy.attempts` sends."""
@@ -202,16 +227,19 @@ class BatchRun:
             return
         watch = self.watches[warmer.client]
         attempts = self.engine.policy.attempts
+        digest = self.engine.digest_of(item.request)
+        own = digest.sha256 != self.engine.digest.sha256
         reason = ""
         for attempt in range(1, attempts + 1):
+            held = await self.slot_digests.bring(watch, slot_id, digest)
             sent = time.perf_counter()
             try:
                 completion = await send_once(
                     watch,
                     slot_id,
                     item,
-                    digest=self.engine.digest,
-                    deadline_s=self.engine.deadline_s(item, cold=slot_id not in watch.warm_slots),
+                    digest=digest,
+                    deadline_s=self.engine.deadline_s(item, cold=not held),
                     flight=self.flight,
                 )
             except LlamaRequestError as error:
@@ -222,13 +250,17 @@ class BatchRun:
                 reason = f"{type(error).__name__}: {error}"
                 logger.warning("request %s attempt %d failed: %s", item.request_id, attempt, reason)
                 if attempt < attempts:
-                    await self.recovery.before_retry(warmer, slot_id, error, attempt)
+                    await self.recovery.before_retry(
+                        warmer, slot_id, error, attempt, rewarm=not own
+                    )
                 continue
             except LlamaError as error:
                 self._fail(item, f"{type(error).__name__}: {error}", attempt)
                 return
             latency_ms = (time.perf_counter() - sent) * 1000
-            self._record(watch, slot_id, item, completion, latency_ms)
+            # A one-off digest its request prefills (not held, by design): no cache hit due.
+            prefilled_own = own and not held
+            self._record(watch, slot_id, item, completion, latency_ms, prefilled_own)
             return
         self._fail(item, reason, attempts)
 
@@ -239,26 +271,31 @@ class BatchRun:
         item: PlannedRequest,
         completion: ChatCompletion,
         latency_ms: float,
+        prefilled_own: bool,
     ) -> None:
         engine = self.engine
+        digest = engine.digest_of(item.request)
         result = completion_result(
             item,
             completion,
             model=engine.model,
-            digest_sha256=engine.digest.sha256,
+            digest_sha256=digest.sha256,
             endpoint=watch.base_url,
             slot_id=slot_id,
             latency_ms=latency_ms,
         )
         engine.ledger.put(result)  # first: a kill from here on loses nothing
-        self.accumulator.add(result)
+        tokens = engine.tokens_of(digest.sha256)
+        self.accumulator.add(result, digest_tokens=0 if prefilled_own else tokens)
         engine.speeds.observe(result)
         self.completion_tokens += result.completion_tokens
-        if result.cached_tokens < engine.digest_tokens:
+        if prefilled_own:
+            self.own_digest_prefills += 1
+        elif result.cached_tokens < tokens:
             # This request paid a full digest prefill (an evicted or restarted slot). The
             # slot holds the digest again now; the count is what the bench reports.
             self._recorded_reprefills += 1
-        watch.warm_slots.add(slot_id)
+        watch.digests[slot_id] = digest.sha256
         watch.mark_progress()  # an answer is progress, whatever the probes say
         self._report_progress()
 

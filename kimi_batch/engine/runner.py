@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 
 from kimi_batch.engine.budget import answer_cap
@@ -107,23 +107,59 @@ class BatchEngine:
         self.on_unreachable = on_unreachable
         self.on_hung = on_hung
         self.speeds = SpeedTracker(self.policy.deadline, store=speed_store, model=self.model)
-        # No budget a server cannot hold: its n_predict and its slot's context after the digest.
+        # Each digest's length in the server's tokens: the engine's, and requests' own ones
+        # once `count_digests` has seen them.
+        self._digest_tokens = {digest.sha256: digest_tokens}
+
+    def digest_of(self, request: GenerationRequest) -> SystemDigest:
+        """The digest a request starts with: its own, else the engine's."""
+        return request.digest or self.digest
+
+    def tokens_of(self, digest_sha256: str) -> int:
+        tokens = self._digest_tokens.get(digest_sha256)
+        if tokens is None:
+            raise ValueError("a request's own digest is not counted: await count_digests first")
+        return tokens
+
+    async def count_digests(self, requests: Sequence[GenerationRequest]) -> None:
+        """Count the tokens of the requests' own digests (the first server's tokenizer)."""
+        new = {
+            r.digest.sha256: r.digest
+            for r in requests
+            if r.digest is not None and r.digest.sha256 not in self._digest_tokens
+        }
+        if not new:
+            return
+        async with self.client_factory(self.endpoints[0]) as client:
+            for sha, digest in new.items():
+                text = digest.text
+                self._digest_tokens[sha] = len(await client.tokenize(text)) if text else 0
+
+    def answer_cap(self, digest_sha256: str) -> int | None:
+        """No budget a server cannot hold: its n_predict and its slot's context after the
+        digest; None when neither is known."""
+        tokens = self.tokens_of(digest_sha256)
         caps = [
-            answer_cap(n_predict=e.n_predict, slot_ctx=e.ctx, digest_tokens=digest_tokens)
+            answer_cap(n_predict=e.n_predict, slot_ctx=e.ctx, digest_tokens=tokens)
             for e in self.endpoints
         ]
-        self.n_predict_cap = min((c for c in caps if c is not None), default=None)
+        return min((c for c in caps if c is not None), default=None)
 
     def plan(self, requests: Sequence[GenerationRequest]) -> list[PlannedRequest]:
-        """Clamp max_tokens to what every server holds and compute each request's keys."""
+        """Clamp max_tokens to what every server holds and compute each request's keys (its
+        own digest's sha in the key; `count_digests` first when requests carry their own)."""
         planned: list[PlannedRequest] = []
+        caps: dict[str, int | None] = {}
         for request in requests:
-            params = request.params
-            if self.n_predict_cap is not None and params.max_tokens > self.n_predict_cap:
+            params, digest = request.params, self.digest_of(request)
+            if digest.sha256 not in caps:
+                caps[digest.sha256] = self.answer_cap(digest.sha256)
+            cap = caps[digest.sha256]
+            if cap is not None and params.max_tokens > cap:
                 # The server would stop at its own -n and report "length": say so up front.
-                params = params.model_copy(update={"max_tokens": self.n_predict_cap})
+                params = params.model_copy(update={"max_tokens": cap})
             content_key = request_key(
-                digest_sha256=self.digest.sha256,
+                digest_sha256=digest.sha256,
                 model=self.model,
                 params=params,
                 messages=list(request.messages),
@@ -146,7 +182,7 @@ class BatchEngine:
             list(item.request.messages), self.policy.deadline.chars_per_token
         )
         if cold:
-            prompt += self.digest_tokens
+            prompt += self.tokens_of(self.digest_of(item.request).sha256)
         return self.speeds.deadline_s(prompt, item.params.max_tokens)
 
     async def run(
@@ -155,13 +191,18 @@ class BatchEngine:
         *,
         warm: bool = True,
         stop_at: datetime | None = None,
+        on_planned: Callable[[Sequence[PlannedRow]], None] | None = None,
     ) -> BatchOutcome:
         """Generate what the ledger lacks. Past `stop_at` nothing new is sent, the requests in
-        flight finish, and the outcome counts the rest as `stats.not_started`."""
+        flight finish, and the outcome counts the rest as `stats.not_started`. `on_planned`
+        hears each request's keys before the first is sent."""
         if stop_at is not None and stop_at.tzinfo is None:
             raise ValueError("stop_at must be timezone-aware")
         started = time.perf_counter()
+        await self.count_digests(requests)
         planned = self.plan(requests)
+        if on_planned is not None:
+            on_planned([_planned_row(p) for p in planned])
         unique = distinct(planned)
         finished = self.ledger.finished_keys(p.content_key for p in unique)
         pending = [p for p in unique if p.content_key not in finished]
@@ -173,18 +214,6 @@ class BatchEngine:
         )
         run = BatchRun(self, pending, started, stop_at=stop_at)
         warmups = await run.execute(warm=warm)
-        # Failures are keyed by content; each input that asked for it gets its own entry.
-        failures = [
-            run.failures[p.content_key].model_copy(
-                update={
-                    "request_id": p.request_id,
-                    "input_id": p.request.input_id,
-                    "tag": p.request.tag,
-                }
-            )
-            for p in planned
-            if p.content_key in run.failures
-        ]
         stats = run.accumulator.summary(
             total=len(unique),
             from_ledger=len(finished),
@@ -195,22 +224,44 @@ class BatchEngine:
             hangs=sum(watch.hangs for watch in run.watches.values()),
             max_in_flight=run.max_in_flight,
             wall_s=time.perf_counter() - started,
+            digest_warmups=run.slot_digests.warmups,
+            digest_restores=run.slot_digests.restores,
+            own_digest_prefills=run.own_digest_prefills,
+            slot_saves_peak=run.slot_digests.saves_peak,
         )
         return BatchOutcome(
             model=self.model,
             digest_sha256=self.digest.sha256,
-            planned=[
-                PlannedRow(
-                    request_id=p.request_id,
-                    content_key=p.content_key,
-                    input_id=p.request.input_id,
-                    tag=p.request.tag,
-                    from_ledger=p.content_key in finished,
-                )
-                for p in planned
-            ],
-            failures=failures,
+            planned=[_planned_row(p, from_ledger=p.content_key in finished) for p in planned],
+            failures=_failures(planned, run.failures),
             stats=stats,
             warmups=warmups,
             stopped_at_window=run.not_started > 0,
         )
+
+
+def _planned_row(item: PlannedRequest, *, from_ledger: bool = False) -> PlannedRow:
+    return PlannedRow(
+        request_id=item.request_id,
+        content_key=item.content_key,
+        input_id=item.request.input_id,
+        tag=item.request.tag,
+        from_ledger=from_ledger,
+    )
+
+
+def _failures(
+    planned: Sequence[PlannedRequest], failed: Mapping[str, FailedRequest]
+) -> list[FailedRequest]:
+    """Failures are keyed by content; each input that asked for it gets its own entry."""
+    return [
+        failed[p.content_key].model_copy(
+            update={
+                "request_id": p.request_id,
+                "input_id": p.request.input_id,
+                "tag": p.request.tag,
+            }
+        )
+        for p in planned
+        if p.content_key in failed
+    ]

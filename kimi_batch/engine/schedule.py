@@ -2,14 +2,16 @@
 
 llama-server reuses a slot's KV for the longest common prefix of the previous prompt and the next
 one, so the k variants of one seed cost one seed prefill when they follow each other on the same
-slot, and k prefills when they are dealt round-robin over the slots. The engine's workers (one
-per endpoint slot) each hold a *lane*: a lane runs one group to the end, then takes the group
-of the lowest rank (a night's oldest partition first; a group never spans two ranks) with the
-most remaining work
-(longest-processing-time first, so no slot is left with the tail of a big group while the
-others idle), and when no group is left it steals the back half of the
-largest group another lane still holds. Everything here is pure and single-threaded (asyncio
-workers never interleave inside a call).
+slot, and k prefills when they are dealt round-robin over the slots. Requests are grouped by
+their *kind* first (the system digest they start with: a group never mixes two), then by shared
+prefix. The engine's workers (one per endpoint slot) each hold a *lane*: a lane runs one group to
+the end, then takes the next group of the lowest rank (a night's oldest partition first; a group
+never spans two ranks). Within a rank one kind's groups are queued together, so the slots run
+one digest at a time and each brings it in once; kinds and the groups inside one go by most
+remaining work (longest-processing-time first, so no slot is left with the tail of a big group
+while the others idle). When no group is left a lane steals the back half of the largest group
+another lane still holds. Everything here is pure and single-threaded (asyncio workers never
+interleave inside a call).
 """
 
 from __future__ import annotations
@@ -89,23 +91,34 @@ class PrefixSchedule(Generic[T]):
         text: Callable[[T], str],
         work: Callable[[T], int],
         rank: Callable[[T], int] = lambda _item: 0,
+        kind: Callable[[T], str] = lambda _item: "",
         min_shared_chars: int = DEFAULT_MIN_SHARED_CHARS,
     ) -> None:
         self.work = work
-        by_rank: dict[int, list[T]] = {}
+        by_rank: dict[int, dict[str, list[T]]] = {}
         for item in items:
-            by_rank.setdefault(rank(item), []).append(item)
+            by_rank.setdefault(rank(item), {}).setdefault(kind(item), []).append(item)
         groups: list[list[T]] = []
+        groups_of_kind: dict[str, int] = {}
         # A group never spans two ranks: a night's partitions stay in order even where their
         # prompts share a prefix (the same question asked in two partitions).
-        for _, ranked in sorted(by_rank.items()):
-            ranked_groups = group_by_prefix(ranked, text=text, min_shared_chars=min_shared_chars)
-            # Stable sort: groups of equal work (all singletons, say) keep their input order.
-            ranked_groups.sort(key=lambda group: -sum(work(item) for item in group))
-            groups += ranked_groups
+        for _, kinds in sorted(by_rank.items()):
+            blocks: list[list[list[T]]] = []
+            for name, kind_items in kinds.items():
+                block = group_by_prefix(kind_items, text=text, min_shared_chars=min_shared_chars)
+                # Stable sort: groups of equal work (all singletons, say) keep their input order.
+                block.sort(key=lambda group: -sum(work(item) for item in group))
+                blocks.append(block)
+                groups_of_kind[name] = groups_of_kind.get(name, 0) + len(block)
+            # The kind whose largest group is largest first: LPT across kinds as within one.
+            blocks.sort(key=lambda block: -sum(work(item) for item in block[0]))
+            groups += [group for block in blocks for group in block]
         self._groups: deque[deque[T]] = deque(deque(group) for group in groups)
         self._lanes: list[Lane[T]] = []
         self.total = len(items)
+        # Consecutive groups go to different lanes: a kind of several groups runs on several
+        # slots (worth bringing its digest in once and copying it), a kind of one group on one.
+        self.shared_kinds = frozenset(name for name, n in groups_of_kind.items() if n > 1)
 
     def lane(self) -> Lane[T]:
         lane = Lane(self)

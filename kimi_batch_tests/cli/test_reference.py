@@ -17,6 +17,7 @@ from kimi_batch.cli.reference import (
     stale_pages,
 )
 from kimi_batch.settings import Settings, variable_of
+from kimi_batch.settings.model import api_from_env
 from kimi_batch.settings.quality import quality_from_env
 
 
@@ -52,8 +53,10 @@ def test_every_setting_has_a_meaning() -> None:
 
 
 def test_every_variable_on_the_page_is_the_one_from_env_reads() -> None:
-    # The quality gates' variables are read by `quality_from_env`, which from_env calls.
-    source = inspect.getsource(Settings.from_env) + inspect.getsource(quality_from_env)
+    # The quality gates' and the Batch API's variables are read by `quality_from_env` and
+    # `api_from_env`, which from_env calls.
+    readers = (Settings.from_env, quality_from_env, api_from_env)
+    source = "".join(inspect.getsource(reader) for reader in readers)
     for name in Settings.model_fields:
         assert f'"{variable_of(name)}"' in source, f"{name}: from_env never reads its variable"
 
