@@ -9,12 +9,9 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from kimi_batch.definitions import build_resources
-from kimi_batch.defs.assets.api_batch import api_batch_responses
-from kimi_batch.defs.partitions import API_BATCH_PARTITIONS_NAME
 from kimi_batch.settings import Settings
 from kimi_batch.storage import ApiStore, BatchStatus
-from kimi_batch_tests.support.batches import landed_batch
+from kimi_batch_tests.support.batches import answered, landed_batch
 from kimi_batch_tests.support.llama_server import LlamaEnv
 
 pytestmark = pytest.mark.slow  # answers a batch on a real llama-server
@@ -37,14 +34,7 @@ def _answered(settings: Settings, instance: dg.DagsterInstance, data: bytes) -> 
     """Land and run a batch of `data`; the first choice of each output line, by custom_id."""
     batch = landed_batch(settings, data, filename="stop.jsonl")
     assert batch.request_total == 1, batch.errors
-    instance.add_dynamic_partitions(API_BATCH_PARTITIONS_NAME, [batch.id])
-    result = dg.materialize(
-        [api_batch_responses],
-        partition_key=batch.id,
-        resources=build_resources(settings),
-        instance=instance,
-    )
-    assert result.success
+    answered(settings, instance, batch)
     with ApiStore(settings.paths) as store:
         record = store.batch(batch.id)
         assert record is not None

@@ -3,6 +3,8 @@ reading a partition's rows, publishing, the generation checks."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -30,6 +32,7 @@ from kimi_batch.engine import (
     LeaseHeldError,
     LeaseLostError,
     Ledger,
+    PlannedRow,
     ProgressEvent,
     SystemDigest,
     notify,
@@ -41,6 +44,8 @@ from kimi_batch.tasks.sink import CheckFigures
 __all__ = [
     "BATCH_GROUP",
     "LLAMA_POOL",
+    "BatchCancelledError",
+    "BatchControls",
     "HeldPartition",
     "RunContext",
     "check_specs",
@@ -67,6 +72,35 @@ LEASE_TTL_S = 60.0
 # A second run on the same partition waits this long, longer than a dead holder's lease can last,
 # then leaves a live holder the partition (it writes every row; a second run would only repeat).
 LEASE_WAIT_S = LEASE_TTL_S + 30.0
+
+
+# How often a batch with a cancel poll (`BatchControls.cancelled`) asks it.
+CANCEL_POLL_S = 0.25
+
+
+@dataclass(frozen=True)
+class BatchControls:
+    """What a caller may add to an engine batch besides the run's nightly window (the Batch
+    API's run uses each).
+
+    `expires_at`: the work's own end: past it nothing new is sent, and what is done lands (it
+    is never resumed, unlike a night's partition). `cancelled`: polled while the batch runs;
+    True cancels the requests in flight (their connections close, so llama-server stops those
+    slots) and raises `BatchCancelledError`. `on_planned`: each request's keys, heard before
+    the first is sent.
+    """
+
+    expires_at: datetime | None = None
+    cancelled: Callable[[], bool] | None = None
+    on_planned: Callable[[Sequence[PlannedRow]], None] | None = None
+
+    def expired(self) -> bool:
+        return self.expires_at is not None and datetime.now(UTC) >= self.expires_at
+
+
+class BatchCancelledError(Exception):
+    """The caller's `BatchControls.cancelled` said so: the batch stopped, nothing landed (the
+    answers finished so far are in the ledger)."""
 
 
 @dataclass(frozen=True)
@@ -149,13 +183,17 @@ def generate(
     requests: Sequence[GenerationRequest],
     *,
     label: str,
+    controls: BatchControls | None = None,
 ) -> BatchOutcome:
-    """One engine batch of `requests` under the run's window (`outcome.stopped_at_window` says
-    whether it cut the batch short); progress is logged as `label`."""
+    """One engine batch of `requests` under the run's window and the `controls`
+    (`outcome.stopped_at_window` says whether either cut the batch short); progress is logged
+    as `label`."""
     loaded = digest.load()
-    stop_at = window_end(context)
+    controls = controls or BatchControls()
+    ends = [end for end in (window_end(context), controls.expires_at) if end is not None]
+    stop_at = min(ends, default=None)
     outcome = run_interruptibly(
-        _generate(context, llama, loaded, ledger, requests, stop_at, label=label)
+        _generate(context, llama, loaded, ledger, requests, stop_at, label=label, controls=controls)
     )
     stats = outcome.stats
     context.log.info(
@@ -184,6 +222,7 @@ async def _generate(
     stop_at: datetime | None,
     *,
     label: str,
+    controls: BatchControls,
 ) -> BatchOutcome:
     """One event loop and one server session per batch: prepare, then generate."""
     prepared = await llama.prepare(loaded)
@@ -192,12 +231,32 @@ async def _generate(
         loaded,
         ledger,
         digest_tokens=prepared.digest_tokens,
+        policy=llama.engine_policy(),
         on_progress=_progress_reporter(context, label),
         on_unreachable=llama.respawn_if_down,
         on_hung=llama.restart_hung,
         speed_store=llama.speed_store(),
     )
-    return await engine.run(requests, stop_at=stop_at)
+    run = engine.run(requests, stop_at=stop_at, on_planned=controls.on_planned)
+    if controls.cancelled is None:
+        return await run
+    return await _unless_cancelled(asyncio.create_task(run), controls.cancelled)
+
+
+async def _unless_cancelled(
+    task: asyncio.Task[BatchOutcome], cancelled: Callable[[], bool]
+) -> BatchOutcome:
+    """The batch's outcome; `BatchCancelledError` once `cancelled()` says so (its requests
+    cancelled first)."""
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=CANCEL_POLL_S)
+        if done:
+            return task.result()
+        if cancelled():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise BatchCancelledError("the batch was cancelled")
 
 
 def read_rows(

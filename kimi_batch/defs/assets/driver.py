@@ -13,12 +13,14 @@ with the night's partitions, once per stage.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import dagster as dg
 
 from kimi_batch.defs.assets._generation import (
+    BatchCancelledError,
+    BatchControls,
     HeldPartition,
     RunContext,
     generate,
@@ -49,6 +51,8 @@ from kimi_batch.tasks.stages import register_stage
 
 __all__ = [
     "SKIPPED",
+    "BatchCancelledError",
+    "BatchControls",
     "GenerationResources",
     "PartitionResult",
     "asked_again",
@@ -75,13 +79,14 @@ class GenerationResources:
 
 @dataclass(frozen=True)
 class PartitionResult:
-    """What became of one partition: landed (`materialized`), `stopped` at the nightly window
-    (its share of the batch), or `failed` (why)."""
+    """What became of one partition: landed (`materialized`, with its share of the batch as
+    `outcome`), `stopped` at the nightly window (its share of the batch), or `failed` (why)."""
 
     key: str
     materialized: dg.MaterializeResult | None = None
     stopped: BatchOutcome | None = None
     failed: BaseException | None = None
+    outcome: BatchOutcome | None = None
 
 
 class _WindowEndedError(Exception):
@@ -129,21 +134,31 @@ def run_partitions(
     ledger: Ledger,
     resources: GenerationResources,
     landing: Landing,
+    planner: Callable[[str], StagePlan] | None = None,
+    controls: BatchControls | None = None,
 ) -> dict[str, PartitionResult]:
     """`task` over every held partition (key → lease) in one engine batch, each then landed;
-    every partition's result, in `partitions`' order (see the module docstring)."""
+    every partition's result, in `partitions`' order (see the module docstring).
+
+    `planner` makes a partition's plan (default: `plan_stage`, its inputs read from the
+    warehouse); `controls` adds a stop time, a cancel poll and a hook on the planned keys to
+    the batch (a cancel raises `BatchCancelledError`, nothing landed)."""
     store = resources.warehouse.warehouse()
     plans: dict[str, StagePlan] = {}
     results: dict[str, PartitionResult] = {}
     for key in partitions:
         try:
-            plans[key] = plan_stage(task, store, *partition_parts_of(key))
+            plans[key] = (
+                planner(key) if planner else plan_stage(task, store, *partition_parts_of(key))
+            )
         except SKIPPED as error:
             results[key] = PartitionResult(key, failed=error)
     label = f"{asset.to_user_string()} " + (
         next(iter(plans)) if len(plans) == 1 else f"({len(plans)} partitions)"
     )
-    run = _StageRun(context, asset, ledger, resources, store, landing, label)
+    run = _StageRun(
+        context, asset, ledger, resources, store, landing, label, controls or BatchControls()
+    )
     shares = run.one_batch(plans) if plans else {}
     for key, share in shares.items():
         results[key] = run.land(key, plans[key], partitions[key], share)
@@ -161,10 +176,17 @@ class _StageRun:
     store: Warehouse
     landing: Landing
     label: str
+    controls: BatchControls
 
-    def generate(self, requests: Sequence[GenerationRequest]) -> BatchOutcome:
+    def generate(
+        self, requests: Sequence[GenerationRequest], *, asked_again: bool = False
+    ) -> BatchOutcome:
         llama, digest = self.resources.llama, self.resources.digest
-        return generate(self.context, llama, digest, self.ledger, requests, label=self.label)
+        # The planned keys are the partitions' requests; those asked again only replace answers.
+        controls = replace(self.controls, on_planned=None) if asked_again else self.controls
+        return generate(
+            self.context, llama, digest, self.ledger, requests, label=self.label, controls=controls
+        )
 
     def one_batch(self, plans: Mapping[str, StagePlan]) -> dict[str, BatchOutcome]:
         """The plans' requests as one batch, the oldest partition first; each one's share."""
@@ -184,7 +206,7 @@ class _StageRun:
         return shares
 
     def rerun(self, again: list[GenerationRequest]) -> BatchOutcome:
-        outcome = self.generate(again)
+        outcome = self.generate(again, asked_again=True)
         if outcome.stopped_at_window:
             raise _WindowEndedError(outcome)
         return outcome
@@ -192,8 +214,9 @@ class _StageRun:
     def land(
         self, key: str, plan: StagePlan, held: HeldPartition, share: BatchOutcome
     ) -> PartitionResult:
-        """One partition's share of the batch written, then handed to the landing."""
-        if share.stopped_at_window:
+        """One partition's share of the batch written, then handed to the landing; one the
+        window stopped waits for the next night, one past its own end lands what it has."""
+        if share.stopped_at_window and not self.controls.expired():
             return PartitionResult(key, stopped=share)
         results = share.iter_results(self.ledger)
         if plan.task.asks_again:
@@ -216,7 +239,7 @@ class _StageRun:
             return PartitionResult(key, stopped=ended.outcome)
         except SKIPPED as error:
             return PartitionResult(key, failed=error)
-        return PartitionResult(key, materialized=landed)
+        return PartitionResult(key, materialized=landed, outcome=share)
 
 
 def asked_again(
