@@ -1,10 +1,12 @@
-"""What the batch assets share: the partition's lease, an engine run under the nightly window,
-reading a partition's rows, publishing, the generation checks."""
+"""What the batch assets share: the partition's lease, an engine run under the nightly window
+(and a batch's own end and cancel), reading a partition's rows, publishing, the generation checks."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import warnings
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -30,6 +32,7 @@ from kimi_batch.engine import (
     LeaseHeldError,
     LeaseLostError,
     Ledger,
+    PlannedRow,
     ProgressEvent,
     notify,
 )
@@ -41,6 +44,8 @@ __all__ = [
     "BATCH_GROUP",
     "CHECK_NAMES",
     "LLAMA_POOL",
+    "BatchCancelledError",
+    "BatchControls",
     "HeldPartition",
     "RunContext",
     "check_specs",
@@ -52,10 +57,12 @@ __all__ = [
     "read_rows",
     "stage_check_names",
     "stopped_at_window",
+    "unless_cancelled",
     "window_end",
 ]
 
 RowT = TypeVar("RowT", bound=BaseModel)
+T = TypeVar("T")
 # An asset's step (one partition) or the nightly op's (many): what the helpers below read of it.
 RunContext = dg.AssetExecutionContext | dg.OpExecutionContext
 
@@ -68,6 +75,35 @@ LEASE_TTL_S = 60.0
 # A second run on the same partition waits this long, longer than a dead holder's lease can last,
 # then leaves a live holder the partition (it writes every row; a second run would only repeat).
 LEASE_WAIT_S = LEASE_TTL_S + 30.0
+
+
+# How often a batch with a cancel poll (`BatchControls.cancelled`) asks it.
+CANCEL_POLL_S = 0.25
+
+
+@dataclass(frozen=True)
+class BatchControls:
+    """What a caller may add to an engine batch besides the run's nightly window (the Batch
+    API's run uses each).
+
+    `expires_at`: the work's own end: past it nothing new is sent, and what is done lands (it
+    is never resumed, unlike a night's partition). `cancelled`: polled while the batch runs;
+    True cancels the requests in flight (their connections close, so llama-server stops those
+    slots) and raises `BatchCancelledError`. `on_planned`: each request's keys, heard before
+    the first is sent.
+    """
+
+    expires_at: datetime | None = None
+    cancelled: Callable[[], bool] | None = None
+    on_planned: Callable[[Sequence[PlannedRow]], None] | None = None
+
+    def expired(self) -> bool:
+        return self.expires_at is not None and datetime.now(UTC) >= self.expires_at
+
+
+class BatchCancelledError(Exception):
+    """The caller's `BatchControls.cancelled` said so: the batch stopped, nothing landed (the
+    answers finished so far are in the ledger)."""
 
 
 @dataclass(frozen=True)
@@ -160,9 +196,11 @@ async def engine_session(
     ledger: Ledger,
     *,
     label: str,
+    expires_at: datetime | None = None,
 ) -> AsyncIterator[BatchRun]:
-    """One engine run under the run's window, open while the block adds requests to it (a
-    batch's outcome says whether the window cut it short); progress is logged as `label`."""
+    """One engine run under the run's window and the work's own end (`expires_at`, whichever
+    comes first), open while the block adds requests to it (a batch's outcome says whether
+    either cut it short); progress is logged as `label`."""
     loaded = digest.load()
     prepared = await llama.prepare(loaded)
     engine = BatchEngine(
@@ -170,13 +208,30 @@ async def engine_session(
         loaded,
         ledger,
         digest_tokens=prepared.digest_tokens,
+        policy=llama.engine_policy(),
         on_progress=_progress_reporter(context, label),
         on_unreachable=llama.respawn_if_down,
         on_hung=llama.restart_hung,
         speed_store=llama.speed_store(),
     )
-    async with engine.session(stop_at=window_end(context)) as run:
+    ends = [end for end in (window_end(context), expires_at) if end is not None]
+    async with engine.session(stop_at=min(ends, default=None)) as run:
         yield run
+
+
+async def unless_cancelled(work: Coroutine[Any, Any, T], cancelled: Callable[[], bool]) -> T:
+    """`work`'s result; `BatchCancelledError` once `cancelled()` says so (polled every
+    CANCEL_POLL_S; `work` is cancelled first: its requests in flight with it)."""
+    task = asyncio.create_task(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=CANCEL_POLL_S)
+        if done:
+            return task.result()
+        if cancelled():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise BatchCancelledError("the batch was cancelled")
 
 
 def read_rows(
