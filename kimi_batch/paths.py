@@ -4,7 +4,8 @@
       server/            pid, spec, log and exit record of the resident llama-server;
                          speeds.json: the prompt/decode speeds last measured, per model
       smoke/             log of the last `kimi-batch server smoke` (the end of `make setup`)
-      slots/             slot saves of the system digest (--slot-save-path)
+      slots/             slot saves of the system digest (--slot-save-path); a batch's own
+                         saves of shared system prompts (prompt-*), removed when it ends
       ledger/            ledger.sqlite3: finished requests and partition leases
       landed/            content-addressed snapshots of ingested inputs + manifest.sqlite3
       inbox/             where users drop input files (the sensor watches it)

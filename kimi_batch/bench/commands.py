@@ -78,6 +78,8 @@ def bench_command(args: argparse.Namespace, settings: Settings) -> int:
         night_rows=args.rows_per_partition or 4,
         night_output_tokens=args.night_output_tokens,
         night_pinning=args.pinning,
+        api_lines=args.api_lines,
+        api_output_tokens=args.api_output_tokens,
     )
     document = run_bench(settings, options)
     table = bench_table(document)
@@ -199,7 +201,17 @@ def add_perf_commands(commands: Any, *, json_help: str) -> None:
     )
     bench.add_argument(
         "--workload",
-        choices=["distill", "amplify", "both", "judge", "rewrite", "night", "rehearsal", "dedup"],
+        choices=[
+            "distill",
+            "amplify",
+            "both",
+            "judge",
+            "rewrite",
+            "night",
+            "rehearsal",
+            "dedup",
+            "api-prompts",
+        ],
         default="both",
         help="what to measure",
     )
@@ -228,6 +240,12 @@ def add_perf_commands(commands: Any, *, json_help: str) -> None:
         default="configured",
         help="night: the server's CPUs as KIMI_BATCH_LLAMA_CPUS says (configured), or the night "
         "twice, unpinned then pinned (both)",
+    )
+    bench.add_argument(
+        "--api-lines", type=int, default=500, help="api-prompts: lines, each its own prompt"
+    )
+    bench.add_argument(
+        "--api-output-tokens", type=int, default=8, help="api-prompts: the answer length"
     )
     bench.add_argument("--rehearsal-rows", type=int, default=10_000, help="rehearsal: all rows")
     bench.add_argument(

@@ -58,6 +58,12 @@ _FIGURES: dict[str, tuple[str, ...]] = {
         "plan_row_s", "measured_row_s", "runs", "night_overhead_s", "partition_overhead_s",
         "busy_fraction", "busy_fraction_at_target", "wall_s",
     ),
+    "api_prompts": (
+        "lines", "slots", "max_in_flight", "slot_occupancy", "busy_fraction",
+        "system_prompts", "prompt_warmups", "prompt_restores", "one_off_prompt_prefills",
+        "server_completions", "server_prompt_tokens", "slot_saves_peak", "slot_saves_left",
+        "slot_saves_max", "wall_s",
+    ),
 }  # fmt: skip
 
 
@@ -214,6 +220,9 @@ def _figures_chart(document: dict[str, Any], path: Path) -> Path:
     if rehearsal := document.get("rehearsal"):
         bars["rehearsal rows"] = rehearsal["rows_done_in_window"]
         bars["plan rows"] = rehearsal["plan_rows"]
+    if api := document.get("api_prompts"):
+        bars["api slots busy (mean)"] = api["slot_occupancy"] * api["slots"]
+        bars["api max in flight"] = api.get("max_in_flight", 0)
     night_panels = bool(night and night.get("cpu_s"))
     fig, axes = plt.subplots(1, 3 if night_panels else 1, figsize=(17 if night_panels else 6, 3.6))
     axis = axes[0] if night_panels else axes

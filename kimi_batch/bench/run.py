@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kimi_batch.bench.api_prompts import api_prompts_alone
 from kimi_batch.bench.children import signals_as_exit
 from kimi_batch.bench.contenders import (
     BenchTarget,
@@ -75,6 +76,8 @@ class BenchOptions(BaseModel):
         description="configured: KIMI_BATCH_LLAMA_CPUS as set (unset: unpinned); both: the "
         "night unpinned, then pinned (that set, else every CPU but the first), back to back.",
     )
+    api_lines: int = Field(default=500, ge=1, description="api-prompts: lines, each its prompt.")
+    api_output_tokens: int = Field(default=8, ge=1, description="api-prompts: answer length.")
     rehearsal: RehearsalOptions = Field(default_factory=RehearsalOptions)
     spec_type: str | None = Field(
         default=None, description="--spec-type of the rewrite run; default KIMI_BATCH_LLAMA_SPEC."
@@ -243,6 +246,11 @@ def _run_bench(settings: Settings, options: BenchOptions) -> dict[str, Any]:
         section = run_rehearsal(settings, options.rehearsal, settings.paths.bench_dir)
         config = {"wall_s": round(time.perf_counter() - started, 1), "cpus": os.cpu_count()}
         return {"rehearsal": section, "config": config}
+    if options.workloads == ("api-prompts",):  # one Batch API batch, on a server of its own
+        section = api_prompts_alone(
+            bench_settings(settings), lines=options.api_lines, max_tokens=options.api_output_tokens
+        )
+        return {"api_prompts": section, "config": {"cpus": os.cpu_count()}}
     # The night's runs take the assets' default configs, so a request's max_tokens is not the
     # server's --n-predict (llama-server lets max_tokens exceed it): the distillation's budget is
     # the night's n_predict (the runs' KIMI_BATCH_LLAMA_N_PREDICT), amplification keeps its 128,

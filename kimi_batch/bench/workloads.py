@@ -33,7 +33,9 @@ __all__ = [
     "write_inbox_file",
 ]
 
-WorkloadName = Literal["distill", "amplify", "judge", "rewrite", "night", "rehearsal"]
+WorkloadName = Literal[
+    "distill", "amplify", "judge", "rewrite", "night", "rehearsal", "api-prompts"
+]
 
 # (function, what it does): 24 specs, one answer each.
 FUNCTION_SPECS: tuple[tuple[str, str], ...] = (

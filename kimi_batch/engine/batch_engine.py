@@ -5,7 +5,8 @@ outcome; a `batch_run.BatchRun` does the work. `BatchEngine.session` keeps a run
 caller adds requests (a night's stages, partition by partition); `BatchEngine.run` is one batch. One worker per (endpoint, slot) pulls from a shared
 schedule (`schedule.py`: requests sharing a long prefix back to back on one slot), so the server
 never has more requests in flight than slots and faster endpoints simply take more work. Each worker pins its requests to
-its own slot, which holds the digest; a finished row goes to the ledger before anything else
+its own slot, which holds the digest (the engine's, or a request's own, a Batch API line's system
+prompt: `slot_digests.py`; `count_digests` sizes those before they are planned); a finished row goes to the ledger before anything else
 happens, so a kill at any point loses at most the requests in flight and never duplicates one.
 
 The engine is the one retry layer: a request is sent once per attempt (the client never retries
@@ -93,23 +94,59 @@ class BatchEngine:
         self.on_unreachable = on_unreachable
         self.on_hung = on_hung
         self.speeds = SpeedTracker(self.policy.deadline, store=speed_store, model=self.model)
-        # No budget a server cannot hold: its n_predict and its slot's context after the digest.
+        # Each digest's length in the server's tokens: the engine's, and requests' own ones
+        # once `count_digests` has seen them.
+        self._digest_tokens = {digest.sha256: digest_tokens}
+
+    def digest_of(self, request: GenerationRequest) -> SystemDigest:
+        """The digest a request starts with: its own, else the engine's."""
+        return request.digest or self.digest
+
+    def tokens_of(self, digest_sha256: str) -> int:
+        tokens = self._digest_tokens.get(digest_sha256)
+        if tokens is None:
+            raise ValueError("a request's own digest is not counted: await count_digests first")
+        return tokens
+
+    async def count_digests(self, requests: Sequence[GenerationRequest]) -> None:
+        """Count the tokens of the requests' own digests (the first server's tokenizer)."""
+        new = {
+            r.digest.sha256: r.digest
+            for r in requests
+            if r.digest is not None and r.digest.sha256 not in self._digest_tokens
+        }
+        if not new:
+            return
+        async with self.client_factory(self.endpoints[0]) as client:
+            for sha, digest in new.items():
+                text = digest.text
+                self._digest_tokens[sha] = len(await client.tokenize(text)) if text else 0
+
+    def answer_cap(self, digest_sha256: str) -> int | None:
+        """No budget a server cannot hold: its n_predict and its slot's context after the
+        digest; None when neither is known."""
+        tokens = self.tokens_of(digest_sha256)
         caps = [
-            answer_cap(n_predict=e.n_predict, slot_ctx=e.ctx, digest_tokens=digest_tokens)
+            answer_cap(n_predict=e.n_predict, slot_ctx=e.ctx, digest_tokens=tokens)
             for e in self.endpoints
         ]
-        self.n_predict_cap = min((c for c in caps if c is not None), default=None)
+        return min((c for c in caps if c is not None), default=None)
 
     def plan(self, requests: Sequence[GenerationRequest]) -> list[PlannedRequest]:
-        """Clamp max_tokens to what every server holds and compute each request's keys."""
+        """Clamp max_tokens to what every server holds and compute each request's keys (its
+        own digest's sha in the key; `count_digests` first when requests carry their own)."""
         planned: list[PlannedRequest] = []
+        caps: dict[str, int | None] = {}
         for request in requests:
-            params = request.params
-            if self.n_predict_cap is not None and params.max_tokens > self.n_predict_cap:
+            params, digest = request.params, self.digest_of(request)
+            if digest.sha256 not in caps:
+                caps[digest.sha256] = self.answer_cap(digest.sha256)
+            cap = caps[digest.sha256]
+            if cap is not None and params.max_tokens > cap:
                 # The server would stop at its own -n and report "length": say so up front.
-                params = params.model_copy(update={"max_tokens": self.n_predict_cap})
+                params = params.model_copy(update={"max_tokens": cap})
             content_key = request_key(
-                digest_sha256=self.digest.sha256,
+                digest_sha256=digest.sha256,
                 model=self.model,
                 params=params,
                 messages=list(request.messages),
@@ -133,7 +170,7 @@ class BatchEngine:
             list(item.request.messages), self.policy.deadline.chars_per_token
         )
         if cold:
-            prompt += self.digest_tokens
+            prompt += self.tokens_of(self.digest_of(item.request).sha256)
         return self.speeds.deadline_s(prompt, item.params.max_tokens)
 
     @asynccontextmanager
@@ -170,6 +207,7 @@ class BatchEngine:
         stop_at: datetime | None = None,
     ) -> BatchOutcome:
         """Generate what the ledger lacks: one run of `requests` alone (see `session`)."""
+        await self.count_digests(requests)
         async with self.session(warm=warm, stop_at=stop_at) as run:
             submission = run.add(requests)
         return submission.outcome()

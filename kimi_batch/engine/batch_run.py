@@ -1,6 +1,7 @@
-"""One run of the engine: a worker per (endpoint, slot) pulls from the shared schedule, sends
-(`send`), recovers between attempts and restarts hung endpoints (`recover`), records each
-finished row in the ledger first (`record`), and reports progress (`progress`).
+"""One run of the engine: a worker per (endpoint, slot) pulls from the shared schedule, brings
+the request's digest into its slot (`slot_digests`), sends (`send`), recovers between attempts
+and restarts hung endpoints (`recover`), records each finished row in the ledger first
+(`record`), and reports progress (`progress`).
 
 A run stays open while its caller adds requests (`BatchRun.add`, one `submission.Submission`
 each): a worker with nothing to take waits until more is added or the run is closed, so a
@@ -24,6 +25,7 @@ from kimi_batch.engine.record import completion_result
 from kimi_batch.engine.recover import Recovery
 from kimi_batch.engine.schedule import Lane, PrefixSchedule
 from kimi_batch.engine.send import TRANSIENT, InFlight, send_once
+from kimi_batch.engine.slot_digests import SlotDigests
 from kimi_batch.engine.stats import StatsAccumulator
 from kimi_batch.engine.submission import Joined, RunFigures, Settlements, Submission
 from kimi_batch.engine.warm import SlotWarmer, WarmupReport
@@ -57,10 +59,22 @@ class BatchRun:
 
     def __init__(self, engine: BatchEngine, started: float, *, stop_at: datetime | None) -> None:
         self.engine = engine
-        # Requests sharing a long prefix (variants of one seed) run back to back on one slot.
+        # Requests of one digest together, and those sharing a long prefix after it (variants
+        # of one seed) back to back on one slot.
         self.schedule: PrefixSchedule[PlannedRequest] = PrefixSchedule(
-            text=_prefix_text, work=_work, rank=lambda item: item.request.priority
+            text=_prefix_text,
+            work=_work,
+            rank=lambda item: item.request.priority,
+            kind=self._digest_sha,
         )
+        self.slot_digests = SlotDigests(
+            engine.digest,
+            shared=self.schedule.is_shared,
+            tokens=engine.tokens_of,
+            prefill_timeout_s=lambda tokens: engine.speeds.deadline_s(tokens, 1),
+            max_saves=engine.policy.slot_saves_max,
+        )
+        self.own_digest_prefills = 0
         self.total = 0
         self.stop_at = stop_at
         self.accumulator = StatsAccumulator(engine.digest_tokens)
@@ -96,6 +110,7 @@ class BatchRun:
         return self.flight.peak
 
     def figures(self) -> RunFigures:
+        digests = self.slot_digests
         return RunFigures(
             model=self.engine.model,
             digest_sha256=self.engine.digest.sha256,
@@ -103,7 +118,14 @@ class BatchRun:
             hangs=sum(watch.hangs for watch in self.watches.values()),
             max_in_flight=self.max_in_flight,
             warmups=self.warmups,
+            digest_warmups=digests.warmups,
+            digest_restores=digests.restores,
+            own_digest_prefills=self.own_digest_prefills,
+            slot_saves_peak=digests.saves_peak,
         )
+
+    def _digest_sha(self, item: PlannedRequest) -> str:
+        return self.engine.digest_of(item.request).sha256
 
     def _past_stop(self) -> bool:
         return self.stop_at is not None and datetime.now(UTC) >= self.stop_at
@@ -111,19 +133,14 @@ class BatchRun:
     def add(self, requests: Sequence[GenerationRequest]) -> Submission:
         """Queue what the ledger and this run lack of `requests` (by rank, among the queued);
         `await` the result for their outcome. A request already queued or in flight is not
-        sent again (it moves up to the lower rank), nor one done, failed or left unsent here."""
+        sent again (it moves up to the lower rank), nor one done, failed or left unsent here.
+        Requests with their own digest need `engine.count_digests(requests)` first."""
         if self._closed:
             raise RuntimeError("the run is closed: nothing more can be added")
         planned = self.engine.plan(requests)
         unique = distinct(planned)
         finished = self.engine.ledger.finished_keys(p.content_key for p in unique)
-        submission = Submission(
-            planned,
-            finished,
-            digest_tokens=self.engine.digest_tokens,
-            in_flight=self.flight.now,
-            figures=self.figures,
-        )
+        submission = Submission(planned, finished, in_flight=self.flight.now, figures=self.figures)
         fresh: list[PlannedRequest] = []
         for item in (p for p in unique if p.content_key not in finished):
             joined = self.settled.join(submission, item.content_key, past_stop=self._past_stop())
@@ -140,6 +157,7 @@ class BatchRun:
         for item in fresh:
             self._queued[item.content_key] = item
         self.schedule.add(fresh)
+        self.slot_digests.queued(self._digest_sha(item) for item in fresh)
         self.total += len(fresh)
         self.progress.total = self.total
         self.settled.track(submission)
@@ -214,9 +232,13 @@ class BatchRun:
             # The watchdog runs from the start: a server frozen during the digest restore is as
             # hung as one frozen mid-answer.
             watchdog = asyncio.create_task(self.recovery.watch())
+            for warmer, endpoint in zip(warmers, engine.endpoints, strict=True):
+                self.slot_digests.add_endpoint(endpoint, warmer)
             while not self.total and not self._closed:
                 await self._wake.wait()  # no warm-up for a run that sends nothing
-            if warm and self.total and not self._past_stop():
+            # The engine's digest into every slot when its requests are queued (a Batch API
+            # batch whose lines each bring their own system prompt warms none).
+            if warm and self.slot_digests.remaining[engine.digest.sha256] and not self._past_stop():
                 await self._warm_all(warmers)
             workers = [
                 asyncio.create_task(self._worker(warmer, slot_id))
@@ -230,6 +252,7 @@ class BatchRun:
                 # The rows are in the ledger: whatever ended the watchdog must not fail the batch.
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await watchdog
+            self.slot_digests.close()  # the batch's own saves go, however it ended
             for client in clients:
                 await client.aclose()
             engine.speeds.keep()  # the next step and the next run start from these
@@ -240,7 +263,8 @@ class BatchRun:
             report = await self._warm_watched(warmer, endpoint.slots)
             if report is not None:
                 self.warmups.append(report)
-                self.watches[warmer.client].warm_slots.update(range(endpoint.slots))
+                held = dict.fromkeys(range(endpoint.slots), self.engine.digest.sha256)
+                self.watches[warmer.client].digests.update(held)
 
     async def _warm_watched(self, warmer: SlotWarmer, slots: int) -> WarmupReport | None:
         """The digest into every slot, watched like a request: a hung server is restarted and
@@ -288,6 +312,7 @@ class BatchRun:
         lane = self.schedule.lane()
         while (item := await self._next(lane)) is not None:
             await self._process(warmer, slot_id, item)
+            self.slot_digests.finished(self._digest_sha(item))
 
     async def _process(self, warmer: SlotWarmer, slot_id: int, item: PlannedRequest) -> None:
         """Send, recover between attempts, record: at most `policy.attempts` sends."""
@@ -297,16 +322,19 @@ class BatchRun:
             return
         watch = self.watches[warmer.client]
         attempts = self.engine.policy.attempts
+        digest = self.engine.digest_of(item.request)
+        own = digest.sha256 != self.engine.digest.sha256
         reason = ""
         for attempt in range(1, attempts + 1):
+            held = await self.slot_digests.bring(watch, slot_id, digest)
             sent = time.perf_counter()
             try:
                 completion = await send_once(
                     watch,
                     slot_id,
                     item,
-                    digest=self.engine.digest,
-                    deadline_s=self.engine.deadline_s(item, cold=slot_id not in watch.warm_slots),
+                    digest=digest,
+                    deadline_s=self.engine.deadline_s(item, cold=not held),
                     flight=self.flight,
                 )
             except LlamaRequestError as error:
@@ -317,13 +345,17 @@ class BatchRun:
                 reason = f"{type(error).__name__}: {error}"
                 logger.warning("request %s attempt %d failed: %s", item.request_id, attempt, reason)
                 if attempt < attempts:
-                    await self.recovery.before_retry(warmer, slot_id, error, attempt)
+                    await self.recovery.before_retry(
+                        warmer, slot_id, error, attempt, rewarm=not own
+                    )
                 continue
             except LlamaError as error:
                 self._fail(item, f"{type(error).__name__}: {error}", attempt)
                 return
             latency_ms = (time.perf_counter() - sent) * 1000
-            self._record(watch, slot_id, item, completion, latency_ms)
+            # A one-off digest its request prefills (not held, by design): no cache hit due.
+            prefilled_own = own and not held
+            self._record(watch, slot_id, item, completion, latency_ms, prefilled_own)
             return
         self._fail(item, reason, attempts)
 
@@ -334,28 +366,34 @@ class BatchRun:
         item: PlannedRequest,
         completion: ChatCompletion,
         latency_ms: float,
+        prefilled_own: bool,
     ) -> None:
         engine = self.engine
+        digest = engine.digest_of(item.request)
         result = completion_result(
             item,
             completion,
             model=engine.model,
-            digest_sha256=engine.digest.sha256,
+            digest_sha256=digest.sha256,
             endpoint=watch.base_url,
             slot_id=slot_id,
             latency_ms=latency_ms,
         )
         engine.ledger.put(result)  # first: a kill from here on loses nothing
-        self.accumulator.add(result)
+        tokens = engine.tokens_of(digest.sha256)
+        expected_hit = 0 if prefilled_own else tokens
+        self.accumulator.add(result, digest_tokens=expected_hit)
         engine.speeds.observe(result)
         self.completion_tokens += result.completion_tokens
-        if result.cached_tokens < engine.digest_tokens:
+        if prefilled_own:
+            self.own_digest_prefills += 1
+        elif result.cached_tokens < tokens:
             # This request paid a full digest prefill (an evicted or restarted slot). The
             # slot holds the digest again now; the count is what the bench reports.
             self._recorded_reprefills += 1
-        watch.warm_slots.add(slot_id)
+        watch.digests[slot_id] = digest.sha256
         watch.mark_progress()  # an answer is progress, whatever the probes say
-        self.settled.generated(result)
+        self.settled.generated(result, digest_tokens=expected_hit)
         self._report_progress()
 
     def _fail(self, item: PlannedRequest, reason: str, attempts: int) -> None:

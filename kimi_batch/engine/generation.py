@@ -1,6 +1,7 @@
 """What the engine is asked to generate and what it hands back.
 
-A request carries only the user side of the conversation: the system digest is prepended by
+A request carries only the user side of the conversation: the system digest (the engine's, or the
+request's own: a Batch API line's system prompt) is prepended by
 `kimi_batch.engine.prompt.assemble_messages`, the one place prompts are assembled, so no caller
 can put a byte in front of the cached prefix. A `completion` request (a raw prompt, sent to
 `/v1/completions` with no chat template) is the exception: it is sent exactly as written, no
@@ -23,6 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from kimi_batch.engine.digest import SystemDigest
 from kimi_batch.llama import ChatExtras, ChatMessage, TokenLogprob, ToolCall
 
 __all__ = [
@@ -166,6 +168,13 @@ class GenerationRequest(BaseModel):
     def raw_prompt(self) -> str:
         """The text a completion request sends as it is."""
         return self.messages[0].content
+
+    digest: SystemDigest | None = Field(
+        default=None,
+        repr=False,
+        description="The request's own system digest (a Batch API line's system prompt), sent "
+        "in place of the engine's and keyed by its sha; None: the engine's digest.",
+    )
 
     @property
     def sample(self) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -15,6 +16,7 @@ from kimi_batch.engine.stats import BatchStats
 from kimi_batch.engine.warm import WarmupReport
 from kimi_batch.engine.watchdog import WatchdogPolicy
 from kimi_batch.llama import LlamaClient
+from kimi_batch.settings import DEFAULT_SLOT_SAVES_MAX
 
 __all__ = [
     "BatchOutcome",
@@ -44,6 +46,12 @@ class Endpoint(BaseModel):
         default=2048, ge=1, description="The server's --batch-size (sizes the watchdog's stall)."
     )
     api_key: str | None = Field(default=None, repr=False)
+    slot_save_dir: Path | None = Field(
+        default=None,
+        description="The server's --slot-save-path as this process sees it (the resident "
+        "server's): a batch's saves of request digests are removed from there. None: the "
+        "server gets none.",
+    )
 
 
 ClientFactory = Callable[[Endpoint], LlamaClient]
@@ -66,6 +74,12 @@ class EnginePolicy(BaseModel):
     )
     deadline: DeadlinePolicy = Field(default_factory=DeadlinePolicy)
     watchdog: WatchdogPolicy = Field(default_factory=WatchdogPolicy)
+    slot_saves_max: int = Field(
+        default=DEFAULT_SLOT_SAVES_MAX,
+        ge=0,
+        description="A batch's own slot-save files of request digests at once, per server "
+        "(the least recently used is removed first); 0: none, each slot prefills.",
+    )
 
     def delay(self, attempt: int) -> float:
         base = min(self.max_backoff_s, self.backoff_s * (2 ** (attempt - 1)))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -63,6 +64,7 @@ async def prepare(
     digest: SystemDigest,
     api_key: str | None = None,
     known_n_predict: int | None = None,
+    slot_save_dir: Path | None = None,
     timeout_s: float = PREPARE_TIMEOUT_S,
 ) -> Prepared:
     """Ask each server for its slots and limits; count the digest with the first one's tokenizer.
@@ -71,7 +73,8 @@ async def prepare(
     not report `--n-predict`): the `-n` of the server kimi_batch started, or the configured
     default budget for an attached one, so no request goes out with an unbounded budget (the
     engine also caps it at the slot's context). Each server has `timeout_s` to answer: a frozen
-    one accepts the connection and never does.
+    one accepts the connection and never does. `slot_save_dir` is the first server's
+    --slot-save-path where this process can see it (the resident server's).
     """
     endpoints: list[Endpoint] = []
     digest_tokens = 0
@@ -98,6 +101,7 @@ async def prepare(
                 ctx=props.n_ctx,
                 n_predict=n_predict,
                 api_key=api_key,
+                slot_save_dir=slot_save_dir if index == 0 else None,
             )
         )
     return Prepared(endpoints=endpoints, digest_tokens=digest_tokens)

@@ -56,9 +56,17 @@ class Recovery:
         await asyncio.sleep(self.policy.delay(attempt))
 
     async def before_retry(
-        self, warmer: SlotWarmer, slot_id: int, error: LlamaError, attempt: int
+        self,
+        warmer: SlotWarmer,
+        slot_id: int,
+        error: LlamaError,
+        attempt: int,
+        *,
+        rewarm: bool = True,
     ) -> None:
-        """Bring the endpoint and the slot back before the next attempt."""
+        """Bring the endpoint and the slot back before the next attempt; the slot gets the
+        engine's digest again unless the request has its own (`rewarm=False`: the next
+        attempt brings that one in)."""
         client = warmer.client
         if isinstance(error, EndpointHungError):
             # The watchdog restarts the server once for every request it held.
@@ -75,7 +83,10 @@ class Recovery:
             # Past its deadline with nothing else in flight to keep the watchdog looking.
             await self._restart_if_silent(self.watches[client])
         await asyncio.sleep(self.policy.delay(attempt))
-        await self._rewarm_quietly(warmer, slot_id)
+        if rewarm:
+            await self._rewarm_quietly(warmer, slot_id)
+        else:
+            self.watches[client].digests.pop(slot_id, None)  # not known after a failure
 
     async def _restart_if_silent(self, watch: EndpointWatch) -> None:
         """Restart an endpoint whose /health does not answer (frozen); one restart at a time."""
@@ -90,15 +101,15 @@ class Recovery:
             pass  # down or loading: the next attempt's own errors bring it back
 
     async def _rewarm_quietly(self, warmer: SlotWarmer, slot_id: int) -> None:
-        warm_slots = self.watches[warmer.client].warm_slots
+        digests = self.watches[warmer.client].digests
         try:
             if await warmer.rewarm(slot_id):
                 self.reprefills += 1
         except LlamaError as error:
-            warm_slots.discard(slot_id)  # the next send may prefill the digest: more time
+            digests.pop(slot_id, None)  # the next send may prefill the digest: more time
             logger.warning("could not re-warm slot %d: %s", slot_id, error)
         else:
-            warm_slots.add(slot_id)
+            digests[slot_id] = warmer.digest.sha256
 
     async def watch(self) -> None:
         """Probe every endpoint while requests are in flight; restart the ones that hang."""
@@ -117,7 +128,7 @@ class Recovery:
 
     async def _restart_hung(self, watch: EndpointWatch) -> None:
         watch.ready.clear()
-        watch.warm_slots.clear()  # a restarted server starts with empty slots
+        watch.digests.clear()  # a restarted server starts with empty slots
         watch.hangs += 1
         cancelled = watch.cancel_sends()
         logger.warning(

@@ -2,23 +2,25 @@
 
 llama-server reuses a slot's KV for the longest common prefix of the previous prompt and the next
 one, so the k variants of one seed cost one seed prefill when they follow each other on the same
-slot, and k prefills when they are dealt round-robin over the slots. The engine's workers (one
-per endpoint slot) each hold a *lane*: a lane runs one group to the end, then takes the group
-of the lowest rank (a night's oldest partition first; a group never spans two ranks) with the
-most remaining work
-(longest-processing-time first, so no slot is left with the tail of a big group while the
-others idle), and when no group is left it steals the back half of the
-largest group another lane still holds. Requests added later (`PrefixSchedule.add`: a night's
-next stage of a partition) join the queue by rank, and a lane whose backlog has a higher rank
-puts it back for them at its next request. Everything here is pure and single-threaded (asyncio
-workers never interleave inside a call).
+slot, and k prefills when they are dealt round-robin over the slots. Requests are grouped by
+their *kind* first (the system digest they start with: a group never mixes two), then by shared
+prefix. The engine's workers (one per endpoint slot) each hold a *lane*: a lane runs one group to
+the end, then takes the next group of the lowest rank (a night's oldest partition first; a group
+never spans two ranks). Within a rank one kind's groups are queued together, so the slots run
+one digest at a time and each brings it in once; kinds and the groups inside one go by most
+remaining work (longest-processing-time first, so no slot is left with the tail of a big group
+while the others idle). When no group is left a lane steals the back half of the largest group
+another lane still holds. Requests added later (`PrefixSchedule.add`: a night's next stage of a
+partition) join the queue by rank, and a lane whose backlog has a higher rank puts it back for
+them at its next request. Everything here is pure and single-threaded (asyncio workers never
+interleave inside a call).
 """
 
 from __future__ import annotations
 
 import bisect
 import os
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
@@ -101,33 +103,55 @@ class PrefixSchedule(Generic[T]):
         text: Callable[[T], str],
         work: Callable[[T], int],
         rank: Callable[[T], int] = lambda _item: 0,
+        kind: Callable[[T], str] = lambda _item: "",
         min_shared_chars: int = DEFAULT_MIN_SHARED_CHARS,
     ) -> None:
         self.text = text
         self.work = work
         self.rank = rank
+        self.kind = kind
         self.min_shared_chars = min_shared_chars
         # Queued groups in hand-out order, each with its rank (a group never spans two ranks).
         self._groups: list[tuple[int, deque[T]]] = []
         self._lanes: list[Lane[T]] = []
+        self._groups_of_kind: Counter[str] = Counter()
         self.total = 0
         self.add(items)
 
+    @property
+    def shared_kinds(self) -> frozenset[str]:
+        """The kinds of more than one group so far. Consecutive groups go to different lanes: a
+        kind of several groups runs on several slots (worth bringing its digest in once and
+        copying it), a kind of one group on one."""
+        return frozenset(name for name, n in self._groups_of_kind.items() if n > 1)
+
+    def is_shared(self, kind: str) -> bool:
+        """Whether `kind` is one of `shared_kinds`."""
+        return self._groups_of_kind[kind] > 1
+
     def add(self, items: Sequence[T]) -> None:
-        """Queue `items`: grouped by shared prefix within each rank, each rank's groups behind
-        the queued groups of a lower or equal rank and ahead of the higher ones."""
-        by_rank: dict[int, list[T]] = {}
+        """Queue `items`: grouped by kind, then by shared prefix, within each rank; each rank's
+        groups behind the queued groups of a lower or equal rank and ahead of the higher ones."""
+        by_rank: dict[int, dict[str, list[T]]] = {}
         for item in items:
-            by_rank.setdefault(self.rank(item), []).append(item)
+            by_rank.setdefault(self.rank(item), {}).setdefault(self.kind(item), []).append(item)
         # A group never spans two ranks: a night's partitions stay in order even where their
         # prompts share a prefix (the same question asked in two partitions).
-        for rank, ranked in sorted(by_rank.items()):
-            groups = group_by_prefix(ranked, text=self.text, min_shared_chars=self.min_shared_chars)
-            # Stable sort: groups of equal work (all singletons, say) keep their input order.
-            groups.sort(key=lambda group: -sum(self.work(item) for item in group))
+        for rank, kinds in sorted(by_rank.items()):
+            blocks = [self._kind_groups(name, kind_items) for name, kind_items in kinds.items()]
+            # The kind whose largest group is largest first: LPT across kinds as within one.
+            blocks.sort(key=lambda block: -sum(self.work(item) for item in block[0]))
             at = bisect.bisect_right(self._groups, rank, key=lambda queued: queued[0])
-            self._groups[at:at] = [(rank, deque(group)) for group in groups]
+            self._groups[at:at] = [(rank, deque(group)) for block in blocks for group in block]
         self.total += len(items)
+
+    def _kind_groups(self, name: str, items: list[T]) -> list[list[T]]:
+        """One kind's items of one rank by shared prefix, the most work first."""
+        groups = group_by_prefix(items, text=self.text, min_shared_chars=self.min_shared_chars)
+        # Stable sort: groups of equal work (all singletons, say) keep their input order.
+        groups.sort(key=lambda group: -sum(self.work(item) for item in group))
+        self._groups_of_kind[name] += len(groups)
+        return groups
 
     def withdraw(self, item: T) -> bool:
         """Take `item` out of the queued groups (not out of a lane); False when none holds it."""

@@ -82,6 +82,20 @@ class BatchStats(BaseModel):
     completion_tokens_per_s: float = Field(description="Generated tokens / wall time.")
     cache_hit_ratio: float = Field(description="min(cached / digest tokens) over the requests.")
     digest_reprefills: int = Field(description="Requests or re-warms that prefilled the digest.")
+    digest_warmups: int = Field(
+        default=0,
+        description="Request digests prefilled once by a warm-up and saved for the other slots.",
+    )
+    digest_restores: int = Field(
+        default=0, description="Saved digests restored into a slot during the batch."
+    )
+    own_digest_prefills: int = Field(
+        default=0,
+        description="Requests that prefilled their own digest, one no other slot ran (no save).",
+    )
+    slot_saves_peak: int = Field(
+        default=0, description="The most slot-save files of the batch's own at once."
+    )
     hangs: int = Field(default=0, description="Times an endpoint was declared hung and restarted.")
     max_in_flight: int
     in_flight_at_start: int = Field(
@@ -105,8 +119,8 @@ def _percentile(values: Sequence[float], q: float) -> float:
 class StatsAccumulator:
     """Running sums over the results generated in a run: nothing but numbers is kept."""
 
-    def __init__(self, digest_tokens: int) -> None:
-        self.digest_tokens = digest_tokens
+    def __init__(self, digest_tokens: int = 0) -> None:
+        self.digest_tokens = digest_tokens  # the engine's digest: `add`'s default
         self.generated = 0
         self.truncated = 0
         self.empty = 0
@@ -118,7 +132,11 @@ class StatsAccumulator:
         self.latencies: list[float] = []  # one float per row: 8 bytes, not a result
         self.min_cache_ratio = 1.0
 
-    def add(self, result: GenerationResult) -> None:
+    def add(self, result: GenerationResult, *, digest_tokens: int | None = None) -> None:
+        """Count `result`; its cache hit is `cached / digest_tokens` (default: the engine's
+        digest; 0: a digest it had to prefill by design, or none: no hit to expect)."""
+        if digest_tokens is None:
+            digest_tokens = self.digest_tokens
         self.generated += 1
         self.truncated += result.truncated
         self.empty += result.empty
@@ -128,8 +146,8 @@ class StatsAccumulator:
         self.completion_tokens += result.completion_tokens
         self.prompt_ms += result.prompt_ms
         self.latencies.append(result.latency_ms)
-        if self.digest_tokens:
-            ratio = min(result.cached_tokens / self.digest_tokens, 1.0)
+        if digest_tokens:
+            ratio = min(result.cached_tokens / digest_tokens, 1.0)
             self.min_cache_ratio = min(self.min_cache_ratio, ratio)
 
     def summary(
@@ -145,6 +163,10 @@ class StatsAccumulator:
         max_in_flight: int,
         wall_s: float,
         in_flight_at_start: int = 0,
+        digest_warmups: int = 0,
+        digest_restores: int = 0,
+        own_digest_prefills: int = 0,
+        slot_saves_peak: int = 0,
     ) -> BatchStats:
         latencies = sorted(self.latencies)
         seconds = self.prompt_ms / 1000
@@ -165,6 +187,10 @@ class StatsAccumulator:
             completion_tokens_per_s=self.completion_tokens / wall_s if wall_s > 0 else 0.0,
             cache_hit_ratio=self.min_cache_ratio,
             digest_reprefills=digest_reprefills,
+            digest_warmups=digest_warmups,
+            digest_restores=digest_restores,
+            own_digest_prefills=own_digest_prefills,
+            slot_saves_peak=slot_saves_peak,
             hangs=hangs,
             max_in_flight=max_in_flight,
             in_flight_at_start=in_flight_at_start,

@@ -42,6 +42,10 @@ class RunFigures(BaseModel):
     hangs: int
     max_in_flight: int
     warmups: list[WarmupReport]
+    digest_warmups: int = 0
+    digest_restores: int = 0
+    own_digest_prefills: int = 0
+    slot_saves_peak: int = 0
 
 
 class Submission:
@@ -52,7 +56,6 @@ class Submission:
         planned: list[PlannedRequest],
         finished: set[str],
         *,
-        digest_tokens: int,
         in_flight: int,
         figures: Callable[[], RunFigures],
     ) -> None:
@@ -61,7 +64,7 @@ class Submission:
         self.unique = distinct(planned)
         self.before = {p.content_key for p in self.unique} & finished
         self.in_flight_at_start = in_flight
-        self.accumulator = StatsAccumulator(digest_tokens)
+        self.accumulator = StatsAccumulator()
         self.failures: dict[str, FailedRequest] = {}
         self.not_started: set[str] = set()
         self.waiting: set[str] = set()
@@ -80,8 +83,9 @@ class Submission:
     def wait_for(self, key: str) -> None:
         self.waiting.add(key)
 
-    def generated(self, result: GenerationResult) -> None:
-        self.accumulator.add(result)
+    def generated(self, result: GenerationResult, *, digest_tokens: int) -> None:
+        """`result` is in the ledger; `digest_tokens`: the cache hit it was due (0: none)."""
+        self.accumulator.add(result, digest_tokens=digest_tokens)
         self._settle(result.request_id)  # a ledger result's id is its content key
 
     def failed(self, failure: FailedRequest) -> None:
@@ -110,6 +114,19 @@ class Submission:
         else:
             self._done.set_exception(error)
 
+    def planned_rows(self) -> list[PlannedRow]:
+        """Each request's keys, in request order (whether the ledger had it when added)."""
+        return [
+            PlannedRow(
+                request_id=p.request_id,
+                content_key=p.content_key,
+                input_id=p.request.input_id,
+                tag=p.request.tag,
+                from_ledger=p.content_key in self.before,
+            )
+            for p in self.planned
+        ]
+
     def outcome(self) -> BatchOutcome:
         """Rows, failures and figures of these requests as they stand."""
         figures = self._figures()
@@ -137,20 +154,15 @@ class Submission:
             max_in_flight=figures.max_in_flight,
             wall_s=(self._ended or time.perf_counter()) - self.started,
             in_flight_at_start=self.in_flight_at_start,
+            digest_warmups=figures.digest_warmups,
+            digest_restores=figures.digest_restores,
+            own_digest_prefills=figures.own_digest_prefills,
+            slot_saves_peak=figures.slot_saves_peak,
         )
         return BatchOutcome(
             model=figures.model,
             digest_sha256=figures.digest_sha256,
-            planned=[
-                PlannedRow(
-                    request_id=p.request_id,
-                    content_key=p.content_key,
-                    input_id=p.request.input_id,
-                    tag=p.request.tag,
-                    from_ledger=p.content_key in self.before,
-                )
-                for p in planned
-            ],
+            planned=self.planned_rows(),
             failures=failures,
             stats=stats,
             warmups=figures.warmups,
@@ -194,9 +206,9 @@ class Settlements:
             return Joined.SETTLED
         return Joined.NEW
 
-    def generated(self, result: GenerationResult) -> None:
+    def generated(self, result: GenerationResult, *, digest_tokens: int) -> None:
         for submission in self.waiting.pop(result.request_id, ()):
-            submission.generated(result)
+            submission.generated(result, digest_tokens=digest_tokens)
 
     def failed(self, failure: FailedRequest) -> None:
         self.failures[failure.request_id] = failure

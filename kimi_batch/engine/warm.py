@@ -27,10 +27,13 @@ logger = logging.getLogger(__name__)
 IDLE_WAIT_S = 600.0
 
 
-def digest_save_name(digest_sha256: str, model: str, ctx: int | None) -> str:
-    """Slot-save file name: a new digest, model or context never restores a stale cache."""
+def digest_save_name(
+    digest_sha256: str, model: str, ctx: int | None, *, kind: str = "digest"
+) -> str:
+    """Slot-save file name: a new digest, model or context never restores a stale cache. `kind`
+    keeps a batch's own saves ("prompt") apart from the pipeline digest's, which stays."""
     safe_model = re.sub(r"[^A-Za-z0-9_.-]", "_", model)[:64]
-    return f"digest-{digest_sha256[:16]}-{safe_model}-ctx{ctx or 0}.bin"
+    return f"{kind}-{digest_sha256[:16]}-{safe_model}-ctx{ctx or 0}.bin"
 
 
 class CanaryResult(BaseModel):
@@ -84,11 +87,12 @@ class SlotWarmer:
         model: str,
         ctx: int | None,
         prefill_timeout_s: float | None = None,
+        save_name: str | None = None,
     ) -> None:
         self.client = client
         self.digest = digest
         self.digest_tokens = digest_tokens
-        self.save_name = digest_save_name(digest.sha256, model, ctx)
+        self.save_name = save_name or digest_save_name(digest.sha256, model, ctx)
         # The digest's prefill at the measured speed, with margin (the caller's deadline): a
         # frozen server ends the call, it does not hold it for the client's hour.
         self.prefill_timeout_s = prefill_timeout_s

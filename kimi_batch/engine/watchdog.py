@@ -109,7 +109,8 @@ class EndpointWatch:
         self.client = client
         self.policy = policy
         self.sending: dict[int, asyncio.Task[Any]] = {}  # slot id -> the send in flight
-        self.warm_slots: set[int] = set()  # slots known to hold the digest
+        # Slot id -> sha of the digest its KV is known to hold (absent: not known).
+        self.digests: dict[int, str] = {}
         self.ready = asyncio.Event()  # cleared while a hung server is restarted
         self.ready.set()
         self.hangs = 0

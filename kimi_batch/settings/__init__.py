@@ -20,13 +20,15 @@ from kimi_batch.settings.defaults import (
     DEFAULT_LOAD_TIMEOUT_S,
     DEFAULT_N_PREDICT,
     DEFAULT_PARALLEL,
+    DEFAULT_SLOT_SAVES_MAX,
     DEFAULT_THREADS,
     DEFAULT_TRINO_PORT,
     default_digest_path,
     default_model_path,
     samples_dir,
 )
-from kimi_batch.settings.model import Settings, variable_of
+from kimi_batch.settings.environment import variable_of
+from kimi_batch.settings.model import Settings
 from kimi_batch.settings.quality import QualitySettings
 from kimi_batch.settings.state import StateSettings
 
@@ -38,6 +40,7 @@ __all__ = [
     "DEFAULT_LOAD_TIMEOUT_S",
     "DEFAULT_N_PREDICT",
     "DEFAULT_PARALLEL",
+    "DEFAULT_SLOT_SAVES_MAX",
     "DEFAULT_THREADS",
     "DEFAULT_TRINO_PORT",
     "ConfigError",

@@ -25,6 +25,7 @@ __all__ = [
     "DEFAULT_N_PREDICT",
     "DEFAULT_OUTPUT_MODEL_MODULES",
     "DEFAULT_PARALLEL",
+    "DEFAULT_SLOT_SAVES_MAX",
     "DEFAULT_THREADS",
     "DEFAULT_TIMEZONE",
     "DEFAULT_TRINO_PORT",
@@ -43,6 +44,9 @@ DEFAULT_PARALLEL = 4
 DEFAULT_N_PREDICT = 1024
 # llama.cpp's own default; the memory check counts it (32768 on the 768 GiB target).
 DEFAULT_CACHE_RAM_MIB = 8192
+# A batch's own slot saves of the system prompts several slots share, at once: the digests the
+# 4 slots run now and as many again (each a KV file: ~70 KiB a token on the target).
+DEFAULT_SLOT_SAVES_MAX = 8
 # Loading ~550 GiB of weights from disk takes minutes; a load is not a failure until this.
 DEFAULT_LOAD_TIMEOUT_S = 1800.0
 DEFAULT_TIMEZONE = "UTC"

@@ -1,4 +1,5 @@
-"""Typed readers of one environment variable each: a bad value is a ConfigError naming it."""
+"""Typed readers of one environment variable each: a bad value is a ConfigError naming it (and
+`variable_of`, the variable a `Settings` field is read from)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from collections.abc import Callable
 from datetime import date, time
 from pathlib import Path
 from typing import TypeVar
+
+from pydantic import ValidationError
 
 from kimi_batch.errors import ConfigError
 
@@ -25,6 +28,8 @@ __all__ = [
     "env_path",
     "env_status",
     "env_str",
+    "validation_message",
+    "variable_of",
 ]
 
 
@@ -116,3 +121,28 @@ def env_clock(name: str) -> time | None:
         return time.fromisoformat(raw)
     except ValueError as error:
         raise ConfigError(f"{name} must be a time of day HH:MM, got {raw!r}") from error
+
+
+# Fields whose variable is not KIMI_BATCH_ + the field name in capitals.
+_FIELD_VARIABLES = {
+    "home": "KIMI_BATCH_HOME",
+    "llama_cache_ram_mib": "KIMI_BATCH_LLAMA_CACHE_RAM",
+    "inbox_sensor_interval_s": "KIMI_BATCH_INBOX_SENSOR_INTERVAL",
+    "inbox_sensor_running": "KIMI_BATCH_INBOX_SENSOR_STATUS",
+    "nightly_running": "KIMI_BATCH_NIGHTLY_STATUS",
+    "api_sensor_interval_s": "KIMI_BATCH_API_SENSOR_INTERVAL",
+}
+
+
+def variable_of(field: str) -> str:
+    """The environment variable a `Settings` field is read from."""
+    return _FIELD_VARIABLES.get(field, f"KIMI_BATCH_{field.upper()}")
+
+
+def validation_message(error: ValidationError) -> str:
+    """The first error of a `Settings` validation, naming its variable."""
+    item = error.errors()[0]
+    field = str(item["loc"][0]) if item["loc"] else ""
+    variable = variable_of(field)
+    where = ".".join(str(part) for part in item["loc"])
+    return f"configuration: {variable} ({where}): {item['msg'].removeprefix('Value error, ')}"

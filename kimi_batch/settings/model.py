@@ -31,6 +31,7 @@ from kimi_batch.settings.defaults import (
     DEFAULT_NIGHTLY_CRON,
     DEFAULT_OUTPUT_MODEL_MODULES,
     DEFAULT_PARALLEL,
+    DEFAULT_SLOT_SAVES_MAX,
     DEFAULT_THREADS,
     DEFAULT_TIMEZONE,
     DEFAULT_TRINO_PORT,
@@ -47,11 +48,12 @@ from kimi_batch.settings.environment import (
     env_path,
     env_status,
     env_str,
+    validation_message,
 )
 from kimi_batch.settings.quality import QualitySettings, quality_from_env
 from kimi_batch.settings.state import StateSettings, state_from_env
 
-__all__ = ["Settings", "llama_from_env", "variable_of"]
+__all__ = ["Settings", "api_from_env", "llama_from_env"]
 
 
 def _shown(text: str) -> JsonDict:
@@ -79,6 +81,7 @@ def llama_from_env() -> dict[str, Any]:
         ),
         llama_spec=env_str("KIMI_BATCH_LLAMA_SPEC"),
         llama_draft_model=env_path("KIMI_BATCH_LLAMA_DRAFT_MODEL"),
+        slot_saves_max=env_int("KIMI_BATCH_SLOT_SAVES_MAX", DEFAULT_SLOT_SAVES_MAX),
     )
 
 
@@ -156,6 +159,13 @@ class Settings(QualitySettings, StateSettings):
         description="`--cache-ram` (MiB) of llama.cpp's RAM prompt cache (its own default; "
         "32768 on the 768 GiB target), counted by the memory check before a spawn; `off` omits "
         "the flag for builds without it.",
+    )
+    slot_saves_max: int = Field(
+        default=DEFAULT_SLOT_SAVES_MAX,
+        ge=0,
+        description="Slot-save files a batch may keep at once of the system prompts its "
+        "requests bring (Batch API lines), least recently used removed first; a batch removes "
+        "its own when it ends. 0: none (each slot prefills such a prompt itself).",
     )
     llama_load_timeout_s: float = Field(
         default=DEFAULT_LOAD_TIMEOUT_S,
@@ -334,21 +344,12 @@ class Settings(QualitySettings, StateSettings):
                 + env_list("KIMI_BATCH_OUTPUT_MODEL_MODULES"),
                 alert_webhook=env_str("KIMI_BATCH_ALERT_WEBHOOK"),
                 dagster_url=env_str("KIMI_BATCH_DAGSTER_URL") or DEFAULT_DAGSTER_URL,
-                api_key=env_str("KIMI_BATCH_API_KEY"),
-                api_port=env_int("KIMI_BATCH_API_PORT", DEFAULT_API_PORT),
-                api_allowed_hosts=env_list("KIMI_BATCH_API_ALLOWED_HOSTS"),
-                api_max_batch_requests=env_int(
-                    "KIMI_BATCH_API_MAX_BATCH_REQUESTS", DEFAULT_API_MAX_BATCH_REQUESTS
-                ),
-                api_max_batch_mb=env_int("KIMI_BATCH_API_MAX_BATCH_MB", DEFAULT_API_MAX_BATCH_MB),
-                api_sensor_interval_s=env_int(
-                    "KIMI_BATCH_API_SENSOR_INTERVAL", DEFAULT_API_SENSOR_INTERVAL_S
-                ),
+                **api_from_env(),
                 **quality_from_env(),
                 **state_from_env(),
             )
         except ValidationError as error:
-            raise ConfigError(_first_error(error)) from error
+            raise ConfigError(validation_message(error)) from error
 
     @property
     def paths(self) -> StatePaths:
@@ -378,25 +379,17 @@ class Settings(QualitySettings, StateSettings):
         return self.partitions_start or self.paths.install_date(self.today())
 
 
-# Fields whose variable is not KIMI_BATCH_ + the field name in capitals.
-_FIELD_VARIABLES = {
-    "home": "KIMI_BATCH_HOME",
-    "llama_cache_ram_mib": "KIMI_BATCH_LLAMA_CACHE_RAM",
-    "inbox_sensor_interval_s": "KIMI_BATCH_INBOX_SENSOR_INTERVAL",
-    "inbox_sensor_running": "KIMI_BATCH_INBOX_SENSOR_STATUS",
-    "nightly_running": "KIMI_BATCH_NIGHTLY_STATUS",
-    "api_sensor_interval_s": "KIMI_BATCH_API_SENSOR_INTERVAL",
-}
-
-
-def variable_of(field: str) -> str:
-    """The environment variable a `Settings` field is read from."""
-    return _FIELD_VARIABLES.get(field, f"KIMI_BATCH_{field.upper()}")
-
-
-def _first_error(error: ValidationError) -> str:
-    item = error.errors()[0]
-    field = str(item["loc"][0]) if item["loc"] else ""
-    variable = variable_of(field)
-    where = ".".join(str(part) for part in item["loc"])
-    return f"configuration: {variable} ({where}): {item['msg'].removeprefix('Value error, ')}"
+def api_from_env() -> dict[str, Any]:
+    """The Batch API's variables (`kimi-batch api`)."""
+    return {
+        "api_key": env_str("KIMI_BATCH_API_KEY"),
+        "api_port": env_int("KIMI_BATCH_API_PORT", DEFAULT_API_PORT),
+        "api_allowed_hosts": env_list("KIMI_BATCH_API_ALLOWED_HOSTS"),
+        "api_max_batch_requests": env_int(
+            "KIMI_BATCH_API_MAX_BATCH_REQUESTS", DEFAULT_API_MAX_BATCH_REQUESTS
+        ),
+        "api_max_batch_mb": env_int("KIMI_BATCH_API_MAX_BATCH_MB", DEFAULT_API_MAX_BATCH_MB),
+        "api_sensor_interval_s": env_int(
+            "KIMI_BATCH_API_SENSOR_INTERVAL", DEFAULT_API_SENSOR_INTERVAL_S
+        ),
+    }

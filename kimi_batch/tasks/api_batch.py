@@ -18,7 +18,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.engine import GenerationRequest, GenerationResult
+from kimi_batch.engine import GenerationRequest, GenerationResult, SystemDigest
 from kimi_batch.llama import ToolCall
 from kimi_batch.tasks.distill import EMPTY_REASON, TRUNCATED_REASON
 from kimi_batch.tasks.generation_task import GenerationTask, RowReader, SetAside, generation_columns
@@ -43,17 +43,21 @@ class ApiBatchInputs(BaseModel):
     def by_id(self) -> dict[str, BatchRequestLine]:
         return {line.custom_id: line for line in self.lines}
 
-    def request(self, line: BatchRequestLine) -> GenerationRequest:
-        """The line's request, its own sample (batch id + `custom_id`) unless its answer is
-        determined: the same line in another batch is sampled anew, a rerun finds its answer."""
-        return line.request().model_copy(update={"sample_scope": self.batch_id})
+    @cached_property
+    def system_prompts(self) -> dict[str, SystemDigest]:
+        """Each distinct system text of the batch as a digest ('' included: no system turn)."""
+        return {
+            text: SystemDigest.from_text(text, path=f"{self.batch_id} system prompt")
+            for text in dict.fromkeys(line.system for line in self.lines)
+        }
 
-    def groups(self) -> dict[str, list[GenerationRequest]]:
-        """The requests by system prompt: each group runs with its prompt as the digest."""
-        groups: dict[str, list[GenerationRequest]] = {}
-        for line in self.lines:
-            groups.setdefault(line.system, []).append(self.request(line))
-        return groups
+    def request(self, line: BatchRequestLine) -> GenerationRequest:
+        """The line's request with its system prompt as its own digest, its own sample (batch
+        id + `custom_id`) unless its answer is determined: the same line in another batch is
+        sampled anew, a rerun finds its answer."""
+        return line.request().model_copy(
+            update={"sample_scope": self.batch_id, "digest": self.system_prompts[line.system]}
+        )
 
 
 def _tool_calls_json(calls: list[ToolCall]) -> str:

@@ -16,14 +16,11 @@ import httpx
 import pytest
 from openai.types.responses import Response
 
-from kimi_batch.definitions import build_resources
-from kimi_batch.defs.assets.api_batch import api_batch_responses
-from kimi_batch.defs.partitions import API_BATCH_PARTITIONS_NAME
 from kimi_batch.llama import ResidentServer, server_from_settings
 from kimi_batch.settings import Settings
 from kimi_batch.storage import ApiStore, BatchStatus, Warehouse
 from kimi_batch.tasks.rows import DistilledRow
-from kimi_batch_tests.support.batches import landed_batch
+from kimi_batch_tests.support.batches import answered, landed_batch
 from kimi_batch_tests.support.llama_server import LlamaEnv
 from kimi_batch_tests.support.ports import free_port
 
@@ -66,14 +63,7 @@ def _run(
     """Land and run a one-line batch of `data` through `api_batch_responses`."""
     batch = landed_batch(settings, data, filename="fields.jsonl", endpoint=endpoint)
     assert batch.request_total == 1, batch.errors
-    instance.add_dynamic_partitions(API_BATCH_PARTITIONS_NAME, [batch.id])
-    result = dg.materialize(
-        [api_batch_responses],
-        partition_key=batch.id,
-        resources=build_resources(settings),
-        instance=instance,
-    )
-    assert result.success
+    answered(settings, instance, batch)
     with ApiStore(settings.paths) as store:
         record = store.batch(batch.id)
         assert record is not None

@@ -8,13 +8,10 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from kimi_batch.definitions import build_resources
-from kimi_batch.defs.assets.api_batch import api_batch_responses
-from kimi_batch.defs.partitions import API_BATCH_PARTITIONS_NAME
 from kimi_batch.engine import Ledger
 from kimi_batch.settings import Settings
 from kimi_batch.storage import ApiStore, BatchRecord, BatchStatus
-from kimi_batch_tests.support.batches import jsonl, landed_batch
+from kimi_batch_tests.support.batches import answered, jsonl, landed_batch
 from kimi_batch_tests.support.llama_server import LlamaEnv
 
 pytestmark = pytest.mark.slow  # every test answers batches on a real llama-server
@@ -38,20 +35,11 @@ def _answer(instance: dg.DagsterInstance, batch: BatchRecord) -> int:
     """Run the batch's partition; the requests it sent (the batch outcome's `generated`: the
     server's own count also holds the digest warm-up)."""
     settings = Settings.from_env()
-    instance.add_dynamic_partitions(API_BATCH_PARTITIONS_NAME, [batch.id])
-    result = dg.materialize(
-        [api_batch_responses],
-        partition_key=batch.id,
-        resources=build_resources(settings),
-        instance=instance,
-    )
-    assert result.success
+    generated = answered(settings, instance, batch)["generated"]
     with ApiStore(settings.paths) as store:
         record = store.batch(batch.id)
     assert record is not None
     assert record.status == BatchStatus.COMPLETED
-    (materialization,) = result.asset_materializations_for_node("api_batch_responses")
-    generated = materialization.metadata["generated"].value
     assert isinstance(generated, int)
     return generated
 

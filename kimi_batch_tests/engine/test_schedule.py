@@ -131,3 +131,20 @@ def test_a_backlog_gives_way_to_a_lower_rank_added_after_it_was_taken() -> None:
     assert taken == older  # at the next request of each lane, not at the end of its backlog
     # The backlogs went back to the queue: each of their requests is handed out once.
     assert sorted(x for lane in rest for x in lane) == newer[1:5] + newer[6:]
+
+
+def test_one_digest_s_requests_are_handed_out_together_and_a_digest_of_many_groups_is_shared() -> (
+    None
+):
+    # A Batch API file: three lines under prompt P, one under Q, two under R, interleaved.
+    kinds = {"p1": "P", "q1": "Q", "p2": "P", "r1": "R", "p3": "P", "r2": "R"}
+    work = {"p1": 10, "q1": 50, "p2": 10, "r1": 30, "p3": 10, "r2": 30}
+    schedule = PrefixSchedule(list(kinds), text=str, work=work.__getitem__, kind=kinds.__getitem__)
+
+    lane = schedule.lane()
+    order = [lane.next() for _ in range(6)]
+
+    # Each prompt's requests in one run, the prompt with the largest request first (LPT).
+    assert order == ["q1", "r1", "r2", "p1", "p2", "p3"]
+    # Several groups run on several slots: worth one save; a one-request prompt is not.
+    assert schedule.shared_kinds == {"P", "R"}

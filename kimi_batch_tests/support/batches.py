@@ -6,14 +6,16 @@ from __future__ import annotations
 import io
 import json
 import time
+from typing import Any
 
+import dagster as dg
 import openai
 from openai.types import Batch
 
 from kimi_batch.settings import Settings, default_model_path
 from kimi_batch.storage import ApiStore, BatchRecord, validate_batch
 
-__all__ = ["MODEL", "chat_line", "jsonl", "landed_batch", "validated"]
+__all__ = ["MODEL", "answered", "chat_line", "jsonl", "landed_batch", "validated"]
 
 # The name the Batch API accepts for the test model (its file stem, the served `--alias`); any
 # name passes when no model is installed (nothing to compare with).
@@ -71,3 +73,23 @@ def landed_batch(
         metadata=None,
     )
     return validate_batch(settings, store, batch)
+
+
+def answered(
+    settings: Settings, instance: dg.DagsterInstance, batch: BatchRecord
+) -> dict[str, Any]:
+    """Run the batch's partition of `api_batch_responses` in process (it must succeed); the
+    values of its materialization's metadata."""
+    from kimi_batch.definitions import build_resources
+    from kimi_batch.defs.assets.api_batch import api_batch_responses
+    from kimi_batch.defs.partitions import API_BATCH_PARTITIONS_NAME
+
+    instance.add_dynamic_partitions(API_BATCH_PARTITIONS_NAME, [batch.id])
+    result = dg.materialize(
+        [api_batch_responses],
+        partition_key=batch.id,
+        resources=build_resources(settings),
+        instance=instance,
+    )
+    (materialization,) = result.asset_materializations_for_node("api_batch_responses")
+    return {key: value.value for key, value in materialization.metadata.items()}

@@ -45,13 +45,14 @@ def questions(n: int, prefix: str = "q") -> list[GenerationRequest]:
 
 
 def endpoint_of(server: ResidentServer) -> Endpoint:
-    """The engine's view of a resident server (its slots and per-slot context)."""
+    """The engine's view of a resident server (its slots, per-slot context, save folder)."""
     return Endpoint(
         base_url=server.base_url,
         slots=server.spec.parallel,
         model=server.spec.model_alias,
         ctx=server.spec.ctx // server.spec.parallel,
         n_predict=server.spec.n_predict,
+        slot_save_dir=server.spec.slot_save_path,
     )
 
 

@@ -1,4 +1,5 @@
-"""The Batch API stage: requests as submitted, grouped by system prompt; final answers as rows."""
+"""The Batch API stage: requests as submitted, each with its system prompt as its digest; final
+answers as rows."""
 
 from __future__ import annotations
 
@@ -27,21 +28,18 @@ def task_of(*lines: bytes, batch_id: str = "batch_x") -> ApiBatchTask:
     return ApiBatchTask(batch_id=batch_id, lines=parsed.lines, source_file=f"{batch_id}.jsonl")
 
 
-def test_requests_are_the_batch_s_own_grouped_by_system_prompt() -> None:
+def test_requests_are_the_batch_s_own_each_with_its_system_prompt_as_its_digest() -> None:
     task = task_of(line("a", "Be terse."), line("b"), line("c", "Be terse.", max_tokens=9))
     inputs = task.load(lambda table, model: [])
     requests = task.requests(inputs)
     assert [r.input_id for r in requests] == ["a", "b", "c"]
     assert all(r.messages[0].role == "user" for r in requests)  # the system is the digest
     assert requests[2].params.max_tokens == 9
-    groups = inputs.groups()
-    assert {system: [r.input_id for r in rs] for system, rs in groups.items()} == {
-        "Be terse.": ["a", "c"],
-        "": ["b"],
-    }
+    digests = [r.digest for r in requests]
+    assert [d.text if d else None for d in digests] == ["Be terse.", "", "Be terse."]
+    assert digests[0] is digests[2]  # one digest per distinct prompt, shared by its lines
+    assert list(inputs.system_prompts) == ["Be terse.", ""]
     assert {r.tag for r in requests} == {"api/seed"}
-    # The group's requests are the batch's own, as `requests` builds them.
-    assert sorted(groups["Be terse."] + groups[""], key=lambda r: r.input_id) == requests
 
 
 def test_each_line_that_samples_is_its_own_sample_in_its_own_batch() -> None:
@@ -119,6 +117,7 @@ def test_a_completion_line_s_row_has_its_raw_prompt() -> None:
     inputs = task.load(lambda table, model: [])
     [request] = task.requests(inputs)
     assert (request.kind, request.raw_prompt) == ("completion", "Once upon a time")
-    assert list(inputs.groups()) == [""]  # nothing in front of a raw prompt
+    assert request.digest is not None
+    assert request.digest.text == ""  # nothing in front of a raw prompt
     [row] = list(StageSink(task, inputs).rows([make_result(" there", input_id="c")]))
     assert (row.prompt, row.response, row.tool_calls) == ("Once upon a time", "there", None)

@@ -1,44 +1,44 @@
 """`api_batch_responses`: one Batch API batch answered by the resident server, one partition each.
 
-The batch's requests are grouped by their system prompt; each group runs with that prompt as its
-digest (prefilled once, saved, restored into every slot) and everything else as submitted. The
-rows land in the `distilled` table at ds=<day created>/source=<batch id>, the output and error
-files in the API's file store, through `land_stage` as every stage's rows. Cancelling the batch
-(the API) or terminating the run (the UI) cancels the requests in flight, which closes their
+The batch runs through the partition-batch driver as every stage does (`driver.run_partitions`
+over its one partition): its requests are one engine batch, each with its line's system prompt
+as its own digest (the engine runs each prompt's requests together, brings each prompt into a
+slot once, and removes the save files it made for that), everything else as submitted. The rows
+land in the `distilled` table at ds=<day created>/source=<batch id>, the output and error files
+in the API's file store. The batch's expiry is the batch's stop time; cancelling the batch (the
+API) or terminating the run (the UI) cancels the requests in flight, which closes their
 connections: llama-server stops those slots; the batch ends `cancelled` and the run CANCELED.
 """
 
-import asyncio
-import contextlib
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import NoReturn
 
 import dagster as dg
 
+from kimi_batch.defs.assets.batch_controls import BatchCancelledError, BatchControls
 from kimi_batch.defs.assets.checks import check_specs
 from kimi_batch.defs.assets.context import LLAMA_POOL
-from kimi_batch.defs.assets.landing import StagePlan, land_stage
+from kimi_batch.defs.assets.driver import (
+    GenerationResources,
+    PartitionResult,
+    PipelineStage,
+    run_partitions,
+)
+from kimi_batch.defs.assets.landing import PublishNow, StagePlan
 from kimi_batch.defs.assets.lease import HeldPartition, partition_lease
-from kimi_batch.defs.interrupts import run_interruptibly
 from kimi_batch.defs.partitions import api_batch_partitions
+from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
-from kimi_batch.engine import (
-    BatchEngine,
-    BatchOutcome,
-    GenerationRequest,
-    Ledger,
-    SystemDigest,
-)
+from kimi_batch.engine import Ledger, PlannedRow
 from kimi_batch.settings import Settings
 from kimi_batch.storage import (
     ApiStore,
     BatchRecord,
     BatchStatus,
     StorageError,
-    Warehouse,
     batch_lines,
     begin_batch,
     finish_batch,
@@ -56,93 +56,6 @@ __all__ = [
 API_GROUP = "api"
 # Set by the API batch sensor on the first run of a batch; a rerun by hand has no such tag.
 API_TRIGGER_TAG = "kimi_batch/api_batch"
-CANCEL_POLL_S = 0.25
-
-
-async def _until_done_or_cancelled(
-    task: asyncio.Task[BatchOutcome], store: ApiStore, batch_id: str
-) -> BatchOutcome | None:
-    """The group's outcome, or None when the batch was cancelled (its requests then stop)."""
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=CANCEL_POLL_S)
-        if done:
-            return task.result()
-        record = store.batch(batch_id)
-        if record is not None and record.status == BatchStatus.CANCELLING:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            return None
-
-
-async def _answer(
-    context: dg.AssetExecutionContext,
-    llama: LlamaServerResource,
-    store: ApiStore,
-    ledger: Ledger,
-    batch: BatchRecord,
-    groups: dict[str, list[GenerationRequest]],
-) -> tuple[list[BatchOutcome], bool]:
-    """Each system-prompt group on every slot; (outcomes, cancelled)."""
-    stop_at = datetime.fromtimestamp(batch.expires_at, UTC)
-    outcomes: list[BatchOutcome] = []
-    for system, requests in groups.items():
-        digest = SystemDigest.from_text(system, path=f"{batch.id} system prompt")
-        prepared = await llama.prepare(digest)
-        engine = BatchEngine(
-            prepared.endpoints,
-            digest,
-            ledger,
-            digest_tokens=prepared.digest_tokens,
-            on_progress=lambda event: context.log.info(str(event)),
-            on_unreachable=llama.respawn_if_down,
-            on_hung=llama.restart_hung,
-            speed_store=llama.speed_store(),
-        )
-        store.set_request_keys(
-            batch.id, [(p.request.input_id, p.content_key) for p in engine.plan(requests)]
-        )
-        task = asyncio.create_task(engine.run(requests, stop_at=stop_at))
-        outcome = await _until_done_or_cancelled(task, store, batch.id)
-        if outcome is None:
-            return outcomes, True
-        outcomes.append(outcome)
-        if outcome.stopped_at_window:
-            break
-    return outcomes, False
-
-
-def _merged(outcomes: Sequence[BatchOutcome]) -> BatchOutcome:
-    """One outcome for the batch's groups: rows and failures of all, counts summed, the
-    cache-hit figure the worst group's."""
-    main = max(outcomes, key=lambda o: o.stats.total)
-    stats = main.stats.model_copy(
-        update={
-            field: sum(getattr(o.stats, field) for o in outcomes)
-            for field in (
-                "total",
-                "generated",
-                "from_ledger",
-                "failed",
-                "not_started",
-                "truncated",
-                "empty",
-                "prompt_tokens",
-                "cached_tokens",
-                "completion_tokens",
-                "digest_reprefills",
-            )
-        }
-        | {"cache_hit_ratio": min(o.stats.cache_hit_ratio for o in outcomes)}
-    )
-    return main.model_copy(
-        update={
-            "planned": [row for o in outcomes for row in o.planned],
-            "failures": [failure for o in outcomes for failure in o.failures],
-            "stats": stats,
-            "stopped_at_window": any(o.stopped_at_window for o in outcomes),
-        }
-    )
 
 
 def finish_abandoned_batch(
@@ -207,25 +120,51 @@ def _end_run_cancelled(context: dg.AssetExecutionContext, done: BatchRecord) -> 
     raise dg.Failure(description=message)
 
 
+def _controls(store: ApiStore, batch: BatchRecord) -> BatchControls:
+    """The batch's expiry as the stop time, the user's cancel polled, the request keys stored
+    before the first request is sent (the live counts and the files read them)."""
+
+    def cancel_asked() -> bool:
+        record = store.batch(batch.id)
+        return record is not None and record.status == BatchStatus.CANCELLING
+
+    def planned(rows: Sequence[PlannedRow]) -> None:
+        store.set_request_keys(batch.id, [(row.input_id, row.content_key) for row in rows])
+
+    return BatchControls(
+        expires_at=datetime.fromtimestamp(batch.expires_at, UTC),
+        cancelled=cancel_asked,
+        on_planned=planned,
+    )
+
+
 def _answered(
     context: dg.AssetExecutionContext,
-    llama: LlamaServerResource,
     store: ApiStore,
     held: HeldPartition,
     plan: StagePlan,
     batch: BatchRecord,
-    *,
-    warehouse: Warehouse,
-    trino: TrinoResource,
+    resources: GenerationResources,
 ) -> dg.MaterializeResult | BatchRecord:
-    """Run the taken-up batch and land it: the materialization, or the batch's final record
-    when a cancel stopped it first (the partial output and error files written)."""
+    """Run the taken-up batch through the driver and land it: the materialization, or the
+    batch's final record when a cancel stopped it first (the partial output and error files
+    written)."""
     inputs: ApiBatchInputs = plan.inputs
-    ledger, lines, groups = held.ledger, inputs.lines, inputs.groups()
+    ledger, lines = held.ledger, inputs.lines
+    landing = PublishNow(context, resources.trino, resources.warehouse.warehouse())
     try:
-        outcomes, cancelled = run_interruptibly(
-            _answer(context, llama, store, ledger, batch, groups)
-        )
+        (result,) = run_partitions(
+            context,
+            [PipelineStage(context.asset_key, plan.task)],
+            {f"{plan.ds}|{plan.source}": held},
+            ledger=ledger,
+            resources=resources,
+            landing=landing,
+            planner=lambda _task, _key: plan,
+            controls=_controls(store, batch),
+        ).values()
+    except BatchCancelledError:
+        return finish_batch(store, ledger, batch.id, lines, BatchStatus.CANCELLED)
     except dg.DagsterExecutionInterruptedError:
         # A run terminated from the UI lands here, its requests cancelled by now.
         finish_batch(store, ledger, batch.id, lines, BatchStatus.CANCELLED)
@@ -233,22 +172,39 @@ def _answered(
     except Exception:
         finish_batch(store, ledger, batch.id, lines, BatchStatus.FAILED)
         raise
-    if cancelled or not outcomes:
-        return finish_batch(store, ledger, batch.id, lines, BatchStatus.CANCELLED)
-    outcome = _merged(outcomes)
-    landed = land_stage(
-        context, plan, held, outcome, outcome.iter_results(ledger), store=warehouse, trino=trino
-    )
-    # Completed once its rows are in the table (and Trino): then the files, then the status.
+    return _finished(context, store, ledger, inputs, batch, result)
+
+
+def _finished(
+    context: dg.AssetExecutionContext,
+    store: ApiStore,
+    ledger: Ledger,
+    inputs: ApiBatchInputs,
+    batch: BatchRecord,
+    result: PartitionResult,
+) -> dg.MaterializeResult:
+    """The landed batch's files and final status (completed once its rows are in the table
+    and Trino; expired when its end came first), then its materialization."""
+    if result.materialized is None or result.outcome is None:
+        finish_batch(store, ledger, batch.id, inputs.lines, BatchStatus.FAILED)
+        raise result.failed or dg.Failure(f"{batch.id} stopped before its end: nothing landed")
+    outcome = result.outcome
     status = BatchStatus.EXPIRED if outcome.stopped_at_window else BatchStatus.COMPLETED
-    done = finish_batch(store, ledger, batch.id, lines, status, outcomes=outcomes)
+    done = finish_batch(store, ledger, batch.id, inputs.lines, status, outcomes=[outcome])
+    stats = outcome.stats
     metadata = {
-        **(landed.metadata or {}),
+        **(result.materialized.metadata or {}),
         "batch_id": dg.MetadataValue.text(batch.id),
-        "system_prompts": len(groups),
+        "system_prompts": len(inputs.system_prompts),
+        # Each prompt in a slot once: prefilled and saved for the slots that restore it, or
+        # prefilled by its one request; the saves are gone once the batch ends.
+        "prompt_warmups": stats.digest_warmups,
+        "prompt_restores": stats.digest_restores,
+        "one_off_prompt_prefills": stats.own_digest_prefills,
+        "slot_saves_peak": stats.slot_saves_peak,
         "batch_status": dg.MetadataValue.text(done.status.value),
     }
-    return dg.MaterializeResult(metadata=metadata, check_results=landed.check_results)
+    return dg.MaterializeResult(metadata=metadata, check_results=result.materialized.check_results)
 
 
 @dg.asset(
@@ -261,6 +217,7 @@ def _answered(
 def api_batch_responses(
     context: dg.AssetExecutionContext,
     llama: LlamaServerResource,
+    digest: DigestResource,
     warehouse: WarehouseResource,
     trino: TrinoResource,
 ) -> dg.MaterializeResult:
@@ -276,6 +233,9 @@ def api_batch_responses(
             batch_id=batch.id, lines=batch_lines(settings, batch), source_file=f"{batch.id}.jsonl"
         )
         plan = _plan(task, batch.ds, batch.source, batch.input_sha256)
+        resources = GenerationResources(
+            llama=llama, digest=digest, warehouse=warehouse, trino=trino
+        )
         with partition_lease(context, warehouse, plan.ds, plan.source) as held:
             # A compare-and-set: a cancel that landed since the batch was read is not lost.
             started = begin_batch(
@@ -289,16 +249,7 @@ def api_batch_responses(
                     store, held.ledger, batch.id, task.lines, BatchStatus.CANCELLED
                 )
             else:
-                answered = _answered(
-                    context,
-                    llama,
-                    store,
-                    held,
-                    plan,
-                    started,
-                    warehouse=warehouse.warehouse(),
-                    trino=trino,
-                )
+                answered = _answered(context, store, held, plan, started, resources)
     if isinstance(answered, BatchRecord):  # cancelled: the lease and the store are let go
         _end_run_cancelled(context, answered)
     return answered

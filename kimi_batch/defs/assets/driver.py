@@ -12,6 +12,10 @@ joins the queue while later partitions still amplify, and a nightly window that 
 leaves the oldest partitions whole. Each partition's result: landed through the last stage,
 stopped at the nightly window (left for the next night, its finished rows in the ledger), or
 failed (the error); a partition that stops or fails goes no further.
+
+The Batch API's run adds `BatchControls`: its own plan of the batch's lines (`planner`), the
+batch's expiry as a stop time past which what is done lands, a cancel poll, and a hook that hears
+the planned keys before the first request is sent.
 """
 
 from __future__ import annotations
@@ -25,6 +29,10 @@ from typing import Any, TypeVar
 
 import dagster as dg
 
+from kimi_batch.defs.assets.batch_controls import (
+    BatchControls,
+    unless_cancelled,
+)
 from kimi_batch.defs.assets.context import RunContext
 from kimi_batch.defs.assets.engine_session import engine_session
 from kimi_batch.defs.assets.landing import (
@@ -47,6 +55,7 @@ from kimi_batch.engine import (
     GenerationResult,
     LeaseLostError,
     Ledger,
+    PlannedRow,
 )
 from kimi_batch.errors import KimiBatchError
 from kimi_batch.settings import Settings
@@ -69,6 +78,8 @@ __all__ = [
 
 Task = GenerationTask[Any, Any]
 T = TypeVar("T")
+# A partition's plan of a stage (default `plan_stage`: its inputs read from the warehouse).
+Planner = Callable[[Task, str], StagePlan]
 # What leaves one partition out while the others go on (its input, its lease, a write refused).
 SKIPPED = (dg.Failure, LeaseLostError, KimiBatchError)
 
@@ -99,12 +110,14 @@ class PipelineStage:
 @dataclass(frozen=True)
 class PartitionResult:
     """What became of one partition: landed through the last stage (`materialized`: that
-    stage's result), `stopped` at the nightly window (the stage's outcome), or `failed` (why)."""
+    stage's result, `outcome`: its share of the run), `stopped` at the nightly window (the
+    stage's outcome), or `failed` (why)."""
 
     key: str
     materialized: dg.MaterializeResult | None = None
     stopped: BatchOutcome | None = None
     failed: BaseException | None = None
+    outcome: BatchOutcome | None = None
 
 
 def sample_scope(task: Task, ds: str, source: str) -> str:
@@ -129,6 +142,10 @@ def plan_stage(task: Task, store: Warehouse, ds: str, source: str) -> StagePlan:
     )
 
 
+def _plan_from(store: Warehouse, task: Task, key: str) -> StagePlan:
+    return plan_stage(task, store, *partition_parts_of(key))
+
+
 def oldest_first(keys: Iterable[str]) -> dict[str, int]:
     """Each checked `date|source` key's rank (0 = the oldest day), whatever order the run's
     config lists them in; a request several partitions share goes out at the lowest."""
@@ -143,10 +160,14 @@ def run_partitions(
     ledger: Ledger,
     resources: GenerationResources,
     landing: Landing,
+    planner: Planner | None = None,
+    controls: BatchControls | None = None,
 ) -> dict[str, PartitionResult]:
     """`stages` over every held partition (key → lease) in one engine run, each partition
     landed stage by stage; every partition's result, in `partitions`' order (see the module
-    docstring)."""
+    docstring). `planner` makes a partition's plan of a stage (default `plan_stage`);
+    `controls` add a stop time, a cancel poll (a cancel raises `BatchCancelledError`, nothing
+    lands) and a hook on the planned keys."""
     names = ", ".join(stage.asset.to_user_string() for stage in stages)
     label = f"{names} " + (
         next(iter(partitions)) if len(partitions) == 1 else f"({len(partitions)} partitions)"
@@ -155,8 +176,21 @@ def run_partitions(
     # One landing thread: Parquet, checks and records off the event loop, one partition at a time.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="landing") as lands:
         try:
-            driver = _Driver(context, resources, store, landing, lands, oldest_first(partitions))
-            results = run_interruptibly(driver.run(stages, partitions, ledger, label))
+            driver = _Driver(
+                context,
+                resources,
+                store,
+                landing,
+                lands,
+                oldest_first(partitions),
+                planner or partial(_plan_from, store),
+                controls or BatchControls(),
+            )
+            work = driver.run(stages, partitions, ledger, label)
+            cancelled = driver.controls.cancelled
+            results = run_interruptibly(
+                work if cancelled is None else unless_cancelled(work, cancelled)
+            )
         finally:
             lands.shutdown(cancel_futures=True)  # an interrupted run starts no more landings
     return {key: results[key] for key in partitions}
@@ -172,6 +206,8 @@ class _Driver:
     landing: Landing
     lands: ThreadPoolExecutor
     ranks: Mapping[str, int]
+    planner: Planner
+    controls: BatchControls
 
     async def run(
         self,
@@ -184,7 +220,10 @@ class _Driver:
         if not any(isinstance(plan, StagePlan) for plan in first.values()):
             return {key: self._result(key, first[key]) for key in partitions}  # nothing to send
         llama, digest = self.resources.llama, self.resources.digest
-        async with engine_session(self.context, llama, digest, ledger, label=label) as run:
+        expires_at = self.controls.expires_at
+        async with engine_session(
+            self.context, llama, digest, ledger, label=label, expires_at=expires_at
+        ) as run:
             pipelines = [
                 asyncio.create_task(self._partition(run, key, held, stages, first[key]))
                 for key, held in partitions.items()
@@ -198,7 +237,7 @@ class _Driver:
 
     def _plan(self, task: Task, key: str) -> StagePlan | BaseException:
         try:
-            return plan_stage(task, self.store, *partition_parts_of(key))
+            return self.planner(task, key)
         except SKIPPED as error:
             return error
 
@@ -234,10 +273,9 @@ class _Driver:
         self, run: BatchRun, asset: dg.AssetKey, key: str, held: HeldPartition, plan: StagePlan
     ) -> PartitionResult:
         """One partition's stage: its requests at its rank, what it asks again, its landing."""
-        rank = self.ranks[key]
-        outcome = await run.add([r.model_copy(update={"priority": rank}) for r in plan.requests])
+        outcome = await self._add(run, key, plan.requests, planned=self.controls.on_planned)
         self._log(asset, key, outcome)
-        if outcome.stopped_at_window:
+        if self._stopped(outcome):
             return PartitionResult(key, stopped=outcome)
         results: Iterable[GenerationResult] | None = None
         if plan.task.asks_again:
@@ -246,12 +284,33 @@ class _Driver:
                 f"asking again for {len(again)} answer(s) of the {plan.task.name} stage ({key})"
             )
             if again:
-                retried = await run.add(list(again.values()))
-                if retried.stopped_at_window:
+                retried = await self._add(run, key, list(again.values()))
+                if self._stopped(retried):
                     return PartitionResult(key, stopped=retried)
                 results = answered_again(held.ledger, outcome, again, retried)
         land = partial(self._land, asset, key, plan, held, outcome, results)
         return await self._off_loop(land)
+
+    async def _add(
+        self,
+        run: BatchRun,
+        key: str,
+        requests: Sequence[GenerationRequest],
+        *,
+        planned: Callable[[Sequence[PlannedRow]], None] | None = None,
+    ) -> BatchOutcome:
+        """`requests` at the partition's rank; `planned` hears their keys before any is sent."""
+        ranked = [r.model_copy(update={"priority": self.ranks[key]}) for r in requests]
+        await run.engine.count_digests(ranked)  # a Batch API line's own system prompt
+        submission = run.add(ranked)
+        if planned is not None:
+            planned(submission.planned_rows())
+        return await submission
+
+    def _stopped(self, outcome: BatchOutcome) -> bool:
+        """Cut short by the nightly window (left for the next night); one the work's own end
+        cut short lands what it has (it is never resumed)."""
+        return outcome.stopped_at_window and not self.controls.expired()
 
     def _log(self, asset: dg.AssetKey, key: str, outcome: BatchOutcome) -> None:
         stats = outcome.stats
@@ -290,7 +349,7 @@ class _Driver:
             landed = self.landing.landed(asset, key, tables, held, written)
         except SKIPPED as error:
             return PartitionResult(key, failed=error)
-        return PartitionResult(key, materialized=landed)
+        return PartitionResult(key, materialized=landed, outcome=outcome)
 
 
 def asked_again(

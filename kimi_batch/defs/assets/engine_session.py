@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from datetime import datetime
 
 from kimi_batch.defs.assets.context import RunContext
 from kimi_batch.defs.assets.window import window_end
@@ -32,9 +33,11 @@ async def engine_session(
     ledger: Ledger,
     *,
     label: str,
+    expires_at: datetime | None = None,
 ) -> AsyncIterator[BatchRun]:
-    """One engine run under the run's window, open while the block adds requests to it (a
-    batch's outcome says whether the window cut it short); progress is logged as `label`."""
+    """One engine run under the run's window and the work's own end (`expires_at`, whichever
+    comes first), open while the block adds requests to it (a batch's outcome says whether
+    either cut it short); progress is logged as `label`."""
     loaded = digest.load()
     prepared = await llama.prepare(loaded)
     engine = BatchEngine(
@@ -42,10 +45,12 @@ async def engine_session(
         loaded,
         ledger,
         digest_tokens=prepared.digest_tokens,
+        policy=llama.engine_policy(),
         on_progress=_progress_reporter(context, label),
         on_unreachable=llama.respawn_if_down,
         on_hung=llama.restart_hung,
         speed_store=llama.speed_store(),
     )
-    async with engine.session(stop_at=window_end(context)) as run:
+    ends = [end for end in (window_end(context), expires_at) if end is not None]
+    async with engine.session(stop_at=min(ends, default=None)) as run:
         yield run

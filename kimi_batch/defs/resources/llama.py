@@ -1,12 +1,20 @@
 """`LlamaServerResource`: the resident llama-server every run attaches to (and never stops)."""
 
 import asyncio
+from pathlib import Path
 
 import dagster as dg
 from pydantic import Field
 
 from kimi_batch.defs.resources.deployment import DeploymentResource
-from kimi_batch.engine import DEFAULT_REMEDY, Prepared, SpeedStore, SystemDigest, prepare
+from kimi_batch.engine import (
+    DEFAULT_REMEDY,
+    EnginePolicy,
+    Prepared,
+    SpeedStore,
+    SystemDigest,
+    prepare,
+)
 from kimi_batch.llama import (
     AttachedServer,
     LlamaClient,
@@ -88,7 +96,18 @@ class LlamaServerResource(DeploymentResource):
             digest=digest,
             api_key=self.settings().llama_api_key,
             known_n_predict=self.known_n_predict(),
+            slot_save_dir=self.slot_save_dir(),
         )
+
+    def slot_save_dir(self) -> Path | None:
+        """The resident server's slot-save folder; None for an attached server (its folder is
+        not this process's to clean up)."""
+        settings = self.settings()
+        return None if settings.llama_url else settings.paths.slot_save_dir
+
+    def engine_policy(self) -> EnginePolicy:
+        """How an engine batch runs here (the bound on a batch's own slot saves)."""
+        return EnginePolicy(slot_saves_max=self.settings().slot_saves_max)
 
     def respawn_if_down(self, base_url: str) -> None:
         """Engine hook: after a connection error, bring the resident server back if it died."""
