@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from kimi_batch_tests.support.browser import chromium, screenshot
 from kimi_batch_tests.support.repo import REPO_ROOT
 
-CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = REPO_ROOT / "var" / "test-artifacts" / "docs"
 README_MAX_LINES = 150
 _LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
@@ -110,9 +110,8 @@ def served(site: Path) -> Iterator[str]:
 
 @pytest.mark.slow
 def test_two_pages_render_in_a_real_browser(served: str) -> None:
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
-    assert CHROMIUM.exists(), "chromium missing: `make browser` (apt-get install chromium)"
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     pages = (
         ("", "home", "kimi_batch", "resident server"),
@@ -123,23 +122,15 @@ def test_two_pages_render_in_a_real_browser(served: str) -> None:
             "KIMI_BATCH_LLAMA_THREADS",
         ),
     )
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=str(CHROMIUM), args=["--no-sandbox", "--disable-dev-shm-usage"]
-        )
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            for path, name, title, text in pages:
-                page.goto(f"{served}/{path}")
-                expect(page).to_have_title(re.compile(re.escape(title)))
-                expect(page.locator("article h1")).to_have_text(re.compile(re.escape(title)))
-                expect(page.locator("article")).to_contain_text(text)
-                nav = page.locator("nav.md-nav--primary")
-                expect(nav).to_be_visible()
-                expect(nav).to_contain_text("Getting started")
-                expect(nav).to_contain_text("Reference")
-                shot = ARTIFACTS / f"{name}.png"
-                page.screenshot(path=str(shot), full_page=True)
-                print(f"screenshot: {shot}")
-        finally:
-            browser.close()
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        for path, name, title, text in pages:
+            page.goto(f"{served}/{path}")
+            expect(page).to_have_title(re.compile(re.escape(title)))
+            expect(page.locator("article h1")).to_have_text(re.compile(re.escape(title)))
+            expect(page.locator("article")).to_contain_text(text)
+            nav = page.locator("nav.md-nav--primary")
+            expect(nav).to_be_visible()
+            expect(nav).to_contain_text("Getting started")
+            expect(nav).to_contain_text("Reference")
+            screenshot(page, ARTIFACTS, name)

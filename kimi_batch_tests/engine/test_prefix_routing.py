@@ -27,8 +27,10 @@ def _by_slot(results: list[GenerationResult]) -> dict[int | None, list[Generatio
 async def test_variants_of_a_seed_run_back_to_back_and_evaluate_fewer_prompt_tokens(
     shared_server: ResidentServer, tmp_path: Path
 ) -> None:
-    # 4 seeds x 3 strategies x 2 variants; seeds are 150-400 tokens of real code.
-    workload = amplify_workload(tmp_path / "seeds.jsonl", seeds=4, variants=2, output_tokens=4)
+    # 4 seeds x 3 strategies x 1 variant; seeds are 150-400 tokens of real code. One seed a
+    # slot, three requests each: two followers per seed show the back-to-back reuse as well as
+    # five did, at half the prompt tokens (the client side evaluates every seed in full).
+    workload = amplify_workload(tmp_path / "seeds.jsonl", seeds=4, variants=1, output_tokens=4)
     # Separate digests: neither run can find the other's prompts in the RAM prompt cache.
     engine_digest, client_digest = fresh_digest("route-engine"), fresh_digest("route-client")
     tokens = await digest_tokens(shared_server, engine_digest)

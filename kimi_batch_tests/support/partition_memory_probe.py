@@ -36,6 +36,9 @@ from kimi_batch.settings import Settings
 
 __all__ = ["main"]
 
+# The first partition loads what every run loads (imports, first-run paths): one row a slot does.
+WARM_ROWS = 4
+
 
 def _kib(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -126,7 +129,7 @@ def main(argv: list[str]) -> None:
     generate = int(argv[4]) if len(argv) > 4 else None
     config = {"max_tokens": max_tokens, "n_probs": n_probs, "temperature": 0.0}
     with dg.instance_for_test() as instance:
-        _partition(instance, f"{source}_warm", 20, config)
+        _partition(instance, f"{source}_warm", WARM_ROWS, config)
         prefilled = 0
         if generate is not None:
             _write_inbox(source, rows)
