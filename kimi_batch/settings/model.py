@@ -346,8 +346,14 @@ class Settings(QualitySettings, StateSettings):
 
     @property
     def paths(self) -> StatePaths:
+        url = self.warehouse if isinstance(self.warehouse, str) else None
         return StatePaths(
-            home=self.home, warehouse_override=self.warehouse, database_url=self.database_url
+            home=self.home,
+            warehouse_override=self.warehouse if isinstance(self.warehouse, Path) else None,
+            database_url=self.database_url,
+            warehouse_url=url,
+            s3_endpoint=self.s3_endpoint,
+            s3_region=self.s3_region,
         )
 
     @property

@@ -1,5 +1,7 @@
 """Storage layer: Parquet warehouse in Hive layout, and Trino tables over it.
 
+    warehouse_at(settings.paths)          the local folder (Warehouse) or the s3:// prefix
+                                          (ObjectWarehouse: versions and pointers)
     Warehouse(root).write_partition(table, ds, source, rows) -> PartitionWrite
     TrinoPublisher(TrinoConfig(host=...)).publish_partition(warehouse, table, ds, source)
 
@@ -35,6 +37,7 @@ from kimi_batch.storage.api_validation import (
 from kimi_batch.storage.exceptions import (
     InvalidIdentifierError,
     InvalidPartitionError,
+    ObjectStoreError,
     SchemaMismatchError,
     StorageError,
     TrinoQueryError,
@@ -42,6 +45,7 @@ from kimi_batch.storage.exceptions import (
 )
 from kimi_batch.storage.inbox import InboxFile, file_sha256, inspect_inbox_file, scan_inbox
 from kimi_batch.storage.landing import Assignment, Landing, landed_versions
+from kimi_batch.storage.object_warehouse import ObjectWarehouse, warehouse_at
 from kimi_batch.storage.parquet import (
     PARTITION_COLUMNS,
     PartitionWrite,
@@ -81,6 +85,7 @@ from kimi_batch.storage.settle import (
     wait_until_settled,
 )
 from kimi_batch.storage.trino import PublishReport, TrinoConfig, TrinoPublisher
+from kimi_batch.storage.versions import PartitionVersions
 
 __all__ = [
     "MAX_VALIDATION_ATTEMPTS",
@@ -103,6 +108,9 @@ __all__ = [
     "InvalidIdentifierError",
     "InvalidPartitionError",
     "Landing",
+    "ObjectStoreError",
+    "ObjectWarehouse",
+    "PartitionVersions",
     "PartitionWrite",
     "PublishReport",
     "RequestCounts",
@@ -146,6 +154,7 @@ __all__ = [
     "validate_identifier",
     "validate_source",
     "wait_until_settled",
+    "warehouse_at",
     "write_batch_files",
     "write_private_text",
 ]

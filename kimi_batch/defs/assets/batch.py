@@ -157,13 +157,13 @@ def land_seed_partition(
                 ),
                 now=now,
                 set_aside=set_aside,
-                guard=held.check,
+                guard=held.lease,
             )
         finally:
             runner.run(client.aclose())
         sha = version.sha256 if version else None
         stamped = [row.model_copy(update={"input_sha256": sha}) for row in set_aside]
-        replace_quarantine(store, ds, source, INPUT_STAGE, stamped, guard=held.check)
+        replace_quarantine(store, ds, source, INPUT_STAGE, stamped, guard=held.lease)
         published = (
             [publish(context, trino, store, ["seeds", "quarantine"], ds, source, held.check)]
             if publish_now
@@ -180,7 +180,7 @@ def land_seed_partition(
             "input_sha256": dg.MetadataValue.text(sha or "none"),
             "read_from": "inbox" if resolved.from_inbox else "landed snapshot",
             "prompt_token_limit": limit,
-            "path": dg.MetadataValue.path(str(written.path)),
+            "path": dg.MetadataValue.path(written.location),
         },
         check_results=published,
     )

@@ -96,7 +96,7 @@ def land_stage(
     `publish_now=False` leaves the Trino publish and its check to the caller (a `Landing`)."""
     task, ds, source = plan.task, plan.ds, plan.source
     sink = StageSink(task, plan.inputs, input_sha256=plan.input_sha)
-    written = store.write_partition(task.table, ds, source, sink.rows(results), guard=held.check)
+    written = store.write_partition(task.table, ds, source, sink.rows(results), guard=held.lease)
     sink.failed(
         outcome.failures,
         source_file=source,
@@ -105,9 +105,9 @@ def land_stage(
         created_at=datetime.now(UTC),
     )
     quarantined = replace_quarantine(
-        store, ds, source, task.name, sink.quarantined, guard=held.check
+        store, ds, source, task.name, sink.quarantined, guard=held.lease
     )
-    checks = generation_checks(task.table, sink.figures(), pl.read_parquet_schema(written.path))
+    checks = generation_checks(task.table, sink.figures(), store.read_schema(written))
     if publish_now:
         checks.append(
             publish(context, trino, store, [task.table, "quarantine"], ds, source, held.check)
@@ -144,7 +144,7 @@ def stage_metadata(
         "quarantined": quarantined,
         **generation_figures(outcome),
         **sink.metadata(),
-        "path": dg.MetadataValue.path(str(written.path)),
+        "path": dg.MetadataValue.path(written.location),
     }
     if trino.enabled:
         name = trino.table_name(written.table)

@@ -9,7 +9,7 @@ from pydantic import Field
 from kimi_batch.engine import Ledger
 from kimi_batch.paths import StatePaths
 from kimi_batch.settings import Settings
-from kimi_batch.storage import Landing, Warehouse
+from kimi_batch.storage import Landing, Warehouse, warehouse_at
 
 __all__ = ["WarehouseResource"]
 
@@ -29,7 +29,7 @@ class WarehouseResource(dg.ConfigurableResource):
         return self.deployment.paths
 
     def warehouse(self) -> Warehouse:
-        return Warehouse(self.paths().warehouse_dir)
+        return warehouse_at(self.paths())
 
     def ledger(self) -> Ledger:
         return Ledger(self.paths().ledger_state)
