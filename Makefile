@@ -117,6 +117,9 @@ docs: setup
 reference: setup
 	$(PY) -m kimi_batch.cli.reference
 
+# `dagster dev` serves workspace.yaml's location from one code server it starts for the session
+# (its webserver and daemon attach to it; the UI's Reload loads edited code). A webserver and a
+# daemon started on their own use workspace.code-server.yaml instead: docs/deployment.md.
 dev: setup
 	mkdir -p $(KIMI_BATCH_HOME)/dagster
 	cp dagster.yaml $(KIMI_BATCH_HOME)/dagster/dagster.yaml

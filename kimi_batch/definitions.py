@@ -23,7 +23,7 @@ from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
-from kimi_batch.llama import ServerSpawnError, format_cpu_list, pin_to_the_rest, server_cpus
+from kimi_batch.llama import CpuListError, format_cpu_list, parse_cpu_list, pin_to_the_rest
 from kimi_batch.settings import Settings
 
 __all__ = [
@@ -57,18 +57,29 @@ def build_definitions(settings: Settings) -> dg.Definitions:
     """Everything in the defs folder, for the deployment `settings`, with its resources."""
     with building(settings):
         folder = dg.load_from_defs_folder(path_within_project=Path(__file__).parent)
-    return dg.Definitions.merge(folder, dg.Definitions(resources=build_resources(settings)))
+    # Every job's steps run in its run's own process (the jobs' default; a job may still name
+    # another executor). Steps of one run go one after another anyway (each holds the llama
+    # pool's one slot or waits on the step before it), so a process per step bought no
+    # parallelism: it cost a process start loading this location (~5-8 s on 2 cores) between
+    # every two steps, with the server idle (`bench --workload night`).
+    return dg.Definitions.merge(
+        folder,
+        dg.Definitions(resources=build_resources(settings), executor=dg.in_process_executor),
+    )
 
 
 def keep_off_the_server_cpus(settings: Settings) -> frozenset[int] | None:
     """With `KIMI_BATCH_LLAMA_CPUS` set, move this process (a code server or a run worker, and
-    what it starts) to the CPUs the server does not hold; the set it keeps, or None."""
-    try:
-        cpus = server_cpus(settings)
-    except ServerSpawnError as error:  # `server start` reports it; loading goes on unpinned
-        logging.getLogger(__name__).warning("not pinned: %s", error)
+    what it starts) to the CPUs the server does not hold; the set it keeps, or None.
+
+    A process started on the other CPUs already (`taskset`, a pinned parent) stays there: the
+    server's CPUs need not be among its own, as `server start` checks they are."""
+    if not settings.llama_cpus:
         return None
-    if cpus is None:
+    try:
+        cpus = parse_cpu_list(settings.llama_cpus)
+    except CpuListError as error:  # `server start` reports it; loading goes on unpinned
+        logging.getLogger(__name__).warning("not pinned: KIMI_BATCH_LLAMA_CPUS: %s", error)
         return None
     rest = pin_to_the_rest(cpus)
     logging.getLogger(__name__).info("pinned to CPUs %s", format_cpu_list(rest))

@@ -9,19 +9,18 @@
       landed/            content-addressed snapshots of ingested inputs + manifest.sqlite3
       inbox/             where users drop input files (the sensor watches it)
       warehouse/         Parquet tables in Hive layout (unless KIMI_BATCH_WAREHOUSE)
-      staging/           partitions built here before their upload to an object-store warehouse
       dagster/           DAGSTER_HOME of the demo and `make dev`
       bench/             `kimi-batch bench`: bench.json/.md/.png, speeds.json, state/ of its server
       tune/              `kimi-batch tune`: tune.json/.md/.png, speeds.json
+      quality/           dedup.sqlite3: every kept answer's exact key and MinHash (the duplicate
+                         index of the quality gate, across nights)
       api/               `kimi-batch api`: files/<sha256> (uploads and output files), api.sqlite3,
                          key (the generated bearer key, 0600)
       partitions_start   the first date partition of this install (written once)
 
 With `KIMI_BATCH_DATABASE_URL` set, the three databases (ledger, manifest, API store) are
 schemas of that PostgreSQL database instead of the SQLite files (`StateLocation`); the files
-stay where `kimi-batch state migrate` reads them. With `KIMI_BATCH_WAREHOUSE=s3://bucket/prefix`
-the tables are objects under that prefix (`warehouse_url`; `s3_endpoint` and `s3_region` name the
-server), and the ledger's store names each partition's current version.
+stay where `kimi-batch state migrate` reads them.
 
 Nothing else builds these paths. Directories holding generated text or inputs are created 0700:
 prompts and answers can be confidential, and the box is shared with Dagster and Trino users.
@@ -91,11 +90,6 @@ class StatePaths(BaseModel):
     home: Path
     warehouse_override: Path | None = None
     database_url: str | None = None
-    warehouse_url: str | None = Field(
-        default=None, description="s3://bucket/prefix: the warehouse is on an object store."
-    )
-    s3_endpoint: str | None = Field(default=None, description="The S3 server; None: AWS's.")
-    s3_region: str | None = None
 
     @property
     def server_dir(self) -> Path:
@@ -150,10 +144,6 @@ class StatePaths(BaseModel):
         return self.warehouse_override or self.home / "warehouse"
 
     @property
-    def staging_dir(self) -> Path:
-        return self.home / "staging"
-
-    @property
     def dagster_home(self) -> Path:
         return self.home / "dagster"
 
@@ -180,6 +170,10 @@ class StatePaths(BaseModel):
     @property
     def api_state(self) -> StateLocation:
         return StateLocation(path=self.api_db_path, schema_name="kimi_api", url=self.database_url)
+
+    @property
+    def dedup_index_path(self) -> Path:
+        return self.home / "quality" / "dedup.sqlite3"
 
     @property
     def api_key_path(self) -> Path:

@@ -187,9 +187,11 @@ def test_a_batch_api_batch_is_its_own_partition_with_no_amplification(
     assert job.tags["kimi_batch/uses_llama_server"] == "true"
 
 
-def _cpus_after_loading(home: Path, llama_cpus: str | None) -> str:
-    """Where a process may run after it loads the code location, as a code server or a run
-    worker does (`sorted(os.sched_getaffinity(0))` as printed)."""
+def _load_in_a_process(
+    home: Path, llama_cpus: str | None, *, started_on: set[int] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """A process (on `started_on`, else every CPU) that loads the code location, as a code server
+    or a run worker does, and prints `sorted(os.sched_getaffinity(0))` after."""
     env = {k: v for k, v in os.environ.items() if k != "KIMI_BATCH_LLAMA_CPUS"}
     env["KIMI_BATCH_HOME"] = str(home)
     if llama_cpus is not None:
@@ -200,10 +202,18 @@ def _cpus_after_loading(home: Path, llama_cpus: str | None) -> str:
         "defs()\n"
         "print(sorted(os.sched_getaffinity(0)))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        preexec_fn=None if started_on is None else lambda: os.sched_setaffinity(0, started_on),
     )
-    return out.stdout.strip().splitlines()[-1]
+
+
+def _cpus_after_loading(home: Path, llama_cpus: str | None) -> str:
+    return _load_in_a_process(home, llama_cpus).stdout.strip().splitlines()[-1]
 
 
 def test_loading_the_code_location_moves_it_off_a_pinned_servers_cpus(tmp_path: Path) -> None:
@@ -214,3 +224,17 @@ def test_loading_the_code_location_moves_it_off_a_pinned_servers_cpus(tmp_path: 
 
 def test_an_unpinned_code_location_keeps_every_cpu(tmp_path: Path) -> None:
     assert _cpus_after_loading(tmp_path, None) == str(sorted(os.sched_getaffinity(0)))
+
+
+def test_a_process_started_off_the_servers_cpus_stays_there_without_a_warning(
+    tmp_path: Path,
+) -> None:
+    # A code server started with `taskset` on the other CPUs (or by a pinned bench): the
+    # server's CPUs are not among its own, which is no reason to warn or to move.
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("needs two CPUs: one for the server, one for the rest")
+    loaded = _load_in_a_process(tmp_path, str(allowed[0]), started_on={allowed[-1]})
+
+    assert loaded.stdout.strip().splitlines()[-1] == str([allowed[-1]])
+    assert "not pinned" not in loaded.stderr

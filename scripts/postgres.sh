@@ -19,18 +19,9 @@
 # unprivileged `nobody` while their files stay the caller's, so no system user or chown is needed.
 set -euo pipefail
 
-say() { printf 'postgres: %s\n' "$*" >&2; }
-die() {
-    say "error: $*"
-    exit 1
-}
-
-abspath() {
-    case "$1" in
-    /*) printf '%s\n' "$1" ;;
-    *) printf '%s/%s\n' "$(pwd -P)" "${1#./}" ;;
-    esac
-}
+SCRIPT_NAME=postgres
+# shellcheck source=scripts/lib.sh
+. "$(cd -P "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
 
 HOME_DIR="$(abspath "${KIMI_BATCH_HOME:-./var}")"
 STATE="$HOME_DIR/postgres"

@@ -26,19 +26,9 @@ SCRIPT_DIR="$(cd -P "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_ROOT="$(dirname "$SCRIPT_DIR")"
 readonly SCRIPT_DIR REPO_ROOT
 
-say() { printf 'trino: %s\n' "$*" >&2; }
-die() {
-    say "error: $*"
-    exit 1
-}
-
-abspath() {
-    # The directory may not exist yet; resolve it against the current directory without touching it.
-    case "$1" in
-    /*) printf '%s\n' "$1" ;;
-    *) printf '%s/%s\n' "$(pwd -P)" "${1#./}" ;;
-    esac
-}
+SCRIPT_NAME=trino
+# shellcheck source=scripts/lib.sh
+. "$SCRIPT_DIR/lib.sh"
 
 HOME_DIR="$(abspath "${KIMI_BATCH_HOME:-./var}")"
 WAREHOUSE="$(abspath "${KIMI_BATCH_WAREHOUSE:-$HOME_DIR/warehouse}")"

@@ -27,7 +27,7 @@ from kimi_batch.storage import (
     BatchValidator,
     request_counts,
 )
-from kimi_batch.tasks.openai_batch import CHAT_COMPLETIONS_URL
+from kimi_batch.tasks.openai_batch import BATCH_ENDPOINTS
 
 __all__ = ["COMPLETION_WINDOWS", "BatchCreate", "router"]
 
@@ -65,7 +65,10 @@ class BatchCreate(BaseModel):
     input_file_id: str = Field(
         min_length=1, max_length=200, description="The uploaded file of request lines."
     )
-    endpoint: str = Field(max_length=200, description="`/v1/chat/completions`.")
+    endpoint: str = Field(
+        max_length=200,
+        description="`/v1/chat/completions`, `/v1/completions` or `/v1/responses`.",
+    )
     completion_window: str = Field(max_length=20, description="`24h`.")
     metadata: dict[str, str] | None = Field(
         default=None, description="At most 16 pairs: keys up to 64, values up to 512 characters."
@@ -112,19 +115,9 @@ _CREATE_BODY = {
 }
 
 
-# Why the other OpenAI batch endpoints are refused (docs/batch-api-lifecycle.md).
-_REFUSED_ENDPOINTS = {
-    "/v1/completions": "prompt-style completions batches are not run here yet (their output "
-    "lines would need OpenAI's text_completion shape)",
-    "/v1/responses": "Responses batches are not run here (the runner answers chat completions "
-    "only; whether this llama-server's /v1/responses matches OpenAI's is untested)",
-}
-
-
 def _endpoint_refused(endpoint: str) -> str:
-    why = _REFUSED_ENDPOINTS.get(endpoint)
-    reason = f": {why}" if why else ""
-    return f"endpoint {endpoint[:200]!r} is not supported{reason}; use {CHAT_COMPLETIONS_URL!r}"
+    served = ", ".join(repr(url) for url in BATCH_ENDPOINTS)
+    return f"endpoint {endpoint[:200]!r} is not supported; use one of {served}"
 
 
 @router.post("", openapi_extra=_CREATE_BODY)
@@ -135,7 +128,7 @@ def create_batch(
 ) -> dict[str, Any]:
     """Create a batch: it is `validating` at once; validated and landed, its run starts."""
     settings = settings_of(request)
-    if body.endpoint != CHAT_COMPLETIONS_URL:
+    if body.endpoint not in BATCH_ENDPOINTS:
         raise ApiError(400, _endpoint_refused(body.endpoint), param="endpoint")
     window = COMPLETION_WINDOWS.get(body.completion_window)
     if window is None:

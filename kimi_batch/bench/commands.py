@@ -23,7 +23,29 @@ def _write_outputs(
     return json_path, table_path, png_path
 
 
+def dedup_bench_command(args: argparse.Namespace, settings: Settings) -> int:
+    from kimi_batch.bench.dedup import (
+        DedupBenchOptions,
+        dedup_table,
+        run_dedup_bench,
+        write_dedup_outputs,
+    )
+
+    options = DedupBenchOptions(
+        rows=args.dedup_rows, partition_rows=args.rows_per_partition or 1000
+    )
+    document = run_dedup_bench(settings, options)
+    paths = write_dedup_outputs(document, settings.paths.bench_dir / "dedup.json")
+    if args.json:
+        write_dedup_outputs(document, Path(args.json))
+    print(dedup_table(document), end="")
+    print(f"written: {', '.join(str(p) for p in paths)}")
+    return 0
+
+
 def bench_command(args: argparse.Namespace, settings: Settings) -> int:
+    if args.workload == "dedup":  # no server: the duplicate index alone
+        return dedup_bench_command(args, settings)
     from kimi_batch.bench.rehearsal import RehearsalOptions
     from kimi_batch.bench.report import bench_chart, bench_table
     from kimi_batch.bench.run import BenchOptions, run_bench
@@ -55,6 +77,7 @@ def bench_command(args: argparse.Namespace, settings: Settings) -> int:
         night_partitions=args.partitions or 12,
         night_rows=args.rows_per_partition or 4,
         night_output_tokens=args.night_output_tokens,
+        night_pinning=args.pinning,
     )
     document = run_bench(settings, options)
     table = bench_table(document)
@@ -176,7 +199,7 @@ def add_perf_commands(commands: Any, *, json_help: str) -> None:
     )
     bench.add_argument(
         "--workload",
-        choices=["distill", "amplify", "both", "judge", "rewrite", "night", "rehearsal"],
+        choices=["distill", "amplify", "both", "judge", "rewrite", "night", "rehearsal", "dedup"],
         default="both",
         help="what to measure",
     )
@@ -194,12 +217,22 @@ def add_perf_commands(commands: Any, *, json_help: str) -> None:
     bench.add_argument("--rewrite-rows", type=int, default=20, help="rewrite: copy-heavy rows")
     bench.add_argument("--partitions", type=int, default=None, help="night/rehearsal: partitions")
     bench.add_argument(
-        "--rows-per-partition", type=int, default=None, help="night/rehearsal: rows of each"
+        "--rows-per-partition", type=int, default=None, help="night/rehearsal/dedup: rows of each"
     )
     bench.add_argument(
         "--night-output-tokens", type=int, default=32, help="night: the answer budget"
     )
+    bench.add_argument(
+        "--pinning",
+        choices=["configured", "both"],
+        default="configured",
+        help="night: the server's CPUs as KIMI_BATCH_LLAMA_CPUS says (configured), or the night "
+        "twice, unpinned then pinned (both)",
+    )
     bench.add_argument("--rehearsal-rows", type=int, default=10_000, help="rehearsal: all rows")
+    bench.add_argument(
+        "--dedup-rows", type=int, default=100_000, help="dedup: rows screened into the index"
+    )
     bench.add_argument(
         "--time-scale", type=float, default=600.0, help="rehearsal: times the target's speed"
     )

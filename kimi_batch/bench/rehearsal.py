@@ -35,7 +35,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.bench.night import SlotPoller
+from kimi_batch.bench.busy import SlotPoller
 from kimi_batch.bench.plan import PlanInput, PlanResult, plan_partition
 from kimi_batch.bench.ports import free_port
 from kimi_batch.bench.standin import StandinServer
@@ -114,6 +114,33 @@ class _Night(BaseModel):
     partition_overhead_s: float = Field(description="Seeds landed (and lease) per partition.")
 
 
+def _nights_request(
+    settings: Settings, instance: Any, scheduled: datetime, options: RehearsalOptions
+) -> tuple[Any, dict[str, Any], list[str]]:
+    """The schedule's one `nightly_job` request for `scheduled`, its run config made
+    distillation-only, and the partitions it asks for."""
+    import dagster as dg
+
+    from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME
+    from kimi_batch.defs.schedules import build_nightly_schedule
+    from kimi_batch.defs.stages import DISTILL, nightly_stages
+
+    context = dg.build_schedule_context(instance=instance, scheduled_execution_time=scheduled)
+    request = build_nightly_schedule(settings)(context)
+    # One run a night for the night's job: anything else is the rehearsal of something else.
+    assert isinstance(request, dg.RunRequest), request
+    assert request.job_name == NIGHTLY_JOB_NAME, request.job_name
+    config = request.run_config["ops"][NIGHTLY_OP_NAME]["config"]
+    # Amplification is the day's ingest job, not the night's: distil the seeds only.
+    night_config = {
+        **config,
+        "skip_stages": [d.asset for d in nightly_stages() if d is not DISTILL],
+        DISTILL.config_field: {"max_tokens": options.output_tokens},
+    }
+    run_config = {"ops": {NIGHTLY_OP_NAME: {"config": night_config}}}
+    return request, run_config, list(config["partitions"])
+
+
 def _night(
     settings: Settings,
     instance: Any,
@@ -125,32 +152,11 @@ def _night(
 ) -> _Night:
     """One night: evaluate the schedule and execute its one `nightly_job` run as the daemon
     would launch it (its run config and tags, plus the window's tag), distillation only."""
-    import dagster as dg
 
     from kimi_batch.definitions import build_definitions
-    from kimi_batch.defs.jobs import (
-        DISTILLED_RESPONSES,
-        NIGHTLY_JOB_NAME,
-        NIGHTLY_OP_NAME,
-        STOPPED_TAG,
-        WINDOW_TAG,
-    )
-    from kimi_batch.defs.schedules import build_nightly_schedule
-    from kimi_batch.defs.stages import DISTILL, nightly_stages
+    from kimi_batch.defs.jobs import DISTILLED_RESPONSES, NIGHTLY_JOB_NAME, STOPPED_TAG, WINDOW_TAG
 
-    context = dg.build_schedule_context(instance=instance, scheduled_execution_time=scheduled)
-    request = build_nightly_schedule(settings)(context)
-    # One run a night for the night's job: anything else is the rehearsal of something else.
-    assert isinstance(request, dg.RunRequest), request
-    assert request.job_name == NIGHTLY_JOB_NAME, request.job_name
-    config = request.run_config["ops"][NIGHTLY_OP_NAME]["config"]
-    partitions: list[str] = list(config["partitions"])
-    # Amplification is the day's ingest job, not the night's: distil the seeds only.
-    night_config = {
-        **config,
-        "skip_stages": [d.asset for d in nightly_stages() if d is not DISTILL],
-        DISTILL.config_field: {"max_tokens": options.output_tokens},
-    }
+    request, night_config, partitions = _nights_request(settings, instance, scheduled, options)
     job = build_definitions(settings).resolve_job_def(NIGHTLY_JOB_NAME)
     done_before = _ledger_rows(ledger_path)
     sim = server.sim
@@ -162,7 +168,7 @@ def _night(
     with SlotPoller(server.base_url, interval_s=0.02) as poller:
         result = job.execute_in_process(
             instance=instance,
-            run_config={"ops": {NIGHTLY_OP_NAME: {"config": night_config}}},
+            run_config=night_config,
             tags={**request.tags, WINDOW_TAG: window_ends.isoformat()},
             raise_on_error=False,
         )

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["bench_chart", "bench_table", "markdown_table", "tune_chart"]
+__all__ = ["bench_chart", "bench_table", "markdown_table", "night_table", "tune_chart"]
 
 _COLUMNS: tuple[tuple[str, str | tuple[str, str], str], ...] = (
     ("gen tok/s", "gen_tok_s", "{:.1f}"),
@@ -48,8 +48,9 @@ _FIGURES: dict[str, tuple[str, ...]] = {
         "spec_accepted_per_request", "spec_identical_fraction",
     ),
     "night": (
-        "partitions", "rows", "runs", "busy_fraction", "wall_s", "tok_s",
-        "engine_one_batch_tok_s", "night_over_one_batch", "idle_s", "cpu_s", "one_batch_cpu_s",
+        "partitions", "rows", "runs", "run_statuses", "busy_fraction", "wall_s", "tok_s",
+        "engine_one_batch_tok_s", "night_over_one_batch", "engine_one_batch_busy_fraction",
+        "idle_s", "client_cpu", "pinning",
     ),
     "rehearsal": (
         "rows", "partitions", "time_scale", "window_h", "rows_done_in_window", "plan_rows",
@@ -71,6 +72,64 @@ def _figure(value: Any) -> str:
 def _figures_table(name: str, section: dict[str, Any]) -> str:
     rows = [[key, _figure(section[key])] for key in _FIGURES[name] if key in section]
     return f"**{name}**\n\n{markdown_table(['figure', 'value'], rows)}"
+
+
+# The processes that are the orchestration (the bench, the server and the rest of the box are not).
+ORCHESTRATION = ("run_worker", "daemon", "code_servers", "webserver")
+
+
+def _night_headline(night: dict[str, Any]) -> str:
+    cpu = night.get("cpu_s") or {}
+    orchestration = sum(float(cpu.get(group, 0.0)) for group in ORCHESTRATION)
+    wall = float(cpu.get("wall") or 0.0)
+    share = f" ({100 * orchestration / wall:.0f} % of one core)" if wall else ""
+    return (
+        f"night / one batch **{night['night_over_one_batch']:.3f}** ({night['tok_s']:.2f} / "
+        f"{night['engine_one_batch_tok_s']:.2f} tok/s), busy fraction "
+        f"**{night['busy_fraction']:.3f}**; orchestration CPU {orchestration:.1f} s in "
+        f"{wall:.0f} s{share}"
+    )
+
+
+def _cpu_table(columns: dict[str, dict[str, Any]]) -> str:
+    """CPU seconds by process group, one column per sampled span."""
+    from kimi_batch.bench.cpu import GROUPS
+
+    header = [
+        "CPU seconds",
+        *(f"{name} ({split.get('wall', 0):.0f} s)" for name, split in columns.items()),
+    ]
+    rows = [
+        [group, *(f"{float(split.get(group, 0.0)):.1f}" for split in columns.values())]
+        for group in (*GROUPS, "machine")
+    ]
+    orchestration = [
+        f"{sum(float(split.get(g, 0.0)) for g in ORCHESTRATION):.1f}" for split in columns.values()
+    ]
+    rows.append([f"orchestration ({' + '.join(ORCHESTRATION)})", *orchestration])
+    return markdown_table(header, rows)
+
+
+def night_table(document: dict[str, Any]) -> str:
+    """The night: its headline (night / one batch, busy fraction, orchestration CPU), the CPU
+    split by process group, the other figures; the pinned night beside it when measured."""
+    nights = {name: document[name] for name in ("night", "night_pinned") if document.get(name)}
+    parts: list[str] = []
+    columns: dict[str, dict[str, Any]] = {}
+    for name, night in nights.items():
+        label = "pinned" if name == "night_pinned" else "night"
+        parts.append(f"**{name}**: {_night_headline(night)}")
+        columns[label] = night.get("cpu_s") or {}
+        if name == "night":
+            columns["one batch"] = night.get("one_batch_cpu_s") or {}
+    if len(nights) == 2:
+        ratio = nights["night_pinned"]["tok_s"] / nights["night"]["tok_s"]
+        parts.append(f"pinned night / unpinned night (tok/s): **{ratio:.3f}**")
+    parts.append(_cpu_table(columns))
+    for name, night in nights.items():
+        rows = [[key, _figure(night[key])] for key in _FIGURES["night"] if key in night]
+        parts.append(f"**{name}**\n\n{markdown_table(['figure', 'value'], rows)}")
+    return "\n\n".join(parts)
 
 
 def bench_table(document: dict[str, Any]) -> str:
@@ -99,7 +158,11 @@ def bench_table(document: dict[str, Any]) -> str:
             f"**{workload}** ({section['requests']} requests, {section['output_tokens']} output "
             f"tokens each)\n\n{markdown_table(header, rows)}\n\n{summary}"
         )
-    parts += [_figures_table(name, document[name]) for name in _FIGURES if document.get(name)]
+    parts += [
+        night_table(document) if name == "night" else _figures_table(name, document[name])
+        for name in _FIGURES
+        if document.get(name)
+    ]
     return "\n\n".join(parts) + "\n"
 
 
@@ -145,6 +208,9 @@ def _figures_chart(document: dict[str, Any], path: Path) -> Path:
     if night := document.get("night"):
         bars["night tok/s"] = night["tok_s"]
         bars["one batch tok/s"] = night["engine_one_batch_tok_s"]
+    if pinned := document.get("night_pinned"):
+        bars["pinned night"] = pinned["tok_s"]
+        bars["pinned one batch"] = pinned["engine_one_batch_tok_s"]
     if rehearsal := document.get("rehearsal"):
         bars["rehearsal rows"] = rehearsal["rows_done_in_window"]
         bars["plan rows"] = rehearsal["plan_rows"]
@@ -154,7 +220,7 @@ def _figures_chart(document: dict[str, Any], path: Path) -> Path:
     drawn = axis.bar(list(bars), list(bars.values()), color="#4c72b0")
     axis.bar_label(drawn, fmt="%.1f")
     if night and night_panels:
-        _cpu_panel(axes[1], night)
+        _cpu_panel(axes[1], night, document.get("night_pinned"))
         _token_rate_panel(axes[2], night)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -162,9 +228,12 @@ def _figures_chart(document: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def _cpu_panel(axis: Any, night: dict[str, Any]) -> None:
-    """CPU seconds by process group, stacked, for the night and the one-batch run."""
+def _cpu_panel(axis: Any, night: dict[str, Any], pinned: dict[str, Any] | None) -> None:
+    """CPU seconds by process group, stacked, for the night, the one-batch run and the pinned
+    night when measured."""
     runs = {"night": night["cpu_s"], "one batch": night.get("one_batch_cpu_s", {})}
+    if pinned and pinned.get("cpu_s"):
+        runs["pinned night"] = pinned["cpu_s"]
     from kimi_batch.bench.cpu import GROUPS  # the groups in one order, one colour each
 
     groups = [g for g in GROUPS if g in night["cpu_s"]]

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -25,6 +25,7 @@ from kimi_batch.bench.contenders import (
     run_engine,
     run_naive,
 )
+from kimi_batch.bench.errors import BenchError
 from kimi_batch.bench.measure import ContenderReport
 from kimi_batch.bench.night import run_night
 from kimi_batch.bench.plan import PlanInput, Speeds, plan_partition, save_speeds
@@ -40,7 +41,7 @@ from kimi_batch.bench.workloads import (
     judge_workload,
     rewrite_workload,
 )
-from kimi_batch.llama import LlamaClient, ResidentServer, server_from_settings
+from kimi_batch.llama import LlamaClient, ResidentServer, format_cpu_list, server_from_settings
 from kimi_batch.settings import Settings
 
 __all__ = ["BenchOptions", "run_bench"]
@@ -68,6 +69,11 @@ class BenchOptions(BaseModel):
     night_rows: int = Field(default=4, ge=1, description="Seed rows per night partition.")
     night_output_tokens: int = Field(
         default=32, ge=1, description="The night's server --n-predict (every answer's length)."
+    )
+    night_pinning: Literal["configured", "both"] = Field(
+        default="configured",
+        description="configured: KIMI_BATCH_LLAMA_CPUS as set (unset: unpinned); both: the "
+        "night unpinned, then pinned (that set, else every CPU but the first), back to back.",
     )
     rehearsal: RehearsalOptions = Field(default_factory=RehearsalOptions)
     spec_type: str | None = Field(
@@ -134,6 +140,49 @@ def _ceiling(
     return points[-1].model_dump()
 
 
+def _plan_check(target: BenchTarget, workload: Workload, engine: ContenderReport) -> dict[str, Any]:
+    """What `plan` predicts from this run's own per-slot speeds, against the engine's wall."""
+    predicted = plan_partition(
+        PlanInput(
+            prompt_tokens=round(engine.prompt_tokens_evaluated / max(engine.requests, 1)),
+            output_tokens=workload.output_tokens,
+            rows=engine.requests,
+            prompt_tok_s=max(engine.prompt_tok_s, 1e-6),
+            gen_tok_s=max(engine.slot_gen_tok_s, 1e-6),
+            slots=target.endpoint.slots,
+        )
+    )
+    return {
+        "plan_predicted_wall_s": round(predicted.wall_s, 2),
+        "engine_wall_s": round(engine.wall_s, 2),
+        "plan_error": _ratio(predicted.wall_s - engine.wall_s, engine.wall_s),
+    }
+
+
+def _dagster_contender(
+    settings: Settings, workload: Workload, engine: ContenderReport, section: dict[str, Any]
+) -> ContenderReport:
+    """The same prompts as a Dagster partition run; its figures go into `section`."""
+    # The partition holding the same prompts: the inbox file the workload was written to.
+    dagster = run_dagster(settings, DISTILL_FILE, workload.output_tokens, workload.params.seed or 0)
+    engine_total = engine.wall_s + engine.warmup_s
+    section["dagster_wall_s"] = round(dagster.wall_s, 2)
+    section["dagster_tok_s"] = round(dagster.rows * workload.output_tokens / dagster.wall_s, 2)
+    section["orchestration_overhead_s"] = round(dagster.wall_s - engine_total, 2)
+    section["peak_rss_mb"] = round(max(engine.peak_rss_mb, dagster.peak_rss_mb), 1)
+    return ContenderReport(
+        **{
+            **engine.model_dump(),
+            "name": "dagster",
+            "wall_s": dagster.wall_s,
+            "warmup_s": 0.0,
+            "gen_tok_s": section["dagster_tok_s"],
+            "gen_tok_s_incl_warmup": section["dagster_tok_s"],
+            "peak_rss_mb": dagster.peak_rss_mb,
+        }
+    )
+
+
 def _run_workload(
     settings: Settings, target: BenchTarget, workload: Workload, options: BenchOptions
 ) -> dict[str, Any]:
@@ -167,41 +216,9 @@ def _run_workload(
     if "naive" in reports:
         section["naive_tok_s"] = round(reports["naive"].gen_tok_s, 2)
         section["engine_over_naive"] = _ratio(engine.gen_tok_s, reports["naive"].gen_tok_s)
-    # What `plan` predicts from this run's own per-slot speeds, against the engine's wall.
-    predicted = plan_partition(
-        PlanInput(
-            prompt_tokens=round(engine.prompt_tokens_evaluated / max(engine.requests, 1)),
-            output_tokens=workload.output_tokens,
-            rows=engine.requests,
-            prompt_tok_s=max(engine.prompt_tok_s, 1e-6),
-            gen_tok_s=max(engine.slot_gen_tok_s, 1e-6),
-            slots=target.endpoint.slots,
-        )
-    )
-    section["plan_predicted_wall_s"] = round(predicted.wall_s, 2)
-    section["engine_wall_s"] = round(engine.wall_s, 2)
-    section["plan_error"] = _ratio(predicted.wall_s - engine.wall_s, engine.wall_s)
+    section.update(_plan_check(target, workload, engine))
     if workload.name == "distill" and options.dagster:
-        # The partition holding the same prompts: the inbox file the workload was written to.
-        dagster = run_dagster(
-            settings, DISTILL_FILE, workload.output_tokens, workload.params.seed or 0
-        )
-        engine_total = engine.wall_s + engine.warmup_s
-        section["dagster_wall_s"] = round(dagster.wall_s, 2)
-        section["dagster_tok_s"] = round(dagster.rows * workload.output_tokens / dagster.wall_s, 2)
-        section["orchestration_overhead_s"] = round(dagster.wall_s - engine_total, 2)
-        section["peak_rss_mb"] = round(max(engine.peak_rss_mb, dagster.peak_rss_mb), 1)
-        reports["dagster"] = ContenderReport(
-            **{
-                **engine.model_dump(),
-                "name": "dagster",
-                "wall_s": dagster.wall_s,
-                "warmup_s": 0.0,
-                "gen_tok_s": section["dagster_tok_s"],
-                "gen_tok_s_incl_warmup": section["dagster_tok_s"],
-                "peak_rss_mb": dagster.peak_rss_mb,
-            }
-        )
+        reports["dagster"] = _dagster_contender(settings, workload, engine, section)
     if options.ceiling:
         prompt = target.digest_tokens + round(asyncio.run(_user_tokens(target, workload)))
         ceiling = _ceiling(settings, target, prompt, workload.output_tokens)
@@ -235,68 +252,100 @@ def _run_bench(settings: Settings, options: BenchOptions) -> dict[str, Any]:
     local = bench_settings(
         settings, n_predict=options.night_output_tokens if night else None, ignore_eos=not night
     )
+    if night and options.night_pinning == "both":
+        return _pinning_pair(local, options)
     document, speeds = _run_all(local, options)
     if speeds is not None:  # speeds of the distill or amplify workload, the ones `plan` takes
         save_speeds(settings.paths.bench_dir, speeds)
     return document
 
 
-def _run_all(local: Settings, options: BenchOptions) -> tuple[dict[str, Any], Speeds | None]:
-    manager = server_from_settings(local, load_timeout_s=600)
-    assert isinstance(manager, ResidentServer)
-    manager.stop()  # a bench server left behind by a killed run
-    load_before = os.getloadavg()
-    started = time.perf_counter()
-    try:
-        handle = manager.ensure_running()
-        target = asyncio.run(bench_target(handle.base_url, handle.model, local.digest))
-        inbox = local.paths.inbox_dir
-        sections: dict[str, dict[str, Any]] = {}
-        for name in options.workloads:
-            if name == "rewrite":
-                continue  # last: it restarts the server with speculation
-            if name == "night":
-                sections["night"] = run_night(
-                    local,
-                    target,
-                    partitions=options.night_partitions,
-                    rows=options.night_rows,
-                    work_dir=local.home,
-                )
-                continue
-            if name in ("distill", "judge"):
-                workload = distill_workload(
-                    inbox / DISTILL_FILE, rows=options.rows, output_tokens=options.output_tokens
-                )
-                if name == "judge":
-                    rubric = local.judge_rubric.read_text(encoding="utf-8")
-                    workload = judge_workload(
-                        workload, rubric=rubric, answer_tokens=options.output_tokens
-                    )
-            else:
-                workload = amplify_workload(
-                    local.home / "workloads" / "amplify.jsonl",
-                    seeds=options.seeds_per_slot * target.endpoint.slots,
-                    variants=options.variants,
-                    output_tokens=options.amplify_output_tokens,
-                )
-            sections[name] = _run_workload(local, target, workload, options)
-        if "rewrite" in options.workloads:
-            workload = rewrite_workload(
-                local.home / "workloads" / "rewrite.jsonl",
-                rows=options.rewrite_rows,
-                output_tokens=options.rewrite_output_tokens,
-            )
-            sections["rewrite"] = run_rewrite(
-                manager,
-                workload,
-                digest_path=local.digest,
-                spec_type=options.spec_type or local.llama_spec or DEFAULT_SPEC_TYPE,
-                draft_model=local.llama_draft_model,
+def _pinned_cpus(settings: Settings) -> str:
+    """The server's CPUs of the pinned night: KIMI_BATCH_LLAMA_CPUS, else every CPU this
+    process may use but the first (on 2 cores: the server on CPU 1, the rest on CPU 0)."""
+    if settings.llama_cpus:
+        return settings.llama_cpus
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise BenchError("--pinning both needs two CPUs at least")
+    return format_cpu_list(frozenset(cpus[1:]))
+
+
+def _pinning_pair(local: Settings, options: BenchOptions) -> dict[str, Any]:
+    """The night unpinned, then pinned, on the same machine minutes apart: `night` and
+    `night_pinned` (the pinned server's threads fit its set)."""
+    unpinned = local.model_copy(update={"llama_cpus": None})
+    pinned = local.model_copy(update={"llama_cpus": _pinned_cpus(local)})
+    document, _ = _run_all(unpinned, options)
+    second, _ = _run_all(pinned, options, client_cpu=False)
+    document["night_pinned"] = second["night"]
+    document["config_pinned"] = second["config"]
+    return document
+
+
+def _workload(name: str, local: Settings, target: BenchTarget, options: BenchOptions) -> Workload:
+    """The requests of a distill, judge or amplify workload."""
+    if name in ("distill", "judge"):
+        workload = distill_workload(
+            local.paths.inbox_dir / DISTILL_FILE,
+            rows=options.rows,
+            output_tokens=options.output_tokens,
+        )
+        if name == "judge":
+            rubric = local.judge_rubric.read_text(encoding="utf-8")
+            workload = judge_workload(workload, rubric=rubric, answer_tokens=options.output_tokens)
+        return workload
+    return amplify_workload(
+        local.home / "workloads" / "amplify.jsonl",
+        seeds=options.seeds_per_slot * target.endpoint.slots,
+        variants=options.variants,
+        output_tokens=options.amplify_output_tokens,
+    )
+
+
+def _sections(
+    local: Settings,
+    manager: ResidentServer,
+    target: BenchTarget,
+    options: BenchOptions,
+    client_cpu: bool,
+) -> dict[str, dict[str, Any]]:
+    """Every workload's figures, on the running bench server."""
+    sections: dict[str, dict[str, Any]] = {}
+    for name in options.workloads:
+        if name == "rewrite":
+            continue  # last: it restarts the server with speculation
+        if name == "night":
+            sections["night"] = run_night(
+                local,
+                target,
+                partitions=options.night_partitions,
+                rows=options.night_rows,
                 work_dir=local.home,
+                client_cpu=client_cpu,
             )
-    finally:
-        manager.stop()
+            continue
+        workload = _workload(name, local, target, options)
+        sections[name] = _run_workload(local, target, workload, options)
+    if "rewrite" in options.workloads:
+        workload = rewrite_workload(
+            local.home / "workloads" / "rewrite.jsonl",
+            rows=options.rewrite_rows,
+            output_tokens=options.rewrite_output_tokens,
+        )
+        sections["rewrite"] = run_rewrite(
+            manager,
+            workload,
+            digest_path=local.digest,
+            spec_type=options.spec_type or local.llama_spec or DEFAULT_SPEC_TYPE,
+            draft_model=local.llama_draft_model,
+            work_dir=local.home,
+        )
+    return sections
+
+
+def _document(sections: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The JSON document: the distill figures at the top level, each workload under its name."""
     document: dict[str, Any] = {}
     if "distill" in sections:
         distill = sections["distill"]
@@ -310,11 +359,30 @@ def _run_all(local: Settings, options: BenchOptions) -> tuple[dict[str, Any], Sp
         document["judge"]["judge_over_answer_wall"] = _ratio(
             sections["judge"]["engine_wall_s"], sections["distill"]["engine_wall_s"]
         )
+    return document
+
+
+def _run_all(
+    local: Settings, options: BenchOptions, *, client_cpu: bool = True
+) -> tuple[dict[str, Any], Speeds | None]:
+    manager = server_from_settings(local, load_timeout_s=600)
+    assert isinstance(manager, ResidentServer)
+    manager.stop()  # a bench server left behind by a killed run
+    load_before = os.getloadavg()
+    started = time.perf_counter()
+    try:
+        handle = manager.ensure_running()
+        target = asyncio.run(bench_target(handle.base_url, handle.model, local.digest))
+        sections = _sections(local, manager, target, options, client_cpu)
+    finally:
+        manager.stop()
+    document = _document(sections)
     document["config"] = {
         "model": handle.model,
         "slots": target.endpoint.slots,
         "ctx_per_slot": target.endpoint.ctx,
-        "threads": min(local.llama_threads, os.cpu_count() or 1),
+        "threads": manager.spec.effective_threads()[0],
+        "llama_cpus": local.llama_cpus,
         "digest_tokens": target.digest_tokens,
         "cpus": os.cpu_count(),
         "load_avg_before": [round(x, 2) for x in load_before],

@@ -164,9 +164,11 @@ def _add_export(commands: argparse._SubParsersAction[_Parser]) -> None:
         "top-k logprobs). Batch API batches are left out of them unless --source names one.",
     )
     export.add_argument(
-        "--format", choices=["openai-batch", "chat", "hf", "kd"], default="openai-batch",
+        "--format",
+        choices=["openai-batch", "chat", "hf", "kd"],
+        default="openai-batch",
         help="what to write (default: openai-batch)",
-    )  # fmt: skip
+    )
     export.add_argument("--since", type=_day, metavar="D", help="first day to export, YYYY-MM-DD")
     export.add_argument("--until", type=_day, metavar="D", help="last day to export, YYYY-MM-DD")
     export.add_argument("--date", type=_day, metavar="D", help="one day only, YYYY-MM-DD")
@@ -174,20 +176,29 @@ def _add_export(commands: argparse._SubParsersAction[_Parser]) -> None:
         "--source", default=None, metavar="S", help="one source only: the input file's stem"
     )
     export.add_argument(
-        "--min-judge-score", type=_score, metavar="N",
+        "--min-judge-score",
+        type=_score,
+        metavar="N",
         help="keep only answers the judge scored N (1-10) or more",
-    )  # fmt: skip
+    )
     export.add_argument(
-        "--system", action="append", type=Path, default=[], metavar="FILE",
+        "--system",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="FILE",
         help="an older system digest file, for answers generated under it (repeatable)",
-    )  # fmt: skip
+    )
     export.add_argument(
         "--no-system", action="store_true", help="write the conversations without a system turn"
     )
     export.add_argument(
-        "--out", type=Path, default=None, metavar="PATH",
+        "--out",
+        type=Path,
+        default=None,
+        metavar="PATH",
         help="the output file, or folder for hf (default: under the state directory)",
-    )  # fmt: skip
+    )
     export.set_defaults(func=_export)
 
 
@@ -338,10 +349,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     status_all = commands.add_parser(
         "status",
-        help="where everything stands: server, finished rows, partitions, last night, inbox",
+        help="where everything stands: server, finished rows, partitions, last night, inbox, "
+        "answers kept out of training",
         description="One screen: the model server, the rows finished per table, the partitions "
-        "done, pending, failed or stale, the last night's run and the inbox. Reads only; "
-        "changes nothing.",
+        "done, pending, failed or stale, the last night's run, the inbox, and the answers set "
+        "aside as duplicates or benchmark overlaps. Reads only; changes nothing.",
     )
     status_all.add_argument("--json", action="store_true", help=JSON_HELP)
     status_all.set_defaults(func=_status)

@@ -104,13 +104,8 @@ def _metadata(result: dg.ExecuteInProcessResult, asset: str) -> dict[str, Any]:
     return {key: value.value for key, value in materializations[-1].metadata.items()}
 
 
-def run_demo(settings: Settings, *, console_log_level: str = "INFO") -> dict[str, Any]:
-    """Digest, prefill, then every inbox partition; returns the summary the CLI prints.
-
-    Progress goes to `kimi_batch.engine.progress` listeners as well as to the run logs.
-    """
-    quiet = _console_config(console_log_level)
-    _preflight(settings)
+def _inbox_files(settings: Settings) -> list[Assignment]:
+    """The inbox's settled files with their partitions (the samples seeded into an empty one)."""
     _seed_inbox(settings)
     with Landing(settings.paths) as landing:
         assigned = landing.assign_inbox(
@@ -121,6 +116,17 @@ def run_demo(settings: Settings, *, console_log_level: str = "INFO") -> dict[str
         files = [item for item in assigned if _settled(settings, landing, item)]
     if not files:
         raise MissingInputError(f"no input files in {settings.paths.inbox_dir}")
+    return files
+
+
+def run_demo(settings: Settings, *, console_log_level: str = "INFO") -> dict[str, Any]:
+    """Digest, prefill, then every inbox partition; returns the summary the CLI prints.
+
+    Progress goes to `kimi_batch.engine.progress` listeners as well as to the run logs.
+    """
+    quiet = _console_config(console_log_level)
+    _preflight(settings)
+    files = _inbox_files(settings)
     resources = build_resources(settings)
     assets = batch_assets(settings)
     instance = demo_instance(settings)
@@ -163,5 +169,5 @@ def run_demo(settings: Settings, *, console_log_level: str = "INFO") -> dict[str
         "cache_hit_ratio": round(min(cache_ratios), 4) if cache_ratios else 1.0,
         "digest_prefills": prefill.get("prefills"),
         "digest_restores": prefill.get("restores"),
-        "warehouse": settings.paths.warehouse_url or str(settings.paths.warehouse_dir),
+        "warehouse": str(settings.paths.warehouse_dir),
     }

@@ -13,6 +13,7 @@ Files hold prompts and answers: written 0600 whole (temp, fsync, rename), the fo
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from datetime import date
 from pathlib import Path
@@ -30,16 +31,10 @@ from kimi_batch.cli.exports.selection import (
 )
 from kimi_batch.engine import load_digest
 from kimi_batch.errors import ConfigError, MissingInputError
-from kimi_batch.llama import TokenLogprob
+from kimi_batch.llama import TokenLogprob, ToolCall
 from kimi_batch.paths import private_dir
 from kimi_batch.settings import Settings
-from kimi_batch.storage import (
-    Warehouse,
-    private_writer,
-    validate_ds,
-    validate_source,
-    warehouse_at,
-)
+from kimi_batch.storage import Warehouse, private_writer, validate_ds, validate_source
 from kimi_batch.tasks.openai_batch import AnsweredRequest, error_line, response_line
 
 __all__ = [
@@ -67,6 +62,7 @@ def export_custom_id(input_id: str, variant: tuple[str, str] | None) -> str:
 def _answer(row: dict[str, Any]) -> AnsweredRequest:
     variant = None if row["origin"] == "seed" else (row["seed_id"], row["strategy"])
     logprobs = row.get("logprobs")
+    calls = row.get("tool_calls")
     return AnsweredRequest(
         custom_id=export_custom_id(row["input_id"], variant),
         request_id=row["request_id"],
@@ -75,6 +71,7 @@ def _answer(row: dict[str, Any]) -> AnsweredRequest:
         content=row["response"],
         reasoning=row.get("reasoning"),
         logprobs=[TokenLogprob.model_validate(t) for t in logprobs] if logprobs else None,
+        tool_calls=[ToolCall.model_validate(c) for c in json.loads(calls)] if calls else None,
         finish_reason=row["finish_reason"],
         prompt_tokens=row["prompt_tokens"],
         completion_tokens=row["completion_tokens"],
@@ -178,7 +175,7 @@ def run_export(settings: Settings, request: ExportRequest) -> Path:
     query = request.query.check()
     if query.min_judge_score is not None and request.fmt not in TRAINING_FORMATS:
         raise ConfigError("--min-judge-score chooses training rows: use it with chat, hf or kd")
-    warehouse = warehouse_at(settings.paths)
+    warehouse = Warehouse(settings.paths.warehouse_dir)
     training = request.fmt in TRAINING_FORMATS
     partitions = select_partitions(warehouse, query, training=training)
     path = request.out or _default_path(settings, request)

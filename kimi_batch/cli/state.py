@@ -4,10 +4,8 @@ The ledger (finished requests), the landing manifest (every file's partition and
 versions) and the Batch API store (files and batches) move as they are, so a team that outgrows
 one box keeps every row it generated: a rerun on PostgreSQL finds them all and sends nothing.
 Partition leases are left behind (a lease is held by a running process; none runs across a
-move). An s3:// warehouse's pointers (which version of each partition is current) live in the
-ledger's store and move with it. The files under the state dir (landed snapshots, Batch API
-blobs, a local warehouse) stay where they are; `KIMI_BATCH_WAREHOUSE` names where the warehouse
-is read from.
+move). The files under the state dir (landed snapshots, Batch API blobs, the warehouse) stay
+where they are; `KIMI_BATCH_WAREHOUSE` names where the warehouse is read from.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ def migrate_state(settings: Settings, url: str) -> list[StoreCopy]:
     """Copy the ledger, the manifest and the API store of `settings`' state dir to `url`."""
     # Imported when run: the CLI's other commands start without the storage layer.
     from kimi_batch.engine import Ledger
-    from kimi_batch.storage import ApiStore, Landing, PartitionVersions
+    from kimi_batch.storage import ApiStore, Landing
 
     try:
         StateSettings(database_url=url)
@@ -39,7 +37,6 @@ def migrate_state(settings: Settings, url: str) -> list[StoreCopy]:
     target = source.model_copy(update={"database_url": url})
     # Each store creates its own tables in the target first.
     Ledger(target.ledger_state).close()
-    PartitionVersions(target.ledger_state).create()  # an s3:// warehouse's pointers
     Landing(target).close()
     ApiStore(target).close()
     copies = []

@@ -1,4 +1,5 @@
-"""`kimi-batch status`: the server, the ledger, the partitions, the nightly run and the inbox.
+"""`kimi-batch status`: the server, the ledger, the partitions, the nightly run, the inbox and
+the quality totals (answers set aside as duplicates or contaminated, the judge's scores).
 
 Read-only: nothing here starts a server, prefills a slot, writes to the Dagster instance or creates
 a file or folder (a mistyped KIMI_BATCH_HOME stays absent), so the command is safe to run in a loop
@@ -25,6 +26,7 @@ import dagster as dg
 from pydantic import BaseModel
 from sqlalchemy.exc import SQLAlchemyError
 
+from kimi_batch.cli.status_quality import quality_section
 from kimi_batch.cli.status_sections import (
     MAX_KEYS,
     DigestState,
@@ -58,7 +60,7 @@ from kimi_batch.storage import (
     scan_inbox,
     still_changing,
 )
-from kimi_batch.tasks.stages import stage_of_tag
+from kimi_batch.tasks.registry import stage_of_tag
 
 __all__ = ["Status", "collect_status", "render_status"]
 
@@ -388,4 +390,5 @@ def collect_status(settings: Settings, *, now: datetime | None = None) -> Status
             waiting_files=waiting[:MAX_KEYS],
             error=manifest.error,
         ),
+        quality=quality_section(settings),
     )

@@ -15,6 +15,7 @@ __all__ = [
     "NightRun",
     "NightlySection",
     "PartitionsSection",
+    "QualitySection",
     "ServerSection",
     "Status",
     "render_status",
@@ -105,12 +106,31 @@ class InboxSection(_Section):
     error: str | None = None
 
 
+class QualitySection(_Section):
+    """What the quality gate kept out of training, over every partition, and the judge's scores."""
+
+    dedup: bool = Field(description="Duplicate removal is on (KIMI_BATCH_DEDUP).")
+    indexed: int = Field(default=0, description="Kept answers in the duplicate index.")
+    duplicates: int = Field(default=0, description="Answers set aside as exact repeats.")
+    near_duplicates: int = Field(default=0, description="Answers set aside as near-duplicates.")
+    contaminated: int = Field(
+        default=0, description="Answers set aside as sharing an n-gram with a benchmark item."
+    )
+    benchmarks: list[str] = Field(description="Benchmark files (KIMI_BATCH_BENCHMARKS).")
+    judged: int = Field(default=0, description="Answers the judge stage scored.")
+    judge_scores: dict[int, int] = Field(
+        default_factory=dict, description="Judged answers by score (1-10)."
+    )
+    error: str | None = None
+
+
 class Status(_Section):
     server: ServerSection
     ledger: LedgerSection
     partitions: PartitionsSection
     nightly: NightlySection
     inbox: InboxSection
+    quality: QualitySection
 
 
 def _counts(counts: dict[str, int]) -> str:
@@ -165,4 +185,21 @@ def render_status(status: Status) -> str:
         lines.append(f"  {inbox.error}")
     if inbox.waiting_files:
         lines.append(f"  waiting: {', '.join(inbox.waiting_files)}")
+    lines.append(_quality_line(status.quality))
     return "\n".join(lines)
+
+
+def _quality_line(quality: QualitySection) -> str:
+    if quality.error:
+        return f"quality    {quality.error}"
+    dedup = f"dedup on, {quality.indexed} kept answers indexed" if quality.dedup else "dedup off"
+    benchmarks = f"{len(quality.benchmarks)} benchmark file(s)" if quality.benchmarks else "none"
+    line = (
+        f"quality    {dedup}; set aside {quality.duplicates} duplicate, "
+        f"{quality.near_duplicates} near-duplicate, {quality.contaminated} contaminated "
+        f"(benchmarks: {benchmarks})"
+    )
+    if quality.judged:
+        scores = " ".join(f"{score}:{n}" for score, n in sorted(quality.judge_scores.items()))
+        line += f"; judged {quality.judged} (scores {scores})"
+    return line

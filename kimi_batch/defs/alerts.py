@@ -8,9 +8,10 @@
   07:00 when unset, in the schedule's timezone). `distilled_freshness_alert` evaluates it once
   per night after that deadline, records the result on the check (the UI shows it) and posts a
   message when it fails. The check can also be executed from the UI at any time. A partition
-  whose latest `published_to_trino` or `truncation_rate` check failed fails it too, by name: those
-  checks do not fail their run, so nothing else would tell the morning. When the webhook does not
-  take the message, the night's cursor is not advanced and the next tick delivers it again.
+  whose latest `published_to_trino`, `truncation_rate` or `benchmark_contamination` check failed
+  fails it too, by name: those checks do not fail their run, so nothing else would tell the
+  morning. When the webhook does not take the message, the night's cursor is not advanced and
+  the next tick delivers it again.
 
 Messages go to `KIMI_BATCH_ALERT_WEBHOOK` (Slack-compatible JSON). Both sensors start running when
 that variable is set and stopped otherwise; without a webhook they only record and log.

@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict
 from kimi_batch.defs.stages import SEED_ASSET, STAGE_DECLARATIONS
 
 __all__ = [
+    "CONTAMINATION_CHECK",
+    "DUPLICATE_CHECK",
     "PUBLISHED_CHECK",
     "TRUNCATION_CHECK",
     "FailedCheck",
@@ -26,6 +28,10 @@ __all__ = [
 
 PUBLISHED_CHECK = "published_to_trino"
 TRUNCATION_CHECK = "truncation_rate"
+# The quality-gated stages' share of rows sharing an n-gram with a benchmark (fails above the
+# configured rate), and of rows repeating kept ones (warns; not an alert: they are set aside).
+CONTAMINATION_CHECK = "benchmark_contamination"
+DUPLICATE_CHECK = "duplicate_rate"
 # Failed evaluations read per page while looking for a partition's newest one.
 _HISTORY_PAGE = 200
 
@@ -37,9 +43,14 @@ def published_checks() -> list[dg.AssetCheckKey]:
 
 
 def watched_checks() -> list[dg.AssetCheckKey]:
-    """The checks the alerts report: publishing, and every declared stage's truncation rate."""
-    truncation = [dg.AssetCheckKey(d.key, TRUNCATION_CHECK) for d in STAGE_DECLARATIONS.values()]
-    return [*published_checks(), *truncation]
+    """The checks the alerts report: publishing, every declared stage's truncation rate and
+    the quality-gated stages' benchmark contamination."""
+    stages = STAGE_DECLARATIONS.values()
+    truncation = [dg.AssetCheckKey(d.key, TRUNCATION_CHECK) for d in stages]
+    contamination = [
+        dg.AssetCheckKey(d.key, CONTAMINATION_CHECK) for d in stages if d.task.quality_gated
+    ]
+    return [*published_checks(), *truncation, *contamination]
 
 
 class FailedCheck(BaseModel):

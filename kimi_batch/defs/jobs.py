@@ -81,15 +81,11 @@ ingest_job = dg.define_asset_job(
 # One partition's distillation (the UI, backfills). Upstream included: a day the sensor never
 # ingested still gets its answers, and a day it did costs no generation twice (finished requests
 # come from the ledger).
-# In process: its steps run one after another anyway (each holds the llama pool's one slot, or
-# waits on the step before it), so a process per step bought no parallelism and cost the server
-# an idle process start between every two steps (~5 s each on 2 cores, `bench --workload night`).
 distillation_job = dg.define_asset_job(
     name="distillation_job",
     selection=dg.AssetSelection.assets(DISTILLED_RESPONSES).upstream(),
     description="Teacher answers for a partition; upstream steps reuse the ledger.",
     tags=_tags("distillation"),
-    executor_def=dg.in_process_executor,
 )
 
 # A Batch API batch: its own partition, queued behind (or before) the nightly runs like any run
@@ -99,9 +95,6 @@ api_batch_job = dg.define_asset_job(
     selection=dg.AssetSelection.assets(API_BATCH_RESPONSES),
     description="Answers of one Batch API batch (started by the API batch sensor).",
     tags=_tags("api_batch"),
-    # One step: a process of its own would only add a process start (~5 s on 2 cores) to
-    # every batch, with the server idle.
-    executor_def=dg.in_process_executor,
 )
 
 

@@ -39,6 +39,7 @@ def generation_figures(outcome: BatchOutcome) -> dict[str, dg.RawMetadataValue]:
         "latency_p50_ms": _r(stats.latency_p50_ms, 0),
         "latency_p95_ms": _r(stats.latency_p95_ms, 0),
         "max_in_flight": stats.max_in_flight,
+        "in_flight_at_start": stats.in_flight_at_start,
         "wall_s": _r(stats.wall_s, 1),
         "digest_sha256": dg.MetadataValue.text(outcome.digest_sha256[:12]),
         "digest_sha256_full": dg.MetadataValue.text(outcome.digest_sha256),

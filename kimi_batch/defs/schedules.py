@@ -16,9 +16,9 @@ newest landed version is landed as a new version (`storage.land_inbox`), so a fi
 under the same name, or reverted (A -> B -> A lands A again), makes its partition stale and
 asked for. A file still changing is not waited for: the skip reason (or the log) names it, and
 the next tick lands it. The night is one run
-of `nightly_job` over all of them (`kimi_batch.defs.assets.night`: one engine batch a stage, so the
-server stays busy across partitions; each partition still written, materialized and checked on
-its own), run key `nightly:{night}`: a re-evaluated tick never starts a night twice, and the next
+of `nightly_job` over all of them (`kimi_batch.defs.assets.night`: one engine run, each
+partition's next stage as soon as its last one landed, so the server stays busy across
+partitions and stages; each partition still written, materialized and checked on its own), run key `nightly:{night}`: a re-evaluated tick never starts a night twice, and the next
 night asks again for whatever this one left.
 
 The nightly window (KIMI_BATCH_NIGHT_ENDS, e.g. `07:00`): the run carries its end as the

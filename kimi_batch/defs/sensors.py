@@ -134,6 +134,9 @@ class InboxTick(BaseModel):
     deferred: int = Field(ge=0, description="Files left for a later tick (settling, budget).")
 
 
+_CursorEntry = tuple[int, int, str | None]
+
+
 def plan_inbox_tick(
     files: Sequence[InboxFile],
     previous: InboxCursor,
@@ -154,96 +157,124 @@ def plan_inbox_tick(
     `max_input_bytes` and refused entries are requested without being read, under a key of their
     name, mtime and size, so their runs quarantine them with the reason.
     """
+    planner = _TickPlanner(
+        previous=previous.root,
+        earlier_landings=earlier_landings,
+        hash_budget_s=hash_budget_s,
+    )
     now = time.time_ns() if now_ns is None else now_ns
-    started = time.monotonic()
-    seen = previous.root
-    cursor: dict[str, tuple[int, int, str | None]] = {}
-    requests: list[InboxRequest] = []
-    warnings: list[str] = []
     out_of_range: list[str] = []
-    unchanged = deferred = reads = 0
-
     for item in files:
-        entry = seen.get(item.name)
-        same_stat = entry is not None and entry[:2] == (item.mtime_ns, item.size)
-        if same_stat and entry is not None and entry[2] is not None:
-            cursor[item.name] = entry
-            unchanged += 1
-            continue
-        if still_changing((item.size, item.mtime_ns), now, settle_s):
-            deferred += 1
-            continue
-        assignment = assign(item)
-        if assignment.clamped:
-            warnings.append(
-                f"{item.name}: dated {assignment.dated_ds}, before the first partition; "
-                f"landed on {assignment.ds}"
-            )
-        if not is_valid_ds(assignment.ds):
-            # A date before the partitions start, or a dated folder for a day still to come:
-            # asked for now it would fail the whole tick, so it waits outside the cursor.
-            out_of_range.append(item.name)
-            continue
-        unread = item.refused or (
-            f"over the size limit ({item.size} bytes)" if item.size > max_input_bytes else None
-        )
-        if unread is not None:
-            marker = (item.mtime_ns, item.size, "unread")
-            if entry != marker:
-                warnings.append(f"{item.name}: {unread}; requesting its run to quarantine it")
-                requests.append(
-                    InboxRequest(
-                        file=item,
-                        assignment=assignment,
-                        run_key=f"{item.name}:unread:{item.mtime_ns}:{item.size}",
-                    )
+        entry = planner.previous.get(item.name)
+        if entry is not None and entry[:2] == (item.mtime_ns, item.size) and entry[2] is not None:
+            planner.cursor[item.name] = entry
+            planner.unchanged += 1
+        elif still_changing((item.size, item.mtime_ns), now, settle_s):
+            planner.deferred += 1
+        else:
+            assignment = assign(item)
+            if assignment.clamped:
+                planner.warnings.append(
+                    f"{item.name}: dated {assignment.dated_ds}, before the first partition; "
+                    f"landed on {assignment.ds}"
                 )
-            cursor[item.name] = marker
-            continue
-        if reads and time.monotonic() - started > hash_budget_s:
-            if entry is not None:
-                cursor[item.name] = entry
-            deferred += 1
-            continue
-        reads += 1
-        try:
-            read = item.hashed()
-        except FileNotFoundError:
-            warnings.append(f"{item.name} vanished before it could be read; skipped")
-            continue
-        except Exception as error:  # one bad file must never stop the sensor
-            cursor[item.name] = (item.mtime_ns, item.size, None)
-            if same_stat:
-                continue  # already requested for quarantine; retried each tick in case it heals
-            warnings.append(
-                f"{item.name} cannot be read ({type(error).__name__}: {error}); "
-                "requesting its run so that it is quarantined with the reason"
-            )
-            run_key = f"{item.name}:unreadable:{item.mtime_ns}:{item.size}"
-            requests.append(InboxRequest(file=item, assignment=assignment, run_key=run_key))
-            continue
-        sha256 = read.sha256 or ""
-        cursor[item.name] = (item.mtime_ns, item.size, sha256)
-        if entry is not None and entry[2] == sha256:
-            unchanged += 1  # touched, not changed: same run key, nothing to do
-            continue
-        again = earlier_landings(assignment, sha256)
-        run_key = f"{item.name}:{sha256[:16]}" + (f":landed-again:{again}" if again else "")
-        requests.append(InboxRequest(file=read, assignment=assignment, run_key=run_key))
-
+            if not is_valid_ds(assignment.ds):
+                # A date before the partitions start, or a dated folder for a day still to come:
+                # asked for now it would fail the whole tick, so it waits outside the cursor.
+                out_of_range.append(item.name)
+                continue
+            planner.take(item, entry, assignment, max_input_bytes)
     if out_of_range:
-        warnings.append(
+        planner.warnings.append(
             f"{len(out_of_range)} file(s) dated outside the date partitions, left for later: "
             + ", ".join(out_of_range[:5])
             + (" ..." if len(out_of_range) > 5 else "")
         )
     return InboxTick(
-        requests=requests,
-        cursor=InboxCursor(cursor),
-        warnings=warnings,
-        unchanged=unchanged,
-        deferred=deferred,
+        requests=planner.requests,
+        cursor=InboxCursor(planner.cursor),
+        warnings=planner.warnings,
+        unchanged=planner.unchanged,
+        deferred=planner.deferred,
     )
+
+
+class _TickPlanner:
+    """One tick's decisions so far: the next cursor, the requests, the warnings, the counts."""
+
+    def __init__(
+        self,
+        *,
+        previous: dict[str, _CursorEntry],
+        earlier_landings: Callable[[Assignment, str], int],
+        hash_budget_s: float,
+    ) -> None:
+        self.previous = previous
+        self.earlier_landings = earlier_landings
+        self.hash_budget_s = hash_budget_s
+        self.started = time.monotonic()
+        self.cursor: dict[str, _CursorEntry] = {}
+        self.requests: list[InboxRequest] = []
+        self.warnings: list[str] = []
+        self.unchanged = self.deferred = self.reads = 0
+
+    def take(
+        self,
+        item: InboxFile,
+        entry: _CursorEntry | None,
+        assignment: Assignment,
+        max_input_bytes: int,
+    ) -> None:
+        """A settled file in range: request it unread, hash it, or leave it to the next tick."""
+        unread = item.refused or (
+            f"over the size limit ({item.size} bytes)" if item.size > max_input_bytes else None
+        )
+        if unread is not None:
+            self._unread(item, entry, assignment, unread)
+        elif self.reads and time.monotonic() - self.started > self.hash_budget_s:
+            if entry is not None:
+                self.cursor[item.name] = entry
+            self.deferred += 1
+        else:
+            self.reads += 1
+            self._hashed(item, entry, assignment)
+
+    def _unread(
+        self, item: InboxFile, entry: _CursorEntry | None, assignment: Assignment, why: str
+    ) -> None:
+        marker = (item.mtime_ns, item.size, "unread")
+        if entry != marker:
+            self.warnings.append(f"{item.name}: {why}; requesting its run to quarantine it")
+            run_key = f"{item.name}:unread:{item.mtime_ns}:{item.size}"
+            self.requests.append(InboxRequest(file=item, assignment=assignment, run_key=run_key))
+        self.cursor[item.name] = marker
+
+    def _hashed(self, item: InboxFile, entry: _CursorEntry | None, assignment: Assignment) -> None:
+        same_stat = entry is not None and entry[:2] == (item.mtime_ns, item.size)
+        try:
+            read = item.hashed()
+        except FileNotFoundError:
+            self.warnings.append(f"{item.name} vanished before it could be read; skipped")
+            return
+        except Exception as error:  # one bad file must never stop the sensor
+            self.cursor[item.name] = (item.mtime_ns, item.size, None)
+            if same_stat:
+                return  # already requested for quarantine; retried each tick in case it heals
+            self.warnings.append(
+                f"{item.name} cannot be read ({type(error).__name__}: {error}); "
+                "requesting its run so that it is quarantined with the reason"
+            )
+            run_key = f"{item.name}:unreadable:{item.mtime_ns}:{item.size}"
+            self.requests.append(InboxRequest(file=item, assignment=assignment, run_key=run_key))
+            return
+        sha256 = read.sha256 or ""
+        self.cursor[item.name] = (item.mtime_ns, item.size, sha256)
+        if entry is not None and entry[2] == sha256:
+            self.unchanged += 1  # touched, not changed: same run key, nothing to do
+            return
+        again = self.earlier_landings(assignment, sha256)
+        run_key = f"{item.name}:{sha256[:16]}" + (f":landed-again:{again}" if again else "")
+        self.requests.append(InboxRequest(file=read, assignment=assignment, run_key=run_key))
 
 
 # A file whose content no run managed to land (an I/O error each time) is requested again after

@@ -6,7 +6,7 @@ each other in): the batch assets (`defs/assets/batch.py`, one `generation_asset`
 the nightly job (`defs/assets/night.py`: every nightly stage in order, with its config field),
 the jobs' selections (`defs/jobs.py`), the tables Trino catch-up publishes
 (`defs/publishing.py`), the checks the alerts watch (`defs/check_states.py`), the demo and the
-bench; `declare_stage` also registers the task for the layers below (`tasks.stages`: its table
+bench; `declare_stage` also registers the task for the layers below (`tasks.registry`: its table
 in `storage.TABLES`, its ledger rows in `kimi-batch status`).
 
 The registry is read when definitions are built, not when modules import: a stage declared
@@ -28,10 +28,10 @@ from kimi_batch.engine import SamplingParams
 from kimi_batch.settings import Settings
 from kimi_batch.tasks.amplify import DEFAULT_AMPLIFY_PARAMS, AmplifyTask, Strategy
 from kimi_batch.tasks.distill import DistillTask
+from kimi_batch.tasks.generation_task import GenerationTask
 from kimi_batch.tasks.judge import DEFAULT_JUDGE_PARAMS, JudgeTask
+from kimi_batch.tasks.registry import register_stage, unregister_stage
 from kimi_batch.tasks.schemas import import_output_model
-from kimi_batch.tasks.stage import GenerationTask
-from kimi_batch.tasks.stages import register_stage, unregister_stage
 
 __all__ = [
     "AMPLIFY",

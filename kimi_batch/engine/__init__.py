@@ -2,11 +2,15 @@
 
 The layers above import from here, never from the modules: `generation` (requests and results),
 `digest` and `prompt` (the fixed system prefix), `budget` (what a slot holds), `prepare` and
-`warm` (the digest in every slot), `runner`, `outcome`, `deadline` and `watchdog` (every slot
-busy, nothing hung), `speeds` (the measured speeds, kept across runs), `ledger` (every finished
-row kept), `stats` (the figures of a batch), `progress` (in-process progress listeners).
+`warm` (the digest in every slot), `batch_engine`, `outcome`, `deadline` and `watchdog` (every
+slot busy, nothing hung), `batch_run` and `submission` (a run that takes more requests while it
+runs),
+`speeds` (the measured speeds, kept across runs), `ledger` (every finished row kept), `stats`
+(the figures of a batch), `progress` (in-process progress listeners).
 """
 
+from kimi_batch.engine.batch_engine import BatchEngine, EndpointHungError
+from kimi_batch.engine.batch_run import BatchRun
 from kimi_batch.engine.budget import (
     DEFAULT_REMEDY,
     PROMPT_ALLOWANCE_TOKENS,
@@ -21,6 +25,7 @@ from kimi_batch.engine.digest import DigestLintError, SystemDigest, lint_digest,
 from kimi_batch.engine.generation import (
     GenerationRequest,
     GenerationResult,
+    RequestKind,
     SamplingParams,
     row_request_id,
 )
@@ -41,7 +46,6 @@ from kimi_batch.engine.prompt import (
     assemble_messages,
     fold_instructions,
 )
-from kimi_batch.engine.runner import BatchEngine, EndpointHungError
 from kimi_batch.engine.speeds import MeasuredSpeeds, SpeedStore
 from kimi_batch.engine.stats import BatchStats, ProgressEvent
 from kimi_batch.engine.warm import SlotWarmer, WarmupReport
@@ -54,6 +58,7 @@ __all__ = [
     "PROMPT_ALLOWANCE_TOKENS",
     "BatchEngine",
     "BatchOutcome",
+    "BatchRun",
     "BatchStats",
     "ClientFactory",
     "ContextTooSmallError",
@@ -74,6 +79,7 @@ __all__ = [
     "Prepared",
     "ProgressCallback",
     "ProgressEvent",
+    "RequestKind",
     "SamplingParams",
     "SlotFit",
     "SlotWarmer",

@@ -2,7 +2,10 @@
 
 A request carries only the user side of the conversation: the system digest is prepended by
 `kimi_batch.engine.prompt.assemble_messages`, the one place prompts are assembled, so no caller
-can put a byte in front of the cached prefix.
+can put a byte in front of the cached prefix. A `completion` request (a raw prompt, sent to
+`/v1/completions` with no chat template) is the exception: it is sent exactly as written, no
+digest in front of it, and its kind is part of its key, so a chat line and a completion line
+with the same text never share an answer.
 
 Request identity (the ledger key): a request whose answer is determined by its content (greedy,
 or a fixed seed) is keyed by that content alone, so every input asking it shares one answer. Any
@@ -16,19 +19,23 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from kimi_batch.llama import ChatExtras, ChatMessage, TokenLogprob
+from kimi_batch.llama import ChatExtras, ChatMessage, TokenLogprob, ToolCall
 
 __all__ = [
     "GenerationRequest",
     "GenerationResult",
+    "RequestKind",
     "SamplingParams",
     "request_key",
     "row_request_id",
 ]
+
+RequestKind = Literal["chat", "completion"]
+"""`chat`: messages through the chat template, after the digest; `completion`: a raw prompt."""
 
 # llama.cpp's LLAMA_DEFAULT_SEED: a seed of 0xFFFFFFFF (or -1) asks for a random one.
 _RANDOM_SEED = 0xFFFFFFFF
@@ -53,14 +60,15 @@ class SamplingParams(BaseModel):
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = Field(default=None, description="Token id -> bias.")
+    # The tools a chat answer may call, as OpenAI takes them (the chat template renders them).
+    tools: list[dict[str, Any]] | None = Field(default=None, description="Function tools.")
+    tool_choice: Literal["none", "auto", "required"] | None = None
+    parallel_tool_calls: bool | None = None
 
     def extras(self) -> ChatExtras | None:
         """The fields sent besides the core ones; None when none is set."""
-        extras = ChatExtras(
-            stop=self.stop,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-            logit_bias=self.logit_bias,
+        extras = ChatExtras.model_validate(
+            self.model_dump(include=set(ChatExtras.model_fields), exclude_none=True)
         )
         return extras if extras.body() else None
 
@@ -84,15 +92,19 @@ def request_key(
     params: SamplingParams,
     messages: list[ChatMessage],
     sample: str | None = None,
+    kind: RequestKind = "chat",
 ) -> str:
-    """Hash that identifies a request across reruns (the ledger key): its content, plus the
-    sample's identity when the answer is not determined (`GenerationRequest.sample`)."""
+    """Hash that identifies a request across reruns (the ledger key): its content and kind,
+    plus the sample's identity when the answer is not determined (`GenerationRequest.sample`)."""
     content: dict[str, object] = {
         "digest": digest_sha256,
         "model": model,
         "params": params.key_fields(),
         "messages": [message.model_dump(mode="json") for message in messages],
     }
+    if kind != "chat":
+        # Only here: a chat request keeps the key it always had.
+        content["kind"] = kind
     if sample is not None:
         # Only here: a determined request keeps the key it always had (ledgers stay valid).
         content["sample"] = sample
@@ -130,6 +142,30 @@ class GenerationRequest(BaseModel):
         description="Where the input row lives (a stage's partition, a Batch API batch): with "
         "`input_id` it names the sample of a request whose answer is not determined.",
     )
+    kind: RequestKind = Field(
+        default="chat",
+        description="`completion`: `messages` is one user message, the raw prompt, sent as it "
+        "is to /v1/completions (no chat template, no digest).",
+    )
+
+    @model_validator(mode="after")
+    def _one_raw_prompt(self) -> GenerationRequest:
+        if self.kind != "completion":
+            return self
+        if [m.role for m in self.messages] != ["user"]:
+            raise ValueError("a completion request is one user message: the raw prompt")
+        extras = self.params.extras()
+        if self.params.json_schema is not None or (extras is not None and extras.has_tools):
+            raise ValueError(
+                "a completion request carries no tools and no JSON schema (they go through "
+                "the chat endpoint)"
+            )
+        return self
+
+    @property
+    def raw_prompt(self) -> str:
+        """The text a completion request sends as it is."""
+        return self.messages[0].content
 
     @property
     def sample(self) -> str | None:
@@ -172,6 +208,9 @@ class GenerationResult(BaseModel):
     draft_accepted_tokens: int | None = Field(
         default=None, ge=0, description="Speculative decoding: drafted tokens accepted."
     )
+    tool_calls: list[ToolCall] | None = Field(
+        default=None, description="The tools the answer calls (`finish_reason` tool_calls)."
+    )
 
     @property
     def truncated(self) -> bool:
@@ -180,4 +219,5 @@ class GenerationResult(BaseModel):
 
     @property
     def empty(self) -> bool:
-        return not self.text.strip()
+        """No text and no tool call: nothing was answered."""
+        return not self.text.strip() and not self.tool_calls

@@ -14,9 +14,7 @@ machines agree on it). A lease is taken in a transaction under the store's write
 wins). A heartbeat renews it; a transient database error (a lock, a dropped connection) is retried
 until the lease would have run out, and only then is it `lost`. Every partition write calls
 `Lease.check` first, which renews the lease in one atomic statement and fails (LeaseLostError)
-instead of letting a holder that stalled past the ttl write over the run that took it over, and
-commits inside `Lease.fenced`: a transaction on the ledger's store in which the lease is confirmed,
-so a holder that stalls between the check and the commit cannot commit after losing it.
+instead of letting a holder that stalled past the ttl write over the run that took it over.
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 
 from kimi_batch.engine.generation import GenerationResult
@@ -137,11 +135,6 @@ class Lease:
             target=self._heartbeat, name=f"lease-{partition_key}", daemon=True
         )
 
-    @property
-    def location(self) -> StateLocation:
-        """The ledger's store, where the lease (and a fenced write's commit) lives."""
-        return self._location
-
     def start(self) -> None:
         self._thread.start()
 
@@ -206,43 +199,22 @@ class Lease:
     def check(self) -> None:
         """Raise LeaseLostError unless this run still holds the partition (renewing it): called
         before every write of the partition's tables."""
-        with self.fenced(lock=False):
-            pass
-
-    @contextmanager
-    def fenced(self, *, lock: bool = True) -> Iterator[StateDatabase]:
-        """A transaction on the ledger's store in which this run holds the partition (renewed
-        inside it): what the caller commits in it is committed by the holder only. Nobody takes
-        the lease over while it is open (taking one needs the same write lock). `lock=False`:
-        the renewal alone, on its own connection, no transaction (`check`)."""
         if self.lost:
             raise LeaseLostError(self.partition_key, self.lost_why)
-        with ExitStack() as stack:
-            db = self._confirmed(stack, lock=lock)
-            yield db
-
-    def _confirmed(self, stack: ExitStack, *, lock: bool) -> StateDatabase:
-        """A connection (inside an open transaction when `lock`) on which the lease was renewed;
-        a busy database is tried again until the lease could have run out."""
         deadline = time.monotonic() + self.ttl_s / 3
         while True:
             try:
-                with ExitStack() as attempt:
-                    db = attempt.enter_context(self._connect())
-                    if lock:
-                        attempt.enter_context(db.transaction())
+                with self._connect() as db:
                     held = self._renew(db)
-                    stack.push(attempt.pop_all())
+                break
             except StateBusyError as error:
                 if time.monotonic() >= min(deadline, self._held_until):
                     self._mark_lost(f"could not be confirmed: {error}")
                     raise LeaseLostError(self.partition_key, self.lost_why) from error
                 time.sleep(min(_RETRY_S, self.ttl_s / 6))
-                continue
-            if not held:
-                self._mark_lost("expired and taken over by another run")
-                raise LeaseLostError(self.partition_key, self.lost_why)
-            return db
+        if not held:
+            self._mark_lost("expired and taken over by another run")
+            raise LeaseLostError(self.partition_key, self.lost_why)
 
     def release(self) -> None:
         self._stop.set()

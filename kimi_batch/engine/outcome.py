@@ -4,7 +4,7 @@ figures). The results themselves stay in the ledger: `BatchOutcome.iter_results`
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -25,6 +25,8 @@ __all__ = [
     "PlannedRequest",
     "PlannedRow",
     "default_client",
+    "distinct",
+    "lower_rank",
 ]
 
 
@@ -84,6 +86,26 @@ class PlannedRequest(BaseModel):
     params: SamplingParams
 
 
+def distinct(planned: Sequence[PlannedRequest]) -> list[PlannedRequest]:
+    """One request per ledger key (a determined answer is generated once, whichever inputs
+    ask for it), in first-asked order, each at the lowest rank any of its copies has: a
+    request the oldest partition needs goes out with the oldest partition's."""
+    unique: dict[str, PlannedRequest] = {}
+    for item in planned:
+        kept = unique.get(item.content_key)
+        if kept is None:
+            unique[item.content_key] = item
+        elif item.request.priority < kept.request.priority:
+            unique[item.content_key] = lower_rank(kept, item.request.priority)
+    return list(unique.values())
+
+
+def lower_rank(item: PlannedRequest, priority: int) -> PlannedRequest:
+    """`item` at rank `priority` (a lower one another input asking for it has)."""
+    request = item.request.model_copy(update={"priority": priority})
+    return item.model_copy(update={"request": request})
+
+
 class PlannedRow(BaseModel):
     """One output row of the batch, in request order: what to read back from the ledger."""
 
@@ -135,33 +157,3 @@ class BatchOutcome(BaseModel):
             yield result.model_copy(
                 update={"request_id": row.request_id, "input_id": row.input_id, "tag": row.tag}
             )
-
-    def share(self, rows: slice, ledger: Ledger) -> BatchOutcome:
-        """The outcome of `planned[rows]` alone (one partition of a batch over many): its rows,
-        failures and counts; rates, latencies and wall stay the whole batch's."""
-        planned = self.planned[rows]
-        ids = {p.request_id for p in planned}
-        failures = [f for f in self.failures if f.request_id in ids]
-        failed_ids = {f.request_id for f in failures}
-        keys = {p.content_key for p in planned}
-        failed = {p.content_key for p in planned if p.request_id in failed_ids}
-        before = {p.content_key for p in planned if p.from_ledger}
-        finished = ledger.finished_keys(keys)
-        not_started = len(keys - finished - failed)
-        stats = self.stats.model_copy(
-            update={
-                "total": len(keys),
-                "generated": len(finished - before),
-                "from_ledger": len(before),
-                "failed": len(failed),
-                "not_started": not_started,
-            }
-        )
-        return self.model_copy(
-            update={
-                "planned": planned,
-                "failures": failures,
-                "stats": stats,
-                "stopped_at_window": not_started > 0,
-            }
-        )

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kimi_batch.engine.batch_engine import Endpoint
 from kimi_batch.engine.budget import SlotFit
 from kimi_batch.engine.digest import SystemDigest
-from kimi_batch.engine.runner import Endpoint
 from kimi_batch.llama import LlamaClient, LlamaTimeoutError
 
 __all__ = ["PREPARE_TIMEOUT_S", "Prepared", "prepare"]

@@ -45,4 +45,5 @@ def completion_result(
         reasoning_content=completion.reasoning_content,
         draft_tokens=stats.draft_tokens,
         draft_accepted_tokens=stats.draft_accepted_tokens,
+        tool_calls=completion.tool_calls,
     )

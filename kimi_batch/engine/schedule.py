@@ -8,12 +8,15 @@ of the lowest rank (a night's oldest partition first; a group never spans two ra
 most remaining work
 (longest-processing-time first, so no slot is left with the tail of a big group while the
 others idle), and when no group is left it steals the back half of the
-largest group another lane still holds. Everything here is pure and single-threaded (asyncio
+largest group another lane still holds. Requests added later (`PrefixSchedule.add`: a night's
+next stage of a partition) join the queue by rank, and a lane whose backlog has a higher rank
+puts it back for them at its next request. Everything here is pure and single-threaded (asyncio
 workers never interleave inside a call).
 """
 
 from __future__ import annotations
 
+import bisect
 import os
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -73,39 +76,80 @@ class Lane(Generic[T]):
         return sum(self._schedule.work(item) for item in self.current)
 
     def next(self) -> T | None:
-        """The next request for this slot, or None when the whole batch is handed out."""
+        """The next request for this slot, or None when nothing is queued or left to steal.
+
+        A backlog gives way to a lower rank queued since it was taken (a night's older
+        partition whose next stage was just added): it goes back to the queue, first of its
+        rank, and the lower rank goes next, without waiting for the backlog's end."""
+        if self.current and self._schedule.outranked(self.current[0]):
+            self._schedule.put_back(self.current)
+            self.current = deque()
         if not self.current:
             self.current = self._schedule.take_group(self)
         return self.current.popleft() if self.current else None
 
 
 class PrefixSchedule(Generic[T]):
-    """Hands out groups of prefix-sharing requests to lanes, largest remaining work first."""
+    """Hands out groups of prefix-sharing requests to lanes, the lowest rank first and, within a
+    rank, the largest remaining work first. More requests may be added while lanes take from it
+    (`add`): their groups go in by rank, behind the queued groups of the same rank."""
 
     def __init__(
         self,
-        items: Sequence[T],
+        items: Sequence[T] = (),
         *,
         text: Callable[[T], str],
         work: Callable[[T], int],
         rank: Callable[[T], int] = lambda _item: 0,
         min_shared_chars: int = DEFAULT_MIN_SHARED_CHARS,
     ) -> None:
+        self.text = text
         self.work = work
+        self.rank = rank
+        self.min_shared_chars = min_shared_chars
+        # Queued groups in hand-out order, each with its rank (a group never spans two ranks).
+        self._groups: list[tuple[int, deque[T]]] = []
+        self._lanes: list[Lane[T]] = []
+        self.total = 0
+        self.add(items)
+
+    def add(self, items: Sequence[T]) -> None:
+        """Queue `items`: grouped by shared prefix within each rank, each rank's groups behind
+        the queued groups of a lower or equal rank and ahead of the higher ones."""
         by_rank: dict[int, list[T]] = {}
         for item in items:
-            by_rank.setdefault(rank(item), []).append(item)
-        groups: list[list[T]] = []
+            by_rank.setdefault(self.rank(item), []).append(item)
         # A group never spans two ranks: a night's partitions stay in order even where their
         # prompts share a prefix (the same question asked in two partitions).
-        for _, ranked in sorted(by_rank.items()):
-            ranked_groups = group_by_prefix(ranked, text=text, min_shared_chars=min_shared_chars)
+        for rank, ranked in sorted(by_rank.items()):
+            groups = group_by_prefix(ranked, text=self.text, min_shared_chars=self.min_shared_chars)
             # Stable sort: groups of equal work (all singletons, say) keep their input order.
-            ranked_groups.sort(key=lambda group: -sum(work(item) for item in group))
-            groups += ranked_groups
-        self._groups: deque[deque[T]] = deque(deque(group) for group in groups)
-        self._lanes: list[Lane[T]] = []
-        self.total = len(items)
+            groups.sort(key=lambda group: -sum(self.work(item) for item in group))
+            at = bisect.bisect_right(self._groups, rank, key=lambda queued: queued[0])
+            self._groups[at:at] = [(rank, deque(group)) for group in groups]
+        self.total += len(items)
+
+    def withdraw(self, item: T) -> bool:
+        """Take `item` out of the queued groups (not out of a lane); False when none holds it."""
+        for index, (_, group) in enumerate(self._groups):
+            at = next((i for i, queued in enumerate(group) if queued is item), None)
+            if at is not None:
+                del group[at]
+                if not group:
+                    del self._groups[index]
+                self.total -= 1
+                return True
+        return False
+
+    def outranked(self, item: T) -> bool:
+        """Whether a queued group has a lower rank than `item`'s."""
+        return bool(self._groups) and self._groups[0][0] < self.rank(item)
+
+    def put_back(self, backlog: deque[T]) -> None:
+        """A lane's backlog back in the queue, ahead of the queued groups of its rank."""
+        rank = self.rank(backlog[0])
+        at = bisect.bisect_left(self._groups, rank, key=lambda queued: queued[0])
+        self._groups.insert(at, (rank, backlog))
 
     def lane(self) -> Lane[T]:
         lane = Lane(self)
@@ -115,11 +159,11 @@ class PrefixSchedule(Generic[T]):
     @property
     def pending(self) -> int:
         """Requests not yet handed to a worker (queued groups and lanes' backlogs)."""
-        return sum(len(g) for g in self._groups) + sum(len(lane.current) for lane in self._lanes)
+        return sum(len(g) for _, g in self._groups) + sum(len(lane.current) for lane in self._lanes)
 
     def take_group(self, taker: Lane[T]) -> deque[T]:
         if self._groups:
-            return self._groups.popleft()
+            return self._groups.pop(0)[1]
         # Nothing queued: steal the back half of the largest backlog, so the victim keeps the
         # part that continues its KV and the thief's half still shares its prefix in order.
         victim = max(

@@ -1,9 +1,12 @@
 """One attempt of one request: sent to its own slot, bounded by its deadline, and cancelled by
-the watchdog when its endpoint hangs (then it raises `EndpointHungError`)."""
+the watchdog when its endpoint hangs (then it raises `EndpointHungError`). A chat request goes
+out after the digest; a completion request is its raw prompt alone."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
+from typing import Any
 
 from kimi_batch.engine.digest import SystemDigest
 from kimi_batch.engine.outcome import PlannedRequest
@@ -51,6 +54,43 @@ class InFlight:
         self.now -= 1
 
 
+def _generation(
+    watch: EndpointWatch,
+    slot_id: int,
+    item: PlannedRequest,
+    *,
+    digest: SystemDigest,
+    deadline_s: float,
+) -> Coroutine[Any, Any, ChatCompletion]:
+    """The client call of this request: its raw prompt as it is, or its messages after the
+    digest."""
+    params, request = item.params, item.request
+    if request.kind == "completion":
+        return watch.client.text_completion(
+            request.raw_prompt,
+            max_tokens=params.max_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            seed=params.seed,
+            slot_id=slot_id,
+            logprobs=params.n_probs,
+            extras=params.extras(),
+            timeout_s=deadline_s,
+        )
+    return watch.client.chat(
+        assemble_messages(digest, request.messages),
+        max_tokens=params.max_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        seed=params.seed,
+        slot_id=slot_id,
+        top_logprobs=params.n_probs,
+        json_schema=params.json_schema,
+        extras=params.extras(),
+        timeout_s=deadline_s,
+    )
+
+
 async def send_once(
     watch: EndpointWatch,
     slot_id: int,
@@ -62,20 +102,8 @@ async def send_once(
 ) -> ChatCompletion:
     """One attempt on `slot_id` of the watched endpoint, after any restart of it is over."""
     await watch.ready.wait()  # never send to a server that is being restarted
-    params = item.params
     task = asyncio.create_task(
-        watch.client.chat(
-            assemble_messages(digest, item.request.messages),
-            max_tokens=params.max_tokens,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            seed=params.seed,
-            slot_id=slot_id,
-            top_logprobs=params.n_probs,
-            json_schema=params.json_schema,
-            extras=params.extras(),
-            timeout_s=deadline_s,
-        )
+        _generation(watch, slot_id, item, digest=digest, deadline_s=deadline_s)
     )
     if not watch.sending:
         watch.mark_progress()  # the stall clock starts with the first request in flight

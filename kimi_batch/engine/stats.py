@@ -84,6 +84,11 @@ class BatchStats(BaseModel):
     digest_reprefills: int = Field(description="Requests or re-warms that prefilled the digest.")
     hangs: int = Field(default=0, description="Times an endpoint was declared hung and restarted.")
     max_in_flight: int
+    in_flight_at_start: int = Field(
+        default=0,
+        description="Requests of the same run in flight when this batch was added to it: above "
+        "0, the slots did not drain before it (0 for a batch that starts its run).",
+    )
     latency_p50_ms: float
     latency_p95_ms: float
     wall_s: float
@@ -139,6 +144,7 @@ class StatsAccumulator:
         hangs: int,
         max_in_flight: int,
         wall_s: float,
+        in_flight_at_start: int = 0,
     ) -> BatchStats:
         latencies = sorted(self.latencies)
         seconds = self.prompt_ms / 1000
@@ -161,6 +167,7 @@ class StatsAccumulator:
             digest_reprefills=digest_reprefills,
             hangs=hangs,
             max_in_flight=max_in_flight,
+            in_flight_at_start=in_flight_at_start,
             latency_p50_ms=_percentile(latencies, 50),
             latency_p95_ms=_percentile(latencies, 95),
             wall_s=wall_s,

@@ -1,19 +1,27 @@
 """llama-server: typed client, server spec and the resident-server manager (no Dagster here).
 
 The layers above import from here, never from the modules: `client` (the HTTP API), `messages`
-(what is sent), `responses` (what comes back), `chat_stream` (a streamed chat answer
+(what is sent), `responses` (the answers that come back), `server_state` (what the server says
+about itself), `chat_stream` (a streamed answer
 rebuilt into one response), `spec` (what runs), `server`, `process`, `binary`,
 `exits` and `factory` (the resident server, its process, and how a server process ended),
 `smoke` (the setup's smoke test of the binary), `memory` (will the model fit), `urls`
 (credentials in a server URL), `exceptions` (the error tree, rooted in `kimi_batch.errors.KimiBatchError`).
 """
 
-from kimi_batch.llama.affinity import CpuListError, format_cpu_list, pin_to_the_rest
+from kimi_batch.llama.affinity import (
+    CpuListError,
+    format_cpu_list,
+    parse_cpu_list,
+    pin_to_the_rest,
+    the_rest,
+)
 from kimi_batch.llama.binary import find_tool
 from kimi_batch.llama.client import LlamaClient, RetryPolicy
 from kimi_batch.llama.exceptions import (
     LlamaConnectionError,
     LlamaError,
+    LlamaFeatureError,
     LlamaHTTPError,
     LlamaLoadingError,
     LlamaRequestError,
@@ -34,13 +42,12 @@ from kimi_batch.llama.memory import (
     estimate_memory,
     read_model_shape,
 )
-from kimi_batch.llama.messages import ChatExtras, ChatMessage, chat_body
+from kimi_batch.llama.messages import ChatExtras, ChatMessage, chat_body, completion_body
 from kimi_batch.llama.responses import (
     ChatCompletion,
     GenerationStats,
-    HealthState,
-    ServerProps,
     TokenLogprob,
+    ToolCall,
     TopLogprob,
 )
 from kimi_batch.llama.server import (
@@ -51,6 +58,7 @@ from kimi_batch.llama.server import (
     ServerStatus,
     available_cpus,
 )
+from kimi_batch.llama.server_state import HealthState, ServerProps
 from kimi_batch.llama.smoke import SmokeResult
 
 __all__ = [
@@ -65,6 +73,7 @@ __all__ = [
     "LlamaClient",
     "LlamaConnectionError",
     "LlamaError",
+    "LlamaFeatureError",
     "LlamaHTTPError",
     "LlamaLoadingError",
     "LlamaRequestError",
@@ -85,16 +94,20 @@ __all__ = [
     "SmokeResult",
     "SpecMismatchError",
     "TokenLogprob",
+    "ToolCall",
     "TopLogprob",
     "available_cpus",
     "chat_body",
     "check_memory",
+    "completion_body",
     "estimate_memory",
     "find_tool",
     "format_cpu_list",
+    "parse_cpu_list",
     "pin_to_the_rest",
     "read_model_shape",
     "server_cpus",
     "server_from_settings",
     "smoke_from_settings",
+    "the_rest",
 ]

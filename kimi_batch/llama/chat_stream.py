@@ -1,5 +1,5 @@
-"""A streamed chat answer (server-sent events) rebuilt into the `ChatCompletion` a non-streamed
-request returns.
+"""A streamed answer (server-sent events) rebuilt into the `ChatCompletion` a non-streamed chat
+request returns: a chat answer's, or a text completion's (`/v1/completions`).
 
 Why stream at all: this llama-server keeps generating a non-streamed answer whose client has
 disconnected until the answer ends (a cancelled batch held its slots for as long as the answers
@@ -7,10 +7,13 @@ in flight took), while a streamed one stops at the next token it cannot send. So
 streams every chat answer that asks for no logprobs (the stream leaves out the entry of a token
 whose text is empty) and the layers above still see one `ChatCompletion`.
 
-Per chunk, llama.cpp sends `choices[0].delta` (content, reasoning_content), `finish_reason` at
-the end, per-token `logprobs.content` when asked, and in its last chunks `usage`
-(`stream_options.include_usage`) and `timings`; `data: [DONE]` closes the stream. An error
-after the stream started arrives as an `error: {...}` line (or a data chunk holding `error`).
+Per chunk, llama.cpp sends `choices[0].delta` (content, reasoning_content, tool_calls) or, for a
+text completion, `choices[0].text`; `finish_reason` at the end, per-token `logprobs.content`
+when asked, and in its last chunks `usage` (`stream_options.include_usage`) and `timings`;
+`data: [DONE]` closes the stream. A tool call arrives in pieces: its first delta carries its
+`index`, `id` and function `name`, the next ones more of its `arguments` text under the same
+`index`. An error after the stream started arrives as an `error: {...}` line (or a data chunk
+holding `error`).
 """
 
 from __future__ import annotations
@@ -28,12 +31,14 @@ from kimi_batch.llama.exceptions import (
     http_error,
 )
 from kimi_batch.llama.responses import (
+    AnswerEnvelope,
     ChatChoice,
     ChatCompletion,
     ChatMessageOut,
     ChatTokenLogprob,
     ChatUsage,
     CompletionLogprobs,
+    ServerToolCall,
     Timings,
 )
 
@@ -47,30 +52,56 @@ class _Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
 
+class _FunctionDelta(_Lenient):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class _ToolCallDelta(_Lenient):
+    index: int = 0
+    id: str | None = None
+    type: str | None = None
+    function: _FunctionDelta | None = None
+
+
 class _Delta(_Lenient):
     content: str | None = None
     reasoning_content: str | None = None
+    tool_calls: list[_ToolCallDelta] | None = None
 
 
 class _ChunkChoice(_Lenient):
     index: int = 0
     delta: _Delta = Field(default_factory=_Delta)
+    text: str | None = None  # a text completion's chunk
     finish_reason: str | None = None
     logprobs: CompletionLogprobs | None = None
 
 
-class _ChatChunk(_Lenient):
-    """One `chat.completion.chunk` event."""
+class _ToolCallParts:
+    """One tool call as its deltas arrive: the id and name once, the arguments in pieces."""
 
-    id: str = ""
-    model: str = ""
-    created: int | None = None
+    def __init__(self) -> None:
+        self.id = ""
+        self.name = ""
+        self.arguments: list[str] = []
+
+    def add(self, delta: _ToolCallDelta) -> None:
+        self.id = delta.id or self.id
+        if delta.function is not None:
+            self.name = delta.function.name or self.name
+            if delta.function.arguments:
+                self.arguments.append(delta.function.arguments)
+
+    def call(self) -> ServerToolCall:
+        function = {"name": self.name, "arguments": "".join(self.arguments)}
+        return ServerToolCall.model_validate({"id": self.id, "function": function})
+
+
+class _ChatChunk(AnswerEnvelope):
+    """One `chat.completion.chunk` (or `text_completion`) event."""
+
     choices: list[_ChunkChoice] = Field(default_factory=list)
-    usage: ChatUsage | None = None
-    timings: Timings | None = None
-    id_slot: int | None = None
-    n_past: int | None = None
-    tokens_cached: int | None = None
 
 
 class _ChatAssembly:
@@ -80,6 +111,7 @@ class _ChatAssembly:
         self.head: _ChatChunk | None = None
         self.content: list[str] = []
         self.reasoning: list[str] = []
+        self.tool_calls: dict[int, _ToolCallParts] = {}
         self.logprobs: list[ChatTokenLogprob] | None = None
         self.finish_reason: str | None = None
         self.usage: ChatUsage | None = None
@@ -89,10 +121,13 @@ class _ChatAssembly:
     def add(self, chunk: _ChatChunk) -> None:
         self.head = self.head or chunk
         for choice in chunk.choices[:1]:  # one choice is asked for (n=1)
-            if choice.delta.content:
-                self.content.append(choice.delta.content)
+            for piece in (choice.delta.content, choice.text):
+                if piece:
+                    self.content.append(piece)
             if choice.delta.reasoning_content:
                 self.reasoning.append(choice.delta.reasoning_content)
+            for call in choice.delta.tool_calls or ():
+                self.tool_calls.setdefault(call.index, _ToolCallParts()).add(call)
             if choice.logprobs is not None and choice.logprobs.content is not None:
                 self.logprobs = self.logprobs or []
                 self.logprobs.extend(choice.logprobs.content)
@@ -109,8 +144,11 @@ class _ChatAssembly:
             # The server went away mid-answer (a crash, a restart): retryable, as a non-streamed
             # request whose connection dropped.
             raise LlamaConnectionError(f"POST {url}: the stream ended before the answer did")
+        calls = [self.tool_calls[index].call() for index in sorted(self.tool_calls)]
         message = ChatMessageOut(
-            content="".join(self.content), reasoning_content="".join(self.reasoning) or None
+            content="".join(self.content),
+            reasoning_content="".join(self.reasoning) or None,
+            tool_calls=calls or None,
         )
         logprobs = CompletionLogprobs(content=self.logprobs) if self.logprobs is not None else None
         choice = ChatChoice(finish_reason=self.finish_reason, message=message, logprobs=logprobs)

@@ -1,9 +1,9 @@
 """Typed async client for llama-server (llama.cpp and ik_llama.cpp).
 
-Generation calls (`chat`, `complete`) make exactly one attempt, bounded by a total deadline: the
-batch engine is the one retry layer, because only it knows the request's deadline, can restart a
-hung server and restore the digest before trying again. Retrying inside the client as well
-multiplied the attempts (a hung server held one request for hours).
+Generation calls (`chat`, `text_completion`, `complete`) make exactly one attempt, bounded by a
+total deadline: the batch engine is the one retry layer, because only it knows the request's
+deadline, can restart a hung server and restore the digest before trying again. Retrying inside
+the client as well multiplied the attempts (a hung server held one request for hours).
 
 Control calls (`/props`, `/slots`, slot save/restore, `/tokenize`, `/metrics`) keep a short
 bounded retry (`RetryPolicy`, 3 tries within seconds): they are cheap, idempotent, answered in
@@ -27,6 +27,7 @@ from kimi_batch.llama.chat_stream import EVENT_STREAM, read_chat_stream
 from kimi_batch.llama.exceptions import (
     LlamaConnectionError,
     LlamaError,
+    LlamaFeatureError,
     LlamaHTTPError,
     LlamaLoadingError,
     LlamaResponseError,
@@ -34,10 +35,9 @@ from kimi_batch.llama.exceptions import (
     LlamaTimeoutError,
     http_error,
 )
-from kimi_batch.llama.messages import ChatExtras, ChatMessage, chat_body
-from kimi_batch.llama.responses import (
-    ChatCompletion,
-    Completion,
+from kimi_batch.llama.messages import ChatExtras, ChatMessage, chat_body, completion_body
+from kimi_batch.llama.responses import ChatCompletion, Completion, TextCompletion
+from kimi_batch.llama.server_state import (
     HealthState,
     ServerMetrics,
     ServerProps,
@@ -54,6 +54,8 @@ CONNECT_TIMEOUT_S = 5.0
 CONTROL_TIMEOUT_S = 30.0
 # A 1024-token answer at 2 tok/s after a long prefill takes well over ten minutes on the target.
 GENERATION_TIMEOUT_S = 3600.0
+_CHAT_COMPLETIONS = "/v1/chat/completions"
+_TEXT_COMPLETIONS = "/v1/completions"
 
 
 class RetryPolicy(BaseModel):
@@ -91,6 +93,10 @@ class LlamaClient:
         credentials = url_credentials(base_url)
         self.retry = retry or RetryPolicy()
         self._generation_timeout = httpx.Timeout(generation_timeout_s, connect=CONNECT_TIMEOUT_S)
+        # Whether the server's chat template renders tools: asked once (`/props`), when the
+        # first request with tools comes; None until then or when the server does not say.
+        self._renders_tools: bool | None = None
+        self._tools_asked = False
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
@@ -139,10 +145,12 @@ class LlamaClient:
             raise _http_error(response, url)
         return response
 
-    async def _stream_chat(self, body: Mapping[str, Any], timeout: httpx.Timeout) -> ChatCompletion:
-        """One chat request; an event stream is rebuilt, a plain JSON answer (not streamed: with
-        logprobs, or from a stand-in or a mock) parses as it is."""
-        path = "/v1/chat/completions"
+    async def _stream_answer(
+        self, path: str, body: Mapping[str, Any], timeout: httpx.Timeout
+    ) -> ChatCompletion:
+        """One generation request; an event stream is rebuilt, a plain JSON answer (not
+        streamed: with logprobs, or from a stand-in or a mock) parses as it is. Chat and text
+        completions alike come back as a `ChatCompletion`."""
         url = f"{self.base_url}{path}"
         async with (
             _bounded("POST", url, timeout),
@@ -154,6 +162,8 @@ class LlamaClient:
             await response.aread()
             if response.status_code >= 400:
                 raise _http_error(response, url)
+            if path == _TEXT_COMPLETIONS:
+                return self._parse(TextCompletion, response).as_chat()
             return self._parse(ChatCompletion, response)
 
     async def _request(
@@ -315,7 +325,10 @@ class LlamaClient:
         timeout_s: float | None = None,
     ) -> ChatCompletion:
         """`POST /v1/chat/completions`, one attempt of at most `timeout_s` seconds (default
-        `generation_timeout_s`); `slot_id` pins the request to a slot holding the digest."""
+        `generation_timeout_s`); `slot_id` pins the request to a slot holding the digest.
+        Raises `LlamaFeatureError`, sending nothing, for tools the chat template cannot render."""
+        if extras is not None and extras.tools:
+            await self._check_renders_tools()
         body = chat_body(
             messages,
             max_tokens=max_tokens,
@@ -327,7 +340,49 @@ class LlamaClient:
             json_schema=json_schema,
             extras=extras,
         )
-        return await self._stream_chat(body, self._generation_timeout_for(timeout_s))
+        return await self._stream_answer(
+            _CHAT_COMPLETIONS, body, self._generation_timeout_for(timeout_s)
+        )
+
+    async def text_completion(
+        self,
+        prompt: str,
+        *,
+        max_tokens: int,
+        temperature: float = 0.7,
+        top_p: float = 0.95,
+        seed: int | None = None,
+        slot_id: int | None = None,
+        logprobs: int = 0,
+        extras: ChatExtras | None = None,
+        timeout_s: float | None = None,
+    ) -> ChatCompletion:
+        """`POST /v1/completions` on a raw prompt (no chat template), one attempt of at most
+        `timeout_s` seconds; the answer's text is the returned message's content."""
+        body = completion_body(
+            prompt,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            slot_id=slot_id,
+            logprobs=logprobs,
+            extras=extras,
+        )
+        return await self._stream_answer(
+            _TEXT_COMPLETIONS, body, self._generation_timeout_for(timeout_s)
+        )
+
+    async def _check_renders_tools(self) -> None:
+        if not self._tools_asked:
+            self._renders_tools = (await self.props()).renders_tools
+            self._tools_asked = True
+        if self._renders_tools is False:
+            raise LlamaFeatureError(
+                f"{self.base_url}: the served model's chat template does not render tools, so "
+                "llama-server would answer as if none were given (serve a model, or a "
+                "--chat-template-file, whose template describes tools)"
+            )
 
     def _generation_timeout_for(self, timeout_s: float | None) -> httpx.Timeout:
         return self._generation_timeout if timeout_s is None else _timeout(timeout_s)

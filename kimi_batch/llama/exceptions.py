@@ -10,6 +10,8 @@ LlamaError (a kimi_batch.errors.KimiBatchError)
 │   └── LlamaUnsupportedError 404/501: endpoint or feature not available on this build
 │                             (an `error` event inside a streamed answer: the same, by its code)
 ├── LlamaResponseError        a 2xx body that does not parse as the documented shape
+├── LlamaFeatureError         the server would not apply what a request asks (a chat template
+│                             that renders no tools): the request is not sent
 └── ServerSpawnError          the resident server could not be started or attached
     ├── SpecMismatchError     a server with another spec already runs (it is left running)
     └── ServerKilledError     the server (or the smoke test's) was killed by a signal
@@ -22,6 +24,7 @@ from kimi_batch.errors import KimiBatchError
 __all__ = [
     "LlamaConnectionError",
     "LlamaError",
+    "LlamaFeatureError",
     "LlamaHTTPError",
     "LlamaLoadingError",
     "LlamaRequestError",
@@ -81,6 +84,10 @@ def http_error(status: int, message: str, *, url: str = "") -> LlamaHTTPError:
     if status >= 500:
         return LlamaServerError(status, message, url=url)
     return LlamaRequestError(status, message, url=url)
+
+
+class LlamaFeatureError(LlamaError):
+    """This server would quietly leave out part of the request: it is not sent (no retry)."""
 
 
 class LlamaResponseError(LlamaError):

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kimi_batch.llama.exceptions import ServerSpawnError
 from kimi_batch.llama.exits import WAITER_SOURCE
-from kimi_batch.llama.responses import ServerProps
+from kimi_batch.llama.server_state import ServerProps
 from kimi_batch.llama.urls import redact_url, url_credentials
 
 __all__ = ["PROBE_TIMEOUT_S", "PidRecord", "probe", "process_start_ticks", "spawn_detached"]

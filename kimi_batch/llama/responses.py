@@ -1,4 +1,6 @@
-"""Pydantic models of llama-server responses, and the logprobs the layers above keep.
+"""Pydantic models of llama-server's answers (chat and text completions, streamed or whole), and
+the logprobs and tool calls the layers above keep. What the server says about itself (health,
+props, slots, metrics): `server_state`.
 
 Both llama.cpp and the ik_llama.cpp fork are accepted: unknown fields are ignored, fields one of
 them lacks are optional, and derived values (cached tokens) fall back through what each reports.
@@ -6,11 +8,12 @@ them lacks are optional, and derived values (cached tokens) fall back through wh
 
 from __future__ import annotations
 
-from enum import StrEnum
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "AnswerEnvelope",
     "ChatChoice",
     "ChatCompletion",
     "ChatMessageOut",
@@ -19,14 +22,12 @@ __all__ = [
     "Completion",
     "CompletionLogprobs",
     "GenerationStats",
-    "HealthState",
-    "ServerMetrics",
-    "ServerProps",
-    "SlotFileResult",
-    "SlotNextToken",
-    "SlotState",
+    "ServerToolCall",
+    "TextCompletion",
     "Timings",
     "TokenLogprob",
+    "ToolCall",
+    "ToolCallFunction",
     "TopLogprob",
 ]
 
@@ -48,17 +49,29 @@ class TokenLogprob(BaseModel):
     top: list[TopLogprob]
 
 
+class ToolCallFunction(BaseModel):
+    """The function a tool call names, and its arguments as the model wrote them (JSON text)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    """One tool call of an answer, in OpenAI's shape (`choices[0].message.tool_calls[]`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class _Lenient(BaseModel):
     """Server payload: extra keys are ignored so a newer server never breaks the client."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
-
-
-class HealthState(StrEnum):
-    """The closed set of states `/health` reports."""
-
-    OK = "ok"
-    LOADING = "loading"
 
 
 class Timings(_Lenient):
@@ -197,10 +210,30 @@ class CompletionLogprobs(_Lenient):
     content: list[ChatTokenLogprob] | None = None
 
 
+class _ServerFunction(_Lenient):
+    name: str = ""
+    arguments: str = ""
+
+
+class ServerToolCall(_Lenient):
+    """A tool call as llama-server writes it (`id` may be empty: not every chat format has one)."""
+
+    id: str = ""
+    type: str = "function"
+    function: _ServerFunction = Field(default_factory=_ServerFunction)
+
+    def to_tool_call(self, index: int) -> ToolCall:
+        return ToolCall(
+            id=self.id or f"call_{index}",
+            function=ToolCallFunction(name=self.function.name, arguments=self.function.arguments),
+        )
+
+
 class ChatMessageOut(_Lenient):
     role: str = "assistant"
     content: str | None = None
     reasoning_content: str | None = None
+    tool_calls: list[ServerToolCall] | None = None
 
 
 class ChatChoice(_Lenient):
@@ -210,19 +243,29 @@ class ChatChoice(_Lenient):
     logprobs: CompletionLogprobs | None = None
 
 
-class ChatCompletion(_Lenient):
-    """Response of `POST /v1/chat/completions`, with llama.cpp's `timings`: the body of a
-    non-streamed answer, or the one `chat_stream` rebuilds from a streamed answer's chunks."""
+class AnswerEnvelope(_Lenient):
+    """What a llama-server answer, and each chunk of a streamed one, carries besides its
+    choices: ids, usage, llama.cpp's `timings` and slot fields."""
 
     id: str = ""
     model: str = ""
     created: int | None = None
-    choices: list[ChatChoice] = Field(min_length=1)
     usage: ChatUsage | None = None
     timings: Timings | None = None
     id_slot: int | None = None
     n_past: int | None = None
     tokens_cached: int | None = None
+
+    def envelope(self) -> dict[str, object]:
+        """These fields alone, to build another answer around them."""
+        return {name: getattr(self, name) for name in AnswerEnvelope.model_fields}
+
+
+class ChatCompletion(AnswerEnvelope):
+    """Response of `POST /v1/chat/completions`: the body of a non-streamed answer, or the one
+    `chat_stream` rebuilds from a streamed answer's chunks."""
+
+    choices: list[ChatChoice] = Field(min_length=1)
 
     @property
     def text(self) -> str:
@@ -236,6 +279,12 @@ class ChatCompletion(_Lenient):
     def reasoning_content(self) -> str | None:
         """The thinking of a reasoning model, which llama.cpp returns apart from the answer."""
         return self.choices[0].message.reasoning_content or None
+
+    @property
+    def tool_calls(self) -> list[ToolCall] | None:
+        """The answer's tool calls (`finish_reason` "tool_calls"); None when it made none."""
+        calls = self.choices[0].message.tool_calls
+        return [call.to_tool_call(i) for i, call in enumerate(calls)] if calls else None
 
     @property
     def logprobs(self) -> list[TokenLogprob] | None:
@@ -264,114 +313,25 @@ class ChatCompletion(_Lenient):
         )
 
 
-class _GenerationParams(_Lenient):
-    n_predict: int = -1
+class _TextChoice(_Lenient):
+    index: int = 0
+    text: str = ""
+    finish_reason: str | None = None
+    logprobs: CompletionLogprobs | None = None
 
 
-class _DefaultGenerationSettings(_Lenient):
-    n_ctx: int | None = None
-    params: _GenerationParams = Field(default_factory=_GenerationParams)
+class TextCompletion(AnswerEnvelope):
+    """Response of `POST /v1/completions` (a `text_completion`): llama.cpp writes its logprobs,
+    usage and timings as the chat endpoint does, so it reads as that answer (`as_chat`)."""
 
+    choices: list[_TextChoice] = Field(min_length=1)
 
-class ServerProps(_Lenient):
-    """`GET /props`: what the server was started with."""
-
-    model_path: str = ""
-    total_slots: int = Field(default=1, ge=1)
-    default_generation_settings: _DefaultGenerationSettings = Field(
-        default_factory=_DefaultGenerationSettings
-    )
-    build_info: str = ""
-    chat_template: str = ""
-
-    @property
-    def n_ctx(self) -> int | None:
-        """Context per slot as the server reports it."""
-        return self.default_generation_settings.n_ctx
-
-    @property
-    def n_predict(self) -> int:
-        """Server-side cap on generated tokens; -1 means unlimited."""
-        return self.default_generation_settings.params.n_predict
-
-
-class SlotNextToken(_Lenient):
-    """`next_token` of a slot: `n_decoded` grows with every token generated."""
-
-    n_decoded: int = 0
-    n_remain: int | None = None
-    has_next_token: bool = False
-
-
-class SlotState(_Lenient):
-    """One entry of `GET /slots`."""
-
-    id: int
-    n_ctx: int | None = None
-    is_processing: bool = False
-    id_task: int | None = None
-    next_token: SlotNextToken | list[SlotNextToken] | None = None
-    # Prompt progress where the build reports it (a long prefill decodes nothing for minutes).
-    n_past: int | None = None
-    n_prompt_tokens_processed: int | None = None
-
-    @property
-    def prompt_progress(self) -> int:
-        """Prompt tokens the slot has evaluated so far, as far as this build tells."""
-        return (self.n_past or 0) + (self.n_prompt_tokens_processed or 0)
-
-    @property
-    def n_decoded(self) -> int:
-        """Tokens decoded by the slot's current task (builds differ: object or list)."""
-        token = self.next_token
-        if isinstance(token, list):
-            return sum(t.n_decoded for t in token)
-        return token.n_decoded if token is not None else 0
-
-
-class SlotFileResult(_Lenient):
-    """Result of a slot `save`, `restore` or `erase` action."""
-
-    id_slot: int
-    filename: str | None = None
-    n_saved: int | None = None
-    n_written: int | None = None
-    n_restored: int | None = None
-    n_read: int | None = None
-    n_erased: int | None = None
-    timings: dict[str, float] = Field(default_factory=dict)
-
-    @property
-    def tokens(self) -> int:
-        return self.n_saved or self.n_restored or self.n_erased or 0
-
-    @property
-    def elapsed_ms(self) -> float:
-        return sum(self.timings.values())
-
-
-class ServerMetrics(BaseModel):
-    """Counters from the Prometheus `/metrics` endpoint (`--metrics`)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    prompt_tokens_total: float = 0.0
-    tokens_predicted_total: float = 0.0
-    n_decode_total: float = 0.0
-    requests_processing: float = 0.0
-    requests_deferred: float = 0.0
-
-    @classmethod
-    def parse(cls, text: str) -> ServerMetrics:
-        values: dict[str, float] = {}
-        for line in text.splitlines():
-            if not line or line.startswith("#"):
-                continue
-            name, _, value = line.rpartition(" ")
-            key = name.split("{", 1)[0].removeprefix("llamacpp:")
-            if key in cls.model_fields:
-                try:
-                    values[key] = float(value)
-                except ValueError:
-                    continue
-        return cls(**values)
+    def as_chat(self) -> ChatCompletion:
+        """The same answer as a `ChatCompletion` (its text as the message's content): one
+        model for every answer the engine records."""
+        choice = self.choices[0]
+        message = ChatMessageOut(content=choice.text)
+        chat_choice = ChatChoice(
+            finish_reason=choice.finish_reason, message=message, logprobs=choice.logprobs
+        )
+        return ChatCompletion.model_validate({**self.envelope(), "choices": [chat_choice]})

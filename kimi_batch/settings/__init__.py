@@ -27,6 +27,7 @@ from kimi_batch.settings.defaults import (
     samples_dir,
 )
 from kimi_batch.settings.model import Settings, variable_of
+from kimi_batch.settings.quality import QualitySettings
 from kimi_batch.settings.state import StateSettings
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "DEFAULT_THREADS",
     "DEFAULT_TRINO_PORT",
     "ConfigError",
+    "QualitySettings",
     "Settings",
     "StateSettings",
     "default_digest_path",

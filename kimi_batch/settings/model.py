@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from datetime import UTC, date, datetime, time
 from pathlib import Path
+from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import httpx
@@ -50,12 +51,35 @@ from kimi_batch.settings.environment import (
 from kimi_batch.settings.quality import QualitySettings, quality_from_env
 from kimi_batch.settings.state import StateSettings, state_from_env
 
-__all__ = ["Settings", "variable_of"]
+__all__ = ["Settings", "llama_from_env", "variable_of"]
 
 
 def _shown(text: str) -> JsonDict:
     """A field's default as a user reads it, where `from_env` computes it (a path, "unset")."""
     return {"shown_default": text}
+
+
+def llama_from_env() -> dict[str, Any]:
+    """The llama-server's variables (KIMI_BATCH_LLAMA_*), as `Settings` fields."""
+    return dict(
+        llama_server=env_str("KIMI_BATCH_LLAMA_SERVER"),
+        llama_url=env_str("KIMI_BATCH_LLAMA_URL"),
+        llama_extra_urls=env_list("KIMI_BATCH_LLAMA_EXTRA_URLS"),
+        llama_port=env_int("KIMI_BATCH_LLAMA_PORT", DEFAULT_LLAMA_PORT),
+        llama_api_key=env_str("KIMI_BATCH_LLAMA_API_KEY"),
+        llama_threads=env_int("KIMI_BATCH_LLAMA_THREADS", DEFAULT_THREADS),
+        llama_cpus=env_str("KIMI_BATCH_LLAMA_CPUS"),
+        llama_ctx=env_int("KIMI_BATCH_LLAMA_CTX", DEFAULT_CTX),
+        llama_parallel=env_int("KIMI_BATCH_LLAMA_PARALLEL", DEFAULT_PARALLEL),
+        llama_n_predict=env_int("KIMI_BATCH_LLAMA_N_PREDICT", DEFAULT_N_PREDICT),
+        llama_extra_args=env_args("KIMI_BATCH_LLAMA_EXTRA_ARGS"),
+        llama_cache_ram_mib=env_optional_int("KIMI_BATCH_LLAMA_CACHE_RAM", DEFAULT_CACHE_RAM_MIB),
+        llama_load_timeout_s=float(
+            env_int("KIMI_BATCH_LLAMA_LOAD_TIMEOUT_S", int(DEFAULT_LOAD_TIMEOUT_S))
+        ),
+        llama_spec=env_str("KIMI_BATCH_LLAMA_SPEC"),
+        llama_draft_model=env_path("KIMI_BATCH_LLAMA_DRAFT_MODEL"),
+    )
 
 
 class Settings(QualitySettings, StateSettings):
@@ -286,25 +310,7 @@ class Settings(QualitySettings, StateSettings):
             return cls(
                 home=home,
                 model=env_path("KIMI_BATCH_MODEL") or default_model_path(),
-                llama_server=env_str("KIMI_BATCH_LLAMA_SERVER"),
-                llama_url=env_str("KIMI_BATCH_LLAMA_URL"),
-                llama_extra_urls=env_list("KIMI_BATCH_LLAMA_EXTRA_URLS"),
-                llama_port=env_int("KIMI_BATCH_LLAMA_PORT", DEFAULT_LLAMA_PORT),
-                llama_api_key=env_str("KIMI_BATCH_LLAMA_API_KEY"),
-                llama_threads=env_int("KIMI_BATCH_LLAMA_THREADS", DEFAULT_THREADS),
-                llama_cpus=env_str("KIMI_BATCH_LLAMA_CPUS"),
-                llama_ctx=env_int("KIMI_BATCH_LLAMA_CTX", DEFAULT_CTX),
-                llama_parallel=env_int("KIMI_BATCH_LLAMA_PARALLEL", DEFAULT_PARALLEL),
-                llama_n_predict=env_int("KIMI_BATCH_LLAMA_N_PREDICT", DEFAULT_N_PREDICT),
-                llama_extra_args=env_args("KIMI_BATCH_LLAMA_EXTRA_ARGS"),
-                llama_cache_ram_mib=env_optional_int(
-                    "KIMI_BATCH_LLAMA_CACHE_RAM", DEFAULT_CACHE_RAM_MIB
-                ),
-                llama_load_timeout_s=float(
-                    env_int("KIMI_BATCH_LLAMA_LOAD_TIMEOUT_S", int(DEFAULT_LOAD_TIMEOUT_S))
-                ),
-                llama_spec=env_str("KIMI_BATCH_LLAMA_SPEC"),
-                llama_draft_model=env_path("KIMI_BATCH_LLAMA_DRAFT_MODEL"),
+                **llama_from_env(),
                 digest=env_path("KIMI_BATCH_DIGEST") or default_digest_path(),
                 trino_host=env_str("KIMI_BATCH_TRINO_HOST"),
                 trino_port=env_int("KIMI_BATCH_TRINO_PORT", DEFAULT_TRINO_PORT),
@@ -346,14 +352,8 @@ class Settings(QualitySettings, StateSettings):
 
     @property
     def paths(self) -> StatePaths:
-        url = self.warehouse if isinstance(self.warehouse, str) else None
         return StatePaths(
-            home=self.home,
-            warehouse_override=self.warehouse if isinstance(self.warehouse, Path) else None,
-            database_url=self.database_url,
-            warehouse_url=url,
-            s3_endpoint=self.s3_endpoint,
-            s3_region=self.s3_region,
+            home=self.home, warehouse_override=self.warehouse, database_url=self.database_url
         )
 
     @property

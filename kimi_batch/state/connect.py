@@ -4,16 +4,20 @@ from __future__ import annotations
 
 from kimi_batch.paths import StateLocation
 from kimi_batch.state.database import StateDatabase
-from kimi_batch.state.postgres import PostgresDatabase, read_postgres, shown_url
 from kimi_batch.state.sqlite import SqliteDatabase, read_sqlite
 
 __all__ = ["connect_state", "read_state", "shown_location"]
+
+# The PostgreSQL backend is imported where it is chosen: psycopg costs every process that loads
+# the code location ~0.4 s, and the embedded default never uses it.
 
 
 def connect_state(location: StateLocation, *, timeout_s: float = 60.0) -> StateDatabase:
     """The store's database, created if new: its SQLite file, or its PostgreSQL schema."""
     if location.url is None:
         return SqliteDatabase(location.path, timeout_s=timeout_s)
+    from kimi_batch.state.postgres import PostgresDatabase
+
     return PostgresDatabase(location.url, location.schema_name, timeout_s=timeout_s)
 
 
@@ -21,6 +25,8 @@ def read_state(location: StateLocation) -> StateDatabase | None:
     """The store for reading only, or None when it was never written (nothing is created)."""
     if location.url is None:
         return read_sqlite(location.path)
+    from kimi_batch.state.postgres import read_postgres
+
     return read_postgres(location.url, location.schema_name)
 
 
@@ -28,4 +34,6 @@ def shown_location(location: StateLocation) -> str:
     """Where the store is, as messages and `status` name it (no password)."""
     if location.url is None:
         return str(location.path)
+    from kimi_batch.state.postgres import shown_url
+
     return f"{shown_url(location.url)} (schema {location.schema_name})"

@@ -1,7 +1,5 @@
 """Storage layer: Parquet warehouse in Hive layout, and Trino tables over it.
 
-    warehouse_at(settings.paths)          the local folder (Warehouse) or the s3:// prefix
-                                          (ObjectWarehouse: versions and pointers)
     Warehouse(root).write_partition(table, ds, source, rows) -> PartitionWrite
     TrinoPublisher(TrinoConfig(host=...)).publish_partition(warehouse, table, ds, source)
 
@@ -34,10 +32,16 @@ from kimi_batch.storage.api_validation import (
     settle_cancelled,
     validate_batch,
 )
+from kimi_batch.storage.dedup_index import (
+    DedupIndex,
+    DedupSetting,
+    IndexedText,
+    index_entries,
+    shingles,
+)
 from kimi_batch.storage.exceptions import (
     InvalidIdentifierError,
     InvalidPartitionError,
-    ObjectStoreError,
     SchemaMismatchError,
     StorageError,
     TrinoQueryError,
@@ -45,7 +49,6 @@ from kimi_batch.storage.exceptions import (
 )
 from kimi_batch.storage.inbox import InboxFile, file_sha256, inspect_inbox_file, scan_inbox
 from kimi_batch.storage.landing import Assignment, Landing, landed_versions
-from kimi_batch.storage.object_warehouse import ObjectWarehouse, warehouse_at
 from kimi_batch.storage.parquet import (
     PARTITION_COLUMNS,
     PartitionWrite,
@@ -68,6 +71,14 @@ from kimi_batch.storage.private_files import (
     temp_name,
     write_private_text,
 )
+from kimi_batch.storage.quality_gate import (
+    CONTAMINATED,
+    DUPLICATE,
+    NEAR_DUPLICATE,
+    PartitionGate,
+    QualityGate,
+    set_aside_totals,
+)
 from kimi_batch.storage.quarantine import replace_quarantine
 from kimi_batch.storage.schema import (
     TABLES,
@@ -85,10 +96,12 @@ from kimi_batch.storage.settle import (
     wait_until_settled,
 )
 from kimi_batch.storage.trino import PublishReport, TrinoConfig, TrinoPublisher
-from kimi_batch.storage.versions import PartitionVersions
 
 __all__ = [
+    "CONTAMINATED",
+    "DUPLICATE",
     "MAX_VALIDATION_ATTEMPTS",
+    "NEAR_DUPLICATE",
     "NEXT_STATUSES",
     "PARTITION_COLUMNS",
     "SETTLE_S",
@@ -100,19 +113,21 @@ __all__ = [
     "BatchStatus",
     "BatchValidator",
     "Column",
+    "DedupIndex",
+    "DedupSetting",
     "FileRecord",
     "FileTooLargeError",
     "InboxFile",
     "InboxLanding",
+    "IndexedText",
     "InputNotSettledError",
     "InvalidIdentifierError",
     "InvalidPartitionError",
     "Landing",
-    "ObjectStoreError",
-    "ObjectWarehouse",
-    "PartitionVersions",
+    "PartitionGate",
     "PartitionWrite",
     "PublishReport",
+    "QualityGate",
     "RequestCounts",
     "ResolvedInput",
     "SchemaMismatchError",
@@ -129,6 +144,7 @@ __all__ = [
     "columns",
     "file_sha256",
     "finish_batch",
+    "index_entries",
     "inspect_inbox_file",
     "land_inbox",
     "land_seeds",
@@ -145,7 +161,9 @@ __all__ = [
     "resolve_partition",
     "resume_abandoned",
     "scan_inbox",
+    "set_aside_totals",
     "settle_cancelled",
+    "shingles",
     "still_changing",
     "temp_name",
     "trino_columns",
@@ -154,7 +172,6 @@ __all__ = [
     "validate_identifier",
     "validate_source",
     "wait_until_settled",
-    "warehouse_at",
     "write_batch_files",
     "write_private_text",
 ]

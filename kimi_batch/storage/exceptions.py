@@ -5,7 +5,6 @@ StorageError                      base (a kimi_batch.errors.KimiBatchError): any
 ├── InvalidIdentifierError        a schema/table/catalog name that is not a plain SQL identifier
 │                                 (also a ValueError); raised before any SQL is sent
 ├── SchemaMismatchError           an existing Trino table whose columns differ from the row model
-├── ObjectStoreError              the object store of an s3:// warehouse refused or failed a request
 ├── TrinoUnavailableError         Trino cannot be reached (refused, timed out, HTTP 5xx)
 └── TrinoQueryError               Trino answered with an error for a statement
     └── TrinoTimeoutError         a statement did not finish within its deadline; it was cancelled
@@ -18,7 +17,6 @@ from kimi_batch.errors import KimiBatchError
 __all__ = [
     "InvalidIdentifierError",
     "InvalidPartitionError",
-    "ObjectStoreError",
     "SchemaMismatchError",
     "StorageError",
     "TrinoQueryError",
@@ -41,11 +39,6 @@ class InvalidIdentifierError(StorageError, ValueError):
 
 class SchemaMismatchError(StorageError):
     """The Trino table exists with other columns than the row model has."""
-
-
-class ObjectStoreError(StorageError):
-    """The object store of an s3:// warehouse refused or failed a request (no such bucket,
-    credentials refused, unreachable)."""
 
 
 class TrinoUnavailableError(StorageError):

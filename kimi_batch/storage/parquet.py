@@ -3,11 +3,6 @@
 A partition is one file. Writing it again replaces it atomically (temp file in the same directory,
 fsync, `os.replace`, fsync of the directory), so a re-materialization never appends and a reader
 sees either the old or the new rows. The temp name starts with a dot, which Trino and Hive skip.
-A partition lease (`guard`, a `Fence`) is confirmed in a transaction of its store around the
-rename: a holder that stalled past its lease renames nothing over the run that took it over.
-
-`Warehouse` is the local folder; `ObjectWarehouse` (`object_warehouse`) keeps the same contract
-on an object store, where there is no rename (versions under their own prefixes, and a pointer).
 """
 
 from __future__ import annotations
@@ -15,17 +10,15 @@ from __future__ import annotations
 import os
 import re
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import nullcontext
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, date, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import polars as pl
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from kimi_batch.paths import PRIVATE_FILE_MODE, private_dir
-from kimi_batch.state import Fence
 from kimi_batch.storage.exceptions import InvalidPartitionError
 from kimi_batch.storage.private_files import remove_stale_temps
 from kimi_batch.storage.schema import (
@@ -35,15 +28,9 @@ from kimi_batch.storage.schema import (
     polars_schema,
 )
 
-__all__ = [
-    "PART_FILE",
-    "PartitionWrite",
-    "Warehouse",
-    "build_partition_file",
-    "partition_prefix",
-    "validate_ds",
-    "validate_source",
-]
+__all__ = ["PART_FILE", "PartitionWrite", "Warehouse", "validate_ds", "validate_source"]
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 PART_FILE = "part-0.parquet"
 # Rows held in memory at once while a partition is written.
@@ -86,7 +73,7 @@ class PartitionWrite(BaseModel):
     table: str
     ds: str
     source: str
-    location: str = Field(description="The file written: a local path, or an object's URL.")
+    path: Path
     rows: int
     bytes: int
 
@@ -102,10 +89,29 @@ def _utc_naive(value: Any) -> Any:
     return value
 
 
-def partition_prefix(table: str, ds: str | date, source: str) -> str:
-    """`<table>/ds=<ds>/source=<source>`: a partition's folder under the warehouse root."""
-    model_for(table)
-    return f"{table}/ds={validate_ds(ds)}/source={validate_source(source)}"
+def _write_chunked(
+    temp: Path, rows: Iterable[BaseModel], *, model: type[BaseModel], table: str, token: str
+) -> None:
+    """Write `rows` to `temp` (fsynced, owner-only) one chunk file at a time, then merge them."""
+    schema = polars_schema(table)
+    chunk_files: list[Path] = []
+    try:
+        for records in _chunks(rows, model, table):
+            chunk = temp.parent / f".{PART_FILE}.{token}.{len(chunk_files)}.chunk"
+            chunk_files.append(chunk)  # before the write: a failed write is cleaned up too
+            pl.DataFrame(records, schema=schema).write_parquet(chunk, compression="zstd")
+        if not chunk_files:
+            pl.DataFrame(schema=schema).write_parquet(temp, compression="zstd", statistics=True)
+        elif len(chunk_files) == 1:
+            os.replace(chunk_files[0], temp)
+        else:
+            pl.scan_parquet(chunk_files).sink_parquet(temp, compression="zstd", statistics=True)
+        with temp.open("rb") as handle:
+            os.fsync(handle.fileno())
+        os.chmod(temp, PRIVATE_FILE_MODE)
+    finally:
+        for chunk in chunk_files:
+            chunk.unlink(missing_ok=True)
 
 
 def _chunks(
@@ -123,41 +129,6 @@ def _chunks(
         yield records
 
 
-def build_partition_file(table: str, rows: Iterable[BaseModel], directory: Path) -> Path:
-    """The rows as one Parquet file in `directory` under a hidden temp name (fsynced, 0600).
-
-    `rows` is consumed in chunks of `CHUNK_ROWS` (pass a generator and memory stays bounded
-    whatever the partition's size): each chunk is written to a hidden temp file, and several
-    chunks are streamed into the one file by polars, which never holds them all. Zero rows still
-    make a schema-only file. The temps carry this process's pid (`remove_stale_temps`).
-    """
-    model, schema = model_for(table), polars_schema(table)
-    token = f"{os.getpid()}-{uuid.uuid4().hex}"
-    temp = directory / f".{PART_FILE}.{token}.tmp"
-    chunk_files: list[Path] = []
-    try:
-        for records in _chunks(rows, model, table):
-            chunk = directory / f".{PART_FILE}.{token}.{len(chunk_files)}.chunk"
-            chunk_files.append(chunk)  # before the write: a failed write is cleaned up too
-            pl.DataFrame(records, schema=schema).write_parquet(chunk, compression="zstd")
-        if not chunk_files:
-            pl.DataFrame(schema=schema).write_parquet(temp, compression="zstd", statistics=True)
-        elif len(chunk_files) == 1:
-            os.replace(chunk_files[0], temp)
-        else:
-            pl.scan_parquet(chunk_files).sink_parquet(temp, compression="zstd", statistics=True)
-        with temp.open("rb") as handle:
-            os.fsync(handle.fileno())
-        os.chmod(temp, PRIVATE_FILE_MODE)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-    finally:
-        for chunk in chunk_files:
-            chunk.unlink(missing_ok=True)
-    return temp
-
-
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -166,43 +137,21 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _normalized(frame: pl.DataFrame, table: str, ds: str, source: str) -> pl.DataFrame:
-    """A partition file's rows in the model's columns and types, with `ds` and `source`."""
-    schema = polars_schema(table)
-    # select + cast: column order and dtypes follow the model even for older files; a column
-    # added since (input_sha256) reads as null there.
-    added = [name for name in schema.names() if name not in frame.columns]
-    frame = frame.with_columns(pl.lit(None).alias(name) for name in added)
-    frame = frame.select(schema.names()).cast(schema)
-    return frame.with_columns(
-        pl.lit(ds, dtype=pl.String).alias(PARTITION_COLUMNS[0]),
-        pl.lit(source, dtype=pl.String).alias(PARTITION_COLUMNS[1]),
-    )
-
-
 class Warehouse:
     """The Parquet files of the output tables under one root directory."""
-
-    # Whether a partition's files move to a new folder at each write (Trino is told where).
-    versioned = False
 
     def __init__(self, root: Path | str) -> None:
         self.root = Path(root).expanduser().resolve()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.location!r})"
-
-    @property
-    def location(self) -> str:
-        """Where the warehouse is, as a setting names it (a folder, or an s3:// URL)."""
-        return str(self.root)
+        return f"Warehouse({str(self.root)!r})"
 
     def table_dir(self, table: str) -> Path:
         model_for(table)
         return self.root / table
 
     def partition_dir(self, table: str, ds: str | date, source: str) -> Path:
-        return self.root / partition_prefix(table, ds, source)
+        return self.table_dir(table) / f"ds={validate_ds(ds)}" / f"source={validate_source(source)}"
 
     def partition_file(self, table: str, ds: str | date, source: str) -> Path:
         return self.partition_dir(table, ds, source) / PART_FILE
@@ -214,23 +163,31 @@ class Warehouse:
         source: str,
         rows: Iterable[BaseModel],
         *,
-        guard: Fence | None = None,
+        guard: Callable[[], None] | None = None,
     ) -> PartitionWrite:
         """Write (or atomically replace) one partition; zero rows still writes a schema-only file.
 
-        `guard` (the partition's lease) is confirmed in a transaction of its store around the
-        rename: when it is lost, LeaseLostError, and the partition is left as it was.
+        `guard` is called just before the new file replaces the old one (the partition lease's
+        check): when it raises, the partition is left as it was.
+
+        `rows` is consumed in chunks of `CHUNK_ROWS` (pass a generator and memory stays bounded
+        whatever the partition's size): each chunk is written to a hidden temp file, and several
+        chunks are streamed into the one partition file by polars, which never holds them all.
         """
+        model = model_for(table)
         ds, source = validate_ds(ds), validate_source(source)
         directory = self.partition_dir(table, ds, source)
         private_dir(self.root)  # generated text is confidential: the root is owner-only
         directory.mkdir(parents=True, exist_ok=True)
         target = directory / PART_FILE
         remove_stale_temps(directory)  # those of a writer killed mid-write (named by pid)
-        temp = build_partition_file(table, rows, directory)
+        token = f"{os.getpid()}-{uuid.uuid4().hex}"
+        temp = directory / f".{PART_FILE}.{token}.tmp"
         try:
-            with guard.fenced() if guard is not None else nullcontext():
-                os.replace(temp, target)
+            _write_chunked(temp, rows, model=model, table=table, token=token)
+            if guard is not None:
+                guard()
+            os.replace(temp, target)
         finally:
             temp.unlink(missing_ok=True)
         # Files of another writer (part-1.parquet, ...) would be read as extra rows of the partition.
@@ -242,7 +199,7 @@ class Warehouse:
             table=table,
             ds=ds,
             source=source,
-            location=str(target),
+            path=target,
             rows=pl.scan_parquet(target).select(pl.len()).collect().item(),
             bytes=target.stat().st_size,
         )
@@ -267,33 +224,30 @@ class Warehouse:
                     found.append((ds, source))
         return sorted(found)
 
-    def has_partition(self, table: str, ds: str | date, source: str) -> bool:
-        """Whether the partition was written (an empty one counts)."""
-        return self.partition_file(table, ds, source).is_file()
-
-    def current_prefix(self, table: str, ds: str | date, source: str) -> str | None:
-        """The folder of the partition's current file relative to the root (what Trino's
-        partition location appends to the warehouse's); None when it was never written."""
-        if not self.has_partition(table, ds, source):
-            return None
-        return partition_prefix(table, ds, source)
-
-    def _read_file(self, table: str, ds: str, source: str) -> pl.DataFrame | None:
-        path = self.partition_file(table, ds, source)
-        return pl.read_parquet(path) if path.is_file() else None
-
     def read_partition(self, table: str, ds: str | date, source: str) -> pl.DataFrame:
         """The rows of one partition with `ds` and `source` columns; empty if never written."""
         ds, source = validate_ds(ds), validate_source(source)
-        model_for(table)
-        frame = self._read_file(table, ds, source)
-        if frame is None:
+        path = self.partition_file(table, ds, source)
+        if not path.is_file():
             return pl.DataFrame(schema=polars_schema(table, partitions=True))
-        return _normalized(frame, table, ds, source)
+        schema = polars_schema(table)
+        # select + cast: column order and dtypes follow the model even for older files; a column
+        # added since (input_sha256) reads as null there.
+        frame = pl.read_parquet(path)
+        added = [name for name in schema.names() if name not in frame.columns]
+        frame = frame.with_columns(pl.lit(None).alias(name) for name in added)
+        frame = frame.select(schema.names()).cast(schema)
+        return frame.with_columns(
+            pl.lit(ds, dtype=pl.String).alias(PARTITION_COLUMNS[0]),
+            pl.lit(source, dtype=pl.String).alias(PARTITION_COLUMNS[1]),
+        )
 
-    def read_schema(self, written: PartitionWrite) -> dict[str, pl.DataType]:
-        """The column types of a file this warehouse wrote (its footer only)."""
-        return dict(pl.read_parquet_schema(written.location))
+    def read_rows(
+        self, table: str, ds: str | date, source: str, model: type[ModelT]
+    ) -> list[ModelT]:
+        """One partition's rows as `model` (without `ds` and `source`); [] if never written."""
+        frame = self.read_partition(table, ds, source).drop(PARTITION_COLUMNS)
+        return [model.model_validate(row) for row in frame.iter_rows(named=True)]
 
     def read_table(self, table: str) -> pl.DataFrame:
         """Every partition of a table, with `ds` and `source`; an empty frame with the schema if none."""
@@ -301,6 +255,18 @@ class Warehouse:
         if not frames:
             return pl.DataFrame(schema=polars_schema(table, partitions=True))
         return pl.concat(frames, how="vertical")
+
+    def scan(self, table: str) -> pl.LazyFrame:
+        """Every partition file of a table as one lazy frame in the table's schema (no
+        `ds`/`source`; a column added since reads as null in older files): only what is selected
+        is read."""
+        schema = polars_schema(table)
+        files = [self.partition_file(table, ds, source) for ds, source in self.partitions(table)]
+        if not files:
+            return pl.LazyFrame(schema=schema)
+        return pl.scan_parquet(
+            files, schema=schema, missing_columns="insert", extra_columns="ignore"
+        )
 
     def count(self, table: str) -> int:
         """Rows in all partitions of a table (from the Parquet footers, no data read)."""

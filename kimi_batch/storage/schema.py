@@ -28,8 +28,8 @@ import polars as pl
 from pydantic import BaseModel
 
 from kimi_batch.storage.exceptions import InvalidIdentifierError, InvalidPartitionError
+from kimi_batch.tasks.registry import STAGES
 from kimi_batch.tasks.rows import PARTITION_COLUMNS, QuarantineRow, SeedRow
-from kimi_batch.tasks.stages import STAGES
 
 __all__ = [
     "PARTITION_COLUMNS",
@@ -47,7 +47,7 @@ __all__ = [
 
 class _Tables(Mapping[str, type[BaseModel]]):
     """`seeds`, every registered generation stage's table, `quarantine`; read when asked, so a
-    stage registered later (`kimi_batch.tasks.stages.register_stage`) is a table at once."""
+    stage registered later (`kimi_batch.tasks.registry.register_stage`) is a table at once."""
 
     def _tables(self) -> dict[str, type[BaseModel]]:
         stages = {stage.table: stage.row_model for stage in STAGES.values()}

@@ -3,11 +3,7 @@
 Trino reads the Parquet files in place: each output table is an external, partitioned table whose
 location is the table's directory as Trino sees it (`TrinoConfig.warehouse_location` + table; the
 local catalog of `scripts/trino.sh` is rooted at the warehouse, so that is `local:///<table>`), and
-each partition written by `Warehouse` is added with `system.register_partition`. On an object
-store (`ObjectWarehouse`) each write is a new version in a folder of its own: the partition is
-registered at its current version's location, and moved there after a rewrite (Trino has no call
-that moves one: it is unregistered and registered again, so a query in between misses it, never
-sees two versions).
+each partition written by `Warehouse` is added with `system.register_partition`.
 
 Identifiers are validated (`^[a-z_][a-z0-9_]*$`) and double-quoted; values go in as query
 parameters, or, where Trino takes none (CALL), as escaped string literals of already validated
@@ -50,7 +46,6 @@ from kimi_batch.storage.schema import (
 __all__ = ["PublishReport", "TrinoConfig", "TrinoPublisher"]
 
 DEFAULT_PORT = 8080
-DEFAULT_LOCATION = "local:///"
 REQUEST_TIMEOUT_S = 60.0
 # One statement, queued and run, all polls included. Publishing runs inside the partition lease,
 # and the llama pool admits one run: a query Trino keeps queued must not hold every later run.
@@ -73,7 +68,7 @@ class TrinoConfig(BaseModel):
     schema_name: str = Field(default="kimi_batch", description="Schema of the output tables.")
     http_scheme: Literal["http", "https"] = "http"
     warehouse_location: str = Field(
-        default=DEFAULT_LOCATION,
+        default="local:///",
         description="The warehouse root as Trino's file system names it (local:///, s3://b/w/ ...).",
     )
     request_timeout_s: float = Field(
@@ -97,21 +92,12 @@ class TrinoConfig(BaseModel):
         base = self.warehouse_location
         return f"{base}{table}" if base.endswith("/") else f"{base}/{table}"
 
-    def location_of(self, prefix: str) -> str:
-        """A folder under the warehouse root (`amplified/ds=.../source=.../v...`) as Trino names it."""
-        return self.table_location(prefix)
-
     @classmethod
     def from_settings(cls, settings: Settings) -> TrinoConfig:
         """The deployment's Trino; StorageError when KIMI_BATCH_TRINO_HOST is not set."""
         if not settings.trino_host:
             raise StorageError("Trino is not configured (KIMI_BATCH_TRINO_HOST is not set)")
         password = settings.trino_password
-        location = settings.trino_warehouse_location
-        if isinstance(settings.warehouse, str) and location == DEFAULT_LOCATION:
-            # An s3:// warehouse: Trino reads the same objects (its catalog has the S3 file
-            # system), and no local catalog could see them.
-            location = f"{settings.warehouse}/"
         return cls(
             host=settings.trino_host,
             port=settings.trino_port,
@@ -121,7 +107,7 @@ class TrinoConfig(BaseModel):
             http_scheme="https" if password else "http",
             catalog=settings.trino_catalog,
             schema_name=settings.trino_schema,
-            warehouse_location=location,
+            warehouse_location=settings.trino_warehouse_location,
         )
 
 
@@ -325,72 +311,31 @@ class TrinoPublisher:
         )
         return [(str(ds), str(source)) for ds, source in rows]
 
-    def _registered(self, table: str, ds: str, source: str) -> bool:
-        return bool(
-            self.query(
-                f"SELECT 1 FROM {self._table_ref(table, partitions=True)} "
-                'WHERE "ds" = ? AND "source" = ?',
-                [ds, source],
-            )
-        )
-
-    def _partition_call(
-        self, procedure: str, table: str, ds: str, source: str, extra: str = ""
-    ) -> None:
-        # CALL takes no parameters; every value below is validated against a strict pattern
-        # (`extra`: a location, escaped as a literal).
-        columns = ", ".join(_literal(name) for name in PARTITION_COLUMNS)
-        self.query(
-            f"CALL {quote_identifier(self.catalog)}.system.{procedure}("
-            f"schema_name => {_literal(self.schema)}, table_name => {_literal(table)}, "
-            f"partition_columns => ARRAY[{columns}], "
-            f"partition_values => ARRAY[{_literal(ds)}, {_literal(source)}]{extra})"
-        )
-
-    def register_partition(
-        self, table: str, ds: str | date, source: str, *, location: str | None = None
-    ) -> bool:
-        """Add one partition to the metastore (at `location`, else its Hive folder under the
-        table's); False if it was already there (idempotent)."""
+    def register_partition(self, table: str, ds: str | date, source: str) -> bool:
+        """Add one partition to the metastore; False if it was already there (idempotent)."""
         validate_table(table)
         ds, source = validate_ds(ds), validate_source(source)
-        if self._registered(table, ds, source):
+        present = self.query(
+            f'SELECT 1 FROM {self._table_ref(table, partitions=True)} WHERE "ds" = ? AND "source" = ?',
+            [ds, source],
+        )
+        if present:
             return False
-        extra = f", location => {_literal(location)}" if location is not None else ""
+        # CALL takes no parameters; every value below is validated against a strict pattern.
+        columns = ", ".join(_literal(name) for name in PARTITION_COLUMNS)
         try:
-            self._partition_call("register_partition", table, ds, source, extra)
+            self.query(
+                f"CALL {quote_identifier(self.catalog)}.system.register_partition("
+                f"schema_name => {_literal(self.schema)}, table_name => {_literal(table)}, "
+                f"partition_columns => ARRAY[{columns}], "
+                f"partition_values => ARRAY[{_literal(ds)}, {_literal(source)}])"
+            )
         except TrinoQueryError as error:
             # Another publisher registered it between our check and the CALL.
             if "ALREADY_EXISTS" in str(error):
                 return False
             raise
         return True
-
-    def place_partition(self, table: str, ds: str, source: str, location: str) -> bool:
-        """Register the partition at `location`, moving it there when it is registered
-        elsewhere (an older version); False when it was there already."""
-        validate_table(table)
-        ds, source = validate_ds(ds), validate_source(source)
-        if self._registered(table, ds, source):
-            if self._reads_from(table, ds, source, location):
-                return False
-            with contextlib.suppress(TrinoQueryError):  # another publisher moved it first
-                self._partition_call("unregister_partition", table, ds, source)
-        return self.register_partition(table, ds, source, location=location)
-
-    def _reads_from(self, table: str, ds: str, source: str, location: str) -> bool:
-        """Whether the registered partition's files are under `location` (an empty partition
-        has no file to tell: it is moved again, which costs one call)."""
-        rows = self.query(
-            f'SELECT "$path" FROM {self._table_ref(table)} WHERE "ds" = ? AND "source" = ? LIMIT 1',
-            [ds, source],
-        )
-        return bool(rows) and str(rows[0][0]).startswith(location.rstrip("/") + "/")
-
-    def _publish(self, warehouse: Warehouse, table: str, ds: str, source: str, prefix: str) -> bool:
-        if warehouse.versioned:
-            return self.place_partition(table, ds, source, self.config.location_of(prefix))
-        return self.register_partition(table, ds, source)
 
     def flush_cache(self, table: str) -> None:
         """Drop Trino's cached metadata/listings of a table (a no-op when caching is off)."""
@@ -405,11 +350,10 @@ class TrinoPublisher:
     ) -> PublishReport:
         """Make one written partition queryable: schema, table, partition, fresh metadata."""
         ds, source = validate_ds(ds), validate_source(source)
-        prefix = warehouse.current_prefix(table, ds, source)
-        if prefix is None:
+        if not warehouse.partition_file(table, ds, source).is_file():
             raise StorageError(f"nothing to publish: {table} ds={ds} source={source} not written")
         self._ensure(table)
-        registered = self._publish(warehouse, table, ds, source, prefix)
+        registered = self.register_partition(table, ds, source)
         # A re-written partition keeps its registration; a caching catalog must still re-list it.
         self.flush_cache(table)
         return PublishReport(
@@ -424,10 +368,8 @@ class TrinoPublisher:
             known = set(self.registered_partitions(table))
             on_disk = warehouse.partitions(table)
             for ds, source in on_disk:
-                if warehouse.versioned or (ds, source) not in known:
-                    prefix = warehouse.current_prefix(table, ds, source)
-                    if prefix is not None:  # rewritten since the listing: the next call sees it
-                        registered += int(self._publish(warehouse, table, ds, source, prefix))
+                if (ds, source) not in known:
+                    registered += int(self.register_partition(table, ds, source))
             present += len(on_disk)
             self.flush_cache(table)
         return PublishReport(

@@ -20,15 +20,15 @@ from pydantic import Field
 
 from kimi_batch.engine import GenerationRequest, GenerationResult, SamplingParams
 from kimi_batch.llama import ChatMessage
-from kimi_batch.tasks.inputs import SeedPrompt
-from kimi_batch.tasks.rows import AmplifiedRow, GenerationColumns
-from kimi_batch.tasks.stage import (
+from kimi_batch.tasks.generation_task import (
     GenerationTask,
     RowReader,
     SeedInputs,
     SetAside,
     generation_columns,
 )
+from kimi_batch.tasks.inputs import SeedPrompt
+from kimi_batch.tasks.rows import AmplifiedRow, GenerationColumns
 from kimi_batch.tasks.tags import AMPLIFY_STAGE, RequestTag, Strategy
 
 __all__ = [

@@ -3,7 +3,9 @@
 Its inputs are the batch's validated lines (from its landed snapshot, not from an upstream
 table), its requests are theirs unchanged (no amplification), and only final answers become rows:
 an empty answer, one cut off at max_tokens or one that is not the JSON its `response_format`
-asked for is set aside with the reason. The client still gets every answer in its output file
+asked for is set aside with the reason. An answer that calls tools is final (its
+`finish_reason` is `tool_calls`, its text may be empty): the calls are in its `tool_calls`
+column. A completion line's row has its raw prompt as `prompt`. The client still gets every answer in its output file
 (a cut-off one with `finish_reason: "length"`, as OpenAI returns it): that file is written from
 the ledger, not from this table.
 """
@@ -17,10 +19,11 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.engine import GenerationRequest, GenerationResult
+from kimi_batch.llama import ToolCall
 from kimi_batch.tasks.distill import EMPTY_REASON, TRUNCATED_REASON
+from kimi_batch.tasks.generation_task import GenerationTask, RowReader, SetAside, generation_columns
 from kimi_batch.tasks.openai_batch import API_STAGE, BatchRequestLine
 from kimi_batch.tasks.rows import DistilledRow, GenerationColumns
-from kimi_batch.tasks.stage import GenerationTask, RowReader, SetAside, generation_columns
 
 __all__ = ["NOT_JSON_REASON", "ApiBatchInputs", "ApiBatchTask"]
 
@@ -51,6 +54,10 @@ class ApiBatchInputs(BaseModel):
         for line in self.lines:
             groups.setdefault(line.system, []).append(self.request(line))
         return groups
+
+
+def _tool_calls_json(calls: list[ToolCall]) -> str:
+    return json.dumps([call.model_dump(mode="json") for call in calls], ensure_ascii=False)
 
 
 def _structured(text: str) -> str | None:
@@ -88,13 +95,14 @@ class ApiBatchTask(GenerationTask[ApiBatchInputs, DistilledRow]):
         response = result.text.strip()
         asked_json = line.params.json_schema is not None
         structured = _structured(response) if asked_json else None
+        calls = result.tool_calls
         reason = (
             EMPTY_REASON
-            if not response
+            if result.empty
             else TRUNCATED_REASON
             if result.truncated
             else NOT_JSON_REASON
-            if asked_json and structured is None
+            if asked_json and structured is None and not calls
             else None
         )
         if reason is not None:
@@ -110,5 +118,6 @@ class ApiBatchTask(GenerationTask[ApiBatchInputs, DistilledRow]):
                 "reasoning": result.reasoning_content or None,
                 "structured": structured,
                 "logprobs": result.logprobs,
+                "tool_calls": _tool_calls_json(calls) if calls else None,
             }
         )

@@ -1,13 +1,11 @@
 """A Batch API input file validated as it streams by: OpenAI's rules, each failure a line error.
 
-One JSON object a line, `{custom_id, method, url, body}`, `body` a chat completion request:
-`max_tokens` (or `max_completion_tokens`), `temperature`, `top_p`, `seed`, `stop`, the
-penalties, `logit_bias`, `response_format` (JSON schema or object) and
-`logprobs`/`top_logprobs` become the request's sampling params; unset values take OpenAI's
-defaults (temperature 1, top_p 1). Any other field, or a `model` not served, fails its line
-(`tasks.batch_fields`): a batch runs the request it was given. Validation is all or nothing, as
-OpenAI's: one bad line fails the batch with errors naming it (the first `MAX_LISTED_ERRORS`
-listed, all counted).
+One JSON object a line, `{custom_id, method, url, body}`, `body` a chat completion request or,
+in a `/v1/completions` batch, a completion request (`tasks.batch_bodies`: the fields each may
+hold become the request's params, unset ones take OpenAI's defaults). Any other field, or a
+`model` not served, fails its line (`tasks.batch_fields`): a batch runs the request it was
+given. Validation is all or nothing, as OpenAI's: one bad line fails the batch with errors
+naming it (the first `MAX_LISTED_ERRORS` listed, all counted).
 
 The file is read line by line with the pipeline's own JSONL reader (`input_formats.jsonl_items`:
 bounded lines, bad UTF-8, deep nesting and over-long integers become line errors there), and
@@ -21,25 +19,21 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Iterator, Sequence
-from typing import IO, Any, Literal
+from typing import IO, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kimi_batch.engine import SamplingParams
-from kimi_batch.llama import ChatMessage
 from kimi_batch.settings import DEFAULT_API_MAX_BATCH_REQUESTS
-from kimi_batch.tasks.batch_fields import (
-    check_logit_bias,
-    check_stops,
-    model_not_served,
-    refused_field,
-)
+from kimi_batch.tasks.batch_bodies import LineRefusedError, request_line
+from kimi_batch.tasks.batch_fields import model_not_served, refused_field
 from kimi_batch.tasks.input_formats import MAX_ROW_BYTES, Item, jsonl_items
 from kimi_batch.tasks.openai_batch import (
+    BATCH_ENDPOINTS,
     MAX_LISTED_ERRORS,
     BatchInput,
     BatchLineError,
     BatchRequestLine,
+    LineKind,
 )
 from kimi_batch.tasks.raw_rows import format_validation_error
 from kimi_batch.tasks.seen_ids import SeenIds
@@ -62,11 +56,6 @@ MAX_BATCH_LINE_BYTES = MAX_ROW_BYTES
 # Deeper than any chat request or JSON schema needs; a deeper value could overflow the
 # serializers that hash and send the request later, in the run.
 MAX_NESTING = 64
-# OpenAI's chat completion defaults; max_tokens unset means "as long as the server allows"
-# (the engine clamps it to the server's n_predict).
-_DEFAULT_MAX_TOKENS = 1 << 20
-_DEFAULT_TEMPERATURE = 1.0
-_DEFAULT_TOP_P = 1.0
 
 
 class BatchScan(BaseModel):
@@ -77,135 +66,6 @@ class BatchScan(BaseModel):
     request_total: int = Field(ge=0)
     errors: list[BatchLineError]
     error_count: int = Field(ge=0, description="All errors; `errors` lists the first ones.")
-
-
-# ---- the boundary: what a client may send ------------------------------------------------
-
-
-class _RefusedError(ValueError):
-    """A line that validates as models but asks for what is not served; names its field."""
-
-    def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-class _Message(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str
-
-    @field_validator("content", mode="before")
-    @classmethod
-    def _parts(cls, value: Any) -> Any:
-        if isinstance(value, list):
-            if not all(isinstance(p, dict) and p.get("type") == "text" for p in value):
-                raise ValueError("only text content parts are supported")
-            return "".join(str(p.get("text", "")) for p in value)
-        return value
-
-
-class _ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: dict[str, Any] | None = None
-
-    def schema_or_none(self) -> dict[str, Any] | None:
-        if self.type == "text":
-            return None
-        if self.type == "json_object":
-            return {"type": "object"}
-        schema = (self.json_schema or {}).get("schema")
-        if not isinstance(schema, dict):
-            raise _RefusedError(
-                "response_format.json_schema.schema must be a JSON schema object",
-                "body.response_format",
-            )
-        return schema
-
-
-class _Body(BaseModel):
-    # Unknown fields are refused before this model is built (`refused_field`).
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    model: str | None = None
-    messages: list[_Message] = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, gt=0, strict=True)
-    max_completion_tokens: int | None = Field(default=None, gt=0, strict=True)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    seed: int | None = Field(default=None, strict=True)
-    response_format: _ResponseFormat | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=20, strict=True)
-    n: int | None = Field(default=None, ge=1, le=1, description="One choice per request.")
-    stream: Literal[False] | None = None
-    stop: str | list[str] | None = None
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
-
-    _stops = field_validator("stop")(check_stops)
-    _biases = field_validator("logit_bias")(check_logit_bias)
-
-
-class _Line(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    custom_id: str = Field(min_length=1)
-    method: Literal["POST"]
-    url: str
-    body: _Body
-
-
-def _split_system(messages: Sequence[_Message]) -> tuple[str, list[ChatMessage]]:
-    head = 0
-    while head < len(messages) and messages[head].role in ("system", "developer"):
-        head += 1
-    rest = messages[head:]
-    if any(m.role in ("system", "developer") for m in rest):
-        raise _RefusedError(
-            "a system message is only supported before the conversation", "body.messages"
-        )
-    if not rest or rest[-1].role != "user":
-        raise _RefusedError("the last message must be from the user", "body.messages")
-    system = "\n\n".join(m.content for m in messages[:head])
-    turns = [
-        ChatMessage(role="user" if m.role == "user" else "assistant", content=m.content)
-        for m in rest
-    ]
-    return system, turns
-
-
-def _request_line(line: _Line, number: int) -> BatchRequestLine:
-    body = line.body
-    system, messages = _split_system(body.messages)
-    format_ = body.response_format
-    top = (body.top_logprobs or 0) if body.logprobs else None
-    params = SamplingParams(
-        max_tokens=body.max_completion_tokens or body.max_tokens or _DEFAULT_MAX_TOKENS,
-        temperature=_DEFAULT_TEMPERATURE if body.temperature is None else body.temperature,
-        top_p=_DEFAULT_TOP_P if body.top_p is None else body.top_p,
-        seed=body.seed,
-        # Token logprobs come with at least one alternative from llama-server; the output
-        # lists as many as were asked for.
-        n_probs=max(top, 1) if top is not None else 0,
-        json_schema=format_.schema_or_none() if format_ else None,
-        stop=[body.stop] if isinstance(body.stop, str) else body.stop or None,
-        presence_penalty=body.presence_penalty,
-        frequency_penalty=body.frequency_penalty,
-        logit_bias=body.logit_bias,
-    )
-    return BatchRequestLine(
-        custom_id=line.custom_id,
-        line=number,
-        system=system,
-        messages=messages,
-        params=params,
-        top_logprobs=top,
-    )
 
 
 def _param(error: ValidationError) -> str | None:
@@ -241,7 +101,10 @@ class BatchValidator:
         max_requests: int = MAX_BATCH_REQUESTS,
         models: frozenset[str] | None = None,
     ) -> None:
+        if endpoint not in BATCH_ENDPOINTS:
+            raise ValueError(f"no batch endpoint {endpoint!r}")
         self.endpoint = endpoint
+        self.kind: LineKind = BATCH_ENDPOINTS[endpoint]
         self.models = models
         self.max_requests = max_requests
         self.requests = 0
@@ -289,30 +152,8 @@ class BatchValidator:
                 "url",
             )
             return None
-        refused = refused_field(record.get("body"))
-        if refused is not None:
-            param, why = refused
-            self._fail("unsupported_field", f"line {number}: {param} {why}", number, param)
-            return None
-        model = model_not_served(record.get("body"), self.models)
-        if model is not None:
-            self._fail("model_not_found", f"line {number}: {model}", number, "body.model")
-            return None
-        try:
-            request = _request_line(_Line.model_validate(record), number)
-            # What the run hashes and sends must serialize (a lone surrogate would not).
-            request.model_dump_json()
-        except ValidationError as error:
-            reason = format_validation_error(error)
-            self._fail("invalid_request", f"line {number}: {reason}", number, _param(error))
-            return None
-        except _RefusedError as error:
-            self._fail("invalid_request", f"line {number}: {error}", number, error.param)
-            return None
-        except (ValueError, TypeError, RecursionError, OverflowError) as error:
-            # Nothing a line holds may escape as an exception: it is this line's error.
-            reason = f"{type(error).__name__}: {str(error)[:200]}"
-            self._fail("invalid_request", f"line {number}: {reason}", number)
+        request = self._request(record, number)
+        if request is None:
             return None
         if not self._seen.add(request.custom_id, number):
             first = self._seen.first_line(request.custom_id)
@@ -325,6 +166,36 @@ class BatchValidator:
             )
             return None
         self.requests += 1
+        return request
+
+    def _request(self, record: dict[str, Any], number: int) -> BatchRequestLine | None:
+        """The request a line's body asks for, or None (its error recorded): fields this
+        server would not honour, a model it does not serve, invalid values."""
+        refused = refused_field(record.get("body"), self.kind)
+        if refused is not None:
+            param, why = refused
+            self._fail("unsupported_field", f"line {number}: {param} {why}", number, param)
+            return None
+        model = model_not_served(record.get("body"), self.models)
+        if model is not None:
+            self._fail("model_not_found", f"line {number}: {model}", number, "body.model")
+            return None
+        try:
+            request = request_line(record, number, self.kind)
+            # What the run hashes and sends must serialize (a lone surrogate would not).
+            request.model_dump_json()
+        except ValidationError as error:
+            reason = format_validation_error(error)
+            self._fail("invalid_request", f"line {number}: {reason}", number, _param(error))
+            return None
+        except LineRefusedError as error:
+            self._fail("invalid_request", f"line {number}: {error}", number, error.param)
+            return None
+        except (ValueError, TypeError, RecursionError, OverflowError) as error:
+            # Nothing a line holds may escape as an exception: it is this line's error.
+            reason = f"{type(error).__name__}: {str(error)[:200]}"
+            self._fail("invalid_request", f"line {number}: {reason}", number)
+            return None
         return request
 
     def finish(self) -> BatchScan:

@@ -25,16 +25,17 @@ from kimi_batch.engine import (
     fold_instructions,
 )
 from kimi_batch.llama import ChatMessage
-from kimi_batch.tasks.inputs import SeedPrompt
-from kimi_batch.tasks.raw_rows import format_validation_error
-from kimi_batch.tasks.rows import AmplifiedRow, DistilledRow, GenerationColumns
-from kimi_batch.tasks.stage import (
+from kimi_batch.tasks.generation_task import (
     GenerationTask,
     RowReader,
+    ScreenedText,
     SeedInputs,
     SetAside,
     generation_columns,
 )
+from kimi_batch.tasks.inputs import SeedPrompt
+from kimi_batch.tasks.raw_rows import format_validation_error
+from kimi_batch.tasks.rows import AmplifiedRow, DistilledRow, GenerationColumns
 from kimi_batch.tasks.tags import DISTILL_STAGE, Origin, RequestTag, Strategy
 
 __all__ = [
@@ -172,6 +173,7 @@ class DistillTask(GenerationTask[DistillInputs, DistilledRow]):
     name: ClassVar[str] = DISTILL_STAGE
     table: ClassVar[str] = "distilled"
     row_model: ClassVar[type[GenerationColumns]] = DistilledRow
+    quality_gated: ClassVar[bool] = True
 
     params: SamplingParams = DEFAULT_DISTILL_PARAMS
     n_probs: int = Field(default=0, ge=0, le=20, description="Top-k logprobs per token (0: off).")
@@ -223,6 +225,20 @@ class DistillTask(GenerationTask[DistillInputs, DistilledRow]):
                 "structured": structured,
                 "logprobs": result.logprobs,
             }
+        )
+
+    def screened(self, row: DistilledRow, inputs: DistillInputs) -> ScreenedText:
+        """A seed's answer is judged on the seed's conversation, a variant's on the variant
+        with the seed's instructions: what the teacher was asked."""
+        seed = inputs.by_id.get(row.seed_id)
+        if seed is None:
+            return ScreenedText(prompt=row.prompt, answer=row.response, source_file="distilled")
+        if row.origin == "seed":
+            prompt = "\n\n".join(message.content for message in seed.messages)
+        else:
+            prompt = fold_instructions(seed.instructions, row.prompt)
+        return ScreenedText(
+            prompt=prompt, answer=row.response, source_file=seed.source_file, line=seed.line
         )
 
     @property

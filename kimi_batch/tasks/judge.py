@@ -17,9 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kimi_batch.engine import GenerationRequest, GenerationResult, SamplingParams
 from kimi_batch.llama import ChatMessage
+from kimi_batch.tasks.generation_task import GenerationTask, RowReader, SetAside, generation_columns
 from kimi_batch.tasks.raw_rows import format_validation_error
 from kimi_batch.tasks.rows import DistilledRow, GenerationColumns, JudgedRow
-from kimi_batch.tasks.stage import GenerationTask, RowReader, SetAside, generation_columns
 from kimi_batch.tasks.tags import RequestTag
 
 __all__ = [

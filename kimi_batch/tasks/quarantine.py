@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from kimi_batch.engine import FailedRequest, GenerationResult
-from kimi_batch.tasks.rows import QuarantineRow
+from kimi_batch.tasks.rows import GenerationColumns, QuarantineRow
 
 __all__ = [
     "INPUT_STAGE",
@@ -19,6 +19,7 @@ __all__ = [
     "raw_json",
     "rejected_raw",
     "result_row",
+    "set_aside_row",
     "truncate_raw",
 ]
 
@@ -91,22 +92,39 @@ def result_row(
     result: GenerationResult, *, stage: Stage, source_file: str, line: int | None, reason: str
 ) -> QuarantineRow:
     """An unusable output, pointing at its seed's file and line; the output text is `raw`."""
+    return set_aside_row(
+        result, stage=stage, source_file=source_file, line=line, reason=reason, raw=result.text
+    )
+
+
+def set_aside_row(
+    output: GenerationResult | GenerationColumns,
+    *,
+    stage: Stage,
+    source_file: str,
+    line: int | None,
+    reason: str,
+    raw: str,
+    input_sha256: str | None = None,
+) -> QuarantineRow:
+    """An output set aside (a result, or a row the quality gate keeps out) with its figures."""
     return QuarantineRow(
-        request_id=result.request_id,
-        input_id=result.input_id,
-        model=result.model,
-        digest_sha256=result.digest_sha256,
-        prompt_tokens=result.prompt_tokens,
-        cached_tokens=result.cached_tokens,
-        completion_tokens=result.completion_tokens,
-        finish_reason=result.finish_reason,
+        request_id=output.request_id,
+        input_id=output.input_id,
+        model=output.model,
+        digest_sha256=output.digest_sha256,
+        prompt_tokens=output.prompt_tokens,
+        cached_tokens=output.cached_tokens,
+        completion_tokens=output.completion_tokens,
+        finish_reason=output.finish_reason,
         stage=stage,
         source_file=source_file,
         line=line,
         reason=reason,
-        raw=truncate_raw(result.text),
-        # The result's own time, so that a rerun from the ledger yields identical rows.
-        created_at=result.created_at,
+        raw=truncate_raw(raw),
+        # The output's own time, so that a rerun from the ledger yields identical rows.
+        created_at=output.created_at,
+        input_sha256=input_sha256,
     )
 
 

@@ -114,6 +114,10 @@ class DistilledRow(GenerationColumns):
     )
     structured: str | None = Field(description="Validated JSON when a schema was requested.")
     logprobs: list[TokenLogprob] | None = Field(description="Top-k logprobs when n_probs > 0.")
+    tool_calls: str | None = Field(
+        default=None,
+        description="The tools the answer calls, as OpenAI's `tool_calls` JSON (null: none).",
+    )
 
 
 class JudgedRow(GenerationColumns):

@@ -215,19 +215,34 @@ def test_a_bad_endpoint_or_window_is_a_400_in_openai_shape(client: openai.OpenAI
         )
 
 
-def test_completions_and_responses_batches_are_refused_at_creation_saying_why(
+def test_completions_and_responses_batches_validate_and_their_lines_must_match_them(
     client: openai.OpenAI,
 ) -> None:
-    upload = client.files.create(file=("ok.jsonl", jsonl(line("a"))), purpose="batch")
-    for endpoint, why in [("/v1/completions", "text_completion"), ("/v1/responses", "Responses")]:
-        with pytest.raises(openai.BadRequestError) as bad:
-            client.batches.create(
-                input_file_id=upload.id,
-                endpoint=endpoint,  # type: ignore[arg-type]
-                completion_window="24h",
-            )
-        assert bad.value.body["param"] == "endpoint"  # type: ignore[index]
-        assert why in bad.value.message
+    prompt = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 4}
+    completion = {"custom_id": "p", "method": "POST", "url": "/v1/completions", "body": prompt}
+    asked = {"model": MODEL, "instructions": "Be brief.", "input": "Hi.", "max_output_tokens": 4}
+    response = {"custom_id": "r", "method": "POST", "url": "/v1/responses", "body": asked}
+    for row in (completion, response):
+        upload = client.files.create(file=("lines.jsonl", jsonl(row)), purpose="batch")
+        batch = client.batches.create(
+            input_file_id=upload.id,
+            endpoint=row["url"],  # type: ignore[arg-type]
+            completion_window="24h",
+        )
+        batch = validated(client, batch)
+        assert batch.errors is None, row["url"]
+        assert batch.request_counts is not None
+        assert batch.request_counts.total == 1
+    # A completions file named as a Responses batch: its line names another endpoint.
+    upload = client.files.create(file=("p.jsonl", jsonl(completion)), purpose="batch")
+    mismatched = validated(
+        client,
+        client.batches.create(
+            input_file_id=upload.id, endpoint="/v1/responses", completion_window="24h"
+        ),
+    )
+    assert mismatched.errors is not None
+    assert [(e.code, e.line) for e in mismatched.errors.data or []] == [("invalid_url", 1)]
 
 
 def test_an_ignored_field_or_an_unknown_model_fails_the_batch_naming_the_line(
@@ -235,7 +250,7 @@ def test_an_ignored_field_or_an_unknown_model_fails_the_batch_naming_the_line(
 ) -> None:
     unknown = line("b")
     unknown["body"] = {**unknown["body"], "model": "gpt-4o-mini"}  # type: ignore[dict-item]
-    data = jsonl(line("a", stop=["\n"]), unknown, line("c", tool_choice="auto"))
+    data = jsonl(line("a", stop=["\n"]), unknown, line("c", functions=[{"name": "f"}]))
     upload = client.files.create(file=("fields.jsonl", data), purpose="batch")
     batch = client.batches.create(
         input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
@@ -244,7 +259,7 @@ def test_an_ignored_field_or_an_unknown_model_fails_the_batch_naming_the_line(
     assert batch.status == "failed"
     assert batch.errors is not None
     assert batch.errors.data is not None
-    expected = [("model_not_found", 2, "body.model"), ("unsupported_field", 3, "body.tool_choice")]
+    expected = [("model_not_found", 2, "body.model"), ("unsupported_field", 3, "body.functions")]
     if MODEL == "any":  # no model installed: no served name to compare with
         expected = expected[1:]
     assert [(e.code, e.line, e.param) for e in batch.errors.data] == expected

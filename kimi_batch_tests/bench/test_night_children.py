@@ -1,5 +1,5 @@
 """A night bench stopped with SIGTERM leaves nothing running: not its llama-server, not the
-`dagster-daemon`, not the daemon's code server."""
+`dagster-daemon`, not the code server the daemon is attached to."""
 
 from __future__ import annotations
 
@@ -13,30 +13,13 @@ from pathlib import Path
 import pytest
 
 from kimi_batch_tests.support.ports import free_port
+from kimi_batch_tests.support.processes import processes_naming
 
 STARTUP_S = 240.0
 
 
-def _processes_of(home: Path, *, besides: int) -> dict[int, str]:
-    """pid -> command line of every process whose arguments or environment name `home`."""
-    marker = str(home).encode()
-    found: dict[int, str] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == besides:
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            environ = (entry / "environ").read_bytes()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and (marker in cmdline or marker in environ):
-            found[int(entry.name)] = cmdline.replace(b"\0", b" ").decode(errors="replace")
-    return found
-
-
 @pytest.mark.slow
-def test_sigterm_stops_the_server_the_daemon_and_its_code_server(
+def test_sigterm_stops_the_server_the_daemon_and_the_code_server(
     tmp_path: Path, llama_binary: Path, model_path: Path
 ) -> None:
     home = tmp_path / "home"
@@ -57,16 +40,17 @@ def test_sigterm_stops_the_server_the_daemon_and_its_code_server(
     try:
         deadline = time.monotonic() + STARTUP_S
         children: dict[int, str] = {}
-        # Up: the server, the daemon and the daemon's own child (its code server).
+        # Up: the server, the code server (and the child it serves the code from), the daemon.
+        wanted = ("llama-server", "code-server start", "api grpc", "dagster-daemon")
         while time.monotonic() < deadline and bench.poll() is None:
-            children = _processes_of(home, besides=bench.pid)
+            children = processes_naming(home, besides=bench.pid)
             commands = " ".join(children.values())
-            if "llama-server" in commands and "dagster-daemon" in commands and len(children) >= 4:
+            if all(name in commands for name in wanted):
                 break
             time.sleep(0.5)
         assert bench.poll() is None, "the bench ended before its children were up"
-        assert "llama-server" in " ".join(children.values())
-        assert "dagster-daemon" in " ".join(children.values())
+        commands = " ".join(children.values())
+        assert all(name in commands for name in wanted), children
 
         bench.send_signal(signal.SIGTERM)
         assert bench.wait(timeout=120) == 128 + signal.SIGTERM
@@ -75,5 +59,5 @@ def test_sigterm_stops_the_server_the_daemon_and_its_code_server(
             bench.kill()
             bench.wait()
 
-    left = _processes_of(home, besides=bench.pid)
+    left = processes_naming(home, besides=bench.pid)
     assert left == {}, left

@@ -17,6 +17,7 @@ from kimi_batch.cli.reference import (
     stale_pages,
 )
 from kimi_batch.settings import Settings, variable_of
+from kimi_batch.settings.model import llama_from_env
 from kimi_batch.settings.quality import quality_from_env
 from kimi_batch.settings.state import state_from_env
 
@@ -53,11 +54,11 @@ def test_every_setting_has_a_meaning() -> None:
 
 
 def test_every_variable_on_the_page_is_the_one_from_env_reads() -> None:
-    # The quality gates' and the state's variables are read by `quality_from_env` and
-    # `state_from_env`, which from_env calls.
+    # The llama-server's, the quality gates' and the state's variables are read by
+    # `llama_from_env`, `quality_from_env` and `state_from_env`, which from_env calls.
     source = "".join(
         inspect.getsource(reader)
-        for reader in (Settings.from_env, quality_from_env, state_from_env)
+        for reader in (Settings.from_env, llama_from_env, quality_from_env, state_from_env)
     )
     for name in Settings.model_fields:
         assert f'"{variable_of(name)}"' in source, f"{name}: from_env never reads its variable"

@@ -105,6 +105,20 @@ def test_an_unreadable_ledger_is_reported_in_its_section(
     assert report["nightly"]["cron"]  # the other sections are there
 
 
+def test_an_unreadable_duplicate_index_is_reported_in_the_quality_section(
+    tmp_path: Path, status: InProcess
+) -> None:
+    index = tmp_path / "quality" / "dedup.sqlite3"
+    index.parent.mkdir(parents=True)
+    index.write_bytes(b"garbage " * 512)
+
+    report = status.json(tmp_path)
+
+    assert "file is not a database" in report["quality"]["error"]
+    assert report["quality"]["dedup"] is True
+    assert report["ledger"]["error"] is None  # the other sections are read
+
+
 def test_an_unreadable_manifest_is_reported_in_the_inbox_section(
     tmp_path: Path, status: InProcess
 ) -> None:

@@ -30,7 +30,7 @@ from kimi_batch.defs.publishing import tables_of
 from kimi_batch.defs.stages import STAGE_DECLARATIONS, nightly_stages, withdraw_stage
 from kimi_batch.settings import Settings
 from kimi_batch.storage import TABLES, TrinoPublisher
-from kimi_batch.tasks.stages import stage_of_tag
+from kimi_batch.tasks.registry import stage_of_tag
 from kimi_batch.tasks.tags import RequestTag
 from kimi_batch_tests.support.llama_server import LlamaEnv
 from kimi_batch_tests.support.trino import TrinoServer

@@ -197,7 +197,7 @@ def _ledger_rows(env: LlamaEnv, input_ids: set[str]) -> int:
 def test_a_sigkilled_materialization_resumes_without_losing_or_repeating_rows(
     llama_env: LlamaEnv, tmp_path: Path
 ) -> None:
-    seeds = [f"k{i}" for i in range(10)]
+    seeds = [f"k{i}" for i in range(6)]
     _write_inbox(
         llama_env.home,
         "killed.jsonl",

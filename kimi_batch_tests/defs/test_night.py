@@ -86,6 +86,20 @@ def _execute(
     )
 
 
+def _night_closing_in(
+    seconds: float,
+    instance: dg.DagsterInstance,
+    defs: dg.Definitions,
+    settings: Settings,
+    stages: dict[str, Any],
+) -> dg.ExecuteInProcessResult:
+    """Tonight's run, its window ending `seconds` from now."""
+    request = _tick(instance, defs, settings)
+    assert request is not None
+    end = datetime.now(UTC) + timedelta(seconds=seconds)
+    return _execute(instance, defs, request, stages=stages, tags={WINDOW_TAG: end.isoformat()})
+
+
 def _failure(result: dg.ExecuteInProcessResult) -> str:
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
     return str(failure.event_specific_data)
@@ -159,17 +173,13 @@ def test_past_the_window_the_finished_partitions_land_and_the_rest_resume(
     settings, defs = night
     # The first partition is small; the second far more than the window holds.
     _inbox(settings.paths.home, "a_small.jsonl", ["What is 2+2?"])
-    prompts = [f"Write a short story about the number {i}." for i in range(12 * TEST_SLOTS)]
+    # 6 answers a slot of up to 64 tokens: ~40 s of generation on 2 cores against a 15 s window.
+    prompts = [f"Write a short story about the number {i}." for i in range(6 * TEST_SLOTS)]
     _inbox(settings.paths.home, "b_large.jsonl", prompts)
     today = settings.today().isoformat()
-    distill_only = {"skip_stages": [AMPLIFY.asset], "distillation": {"max_tokens": 128, "seed": 5}}
+    distill_only = {"skip_stages": [AMPLIFY.asset], "distillation": {"max_tokens": 64, "seed": 5}}
     with dg.instance_for_test() as instance:
-        request = _tick(instance, defs, settings)
-        assert request is not None
-        end = datetime.now(UTC) + timedelta(seconds=15)
-        stopped = _execute(
-            instance, defs, request, stages=distill_only, tags={WINDOW_TAG: end.isoformat()}
-        )
+        stopped = _night_closing_in(15, instance, defs, settings, distill_only)
         run = instance.get_run_by_id(stopped.run_id)
         states = distill_states(instance)
         next_night = _tick(instance, defs, settings)
@@ -197,8 +207,58 @@ def test_past_the_window_the_finished_partitions_land_and_the_rest_resume(
     warehouse = Warehouse(settings.paths.warehouse_dir)
     rows = warehouse.read_partition("distilled", today, "b_large")
     set_aside = warehouse.read_partition("quarantine", today, "b_large")
-    # Every story answered (a story cut off at 128 tokens is set aside, with its reason).
+    # Every story answered (a story cut off at 64 tokens is set aside, with its reason).
     assert rows.height + set_aside.filter(pl.col("stage") == "distill").height == len(prompts)
+
+
+def test_a_window_that_closes_during_amplification_still_distils_the_oldest_partition(
+    llama_env: LlamaEnv, night: tuple[Settings, dg.Definitions]
+) -> None:
+    """Issue 26 (b): a partition's distillation starts as soon as its own variants are written,
+    while the newer partition still amplifies, so the window leaves the oldest one whole."""
+    settings, defs = night
+    _inbox(settings.paths.home, "a_small.jsonl", ["What is 2+2?"])
+    # Far more than the window holds: long questions, whose paraphrases run to the budget.
+    long = "Explain in detail how the number {} appears in history, science, art and games."
+    _inbox(settings.paths.home, "b_large.jsonl", [long.format(i) for i in range(16 * TEST_SLOTS)])
+    small, large = (f"{settings.today().isoformat()}|{name}" for name in ("a_small", "b_large"))
+    stages = {
+        "amplification": {"strategies": ["paraphrase"], "max_tokens": 48},
+        "distillation": {"max_tokens": 24, "temperature": 0.0},
+    }
+    with dg.instance_for_test() as instance:
+        stopped = _night_closing_in(30, instance, defs, settings, stages)
+        states = distill_states(instance)
+        amplified = set(instance.get_materialized_partitions(dg.AssetKey("amplified_prompts")))
+        distilled = instance.fetch_materializations(
+            dg.AssetRecordsFilter(
+                asset_key=dg.AssetKey("distilled_responses"), asset_partitions=[small]
+            ),
+            limit=1,
+        ).records
+
+    assert not stopped.success
+    assert "resume next night" in _failure(stopped)
+    assert states[small].state == PartitionState.DONE
+    assert states[large].state == PartitionState.STOPPED_AT_WINDOW
+    # The window closed while the newer partition amplified: it lands nothing of that stage ...
+    assert amplified == {small}
+    # ... and the oldest was distilled meanwhile, joining the run with the newer one's requests
+    # in flight: the slots did not drain between its stages.
+    materialization = distilled[0].asset_materialization
+    assert materialization is not None
+    joined = materialization.metadata["in_flight_at_start"]
+    assert isinstance(joined, dg.IntMetadataValue)
+    assert (joined.value or 0) > 0
+    warehouse = Warehouse(settings.paths.warehouse_dir)
+    ds, source = small.split("|")
+    answered = warehouse.read_partition("distilled", ds, source).height
+    set_aside = warehouse.read_partition("quarantine", ds, source).filter(
+        pl.col("stage") == "distill"
+    )
+    variants = warehouse.read_partition("amplified", ds, source).height
+    assert variants >= 1
+    assert answered + set_aside.height == 1 + variants  # the seed and every variant: whole
 
 
 def test_a_partition_held_by_another_run_is_left_out_and_the_others_land(

@@ -35,8 +35,8 @@ RUN_TIMEOUT_S = 1500.0
 # Short answers: the test is about who runs when, and 2 CPU cores are shared with other tests.
 SHORT_ANSWERS = {
     "ops": {
-        "amplified_prompts": {"config": {"max_tokens": 48}},
-        "distilled_responses": {"config": {"max_tokens": 64}},
+        "amplified_prompts": {"config": {"max_tokens": 24}},
+        "distilled_responses": {"config": {"max_tokens": 32}},
     }
 }
 _METRIC = re.compile(r"^llamacpp:(requests_processing|requests_deferred)\s+([0-9.eE+-]+)$", re.M)

@@ -16,11 +16,11 @@ from kimi_batch.engine import (
     answer_cap,
     check_fit,
 )
+from kimi_batch.engine.batch_engine import BatchEngine
 from kimi_batch.engine.deadline import DeadlinePolicy
 from kimi_batch.engine.digest import SystemDigest
 from kimi_batch.engine.generation import GenerationRequest, SamplingParams
 from kimi_batch.engine.ledger import Ledger
-from kimi_batch.engine.runner import BatchEngine
 from kimi_batch.llama.messages import ChatMessage
 from kimi_batch_tests.support.results import make_result
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from kimi_batch.engine.batch_engine import BatchEngine, Endpoint
 from kimi_batch.engine.deadline import DeadlinePolicy, SpeedTracker, estimate_prompt_tokens
 from kimi_batch.engine.digest import SystemDigest
 from kimi_batch.engine.generation import GenerationRequest, GenerationResult, SamplingParams
 from kimi_batch.engine.ledger import Ledger
-from kimi_batch.engine.runner import BatchEngine, Endpoint
 from kimi_batch.engine.watchdog import WatchdogPolicy
 from kimi_batch.llama.messages import ChatMessage
 from kimi_batch_tests.support.results import make_result

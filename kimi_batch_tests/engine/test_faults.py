@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from kimi_batch.engine.batch_engine import BatchEngine, BatchOutcome, EnginePolicy
 from kimi_batch.engine.generation import GenerationRequest, SamplingParams
 from kimi_batch.engine.ledger import Ledger
-from kimi_batch.engine.runner import BatchEngine, BatchOutcome, EnginePolicy
 from kimi_batch.engine.speeds import SpeedStore
 from kimi_batch.engine.stats import ProgressEvent
 from kimi_batch.engine.watchdog import WatchdogPolicy

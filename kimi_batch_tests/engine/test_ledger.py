@@ -286,7 +286,7 @@ def test_a_holder_paused_past_the_ttl_writes_nothing_over_the_new_holder(
         "    try:\n"
         "        Warehouse(sys.argv[2]).write_partition('quarantine', '2025-01-01', 'web',\n"
         "            [quarantined(1)[0].model_copy(update={'reason': 'from the paused run'})],\n"
-        "            guard=lease)\n"
+        "            guard=lease.check)\n"
         "        print('wrote', flush=True)\n"
         "    except LeaseLostError as error:\n"
         "        print('refused:', error, flush=True)\n"
@@ -308,7 +308,7 @@ def test_a_holder_paused_past_the_ttl_writes_nothing_over_the_new_holder(
                 "2025-01-01",
                 "web",
                 [quarantined(1)[0].model_copy(update={"reason": "from the new holder"})],
-                guard=lease,
+                guard=lease.check,
             )
             os.kill(holder.pid, signal.SIGCONT)
             holder.stdin.write("go\n")

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from kimi_batch.engine.batch_engine import BatchEngine, distinct
 from kimi_batch.engine.digest import SystemDigest
 from kimi_batch.engine.generation import GenerationRequest, SamplingParams, request_key
 from kimi_batch.engine.ledger import Ledger
 from kimi_batch.engine.outcome import Endpoint, PlannedRequest
-from kimi_batch.engine.runner import BatchEngine, distinct
 from kimi_batch.engine.schedule import PrefixSchedule
 from kimi_batch.llama.messages import ChatMessage
 
@@ -167,3 +167,35 @@ def test_requests_differing_only_in_a_sampling_field_never_share_a_ledger_row() 
     ]
     assert len({key(params) for params in variants}) == len(variants)
     assert "stop" not in GREEDY.key_fields()
+
+
+def test_a_chat_line_and_a_completion_line_of_the_same_text_never_share_an_answer(
+    engine: BatchEngine,
+) -> None:
+    """A raw prompt is sent with no chat template and no digest: another request. A chat
+    request keeps the key it had before kinds existed; tools are part of the key too."""
+    chat, completion = (
+        GenerationRequest(input_id=kind, messages=_same_line(1, GREEDY)[0].messages,
+                          params=GREEDY, kind=kind)
+        for kind in ("chat", "completion")
+    )  # fmt: skip
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    with_tools = chat.model_copy(
+        update={"params": GREEDY.model_copy(update={"tools": tools, "tool_choice": "required"})}
+    )
+    keys = _keys(engine, [chat, completion, with_tools])
+    assert len(set(keys)) == 3
+    assert keys[0] == request_key(
+        digest_sha256=DIGEST.sha256, model="m", params=GREEDY, messages=chat.messages
+    )
+    with pytest.raises(ValueError, match="raw prompt"):
+        GenerationRequest(
+            input_id="x",
+            messages=[ChatMessage(role="user", content="a"), ChatMessage(role="user", content="b")],
+            kind="completion",
+        )
+    for chat_only in ({"tools": tools}, {"json_schema": {"type": "object"}}):
+        with pytest.raises(ValueError, match="chat endpoint"):
+            completion.model_validate(
+                {**completion.model_dump(), "params": GREEDY.model_copy(update=chat_only)}
+            )

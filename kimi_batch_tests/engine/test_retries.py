@@ -16,11 +16,11 @@ from typing import Any
 import httpx
 import pytest
 
+from kimi_batch.engine.batch_engine import BatchEngine, BatchOutcome, Endpoint, EnginePolicy
 from kimi_batch.engine.deadline import DeadlinePolicy
 from kimi_batch.engine.digest import SystemDigest
 from kimi_batch.engine.generation import GenerationRequest, SamplingParams
 from kimi_batch.engine.ledger import Ledger
-from kimi_batch.engine.runner import BatchEngine, BatchOutcome, Endpoint, EnginePolicy
 from kimi_batch.engine.watchdog import WatchdogPolicy
 from kimi_batch.llama.client import LlamaClient, RetryPolicy
 from kimi_batch.llama.messages import ChatMessage

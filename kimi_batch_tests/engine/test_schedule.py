@@ -97,3 +97,37 @@ def test_requests_sharing_a_prefix_across_ranks_stay_in_rank_order() -> None:
     lanes = _drain(schedule, 3)
 
     assert [lane[0][-1] for lane in lanes] == ["0", "1", "2"]
+
+
+def test_requests_added_later_join_by_rank_behind_their_own_rank() -> None:
+    rank = {"a0": 0, "c0": 2, "b0": 1, "b1": 1, "a1": 0}
+    schedule = PrefixSchedule(["b0", "c0"], text=str, work=lambda _: 10, rank=rank.__getitem__)
+    lane = schedule.lane()
+    first = lane.next()
+
+    schedule.add(["b1", "a0"])
+    schedule.add(["a1"])
+
+    assert first == "b0"
+    assert [lane.next() for _ in range(4)] == ["a0", "a1", "b1", "c0"]
+    assert lane.next() is None
+
+
+def test_a_backlog_gives_way_to_a_lower_rank_added_after_it_was_taken() -> None:
+    # A newer partition's one big group, split between two lanes; then an older partition's
+    # next stage arrives.
+    newer = [f"{SEED_A}|{i:02d}" for i in range(8)]
+    older = [f"older question {i}" for i in range(2)]  # two groups: nothing shared
+    rank = {**dict.fromkeys(newer, 1), **dict.fromkeys(older, 0)}
+    schedule = PrefixSchedule(newer, text=str, work=lambda _: 10, rank=rank.__getitem__)
+    first, second = schedule.lane(), schedule.lane()
+    started = [first.next(), second.next()]  # second steals the back half
+
+    schedule.add(older)
+    taken = [first.next(), second.next()]
+    rest = _drain(schedule, 2)
+
+    assert started == [newer[0], newer[5]]
+    assert taken == older  # at the next request of each lane, not at the end of its backlog
+    # The backlogs went back to the queue: each of their requests is handed out once.
+    assert sorted(x for lane in rest for x in lane) == newer[1:5] + newer[6:]

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from kimi_batch.engine.batch_engine import BatchEngine
 from kimi_batch.engine.digest import SystemDigest
 from kimi_batch.engine.ledger import Ledger
 from kimi_batch.engine.prompt import assemble_messages
-from kimi_batch.engine.runner import BatchEngine
 from kimi_batch.engine.warm import SlotWarmer, WarmupReport
 from kimi_batch.llama.messages import ChatMessage
 from kimi_batch.llama.server import ResidentServer

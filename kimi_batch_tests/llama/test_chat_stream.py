@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from kimi_batch.llama.chat_stream import EVENT_STREAM
 from kimi_batch.llama.client import LlamaClient
 from kimi_batch.llama.exceptions import (
     LlamaConnectionError,
@@ -167,6 +168,79 @@ async def test_an_error_status_before_the_stream_keeps_its_typed_error() -> None
     async with LlamaClient("http://llama", transport=transport) as client:
         with pytest.raises(LlamaRequestError, match="context exceeded"):
             await client.chat(HELLO, max_tokens=3)
+
+
+def _call(index: int, **fields: Any) -> dict[str, Any]:
+    return {"tool_calls": [{"index": index, **fields}]}
+
+
+# A tool-calling answer as llama.cpp streams it (server_chat_msg_diff_to_json_oaicompat): a call's
+# first delta names it, the next ones carry more of its arguments under the same index.
+_TOOL_STREAM = _sse(
+    _delta({"role": "assistant", "content": None}),
+    _delta(_call(0, id="call_a", type="function", function={"name": "get_weather"})),
+    _delta(_call(0, function={"arguments": '{"city":'})),
+    _delta(_call(0, function={"arguments": ' "Paris"}'})),
+    _delta(_call(1, id="call_b", type="function", function={"name": "get_time"})),
+    _delta(_call(1, function={"arguments": "{}"})),
+    _delta({}, finish="tool_calls"),
+    _chunk([], usage={"prompt_tokens": 90, "completion_tokens": 20, "total_tokens": 110}),
+    "data: [DONE]",
+)
+
+
+async def test_a_streamed_answer_s_tool_calls_are_rebuilt_from_their_deltas() -> None:
+    async with LlamaClient("http://llama", transport=_streaming(_TOOL_STREAM)) as client:
+        completion = await client.chat(HELLO, max_tokens=40)
+    assert completion.finish_reason == "tool_calls"
+    assert completion.text == ""
+    calls = completion.tool_calls
+    assert calls is not None
+    assert [(c.id, c.type, c.function.name, c.function.arguments) for c in calls] == [
+        ("call_a", "function", "get_weather", '{"city": "Paris"}'),
+        ("call_b", "function", "get_time", "{}"),
+    ]
+
+
+def _text_chunk(text: str, *, finish: str | None = None, **extra: Any) -> dict[str, Any]:
+    choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
+    return {"id": "chatcmpl-9", "model": "smollm2", "object": "text_completion",
+            "choices": [choice], **extra}  # fmt: skip
+
+
+async def test_a_text_completion_streams_unless_logprobs_are_asked_and_reads_alike() -> None:
+    """`/v1/completions` answers (llama.cpp: `choices[0].text`) come back as the chat answer
+    the engine records; with logprobs the body is whole and the logprobs are the chat shape."""
+    stream = _sse(
+        _text_chunk(" Paris"),
+        _text_chunk(","),
+        _text_chunk("", finish="length", usage={"prompt_tokens": 6, "completion_tokens": 2,
+                    "total_tokens": 8}, timings=_TIMINGS),
+        "data: [DONE]",
+    )  # fmt: skip
+    whole = _text_chunk(" Paris,", finish="length", usage={"prompt_tokens": 6,
+                        "completion_tokens": 2, "total_tokens": 8}, timings=_TIMINGS)  # fmt: skip
+    whole["choices"][0]["logprobs"] = {"content": [_top(" Paris", -0.1), _top(",", -0.2)]}
+    sent: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        sent.append({"path": request.url.path, **body})
+        if body.get("stream"):
+            return httpx.Response(200, headers={"content-type": EVENT_STREAM}, content=stream)
+        return httpx.Response(200, json=whole)
+
+    async with LlamaClient("http://llama", transport=httpx.MockTransport(handler)) as client:
+        streamed = await client.text_completion("The capital of France is", max_tokens=2)
+        with_logprobs = await client.text_completion("The capital", max_tokens=2, logprobs=1)
+    assert [s["path"] for s in sent] == ["/v1/completions"] * 2
+    assert sent[0]["prompt"] == "The capital of France is"
+    assert "messages" not in sent[0]
+    assert (sent[0]["stream"], sent[1]["logprobs"]) == (True, 1)
+    for answer in (streamed, with_logprobs):
+        assert (answer.text, answer.finish_reason) == (" Paris,", "length")
+        assert (answer.stats.prompt_tokens, answer.stats.cached_tokens) == (30, 25)
+    assert [t.token for t in with_logprobs.logprobs or []] == [" Paris", ","]
 
 
 # ---- the real llama-server ------------------------------------------------------------------

@@ -12,14 +12,16 @@ import pytest
 from kimi_batch.llama.client import LlamaClient, RetryPolicy
 from kimi_batch.llama.exceptions import (
     LlamaConnectionError,
+    LlamaFeatureError,
     LlamaLoadingError,
     LlamaRequestError,
     LlamaResponseError,
     LlamaTimeoutError,
 )
-from kimi_batch.llama.messages import ChatMessage
-from kimi_batch.llama.responses import ChatCompletion, HealthState, SlotState
+from kimi_batch.llama.messages import ChatExtras, ChatMessage
+from kimi_batch.llama.responses import ChatCompletion
 from kimi_batch.llama.server import ResidentServer
+from kimi_batch.llama.server_state import HealthState, SlotState
 from kimi_batch_tests.support.llama_server import TEST_SLOTS
 from kimi_batch_tests.support.ports import free_port
 from kimi_batch_tests.support.results import chat_body
@@ -209,3 +211,37 @@ def test_a_response_with_no_timings_at_all_still_parses() -> None:
     stats = ChatCompletion.model_validate_json(json.dumps(body)).stats
     assert stats.prompt_tokens == 9
     assert stats.cached_tokens == 0
+
+
+def _caps_server(caps: dict[str, bool], paths: list[str]) -> httpx.MockTransport:
+    """A server whose /props reports `caps` and that answers every chat; records the paths."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        paths.append(request.url.path)
+        if request.url.path == "/props":
+            return httpx.Response(200, json={"chat_template_caps": caps})
+        return httpx.Response(200, json=chat_body("ok"))
+
+    return httpx.MockTransport(handler)
+
+
+async def test_tools_go_out_only_to_a_server_whose_chat_template_renders_them() -> None:
+    """llama-server drops the tools a chat template cannot render and answers as if none were
+    given: such a request is refused before it is sent (`/props`, asked once per client)."""
+    tools = ChatExtras(tools=[{"type": "function", "function": {"name": "f"}}])
+    sent = "/v1/chat/completions"
+    refused: list[str] = []
+    async with LlamaClient(
+        "http://llama", transport=_caps_server({"supports_tools": False}, refused)
+    ) as client:
+        await client.chat(HELLO, max_tokens=4)  # no tools: nothing asked
+        for _ in range(2):
+            with pytest.raises(LlamaFeatureError, match="does not render tools"):
+                await client.chat(HELLO, max_tokens=4, extras=tools)
+    assert refused == [sent, "/props"]
+    # A build that does not report its template's capabilities gets the tools as given.
+    unknown: list[str] = []
+    async with LlamaClient("http://llama", transport=_caps_server({}, unknown)) as client:
+        for _ in range(2):
+            await client.chat(HELLO, max_tokens=4, extras=tools)
+    assert unknown == ["/props", sent, sent]

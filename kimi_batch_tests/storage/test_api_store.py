@@ -252,14 +252,14 @@ def test_the_next_upload_removes_a_killed_upload_s_temp_file(store: ApiStore) ->
 def test_the_next_partition_write_removes_a_killed_write_s_chunks(settings: Settings) -> None:
     warehouse = Warehouse(settings.paths.warehouse_dir)
     write = warehouse.write_partition("quarantine", "2026-11-30", "s", quarantined(1))
-    folder = Path(write.location).parent
+    folder = write.path.parent
     stale = [
         _stale(folder, "part-0.parquet", ".0.chunk"),
         _stale(folder, "part-0.parquet", ".tmp"),
     ]
     warehouse.write_partition("quarantine", "2026-11-30", "s", quarantined(2))
     assert not any(p.exists() for p in stale)
-    assert [p.name for p in folder.iterdir()] == [Path(write.location).name]
+    assert [p.name for p in folder.iterdir()] == [write.path.name]
 
 
 def test_owner_only_folders_and_files_for_what_a_cancel_leaves(

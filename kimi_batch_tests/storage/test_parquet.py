@@ -151,6 +151,22 @@ def test_nothing_written_reads_empty(tmp_path: Path) -> None:
     assert warehouse.read_partition("amplified", DS, "x").height == 0
 
 
+def test_a_scan_reads_older_files_in_the_table_s_schema(tmp_path: Path) -> None:
+    """A file written before a column was added (`input_sha256`) scans beside a newer one."""
+    warehouse = Warehouse(tmp_path)
+    older, newer = quarantined(2)
+    warehouse.write_partition("quarantine", DS, "old", [older])
+    old_file = warehouse.partition_file("quarantine", DS, "old")
+    pl.read_parquet(old_file).drop("input_sha256").write_parquet(old_file)
+    warehouse.write_partition(
+        "quarantine", DS, "new", [newer.model_copy(update={"input_sha256": "f" * 64})]
+    )
+    scanned = warehouse.scan("quarantine").select("reason", "input_sha256").collect()
+    assert scanned.height == 2
+    assert sorted(scanned["input_sha256"].to_list(), key=str) == [None, "f" * 64]
+    assert warehouse.scan("amplified").collect().schema == polars_schema("amplified")
+
+
 def test_partitions_and_tables_listing(tmp_path: Path) -> None:
     warehouse = Warehouse(tmp_path)
     warehouse.write_partition("amplified", "2024-05-02", "b", amplified(1))

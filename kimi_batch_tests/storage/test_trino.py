@@ -194,7 +194,7 @@ def test_unreachable_trino_raises_and_parquet_stays(
     assert isinstance(caught.value, StorageError)
     with pytest.raises(TrinoUnavailableError):
         publisher.publish_all(warehouse)
-    assert Path(written.location).is_file()
+    assert written.path.is_file()
     assert warehouse.count("amplified") == 2
 
 

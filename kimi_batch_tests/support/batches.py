@@ -55,16 +55,17 @@ def landed_batch(
     *,
     filename: str = "in.jsonl",
     store: ApiStore | None = None,
+    endpoint: str = "/v1/chat/completions",
 ) -> BatchRecord:
-    """A batch of the input file `data`, created and validated (landed) as the API does it, in
-    `store` (a test's open one) or the state dir's."""
+    """A batch of the input file `data` for `endpoint`, created and validated (landed) as the
+    API does it, in `store` (a test's open one) or the state dir's."""
     if store is None:
         with ApiStore(settings.paths) as opened:
-            return landed_batch(settings, data, filename=filename, store=opened)
+            return landed_batch(settings, data, filename=filename, store=opened, endpoint=endpoint)
     upload = store.add_file(io.BytesIO(data), filename=filename, purpose="batch", max_bytes=1 << 20)
     batch = store.add_batch(
         input_file_id=upload.id,
-        endpoint="/v1/chat/completions",
+        endpoint=endpoint,
         completion_window="24h",
         completion_window_s=86400,
         metadata=None,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import uuid
 
+from kimi_batch.engine.batch_engine import Endpoint
 from kimi_batch.engine.digest import SystemDigest, load_digest
 from kimi_batch.engine.generation import GenerationRequest, SamplingParams
-from kimi_batch.engine.runner import Endpoint
 from kimi_batch.llama.messages import ChatMessage
 from kimi_batch.llama.server import ResidentServer
 from kimi_batch.settings import default_digest_path

@@ -195,4 +195,4 @@ def judge(warehouse: Warehouse, ds: str, source: str, scores: dict[str, int]) ->
         )
         for answer, score in scores.items()
     ]
-    return Path(warehouse.write_partition("judged", ds, source, rows).location)
+    return warehouse.write_partition("judged", ds, source, rows).path

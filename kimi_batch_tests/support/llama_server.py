@@ -35,7 +35,7 @@ __all__ = [
 # each of the 4 slots (llama.cpp splits the context between slots).
 TEST_SLOTS = 4
 TEST_CTX = 4 * 2048
-TEST_N_PREDICT = 256
+TEST_N_PREDICT = 128
 
 
 @pytest.fixture(scope="session")

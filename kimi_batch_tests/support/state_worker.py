@@ -32,8 +32,8 @@ from kimi_batch.engine import (
 from kimi_batch.llama import ChatMessage
 from kimi_batch.paths import StateLocation
 from kimi_batch.storage import Warehouse
+from kimi_batch.tasks.generation_task import generation_columns
 from kimi_batch.tasks.rows import DistilledRow
-from kimi_batch.tasks.stage import generation_columns
 
 __all__ = ["DS", "WorkerSpec", "partition_requests"]
 
@@ -124,7 +124,7 @@ async def _work(spec: WorkerSpec) -> None:
                 outcome = await engine.run(requests)
                 prompts = {r.input_id: str(r.messages[-1].content) for r in requests}
                 rows = [_row(result, prompts) for result in outcome.iter_results(ledger)]
-                warehouse.write_partition("distilled", DS, source, rows, guard=lease)
+                warehouse.write_partition("distilled", DS, source, rows, guard=lease.check)
                 stats = outcome.stats
                 _say(f"wrote {source} generated={stats.generated} from_ledger={stats.from_ledger}")
 

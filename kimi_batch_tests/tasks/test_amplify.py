@@ -19,10 +19,10 @@ from kimi_batch.tasks.amplify import (
     normalize_text,
     parse_variant,
 )
+from kimi_batch.tasks.generation_task import SeedInputs, generation_columns
 from kimi_batch.tasks.inputs import SeedPrompt
 from kimi_batch.tasks.rows import AmplifiedRow, QuarantineRow
 from kimi_batch.tasks.sink import StageSink
-from kimi_batch.tasks.stage import SeedInputs, generation_columns
 from kimi_batch_tests.support.results import CREATED, make_result
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from kimi_batch.llama import ToolCall
 from kimi_batch.tasks.api_batch import ApiBatchTask
 from kimi_batch.tasks.batch_input import parse_batch_input
 from kimi_batch.tasks.sink import StageSink
@@ -88,3 +89,36 @@ def test_only_final_answers_become_distilled_rows() -> None:
     ]
     assert "max_tokens" in sink.quarantined[0].reason
     assert sink.figures().truncated == 1
+
+
+def test_an_answer_that_calls_a_tool_is_final_and_keeps_its_calls() -> None:
+    tools = [{"type": "function", "function": {"name": "get_weather"}}]
+    task = task_of(line("call", tools=tools, tool_choice="required"), line("empty"))
+    call = ToolCall.model_validate(
+        {"id": "c", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}
+    )
+    results = [
+        make_result("", input_id="call", tag="api/seed", finish_reason="tool_calls",
+                    tool_calls=[call]),
+        make_result("", input_id="empty", tag="api/seed"),
+    ]  # fmt: skip
+    sink = StageSink(task, task.load(lambda table, model: []))
+    [row] = list(sink.rows(results))
+    assert (row.seed_id, row.response, row.finish_reason) == ("call", "", "tool_calls")
+    assert row.tool_calls is not None
+    assert json.loads(row.tool_calls) == [call.model_dump(mode="json")]
+    assert [q.input_id for q in sink.quarantined] == ["empty"]
+    assert sink.figures().empty == 1
+
+
+def test_a_completion_line_s_row_has_its_raw_prompt() -> None:
+    body = {"prompt": "Once upon a time", "max_tokens": 4}
+    raw = {"custom_id": "c", "method": "POST", "url": "/v1/completions", "body": body}
+    parsed = parse_batch_input([json.dumps(raw).encode()], endpoint="/v1/completions")
+    task = ApiBatchTask(batch_id="b", lines=parsed.lines, source_file="b.jsonl")
+    inputs = task.load(lambda table, model: [])
+    [request] = task.requests(inputs)
+    assert (request.kind, request.raw_prompt) == ("completion", "Once upon a time")
+    assert list(inputs.groups()) == [""]  # nothing in front of a raw prompt
+    [row] = list(StageSink(task, inputs).rows([make_result(" there", input_id="c")]))
+    assert (row.prompt, row.response, row.tool_calls) == ("Once upon a time", "there", None)

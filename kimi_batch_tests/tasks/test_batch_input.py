@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from kimi_batch.llama import chat_body
+from kimi_batch.llama import chat_body, completion_body
 from kimi_batch.settings import Settings
 from kimi_batch.tasks.batch_fields import served_models
 from kimi_batch.tasks.batch_input import MAX_NESTING, parse_batch_input, scan_batch_input
 from kimi_batch_tests.support.batches import chat_line
 
 URL = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
 
 
 def _line(custom_id: str, content: str = "Hi.", **body: object) -> bytes:
@@ -73,33 +74,151 @@ def test_scanning_calls_back_after_every_line_and_keeps_no_request() -> None:
     assert not hasattr(scan, "lines")
 
 
+def _raw(custom_id: str, body: dict[str, object], url: str = URL) -> bytes:
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body}).encode()
+
+
 def test_a_field_the_server_would_not_apply_fails_its_line_naming_the_field() -> None:
     """A batch runs the request it was given or none: nothing is dropped silently."""
+    called = {"role": "assistant", "content": "", "tool_calls": [{"id": "c1"}]}
     lines = [
         _line("ok", stop=["\n"], user="u1", metadata={"k": "v"}),
-        _line("tools", tools=[{"type": "function", "function": {"name": "f"}}]),
-        _line("choice", tool_choice="auto"),
+        _line("legacy", functions=[{"name": "f"}]),
+        _line("named", tools=[WEATHER], tool_choice={"type": "function", "function": WEATHER_FN}),
         _line("unknown", reasoning_effort="high"),
         _line("two", n=2),
-        json.dumps(
-            {
-                "custom_id": "named",
-                "method": "POST",
-                "url": URL,
-                "body": {"messages": [{"role": "user", "content": "Hi.", "name": "ann"}]},
-            }
-        ).encode(),
+        _raw("name", {"messages": [{"role": "user", "content": "Hi.", "name": "ann"}]}),
+        _raw("turns", {"messages": [{"role": "user", "content": "Hi."}, called]}),
     ]
     parsed = parse_batch_input(lines, endpoint=URL)
     assert [(e.code, e.line, e.param) for e in parsed.errors] == [
-        ("unsupported_field", 2, "body.tools"),
+        ("unsupported_field", 2, "body.functions"),
         ("unsupported_field", 3, "body.tool_choice"),
         ("unsupported_field", 4, "body.reasoning_effort"),
         ("unsupported_field", 5, "body.n"),
         ("unsupported_field", 6, "body.messages.0.name"),
+        ("unsupported_field", 7, "body.messages.1.tool_calls"),
     ]
-    assert "tool calls" in parsed.errors[0].message
+    assert "tools/tool_choice" in parsed.errors[0].message
+    assert "'required'" in parsed.errors[1].message
     assert all(e.message.startswith(f"line {e.line}: {e.param}") for e in parsed.errors)
+
+
+WEATHER_FN = {"name": "get_weather"}
+WEATHER = {
+    "type": "function",
+    "function": {
+        **WEATHER_FN,
+        "description": "The weather of a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def test_tools_reach_the_request_its_key_and_the_body_sent() -> None:
+    [line, plain] = parse_batch_input(
+        [
+            _line("t", tools=[WEATHER], tool_choice="required", parallel_tool_calls=False),
+            _line("p"),
+        ],
+        endpoint=URL,
+    ).lines
+    params = line.request().params
+    assert (params.tools, params.tool_choice, params.parallel_tool_calls) == (
+        [WEATHER],
+        "required",
+        False,
+    )
+    body = chat_body(line.messages, max_tokens=8, temperature=0, top_p=1, extras=params.extras())
+    assert (body["tools"], body["tool_choice"], body["parallel_tool_calls"]) == (
+        [WEATHER],
+        "required",
+        False,
+    )
+    assert params.key_fields()["tools"] == [WEATHER]
+    assert "tools" not in plain.request().params.key_fields()
+    bad = parse_batch_input(
+        [
+            _line("choice", tool_choice="auto"),
+            _line("type", tools=[{"type": "code_interpreter"}]),
+            _line("name", tools=[{"type": "function", "function": {"name": "two words"}}]),
+        ],
+        endpoint=URL,
+    )
+    assert [(e.code, e.line) for e in bad.errors] == [("invalid_request", n) for n in (1, 2, 3)]
+    assert bad.errors[0].param == "body.tool_choice"
+    assert "only allowed with tools" in bad.errors[0].message
+
+
+def test_a_completion_line_is_its_raw_prompt_with_the_fields_llama_server_applies() -> None:
+    fields = {"stop": ["\n"], "seed": 3, "presence_penalty": 0.5, "logit_bias": {"7": 5}}
+    lines = [
+        _raw(
+            "c",
+            {"model": "m", "prompt": "Once upon", "logprobs": 2, "echo": False, **fields},
+            COMPLETIONS,
+        ),
+        _raw("d", {"prompt": "x", "best_of": 1, "n": 1, "user": "u"}, COMPLETIONS),
+    ]
+    parsed = parse_batch_input([*lines], endpoint=COMPLETIONS)
+    assert parsed.errors == []
+    first, second = parsed.lines
+    assert (first.kind, first.system, first.prompt, first.top_logprobs) == (
+        "completion",
+        "",
+        "Once upon",
+        2,
+    )
+    request = first.request()
+    assert (request.kind, request.raw_prompt) == ("completion", "Once upon")
+    assert (request.params.n_probs, request.params.stop, request.params.seed) == (2, ["\n"], 3)
+    # OpenAI's legacy defaults: 16 tokens, temperature 1.
+    assert (second.params.max_tokens, second.params.temperature) == (16, 1.0)
+    body = completion_body(
+        request.raw_prompt,
+        max_tokens=5,
+        temperature=0,
+        top_p=1,
+        logprobs=request.params.n_probs,
+        extras=request.params.extras(),
+    )
+    assert (body["prompt"], body["logprobs"], body["stop"], body["logit_bias"]) == (
+        "Once upon",
+        2,
+        ["\n"],
+        {"7": 5.0},
+    )
+    assert "stream" not in body  # logprobs come whole; without them the answer streams
+
+
+def test_a_completion_line_fails_naming_what_llama_server_would_not_apply() -> None:
+    lines = [
+        _raw("list", {"prompt": ["a", "b"]}, COMPLETIONS),
+        _raw("tokens", {"prompt": [[1, 2, 3]]}, COMPLETIONS),
+        _raw("suffix", {"prompt": "a", "suffix": "z"}, COMPLETIONS),
+        _raw("echo", {"prompt": "a", "echo": True}, COMPLETIONS),
+        _raw("best", {"prompt": "a", "best_of": 3}, COMPLETIONS),
+        _raw("chat", {"messages": [{"role": "user", "content": "Hi."}]}, COMPLETIONS),
+        _raw("tools", {"prompt": "a", "tools": [WEATHER]}, COMPLETIONS),
+        _raw("many", {"prompt": "a", "logprobs": 6}, COMPLETIONS),
+        _raw("empty", {"prompt": ""}, COMPLETIONS),
+        _raw("url", {"prompt": "a"}),
+    ]
+    parsed = parse_batch_input(lines, endpoint=COMPLETIONS)
+    assert [(e.code, e.param) for e in parsed.errors] == [
+        ("unsupported_field", "body.prompt"),
+        ("unsupported_field", "body.prompt"),
+        ("unsupported_field", "body.suffix"),
+        ("unsupported_field", "body.echo"),
+        ("unsupported_field", "body.best_of"),
+        ("unsupported_field", "body.messages"),
+        ("unsupported_field", "body.tools"),
+        ("invalid_request", "body.logprobs"),
+        ("invalid_request", "body.prompt"),
+        ("invalid_url", "url"),
+    ]
+    assert "one line per prompt" in parsed.errors[0].message
+    assert "suffix" in parsed.errors[2].message
 
 
 def test_an_unknown_model_fails_its_line_with_model_not_found() -> None:
@@ -154,3 +273,89 @@ def test_the_sampling_fields_reach_the_request_and_the_body_sent() -> None:
         extras=params.extras(),
     )
     assert {name: body[name] for name in fields} == {**fields, "stop": ["END"]}
+
+
+RESPONSES = "/v1/responses"
+
+
+def test_a_responses_line_runs_as_the_chat_request_llama_server_would_make_of_it() -> None:
+    conversation = [
+        {"role": "user", "content": [{"type": "input_text", "text": "Two?"}]},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "2"}]},
+        {"type": "message", "role": "user", "content": "Three?"},
+    ]
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    function = {"type": "function", "name": "count", "parameters": {"type": "object"}}
+    lines = [
+        _raw(
+            "plain",
+            {"input": "Hi.", "instructions": "Be terse.", "max_output_tokens": 9},
+            RESPONSES,
+        ),
+        _raw(
+            "turns",
+            {
+                "model": "m",
+                "input": conversation,
+                "temperature": 0,
+                "text": {"format": {"type": "json_schema", "name": "n", "schema": schema}},
+                "tools": [function],
+                "tool_choice": "required",
+                "store": False,
+            },
+            RESPONSES,
+        ),
+    ]
+    parsed = parse_batch_input(lines, endpoint=RESPONSES)
+    assert parsed.errors == []
+    plain, turns = parsed.lines
+    assert (plain.kind, plain.system, plain.prompt, plain.params.max_tokens) == (
+        "responses",
+        "Be terse.",
+        "Hi.",
+        9,
+    )
+    request = turns.request()
+    assert request.kind == "chat"  # the same request a chat line with these turns makes
+    assert [(m.role, m.content) for m in request.messages] == [
+        ("user", "Two?"),
+        ("assistant", "2"),
+        ("user", "Three?"),
+    ]
+    assert request.params.json_schema == schema
+    assert request.params.tools == [
+        {"type": "function", "function": {"name": "count", "parameters": {"type": "object"}}}
+    ]
+    assert (request.params.tool_choice, request.params.temperature) == ("required", 0.0)
+    chat = parse_batch_input(
+        [_raw("plain", {"messages": [{"role": "user", "content": "Three?"}]})], endpoint=URL
+    ).lines[0]
+    assert chat.request().messages[-1] == request.messages[-1]
+
+
+def test_a_responses_line_fails_naming_what_is_not_served() -> None:
+    lines = [
+        _raw("chained", {"input": "a", "previous_response_id": "resp_1"}, RESPONSES),
+        _raw("call", {"input": [{"type": "function_call_output", "call_id": "1"}]}, RESPONSES),
+        _raw("search", {"input": "a", "tools": [{"type": "web_search"}]}, RESPONSES),
+        _raw("reasoning", {"input": "a", "reasoning": {"effort": "low"}}, RESPONSES),
+        _raw("stop", {"input": "a", "stop": ["\n"]}, RESPONSES),
+        _raw("system", {"input": [{"role": "system", "content": "only"}]}, RESPONSES),
+        _raw("empty", {"input": []}, RESPONSES),
+        _raw(
+            "image", {"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, RESPONSES
+        ),
+    ]
+    parsed = parse_batch_input(lines, endpoint=RESPONSES)
+    assert [(e.code, e.param) for e in parsed.errors] == [
+        ("unsupported_field", "body.previous_response_id"),
+        ("unsupported_field", "body.input.0.type"),
+        ("unsupported_field", "body.tools.0.type"),
+        ("unsupported_field", "body.reasoning"),
+        ("unsupported_field", "body.stop"),
+        ("invalid_request", "body.input"),
+        ("invalid_request", "body.input"),
+        ("invalid_request", "body.input.0.content"),
+    ]
+    assert "no response is stored here" in parsed.errors[0].message
+    assert "function tools only" in parsed.errors[2].message

@@ -18,10 +18,10 @@ from kimi_batch.tasks.distill import (
     parse_tag,
     variant_tag,
 )
+from kimi_batch.tasks.generation_task import generation_columns
 from kimi_batch.tasks.inputs import SeedPrompt
 from kimi_batch.tasks.rows import AmplifiedRow, DistilledRow, QuarantineRow
 from kimi_batch.tasks.sink import StageSink
-from kimi_batch.tasks.stage import generation_columns
 from kimi_batch_tests.support.results import make_result
 
 

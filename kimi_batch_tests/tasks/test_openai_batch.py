@@ -8,10 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from openai.types import Completion
 from openai.types.chat import ChatCompletion
+from openai.types.responses import Response
 
 from kimi_batch.cli.export import export_partition
-from kimi_batch.llama import TokenLogprob, TopLogprob
+from kimi_batch.llama import TokenLogprob, ToolCall, TopLogprob
 from kimi_batch.settings import Settings
 from kimi_batch.storage import Warehouse
 from kimi_batch.tasks.batch_input import parse_batch_input
@@ -125,6 +127,43 @@ def test_an_output_line_parses_as_the_sdks_chat_completion() -> None:
     assert completion.usage.total_tokens == result.prompt_tokens + result.completion_tokens
 
 
+def test_a_completion_line_s_output_parses_as_the_sdks_text_completion() -> None:
+    top = [TopLogprob(token=" upon", logprob=-0.1), TopLogprob(token=" a", logprob=-2.0)]
+    tokens = [
+        TokenLogprob(token=" upon", logprob=-0.1, top=top),
+        TokenLogprob(token=" a", logprob=-0.5, top=top),
+    ]
+    result = make_result(" upon a", input_id="c1", logprobs=tokens, finish_reason="length")
+    answer = AnsweredRequest.from_result(result, custom_id="c1")
+    body = json.loads(response_line(answer, top_logprobs=1, kind="completion"))["response"]["body"]
+    completion = Completion.model_validate(body)
+    assert completion.object == "text_completion"
+    [choice] = completion.choices
+    assert (choice.text, choice.finish_reason) == (" upon a", "length")
+    assert choice.logprobs is not None
+    assert choice.logprobs.tokens == [" upon", " a"]
+    assert choice.logprobs.token_logprobs == [-0.1, -0.5]
+    assert choice.logprobs.top_logprobs == [{" upon": -0.1}, {" upon": -0.1}]
+    assert choice.logprobs.text_offset == [0, 5]
+    assert completion.usage is not None
+    assert completion.usage.total_tokens == result.prompt_tokens + result.completion_tokens
+
+
+def test_an_answer_s_tool_calls_reach_its_output_line() -> None:
+    call = ToolCall.model_validate(
+        {"id": "call_1", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}
+    )
+    result = make_result("", finish_reason="tool_calls", tool_calls=[call])
+    line_ = json.loads(response_line(AnsweredRequest.from_result(result, custom_id="t")))
+    choice = ChatCompletion.model_validate(line_["response"]["body"]).choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None  # OpenAI's shape of an answer that only calls
+    [made] = choice.message.tool_calls or []
+    assert made.type == "function"
+    assert (made.id, made.function.name) == ("call_1", "get_weather")  # type: ignore[union-attr]
+    assert json.loads(made.function.arguments) == {"city": "Paris"}  # type: ignore[union-attr]
+
+
 def test_export_reads_utc_keeps_reasoning_and_logprobs_and_names_variants_alike(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -161,3 +200,34 @@ def test_export_reads_utc_keeps_reasoning_and_logprobs_and_names_variants_alike(
     assert ok["custom_id"] == f"seed-0:paraphrase:{variants[0].request_id}"
     assert error["custom_id"] == f"seed-1:paraphrase:{variants[1].request_id}"
     assert error["error"] == {"code": "quarantined", "message": "cut off"}
+
+
+def test_a_responses_line_s_output_parses_as_the_sdks_response() -> None:
+    call = ToolCall.model_validate(
+        {"id": "call_2", "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}}
+    )
+    answered = make_result("It is", input_id="r1", finish_reason="length", tool_calls=[call])
+    answer = AnsweredRequest.from_result(answered, custom_id="r1")
+    body = json.loads(response_line(answer, kind="responses"))["response"]["body"]
+    response = Response.model_validate(body)
+    assert (response.object, response.status) == ("response", "incomplete")
+    assert response.incomplete_details is not None
+    assert response.incomplete_details.reason == "max_output_tokens"
+    assert response.output_text == "It is"
+    [message, made] = response.output
+    assert message.type == "message"
+    assert made.type == "function_call"
+    assert (made.call_id, made.name, made.arguments) == ("call_2", "get_weather", '{"city":"Oslo"}')
+    assert response.usage is not None
+    assert response.usage.input_tokens == answered.prompt_tokens
+    assert response.usage.output_tokens == answered.completion_tokens
+    finished = make_result("Done.", input_id="r2")
+    done = json.loads(
+        response_line(AnsweredRequest.from_result(finished, custom_id="r2"), kind="responses")
+    )
+    complete = Response.model_validate(done["response"]["body"])
+    assert (complete.status, complete.incomplete_details, complete.output_text) == (
+        "completed",
+        None,
+        "Done.",
+    )

@@ -1,20 +1,20 @@
-"""What the batch assets share: the partition's lease, the engine under the nightly window,
+"""What the batch assets share: the partition's lease, an engine run under the nightly window,
 reading a partition's rows, publishing, the generation checks."""
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import dagster as dg
 import polars as pl
 from pydantic import BaseModel
 
-from kimi_batch.defs.interrupts import run_interruptibly
+from kimi_batch.defs.check_states import CONTAMINATION_CHECK, DUPLICATE_CHECK
 from kimi_batch.defs.jobs import STOPPED_TAG, WINDOW_TAG
 from kimi_batch.defs.metadata import generation_figures
 from kimi_batch.defs.resources.digest import DigestResource
@@ -25,31 +25,32 @@ from kimi_batch.defs.stages import BATCH_GROUP
 from kimi_batch.engine import (
     BatchEngine,
     BatchOutcome,
-    GenerationRequest,
+    BatchRun,
     Lease,
     LeaseHeldError,
     LeaseLostError,
     Ledger,
     ProgressEvent,
-    SystemDigest,
     notify,
 )
 from kimi_batch.storage import StorageError, Warehouse, polars_schema
-from kimi_batch.tasks.rows import PARTITION_COLUMNS
+from kimi_batch.tasks.generation_task import GenerationTask
 from kimi_batch.tasks.sink import CheckFigures
 
 __all__ = [
     "BATCH_GROUP",
+    "CHECK_NAMES",
     "LLAMA_POOL",
     "HeldPartition",
     "RunContext",
     "check_specs",
-    "generate",
+    "engine_session",
     "generation_checks",
     "partition_lease",
     "publish",
     "publish_tables",
     "read_rows",
+    "stage_check_names",
     "stopped_at_window",
     "window_end",
 ]
@@ -141,30 +142,6 @@ def mark_stopped_at_window(context: RunContext) -> None:
     )
 
 
-def generate(
-    context: RunContext,
-    llama: LlamaServerResource,
-    digest: DigestResource,
-    ledger: Ledger,
-    requests: Sequence[GenerationRequest],
-    *,
-    label: str,
-) -> BatchOutcome:
-    """One engine batch of `requests` under the run's window (`outcome.stopped_at_window` says
-    whether it cut the batch short); progress is logged as `label`."""
-    loaded = digest.load()
-    stop_at = window_end(context)
-    outcome = run_interruptibly(
-        _generate(context, llama, loaded, ledger, requests, stop_at, label=label)
-    )
-    stats = outcome.stats
-    context.log.info(
-        f"{stats.generated} generated, {stats.from_ledger} from the ledger, {stats.failed} failed, "
-        f"{stats.not_started} not started, max {stats.max_in_flight} in flight"
-    )
-    return outcome
-
-
 def _progress_reporter(context: RunContext, label: str) -> Callable[[ProgressEvent], None]:
     """The run log gets the periodic line; in-process listeners (a terminal bar) the event."""
 
@@ -175,17 +152,18 @@ def _progress_reporter(context: RunContext, label: str) -> Callable[[ProgressEve
     return report
 
 
-async def _generate(
+@asynccontextmanager
+async def engine_session(
     context: RunContext,
     llama: LlamaServerResource,
-    loaded: SystemDigest,
+    digest: DigestResource,
     ledger: Ledger,
-    requests: Sequence[GenerationRequest],
-    stop_at: datetime | None,
     *,
     label: str,
-) -> BatchOutcome:
-    """One event loop and one server session per batch: prepare, then generate."""
+) -> AsyncIterator[BatchRun]:
+    """One engine run under the run's window, open while the block adds requests to it (a
+    batch's outcome says whether the window cut it short); progress is logged as `label`."""
+    loaded = digest.load()
     prepared = await llama.prepare(loaded)
     engine = BatchEngine(
         prepared.endpoints,
@@ -197,15 +175,14 @@ async def _generate(
         on_hung=llama.restart_hung,
         speed_store=llama.speed_store(),
     )
-    return await engine.run(requests, stop_at=stop_at)
+    async with engine.session(stop_at=window_end(context)) as run:
+        yield run
 
 
 def read_rows(
     warehouse: Warehouse, table: str, ds: str, source: str, model: type[RowT]
 ) -> list[RowT]:
-    frame = warehouse.read_partition(table, ds, source)
-    frame = frame.drop([c for c in PARTITION_COLUMNS if c in frame.columns])
-    return [model.model_validate(row) for row in frame.iter_rows(named=True)]
+    return warehouse.read_rows(table, ds, source, model)
 
 
 def publish(
@@ -304,6 +281,12 @@ CHECK_NAMES = (
     "matches_table_schema",
     "published_to_trino",
 )
+
+
+def stage_check_names(task: type[GenerationTask[Any, Any]]) -> tuple[str, ...]:
+    """The checks a stage's asset declares: every stage's, and the gate's when it is gated."""
+    gated = (CONTAMINATION_CHECK, DUPLICATE_CHECK) if task.quality_gated else ()
+    return (*CHECK_NAMES, *gated)
 
 
 def check_specs(

@@ -17,11 +17,12 @@ from kimi_batch.defs.assets._generation import (
     check_specs,
     partition_lease,
     publish,
+    stage_check_names,
 )
 from kimi_batch.defs.assets.landing import consumed_input_sha
-from kimi_batch.defs.assets.stage import generation_asset
+from kimi_batch.defs.assets.stage_asset import generation_asset
 from kimi_batch.defs.deployment import deployment_settings
-from kimi_batch.defs.interrupts import interruptible_runner
+from kimi_batch.defs.interrupts import InterruptibleRunner, interruptible_runner
 from kimi_batch.defs.partitions import build_batch_partitions, partition_parts
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
@@ -39,8 +40,10 @@ from kimi_batch.defs.stages import (
 )
 from kimi_batch.settings import Settings
 from kimi_batch.storage import (
+    PartitionWrite,
     ResolvedInput,
     StorageError,
+    Warehouse,
     land_seeds,
     replace_quarantine,
     resolve_partition,
@@ -48,6 +51,7 @@ from kimi_batch.storage import (
 from kimi_batch.tasks.prompt_length import check_prompt_lengths
 from kimi_batch.tasks.quarantine import INPUT_STAGE, file_row
 from kimi_batch.tasks.reader import InputReader
+from kimi_batch.tasks.rows import QuarantineRow
 
 __all__ = [
     "AmplifyConfig",
@@ -124,7 +128,6 @@ def land_seed_partition(
 ) -> dg.MaterializeResult:
     """Land the partition's `resolved` input as its `seeds` rows (the run holds the partition's
     lease); `publish_now=False` leaves the Trino publish and its check to the caller."""
-    settings = llama.settings()
     ds, source = resolved.assignment.ds, resolved.assignment.source
     if resolved.deferred:
         context.log.warning(f"{resolved.deferred}; this run reads the last landed version")
@@ -136,34 +139,20 @@ def land_seed_partition(
     )
     store = warehouse.warehouse()
     with interruptible_runner() as runner:
-        client = llama.client()
-        try:
-            prepared = runner.run(llama.prepare(digest.load()))
-            first = prepared.endpoints[0]
-            limit = (first.ctx or settings.llama_ctx // first.slots) - config.answer_budget_tokens
-            written = land_seeds(
-                store,
-                ds,
-                source,
-                snapshot=version.path if version else None,
-                reader=InputReader(
-                    source_name=name, now=now, max_input_bytes=settings.max_input_bytes
-                ),
-                input_sha256=version.sha256 if version else "",
-                check_lengths=lambda seeds: runner.run(
-                    check_prompt_lengths(
-                        seeds, client, digest_tokens=prepared.digest_tokens, limit=limit, now=now
-                    )
-                ),
-                now=now,
-                set_aside=set_aside,
-                guard=held.lease,
-            )
-        finally:
-            runner.run(client.aclose())
+        written, limit = _write_seeds(
+            runner,
+            store,
+            resolved,
+            set_aside,
+            llama=llama,
+            digest=digest,
+            config=config,
+            held=held,
+            now=now,
+        )
         sha = version.sha256 if version else None
         stamped = [row.model_copy(update={"input_sha256": sha}) for row in set_aside]
-        replace_quarantine(store, ds, source, INPUT_STAGE, stamped, guard=held.lease)
+        replace_quarantine(store, ds, source, INPUT_STAGE, stamped, guard=held.check)
         published = (
             [publish(context, trino, store, ["seeds", "quarantine"], ds, source, held.check)]
             if publish_now
@@ -180,10 +169,56 @@ def land_seed_partition(
             "input_sha256": dg.MetadataValue.text(sha or "none"),
             "read_from": "inbox" if resolved.from_inbox else "landed snapshot",
             "prompt_token_limit": limit,
-            "path": dg.MetadataValue.path(written.location),
+            "path": dg.MetadataValue.path(str(written.path)),
         },
         check_results=published,
     )
+
+
+def _write_seeds(
+    runner: InterruptibleRunner,
+    store: Warehouse,
+    resolved: ResolvedInput,
+    set_aside: list[QuarantineRow],
+    *,
+    llama: LlamaServerResource,
+    digest: DigestResource,
+    config: SeedConfig,
+    held: HeldPartition,
+    now: datetime,
+) -> tuple[PartitionWrite, int]:
+    """Write the `seeds` partition, quarantining prompts over the server's per-slot limit; returns
+    the write and that limit (in tokens, the answer budget left out)."""
+    settings = llama.settings()
+    version = resolved.version
+    client = llama.client()
+    try:
+        prepared = runner.run(llama.prepare(digest.load()))
+        first = prepared.endpoints[0]
+        limit = (first.ctx or settings.llama_ctx // first.slots) - config.answer_budget_tokens
+        written = land_seeds(
+            store,
+            resolved.assignment.ds,
+            resolved.assignment.source,
+            snapshot=version.path if version else None,
+            reader=InputReader(
+                source_name=resolved.assignment.name,
+                now=now,
+                max_input_bytes=settings.max_input_bytes,
+            ),
+            input_sha256=version.sha256 if version else "",
+            check_lengths=lambda seeds: runner.run(
+                check_prompt_lengths(
+                    seeds, client, digest_tokens=prepared.digest_tokens, limit=limit, now=now
+                )
+            ),
+            now=now,
+            set_aside=set_aside,
+            guard=held.check,
+        )
+    finally:
+        runner.run(client.aclose())
+    return written, limit
 
 
 def build_batch_assets(
@@ -222,6 +257,7 @@ def declared_asset(
             **({OPTIONAL_TAG: "true"} if declaration.switch else {}),
         }
         or None,
+        checks=stage_check_names(declaration.task),
     )
 
 

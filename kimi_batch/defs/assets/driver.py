@@ -1,27 +1,34 @@
-"""The partition-batch driver: one stage over N held partitions, in one engine batch.
+"""The partition-batch driver: a sequence of stages over N held partitions, in one engine run.
 
-`run_partitions` plans each partition's requests of a stage (its inputs read from the warehouse),
-sends the requests of all of them as one batch, so the slots stay full across partitions, with
-the oldest partition first (a request's priority is its partition's rank), asks again what the
-stage wants asked again, then lands each partition (`landing.land_stage`) and hands it to its
-`Landing` (published now, or behind the next batch). It returns each partition's result: landed,
+`run_partitions` runs its stages (an asset: its one; the nightly op: the night's) over the held
+partitions as one pipeline on one open engine run (`BatchEngine.session`). It plans every
+partition's first stage and adds its requests, the oldest partition first (a request's priority
+is its partition's rank). As soon as a partition's requests of a stage are all settled, that
+partition goes on by itself: what the stage asks again is sent again in the same run, the
+partition is landed (`landing.land_stage`, then its `Landing`: published now, or behind) on the
+landing thread, off the event loop, and its next stage is planned from what was just written and
+added at the same rank. So the slots never drain between stages: a partition's distillation
+joins the queue while later partitions still amplify, and a nightly window that closes early
+leaves the oldest partitions whole. Each partition's result: landed through the last stage,
 stopped at the nightly window (left for the next night, its finished rows in the ledger), or
-failed (the error). An asset runs it with its one partition (`stage.run_stage`), the nightly op
-with the night's partitions, once per stage.
+failed (the error); a partition that stops or fails goes no further.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 import dagster as dg
 
 from kimi_batch.defs.assets._generation import (
     HeldPartition,
     RunContext,
-    generate,
+    engine_session,
     read_rows,
 )
 from kimi_batch.defs.assets.landing import (
@@ -31,26 +38,31 @@ from kimi_batch.defs.assets.landing import (
     land_stage,
     partition_parts_of,
 )
+from kimi_batch.defs.interrupts import run_interruptibly
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.engine import (
     BatchOutcome,
+    BatchRun,
     GenerationRequest,
     GenerationResult,
     LeaseLostError,
     Ledger,
 )
 from kimi_batch.errors import KimiBatchError
+from kimi_batch.settings import Settings
 from kimi_batch.storage import Warehouse
-from kimi_batch.tasks.stage import GenerationTask, RowReader
-from kimi_batch.tasks.stages import register_stage
+from kimi_batch.tasks.generation_task import GenerationTask, RowReader
+from kimi_batch.tasks.registry import register_stage
 
 __all__ = [
     "SKIPPED",
     "GenerationResources",
     "PartitionResult",
+    "PipelineStage",
+    "answered_again",
     "asked_again",
     "oldest_first",
     "plan_stage",
@@ -59,6 +71,7 @@ __all__ = [
 ]
 
 Task = GenerationTask[Any, Any]
+T = TypeVar("T")
 # What leaves one partition out while the others go on (its input, its lease, a write refused).
 SKIPPED = (dg.Failure, LeaseLostError, KimiBatchError)
 
@@ -72,24 +85,29 @@ class GenerationResources:
     warehouse: WarehouseResource
     trino: TrinoResource
 
+    @property
+    def settings(self) -> Settings:
+        """The deployment's one `Settings`, which every resource holds."""
+        return self.llama.settings()
+
+
+@dataclass(frozen=True)
+class PipelineStage:
+    """One stage a driver run takes its partitions through: its asset and its task."""
+
+    asset: dg.AssetKey
+    task: Task
+
 
 @dataclass(frozen=True)
 class PartitionResult:
-    """What became of one partition: landed (`materialized`), `stopped` at the nightly window
-    (its share of the batch), or `failed` (why)."""
+    """What became of one partition: landed through the last stage (`materialized`: that
+    stage's result), `stopped` at the nightly window (the stage's outcome), or `failed` (why)."""
 
     key: str
     materialized: dg.MaterializeResult | None = None
     stopped: BatchOutcome | None = None
     failed: BaseException | None = None
-
-
-class _WindowEndedError(Exception):
-    """The window closed during a partition's asking again: it resumes next night whole."""
-
-    def __init__(self, outcome: BatchOutcome) -> None:
-        super().__init__("the nightly window ended while asking again")
-        self.outcome = outcome
 
 
 def sample_scope(task: Task, ds: str, source: str) -> str:
@@ -122,113 +140,166 @@ def oldest_first(keys: Iterable[str]) -> dict[str, int]:
 
 def run_partitions(
     context: RunContext,
-    asset: dg.AssetKey,
-    task: Task,
+    stages: Sequence[PipelineStage],
     partitions: Mapping[str, HeldPartition],
     *,
     ledger: Ledger,
     resources: GenerationResources,
     landing: Landing,
 ) -> dict[str, PartitionResult]:
-    """`task` over every held partition (key → lease) in one engine batch, each then landed;
-    every partition's result, in `partitions`' order (see the module docstring)."""
-    store = resources.warehouse.warehouse()
-    plans: dict[str, StagePlan] = {}
-    results: dict[str, PartitionResult] = {}
-    for key in partitions:
-        try:
-            plans[key] = plan_stage(task, store, *partition_parts_of(key))
-        except SKIPPED as error:
-            results[key] = PartitionResult(key, failed=error)
-    label = f"{asset.to_user_string()} " + (
-        next(iter(plans)) if len(plans) == 1 else f"({len(plans)} partitions)"
+    """`stages` over every held partition (key → lease) in one engine run, each partition
+    landed stage by stage; every partition's result, in `partitions`' order (see the module
+    docstring)."""
+    names = ", ".join(stage.asset.to_user_string() for stage in stages)
+    label = f"{names} " + (
+        next(iter(partitions)) if len(partitions) == 1 else f"({len(partitions)} partitions)"
     )
-    run = _StageRun(context, asset, ledger, resources, store, landing, label)
-    shares = run.one_batch(plans) if plans else {}
-    for key, share in shares.items():
-        results[key] = run.land(key, plans[key], partitions[key], share)
+    store = resources.warehouse.warehouse()
+    # One landing thread: Parquet, checks and records off the event loop, one partition at a time.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="landing") as lands:
+        try:
+            driver = _Driver(context, resources, store, landing, lands, oldest_first(partitions))
+            results = run_interruptibly(driver.run(stages, partitions, ledger, label))
+        finally:
+            lands.shutdown(cancel_futures=True)  # an interrupted run starts no more landings
     return {key: results[key] for key in partitions}
 
 
 @dataclass(frozen=True)
-class _StageRun:
-    """One `run_partitions` call: what its batch and its landings share."""
+class _Driver:
+    """One `run_partitions` call: what its partitions' pipelines share."""
 
     context: RunContext
-    asset: dg.AssetKey
-    ledger: Ledger
     resources: GenerationResources
     store: Warehouse
     landing: Landing
-    label: str
+    lands: ThreadPoolExecutor
+    ranks: Mapping[str, int]
 
-    def generate(self, requests: Sequence[GenerationRequest]) -> BatchOutcome:
+    async def run(
+        self,
+        stages: Sequence[PipelineStage],
+        partitions: Mapping[str, HeldPartition],
+        ledger: Ledger,
+        label: str,
+    ) -> dict[str, PartitionResult]:
+        first = {key: self._plan(stages[0].task, key) for key in partitions}
+        if not any(isinstance(plan, StagePlan) for plan in first.values()):
+            return {key: self._result(key, first[key]) for key in partitions}  # nothing to send
         llama, digest = self.resources.llama, self.resources.digest
-        return generate(self.context, llama, digest, self.ledger, requests, label=self.label)
-
-    def one_batch(self, plans: Mapping[str, StagePlan]) -> dict[str, BatchOutcome]:
-        """The plans' requests as one batch, the oldest partition first; each one's share."""
-        ranks = oldest_first(plans)
-        outcome = self.generate(
-            [
-                request.model_copy(update={"priority": ranks[key]})
-                for key, plan in plans.items()
-                for request in plan.requests
+        async with engine_session(self.context, llama, digest, ledger, label=label) as run:
+            pipelines = [
+                asyncio.create_task(self._partition(run, key, held, stages, first[key]))
+                for key, held in partitions.items()
             ]
-        )
-        shares: dict[str, BatchOutcome] = {}
-        start = 0
-        for key, plan in plans.items():
-            shares[key] = outcome.share(slice(start, start + len(plan.requests)), self.ledger)
-            start += len(plan.requests)
-        return shares
+            try:
+                results = await asyncio.gather(*pipelines)
+            finally:
+                for pipeline in pipelines:  # one that raised ends the others
+                    pipeline.cancel()
+        return dict(zip(partitions, results, strict=True))
 
-    def rerun(self, again: list[GenerationRequest]) -> BatchOutcome:
-        outcome = self.generate(again)
-        if outcome.stopped_at_window:
-            raise _WindowEndedError(outcome)
-        return outcome
+    def _plan(self, task: Task, key: str) -> StagePlan | BaseException:
+        try:
+            return plan_stage(task, self.store, *partition_parts_of(key))
+        except SKIPPED as error:
+            return error
 
-    def land(
-        self, key: str, plan: StagePlan, held: HeldPartition, share: BatchOutcome
+    @staticmethod
+    def _result(key: str, plan: StagePlan | BaseException) -> PartitionResult:
+        return PartitionResult(key, failed=plan if isinstance(plan, BaseException) else None)
+
+    async def _off_loop(self, call: Callable[[], T]) -> T:
+        """`call` on the landing thread: the slots keep generating meanwhile."""
+        return await asyncio.get_running_loop().run_in_executor(self.lands, call)
+
+    async def _partition(
+        self,
+        run: BatchRun,
+        key: str,
+        held: HeldPartition,
+        stages: Sequence[PipelineStage],
+        plan: StagePlan | BaseException,
     ) -> PartitionResult:
-        """One partition's share of the batch written, then handed to the landing."""
-        if share.stopped_at_window:
-            return PartitionResult(key, stopped=share)
-        results = share.iter_results(self.ledger)
+        """The partition through every stage, each planned from what the last one wrote."""
+        result = self._result(key, plan)
+        for index, stage in enumerate(stages):
+            if index:
+                plan = await self._off_loop(partial(self._plan, stage.task, key))
+            if isinstance(plan, BaseException):
+                return self._result(key, plan)
+            result = await self._stage(run, stage.asset, key, held, plan)
+            if result.materialized is None:
+                return result
+        return result
+
+    async def _stage(
+        self, run: BatchRun, asset: dg.AssetKey, key: str, held: HeldPartition, plan: StagePlan
+    ) -> PartitionResult:
+        """One partition's stage: its requests at its rank, what it asks again, its landing."""
+        rank = self.ranks[key]
+        outcome = await run.add([r.model_copy(update={"priority": rank}) for r in plan.requests])
+        self._log(asset, key, outcome)
+        if outcome.stopped_at_window:
+            return PartitionResult(key, stopped=outcome)
+        results: Iterable[GenerationResult] | None = None
         if plan.task.asks_again:
-            results = asked_again(self.context, self.ledger, plan, share, rerun=self.rerun)
+            again = await self._off_loop(partial(asked_again, held.ledger, plan, outcome))
+            self.context.log.info(
+                f"asking again for {len(again)} answer(s) of the {plan.task.name} stage ({key})"
+            )
+            if again:
+                retried = await run.add(list(again.values()))
+                if retried.stopped_at_window:
+                    return PartitionResult(key, stopped=retried)
+                results = answered_again(held.ledger, outcome, again, retried)
+        land = partial(self._land, asset, key, plan, held, outcome, results)
+        return await self._off_loop(land)
+
+    def _log(self, asset: dg.AssetKey, key: str, outcome: BatchOutcome) -> None:
+        stats = outcome.stats
+        self.context.log.info(
+            f"{asset.to_user_string()} {key}: {stats.generated} generated, {stats.from_ledger} "
+            f"from the ledger, {stats.failed} failed, {stats.not_started} not started, "
+            f"{stats.in_flight_at_start} in flight when it joined, max {stats.max_in_flight}"
+        )
+
+    def _land(
+        self,
+        asset: dg.AssetKey,
+        key: str,
+        plan: StagePlan,
+        held: HeldPartition,
+        outcome: BatchOutcome,
+        results: Iterable[GenerationResult] | None,
+    ) -> PartitionResult:
+        """The partition's rows of the stage written, then handed to the landing (on the
+        landing thread: it reads the results through the partition's own ledger)."""
+        rows = results if results is not None else outcome.iter_results(held.ledger)
         trino = self.resources.trino
-        tables = [plan.task.table, "quarantine"]
         try:
             written = land_stage(
                 self.context,
                 plan,
                 held,
-                share,
-                results,
+                outcome,
+                rows,
                 store=self.store,
                 trino=trino,
+                gate=self.resources.warehouse.quality_gate(),
                 publish_now=False,
             )
-            landed = self.landing.landed(self.asset, key, tables, held, written)
-        except _WindowEndedError as ended:
-            return PartitionResult(key, stopped=ended.outcome)
+            tables = [plan.task.table, "quarantine"]
+            landed = self.landing.landed(asset, key, tables, held, written)
         except SKIPPED as error:
             return PartitionResult(key, failed=error)
         return PartitionResult(key, materialized=landed)
 
 
 def asked_again(
-    context: RunContext,
-    ledger: Ledger,
-    plan: StagePlan,
-    outcome: BatchOutcome,
-    *,
-    rerun: Callable[[list[GenerationRequest]], BatchOutcome],
-) -> Iterator[GenerationResult]:
-    """The batch's results, each one the stage asks again for replaced by its new answer
-    (`rerun` runs the new requests)."""
+    ledger: Ledger, plan: StagePlan, outcome: BatchOutcome
+) -> dict[str, GenerationRequest]:
+    """The requests the stage asks again, by the request id of the answer each would replace."""
     task, requests = plan.task, plan.requests
     by_id = {row.request_id: req for row, req in zip(outcome.planned, requests, strict=True)}
     again: dict[str, GenerationRequest] = {}
@@ -236,11 +307,18 @@ def asked_again(
         retry = task.retry(by_id[result.request_id], result)
         if retry is not None:
             again[result.request_id] = retry
-    context.log.info(f"asking again for {len(again)} answer(s) of the {task.name} stage")
-    retried = rerun(list(again.values())) if again else None
-    replacements = {
-        (r.input_id, r.tag): r for r in (retried.iter_results(ledger) if retried else ())
-    }
+    return again
+
+
+def answered_again(
+    ledger: Ledger,
+    outcome: BatchOutcome,
+    again: Mapping[str, GenerationRequest],
+    retried: BatchOutcome,
+) -> Iterator[GenerationResult]:
+    """The first answers in request order, each one asked `again` replaced by its new answer
+    where `retried` has one."""
+    replacements = {(r.input_id, r.tag): r for r in retried.iter_results(ledger)}
     for result in outcome.iter_results(ledger):
         replaced = replacements.get((result.input_id, result.tag))
         yield replaced if replaced is not None and result.request_id in again else result

@@ -3,8 +3,8 @@
 `land_stage` writes a planned partition's rows; a `Landing` then publishes it and says what is
 recorded. `PublishNow` (an asset's one partition) publishes before the step returns its result.
 `PublishBehind` (the nightly op, many partitions) records each partition as it lands, with a
-failing `published_to_trino` check, and publishes it on a background thread while the next batch
-generates: if the night dies before the publish is recorded, the check stays failed and the Trino
+failing `published_to_trino` check, and publishes it on a background thread while the slots keep
+generating: if the night dies before the publish is recorded, the check stays failed and the Trino
 catch-up sensor (`defs/publishing.py`) finds it. No partition is ever recorded as materialized
 with its publish unaccounted for.
 
@@ -34,16 +34,23 @@ from kimi_batch.defs.assets._generation import (
     publish,
     publish_tables,
 )
+from kimi_batch.defs.assets.quality import quality_checks, screening
 from kimi_batch.defs.check_states import PUBLISHED_CHECK
 from kimi_batch.defs.metadata import generation_figures, summary_table
 from kimi_batch.defs.partition_states import INPUT_SHA_METADATA
 from kimi_batch.defs.partitions import split_partition_key
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.engine import BatchOutcome, GenerationRequest, GenerationResult, LeaseLostError
-from kimi_batch.storage import PartitionWrite, Warehouse, replace_quarantine
+from kimi_batch.storage import (
+    PartitionGate,
+    PartitionWrite,
+    QualityGate,
+    Warehouse,
+    replace_quarantine,
+)
+from kimi_batch.tasks.generation_task import GenerationTask
 from kimi_batch.tasks.quarantine import INPUT_STAGE
 from kimi_batch.tasks.sink import StageSink
-from kimi_batch.tasks.stage import GenerationTask
 
 __all__ = [
     "Landing",
@@ -89,30 +96,39 @@ def land_stage(
     *,
     store: Warehouse,
     trino: TrinoResource,
+    gate: QualityGate | None = None,
     publish_now: bool = True,
 ) -> dg.MaterializeResult:
     """Write the partition's rows and quarantine, judge the checks, publish (lease held).
 
-    `publish_now=False` leaves the Trino publish and its check to the caller (a `Landing`)."""
+    A quality-gated stage's rows pass `gate` on their way to the Parquet (contamination and
+    duplicates set aside, `defs.assets.quality`); its index takes the kept rows once the rows
+    and the quarantine are written. `publish_now=False` leaves the Trino publish and its check
+    to the caller (a `Landing`)."""
     task, ds, source = plan.task, plan.ds, plan.source
     sink = StageSink(task, plan.inputs, input_sha256=plan.input_sha)
-    written = store.write_partition(task.table, ds, source, sink.rows(results), guard=held.lease)
-    sink.failed(
-        outcome.failures,
-        source_file=source,
-        model=outcome.model,
-        digest_sha=outcome.digest_sha256,
-        created_at=datetime.now(UTC),
-    )
-    quarantined = replace_quarantine(
-        store, ds, source, task.name, sink.quarantined, guard=held.lease
-    )
-    checks = generation_checks(task.table, sink.figures(), store.read_schema(written))
+    with screening(gate, store, task, plan.inputs, (ds, source), held) as screen:
+        rows = sink.rows(results)
+        written = store.write_partition(
+            task.table, ds, source, screen.admit(rows) if screen else rows, guard=held.check
+        )
+        sink.failed(
+            outcome.failures,
+            source_file=source,
+            model=outcome.model,
+            digest_sha=outcome.digest_sha256,
+            created_at=datetime.now(UTC),
+        )
+        set_aside = [*sink.quarantined, *(screen.quarantined if screen else ())]
+        quarantined = replace_quarantine(store, ds, source, task.name, set_aside, guard=held.check)
+    checks = generation_checks(task.table, sink.figures(), pl.read_parquet_schema(written.path))
+    if task.quality_gated and gate is not None:
+        checks.extend(quality_checks(screen, gate))
     if publish_now:
         checks.append(
             publish(context, trino, store, [task.table, "quarantine"], ds, source, held.check)
         )
-    metadata = stage_metadata(trino, written, quarantined, outcome, sink)
+    metadata = stage_metadata(trino, written, quarantined, outcome, sink, screen)
     metadata[INPUT_SHA_METADATA] = plan.input_sha  # what `status` and the nightly compare (stale)
     return dg.MaterializeResult(metadata=metadata, check_results=checks)
 
@@ -138,13 +154,15 @@ def stage_metadata(
     quarantined: int,
     outcome: BatchOutcome,
     sink: StageSink[Any, Any],
+    screen: PartitionGate | None = None,
 ) -> dict[str, dg.RawMetadataValue]:
     metadata: dict[str, dg.RawMetadataValue] = {
         "rows": written.rows,
         "quarantined": quarantined,
         **generation_figures(outcome),
         **sink.metadata(),
-        "path": dg.MetadataValue.path(written.location),
+        **(screen.metadata() if screen else {}),
+        "path": dg.MetadataValue.path(str(written.path)),
     }
     if trino.enabled:
         name = trino.table_name(written.table)
@@ -247,7 +265,8 @@ class PublishBehind:
 
     One publishing thread: publishes run in landing order, and a partition's next landing waits
     for its previous publish (both register its quarantine table). Check evaluations are logged
-    on the run's thread, as each partition lands and when `collect` is called.
+    by the caller's thread (the driver's landing thread; the op's, for kept seeds and at the
+    end), as each partition lands and when `collect` is called: never two threads at once.
     """
 
     def __init__(self, context: dg.OpExecutionContext, trino: TrinoResource, store: Warehouse):
@@ -288,6 +307,7 @@ class PublishBehind:
         recorded = with_checks(result, [_pending_check()])
         record(self._context, asset, key, recorded)
         self.publish(asset, key, tables, held)
+        self.collect(block=False)  # the other partitions' publishes that are done meanwhile
         return recorded
 
     def publish(

@@ -1,24 +1,28 @@
-"""The nightly run: every partition the schedule asks for in one run, one engine batch a stage.
+"""The nightly run: every partition the schedule asks for in one run, through every stage.
 
 A run per partition left the server idle while each run's process started (about 7 s a run on
 2 cores, `bench --workload night`). `nightly_job` is one op: it holds each partition's lease,
 lands each partition's seeds (unless the day's ingest run landed them from the newest input
-version already: they are kept, and published again), then runs each stage through the
-partition-batch driver (`defs/assets/driver.py`) over every partition still going on: the
-amplification requests of every partition as one batch, their distillation requests as the
-next, so the slots stay full across partitions. Each partition is still written on its own (its
-Parquet replaced, its quarantine, its checks, its Trino partition) and recorded as its own
-materialization of `seed_prompts`, `amplified_prompts` and `distilled_responses` with its own
-check evaluations as soon as it lands, so the UI, `status` and the next night see it as after a
-run of `distillation_job`. Each landed partition is published to Trino on a background thread
-while the next batch generates (`landing.PublishBehind`); until its publish is recorded its
-`published_to_trino` check is failed, so a night that dies leaves the Trino catch-up sensor
-every partition it did not publish.
+version already: they are kept, and published again), then runs the partition-batch driver
+(`defs/assets/driver.py`) once over every partition still going on and every nightly stage, on
+one engine run: the amplification requests of every partition go in first, and a partition's
+distillation requests join as soon as its own variants are written, while the newer
+partitions still amplify, so the slots stay full across partitions and stages, and a window
+that closes during the amplification still leaves the oldest partitions distilled. Each
+partition is still written on its own (its Parquet replaced, its quarantine, its checks, its
+Trino partition) and recorded as its own materialization of `seed_prompts`,
+`amplified_prompts` and `distilled_responses` with its own check evaluations as soon as it
+lands, so the UI, `status` and the next night see it as after a run of `distillation_job`. Each
+landed partition is published to Trino on a background thread while the slots keep generating
+(`landing.PublishBehind`); until its publish is recorded its `published_to_trino` check is
+failed, so a night that dies leaves the Trino catch-up sensor every partition it did not
+publish.
 
 A partition that cannot go on (its input unreadable, its lease held by another run, a write
 refused) is left out and named; past the nightly window the partitions whose rows are not all
-done are left for the next night (their finished rows are in the ledger). Either way the run
-fails at the end with the list, after every finished partition is written.
+done are left for the next night (their finished rows are in the ledger). Either way it goes
+no further that night, and the run fails at the end with the list, after every finished
+partition is written.
 """
 
 # No `from __future__ import annotations`: Dagster reads the op function's annotations.
@@ -49,6 +53,7 @@ from kimi_batch.defs.assets.driver import (
     SKIPPED,
     GenerationResources,
     PartitionResult,
+    PipelineStage,
     run_partitions,
 )
 from kimi_batch.defs.assets.landing import PublishBehind, partition_parts_of
@@ -65,7 +70,6 @@ from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.defs.stages import SEED_TABLES, nightly_stages
-from kimi_batch.tasks.stage import GenerationTask
 
 __all__ = ["NightConfig", "build_nightly_job", "night_batch", "night_config_type", "nightly_job"]
 
@@ -108,7 +112,7 @@ class _Night:
         self.failed[key] = reason
 
     def take(self, results: Mapping[str, PartitionResult]) -> None:
-        """A stage's results: the failed and the stopped partitions go on no further."""
+        """The driver's results: the failed and the stopped partitions are named."""
         for key, result in results.items():
             if result.failed is not None:
                 self.drop(key, _reason(result.failed))
@@ -140,7 +144,7 @@ def _land_seeds(
 ) -> None:
     """Each partition's seeds landed from its newest input version, or kept (and published:
     a night that died before publishing them left them landed) when they are that version."""
-    settings = resources.llama.settings()
+    settings = resources.settings
     for key, held in list(night.going.items()):
         try:
             resolved = resolve_seeds_input(settings, *partition_parts_of(key))
@@ -190,13 +194,14 @@ def night_batch(
     warehouse: WarehouseResource,
     trino: TrinoResource,
 ) -> None:
-    """Seeds, amplification and distillation of every partition of the night, one batch a
-    stage; each partition written, materialized, published and checked on its own."""
+    """Seeds, then amplification and distillation of every partition of the night in one
+    engine run, each partition's next stage as soon as its last one landed; each partition
+    written, materialized, published and checked on its own."""
     resources = GenerationResources(llama=llama, digest=digest, warehouse=warehouse, trino=trino)
     settings = llama.settings()
     night = _Night()
-    stages: list[tuple[dg.AssetKey, GenerationTask[Any, Any]]] = [
-        (d.key, d.build(getattr(config, d.config_field, None), settings))
+    stages = [
+        PipelineStage(d.key, d.build(getattr(config, d.config_field, None), settings))
         for d in nightly_stages(settings)
         if d.asset not in config.skip_stages
     ]
@@ -206,20 +211,17 @@ def night_batch(
         landing = stack.enter_context(PublishBehind(context, trino, warehouse.warehouse()))
         _land_seeds(context, config, night, resources, landing)
         ledger = stack.enter_context(warehouse.ledger())
-        for asset, task in stages:
-            if night.going:
-                night.take(
-                    run_partitions(
-                        context,
-                        asset,
-                        task,
-                        dict(night.going),
-                        ledger=ledger,
-                        resources=resources,
-                        landing=landing,
-                    )
+        if night.going and stages:
+            night.take(
+                run_partitions(
+                    context,
+                    stages,
+                    dict(night.going),
+                    ledger=ledger,
+                    resources=resources,
+                    landing=landing,
                 )
-            landing.collect(block=False)
+            )
         landing.collect(block=True)
         for key, reason in landing.lost.items():
             night.drop(key, reason)

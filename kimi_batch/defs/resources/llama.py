@@ -1,13 +1,11 @@
 """`LlamaServerResource`: the resident llama-server every run attaches to (and never stops)."""
 
-# No `from __future__ import annotations`: Dagster reads the `ResourceDependency` annotation
-# of `deployment` when the class is made, and a string would not be one.
-
 import asyncio
 
 import dagster as dg
 from pydantic import Field
 
+from kimi_batch.defs.resources.deployment import DeploymentResource
 from kimi_batch.engine import DEFAULT_REMEDY, Prepared, SpeedStore, SystemDigest, prepare
 from kimi_batch.llama import (
     AttachedServer,
@@ -16,7 +14,6 @@ from kimi_batch.llama import (
     ServerHandle,
     server_from_settings,
 )
-from kimi_batch.settings import Settings
 
 __all__ = ["LlamaServerResource"]
 
@@ -24,7 +21,7 @@ __all__ = ["LlamaServerResource"]
 HUNG_RESTART_MIN_AGE_S = 60.0
 
 
-class LlamaServerResource(dg.ConfigurableResource):
+class LlamaServerResource(DeploymentResource):
     """Attach to the resident llama-server, starting it once if it is not running.
 
     Which server, binary, model, URL and API key is deployment configuration: the one `Settings`
@@ -34,17 +31,11 @@ class LlamaServerResource(dg.ConfigurableResource):
     model loaded and the digest in the slots.
     """
 
-    deployment: dg.ResourceDependency[Settings] = Field(
-        description="The deployment's settings (KIMI_BATCH_*), built once per process."
-    )
     load_timeout_s: float | None = Field(
         default=None,
         gt=0,
         description="Seconds to wait for a model load (default KIMI_BATCH_LLAMA_LOAD_TIMEOUT_S).",
     )
-
-    def settings(self) -> Settings:
-        return self.deployment
 
     def manager(self) -> ResidentServer | AttachedServer:
         return server_from_settings(self.settings(), load_timeout_s=self.load_timeout_s)

@@ -1,30 +1,17 @@
 """`TrinoResource`: where to publish the warehouse tables; no host means Parquet only."""
 
-# No `from __future__ import annotations`: Dagster reads the `ResourceDependency` annotation
-# of `deployment` when the class is made, and a string would not be one.
-
-import dagster as dg
-from pydantic import Field
-
-from kimi_batch.settings import Settings
+from kimi_batch.defs.resources.deployment import DeploymentResource
 from kimi_batch.storage import TrinoConfig, TrinoPublisher
 
 __all__ = ["TrinoResource"]
 
 
-class TrinoResource(dg.ConfigurableResource):
+class TrinoResource(DeploymentResource):
     """A Trino coordinator with a Hive-connector catalog over the warehouse (optional).
 
     Host, user and password are deployment configuration (`KIMI_BATCH_TRINO_*`), never run
     config: a run must not be able to send the password to another host.
     """
-
-    deployment: dg.ResourceDependency[Settings] = Field(
-        description="The deployment's settings (KIMI_BATCH_*), built once per process."
-    )
-
-    def settings(self) -> Settings:
-        return self.deployment
 
     @property
     def enabled(self) -> bool:

@@ -1,38 +1,33 @@
 """`WarehouseResource`: the Parquet warehouse (Hive layout) and the ledger the assets write to."""
 
-# No `from __future__ import annotations`: Dagster reads the `ResourceDependency` annotation
-# of `deployment` when the class is made, and a string would not be one.
-
-import dagster as dg
-from pydantic import Field
-
+from kimi_batch.defs.resources.deployment import DeploymentResource
 from kimi_batch.engine import Ledger
 from kimi_batch.paths import StatePaths
-from kimi_batch.settings import Settings
-from kimi_batch.storage import Landing, Warehouse, warehouse_at
+from kimi_batch.storage import Landing, QualityGate, Warehouse
 
 __all__ = ["WarehouseResource"]
 
 
-class WarehouseResource(dg.ConfigurableResource):
+class WarehouseResource(DeploymentResource):
     """Where a partition's inputs, finished requests and tables live (`Settings.paths`).
 
     Locations are deployment configuration (KIMI_BATCH_HOME, KIMI_BATCH_WAREHOUSE), so the
     sensor, the schedule and every run see the same state directory.
     """
 
-    deployment: dg.ResourceDependency[Settings] = Field(
-        description="The deployment's settings (KIMI_BATCH_*), built once per process."
-    )
-
     def paths(self) -> StatePaths:
         return self.deployment.paths
 
     def warehouse(self) -> Warehouse:
-        return warehouse_at(self.paths())
+        return Warehouse(self.paths().warehouse_dir)
 
     def ledger(self) -> Ledger:
         return Ledger(self.paths().ledger_state)
 
     def landing(self) -> Landing:
         return Landing(self.paths())
+
+    def quality_gate(self) -> QualityGate:
+        """The gate the quality-gated stages' rows pass as they land (KIMI_BATCH_DEDUP_*,
+        KIMI_BATCH_BENCHMARKS)."""
+        return QualityGate(self.deployment, self.paths().dedup_index_path)

@@ -1,7 +1,7 @@
 """The registered generation stages: their tables are output tables, their tags are known.
 
 A stage's declaration (`kimi_batch.defs.stages.declare_stage`) registers its task here, as does
-the asset factory `kimi_batch.defs.assets.stage.generation_asset`; the built-in tasks are
+the asset factory `kimi_batch.defs.assets.stage_asset.generation_asset`; the built-in tasks are
 registered below, so the layers that never import the declarations (storage, the CLI's export and
 publish) know their tables. Storage builds its table list from here (`kimi_batch.storage.TABLES`),
 and `kimi-batch status` maps ledger tags to tables with it.
@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 from kimi_batch.tasks.amplify import AmplifyTask
 from kimi_batch.tasks.api_batch import ApiBatchTask
 from kimi_batch.tasks.distill import DistillTask
+from kimi_batch.tasks.generation_task import GenerationTask
 from kimi_batch.tasks.judge import JudgeTask
-from kimi_batch.tasks.stage import GenerationTask
 from kimi_batch.tasks.tags import RequestTag
 
 __all__ = ["STAGES", "register_stage", "stage_of_tag", "unregister_stage"]

@@ -1,10 +1,10 @@
-"""The night bench's arithmetic: busy fraction and idle stretches from `/slots` samples."""
+"""Was the server busy: busy fraction and idle stretches by cause, from `/slots` samples."""
 
 from __future__ import annotations
 
 import pytest
 
-from kimi_batch.bench.night import BusyTimeline, Window, idle_by_cause
+from kimi_batch.bench.busy import BusyTimeline, Window, idle_by_cause
 
 
 def test_busy_fraction_counts_from_the_first_busy_sample_to_the_last() -> None:

@@ -1,6 +1,11 @@
-"""One `BatchEngine.run`: a worker per (endpoint, slot) pulls from the shared schedule, sends
+"""One run of the engine: a worker per (endpoint, slot) pulls from the shared schedule, sends
 (`send`), recovers between attempts and restarts hung endpoints (`recover`), records each
-finished row in the ledger first (`record`), and reports progress (`progress`)."""
+finished row in the ledger first (`record`), and reports progress (`progress`).
+
+A run stays open while its caller adds requests (`BatchRun.add`, one `submission.Submission`
+each): a worker with nothing to take waits until more is added or the run is closed, so a
+night's next stage of a partition joins the slots' queue while other partitions still generate.
+Every content key is sent at most once a run, whichever submissions ask for it."""
 
 from __future__ import annotations
 
@@ -8,22 +13,25 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from kimi_batch.engine.outcome import FailedRequest, PlannedRequest
+from kimi_batch.engine.generation import GenerationRequest
+from kimi_batch.engine.outcome import FailedRequest, PlannedRequest, distinct, lower_rank
 from kimi_batch.engine.progress import ProgressReporter
 from kimi_batch.engine.record import completion_result
 from kimi_batch.engine.recover import Recovery
-from kimi_batch.engine.schedule import PrefixSchedule
+from kimi_batch.engine.schedule import Lane, PrefixSchedule
 from kimi_batch.engine.send import TRANSIENT, InFlight, send_once
 from kimi_batch.engine.stats import StatsAccumulator
+from kimi_batch.engine.submission import Joined, RunFigures, Settlements, Submission
 from kimi_batch.engine.warm import SlotWarmer, WarmupReport
 from kimi_batch.engine.watchdog import EndpointWatch
 from kimi_batch.llama import ChatCompletion, LlamaClient, LlamaError, LlamaRequestError
 
 if TYPE_CHECKING:
-    from kimi_batch.engine.runner import BatchEngine
+    from kimi_batch.engine.batch_engine import BatchEngine
 
 __all__ = ["BatchRun"]
 
@@ -44,26 +52,20 @@ def _work(item: PlannedRequest) -> int:
 
 
 class BatchRun:
-    """State of one `BatchEngine.run` call over the requests the ledger lacks."""
+    """One run of the engine: requests are added while it runs (`add`), each set awaitable for
+    its outcome; `close` says nothing more will come, and the run ends once all is settled."""
 
-    def __init__(
-        self,
-        engine: BatchEngine,
-        pending: list[PlannedRequest],
-        started: float,
-        *,
-        stop_at: datetime | None,
-    ) -> None:
+    def __init__(self, engine: BatchEngine, started: float, *, stop_at: datetime | None) -> None:
         self.engine = engine
         # Requests sharing a long prefix (variants of one seed) run back to back on one slot.
-        self.schedule = PrefixSchedule(
-            pending, text=_prefix_text, work=_work, rank=lambda item: item.request.priority
+        self.schedule: PrefixSchedule[PlannedRequest] = PrefixSchedule(
+            text=_prefix_text, work=_work, rank=lambda item: item.request.priority
         )
-        self.total = len(pending)
+        self.total = 0
         self.stop_at = stop_at
         self.accumulator = StatsAccumulator(engine.digest_tokens)
-        self.failures: dict[str, FailedRequest] = {}
-        self.not_started = 0
+        self.settled = Settlements()
+        self.warmups: list[WarmupReport] = []
         self.watches: dict[LlamaClient, EndpointWatch] = {}
         self.recovery = Recovery(
             self.watches,
@@ -72,13 +74,17 @@ class BatchRun:
             on_hung=engine.on_hung,
         )
         self.flight = InFlight()
-        self.progress = ProgressReporter(engine.on_progress, total=self.total, started=started)
+        self.progress = ProgressReporter(engine.on_progress, total=0, started=started)
         self._recorded_reprefills = 0
         self.completion_tokens = 0
+        self._queued: dict[str, PlannedRequest] = {}  # key → its item, until a worker takes it
+        self._closed = False
+        self._wake = asyncio.Event()
 
     @property
     def done(self) -> int:
-        return self.accumulator.generated + len(self.failures) + self.not_started
+        settled = self.settled
+        return self.accumulator.generated + len(settled.failures) + len(settled.not_started)
 
     @property
     def reprefills(self) -> int:
@@ -89,10 +95,96 @@ class BatchRun:
     def max_in_flight(self) -> int:
         return self.flight.peak
 
+    def figures(self) -> RunFigures:
+        return RunFigures(
+            model=self.engine.model,
+            digest_sha256=self.engine.digest.sha256,
+            digest_reprefills=self.reprefills,
+            hangs=sum(watch.hangs for watch in self.watches.values()),
+            max_in_flight=self.max_in_flight,
+            warmups=self.warmups,
+        )
+
     def _past_stop(self) -> bool:
         return self.stop_at is not None and datetime.now(UTC) >= self.stop_at
 
-    async def execute(self, *, warm: bool) -> list[WarmupReport]:
+    def add(self, requests: Sequence[GenerationRequest]) -> Submission:
+        """Queue what the ledger and this run lack of `requests` (by rank, among the queued);
+        `await` the result for their outcome. A request already queued or in flight is not
+        sent again (it moves up to the lower rank), nor one done, failed or left unsent here."""
+        if self._closed:
+            raise RuntimeError("the run is closed: nothing more can be added")
+        planned = self.engine.plan(requests)
+        unique = distinct(planned)
+        finished = self.engine.ledger.finished_keys(p.content_key for p in unique)
+        submission = Submission(
+            planned,
+            finished,
+            digest_tokens=self.engine.digest_tokens,
+            in_flight=self.flight.now,
+            figures=self.figures,
+        )
+        fresh: list[PlannedRequest] = []
+        for item in (p for p in unique if p.content_key not in finished):
+            joined = self.settled.join(submission, item.content_key, past_stop=self._past_stop())
+            if joined is Joined.NEW:
+                fresh.append(item)
+            elif joined is Joined.WAITING:
+                self._promote(item)
+        logger.info(
+            "batch: %d requests, %d already in the ledger, %d to generate",
+            len(unique),
+            len(finished),
+            len(fresh),
+        )
+        for item in fresh:
+            self._queued[item.content_key] = item
+        self.schedule.add(fresh)
+        self.total += len(fresh)
+        self.progress.total = self.total
+        self.settled.track(submission)
+        submission.finish_if_settled()
+        self._wake_workers()
+        return submission
+
+    def _promote(self, item: PlannedRequest) -> None:
+        """A queued request asked again at a lower rank moves up to it."""
+        queued = self._queued.get(item.content_key)
+        if queued is None or item.request.priority >= queued.request.priority:
+            return
+        if self.schedule.withdraw(queued):
+            promoted = lower_rank(queued, item.request.priority)
+            self._queued[item.content_key] = promoted
+            self.schedule.add([promoted])
+
+    def close(self) -> None:
+        """Nothing more will be added: the workers stop once the queue is empty."""
+        self._closed = True
+        self._wake_workers()
+
+    def _wake_workers(self) -> None:
+        self._wake.set()
+        self._wake = asyncio.Event()
+
+    async def _next(self, lane: Lane[PlannedRequest]) -> PlannedRequest | None:
+        """The lane's next request, waiting for one while the run is open; None once closed."""
+        while (item := lane.next()) is None and not self._closed:
+            await self._wake.wait()
+        if item is not None:
+            self._queued.pop(item.content_key, None)
+        return item
+
+    async def execute(self, *, warm: bool) -> None:
+        """Warm every slot once the first request is queued, then run a worker per slot until
+        the run is closed and everything added is settled."""
+        try:
+            await self._execute(warm=warm)
+        except BaseException as error:
+            self.settled.abandon(error)
+            raise
+        self.settled.abandon(RuntimeError("the run ended before settling every request"))
+
+    async def _execute(self, *, warm: bool) -> None:
         engine = self.engine
         clients = [engine.client_factory(e) for e in engine.endpoints]
         self.watches.update(
@@ -106,7 +198,6 @@ class BatchRun:
                 for client, endpoint in zip(clients, engine.endpoints, strict=True)
             }
         )
-        warmups: list[WarmupReport] = []
         watchdog: asyncio.Task[None] | None = None
         try:
             warmers = [
@@ -123,12 +214,10 @@ class BatchRun:
             # The watchdog runs from the start: a server frozen during the digest restore is as
             # hung as one frozen mid-answer.
             watchdog = asyncio.create_task(self.recovery.watch())
+            while not self.total and not self._closed:
+                await self._wake.wait()  # no warm-up for a run that sends nothing
             if warm and self.total and not self._past_stop():
-                for warmer, endpoint in zip(warmers, engine.endpoints, strict=True):
-                    report = await self._warm_watched(warmer, endpoint.slots)
-                    if report is not None:
-                        warmups.append(report)
-                        self.watches[warmer.client].warm_slots.update(range(endpoint.slots))
+                await self._warm_all(warmers)
             workers = [
                 asyncio.create_task(self._worker(warmer, slot_id))
                 for warmer, endpoint in zip(warmers, engine.endpoints, strict=True)
@@ -145,7 +234,13 @@ class BatchRun:
                 await client.aclose()
             engine.speeds.keep()  # the next step and the next run start from these
         self._report_progress(force=True)
-        return warmups
+
+    async def _warm_all(self, warmers: list[SlotWarmer]) -> None:
+        for warmer, endpoint in zip(warmers, self.engine.endpoints, strict=True):
+            report = await self._warm_watched(warmer, endpoint.slots)
+            if report is not None:
+                self.warmups.append(report)
+                self.watches[warmer.client].warm_slots.update(range(endpoint.slots))
 
     async def _warm_watched(self, warmer: SlotWarmer, slots: int) -> WarmupReport | None:
         """The digest into every slot, watched like a request: a hung server is restarted and
@@ -191,14 +286,14 @@ class BatchRun:
 
     async def _worker(self, warmer: SlotWarmer, slot_id: int) -> None:
         lane = self.schedule.lane()
-        while (item := lane.next()) is not None:
+        while (item := await self._next(lane)) is not None:
             await self._process(warmer, slot_id, item)
 
     async def _process(self, warmer: SlotWarmer, slot_id: int, item: PlannedRequest) -> None:
         """Send, recover between attempts, record: at most `policy.attempts` sends."""
         if self._past_stop():
             # The window closed: leave it for the next run (the ledger lacks it, so it resumes).
-            self.not_started += 1
+            self.settled.not_sent(item.content_key)
             return
         watch = self.watches[warmer.client]
         attempts = self.engine.policy.attempts
@@ -260,22 +355,24 @@ class BatchRun:
             self._recorded_reprefills += 1
         watch.warm_slots.add(slot_id)
         watch.mark_progress()  # an answer is progress, whatever the probes say
+        self.settled.generated(result)
         self._report_progress()
 
     def _fail(self, item: PlannedRequest, reason: str, attempts: int) -> None:
-        self.failures[item.content_key] = FailedRequest(
+        failure = FailedRequest(
             request_id=item.content_key,
             input_id=item.request.input_id,
             tag=item.request.tag,
             reason=reason,
             attempts=attempts,
         )
+        self.settled.failed(failure)
         self._report_progress()
 
     def _report_progress(self, *, force: bool = False) -> None:
         self.progress.report(
             done=self.done,
-            failed=len(self.failures),
+            failed=len(self.settled.failures),
             completion_tokens=self.completion_tokens,
             watchdog="; ".join(dict.fromkeys(w.describe_stall() for w in self.watches.values())),
             force=force,

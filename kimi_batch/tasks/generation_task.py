@@ -25,6 +25,7 @@ from kimi_batch.tasks.seeds import seeds_from_rows
 __all__ = [
     "GenerationTask",
     "RowReader",
+    "ScreenedText",
     "SeedInputs",
     "SetAside",
     "generation_columns",
@@ -33,6 +34,18 @@ __all__ = [
 InputsT = TypeVar("InputsT")
 RowT = TypeVar("RowT", bound=GenerationColumns)
 ReadT = TypeVar("ReadT", bound=BaseModel)
+
+
+class ScreenedText(BaseModel):
+    """What the quality gate judges a row on: the conversation the answer is to (its user side,
+    every turn, the row's instructions folded in), the answer, and the input line it came from."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prompt: str
+    answer: str
+    source_file: str
+    line: int | None = None
 
 
 class RowReader(Protocol):
@@ -99,6 +112,9 @@ class GenerationTask(BaseModel, ABC, Generic[InputsT, RowT]):
     """The table's row model (its schema)."""
     dropped_metric: ClassVar[str | None] = None
     """Metadata name of the count of rows `keep` drops, when the stage drops any."""
+    quality_gated: ClassVar[bool] = False
+    """Whether its rows pass the quality gate as they land (benchmark contamination, duplicates
+    across nights; `screened` says what it reads): the rows a student is trained on."""
 
     @abstractmethod
     def load(self, read: RowReader) -> InputsT:
@@ -127,6 +143,10 @@ class GenerationTask(BaseModel, ABC, Generic[InputsT, RowT]):
     def summarize(self, sums: Mapping[str, float], rows: int) -> dict[str, float]:
         """The partition's metadata from the sums of `measure` over its `rows` kept rows."""
         return dict(sums)
+
+    def screened(self, row: RowT, inputs: InputsT) -> ScreenedText:
+        """What the quality gate reads of a kept row (the `quality_gated` stages' rows)."""
+        raise NotImplementedError(f"the {self.name} stage's rows are not quality gated")
 
     @property
     def asks_again(self) -> bool:

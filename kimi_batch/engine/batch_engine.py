@@ -1,7 +1,8 @@
 """The batch runner: every slot of every endpoint busy, every slot warm, every finished row kept.
 
 `BatchEngine` plans a batch (keys, clamped params, what the ledger already has) and sums up its
-outcome; a `run.BatchRun` does the work. One worker per (endpoint, slot) pulls from a shared
+outcome; a `batch_run.BatchRun` does the work. `BatchEngine.session` keeps a run open while its
+caller adds requests (a night's stages, partition by partition); `BatchEngine.run` is one batch. One worker per (endpoint, slot) pulls from a shared
 schedule (`schedule.py`: requests sharing a long prefix back to back on one slot), so the server
 never has more requests in flight than slots and faster endpoints simply take more work. Each worker pins its requests to
 its own slot, which holds the digest; a finished row goes to the ledger before anything else
@@ -17,11 +18,13 @@ figures and failures, and `BatchOutcome.iter_results` streams the rows back in r
 
 from __future__ import annotations
 
-import logging
+import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from datetime import datetime
 
+from kimi_batch.engine.batch_run import BatchRun
 from kimi_batch.engine.budget import answer_cap
 from kimi_batch.engine.deadline import SpeedTracker, estimate_prompt_tokens
 from kimi_batch.engine.digest import SystemDigest
@@ -36,8 +39,8 @@ from kimi_batch.engine.outcome import (
     PlannedRequest,
     PlannedRow,
     default_client,
+    distinct,
 )
-from kimi_batch.engine.run import BatchRun
 from kimi_batch.engine.send import EndpointHungError
 from kimi_batch.engine.speeds import SpeedStore
 from kimi_batch.engine.stats import ProgressEvent
@@ -54,23 +57,6 @@ __all__ = [
     "PlannedRow",
     "distinct",
 ]
-
-logger = logging.getLogger(__name__)
-
-
-def distinct(planned: Sequence[PlannedRequest]) -> list[PlannedRequest]:
-    """One request per ledger key (a determined answer is generated once, whichever inputs
-    ask for it), in first-asked order, each at the lowest rank any of its copies has: a
-    request the oldest partition needs goes out with the oldest partition's."""
-    unique: dict[str, PlannedRequest] = {}
-    for item in planned:
-        kept = unique.get(item.content_key)
-        if kept is None:
-            unique[item.content_key] = item
-        elif item.request.priority < kept.request.priority:
-            request = kept.request.model_copy(update={"priority": item.request.priority})
-            unique[item.content_key] = kept.model_copy(update={"request": request})
-    return list(unique.values())
 
 
 class BatchEngine:
@@ -128,6 +114,7 @@ class BatchEngine:
                 params=params,
                 messages=list(request.messages),
                 sample=request.sample,
+                kind=request.kind,
             )
             planned.append(
                 PlannedRequest(
@@ -149,6 +136,32 @@ class BatchEngine:
             prompt += self.digest_tokens
         return self.speeds.deadline_s(prompt, item.params.max_tokens)
 
+    @asynccontextmanager
+    async def session(
+        self,
+        *,
+        warm: bool = True,
+        stop_at: datetime | None = None,
+    ) -> AsyncIterator[BatchRun]:
+        """An open run: `run.add(requests)` while the block runs, each awaitable for its
+        outcome. Leaving the block closes it and waits until everything added is settled. Past
+        `stop_at` nothing new is sent (added requests included), the requests in flight finish,
+        and the rest count as `stats.not_started`."""
+        if stop_at is not None and stop_at.tzinfo is None:
+            raise ValueError("stop_at must be timezone-aware")
+        run = BatchRun(self, time.perf_counter(), stop_at=stop_at)
+        execution = asyncio.create_task(run.execute(warm=warm))
+        try:
+            yield run
+        except BaseException:
+            execution.cancel()
+            await asyncio.wait({execution})
+            if not execution.cancelled():
+                execution.exception()  # what the block raised says it (often this very error)
+            raise
+        run.close()
+        await execution
+
     async def run(
         self,
         requests: Sequence[GenerationRequest],
@@ -156,61 +169,7 @@ class BatchEngine:
         warm: bool = True,
         stop_at: datetime | None = None,
     ) -> BatchOutcome:
-        """Generate what the ledger lacks. Past `stop_at` nothing new is sent, the requests in
-        flight finish, and the outcome counts the rest as `stats.not_started`."""
-        if stop_at is not None and stop_at.tzinfo is None:
-            raise ValueError("stop_at must be timezone-aware")
-        started = time.perf_counter()
-        planned = self.plan(requests)
-        unique = distinct(planned)
-        finished = self.ledger.finished_keys(p.content_key for p in unique)
-        pending = [p for p in unique if p.content_key not in finished]
-        logger.info(
-            "batch: %d requests, %d already in the ledger, %d to generate",
-            len(unique),
-            len(finished),
-            len(pending),
-        )
-        run = BatchRun(self, pending, started, stop_at=stop_at)
-        warmups = await run.execute(warm=warm)
-        # Failures are keyed by content; each input that asked for it gets its own entry.
-        failures = [
-            run.failures[p.content_key].model_copy(
-                update={
-                    "request_id": p.request_id,
-                    "input_id": p.request.input_id,
-                    "tag": p.request.tag,
-                }
-            )
-            for p in planned
-            if p.content_key in run.failures
-        ]
-        stats = run.accumulator.summary(
-            total=len(unique),
-            from_ledger=len(finished),
-            failed=len(run.failures),
-            not_started=run.not_started,
-            clamped=sum(1 for p in planned if p.params != p.request.params),
-            digest_reprefills=run.reprefills,
-            hangs=sum(watch.hangs for watch in run.watches.values()),
-            max_in_flight=run.max_in_flight,
-            wall_s=time.perf_counter() - started,
-        )
-        return BatchOutcome(
-            model=self.model,
-            digest_sha256=self.digest.sha256,
-            planned=[
-                PlannedRow(
-                    request_id=p.request_id,
-                    content_key=p.content_key,
-                    input_id=p.request.input_id,
-                    tag=p.request.tag,
-                    from_ledger=p.content_key in finished,
-                )
-                for p in planned
-            ],
-            failures=failures,
-            stats=stats,
-            warmups=warmups,
-            stopped_at_window=run.not_started > 0,
-        )
+        """Generate what the ledger lacks: one run of `requests` alone (see `session`)."""
+        async with self.session(warm=warm, stop_at=stop_at) as run:
+            submission = run.add(requests)
+        return submission.outcome()

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from kimi_batch.engine.batch_engine import BatchEngine
 from kimi_batch.engine.digest import SystemDigest
 from kimi_batch.engine.generation import GenerationRequest, SamplingParams
 from kimi_batch.engine.ledger import Ledger
-from kimi_batch.engine.runner import BatchEngine
 from kimi_batch.engine.warm import SlotWarmer
 from kimi_batch.llama.messages import ChatMessage
 from kimi_batch.llama.server import ResidentServer
@@ -120,26 +120,33 @@ async def test_two_inputs_asking_the_same_thing_are_generated_once_but_stay_two_
     assert rows[0].text == rows[1].text
 
 
-async def test_one_batch_over_two_partitions_shares_out_each_ones_rows_and_counts(
+async def test_a_run_left_open_takes_more_requests_warm_and_sends_each_once(
     shared_server: ResidentServer, tmp_path: Path
 ) -> None:
-    digest = fresh_digest("share")
+    digest = fresh_digest("open")
     tokens = await digest_tokens(shared_server, digest)
-    first, second = questions(3, "share-a"), questions(2, "share-b")
+    first, second = questions(3, "open-a"), questions(2, "open-b")
     with Ledger(tmp_path / "ledger.sqlite3") as ledger:
         engine = BatchEngine([endpoint_of(shared_server)], digest, ledger, digest_tokens=tokens)
-        await engine.run(first[:1])  # one row of the first partition is done before the night
-        outcome = await engine.run([*first, *second])
-        shares = [outcome.share(slice(0, 3), ledger), outcome.share(slice(3, 5), ledger)]
-        rows = [[r.input_id for r in share.iter_results(ledger)] for share in shares]
+        await engine.run(first[:1])  # one row of the first set is done before the run
+        before = server_tasks(shared_server)
+        async with engine.session() as run:
+            early = await run.add(first)
+            # The workers wait for more; the last row of the first set is done in this run.
+            late = await run.add([*second, first[2]])
+        sent = server_tasks(shared_server) - before
+        rows = [[r.input_id for r in outcome.iter_results(ledger)] for outcome in (early, late)]
+        cached = [r.cached_tokens for r in late.iter_results(ledger)]
 
-    assert rows == [[r.input_id for r in first], [r.input_id for r in second]]
-    assert [(s.stats.total, s.stats.from_ledger, s.stats.generated) for s in shares] == [
+    assert rows == [[r.input_id for r in first], [*(r.input_id for r in second), "open-a2"]]
+    assert [(o.stats.total, o.stats.from_ledger, o.stats.generated) for o in (early, late)] == [
         (3, 1, 2),
-        (2, 0, 2),
+        (3, 1, 2),
     ]
-    assert not any(share.stopped_at_window for share in shares)
-    assert outcome.stats.generated == 4
+    assert sent == 4  # each request once, across both sets
+    assert len(early.warmups) == 1
+    assert late.warmups == early.warmups  # one warm-up for the run: the later set found it warm
+    assert min(cached) >= tokens
 
 
 async def test_a_request_the_server_rejects_fails_alone_and_is_not_recorded(

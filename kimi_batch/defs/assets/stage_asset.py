@@ -17,12 +17,13 @@ import dagster as dg
 
 from kimi_batch.defs.assets._generation import (
     BATCH_GROUP,
+    CHECK_NAMES,
     LLAMA_POOL,
     check_specs,
     partition_lease,
     stopped_at_window,
 )
-from kimi_batch.defs.assets.driver import GenerationResources, run_partitions
+from kimi_batch.defs.assets.driver import GenerationResources, PipelineStage, run_partitions
 from kimi_batch.defs.assets.landing import PublishNow
 from kimi_batch.defs.partitions import partition_parts
 from kimi_batch.defs.resources.digest import DigestResource
@@ -30,8 +31,8 @@ from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.defs.stages import StageConfig
-from kimi_batch.tasks.stage import GenerationTask
-from kimi_batch.tasks.stages import register_stage
+from kimi_batch.tasks.generation_task import GenerationTask
+from kimi_batch.tasks.registry import register_stage
 
 __all__ = ["StageConfig", "generation_asset", "run_stage"]
 
@@ -50,11 +51,13 @@ def generation_asset(
     description: str,
     deps: Sequence[dg.AssetsDefinition | str] = (),
     tags: Mapping[str, str] | None = None,
+    checks: Sequence[str] = CHECK_NAMES,
 ) -> dg.AssetsDefinition:
     """The asset `name` of one stage over `partitions` (the deployment's batch partitions,
     `kimi_batch.defs.partitions.build_batch_partitions`), in the llama pool, with the checks.
 
-    `task` is a `StageConfig` class (run config builds the task) or a task (no run config).
+    `task` is a `StageConfig` class (run config builds the task) or a task (no run config);
+    `checks`: the check names it declares (`stage_check_names` of its task class).
     """
     config_type = task if isinstance(task, type) else _FixedTask
     fixed = None if isinstance(task, type) else task
@@ -83,7 +86,7 @@ def generation_asset(
         group_name=BATCH_GROUP,
         pool=LLAMA_POOL,
         kinds={"parquet", "trino"},
-        check_specs=check_specs(name, partitions),
+        check_specs=check_specs(name, partitions, checks),
         deps=list(deps),
         tags=dict(tags or {}),
     )(materialize)
@@ -106,8 +109,7 @@ def run_stage(
     with partition_lease(context, warehouse, ds, source) as held:
         (result,) = run_partitions(
             context,
-            context.asset_key,
-            task,
+            [PipelineStage(context.asset_key, task)],
             {f"{ds}|{source}": held},
             ledger=held.ledger,
             resources=resources,

@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
 
 from kimi_batch.engine import GenerationRequest, GenerationResult
 from kimi_batch.storage import TABLES
 from kimi_batch.tasks.amplify import AmplifyTask
 from kimi_batch.tasks.distill import DistillTask
-from kimi_batch.tasks.inputs import SeedPrompt
-from kimi_batch.tasks.rows import AmplifiedRow, DistilledRow, GenerationColumns
-from kimi_batch.tasks.sink import StageSink
-from kimi_batch.tasks.stage import (
+from kimi_batch.tasks.generation_task import (
     GenerationTask,
     RowReader,
     SeedInputs,
     SetAside,
     generation_columns,
 )
-from kimi_batch.tasks.stages import STAGES, register_stage, stage_of_tag
+from kimi_batch.tasks.inputs import SeedPrompt
+from kimi_batch.tasks.registry import STAGES, register_stage, stage_of_tag, unregister_stage
+from kimi_batch.tasks.rows import AmplifiedRow, DistilledRow, GenerationColumns
+from kimi_batch.tasks.sink import StageSink
 from kimi_batch.tasks.tags import RequestTag, Strategy
 from kimi_batch_tests.support.results import make_result
 
@@ -73,7 +76,20 @@ class _EchoTask(GenerationTask[SeedInputs, _Row]):
         return _Row.model_validate({**generation_columns(result), "seed_id": seed.input_id})
 
 
-def test_registering_a_stage_makes_its_table_a_storage_table() -> None:
+@pytest.fixture
+def forget_test_stages() -> Iterator[list[type[GenerationTask[Any, Any]]]]:
+    """The stages a test registers, forgotten after it: the registry is process-wide, and the
+    reference pages (docs/reference/tables.md) are made from it by later tests."""
+    registered: list[type[GenerationTask[Any, Any]]] = []
+    yield registered
+    for task in registered:
+        unregister_stage(task)
+
+
+def test_registering_a_stage_makes_its_table_a_storage_table(
+    forget_test_stages: list[type[GenerationTask[Any, Any]]],
+) -> None:
+    forget_test_stages.append(_EchoTask)
     assert register_stage(_EchoTask) is _EchoTask
     assert register_stage(_EchoTask) is _EchoTask  # idempotent
     assert STAGES["test_echo"] is _EchoTask
@@ -82,7 +98,9 @@ def test_registering_a_stage_makes_its_table_a_storage_table() -> None:
     assert list(TABLES)[-1] == "quarantine"
 
 
-def test_a_stage_may_share_a_table_only_with_the_same_row_model() -> None:
+def test_a_stage_may_share_a_table_only_with_the_same_row_model(
+    forget_test_stages: list[type[GenerationTask[Any, Any]]],
+) -> None:
     class SameRows(_EchoTask):
         name = "test_echo_again"
 
@@ -97,6 +115,7 @@ def test_a_stage_may_share_a_table_only_with_the_same_row_model() -> None:
         name = "test_reserved"
         table = "quarantine"
 
+    forget_test_stages.extend([_EchoTask, SameRows])
     register_stage(_EchoTask)
     assert register_stage(SameRows) is SameRows
     for task in (OtherRows, SameName, Reserved):

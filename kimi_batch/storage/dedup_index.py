@@ -1,0 +1,366 @@
+"""The duplicate index: every kept row of the gated stages, across every night, in the state dir.
+
+One SQLite file. Per kept row (`kept`): its partition and ids, its exact key (the first 16 bytes
+of the sha256 of its normalized text) and its MinHash signature (datasketch, 128 permutations
+over word shingles). Per LSH band of each signature (`bands`): the band's 64-bit hash and the kept
+row, the table's primary key. A row is checked with indexed lookups only (its exact key, then its
+band hashes, then the few candidates' signatures, whose estimated Jaccard similarity must reach
+the threshold), so screening a partition costs the same whatever the history holds: nothing is
+loaded into memory. datasketch chooses the bands (`MinHashLSH`'s optimum for the threshold).
+
+A partition is screened inside one write transaction (`DedupIndex.partition`), begun at its first
+row (so a stage that generates again before its first row never holds the index) or at its end:
+its own earlier entries are dropped first (a rebuilt partition replaces them, and a rerun never
+finds its own rows), each row is checked against every other partition's entries and the rows it
+kept before it, and the kept rows are inserted as they go. The block's end commits them; an
+error rolls everything back, so a run that dies mid-way leaves the index as it was. Two
+partitions landing at once are serialized by the transaction.
+
+The signature setting (library scheme, permutations, shingle size, fields, bands) is stored in the
+file: under another one the signatures cannot be compared, and the first partition screened
+rebuilds the index, inside its transaction, from the rows its caller says are kept (`Rebuild`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from functools import cache
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from kimi_batch.paths import connect_private_db, private_dir
+
+__all__ = [
+    "NUM_PERM",
+    "DedupIndex",
+    "DedupSetting",
+    "DuplicateMatch",
+    "IndexedText",
+    "KeptEntry",
+    "PartitionDedup",
+    "Rebuild",
+    "index_entries",
+    "shingles",
+]
+
+# datasketch's default: the similarity estimate's standard error is about 1/sqrt(128), 0.09.
+NUM_PERM = 128
+_SCHEME = "affine32"  # datasketch 2's default; named, since its values carry no trace of it
+_SEED = 1
+# Fixed forever (every stored band key is made with them): one odd 64-bit multiplier per
+# signature position, derived from the position alone (no RNG whose stream may change).
+_MULTIPLIERS = np.array(
+    [
+        int.from_bytes(hashlib.blake2b(f"band position {i}".encode(), digest_size=8).digest()) | 1
+        for i in range(NUM_PERM)
+    ],
+    dtype=np.uint64,
+)
+# A rebuild or a landing waits this long for another partition's landing to commit.
+_BUSY_TIMEOUT_S = 600.0
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS kept (
+    id INTEGER PRIMARY KEY,
+    ds TEXT NOT NULL,
+    source TEXT NOT NULL,
+    request_id TEXT NOT NULL,
+    input_id TEXT NOT NULL,
+    exact BLOB NOT NULL,
+    signature BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS kept_by_partition ON kept (ds, source);
+CREATE INDEX IF NOT EXISTS kept_by_exact ON kept (exact);
+CREATE TABLE IF NOT EXISTS bands (
+    band INTEGER NOT NULL,
+    kept INTEGER NOT NULL,
+    PRIMARY KEY (band, kept)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+class DedupSetting(BaseModel):
+    """What a signature is made of and when two rows are near-duplicates."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    threshold: float = Field(gt=0, lt=1, description="Estimated Jaccard similarity to match.")
+    shingle: int = Field(ge=1, description="Words per shingle.")
+    fields: str = Field(description="What the text is: `prompt` or `prompt+answer`.")
+
+    def bands(self) -> tuple[int, int]:
+        """(bands, rows per band): datasketch's optimum for the threshold and NUM_PERM."""
+        return _optimal_bands(self.threshold)
+
+    def stamp(self) -> str:
+        """The setting's mark in the index file: signatures under another are not comparable."""
+        bands, rows = self.bands()
+        return (
+            f"datasketch {_SCHEME} seed={_SEED} perm={NUM_PERM} shingle={self.shingle} "
+            f"fields={self.fields} bands={bands}x{rows}"
+        )
+
+
+class KeptEntry(BaseModel):
+    """A kept row, as the index names it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ds: str
+    source: str
+    request_id: str
+    input_id: str
+
+
+class DuplicateMatch(BaseModel):
+    """Why a row is not kept: the row it repeats, and how alike they are."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["duplicate", "near_duplicate"]
+    kept: KeptEntry
+    similarity: float
+
+
+class IndexedText(BaseModel):
+    """One row to check: its ids and the normalized text it is judged on."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    request_id: str
+    input_id: str
+    text: str
+
+
+# Every landed (ds, source, rows) of the gated stages, oldest first: what a rebuild indexes.
+Rebuild = Callable[[], Iterable[tuple[str, str, Iterable[IndexedText]]]]
+
+
+@cache
+def _optimal_bands(threshold: float) -> tuple[int, int]:
+    from datasketch import MinHashLSH  # see _Signer: imported when first used
+
+    lsh = MinHashLSH(threshold=threshold, num_perm=NUM_PERM)  # integrates: ~0.1 s, once
+    return lsh.b, lsh.r
+
+
+def shingles(text: str, size: int) -> list[bytes]:
+    """The word `size`-grams of normalized `text` (a shorter text is one shingle)."""
+    words = text.split()
+    if len(words) <= size:
+        return [" ".join(words).encode()]
+    return [" ".join(words[i : i + size]).encode() for i in range(len(words) - size + 1)]
+
+
+def _exact_key(text: str) -> bytes:
+    return hashlib.sha256(text.encode()).digest()[:16]
+
+
+class _Signer:
+    """MinHash signatures and their LSH band hashes under one setting."""
+
+    def __init__(self, setting: DedupSetting) -> None:
+        # Imported here, not at the top: datasketch's package imports scipy (~2 s on 2 cores),
+        # which every process loading the code location (code servers, run workers, the CLI)
+        # would pay whether or not it screens a row.
+        from datasketch import MinHash
+
+        self._shingle = setting.shingle
+        self._bands, self._rows = setting.bands()
+        # Drawn once: each MinHash would otherwise draw its 128 permutations again.
+        self._permutations = MinHash(num_perm=NUM_PERM, seed=_SEED, scheme=_SCHEME).permutations
+
+    def signature(self, text: str) -> np.ndarray:
+        from datasketch import MinHash
+
+        minhash = MinHash(
+            num_perm=NUM_PERM, seed=_SEED, permutations=self._permutations, scheme=_SCHEME
+        )
+        minhash.update_batch(shingles(text, self._shingle))
+        return minhash.hashvalues.astype(np.uint32)  # affine32 values fit 32 bits
+
+    def band_keys(self, signature: np.ndarray) -> list[int]:
+        """One signed 64-bit hash per band: its values times their positions' multipliers,
+        summed modulo 2**64 (two bands never share a position, so equal values in two bands
+        are no match). A collision only adds a candidate, whose similarity is then checked."""
+        used = self._bands * self._rows
+        with np.errstate(over="ignore"):  # wrapping around 2**64 is the hash
+            products = signature[:used].astype(np.uint64) * _MULTIPLIERS[:used]
+            keys = products.reshape(self._bands, self._rows).sum(axis=1, dtype=np.uint64)
+        return keys.view(np.int64).tolist()
+
+
+def _similarity(one: np.ndarray, other: np.ndarray) -> float:
+    """datasketch's Jaccard estimate: the share of equal minimums."""
+    return float(np.count_nonzero(one == other)) / NUM_PERM
+
+
+class PartitionDedup:
+    """One partition's screening (from `DedupIndex.partition`); the transaction is its own."""
+
+    def __init__(
+        self,
+        db: sqlite3.Connection,
+        ds: str,
+        source: str,
+        setting: DedupSetting,
+        rebuild: Rebuild,
+    ) -> None:
+        self._db, self._ds, self._source = db, ds, source
+        self._setting, self._rebuild = setting, rebuild
+        self._signer = _Signer(setting)
+        self.kept = 0
+        self.rebuilt: int | None = None  # rows a rebuild indexed, when this partition did one
+
+    def begin(self) -> None:
+        """Take the index (once): rebuild it under another setting, drop this partition's
+        entries."""
+        if self._db.in_transaction:
+            return
+        self._db.execute("BEGIN IMMEDIATE")
+        stamp = self._setting.stamp()
+        found = self._db.execute("SELECT value FROM meta WHERE key = 'setting'").fetchone()
+        if found is None or found[0] != stamp:
+            self._rebuild_all(stamp)
+        self._forget(self._ds, self._source)
+
+    def _rebuild_all(self, stamp: str) -> None:
+        self._db.execute("DELETE FROM bands")
+        self._db.execute("DELETE FROM kept")
+        count = 0
+        for ds, source, rows in self._rebuild():
+            if (ds, source) == (self._ds, self._source):
+                continue  # screened now
+            for row in rows:
+                self._insert(ds, source, row, self._signer.signature(row.text))
+                count += 1
+        self._db.execute("INSERT OR REPLACE INTO meta VALUES ('setting', ?)", (stamp,))
+        self.rebuilt = count
+
+    def _forget(self, ds: str, source: str) -> None:
+        found = self._db.execute(
+            "SELECT id, signature FROM kept WHERE ds = ? AND source = ?", (ds, source)
+        ).fetchall()
+        self._db.executemany(
+            "DELETE FROM bands WHERE band = ? AND kept = ?",
+            (
+                (band, kept)
+                for kept, blob in found
+                for band in self._signer.band_keys(np.frombuffer(blob, dtype=np.uint32))
+            ),
+        )
+        self._db.execute("DELETE FROM kept WHERE ds = ? AND source = ?", (ds, source))
+
+    def _insert(self, ds: str, source: str, row: IndexedText, signature: np.ndarray) -> None:
+        cursor = self._db.execute(
+            "INSERT INTO kept (ds, source, request_id, input_id, exact, signature) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (ds, source, row.request_id, row.input_id, _exact_key(row.text), signature.tobytes()),
+        )
+        kept = cursor.lastrowid
+        self._db.executemany(
+            "INSERT OR IGNORE INTO bands VALUES (?, ?)",
+            ((band, kept) for band in self._signer.band_keys(signature)),
+        )
+
+    def check(self, row: IndexedText) -> DuplicateMatch | None:
+        """The kept row `row` repeats, else None (and `row` is kept: indexed from now on)."""
+        self.begin()
+        found = self._db.execute(
+            "SELECT ds, source, request_id, input_id FROM kept WHERE exact = ? ORDER BY id LIMIT 1",
+            (_exact_key(row.text),),
+        ).fetchone()
+        if found is not None:
+            return DuplicateMatch(kind="duplicate", kept=_entry(found), similarity=1.0)
+        signature = self._signer.signature(row.text)
+        near = self._nearest(signature)
+        if near is not None:
+            return near
+        self._insert(self._ds, self._source, row, signature)
+        self.kept += 1
+        return None
+
+    def _nearest(self, signature: np.ndarray) -> DuplicateMatch | None:
+        """The most alike kept row at or above the threshold (the oldest among equals)."""
+        keys = self._signer.band_keys(signature)
+        candidates = self._db.execute(
+            "SELECT ds, source, request_id, input_id, signature FROM kept WHERE id IN "
+            f"(SELECT kept FROM bands WHERE band IN ({', '.join('?' * len(keys))})) ORDER BY id",
+            keys,
+        ).fetchall()
+        best: DuplicateMatch | None = None
+        for *entry, blob in candidates:
+            similarity = _similarity(signature, np.frombuffer(blob, dtype=np.uint32))
+            if similarity >= self._setting.threshold and (
+                best is None or similarity > best.similarity
+            ):
+                kept = _entry(tuple(entry))
+                best = DuplicateMatch(kind="near_duplicate", kept=kept, similarity=similarity)
+        return best
+
+
+def _entry(found: tuple[object, ...]) -> KeptEntry:
+    ds, source, request_id, input_id = (str(value) for value in found)
+    return KeptEntry(ds=ds, source=source, request_id=request_id, input_id=input_id)
+
+
+class DedupIndex:
+    """The index file at `path` under one setting."""
+
+    def __init__(self, path: Path, setting: DedupSetting) -> None:
+        self.path, self.setting = path, setting
+
+    def _connect(self) -> sqlite3.Connection:
+        private_dir(self.path.parent)
+        db = connect_private_db(self.path, timeout_s=_BUSY_TIMEOUT_S)
+        db.executescript(_SCHEMA)
+        return db
+
+    @contextmanager
+    def partition(
+        self,
+        ds: str,
+        source: str,
+        *,
+        rebuild: Rebuild = lambda: (),
+        guard: Callable[[], None] | None = None,
+    ) -> Iterator[PartitionDedup]:
+        """Screen partition (ds, source): its entries replaced by the rows it keeps now,
+        committed when the block ends without an error and `guard` (its lease) passes."""
+        db = self._connect()
+        try:
+            screen = PartitionDedup(db, ds, source, self.setting, rebuild)
+            yield screen
+            screen.begin()  # a partition that kept nothing still drops its old entries
+            if guard is not None:
+                guard()
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        finally:
+            db.close()
+
+    def size_bytes(self) -> int:
+        """The index file's size on disk (its WAL included)."""
+        files = [self.path, self.path.with_name(self.path.name + "-wal")]
+        return sum(f.stat().st_size for f in files if f.exists())
+
+
+def index_entries(path: Path) -> int | None:
+    """Kept rows in the index at `path`, read only (None: no index yet)."""
+    if not path.is_file():
+        return None
+    db = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=5.0)
+    try:
+        return int(db.execute("SELECT count(*) FROM kept").fetchone()[0])
+    finally:
+        db.close()

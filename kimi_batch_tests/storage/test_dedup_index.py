@@ -1,0 +1,157 @@
+"""The duplicate index across partitions: exact and near matches, replacement, rollback, the lock
+taken only once rows come, a rebuild under another setting."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+from pathlib import Path
+
+import pytest
+
+from kimi_batch.engine import LeaseLostError
+from kimi_batch.storage import dedup_index as dedup_module
+from kimi_batch.storage.dedup_index import (
+    DedupIndex,
+    DedupSetting,
+    IndexedText,
+    index_entries,
+    shingles,
+)
+
+BASE = (
+    "explain why the sky looks blue on a clear afternoon and why sunsets over the sea turn red "
+    "while the air above the mountains stays clear and cold through the long winter night"
+)
+# Half of BASE's words replaced: its shingles mostly differ.
+HALF = (
+    "explain why the sky looks blue on a clear afternoon and why sunsets over the sea turn red "
+    "but tell me how volcanoes form under the ocean floor and why islands rise from them"
+)
+
+
+def _index(path: Path, *, shingle: int = 5, fields: str = "prompt") -> DedupIndex:
+    return DedupIndex(path, DedupSetting(threshold=0.8, shingle=shingle, fields=fields))
+
+
+def _text(request_id: str, text: str) -> IndexedText:
+    return IndexedText(request_id=request_id, input_id=f"in-{request_id}", text=text)
+
+
+def test_shingles_are_word_ngrams_and_a_short_text_is_one() -> None:
+    assert shingles("a b c d", 2) == [b"a b", b"b c", b"c d"]
+    assert shingles("a b", 5) == [b"a b"]
+
+
+def test_a_later_partition_repeating_a_kept_row_names_it(tmp_path: Path) -> None:
+    path = tmp_path / "quality" / "dedup.sqlite3"
+    index = _index(path)
+    with index.partition("2026-12-01", "night") as first:
+        assert first.check(_text("a", BASE)) is None
+        assert first.check(_text("b", "a different question about tides")) is None
+    with index.partition("2026-12-02", "night") as second:
+        exact = second.check(_text("c", BASE))
+        near = second.check(_text("d", BASE + " again"))
+        apart = second.check(_text("e", HALF))
+        fresh = second.check(_text("f", "how do volcanoes form"))
+    assert exact is not None
+    assert exact.kind == "duplicate"
+    assert (exact.kept.ds, exact.kept.input_id, exact.similarity) == ("2026-12-01", "in-a", 1.0)
+    assert near is not None
+    assert near.kind == "near_duplicate"
+    assert near.kept.request_id == "a"
+    assert 0.8 <= near.similarity < 1.0
+    assert apart is None  # shares a prefix, not 80% of its shingles
+    assert fresh is None
+    assert index_entries(path) == 4  # a, b, e, f: duplicates are not indexed
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+
+def test_a_rebuilt_partition_replaces_its_own_entries(tmp_path: Path) -> None:
+    index = _index(tmp_path / "dedup.sqlite3")
+    with index.partition("2026-12-01", "night") as first:
+        first.check(_text("a", BASE))
+        first.check(_text("b", HALF))
+    # The same partition again (a rerun): its old entries are no duplicates of it.
+    with index.partition("2026-12-01", "night") as again:
+        assert again.check(_text("a", BASE)) is None
+        assert again.check(_text("a2", BASE)) is not None  # inside one partition: the first stays
+    # Rebuilt without HALF (a stale input): its entry is gone, another partition may keep it.
+    with index.partition("2026-12-02", "night") as later:
+        assert later.check(_text("c", HALF)) is None
+        assert later.check(_text("d", BASE)) is not None
+    assert index_entries(index.path) == 2
+
+
+def test_an_error_or_a_lost_lease_leaves_the_index_as_it_was(tmp_path: Path) -> None:
+    index = _index(tmp_path / "dedup.sqlite3")
+    with index.partition("2026-12-01", "night") as first:
+        first.check(_text("a", BASE))
+
+    def fails_mid_way() -> None:
+        with index.partition("2026-12-01", "night") as failing:
+            failing.check(_text("b", "something else entirely"))
+            raise RuntimeError("the Parquet write failed")
+
+    with pytest.raises(RuntimeError):
+        fails_mid_way()
+
+    def lost() -> None:
+        raise LeaseLostError("2026-12-02|night", "taken over")
+
+    with pytest.raises(LeaseLostError), index.partition("2026-12-02", "night", guard=lost) as gone:
+        assert gone.check(_text("c", HALF)) is None
+    with index.partition("2026-12-03", "night") as later:
+        match = later.check(_text("d", BASE))
+        assert later.check(_text("e", HALF)) is None  # c was never committed
+    assert match is not None
+    assert match.kept.request_id == "a"  # a's entry survived the rollback
+
+
+def test_the_index_is_taken_at_the_first_row_not_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition whose block is open but has no row yet (a stage asking again generates then)
+    does not hold another partition's landing."""
+    monkeypatch.setattr(dedup_module, "_BUSY_TIMEOUT_S", 0.5)
+    index = _index(tmp_path / "dedup.sqlite3")
+    with index.partition("2026-12-01", "slow") as waiting:
+        with index.partition("2026-12-01", "quick") as quick:
+            assert quick.check(_text("q", BASE)) is None
+        match = waiting.check(_text("w", BASE))
+        assert match is not None
+        assert match.kept.source == "quick"
+        third = index.partition("2026-12-01", "third")
+        with pytest.raises(sqlite3.OperationalError, match="locked"), third as screen:
+            screen.check(_text("t", HALF))  # now the slow one holds it
+
+
+def test_another_setting_rebuilds_the_index_from_what_is_kept(tmp_path: Path) -> None:
+    path = tmp_path / "dedup.sqlite3"
+    with _index(path).partition("2026-12-01", "night") as first:
+        first.check(_text("a", BASE))
+    calls: list[str] = []
+
+    def landed() -> list[tuple[str, str, list[IndexedText]]]:
+        calls.append("rebuild")
+        return [
+            ("2026-11-30", "night", [_text("old", HALF)]),
+            ("2026-12-02", "night", [_text("mine", "what this partition held before")]),
+        ]
+
+    three = _index(path, shingle=3)
+    with three.partition("2026-12-02", "night", rebuild=landed) as screen:
+        assert screen.check(_text("b", HALF + " again")) is not None
+        assert screen.check(_text("c", BASE)) is None  # a was dropped: landed() is what is kept
+        assert screen.rebuilt == 1  # its own partition is screened now, not rebuilt
+    with three.partition("2026-12-03", "night", rebuild=landed) as later:
+        assert later.check(_text("d", "what this partition held before")) is None
+    assert calls == ["rebuild"]
+    assert index_entries(path) == 3
+
+
+def test_status_reads_no_index_as_none_and_creates_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "quality" / "dedup.sqlite3"
+    assert index_entries(path) is None
+    assert not path.parent.exists()

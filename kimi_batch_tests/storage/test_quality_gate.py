@@ -1,0 +1,175 @@
+"""The quality gate over distilled rows: what each row is judged on, the reasons and counts, the
+index rebuilt from answers already landed, the totals `status` reads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kimi_batch.settings import QualitySettings
+from kimi_batch.storage import QualityGate, Warehouse, set_aside_totals
+from kimi_batch.tasks.distill import DistillInputs, DistillTask
+from kimi_batch.tasks.generation_task import SetAside
+from kimi_batch.tasks.rows import DistilledRow
+from kimi_batch.tasks.seeds import seeds_from_rows
+from kimi_batch_tests.support.quality import (
+    BENCHMARK_ITEM,
+    answers_to,
+    benchmark_file,
+    land_seeds_of,
+    seed_row,
+)
+from kimi_batch_tests.support.rows import amplified, quarantined
+
+PROMPT = (
+    "Write a short story about a lighthouse keeper who finds a message in a bottle that was "
+    "sent forty years ago by her own grandmother from a ship lost at sea."
+)
+TASK = DistillTask()
+
+
+def _gate(tmp_path: Path, **fields: Any) -> QualityGate:
+    return QualityGate(QualitySettings(**fields), tmp_path / "quality" / "dedup.sqlite3")
+
+
+def _rows(inputs: DistillInputs, source: str) -> list[DistilledRow]:
+    parsed = [TASK.parse(result, inputs) for result in answers_to(TASK, inputs, source)]
+    return [row for row in parsed if not isinstance(row, SetAside)]
+
+
+def test_duplicates_and_contamination_are_set_aside_with_their_reasons(tmp_path: Path) -> None:
+    gate = _gate(tmp_path, benchmarks=(benchmark_file(tmp_path),))
+    store = Warehouse(tmp_path / "warehouse")
+    prompts = [
+        PROMPT,
+        PROMPT.upper().replace(".", "!"),  # the same prompt once normalized
+        PROMPT.replace("lost at sea.", "lost at sea that night."),  # two words more
+        f"Solve this: {BENCHMARK_ITEM}",
+        "Name three rivers in Africa.",
+    ]
+    inputs = land_seeds_of(store, "2026-12-01", "night", prompts)
+    with gate.partition(store, TASK, inputs, "2026-12-01", "night") as screen:
+        kept = [row.input_id for row in screen.admit(_rows(inputs, "night"))]
+
+    assert kept == ["night-0", "night-4"]
+    reasons = {row.input_id: row.reason for row in screen.quarantined}
+    assert reasons["night-1"].startswith("duplicate of input 'night-0' kept in 2026-12-01|night")
+    assert reasons["night-1"].endswith("similarity 1.00)")
+    assert reasons["night-2"].startswith("near_duplicate of input 'night-0'")
+    assert reasons["night-3"].startswith(
+        "contaminated: the prompt shares 13 words with benchmark bakery_eval.jsonl item 'bake-1'"
+    )
+    aside = {row.input_id: row for row in screen.quarantined}
+    assert (aside["night-2"].stage, aside["night-2"].source_file, aside["night-2"].line) == (
+        "distill",
+        "night.jsonl",
+        3,
+    )
+    assert aside["night-1"].raw == prompts[1]  # the offending text
+    assert screen.metadata() == {
+        "duplicates": 1,
+        "near_duplicates": 1,
+        "dedup_index_rebuilt_rows": 0,  # a new index: built from the (empty) warehouse
+        "contaminated": 1,
+        "contamination_rate": 0.2,
+    }
+
+
+def test_an_answer_quoting_a_benchmark_is_contaminated_too(tmp_path: Path) -> None:
+    gate = _gate(tmp_path, benchmarks=(benchmark_file(tmp_path),), dedup=False)
+    store = Warehouse(tmp_path / "warehouse")
+    inputs = land_seeds_of(store, "2026-12-01", "night", ["Give me a word problem."])
+    (row,) = _rows(inputs, "night")
+    quoting = row.model_copy(update={"response": f"Here is one. {BENCHMARK_ITEM}"})
+    with gate.partition(store, TASK, inputs, "2026-12-01", "night") as screen:
+        assert list(screen.admit([quoting])) == []
+    (aside,) = screen.quarantined
+    assert aside.reason.startswith("contaminated: the answer shares 13 words")
+    assert "item 'bake-1'" in aside.reason
+    assert not (tmp_path / "quality").exists()  # dedup off: no index
+
+
+def test_a_new_index_starts_from_the_answers_already_landed(tmp_path: Path) -> None:
+    store = Warehouse(tmp_path / "warehouse")
+    old = land_seeds_of(store, "2026-11-30", "early", [PROMPT])
+    store.write_partition("distilled", "2026-11-30", "early", _rows(old, "early"))
+    gate = _gate(tmp_path)
+    inputs = land_seeds_of(store, "2026-12-01", "night", [PROMPT, "How do tides work?"])
+    with gate.partition(store, TASK, inputs, "2026-12-01", "night") as screen:
+        kept = [row.input_id for row in screen.admit(_rows(inputs, "night"))]
+    assert kept == ["night-1"]
+    assert "of input 'early-0' kept in 2026-11-30|early" in screen.quarantined[0].reason
+    assert screen.metadata()["dedup_index_rebuilt_rows"] == 1
+
+
+def test_the_whole_conversation_is_the_prompt(tmp_path: Path) -> None:
+    """The same last question after other turns, or under other instructions, is no repeat."""
+    store = Warehouse(tmp_path / "warehouse")
+    rows = [
+        seed_row("plain", "Why?"),
+        seed_row("sky", "Why?", turns=["The sky is blue.", "Yes, it is blue."], line=2),
+        seed_row("terse", "Why?", instructions="Answer in one word.", line=3),
+        seed_row("again", "why", line=4),
+    ]
+    store.write_partition("seeds", "2026-12-01", "night", rows)
+    inputs = DistillInputs(seeds=seeds_from_rows(rows))
+    with _gate(tmp_path).partition(store, TASK, inputs, "2026-12-01", "night") as screen:
+        kept = [row.input_id for row in screen.admit(_rows(inputs, "night"))]
+    assert kept == ["plain", "sky", "terse"]
+    assert screen.quarantined[0].reason.startswith("duplicate of input 'plain'")
+
+
+def test_a_variant_that_repeats_its_seed_is_a_near_duplicate_of_it(tmp_path: Path) -> None:
+    store = Warehouse(tmp_path / "warehouse")
+    inputs = land_seeds_of(store, "2026-12-01", "night", [PROMPT])
+    close, other = amplified(2)
+    variants = [
+        close.model_copy(update={"seed_id": "night-0", "prompt": PROMPT + " Make it sad."}),
+        other.model_copy(update={"seed_id": "night-0", "prompt": "Describe a lighthouse."}),
+    ]
+    inputs = DistillInputs(seeds=inputs.seeds, variants=variants)
+    with _gate(tmp_path).partition(store, TASK, inputs, "2026-12-01", "night") as screen:
+        kept = [(row.origin, row.input_id) for row in screen.admit(_rows(inputs, "night"))]
+    # The seed's answer lands first and stays; a variant that says the same is set aside.
+    assert kept == [("seed", "night-0"), ("variant", other.request_id)]
+    assert screen.quarantined[0].reason.startswith("near_duplicate of input 'night-0'")
+
+
+def test_prompt_and_answer_keeps_two_different_answers_to_one_prompt(tmp_path: Path) -> None:
+    store = Warehouse(tmp_path / "warehouse")
+    inputs = land_seeds_of(store, "2026-12-01", "night", [PROMPT, PROMPT, PROMPT])
+    first, second, third = _rows(inputs, "night")
+    rows = [
+        first.model_copy(update={"response": "The keeper reads the note by lamplight and weeps."}),
+        second.model_copy(update={"response": "A storm breaks the bottle before anyone reads it."}),
+        third.model_copy(update={"response": "The keeper reads the note by lamplight and weeps."}),
+    ]
+    gate = _gate(tmp_path, dedup_fields="prompt+answer")
+    with gate.partition(store, TASK, inputs, "2026-12-01", "night") as screen:
+        kept = [row.input_id for row in screen.admit(rows)]
+    assert kept == ["night-0", "night-1"]
+
+
+def test_with_dedup_off_and_no_benchmarks_the_gate_screens_nothing(tmp_path: Path) -> None:
+    assert not _gate(tmp_path, dedup=False).screens(TASK)
+    assert _gate(tmp_path).screens(TASK)
+
+
+def test_totals_count_the_gate_s_rows_not_the_reader_s_duplicate_ids(tmp_path: Path) -> None:
+    store = Warehouse(tmp_path / "warehouse")
+    reader, gate_rows = quarantined(2)
+    store.write_partition(
+        "quarantine",
+        "2026-12-01",
+        "night",
+        [
+            reader.model_copy(update={"stage": "input", "reason": "duplicate input id 'a'"}),
+            gate_rows.model_copy(update={"stage": "distill", "reason": "near_duplicate of x"}),
+        ],
+    )
+    assert set_aside_totals(store) == {"duplicate": 0, "near_duplicate": 1, "contaminated": 0}
+    assert set_aside_totals(Warehouse(tmp_path / "empty")) == {
+        "duplicate": 0,
+        "near_duplicate": 0,
+        "contaminated": 0,
+    }

@@ -1,0 +1,26 @@
+"""The processes a test started, found by the state dir they were given."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["processes_naming"]
+
+
+def processes_naming(home: Path, *, besides: int | None = None) -> dict[int, str]:
+    """pid -> command line of every live process whose arguments or environment name `home`
+    (but `besides`)."""
+    marker = str(home).encode()
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == besides:
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and (marker in cmdline or marker in environ):
+            found[int(entry.name)] = cmdline.replace(b"\0", b" ").decode(errors="replace")
+    return found
