@@ -3,6 +3,8 @@
 A partition is one file. Writing it again replaces it atomically (temp file in the same directory,
 fsync, `os.replace`, fsync of the directory), so a re-materialization never appends and a reader
 sees either the old or the new rows. The temp name starts with a dot, which Trino and Hive skip.
+A partition lease (`guard`, a `Fence`) is confirmed in a transaction of its store around the
+rename: a holder that stalled past its lease renames nothing over the run that took it over.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from __future__ import annotations
 import os
 import re
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import nullcontext
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,6 +22,7 @@ import polars as pl
 from pydantic import BaseModel, ConfigDict
 
 from kimi_batch.paths import PRIVATE_FILE_MODE, private_dir
+from kimi_batch.state import Fence
 from kimi_batch.storage.exceptions import InvalidPartitionError
 from kimi_batch.storage.private_files import remove_stale_temps
 from kimi_batch.storage.schema import (
@@ -163,12 +167,13 @@ class Warehouse:
         source: str,
         rows: Iterable[BaseModel],
         *,
-        guard: Callable[[], None] | None = None,
+        guard: Fence | None = None,
     ) -> PartitionWrite:
         """Write (or atomically replace) one partition; zero rows still writes a schema-only file.
 
-        `guard` is called just before the new file replaces the old one (the partition lease's
-        check): when it raises, the partition is left as it was.
+        `guard` (the partition's lease) is confirmed in a transaction of its store around the
+        rename: when the lease is lost (LeaseLostError), the partition is left as it was, and
+        nobody takes the lease over between the confirmation and the rename.
 
         `rows` is consumed in chunks of `CHUNK_ROWS` (pass a generator and memory stays bounded
         whatever the partition's size): each chunk is written to a hidden temp file, and several
@@ -185,9 +190,8 @@ class Warehouse:
         temp = directory / f".{PART_FILE}.{token}.tmp"
         try:
             _write_chunked(temp, rows, model=model, table=table, token=token)
-            if guard is not None:
-                guard()
-            os.replace(temp, target)
+            with guard.fenced() if guard is not None else nullcontext():
+                os.replace(temp, target)
         finally:
             temp.unlink(missing_ok=True)
         # Files of another writer (part-1.parquet, ...) would be read as extra rows of the partition.
