@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import date
 
@@ -127,18 +129,19 @@ class PartitionVersions:
 
     def switch(
         self,
-        guard: Fence,
+        guard: Fence | None,
         partition: tuple[str, str, str],
         current: CurrentVersion,
         *,
         grace_s: float,
     ) -> str | None:
         """Make `current` the partition's version, committed in `guard`'s fence (LeaseLostError:
-        nothing switched); the old version becomes garbage due in `grace_s`. Returns the old
-        version's prefix (None: there was none)."""
+        nothing switched; None: a write without a lease, a tool's or a test's); the old version
+        becomes garbage due in `grace_s`. Returns the old version's prefix (None: there was
+        none)."""
         table, ds, source = partition[0], validate_ds(partition[1]), validate_source(partition[2])
         new = version_prefix(table, ds, source, current.version)
-        with guard.fenced() as db:
+        with guard.fenced() if guard is not None else self._transaction() as db:
             row = db.execute(
                 "SELECT version FROM warehouse_partitions "
                 "WHERE table_name = ? AND ds = ? AND source = ?",
@@ -159,6 +162,11 @@ class PartitionVersions:
             old = version_prefix(table, ds, source, str(row[0]))
             _collect(db, old, time.time() + grace_s)
             return old
+
+    @contextmanager
+    def _transaction(self) -> Iterator[StateDatabase]:
+        with connect_state(self.location) as db, db.transaction():
+            yield db
 
     def due(self, *, limit: int = 100) -> list[str]:
         """Garbage prefixes whose time has come, oldest first."""
