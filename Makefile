@@ -83,6 +83,7 @@ demo: setup
 # and the exit status is the first failure's. The first tier's temp dirs in RAM (see `make unit`).
 test: setup browser postgres
 	scripts/trino.sh fetch
+	scripts/s3proxy.sh fetch
 	export PATH="$(CURDIR)/$(VENV)/bin:$$PATH"; status=0; \
 	TMPDIR="$(UNIT_TMPDIR)" $(VENV)/bin/pytest -ra -m "not slow" -n $(UNIT_WORKERS) $(PYTEST_ARGS) \
 		|| status=$$?; \

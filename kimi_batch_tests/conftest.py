@@ -18,6 +18,7 @@ pytest_plugins = [
     "kimi_batch_tests.support.llama_server",
     "kimi_batch_tests.support.trino",
     "kimi_batch_tests.support.postgres",
+    "kimi_batch_tests.support.s3proxy",
 ]
 
 # Tests use dated inbox folders from 2025 on. Set before any test builds definitions from the

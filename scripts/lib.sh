@@ -1,4 +1,4 @@
-# Shared by scripts/trino.sh and scripts/postgres.sh (sourced): messages and paths.
+# Shared by scripts/trino.sh, scripts/postgres.sh and scripts/s3proxy.sh (sourced): messages and paths.
 # The sourcing script sets SCRIPT_NAME, the prefix of its messages on stderr.
 
 say() { printf '%s: %s\n' "$SCRIPT_NAME" "$*" >&2; }
@@ -13,4 +13,15 @@ abspath() {
     /*) printf '%s\n' "$1" ;;
     *) printf '%s/%s\n' "$(pwd -P)" "${1#./}" ;;
     esac
+}
+
+# `status` of a loopback server: its port (from PORT_FILE) if CHECK succeeds, else exit code 3.
+print_status() {
+    local check="$1" port_file="$2"
+    if "$check"; then
+        printf 'running on 127.0.0.1:%s\n' "$(cat "$port_file")"
+    else
+        printf 'not running\n'
+        return 3
+    fi
 }

@@ -118,14 +118,7 @@ cmd_stop() {
     fi
 }
 
-cmd_status() {
-    if running; then
-        printf 'running on 127.0.0.1:%s\n' "$(cat "$PORT_FILE")"
-    else
-        printf 'not running\n'
-        return 3
-    fi
-}
+cmd_status() { print_status running "$PORT_FILE"; }
 
 cmd_url() {
     [[ -f "$PORT_FILE" ]] || die "not started: run '$0 start'"

@@ -14,7 +14,11 @@ machines agree on it). A lease is taken in a transaction under the store's write
 wins). A heartbeat renews it; a transient database error (a lock, a dropped connection) is retried
 until the lease would have run out, and only then is it `lost`. Every partition write calls
 `Lease.check` first, which renews the lease in one atomic statement and fails (LeaseLostError)
-instead of letting a holder that stalled past the ttl write over the run that took it over.
+instead of letting a holder that stalled past the ttl write over the run that took it over. A
+write that commits by itself (a Parquet file renamed into place) commits inside `Lease.fenced`:
+a transaction holding the store's write lock in which the lease is renewed, so a holder that
+stalls between its check and its commit cannot commit after losing the lease (taking a lease
+needs the same lock).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
 
 from kimi_batch.engine.generation import GenerationResult
@@ -199,22 +203,41 @@ class Lease:
     def check(self) -> None:
         """Raise LeaseLostError unless this run still holds the partition (renewing it): called
         before every write of the partition's tables."""
+        with self._confirmed(lock=False):
+            pass
+
+    def fenced(self) -> AbstractContextManager[StateDatabase]:
+        """A transaction on the ledger's store, under its write lock, in which this run holds
+        the partition (renewed inside it): what the caller commits in it is committed by the
+        holder only, and nobody takes the lease over until it ends. LeaseLostError otherwise."""
+        return self._confirmed(lock=True)
+
+    @contextmanager
+    def _confirmed(self, *, lock: bool) -> Iterator[StateDatabase]:
+        """A connection on which the lease was just renewed (inside an open transaction when
+        `lock`); a busy database is tried again until the lease could have run out."""
         if self.lost:
             raise LeaseLostError(self.partition_key, self.lost_why)
         deadline = time.monotonic() + self.ttl_s / 3
-        while True:
-            try:
-                with self._connect() as db:
-                    held = self._renew(db)
-                break
-            except StateBusyError as error:
-                if time.monotonic() >= min(deadline, self._held_until):
-                    self._mark_lost(f"could not be confirmed: {error}")
-                    raise LeaseLostError(self.partition_key, self.lost_why) from error
-                time.sleep(min(_RETRY_S, self.ttl_s / 6))
-        if not held:
-            self._mark_lost("expired and taken over by another run")
-            raise LeaseLostError(self.partition_key, self.lost_why)
+        with ExitStack() as held:
+            while True:
+                try:
+                    with ExitStack() as attempt:
+                        db = attempt.enter_context(self._connect())
+                        if lock:
+                            attempt.enter_context(db.transaction())
+                        renewed = self._renew(db)
+                        held.push(attempt.pop_all())
+                    break
+                except StateBusyError as error:
+                    if time.monotonic() >= min(deadline, self._held_until):
+                        self._mark_lost(f"could not be confirmed: {error}")
+                        raise LeaseLostError(self.partition_key, self.lost_why) from error
+                    time.sleep(min(_RETRY_S, self.ttl_s / 6))
+            if not renewed:
+                self._mark_lost("expired and taken over by another run")
+                raise LeaseLostError(self.partition_key, self.lost_why)
+            yield db
 
     def release(self) -> None:
         self._stop.set()

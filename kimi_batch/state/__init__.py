@@ -5,13 +5,15 @@ their tables through `connect_state(location)` (`connect`): a SQLite file under 
 default, a schema of the PostgreSQL database `KIMI_BATCH_DATABASE_URL` names when it is set
 (`StatePaths.ledger_state`, `manifest_state`, `api_state`). `read_state` opens one for reading
 without creating anything; `copy_store` copies a store's SQLite file into another backend
-(`kimi-batch state migrate`). Other layers import this facade.
+(`kimi-batch state migrate`). A `Fence` (a partition lease) is confirmed in a transaction of its
+store around the commit of a write. Other layers import this facade.
 """
 
 import typing
 
 from kimi_batch.state.connect import connect_state, read_state, shown_location
 from kimi_batch.state.database import Cursor, StateBusyError, StateDatabase, StateError
+from kimi_batch.state.fence import Fence
 from kimi_batch.state.migrate import StoreCopy, copy_store
 from kimi_batch.state.sqlite import SqliteDatabase, boot_clock
 
@@ -21,6 +23,7 @@ if typing.TYPE_CHECKING:
 __all__ = [
     "POSTGRES_CLOCK",
     "Cursor",
+    "Fence",
     "PostgresDatabase",
     "SqliteDatabase",
     "StateBusyError",

@@ -96,6 +96,7 @@ from kimi_batch.storage.settle import (
     wait_until_settled,
 )
 from kimi_batch.storage.trino import PublishReport, TrinoConfig, TrinoPublisher
+from kimi_batch.storage.versions import CurrentVersion, PartitionVersions, version_prefix
 
 __all__ = [
     "CONTAMINATED",
@@ -113,6 +114,7 @@ __all__ = [
     "BatchStatus",
     "BatchValidator",
     "Column",
+    "CurrentVersion",
     "DedupIndex",
     "DedupSetting",
     "FileRecord",
@@ -125,6 +127,7 @@ __all__ = [
     "InvalidPartitionError",
     "Landing",
     "PartitionGate",
+    "PartitionVersions",
     "PartitionWrite",
     "PublishReport",
     "QualityGate",
@@ -171,6 +174,7 @@ __all__ = [
     "validate_ds",
     "validate_identifier",
     "validate_source",
+    "version_prefix",
     "wait_until_settled",
     "write_batch_files",
     "write_private_text",

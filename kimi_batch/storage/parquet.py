@@ -3,6 +3,8 @@
 A partition is one file. Writing it again replaces it atomically (temp file in the same directory,
 fsync, `os.replace`, fsync of the directory), so a re-materialization never appends and a reader
 sees either the old or the new rows. The temp name starts with a dot, which Trino and Hive skip.
+A partition lease (`guard`, a `Fence`) is confirmed in a transaction of its store around the
+rename: a holder that stalled past its lease renames nothing over the run that took it over.
 """
 
 from __future__ import annotations
@@ -10,15 +12,17 @@ from __future__ import annotations
 import os
 import re
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import nullcontext
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 import polars as pl
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.paths import PRIVATE_FILE_MODE, private_dir
+from kimi_batch.state import Fence
 from kimi_batch.storage.exceptions import InvalidPartitionError
 from kimi_batch.storage.private_files import remove_stale_temps
 from kimi_batch.storage.schema import (
@@ -28,7 +32,14 @@ from kimi_batch.storage.schema import (
     polars_schema,
 )
 
-__all__ = ["PART_FILE", "PartitionWrite", "Warehouse", "validate_ds", "validate_source"]
+__all__ = [
+    "PART_FILE",
+    "PartitionWrite",
+    "Warehouse",
+    "build_partition_file",
+    "validate_ds",
+    "validate_source",
+]
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -73,9 +84,13 @@ class PartitionWrite(BaseModel):
     table: str
     ds: str
     source: str
-    path: Path
+    path: Path = Field(
+        description="The file written: absolute in a local warehouse; on an object store, its "
+        "key under the warehouse's prefix (`url` is the whole object URL)."
+    )
     rows: int
     bytes: int
+    url: str | None = None
 
 
 def _utc_naive(value: Any) -> Any:
@@ -112,6 +127,20 @@ def _write_chunked(
     finally:
         for chunk in chunk_files:
             chunk.unlink(missing_ok=True)
+
+
+def build_partition_file(table: str, rows: Iterable[BaseModel], directory: Path) -> Path:
+    """`rows` as one Parquet file in `directory` under a hidden temp name that carries this
+    process's pid (`remove_stale_temps`); the caller moves it into place or deletes it."""
+    model = model_for(table)
+    token = f"{os.getpid()}-{uuid.uuid4().hex}"
+    temp = directory / f".{PART_FILE}.{token}.tmp"
+    try:
+        _write_chunked(temp, rows, model=model, table=table, token=token)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    return temp
 
 
 def _chunks(
@@ -163,31 +192,28 @@ class Warehouse:
         source: str,
         rows: Iterable[BaseModel],
         *,
-        guard: Callable[[], None] | None = None,
+        guard: Fence | None = None,
     ) -> PartitionWrite:
         """Write (or atomically replace) one partition; zero rows still writes a schema-only file.
 
-        `guard` is called just before the new file replaces the old one (the partition lease's
-        check): when it raises, the partition is left as it was.
+        `guard` (the partition's lease) is confirmed in a transaction of its store around the
+        rename: when the lease is lost (LeaseLostError), the partition is left as it was, and
+        nobody takes the lease over between the confirmation and the rename.
 
         `rows` is consumed in chunks of `CHUNK_ROWS` (pass a generator and memory stays bounded
         whatever the partition's size): each chunk is written to a hidden temp file, and several
         chunks are streamed into the one partition file by polars, which never holds them all.
         """
-        model = model_for(table)
         ds, source = validate_ds(ds), validate_source(source)
         directory = self.partition_dir(table, ds, source)
         private_dir(self.root)  # generated text is confidential: the root is owner-only
         directory.mkdir(parents=True, exist_ok=True)
         target = directory / PART_FILE
         remove_stale_temps(directory)  # those of a writer killed mid-write (named by pid)
-        token = f"{os.getpid()}-{uuid.uuid4().hex}"
-        temp = directory / f".{PART_FILE}.{token}.tmp"
+        temp = build_partition_file(table, rows, directory)
         try:
-            _write_chunked(temp, rows, model=model, table=table, token=token)
-            if guard is not None:
-                guard()
-            os.replace(temp, target)
+            with guard.fenced() if guard is not None else nullcontext():
+                os.replace(temp, target)
         finally:
             temp.unlink(missing_ok=True)
         # Files of another writer (part-1.parquet, ...) would be read as extra rows of the partition.
@@ -224,16 +250,20 @@ class Warehouse:
                     found.append((ds, source))
         return sorted(found)
 
+    def _read_file(self, table: str, ds: str, source: str) -> pl.DataFrame | None:
+        """The partition's file as written, or None when it was never written."""
+        path = self.partition_file(table, ds, source)
+        return pl.read_parquet(path) if path.is_file() else None
+
     def read_partition(self, table: str, ds: str | date, source: str) -> pl.DataFrame:
         """The rows of one partition with `ds` and `source` columns; empty if never written."""
         ds, source = validate_ds(ds), validate_source(source)
-        path = self.partition_file(table, ds, source)
-        if not path.is_file():
+        frame = self._read_file(table, ds, source)
+        if frame is None:
             return pl.DataFrame(schema=polars_schema(table, partitions=True))
         schema = polars_schema(table)
         # select + cast: column order and dtypes follow the model even for older files; a column
         # added since (input_sha256) reads as null there.
-        frame = pl.read_parquet(path)
         added = [name for name in schema.names() if name not in frame.columns]
         frame = frame.with_columns(pl.lit(None).alias(name) for name in added)
         frame = frame.select(schema.names()).cast(schema)
@@ -261,21 +291,33 @@ class Warehouse:
         `ds`/`source`; a column added since reads as null in older files): only what is selected
         is read."""
         schema = polars_schema(table)
-        files = [self.partition_file(table, ds, source) for ds, source in self.partitions(table)]
+        files = self._files(table)
         if not files:
             return pl.LazyFrame(schema=schema)
         return pl.scan_parquet(
-            files, schema=schema, missing_columns="insert", extra_columns="ignore"
+            files,
+            schema=schema,
+            missing_columns="insert",
+            extra_columns="ignore",
+            storage_options=self._storage_options(),
         )
+
+    def _files(self, table: str) -> list[str]:
+        """Every current partition file of a table, as polars opens them."""
+        return [str(self.partition_file(table, ds, s)) for ds, s in self.partitions(table)]
+
+    def _storage_options(self) -> dict[str, str] | None:
+        """What polars needs to open `_files` (None: local files)."""
+        return None
 
     def count(self, table: str) -> int:
         """Rows in all partitions of a table (from the Parquet footers, no data read)."""
         return sum(
-            pl.scan_parquet(self.partition_file(table, ds, source))
+            pl.scan_parquet(file, storage_options=self._storage_options())
             .select(pl.len())
             .collect()
             .item()
-            for ds, source in self.partitions(table)
+            for file in self._files(table)
         )
 
     def tables(self) -> list[str]:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from datetime import date
 
 import polars as pl
 
+from kimi_batch.state import Fence
 from kimi_batch.storage.parquet import Warehouse
 from kimi_batch.storage.schema import PARTITION_COLUMNS
 from kimi_batch.tasks.rows import QuarantineRow
@@ -21,13 +22,13 @@ def replace_quarantine(
     stage: str,
     rows: Iterable[QuarantineRow],
     *,
-    guard: Callable[[], None] | None = None,
+    guard: Fence | None = None,
 ) -> int:
     """Replace `stage`'s quarantine rows of the partition, keeping the other stages' rows.
 
     A read-modify-write of one partition: callers hold the partition's lease around it and pass
-    its check as `guard` (called before the replace). Returns the number of rows written for
-    `stage`.
+    the lease as `guard` (confirmed where the replace commits). Returns the number of rows
+    written for `stage`.
     """
     frame = warehouse.read_partition("quarantine", ds, source)
     kept = frame.filter(pl.col("stage") != stage).drop(list(PARTITION_COLUMNS))

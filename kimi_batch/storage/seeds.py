@@ -7,6 +7,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
+from kimi_batch.state import Fence
 from kimi_batch.storage.parquet import PartitionWrite, Warehouse
 from kimi_batch.tasks.inputs import InputBatch, SeedPrompt
 from kimi_batch.tasks.rows import QuarantineRow, SeedRow
@@ -36,7 +37,7 @@ def land_seeds(
     check_lengths: LengthCheck,
     now: datetime,
     set_aside: list[QuarantineRow],
-    guard: Callable[[], None] | None = None,
+    guard: Fence | None = None,
 ) -> PartitionWrite:
     """Stream `snapshot` into the partition's `seeds` file; bad rows are appended to `set_aside`.
 

@@ -266,6 +266,51 @@ def test_a_sqlite_lease_is_measured_on_the_boot_clock(tmp_path: Path) -> None:
             pass
 
 
+def test_nobody_takes_the_lease_over_while_a_fenced_write_commits(
+    state_backend: StateBackend,
+) -> None:
+    """A holder that stalls past its ttl between confirming its lease and committing (inside
+    `fenced`) still commits before anyone takes the partition over: taking needs the same lock."""
+    path = state_backend.ledger
+    order: list[str] = []
+
+    def take_over() -> None:
+        with Ledger(path) as ledger, ledger.lease(PARTITION, "run-b", wait_s=30, poll_s=0.05):
+            order.append("run-b took it")
+
+    with Ledger(path) as ledger, ledger.lease(PARTITION, "run-a", ttl_s=0.6) as lease:
+        taker = threading.Thread(target=take_over)
+        # A stalled process's heartbeat stalls too.
+        lease._stop.set()  # pyright: ignore[reportPrivateUsage]
+        with lease.fenced():
+            taker.start()
+            time.sleep(1.5)  # stalled well past the ttl, the lease confirmed and not committed
+            order.append("run-a committed")
+        taker.join(timeout=30)
+    assert order == ["run-a committed", "run-b took it"]
+
+
+def test_a_lost_lease_fences_off_the_write(
+    tmp_path: Path, state_backend: StateBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    warehouse = Warehouse(tmp_path / "warehouse")
+    warehouse.write_partition("quarantine", "2025-01-01", "web", quarantined(1))
+    with Ledger(state_backend.ledger) as ledger:
+        flaky_renewals(monkeypatch, failures=None)  # every renewal meets a lock: it expires
+        with ledger.lease(PARTITION, "run-a", ttl_s=0.6) as lease:
+            time.sleep(1.5)
+            with pytest.raises(LeaseLostError), lease.fenced():
+                pytest.fail("the body of a lost fence ran")
+            with pytest.raises(LeaseLostError):
+                warehouse.write_partition(
+                    "quarantine", "2025-01-01", "web", quarantined(3), guard=lease
+                )
+    assert warehouse.count("quarantine") == 1
+    assert [
+        p.name for p in warehouse.partition_dir("quarantine", "2025-01-01", "web").iterdir()
+    ] == ["part-0.parquet"]
+
+
 @pytest.mark.slow
 def test_a_holder_paused_past_the_ttl_writes_nothing_over_the_new_holder(
     tmp_path: Path, state_backend: StateBackend
@@ -286,7 +331,7 @@ def test_a_holder_paused_past_the_ttl_writes_nothing_over_the_new_holder(
         "    try:\n"
         "        Warehouse(sys.argv[2]).write_partition('quarantine', '2025-01-01', 'web',\n"
         "            [quarantined(1)[0].model_copy(update={'reason': 'from the paused run'})],\n"
-        "            guard=lease.check)\n"
+        "            guard=lease)\n"
         "        print('wrote', flush=True)\n"
         "    except LeaseLostError as error:\n"
         "        print('refused:', error, flush=True)\n"
@@ -308,7 +353,7 @@ def test_a_holder_paused_past_the_ttl_writes_nothing_over_the_new_holder(
                 "2025-01-01",
                 "web",
                 [quarantined(1)[0].model_copy(update={"reason": "from the new holder"})],
-                guard=lease.check,
+                guard=lease,
             )
             os.kill(holder.pid, signal.SIGCONT)
             holder.stdin.write("go\n")

@@ -10,7 +10,6 @@ fails: the PostgreSQL tests are never silently skipped.
 from __future__ import annotations
 
 import os
-import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from psycopg import sql
 from kimi_batch.paths import StateLocation, StatePaths
 from kimi_batch_tests.support.ports import free_port
 from kimi_batch_tests.support.repo import REPO_ROOT
+from kimi_batch_tests.support.script_server import script_server
 
 __all__ = ["BACKENDS", "PostgresServer", "StateBackend", "postgres_server", "state_backend"]
 
@@ -80,35 +80,14 @@ class StateBackend:
         return env
 
 
-def _run(command: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(SCRIPT), command],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=START_TIMEOUT_S,
-        check=False,
-    )
-
-
 @pytest.fixture(scope="session")
 def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServer]:
     """Start the cluster for the session and stop it at the end; fail (never skip)."""
     home = tmp_path_factory.mktemp("postgres_home")
     env = {**os.environ, "KIMI_BATCH_HOME": str(home), "KIMI_BATCH_POSTGRES_PORT": str(free_port())}
-    started = _run("start", env)
-    if started.returncode != 0:
-        _run("stop", env)
-        log = home / "postgres" / "server.log"
-        tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no server.log)"
-        pytest.fail(
-            f"scripts/postgres.sh start failed ({started.returncode}):\n{started.stderr}\n{tail}",
-            pytrace=False,
-        )
-    try:
-        yield PostgresServer(home=home, url=_run("url", env).stdout.strip())
-    finally:
-        _run("stop", env)
+    log = home / "postgres" / "server.log"
+    with script_server(SCRIPT, env, log=log, timeout_s=START_TIMEOUT_S) as run:
+        yield PostgresServer(home=home, url=run("url").strip())
 
 
 @pytest.fixture(params=BACKENDS)

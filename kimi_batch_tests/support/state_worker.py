@@ -124,7 +124,7 @@ async def _work(spec: WorkerSpec) -> None:
                 outcome = await engine.run(requests)
                 prompts = {r.input_id: str(r.messages[-1].content) for r in requests}
                 rows = [_row(result, prompts) for result in outcome.iter_results(ledger)]
-                warehouse.write_partition("distilled", DS, source, rows, guard=lease.check)
+                warehouse.write_partition("distilled", DS, source, rows, guard=lease)
                 stats = outcome.stats
                 _say(f"wrote {source} generated={stats.generated} from_ledger={stats.from_ledger}")
 

@@ -19,6 +19,7 @@ import pytest
 from kimi_batch.storage import TrinoConfig, Warehouse
 from kimi_batch_tests.support.ports import free_port
 from kimi_batch_tests.support.repo import REPO_ROOT
+from kimi_batch_tests.support.script_server import run_script
 
 __all__ = ["TrinoServer", "trino_server"]
 
@@ -49,14 +50,7 @@ class TrinoServer:
 
 
 def _run(command: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(SCRIPT), command],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return run_script(SCRIPT, command, env, timeout)
 
 
 def _log_tail(home: Path, lines: int = 40) -> str:

@@ -147,7 +147,7 @@ def land_seed_partition(
         )
         sha = version.sha256 if version else None
         stamped = [row.model_copy(update={"input_sha256": sha}) for row in set_aside]
-        replace_quarantine(store, ds, source, INPUT_STAGE, stamped, guard=held.check)
+        replace_quarantine(store, ds, source, INPUT_STAGE, stamped, guard=held.lease)
         published = (
             [publish(context, trino, store, ["seeds", "quarantine"], ds, source, held.check)]
             if publish_now
@@ -209,7 +209,7 @@ def _write_seeds(
             ),
             now=now,
             set_aside=set_aside,
-            guard=held.check,
+            guard=held.lease,
         )
     finally:
         runner.run(client.aclose())

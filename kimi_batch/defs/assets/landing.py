@@ -107,7 +107,7 @@ def land_stage(
     with screening(gate, store, task, plan.inputs, (ds, source), held) as screen:
         rows = sink.rows(results)
         written = store.write_partition(
-            task.table, ds, source, screen.admit(rows) if screen else rows, guard=held.check
+            task.table, ds, source, screen.admit(rows) if screen else rows, guard=held.lease
         )
         sink.failed(
             outcome.failures,
@@ -117,7 +117,7 @@ def land_stage(
             created_at=datetime.now(UTC),
         )
         set_aside = [*sink.quarantined, *(screen.quarantined if screen else ())]
-        quarantined = replace_quarantine(store, ds, source, task.name, set_aside, guard=held.check)
+        quarantined = replace_quarantine(store, ds, source, task.name, set_aside, guard=held.lease)
     checks = generation_checks(task.table, sink.figures(), pl.read_parquet_schema(written.path))
     if task.quality_gated and gate is not None:
         checks.extend(quality_checks(screen, gate))

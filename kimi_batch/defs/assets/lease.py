@@ -23,7 +23,8 @@ LEASE_WAIT_S = LEASE_TTL_S + 30.0
 
 @dataclass(frozen=True)
 class HeldPartition:
-    """The ledger, and the lease this run holds on the partition: `check` before every write."""
+    """The ledger, and the lease this run holds on the partition: the fence of every Parquet
+    write (`guard=held.lease`), `check` before the other writes."""
 
     ledger: Ledger
     lease: Lease
