@@ -129,7 +129,11 @@ def write_batch_files(
             answer = AnsweredRequest.from_result(
                 result.model_copy(update={"request_id": request_id}), custom_id=line.custom_id
             )
-            outputs.append(response_line(answer, top_logprobs=line.top_logprobs, kind=line.kind))
+            outputs.append(
+                response_line(
+                    answer, top_logprobs=line.top_logprobs, kind=line.kind, params=line.params
+                )
+            )
             continue
         reason = set_aside.get(line.custom_id) or unanswered
         if reason is not None:

@@ -244,17 +244,17 @@ class _CompletionLine(_Model):
     body: _CompletionBody
 
 
-def _split_system(messages: Sequence[_Message]) -> tuple[str, list[ChatMessage]]:
+def _split_system(messages: Sequence[_Message], field: str) -> tuple[str, list[ChatMessage]]:
+    """The leading system text and the turns after it; `field` names the turns' body field in
+    a refusal (`body.messages`, or a Responses line's `body.input`)."""
     head = 0
     while head < len(messages) and messages[head].role in ("system", "developer"):
         head += 1
     rest = messages[head:]
     if any(m.role in ("system", "developer") for m in rest):
-        raise LineRefusedError(
-            "a system message is only supported before the conversation", "body.messages"
-        )
+        raise LineRefusedError("a system message is only supported before the conversation", field)
     if not rest or rest[-1].role != "user":
-        raise LineRefusedError("the last message must be from the user", "body.messages")
+        raise LineRefusedError("the last message must be from the user", field)
     system = "\n\n".join(m.content for m in messages[:head])
     turns = [
         ChatMessage(role="user" if m.role == "user" else "assistant", content=m.content)
@@ -277,15 +277,15 @@ def _chat_line(record: dict[str, Any], number: int) -> BatchRequestLine:
 
 def _responses_line(record: dict[str, Any], number: int) -> BatchRequestLine:
     line = _ResponsesLine.model_validate(record)
-    try:
-        request = _chat_request(line.custom_id, line.body.chat_body(), number)
-    except LineRefusedError as error:  # the turns came from `input`: name it
-        raise LineRefusedError(str(error), error.param.replace("messages", "input")) from None
+    request = _chat_request(line.custom_id, line.body.chat_body(), number, turns="body.input")
     return request.model_copy(update={"kind": "responses"})
 
 
-def _chat_request(custom_id: str, body: _ChatBody, number: int) -> BatchRequestLine:
-    system, messages = _split_system(body.messages)
+def _chat_request(
+    custom_id: str, body: _ChatBody, number: int, *, turns: str = "body.messages"
+) -> BatchRequestLine:
+    """`turns`: the body field the conversation came from, named in a refusal."""
+    system, messages = _split_system(body.messages, turns)
     format_ = body.response_format
     top = (body.top_logprobs or 0) if body.logprobs else None
     params = body.sampling(

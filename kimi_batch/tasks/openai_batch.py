@@ -219,7 +219,18 @@ def _chat_choice(answer: AnsweredRequest, top_logprobs: int | None) -> dict[str,
     }
 
 
-def _response_object(answer: AnsweredRequest) -> dict[str, Any]:
+def _tool_echo(params: SamplingParams | None) -> dict[str, Any]:
+    """The request's tool fields as a `response` object echoes them (OpenAI's defaults when
+    unset); the tools back in the Responses shape, the function's fields beside `type`."""
+    tools = (params.tools if params else None) or []
+    return {
+        "parallel_tool_calls": params is None or params.parallel_tool_calls is not False,
+        "tool_choice": (params.tool_choice if params else None) or "auto",
+        "tools": [{"type": "function", **tool["function"]} for tool in tools],
+    }
+
+
+def _response_object(answer: AnsweredRequest, params: SamplingParams | None) -> dict[str, Any]:
     """A Responses API `response` body: its text as one message item, then its tool calls."""
     output: list[dict[str, Any]] = []
     if answer.content or not answer.tool_calls:
@@ -254,9 +265,7 @@ def _response_object(answer: AnsweredRequest) -> dict[str, Any]:
         "error": None,
         "model": answer.model,
         "output": output,
-        "parallel_tool_calls": True,
-        "tool_choice": "auto",
-        "tools": [],
+        **_tool_echo(params),
         "usage": {
             "input_tokens": answer.prompt_tokens,
             # What the server did not find in its cache it evaluated and kept in the slot.
@@ -301,19 +310,24 @@ def _chat_completion_object(answer: AnsweredRequest, top_logprobs: int | None) -
 
 
 def response_line(
-    answer: AnsweredRequest, *, top_logprobs: int | None = None, kind: LineKind = "chat"
+    answer: AnsweredRequest,
+    *,
+    top_logprobs: int | None = None,
+    kind: LineKind = "chat",
+    params: SamplingParams | None = None,
 ) -> str:
     """The output-file line of a finished request, as OpenAI returns it for the batch's kind
     of line: a `chat.completion`, a `text_completion`, or a `response` object.
 
     `top_logprobs`: how many alternatives the request asked for (None: all that were kept).
+    `params`: the request's sampling params, whose tool fields a `response` object echoes.
     An answer cut off at max_tokens is a success with `finish_reason: "length"` (a Responses
     answer: `status: "incomplete"`, reason `max_output_tokens`).
     """
     if kind == "completion":
         body = _completion_object(answer, top_logprobs)
     elif kind == "responses":
-        body = _response_object(answer)
+        body = _response_object(answer, params)
     else:
         body = _chat_completion_object(answer, top_logprobs)
     return json.dumps(

@@ -202,6 +202,39 @@ def test_export_reads_utc_keeps_reasoning_and_logprobs_and_names_variants_alike(
     assert error["error"] == {"code": "quarantined", "message": "cut off"}
 
 
+def test_a_response_object_echoes_the_lines_tool_fields() -> None:
+    weather = {
+        "type": "function",
+        "name": "get_weather",
+        "description": "Today's weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    }
+    record = {
+        "custom_id": "r1",
+        "method": "POST",
+        "url": "/v1/responses",
+        "body": {
+            "model": "m",
+            "input": "Weather in Oslo?",
+            "tools": [weather],
+            "tool_choice": "required",
+            "parallel_tool_calls": False,
+        },
+    }
+    [line] = parse_batch_input([json.dumps(record).encode()], endpoint="/v1/responses").lines
+    answer = AnsweredRequest.from_result(make_result("", input_id="r1"), custom_id="r1")
+    body = json.loads(response_line(answer, kind="responses", params=line.params))
+    echoed = Response.model_validate(body["response"]["body"])
+    assert (echoed.tool_choice, echoed.parallel_tool_calls) == ("required", False)
+    assert [tool.model_dump(exclude_none=True) for tool in echoed.tools] == [weather]
+    plain = json.loads(response_line(answer, kind="responses"))["response"]["body"]
+    assert (plain["tools"], plain["tool_choice"], plain["parallel_tool_calls"]) == (
+        [],
+        "auto",
+        True,
+    )
+
+
 def test_a_responses_line_s_output_parses_as_the_sdks_response() -> None:
     call = ToolCall.model_validate(
         {"id": "call_2", "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}}
