@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import io
 import json
 import shutil
 import sys
@@ -90,16 +89,7 @@ def _landed_batch(settings: Settings, data: bytes) -> str:
     from kimi_batch.storage import ApiStore, validate_batch
 
     with ApiStore(settings.paths) as store:
-        upload = store.add_file(
-            io.BytesIO(data), filename="api_prompts.jsonl", purpose="batch", max_bytes=1 << 30
-        )
-        batch = store.add_batch(
-            input_file_id=upload.id,
-            endpoint="/v1/chat/completions",
-            completion_window="24h",
-            completion_window_s=86400,
-            metadata=None,
-        )
+        batch = store.add_upload_batch(data, filename="api_prompts.jsonl")
         landed = validate_batch(settings, store, batch)
     if landed.ds is None:
         raise RuntimeError(f"the bench batch did not validate: {landed.errors[:3]}")

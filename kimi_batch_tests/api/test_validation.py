@@ -5,7 +5,6 @@ The server-free tests run on both state backends (`state_backend`: SQLite, Postg
 
 from __future__ import annotations
 
-import io
 import json
 import socket
 from collections.abc import Iterator
@@ -76,20 +75,7 @@ def test_nested_and_huge_integer_lines_fail_their_batch_naming_the_lines(
 def _left_by_a_killed_api(settings: Settings, *, cancelled: bool = False) -> str:
     """A batch recorded (and maybe cancelled) by an API process killed before validating it."""
     with ApiStore(settings.paths) as store:
-        upload = store.add_file(
-            io.BytesIO(jsonl(chat_line("a"), chat_line("b"))),
-            filename="in.jsonl",
-            purpose="batch",
-            max_bytes=1 << 20,
-        )
-        batch = store.add_batch(
-            input_file_id=upload.id,
-            endpoint="/v1/chat/completions",
-            completion_window="24h",
-            completion_window_s=86400,
-            metadata=None,
-            owner=DEAD_OWNER,
-        )
+        batch = store.add_upload_batch(jsonl(chat_line("a"), chat_line("b")), owner=DEAD_OWNER)
         if cancelled:
             store.update_batch(batch.id, status=BatchStatus.CANCELLING)
     return batch.id

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import socket
 from pathlib import Path
@@ -45,20 +44,8 @@ def _batch(
         }
         for custom_id in custom_ids
     ]
-    upload = store.add_file(
-        io.BytesIO(b"".join(json.dumps(line).encode() + b"\n" for line in lines)),
-        filename="in.jsonl",
-        purpose="batch",
-        max_bytes=1 << 20,
-    )
-    batch = store.add_batch(
-        input_file_id=upload.id,
-        endpoint="/v1/chat/completions",
-        completion_window="24h",
-        completion_window_s=86400,
-        metadata=None,
-        owner=owner,
-    )
+    data = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+    batch = store.add_upload_batch(data, owner=owner)
     return validate_batch(settings, store, batch) if land else batch
 
 

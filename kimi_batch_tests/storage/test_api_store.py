@@ -172,16 +172,7 @@ def test_a_transition_moves_only_from_the_expected_statuses(
 def test_a_cancel_while_the_input_is_validated_ends_the_batch_cancelled(
     settings: Settings, store: ApiStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    upload = store.add_file(
-        io.BytesIO(jsonl(chat_line("a"))), filename="in.jsonl", purpose="batch", max_bytes=1 << 20
-    )
-    batch = store.add_batch(
-        input_file_id=upload.id,
-        endpoint="/v1/chat/completions",
-        completion_window="24h",
-        completion_window_s=86400,
-        metadata=None,
-    )
+    batch = store.add_upload_batch(jsonl(chat_line("a")))
     scan = api_validation.scan_batch_input
 
     def cancelled_midway(*args: Any, **kwargs: Any) -> Any:
