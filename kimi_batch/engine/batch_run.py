@@ -273,18 +273,7 @@ class BatchRun:
         watch = self.watches[warmer.client]
         attempts = self.engine.policy.attempts
         for attempt in range(1, attempts + 1):
-            await watch.ready.wait()
-            task = asyncio.create_task(warmer.warm_all(slots, verify=False))
-            if not watch.sending:
-                watch.mark_progress()
-            watch.sending[WARMUP_KEY] = task
-            try:
-                await asyncio.wait({task})
-            except asyncio.CancelledError:
-                task.cancel()
-                raise
-            finally:
-                watch.sending.pop(WARMUP_KEY, None)
+            task = await watch.watched(WARMUP_KEY, warmer.warm_all(slots, verify=False))
             if task.cancelled():
                 logger.warning(
                     "%s hung during the digest warm-up (attempt %d of %d); warming again",

@@ -4,7 +4,6 @@ out after the digest; a completion request is its raw prompt alone."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Coroutine
 from typing import Any
 
@@ -101,22 +100,13 @@ async def send_once(
     flight: InFlight,
 ) -> ChatCompletion:
     """One attempt on `slot_id` of the watched endpoint, after any restart of it is over."""
-    await watch.ready.wait()  # never send to a server that is being restarted
-    task = asyncio.create_task(
-        _generation(watch, slot_id, item, digest=digest, deadline_s=deadline_s)
-    )
-    if not watch.sending:
-        watch.mark_progress()  # the stall clock starts with the first request in flight
-    watch.sending[slot_id] = task
     flight.enter()
     try:
-        await asyncio.wait({task})
-    except asyncio.CancelledError:
-        task.cancel()
-        raise
+        task = await watch.watched(
+            slot_id, _generation(watch, slot_id, item, digest=digest, deadline_s=deadline_s)
+        )
     finally:
         flight.leave()
-        watch.sending.pop(slot_id, None)
     if task.cancelled():
         raise EndpointHungError(f"{watch.base_url} made no progress ({watch.describe_stall()})")
     return task.result()

@@ -25,9 +25,9 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -44,6 +44,7 @@ DEFAULT_BATCH_TOKENS = 2048
 
 __all__ = ["EndpointWatch", "Probe", "WatchdogPolicy"]
 
+_Done = TypeVar("_Done")
 logger = logging.getLogger(__name__)
 
 
@@ -141,6 +142,23 @@ class EndpointWatch:
 
     def mark_progress(self) -> None:
         self._last_progress = time.monotonic()
+
+    async def watched(self, key: int, work: Coroutine[Any, Any, _Done]) -> asyncio.Task[_Done]:
+        """Run `work` as the send in flight under `key`, once no restart is under way, and
+        return its finished task: cancelled when the watchdog found the endpoint hung."""
+        await self.ready.wait()  # never send to a server that is being restarted
+        task = asyncio.create_task(work)
+        if not self.sending:
+            self.mark_progress()  # the stall clock starts with the first send in flight
+        self.sending[key] = task
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        finally:
+            self.sending.pop(key, None)
+        return task
 
     async def _read_signature(self, timeout: float) -> tuple[int, ...] | None:
         """The progress counters; None when the server has no /metrics (then /slots is used)."""
