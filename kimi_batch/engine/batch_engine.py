@@ -28,7 +28,7 @@ from datetime import datetime
 from kimi_batch.engine.batch_run import BatchRun
 from kimi_batch.engine.budget import answer_cap
 from kimi_batch.engine.deadline import SpeedTracker, estimate_prompt_tokens
-from kimi_batch.engine.digest import SystemDigest
+from kimi_batch.engine.digest import NO_DIGEST, SystemDigest
 from kimi_batch.engine.generation import GenerationRequest, request_key, row_request_id
 from kimi_batch.engine.ledger import Ledger
 from kimi_batch.engine.outcome import (
@@ -96,10 +96,14 @@ class BatchEngine:
         self.speeds = SpeedTracker(self.policy.deadline, store=speed_store, model=self.model)
         # Each digest's length in the server's tokens: the engine's, and requests' own ones
         # once `count_digests` has seen them.
-        self._digest_tokens = {digest.sha256: digest_tokens}
+        self._digest_tokens = {digest.sha256: digest_tokens, NO_DIGEST.sha256: 0}
 
     def digest_of(self, request: GenerationRequest) -> SystemDigest:
-        """The digest a request starts with: its own, else the engine's."""
+        """The digest a request starts with: its own, else the engine's; none (the empty
+        digest) for a raw-prompt completion, which is sent alone: its slot then holds no
+        digest, its budget counts none, and its row names none."""
+        if request.kind == "completion":
+            return NO_DIGEST
         return request.digest or self.digest
 
     def tokens_of(self, digest_sha256: str) -> int:

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kimi_batch.errors import KimiBatchError
 
 __all__ = [
+    "NO_DIGEST",
     "DigestLintError",
     "LintFinding",
     "SystemDigest",
@@ -39,6 +40,11 @@ class SystemDigest(BaseModel):
     def from_text(cls, text: str, *, path: str = "<memory>") -> SystemDigest:
         data = text.encode("utf-8")
         return cls(text=text, sha256=hashlib.sha256(data).hexdigest(), n_bytes=len(data), path=path)
+
+
+# What a raw-prompt completion starts with: nothing (a Batch API completion line's own
+# digest is this same empty text, so both key alike).
+NO_DIGEST = SystemDigest.from_text("", path="<none>")
 
 
 def load_digest(path: Path) -> SystemDigest:

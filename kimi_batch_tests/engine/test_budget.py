@@ -72,6 +72,26 @@ def test_a_server_reporting_no_n_predict_gets_no_budget_beyond_its_slot(tmp_path
     assert planned.params.max_tokens == 4096 - 1000
 
 
+def test_a_raw_prompt_completion_is_budgeted_and_keyed_with_no_digest(tmp_path: Path) -> None:
+    # A completion is sent alone: the engine's digest is not in its slot, its budget or its key.
+    endpoint = Endpoint(base_url="http://127.0.0.1:9", slots=4, model="m", ctx=4096, n_predict=-1)
+    digest = SystemDigest.from_text("You are a teacher.\n")
+    raw = GenerationRequest(
+        input_id="raw",
+        messages=[ChatMessage(role="user", content="Once upon a time")],
+        params=SamplingParams(max_tokens=UNSET_MAX_TOKENS),
+        kind="completion",
+    )
+    with Ledger(tmp_path / "ledger.sqlite3") as ledger:
+        engine = BatchEngine([endpoint], digest, ledger, digest_tokens=1000)
+        (chat, completion) = engine.plan([_api_request(), raw])
+        empty = SystemDigest.from_text("")
+        (api_line,) = engine.plan([raw.model_copy(update={"digest": empty})])
+    assert (chat.params.max_tokens, completion.params.max_tokens) == (4096 - 1000, 4096)
+    assert engine.digest_of(raw).sha256 == empty.sha256
+    assert completion.content_key == api_line.content_key  # a Batch API line keys alike
+
+
 def test_prepared_endpoints_refuse_what_their_slots_cannot_hold() -> None:
     prepared = Prepared(
         endpoints=[Endpoint(base_url="http://x", slots=2, model="m", ctx=2048)],
