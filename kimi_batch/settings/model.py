@@ -354,7 +354,10 @@ class Settings(QualitySettings, StateSettings):
     @property
     def paths(self) -> StatePaths:
         return StatePaths(
-            home=self.home, warehouse_override=self.warehouse, database_url=self.database_url
+            home=self.home,
+            warehouse_override=self.warehouse if isinstance(self.warehouse, Path) else None,
+            warehouse_url=self.warehouse_url,
+            database_url=self.database_url,
         )
 
     @property

@@ -350,7 +350,7 @@ class TrinoPublisher:
     ) -> PublishReport:
         """Make one written partition queryable: schema, table, partition, fresh metadata."""
         ds, source = validate_ds(ds), validate_source(source)
-        if not warehouse.partition_file(table, ds, source).is_file():
+        if not warehouse.has_partition(table, ds, source):
             raise StorageError(f"nothing to publish: {table} ds={ds} source={source} not written")
         self._ensure(table)
         registered = self.register_partition(table, ds, source)
