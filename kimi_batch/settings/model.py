@@ -200,7 +200,8 @@ class Settings(QualitySettings, StateSettings):
     trino_schema: str = Field(default="kimi_batch", description="Trino schema of the tables.")
     trino_warehouse_location: str = Field(
         default="local:///",
-        description="The warehouse root as Trino's file system names it (`s3://bucket/warehouse/`).",
+        description="The warehouse root as Trino's file system names it (`s3://bucket/warehouse/`); "
+        "left at its default with an `s3://` warehouse, the warehouse's own URL.",
     )
     timezone: str = Field(
         default=DEFAULT_TIMEZONE,
