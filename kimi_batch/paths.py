@@ -9,7 +9,9 @@
       ledger/            ledger.sqlite3: finished requests and partition leases
       landed/            content-addressed snapshots of ingested inputs + manifest.sqlite3
       inbox/             where users drop input files (the sensor watches it)
-      warehouse/         Parquet tables in Hive layout (unless KIMI_BATCH_WAREHOUSE)
+      warehouse/         Parquet tables in Hive layout (unless KIMI_BATCH_WAREHOUSE); with an
+                         s3:// warehouse, the local folder partitions are built in before
+                         their upload (the pointers to their versions are in the ledger's store)
       dagster/           DAGSTER_HOME of the demo and `make dev`
       bench/             `kimi-batch bench`: bench.json/.md/.png, speeds.json, state/ of its server
       tune/              `kimi-batch tune`: tune.json/.md/.png, speeds.json
@@ -90,6 +92,9 @@ class StatePaths(BaseModel):
 
     home: Path
     warehouse_override: Path | None = None
+    warehouse_url: str | None = Field(
+        default=None, description="An object-store warehouse (s3://...): replaces the folder."
+    )
     database_url: str | None = None
 
     @property
@@ -142,7 +147,13 @@ class StatePaths(BaseModel):
 
     @property
     def warehouse_dir(self) -> Path:
+        """The warehouse folder; with an object-store warehouse, its local staging folder."""
         return self.warehouse_override or self.home / "warehouse"
+
+    @property
+    def warehouse_location(self) -> str:
+        """The warehouse as a user names it: its URL, or its folder."""
+        return self.warehouse_url or str(self.warehouse_dir)
 
     @property
     def dagster_home(self) -> Path:

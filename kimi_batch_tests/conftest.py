@@ -16,9 +16,9 @@ from kimi_batch_tests.support.markers import unmarked_server_tests
 
 pytest_plugins = [
     "kimi_batch_tests.support.llama_server",
+    "kimi_batch_tests.support.s3proxy",  # before trino, which imports it (assert rewriting)
     "kimi_batch_tests.support.trino",
     "kimi_batch_tests.support.postgres",
-    "kimi_batch_tests.support.s3proxy",
 ]
 
 # Tests use dated inbox folders from 2025 on. Set before any test builds definitions from the

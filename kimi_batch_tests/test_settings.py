@@ -61,6 +61,22 @@ def test_overrides(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert settings.llama_extra_args == ("-mla", "3", "-amb", "512", "-ot", "exps=CPU")
 
 
+def test_an_s3_warehouse_is_a_url_its_staging_a_folder_and_no_secret_in_settings(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    clean_env.setenv("KIMI_BATCH_WAREHOUSE", "s3://bucket/nightly/")
+    clean_env.setenv("KIMI_BATCH_S3_ENDPOINT", "http://127.0.0.1:9000")
+    clean_env.setenv("KIMI_BATCH_S3_REGION", "eu-west-1")
+    clean_env.setenv("AWS_SECRET_ACCESS_KEY", "secret-of-the-box")
+    settings = Settings.from_env()
+    assert settings.paths.warehouse_url == "s3://bucket/nightly"
+    assert settings.paths.warehouse_location == "s3://bucket/nightly"
+    # Partitions are built in the state dir's folder before their upload.
+    assert settings.paths.warehouse_dir == tmp_path / "var" / "warehouse"
+    assert (settings.s3_endpoint, settings.s3_region) == ("http://127.0.0.1:9000", "eu-west-1")
+    assert "secret-of-the-box" not in repr(settings) + settings.model_dump_json()
+
+
 def test_a_bad_number_is_a_clear_error(clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setenv("KIMI_BATCH_LLAMA_PORT", "eighty")
     with pytest.raises(ValueError, match="KIMI_BATCH_LLAMA_PORT must be an integer"):
@@ -133,7 +149,9 @@ def test_a_new_install_shows_no_year_of_empty_partitions(
         ("KIMI_BATCH_ALERT_WEBHOOK", "hooks.example/no-scheme"),
         ("KIMI_BATCH_DATABASE_URL", "mysql://db.internal/kimi"),
         ("KIMI_BATCH_DATABASE_URL", "postgresql://db.internal:5432/"),  # no database named
-        ("KIMI_BATCH_WAREHOUSE", "s3://bucket/warehouse"),  # not built yet: refused, not a folder
+        ("KIMI_BATCH_WAREHOUSE", "gs://bucket/warehouse"),  # refused, never a folder `gs:`
+        ("KIMI_BATCH_WAREHOUSE", "s3:///no-bucket"),
+        ("KIMI_BATCH_S3_ENDPOINT", "127.0.0.1:9000"),  # no scheme
     ],
 )
 def test_an_unusable_value_is_a_config_error_naming_its_variable(

@@ -89,9 +89,12 @@ cmd_start() {
     if [[ ! -f "$SECRET_FILE" ]]; then
         (umask 077 && python3 -c 'import secrets; print(secrets.token_hex(20))' >"$SECRET_FILE")
     fi
-    # The secret is in a 0600 file, never on a command line.
+    # The secret is in a 0600 file, never on a command line. Unknown headers are ignored, not
+    # refused: Trino's listings ask for x-amz-optional-object-attributes (a Glacier object's
+    # restore status), which s3proxy does not implement and a filesystem store never needs.
     (umask 077 && cat >"$STATE/s3proxy.conf" <<CONF
 s3proxy.endpoint=http://127.0.0.1:$port
+s3proxy.ignore-unknown-headers=true
 s3proxy.authorization=aws-v2-or-v4
 s3proxy.identity=$ACCESS_KEY
 s3proxy.credential=$(cat "$SECRET_FILE")

@@ -7,7 +7,13 @@
 # Environment:
 #   KIMI_BATCH_HOME          state directory (default ./var, resolved against the current directory,
 #                            like kimi_batch.settings)
-#   KIMI_BATCH_WAREHOUSE     Parquet warehouse (default $KIMI_BATCH_HOME/warehouse)
+#   KIMI_BATCH_WAREHOUSE     Parquet warehouse (default $KIMI_BATCH_HOME/warehouse); an s3:// URL
+#                            gives a catalog on Trino's native S3 file system, its metastore
+#                            beside the tables
+#   KIMI_BATCH_S3_ENDPOINT / _REGION   the S3 server (unset: AWS; region default us-east-1); with
+#                            an endpoint set, a folder warehouse's catalog reads s3:// too
+#   AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY   S3 credentials, copied into the catalog file
+#                            (0600, never argv); unset, Trino's default AWS credential chain
 #   KIMI_BATCH_TRINO_PORT    HTTP port on 127.0.0.1 (default 8080)
 #   KIMI_BATCH_TRINO_USER / _CATALOG / _SCHEMA   what `cli` connects as and to
 #                            (default kimi_batch / hive / kimi_batch, like kimi_batch.settings)
@@ -31,7 +37,16 @@ SCRIPT_NAME=trino
 . "$SCRIPT_DIR/lib.sh"
 
 HOME_DIR="$(abspath "${KIMI_BATCH_HOME:-./var}")"
-WAREHOUSE="$(abspath "${KIMI_BATCH_WAREHOUSE:-$HOME_DIR/warehouse}")"
+WAREHOUSE="${KIMI_BATCH_WAREHOUSE:-$HOME_DIR/warehouse}"
+if [[ "$WAREHOUSE" == s3://* ]]; then
+    WAREHOUSE="${WAREHOUSE%/}"
+    [[ "$WAREHOUSE" =~ ^s3://[a-z0-9][a-z0-9.-]+(/[A-Za-z0-9._/-]*)?$ ]] ||
+        die "KIMI_BATCH_WAREHOUSE must look like s3://bucket/prefix, got '$WAREHOUSE'"
+else
+    WAREHOUSE="$(abspath "$WAREHOUSE")"
+fi
+S3_ENDPOINT="${KIMI_BATCH_S3_ENDPOINT:-}"
+S3_REGION="${KIMI_BATCH_S3_REGION:-${AWS_REGION:-us-east-1}}"
 PORT="${KIMI_BATCH_TRINO_PORT:-8080}"
 HEAP="${KIMI_BATCH_TRINO_HEAP:-2G}"
 TIMEOUT="${KIMI_BATCH_TRINO_TIMEOUT:-240}"
@@ -191,8 +206,34 @@ cmd_cli() {
 
 # --------------------------------------------------------------------------------------------- config
 
+# The native S3 file system's part of a catalog: endpoint, region, path-style addressing (every
+# S3-compatible server answers it) and the credentials of the environment, if any.
+s3_properties() {
+    printf 'fs.native-s3.enabled=true\n'
+    [[ -n "$S3_ENDPOINT" ]] && printf 's3.endpoint=%s\ns3.path-style-access=true\n' "$S3_ENDPOINT"
+    printf 's3.region=%s\n' "$S3_REGION"
+    if [[ -n "${AWS_ACCESS_KEY_ID:-}" && -n "${AWS_SECRET_ACCESS_KEY:-}" ]]; then
+        printf 's3.aws-access-key=%s\ns3.aws-secret-key=%s\n' "$AWS_ACCESS_KEY_ID" "$AWS_SECRET_ACCESS_KEY"
+    fi
+}
+
+# Where the catalog's file systems and file metastore are: a folder warehouse is the root of the
+# local file system (tables at local:///<table>); an s3:// one is named by its own URL.
+storage_properties() {
+    if [[ "$WAREHOUSE" == s3://* ]]; then
+        printf 'hive.metastore.catalog.dir=%s/%s\n' "$WAREHOUSE" "$METASTORE_DIR_NAME"
+        s3_properties
+        return 0
+    fi
+    printf 'hive.metastore.catalog.dir=local:///%s\n' "$METASTORE_DIR_NAME"
+    printf 'fs.native-local.enabled=true\nlocal.location=%s\n' "$WAREHOUSE"
+    if [[ -n "$S3_ENDPOINT" ]]; then s3_properties; fi
+}
+
 write_config() {
-    mkdir -p "$ETC/catalog" "$STATE/data" "$LOG_DIR" "$WAREHOUSE/$METASTORE_DIR_NAME"
+    mkdir -p "$ETC/catalog" "$STATE/data" "$LOG_DIR"
+    [[ "$WAREHOUSE" == s3://* ]] || mkdir -p "$WAREHOUSE/$METASTORE_DIR_NAME"
+    chmod 700 "$ETC/catalog" # the catalog may hold S3 credentials
     cat >"$ETC/node.properties" <<EOF
 node.environment=kimi_batch
 node.id=kimi-batch-$PORT
@@ -240,18 +281,19 @@ EOF
     cat >"$ETC/log.properties" <<EOF
 io.trino=INFO
 EOF
-    # hive catalog over the local warehouse (see kimi_batch/storage/trino.py for the locations):
-    # - local file system rooted at the warehouse; tables live at local:///<table>
+    # hive catalog over the warehouse (see kimi_batch/storage/trino.py for the locations):
+    # - local file system rooted at a folder warehouse (tables at local:///<table>), or native
+    #   S3 for an s3:// one (tables at s3://bucket/prefix/<table>)
     # - file metastore inside the warehouse, so the catalog survives restarts with the data
     # - register_partition for publishing partitions written by polars
     # - no metastore cache and no file-status cache: a re-written partition is seen at once
     # - microsecond timestamps, matching the Parquet files
-    cat >"$ETC/catalog/hive.properties" <<EOF
+    local catalog="$ETC/catalog/hive.properties"
+    rm -f "$catalog"
+    (umask 077 && cat >"$catalog") <<EOF
 connector.name=hive
 hive.metastore=file
-hive.metastore.catalog.dir=local:///$METASTORE_DIR_NAME
-fs.native-local.enabled=true
-local.location=$WAREHOUSE
+$(storage_properties)
 hive.security=allow-all
 hive.allow-register-partition-procedure=true
 hive.non-managed-table-writes-enabled=true

@@ -185,6 +185,13 @@ def run_dagster(settings: Settings, inbox_name: str, max_tokens: int, seed: int)
     from kimi_batch.defs.stages import DISTILL, SEED_ASSET
     from kimi_batch.storage import Landing
 
+    if settings.paths.warehouse_url is not None:
+        # The bench empties its warehouse between contenders: a folder of its own, never a
+        # shared object store.
+        raise BenchError(
+            f"the benchmark needs a warehouse folder, not {settings.paths.warehouse_url}: "
+            "unset KIMI_BATCH_WAREHOUSE for it"
+        )
     shutil.rmtree(settings.paths.ledger_dir, ignore_errors=True)
     shutil.rmtree(settings.paths.warehouse_dir, ignore_errors=True)
     with Landing(settings.paths) as landing:

@@ -169,5 +169,5 @@ def run_demo(settings: Settings, *, console_log_level: str = "INFO") -> dict[str
         "cache_hit_ratio": round(min(cache_ratios), 4) if cache_ratios else 1.0,
         "digest_prefills": prefill.get("prefills"),
         "digest_restores": prefill.get("restores"),
-        "warehouse": str(settings.paths.warehouse_dir),
+        "warehouse": settings.paths.warehouse_location,
     }

@@ -34,7 +34,13 @@ from kimi_batch.errors import ConfigError, MissingInputError
 from kimi_batch.llama import TokenLogprob, ToolCall
 from kimi_batch.paths import private_dir
 from kimi_batch.settings import Settings
-from kimi_batch.storage import Warehouse, private_writer, validate_ds, validate_source
+from kimi_batch.storage import (
+    Warehouse,
+    open_warehouse,
+    private_writer,
+    validate_ds,
+    validate_source,
+)
 from kimi_batch.tasks.openai_batch import AnsweredRequest, error_line, response_line
 
 __all__ = [
@@ -175,7 +181,7 @@ def run_export(settings: Settings, request: ExportRequest) -> Path:
     query = request.query.check()
     if query.min_judge_score is not None and request.fmt not in TRAINING_FORMATS:
         raise ConfigError("--min-judge-score chooses training rows: use it with chat, hf or kd")
-    warehouse = Warehouse(settings.paths.warehouse_dir)
+    warehouse = open_warehouse(settings)
     training = request.fmt in TRAINING_FORMATS
     partitions = select_partitions(warehouse, query, training=training)
     path = request.out or _default_path(settings, request)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from kimi_batch.settings import Settings
-from kimi_batch.storage import PublishReport, TrinoConfig, TrinoPublisher, Warehouse
+from kimi_batch.storage import PublishReport, TrinoConfig, TrinoPublisher, open_warehouse
 
 __all__ = ["publish_warehouse"]
 
 
 def publish_warehouse(settings: Settings) -> PublishReport:
     with TrinoPublisher(TrinoConfig.from_settings(settings)) as publisher:
-        return publisher.publish_all(Warehouse(settings.paths.warehouse_dir))
+        return publisher.publish_all(open_warehouse(settings))

@@ -25,7 +25,7 @@ __all__ = ["PAGES", "REFERENCE_DIR", "main", "render_pages", "stale_pages", "wri
 REFERENCE_DIR = Path(__file__).resolve().parents[2] / "docs" / "reference"
 # The reference page's sections: the first prefix a field name starts with (or equals) wins.
 _GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("State", ("home", "warehouse", "database_url")),
+    ("State", ("home", "warehouse", "s3_", "database_url")),
     ("The model server", ("model", "llama_", "slot_saves_max")),
     ("Prompts and outputs", ("digest", "output_model_modules")),
     ("Inputs and partitions", ("inbox_", "max_input_mb", "partitions_start")),

@@ -1,6 +1,7 @@
 """`kimi-batch state migrate --to URL`: a box's SQLite state copied into PostgreSQL.
 
-The ledger (finished requests), the landing manifest (every file's partition and its landed
+The ledger (finished requests, and the version pointers of an object-store warehouse, whose
+objects stay where they are), the landing manifest (every file's partition and its landed
 versions) and the Batch API store (files and batches) move as they are, so a team that outgrows
 one box keeps every row it generated: a rerun on PostgreSQL finds them all and sends nothing.
 Partition leases are left behind (a lease is held by a running process; none runs across a
@@ -26,7 +27,7 @@ def migrate_state(settings: Settings, url: str) -> list[StoreCopy]:
     """Copy the ledger, the manifest and the API store of `settings`' state dir to `url`."""
     # Imported when run: the CLI's other commands start without the storage layer.
     from kimi_batch.engine import Ledger
-    from kimi_batch.storage import ApiStore, Landing
+    from kimi_batch.storage import ApiStore, Landing, PartitionVersions
 
     try:
         StateSettings(database_url=url)
@@ -37,6 +38,7 @@ def migrate_state(settings: Settings, url: str) -> list[StoreCopy]:
     target = source.model_copy(update={"database_url": url})
     # Each store creates its own tables in the target first.
     Ledger(target.ledger_state).close()
+    PartitionVersions(target.ledger_state).create()  # an object-store warehouse's pointers
     Landing(target).close()
     ApiStore(target).close()
     copies = []

@@ -16,8 +16,8 @@ from kimi_batch.storage import (
     DUPLICATE,
     NEAR_DUPLICATE,
     StorageError,
-    Warehouse,
     index_entries,
+    open_warehouse,
     set_aside_totals,
 )
 from kimi_batch.tasks.judge import JudgeTask
@@ -32,7 +32,7 @@ def quality_section(settings: Settings) -> QualitySection:
     """Totals over every partition, from the warehouse and the duplicate index."""
     benchmarks = [path.name for path in settings.benchmarks]
     try:
-        store = Warehouse(settings.paths.warehouse_dir)
+        store = open_warehouse(settings)
         totals = set_aside_totals(store)
         scores = store.scan(JudgeTask.table).group_by("score").len().collect().iter_rows()
         indexed = index_entries(settings.paths.dedup_index_path) or 0

@@ -25,7 +25,7 @@ from kimi_batch.storage import (
     TrinoConfig,
     TrinoPublisher,
     TrinoUnavailableError,
-    Warehouse,
+    open_warehouse,
 )
 
 __all__ = ["build_trino_catch_up", "defs", "tables_of"]
@@ -85,7 +85,7 @@ def _catch_up(
     missing = failed_checks(context.instance, keys=published_checks())
     if not missing:
         return dg.SkipReason("every partition is published")
-    warehouse = Warehouse(settings.paths.warehouse_dir)
+    warehouse = open_warehouse(settings)
     done: list[dg.AssetCheckEvaluation] = []
     with TrinoPublisher(TrinoConfig.from_settings(settings)) as publisher:
         for item in missing:

@@ -200,7 +200,8 @@ class Settings(QualitySettings, StateSettings):
     trino_schema: str = Field(default="kimi_batch", description="Trino schema of the tables.")
     trino_warehouse_location: str = Field(
         default="local:///",
-        description="The warehouse root as Trino's file system names it (`s3://bucket/warehouse/`).",
+        description="The warehouse root as Trino's file system names it (`s3://bucket/warehouse/`); "
+        "left at its default with an `s3://` warehouse, the warehouse's own URL.",
     )
     timezone: str = Field(
         default=DEFAULT_TIMEZONE,
@@ -354,7 +355,10 @@ class Settings(QualitySettings, StateSettings):
     @property
     def paths(self) -> StatePaths:
         return StatePaths(
-            home=self.home, warehouse_override=self.warehouse, database_url=self.database_url
+            home=self.home,
+            warehouse_override=self.warehouse if isinstance(self.warehouse, Path) else None,
+            warehouse_url=self.warehouse_url,
+            database_url=self.database_url,
         )
 
     @property

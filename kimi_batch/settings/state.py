@@ -1,5 +1,7 @@
-"""Where the pipeline's state lives: the warehouse (`KIMI_BATCH_WAREHOUSE`) and, beyond one box,
-the state database (`KIMI_BATCH_DATABASE_URL`).
+"""Where the pipeline's state lives: the warehouse (`KIMI_BATCH_WAREHOUSE`: a folder, or an
+`s3://` URL with `KIMI_BATCH_S3_ENDPOINT`/`_REGION`) and, beyond one box, the state database
+(`KIMI_BATCH_DATABASE_URL`). Object-store credentials are never settings: the S3 clients (and
+`scripts/trino.sh`) read the usual `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY` themselves.
 
 `Settings` inherits this field (one flat contract, one reference table); `state_from_env` reads
 it, so `Settings.from_env` stays the one entry point. Unset, the ledger, the leases, the landing
@@ -14,8 +16,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, field_validator
 
-from kimi_batch.errors import ConfigError
-from kimi_batch.settings.environment import env_path, env_str
+from kimi_batch.settings.environment import env_str
 
 __all__ = ["StateSettings", "state_from_env"]
 
@@ -25,11 +26,20 @@ _SCHEMES = ("postgresql", "postgres")
 class StateSettings(BaseModel):
     """The fields of `Settings` that say where the pipeline's state is kept."""
 
-    warehouse: Path | None = Field(
+    warehouse: Path | str | None = Field(
         default=None,
-        description="Parquet warehouse root: a local or mounted folder (object-store URLs are "
-        "refused: not supported yet).",
+        description="Parquet warehouse root: a local or mounted folder, or an object-store "
+        "prefix `s3://bucket/prefix` (credentials from `AWS_ACCESS_KEY_ID` and "
+        "`AWS_SECRET_ACCESS_KEY`).",
         json_schema_extra={"shown_default": "`$KIMI_BATCH_HOME/warehouse`"},
+    )
+    s3_endpoint: str | None = Field(
+        default=None,
+        description="The S3 endpoint of an `s3://` warehouse (`http://127.0.0.1:9000` for an "
+        "S3-compatible server); unset, AWS.",
+    )
+    s3_region: str | None = Field(
+        default=None, description="The S3 region of an `s3://` warehouse; unset, the client's."
     )
 
     database_url: str | None = Field(
@@ -40,6 +50,31 @@ class StateSettings(BaseModel):
         "by run workers on several machines; unset, SQLite files under `KIMI_BATCH_HOME`.",
         json_schema_extra={"shown_default": "unset (SQLite under the state dir)"},
     )
+
+    @field_validator("warehouse")
+    @classmethod
+    def _folder_or_s3(cls, value: Path | str | None) -> Path | str | None:
+        if not isinstance(value, str):
+            return value
+        if "://" not in value:
+            return Path(value).expanduser().resolve()
+        parts = urlsplit(value)
+        if parts.scheme != "s3" or not parts.netloc:
+            # A URL read as a path would be a local folder named `gs:`, silently.
+            raise ValueError("must be a folder or an s3://bucket/prefix URL")
+        return value.rstrip("/")
+
+    @field_validator("s3_endpoint")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and urlsplit(value).scheme not in ("http", "https"):
+            raise ValueError("must be an http:// or https:// URL")
+        return value
+
+    @property
+    def warehouse_url(self) -> str | None:
+        """The object-store warehouse's `s3://` URL; None for a folder."""
+        return self.warehouse if isinstance(self.warehouse, str) else None
 
     @field_validator("database_url")
     @classmethod
@@ -56,14 +91,9 @@ class StateSettings(BaseModel):
 
 def state_from_env() -> dict[str, Any]:
     """The state fields' values from the environment (defaults where unset)."""
-    warehouse = env_str("KIMI_BATCH_WAREHOUSE")
-    if warehouse is not None and "://" in warehouse:
-        # A URL read as a path would be a local folder named `s3:`, silently.
-        raise ConfigError(
-            f"KIMI_BATCH_WAREHOUSE={warehouse}: an object-store warehouse is not supported yet; "
-            "use a local or mounted folder"
-        )
     return {
-        "warehouse": env_path("KIMI_BATCH_WAREHOUSE"),
+        "warehouse": env_str("KIMI_BATCH_WAREHOUSE"),  # a folder is resolved by the validator
+        "s3_endpoint": env_str("KIMI_BATCH_S3_ENDPOINT"),
+        "s3_region": env_str("KIMI_BATCH_S3_REGION"),
         "database_url": env_str("KIMI_BATCH_DATABASE_URL"),
     }

@@ -1,6 +1,7 @@
 """Storage layer: Parquet warehouse in Hive layout, and Trino tables over it.
 
-    Warehouse(root).write_partition(table, ds, source, rows) -> PartitionWrite
+    open_warehouse(settings).write_partition(table, ds, source, rows) -> PartitionWrite
+        (a `Warehouse` folder, or an `ObjectWarehouse` for an s3:// KIMI_BATCH_WAREHOUSE)
     TrinoPublisher(TrinoConfig(host=...)).publish_partition(warehouse, table, ds, source)
 
 Tables and their row models: `TABLES` (amplified, distilled, quarantine). The layers above import
@@ -49,6 +50,7 @@ from kimi_batch.storage.exceptions import (
 )
 from kimi_batch.storage.inbox import InboxFile, file_sha256, inspect_inbox_file, scan_inbox
 from kimi_batch.storage.landing import Assignment, Landing, landed_versions
+from kimi_batch.storage.object_warehouse import ObjectWarehouse, open_warehouse
 from kimi_batch.storage.parquet import (
     PARTITION_COLUMNS,
     PartitionWrite,
@@ -126,6 +128,7 @@ __all__ = [
     "InvalidIdentifierError",
     "InvalidPartitionError",
     "Landing",
+    "ObjectWarehouse",
     "PartitionGate",
     "PartitionVersions",
     "PartitionWrite",
@@ -152,6 +155,7 @@ __all__ = [
     "land_inbox",
     "land_seeds",
     "landed_versions",
+    "open_warehouse",
     "polars_schema",
     "private_folder",
     "private_folder_swap",

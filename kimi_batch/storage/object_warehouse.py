@@ -27,6 +27,7 @@ import pyarrow.fs as pafs
 from pydantic import BaseModel
 
 from kimi_batch.paths import StateLocation, private_dir
+from kimi_batch.settings import Settings
 from kimi_batch.state import Fence
 from kimi_batch.storage.exceptions import StorageError
 from kimi_batch.storage.parquet import (
@@ -41,7 +42,7 @@ from kimi_batch.storage.private_files import remove_stale_temps
 from kimi_batch.storage.schema import model_for
 from kimi_batch.storage.versions import CurrentVersion, PartitionVersions, version_prefix
 
-__all__ = ["ABANDONED_AFTER_S", "RETIRED_GRACE_S", "ObjectWarehouse"]
+__all__ = ["ABANDONED_AFTER_S", "RETIRED_GRACE_S", "ObjectWarehouse", "open_warehouse"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +52,21 @@ RETIRED_GRACE_S = 900.0
 # A version its writer has not switched to after this long was abandoned (killed mid-upload).
 ABANDONED_AFTER_S = 6 * 3600.0
 _SWEEP_LIMIT = 100
+
+
+def open_warehouse(settings: Settings) -> Warehouse:
+    """The deployment's warehouse (`KIMI_BATCH_WAREHOUSE`): the folder, or the object store
+    (built in the local warehouse folder, its pointers beside the partition leases)."""
+    paths = settings.paths
+    if paths.warehouse_url is None:
+        return Warehouse(paths.warehouse_dir)
+    return ObjectWarehouse(
+        paths.warehouse_url,
+        endpoint=settings.s3_endpoint,
+        region=settings.s3_region,
+        pointers=paths.ledger_state,
+        staging=paths.warehouse_dir,
+    )
 
 
 def _new_version() -> str:
@@ -182,14 +198,19 @@ class ObjectWarehouse(Warehouse):
         current = self.versions.current(table, ds, source)
         return None if current is None else version_prefix(table, ds, source, current.version)
 
-    def _read_file(self, table: str, ds: str, source: str) -> pl.DataFrame | None:
-        model_for(table)
+    @property
+    def location(self) -> str:
+        return self.url
+
+    def partition_location(self, table: str, ds: str | date, source: str) -> str | None:
+        """The current version's prefix as a URL (None before the first write)."""
         prefix = self.current_prefix(table, ds, source)
-        if prefix is None:
-            return None
-        return pl.read_parquet(
-            f"{self.url}/{prefix}/{PART_FILE}", storage_options=self._storage_options()
-        )
+        return None if prefix is None else f"{self.url}/{prefix}"
+
+    def _file(self, table: str, ds: str, source: str) -> str | None:
+        model_for(table)
+        location = self.partition_location(table, ds, source)
+        return None if location is None else f"{location}/{PART_FILE}"
 
     def _files(self, table: str) -> list[str]:
         return [

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.paths import PRIVATE_FILE_MODE, private_dir
 from kimi_batch.state import Fence
-from kimi_batch.storage.exceptions import InvalidPartitionError
+from kimi_batch.storage.exceptions import InvalidPartitionError, StorageError
 from kimi_batch.storage.private_files import remove_stale_temps
 from kimi_batch.storage.schema import (
     PARTITION_COLUMNS,
@@ -91,6 +91,11 @@ class PartitionWrite(BaseModel):
     rows: int
     bytes: int
     url: str | None = None
+
+    @property
+    def location(self) -> str:
+        """The written file as a user names it: its URL, or its path."""
+        return self.url or str(self.path)
 
 
 def _utc_naive(value: Any) -> Any:
@@ -250,10 +255,40 @@ class Warehouse:
                     found.append((ds, source))
         return sorted(found)
 
+    @property
+    def location(self) -> str:
+        """Where the warehouse is, as a user names it (its folder, or its URL)."""
+        return str(self.root)
+
+    def _file(self, table: str, ds: str, source: str) -> str | None:
+        """The partition's current file as polars opens it; None when it was never written."""
+        path = self.partition_file(table, ds, source)
+        return str(path) if path.is_file() else None
+
+    def has_partition(self, table: str, ds: str | date, source: str) -> bool:
+        """Whether the partition was written (zero rows included)."""
+        return self._file(table, validate_ds(ds), validate_source(source)) is not None
+
+    def partition_schema(self, table: str, ds: str | date, source: str) -> dict[str, pl.DataType]:
+        """The written file's column types, from its footer (StorageError if never written)."""
+        ds, source = validate_ds(ds), validate_source(source)
+        file = self._file(table, ds, source)
+        if file is None:
+            raise StorageError(f"{table} ds={ds} source={source} was never written")
+        scan = pl.scan_parquet(file, storage_options=self._storage_options())
+        return dict(scan.collect_schema())
+
+    def partition_location(self, table: str, ds: str | date, source: str) -> str | None:
+        """Where Trino finds the partition, when not at its Hive path under the table's
+        location (None here: a folder warehouse writes every partition in place)."""
+        return None
+
     def _read_file(self, table: str, ds: str, source: str) -> pl.DataFrame | None:
         """The partition's file as written, or None when it was never written."""
-        path = self.partition_file(table, ds, source)
-        return pl.read_parquet(path) if path.is_file() else None
+        file = self._file(table, ds, source)
+        return (
+            None if file is None else pl.read_parquet(file, storage_options=self._storage_options())
+        )
 
     def read_partition(self, table: str, ds: str | date, source: str) -> pl.DataFrame:
         """The rows of one partition with `ds` and `source` columns; empty if never written."""

@@ -2,8 +2,11 @@
 
 Trino reads the Parquet files in place: each output table is an external, partitioned table whose
 location is the table's directory as Trino sees it (`TrinoConfig.warehouse_location` + table; the
-local catalog of `scripts/trino.sh` is rooted at the warehouse, so that is `local:///<table>`), and
-each partition written by `Warehouse` is added with `system.register_partition`.
+local catalog of `scripts/trino.sh` is rooted at the warehouse, so that is `local:///<table>`; an
+s3:// warehouse is its own URL), and each partition written by `Warehouse` is added with
+`system.register_partition`. An object-store warehouse writes each version of a partition under
+a prefix of its own: the partition is registered at its current version's prefix, and registered
+again (unregistered first) after each replace.
 
 Identifiers are validated (`^[a-z_][a-z0-9_]*$`) and double-quoted; values go in as query
 parameters, or, where Trino takes none (CALL), as escaped string literals of already validated
@@ -107,8 +110,18 @@ class TrinoConfig(BaseModel):
             http_scheme="https" if password else "http",
             catalog=settings.trino_catalog,
             schema_name=settings.trino_schema,
-            warehouse_location=settings.trino_warehouse_location,
+            warehouse_location=_warehouse_location(settings),
         )
+
+
+def _warehouse_location(settings: Settings) -> str:
+    """KIMI_BATCH_TRINO_WAREHOUSE_LOCATION; unset with an s3:// warehouse, its URL (the S3
+    catalog of `scripts/trino.sh` names objects as the warehouse does)."""
+    default = TrinoConfig.model_fields["warehouse_location"].default
+    url = settings.paths.warehouse_url
+    if url is not None and settings.trino_warehouse_location == default:
+        return f"{url}/"
+    return settings.trino_warehouse_location
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -311,31 +324,51 @@ class TrinoPublisher:
         )
         return [(str(ds), str(source)) for ds, source in rows]
 
-    def register_partition(self, table: str, ds: str | date, source: str) -> bool:
-        """Add one partition to the metastore; False if it was already there (idempotent)."""
+    def register_partition(
+        self, table: str, ds: str | date, source: str, location: str | None = None
+    ) -> bool:
+        """Add one partition to the metastore; False if it was already there (idempotent).
+
+        `location` (a version prefix of an object-store warehouse) replaces the registration
+        of a partition already there, whose files were at the previous version's prefix."""
         validate_table(table)
         ds, source = validate_ds(ds), validate_source(source)
         present = self.query(
             f'SELECT 1 FROM {self._table_ref(table, partitions=True)} WHERE "ds" = ? AND "source" = ?',
             [ds, source],
         )
-        if present:
+        if present and location is None:
             return False
-        # CALL takes no parameters; every value below is validated against a strict pattern.
-        columns = ", ".join(_literal(name) for name in PARTITION_COLUMNS)
+        if present:
+            self._call_partition("unregister_partition", table, ds, source)
         try:
-            self.query(
-                f"CALL {quote_identifier(self.catalog)}.system.register_partition("
-                f"schema_name => {_literal(self.schema)}, table_name => {_literal(table)}, "
-                f"partition_columns => ARRAY[{columns}], "
-                f"partition_values => ARRAY[{_literal(ds)}, {_literal(source)}])"
-            )
+            self._call_partition("register_partition", table, ds, source, location)
         except TrinoQueryError as error:
             # Another publisher registered it between our check and the CALL.
             if "ALREADY_EXISTS" in str(error):
                 return False
             raise
         return True
+
+    def _call_partition(
+        self,
+        procedure: Literal["register_partition", "unregister_partition"],
+        table: str,
+        ds: str,
+        source: str,
+        location: str | None = None,
+    ) -> None:
+        # CALL takes no parameters: every name and value below is validated against a strict
+        # pattern, but the location (the deployment's warehouse URL plus a version prefix),
+        # which goes in as an escaped literal.
+        columns = ", ".join(_literal(name) for name in PARTITION_COLUMNS)
+        at = "" if location is None else f", location => {_literal(location)}"
+        self.query(
+            f"CALL {quote_identifier(self.catalog)}.system.{procedure}("
+            f"schema_name => {_literal(self.schema)}, table_name => {_literal(table)}, "
+            f"partition_columns => ARRAY[{columns}], "
+            f"partition_values => ARRAY[{_literal(ds)}, {_literal(source)}]{at})"
+        )
 
     def flush_cache(self, table: str) -> None:
         """Drop Trino's cached metadata/listings of a table (a no-op when caching is off)."""
@@ -350,10 +383,11 @@ class TrinoPublisher:
     ) -> PublishReport:
         """Make one written partition queryable: schema, table, partition, fresh metadata."""
         ds, source = validate_ds(ds), validate_source(source)
-        if not warehouse.partition_file(table, ds, source).is_file():
+        if not warehouse.has_partition(table, ds, source):
             raise StorageError(f"nothing to publish: {table} ds={ds} source={source} not written")
         self._ensure(table)
-        registered = self.register_partition(table, ds, source)
+        location = warehouse.partition_location(table, ds, source)
+        registered = self.register_partition(table, ds, source, location)
         # A re-written partition keeps its registration; a caching catalog must still re-list it.
         self.flush_cache(table)
         return PublishReport(
@@ -368,8 +402,10 @@ class TrinoPublisher:
             known = set(self.registered_partitions(table))
             on_disk = warehouse.partitions(table)
             for ds, source in on_disk:
-                if (ds, source) not in known:
-                    registered += int(self.register_partition(table, ds, source))
+                location = warehouse.partition_location(table, ds, source)
+                # A version prefix may have changed while Trino was away: registered again.
+                if (ds, source) not in known or location is not None:
+                    registered += int(self.register_partition(table, ds, source, location))
             present += len(on_disk)
             self.flush_cache(table)
         return PublishReport(

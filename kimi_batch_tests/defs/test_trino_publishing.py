@@ -1,4 +1,5 @@
-"""Batch outputs land in a real Trino; an outage is reported and `kimi-batch publish` catches up."""
+"""Batch outputs land in a real Trino; an outage is reported and `kimi-batch publish` catches up;
+an object-store warehouse is read by Trino where it is."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,9 +21,10 @@ from kimi_batch.defs.check_states import failed_checks, published_checks
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
 from kimi_batch.defs.publishing import build_trino_catch_up
 from kimi_batch.settings import Settings
-from kimi_batch.storage import TrinoConfig, TrinoPublisher, Warehouse
+from kimi_batch.storage import TrinoConfig, TrinoPublisher, Warehouse, open_warehouse
 from kimi_batch_tests.support.llama_server import LlamaEnv
 from kimi_batch_tests.support.ports import free_port
+from kimi_batch_tests.support.s3proxy import BUCKET, S3Server
 from kimi_batch_tests.support.trino import TrinoServer
 
 pytestmark = pytest.mark.slow  # real llama-server, real Trino and the CLI in a child process
@@ -204,3 +208,71 @@ def test_an_outage_is_caught_up_by_the_sensor_once_trino_is_back(
             assert trino.count(table, _today(), "sensed") == len(
                 warehouse.read_partition(table, _today(), "sensed")
             )
+
+
+def test_a_partition_on_object_storage_is_read_there_by_trino_and_replaced_whole(
+    llama_env: LlamaEnv, trino_server: TrinoServer, s3proxy_server: S3Server
+) -> None:
+    url = f"s3://{BUCKET}/published-{uuid.uuid4().hex[:8]}"
+    deployment = {
+        **s3proxy_server.env,  # the AWS variables: credentials never in a setting
+        "KIMI_BATCH_WAREHOUSE": url,
+        "KIMI_BATCH_S3_ENDPOINT": s3proxy_server.endpoint,
+        "KIMI_BATCH_S3_REGION": s3proxy_server.env["AWS_REGION"],
+        "KIMI_BATCH_TRINO_HOST": trino_server.host,
+        "KIMI_BATCH_TRINO_PORT": str(trino_server.port),
+        "KIMI_BATCH_TRINO_SCHEMA": "objstore",
+    }
+    seen: list[tuple[list[str], list[str], list[str]]] = []
+    with dg.instance_for_test() as instance, pytest.MonkeyPatch.context() as patch:
+        for name, value in deployment.items():
+            patch.setenv(name, value)
+        settings = Settings.from_env()
+        warehouse = open_warehouse(settings)
+        instance.add_dynamic_partitions(SOURCE_PARTITIONS_NAME, ["lake"])
+        for ids in (["a", "b", "c"], ["new-a", "new-b"]):  # the second landing replaces the first
+            _settled_inbox(llama_env, "lake", ids)
+            result = dg.materialize(
+                batch_assets(settings),
+                selection=["seed_prompts"],
+                partition_key=dg.MultiPartitionKey({"date": _today(), "source": "lake"}),
+                resources=build_resources(settings),
+                instance=instance,
+            )
+            assert result.success
+            (check,) = [
+                c
+                for c in result.get_asset_check_evaluations()
+                if c.check_name == "published_to_trino"
+            ]
+            assert check.passed, check.metadata
+            with TrinoPublisher(TrinoConfig.from_settings(settings)) as trino:
+                rows = trino.query(
+                    'SELECT input_id, "$path" FROM hive.objstore.seeds WHERE ds = ? ORDER BY 1',
+                    [_today()],
+                )
+            read = warehouse.read_partition("seeds", _today(), "lake")["input_id"].sort()
+            seen.append(([r[0] for r in rows], read.to_list(), [r[1] for r in rows]))
+        with TrinoPublisher(TrinoConfig.from_settings(settings)) as trino:
+            # `kimi-batch publish` registers every partition again at its current version.
+            caught_up = trino.publish_all(warehouse)
+            again = trino.count("seeds", _today(), "lake")
+
+    (first_trino, first_read, first_paths), (trino_ids, read_ids, paths) = seen
+    assert first_trino == first_read == ["a", "b", "c"]
+    # Trino reads the files on the object store, at the partition's current version only.
+    assert trino_ids == read_ids == ["new-a", "new-b"]
+    assert all(path.startswith(f"{url}/seeds/ds={_today()}/source=lake/v") for path in paths)
+    assert set(paths).isdisjoint(first_paths)
+    assert caught_up.partitions_present >= 2  # seeds and quarantine (empty) of the partition
+    assert again == 2
+
+
+def _settled_inbox(env: LlamaEnv, source: str, ids: list[str]) -> None:
+    """The inbox file of `source` with these rows, dated past the settle period."""
+    path = env.home / "inbox" / f"{source}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"id": item, "prompt": f"Say {item}."}) for item in ids]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    settled = time.time() - 120
+    os.utime(path, (settled, settled))

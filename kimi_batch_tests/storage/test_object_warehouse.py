@@ -2,7 +2,7 @@
 partition, old ones deleted after their grace, nothing switched by a writer that lost its lease.
 
 On the session's real S3 server (s3proxy); the contract shared with the local warehouse is tested
-in test_parquet.py over both kinds."""
+in test_parquet.py over both kinds. Which one a deployment gets is `open_warehouse`'s choice."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import pytest
 
 from kimi_batch.engine.ledger import LeaseLostError, Ledger
 from kimi_batch.paths import StatePaths
-from kimi_batch.storage.object_warehouse import ObjectWarehouse
+from kimi_batch.settings import Settings
+from kimi_batch.storage import StorageError, Warehouse
+from kimi_batch.storage.object_warehouse import ObjectWarehouse, open_warehouse
 from kimi_batch_tests.support.rows import amplified
 from kimi_batch_tests.support.s3proxy import BUCKET, S3Server
-
-pytestmark = pytest.mark.slow  # the S3 server
 
 DS = "2026-12-03"
 
@@ -42,6 +42,29 @@ def s3_env(s3proxy_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Serve
     return s3proxy_server
 
 
+def test_the_deployment_chooses_its_warehouse_by_what_it_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path))
+    monkeypatch.delenv("KIMI_BATCH_WAREHOUSE", raising=False)
+    folder = open_warehouse(Settings.from_env())
+    assert type(folder) is Warehouse
+    assert folder.location == str(tmp_path / "warehouse")
+
+    monkeypatch.setenv("KIMI_BATCH_WAREHOUSE", f"s3://{BUCKET}/nightly")
+    monkeypatch.setenv("KIMI_BATCH_S3_ENDPOINT", "http://127.0.0.1:9")
+    settings = Settings.from_env()
+    store = open_warehouse(settings)
+    assert isinstance(store, ObjectWarehouse)
+    assert store.location == f"s3://{BUCKET}/nightly"
+    # Its pointers are beside the partition leases; partitions are built in the local folder.
+    assert store.versions.location == settings.paths.ledger_state
+    assert store.root == tmp_path / "warehouse"
+    assert store.partitions("distilled") == []  # read from the pointers: no request made
+    with pytest.raises(StorageError, match="object store"):
+        store.partition_file("distilled", DS, "web")
+
+
 def _objects(warehouse: ObjectWarehouse) -> list[str]:
     base = warehouse.url.removeprefix("s3://")
     found = warehouse.filesystem.get_file_info(pafs.FileSelector(base, recursive=True))
@@ -50,6 +73,7 @@ def _objects(warehouse: ObjectWarehouse) -> list[str]:
     )
 
 
+@pytest.mark.slow  # the S3 server
 def test_a_replaced_version_is_read_no_more_and_deleted_after_its_grace(
     s3_env: S3Server, tmp_path: Path
 ) -> None:
@@ -67,6 +91,7 @@ def test_a_replaced_version_is_read_no_more_and_deleted_after_its_grace(
     assert warehouse.current_prefix("amplified", DS, "web") == str(second.path.parent)
 
 
+@pytest.mark.slow  # the S3 server
 def test_a_version_within_its_grace_stays_readable(s3_env: S3Server, tmp_path: Path) -> None:
     warehouse = _warehouse(s3_env, tmp_path, grace_s=3600)
     first = warehouse.write_partition("amplified", DS, "web", amplified(3))
@@ -75,6 +100,7 @@ def test_a_version_within_its_grace_stays_readable(s3_env: S3Server, tmp_path: P
     assert warehouse.count("amplified") == 2
 
 
+@pytest.mark.slow  # the S3 server
 def test_a_writer_that_lost_its_lease_leaves_the_partition_and_no_object(
     s3_env: S3Server, tmp_path: Path
 ) -> None:

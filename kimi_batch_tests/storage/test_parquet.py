@@ -68,6 +68,18 @@ def test_aware_datetimes_are_stored_as_utc(
     assert warehouse.read_table("amplified")["created_at"][0] == datetime(2024, 5, 1, 12, 0)
 
 
+def test_a_written_partition_is_known_with_its_file_schema(
+    tmp_path: Path, warehouse_kind: WarehouseFactory
+) -> None:
+    warehouse = warehouse_kind(tmp_path)
+    assert not warehouse.has_partition("amplified", DS, "demo")
+    written = warehouse.write_partition("amplified", DS, "demo", [])  # zero rows: still written
+    assert warehouse.has_partition("amplified", DS, "demo")
+    assert not warehouse.has_partition("amplified", DS, "other")
+    assert warehouse.partition_schema("amplified", DS, "demo") == dict(polars_schema("amplified"))
+    assert written.location.startswith(warehouse.location)
+
+
 def test_rewrite_replaces_never_appends(tmp_path: Path, warehouse_kind: WarehouseFactory) -> None:
     warehouse = warehouse_kind(tmp_path)
     warehouse.write_partition("amplified", DS, "demo", amplified(5))

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
+import stat
 import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 
+from kimi_batch.settings import Settings
 from kimi_batch.storage import (
     TABLES,
     InvalidIdentifierError,
@@ -25,6 +29,8 @@ from kimi_batch.storage import (
 from kimi_batch.storage.exceptions import TrinoTimeoutError
 from kimi_batch_tests.support.ports import free_port
 from kimi_batch_tests.support.rows import CREATED_AT, amplified, distilled, quarantined, seeds
+from kimi_batch_tests.support.script_server import run_script
+from kimi_batch_tests.support.trino import SCRIPT as TRINO_SCRIPT
 from kimi_batch_tests.support.trino import TrinoServer
 
 DS = "2024-05-01"
@@ -309,3 +315,37 @@ def test_a_real_statement_past_its_deadline_is_cancelled_and_publishing_fails_wi
                 break
             time.sleep(0.5)
     assert states == [("FAILED", "USER_CANCELED")]
+
+
+def test_an_s3_warehouse_gets_a_native_s3_catalog_its_key_in_a_private_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": os.environ["HOME"],
+        "KIMI_BATCH_HOME": str(tmp_path),
+        "KIMI_BATCH_WAREHOUSE": "s3://kimi-batch/nightly",
+        "KIMI_BATCH_S3_ENDPOINT": "http://127.0.0.1:9000",
+        "AWS_ACCESS_KEY_ID": "box-key",
+        "AWS_SECRET_ACCESS_KEY": "box-secret",
+    }
+    written = run_script(TRINO_SCRIPT, "config", env, 60)
+    assert written.returncode == 0, written.stderr
+    catalog = tmp_path / "trino" / "etc" / "catalog" / "hive.properties"
+    lines = set(catalog.read_text().splitlines())
+    assert {
+        "hive.metastore.catalog.dir=s3://kimi-batch/nightly/_trino_metastore",
+        "fs.native-s3.enabled=true",
+        "s3.endpoint=http://127.0.0.1:9000",
+        "s3.path-style-access=true",
+        "s3.region=us-east-1",
+        "s3.aws-secret-key=box-secret",
+    } <= lines
+    assert not any(line.startswith("fs.native-local") for line in lines)
+    assert stat.S_IMODE(catalog.stat().st_mode) == 0o600
+    # The publisher names the same objects: tables under the warehouse's URL.
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("KIMI_BATCH_TRINO_HOST", "127.0.0.1")
+    config = TrinoConfig.from_settings(Settings.from_env())
+    assert config.table_location("seeds") == "s3://kimi-batch/nightly/seeds"

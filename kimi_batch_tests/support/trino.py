@@ -1,7 +1,9 @@
 """pytest plugin: a real single-node Trino for the session (`scripts/trino.sh`).
 
 The server gets its own KIMI_BATCH_HOME and a free loopback port, so it never touches `./var` or a
-`make trino` server. If it cannot start, the fixture fails: the tests that need Trino are never
+`make trino` server. Its catalog is rooted at a local warehouse, and reads s3:// locations too on
+the session's S3 server (`scripts/trino.sh` with KIMI_BATCH_S3_ENDPOINT set): an object-store
+warehouse is tested on the same server in a schema of its own, not on a second Trino. If it cannot start, the fixture fails: the tests that need Trino are never
 silently skipped (and are marked `slow`, which the conftest enforces).
 """
 
@@ -19,6 +21,7 @@ import pytest
 from kimi_batch.storage import TrinoConfig, Warehouse
 from kimi_batch_tests.support.ports import free_port
 from kimi_batch_tests.support.repo import REPO_ROOT
+from kimi_batch_tests.support.s3proxy import S3Server
 from kimi_batch_tests.support.script_server import run_script
 
 __all__ = ["TrinoServer", "trino_server"]
@@ -61,12 +64,16 @@ def _log_tail(home: Path, lines: int = 40) -> str:
 
 
 @pytest.fixture(scope="session")
-def trino_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TrinoServer]:
+def trino_server(
+    tmp_path_factory: pytest.TempPathFactory, s3proxy_server: S3Server
+) -> Iterator[TrinoServer]:
     """Start Trino for the session and stop it at the end; fail (never skip) if it can't start."""
     home = tmp_path_factory.mktemp("trino_home")
     port = free_port()
     env = {
         **os.environ,
+        **s3proxy_server.env,
+        "KIMI_BATCH_S3_ENDPOINT": s3proxy_server.endpoint,
         "KIMI_BATCH_HOME": str(home),
         "KIMI_BATCH_TRINO_PORT": str(port),
         "KIMI_BATCH_TRINO_TIMEOUT": str(READY_TIMEOUT_S),

@@ -28,7 +28,7 @@ from kimi_batch.cli.exports.selection import ExportQuery, PartitionRows
 from kimi_batch.errors import ConfigError, MissingInputError
 from kimi_batch.paths import PRIVATE_FILE_MODE
 from kimi_batch.settings import Settings
-from kimi_batch.storage import Warehouse, landed_versions, private_folder_swap
+from kimi_batch.storage import Warehouse, landed_versions, open_warehouse, private_folder_swap
 
 __all__ = ["HF_SCHEMA", "write_hf"]
 
@@ -145,7 +145,7 @@ def _quarantine(warehouse: Warehouse, tally: _Tally) -> dict[str, int]:
 
 
 def _card(settings: Settings, query: ExportQuery, tally: _Tally) -> DatasetCard:
-    warehouse = Warehouse(settings.paths.warehouse_dir)
+    warehouse = open_warehouse(settings)
     return DatasetCard(
         rows=tally.examples,
         models=sorted(tally.models),

@@ -91,7 +91,7 @@ def select_partitions(
     if not found:
         raise MissingInputError(f"no distilled partition {query.describe()}")
     if query.min_judge_score is not None and not any(
-        warehouse.partition_file(JUDGED_TABLE, ds, source).is_file() for ds, source in found
+        warehouse.has_partition(JUDGED_TABLE, ds, source) for ds, source in found
     ):
         raise MissingInputError(
             f"--min-judge-score needs judge scores, and no partition of {query.describe()} has "
@@ -123,7 +123,7 @@ def _rows(warehouse: Warehouse, table: str, ds: str, source: str) -> list[dict[s
 
 
 def _judgements(warehouse: Warehouse, ds: str, source: str) -> dict[str, Verdict] | None:
-    if not warehouse.partition_file(JUDGED_TABLE, ds, source).is_file():
+    if not warehouse.has_partition(JUDGED_TABLE, ds, source):
         return None
     rows = [JudgedRow.model_validate(row) for row in _rows(warehouse, JUDGED_TABLE, ds, source)]
     return {row.answer_request_id: Verdict(score=row.score, reason=row.reason) for row in rows}

@@ -164,7 +164,7 @@ def land_seed_partition(
             "input_sha256": dg.MetadataValue.text(sha or "none"),
             "read_from": "inbox" if resolved.from_inbox else "landed snapshot",
             "prompt_token_limit": limit,
-            "path": dg.MetadataValue.path(str(written.path)),
+            "path": dg.MetadataValue.path(written.location),
         },
         check_results=published,
     )

@@ -118,7 +118,9 @@ def land_stage(
         )
         set_aside = [*sink.quarantined, *(screen.quarantined if screen else ())]
         quarantined = replace_quarantine(store, ds, source, task.name, set_aside, guard=held.lease)
-    checks = generation_checks(task.table, sink.figures(), pl.read_parquet_schema(written.path))
+    checks = generation_checks(
+        task.table, sink.figures(), store.partition_schema(task.table, ds, source)
+    )
     if task.quality_gated and gate is not None:
         checks.extend(quality_checks(screen, gate))
     if publish_now:
@@ -159,7 +161,7 @@ def stage_metadata(
         **generation_figures(outcome),
         **sink.metadata(),
         **(screen.metadata() if screen else {}),
-        "path": dg.MetadataValue.path(str(written.path)),
+        "path": dg.MetadataValue.path(written.location),
     }
     if trino.enabled:
         name = trino.table_name(written.table)

@@ -3,7 +3,7 @@
 from kimi_batch.defs.resources.deployment import DeploymentResource
 from kimi_batch.engine import Ledger
 from kimi_batch.paths import StatePaths
-from kimi_batch.storage import Landing, QualityGate, Warehouse
+from kimi_batch.storage import Landing, QualityGate, Warehouse, open_warehouse
 
 __all__ = ["WarehouseResource"]
 
@@ -19,7 +19,7 @@ class WarehouseResource(DeploymentResource):
         return self.deployment.paths
 
     def warehouse(self) -> Warehouse:
-        return Warehouse(self.paths().warehouse_dir)
+        return open_warehouse(self.deployment)
 
     def ledger(self) -> Ledger:
         return Ledger(self.paths().ledger_state)
