@@ -16,14 +16,14 @@
       bench/             `kimi-batch bench`: bench.json/.md/.png, speeds.json, state/ of its server
       tune/              `kimi-batch tune`: tune.json/.md/.png, speeds.json
       quality/           dedup.sqlite3: every kept answer's exact key and MinHash (the duplicate
-                         index of the quality gate, across nights)
+                         index of the quality gate, across nights and workers)
       api/               `kimi-batch api`: files/<sha256> (uploads and output files), api.sqlite3,
                          key (the generated bearer key, 0600)
       partitions_start   the first date partition of this install (written once)
 
-With `KIMI_BATCH_DATABASE_URL` set, the three databases (ledger, manifest, API store) are
-schemas of that PostgreSQL database instead of the SQLite files (`StateLocation`); the files
-stay where `kimi-batch state migrate` reads them.
+With `KIMI_BATCH_DATABASE_URL` set, the four databases (ledger, manifest, API store, duplicate
+index) are schemas of that PostgreSQL database instead of the SQLite files (`StateLocation`);
+the files stay where `kimi-batch state migrate` reads them.
 
 Nothing else builds these paths. Directories holding generated text or inputs are created 0700:
 prompts and answers can be confidential, and the box is shared with Dagster and Trino users.
@@ -186,6 +186,12 @@ class StatePaths(BaseModel):
     @property
     def dedup_index_path(self) -> Path:
         return self.home / "quality" / "dedup.sqlite3"
+
+    @property
+    def dedup_state(self) -> StateLocation:
+        return StateLocation(
+            path=self.dedup_index_path, schema_name="kimi_quality", url=self.database_url
+        )
 
     @property
     def api_key_path(self) -> Path:

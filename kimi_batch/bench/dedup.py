@@ -29,6 +29,7 @@ import numpy as np
 from datasketch import LeanMinHash, MinHash, MinHashLSH
 from pydantic import BaseModel, Field
 
+from kimi_batch.paths import StateLocation
 from kimi_batch.settings import Settings
 from kimi_batch.storage import DedupIndex, DedupSetting, IndexedText, shingles
 from kimi_batch.tasks.amplify import normalize_text
@@ -141,7 +142,8 @@ def run_dedup_bench(settings: Settings, options: DedupBenchOptions) -> dict[str,
     setting = DedupSetting(
         threshold=settings.dedup_threshold, shingle=settings.dedup_shingle, fields="prompt"
     )
-    index = DedupIndex(folder / "dedup.sqlite3", setting)
+    # Always a fresh SQLite file: the figures are the index's own, not a database server's.
+    index = DedupIndex(StateLocation(path=folder / "dedup.sqlite3", schema_name="bench"), setting)
     prompts, planted_exact, planted_near = synthetic_prompts(options.rows)
     texts = list(_texts(prompts, "r"))
     size = options.partition_rows
@@ -172,7 +174,7 @@ def run_dedup_bench(settings: Settings, options: DedupBenchOptions) -> dict[str,
         "partition_rows": size,
         "first_partition_s": round(partition_s[0], 3),
         "partition_s": round(last_s, 3),
-        "in_memory_load_s": round(_in_memory_load_s(index.path, setting), 2),
+        "in_memory_load_s": round(_in_memory_load_s(index.location.path, setting), 2),
         **_signatures(prompts, setting.shingle),
     }
 

@@ -5,7 +5,8 @@ objects stay where they are), the landing manifest (every file's partition and i
 versions) and the Batch API store (files and batches) move as they are, so a team that outgrows
 one box keeps every row it generated: a rerun on PostgreSQL finds them all and sends nothing.
 Partition leases are left behind (a lease is held by a running process; none runs across a
-move). The files under the state dir (landed snapshots, Batch API blobs, the warehouse) stay
+move), and so is the duplicate index: the quality gate rebuilds it from the warehouse the first
+time it screens a partition on PostgreSQL. The files under the state dir (landed snapshots, Batch API blobs, the warehouse) stay
 where they are; `KIMI_BATCH_WAREHOUSE` names where the warehouse is read from.
 """
 

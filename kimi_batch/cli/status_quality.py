@@ -5,12 +5,11 @@ index is opened read-only, and nothing is created."""
 
 from __future__ import annotations
 
-import sqlite3
-
 import polars as pl
 
 from kimi_batch.cli.status_sections import QualitySection
 from kimi_batch.settings import Settings
+from kimi_batch.state import StateError
 from kimi_batch.storage import (
     CONTAMINATED,
     DUPLICATE,
@@ -25,7 +24,7 @@ from kimi_batch.tasks.judge import JudgeTask
 __all__ = ["quality_section"]
 
 # What the section cannot read and says so (a corrupted index or Parquet file, a folder gone).
-_UNREADABLE = (sqlite3.Error, OSError, StorageError, pl.exceptions.PolarsError)
+_UNREADABLE = (StateError, OSError, StorageError, pl.exceptions.PolarsError)
 
 
 def quality_section(settings: Settings) -> QualitySection:
@@ -35,7 +34,7 @@ def quality_section(settings: Settings) -> QualitySection:
         store = open_warehouse(settings)
         totals = set_aside_totals(store)
         scores = store.scan(JudgeTask.table).group_by("score").len().collect().iter_rows()
-        indexed = index_entries(settings.paths.dedup_index_path) or 0
+        indexed = index_entries(settings.paths.dedup_state) or 0
     except _UNREADABLE as error:
         return QualitySection(
             dedup=settings.dedup,

@@ -1,9 +1,10 @@
 """The state databases: one interface (`StateDatabase`), two backends (`sqlite`, `postgres`).
 
-The ledger (with the partition leases), the landing manifest and the Batch API store each open
+The ledger (with the partition leases), the landing manifest, the Batch API store and the quality
+gate's duplicate index each open
 their tables through `connect_state(location)` (`connect`): a SQLite file under the state dir by
 default, a schema of the PostgreSQL database `KIMI_BATCH_DATABASE_URL` names when it is set
-(`StatePaths.ledger_state`, `manifest_state`, `api_state`). `read_state` opens one for reading
+(`StatePaths.ledger_state`, `manifest_state`, `api_state`, `dedup_state`). `read_state` opens one for reading
 without creating anything; `copy_store` copies a store's SQLite file into another backend
 (`kimi-batch state migrate`). A `Fence` (a partition lease) is confirmed in a transaction of its
 store around the commit of a write. Other layers import this facade.

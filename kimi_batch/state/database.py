@@ -1,8 +1,8 @@
 """The one interface of the state databases: the ledger, the manifest and the Batch API store.
 
 The stores write their SQL once, in the dialect SQLite and PostgreSQL share: `?` placeholders,
-`INSERT ... ON CONFLICT`, and type tokens in their tables (`{real}`, `{int}`, `{serial}`) that
-each backend spells its way. What differs lives in one module per backend (`sqlite`, `postgres`):
+`INSERT ... ON CONFLICT`, `RETURNING`, and type tokens in their tables (`{real}`, `{int}`,
+`{serial}`, `{blob}`) that each backend spells its way. What differs lives in one module per backend (`sqlite`, `postgres`):
 how to connect, the write lock a `transaction` holds, the lease clock, a JSON field as text.
 
     StateError        the database cannot be reached or used (a KimiBatchError: one clear line)

@@ -54,6 +54,7 @@ class SqliteDatabase(StateDatabase):
         "real": "REAL",
         "int": "INTEGER",
         "serial": "INTEGER PRIMARY KEY AUTOINCREMENT",
+        "blob": "BLOB",
     }
 
     def __init__(self, path: Path, *, timeout_s: float = 60.0) -> None:

@@ -1,6 +1,8 @@
-"""The duplicate index: every kept row of the gated stages, across every night, in the state dir.
+"""The duplicate index: every kept row of the gated stages, across every night and every worker.
 
-One SQLite file. Per kept row (`kept`): its partition and ids, its exact key (the first 16 bytes
+One state store (`StatePaths.dedup_state`): a SQLite file in the state dir, or a schema of the
+PostgreSQL database that several workers share, so a row is screened against what any of them
+kept. Per kept row (`kept`): its partition and ids, its exact key (the first 16 bytes
 of the sha256 of its normalized text) and its MinHash signature (datasketch, 128 permutations
 over word shingles). Per LSH band of each signature (`bands`): the band's 64-bit hash and the kept
 row, the table's primary key. A row is checked with indexed lookups only (its exact key, then its
@@ -17,24 +19,25 @@ error rolls everything back, so a run that dies mid-way leaves the index as it w
 partitions landing at once are serialized by the transaction.
 
 The signature setting (library scheme, permutations, shingle size, fields, bands) is stored in the
-file: under another one the signatures cannot be compared, and the first partition screened
+index: under another one the signatures cannot be compared, and the first partition screened
 rebuilds the index, inside its transaction, from the rows its caller says are kept (`Rebuild`).
+A new index (a fresh PostgreSQL database after `kimi-batch state migrate`) is rebuilt the same
+way: the warehouse holds every kept row, so the index is never copied.
 """
 
 from __future__ import annotations
 
 import hashlib
-import sqlite3
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from functools import cache
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.paths import connect_private_db, private_dir
+from kimi_batch.paths import StateLocation
+from kimi_batch.state import StateDatabase, connect_state, read_state
 
 __all__ = [
     "NUM_PERM",
@@ -65,25 +68,25 @@ _MULTIPLIERS = np.array(
 # A rebuild or a landing waits this long for another partition's landing to commit.
 _BUSY_TIMEOUT_S = 600.0
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS kept (
-    id INTEGER PRIMARY KEY,
-    ds TEXT NOT NULL,
-    source TEXT NOT NULL,
-    request_id TEXT NOT NULL,
-    input_id TEXT NOT NULL,
-    exact BLOB NOT NULL,
-    signature BLOB NOT NULL
-);
-CREATE INDEX IF NOT EXISTS kept_by_partition ON kept (ds, source);
-CREATE INDEX IF NOT EXISTS kept_by_exact ON kept (exact);
-CREATE TABLE IF NOT EXISTS bands (
-    band INTEGER NOT NULL,
-    kept INTEGER NOT NULL,
-    PRIMARY KEY (band, kept)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-"""
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS kept (
+        id {serial},
+        ds TEXT NOT NULL,
+        source TEXT NOT NULL,
+        request_id TEXT NOT NULL,
+        input_id TEXT NOT NULL,
+        exact {blob} NOT NULL,
+        signature {blob} NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS kept_by_partition ON kept (ds, source)",
+    "CREATE INDEX IF NOT EXISTS kept_by_exact ON kept (exact)",
+    """CREATE TABLE IF NOT EXISTS bands (
+        band {int} NOT NULL,
+        kept {int} NOT NULL,
+        PRIMARY KEY (band, kept)
+    )""",
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+)
 
 
 class DedupSetting(BaseModel):
@@ -207,14 +210,16 @@ class PartitionDedup:
 
     def __init__(
         self,
-        db: sqlite3.Connection,
+        db: StateDatabase,
+        held: ExitStack,
         ds: str,
         source: str,
         setting: DedupSetting,
         rebuild: Rebuild,
     ) -> None:
-        self._db, self._ds, self._source = db, ds, source
+        self._db, self._held, self._ds, self._source = db, held, ds, source
         self._setting, self._rebuild = setting, rebuild
+        self._taken = False
         self._signer = _Signer(setting)
         self.kept = 0
         self.rebuilt: int | None = None  # rows a rebuild indexed, when this partition did one
@@ -222,9 +227,11 @@ class PartitionDedup:
     def begin(self) -> None:
         """Take the index (once): rebuild it under another setting, drop this partition's
         entries."""
-        if self._db.in_transaction:
+        if self._taken:
             return
-        self._db.execute("BEGIN IMMEDIATE")
+        # Held until the partition's block ends: committed then, rolled back by an error.
+        self._held.enter_context(self._db.transaction())
+        self._taken = True
         stamp = self._setting.stamp()
         found = self._db.execute("SELECT value FROM meta WHERE key = 'setting'").fetchone()
         if found is None or found[0] != stamp:
@@ -241,7 +248,11 @@ class PartitionDedup:
             for row in rows:
                 self._insert(ds, source, row, self._signer.signature(row.text))
                 count += 1
-        self._db.execute("INSERT OR REPLACE INTO meta VALUES ('setting', ?)", (stamp,))
+        self._db.execute(
+            "INSERT INTO meta (key, value) VALUES ('setting', ?) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (stamp,),
+        )
         self.rebuilt = count
 
     def _forget(self, ds: str, source: str) -> None:
@@ -253,20 +264,19 @@ class PartitionDedup:
             (
                 (band, kept)
                 for kept, blob in found
-                for band in self._signer.band_keys(np.frombuffer(blob, dtype=np.uint32))
+                for band in self._signer.band_keys(np.frombuffer(bytes(blob), dtype=np.uint32))
             ),
         )
         self._db.execute("DELETE FROM kept WHERE ds = ? AND source = ?", (ds, source))
 
     def _insert(self, ds: str, source: str, row: IndexedText, signature: np.ndarray) -> None:
-        cursor = self._db.execute(
+        (kept,) = self._db.execute(
             "INSERT INTO kept (ds, source, request_id, input_id, exact, signature) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
+            "VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
             (ds, source, row.request_id, row.input_id, _exact_key(row.text), signature.tobytes()),
-        )
-        kept = cursor.lastrowid
+        ).fetchone()
         self._db.executemany(
-            "INSERT OR IGNORE INTO bands VALUES (?, ?)",
+            "INSERT INTO bands (band, kept) VALUES (?, ?) ON CONFLICT DO NOTHING",
             ((band, kept) for band in self._signer.band_keys(signature)),
         )
 
@@ -297,7 +307,7 @@ class PartitionDedup:
         ).fetchall()
         best: DuplicateMatch | None = None
         for *entry, blob in candidates:
-            similarity = _similarity(signature, np.frombuffer(blob, dtype=np.uint32))
+            similarity = _similarity(signature, np.frombuffer(bytes(blob), dtype=np.uint32))
             if similarity >= self._setting.threshold and (
                 best is None or similarity > best.similarity
             ):
@@ -312,15 +322,14 @@ def _entry(found: tuple[object, ...]) -> KeptEntry:
 
 
 class DedupIndex:
-    """The index file at `path` under one setting."""
+    """The index at `location` (its SQLite file or PostgreSQL schema) under one setting."""
 
-    def __init__(self, path: Path, setting: DedupSetting) -> None:
-        self.path, self.setting = path, setting
+    def __init__(self, location: StateLocation, setting: DedupSetting) -> None:
+        self.location, self.setting = location, setting
 
-    def _connect(self) -> sqlite3.Connection:
-        private_dir(self.path.parent)
-        db = connect_private_db(self.path, timeout_s=_BUSY_TIMEOUT_S)
-        db.executescript(_SCHEMA)
+    def _connect(self) -> StateDatabase:
+        db = connect_state(self.location, timeout_s=_BUSY_TIMEOUT_S)
+        db.create(_SCHEMA)
         return db
 
     @contextmanager
@@ -334,33 +343,26 @@ class DedupIndex:
     ) -> Iterator[PartitionDedup]:
         """Screen partition (ds, source): its entries replaced by the rows it keeps now,
         committed when the block ends without an error and `guard` (its lease) passes."""
-        db = self._connect()
-        try:
-            screen = PartitionDedup(db, ds, source, self.setting, rebuild)
+        with self._connect() as db, ExitStack() as held:
+            screen = PartitionDedup(db, held, ds, source, self.setting, rebuild)
             yield screen
             screen.begin()  # a partition that kept nothing still drops its old entries
             if guard is not None:
                 guard()
-            db.execute("COMMIT")
-        except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise
-        finally:
-            db.close()
 
     def size_bytes(self) -> int:
-        """The index file's size on disk (its WAL included)."""
-        files = [self.path, self.path.with_name(self.path.name + "-wal")]
+        """The index file's size on disk (its WAL included); 0 on PostgreSQL."""
+        path = self.location.path
+        if not self.location.embedded:
+            return 0
+        files = [path, path.with_name(path.name + "-wal")]
         return sum(f.stat().st_size for f in files if f.exists())
 
 
-def index_entries(path: Path) -> int | None:
-    """Kept rows in the index at `path`, read only (None: no index yet)."""
-    if not path.is_file():
+def index_entries(location: StateLocation) -> int | None:
+    """Kept rows in the index at `location`, read only (None: no index yet)."""
+    db = read_state(location)
+    if db is None:
         return None
-    db = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=5.0)
-    try:
+    with db:
         return int(db.execute("SELECT count(*) FROM kept").fetchone()[0])
-    finally:
-        db.close()

@@ -9,7 +9,8 @@ the conversation the teacher saw, and its answer). The gate applies to the stage
 (`GenerationTask.quality_gated`: the teacher's answers), not to Batch API batches, whose callers
 asked for every line, nor to the judge's verdicts.
 
-The duplicate index (`storage.dedup_index`) lives at `home/quality/dedup.sqlite3`. When it is new,
+The duplicate index (`storage.dedup_index`) lives at `home/quality/dedup.sqlite3`, or in the
+shared PostgreSQL database with the rest of the state (`StatePaths.dedup_state`). When it is new,
 or its signature setting changed, the first partition screened rebuilds it from the stage's
 landed partitions (every row there counts as kept), so an install that had answers before the
 gate, or a changed shingle size, does not let their repeats in.
@@ -19,12 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, TypeVar
 
 import polars as pl
 from pydantic import BaseModel, ConfigDict
 
+from kimi_batch.paths import StateLocation
 from kimi_batch.settings import QualitySettings
 from kimi_batch.storage.contamination import BenchmarkIndex, load_benchmarks
 from kimi_batch.storage.dedup_index import (
@@ -186,10 +187,10 @@ def dedup_text(text: ScreenedText, fields: str) -> str:
 class QualityGate:
     """The gate of one deployment: its settings, its index file, its benchmarks."""
 
-    def __init__(self, settings: QualitySettings, index_path: Path) -> None:
+    def __init__(self, settings: QualitySettings, index: StateLocation) -> None:
         self.settings = settings
         self.index = DedupIndex(
-            index_path,
+            index,
             DedupSetting(
                 threshold=settings.dedup_threshold,
                 shingle=settings.dedup_shingle,

@@ -1,16 +1,18 @@
 """The duplicate index across partitions: exact and near matches, replacement, rollback, the lock
-taken only once rows come, a rebuild under another setting."""
+taken only once rows come, a rebuild under another setting; on both state backends (a SQLite
+file, a PostgreSQL schema several workers share)."""
 
 from __future__ import annotations
 
 import os
-import sqlite3
 import stat
 from pathlib import Path
 
 import pytest
 
 from kimi_batch.engine import LeaseLostError
+from kimi_batch.paths import StateLocation, StatePaths
+from kimi_batch.state import StateBusyError
 from kimi_batch.storage import dedup_index as dedup_module
 from kimi_batch.storage.dedup_index import (
     DedupIndex,
@@ -19,6 +21,7 @@ from kimi_batch.storage.dedup_index import (
     index_entries,
     shingles,
 )
+from kimi_batch_tests.support.postgres import PostgresServer, StateBackend
 
 BASE = (
     "explain why the sky looks blue on a clear afternoon and why sunsets over the sea turn red "
@@ -31,8 +34,8 @@ HALF = (
 )
 
 
-def _index(path: Path, *, shingle: int = 5, fields: str = "prompt") -> DedupIndex:
-    return DedupIndex(path, DedupSetting(threshold=0.8, shingle=shingle, fields=fields))
+def _index(location: StateLocation, *, shingle: int = 5, fields: str = "prompt") -> DedupIndex:
+    return DedupIndex(location, DedupSetting(threshold=0.8, shingle=shingle, fields=fields))
 
 
 def _text(request_id: str, text: str) -> IndexedText:
@@ -44,9 +47,9 @@ def test_shingles_are_word_ngrams_and_a_short_text_is_one() -> None:
     assert shingles("a b", 5) == [b"a b"]
 
 
-def test_a_later_partition_repeating_a_kept_row_names_it(tmp_path: Path) -> None:
-    path = tmp_path / "quality" / "dedup.sqlite3"
-    index = _index(path)
+def test_a_later_partition_repeating_a_kept_row_names_it(state_backend: StateBackend) -> None:
+    location = state_backend.paths.dedup_state
+    index = _index(location)
     with index.partition("2026-12-01", "night") as first:
         assert first.check(_text("a", BASE)) is None
         assert first.check(_text("b", "a different question about tides")) is None
@@ -64,12 +67,13 @@ def test_a_later_partition_repeating_a_kept_row_names_it(tmp_path: Path) -> None
     assert 0.8 <= near.similarity < 1.0
     assert apart is None  # shares a prefix, not 80% of its shingles
     assert fresh is None
-    assert index_entries(path) == 4  # a, b, e, f: duplicates are not indexed
-    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert index_entries(location) == 4  # a, b, e, f: duplicates are not indexed
+    if location.embedded:
+        assert stat.S_IMODE(os.stat(location.path).st_mode) == 0o600
 
 
-def test_a_rebuilt_partition_replaces_its_own_entries(tmp_path: Path) -> None:
-    index = _index(tmp_path / "dedup.sqlite3")
+def test_a_rebuilt_partition_replaces_its_own_entries(state_backend: StateBackend) -> None:
+    index = _index(state_backend.paths.dedup_state)
     with index.partition("2026-12-01", "night") as first:
         first.check(_text("a", BASE))
         first.check(_text("b", HALF))
@@ -81,11 +85,11 @@ def test_a_rebuilt_partition_replaces_its_own_entries(tmp_path: Path) -> None:
     with index.partition("2026-12-02", "night") as later:
         assert later.check(_text("c", HALF)) is None
         assert later.check(_text("d", BASE)) is not None
-    assert index_entries(index.path) == 2
+    assert index_entries(index.location) == 2
 
 
-def test_an_error_or_a_lost_lease_leaves_the_index_as_it_was(tmp_path: Path) -> None:
-    index = _index(tmp_path / "dedup.sqlite3")
+def test_an_error_or_a_lost_lease_leaves_the_index_as_it_was(state_backend: StateBackend) -> None:
+    index = _index(state_backend.paths.dedup_state)
     with index.partition("2026-12-01", "night") as first:
         first.check(_text("a", BASE))
 
@@ -110,12 +114,12 @@ def test_an_error_or_a_lost_lease_leaves_the_index_as_it_was(tmp_path: Path) -> 
 
 
 def test_the_index_is_taken_at_the_first_row_not_before(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    state_backend: StateBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A partition whose block is open but has no row yet (a stage asking again generates then)
     does not hold another partition's landing."""
     monkeypatch.setattr(dedup_module, "_BUSY_TIMEOUT_S", 0.5)
-    index = _index(tmp_path / "dedup.sqlite3")
+    index = _index(state_backend.paths.dedup_state)
     with index.partition("2026-12-01", "slow") as waiting:
         with index.partition("2026-12-01", "quick") as quick:
             assert quick.check(_text("q", BASE)) is None
@@ -123,13 +127,13 @@ def test_the_index_is_taken_at_the_first_row_not_before(
         assert match is not None
         assert match.kept.source == "quick"
         third = index.partition("2026-12-01", "third")
-        with pytest.raises(sqlite3.OperationalError, match="locked"), third as screen:
+        with pytest.raises(StateBusyError), third as screen:
             screen.check(_text("t", HALF))  # now the slow one holds it
 
 
-def test_another_setting_rebuilds_the_index_from_what_is_kept(tmp_path: Path) -> None:
-    path = tmp_path / "dedup.sqlite3"
-    with _index(path).partition("2026-12-01", "night") as first:
+def test_another_setting_rebuilds_the_index_from_what_is_kept(state_backend: StateBackend) -> None:
+    location = state_backend.paths.dedup_state
+    with _index(location).partition("2026-12-01", "night") as first:
         first.check(_text("a", BASE))
     calls: list[str] = []
 
@@ -140,7 +144,7 @@ def test_another_setting_rebuilds_the_index_from_what_is_kept(tmp_path: Path) ->
             ("2026-12-02", "night", [_text("mine", "what this partition held before")]),
         ]
 
-    three = _index(path, shingle=3)
+    three = _index(location, shingle=3)
     with three.partition("2026-12-02", "night", rebuild=landed) as screen:
         assert screen.check(_text("b", HALF + " again")) is not None
         assert screen.check(_text("c", BASE)) is None  # a was dropped: landed() is what is kept
@@ -148,10 +152,27 @@ def test_another_setting_rebuilds_the_index_from_what_is_kept(tmp_path: Path) ->
     with three.partition("2026-12-03", "night", rebuild=landed) as later:
         assert later.check(_text("d", "what this partition held before")) is None
     assert calls == ["rebuild"]
-    assert index_entries(path) == 3
+    assert index_entries(location) == 3
 
 
-def test_status_reads_no_index_as_none_and_creates_nothing(tmp_path: Path) -> None:
-    path = tmp_path / "quality" / "dedup.sqlite3"
-    assert index_entries(path) is None
-    assert not path.parent.exists()
+def test_status_reads_no_index_as_none_and_creates_nothing(state_backend: StateBackend) -> None:
+    location = state_backend.paths.dedup_state
+    assert index_entries(location) is None
+    assert index_entries(location) is None  # the first read created no schema either
+    assert not location.path.parent.exists()
+
+
+def test_workers_on_one_postgresql_screen_against_each_others_rows(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    """Two hosts (own state dirs, one database): a row one kept is a duplicate for the other."""
+    url = postgres_server.new_database()
+    here, there = (
+        StatePaths(home=tmp_path / host, database_url=url).dedup_state for host in ("a", "b")
+    )
+    with _index(here).partition("2026-12-01", "host-a") as first:
+        assert first.check(_text("a", BASE)) is None
+    with _index(there).partition("2026-12-01", "host-b") as second:
+        match = second.check(_text("b", BASE + " again"))
+    assert match is not None
+    assert (match.kind, match.kept.source) == ("near_duplicate", "host-a")

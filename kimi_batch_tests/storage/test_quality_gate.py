@@ -6,12 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from kimi_batch.paths import StatePaths
 from kimi_batch.settings import QualitySettings
 from kimi_batch.storage import QualityGate, Warehouse, set_aside_totals
 from kimi_batch.tasks.distill import DistillInputs, DistillTask
 from kimi_batch.tasks.generation_task import SetAside
 from kimi_batch.tasks.rows import DistilledRow
 from kimi_batch.tasks.seeds import seeds_from_rows
+from kimi_batch_tests.support.postgres import StateBackend
 from kimi_batch_tests.support.quality import (
     BENCHMARK_ITEM,
     answers_to,
@@ -29,7 +31,7 @@ TASK = DistillTask()
 
 
 def _gate(tmp_path: Path, **fields: Any) -> QualityGate:
-    return QualityGate(QualitySettings(**fields), tmp_path / "quality" / "dedup.sqlite3")
+    return QualityGate(QualitySettings(**fields), StatePaths(home=tmp_path).dedup_state)
 
 
 def _rows(inputs: DistillInputs, source: str) -> list[DistilledRow]:
@@ -89,11 +91,14 @@ def test_an_answer_quoting_a_benchmark_is_contaminated_too(tmp_path: Path) -> No
     assert not (tmp_path / "quality").exists()  # dedup off: no index
 
 
-def test_a_new_index_starts_from_the_answers_already_landed(tmp_path: Path) -> None:
+def test_a_new_index_starts_from_the_answers_already_landed(
+    tmp_path: Path, state_backend: StateBackend
+) -> None:
+    """As after `kimi-batch state migrate` to PostgreSQL, which copies no index."""
     store = Warehouse(tmp_path / "warehouse")
     old = land_seeds_of(store, "2026-11-30", "early", [PROMPT])
     store.write_partition("distilled", "2026-11-30", "early", _rows(old, "early"))
-    gate = _gate(tmp_path)
+    gate = QualityGate(QualitySettings(), state_backend.paths.dedup_state)
     inputs = land_seeds_of(store, "2026-12-01", "night", [PROMPT, "How do tides work?"])
     with gate.partition(store, TASK, inputs, "2026-12-01", "night") as screen:
         kept = [row.input_id for row in screen.admit(_rows(inputs, "night"))]

@@ -30,4 +30,4 @@ class WarehouseResource(DeploymentResource):
     def quality_gate(self) -> QualityGate:
         """The gate the quality-gated stages' rows pass as they land (KIMI_BATCH_DEDUP_*,
         KIMI_BATCH_BENCHMARKS)."""
-        return QualityGate(self.deployment, self.paths().dedup_index_path)
+        return QualityGate(self.deployment, self.paths().dedup_state)
