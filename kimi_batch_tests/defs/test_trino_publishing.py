@@ -230,22 +230,25 @@ def test_a_partition_on_object_storage_is_read_there_by_trino_and_replaced_whole
         settings = Settings.from_env()
         warehouse = open_warehouse(settings)
         instance.add_dynamic_partitions(SOURCE_PARTITIONS_NAME, ["lake"])
-        for ids in (["a", "b", "c"], ["new-a", "new-b"]):  # the second landing replaces the first
+        # The seeds alone, then the whole batch (its generated tables too) replacing them.
+        for ids, selection in ((["a", "b", "c"], ["seed_prompts"]), (["new-a", "new-b"], None)):
             _settled_inbox(llama_env, "lake", ids)
             result = dg.materialize(
                 batch_assets(settings),
-                selection=["seed_prompts"],
+                selection=selection,
                 partition_key=dg.MultiPartitionKey({"date": _today(), "source": "lake"}),
                 resources=build_resources(settings),
                 instance=instance,
+                run_config=RUN_CONFIG if selection is None else None,
             )
             assert result.success
-            (check,) = [
+            published = [
                 c
                 for c in result.get_asset_check_evaluations()
                 if c.check_name == "published_to_trino"
             ]
-            assert check.passed, check.metadata
+            assert len(published) == (1 if selection else 3)
+            assert all(check.passed for check in published), published
             with TrinoPublisher(TrinoConfig.from_settings(settings)) as trino:
                 rows = trino.query(
                     'SELECT input_id, "$path" FROM hive.objstore.seeds WHERE ds = ? ORDER BY 1',
@@ -254,6 +257,7 @@ def test_a_partition_on_object_storage_is_read_there_by_trino_and_replaced_whole
             read = warehouse.read_partition("seeds", _today(), "lake")["input_id"].sort()
             seen.append(([r[0] for r in rows], read.to_list(), [r[1] for r in rows]))
         with TrinoPublisher(TrinoConfig.from_settings(settings)) as trino:
+            generated = {t: trino.count(t, _today(), "lake") for t in ("amplified", "distilled")}
             # `kimi-batch publish` registers every partition again at its current version.
             caught_up = trino.publish_all(warehouse)
             again = trino.count("seeds", _today(), "lake")
@@ -266,6 +270,10 @@ def test_a_partition_on_object_storage_is_read_there_by_trino_and_replaced_whole
     assert set(paths).isdisjoint(first_paths)
     assert caught_up.partitions_present >= 2  # seeds and quarantine (empty) of the partition
     assert again == 2
+    # The generated tables landed on the object store too, and Trino reads them there.
+    assert generated == {t: warehouse.count(t) for t in generated}
+    assert generated["amplified"] > 0
+    assert generated["distilled"] > 0
 
 
 def _settled_inbox(env: LlamaEnv, source: str, ids: list[str]) -> None:
