@@ -69,6 +69,7 @@ def server_from_settings(
         settings.paths.server_dir,
         api_key=settings.llama_api_key,
         load_timeout_s=load_timeout_s or settings.llama_load_timeout_s,
+        frozen_after_s=settings.llama_frozen_after_s,
     )
 
 

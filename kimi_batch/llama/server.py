@@ -34,6 +34,7 @@ from kimi_batch.llama.server_state import ServerProps
 from kimi_batch.llama.spec import ServerHandle, ServerSpec, ServerStatus, available_cpus
 from kimi_batch.llama.urls import redact_url
 from kimi_batch.paths import private_dir
+from kimi_batch.settings import DEFAULT_FROZEN_AFTER_S, DEFAULT_LOAD_TIMEOUT_S
 
 __all__ = [
     "AttachedServer",
@@ -46,9 +47,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_LOAD_TIMEOUT_S = 1800.0
 STOP_GRACE_S = 20.0
-FROZEN_S = 60.0
 
 
 class ResidentServer:
@@ -61,11 +60,13 @@ class ResidentServer:
         *,
         api_key: str | None = None,
         load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
+        frozen_after_s: float = DEFAULT_FROZEN_AFTER_S,
     ) -> None:
         self.spec = spec
         self.state_dir = state_dir
         self.api_key = api_key
         self.load_timeout_s = load_timeout_s
+        self.frozen_after_s = frozen_after_s
         self.pid_path = state_dir / "server.pid"
         self.spec_path = state_dir / "server.spec.json"
         self.log_path = state_dir / "server.log"
@@ -248,11 +249,12 @@ class ResidentServer:
     def _wait_healthy(self, pid: int, *, spawned: bool) -> ServerHandle:
         deadline = time.monotonic() + self.load_timeout_s
         # /health is answered beside the decode loop, even mid-prefill: a server that served
-        # before and now answers nothing for FROZEN_S is frozen (SIGSTOP, wedged). Replace it.
+        # before and now answers nothing for `frozen_after_s` is frozen (SIGSTOP, wedged):
+        # replace it.
         record, answered = self._read_pid(), time.monotonic()
         frozen_check = not spawned and record is not None and record.healthy_at is not None
         while time.monotonic() < deadline:
-            if frozen_check and time.monotonic() - answered > FROZEN_S:
+            if frozen_check and time.monotonic() - answered > self.frozen_after_s:
                 logger.warning("llama-server pid %d answers nothing: frozen, replacing it", pid)
                 self._kill_and_clear(pid)
                 return self._spawn()

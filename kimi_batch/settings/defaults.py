@@ -17,6 +17,7 @@ __all__ = [
     "DEFAULT_DAGSTER_URL",
     "DEFAULT_DEDUP_SHINGLE",
     "DEFAULT_DEDUP_THRESHOLD",
+    "DEFAULT_FROZEN_AFTER_S",
     "DEFAULT_INBOX_INTERVAL_S",
     "DEFAULT_LLAMA_PORT",
     "DEFAULT_LOAD_TIMEOUT_S",
@@ -49,6 +50,9 @@ DEFAULT_CACHE_RAM_MIB = 8192
 DEFAULT_SLOT_SAVES_MAX = 8
 # Loading ~550 GiB of weights from disk takes minutes; a load is not a failure until this.
 DEFAULT_LOAD_TIMEOUT_S = 1800.0
+# /health is answered beside the decode loop, even mid-prefill: a server that served before and
+# answers nothing this long is frozen (SIGSTOP, wedged), not busy.
+DEFAULT_FROZEN_AFTER_S = 60.0
 DEFAULT_TIMEZONE = "UTC"
 DEFAULT_NIGHTLY_CRON = "0 2 * * *"
 DEFAULT_INBOX_INTERVAL_S = 30

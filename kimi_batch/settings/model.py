@@ -23,6 +23,7 @@ from kimi_batch.settings.defaults import (
     DEFAULT_CACHE_RAM_MIB,
     DEFAULT_CTX,
     DEFAULT_DAGSTER_URL,
+    DEFAULT_FROZEN_AFTER_S,
     DEFAULT_INBOX_INTERVAL_S,
     DEFAULT_LLAMA_PORT,
     DEFAULT_LOAD_TIMEOUT_S,
@@ -42,6 +43,7 @@ from kimi_batch.settings.environment import (
     env_args,
     env_clock,
     env_date,
+    env_float,
     env_int,
     env_list,
     env_optional_int,
@@ -79,6 +81,7 @@ def llama_from_env() -> dict[str, Any]:
         llama_load_timeout_s=float(
             env_int("KIMI_BATCH_LLAMA_LOAD_TIMEOUT_S", int(DEFAULT_LOAD_TIMEOUT_S))
         ),
+        llama_frozen_after_s=env_float("KIMI_BATCH_LLAMA_FROZEN_AFTER_S", DEFAULT_FROZEN_AFTER_S),
         llama_spec=env_str("KIMI_BATCH_LLAMA_SPEC"),
         llama_draft_model=env_path("KIMI_BATCH_LLAMA_DRAFT_MODEL"),
         slot_saves_max=env_int("KIMI_BATCH_SLOT_SAVES_MAX", DEFAULT_SLOT_SAVES_MAX),
@@ -171,6 +174,12 @@ class Settings(QualitySettings, StateSettings):
         default=DEFAULT_LOAD_TIMEOUT_S,
         gt=0,
         description="Seconds a model load may take before a start counts as failed.",
+    )
+    llama_frozen_after_s: float = Field(
+        default=DEFAULT_FROZEN_AFTER_S,
+        gt=0,
+        description="Seconds a server that served before may answer nothing before a start "
+        "counts it as frozen (stopped, wedged) and replaces it.",
     )
     llama_spec: str | None = Field(
         default=None,

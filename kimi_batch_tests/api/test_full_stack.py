@@ -153,11 +153,13 @@ def output_lines(client: openai.OpenAI, file_id: str | None) -> list[dict[str, A
 
 
 def long_requests(prefix: str, n: int) -> list[str]:
+    """`n` answers of up to 128 tokens: with 8 on the 4 slots, the second four are still being
+    generated when the first answer lands and the test ends the batch."""
     topics = ["rivers", "mountains", "deserts", "oceans", "forests", "islands", "lakes", "caves"]
     return [
         # The prefix is in the prompt: the same content is answered once, from the ledger.
         request(f"{prefix}-{i}", f"Write a long, detailed essay about {topics[i % 8]} ({prefix}).",
-                max_tokens=250, temperature=0.8, seed=i)
+                max_tokens=128, temperature=0.8, seed=i)
         for i in range(n)
     ]  # fmt: skip
 

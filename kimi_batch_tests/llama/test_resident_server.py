@@ -115,7 +115,9 @@ def test_a_frozen_server_is_replaced_by_the_next_start(cli_env: dict[str, str]) 
     pid = int(str(first["pid"]))
     os.kill(pid, signal.SIGSTOP)
     try:
-        second = _start(cli_env)
+        # Frozen after 10 s of silence (the default 60 s suits a loaded target): a stopped
+        # server answers nothing however long the start waits.
+        second = _start({**cli_env, "KIMI_BATCH_LLAMA_FROZEN_AFTER_S": "10"})
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
