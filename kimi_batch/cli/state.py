@@ -6,8 +6,10 @@ versions) and the Batch API store (files and batches) move as they are, so a tea
 one box keeps every row it generated: a rerun on PostgreSQL finds them all and sends nothing.
 Partition leases are left behind (a lease is held by a running process; none runs across a
 move), and so is the duplicate index: the quality gate rebuilds it from the warehouse the first
-time it screens a partition on PostgreSQL. The files under the state dir (landed snapshots, Batch API blobs, the warehouse) stay
-where they are; `KIMI_BATCH_WAREHOUSE` names where the warehouse is read from.
+time it screens a partition on PostgreSQL. The landed snapshots and the Batch API's files go into
+the database too (each store's blobs, `storage.blobs`), so a run on any host reads them; the
+warehouse stays where it is (`KIMI_BATCH_WAREHOUSE` names where it is read from). A second run
+copies no row twice and puts in only the files the database lacks.
 """
 
 from __future__ import annotations
@@ -50,6 +52,15 @@ def migrate_state(settings: Settings, url: str) -> list[StoreCopy]:
     ):
         with connect_state(location) as db:
             copies.append(copy_store(store, path, db, leave_out=leave_out))
+    # The files their rows name, after the rows: each store shares only what it lacks.
+    with Landing(target) as landing:
+        landed = landing.share_all()
+    with ApiStore(target) as api:
+        uploaded = api.share_all()
+    for index, shared in ((1, landed), (2, uploaded)):
+        copies[index] = copies[index].model_copy(
+            update={"files": shared.shared, "missing_files": shared.missing}
+        )
     return copies
 
 

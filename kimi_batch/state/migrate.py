@@ -31,6 +31,12 @@ class StoreCopy(BaseModel):
     store: str
     rows: dict[str, int] = Field(default_factory=dict, description="Rows copied, per table.")
     skipped: str | None = Field(default=None, description="Why nothing was copied, if so.")
+    files: int = Field(
+        default=0, description="Files (landed snapshots, Batch API files) put into the database."
+    )
+    missing_files: list[str] = Field(
+        default_factory=list, description="Files its rows name that this box does not have."
+    )
 
 
 def copy_store(

@@ -82,7 +82,7 @@ def batch_lines(settings: Settings, batch: BatchRecord) -> list[BatchRequestLine
     if batch.ds is None or batch.source is None:
         raise StorageError(f"batch {batch.id} has no landed input")
     with Landing(settings.paths) as landing:
-        version = landing.current(batch.ds, batch.source)
+        version = landing.readable(landing.current(batch.ds, batch.source))
     if version is None:
         raise StorageError(f"batch {batch.id}: no landed input for {batch.ds}|{batch.source}")
     with version.path.open("rb") as reader:

@@ -10,6 +10,11 @@ write transaction. A delete drops the id and, when no other id names the blob, u
 too. The store's write lock (`StateDatabase.transaction`: SQLite's, or PostgreSQL's advisory lock)
 orders the two, so a delete racing an upload of the same bytes never removes the blob the
 upload's id names. The temps of a writer killed mid-copy are removed by the next upload.
+
+With KIMI_BATCH_DATABASE_URL the blobs are kept in the `kimi_api` schema too (`storage.blobs`)
+and `api/files/` is each host's cache: the API serves an output file a run wrote on another
+machine, and a run reads an upload the API took. A blob is in the database before the id naming
+it is committed, and leaves it with the last id naming it, in the same write transaction.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.paths import PRIVATE_FILE_MODE, StatePaths, private_dir
 from kimi_batch.state import connect_state, read_state
+from kimi_batch.storage.blobs import BlobStore, SharedBlobs
 from kimi_batch.storage.exceptions import StorageError
 from kimi_batch.storage.private_files import remove_stale_temps, temp_name
 
@@ -82,6 +88,7 @@ class ApiFileStore:
         self.files_dir = private_dir(paths.api_files_dir)
         self._db = connect_state(paths.api_state)
         self._db.create([_FILES_TABLE])
+        self._blobs = BlobStore(self._db, self.files_dir, paths.api_state)
 
     @staticmethod
     def exists(paths: StatePaths) -> bool:
@@ -98,7 +105,13 @@ class ApiFileStore:
         self.close()
 
     def blob_path(self, record: FileRecord) -> Path:
-        return self.files_dir / record.sha256
+        """The file's bytes on this host (fetched from the shared state database if need be)."""
+        return self._blobs.local(record.sha256)
+
+    def share_all(self) -> SharedBlobs:
+        """Put every file this host has into the shared state database (a migration)."""
+        rows = self._db.execute("SELECT DISTINCT sha256 FROM files").fetchall()
+        return self._blobs.share_many(row[0] for row in rows)
 
     def stage_file(self, reader: IO[bytes], *, max_bytes: int) -> StagedFile:
         """Copy `reader` to a temp file (hashing and counting); over `max_bytes` nothing is
@@ -137,10 +150,13 @@ class ApiFileStore:
             sha256=staged.sha256,
         )
         try:
+            self._blobs.share(staged.sha256, staged.temp)  # the long upload, before the lock
             with self._write_lock():
-                # Always renamed over the blob (same bytes): whatever a delete did before this
-                # lock was taken, the blob exists when the id is committed.
+                # Always renamed over the blob (same bytes), and shared again if a delete took it
+                # out meanwhile: whatever a delete did before this lock was taken, the blob
+                # exists when the id is committed.
                 os.replace(staged.temp, self.files_dir / staged.sha256)
+                self._blobs.share(staged.sha256)
                 self._db.execute(
                     "INSERT INTO files (id, sha256, record) VALUES (?, ?, ?)",
                     (record.id, staged.sha256, record.model_dump_json()),
@@ -192,6 +208,7 @@ class ApiFileStore:
                 # Unlinked before the commit, still under the lock: no upload can record an id
                 # for these bytes in between.
                 (self.files_dir / row[0]).unlink(missing_ok=True)
+                self._blobs.forget(row[0])
         return True
 
     def _write_lock(self) -> AbstractContextManager[None]:

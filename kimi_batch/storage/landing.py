@@ -4,6 +4,10 @@
     landed/manifest.sqlite3     name -> (ds, source) fixed when first seen; versions landed per partition
                                 (the `kimi_landing` schema of KIMI_BATCH_DATABASE_URL when it is set)
 
+With KIMI_BATCH_DATABASE_URL the snapshots are kept in that schema too (`storage.blobs`), and
+`landed/` is each host's cache of them: a run on any machine reads the version it answers
+(`readable`), whichever machine landed it.
+
 Once a file is landed, its partition never depends on the inbox again: removing, renaming or
 rewriting the inbox file changes nothing already landed, and every downstream step reads the
 snapshot. A file's partition is assigned the first time anything sees its name (the sensor, the
@@ -23,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.paths import StatePaths, private_dir
 from kimi_batch.state import StateError, connect_state, read_state
+from kimi_batch.storage.blobs import BlobStore, SharedBlobs
 from kimi_batch.storage.exceptions import StorageError
 from kimi_batch.storage.inbox import InboxFile, sanitize_source, scan_inbox, short_hash
 from kimi_batch.storage.settle import SETTLE_S
@@ -98,6 +103,7 @@ class Landing:
         self.dir = private_dir(paths.landed_dir)
         self._db = connect_state(paths.manifest_state)
         self._db.create(_SCHEMA)
+        self._blobs = BlobStore(self._db, self.dir, paths.manifest_state)
 
     def close(self) -> None:
         self._db.close()
@@ -206,11 +212,13 @@ class Landing:
     ) -> LandedVersion:
         """Snapshot `path` as the partition's newest version (`snapshot.copy_snapshot`: size
         limits, the settle wait, regular files only, nothing left behind by an OSError). The
-        same content lands once and is not a new version."""
+        same content lands once and is not a new version. With a shared state database the
+        snapshot is in it before its version is recorded."""
         ext = ext or path.suffix.lower().lstrip(".") or "bin"
         snapshot = copy_snapshot(
             path, self.dir, name=assignment.name, max_bytes=max_bytes, ext=ext, settle_s=settle_s
         )
+        self._blobs.share(f"{snapshot.sha256}.{ext}")
         with self._db.transaction():  # two processes landing the same bytes add one version
             current = self.current(assignment.ds, assignment.source)
             if current is not None and current.sha256 == snapshot.sha256 and current.ext == ext:
@@ -231,6 +239,19 @@ class Landing:
         landed = self.current(assignment.ds, assignment.source)
         assert landed is not None
         return landed
+
+    def readable(self, version: LandedVersion | None) -> LandedVersion | None:
+        """`version` with its snapshot on this host (fetched from the shared state database when
+        another host landed it), ready to be read at `version.path`."""
+        if version is not None:
+            self._blobs.local(version.path.name)
+        return version
+
+    def share_all(self) -> SharedBlobs:
+        """Put every landed snapshot this host has into the shared state database (a
+        migration)."""
+        versions = self._db.execute("SELECT DISTINCT sha256, ext FROM versions").fetchall()
+        return self._blobs.share_many(f"{sha256}.{ext}" for sha256, ext in versions)
 
     def has_version(self, ds: str, source: str, sha256: str) -> bool:
         """Whether this content was ever landed for the partition."""

@@ -123,7 +123,7 @@ def resolve_input(
             return ResolvedInput(assignment=assignment, version=version, from_inbox=True)
     return ResolvedInput(
         assignment=assignment,
-        version=landing.current(ds, source),
+        version=landing.readable(landing.current(ds, source)),
         problem=problem,
         deferred=deferred,
         from_inbox=False,

@@ -14,6 +14,7 @@ from kimi_batch.cli.state import migrate_state
 from kimi_batch.definitions import batch_assets, build_resources
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
 from kimi_batch.engine import Ledger
+from kimi_batch.paths import StatePaths
 from kimi_batch.settings import Settings
 from kimi_batch.storage import ApiStore, CurrentVersion, Landing, PartitionVersions
 from kimi_batch_tests.support.batches import chat_line, jsonl, landed_batch
@@ -55,7 +56,7 @@ def box(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
 
 
 def test_a_migrated_box_finds_every_row_partition_and_batch_in_postgres(
-    box: Settings, postgres_server: PostgresServer
+    box: Settings, postgres_server: PostgresServer, tmp_path: Path
 ) -> None:
     url = postgres_server.new_database()
     copies = {copy.store: copy for copy in migrate_state(box, url)}
@@ -68,6 +69,24 @@ def test_a_migrated_box_finds_every_row_partition_and_batch_in_postgres(
     # Two versions of the inbox file, and the batch's input (a partition of its own).
     assert copies["manifest"].rows == {"files": 1, "versions": 3}
     assert copies["api"].rows["batches"] == 1
+    # The files the rows name went along: another host, with nothing of the box's, reads them.
+    assert (copies["manifest"].files, copies["api"].files) == (3, 1)
+    assert copies["manifest"].missing_files == copies["api"].missing_files == []
+    elsewhere = StatePaths(home=tmp_path / "another-host", database_url=url)
+    with ApiStore(box.paths) as old:
+        (batch,) = old.batches()
+    with Landing(elsewhere) as landing, Landing(box.paths) as before:
+        for ds, source in ((DAY.isoformat(), "web"), (batch.ds, batch.source)):
+            assert ds is not None
+            assert source is not None
+            there = landing.readable(landing.current(ds, source))
+            here = before.current(ds, source)
+            assert there is not None
+            assert here is not None
+            assert there.path.read_bytes() == here.path.read_bytes()
+    with ApiStore(elsewhere) as store:
+        (upload,) = store.files()
+        assert store.blob_path(upload).read_bytes() == jsonl(chat_line("a"), chat_line("b"))
     moved = box.model_copy(update={"database_url": url})
     with Ledger(moved.paths.ledger_state) as ledger:
         assert ledger.finished_keys(["r0", "r1", "r2", "r3"]) == {"r0", "r1", "r2"}
@@ -105,6 +124,7 @@ def test_a_second_migration_copies_nothing_twice(
 
     report = json.loads(capsys.readouterr().out)
     assert all("already holds rows" in store["skipped"] for store in report["stores"])
+    assert [store["files"] for store in report["stores"]] == [0, 0, 0]  # each shared once
     moved = box.model_copy(update={"database_url": url})
     with Ledger(moved.paths.ledger_state) as ledger:
         assert ledger.count() == 3

@@ -198,7 +198,7 @@ def test_a_delete_racing_an_upload_of_the_same_bytes_keeps_the_new_upload_s_cont
     staged = store.stage_file(io.BytesIO(data), max_bytes=1 << 20)
     # ... the first id is deleted in between: no id names the blob, it goes ...
     assert store.delete_file(first.id)
-    assert not store.blob_path(first).exists()
+    assert not (store.files_dir / first.sha256).exists()
     # ... and keeping the second puts the bytes back with its id.
     second = store.keep_file(staged, filename="2.jsonl", purpose="batch")
     assert store.blob_path(second).read_bytes() == data
@@ -214,7 +214,7 @@ def test_a_delete_after_an_upload_of_the_same_bytes_keeps_the_blob(store: ApiSto
     assert store.delete_file(first.id)
     assert store.blob_path(second).read_bytes() == data
     assert store.delete_file(second.id)
-    assert not store.blob_path(second).exists()
+    assert not (store.files_dir / second.sha256).exists()
     assert not store.delete_file(second.id)
 
 
