@@ -20,6 +20,13 @@ instead would put a warehouse write into the daemon process, outside any run, wi
 or UI trace; through a run it is one more materialization with metadata. A file that vanished
 between the listing and the read is only logged. Either way the tick goes on.
 
+With the state in PostgreSQL (KIMI_BATCH_DATABASE_URL), the sensor also lands each file it reads
+before it asks for the file's run: the snapshot goes into the database, and the run, on whatever
+host it is launched, reads it there. Only the code server then needs the inbox. Landing is bounded
+like hashing (`LAND_BUDGET_S`): what is left over is asked for next tick. A file that does not land
+here (an I/O error) is asked for anyway, and its run lands it or quarantines it with the reason.
+On one box (SQLite state) the run lands the file, as it always did.
+
 The sensor starts STOPPED unless `KIMI_BATCH_INBOX_SENSOR_STATUS=running`: a sensor that starts
 by itself would launch runs for whatever lies in the inbox in every instance that loads this code
 location, test instances included, and compete with the runs a test or a user starts.
@@ -49,6 +56,7 @@ from kimi_batch.storage import (
     Assignment,
     InboxFile,
     Landing,
+    StorageError,
     scan_inbox,
     still_changing,
 )
@@ -74,6 +82,9 @@ SETTLE_S = LANDING_SETTLE_S
 # Sensor evaluation is cut off after 60 s by default; hashing stops after this long and the rest
 # of the files are picked up next tick (the cursor keeps what was done).
 HASH_BUDGET_S = 30.0
+# With the state shared by hosts, landing the files read stops after this long (the rest of the
+# 60 s); what is left is asked for next tick.
+LAND_BUDGET_S = 20.0
 
 
 class InboxCursor(RootModel[dict[str, tuple[int, int, str | None]]]):
@@ -334,6 +345,48 @@ def _landing_retries(
     return retries
 
 
+def _land_for_any_host(
+    landing: Landing, settings: Settings, plan: InboxTick, previous: InboxCursor
+) -> InboxTick:
+    """Land each requested file that was read (see the module docstring); a file left over when
+    `LAND_BUDGET_S` is spent goes back to its previous cursor entry, so next tick asks again."""
+    started = time.monotonic()
+    cursor, warnings = dict(plan.cursor.root), list(plan.warnings)
+    requests: list[InboxRequest] = []
+    deferred = landed = 0
+    for request in plan.requests:
+        name = request.file.name
+        if request.file.sha256 is None:  # not read: its run quarantines it, reading nothing
+            requests.append(request)
+            continue
+        if landed and time.monotonic() - started > LAND_BUDGET_S:
+            if (entry := previous.root.get(name)) is None:
+                cursor.pop(name, None)
+            else:
+                cursor[name] = entry
+            deferred += 1
+            continue
+        try:
+            landing.land(
+                request.file.path,
+                request.assignment,
+                max_bytes=settings.max_input_bytes,
+                settle_s=0.0,  # settled: the plan read it only once it had stood still
+            )
+        except (StorageError, OSError) as error:
+            warnings.append(f"{name}: not landed by the sensor ({error}); its run lands it")
+        landed += 1
+        requests.append(request)
+    return plan.model_copy(
+        update={
+            "requests": requests,
+            "cursor": InboxCursor(cursor),
+            "warnings": warnings,
+            "deferred": plan.deferred + deferred,
+        }
+    )
+
+
 def _new_sources(instance: dg.DagsterInstance, requests: Sequence[InboxRequest]) -> list[str]:
     wanted = {request.assignment.source for request in requests}
     if not wanted:
@@ -361,9 +414,11 @@ def _tick(context: dg.SensorEvaluationContext, settings: Settings) -> dg.SensorR
             hash_budget_s=HASH_BUDGET_S,
         )
         retries = _landing_retries(context.instance, landing, files, plan)
-    for retry in retries:
-        context.log.warning(f"{retry.file.name}: its last run did not land it; asking again")
-    plan = plan.model_copy(update={"requests": [*plan.requests, *retries]})
+        for retry in retries:
+            context.log.warning(f"{retry.file.name}: its last run did not land it; asking again")
+        plan = plan.model_copy(update={"requests": [*plan.requests, *retries]})
+        if settings.paths.database_url is not None:
+            plan = _land_for_any_host(landing, settings, plan, InboxCursor.parse(context.cursor))
     for warning in plan.warnings:
         context.log.warning(warning)
     new_sources = _new_sources(context.instance, plan.requests)
@@ -405,7 +460,8 @@ def build_inbox_sensor(settings: Settings) -> dg.SensorDefinition:
             "hash (+ how often that content was landed before), so an unchanged file never runs "
             "twice and a file changed back to an earlier content runs again. Unreadable and "
             "refused files are "
-            "requested for quarantine without being read."
+            "requested for quarantine without being read. With the state in PostgreSQL it "
+            "lands each file it reads first, so the runs on any host read the snapshot."
         ),
     )
     def inbox_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:

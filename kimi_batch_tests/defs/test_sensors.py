@@ -37,6 +37,7 @@ from kimi_batch.settings import Settings
 from kimi_batch.storage.inbox import InboxFile, file_sha256, scan_inbox
 from kimi_batch.storage.landing import Assignment, Landing
 from kimi_batch.storage.partition_input import LandingIOError
+from kimi_batch_tests.support.postgres import PostgresServer
 from kimi_batch_tests.support.standins import standin_definitions
 
 # Dagster's own multi-partition tags (`dagster/partition/date`) trip its tag-key deprecation.
@@ -576,3 +577,69 @@ def test_a_reverted_file_whose_landing_failed_is_asked_for_again(
         current = landing.current(DAY, "seeds")
     assert current is not None
     assert current.sha256 == file_sha256(path)
+
+
+# ---- the state in PostgreSQL: the sensor lands, a run on any host reads the snapshot -----------
+
+
+def _worker_elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """The settings of a run worker on another host: its own state dir (no inbox), same database."""
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path / "run-host"))
+    return Settings.from_env()
+
+
+def test_with_the_state_in_postgres_the_sensor_lands_the_file_and_its_run_needs_no_inbox(
+    inbox: Path,
+    tmp_path: Path,
+    postgres_server: PostgresServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KIMI_BATCH_DATABASE_URL", postgres_server.new_database())
+    text = '{"prompt": "only the code server sees the inbox"}\n'
+    put(inbox / DAY / "shared.jsonl", text)
+    with dg.instance_for_test() as instance:
+        code_server = SensorDaemon(instance=instance, defs=standin_definitions())
+        (request,) = code_server.tick(execute=False).data.run_requests
+        elsewhere = _worker_elsewhere(tmp_path, monkeypatch)
+        worker = SensorDaemon(instance=instance, defs=standin_definitions(elsewhere))
+        result = worker._execute(request)
+    assert result.success
+    (event,) = result.asset_materializations_for_node("seed_prompts")
+    assert event.metadata["problem"].value == ""
+    assert event.metadata["bytes"].value == len(text)
+    assert not elsewhere.paths.inbox_dir.exists()
+    (snapshot,) = elsewhere.paths.landed_dir.glob("*.jsonl")
+    assert snapshot.read_text() == text
+
+
+def test_landing_in_the_sensor_is_bounded_and_the_rest_is_asked_for_next_tick(
+    inbox: Path, postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KIMI_BATCH_DATABASE_URL", postgres_server.new_database())
+    monkeypatch.setattr(sensors, "LAND_BUDGET_S", 0.0)  # spent by the first landing
+    put(inbox / DAY / "first.jsonl")
+    put(inbox / DAY / "second.jsonl", '{"prompt": "two"}\n')
+    with dg.instance_for_test() as instance:
+        code_server = SensorDaemon(instance=instance, defs=standin_definitions())
+        first = code_server.tick(execute=False).data.run_requests
+        second = code_server.tick(execute=False).data.run_requests
+        third = code_server.tick(execute=False).data.run_requests
+    assert [r.tags[FILE_TAG] for r in [*first, *second]] == [
+        f"{DAY}/first.jsonl",
+        f"{DAY}/second.jsonl",
+    ]
+    assert third == []
+    with Landing(Settings.from_env().paths) as landing:
+        assert [landing.current(DAY, s) is not None for s in ("first", "second")] == [True, True]
+
+
+def test_on_one_box_the_sensor_lands_nothing_its_run_does(
+    inbox: Path, daemon: SensorDaemon
+) -> None:
+    put(inbox / DAY / "local.jsonl")
+    (request,) = daemon.tick(execute=False).data.run_requests
+    with Landing(Settings.from_env().paths) as landing:
+        assert landing.current(DAY, "local") is None
+    assert daemon._execute(request).success  # the run lands it
+    with Landing(Settings.from_env().paths) as landing:
+        assert landing.current(DAY, "local") is not None
