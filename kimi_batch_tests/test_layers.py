@@ -14,6 +14,7 @@ PACKAGE = TESTS.parent / "kimi_batch"
 # `definitions.py`, `api/`, `bench/`) sit above everything.
 LAYERS = {
     "errors": 0,
+    "crash_points": 0,
     "settings": 0,
     "paths": 0,
     "state": 0,
