@@ -247,6 +247,8 @@ def format_validation_error(error: ValidationError) -> str:
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] in ("model_type", "dict_type"):
             message = "must be a JSON object"  # pydantic would name a private class here
+        elif item["type"] == "extra_forbidden":
+            message = "is not supported by this server (refused, not ignored)"
         parts.append(f"{location}: {message}" if location else message)
     if error.error_count() > _MAX_REASONS:
         parts.append(f"and {error.error_count() - _MAX_REASONS} more")
