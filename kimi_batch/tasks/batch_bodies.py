@@ -279,17 +279,27 @@ class _ResponsesBody(_SamplingBody):
         )
 
 
-class _ChatLine(_Model):
+def _no_nul(value: str) -> str:
+    # PostgreSQL text cannot hold U+0000: a custom_id holding one could not be recorded.
+    if "\x00" in value:
+        at = value.index("\x00")
+        raise ValueError(f"must not contain U+0000 (a NUL character; at character {at})")
+    return value
+
+
+class _Line(_Model):
     custom_id: str = Field(min_length=1)
     method: Literal["POST"]
     url: str
+
+    _custom_id = field_validator("custom_id")(_no_nul)
+
+
+class _ChatLine(_Line):
     body: _ChatBody
 
 
-class _CompletionLine(_Model):
-    custom_id: str = Field(min_length=1)
-    method: Literal["POST"]
-    url: str
+class _CompletionLine(_Line):
     body: _CompletionBody
 
 
@@ -312,10 +322,7 @@ def _split_system(messages: Sequence[_Message], field: str) -> tuple[str, list[C
     return system, turns
 
 
-class _ResponsesLine(_Model):
-    custom_id: str = Field(min_length=1)
-    method: Literal["POST"]
-    url: str
+class _ResponsesLine(_Line):
     body: _ResponsesBody
 
 

@@ -115,3 +115,14 @@ def test_nested_fields_that_are_applied_reach_the_request() -> None:
     assert chat.lines[0].params.json_schema == SCHEMA
     assert responses.lines[0].params.json_schema == SCHEMA
     assert responses.lines[0].messages[0].content == "Hi."
+
+
+def test_a_custom_id_holding_nul_is_a_line_error() -> None:
+    line = {"custom_id": "a\x00b", "method": "POST", "url": CHAT, "body": {"messages": HI}}
+
+    parsed = parse_batch_input([json.dumps(line).encode()], endpoint=CHAT)
+
+    assert parsed.lines == []
+    [error] = parsed.errors
+    assert (error.code, error.param) == ("invalid_request", "custom_id")
+    assert "must not contain U+0000" in error.message
