@@ -31,6 +31,8 @@ _DEFAULT_CHAT_MAX_TOKENS = 1 << 20
 _DEFAULT_COMPLETION_MAX_TOKENS = 16
 _DEFAULT_TEMPERATURE = 1.0
 _DEFAULT_TOP_P = 1.0
+# Integers go into 64-bit columns and llama-server's JSON: a larger one is refused at validation.
+_INT64_MAX = (1 << 63) - 1
 
 
 class LineRefusedError(ValueError):
@@ -146,10 +148,10 @@ class _SamplingBody(_Model):
     """The fields both endpoints take."""
 
     model: str | None = None
-    max_tokens: int | None = Field(default=None, gt=0, strict=True)
+    max_tokens: int | None = Field(default=None, gt=0, le=_INT64_MAX, strict=True)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    seed: int | None = Field(default=None, strict=True)
+    seed: int | None = Field(default=None, ge=-_INT64_MAX - 1, le=_INT64_MAX, strict=True)
     n: int | None = Field(default=None, ge=1, le=1, description="One choice per request.")
     stream: Literal[False] | None = None
     stop: str | list[str] | None = None
@@ -177,7 +179,7 @@ class _SamplingBody(_Model):
 
 class _ChatBody(_SamplingBody):
     messages: list[_Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, gt=0, strict=True)
+    max_completion_tokens: int | None = Field(default=None, gt=0, le=_INT64_MAX, strict=True)
     response_format: _ResponseFormat | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20, strict=True)
@@ -251,7 +253,7 @@ class _FlatTool(BaseModel):
 class _ResponsesBody(_SamplingBody):
     input: list[_InputItem] = Field(min_length=1)
     instructions: str | None = None
-    max_output_tokens: int | None = Field(default=None, gt=0, strict=True)
+    max_output_tokens: int | None = Field(default=None, gt=0, le=_INT64_MAX, strict=True)
     text: _Text | None = None
     tools: list[_FlatTool] | None = Field(default=None, min_length=1, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | None = None

@@ -217,6 +217,11 @@ class _BoundedLines:
             raise _RowTooLongError
         return line
 
+    @property
+    def quote_open(self) -> bool:
+        """Whether the record read so far leaves a quote open (csv writes them in pairs)."""
+        return bool(self._quotes % 2)
+
     def resync(self) -> bool:
         """After a record spanning lines failed: go back to its second line, so only its first
         line is set aside. False when the record was one line (nothing to go back to)."""
@@ -279,7 +284,7 @@ def csv_items(file: IO[bytes], *, max_row_bytes: int = MAX_ROW_BYTES) -> Iterato
             continue
         except csv.Error as error:
             reason = f"invalid CSV: {error}"
-            if lines.resync():
+            if lines.resync() or lines.quote_open:
                 reason = f"invalid CSV: {_UNCLOSED} ({error})"
             yield Item(line, None, lines.preview, reason)
             continue
