@@ -4,6 +4,10 @@ Each reader yields `Item`s: the row's line, the decoded record (or why it could 
 and what to show in the quarantine's `raw` column. A bad row is an `Item` with an `error`; only
 what makes the rest of a file unreadable raises (the caller turns that into one file-level row).
 
+CSV is read strictly (a quote must close where a field ends): a line opening a quote that never
+closes properly is set aside by itself and reading goes on at the line after it, so one stray
+quote never swallows the rest of the file into one row.
+
 Memory stays bounded whatever the file holds: JSONL is read line by line and CSV record by record
 from the open file, each row at most `max_row_bytes` (a longer one is skipped, not loaded),
 Parquet slice by slice, and a `.json` array (which has to be parsed whole) only up to a small size.

@@ -60,7 +60,8 @@ def _row(draw: st.DrawFn) -> dict[str, Any]:
         row["seed"] = draw(HUGE)
     if draw(st.booleans()):
         row["max_tokens"] = draw(HUGE)
-    prompt = draw(TEXT)
+    # A lone surrogate arrives as a JSON escape (a broken escape or a mis-decoded file).
+    prompt = draw(st.one_of(TEXT, TEXT.map(lambda text: text + "\udc80")))
     if draw(st.integers(0, 4)) == 0:
         custom_id = draw(TEXT)
         body = {**row, "messages": [{"role": "user", "content": prompt}]}
@@ -88,6 +89,7 @@ def _plainly_valid(row: dict[str, Any]) -> bool:
     return (
         isinstance(prompt, str)
         and bool(prompt.strip())
+        and "\udc80" not in prompt
         and all(_fits(fields.get(name)) for name in ("seed", "max_tokens"))
         and (tokens is None or tokens > 0)
     )
@@ -141,9 +143,19 @@ LINE = st.one_of(
 )
 
 
+def _json(value: object) -> str:
+    """`value` as JSON, in UTF-8 where it can be (a lone surrogate only as an escape)."""
+    text = json.dumps(value, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value)
+    return text
+
+
 def _line_text(item: dict[str, Any] | str | int) -> str:
     if isinstance(item, dict):
-        return json.dumps(item, ensure_ascii=False)
+        return _json(item)
     if isinstance(item, int):
         return '{"prompt": "deep", "meta": ' + "[" * item + "]" * item + "}"
     return item
@@ -178,7 +190,7 @@ def _rows_of(items: Sequence[object]) -> set[int]:
 def test_json_array_rows_are_kept_or_quarantined(rows: list[dict[str, Any]]) -> None:
     with _folder() as folder:
         path = folder / "rows.json"
-        path.write_text(json.dumps(rows, ensure_ascii=False), encoding="utf-8")
+        path.write_text(_json(rows), encoding="utf-8")
         batch = read_inbox_file(path)
 
     written = dict(enumerate(rows, start=1))
@@ -187,17 +199,23 @@ def test_json_array_rows_are_kept_or_quarantined(rows: list[dict[str, Any]]) -> 
 
 
 @EXAMPLES
-@given(rows=st.lists(st.tuples(TEXT, TEXT), min_size=1, max_size=12))
-def test_csv_rows_written_by_a_csv_writer_are_kept_whole(rows: list[tuple[str, str]]) -> None:
+@given(
+    rows=st.lists(st.tuples(TEXT, TEXT), min_size=1, max_size=12),
+    seeds=st.lists(st.one_of(st.none(), HUGE), min_size=12, max_size=12),
+)
+def test_csv_rows_written_by_a_csv_writer_are_kept_whole(
+    rows: list[tuple[str, str]], seeds: list[int | None]
+) -> None:
     """Whatever the cells hold (quotes, separators, newlines of every kind), a row a CSV writer
-    wrote is one row: kept with its text, or quarantined (an empty prompt, a repeated id)."""
+    wrote is one row: kept with its text, or quarantined (an empty prompt, a repeated id, a
+    seed past 64 bits)."""
     buffer = io.StringIO(newline="")
     writer = csv.writer(buffer)
-    writer.writerow(["id", "prompt"])
-    starts: dict[int, tuple[str, str]] = {}
-    for row in rows:
-        starts[buffer.getvalue().count("\n") + 1 + _bare_cr_lines(buffer.getvalue())] = row
-        writer.writerow(row)
+    writer.writerow(["id", "prompt", "seed"])
+    starts: dict[int, tuple[str, str, int | None]] = {}
+    for row, seed in zip(rows, seeds, strict=False):
+        starts[buffer.getvalue().count("\n") + 1 + _bare_cr_lines(buffer.getvalue())] = (*row, seed)
+        writer.writerow([*row, "" if seed is None else str(seed)])
     with _folder() as folder:
         path = folder / "rows.csv"
         path.write_text(buffer.getvalue(), encoding="utf-8", newline="")
@@ -205,12 +223,13 @@ def test_csv_rows_written_by_a_csv_writer_are_kept_whole(rows: list[tuple[str, s
 
     assert len(batch.seeds) + len(batch.quarantined) == len(rows)
     by_id = {seed.input_id: seed for seed in batch.seeds}
-    for seed in batch.seeds:
-        written_id, prompt = starts[seed.line or 0]
-        assert seed.prompt == prompt
-        assert written_id.strip() in ("", seed.input_id)
-    for (written_id, prompt), kept in zip(rows, _kept_flags(rows), strict=True):
-        if kept:
+    for kept in batch.seeds:
+        written_id, prompt, seed = starts[kept.line or 0]
+        assert kept.prompt == prompt
+        assert kept.params.seed == seed  # so never one past 64 bits
+        assert written_id.strip() in ("", kept.input_id)
+    for (written_id, prompt), kept, seed in zip(rows, _kept_flags(rows), seeds, strict=False):
+        if kept and _fits(seed):
             assert by_id[written_id.strip()].prompt == prompt
     assert all(row.reason.strip() for row in batch.quarantined)
 
