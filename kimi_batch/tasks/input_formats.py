@@ -247,6 +247,8 @@ class _BoundedLines:
             self._mid_line = not piece.endswith(("\n", "\r"))
             if not self._mid_line:
                 self.lines += 1
+                if self.lines == self._first and self._resume is None and self._quotes % 2:
+                    self._resume = self._text.tell()  # the end of an over-long first line
         return False
 
 

@@ -77,3 +77,15 @@ def test_an_unterminated_quote_past_the_row_limit_sets_aside_its_line_only(
     [row] = batch.quarantined
     assert row.line == 4
     assert row.reason.startswith(f"row is over {MAX_ROW_BYTES} characters; a quoted field")
+
+
+def test_an_over_long_line_with_a_stray_quote_sets_aside_its_line_only(tmp_path: Path) -> None:
+    long_line = '2,"' + "x" * (MAX_ROW_BYTES + 10)
+    path = _numbered_csv(tmp_path / "rows.csv", 30, {2: long_line})
+
+    batch = read_inbox_file(path)
+
+    assert [seed.input_id for seed in batch.seeds] == [str(n) for n in range(1, 31) if n != 2]
+    [row] = batch.quarantined
+    assert row.line == 3
+    assert row.reason.startswith(f"row is over {MAX_ROW_BYTES} characters; a quoted field")
