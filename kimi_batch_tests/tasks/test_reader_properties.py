@@ -67,6 +67,8 @@ def _row(draw: st.DrawFn) -> dict[str, Any]:
         body = {**row, "messages": [{"role": "user", "content": prompt}]}
         body.pop("id", None)
         return {"custom_id": custom_id, "url": "/v1/chat/completions", "body": body}
+    if draw(st.integers(0, 4)) == 0:
+        return {**row, "messages": [{"role": "user", "content": prompt}]}
     return {**row, "prompt": prompt}
 
 
@@ -74,6 +76,8 @@ def _written_prompt(row: Any) -> Any:
     """The prompt a row was written with."""
     if isinstance(row, dict) and "body" in row:
         return row["body"]["messages"][0]["content"]
+    if isinstance(row, dict) and "messages" in row:
+        return row["messages"][0]["content"]
     return row.get("prompt") if isinstance(row, dict) else None
 
 
