@@ -21,6 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg.pq import TransactionStatus
+from psycopg.types.string import StrBinaryDumper, StrDumperUnknown
 
 from kimi_batch.state.database import Cursor, StateBusyError, StateDatabase, StateError
 
@@ -40,6 +41,25 @@ def shown_url(url: str) -> str:
     host = parts.hostname or ""
     netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _without_nul(text: str) -> str:
+    """PostgreSQL text cannot hold U+0000: written (and looked up) as its JSON escape.
+
+    Ids holding it are refused at the inputs, and JSON columns hold it escaped already, so this
+    only keeps a label copied from an older SQLite state (`state migrate`) from failing the
+    whole copy; the same text always maps to the same stored value, so lookups still match."""
+    return text.replace("\x00", "\\u0000") if "\x00" in text else text
+
+
+class _TextDumper(StrDumperUnknown):
+    def dump(self, obj: str) -> Any:
+        return super().dump(_without_nul(obj))
+
+
+class _TextBinaryDumper(StrBinaryDumper):
+    def dump(self, obj: str) -> Any:
+        return super().dump(_without_nul(obj))
 
 
 def _placeholders(sql: str) -> str:
@@ -91,6 +111,8 @@ class PostgresDatabase(StateDatabase):
                 # A statement waiting on a lock longer than SQLite's busy timeout fails as busy.
                 options=f"-c lock_timeout={int(self._timeout_s * 1000)}",
             )
+            db.adapters.register_dumper(str, _TextBinaryDumper)
+            db.adapters.register_dumper(str, _TextDumper)
             # The schema may not exist yet: it is created with the tables (`create`).
             db.execute(f"SET search_path TO {self.schema}")  # type: ignore[arg-type]
         except psycopg.Error as error:
@@ -151,7 +173,9 @@ class PostgresDatabase(StateDatabase):
         return POSTGRES_CLOCK, float(row[0])
 
     def json_text(self, column: str, key: str) -> str:
-        return f"(({column})::jsonb ->> '{key}')"
+        # PostgreSQL's JSON refuses a \u0000 escape anywhere in the text, and an answer may
+        # hold one: it is read as U+FFFD here (still valid JSON after an escaped backslash too).
+        return f"(replace({column}, '\\u0000', '\\ufffd')::json ->> '{key}')"
 
     def columns(self, table: str) -> set[str]:
         rows = self.execute(

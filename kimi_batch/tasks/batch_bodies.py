@@ -31,6 +31,8 @@ _DEFAULT_CHAT_MAX_TOKENS = 1 << 20
 _DEFAULT_COMPLETION_MAX_TOKENS = 16
 _DEFAULT_TEMPERATURE = 1.0
 _DEFAULT_TOP_P = 1.0
+# Integers go into 64-bit columns and llama-server's JSON: a larger one is refused at validation.
+_INT64_MAX = (1 << 63) - 1
 
 
 class LineRefusedError(ValueError):
@@ -46,9 +48,31 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
 
+class _Nested(BaseModel):
+    """An object inside a body: a field it does not list is refused, named by its path (e.g.
+    `body.text.fromat`), never dropped: the request that runs is the one that was sent."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
 # Text content parts: a chat message's, and a Responses input item's (the model's own earlier
 # turns come back as output_text).
 _TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
+# A part's keys: `annotations` and `logprobs` come back on a model's output_text and do not
+# change the prompt.
+_PART_KEYS = frozenset({"type", "text", "annotations", "logprobs"})
+
+
+def _part_text(index: int, part: Any) -> str:
+    if not isinstance(part, dict) or part.get("type") not in _TEXT_PARTS:
+        raise ValueError("only text content parts are supported")
+    extra = sorted(str(key)[:100] for key in part if key not in _PART_KEYS)
+    if extra:
+        raise ValueError(f"part {index}: {extra[0]!r} is not supported here")
+    text = part.get("text")
+    if not isinstance(text, str):
+        raise ValueError(f"part {index}: `text` must be a string")
+    return text
 
 
 class _Message(_Model):
@@ -59,9 +83,7 @@ class _Message(_Model):
     @classmethod
     def _parts(cls, value: Any) -> Any:
         if isinstance(value, list):
-            if not all(isinstance(p, dict) and p.get("type") in _TEXT_PARTS for p in value):
-                raise ValueError("only text content parts are supported")
-            return "".join(str(p.get("text", "")) for p in value)
+            return "".join(_part_text(index, part) for index, part in enumerate(value))
         return value
 
 
@@ -71,16 +93,33 @@ class _InputItem(_Message):
     type: Literal["message"] = "message"
 
 
-class _ResponseFormat(_Model):
+class _JsonSchema(_Nested):
+    """`response_format.json_schema`; the answer is constrained to `schema` (llama-server
+    enforces it by grammar, so `strict` is what it does anyway; the name and description are
+    labels)."""
+
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class _ResponseFormat(_Nested):
     type: Literal["text", "json_object", "json_schema"]
-    json_schema: dict[str, Any] | None = None
+    json_schema: _JsonSchema | None = None
 
     def schema_or_none(self) -> dict[str, Any] | None:
+        if self.type != "json_schema" and self.json_schema is not None:
+            raise LineRefusedError(
+                f"response_format.json_schema is only used with type 'json_schema', not "
+                f"{self.type!r}",
+                "body.response_format.json_schema",
+            )
         if self.type == "text":
             return None
         if self.type == "json_object":
             return {"type": "object"}
-        schema = (self.json_schema or {}).get("schema")
+        schema = self.json_schema.schema_ if self.json_schema else None
         if not isinstance(schema, dict):
             raise LineRefusedError(
                 "response_format.json_schema.schema must be a JSON schema object",
@@ -109,10 +148,10 @@ class _SamplingBody(_Model):
     """The fields both endpoints take."""
 
     model: str | None = None
-    max_tokens: int | None = Field(default=None, gt=0, strict=True)
+    max_tokens: int | None = Field(default=None, gt=0, le=_INT64_MAX, strict=True)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    seed: int | None = Field(default=None, strict=True)
+    seed: int | None = Field(default=None, ge=-_INT64_MAX - 1, le=_INT64_MAX, strict=True)
     n: int | None = Field(default=None, ge=1, le=1, description="One choice per request.")
     stream: Literal[False] | None = None
     stop: str | list[str] | None = None
@@ -140,7 +179,7 @@ class _SamplingBody(_Model):
 
 class _ChatBody(_SamplingBody):
     messages: list[_Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, gt=0, strict=True)
+    max_completion_tokens: int | None = Field(default=None, gt=0, le=_INT64_MAX, strict=True)
     response_format: _ResponseFormat | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20, strict=True)
@@ -169,18 +208,30 @@ class _CompletionBody(_SamplingBody):
     best_of: int | None = Field(default=None, ge=1, le=1)
 
 
-class _TextFormat(_Model):
+class _TextFormat(_Nested):
     """The Responses API's `text.format`: the same three kinds, the schema at its top level."""
 
     type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    description: str | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
 
     def response_format(self) -> _ResponseFormat:
-        schema = None if self.schema_ is None else {"schema": self.schema_}
+        if self.type != "json_schema":
+            if self.schema_ is not None:
+                raise LineRefusedError(
+                    f"text.format.schema is only used with type 'json_schema', not {self.type!r}",
+                    "body.text.format.schema",
+                )
+            return _ResponseFormat(type=self.type)
+        schema = _JsonSchema.model_validate({"schema": self.schema_})
         return _ResponseFormat(type=self.type, json_schema=schema)
 
 
-class _Text(_Model):
+class _Text(_Nested):
+    """The Responses API's `text`; `verbosity` is refused (llama-server has no such control)."""
+
     format: _TextFormat | None = None
 
 
@@ -202,7 +253,7 @@ class _FlatTool(BaseModel):
 class _ResponsesBody(_SamplingBody):
     input: list[_InputItem] = Field(min_length=1)
     instructions: str | None = None
-    max_output_tokens: int | None = Field(default=None, gt=0, strict=True)
+    max_output_tokens: int | None = Field(default=None, gt=0, le=_INT64_MAX, strict=True)
     text: _Text | None = None
     tools: list[_FlatTool] | None = Field(default=None, min_length=1, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | None = None
@@ -230,17 +281,27 @@ class _ResponsesBody(_SamplingBody):
         )
 
 
-class _ChatLine(_Model):
+def _no_nul(value: str) -> str:
+    # PostgreSQL text cannot hold U+0000: a custom_id holding one could not be recorded.
+    if "\x00" in value:
+        at = value.index("\x00")
+        raise ValueError(f"must not contain U+0000 (a NUL character; at character {at})")
+    return value
+
+
+class _Line(_Model):
     custom_id: str = Field(min_length=1)
     method: Literal["POST"]
     url: str
+
+    _custom_id = field_validator("custom_id")(_no_nul)
+
+
+class _ChatLine(_Line):
     body: _ChatBody
 
 
-class _CompletionLine(_Model):
-    custom_id: str = Field(min_length=1)
-    method: Literal["POST"]
-    url: str
+class _CompletionLine(_Line):
     body: _CompletionBody
 
 
@@ -263,10 +324,7 @@ def _split_system(messages: Sequence[_Message], field: str) -> tuple[str, list[C
     return system, turns
 
 
-class _ResponsesLine(_Model):
-    custom_id: str = Field(min_length=1)
-    method: Literal["POST"]
-    url: str
+class _ResponsesLine(_Line):
     body: _ResponsesBody
 
 

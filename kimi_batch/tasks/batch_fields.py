@@ -25,6 +25,10 @@ json_schema), and function `tools` (flat, as the Responses API writes them) with
 and `parallel_tool_calls`. Refused: `previous_response_id` (no response is stored here: a line
 stands alone), input items other than messages, and every other field.
 
+Inside the fields, every object is a body model (`tasks.batch_bodies`) that refuses a key it does
+not list (`text.verbosity`, a misspelt `text.fromat`, `response_format.schema`), named by its
+path; only a JSON schema and a tool's `parameters` are free-form, and they are sent as given.
+
 All: `n` only as 1 (one choice per request). Accepted and not sent, because they do not
 change the answer: `user`, `metadata`, `store`, and `stream: false`.
 """

@@ -4,6 +4,10 @@ Each reader yields `Item`s: the row's line, the decoded record (or why it could 
 and what to show in the quarantine's `raw` column. A bad row is an `Item` with an `error`; only
 what makes the rest of a file unreadable raises (the caller turns that into one file-level row).
 
+CSV is read strictly (a quote must close where a field ends): a line opening a quote that never
+closes properly is set aside by itself and reading goes on at the line after it, so one stray
+quote never swallows the rest of the file into one row.
+
 Memory stays bounded whatever the file holds: JSONL is read line by line and CSV record by record
 from the open file, each row at most `max_row_bytes` (a longer one is skipped, not loaded),
 Parquet slice by slice, and a `.json` array (which has to be parsed whole) only up to a small size.
@@ -172,7 +176,9 @@ class _BoundedLines:
     """CSV input lines with a size budget per record; counts physical lines.
 
     csv.reader pulls lines from here; a record that grows past the budget raises out of the
-    reader (which starts afresh at the next call), and `skip_record` reads past its rest.
+    reader (which starts afresh at the next call), and `skip_record` reads past its rest. A
+    record whose first line leaves a quote open marks where its second line starts, so that a
+    quote that never closes properly costs its own line only (`resync`), not the rest of the file.
     """
 
     def __init__(self, text: IO[str], limit: int) -> None:
@@ -181,12 +187,16 @@ class _BoundedLines:
         self._size = 0
         self._quotes = 0
         self._mid_line = False
+        self._resume: int | None = None  # where the record's second line starts
+        self._first = 0  # the physical line the record starts on
         self.lines = 0
         self.preview = ""
 
     def start_record(self) -> None:
         self._size = 0
         self._quotes = 0
+        self._resume = None
+        self._first = self.lines + 1
         self.preview = ""
 
     def __iter__(self) -> Iterator[str]:
@@ -196,27 +206,56 @@ class _BoundedLines:
         line = self._text.readline(self._limit - self._size + 1)
         if not line:
             raise StopIteration
-        if not self._size:
+        first = not self._size
+        if first:
             self.preview = line[:_PREVIEW_CHARS]
         self._size += len(line)
         self._quotes += line.count('"')
         self._mid_line = self._size > self._limit and not line.endswith(("\n", "\r"))
         if not self._mid_line:
             self.lines += 1
+            if first and self._quotes % 2:
+                # Rare (a cell spanning lines, or a stray quote): only then is the position asked.
+                self._resume = self._text.tell()
         if self._size > self._limit:
             raise _RowTooLongError
         return line
 
-    def skip_record(self) -> None:
-        """Read to the end of a line outside quotes (a quote count that is even, as csv writes)."""
+    @property
+    def quote_open(self) -> bool:
+        """Whether the record read so far leaves a quote open (csv writes them in pairs)."""
+        return bool(self._quotes % 2)
+
+    def resync(self) -> bool:
+        """After a record spanning lines failed: go back to its second line, so only its first
+        line is set aside. False when the record was one line (nothing to go back to)."""
+        if self._resume is None or self.lines <= self._first:
+            return False
+        self._text.seek(self._resume)
+        self.lines = self._first
+        return True
+
+    def skip_record(self) -> bool:
+        """Read to the end of a line outside quotes (a quote count that is even, as csv writes).
+        When the file ends with the quote still open, the quote never closed: go back to the
+        record's second line instead (`resync`) and return True."""
         while self._mid_line or self._quotes % 2:
             piece = self._text.readline(_SKIP_CHUNK)
             if not piece:
-                return
+                return self.resync()
             self._quotes += piece.count('"')
             self._mid_line = not piece.endswith(("\n", "\r"))
             if not self._mid_line:
                 self.lines += 1
+                if self.lines == self._first and self._resume is None and self._quotes % 2:
+                    self._resume = self._text.tell()  # the end of an over-long first line
+        return False
+
+
+_UNCLOSED = (
+    "a quoted field opened on this line does not close where a field ends; this line is set "
+    "aside and reading goes on at the next line"
+)
 
 
 def _ensure_field_limit(limit: int) -> None:
@@ -229,7 +268,8 @@ def csv_items(file: IO[bytes], *, max_row_bytes: int = MAX_ROW_BYTES) -> Iterato
     """Rows under a header line; a quoted cell may span lines. Sizes count characters."""
     _ensure_field_limit(max_row_bytes + 1)
     lines = _BoundedLines(io.TextIOWrapper(file, encoding="utf-8-sig", newline=""), max_row_bytes)
-    reader = csv.reader(lines)
+    # strict: a quote that closes in the middle of a field is an error, not text glued on.
+    reader = csv.reader(lines, strict=True)
     try:
         header = next(reader, None) or []
     except _RowTooLongError as error:
@@ -243,11 +283,16 @@ def csv_items(file: IO[bytes], *, max_row_bytes: int = MAX_ROW_BYTES) -> Iterato
         except StopIteration:
             return
         except _RowTooLongError:
-            lines.skip_record()
-            yield Item(line, None, lines.preview, f"row is over {max_row_bytes} characters")
+            reason = f"row is over {max_row_bytes} characters"
+            if lines.skip_record():
+                reason += f"; {_UNCLOSED}"
+            yield Item(line, None, lines.preview, reason)
             continue
         except csv.Error as error:
-            yield Item(line, None, lines.preview, f"invalid CSV: {error}")
+            reason = f"invalid CSV: {error}"
+            if lines.resync() or lines.quote_open:
+                reason = f"invalid CSV: {_UNCLOSED} ({error})"
+            yield Item(line, None, lines.preview, reason)
             continue
         if not fields:
             continue  # a blank line, as csv.DictReader skips it

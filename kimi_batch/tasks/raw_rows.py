@@ -27,6 +27,9 @@ _MAX_REASONS = 3
 # A lone surrogate (from a JSON `\ud800` escape) is not Unicode: UTF-8 encoding of the request,
 # the request key and the Parquet writer would all fail on it later.
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# The tables store integers as signed 64-bit (BIGINT): a larger value could not be written, and
+# one such row would fail the write of every other row of its partition.
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 def _content_text(value: Any) -> Any:
@@ -93,6 +96,20 @@ def _nonempty_messages(value: list[_InMessage] | None) -> list[_InMessage] | Non
     return value
 
 
+def _bounded(value: int | None) -> int | None:
+    if value is not None and not _INT64_MIN <= value <= _INT64_MAX:
+        raise ValueError(f"must be a 64-bit integer (between {_INT64_MIN} and {_INT64_MAX})")
+    return value
+
+
+def _no_nul(value: str) -> str:
+    # PostgreSQL text cannot hold U+0000: an id holding one could not be recorded or looked up.
+    if "\x00" in value:
+        at = value.index("\x00")
+        raise ValueError(f"must not contain U+0000 (a NUL character; at character {at})")
+    return value
+
+
 def _no_bool(value: Any) -> Any:
     # Lax pydantic reads `true` as 1; as a sampling setting it is a mistake, not a number.
     if isinstance(value, bool):
@@ -112,6 +129,11 @@ class _Overrides(BaseModel):
     @classmethod
     def _number(cls, value: Any) -> Any:
         return _no_bool(value)
+
+    @field_validator("max_tokens", "seed")
+    @classmethod
+    def _int64(cls, value: int | None) -> int | None:
+        return _bounded(value)
 
     def overrides(self) -> ParamOverrides:
         return ParamOverrides(
@@ -139,7 +161,7 @@ class _PlainRow(_Overrides):
         text = str(value).strip()
         if not text:
             raise ValueError("must not be empty")
-        return text
+        return _no_nul(text)
 
     @field_validator("prompt")
     @classmethod
@@ -209,7 +231,7 @@ class _OpenAIBatchLine(BaseModel):
     def _custom_id(cls, value: str) -> str:
         if not value:
             raise ValueError("String should have at least 1 character")
-        return value
+        return _no_nul(value)
 
 
 # ---- one row -----------------------------------------------------------------------------------
@@ -225,6 +247,8 @@ def format_validation_error(error: ValidationError) -> str:
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] in ("model_type", "dict_type"):
             message = "must be a JSON object"  # pydantic would name a private class here
+        elif item["type"] == "extra_forbidden":
+            message = "is not supported by this server (refused, not ignored)"
         parts.append(f"{location}: {message}" if location else message)
     if error.error_count() > _MAX_REASONS:
         parts.append(f"and {error.error_count() - _MAX_REASONS} more")

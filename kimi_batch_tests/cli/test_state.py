@@ -189,3 +189,23 @@ def test_a_run_migrated_to_postgres_is_not_generated_again(
         assert done.metadata["generated"].value == 0
         assert done.metadata["from_ledger"].value == done.metadata["requests"].value
     assert sent == 0
+
+
+def test_a_box_with_nul_in_its_rows_migrates_whole(
+    box: Settings, postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    """Older code let U+0000 into an input id; answers may hold it. PostgreSQL text cannot: the
+    copy still goes through (the id as its escape, the answer exactly) and the files follow."""
+    with Ledger(box.paths.ledger_state) as ledger:
+        ledger.put(make_result("an\x00swer", request_id="r-nul", input_id="in\x00put", tag="seed"))
+    url = postgres_server.new_database()
+
+    copies = {copy.store: copy for copy in migrate_state(box, url)}
+
+    assert copies["ledger"].rows["results"] == 4
+    assert copies["manifest"].files == 3
+    moved = box.model_copy(update={"database_url": url})
+    with Ledger(moved.paths.ledger_state) as ledger:
+        found = ledger.get_many(["r-nul"])["r-nul"]
+        assert (found.text, found.input_id) == ("an\x00swer", "in\x00put")
+    assert Ledger.count_by_tag(moved.paths.ledger_state) == {"seed": 4}

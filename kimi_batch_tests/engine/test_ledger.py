@@ -393,3 +393,20 @@ def test_a_dropped_postgres_connection_is_reconnected_and_the_lease_kept(
         assert first.put(make_result("after", request_id="r-after", input_id="s", tag="seed"))
         with second.lease(PARTITION, "run-b"):
             pass
+
+
+def test_nul_in_an_answer_or_an_input_id_is_stored_and_counted(
+    state_backend: StateBackend,
+) -> None:
+    """PostgreSQL text cannot hold U+0000 and its JSON refuses the escape: neither may fail a
+    put (the engine run) or `status`'s count (issue 42, item 9)."""
+    with Ledger(state_backend.ledger) as ledger:
+        assert ledger.put(make_result("\x00", request_id="r0", input_id="seed-0", tag="seed"))
+        assert Ledger.count_by_tag(state_backend.ledger) == {"seed": 1}
+        nul = make_result("an\x00swer", request_id="r1", input_id="in\x00put", tag="seed")
+        assert ledger.put(nul) is True
+        assert ledger.put(nul) is False  # found again by its key
+        assert ledger.put(_result("r2")) is True
+        assert ledger.get_many(["r1"])["r1"] == nul
+        assert list(ledger.iter_results(["r2", "r1"])) == [_result("r2"), nul]
+    assert Ledger.count_by_tag(state_backend.ledger) == {"seed": 3}
