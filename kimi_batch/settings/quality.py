@@ -55,7 +55,10 @@ class QualitySettings(BaseModel):
     dedup_shingle: int = Field(
         default=DEFAULT_DEDUP_SHINGLE,
         ge=1,
-        description="Words per shingle of the near-duplicate MinHash.",
+        description=(
+            "Words per shingle of the near-duplicate MinHash (characters, in scripts written "
+            "without spaces)."
+        ),
     )
     benchmarks: tuple[Path, ...] = Field(
         default=(),
@@ -66,7 +69,10 @@ class QualitySettings(BaseModel):
     contamination_ngram: int = Field(
         default=DEFAULT_CONTAMINATION_NGRAM,
         ge=3,
-        description="Words in the n-gram a row may not share with a benchmark item (normalized).",
+        description=(
+            "Words in the n-gram a row may not share with a benchmark item (normalized; "
+            "characters, in scripts written without spaces)."
+        ),
     )
     contamination_max_rate: float = Field(
         default=DEFAULT_CONTAMINATION_MAX_RATE,

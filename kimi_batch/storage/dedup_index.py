@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.paths import StateLocation
 from kimi_batch.state import StateDatabase, connect_state, read_state
+from kimi_batch.tasks.text_keys import text_tokens
 
 __all__ = [
     "NUM_PERM",
@@ -56,6 +57,9 @@ __all__ = [
 NUM_PERM = 128
 _SCHEME = "affine32"  # datasketch 2's default; named, since its values carry no trace of it
 _SEED = 1
+# What the exact key and the shingles are made of (`tasks.text_keys`): part of the stamp, so an
+# index made under an earlier normalization (punctuation dropped, CJK as one word) is rebuilt.
+_TEXT_VERSION = "text=nfc-casefold-ws tokens=words+unspaced-chars"
 # Fixed forever (every stored band key is made with them): one odd 64-bit multiplier per
 # signature position, derived from the position alone (no RNG whose stream may change).
 _MULTIPLIERS = np.array(
@@ -107,7 +111,7 @@ class DedupSetting(BaseModel):
         bands, rows = self.bands()
         return (
             f"datasketch {_SCHEME} seed={_SEED} perm={NUM_PERM} shingle={self.shingle} "
-            f"fields={self.fields} bands={bands}x{rows}"
+            f"fields={self.fields} bands={bands}x{rows} {_TEXT_VERSION}"
         )
 
 
@@ -155,15 +159,20 @@ def _optimal_bands(threshold: float) -> tuple[int, int]:
 
 
 def shingles(text: str, size: int) -> list[bytes]:
-    """The word `size`-grams of normalized `text` (a shorter text is one shingle)."""
-    words = text.split()
+    """The token `size`-grams of normalized `text` (a shorter text is one shingle): words, and
+    single characters of a script written without spaces (`tasks.text_keys.text_tokens`)."""
+    words = text_tokens(text)
     if len(words) <= size:
-        return [" ".join(words).encode()]
-    return [" ".join(words[i : i + size]).encode() for i in range(len(words) - size + 1)]
+        return [" ".join(words).encode("utf-8", "surrogatepass")]
+    return [
+        " ".join(words[i : i + size]).encode("utf-8", "surrogatepass")
+        for i in range(len(words) - size + 1)
+    ]
 
 
 def _exact_key(text: str) -> bytes:
-    return hashlib.sha256(text.encode()).digest()[:16]
+    # surrogatepass: a lone surrogate that reached here still has a key (never an exception).
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()[:16]
 
 
 class _Signer:

@@ -36,10 +36,10 @@ from kimi_batch.storage.dedup_index import (
     PartitionDedup,
 )
 from kimi_batch.storage.parquet import Warehouse
-from kimi_batch.tasks.amplify import normalize_text
 from kimi_batch.tasks.generation_task import GenerationTask, ScreenedText
 from kimi_batch.tasks.quarantine import INPUT_STAGE, set_aside_row
 from kimi_batch.tasks.rows import GenerationColumns, QuarantineRow
+from kimi_batch.tasks.text_keys import normalize_text
 
 __all__ = [
     "CONTAMINATED",
@@ -135,16 +135,18 @@ class PartitionGate:
             )
 
     def _contamination(self, text: ScreenedText) -> tuple[str, str] | None:
-        """(reason, the text that shares it) for the first benchmark n-gram a row shares."""
+        """(reason, the text that shares it) naming the benchmark item a row overlaps most."""
         if self._benchmarks is None:
             return None
         for where, said in (("prompt", text.prompt), ("answer", text.answer)):
-            hit = self._benchmarks.first_hit(normalize_text(said))
+            hit = self._benchmarks.best_hit(said)
             if hit is not None:
                 self.counts.contaminated += 1
+                n = self._benchmarks.n
                 reason = (
-                    f"{CONTAMINATED}: the {where} shares {self._benchmarks.n} words with "
-                    f"benchmark {hit.benchmark} item {hit.item_id!r}: {hit.ngram!r}"
+                    f"{CONTAMINATED}: the {where} shares {n} words with benchmark "
+                    f"{hit.benchmark} item {hit.item_id!r} ({hit.shared} shared {n}-grams, "
+                    f"the first {hit.ngram!r})"
                 )
                 return reason, said
         return None

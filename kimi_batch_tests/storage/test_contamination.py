@@ -10,7 +10,7 @@ import pytest
 
 from kimi_batch.errors import ConfigError
 from kimi_batch.storage.contamination import BenchmarkIndex, load_benchmarks, word_ngrams
-from kimi_batch.tasks.amplify import normalize_text
+from kimi_batch.tasks.text_keys import loose_text
 
 QUESTION = (
     "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips "
@@ -32,14 +32,15 @@ def test_a_text_sharing_13_words_names_the_benchmark_item_and_the_ngram(tmp_path
     bench = _jsonl(tmp_path / "gsm8k.jsonl", [{"id": "q-7", "question": QUESTION, "n": 1}])
     index = BenchmarkIndex([bench], 13)
     quoted = f"Please solve: {QUESTION.upper()} Show your work."
-    hit = index.first_hit(normalize_text(quoted))
+    hit = index.best_hit(quoted)
     assert hit is not None
     assert (hit.benchmark, hit.item_id) == ("gsm8k.jsonl", "q-7")
     assert len(hit.ngram.split()) == 13
-    assert hit.ngram in normalize_text(QUESTION)
+    assert hit.ngram in loose_text(QUESTION)
+    assert hit.shared == len(loose_text(QUESTION).split()) - 12  # every 13-gram of the item
     # Twelve shared words are not an overlap.
-    twelve = " ".join(normalize_text(QUESTION).split()[:12])
-    assert index.first_hit(f"unrelated start {twelve} unrelated end") is None
+    twelve = " ".join(loose_text(QUESTION).split()[:12])
+    assert index.best_hit(f"unrelated start {twelve} unrelated end") is None
 
 
 def test_parquet_benchmarks_index_every_text_field_and_list(tmp_path: Path) -> None:
@@ -47,7 +48,7 @@ def test_parquet_benchmarks_index_every_text_field_and_list(tmp_path: Path) -> N
     pl.DataFrame(
         {"id": [1, 2], "question": ["short", "also short"], "choices": [[QUESTION], ["a", "b"]]}
     ).write_parquet(path)
-    hit = BenchmarkIndex([path], 13).first_hit(normalize_text(QUESTION))
+    hit = BenchmarkIndex([path], 13).best_hit(QUESTION)
     assert hit is not None
     assert (hit.benchmark, hit.item_id) == ("mmlu.parquet", "1")
 

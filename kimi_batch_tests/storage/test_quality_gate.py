@@ -3,6 +3,7 @@ index rebuilt from answers already landed, the totals `status` reads."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,8 @@ def test_duplicates_and_contamination_are_set_aside_with_their_reasons(tmp_path:
     store = Warehouse(tmp_path / "warehouse")
     prompts = [
         PROMPT,
-        PROMPT.upper().replace(".", "!"),  # the same prompt once normalized
+        # The same prompt but for case and spacing (only those are folded: "." and "!" differ).
+        PROMPT.upper().replace(" ", "  \n"),
         PROMPT.replace("lost at sea.", "lost at sea that night."),  # two words more
         f"Solve this: {BENCHMARK_ITEM}",
         "Name three rivers in Africa.",
@@ -114,7 +116,7 @@ def test_the_whole_conversation_is_the_prompt(tmp_path: Path) -> None:
         seed_row("plain", "Why?"),
         seed_row("sky", "Why?", turns=["The sky is blue.", "Yes, it is blue."], line=2),
         seed_row("terse", "Why?", instructions="Answer in one word.", line=3),
-        seed_row("again", "why", line=4),
+        seed_row("again", "  WHY? ", line=4),  # case and spacing only
     ]
     store.write_partition("seeds", "2026-12-01", "night", rows)
     inputs = DistillInputs(seeds=seeds_from_rows(rows))
@@ -178,3 +180,98 @@ def test_totals_count_the_gate_s_rows_not_the_reader_s_duplicate_ids(tmp_path: P
         "near_duplicate": 0,
         "contaminated": 0,
     }
+
+
+def test_prompts_apart_by_an_operator_or_symbol_are_all_kept(
+    tmp_path: Path, state_backend: StateBackend
+) -> None:
+    """Math and code prompts: only case and spacing make an exact duplicate."""
+    store = Warehouse(tmp_path / "warehouse")
+    prompts = [
+        "What is 2+2?",
+        "What is 2-2?",
+        "What is 2*2?",
+        "What is 22?",
+        "Is 3 < 2?",
+        "Is 3 > 2?",
+        "Explain C++ templates",
+        "Explain C# templates",
+        "+-*/",
+        "<>=!",
+        "what  is 2+2 ?",  # a space more, only that: still not "What is 2+2?"
+        "WHAT IS 2+2?",  # case only: the duplicate
+    ]
+    inputs = land_seeds_of(store, "2026-12-01", "math", prompts)
+    gate = QualityGate(QualitySettings(), state_backend.paths.dedup_state)
+    with gate.partition(store, TASK, inputs, "2026-12-01", "math") as screen:
+        kept = [row.input_id for row in screen.admit(_rows(inputs, "math"))]
+    assert kept == [f"math-{n}" for n in range(11)]
+    (aside,) = screen.quarantined
+    assert aside.input_id == "math-11"
+    assert aside.reason.startswith("duplicate of input 'math-0'")
+
+
+# Written for these tests (no benchmark's text): a word problem and a story request in Japanese.
+JAPANESE_ITEM = (
+    "ある店でりんごを一個百二十円で売っています。五個買うと、代金は全部でいくらになりますか。"
+)
+JAPANESE_STORY = (
+    "灯台守の女性が、四十年前に海で行方不明になった祖母の船から流された瓶の中の手紙を見つける"
+    "短い物語を書いてください。手紙には祖母が最後に見た星空のことと、家族への思いが書かれています。"
+    "物語の最後では、彼女が灯台の明かりを祖母のためにともし続ける理由がわかるようにしてください。"
+)
+
+
+def test_japanese_copies_of_a_benchmark_and_near_duplicates_are_caught(
+    tmp_path: Path, state_backend: StateBackend
+) -> None:
+    """Text without spaces is screened by character n-grams (words would be one per sentence)."""
+    bench = tmp_path / "jp_eval.jsonl"
+    items = [{"id": "jp-1", "question": JAPANESE_ITEM}, {"id": "jp-2", "question": "日本の首都は?"}]
+    bench.write_text("".join(json.dumps(item) + "\n" for item in items), encoding="utf-8")
+    store = Warehouse(tmp_path / "warehouse")
+    prompts = [
+        JAPANESE_STORY,
+        JAPANESE_STORY + "お願いします。",  # the same request, more politely
+        f"次の問題を解いてください。{JAPANESE_ITEM}",
+        "日本の首都はどこですか。",  # shares fewer than 13 characters with jp-2
+    ]
+    inputs = land_seeds_of(store, "2026-12-01", "ja", prompts)
+    gate = QualityGate(QualitySettings(benchmarks=(bench,)), state_backend.paths.dedup_state)
+    with gate.partition(store, TASK, inputs, "2026-12-01", "ja") as screen:
+        kept = [row.input_id for row in screen.admit(_rows(inputs, "ja"))]
+    assert kept == ["ja-0", "ja-3"]
+    reasons = {row.input_id: row.reason for row in screen.quarantined}
+    assert reasons["ja-1"].startswith("near_duplicate of input 'ja-0'")
+    assert reasons["ja-2"].startswith(
+        "contaminated: the prompt shares 13 words with benchmark jp_eval.jsonl item 'jp-1'"
+    )
+
+
+def test_a_contaminated_row_names_the_item_it_shares_most_with(tmp_path: Path) -> None:
+    """Two items open with the same boilerplate; a prompt copying the second names the second."""
+    boilerplate = (
+        "Read the following passage carefully and then answer the question below using only "
+        "information from the passage."
+    )
+    bench = tmp_path / "reading.jsonl"
+    items = [
+        {"id": "A", "question": f"{boilerplate} Why did the river flood in the spring?"},
+        {
+            "id": "B",
+            "question": f"{boilerplate} Which two colonies signed the treaty of the northern "
+            "harbour, and what did each of them give up in exchange for the fishing rights?",
+        },
+    ]
+    bench.write_text("".join(json.dumps(item) + "\n" for item in items), encoding="utf-8")
+    store = Warehouse(tmp_path / "warehouse")
+    inputs = land_seeds_of(store, "2026-12-01", "night", [f"Help me: {items[1]['question']}"])
+    gate = _gate(tmp_path, benchmarks=(bench,), dedup=False)
+    with gate.partition(store, TASK, inputs, "2026-12-01", "night") as screen:
+        assert list(screen.admit(_rows(inputs, "night"))) == []
+    (aside,) = screen.quarantined
+    words = len(str(items[1]["question"]).split())
+    assert aside.reason.startswith(
+        "contaminated: the prompt shares 13 words with benchmark reading.jsonl item 'B' "
+        f"({words - 12} shared 13-grams"
+    )
