@@ -55,10 +55,7 @@ class QualitySettings(BaseModel):
     dedup_shingle: int = Field(
         default=DEFAULT_DEDUP_SHINGLE,
         ge=1,
-        description=(
-            "Words per shingle of the near-duplicate MinHash (characters, in scripts written "
-            "without spaces)."
-        ),
+        description="Words per shingle of the near-duplicate MinHash.",
     )
     benchmarks: tuple[Path, ...] = Field(
         default=(),
@@ -69,10 +66,7 @@ class QualitySettings(BaseModel):
     contamination_ngram: int = Field(
         default=DEFAULT_CONTAMINATION_NGRAM,
         ge=3,
-        description=(
-            "Words in the n-gram a row may not share with a benchmark item (normalized; "
-            "characters, in scripts written without spaces)."
-        ),
+        description="Words in the n-gram a row may not share with a benchmark item (normalized).",
     )
     contamination_max_rate: float = Field(
         default=DEFAULT_CONTAMINATION_MAX_RATE,
