@@ -29,10 +29,12 @@ from kimi_batch.paths import StateLocation
 from kimi_batch.settings import QualitySettings
 from kimi_batch.storage.contamination import BenchmarkIndex, load_benchmarks
 from kimi_batch.storage.dedup_index import (
+    Alive,
     DedupIndex,
     DedupSetting,
     DuplicateMatch,
     IndexedText,
+    KeptEntry,
     PartitionDedup,
 )
 from kimi_batch.storage.parquet import Warehouse
@@ -234,10 +236,18 @@ class QualityGate:
         benchmarks = load_benchmarks(settings.benchmarks, settings.contamination_ngram)
         if not settings.dedup:
             yield self._gate(task, inputs, None, benchmarks)
+            self.release(ds, source)
             return
         rebuild = lambda: self._landed(store, task)  # noqa: E731
-        with self.index.partition(ds, source, rebuild=rebuild, guard=guard) as dedup:
+        alive = _alive_in(store, task.table)
+        with self.index.partition(ds, source, rebuild=rebuild, guard=guard, alive=alive) as dedup:
             yield self._gate(task, inputs, dedup, benchmarks)
+
+    def release(self, ds: str, source: str) -> None:
+        """Partition (ds, source) of a gated stage landed unscreened (duplicates off): an index
+        made on other nights forgets what it held of it, and the repeats of those rows are
+        marked to be screened again."""
+        self.index.release(ds, source)
 
     def _gate(
         self,
@@ -253,6 +263,21 @@ class QualityGate:
             dedup=dedup,
             benchmarks=benchmarks,
         )
+
+
+def _alive_in(store: Warehouse, table: str) -> Alive:
+    """Whether a kept entry's row is still in `table` (each partition's ids read once). The
+    index holds one gated stage's rows (`_landed` rebuilds it from that stage's table)."""
+    known: dict[tuple[str, str], frozenset[str]] = {}
+
+    def alive(entry: KeptEntry) -> bool:
+        key = (entry.ds, entry.source)
+        if key not in known:
+            ids = store.read_partition(table, entry.ds, entry.source).get_column("request_id")
+            known[key] = frozenset(str(value) for value in ids.drop_nulls())
+        return entry.request_id in known[key]
+
+    return alive
 
 
 def set_aside_totals(store: Warehouse) -> dict[str, int]:

@@ -19,6 +19,7 @@ from kimi_batch.storage.dedup_index import (
     DedupSetting,
     IndexedText,
     index_entries,
+    rescreen_partitions,
     shingles,
 )
 from kimi_batch_tests.support.postgres import PostgresServer, StateBackend
@@ -176,3 +177,68 @@ def test_workers_on_one_postgresql_screen_against_each_others_rows(
         match = second.check(_text("b", BASE + " again"))
     assert match is not None
     assert (match.kind, match.kept.source) == ("near_duplicate", "host-a")
+
+
+def test_repeats_of_a_row_that_left_are_marked_to_be_screened_again(
+    state_backend: StateBackend,
+) -> None:
+    """Its partition rebuilt without the kept row: the partitions holding its repeats are named
+    (their set-aside rows repeat nothing now); screened again, they keep them and lose the mark."""
+    location = state_backend.paths.dedup_state
+    index = _index(location)
+    with index.partition("2026-12-01", "night") as first:
+        assert first.check(_text("a", BASE)) is None
+        assert first.check(_text("b", "a different question about tides")) is None
+    with index.partition("2026-12-02", "night") as second:
+        assert second.check(_text("c", BASE)) is not None  # exact
+    with index.partition("2026-12-03", "night") as third:
+        assert third.check(_text("d", BASE + " again")) is not None  # near
+    # Rebuilt with the same rows: nothing to screen again.
+    with index.partition("2026-12-01", "night") as same:
+        same.check(_text("a", BASE))
+        same.check(_text("b", "a different question about tides"))
+    assert rescreen_partitions(location) == []
+    # Rebuilt without BASE (its input changed).
+    with index.partition("2026-12-01", "night") as rebuilt:
+        assert rebuilt.check(_text("b", "a different question about tides")) is None
+    assert rescreen_partitions(location) == [("2026-12-02", "night"), ("2026-12-03", "night")]
+    with index.partition("2026-12-02", "night") as again:
+        assert again.check(_text("c", BASE)) is None  # no longer a repeat: kept
+    assert rescreen_partitions(location) == [("2026-12-03", "night")]
+    with index.partition("2026-12-03", "night") as again:
+        match = again.check(_text("d", BASE + " again"))
+    assert match is not None
+    assert match.kept.request_id == "c"  # the row kept now
+    assert rescreen_partitions(location) == []
+
+
+def test_a_row_gone_from_the_warehouse_is_never_answered(state_backend: StateBackend) -> None:
+    """Its partition landed again with the gate off: the caller says the row is gone; the index
+    drops it, keeps the new row, and marks the partition that held a repeat of it."""
+    location = state_backend.paths.dedup_state
+    index = _index(location)
+    with index.partition("2026-12-01", "night") as first:
+        assert first.check(_text("a", BASE)) is None
+    with index.partition("2026-12-02", "night") as second:
+        assert second.check(_text("b", BASE)) is not None
+    with index.partition("2026-12-03", "night", alive=lambda kept: kept.request_id != "a") as third:
+        assert third.check(_text("c", BASE + " again")) is None
+        assert third.check(_text("d", BASE)) is not None  # c stands now: d repeats it
+    assert rescreen_partitions(location) == [("2026-12-02", "night")]
+    assert index_entries(location) == 1  # c; a is gone
+
+
+def test_a_partition_landed_unscreened_leaves_the_index(state_backend: StateBackend) -> None:
+    location = state_backend.paths.dedup_state
+    index = _index(location)
+    index.release("2026-12-01", "night")  # no index yet: none is made
+    assert index_entries(location) is None
+    with index.partition("2026-12-01", "night") as first:
+        assert first.check(_text("a", BASE)) is None
+    with index.partition("2026-12-02", "night") as second:
+        assert second.check(_text("b", BASE)) is not None
+    index.release("2026-12-01", "night")
+    assert index_entries(location) == 0
+    assert rescreen_partitions(location) == [("2026-12-02", "night")]
+    with index.partition("2026-12-03", "night") as third:
+        assert third.check(_text("c", BASE)) is None

@@ -10,6 +10,7 @@ from typing import Any
 from kimi_batch.paths import StatePaths
 from kimi_batch.settings import QualitySettings
 from kimi_batch.storage import QualityGate, Warehouse, set_aside_totals
+from kimi_batch.storage.dedup_index import rescreen_partitions
 from kimi_batch.tasks.distill import DistillInputs, DistillTask
 from kimi_batch.tasks.generation_task import SetAside
 from kimi_batch.tasks.rows import DistilledRow
@@ -275,3 +276,58 @@ def test_a_contaminated_row_names_the_item_it_shares_most_with(tmp_path: Path) -
         "contaminated: the prompt shares 13 words with benchmark reading.jsonl item 'B' "
         f"({words - 12} shared 13-grams"
     )
+
+
+def _land(
+    gate: QualityGate, store: Warehouse, partition: tuple[str, str], prompts: list[str], tag: str
+) -> tuple[list[str], list[str]]:
+    """`prompts` landed and answered through `gate`; (kept input ids, set-aside reasons). `tag`
+    makes the answers' request ids (content hashes in production) differ between versions."""
+    ds, source = partition
+    inputs = land_seeds_of(store, ds, source, prompts)
+    rows = [
+        row.model_copy(update={"request_id": f"{tag}-{row.request_id}"})
+        for row in _rows(inputs, source)
+    ]
+    with gate.partition(store, TASK, inputs, ds, source) as screen:
+        kept = list(screen.admit(rows))
+        store.write_partition("distilled", ds, source, kept)
+    return [row.input_id for row in kept], [row.reason for row in screen.quarantined]
+
+
+def test_a_repeat_of_a_row_that_left_is_screened_again_and_kept(
+    tmp_path: Path, state_backend: StateBackend
+) -> None:
+    """The kept original's partition is rebuilt without it (its input changed): the partition
+    holding its repeat is marked, and screened again keeps the row."""
+    store = Warehouse(tmp_path / "warehouse")
+    gate = QualityGate(QualitySettings(), state_backend.paths.dedup_state)
+    early, night = ("2026-11-30", "early"), ("2026-12-01", "night")
+    assert _land(gate, store, early, [PROMPT], "v1") == (["early-0"], [])
+    kept, reasons = _land(gate, store, night, [PROMPT], "v1")
+    assert (kept, reasons[0][:30]) == ([], "duplicate of input 'early-0' k")
+    _land(gate, store, early, ["How do tides work?"], "v2")
+    assert rescreen_partitions(gate.index.location) == [night]
+    assert _land(gate, store, night, [PROMPT], "v1") == (["night-0"], [])
+    assert rescreen_partitions(gate.index.location) == []
+
+
+def test_after_a_night_with_the_gate_off_no_row_repeats_a_row_that_is_gone(
+    tmp_path: Path, state_backend: StateBackend
+) -> None:
+    """The original's partition landed again without it while duplicates were off (or written
+    past the gate): a later copy is no repeat of a row that no longer exists."""
+    store = Warehouse(tmp_path / "warehouse")
+    location = state_backend.paths.dedup_state
+    gate = QualityGate(QualitySettings(), location)
+    early, night = ("2026-11-30", "early"), ("2026-12-01", "night")
+    assert _land(gate, store, early, [PROMPT], "v1") == (["early-0"], [])
+    assert _land(gate, store, night, [PROMPT], "v1")[0] == []
+    benchmarks_only = QualityGate(
+        QualitySettings(dedup=False, benchmarks=(benchmark_file(tmp_path),)), location
+    )
+    _land(benchmarks_only, store, early, ["How do tides work?"], "v2")
+    assert _land(gate, store, ("2026-12-02", "later"), [PROMPT], "v1") == (["later-0"], [])
+    # Written with no gate at all (the index not told): found gone when a row matches it.
+    store.write_partition("distilled", "2026-12-02", "later", [])
+    assert _land(gate, store, ("2026-12-03", "last"), [PROMPT], "v1") == (["last-0"], [])
