@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import tempfile
+import unicodedata
 from pathlib import Path
 
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kimi_batch.errors import ConfigError
 from kimi_batch.storage.contamination import BenchmarkIndex, load_benchmarks, word_ngrams
@@ -75,3 +79,78 @@ def test_loaded_indexes_are_reused_until_a_file_changes(tmp_path: Path) -> None:
     assert changed is not first
     with pytest.raises(ConfigError, match="benchmark file"):
         load_benchmarks([tmp_path / "missing.jsonl"], 13)
+
+
+# Hostile input (hypothesis): what a copy of a benchmark item is found by, in any script.
+_KANA_AND_HAN = [
+    chr(code)
+    for block in (range(0x4E00, 0x4E00 + 3000), range(0x3041, 0x3097), range(0x30A1, 0x30FB))
+    for code in block
+]
+UNSPACED = st.sampled_from(_KANA_AND_HAN)
+ANY_TEXT = st.text(
+    st.one_of(
+        st.characters(exclude_categories=["Cs"]),
+        st.sampled_from("aZ09+-*/<>=!? \t\n\x00\x1b\u200d\u3000。、「」дЖภาษา한국"),
+    ),
+    max_size=30,
+)
+# What follows a copy may not start with a mark that joins the copy's last character.
+AFTER = ANY_TEXT.filter(lambda text: not text or unicodedata.combining(text[0]) == 0).filter(
+    lambda text: not text or text[0] not in "\u3099\u309a\uff9e\uff9f"
+)
+
+
+def _overlap(index_n: int, item: str, text: str) -> int:
+    grams = set(word_ngrams(loose_text(item), index_n))
+    return len(grams & set(word_ngrams(loose_text(text), index_n)))
+
+
+def _index_of(items: list[str], n: int) -> BenchmarkIndex:
+    with tempfile.TemporaryDirectory() as folder:
+        path = _jsonl(
+            Path(folder) / "bench.jsonl", [{"id": str(i), "q": t} for i, t in enumerate(items)]
+        )
+        return BenchmarkIndex([path], n)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.text(UNSPACED, min_size=13, max_size=60),
+    ANY_TEXT,
+    AFTER,
+    st.lists(st.text(UNSPACED, max_size=40), max_size=3),
+)
+def test_a_japanese_or_chinese_item_copied_into_any_text_is_found(
+    item: str, before: str, after: str, others: list[str]
+) -> None:
+    index = _index_of([item, *others], 13)
+    text = before + item + after
+    hit = index.best_hit(text)
+    assert hit is not None
+    best = max(_overlap(13, candidate, text) for candidate in [item, *others])
+    assert hit.shared == best
+    assert _overlap(13, [item, *others][int(hit.item_id)], text) == best
+
+
+WORDS = st.sampled_from(["a", "b", "c", "d", "x+y", "東", "京", "Жж", "ไทย"])
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(st.lists(WORDS, max_size=12).map(" ".join), min_size=1, max_size=6),
+    st.lists(WORDS, max_size=24).map(" ".join),
+)
+def test_the_named_item_is_the_first_with_the_most_shared_ngrams(
+    items: list[str], text: str
+) -> None:
+    index = _index_of(items, 3)
+    overlaps = [_overlap(3, item, text) for item in items]
+    hit = index.best_hit(text)
+    if max(overlaps) == 0:
+        assert hit is None
+        return
+    assert hit is not None
+    assert hit.shared == max(overlaps)
+    assert int(hit.item_id) == overlaps.index(max(overlaps))  # the first among equals
+    assert hit.ngram in set(word_ngrams(loose_text(items[int(hit.item_id)]), 3))

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import os
 import stat
+import unicodedata
+import uuid
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kimi_batch.engine import LeaseLostError
 from kimi_batch.paths import StateLocation, StatePaths
@@ -22,6 +26,7 @@ from kimi_batch.storage.dedup_index import (
     rescreen_partitions,
     shingles,
 )
+from kimi_batch.tasks.text_keys import normalize_text
 from kimi_batch_tests.support.postgres import PostgresServer, StateBackend
 
 BASE = (
@@ -242,3 +247,41 @@ def test_a_partition_landed_unscreened_leaves_the_index(state_backend: StateBack
     assert rescreen_partitions(location) == [("2026-12-02", "night")]
     with index.partition("2026-12-03", "night") as third:
         assert third.check(_text("c", BASE)) is None
+
+
+# Hostile input (hypothesis): any script, controls, joiners, odd whitespace.
+CHARACTERS = st.one_of(
+    st.characters(exclude_categories=["Cs"]),
+    st.sampled_from("+-*/<>=!?#.,;:%$^~|&@2xX東京タワーภาษาไทยдЖ\u0301\u200d\x00\x1b\t\n\u3000"),
+)
+
+
+def _fold(character: str) -> str:
+    return unicodedata.normalize("NFC", unicodedata.normalize("NFC", character).casefold())
+
+
+@settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],  # one index, unique texts
+)
+@given(st.text(CHARACTERS, min_size=1, max_size=30), st.data())
+def test_only_a_case_or_spacing_variant_is_an_exact_duplicate(
+    state_backend: StateBackend, hostile: str, data: st.DataObject
+) -> None:
+    index = _index(state_backend.paths.dedup_state)
+    unique = uuid.uuid4().hex  # the examples share the index: no text repeats another's
+    position = data.draw(st.integers(0, len(hostile) - 1))
+    other = data.draw(
+        CHARACTERS.filter(lambda c: not c.isspace() and _fold(c) != _fold(hostile[position]))
+    )
+    changed = hostile[:position] + other + hostile[position + 1 :]
+    stable = all(_fold(c.upper()) == _fold(c) == _fold(c.lower()) for c in hostile)
+    variant = hostile.swapcase() if stable else hostile
+    with index.partition("2026-12-01", unique) as screen:
+        assert screen.check(_text("base", normalize_text(f"{unique} {hostile}"))) is None
+        again = screen.check(_text("again", normalize_text(f"\n {unique}\u3000 {variant}\t")))
+        different = screen.check(_text("changed", normalize_text(f"{unique} {changed}")))
+    assert again is not None
+    assert (again.kind, again.kept.request_id) == ("duplicate", "base")
+    assert different is None or different.kind == "near_duplicate"
