@@ -63,7 +63,8 @@ def synthetic_prompts(rows: int, *, seed: int = 5) -> tuple[list[str], int, int]
     exact = near = 0
     for index in range(rows):
         if index > _EVERY and index % _EVERY == 0:
-            prompts.append(prompts[chooser.randrange(index - 1)].upper() + "?")
+            # Case and spacing only: the exact key keeps punctuation ("?" added is another text).
+            prompts.append(prompts[chooser.randrange(index - 1)].upper().replace(" ", "  "))
             exact += 1
         elif index > _EVERY and index % _EVERY == 1:
             prompts.append(prompts[chooser.randrange(index - 2)] + " again")
