@@ -47,6 +47,27 @@ def test_a_text_sharing_13_words_names_the_benchmark_item_and_the_ngram(tmp_path
     assert index.best_hit(f"unrelated start {twelve} unrelated end") is None
 
 
+def test_russian_keeps_word_ngrams_and_japanese_is_cut_into_characters(tmp_path: Path) -> None:
+    russian = (
+        "Мальчик купил три яблока и две груши, а потом отдал половину фруктов своей сестре. "  # noqa: RUF001
+        "Сколько фруктов у него осталось?"  # noqa: RUF001
+    )
+    japanese = "りんごを三個とみかんを二個買いました。全部でいくつ買いましたか。"
+    bench = _jsonl(
+        tmp_path / "multi.jsonl", [{"id": "ru", "q": russian}, {"id": "ja", "q": japanese}]
+    )
+    index = BenchmarkIndex([bench], 13)
+    words = russian.split()
+    assert index.ngrams == (len(words) - 12) + (len(loose_text(japanese)) - 12)
+    found = index.best_hit(f"Реши задачу: {' '.join(words[:13])}")
+    assert found is not None
+    assert (found.item_id, found.shared) == ("ru", 1)
+    assert index.best_hit(" ".join(words[:12])) is None  # twelve words are no overlap
+    copied = index.best_hit(f"Please solve this:{japanese}Thanks")
+    assert copied is not None
+    assert copied.item_id == "ja"
+
+
 def test_parquet_benchmarks_index_every_text_field_and_list(tmp_path: Path) -> None:
     path = tmp_path / "mmlu.parquet"
     pl.DataFrame(
