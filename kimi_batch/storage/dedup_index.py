@@ -118,10 +118,11 @@ _SCHEMA = (
         PRIMARY KEY (ds, source)
     )""",
 )
-# Set-aside records whose kept row is no longer in the index.
+# Set-aside records of one partition's kept rows that are no longer in the index.
 _ORPHANS = (
-    "FROM aside WHERE NOT EXISTS (SELECT 1 FROM kept WHERE kept.ds = aside.kept_ds "
-    "AND kept.source = aside.kept_source AND kept.request_id = aside.kept_request_id)"
+    "FROM aside WHERE kept_ds = ? AND kept_source = ? AND NOT EXISTS (SELECT 1 FROM kept "
+    "WHERE kept.ds = aside.kept_ds AND kept.source = aside.kept_source "
+    "AND kept.request_id = aside.kept_request_id)"
 )
 
 
@@ -264,6 +265,8 @@ class PartitionDedup:
         self._db, self._held, self._ds, self._source = db, held, ds, source
         self._setting, self._rebuild, self._alive = setting, rebuild, alive
         self._taken = False
+        # Partitions whose entries left in this block: only their repeats can have lost theirs.
+        self._left: set[tuple[str, str]] = set()
         self._signer = _Signer(setting)
         self.kept = 0
         self.rebuilt: int | None = None  # rows a rebuild indexed, when this partition did one
@@ -285,6 +288,10 @@ class PartitionDedup:
         self._forget(self._ds, self._source)
 
     def _rebuild_all(self, stamp: str) -> None:
+        self._left.update(
+            (str(ds), str(source))
+            for ds, source in self._db.execute("SELECT DISTINCT kept_ds, kept_source FROM aside")
+        )
         self._db.execute("DELETE FROM bands")
         self._db.execute("DELETE FROM kept")
         count = 0
@@ -314,6 +321,7 @@ class PartitionDedup:
             ),
         )
         self._db.execute("DELETE FROM kept WHERE ds = ? AND source = ?", (ds, source))
+        self._left.add((ds, source))
         # Screened now: its earlier repeats and its mark go; this screening records them again.
         self._db.execute("DELETE FROM aside WHERE ds = ? AND source = ?", (ds, source))
         self._db.execute("DELETE FROM rescreen WHERE ds = ? AND source = ?", (ds, source))
@@ -329,17 +337,19 @@ class PartitionDedup:
     def _mark_orphans(self, error: type[BaseException] | None, *_: object) -> bool:
         """At the block's end (no error): partitions with a repeat of a row no longer kept are
         marked to be screened again, and those records dropped."""
-        if error is None:
+        for partition in sorted(self._left) if error is None else ():
             self._db.execute(
                 "INSERT INTO rescreen (ds, source) SELECT DISTINCT ds, source "
-                f"{_ORPHANS} ON CONFLICT DO NOTHING"
+                f"{_ORPHANS} ON CONFLICT DO NOTHING",
+                partition,
             )
-            self._db.execute(f"DELETE {_ORPHANS}")
+            self._db.execute(f"DELETE {_ORPHANS}", partition)
         return False
 
-    def _drop(self, kept: int, signature: np.ndarray) -> None:
+    def _drop(self, kept: int, entry: KeptEntry, signature: np.ndarray) -> None:
         """One entry whose row is gone from the warehouse (its partition landed without it
         while the gate was off)."""
+        self._left.add((entry.ds, entry.source))
         self._db.executemany(
             "DELETE FROM bands WHERE band = ? AND kept = ?",
             ((band, kept) for band in self._signer.band_keys(signature)),
@@ -352,7 +362,7 @@ class PartitionDedup:
         own = (entry.ds, entry.source) == (self._ds, self._source)
         if own or self._alive is None or self._alive(entry):
             return True
-        self._drop(kept, np.frombuffer(bytes(blob), dtype=np.uint32))  # pyright: ignore[reportArgumentType]
+        self._drop(kept, entry, np.frombuffer(bytes(blob), dtype=np.uint32))  # pyright: ignore[reportArgumentType]
         return False
 
     def _insert(self, ds: str, source: str, row: IndexedText, signature: np.ndarray) -> None:

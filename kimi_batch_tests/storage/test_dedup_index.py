@@ -233,6 +233,19 @@ def test_a_row_gone_from_the_warehouse_is_never_answered(state_backend: StateBac
     assert index_entries(location) == 1  # c; a is gone
 
 
+def test_a_rebuild_without_the_kept_row_marks_its_repeats(state_backend: StateBackend) -> None:
+    location = state_backend.paths.dedup_state
+    with _index(location).partition("2026-12-01", "night") as first:
+        assert first.check(_text("a", BASE)) is None
+    with _index(location).partition("2026-12-02", "night") as second:
+        assert second.check(_text("b", BASE)) is not None
+    # Another setting: rebuilt from what the warehouse holds, where "a" is no longer.
+    landed = [("2026-12-01", "night", [_text("other", HALF)])]
+    with _index(location, shingle=3).partition("2026-12-03", "night", rebuild=lambda: landed):
+        pass
+    assert rescreen_partitions(location) == [("2026-12-02", "night")]
+
+
 def test_a_partition_landed_unscreened_leaves_the_index(state_backend: StateBackend) -> None:
     location = state_backend.paths.dedup_state
     index = _index(location)
