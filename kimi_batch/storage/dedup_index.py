@@ -101,22 +101,14 @@ _SCHEMA = (
     )""",
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     # A row set aside as a repeat, and the kept row it repeats.
-    """CREATE TABLE IF NOT EXISTS aside (
-        ds TEXT NOT NULL,
-        source TEXT NOT NULL,
-        request_id TEXT NOT NULL,
-        kept_ds TEXT NOT NULL,
-        kept_source TEXT NOT NULL,
-        kept_request_id TEXT NOT NULL
-    )""",
+    """CREATE TABLE IF NOT EXISTS aside (ds TEXT NOT NULL, source TEXT NOT NULL,
+        request_id TEXT NOT NULL, kept_ds TEXT NOT NULL, kept_source TEXT NOT NULL,
+        kept_request_id TEXT NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS aside_by_partition ON aside (ds, source)",
     "CREATE INDEX IF NOT EXISTS aside_by_kept ON aside (kept_ds, kept_source, kept_request_id)",
     # Partitions whose set-aside repeats lost the row they repeat: to be screened again.
-    """CREATE TABLE IF NOT EXISTS rescreen (
-        ds TEXT NOT NULL,
-        source TEXT NOT NULL,
-        PRIMARY KEY (ds, source)
-    )""",
+    """CREATE TABLE IF NOT EXISTS rescreen (ds TEXT NOT NULL, source TEXT NOT NULL,
+        PRIMARY KEY (ds, source))""",
 )
 # Set-aside records of one partition's kept rows that are no longer in the index.
 _ORPHANS = (
@@ -157,6 +149,10 @@ class KeptEntry(BaseModel):
     source: str
     request_id: str
     input_id: str
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return self.ds, self.source, self.request_id
 
 
 class DuplicateMatch(BaseModel):
@@ -276,11 +272,7 @@ class PartitionDedup:
         entries."""
         if self._taken:
             return
-        # Held until the partition's block ends: committed then, rolled back by an error.
-        self._held.enter_context(self._db.transaction())
-        # Runs first at the block's end, inside the transaction: repeats of what left are marked.
-        self._held.push(self._mark_orphans)
-        self._taken = True
+        self._take()
         stamp = self._setting.stamp()
         found = self._db.execute("SELECT value FROM meta WHERE key = 'setting'").fetchone()
         if found is None or found[0] != stamp:
@@ -288,10 +280,8 @@ class PartitionDedup:
         self._forget(self._ds, self._source)
 
     def _rebuild_all(self, stamp: str) -> None:
-        self._left.update(
-            (str(ds), str(source))
-            for ds, source in self._db.execute("SELECT DISTINCT kept_ds, kept_source FROM aside")
-        )
+        found = self._db.execute("SELECT DISTINCT kept_ds, kept_source FROM aside").fetchall()
+        self._left.update((str(ds), str(source)) for ds, source in found)
         self._db.execute("DELETE FROM bands")
         self._db.execute("DELETE FROM kept")
         count = 0
@@ -327,12 +317,16 @@ class PartitionDedup:
         self._db.execute("DELETE FROM rescreen WHERE ds = ? AND source = ?", (ds, source))
 
     def release(self) -> None:
-        """The partition landed unscreened (dedup off): its entries leave the index, its
-        records and mark go, and the repeats of what left are marked at the block's end."""
+        """Landed unscreened (dedup off): its entries leave; their repeats are marked."""
+        self._take()
+        self._forget(self._ds, self._source)
+
+    def _take(self) -> None:
+        # Held until the partition's block ends: committed then, rolled back by an error.
         self._held.enter_context(self._db.transaction())
+        # Runs first at the block's end, inside the transaction: repeats of what left are marked.
         self._held.push(self._mark_orphans)
         self._taken = True
-        self._forget(self._ds, self._source)
 
     def _mark_orphans(self, error: type[BaseException] | None, *_: object) -> bool:
         """At the block's end (no error): partitions with a repeat of a row no longer kept are
@@ -347,8 +341,7 @@ class PartitionDedup:
         return False
 
     def _drop(self, kept: int, entry: KeptEntry, signature: np.ndarray) -> None:
-        """One entry whose row is gone from the warehouse (its partition landed without it
-        while the gate was off)."""
+        """An entry whose row is gone from the warehouse (landed again with the gate off)."""
         self._left.add((entry.ds, entry.source))
         self._db.executemany(
             "DELETE FROM bands WHERE band = ? AND kept = ?",
@@ -357,8 +350,7 @@ class PartitionDedup:
         self._db.execute("DELETE FROM kept WHERE id = ?", (kept,))
 
     def _live(self, kept: int, entry: KeptEntry, blob: object) -> bool:
-        """Whether the entry's row still exists (this partition's own rows are being written);
-        a gone one is dropped."""
+        """Whether the entry's row still exists (own rows are being written); else dropped."""
         own = (entry.ds, entry.source) == (self._ds, self._source)
         if own or self._alive is None or self._alive(entry):
             return True
@@ -390,7 +382,7 @@ class PartitionDedup:
         self._db.execute(
             "INSERT INTO aside (ds, source, request_id, kept_ds, kept_source, kept_request_id) "
             "VALUES (?, ?, ?, ?, ?, ?)",
-            (self._ds, self._source, row.request_id, *_kept_key(match.kept)),
+            (self._ds, self._source, row.request_id, *match.kept.key),
         )
         return match
 
@@ -423,10 +415,6 @@ class PartitionDedup:
                 )
         # The most alike; the oldest among equals (max keeps the first of equal keys).
         return max(alike, key=lambda match: match.similarity, default=None)
-
-
-def _kept_key(entry: KeptEntry) -> tuple[str, str, str]:
-    return entry.ds, entry.source, entry.request_id
 
 
 def _entry(found: Sequence[object]) -> KeptEntry:
