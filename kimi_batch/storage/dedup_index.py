@@ -453,6 +453,14 @@ class DedupIndex:
             if guard is not None:
                 guard()
 
+    def size_bytes(self) -> int:
+        """The index file's size on disk (its WAL included); 0 on PostgreSQL."""
+        path = self.location.path
+        if not self.location.embedded:
+            return 0
+        files = [path, path.with_name(path.name + "-wal")]
+        return sum(f.stat().st_size for f in files if f.exists())
+
     def release(self, ds: str, source: str) -> None:
         """Partition (ds, source) landed without screening: its old entries must not answer
         for rows it may no longer hold. Nothing is created when there is no index yet."""
@@ -463,14 +471,6 @@ class DedupIndex:
         with self._connect() as db, ExitStack() as held:
             PartitionDedup(db, held, ds, source, self.setting, lambda: ()).release()
         crash_point("quality.index_released")  # committed as the block's ExitStack closed
-
-    def size_bytes(self) -> int:
-        """The index file's size on disk (its WAL included); 0 on PostgreSQL."""
-        path = self.location.path
-        if not self.location.embedded:
-            return 0
-        files = [path, path.with_name(path.name + "-wal")]
-        return sum(f.stat().st_size for f in files if f.exists())
 
 
 def index_entries(location: StateLocation) -> int | None:
