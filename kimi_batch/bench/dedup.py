@@ -1,7 +1,7 @@
 """`kimi-batch bench --workload dedup`: the duplicate index at scale, without a server.
 
 Synthetic prompts (words drawn Zipf-like from a 20,000-word vocabulary, 20 to 60 each) with planted
-repeats: every 20th row an exact copy of an earlier one (case and punctuation changed), every 20th
+repeats: every 20th row an exact copy of an earlier one (case and spacing changed), every 20th
 after it a near copy (a word added). The rows are screened into a fresh index as nights would,
 `partition_rows` a partition, each in its own transaction; then one more partition of fresh rows
 against the full index: the per-partition cost a night pays, to compare with the first
@@ -63,7 +63,8 @@ def synthetic_prompts(rows: int, *, seed: int = 5) -> tuple[list[str], int, int]
     exact = near = 0
     for index in range(rows):
         if index > _EVERY and index % _EVERY == 0:
-            prompts.append(prompts[chooser.randrange(index - 1)].upper() + "?")
+            # Case and spacing only: the exact key keeps punctuation ("?" added is another text).
+            prompts.append(prompts[chooser.randrange(index - 1)].upper().replace(" ", "  "))
             exact += 1
         elif index > _EVERY and index % _EVERY == 1:
             prompts.append(prompts[chooser.randrange(index - 2)] + " again")

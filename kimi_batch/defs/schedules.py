@@ -51,7 +51,7 @@ from kimi_batch.defs.partitions import (
 from kimi_batch.defs.stages import DISTILL
 from kimi_batch.settings import Settings
 from kimi_batch.storage import SETTLE_S as LANDING_SETTLE_S
-from kimi_batch.storage import Assignment, InboxLanding, Landing, land_inbox
+from kimi_batch.storage import Assignment, InboxLanding, Landing, land_inbox, rescreen_partitions
 
 __all__ = [
     "MAX_RUNTIME_TAG",
@@ -206,6 +206,14 @@ def _stale(
     ]
 
 
+def _rescreen(settings: Settings, distilled: Iterable[str]) -> list[str]:
+    """Distilled partitions holding repeats of a row that left the duplicate index (its own
+    partition rebuilt without it): landed again, their set-aside rows are screened again."""
+    done = set(distilled)
+    marked = (f"{ds}|{source}" for ds, source in rescreen_partitions(settings.paths.dedup_state))
+    return [key for key in marked if key in done]
+
+
 def _ensure_sources(instance: dg.DagsterInstance, partitions: Sequence[BatchPartition]) -> None:
     # A schedule cannot return dynamic-partition requests the way a sensor does; add the sources
     # first so the run requests resolve (a file that arrived while the sensor was stopped has no
@@ -249,6 +257,7 @@ def build_nightly_schedule(settings: Settings) -> dg.ScheduleDefinition:
         settling = _log_inbox(context, inbox)
         distilled = instance.get_materialized_partitions(_DISTILLED)
         stale = _stale(instance, distilled, landed)
+        stale += [key for key in _rescreen(settings, distilled) if key not in stale]
         partitions = [
             item
             for item in nightly_partitions(assignments, distilled, night, stale)

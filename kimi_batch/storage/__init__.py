@@ -38,6 +38,7 @@ from kimi_batch.storage.dedup_index import (
     DedupSetting,
     IndexedText,
     index_entries,
+    rescreen_partitions,
     shingles,
 )
 from kimi_batch.storage.exceptions import (
@@ -164,6 +165,7 @@ __all__ = [
     "remove_stale_temps",
     "replace_quarantine",
     "request_counts",
+    "rescreen_partitions",
     "resolve_input",
     "resolve_partition",
     "resume_abandoned",

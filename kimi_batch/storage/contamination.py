@@ -1,11 +1,14 @@
-"""Benchmark decontamination: the n-grams of every benchmark item, and the first one a text shares.
+"""Benchmark decontamination: the n-grams of every benchmark item, and the item a text shares most.
 
 A benchmark file (`KIMI_BATCH_BENCHMARKS`) is JSONL or Parquet, one item per line or row: an `id`
 and text fields; every string field but `id` is indexed, and every string of a list field (the
-choices of a multiple-choice item). Texts are normalized as the duplicate
-check normalizes them (casefolded, punctuation-free, whitespace-collapsed) and cut into word
-n-grams (13 by default, as lm-eval's decontamination). Loaded indexes are kept per process, keyed
-by the files' paths, sizes and modification times, so a night loads them once.
+choices of a multiple-choice item). Texts are loosely normalized (`tasks.text_keys.loose_text`:
+casefolded, punctuation-free, whitespace-collapsed) and cut into token n-grams (13 by default, as
+lm-eval's decontamination): whitespace words, and single characters in scripts written without
+spaces (a Japanese or Chinese text is screened by character 13-grams). A text overlapping several
+items is reported against the one it shares the most n-grams with (a shared boilerplate prefix
+does not name the wrong item). Loaded indexes are kept per process, keyed by the files' paths,
+sizes and modification times, so a night loads them once.
 """
 
 from __future__ import annotations
@@ -19,26 +22,27 @@ import polars as pl
 from pydantic import BaseModel, ConfigDict
 
 from kimi_batch.errors import ConfigError
-from kimi_batch.tasks.amplify import normalize_text
+from kimi_batch.tasks.text_keys import loose_text, token_ngrams
 
 __all__ = ["BenchmarkHit", "BenchmarkIndex", "load_benchmarks", "word_ngrams"]
 
 
 class BenchmarkHit(BaseModel):
-    """A text shares `ngram` with item `item_id` of benchmark file `benchmark`."""
+    """A text shares `shared` n-grams (the first: `ngram`) with item `item_id` of benchmark file
+    `benchmark`, the item it shares the most with."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     benchmark: str
     item_id: str
     ngram: str
+    shared: int
 
 
 def word_ngrams(normalized: str, n: int) -> Iterator[str]:
-    """The word n-grams of already-normalized text (none when it has fewer than `n` words)."""
-    words = normalized.split()
-    for start in range(len(words) - n + 1):
-        yield " ".join(words[start : start + n])
+    """The token n-grams of already-normalized text (words; single characters of a script
+    without spaces), none when it has fewer than `n` tokens."""
+    return token_ngrams(normalized, n)
 
 
 def _items(path: Path) -> Iterator[tuple[str, list[str]]]:
@@ -82,7 +86,8 @@ class BenchmarkIndex:
         self.n = n
         self.names = [path.name for path in paths]
         self._items: list[tuple[int, str]] = []
-        self._grams: dict[int, int] = {}
+        # One item per n-gram mostly: a tuple only for the n-grams several items share.
+        self._grams: dict[int, int | tuple[int, ...]] = {}
         for file_index, path in enumerate(paths):
             try:
                 items = list(_items(path))
@@ -93,22 +98,47 @@ class BenchmarkIndex:
             for item_id, texts in items:
                 item = len(self._items)
                 self._items.append((file_index, item_id))
-                for text in texts:
-                    for gram in word_ngrams(normalize_text(text), n):
-                        self._grams.setdefault(hash(gram), item)
+                for gram in {hash(g) for text in texts for g in word_ngrams(loose_text(text), n)}:
+                    self._add(gram, item)
+
+    def _add(self, gram: int, item: int) -> None:
+        held = self._grams.get(gram)
+        if held is None:
+            self._grams[gram] = item
+        elif isinstance(held, int):
+            self._grams[gram] = (held, item)
+        else:
+            self._grams[gram] = (*held, item)
 
     @property
     def ngrams(self) -> int:
         return len(self._grams)
 
-    def first_hit(self, normalized: str) -> BenchmarkHit | None:
-        """The first n-gram of already-normalized text that a benchmark item has, else None."""
-        for gram in word_ngrams(normalized, self.n):
-            item = self._grams.get(hash(gram))
-            if item is not None:
-                file_index, item_id = self._items[item]
-                return BenchmarkHit(benchmark=self.names[file_index], item_id=item_id, ngram=gram)
-        return None
+    def best_hit(self, text: str) -> BenchmarkHit | None:
+        """The item sharing the most n-grams with `text` (the first indexed among equals), with
+        how many and the first one shared, else None. `text` is normalized here."""
+        counts: dict[int, int] = {}
+        first: dict[int, str] = {}
+        seen: set[int] = set()
+        for gram in word_ngrams(loose_text(text), self.n):
+            key = hash(gram)
+            held = self._grams.get(key)
+            if held is None or key in seen:
+                continue
+            seen.add(key)
+            for item in (held,) if isinstance(held, int) else held:
+                counts[item] = counts.get(item, 0) + 1
+                first.setdefault(item, gram)
+        if not counts:
+            return None
+        best = min(counts, key=lambda item: (-counts[item], item))
+        file_index, item_id = self._items[best]
+        return BenchmarkHit(
+            benchmark=self.names[file_index],
+            item_id=item_id,
+            ngram=first[best],
+            shared=counts[best],
+        )
 
 
 _LOADED: dict[tuple[object, ...], BenchmarkIndex] = {}

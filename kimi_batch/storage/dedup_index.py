@@ -23,12 +23,19 @@ index: under another one the signatures cannot be compared, and the first partit
 rebuilds the index, inside its transaction, from the rows its caller says are kept (`Rebuild`).
 A new index (a fresh PostgreSQL database after `kimi-batch state migrate`) is rebuilt the same
 way: the warehouse holds every kept row, so the index is never copied.
+
+A row set aside as a repeat is recorded with the kept row it repeats (`aside`). When that kept
+row leaves the index (its partition rebuilt without it, or found gone from the warehouse by the
+caller's `alive` test when a row matches it), the partitions holding its repeats are marked to be
+screened again (`rescreen`, read by `rescreen_partitions`): their set-aside rows are no repeats
+any more. A partition screened again clears its own marks and records. The index never answers
+with an entry `alive` says is gone: it drops the entry and looks further.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from functools import cache
 from typing import Literal
@@ -36,11 +43,14 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from kimi_batch.crash_points import crash_point
 from kimi_batch.paths import StateLocation
 from kimi_batch.state import StateDatabase, connect_state, read_state
+from kimi_batch.tasks.text_keys import text_tokens
 
 __all__ = [
     "NUM_PERM",
+    "Alive",
     "DedupIndex",
     "DedupSetting",
     "DuplicateMatch",
@@ -49,6 +59,7 @@ __all__ = [
     "PartitionDedup",
     "Rebuild",
     "index_entries",
+    "rescreen_partitions",
     "shingles",
 ]
 
@@ -56,6 +67,9 @@ __all__ = [
 NUM_PERM = 128
 _SCHEME = "affine32"  # datasketch 2's default; named, since its values carry no trace of it
 _SEED = 1
+# What the exact key and the shingles are made of (`tasks.text_keys`): part of the stamp, so an
+# index made under an earlier normalization (punctuation dropped, CJK as one word) is rebuilt.
+_TEXT_VERSION = "text=nfc-casefold-ws tokens=words+unspaced-chars"
 # Fixed forever (every stored band key is made with them): one odd 64-bit multiplier per
 # signature position, derived from the position alone (no RNG whose stream may change).
 _MULTIPLIERS = np.array(
@@ -86,6 +100,21 @@ _SCHEMA = (
         PRIMARY KEY (band, kept)
     )""",
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    # A row set aside as a repeat, and the kept row it repeats.
+    """CREATE TABLE IF NOT EXISTS aside (ds TEXT NOT NULL, source TEXT NOT NULL,
+        request_id TEXT NOT NULL, kept_ds TEXT NOT NULL, kept_source TEXT NOT NULL,
+        kept_request_id TEXT NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS aside_by_partition ON aside (ds, source)",
+    "CREATE INDEX IF NOT EXISTS aside_by_kept ON aside (kept_ds, kept_source, kept_request_id)",
+    # Partitions whose set-aside repeats lost the row they repeat: to be screened again.
+    """CREATE TABLE IF NOT EXISTS rescreen (ds TEXT NOT NULL, source TEXT NOT NULL,
+        PRIMARY KEY (ds, source))""",
+)
+# Set-aside records of one partition's kept rows that are no longer in the index.
+_ORPHANS = (
+    "FROM aside WHERE kept_ds = ? AND kept_source = ? AND NOT EXISTS (SELECT 1 FROM kept "
+    "WHERE kept.ds = aside.kept_ds AND kept.source = aside.kept_source "
+    "AND kept.request_id = aside.kept_request_id)"
 )
 
 
@@ -107,7 +136,7 @@ class DedupSetting(BaseModel):
         bands, rows = self.bands()
         return (
             f"datasketch {_SCHEME} seed={_SEED} perm={NUM_PERM} shingle={self.shingle} "
-            f"fields={self.fields} bands={bands}x{rows}"
+            f"fields={self.fields} bands={bands}x{rows} {_TEXT_VERSION}"
         )
 
 
@@ -120,6 +149,10 @@ class KeptEntry(BaseModel):
     source: str
     request_id: str
     input_id: str
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return self.ds, self.source, self.request_id
 
 
 class DuplicateMatch(BaseModel):
@@ -144,6 +177,8 @@ class IndexedText(BaseModel):
 
 # Every landed (ds, source, rows) of the gated stages, oldest first: what a rebuild indexes.
 Rebuild = Callable[[], Iterable[tuple[str, str, Iterable[IndexedText]]]]
+# Whether a kept row of another partition is still in its table (the caller's warehouse).
+Alive = Callable[[KeptEntry], bool]
 
 
 @cache
@@ -155,15 +190,20 @@ def _optimal_bands(threshold: float) -> tuple[int, int]:
 
 
 def shingles(text: str, size: int) -> list[bytes]:
-    """The word `size`-grams of normalized `text` (a shorter text is one shingle)."""
-    words = text.split()
+    """The token `size`-grams of normalized `text` (a shorter text is one shingle): words, and
+    single characters of a script written without spaces (`tasks.text_keys.text_tokens`)."""
+    words = text_tokens(text)
     if len(words) <= size:
-        return [" ".join(words).encode()]
-    return [" ".join(words[i : i + size]).encode() for i in range(len(words) - size + 1)]
+        return [" ".join(words).encode("utf-8", "surrogatepass")]
+    return [
+        " ".join(words[i : i + size]).encode("utf-8", "surrogatepass")
+        for i in range(len(words) - size + 1)
+    ]
 
 
 def _exact_key(text: str) -> bytes:
-    return hashlib.sha256(text.encode()).digest()[:16]
+    # surrogatepass: a lone surrogate that reached here still has a key (never an exception).
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()[:16]
 
 
 class _Signer:
@@ -216,10 +256,13 @@ class PartitionDedup:
         source: str,
         setting: DedupSetting,
         rebuild: Rebuild,
+        alive: Alive | None = None,
     ) -> None:
         self._db, self._held, self._ds, self._source = db, held, ds, source
-        self._setting, self._rebuild = setting, rebuild
+        self._setting, self._rebuild, self._alive = setting, rebuild, alive
         self._taken = False
+        # Partitions whose entries left in this block: only their repeats can have lost theirs.
+        self._left: set[tuple[str, str]] = set()
         self._signer = _Signer(setting)
         self.kept = 0
         self.rebuilt: int | None = None  # rows a rebuild indexed, when this partition did one
@@ -229,9 +272,7 @@ class PartitionDedup:
         entries."""
         if self._taken:
             return
-        # Held until the partition's block ends: committed then, rolled back by an error.
-        self._held.enter_context(self._db.transaction())
-        self._taken = True
+        self._take()
         stamp = self._setting.stamp()
         found = self._db.execute("SELECT value FROM meta WHERE key = 'setting'").fetchone()
         if found is None or found[0] != stamp:
@@ -239,6 +280,8 @@ class PartitionDedup:
         self._forget(self._ds, self._source)
 
     def _rebuild_all(self, stamp: str) -> None:
+        found = self._db.execute("SELECT DISTINCT kept_ds, kept_source FROM aside").fetchall()
+        self._left.update((str(ds), str(source)) for ds, source in found)
         self._db.execute("DELETE FROM bands")
         self._db.execute("DELETE FROM kept")
         count = 0
@@ -268,6 +311,51 @@ class PartitionDedup:
             ),
         )
         self._db.execute("DELETE FROM kept WHERE ds = ? AND source = ?", (ds, source))
+        self._left.add((ds, source))
+        # Screened now: its earlier repeats and its mark go; this screening records them again.
+        self._db.execute("DELETE FROM aside WHERE ds = ? AND source = ?", (ds, source))
+        self._db.execute("DELETE FROM rescreen WHERE ds = ? AND source = ?", (ds, source))
+
+    def release(self) -> None:
+        """Landed unscreened (dedup off): its entries leave; their repeats are marked."""
+        self._take()
+        self._forget(self._ds, self._source)
+
+    def _take(self) -> None:
+        # Held until the partition's block ends: committed then, rolled back by an error.
+        self._held.enter_context(self._db.transaction())
+        # Runs first at the block's end, inside the transaction: repeats of what left are marked.
+        self._held.push(self._mark_orphans)
+        self._taken = True
+
+    def _mark_orphans(self, error: type[BaseException] | None, *_: object) -> bool:
+        """At the block's end (no error): partitions with a repeat of a row no longer kept are
+        marked to be screened again, and those records dropped."""
+        for partition in sorted(self._left) if error is None else ():
+            self._db.execute(
+                "INSERT INTO rescreen (ds, source) SELECT DISTINCT ds, source "
+                f"{_ORPHANS} ON CONFLICT DO NOTHING",
+                partition,
+            )
+            self._db.execute(f"DELETE {_ORPHANS}", partition)
+        return False
+
+    def _drop(self, kept: int, entry: KeptEntry, signature: np.ndarray) -> None:
+        """An entry whose row is gone from the warehouse (landed again with the gate off)."""
+        self._left.add((entry.ds, entry.source))
+        self._db.executemany(
+            "DELETE FROM bands WHERE band = ? AND kept = ?",
+            ((band, kept) for band in self._signer.band_keys(signature)),
+        )
+        self._db.execute("DELETE FROM kept WHERE id = ?", (kept,))
+
+    def _live(self, kept: int, entry: KeptEntry, blob: object) -> bool:
+        """Whether the entry's row still exists (own rows are being written); else dropped."""
+        own = (entry.ds, entry.source) == (self._ds, self._source)
+        if own or self._alive is None or self._alive(entry):
+            return True
+        self._drop(kept, entry, np.frombuffer(bytes(blob), dtype=np.uint32))  # pyright: ignore[reportArgumentType]
+        return False
 
     def _insert(self, ds: str, source: str, row: IndexedText, signature: np.ndarray) -> None:
         (kept,) = self._db.execute(
@@ -283,40 +371,53 @@ class PartitionDedup:
     def check(self, row: IndexedText) -> DuplicateMatch | None:
         """The kept row `row` repeats, else None (and `row` is kept: indexed from now on)."""
         self.begin()
+        match = self._exact(row.text)
+        if match is None:
+            signature = self._signer.signature(row.text)
+            match = self._nearest(signature)
+            if match is None:
+                self._insert(self._ds, self._source, row, signature)
+                self.kept += 1
+                return None
+        self._db.execute(
+            "INSERT INTO aside (ds, source, request_id, kept_ds, kept_source, kept_request_id) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (self._ds, self._source, row.request_id, *match.kept.key),
+        )
+        return match
+
+    def _exact(self, text: str) -> DuplicateMatch | None:
+        """The oldest kept row with the same exact key whose row still exists."""
         found = self._db.execute(
-            "SELECT ds, source, request_id, input_id FROM kept WHERE exact = ? ORDER BY id LIMIT 1",
-            (_exact_key(row.text),),
-        ).fetchone()
-        if found is not None:
-            return DuplicateMatch(kind="duplicate", kept=_entry(found), similarity=1.0)
-        signature = self._signer.signature(row.text)
-        near = self._nearest(signature)
-        if near is not None:
-            return near
-        self._insert(self._ds, self._source, row, signature)
-        self.kept += 1
+            "SELECT id, ds, source, request_id, input_id, signature FROM kept WHERE exact = ? "
+            "ORDER BY id",
+            (_exact_key(text),),
+        ).fetchall()
+        for kept, *entry, blob in found:
+            if self._live(kept, _entry(tuple(entry)), blob):
+                return DuplicateMatch(kind="duplicate", kept=_entry(tuple(entry)), similarity=1.0)
         return None
 
     def _nearest(self, signature: np.ndarray) -> DuplicateMatch | None:
         """The most alike kept row at or above the threshold (the oldest among equals)."""
         keys = self._signer.band_keys(signature)
         candidates = self._db.execute(
-            "SELECT ds, source, request_id, input_id, signature FROM kept WHERE id IN "
+            "SELECT id, ds, source, request_id, input_id, signature FROM kept WHERE id IN "
             f"(SELECT kept FROM bands WHERE band IN ({', '.join('?' * len(keys))})) ORDER BY id",
             keys,
         ).fetchall()
-        best: DuplicateMatch | None = None
-        for *entry, blob in candidates:
+        alike: list[DuplicateMatch] = []
+        for kept, *entry, blob in candidates:
             similarity = _similarity(signature, np.frombuffer(bytes(blob), dtype=np.uint32))
-            if similarity >= self._setting.threshold and (
-                best is None or similarity > best.similarity
-            ):
-                kept = _entry(tuple(entry))
-                best = DuplicateMatch(kind="near_duplicate", kept=kept, similarity=similarity)
-        return best
+            if similarity >= self._setting.threshold and self._live(kept, _entry(entry), blob):
+                alike.append(
+                    DuplicateMatch(kind="near_duplicate", kept=_entry(entry), similarity=similarity)
+                )
+        # The most alike; the oldest among equals (max keeps the first of equal keys).
+        return max(alike, key=lambda match: match.similarity, default=None)
 
 
-def _entry(found: tuple[object, ...]) -> KeptEntry:
+def _entry(found: Sequence[object]) -> KeptEntry:
     ds, source, request_id, input_id = (str(value) for value in found)
     return KeptEntry(ds=ds, source=source, request_id=request_id, input_id=input_id)
 
@@ -340,11 +441,13 @@ class DedupIndex:
         *,
         rebuild: Rebuild = lambda: (),
         guard: Callable[[], None] | None = None,
+        alive: Alive | None = None,
     ) -> Iterator[PartitionDedup]:
         """Screen partition (ds, source): its entries replaced by the rows it keeps now,
-        committed when the block ends without an error and `guard` (its lease) passes."""
+        committed when the block ends without an error and `guard` (its lease) passes; a match
+        `alive` says is gone from the warehouse is dropped, not answered."""
         with self._connect() as db, ExitStack() as held:
-            screen = PartitionDedup(db, held, ds, source, self.setting, rebuild)
+            screen = PartitionDedup(db, held, ds, source, self.setting, rebuild, alive)
             yield screen
             screen.begin()  # a partition that kept nothing still drops its old entries
             if guard is not None:
@@ -358,6 +461,17 @@ class DedupIndex:
         files = [path, path.with_name(path.name + "-wal")]
         return sum(f.stat().st_size for f in files if f.exists())
 
+    def release(self, ds: str, source: str) -> None:
+        """Partition (ds, source) landed without screening: its old entries must not answer
+        for rows it may no longer hold. Nothing is created when there is no index yet."""
+        probe = read_state(self.location)
+        if probe is None:
+            return
+        probe.close()
+        with self._connect() as db, ExitStack() as held:
+            PartitionDedup(db, held, ds, source, self.setting, lambda: ()).release()
+        crash_point("quality.index_released")  # committed as the block's ExitStack closed
+
 
 def index_entries(location: StateLocation) -> int | None:
     """Kept rows in the index at `location`, read only (None: no index yet)."""
@@ -366,3 +480,16 @@ def index_entries(location: StateLocation) -> int | None:
         return None
     with db:
         return int(db.execute("SELECT count(*) FROM kept").fetchone()[0])
+
+
+def rescreen_partitions(location: StateLocation) -> list[tuple[str, str]]:
+    """(ds, source) of the partitions whose set-aside repeats lost the row they repeat: to be
+    screened again (read only; none without an index)."""
+    db = read_state(location)
+    if db is None:
+        return []
+    with db:
+        if not db.columns("rescreen"):
+            return []  # an index from before the table: nothing marked yet
+        found = db.execute("SELECT ds, source FROM rescreen ORDER BY ds, source").fetchall()
+        return [(str(ds), str(source)) for ds, source in found]

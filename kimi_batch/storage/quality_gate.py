@@ -29,17 +29,19 @@ from kimi_batch.paths import StateLocation
 from kimi_batch.settings import QualitySettings
 from kimi_batch.storage.contamination import BenchmarkIndex, load_benchmarks
 from kimi_batch.storage.dedup_index import (
+    Alive,
     DedupIndex,
     DedupSetting,
     DuplicateMatch,
     IndexedText,
+    KeptEntry,
     PartitionDedup,
 )
 from kimi_batch.storage.parquet import Warehouse
-from kimi_batch.tasks.amplify import normalize_text
 from kimi_batch.tasks.generation_task import GenerationTask, ScreenedText
 from kimi_batch.tasks.quarantine import INPUT_STAGE, set_aside_row
 from kimi_batch.tasks.rows import GenerationColumns, QuarantineRow
+from kimi_batch.tasks.text_keys import normalize_text
 
 __all__ = [
     "CONTAMINATED",
@@ -135,16 +137,18 @@ class PartitionGate:
             )
 
     def _contamination(self, text: ScreenedText) -> tuple[str, str] | None:
-        """(reason, the text that shares it) for the first benchmark n-gram a row shares."""
+        """(reason, the text that shares it) naming the benchmark item a row overlaps most."""
         if self._benchmarks is None:
             return None
         for where, said in (("prompt", text.prompt), ("answer", text.answer)):
-            hit = self._benchmarks.first_hit(normalize_text(said))
+            hit = self._benchmarks.best_hit(said)
             if hit is not None:
                 self.counts.contaminated += 1
+                n = self._benchmarks.n
                 reason = (
-                    f"{CONTAMINATED}: the {where} shares {self._benchmarks.n} words with "
-                    f"benchmark {hit.benchmark} item {hit.item_id!r}: {hit.ngram!r}"
+                    f"{CONTAMINATED}: the {where} shares {n} words with benchmark "
+                    f"{hit.benchmark} item {hit.item_id!r} ({hit.shared} shared {n}-grams, "
+                    f"the first {hit.ngram!r})"
                 )
                 return reason, said
         return None
@@ -232,10 +236,18 @@ class QualityGate:
         benchmarks = load_benchmarks(settings.benchmarks, settings.contamination_ngram)
         if not settings.dedup:
             yield self._gate(task, inputs, None, benchmarks)
+            self.release(ds, source)
             return
         rebuild = lambda: self._landed(store, task)  # noqa: E731
-        with self.index.partition(ds, source, rebuild=rebuild, guard=guard) as dedup:
+        alive = _alive_in(store, task.table)
+        with self.index.partition(ds, source, rebuild=rebuild, guard=guard, alive=alive) as dedup:
             yield self._gate(task, inputs, dedup, benchmarks)
+
+    def release(self, ds: str, source: str) -> None:
+        """Partition (ds, source) of a gated stage landed unscreened (duplicates off): an index
+        made on other nights forgets what it held of it, and the repeats of those rows are
+        marked to be screened again."""
+        self.index.release(ds, source)
 
     def _gate(
         self,
@@ -251,6 +263,21 @@ class QualityGate:
             dedup=dedup,
             benchmarks=benchmarks,
         )
+
+
+def _alive_in(store: Warehouse, table: str) -> Alive:
+    """Whether a kept entry's row is still in `table` (each partition's ids read once). The
+    index holds one gated stage's rows (`_landed` rebuilds it from that stage's table)."""
+    known: dict[tuple[str, str], frozenset[str]] = {}
+
+    def alive(entry: KeptEntry) -> bool:
+        key = (entry.ds, entry.source)
+        if key not in known:
+            ids = store.read_partition(table, entry.ds, entry.source).get_column("request_id")
+            known[key] = frozenset(str(value) for value in ids.drop_nulls())
+        return entry.request_id in known[key]
+
+    return alive
 
 
 def set_aside_totals(store: Warehouse) -> dict[str, int]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import string
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import ClassVar
 
@@ -30,6 +29,7 @@ from kimi_batch.tasks.generation_task import (
 from kimi_batch.tasks.inputs import SeedPrompt
 from kimi_batch.tasks.rows import AmplifiedRow, GenerationColumns
 from kimi_batch.tasks.tags import AMPLIFY_STAGE, RequestTag, Strategy
+from kimi_batch.tasks.text_keys import loose_text, normalize_text
 
 __all__ = [
     "DEFAULT_AMPLIFY_PARAMS",
@@ -70,7 +70,9 @@ DEFAULT_AMPLIFY_PARAMS = SamplingParams(max_tokens=128, temperature=0.9, top_p=0
 _MIN_VARIANT_CHARS = 8
 # Straight, curly (U+2018/9, U+201C/D), low-9 and guillemet quotes.
 _QUOTES = "\"'`\u201c\u201d\u2018\u2019\u00ab\u00bb\u201e"
-_PUNCTUATION = str.maketrans("", "", string.punctuation + _QUOTES + "¿¡…\u2013\u2014")
+# What may end (or open) a sentence without changing the question: ".", "?", "!", "…", "¿", "¡"
+# and their CJK and fullwidth forms, and quotes.
+_SENTENCE_ENDS = _QUOTES + ".?!\u2026\u00bf\u00a1\u3002\uff0e\uff1f\uff01 "
 # "Paraphrase:", "**Rewritten question:**", "Variant 2 of 3 - ", "New harder question:" ... A
 # dash counts only with spaces around it, so "Question-answering systems: ..." stays whole.
 _LABEL = re.compile(
@@ -137,11 +139,6 @@ def amplification_requests(
     return requests
 
 
-def normalize_text(text: str) -> str:
-    """Casefolded, punctuation-free, whitespace-collapsed text: the dedup key."""
-    return " ".join(text.casefold().translate(_PUNCTUATION).split())
-
-
 def _strip_decorations(paragraph: str) -> str:
     text = paragraph.strip()
     if _LIST_MARK.match(text):
@@ -174,10 +171,11 @@ def _parse(result: GenerationResult) -> tuple[str | None, str]:
         return None, "variant cut off at max_tokens (finish_reason=length)"
     if len(variant) < _MIN_VARIANT_CHARS or not any(ch.isalpha() for ch in variant):
         return None, f"output too short to be a prompt: {variant!r}"
-    normalized = normalize_text(variant)
+    # Loose: an echo of the instruction is one whatever its punctuation.
+    normalized = loose_text(variant)
     for template in TEMPLATES.values():
         # Small models sometimes repeat the instruction instead of following it.
-        if normalized.startswith(normalize_text(template)[:40]):
+        if normalized.startswith(loose_text(template)[:40]):
             return None, "output repeats the instruction"
     return variant, ""
 
@@ -187,12 +185,19 @@ def parse_variant(result: GenerationResult) -> str | None:
     return _parse(result)[0]
 
 
+def _variant_key(prompt: str) -> str:
+    """The exact key, less quotes and sentence marks at its ends: a variant that only drops the
+    seed's question mark or quotes itself is no new prompt. Not a looser key: a "harder" or
+    "related" variant of "What is 2+2?" may well be "What is 2*2?", a new prompt."""
+    return normalize_text(prompt).strip(_SENTENCE_ENDS).strip()
+
+
 def _new_variants(
     rows: Iterable[AmplifiedRow], seed_prompts: Iterable[str]
 ) -> Iterator[AmplifiedRow]:
-    seen = {normalize_text(prompt) for prompt in seed_prompts}
+    seen = {_variant_key(prompt) for prompt in seed_prompts}
     for row in rows:
-        key = normalize_text(row.prompt)
+        key = _variant_key(row.prompt)
         if key not in seen:
             seen.add(key)
             yield row

@@ -21,7 +21,7 @@ from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.engine import Ledger
 from kimi_batch.settings import Settings
-from kimi_batch.storage import Warehouse
+from kimi_batch.storage import Warehouse, rescreen_partitions
 from kimi_batch.tasks.distill import DistillTask
 from kimi_batch_tests.support.quality import (
     BENCHMARK_ITEM,
@@ -57,10 +57,12 @@ class Nights:
     results: dict[tuple[str, str], dg.MaterializeResult]
 
 
-def _land(settings: Settings, ds: str, source: str) -> dg.MaterializeResult:
+def _land(
+    settings: Settings, ds: str, source: str, prompts: list[str] | None = None
+) -> dg.MaterializeResult:
     store = Warehouse(settings.paths.warehouse_dir)
     task = DistillTask()
-    inputs = land_seeds_of(store, ds, source, NIGHTS[(ds, source)])
+    inputs = land_seeds_of(store, ds, source, prompts or NIGHTS[(ds, source)])
     results = answers_to(task, inputs, source)
     plan = StagePlan(task, ds, source, inputs, list(task.requests(inputs)), "0" * 64)
     with (
@@ -147,6 +149,22 @@ def test_a_rerun_of_a_night_quarantines_nothing_of_its_own(nights: Nights) -> No
     for table, rows in before.items():
         assert nights.store.read_partition(table, "2026-12-02", "south").equals(rows), table
     assert nights.store.read_partition("distilled", "2026-12-01", "north").height == 2
+
+
+def test_a_night_landed_with_the_gate_off_takes_its_rows_out_of_the_index(
+    nights: Nights, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """north lands again without its story while duplicates are off and no benchmark is set:
+    south's repeats of north's rows are marked to be screened again, and a later copy of the
+    story is no repeat of a row that no longer exists."""
+    monkeypatch.setenv("KIMI_BATCH_DEDUP", "off")
+    monkeypatch.delenv("KIMI_BATCH_BENCHMARKS")
+    off = Settings.from_env()
+    assert not WarehouseResource(deployment=off).quality_gate().screens(DistillTask())
+    _land(off, "2026-12-01", "north", ["What is the tallest mountain in Africa?"])
+    assert rescreen_partitions(nights.settings.paths.dedup_state) == [("2026-12-02", "south")]
+    _land(nights.settings, "2026-12-03", "east", [STORY])
+    assert nights.store.read_partition("distilled", "2026-12-03", "east").height == 1
 
 
 def test_no_export_carries_a_quarantined_answer(nights: Nights, tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from kimi_batch.defs.schedules import (
     window_end,
 )
 from kimi_batch.settings import Settings
+from kimi_batch.storage import IndexedText, QualityGate
 from kimi_batch.storage.landing import Assignment, Landing
 from kimi_batch_tests.support.repo import REPO_ROOT
 from kimi_batch_tests.support.standins import standin_definitions
@@ -349,3 +350,27 @@ def test_a_file_still_changing_is_named_and_landed_by_the_next_tick(
     assert "2025-06-01/story.jsonl" in skip
     assert still_a == sha_a
     assert night_keys(settled) == [str(mpk("story"))]
+
+
+def test_partitions_holding_repeats_of_a_row_that_left_are_asked_for_again(inbox: Path) -> None:
+    """Every file asks "hi": the first screened keeps it, the others set it aside as a repeat.
+    When that partition is rebuilt without the row, the night lands the others again."""
+    defs = standin_definitions()
+    settings = Settings.from_env()
+    index = QualityGate(settings, settings.paths.dedup_state).index  # as the real landing's
+    with dg.instance_for_test() as instance:
+        for key in night_keys(evaluate(instance, NIGHT)[0]):
+            distill(defs, instance, key)
+            ds, source = str(key).split("|")
+            with index.partition(ds, source) as screen:
+                screen.check(IndexedText(request_id=f"{source}-1", input_id="1", text="hi"))
+        assert evaluate(instance, NIGHT)[0] == []
+        with index.partition("2025-05-31", "old"):
+            pass  # rebuilt, its input now without "hi"
+        requests, _ = evaluate(instance, NIGHT)
+    assert night_keys(requests) == [
+        str(mpk("alpha")),
+        str(mpk("beta")),
+        str(mpk("early")),
+        str(mpk("late_upload")),
+    ]

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import os
 import stat
+import unicodedata
+import uuid
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kimi_batch.engine import LeaseLostError
 from kimi_batch.paths import StateLocation, StatePaths
@@ -19,8 +23,10 @@ from kimi_batch.storage.dedup_index import (
     DedupSetting,
     IndexedText,
     index_entries,
+    rescreen_partitions,
     shingles,
 )
+from kimi_batch.tasks.text_keys import normalize_text
 from kimi_batch_tests.support.postgres import PostgresServer, StateBackend
 
 BASE = (
@@ -176,3 +182,119 @@ def test_workers_on_one_postgresql_screen_against_each_others_rows(
         match = second.check(_text("b", BASE + " again"))
     assert match is not None
     assert (match.kind, match.kept.source) == ("near_duplicate", "host-a")
+
+
+def test_repeats_of_a_row_that_left_are_marked_to_be_screened_again(
+    state_backend: StateBackend,
+) -> None:
+    """Its partition rebuilt without the kept row: the partitions holding its repeats are named
+    (their set-aside rows repeat nothing now); screened again, they keep them and lose the mark."""
+    location = state_backend.paths.dedup_state
+    index = _index(location)
+    with index.partition("2026-12-01", "night") as first:
+        assert first.check(_text("a", BASE)) is None
+        assert first.check(_text("b", "a different question about tides")) is None
+    with index.partition("2026-12-02", "night") as second:
+        assert second.check(_text("c", BASE)) is not None  # exact
+    with index.partition("2026-12-03", "night") as third:
+        assert third.check(_text("d", BASE + " again")) is not None  # near
+    # Rebuilt with the same rows: nothing to screen again.
+    with index.partition("2026-12-01", "night") as same:
+        same.check(_text("a", BASE))
+        same.check(_text("b", "a different question about tides"))
+    assert rescreen_partitions(location) == []
+    # Rebuilt without BASE (its input changed).
+    with index.partition("2026-12-01", "night") as rebuilt:
+        assert rebuilt.check(_text("b", "a different question about tides")) is None
+    assert rescreen_partitions(location) == [("2026-12-02", "night"), ("2026-12-03", "night")]
+    with index.partition("2026-12-02", "night") as again:
+        assert again.check(_text("c", BASE)) is None  # no longer a repeat: kept
+    assert rescreen_partitions(location) == [("2026-12-03", "night")]
+    with index.partition("2026-12-03", "night") as again:
+        match = again.check(_text("d", BASE + " again"))
+    assert match is not None
+    assert match.kept.request_id == "c"  # the row kept now
+    assert rescreen_partitions(location) == []
+
+
+def test_a_row_gone_from_the_warehouse_is_never_answered(state_backend: StateBackend) -> None:
+    """Its partition landed again with the gate off: the caller says the row is gone; the index
+    drops it, keeps the new row, and marks the partition that held a repeat of it."""
+    location = state_backend.paths.dedup_state
+    index = _index(location)
+    with index.partition("2026-12-01", "night") as first:
+        assert first.check(_text("a", BASE)) is None
+    with index.partition("2026-12-02", "night") as second:
+        assert second.check(_text("b", BASE)) is not None
+    with index.partition("2026-12-03", "night", alive=lambda kept: kept.request_id != "a") as third:
+        assert third.check(_text("c", BASE + " again")) is None
+        assert third.check(_text("d", BASE)) is not None  # c stands now: d repeats it
+    assert rescreen_partitions(location) == [("2026-12-02", "night")]
+    assert index_entries(location) == 1  # c; a is gone
+
+
+def test_a_rebuild_without_the_kept_row_marks_its_repeats(state_backend: StateBackend) -> None:
+    location = state_backend.paths.dedup_state
+    with _index(location).partition("2026-12-01", "night") as first:
+        assert first.check(_text("a", BASE)) is None
+    with _index(location).partition("2026-12-02", "night") as second:
+        assert second.check(_text("b", BASE)) is not None
+    # Another setting: rebuilt from what the warehouse holds, where "a" is no longer.
+    landed = [("2026-12-01", "night", [_text("other", HALF)])]
+    with _index(location, shingle=3).partition("2026-12-03", "night", rebuild=lambda: landed):
+        pass
+    assert rescreen_partitions(location) == [("2026-12-02", "night")]
+
+
+def test_a_partition_landed_unscreened_leaves_the_index(state_backend: StateBackend) -> None:
+    location = state_backend.paths.dedup_state
+    index = _index(location)
+    index.release("2026-12-01", "night")  # no index yet: none is made
+    assert index_entries(location) is None
+    with index.partition("2026-12-01", "night") as first:
+        assert first.check(_text("a", BASE)) is None
+    with index.partition("2026-12-02", "night") as second:
+        assert second.check(_text("b", BASE)) is not None
+    index.release("2026-12-01", "night")
+    assert index_entries(location) == 0
+    assert rescreen_partitions(location) == [("2026-12-02", "night")]
+    with index.partition("2026-12-03", "night") as third:
+        assert third.check(_text("c", BASE)) is None
+
+
+# Hostile input (hypothesis): any script, controls, joiners, odd whitespace.
+CHARACTERS = st.one_of(
+    st.characters(exclude_categories=["Cs"]),
+    st.sampled_from("+-*/<>=!?#.,;:%$^~|&@2xX東京タワーภาษาไทยдЖ\u0301\u200d\x00\x1b\t\n\u3000"),
+)
+
+
+def _fold(character: str) -> str:
+    return unicodedata.normalize("NFC", unicodedata.normalize("NFC", character).casefold())
+
+
+@settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],  # one index, unique texts
+)
+@given(st.text(CHARACTERS, min_size=1, max_size=30), st.data())
+def test_only_a_case_or_spacing_variant_is_an_exact_duplicate(
+    state_backend: StateBackend, hostile: str, data: st.DataObject
+) -> None:
+    index = _index(state_backend.paths.dedup_state)
+    unique = uuid.uuid4().hex  # the examples share the index: no text repeats another's
+    position = data.draw(st.integers(0, len(hostile) - 1))
+    other = data.draw(
+        CHARACTERS.filter(lambda c: not c.isspace() and _fold(c) != _fold(hostile[position]))
+    )
+    changed = hostile[:position] + other + hostile[position + 1 :]
+    stable = all(_fold(c.upper()) == _fold(c) == _fold(c.lower()) for c in hostile)
+    variant = hostile.swapcase() if stable else hostile
+    with index.partition("2026-12-01", unique) as screen:
+        assert screen.check(_text("base", normalize_text(f"{unique} {hostile}"))) is None
+        again = screen.check(_text("again", normalize_text(f"\n {unique}\u3000 {variant}\t")))
+        different = screen.check(_text("changed", normalize_text(f"{unique} {changed}")))
+    assert again is not None
+    assert (again.kind, again.kept.request_id) == ("duplicate", "base")
+    assert different is None or different.kind == "near_duplicate"

@@ -3,12 +3,14 @@ index rebuilt from answers already landed, the totals `status` reads."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from kimi_batch.paths import StatePaths
 from kimi_batch.settings import QualitySettings
 from kimi_batch.storage import QualityGate, Warehouse, set_aside_totals
+from kimi_batch.storage.dedup_index import rescreen_partitions
 from kimi_batch.tasks.distill import DistillInputs, DistillTask
 from kimi_batch.tasks.generation_task import SetAside
 from kimi_batch.tasks.rows import DistilledRow
@@ -44,7 +46,8 @@ def test_duplicates_and_contamination_are_set_aside_with_their_reasons(tmp_path:
     store = Warehouse(tmp_path / "warehouse")
     prompts = [
         PROMPT,
-        PROMPT.upper().replace(".", "!"),  # the same prompt once normalized
+        # The same prompt but for case and spacing (only those are folded: "." and "!" differ).
+        PROMPT.upper().replace(" ", "  \n"),
         PROMPT.replace("lost at sea.", "lost at sea that night."),  # two words more
         f"Solve this: {BENCHMARK_ITEM}",
         "Name three rivers in Africa.",
@@ -114,7 +117,7 @@ def test_the_whole_conversation_is_the_prompt(tmp_path: Path) -> None:
         seed_row("plain", "Why?"),
         seed_row("sky", "Why?", turns=["The sky is blue.", "Yes, it is blue."], line=2),
         seed_row("terse", "Why?", instructions="Answer in one word.", line=3),
-        seed_row("again", "why", line=4),
+        seed_row("again", "  WHY? ", line=4),  # case and spacing only
     ]
     store.write_partition("seeds", "2026-12-01", "night", rows)
     inputs = DistillInputs(seeds=seeds_from_rows(rows))
@@ -178,3 +181,153 @@ def test_totals_count_the_gate_s_rows_not_the_reader_s_duplicate_ids(tmp_path: P
         "near_duplicate": 0,
         "contaminated": 0,
     }
+
+
+def test_prompts_apart_by_an_operator_or_symbol_are_all_kept(
+    tmp_path: Path, state_backend: StateBackend
+) -> None:
+    """Math and code prompts: only case and spacing make an exact duplicate."""
+    store = Warehouse(tmp_path / "warehouse")
+    prompts = [
+        "What is 2+2?",
+        "What is 2-2?",
+        "What is 2*2?",
+        "What is 22?",
+        "Is 3 < 2?",
+        "Is 3 > 2?",
+        "Explain C++ templates",
+        "Explain C# templates",
+        "+-*/",
+        "<>=!",
+        "what  is 2+2 ?",  # a space more, only that: still not "What is 2+2?"
+        "WHAT IS 2+2?",  # case only: the duplicate
+    ]
+    inputs = land_seeds_of(store, "2026-12-01", "math", prompts)
+    gate = QualityGate(QualitySettings(), state_backend.paths.dedup_state)
+    with gate.partition(store, TASK, inputs, "2026-12-01", "math") as screen:
+        kept = [row.input_id for row in screen.admit(_rows(inputs, "math"))]
+    assert kept == [f"math-{n}" for n in range(11)]
+    (aside,) = screen.quarantined
+    assert aside.input_id == "math-11"
+    assert aside.reason.startswith("duplicate of input 'math-0'")
+
+
+# Written for these tests (no benchmark's text): a word problem and a story request in Japanese.
+JAPANESE_ITEM = (
+    "ある店でりんごを一個百二十円で売っています。五個買うと、代金は全部でいくらになりますか。"
+)
+JAPANESE_STORY = (
+    "灯台守の女性が、四十年前に海で行方不明になった祖母の船から流された瓶の中の手紙を見つける"
+    "短い物語を書いてください。手紙には祖母が最後に見た星空のことと、家族への思いが書かれています。"
+    "物語の最後では、彼女が灯台の明かりを祖母のためにともし続ける理由がわかるようにしてください。"
+)
+
+
+def test_japanese_copies_of_a_benchmark_and_near_duplicates_are_caught(
+    tmp_path: Path, state_backend: StateBackend
+) -> None:
+    """Text without spaces is screened by character n-grams (words would be one per sentence)."""
+    bench = tmp_path / "jp_eval.jsonl"
+    items = [{"id": "jp-1", "question": JAPANESE_ITEM}, {"id": "jp-2", "question": "日本の首都は?"}]
+    bench.write_text("".join(json.dumps(item) + "\n" for item in items), encoding="utf-8")
+    store = Warehouse(tmp_path / "warehouse")
+    prompts = [
+        JAPANESE_STORY,
+        JAPANESE_STORY + "お願いします。",  # the same request, more politely
+        f"次の問題を解いてください。{JAPANESE_ITEM}",
+        "日本の首都はどこですか。",  # shares fewer than 13 characters with jp-2
+    ]
+    inputs = land_seeds_of(store, "2026-12-01", "ja", prompts)
+    gate = QualityGate(QualitySettings(benchmarks=(bench,)), state_backend.paths.dedup_state)
+    with gate.partition(store, TASK, inputs, "2026-12-01", "ja") as screen:
+        kept = [row.input_id for row in screen.admit(_rows(inputs, "ja"))]
+    assert kept == ["ja-0", "ja-3"]
+    reasons = {row.input_id: row.reason for row in screen.quarantined}
+    assert reasons["ja-1"].startswith("near_duplicate of input 'ja-0'")
+    assert reasons["ja-2"].startswith(
+        "contaminated: the prompt shares 13 words with benchmark jp_eval.jsonl item 'jp-1'"
+    )
+
+
+def test_a_contaminated_row_names_the_item_it_shares_most_with(tmp_path: Path) -> None:
+    """Two items open with the same boilerplate; a prompt copying the second names the second."""
+    boilerplate = (
+        "Read the following passage carefully and then answer the question below using only "
+        "information from the passage."
+    )
+    bench = tmp_path / "reading.jsonl"
+    items = [
+        {"id": "A", "question": f"{boilerplate} Why did the river flood in the spring?"},
+        {
+            "id": "B",
+            "question": f"{boilerplate} Which two colonies signed the treaty of the northern "
+            "harbour, and what did each of them give up in exchange for the fishing rights?",
+        },
+    ]
+    bench.write_text("".join(json.dumps(item) + "\n" for item in items), encoding="utf-8")
+    store = Warehouse(tmp_path / "warehouse")
+    inputs = land_seeds_of(store, "2026-12-01", "night", [f"Help me: {items[1]['question']}"])
+    gate = _gate(tmp_path, benchmarks=(bench,), dedup=False)
+    with gate.partition(store, TASK, inputs, "2026-12-01", "night") as screen:
+        assert list(screen.admit(_rows(inputs, "night"))) == []
+    (aside,) = screen.quarantined
+    words = len(str(items[1]["question"]).split())
+    assert aside.reason.startswith(
+        "contaminated: the prompt shares 13 words with benchmark reading.jsonl item 'B' "
+        f"({words - 12} shared 13-grams"
+    )
+
+
+def _land(
+    gate: QualityGate, store: Warehouse, partition: tuple[str, str], prompts: list[str], tag: str
+) -> tuple[list[str], list[str]]:
+    """`prompts` landed and answered through `gate`; (kept input ids, set-aside reasons). `tag`
+    makes the answers' request ids (content hashes in production) differ between versions."""
+    ds, source = partition
+    inputs = land_seeds_of(store, ds, source, prompts)
+    rows = [
+        row.model_copy(update={"request_id": f"{tag}-{row.request_id}"})
+        for row in _rows(inputs, source)
+    ]
+    with gate.partition(store, TASK, inputs, ds, source) as screen:
+        kept = list(screen.admit(rows))
+        store.write_partition("distilled", ds, source, kept)
+    return [row.input_id for row in kept], [row.reason for row in screen.quarantined]
+
+
+def test_a_repeat_of_a_row_that_left_is_screened_again_and_kept(
+    tmp_path: Path, state_backend: StateBackend
+) -> None:
+    """The kept original's partition is rebuilt without it (its input changed): the partition
+    holding its repeat is marked, and screened again keeps the row."""
+    store = Warehouse(tmp_path / "warehouse")
+    gate = QualityGate(QualitySettings(), state_backend.paths.dedup_state)
+    early, night = ("2026-11-30", "early"), ("2026-12-01", "night")
+    assert _land(gate, store, early, [PROMPT], "v1") == (["early-0"], [])
+    kept, reasons = _land(gate, store, night, [PROMPT], "v1")
+    assert (kept, reasons[0][:30]) == ([], "duplicate of input 'early-0' k")
+    _land(gate, store, early, ["How do tides work?"], "v2")
+    assert rescreen_partitions(gate.index.location) == [night]
+    assert _land(gate, store, night, [PROMPT], "v1") == (["night-0"], [])
+    assert rescreen_partitions(gate.index.location) == []
+
+
+def test_after_a_night_with_the_gate_off_no_row_repeats_a_row_that_is_gone(
+    tmp_path: Path, state_backend: StateBackend
+) -> None:
+    """The original's partition landed again without it while duplicates were off (or written
+    past the gate): a later copy is no repeat of a row that no longer exists."""
+    store = Warehouse(tmp_path / "warehouse")
+    location = state_backend.paths.dedup_state
+    gate = QualityGate(QualitySettings(), location)
+    early, night = ("2026-11-30", "early"), ("2026-12-01", "night")
+    assert _land(gate, store, early, [PROMPT], "v1") == (["early-0"], [])
+    assert _land(gate, store, night, [PROMPT], "v1")[0] == []
+    benchmarks_only = QualityGate(
+        QualitySettings(dedup=False, benchmarks=(benchmark_file(tmp_path),)), location
+    )
+    _land(benchmarks_only, store, early, ["How do tides work?"], "v2")
+    assert _land(gate, store, ("2026-12-02", "later"), [PROMPT], "v1") == (["later-0"], [])
+    # Written with no gate at all (the index not told): found gone when a row matches it.
+    store.write_partition("distilled", "2026-12-02", "later", [])
+    assert _land(gate, store, ("2026-12-03", "last"), [PROMPT], "v1") == (["last-0"], [])

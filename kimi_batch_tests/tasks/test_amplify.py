@@ -170,9 +170,15 @@ def test_parse_variant_rejects_a_cut_off_variant() -> None:
     assert parse_variant(rambling) == "Why does the sky look blue?"
 
 
-def test_normalize_text() -> None:
-    assert normalize_text("  Why is the SKY   blue?! ") == "why is the sky blue"
-    assert normalize_text("“Straße”\n…") == "strasse"
+def test_normalize_text_folds_case_and_spacing_only() -> None:
+    assert normalize_text("  Why is the SKY   blue?! ") == "why is the sky blue?!"
+    assert normalize_text("“Straße”\n…") == "“strasse” …"
+    # Operators and symbols carry meaning: these are different prompts.
+    assert normalize_text("What is 2-2?") != normalize_text("What is 2+2?")
+    assert normalize_text("Is 3 < 2?") != normalize_text("Is 3 > 2?")
+    assert normalize_text("Explain C# templates") != normalize_text("Explain C++ templates")
+    assert normalize_text("+-*/") != normalize_text("<>=!")
+    assert normalize_text("x²") != normalize_text("x2")
 
 
 def _row(seed_id: str, prompt: str, request_id: str) -> AmplifiedRow:

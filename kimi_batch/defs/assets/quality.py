@@ -40,6 +40,8 @@ def screening(
     rows are indexed, under its lease, when the block ends without an error."""
     if gate is None or not gate.screens(task):
         yield None
+        if gate is not None and task.quality_gated:
+            gate.release(*partition)  # landed unscreened: its old index entries must not answer
         return
     ds, source = partition
     with gate.partition(store, task, inputs, ds, source, guard=held.check) as screen:
