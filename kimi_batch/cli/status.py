@@ -55,7 +55,6 @@ from kimi_batch.state import StateError, shown_location
 from kimi_batch.storage import (
     InboxFile,
     StorageError,
-    file_sha256,
     landed_versions,
     scan_inbox,
     still_changing,
@@ -332,7 +331,7 @@ def _night_versions(files: list[InboxFile], manifest: _Manifest, max_bytes: int)
         if still_changing((item.size, item.mtime_ns), now):
             continue
         try:
-            versions[key] = file_sha256(item.path)
+            versions[key] = item.hashed().sha256 or ""
         except OSError:
             continue  # unreadable now: its run says why
     return versions
