@@ -33,12 +33,15 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Iterable, Iterator
 from datetime import date
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.errors import ConfigError
+from kimi_batch.redaction import masked_url
 
 __all__ = [
     "PRIVATE_DIR_MODE",
@@ -70,6 +73,13 @@ def private_dir(path: Path) -> Path:
     return path
 
 
+def _masked_args(
+    args: Iterable[tuple[str | None, Any]], field: str
+) -> Iterator[tuple[str | None, Any]]:
+    for name, value in args:
+        yield name, masked_url(value) if name == field and isinstance(value, str) else value
+
+
 class StateLocation(BaseModel):
     """Where one store's tables live: its SQLite file (the embedded default), or its schema in
     the PostgreSQL database `url` names."""
@@ -84,6 +94,10 @@ class StateLocation(BaseModel):
     def embedded(self) -> bool:
         return self.url is None
 
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        """repr and str show the URL's password masked (a log line, a test's traceback)."""
+        return _masked_args(super().__repr_args__(), "url")
+
 
 class StatePaths(BaseModel):
     """The state directory layout (see the module docstring)."""
@@ -96,6 +110,9 @@ class StatePaths(BaseModel):
         default=None, description="An object-store warehouse (s3://...): replaces the folder."
     )
     database_url: str | None = None
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        return _masked_args(super().__repr_args__(), "database_url")
 
     @property
     def server_dir(self) -> Path:

@@ -15,6 +15,7 @@ PACKAGE = TESTS.parent / "kimi_batch"
 LAYERS = {
     "errors": 0,
     "crash_points": 0,
+    "redaction": 0,
     "settings": 0,
     "paths": 0,
     "state": 0,

@@ -1,4 +1,4 @@
-"""`kimi-batch state migrate --to URL`: a box's SQLite state copied into PostgreSQL.
+"""`kimi-batch state migrate`: a box's SQLite state copied into PostgreSQL.
 
 The ledger (finished requests, and the version pointers of an object-store warehouse, whose
 objects stay where they are), the landing manifest (every file's partition and its landed
@@ -10,16 +10,26 @@ time it screens a partition on PostgreSQL. The landed snapshots and the Batch AP
 the database too (each store's blobs, `storage.blobs`), so a run on any host reads them; the
 warehouse stays where it is (`KIMI_BATCH_WAREHOUSE` names where it is read from). A second run
 copies no row twice and puts in only the files the database lacks.
+
+The target's URL is read from KIMI_BATCH_DATABASE_URL (what every machine sets afterwards), from
+another variable (`--to-env VAR`) or a file (`--to-file PATH`, `-` for stdin), never needed on
+the command line: argv is readable by every user of the machine (`ps`, /proc/PID/cmdline). `--to
+URL` still takes a URL without a password (libpq then reads ~/.pgpass or PGPASSWORD); one with a
+password there is refused before anything connects. Every URL shown has its password masked.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from kimi_batch.redaction import url_secrets
 from kimi_batch.settings import ConfigError, Settings, StateSettings
 from kimi_batch.state import StoreCopy, connect_state, copy_store, shown_url
 
@@ -64,10 +74,49 @@ def migrate_state(settings: Settings, url: str) -> list[StoreCopy]:
     return copies
 
 
+def _target_url(args: argparse.Namespace, settings: Settings) -> str:
+    """The database `state migrate` copies into: `--to`, `--to-env`, `--to-file`, else
+    KIMI_BATCH_DATABASE_URL; ConfigError for a password on the command line or no URL at all."""
+    if args.to is not None:
+        if url_secrets(args.to):
+            raise ConfigError(
+                f"state migrate --to {shown_url(args.to)}: a password on the command line is "
+                "visible to every user of this machine (ps, /proc/PID/cmdline); set "
+                "KIMI_BATCH_DATABASE_URL, or use --to-env VAR or --to-file PATH (- for stdin), "
+                "or keep the password in ~/.pgpass or PGPASSWORD"
+            )
+        return args.to
+    if args.to_env is not None:
+        url = os.environ.get(args.to_env, "").strip()
+        if not url:
+            raise ConfigError(f"state migrate --to-env {args.to_env}: that variable is not set")
+        return url
+    if args.to_file is not None:
+        return _url_from_file(args.to_file)
+    if settings.database_url is None:
+        raise ConfigError(
+            "state migrate: no target database; set KIMI_BATCH_DATABASE_URL to its "
+            "postgresql:// URL (or use --to-env VAR or --to-file PATH, - for stdin)"
+        )
+    return settings.database_url
+
+
+def _url_from_file(name: str) -> str:
+    try:
+        text = sys.stdin.read() if name == "-" else Path(name).read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"state migrate --to-file {name}: cannot read it ({error})") from None
+    url = text.strip()
+    if not url:
+        raise ConfigError(f"state migrate --to-file {name}: it holds no URL")
+    return url
+
+
 def _migrate(args: argparse.Namespace, settings: Settings) -> int:
-    copies = migrate_state(settings, args.to)
+    url = _target_url(args, settings)
+    copies = migrate_state(settings, url)
     report: dict[str, Any] = {
-        "to": shown_url(args.to),
+        "to": shown_url(url),
         "stores": [copy.model_dump() for copy in copies],
     }
     print(json.dumps(report))
@@ -86,11 +135,24 @@ def add_state_commands(commands: argparse._SubParsersAction[Any]) -> None:
         "migrate",
         help="copy this box's state into a PostgreSQL database",
         description="Copy this box's finished requests, landed inputs' partitions and Batch "
-        "API batches into the PostgreSQL database URL names, then set KIMI_BATCH_DATABASE_URL "
-        "to it on every machine: nothing already generated is generated again. A database "
-        "that already holds them is left as it is; prints what was copied as JSON.",
+        "API batches into the PostgreSQL database KIMI_BATCH_DATABASE_URL names (set it to "
+        "postgresql://user:password@host:5432/db, as on every machine afterwards): nothing "
+        "already generated is generated again. A database that already holds them is left as "
+        "it is; prints what was copied as JSON (the password masked).",
     )
-    migrate.add_argument(
-        "--to", required=True, metavar="URL", help="postgresql://user:password@host:5432/db"
+    target = migrate.add_mutually_exclusive_group()
+    target.add_argument(
+        "--to-env",
+        metavar="VAR",
+        help="read the URL from this environment variable instead of KIMI_BATCH_DATABASE_URL",
+    )
+    target.add_argument(
+        "--to-file", metavar="PATH", help="read the URL from this file (- reads stdin)"
+    )
+    target.add_argument(
+        "--to",
+        metavar="URL",
+        help="the URL itself, without a password (argv is visible to every user: a URL with "
+        "a password is refused; libpq reads the password from ~/.pgpass or PGPASSWORD)",
     )
     migrate.set_defaults(func=_migrate)

@@ -7,6 +7,12 @@ while a night is in progress. Each section is collected on its own; a part that 
 server, no instance yet, a corrupted ledger or manifest) says so in its section instead of failing
 the rest. The document and its text are `kimi_batch.cli.status_sections`.
 
+The Dagster instance is `DAGSTER_HOME`'s when it is set (a deployment sets it), else the state
+dir's `dagster/`; one nothing ever ran in is not opened (nothing of Dagster's is printed). The
+server is this state dir's: a llama-server another state dir started on the same port is named
+as such, not reported as running here, and this dir's own server started with another spec than
+the configuration asks is not called healthy (a run would refuse it).
+
 A partition is stale when its distillation consumed another version of its input than the one
 the night would read: the newest landed version, or the inbox file's content when that is
 settled and differs (the night lands it; the inbox sensor need not run). So `status` hashes the
@@ -16,14 +22,17 @@ settled inbox files of known partitions; it never lands them.
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import sqlite3
 import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Literal
 
 import dagster as dg
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
 from kimi_batch.cli.status_quality import quality_section
@@ -49,13 +58,20 @@ from kimi_batch.defs.partition_states import (
 )
 from kimi_batch.defs.schedules import NIGHT_TAG, TRIGGER_TAG, build_nightly_schedule
 from kimi_batch.engine import Ledger, load_digest
-from kimi_batch.llama import LlamaClient, LlamaError, server_from_settings
+from kimi_batch.llama import (
+    AttachedServer,
+    LlamaClient,
+    LlamaError,
+    ResidentServer,
+    ServerSpec,
+    ServerStatus,
+    server_from_settings,
+)
 from kimi_batch.settings import Settings
 from kimi_batch.state import StateError, shown_location
 from kimi_batch.storage import (
     InboxFile,
     StorageError,
-    file_sha256,
     landed_versions,
     scan_inbox,
     still_changing,
@@ -84,16 +100,30 @@ _CRON_LOOKBACK = timedelta(days=400)
 def _server(settings: Settings, instance: dg.DagsterInstance | None) -> ServerSection:
     manager = server_from_settings(settings)
     status = manager.status()
+    not_ours = _not_this_homes(manager, status)
+    if not_ours is not None:
+        return ServerSection(
+            running=False,
+            healthy=False,
+            pid=None,
+            base_url=status.base_url,
+            model=None,
+            slots=None,
+            slots_busy=None,
+            slots_idle=None,
+            digest=_digest_state(settings, instance, None),
+            error=not_ours,
+        )
     busy: int | None = None
-    error: str | None = None
-    if status.healthy:
+    error: str | None = _other_spec(manager, status)
+    if status.healthy and error is None:
         try:
             busy = asyncio.run(_busy_slots(manager.client()))
         except LlamaError as failure:
             error = str(failure)
     return ServerSection(
         running=status.running,
-        healthy=status.healthy,
+        healthy=status.healthy and error is None,
         pid=status.pid,
         base_url=status.base_url,
         model=status.model,
@@ -102,6 +132,35 @@ def _server(settings: Settings, instance: dg.DagsterInstance | None) -> ServerSe
         slots_idle=status.slots - busy if status.slots is not None and busy is not None else None,
         digest=_digest_state(settings, instance, status.started_at if status.running else None),
         error=error,
+    )
+
+
+def _not_this_homes(manager: ResidentServer | AttachedServer, status: ServerStatus) -> str | None:
+    """Why what answers on the port is not this state dir's server (None: it is, or nothing
+    answers). A server someone named (`KIMI_BATCH_LLAMA_URL`) is the configured one."""
+    if not isinstance(manager, ResidentServer) or status.managed or not status.running:
+        return None
+    return (
+        f"another llama-server answers at {status.base_url}, not started from this state dir "
+        f"({manager.state_dir} has no live server); a run here attaches to it only if it serves "
+        f"{manager.spec.model.name} with {manager.spec.parallel} slots, else refuses it"
+    )
+
+
+def _other_spec(manager: ResidentServer | AttachedServer, status: ServerStatus) -> str | None:
+    """Why this state dir's server cannot serve this configuration (None: it can)."""
+    if not isinstance(manager, ResidentServer) or not status.managed:
+        return None
+    try:
+        running = ServerSpec.model_validate_json(manager.spec_path.read_text())
+    except (OSError, ValidationError):
+        return None  # no spec recorded: nothing to compare
+    if running == manager.spec:
+        return None
+    return (
+        f"llama-server pid {status.pid} runs another spec than this configuration asks; a run "
+        f"here refuses it (kimi-batch server stop, then start). running: {running.describe()}; "
+        f"configured: {manager.spec.describe()}"
     )
 
 
@@ -173,15 +232,34 @@ def _table_of(tag: str) -> str:
 # ---- Dagster instance: partitions and nights ----------------------------------------------------
 
 
+def _dagster_home(settings: Settings) -> Path:
+    """The Dagster instance's folder: `DAGSTER_HOME` when set (a deployment sets it), else the
+    state dir's (`make dev`, the demo)."""
+    configured = os.environ.get("DAGSTER_HOME")
+    return Path(configured).expanduser() if configured else settings.paths.dagster_home
+
+
 def _instance(settings: Settings) -> tuple[dg.DagsterInstance | None, str | None]:
-    """The instance, or why there is none (absent, unreadable)."""
-    home = settings.paths.dagster_home
+    """The instance, or why there is none (absent, never used, unreadable).
+
+    A folder with neither `dagster.yaml` nor run history is not opened: opening it would create
+    Dagster's storage there (status writes nothing) and make Dagster warn about the missing
+    `dagster.yaml`. Dagster's own log lines are kept out of the output either way.
+    """
+    home = _dagster_home(settings)
     if not home.is_dir():
         return None, f"no Dagster instance at {home}"
+    if not (home / "dagster.yaml").is_file() and not (home / "history").is_dir():
+        return None, f"no Dagster instance at {home} yet (no dagster.yaml, nothing ran there)"
+    dagster_log = logging.getLogger("dagster")
+    level = dagster_log.level
+    dagster_log.setLevel(logging.ERROR)
     try:
         return dg.DagsterInstance.from_config(str(home)), None
     except _UNREADABLE as error:
         return None, f"Dagster instance at {home} is unreadable: {error}"
+    finally:
+        dagster_log.setLevel(level)
 
 
 def _partitions(
@@ -332,7 +410,7 @@ def _night_versions(files: list[InboxFile], manifest: _Manifest, max_bytes: int)
         if still_changing((item.size, item.mtime_ns), now):
             continue
         try:
-            versions[key] = file_sha256(item.path)
+            versions[key] = item.hashed().sha256 or ""
         except OSError:
             continue  # unreadable now: its run says why
     return versions
@@ -381,7 +459,7 @@ def collect_status(settings: Settings, *, now: datetime | None = None) -> Status
     return Status(
         server=server,
         ledger=_ledger(settings),
-        partitions=_partitions(records, str(settings.paths.dagster_home), instance_error),
+        partitions=_partitions(records, str(_dagster_home(settings)), instance_error),
         nightly=nightly,
         inbox=InboxSection(
             dir=str(paths.inbox_dir),

@@ -145,10 +145,11 @@ def render_status(status: Status) -> str:
         lines.append(
             f"server     {'healthy' if server.healthy else 'not healthy'} pid={server.pid} "
             f"{server.base_url} model={server.model} slots {server.slots_busy} busy / "
-            f"{server.slots_idle} idle"
+            f"{server.slots_idle} idle" + (f"; {server.error}" if server.error else "")
         )
     else:
-        lines.append(f"server     not running ({server.base_url})")
+        detail = f"; {server.error}" if server.error else ""
+        lines.append(f"server     not running ({server.base_url}){detail}")
     restored = {True: "restored", False: "NOT restored", None: "unknown"}[digest.restored]
     lines.append(f"digest     {(digest.sha256 or '?')[:12]} {restored} ({digest.detail})")
     tables = ", ".join(f"{name} {rows}" for name, rows in sorted(status.ledger.by_table.items()))

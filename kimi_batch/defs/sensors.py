@@ -368,7 +368,7 @@ def _land_for_any_host(
             continue
         try:
             landing.land(
-                request.file.path,
+                request.file,
                 request.assignment,
                 max_bytes=settings.max_input_bytes,
                 settle_s=0.0,  # settled: the plan read it only once it had stood still

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kimi_batch.paths import StateLocation
+from kimi_batch.redaction import masked_url
 from kimi_batch.state.database import StateDatabase
 from kimi_batch.state.sqlite import SqliteDatabase, read_sqlite
 
@@ -34,6 +35,4 @@ def shown_location(location: StateLocation) -> str:
     """Where the store is, as messages and `status` name it (no password)."""
     if location.url is None:
         return str(location.path)
-    from kimi_batch.state.postgres import shown_url
-
-    return f"{shown_url(location.url)} (schema {location.schema_name})"
+    return f"{masked_url(location.url)} (schema {location.schema_name})"

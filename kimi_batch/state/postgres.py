@@ -17,12 +17,12 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.types.string import StrBinaryDumper, StrDumperUnknown
 
+from kimi_batch.redaction import masked_message, masked_url
 from kimi_batch.state.database import Cursor, StateBusyError, StateDatabase, StateError
 
 __all__ = ["POSTGRES_CLOCK", "PostgresDatabase", "read_postgres", "shown_url"]
@@ -34,13 +34,8 @@ _TOKENS = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\?|%")
 
 
 def shown_url(url: str) -> str:
-    """The URL without its password, as messages name it."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    """The URL with its passwords masked, as messages name it (`redaction.masked_url`)."""
+    return masked_url(url)
 
 
 def _without_nul(text: str) -> str:
@@ -77,7 +72,9 @@ def _lock_id(schema: str) -> int:
 
 
 def _translated(error: psycopg.Error, url: str) -> StateError:
-    message = f"state database {shown_url(url)}: {str(error).strip().splitlines()[0]}"
+    # libpq quotes what it could not parse of the URL, which may be the password itself.
+    detail = masked_message(str(error).strip().splitlines()[0], url)
+    message = f"state database {shown_url(url)}: {detail}"
     if isinstance(error, psycopg.OperationalError):  # refused, dropped, timed out: transient
         return StateBusyError(message)
     return StateError(message)
@@ -116,7 +113,9 @@ class PostgresDatabase(StateDatabase):
             # The schema may not exist yet: it is created with the tables (`create`).
             db.execute(f"SET search_path TO {self.schema}")  # type: ignore[arg-type]
         except psycopg.Error as error:
-            raise _translated(error, self.url) from error
+            # Not chained: psycopg's own message may quote the URL's password, and a traceback
+            # (a run's failure in Dagster's event log) would show it.
+            raise _translated(error, self.url) from None
         return db
 
     def _live(self) -> psycopg.Connection[Any]:

@@ -15,13 +15,19 @@ Three kinds of entries are refused without reading a byte of them, and quarantin
 reason: a name that is not valid UTF-8 (it is shown by a safe, escaped name), a symlink whose
 target lies outside the inbox (`ln -s ~/.env inbox/x.jsonl` must not publish the target's lines),
 and a name that is (or links to) a FIFO, socket or device: opening a FIFO blocks until a writer
-comes. Hashing and landing open files non-blocking and regular files only, so a FIFO swapped in
-after the scan is refused too. A dated
-folder that is a symlink out of the inbox is not listed at all.
+comes. A dated folder that is a symlink out of the inbox is not listed at all.
+
+Those checks are made when the inbox is listed; a name can be swapped for a link after that. So
+an inbox file is read only through `open_inbox_file`: each component opened from the inbox's own
+directory descriptor with O_NOFOLLOW (never through a link it did not check), a link inside the
+inbox followed only to its real path inside it, then the open descriptor fstat'ed (a regular
+file) and hashed or copied from that same descriptor. A FIFO or a link swapped in after the scan
+is refused with the reason, and not a byte of a file outside the inbox is read.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
@@ -29,7 +35,7 @@ import re
 import stat
 from collections.abc import Iterator
 from datetime import date
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -37,13 +43,16 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = [
     "INBOX_EXTENSIONS",
     "InboxFile",
+    "InboxLinkError",
     "NotRegularFileError",
     "file_sha256",
     "inspect_inbox_file",
     "is_ignored_name",
+    "open_inbox_file",
     "open_regular",
     "sanitize_source",
     "scan_inbox",
+    "sha256_of",
     "short_hash",
 ]
 
@@ -61,6 +70,7 @@ _HASH_CHUNK = 1 << 20
 REFUSED_NAME = "file name is not valid UTF-8; rename it"
 REFUSED_LINK = "symlink resolves outside the inbox; its content is never read"
 REFUSED_SPECIAL = "not a regular file (a FIFO, socket or device); it is never read"
+REFUSED_SWAPPED = "became a symlink while it was opened; its content is never read"
 
 _log = logging.getLogger(__name__)
 
@@ -93,11 +103,24 @@ class InboxFile(BaseModel):
             return self
         if self.refused is not None:
             raise PermissionError(self.refused)
-        return self.model_copy(update={"sha256": file_sha256(self.path)})
+        with self.open() as handle:
+            return self.model_copy(update={"sha256": sha256_of(handle)})
+
+    def open(self) -> BinaryIO:
+        """The file opened for reading by `open_inbox_file` (never through a link out)."""
+        if self.refused is not None:
+            raise PermissionError(self.refused)
+        # `path` is the inbox folder joined with `name` (an unrefused name is the raw one).
+        inbox_dir = self.path.parents[len(PurePosixPath(self.name).parts) - 1]
+        return open_inbox_file(inbox_dir, self.name)
 
 
 class NotRegularFileError(OSError):
     """The name is (or leads to) a FIFO, socket or device: reading it could block forever."""
+
+
+class InboxLinkError(PermissionError):
+    """The name leads out of the inbox (a symlink, perhaps swapped in after the scan)."""
 
 
 def open_regular(path: Path) -> BinaryIO:
@@ -117,14 +140,85 @@ def open_regular(path: Path) -> BinaryIO:
         raise
 
 
-def file_sha256(path: Path) -> str:
-    """SHA-256 of the file's bytes, read in 1 MiB chunks (inputs can be gigabytes); a name that
-    is not a regular file raises NotRegularFileError instead of blocking."""
+def open_inbox_file(inbox_dir: Path, name: str) -> BinaryIO:
+    """Inbox file `name` opened for reading, never through a link that leaves the inbox.
+
+    Every component is opened from the inbox's directory descriptor with O_NOFOLLOW, so what is
+    opened is what lies in the inbox now, whatever was swapped in since a check. A link inside
+    the inbox (`big.jsonl -> staging/big.jsonl`) is followed by resolving it and opening its real
+    path the same way; a link whose target is outside raises InboxLinkError, as does a path that
+    changes into a link while it is opened. The descriptor must be a regular file
+    (NotRegularFileError otherwise; O_NONBLOCK: a FIFO never blocks the open).
+    """
+    parts = PurePosixPath(name).parts
+    if not parts or parts[0] == "/" or any(part in (".", "..") for part in parts):
+        raise InboxLinkError(f"{name}: not a name inside the inbox")
+    root = os.open(inbox_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            descriptor = _open_beneath(root, parts)
+        except OSError as error:
+            if error.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            descriptor = _open_beneath(root, _real_parts(inbox_dir, name), resolved=True)
+    finally:
+        os.close(root)
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise NotRegularFileError(f"{name}: {REFUSED_SPECIAL}")
+        os.set_blocking(descriptor, True)
+        return os.fdopen(descriptor, "rb")
+    except BaseException:
+        os.close(descriptor)
+        raise
+
+
+def _open_beneath(root: int, parts: tuple[str, ...], *, resolved: bool = False) -> int:
+    """`parts` opened from directory descriptor `root`, no component followed if it is a link
+    (ELOOP, or ENOTDIR for a folder); with `resolved` (a real path) such a link means the path
+    changed since it was resolved: InboxLinkError."""
+    directory = os.dup(root)
+    try:
+        for part in parts[:-1]:
+            following = os.open(
+                part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=directory
+            )
+            os.close(directory)
+            directory = following
+        return os.open(parts[-1], os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW, dir_fd=directory)
+    except OSError as error:
+        if resolved and error.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise InboxLinkError(f"{'/'.join(parts)}: {REFUSED_SWAPPED}") from error
+        raise
+    finally:
+        os.close(directory)
+
+
+def _real_parts(inbox_dir: Path, name: str) -> tuple[str, ...]:
+    """The components of `name`'s real path below the inbox; InboxLinkError when it is outside."""
+    try:
+        root = Path(os.path.realpath(inbox_dir))
+        real = Path(os.path.realpath(inbox_dir / name))
+    except OSError as error:  # EINVAL: the link became a file while it was resolved
+        raise InboxLinkError(f"{name}: {REFUSED_SWAPPED}") from error
+    if real == root or not real.is_relative_to(root):
+        raise InboxLinkError(f"{name}: {REFUSED_LINK}")
+    return real.relative_to(root).parts
+
+
+def sha256_of(handle: BinaryIO) -> str:
+    """SHA-256 of what is left to read in `handle`, in 1 MiB chunks (inputs can be gigabytes)."""
     digest = hashlib.sha256()
-    with open_regular(path) as handle:
-        while chunk := handle.read(_HASH_CHUNK):
-            digest.update(chunk)
+    while chunk := handle.read(_HASH_CHUNK):
+        digest.update(chunk)
     return digest.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 of the file's bytes; a name that is not a regular file raises
+    NotRegularFileError instead of blocking. Not for inbox files: `InboxFile.hashed`."""
+    with open_regular(path) as handle:
+        return sha256_of(handle)
 
 
 def is_ignored_name(name: str) -> bool:

@@ -20,8 +20,11 @@ past and appending to a file on a later day does not split it into two partition
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import date
 from pathlib import Path
+from typing import BinaryIO
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,7 +32,13 @@ from kimi_batch.paths import StatePaths, private_dir
 from kimi_batch.state import StateError, connect_state, read_state
 from kimi_batch.storage.blobs import BlobStore, SharedBlobs
 from kimi_batch.storage.exceptions import StorageError
-from kimi_batch.storage.inbox import InboxFile, sanitize_source, scan_inbox, short_hash
+from kimi_batch.storage.inbox import (
+    InboxFile,
+    open_regular,
+    sanitize_source,
+    scan_inbox,
+    short_hash,
+)
 from kimi_batch.storage.settle import SETTLE_S
 from kimi_batch.storage.snapshot import copy_snapshot
 
@@ -203,21 +212,32 @@ class Landing:
 
     def land(
         self,
-        path: Path,
+        source: Path | InboxFile,
         assignment: Assignment,
         *,
         max_bytes: int,
         ext: str | None = None,
         settle_s: float = SETTLE_S,
+        handle: BinaryIO | None = None,
     ) -> LandedVersion:
-        """Snapshot `path` as the partition's newest version (`snapshot.copy_snapshot`: size
-        limits, the settle wait, regular files only, nothing left behind by an OSError). The
-        same content lands once and is not a new version. With a shared state database the
-        snapshot is in it before its version is recorded."""
+        """Snapshot `source` as the partition's newest version (`snapshot.copy_snapshot`: size
+        limits, the settle wait, regular files only, nothing left behind by an OSError). An inbox
+        file is opened by `InboxFile.open` (never through a link out of the inbox; InboxLinkError),
+        a path (a Batch API blob the store wrote) as a regular file; `handle`, when given, is
+        that file already open, read from its start. The same content lands once and is not a
+        new version. With a shared state database the snapshot is in it before its version is
+        recorded."""
+        path = source.path if isinstance(source, InboxFile) else source
         ext = ext or path.suffix.lower().lstrip(".") or "bin"
-        snapshot = copy_snapshot(
-            path, self.dir, name=assignment.name, max_bytes=max_bytes, ext=ext, settle_s=settle_s
-        )
+        with _opened(source, handle) as reader:
+            snapshot = copy_snapshot(
+                reader,
+                self.dir,
+                name=assignment.name,
+                max_bytes=max_bytes,
+                ext=ext,
+                settle_s=settle_s,
+            )
         self._blobs.share(f"{snapshot.sha256}.{ext}")
         with self._db.transaction():  # two processes landing the same bytes add one version
             current = self.current(assignment.ds, assignment.source)
@@ -293,6 +313,17 @@ class Landing:
             landed_at=landed_at,
             path=self.dir / f"{sha256}.{ext}",
         )
+
+
+@contextmanager
+def _opened(source: Path | InboxFile, handle: BinaryIO | None) -> Iterator[BinaryIO]:
+    """`handle` rewound (its owner closes it), else `source` opened here and closed after."""
+    if handle is not None:
+        handle.seek(0)
+        yield handle
+        return
+    with source.open() if isinstance(source, InboxFile) else open_regular(source) as reader:
+        yield reader
 
 
 def landed_versions(paths: StatePaths) -> list[tuple[Assignment, str | None]]:

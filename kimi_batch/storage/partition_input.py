@@ -14,10 +14,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from kimi_batch.settings import Settings
 from kimi_batch.storage.exceptions import StorageError
 from kimi_batch.storage.inbox import (
+    InboxLinkError,
     NotRegularFileError,
-    file_sha256,
     inspect_inbox_file,
     scan_inbox,
+    sha256_of,
 )
 from kimi_batch.storage.landing import Assignment, LandedVersion, Landing
 from kimi_batch.storage.settle import SETTLE_S, InputNotSettledError, still_changing
@@ -104,8 +105,8 @@ def resolve_input(
         problem = item.refused
     else:
         try:
-            version = landing.land(item.path, assignment, max_bytes=max_bytes, settle_s=settle_s)
-        except (InputTooLargeError, NotRegularFileError) as error:
+            version = landing.land(item, assignment, max_bytes=max_bytes, settle_s=settle_s)
+        except (InputTooLargeError, NotRegularFileError, InboxLinkError) as error:
             problem = f"cannot land {assignment.name}: {error}"
         except InputNotSettledError as error:
             if landing.current(ds, source) is None:
@@ -183,11 +184,15 @@ def land_inbox(
             settling.append(item.name)
             continue
         try:
-            sha256 = file_sha256(item.path)
-            current = landing.current(assignment.ds, assignment.source)
-            if current is not None and current.sha256 == sha256:
-                continue
-            version = landing.land(item.path, assignment, max_bytes=max_bytes, settle_s=settle_s)
+            # Hashed and copied from one descriptor, opened without following a link out.
+            with item.open() as handle:
+                sha256 = sha256_of(handle)
+                current = landing.current(assignment.ds, assignment.source)
+                if current is not None and current.sha256 == sha256:
+                    continue
+                version = landing.land(
+                    item, assignment, max_bytes=max_bytes, settle_s=settle_s, handle=handle
+                )
         except FileNotFoundError:
             continue  # gone since the listing: its partition reads its landed snapshot
         except InputNotSettledError:

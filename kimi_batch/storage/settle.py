@@ -32,9 +32,12 @@ def still_changing(size_mtime: tuple[int, int], now_ns: int, settle_s: float = S
     return age_s < 0 or age_s < settle_s
 
 
-def wait_until_settled(path: Path, size_mtime: tuple[int, int], settle_s: float = SETTLE_S) -> bool:
+def wait_until_settled(
+    path: Path | int, size_mtime: tuple[int, int], settle_s: float = SETTLE_S
+) -> bool:
     """True once the file's (size, mtime) has stood still for `settle_s`, waiting at most that
-    long; False when it changed meanwhile (a copy still in progress) or vanished."""
+    long; False when it changed meanwhile (a copy still in progress) or vanished. `path` may be
+    an open descriptor (what is being copied, whatever the name now leads to)."""
     if not still_changing(size_mtime, time.time_ns(), settle_s):
         return True
     age_s = (time.time_ns() - size_mtime[1]) / 1e9

@@ -5,12 +5,12 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import BinaryIO
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.paths import PRIVATE_FILE_MODE
 from kimi_batch.storage.exceptions import StorageError
-from kimi_batch.storage.inbox import open_regular
 from kimi_batch.storage.private_files import remove_stale_temps, temp_name
 from kimi_batch.storage.settle import (
     SETTLE_S,
@@ -39,7 +39,7 @@ class Snapshot(BaseModel):
 
 
 def copy_snapshot(
-    path: Path,
+    reader: BinaryIO,
     landed_dir: Path,
     *,
     name: str,
@@ -47,45 +47,48 @@ def copy_snapshot(
     ext: str,
     settle_s: float = SETTLE_S,
 ) -> Snapshot:
-    """Copy `path` (inbox file `name`) to `landed_dir/<sha256>.<ext>`, fsynced, owner-only.
+    """Copy the open file `reader` (inbox file `name`, from its start) to
+    `landed_dir/<sha256>.<ext>`, fsynced, owner-only.
 
-    The size is checked before a byte is read and again while copying (a file growing during
-    the copy is refused too). A file modified within the last `settle_s` is watched until its
-    size and mtime have stood still that long; one that moves meanwhile, or while it is copied,
-    raises InputNotSettledError. Only regular files are opened (NotRegularFileError: a FIFO never
-    blocks). An OSError of the copy (disk full, I/O error) leaves no file behind.
+    Every look at the file is through the open descriptor (fstat, read): a name swapped after
+    it was opened changes nothing here (`inbox.open_inbox_file` opened it without following a
+    link out of the inbox). The size is checked before a byte is read and again while copying
+    (a file growing during the copy is refused too). A file modified within the last `settle_s`
+    is watched until its size and mtime have stood still that long; one that moves meanwhile,
+    or while it is copied, raises InputNotSettledError. An OSError of the copy (disk full, I/O
+    error) leaves no file behind.
     """
     remove_stale_temps(landed_dir)  # those of a copy killed midway (named by pid)
     temp = temp_name(landed_dir, "snapshot")
     digest = hashlib.sha256()
     copied = 0
+    descriptor = reader.fileno()
     try:
-        with open_regular(path) as reader:
-            before = size_mtime_of(os.fstat(reader.fileno()))
-            if before[0] > max_bytes:
-                raise InputTooLargeError(_too_large(before[0], max_bytes))
-            if not wait_until_settled(path, before, settle_s):
-                raise InputNotSettledError(
-                    f"{name} is still changing (its size or mtime moved within "
-                    f"{settle_s:g} s); it lands once it has stopped changing"
-                )
-            with temp.open("wb") as writer:
-                os.chmod(temp, PRIVATE_FILE_MODE)
-                while chunk := reader.read(_COPY_CHUNK):
-                    copied += len(chunk)
-                    if copied > max_bytes:
-                        raise InputTooLargeError(_too_large(copied, max_bytes))
-                    digest.update(chunk)
-                    writer.write(chunk)
-                writer.flush()
-                os.fsync(writer.fileno())
-            after = size_mtime_of(os.stat(path))
-            if after != before or copied != before[0]:
-                raise InputNotSettledError(
-                    f"{name} is still changing (it went from {before[0]} to "
-                    f"{after[0]} bytes while it was copied); it lands once it has stopped "
-                    "changing"
-                )
+        before = size_mtime_of(os.fstat(descriptor))
+        if before[0] > max_bytes:
+            raise InputTooLargeError(_too_large(before[0], max_bytes))
+        if not wait_until_settled(descriptor, before, settle_s):
+            raise InputNotSettledError(
+                f"{name} is still changing (its size or mtime moved within "
+                f"{settle_s:g} s); it lands once it has stopped changing"
+            )
+        with temp.open("wb") as writer:
+            os.chmod(temp, PRIVATE_FILE_MODE)
+            while chunk := reader.read(_COPY_CHUNK):
+                copied += len(chunk)
+                if copied > max_bytes:
+                    raise InputTooLargeError(_too_large(copied, max_bytes))
+                digest.update(chunk)
+                writer.write(chunk)
+            writer.flush()
+            os.fsync(writer.fileno())
+        after = size_mtime_of(os.fstat(descriptor))
+        if after != before or copied != before[0]:
+            raise InputNotSettledError(
+                f"{name} is still changing (it went from {before[0]} to "
+                f"{after[0]} bytes while it was copied); it lands once it has stopped "
+                "changing"
+            )
         sha256 = digest.hexdigest()
         target = landed_dir / f"{sha256}.{ext}"
         if not target.exists():

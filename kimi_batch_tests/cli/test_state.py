@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
 from datetime import date
 from pathlib import Path
 
 import dagster as dg
+import psycopg
 import pytest
 
 from kimi_batch.cli.commands import main
@@ -138,6 +140,113 @@ def test_migrating_to_something_not_postgres_is_one_line(
     assert error.startswith("kimi-batch: error: state migrate --to mysql://db/x: must be a")
     assert error.count("\n") == 1
     assert not Path(box.paths.ledger_path).with_name("ledger.sqlite3-journal").exists()
+
+
+# ---- the password: never on argv, never shown -----------------------------------------------
+
+PASSWORD = "Tr0ub4dor-3"
+
+
+def _with_password(url: str, *, in_query: bool = False) -> str:
+    """The test cluster's URL carrying a password (its `trust` authentication ignores it)."""
+    if in_query:
+        return f"{url}?password={PASSWORD}"
+    scheme, rest = url.split("://", 1)
+    user, _, host = rest.partition("@")
+    return f"{scheme}://{user}:{PASSWORD}@{host}"
+
+
+def _ledger_rows(box: Settings, url: str) -> int:
+    with Ledger(box.model_copy(update={"database_url": url}).paths.ledger_state) as ledger:
+        return ledger.count()
+
+
+def test_migrate_reads_the_url_from_the_environment_and_shows_it_masked(
+    box: Settings,
+    postgres_server: PostgresServer,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = _with_password(postgres_server.new_database())
+    monkeypatch.setenv("KIMI_BATCH_DATABASE_URL", url)  # what every machine sets afterwards
+
+    assert main(["state", "migrate"]) == 0
+
+    out, err = capsys.readouterr()
+    assert PASSWORD not in out + err
+    assert json.loads(out)["to"] == url.replace(PASSWORD, "***")
+    assert _ledger_rows(box, url) == 3
+
+
+@pytest.mark.parametrize("source", ["--to-env", "--to-file", "stdin"])
+def test_migrate_reads_the_url_from_a_variable_a_file_or_stdin(
+    source: str,
+    box: Settings,
+    postgres_server: PostgresServer,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    url = _with_password(postgres_server.new_database(), in_query=True)
+    if source == "--to-env":
+        monkeypatch.setenv("TEAM_DB", url)
+        argv = ["--to-env", "TEAM_DB"]
+    elif source == "--to-file":
+        (tmp_path / "db-url").write_text(url + "\n")
+        argv = ["--to-file", str(tmp_path / "db-url")]
+    else:
+        monkeypatch.setattr("sys.stdin", io.StringIO(url + "\n"))
+        argv = ["--to-file", "-"]
+
+    assert main(["state", "migrate", *argv]) == 0
+
+    out, err = capsys.readouterr()
+    assert PASSWORD not in out + err
+    assert json.loads(out)["to"].endswith("?password=***")
+    assert _ledger_rows(box, url) == 3
+
+
+def test_a_password_on_the_command_line_is_refused_before_anything_connects(
+    box: Settings, postgres_server: PostgresServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bare = postgres_server.new_database()
+    for url in (_with_password(bare), _with_password(bare, in_query=True)):
+        assert main(["state", "migrate", "--to", url]) == 2
+
+        error = capsys.readouterr().err
+        assert error.startswith("kimi-batch: error: state migrate --to postgresql://")
+        assert "visible to every user of this machine" in error
+        assert error.count("\n") == 1
+        assert PASSWORD not in error
+    with psycopg.connect(bare) as db:  # nothing was copied
+        (schemas,) = db.execute(
+            "SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'kimi_%'"
+        ).fetchone() or (None,)
+    assert schemas == 0
+
+
+def test_migrate_without_a_target_is_one_line(
+    box: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("TEAM_DB", raising=False)
+    for argv in ([], ["--to-env", "TEAM_DB"]):
+        assert main(["state", "migrate", *argv]) == 2
+        error = capsys.readouterr().err
+        assert error.startswith("kimi-batch: error: state migrate")
+        assert error.count("\n") == 1
+
+
+def test_a_url_libpq_cannot_parse_fails_in_one_line_without_its_password(
+    box: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KIMI_BATCH_DATABASE_URL", f"postgresql://kimi:{PASSWORD}%zz@127.0.0.1:1/kb")
+
+    assert main(["state", "migrate"]) == 2
+
+    error = capsys.readouterr().err
+    assert "invalid percent-encoded token" in error
+    assert PASSWORD not in error
+    assert error.count("\n") == 1
 
 
 # ---- a real run moved: the rerun on PostgreSQL sends nothing -----------------------------------

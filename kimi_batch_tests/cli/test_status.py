@@ -47,6 +47,12 @@ PROGRESS = ProgressEvent(
 )
 
 
+@pytest.fixture(autouse=True)
+def _state_dirs_instance(monkeypatch: pytest.MonkeyPatch) -> None:
+    """status reads DAGSTER_HOME's instance when it is set: these tests mean the state dir's."""
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(CLI), *args], capture_output=True, text=True, timeout=300, check=False

@@ -6,8 +6,8 @@ sensor, and executes the others on the same instance (against stand-in assets th
 file with the real `resolve_source_file`). The sensor itself is the real one.
 
 Unreadable files, honestly: tests run as root here, so `chmod 000` would not stop a read. A file
-that vanishes mid-tick is deleted by a wrapper around the hash function just before the real read
-(the FileNotFoundError is the real one); a file that cannot be read and becomes readable again is
+that vanishes mid-tick is deleted by a wrapper around the inbox file opener just before the real
+open (the FileNotFoundError is the real one); a file that cannot be read and becomes readable again is
 the only simulated error (a wrapper raising PermissionError once). A symlink out of the inbox (to
 `/proc/self/mem`, whose read would fail with EIO, or to a secret) is refused without any read.
 """
@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import dagster as dg
 import pytest
@@ -258,19 +259,19 @@ def test_links_out_of_the_inbox_and_bad_names_are_requested_for_quarantine_unrea
         handle.write(b'{"prompt": "hi"}\n')
     good = put(inbox / DAY / "good.jsonl")
     reads: list[str] = []
-    real_hash: Callable[[Path], str] = inbox_module.file_sha256
+    real_open: Callable[[Path, str], BinaryIO] = inbox_module.open_inbox_file
 
-    def counting(path: Path) -> str:
-        reads.append(path.name)
-        return real_hash(path)
+    def counting(inbox_dir: Path, name: str) -> BinaryIO:
+        reads.append(Path(name).name)
+        return real_open(inbox_dir, name)
 
-    monkeypatch.setattr(inbox_module, "file_sha256", counting)
+    monkeypatch.setattr(inbox_module, "open_inbox_file", counting)
 
     tick = daemon.tick()
 
     by_source = {request.partition_key: request for request in tick.launched}
     assert set(by_source) == {key("broken"), key("caf_xe9"), key("good")}
-    assert reads == ["good.jsonl"]  # the refused entries were never read
+    assert set(reads) == {"good.jsonl"}  # hashed by the sensor, landed by its run: no other
     assert by_source[key("good")].run_key == f"{DAY}/good.jsonl:{file_sha256(good)[:16]}"
     broken = by_source[key("broken")]
     assert broken.run_key is not None
@@ -315,14 +316,14 @@ def test_file_vanishing_mid_tick_is_skipped(
 ) -> None:
     doomed = put(inbox / DAY / "doomed.jsonl")
     put(inbox / DAY / "kept.jsonl")
-    real_hash: Callable[[Path], str] = inbox_module.file_sha256
+    real_open: Callable[[Path, str], BinaryIO] = inbox_module.open_inbox_file
 
-    def delete_then_hash(path: Path) -> str:
-        if path.name == doomed.name:
-            path.unlink()  # listed by the scan, gone by the time it is read
-        return real_hash(path)
+    def delete_then_open(inbox_dir: Path, name: str) -> BinaryIO:
+        if Path(name).name == doomed.name:
+            (inbox_dir / name).unlink()  # listed by the scan, gone by the time it is read
+        return real_open(inbox_dir, name)
 
-    monkeypatch.setattr(inbox_module, "file_sha256", delete_then_hash)
+    monkeypatch.setattr(inbox_module, "open_inbox_file", delete_then_open)
 
     tick = daemon.tick()
 
@@ -334,16 +335,16 @@ def test_file_that_heals_runs_under_its_content_key(
     inbox: Path, daemon: SensorDaemon, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = put(inbox / DAY / "flaky.jsonl")
-    real_hash: Callable[[Path], str] = inbox_module.file_sha256
+    real_open: Callable[[Path, str], BinaryIO] = inbox_module.open_inbox_file
     calls = {"n": 0}
 
-    def denied_once(target: Path) -> str:  # simulated: a permission fixed between two ticks
-        calls["n"] += 1
+    def denied_once(inbox_dir: Path, name: str) -> BinaryIO:  # simulated: a permission fixed
+        calls["n"] += 1  # between two ticks
         if calls["n"] == 1:
-            raise PermissionError(13, "Permission denied", str(target))
-        return real_hash(target)
+            raise PermissionError(13, "Permission denied", str(inbox_dir / name))
+        return real_open(inbox_dir, name)
 
-    monkeypatch.setattr(inbox_module, "file_sha256", denied_once)
+    monkeypatch.setattr(inbox_module, "open_inbox_file", denied_once)
 
     first = daemon.tick()
     second = daemon.tick()
@@ -351,7 +352,7 @@ def test_file_that_heals_runs_under_its_content_key(
     assert [r.run_key for r in first.launched] == [
         f"{DAY}/flaky.jsonl:unreadable:{path.stat().st_mtime_ns}:{path.stat().st_size}"
     ]
-    assert [r.run_key for r in second.launched] == [f"{DAY}/flaky.jsonl:{real_hash(path)[:16]}"]
+    assert [r.run_key for r in second.launched] == [f"{DAY}/flaky.jsonl:{file_sha256(path)[:16]}"]
 
 
 def test_file_still_being_written_waits_for_a_later_tick(inbox: Path, daemon: SensorDaemon) -> None:
@@ -403,14 +404,14 @@ def test_cursor_keeps_ticks_cheap_with_thousands_of_files(
         path.parent.mkdir(exist_ok=True)
         path.write_text(f'{{"prompt": "question {index}"}}\n')
         os.utime(path, (past, past))
-    real_hash: Callable[[Path], str] = inbox_module.file_sha256
+    real_open: Callable[[Path, str], BinaryIO] = inbox_module.open_inbox_file
     hashed: list[str] = []
 
-    def counting(path: Path) -> str:
-        hashed.append(path.name)
-        return real_hash(path)
+    def counting(inbox_dir: Path, name: str) -> BinaryIO:
+        hashed.append(Path(name).name)
+        return real_open(inbox_dir, name)
 
-    monkeypatch.setattr(inbox_module, "file_sha256", counting)
+    monkeypatch.setattr(inbox_module, "open_inbox_file", counting)
 
     first = daemon.tick(execute=False)
     assert len(first.data.run_requests) == count

@@ -223,3 +223,58 @@ def test_a_link_to_a_fifo_is_refused_and_hashing_a_fifo_never_blocks(tmp_path: P
         file_sha256(tmp_path / "x.jsonl")
     with pytest.raises(PermissionError):
         item.hashed()
+
+
+# ---- a name swapped after the scan (time of check, time of use) --------------------------------
+
+
+def test_a_link_swapped_in_after_the_scan_is_refused_at_open_with_the_reason(
+    tmp_path: Path,
+) -> None:
+    secret = write(tmp_path / "home" / ".env", "API_KEY=hunter2\n")
+    inbox = tmp_path / "inbox"
+    path = write(inbox / "x.jsonl")
+    (item,) = scan_inbox(inbox)  # a regular file when it was checked
+    assert item.refused is None
+    path.unlink()
+    path.symlink_to(secret)  # in place by the time it is opened
+
+    with pytest.raises(PermissionError, match=r"x\.jsonl: symlink resolves outside the inbox"):
+        item.hashed()
+    with pytest.raises(PermissionError, match="outside the inbox"):
+        item.open()
+
+
+def test_a_dated_folder_swapped_for_a_link_out_is_refused_at_open(tmp_path: Path) -> None:
+    outside = write(tmp_path / "elsewhere" / "2025-06-01" / "seeds.jsonl", "TOKEN=abc\n")
+    inbox = tmp_path / "inbox"
+    write(inbox / "2025-06-01" / "seeds.jsonl")
+    (item,) = scan_inbox(inbox)
+    (inbox / "2025-06-01" / "seeds.jsonl").unlink()
+    (inbox / "2025-06-01").rmdir()
+    (inbox / "2025-06-01").symlink_to(outside.parent)
+
+    with pytest.raises(PermissionError, match="outside the inbox"):
+        item.hashed()
+
+
+def test_a_fifo_swapped_in_after_the_scan_is_refused_without_blocking(tmp_path: Path) -> None:
+    path = write(tmp_path / "x.jsonl")
+    (item,) = scan_inbox(tmp_path)
+    path.unlink()
+    os.mkfifo(path)
+
+    with pytest.raises(NotRegularFileError, match="not a regular file"):
+        item.hashed()
+
+
+def test_a_link_inside_the_inbox_is_read_through_its_real_path(tmp_path: Path) -> None:
+    target = write(tmp_path / "2025-06-02" / "real.jsonl", '{"prompt": "real"}\n')
+    (tmp_path / "2025-06-01").symlink_to(tmp_path / "2025-06-02")  # a dated folder link inside
+    (tmp_path / "loose.jsonl").symlink_to(Path("2025-06-01") / "real.jsonl")  # relative, chained
+
+    files = by_name(tmp_path)
+
+    expected = file_sha256(target)
+    assert files["loose.jsonl"].hashed().sha256 == expected
+    assert files["2025-06-01/real.jsonl"].hashed().sha256 == expected
