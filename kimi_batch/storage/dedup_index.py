@@ -36,6 +36,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from kimi_batch.crash_points import crash_point
 from kimi_batch.paths import StateLocation
 from kimi_batch.state import StateDatabase, connect_state, read_state
 
@@ -349,6 +350,7 @@ class DedupIndex:
             screen.begin()  # a partition that kept nothing still drops its old entries
             if guard is not None:
                 guard()
+        crash_point("quality.index_updated")  # committed as the block's ExitStack closed
 
     def size_bytes(self) -> int:
         """The index file's size on disk (its WAL included); 0 on PostgreSQL."""

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kimi_batch.crash_points import crash_point
 from kimi_batch.paths import StatePaths, private_dir
 from kimi_batch.state import StateError, connect_state, read_state
 from kimi_batch.storage.blobs import BlobStore, SharedBlobs
@@ -168,6 +169,7 @@ class Landing:
                 "VALUES (?, ?, ?, ?, ?, ?)",
                 (name, ds.isoformat(), source, time.time(), dated_ds, refused),
             )
+        crash_point("landing.partition_assigned")
         assigned = self.assignment(name)
         assert assigned is not None
         return assigned
@@ -236,6 +238,7 @@ class Landing:
                     time.time(),
                 ),
             )
+        crash_point("landing.version_recorded")
         landed = self.current(assignment.ds, assignment.source)
         assert landed is not None
         return landed

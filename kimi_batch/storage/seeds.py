@@ -7,6 +7,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
+from kimi_batch.crash_points import crash_point
 from kimi_batch.state import Fence
 from kimi_batch.storage.parquet import PartitionWrite, Warehouse
 from kimi_batch.tasks.inputs import InputBatch, SeedPrompt
@@ -54,4 +55,6 @@ def land_seeds(
             set_aside.extend(checked.quarantined)
             yield from seed_rows(checked.seeds, input_sha256=input_sha256, created_at=now)
 
-    return warehouse.write_partition("seeds", ds, source, rows(), guard=guard)
+    written = warehouse.write_partition("seeds", ds, source, rows(), guard=guard)
+    crash_point("seeds.rows_written")
+    return written
