@@ -40,6 +40,7 @@ from kimi_batch.engine.generation import request_key
 from kimi_batch.settings import Settings
 from kimi_batch.storage import Warehouse, land_input, resolve_partition
 from kimi_batch.storage.dedup_index import index_entries
+from kimi_batch.storage.object_warehouse import open_warehouse
 from kimi_batch.tasks.distill import DistillTask
 from kimi_batch.tasks.inputs import InputBatch, SeedPrompt
 from kimi_batch.tasks.quarantine import INPUT_STAGE
@@ -161,7 +162,7 @@ def _answers(task: DistillTask, inputs: Any, ledger: Ledger) -> list[GenerationR
 
 def run_night(settings: Settings, *, ttl_s: float = 60.0) -> None:
     """The partition's night (see the module's docstring); a rerun does what is left."""
-    store = Warehouse(settings.paths.warehouse_dir)
+    store = open_warehouse(settings)
     task = DistillTask()
     with (
         Ledger(settings.paths.ledger_state) as ledger,
@@ -206,7 +207,7 @@ def check_night(settings: Settings) -> None:
     """Every input line a seed or a quarantined input line, every planned request once a row or a
     quarantine row with its reason, one version throughout, the ledger and the tables agreeing,
     the duplicate index holding the kept rows, every table published."""
-    store = Warehouse(settings.paths.warehouse_dir)
+    store = open_warehouse(settings)
     sha = _version(settings)
     with WarehouseResource(deployment=settings).landing() as landing:
         assert landing.consumed(DS, SOURCE) == sha
