@@ -110,7 +110,9 @@ NIGHT_KILLS = [
 ]
 BATCH_KILLS = [
     ("api.validation_claimed", 1),
+    ("landing.snapshot_copied", 1),
     ("landing.version_recorded", 1),
+    ("api.batch_transitioned", 1),
     ("api.file_kept", 2),
     ("api.batch_updated", 1),
 ]
