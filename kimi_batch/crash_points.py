@@ -11,20 +11,33 @@ Two ways to arm a point:
 
 - in the test's own process, `armed(NAME)` raises `CrashPointReached` there (an exception,
   as a failed write or a terminated run would raise);
-- in a child process (a run worker, `kimi-batch ...`), `KIMI_BATCH_CRASH_AT=NAME[:kill]` in its
-  environment, read once at import: `kill` sends the process SIGKILL at that point, anything else
-  raises.
+- in a child process (a run worker, `kimi-batch ...`), `KIMI_BATCH_CRASH_AT=NAME[:kill][:N]` in
+  its environment, read once at import: `kill` sends the process SIGKILL at that point, anything
+  else raises; `N` stops it at the point's Nth arrival (1 by default).
+
+`recording()` lists the points a block reaches, in order (the sweep's plan: which point each
+scenario reaches, and the check that every point `declared_crash_points` finds in the source is
+reached by some scenario).
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Literal
 
-__all__ = ["CRASH_AT_VARIABLE", "CrashPointReached", "armed", "crash_point"]
+__all__ = [
+    "CRASH_AT_VARIABLE",
+    "CrashPointReached",
+    "armed",
+    "crash_point",
+    "declared_crash_points",
+    "recording",
+]
 
 CRASH_AT_VARIABLE = "KIMI_BATCH_CRASH_AT"
 
@@ -39,36 +52,84 @@ class CrashPointReached(Exception):  # noqa: N818 - it is what happened, not an 
         self.name = name
 
 
-def _from_environment() -> dict[str, CrashAction]:
+def _from_environment() -> dict[str, tuple[CrashAction, int]]:
     value = os.environ.get(CRASH_AT_VARIABLE, "")
-    armed_points: dict[str, CrashAction] = {}
+    armed_points: dict[str, tuple[CrashAction, int]] = {}
     for entry in filter(None, (part.strip() for part in value.split(","))):
-        name, _, action = entry.partition(":")
-        armed_points[name] = "kill" if action == "kill" else "raise"
+        name, _, rest = entry.partition(":")
+        action, _, arrival = rest.partition(":")
+        armed_points[name] = (
+            "kill" if action == "kill" else "raise",
+            int(arrival) if arrival.isdigit() else 1,
+        )
     return armed_points
 
 
-_armed: dict[str, CrashAction] = _from_environment()
+# name -> (what to do, at which arrival); arrivals counted per armed name.
+_armed: dict[str, tuple[CrashAction, int]] = _from_environment()
 _armed_names: frozenset[str] = frozenset(_armed)
+_arrivals: dict[str, int] = {}
+_trace: list[str] | None = None
 
 
 def crash_point(name: str) -> None:
     """Mark a durable write just made: a test may stop the process here (free otherwise)."""
+    if _trace is not None:
+        _trace.append(name)
     if name not in _armed_names:
         return
-    if _armed[name] == "kill":
+    action, arrival = _armed[name]
+    _arrivals[name] = _arrivals.get(name, 0) + 1
+    if _arrivals[name] != arrival:
+        return
+    if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     raise CrashPointReached(name)
 
 
 @contextmanager
-def armed(name: str, action: CrashAction = "raise") -> Iterator[None]:
-    """Arm one crash point in this process for the duration of the block (tests only)."""
+def armed(name: str, action: CrashAction = "raise", *, arrival: int = 1) -> Iterator[None]:
+    """Arm one crash point in this process for the duration of the block (tests only): the
+    process stops there at the point's `arrival`th arrival within the block."""
     global _armed_names
-    _armed[name] = action
+    _armed[name] = (action, arrival)
+    _arrivals.pop(name, None)
     _armed_names = frozenset(_armed)
     try:
         yield
     finally:
         _armed.pop(name, None)
+        _arrivals.pop(name, None)
         _armed_names = frozenset(_armed)
+
+
+@contextmanager
+def recording() -> Iterator[list[str]]:
+    """The crash points this process reaches within the block, in order (tests only)."""
+    global _trace
+    outer, _trace = _trace, []
+    try:
+        yield _trace
+    finally:
+        reached, _trace = _trace, outer
+        if outer is not None:
+            outer.extend(reached)
+
+
+def declared_crash_points(package: Path | None = None) -> dict[str, list[str]]:
+    """Every `crash_point("NAME")` in the package's source: NAME -> where (`module.py:line`)."""
+    root = package or Path(__file__).resolve().parent
+    found: dict[str, list[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "crash_point"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
+                where = f"{path.relative_to(root).as_posix()}:{node.lineno}"
+                found.setdefault(node.args[0].value, []).append(where)
+    return found

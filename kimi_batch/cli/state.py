@@ -29,6 +29,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from kimi_batch.crash_points import crash_point
 from kimi_batch.redaction import url_secrets
 from kimi_batch.settings import ConfigError, Settings, StateSettings
 from kimi_batch.state import StoreCopy, connect_state, copy_store, shown_url
@@ -67,6 +68,7 @@ def migrate_state(settings: Settings, url: str) -> list[StoreCopy]:
         landed = landing.share_all()
     with ApiStore(target) as api:
         uploaded = api.share_all()
+    crash_point("state.files_shared")
     for index, shared in ((1, landed), (2, uploaded)):
         copies[index] = copies[index].model_copy(
             update={"files": shared.shared, "missing_files": shared.missing}

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
 
+from kimi_batch.crash_points import crash_point
 from kimi_batch.engine.generation import GenerationResult
 from kimi_batch.errors import KimiBatchError
 from kimi_batch.paths import StateLocation
@@ -284,6 +285,7 @@ class Ledger:
             "VALUES (?, ?, ?, ?) ON CONFLICT (request_id) DO NOTHING",
             (result.request_id, result.input_id, result.model_dump_json(), time.time()),
         )
+        crash_point("ledger.result_recorded")
         return cursor.rowcount == 1
 
     def get_many(self, request_ids: Iterable[str]) -> dict[str, GenerationResult]:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kimi_batch.crash_points import crash_point
 from kimi_batch.state.database import StateDatabase
 from kimi_batch.state.sqlite import read_sqlite
 
@@ -59,6 +60,7 @@ def copy_store(
             for table in tables:
                 copied[table] = _copy_table(db, target, table)
                 target.reset_serials(table)
+        crash_point("state.store_copied")
     return StoreCopy(store=store, rows=copied)
 
 

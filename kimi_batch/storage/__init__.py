@@ -91,7 +91,7 @@ from kimi_batch.storage.schema import (
     trino_columns,
     validate_identifier,
 )
-from kimi_batch.storage.seeds import land_seeds
+from kimi_batch.storage.seeds import land_input, land_seeds
 from kimi_batch.storage.settle import (
     SETTLE_S,
     InputNotSettledError,
@@ -154,6 +154,7 @@ __all__ = [
     "index_entries",
     "inspect_inbox_file",
     "land_inbox",
+    "land_input",
     "land_seeds",
     "landed_versions",
     "open_warehouse",

@@ -32,6 +32,7 @@ from typing import IO, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kimi_batch.crash_points import crash_point
 from kimi_batch.paths import PRIVATE_FILE_MODE, StatePaths, private_dir
 from kimi_batch.state import connect_state, read_state
 from kimi_batch.storage.blobs import BlobStore, SharedBlobs
@@ -161,6 +162,7 @@ class ApiFileStore:
                     "INSERT INTO files (id, sha256, record) VALUES (?, ?, ?)",
                     (record.id, staged.sha256, record.model_dump_json()),
                 )
+            crash_point("api.file_kept")
         finally:
             staged.temp.unlink(missing_ok=True)
         return record
@@ -209,6 +211,7 @@ class ApiFileStore:
                 # for these bytes in between.
                 (self.files_dir / row[0]).unlink(missing_ok=True)
                 self._blobs.forget(row[0])
+        crash_point("api.file_deleted")
         return True
 
     def _write_lock(self) -> AbstractContextManager[None]:

@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kimi_batch.crash_points import crash_point
 from kimi_batch.paths import StatePaths
 from kimi_batch.storage.api_files import ApiFileStore
 from kimi_batch.storage.exceptions import StorageError
@@ -241,6 +242,7 @@ class ApiStore(ApiFileStore):
                 "INSERT INTO validations (batch_id, owner, heartbeat, attempts) VALUES (?, ?, ?, 0)",
                 (record.id, owner or process_owner(), time.time()),
             )
+        crash_point("api.batch_added")
         return record
 
     def batch(self, batch_id: str) -> BatchRecord | None:
@@ -285,7 +287,8 @@ class ApiStore(ApiFileStore):
                 "UPDATE batches SET status = ?, record = ? WHERE id = ? AND status = ?",
                 (moved.status.value, moved.model_dump_json(), batch_id, record.status.value),
             )
-            return moved if cursor.rowcount == 1 else None
+        crash_point("api.batch_transitioned")
+        return moved if cursor.rowcount == 1 else None
 
     def update_batch(
         self, batch_id: str, *, status: BatchStatus | None = None, **fields: Any
@@ -305,6 +308,7 @@ class ApiStore(ApiFileStore):
                 "UPDATE batches SET status = ?, record = ? WHERE id = ?",
                 (record.status.value, record.model_dump_json(), batch_id),
             )
+        crash_point("api.batch_updated")
         return record
 
     def _record(self, batch_id: str) -> BatchRecord:
@@ -338,6 +342,7 @@ class ApiStore(ApiFileStore):
                 "attempts = excluded.attempts",
                 (batch_id, owner, now, attempts),
             )
+        crash_point("api.validation_claimed")
         return ValidationClaim(batch_id=batch_id, owner=owner, heartbeat=now, attempts=attempts)
 
     def beat_validation(self, batch_id: str, owner: str) -> None:

@@ -452,6 +452,7 @@ class DedupIndex:
             screen.begin()  # a partition that kept nothing still drops its old entries
             if guard is not None:
                 guard()
+        crash_point("quality.index_updated")  # committed as the block's ExitStack closed
 
     def size_bytes(self) -> int:
         """The index file's size on disk (its WAL included); 0 on PostgreSQL."""

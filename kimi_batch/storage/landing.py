@@ -28,6 +28,7 @@ from typing import BinaryIO
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kimi_batch.crash_points import crash_point
 from kimi_batch.paths import StatePaths, private_dir
 from kimi_batch.state import StateError, connect_state, read_state
 from kimi_batch.storage.blobs import BlobStore, SharedBlobs
@@ -69,6 +70,17 @@ _SCHEMA = (
     )
     """,
     "CREATE INDEX IF NOT EXISTS versions_partition ON versions (ds, source, id)",
+    # The version a partition's seeds and input quarantine were both written from: recorded
+    # after the second of the two writes, so a run killed between them lands the version again.
+    """
+    CREATE TABLE IF NOT EXISTS consumed (
+        ds          TEXT NOT NULL,
+        source      TEXT NOT NULL,
+        sha256      TEXT NOT NULL,
+        consumed_at {real} NOT NULL,
+        PRIMARY KEY (ds, source)
+    )
+    """,
 )
 
 
@@ -177,6 +189,7 @@ class Landing:
                 "VALUES (?, ?, ?, ?, ?, ?)",
                 (name, ds.isoformat(), source, time.time(), dated_ds, refused),
             )
+        crash_point("landing.partition_assigned")
         assigned = self.assignment(name)
         assert assigned is not None
         return assigned
@@ -256,6 +269,7 @@ class Landing:
                     time.time(),
                 ),
             )
+        crash_point("landing.version_recorded")
         landed = self.current(assignment.ds, assignment.source)
         assert landed is not None
         return landed
@@ -292,6 +306,24 @@ class Landing:
         ).fetchone()
         current = self.current(ds, source)
         return count - 1 if current is not None and current.sha256 == sha256 else count
+
+    def record_consumed(self, ds: str, source: str, sha256: str) -> None:
+        """The partition's seeds and input quarantine are now both written from `sha256`."""
+        self._db.execute(
+            "INSERT INTO consumed (ds, source, sha256, consumed_at) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (ds, source) DO UPDATE SET sha256 = excluded.sha256, "
+            "consumed_at = excluded.consumed_at",
+            (ds, source, sha256, time.time()),
+        )
+        crash_point("landing.seeds_consumed")
+
+    def consumed(self, ds: str, source: str) -> str | None:
+        """The version the partition's seeds and input quarantine were last both written from
+        (None: never, or a landing that stopped between the two writes)."""
+        row = self._db.execute(
+            "SELECT sha256 FROM consumed WHERE ds = ? AND source = ?", (ds, source)
+        ).fetchone()
+        return None if row is None else str(row[0])
 
     def current(self, ds: str, source: str) -> LandedVersion | None:
         """The newest landed version of a partition, None if nothing landed yet."""

@@ -26,6 +26,8 @@ import polars as pl
 import pyarrow.fs as pafs
 from pydantic import BaseModel
 
+from kimi_batch.crash_points import crash_point
+from kimi_batch.engine import LeaseLostError
 from kimi_batch.paths import StateLocation, private_dir
 from kimi_batch.settings import Settings
 from kimi_batch.state import Fence
@@ -129,9 +131,13 @@ class ObjectWarehouse(Warehouse):
         current, prefix = self._upload(partition, rows)
         try:
             self.versions.switch(guard, partition, current, grace_s=self.grace_s)
-        except BaseException:
-            self._delete(prefix)  # this writer's version: nobody reads it
+        except LeaseLostError:
+            self._delete(prefix)  # refused before the switch: this writer's version, unread
             raise
+        # Any other failure may come after the switch committed (an ambiguous COMMIT, a run
+        # terminated at this moment): the pointer may name this version, so it is not deleted
+        # here. Not switched to, it stays garbage (`expect`) and a later sweep deletes it.
+        crash_point("warehouse.partition_committed")
         self.sweep()
         return PartitionWrite(
             table=table,

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import polars as pl
 from pydantic import BaseModel, ConfigDict, Field
 
+from kimi_batch.crash_points import crash_point
 from kimi_batch.paths import PRIVATE_FILE_MODE, private_dir
 from kimi_batch.state import Fence
 from kimi_batch.storage.exceptions import InvalidPartitionError, StorageError
@@ -226,6 +227,7 @@ class Warehouse:
             if stale.name != PART_FILE:
                 stale.unlink()
         _fsync_dir(directory)
+        crash_point("warehouse.partition_committed")
         return PartitionWrite(
             table=table,
             ds=ds,

@@ -7,6 +7,7 @@ from datetime import date
 
 import polars as pl
 
+from kimi_batch.crash_points import crash_point
 from kimi_batch.state import Fence
 from kimi_batch.storage.parquet import Warehouse
 from kimi_batch.storage.schema import PARTITION_COLUMNS
@@ -40,4 +41,5 @@ def replace_quarantine(
         [*(QuarantineRow.model_validate(row) for row in kept.iter_rows(named=True)), *mine],
         guard=guard,
     )
+    crash_point("quarantine.rows_replaced")
     return len(mine)

@@ -7,14 +7,17 @@ from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
+from kimi_batch.crash_points import crash_point
 from kimi_batch.state import Fence
+from kimi_batch.storage.landing import Landing
 from kimi_batch.storage.parquet import PartitionWrite, Warehouse
+from kimi_batch.storage.quarantine import replace_quarantine
 from kimi_batch.tasks.inputs import InputBatch, SeedPrompt
-from kimi_batch.tasks.quarantine import input_row
+from kimi_batch.tasks.quarantine import INPUT_STAGE, input_row
 from kimi_batch.tasks.rows import QuarantineRow, SeedRow
 from kimi_batch.tasks.seeds import seed_rows
 
-__all__ = ["ChunkReader", "LengthCheck", "land_seeds"]
+__all__ = ["ChunkReader", "LengthCheck", "land_input", "land_seeds"]
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
@@ -61,7 +64,48 @@ def land_seeds(
                 else:
                     set_aside.append(_set_aside(row, reason, now))
 
-    return warehouse.write_partition("seeds", ds, source, rows(), guard=guard)
+    written = warehouse.write_partition("seeds", ds, source, rows(), guard=guard)
+    crash_point("seeds.rows_written")
+    return written
+
+
+def land_input(
+    warehouse: Warehouse,
+    landing: Landing,
+    ds: str,
+    source: str,
+    *,
+    snapshot: Path | None,
+    reader: ChunkReader,
+    input_sha256: str,
+    check_lengths: LengthCheck,
+    now: datetime,
+    set_aside: list[QuarantineRow],
+    guard: Fence | None = None,
+) -> PartitionWrite:
+    """The partition's input version landed whole: its `seeds` (`land_seeds`), then its input
+    quarantine (`set_aside` and the rows the reader set aside, stamped with the version), then
+    the version recorded as consumed in the manifest. Seeds at a version do not say its
+    quarantine was written: a run killed between the two leaves no record, and the night lands
+    the version again (`Landing.consumed`)."""
+    written = land_seeds(
+        warehouse,
+        ds,
+        source,
+        snapshot=snapshot,
+        reader=reader,
+        input_sha256=input_sha256,
+        check_lengths=check_lengths,
+        now=now,
+        set_aside=set_aside,
+        guard=guard,
+    )
+    sha = input_sha256 or None
+    stamped = [row.model_copy(update={"input_sha256": sha}) for row in set_aside]
+    replace_quarantine(warehouse, ds, source, INPUT_STAGE, stamped, guard=guard)
+    if sha is not None:
+        landing.record_consumed(ds, source, sha)
+    return written
 
 
 def _unstorable(row: SeedRow) -> str | None:

@@ -9,6 +9,7 @@ from typing import BinaryIO
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kimi_batch.crash_points import crash_point
 from kimi_batch.paths import PRIVATE_FILE_MODE
 from kimi_batch.storage.exceptions import StorageError
 from kimi_batch.storage.private_files import remove_stale_temps, temp_name
@@ -93,6 +94,7 @@ def copy_snapshot(
         target = landed_dir / f"{sha256}.{ext}"
         if not target.exists():
             os.replace(temp, target)
+            crash_point("landing.snapshot_copied")
     finally:
         temp.unlink(missing_ok=True)
     return Snapshot(sha256=sha256, ext=ext, size=copied)

@@ -19,8 +19,11 @@ import polars as pl
 import pytest
 from pydantic import BaseModel
 
+from kimi_batch.crash_points import armed
 from kimi_batch.definitions import batch_assets, build_resources
+from kimi_batch.defs.assets.batch import resolve_seeds_input, seeds_are_current
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
+from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.settings import Settings
 from kimi_batch.storage import Warehouse
 from kimi_batch_tests.support.llama_server import LlamaEnv
@@ -327,3 +330,38 @@ def test_schema_constrained_answers_and_logprobs_land_in_the_table(
         "CapitalAnswer" in reason or "cut off at max_tokens" in reason
         for reason in set_aside["reason"].to_list()
     )
+
+
+def test_a_landing_stopped_between_the_seeds_and_their_quarantine_is_landed_again(
+    llama_env: LlamaEnv,
+) -> None:
+    # Issue 42 item 4: the seeds of the new version were written, the run died before the input
+    # quarantine's write. The night used to take the seeds as current and never land the version
+    # again: the old version's rejects stayed, the new one's were lost for good.
+    good = json.dumps({"id": "fine", "prompt": "Name a colour."})
+    _write_inbox(llama_env.home, "halfway.jsonl", [good, "{old broken line"])
+    settings = Settings.from_env()
+    warehouse = WarehouseResource(deployment=settings)
+    with dg.instance_for_test() as instance:
+        assert _materialize(instance, "halfway", ["seed_prompts"]).success
+        _write_inbox(llama_env.home, "halfway.jsonl", [good, "{new broken line", "{and another"])
+        with armed("seeds.rows_written"):
+            stopped = dg.materialize(
+                batch_assets(settings),
+                selection=["seed_prompts"],
+                partition_key=_key("halfway"),
+                resources=build_resources(settings),
+                instance=instance,
+                raise_on_error=False,
+            )
+        assert not stopped.success
+        resolved = resolve_seeds_input(settings, _today(), "halfway")
+        # What the night decides: the new version is not landed yet...
+        assert not seeds_are_current(warehouse, resolved)
+        assert _materialize(instance, "halfway", ["seed_prompts"]).success
+    # ...and once landed again, its rejected lines are in quarantine, the old ones gone.
+    aside = _warehouse(llama_env).read_partition("quarantine", _today(), "halfway")
+    assert sorted(aside["line"].to_list()) == [2, 3]
+    assert resolved.version is not None
+    assert aside["input_sha256"].unique().to_list() == [resolved.version.sha256]
+    assert seeds_are_current(warehouse, resolve_seeds_input(settings, _today(), "halfway"))

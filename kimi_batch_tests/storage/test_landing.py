@@ -362,3 +362,16 @@ def test_a_fifo_replacing_an_assigned_name_is_refused_without_blocking(
     assert resolved.version == first  # the partition keeps its last landed version
     assert resolved.problem is not None
     assert "not a regular file" in resolved.problem
+
+
+def test_the_version_a_partition_consumed_is_recorded_after_both_of_its_writes(
+    landing: Landing,
+) -> None:
+    # Issue 42 item 4: seeds at a version do not say its input quarantine was written; the night
+    # lands a version again until this record names it (`seeds_are_current`).
+    assert landing.consumed("2026-11-28", "north") is None
+    landing.record_consumed("2026-11-28", "north", "a" * 64)
+    landing.record_consumed("2026-11-28", "north", "b" * 64)
+    landing.record_consumed("2026-11-28", "south", "a" * 64)
+    assert landing.consumed("2026-11-28", "north") == "b" * 64
+    assert landing.consumed("2026-11-28", "south") == "a" * 64

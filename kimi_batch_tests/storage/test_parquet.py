@@ -11,6 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from kimi_batch.crash_points import CrashPointReached, armed
 from kimi_batch.storage import (
     TABLES,
     InvalidIdentifierError,
@@ -40,6 +41,26 @@ def test_layout_and_round_trip(tmp_path: Path) -> None:
     assert frame["source"].unique().to_list() == ["demo"]
     # Stored as naive UTC with microseconds.
     assert frame["created_at"][0] == CREATED_AT.replace(tzinfo=None)
+
+
+def test_an_exception_right_after_a_partitions_commit_leaves_it_readable_at_the_new_version(
+    tmp_path: Path, warehouse_kind: WarehouseFactory
+) -> None:
+    # Issue 42 item 3: a run terminated (or a COMMIT that failed ambiguously) just after the
+    # partition's commit. The object-store writer used to delete the version its pointer had just
+    # been switched to, and every later read failed.
+    warehouse = warehouse_kind(tmp_path)
+    warehouse.write_partition("amplified", DS, "demo", amplified(3))
+    new = amplified(2, prefix="new")
+    with armed("warehouse.partition_committed"), pytest.raises(CrashPointReached):
+        warehouse.write_partition("amplified", DS, "demo", new)
+
+    after = warehouse_kind(tmp_path)  # the next run's warehouse, on the same state
+    assert after.read_partition("amplified", DS, "demo")["request_id"].to_list() == [
+        row.request_id for row in new
+    ]
+    assert after.count("amplified") == 2
+    assert after.partitions("amplified") == [(DS, "demo")]
 
 
 def test_nested_logprobs_round_trip(tmp_path: Path, warehouse_kind: WarehouseFactory) -> None:

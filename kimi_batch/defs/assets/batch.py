@@ -35,16 +35,16 @@ from kimi_batch.defs.stages import (
 )
 from kimi_batch.settings import Settings
 from kimi_batch.storage import (
+    Landing,
     PartitionWrite,
     ResolvedInput,
     StorageError,
     Warehouse,
-    land_seeds,
-    replace_quarantine,
+    land_input,
     resolve_partition,
 )
 from kimi_batch.tasks.prompt_length import check_prompt_lengths
-from kimi_batch.tasks.quarantine import INPUT_STAGE, file_row
+from kimi_batch.tasks.quarantine import file_row
 from kimi_batch.tasks.reader import InputReader
 from kimi_batch.tasks.rows import QuarantineRow
 
@@ -76,14 +76,17 @@ def resolve_seeds_input(settings: Settings, ds: str, source: str) -> ResolvedInp
 
 
 def seeds_are_current(warehouse: WarehouseResource, resolved: ResolvedInput) -> bool:
-    """The partition's `seeds` were landed from `resolved`'s version already (the day's ingest
-    run did it), with nothing about the file to set aside."""
+    """The partition's `seeds` and input quarantine were landed from `resolved`'s version
+    already (the day's ingest run did it), with nothing about the file to set aside."""
     version, item = resolved.version, resolved.assignment
-    return (
-        version is not None
-        and not resolved.problem
-        and consumed_input_sha(warehouse.warehouse(), item.ds, item.source) == version.sha256
-    )
+    if version is None or resolved.problem:
+        return False
+    with warehouse.landing() as landing:
+        # Both writes finished: seeds at this version alone may be a run killed before the
+        # quarantine's write (issue 42 item 4), whose rejected lines only a landing writes.
+        if landing.consumed(item.ds, item.source) != version.sha256:
+            return False
+    return consumed_input_sha(warehouse.warehouse(), item.ds, item.source) == version.sha256
 
 
 def seed_prompts(
@@ -133,10 +136,10 @@ def land_seed_partition(
         else []
     )
     store = warehouse.warehouse()
-    with interruptible_runner() as runner:
+    with interruptible_runner() as runner, warehouse.landing() as landing:
         written, limit = _write_seeds(
             runner,
-            store,
+            (store, landing),
             resolved,
             set_aside,
             llama=llama,
@@ -146,8 +149,6 @@ def land_seed_partition(
             now=now,
         )
         sha = version.sha256 if version else None
-        stamped = [row.model_copy(update={"input_sha256": sha}) for row in set_aside]
-        replace_quarantine(store, ds, source, INPUT_STAGE, stamped, guard=held.lease)
         published = (
             [publish(context, trino, store, ["seeds", "quarantine"], ds, source, held.check)]
             if publish_now
@@ -172,7 +173,7 @@ def land_seed_partition(
 
 def _write_seeds(
     runner: InterruptibleRunner,
-    store: Warehouse,
+    stores: tuple[Warehouse, Landing],
     resolved: ResolvedInput,
     set_aside: list[QuarantineRow],
     *,
@@ -182,8 +183,9 @@ def _write_seeds(
     held: HeldPartition,
     now: datetime,
 ) -> tuple[PartitionWrite, int]:
-    """Write the `seeds` partition, quarantining prompts over the server's per-slot limit; returns
-    the write and that limit (in tokens, the answer budget left out)."""
+    """Write the `seeds` partition and the input quarantine (`land_input`), quarantining prompts
+    over the server's per-slot limit; returns the write and that limit (in tokens, the answer
+    budget left out)."""
     settings = llama.settings()
     version = resolved.version
     client = llama.client()
@@ -191,8 +193,8 @@ def _write_seeds(
         prepared = runner.run(llama.prepare(digest.load()))
         first = prepared.endpoints[0]
         limit = (first.ctx or settings.llama_ctx // first.slots) - config.answer_budget_tokens
-        written = land_seeds(
-            store,
+        written = land_input(
+            *stores,
             resolved.assignment.ds,
             resolved.assignment.source,
             snapshot=version.path if version else None,

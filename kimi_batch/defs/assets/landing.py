@@ -27,6 +27,7 @@ from typing import Any, Protocol, Self
 import dagster as dg
 import polars as pl
 
+from kimi_batch.crash_points import crash_point
 from kimi_batch.defs.assets.checks import generation_checks
 from kimi_batch.defs.assets.context import RunContext
 from kimi_batch.defs.assets.lease import HeldPartition
@@ -109,6 +110,7 @@ def land_stage(
         written = store.write_partition(
             task.table, ds, source, screen.admit(rows) if screen else rows, guard=held.lease
         )
+        crash_point("stage.rows_written")
         sink.failed(
             outcome.failures,
             source_file=source,

@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 
 import dagster as dg
 
+from kimi_batch.crash_points import crash_point
 from kimi_batch.defs.assets.context import RunContext
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.storage import StorageError, Warehouse
@@ -55,6 +56,7 @@ def publish_tables(
         with trino.publisher() as publisher:
             for table in tables:
                 publisher.publish_partition(warehouse, table, ds, source)
+                crash_point("publish.partition_registered")
     except StorageError as error:
         return dg.AssetCheckResult(
             check_name="published_to_trino",
