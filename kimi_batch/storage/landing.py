@@ -25,6 +25,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kimi_batch.crash_points import crash_point
 from kimi_batch.paths import StatePaths, private_dir
 from kimi_batch.state import StateError, connect_state, read_state
 from kimi_batch.storage.blobs import BlobStore, SharedBlobs
@@ -33,7 +34,11 @@ from kimi_batch.storage.inbox import InboxFile, sanitize_source, scan_inbox, sho
 from kimi_batch.storage.settle import SETTLE_S
 from kimi_batch.storage.snapshot import copy_snapshot
 
-__all__ = ["Assignment", "LandedVersion", "Landing", "landed_versions"]
+__all__ = ["Assignment", "FileStat", "LandedVersion", "Landing", "landed_versions"]
+
+# (size, mtime_ns, inode, ctime_ns) of a file: a content rewritten in place changes the ctime
+# at least, one renamed over it the inode.
+FileStat = tuple[int, int, int, int]
 
 _SCHEMA = (
     """
@@ -60,6 +65,18 @@ _SCHEMA = (
     )
     """,
     "CREATE INDEX IF NOT EXISTS versions_partition ON versions (ds, source, id)",
+    # The stat of each inbox file when its content was last hashed (`fingerprint`), so a look
+    # at the whole inbox reads only the files that changed since.
+    """
+    CREATE TABLE IF NOT EXISTS fingerprints (
+        name      TEXT PRIMARY KEY,
+        size      {int} NOT NULL,
+        mtime_ns  {int} NOT NULL,
+        inode     {int} NOT NULL,
+        ctime_ns  {int} NOT NULL,
+        sha256    TEXT NOT NULL
+    )
+    """,
 )
 
 
@@ -293,6 +310,30 @@ class Landing:
             landed_at=landed_at,
             path=self.dir / f"{sha256}.{ext}",
         )
+
+    # ---- inbox fingerprints ------------------------------------------------------------------
+
+    def fingerprint(self, name: str) -> tuple[FileStat, str] | None:
+        """The stat of inbox file `name` when it was last hashed, and the sha256 it had."""
+        row = self._db.execute(
+            "SELECT size, mtime_ns, inode, ctime_ns, sha256 FROM fingerprints WHERE name = ?",
+            (name,),
+        ).fetchone()
+        if row is None:
+            return None
+        size, mtime_ns, inode, ctime_ns, sha256 = row
+        return (int(size), int(mtime_ns), int(inode), int(ctime_ns)), sha256
+
+    def remember_fingerprint(self, name: str, stat: FileStat, sha256: str) -> None:
+        """Inbox file `name` had content `sha256` while its stat was `stat`."""
+        self._db.execute(
+            "INSERT INTO fingerprints (name, size, mtime_ns, inode, ctime_ns, sha256) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET size = excluded.size, "
+            "mtime_ns = excluded.mtime_ns, inode = excluded.inode, "
+            "ctime_ns = excluded.ctime_ns, sha256 = excluded.sha256",
+            (name, *stat, sha256),
+        )
+        crash_point("landing.fingerprint")
 
 
 def landed_versions(paths: StatePaths) -> list[tuple[Assignment, str | None]]:
