@@ -311,6 +311,29 @@ class Landing:
             path=self.dir / f"{sha256}.{ext}",
         )
 
+    def version(self, ds: str, source: str, sha256: str) -> LandedVersion | None:
+        """The partition's landed version of content `sha256` (an older one too), readable on
+        this host; None when it was never landed here."""
+        row = self._db.execute(
+            "SELECT ds, source, name, sha256, ext, size, landed_at FROM versions "
+            "WHERE ds = ? AND source = ? AND sha256 = ? ORDER BY id DESC LIMIT 1",
+            (ds, source, sha256),
+        ).fetchone()
+        if row is None:
+            return None
+        ds, source, name, sha256, ext, size, landed_at = row
+        found = LandedVersion(
+            ds=ds,
+            source=source,
+            name=name,
+            sha256=sha256,
+            ext=ext,
+            size=size,
+            landed_at=landed_at,
+            path=self.dir / f"{sha256}.{ext}",
+        )
+        return self.readable(found)
+
     # ---- inbox fingerprints ------------------------------------------------------------------
 
     def fingerprint(self, name: str) -> tuple[FileStat, str] | None:
