@@ -23,6 +23,7 @@ from kimi_batch.defs.schedules import (
     window_end,
 )
 from kimi_batch.settings import Settings
+from kimi_batch.storage import partition_input
 from kimi_batch.storage.landing import Assignment, Landing
 from kimi_batch_tests.support.repo import REPO_ROOT
 from kimi_batch_tests.support.standins import standin_definitions
@@ -349,3 +350,31 @@ def test_a_file_still_changing_is_named_and_landed_by_the_next_tick(
     assert "2025-06-01/story.jsonl" in skip
     assert still_a == sha_a
     assert night_keys(settled) == [str(mpk("story"))]
+
+
+def test_a_second_tick_over_an_unchanged_inbox_hashes_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path))
+    inbox = tmp_path / "inbox" / "2025-06-01"
+    for name in ("a", "b", "c"):
+        _settled(inbox / f"{name}.jsonl", f'{{"prompt": "{name}"}}\n', age_s=300)
+    hashed: list[str] = []
+    real = partition_input.file_sha256
+
+    def counted(path: Path) -> str:
+        hashed.append(path.name)
+        return real(path)
+
+    monkeypatch.setattr(partition_input, "file_sha256", counted)
+    with dg.instance_for_test() as instance:
+        first = night_keys(evaluate(instance, NIGHT)[0])
+        assert sorted(hashed) == ["a.jsonl", "b.jsonl", "c.jsonl"]
+        hashed.clear()
+        second = night_keys(evaluate(instance, NIGHT)[0])
+        assert hashed == []  # every file's stat matched its last hash: none read again
+        _settled(inbox / "b.jsonl", '{"prompt": "B"}\n', age_s=100)  # a rewrite is still seen
+        evaluate(instance, NIGHT)
+    assert first == second == [str(mpk(name)) for name in ("a", "b", "c")]
+    assert hashed == ["b.jsonl"]
+    assert _current("2025-06-01", "b") == hashlib.sha256(b'{"prompt": "B"}\n').hexdigest()
