@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kimi_batch.crash_points import crash_point
 from kimi_batch.paths import StatePaths
 from kimi_batch.storage.api_files import ApiFileStore
 from kimi_batch.storage.exceptions import StorageError
@@ -368,6 +369,7 @@ class ApiStore(ApiFileStore):
             row = self._db.execute(
                 "SELECT attempts FROM finish_attempts WHERE batch_id = ?", (batch_id,)
             ).fetchone()
+        crash_point("api.finish_attempt")
         return int(row[0])
 
     # ---- request keys --------------------------------------------------------------------------

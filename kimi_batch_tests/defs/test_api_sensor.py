@@ -11,6 +11,7 @@ import dagster as dg
 import pytest
 
 import kimi_batch.storage.api_batches as api_batches
+from kimi_batch.crash_points import CrashPointReached, armed
 from kimi_batch.defs.api_sensor import build_api_batch_sensor
 from kimi_batch.defs.assets.api_batch import API_TRIGGER_TAG, MAX_FINISH_ATTEMPTS
 from kimi_batch.engine import Ledger
@@ -281,3 +282,18 @@ def test_a_finish_killed_once_is_done_whole_by_the_next_tick(
         with ApiStore(settings.paths) as store:
             temps = [p.name for p in store.files_dir.iterdir() if p.name.startswith(".")]
         assert temps == []  # what the killed write staged is gone
+
+
+def test_a_crash_after_counting_a_finish_attempt_is_finished_by_the_next_tick(
+    backend_settings: Settings,
+) -> None:
+    settings = backend_settings
+    with dg.instance_for_test() as instance:
+        dead = _run(instance, dg.DagsterRunStatus.FAILURE)
+        with ApiStore(settings.paths) as store:
+            batch = _taken_up(store, settings, dead)
+        with armed("api.finish_attempt"), pytest.raises(CrashPointReached):
+            _tick(instance)
+        done, [answered], [unanswered] = _after_a_tick(instance, settings, batch.id)
+    assert done.status == BatchStatus.FAILED
+    assert (answered["custom_id"], unanswered["custom_id"]) == ("a", "b")

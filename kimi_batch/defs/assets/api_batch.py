@@ -16,7 +16,6 @@ from typing import NoReturn
 
 import dagster as dg
 
-from kimi_batch.crash_points import crash_point
 from kimi_batch.defs.assets.batch_controls import BatchCancelledError, BatchControls
 from kimi_batch.defs.assets.checks import check_specs
 from kimi_batch.defs.assets.context import LLAMA_POOL
@@ -78,7 +77,6 @@ def finish_abandoned_batch(
     )
     status = BatchStatus.CANCELLED if cancel_asked else BatchStatus.FAILED
     attempts = store.count_finish_attempt(batch.id)
-    crash_point("api.finish_attempt")
     if status == BatchStatus.FAILED:
         message = (
             f"the batch's run {run.run_id} ended {run.status.value} before the batch was "
