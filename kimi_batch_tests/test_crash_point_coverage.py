@@ -35,8 +35,8 @@ NOT_STATE = {
     ("engine/ledger.py", "_try_lease"): "a lease: coordination that expires, not data",
     ("storage/versions.py", "_transaction"): "the pointer switch's transaction: its caller "
     "(ObjectWarehouse.write_partition) has the crash point",
-    ("storage/dedup_index.py", "begin"): "the index's transaction, committed when "
-    "DedupIndex.partition's block ends (quality.index_updated)",
+    ("storage/dedup_index.py", "_take"): "the index's transaction, committed when "
+    "DedupIndex.partition's block ends (quality.index_updated, quality.index_released)",
 }
 
 _WRITE_CALLS = frozenset({"transaction", "_write_lock", "write_partition"})

@@ -9,6 +9,12 @@ Every partition of `distilled` unless `--since`/`--until`/`--source` narrow it (
 selection.py`); the training formats leave Batch API batches out unless `--source` names one.
 Files hold prompts and answers: written 0600 whole (temp, fsync, rename), the folders created
 0700 (the default `$KIMI_BATCH_HOME/exports` always), a killed export's temps removed by the next.
+An `--out` that cannot be written is found before anything is read (one line, exit 2).
+
+An `openai-batch` export of one partition keeps each line's `custom_id` (a seed's input id, a
+variant's `seed_id:strategy:variant_id`); one of several partitions prefixes each with
+`ds/source/` (`partition_prefix`), since input ids repeat across partitions and a batch output
+file's `custom_id`s are unique.
 """
 
 from __future__ import annotations
@@ -37,7 +43,9 @@ from kimi_batch.settings import Settings
 from kimi_batch.storage import (
     Warehouse,
     open_warehouse,
+    private_folder,
     private_writer,
+    temp_name,
     validate_ds,
     validate_source,
 )
@@ -49,6 +57,7 @@ __all__ = [
     "export_custom_id",
     "export_partition",
     "openai_batch_lines",
+    "partition_prefix",
     "run_export",
 ]
 
@@ -65,12 +74,12 @@ def export_custom_id(input_id: str, variant: tuple[str, str] | None) -> str:
     return f"{seed_id}:{strategy}:{input_id}"
 
 
-def _answer(row: dict[str, Any]) -> AnsweredRequest:
+def _answer(row: dict[str, Any], prefix: str = "") -> AnsweredRequest:
     variant = None if row["origin"] == "seed" else (row["seed_id"], row["strategy"])
     logprobs = row.get("logprobs")
     calls = row.get("tool_calls")
     return AnsweredRequest(
-        custom_id=export_custom_id(row["input_id"], variant),
+        custom_id=prefix + export_custom_id(row["input_id"], variant),
         request_id=row["request_id"],
         model=row["model"],
         created_at=row["created_at"],
@@ -89,18 +98,21 @@ def openai_batch_lines(
     distilled: list[dict[str, Any]],
     quarantined: list[dict[str, Any]],
     variants: dict[str, tuple[str, str]] | None = None,
+    *,
+    prefix: str = "",
 ) -> list[str]:
     """One line per answer (`response`) and per failed distillation request (`error`).
 
     `variants`: variant request id -> (seed_id, strategy), from the `amplified` table, so a
-    set-aside variant gets the same `custom_id` its answer would have had.
+    set-aside variant gets the same `custom_id` its answer would have had. `prefix` goes in
+    front of every `custom_id` (the partition's, in an export of several).
     """
-    lines = [response_line(_answer(row)) for row in distilled]
+    lines = [response_line(_answer(row, prefix)) for row in distilled]
     for row in quarantined:
         input_id = row["input_id"] or ""
         lines.append(
             error_line(
-                custom_id=export_custom_id(input_id, (variants or {}).get(input_id)),
+                custom_id=prefix + export_custom_id(input_id, (variants or {}).get(input_id)),
                 request_id=row["request_id"],
                 code="quarantined",
                 message=row["reason"],
@@ -135,7 +147,14 @@ def _default_path(settings: Settings, request: ExportRequest) -> Path:
     return private_dir(settings.home / "exports") / (stem + suffix[request.fmt])
 
 
-def _openai_batch(warehouse: Warehouse, ds: str, source: str) -> list[str]:
+def partition_prefix(ds: str, source: str) -> str:
+    """What an export of several partitions puts in front of each `custom_id`: input ids repeat
+    across partitions, and a batch output file's `custom_id`s are unique (`ds/source/`: neither
+    holds a `/`)."""
+    return f"{ds}/{source}/"
+
+
+def _openai_batch(warehouse: Warehouse, ds: str, source: str, prefix: str) -> list[str]:
     distilled = warehouse.read_partition("distilled", ds, source)
     quarantine = warehouse.read_partition("quarantine", ds, source)
     failed = quarantine.filter(quarantine["stage"] == "distill")
@@ -143,7 +162,7 @@ def _openai_batch(warehouse: Warehouse, ds: str, source: str) -> list[str]:
     variants = {
         row["request_id"]: (row["seed_id"], row["strategy"]) for row in amplified.to_dicts()
     }
-    return openai_batch_lines(distilled.to_dicts(), failed.to_dicts(), variants)
+    return openai_batch_lines(distilled.to_dicts(), failed.to_dicts(), variants, prefix=prefix)
 
 
 def _system_texts(settings: Settings, request: ExportRequest) -> SystemTexts:
@@ -174,6 +193,21 @@ def _write_lines(
     return written
 
 
+def _check_writable(path: Path, *, folder: bool) -> None:
+    """ConfigError (one line, exit 2) when the export could not be written at `path`: found
+    before the partitions are read, not as a traceback after."""
+    if not folder and path.is_dir():
+        raise ConfigError(f"cannot write the export to {path}: it is a folder")
+    try:
+        parent = private_folder(path.parent)
+        probe = temp_name(parent, path.name)
+        probe.touch(mode=0o600, exist_ok=False)
+        probe.unlink()
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise ConfigError(f"cannot write the export to {path}: {reason}") from error
+
+
 def run_export(settings: Settings, request: ExportRequest) -> Path:
     """Write the export; returns its path (a file, or the hf folder)."""
     if request.fmt not in FORMATS:
@@ -185,10 +219,14 @@ def run_export(settings: Settings, request: ExportRequest) -> Path:
     training = request.fmt in TRAINING_FORMATS
     partitions = select_partitions(warehouse, query, training=training)
     path = request.out or _default_path(settings, request)
+    _check_writable(path, folder=request.fmt == "hf")
     if not training:
+        several = len(partitions) > 1  # one partition keeps its ids: a client joins on them
         with private_writer(path) as writer:
             for ds, source in partitions:
-                writer.writelines(line + "\n" for line in _openai_batch(warehouse, ds, source))
+                prefix = partition_prefix(ds, source) if several else ""
+                lines = _openai_batch(warehouse, ds, source, prefix)
+                writer.writelines(line + "\n" for line in lines)
         return path
     build = example_builder(settings, _system_texts(settings, request))
     selection = read_selection(warehouse, query, partitions)

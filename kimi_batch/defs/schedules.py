@@ -188,6 +188,8 @@ def _log_inbox(context: dg.ScheduleEvaluationContext, inbox: InboxLanding) -> st
         )
     for problem in inbox.problems:
         context.log.warning(f"inbox file not landed: {problem}")
+    if inbox.unread:  # the tick's hashing budget ran out: the next tick reads them
+        context.log.info(f"not read yet, looked at by the next tick: {_named(inbox.unread)}")
     if not inbox.settling:
         return ""
     settling = f"still changing, landed by the next tick: {_named(inbox.settling)}"

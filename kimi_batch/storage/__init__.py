@@ -13,6 +13,7 @@ from kimi_batch.storage.api_batches import (
     batch_lines,
     begin_batch,
     finish_batch,
+    iter_batch_lines,
     request_counts,
     write_batch_files,
 )
@@ -153,6 +154,7 @@ __all__ = [
     "finish_batch",
     "index_entries",
     "inspect_inbox_file",
+    "iter_batch_lines",
     "land_inbox",
     "land_input",
     "land_seeds",

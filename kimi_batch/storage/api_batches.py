@@ -16,16 +16,18 @@ any two steps is honoured: the step after it sees that it did not move the batch
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import islice
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.engine import BatchOutcome, Ledger, row_request_id
+from kimi_batch.engine import BatchOutcome, GenerationResult, Ledger, row_request_id
 from kimi_batch.settings import Settings
 from kimi_batch.storage.api_store import ApiStore, BatchRecord, BatchStatus
 from kimi_batch.storage.exceptions import StorageError
 from kimi_batch.storage.landing import Landing
-from kimi_batch.tasks.batch_input import parse_batch_input
+from kimi_batch.tasks.batch_input import iter_batch_input, parse_batch_input
 from kimi_batch.tasks.openai_batch import (
     AnsweredRequest,
     BatchRequestLine,
@@ -41,6 +43,7 @@ __all__ = [
     "batch_lines",
     "begin_batch",
     "finish_batch",
+    "iter_batch_lines",
     "request_counts",
     "write_batch_files",
 ]
@@ -59,6 +62,9 @@ _UNANSWERED = {
     BatchStatus.EXPIRED: EXPIRED_REASON,
     BatchStatus.FAILED: FAILED_REASON,
 }
+# Answers read from the ledger at a time while the files are written (each may carry
+# top-20 logprobs for every token: ~1 MiB of output line).
+_FILE_CHUNK = 4
 # The statuses a run's final status is entered from.
 _IN_RUN = (BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING)
 _FINAL_FROM = {
@@ -79,17 +85,32 @@ class RequestCounts(BaseModel):
 
 def batch_lines(settings: Settings, batch: BatchRecord) -> list[BatchRequestLine]:
     """The requests of a landed batch, read from its snapshot."""
+    with _snapshot(settings, batch).open("rb") as reader:
+        parsed = parse_batch_input(reader, endpoint=batch.endpoint)
+    if parsed.errors:
+        raise StorageError(f"batch {batch.id}: landed input no longer validates")
+    return parsed.lines
+
+
+def iter_batch_lines(settings: Settings, batch: BatchRecord) -> Iterator[BatchRequestLine]:
+    """The requests of a landed batch one at a time, read from its snapshot as they are used
+    (a finish outside the run: none of them is kept). StorageError as `batch_lines`."""
+    path = _snapshot(settings, batch)
+    with path.open("rb") as reader:
+        try:
+            yield from iter_batch_input(reader, endpoint=batch.endpoint)
+        except ValueError as error:
+            raise StorageError(f"batch {batch.id}: landed input no longer validates") from error
+
+
+def _snapshot(settings: Settings, batch: BatchRecord) -> Path:
     if batch.ds is None or batch.source is None:
         raise StorageError(f"batch {batch.id} has no landed input")
     with Landing(settings.paths) as landing:
         version = landing.readable(landing.current(batch.ds, batch.source))
     if version is None:
         raise StorageError(f"batch {batch.id}: no landed input for {batch.ds}|{batch.source}")
-    with version.path.open("rb") as reader:
-        parsed = parse_batch_input(reader, endpoint=batch.endpoint)
-    if parsed.errors:
-        raise StorageError(f"batch {batch.id}: landed input no longer validates")
-    return parsed.lines
+    return version.path
 
 
 def request_counts(store: ApiStore, ledger: Ledger | None, batch: BatchRecord) -> RequestCounts:
@@ -106,7 +127,7 @@ def write_batch_files(
     store: ApiStore,
     ledger: Ledger,
     batch: BatchRecord,
-    lines: Sequence[BatchRequestLine],
+    lines: Iterable[BatchRequestLine],
     *,
     set_aside: Mapping[str, tuple[str, str]],
     unanswered: tuple[str, str] | None,
@@ -116,49 +137,59 @@ def write_batch_files(
     `set_aside`: custom_id -> (code, reason) of requests that failed or were refused.
     `unanswered`: (code, reason) for the requests never answered (a cancelled or expired
     batch); None when every request was answered or set aside.
+
+    Streamed: `_FILE_CHUNK` answers at a time come from the ledger and go to the staged
+    files, so the memory it takes does not grow with the batch (logprobs make an answer's
+    output line tens of times its text).
     """
     keys = store.request_keys(batch.id)
-    results = ledger.get_many(keys.values())
-    outputs: list[str] = []
-    errors: list[str] = []
-    for line in lines:
-        key = keys.get(line.custom_id)
-        result = results.get(key) if key else None
-        request_id = row_request_id(key, line.custom_id) if key else None
-        if result is not None and request_id is not None:
-            answer = AnsweredRequest.from_result(
-                result.model_copy(update={"request_id": request_id}), custom_id=line.custom_id
+    with store.stage_lines() as outputs, store.stage_lines() as errors:
+        for chunk in _chunks(lines, _FILE_CHUNK):
+            results = ledger.get_many(
+                keys[line.custom_id] for line in chunk if line.custom_id in keys
             )
-            outputs.append(
-                response_line(
-                    answer, top_logprobs=line.top_logprobs, kind=line.kind, params=line.params
-                )
-            )
-            continue
-        reason = set_aside.get(line.custom_id) or unanswered
-        if reason is not None:
-            code, message = reason
-            errors.append(
-                error_line(
-                    custom_id=line.custom_id, request_id=request_id, code=code, message=message
-                )
-            )
-    output = (
-        store.add_lines(outputs, filename=f"{batch.id}_output.jsonl", purpose="batch_output")
-        if outputs
-        else None
-    )
-    error = (
-        store.add_lines(errors, filename=f"{batch.id}_error.jsonl", purpose="batch_output")
-        if errors
-        else None
-    )
+            for line in chunk:
+                key = keys.get(line.custom_id)
+                result = results.get(key) if key else None
+                request_id = row_request_id(key, line.custom_id) if key else None
+                if result is not None and request_id is not None:
+                    outputs.write(_output_line(line, result, request_id))
+                    continue
+                reason = set_aside.get(line.custom_id) or unanswered
+                if reason is not None:
+                    code, message = reason
+                    errors.write(
+                        error_line(
+                            custom_id=line.custom_id,
+                            request_id=request_id,
+                            code=code,
+                            message=message,
+                        )
+                    )
+            del results
+        output = store.keep_lines(
+            outputs, filename=f"{batch.id}_output.jsonl", purpose="batch_output"
+        )
+        error = store.keep_lines(errors, filename=f"{batch.id}_error.jsonl", purpose="batch_output")
     return store.update_batch(
         batch.id,
-        request_failed=len(errors),
+        request_failed=errors.lines,
         output_file_id=output.id if output else None,
         error_file_id=error.id if error else None,
     )
+
+
+def _output_line(line: BatchRequestLine, result: GenerationResult, request_id: str) -> str:
+    answer = AnsweredRequest.from_result(
+        result.model_copy(update={"request_id": request_id}), custom_id=line.custom_id
+    )
+    return response_line(answer, top_logprobs=line.top_logprobs, kind=line.kind, params=line.params)
+
+
+def _chunks(items: Iterable[BatchRequestLine], size: int) -> Iterator[list[BatchRequestLine]]:
+    iterator = iter(items)
+    while chunk := list(islice(iterator, size)):
+        yield chunk
 
 
 def begin_batch(
@@ -185,13 +216,14 @@ def finish_batch(
     store: ApiStore,
     ledger: Ledger,
     batch_id: str,
-    lines: Sequence[BatchRequestLine],
+    lines: Iterable[BatchRequestLine],
     status: BatchStatus,
     *,
     outcomes: Sequence[BatchOutcome] = (),
 ) -> BatchRecord:
     """Write the output/error files, then enter `status` (never over a final one). A batch
-    being cancelled ends `cancelled`, whatever `status` the run reached."""
+    being cancelled ends `cancelled`, whatever `status` the run reached. `lines` is read
+    once (an iterator from `iter_batch_lines` will do)."""
     current = store.batch(batch_id)
     if current is None:
         raise StorageError(f"no batch {batch_id}")

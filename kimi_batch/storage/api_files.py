@@ -20,13 +20,12 @@ it is committed, and leaves it with the last id naming it, in the same write tra
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -39,7 +38,7 @@ from kimi_batch.storage.blobs import BlobStore, SharedBlobs
 from kimi_batch.storage.exceptions import StorageError
 from kimi_batch.storage.private_files import remove_stale_temps, temp_name
 
-__all__ = ["ApiFileStore", "FileRecord", "FileTooLargeError", "StagedFile"]
+__all__ = ["ApiFileStore", "FileRecord", "FileTooLargeError", "LineStaging", "StagedFile"]
 
 _CHUNK = 1 << 20
 _FILES_TABLE = """
@@ -79,6 +78,37 @@ class StagedFile(BaseModel):
     temp: Path
     sha256: str
     bytes: int = Field(ge=0)
+
+
+class LineStaging:
+    """A generated file written to its temp line by line, hashed and counted as it goes: a
+    batch's output file is never held whole in memory (`ApiFileStore.stage_lines`)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.temp = temp_name(folder, "lines")
+        self._writer = self.temp.open("wb")
+        os.chmod(self.temp, PRIVATE_FILE_MODE)
+        self._digest = hashlib.sha256()
+        self.bytes = 0
+        self.lines = 0
+
+    def write(self, line: str) -> None:
+        data = (line + "\n").encode("utf-8")
+        self._digest.update(data)
+        self._writer.write(data)
+        self.bytes += len(data)
+        self.lines += 1
+
+    def staged(self) -> StagedFile:
+        """The file made durable and closed, ready for `ApiFileStore.keep_file`."""
+        self._writer.flush()
+        os.fsync(self._writer.fileno())
+        self._writer.close()
+        return StagedFile(temp=self.temp, sha256=self._digest.hexdigest(), bytes=self.bytes)
+
+    def discard(self) -> None:
+        self._writer.close()
+        self.temp.unlink(missing_ok=True)
 
 
 class ApiFileStore:
@@ -174,12 +204,31 @@ class ApiFileStore:
         staged = self.stage_file(reader, max_bytes=max_bytes)
         return self.keep_file(staged, filename=filename, purpose=purpose)
 
+    @contextmanager
+    def stage_lines(self) -> Iterator[LineStaging]:
+        """A temp file to write a generated file into line by line; removed unless kept
+        (`keep_lines`) by the end of the block."""
+        remove_stale_temps(self.files_dir)
+        staging = LineStaging(self.files_dir)
+        try:
+            yield staging
+        finally:
+            staging.discard()
+
+    def keep_lines(self, staging: LineStaging, *, filename: str, purpose: str) -> FileRecord | None:
+        """Keep what `staging` holds as a file; None (nothing kept) when it has no line."""
+        staged = staging.staged()
+        if not staging.lines:
+            return None
+        return self.keep_file(staged, filename=filename, purpose=purpose)
+
     def add_lines(self, lines: Iterable[str], *, filename: str, purpose: str) -> FileRecord:
-        """A generated file (batch output or errors) from its lines."""
-        data = "".join(line + "\n" for line in lines).encode("utf-8")
-        return self.add_file(
-            io.BytesIO(data), filename=filename, purpose=purpose, max_bytes=len(data)
-        )
+        """A generated file (batch output or errors) from its lines, streamed to disk."""
+        with self.stage_lines() as staging:
+            for line in lines:
+                staging.write(line)
+            staged = staging.staged()
+            return self.keep_file(staged, filename=filename, purpose=purpose)
 
     def file(self, file_id: str) -> FileRecord | None:
         row = self._db.execute(

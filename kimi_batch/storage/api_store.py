@@ -64,6 +64,13 @@ _SCHEMA = (
         attempts   {int} NOT NULL
     )
     """,
+    # How many times a batch's finish was begun outside its run (`count_finish_attempt`).
+    """
+    CREATE TABLE IF NOT EXISTS finish_attempts (
+        batch_id   TEXT PRIMARY KEY,
+        attempts   {int} NOT NULL
+    )
+    """,
     """
     CREATE TABLE IF NOT EXISTS batch_requests (
         batch_id    TEXT NOT NULL,
@@ -353,6 +360,21 @@ class ApiStore(ApiFileStore):
 
     def release_validation(self, batch_id: str) -> None:
         self._db.execute("DELETE FROM validations WHERE batch_id = ?", (batch_id,))
+
+    def count_finish_attempt(self, batch_id: str) -> int:
+        """Count one more start of the batch's finish after its run ended; the count so far.
+        (A finish killed each time, for memory say, must not be retried on every tick.)"""
+        with self._write_lock():
+            self._db.execute(
+                "INSERT INTO finish_attempts (batch_id, attempts) VALUES (?, 1) "
+                "ON CONFLICT (batch_id) DO UPDATE SET attempts = finish_attempts.attempts + 1",
+                (batch_id,),
+            )
+            row = self._db.execute(
+                "SELECT attempts FROM finish_attempts WHERE batch_id = ?", (batch_id,)
+            ).fetchone()
+        crash_point("api.finish_attempt")
+        return int(row[0])
 
     # ---- request keys --------------------------------------------------------------------------
 

@@ -43,7 +43,11 @@ from kimi_batch.storage.inbox import (
 from kimi_batch.storage.settle import SETTLE_S
 from kimi_batch.storage.snapshot import copy_snapshot
 
-__all__ = ["Assignment", "LandedVersion", "Landing", "landed_versions"]
+__all__ = ["Assignment", "FileStat", "LandedVersion", "Landing", "landed_versions"]
+
+# (size, mtime_ns, inode, ctime_ns) of a file: a content rewritten in place changes the ctime
+# at least, one renamed over it the inode.
+FileStat = tuple[int, int, int, int]
 
 _SCHEMA = (
     """
@@ -79,6 +83,18 @@ _SCHEMA = (
         sha256      TEXT NOT NULL,
         consumed_at {real} NOT NULL,
         PRIMARY KEY (ds, source)
+    )
+    """,
+    # The stat of each inbox file when its content was last hashed (`fingerprint`), so a look
+    # at the whole inbox reads only the files that changed since.
+    """
+    CREATE TABLE IF NOT EXISTS fingerprints (
+        name      TEXT PRIMARY KEY,
+        size      {int} NOT NULL,
+        mtime_ns  {int} NOT NULL,
+        inode     {int} NOT NULL,
+        ctime_ns  {int} NOT NULL,
+        sha256    TEXT NOT NULL
     )
     """,
 )
@@ -345,6 +361,53 @@ class Landing:
             landed_at=landed_at,
             path=self.dir / f"{sha256}.{ext}",
         )
+
+    def version(self, ds: str, source: str, sha256: str) -> LandedVersion | None:
+        """The partition's landed version of content `sha256` (an older one too), readable on
+        this host; None when it was never landed here."""
+        row = self._db.execute(
+            "SELECT ds, source, name, sha256, ext, size, landed_at FROM versions "
+            "WHERE ds = ? AND source = ? AND sha256 = ? ORDER BY id DESC LIMIT 1",
+            (ds, source, sha256),
+        ).fetchone()
+        if row is None:
+            return None
+        ds, source, name, sha256, ext, size, landed_at = row
+        found = LandedVersion(
+            ds=ds,
+            source=source,
+            name=name,
+            sha256=sha256,
+            ext=ext,
+            size=size,
+            landed_at=landed_at,
+            path=self.dir / f"{sha256}.{ext}",
+        )
+        return self.readable(found)
+
+    # ---- inbox fingerprints ------------------------------------------------------------------
+
+    def fingerprint(self, name: str) -> tuple[FileStat, str] | None:
+        """The stat of inbox file `name` when it was last hashed, and the sha256 it had."""
+        row = self._db.execute(
+            "SELECT size, mtime_ns, inode, ctime_ns, sha256 FROM fingerprints WHERE name = ?",
+            (name,),
+        ).fetchone()
+        if row is None:
+            return None
+        size, mtime_ns, inode, ctime_ns, sha256 = row
+        return (int(size), int(mtime_ns), int(inode), int(ctime_ns)), sha256
+
+    def remember_fingerprint(self, name: str, stat: FileStat, sha256: str) -> None:
+        """Inbox file `name` had content `sha256` while its stat was `stat`."""
+        self._db.execute(
+            "INSERT INTO fingerprints (name, size, mtime_ns, inode, ctime_ns, sha256) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET size = excluded.size, "
+            "mtime_ns = excluded.mtime_ns, inode = excluded.inode, "
+            "ctime_ns = excluded.ctime_ns, sha256 = excluded.sha256",
+            (name, *stat, sha256),
+        )
+        crash_point("landing.fingerprint")
 
 
 @contextmanager

@@ -4,6 +4,7 @@ night's look at the whole inbox (`land_inbox`), which lands every settled file t
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from datetime import date
@@ -14,17 +15,19 @@ from pydantic import BaseModel, ConfigDict, Field
 from kimi_batch.settings import Settings
 from kimi_batch.storage.exceptions import StorageError
 from kimi_batch.storage.inbox import (
+    InboxFile,
     InboxLinkError,
     NotRegularFileError,
     inspect_inbox_file,
     scan_inbox,
     sha256_of,
 )
-from kimi_batch.storage.landing import Assignment, LandedVersion, Landing
+from kimi_batch.storage.landing import Assignment, FileStat, LandedVersion, Landing
 from kimi_batch.storage.settle import SETTLE_S, InputNotSettledError, still_changing
 from kimi_batch.storage.snapshot import InputTooLargeError
 
 __all__ = [
+    "HASH_BUDGET_S",
     "InboxLanding",
     "LandingIOError",
     "ResolvedInput",
@@ -34,6 +37,10 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
+
+# A schedule tick is cut off after 60 s; the nightly look at the inbox hashes for this long at
+# most (as the sensor's `HASH_BUDGET_S`), the rest the next look.
+HASH_BUDGET_S = 30.0
 
 
 class LandingIOError(StorageError):
@@ -153,6 +160,56 @@ class InboxLanding(BaseModel):
     landed: list[LandedVersion] = Field(description="New versions landed by this look.")
     settling: list[str] = Field(description="Files still changing: landed by a later look.")
     problems: list[str] = Field(description="Files that could not be read (their run says why).")
+    unread: list[str] = Field(
+        default_factory=list,
+        description="Files not hashed for want of time (`hash_budget_s`): read by a later look.",
+    )
+    hashed: int = Field(default=0, ge=0, description="Files this look read whole to hash.")
+
+
+def _stat(path: Path) -> FileStat:
+    found = os.stat(path, follow_symlinks=False)
+    return (found.st_size, found.st_mtime_ns, found.st_ino, found.st_ctime_ns)
+
+
+class _InboxLook:
+    """One look at the inbox: hashes only files whose stat changed since their last hash, for
+    at most `budget_s` once one file was read (the rest: `unread`)."""
+
+    def __init__(self, landing: Landing, *, max_bytes: int, settle_s: float, budget_s: float):
+        self.landing, self.max_bytes, self.settle_s = landing, max_bytes, settle_s
+        self.deadline = time.monotonic() + budget_s
+        self.landed: list[LandedVersion] = []
+        self.unread: list[str] = []
+        self.hashed = 0
+
+    def look(self, item: InboxFile, assignment: Assignment) -> None:
+        """Land `item` if its content is not its partition's newest version. OSError and
+        StorageError (InputNotSettledError too) go to the caller."""
+        stat = _stat(item.path)
+        current = self.landing.current(assignment.ds, assignment.source)
+        known = self.landing.fingerprint(item.name)
+        if current is not None and known == (stat, current.sha256):
+            return  # unchanged since it was hashed: not read again
+        if self.hashed and time.monotonic() > self.deadline:
+            self.unread.append(item.name)
+            return
+        self.hashed += 1
+        # Hashed and copied from one descriptor, opened without following a link out.
+        with item.open() as handle:
+            sha256 = sha256_of(handle)
+            if current is None or current.sha256 != sha256:
+                version = self.landing.land(
+                    item,
+                    assignment,
+                    max_bytes=self.max_bytes,
+                    settle_s=self.settle_s,
+                    handle=handle,
+                )
+                self.landed.append(version)
+                sha256 = version.sha256
+        if _stat(item.path) == stat:  # not changed while it was read
+            self.landing.remember_fingerprint(item.name, stat, sha256)
 
 
 def land_inbox(
@@ -164,16 +221,20 @@ def land_inbox(
     start: date,
     accept_ds: Callable[[str], bool] = lambda ds: True,
     settle_s: float = SETTLE_S,
+    hash_budget_s: float = HASH_BUDGET_S,
 ) -> InboxLanding:
     """Assign every inbox file, and land each settled one whose content is not its partition's
     newest landed version (a rewrite, or a return to an earlier content: A -> B -> A lands A
     again as the newest version), whether or not the inbox sensor runs.
 
-    Every settled file is hashed; only a changed one is copied. A file still changing is not
-    waited for (`settling`); refused and over-size files, and files dated outside the partitions
-    (`accept_ds`), are left to their partition's run, which quarantines them with the reason.
+    A settled file is hashed when its (size, mtime, inode, ctime) differ from those it had when
+    last hashed (the manifest's fingerprints), for `hash_budget_s` at most: what is left is
+    `unread`, hashed by the next look. Only a changed file is copied. A file still changing is
+    not waited for (`settling`); refused and over-size files, and files dated outside the
+    partitions (`accept_ds`), are left to their partition's run, which quarantines them with
+    the reason.
     """
-    landed: list[LandedVersion] = []
+    look = _InboxLook(landing, max_bytes=max_bytes, settle_s=settle_s, budget_s=hash_budget_s)
     settling: list[str] = []
     problems: list[str] = []
     for item in scan_inbox(inbox_dir):
@@ -184,25 +245,19 @@ def land_inbox(
             settling.append(item.name)
             continue
         try:
-            # Hashed and copied from one descriptor, opened without following a link out.
-            with item.open() as handle:
-                sha256 = sha256_of(handle)
-                current = landing.current(assignment.ds, assignment.source)
-                if current is not None and current.sha256 == sha256:
-                    continue
-                version = landing.land(
-                    item, assignment, max_bytes=max_bytes, settle_s=settle_s, handle=handle
-                )
+            look.look(item, assignment)
         except FileNotFoundError:
             continue  # gone since the listing: its partition reads its landed snapshot
         except InputNotSettledError:
             settling.append(item.name)
-            continue
         except OSError as error:  # InputTooLargeError is a StorageError, caught below
             problems.append(f"{item.name}: {type(error).__name__}: {error}")
-            continue
         except StorageError as error:
             problems.append(f"{item.name}: {error}")
-            continue
-        landed.append(version)
-    return InboxLanding(landed=landed, settling=settling, problems=problems)
+    return InboxLanding(
+        landed=look.landed,
+        settling=settling,
+        problems=problems,
+        unread=look.unread,
+        hashed=look.hashed,
+    )

@@ -44,6 +44,7 @@ __all__ = [
     "MAX_NESTING",
     "BatchScan",
     "BatchValidator",
+    "iter_batch_input",
     "parse_batch_input",
     "scan_batch_input",
 ]
@@ -260,3 +261,21 @@ def parse_batch_input(
         errors=scan.errors,
         error_count=scan.error_count,
     )
+
+
+def iter_batch_input(
+    file: IO[bytes], *, endpoint: str, max_requests: int = MAX_BATCH_REQUESTS
+) -> Iterator[BatchRequestLine]:
+    """The requests of a landed (validated) input one at a time, none kept: a read that must
+    not hold the whole batch (its output files). ValueError at the first line that no longer
+    validates."""
+    validator = BatchValidator(endpoint=endpoint, max_requests=max_requests)
+    for request in _valid_lines(
+        validator, jsonl_items(file, max_row_bytes=MAX_BATCH_LINE_BYTES), None
+    ):
+        if validator.error_count:
+            break
+        yield request
+    scan = validator.finish()
+    if scan.error_count:
+        raise ValueError(f"{scan.error_count} lines no longer validate: {scan.errors[0].message}")

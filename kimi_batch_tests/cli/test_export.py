@@ -7,13 +7,17 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import date
 from pathlib import Path
 
 import pytest
 
-from kimi_batch.cli.export import export_partition
+from kimi_batch.cli.commands import main
+from kimi_batch.cli.export import ExportRequest, export_partition, run_export
+from kimi_batch.cli.exports.selection import ExportQuery
 from kimi_batch.settings import Settings
 from kimi_batch.storage import Warehouse
+from kimi_batch_tests.support.exports import DAYS, QUARANTINE_REASONS, SOURCES, build_warehouse
 from kimi_batch_tests.support.rows import amplified, distilled, quarantined
 
 
@@ -115,3 +119,51 @@ def test_an_export_elsewhere_creates_owner_only_folders(
     before = _mode(tmp_path)
     export_partition(settings, ds="2026-11-30", source="batch", fmt="openai-batch", out=str(out))
     assert _mode(tmp_path) == before  # a folder it did not create keeps its mode
+
+
+def test_an_export_of_several_partitions_has_unique_custom_ids(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path / "home"))
+    settings = Settings.from_env()
+    build_warehouse(settings)  # seed-0, seed-1, ... in every partition
+    path = run_export(settings, ExportRequest(fmt="openai-batch"))
+    ids = [json.loads(line)["custom_id"] for line in path.read_text().splitlines()]
+    partitions = [(ds, source) for ds in DAYS for source in SOURCES]
+    assert len(ids) == len(set(ids))
+    assert len(ids) == len(partitions) * (3 + len(QUARANTINE_REASONS)) + 2  # + the batch's two
+    assert f"{DAYS[0]}/{SOURCES[0]}/seed-0" in ids
+    one = run_export(
+        settings,
+        ExportRequest(
+            fmt="openai-batch",
+            query=ExportQuery(
+                source=SOURCES[0],
+                since=date.fromisoformat(DAYS[0]),
+                until=date.fromisoformat(DAYS[0]),
+            ),
+        ),
+    )
+    single = [json.loads(line)["custom_id"] for line in one.read_text().splitlines()]
+    assert single[0] == "seed-0"  # one partition keeps the ids a client joins on
+
+
+@pytest.mark.parametrize("fmt", ["openai-batch", "chat", "hf"])
+def test_an_out_that_cannot_be_written_is_one_line_and_exit_2(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    fmt: str,
+) -> None:
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path / "home"))
+    build_warehouse(Settings.from_env())
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    for out in (blocker / "export.jsonl", tmp_path):  # under a file; a folder for a file
+        if fmt == "hf" and out == tmp_path:
+            continue  # hf writes a folder
+        assert main(["export", "--format", fmt, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1
+        assert f"cannot write the export to {out}" in err
+        assert "Traceback" not in err

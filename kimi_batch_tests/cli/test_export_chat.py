@@ -18,7 +18,12 @@ from kimi_batch.cli.exports.selection import ExportQuery
 from kimi_batch.engine import SystemDigest, fold_instructions, load_digest
 from kimi_batch.errors import ConfigError, MissingInputError
 from kimi_batch.settings import Settings, default_model_path
-from kimi_batch.storage import Warehouse
+from kimi_batch.storage import Landing, Warehouse
+from kimi_batch.storage.landing import LandedVersion
+from kimi_batch.tasks.inputs import SeedPrompt
+from kimi_batch.tasks.reader import iter_inbox_rows
+from kimi_batch.tasks.rows import DistilledRow
+from kimi_batch.tasks.seeds import seed_rows
 from kimi_batch_tests.support.batches import chat_line, jsonl, landed_batch
 from kimi_batch_tests.support.exports import (
     BATCH_SOURCE,
@@ -29,7 +34,7 @@ from kimi_batch_tests.support.exports import (
     build_warehouse,
     judge,
 )
-from kimi_batch_tests.support.rows import amplified, distilled
+from kimi_batch_tests.support.rows import CREATED_AT, amplified, distilled
 
 
 @pytest.fixture
@@ -248,3 +253,87 @@ def test_the_command_writes_the_export_and_prints_its_path(
     assert len(_lines(out)) == 3
     assert main(["export", "--date", DAYS[1], "--since", DAYS[0]]) == 2
     assert "--date is one day" in capsys.readouterr().err
+
+
+# ---- an answer beside the question it was made from ------------------------------------------
+
+
+STORY = "story.jsonl"
+
+
+def _land(settings: Settings, landing: Landing, question: str) -> LandedVersion:
+    """The inbox file `story.jsonl` holding `question` (id q1) landed, and the seeds table
+    rewritten from it, as the seeds stage does."""
+    path = settings.paths.inbox_dir / DAYS[0] / STORY
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"id": "q1", "prompt": question}) + "\n")
+    landing.assign_inbox(
+        settings.paths.inbox_dir, arrived=date.fromisoformat(DAYS[0]), start=date(2026, 1, 1)
+    )
+    assignment = landing.assignment(f"{DAYS[0]}/{STORY}")
+    assert assignment is not None
+    version = landing.land(path, assignment, max_bytes=1 << 20, settle_s=0)
+    read = list(iter_inbox_rows(version.path, source_name=version.name))
+    seeds = seed_rows(
+        [row for row in read if isinstance(row, SeedPrompt)],
+        input_sha256=version.sha256,
+        created_at=CREATED_AT,
+    )
+    Warehouse(settings.paths.warehouse_dir).write_partition(
+        "seeds", version.ds, version.source, seeds
+    )
+    return version
+
+
+def _answered(settings: Settings, version: LandedVersion, text: str) -> None:
+    """The distillation of `version`: its one seed answered with `text`."""
+    answer = DistilledRow(
+        request_id="answer-q1",
+        input_id="q1",
+        model="smollm2-135m",
+        digest_sha256=load_digest(settings.digest).sha256,
+        prompt_tokens=30,
+        cached_tokens=20,
+        completion_tokens=8,
+        finish_reason="stop",
+        prompt_ms=1.0,
+        predicted_ms=2.0,
+        latency_ms=3.0,
+        endpoint="http://127.0.0.1:8081",
+        created_at=CREATED_AT,
+        input_sha256=version.sha256,
+        seed_id="q1",
+        origin="seed",
+        strategy=None,
+        prompt="What is the capital of France?",
+        response=text,
+        structured=None,
+        logprobs=None,
+    )
+    Warehouse(settings.paths.warehouse_dir).write_partition(
+        "distilled", version.ds, version.source, [answer]
+    )
+
+
+def test_a_re_landed_file_s_old_answer_keeps_its_own_question(settings: Settings) -> None:
+    with Landing(settings.paths) as landing:
+        v1 = _land(settings, landing, "What is the capital of France?")
+        _answered(settings, v1, "Paris is the capital of France.")
+        v2 = _land(settings, landing, "What is the capital of Japan?")  # not distilled yet
+    assert v2.sha256 != v1.sha256
+    [line] = _export(settings, source=v1.source)
+    user = [m["content"] for m in _messages(line) if m["role"] == "user"]
+    assert user == ["What is the capital of France?"]
+    assert _messages(line)[-1]["content"] == "Paris is the capital of France."
+
+
+def test_an_answer_whose_input_version_is_gone_is_never_paired_with_another(
+    settings: Settings,
+) -> None:
+    with Landing(settings.paths) as landing:
+        v1 = _land(settings, landing, "What is the capital of France?")
+        _answered(settings, v1, "Paris is the capital of France.")
+        _land(settings, landing, "What is the capital of Japan?")
+    v1.path.unlink()  # the old snapshot lost
+    with pytest.raises(MissingInputError, match=f"input version {v1.sha256[:12]}"):
+        _export(settings, source=v1.source)

@@ -70,7 +70,7 @@ def test_a_migrated_box_finds_every_row_partition_and_batch_in_postgres(
     }
     # Two versions of the inbox file, and the batch's input (a partition of its own); no seeds
     # were landed from them (`consumed`).
-    assert copies["manifest"].rows == {"files": 1, "versions": 3, "consumed": 0}
+    assert copies["manifest"].rows == {"files": 1, "versions": 3, "consumed": 0, "fingerprints": 0}
     assert copies["api"].rows["batches"] == 1
     # The files the rows name went along: another host, with nothing of the box's, reads them.
     assert (copies["manifest"].files, copies["api"].files) == (3, 1)

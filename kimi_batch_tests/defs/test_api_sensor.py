@@ -10,8 +10,10 @@ from typing import Any
 import dagster as dg
 import pytest
 
+import kimi_batch.storage.api_batches as api_batches
+from kimi_batch.crash_points import CrashPointReached, armed
 from kimi_batch.defs.api_sensor import build_api_batch_sensor
-from kimi_batch.defs.assets.api_batch import API_TRIGGER_TAG
+from kimi_batch.defs.assets.api_batch import API_TRIGGER_TAG, MAX_FINISH_ATTEMPTS
 from kimi_batch.engine import Ledger
 from kimi_batch.settings import Settings
 from kimi_batch.storage import (
@@ -21,6 +23,7 @@ from kimi_batch.storage import (
     BatchStatus,
     validate_batch,
 )
+from kimi_batch_tests.support.postgres import StateBackend
 from kimi_batch_tests.support.results import make_result
 
 # Above the kernel's largest pid_max (2**22): never a live process.
@@ -111,7 +114,7 @@ def _taken_up(store: ApiStore, settings: Settings, run: dg.DagsterRun) -> BatchR
     """A batch of two requests whose run answered one ("a") before it died."""
     batch = _batch(store, settings, land=True, custom_ids=("a", "b"))
     store.set_request_keys(batch.id, [("a", "key-a"), ("b", "key-b")])
-    with Ledger(settings.paths.ledger_path) as ledger:
+    with Ledger(settings.paths.ledger_state) as ledger:  # the state's own (PostgreSQL too)
         ledger.put(make_result("the answer", request_id="key-a", input_id="a"))
     return store.update_batch(batch.id, status=BatchStatus.IN_PROGRESS, run_id=run.run_id)
 
@@ -214,3 +217,83 @@ def test_a_validation_interrupted_too_often_fails_the_batch(settings: Settings) 
         assert failed.status == BatchStatus.FAILED
         [error] = failed.errors
         assert error.code == "validation_interrupted"
+
+
+# ---- a finish killed while it writes the files ----------------------------------------------
+
+
+@pytest.fixture
+def backend_settings(state_backend: StateBackend, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    state_backend.apply(monkeypatch)
+    return Settings.from_env()
+
+
+def _killed_writing(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Make every write of a batch's files die as a process killed for memory would; the
+    batch ids it was tried for."""
+    tried: list[str] = []
+
+    def killed(store: ApiStore, ledger: Ledger, batch: BatchRecord, *args: Any, **kw: Any) -> Any:
+        tried.append(batch.id)
+        raise MemoryError("killed while writing the output file")
+
+    monkeypatch.setattr(api_batches, "write_batch_files", killed)
+    return tried
+
+
+def test_a_finish_killed_every_time_is_not_retried_on_every_tick(
+    backend_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = backend_settings
+    with dg.instance_for_test() as instance:
+        dead = _run(instance, dg.DagsterRunStatus.FAILURE)
+        with ApiStore(settings.paths) as store:
+            batch = _taken_up(store, settings, dead)
+        tried = _killed_writing(monkeypatch)
+        for _ in range(MAX_FINISH_ATTEMPTS):
+            with pytest.raises(MemoryError):
+                _tick(instance)
+        done, output, errors = _after_a_tick(instance, settings, batch.id)
+        for _ in range(3):  # later ticks leave it alone
+            _tick(instance)
+        assert tried == [batch.id] * MAX_FINISH_ATTEMPTS  # the tick after them writes nothing
+        assert done.status == BatchStatus.FAILED
+        assert (output, errors) == ([], [])
+        assert [error.code for error in done.errors] == ["run_failed", "finish_failed"]
+        assert f"stopped {MAX_FINISH_ATTEMPTS} times" in done.errors[1].message
+
+
+def test_a_finish_killed_once_is_done_whole_by_the_next_tick(
+    backend_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = backend_settings
+    with dg.instance_for_test() as instance:
+        dead = _run(instance, dg.DagsterRunStatus.FAILURE)
+        with ApiStore(settings.paths) as store:
+            batch = _taken_up(store, settings, dead)
+        with monkeypatch.context() as patched:
+            _killed_writing(patched)
+            with pytest.raises(MemoryError):
+                _tick(instance)
+        done, [answered], [unanswered] = _after_a_tick(instance, settings, batch.id)
+        assert done.status == BatchStatus.FAILED
+        assert [error.code for error in done.errors] == ["run_failed"]  # named once
+        assert (answered["custom_id"], unanswered["custom_id"]) == ("a", "b")
+        with ApiStore(settings.paths) as store:
+            temps = [p.name for p in store.files_dir.iterdir() if p.name.startswith(".")]
+        assert temps == []  # what the killed write staged is gone
+
+
+def test_a_crash_after_counting_a_finish_attempt_is_finished_by_the_next_tick(
+    backend_settings: Settings,
+) -> None:
+    settings = backend_settings
+    with dg.instance_for_test() as instance:
+        dead = _run(instance, dg.DagsterRunStatus.FAILURE)
+        with ApiStore(settings.paths) as store:
+            batch = _taken_up(store, settings, dead)
+        with armed("api.finish_attempt"), pytest.raises(CrashPointReached):
+            _tick(instance)
+        done, [answered], [unanswered] = _after_a_tick(instance, settings, batch.id)
+    assert done.status == BatchStatus.FAILED
+    assert (answered["custom_id"], unanswered["custom_id"]) == ("a", "b")

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime, time
 from pathlib import Path
+from typing import BinaryIO
 from zoneinfo import ZoneInfo
 
 import dagster as dg
@@ -23,7 +24,7 @@ from kimi_batch.defs.schedules import (
     window_end,
 )
 from kimi_batch.settings import Settings
-from kimi_batch.storage import IndexedText, QualityGate
+from kimi_batch.storage import IndexedText, QualityGate, partition_input
 from kimi_batch.storage.landing import Assignment, Landing
 from kimi_batch_tests.support.repo import REPO_ROOT
 from kimi_batch_tests.support.standins import standin_definitions
@@ -374,3 +375,36 @@ def test_partitions_holding_repeats_of_a_row_that_left_are_asked_for_again(inbox
         str(mpk("early")),
         str(mpk("late_upload")),
     ]
+
+
+def test_a_second_tick_over_an_unchanged_inbox_hashes_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path))
+    inbox = tmp_path / "inbox" / "2025-06-01"
+    names: dict[str, str] = {}
+    for name in ("a", "b", "c", "B"):
+        content = f'{{"prompt": "{name}"}}\n'
+        names[hashlib.sha256(content.encode()).hexdigest()] = f"{name.lower()}.jsonl"
+        if name != "B":
+            _settled(inbox / f"{name}.jsonl", content, age_s=300)
+    hashed: list[str] = []
+    real = partition_input.sha256_of
+
+    def counted(handle: BinaryIO) -> str:
+        digest = real(handle)
+        hashed.append(names[digest])  # the file read, known by its content
+        return digest
+
+    monkeypatch.setattr(partition_input, "sha256_of", counted)
+    with dg.instance_for_test() as instance:
+        first = night_keys(evaluate(instance, NIGHT)[0])
+        assert sorted(hashed) == ["a.jsonl", "b.jsonl", "c.jsonl"]
+        hashed.clear()
+        second = night_keys(evaluate(instance, NIGHT)[0])
+        assert hashed == []  # every file's stat matched its last hash: none read again
+        _settled(inbox / "b.jsonl", '{"prompt": "B"}\n', age_s=100)  # a rewrite is still seen
+        evaluate(instance, NIGHT)
+    assert first == second == [str(mpk(name)) for name in ("a", "b", "c")]
+    assert hashed == ["b.jsonl"]
+    assert _current("2025-06-01", "b") == hashlib.sha256(b'{"prompt": "B"}\n').hexdigest()

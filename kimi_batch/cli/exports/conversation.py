@@ -5,7 +5,11 @@ digest's sha256, and the text is the one of a known digest file with that sha (t
 `KIMI_BATCH_DIGEST`, plus any `--system FILE`). A row of an unknown digest is refused (a trainer
 fed another system text than the teacher's learns another mapping), unless `--no-system`.
 
-The user side is rebuilt as `tasks/distill.py` built the request: a seed's own messages (its
+The user side is rebuilt from the input version the answer was made from (its
+`input_sha256`): the seeds table's rows when they are of that version, else that version's
+landed snapshot read again (`InputVersions`: a file re-landed, its distillation not rebuilt
+yet); never another version's question (an answer whose version is gone fails the export,
+naming it). It is rebuilt as `tasks/distill.py` built the request: a seed's own messages (its
 instructions already folded into the first user turn), or, for a variant, one user turn of the
 seed's instructions folded in front of the variant's prompt (`engine.fold_instructions`). The
 row's `prompt` alone would lose the instructions block and a seed's earlier turns.
@@ -18,7 +22,7 @@ from the batch's landed input).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,14 +31,17 @@ from kimi_batch.engine import SystemDigest, fold_instructions
 from kimi_batch.errors import ConfigError, MissingInputError
 from kimi_batch.llama import TokenLogprob
 from kimi_batch.settings import Settings
-from kimi_batch.storage import ApiStore, batch_lines
-from kimi_batch.tasks.rows import DistilledRow, SeedRow
+from kimi_batch.storage import ApiStore, Landing, StorageError, batch_lines
+from kimi_batch.tasks.inputs import SeedPrompt
+from kimi_batch.tasks.reader import iter_inbox_rows
+from kimi_batch.tasks.rows import DistilledRow
 
 __all__ = [
     "Asked",
     "BuildExamples",
     "ChatTurn",
     "ExportExample",
+    "InputVersions",
     "SystemTexts",
     "batch_asked",
     "example_builder",
@@ -162,37 +169,106 @@ def batch_asked(settings: Settings, batch_id: str) -> Asked:
     )
 
 
-def _user_side(
-    answer: DistilledRow, seed: SeedRow | None, where: str, asked: Mapping[str, list[ChatTurn]]
-) -> list[ChatTurn]:
-    if answer.seed_id in asked:
-        return asked[answer.seed_id]
-    if seed is None:
-        raise MissingInputError(
-            f"answer {answer.request_id} ({where}) has no seed {answer.seed_id!r} in the seeds "
-            "table: its partition is stale or its seeds were removed; rebuild the partition"
+class _Seed(BaseModel):
+    """What an answer's user side is rebuilt from: a seed's messages and its instructions."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    messages: list[ChatTurn]
+    instructions: str | None
+
+
+class InputVersions:
+    """The seeds of the landed input versions answers were made from, read from their
+    snapshots: a partition whose file was re-landed and whose distillation is not rebuilt yet
+    has seeds of the new version and answers of the old one (one partition's at a time)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._partition: tuple[str, str] | None = None
+        self._seeds: dict[str, dict[str, _Seed] | None] = {}
+
+    def seed(self, ds: str, source: str, input_sha256: str, seed_id: str) -> _Seed | None:
+        """Seed `seed_id` of version `input_sha256` of the partition; None when that version
+        is not landed here or does not hold it."""
+        if self._partition != (ds, source):
+            self._partition, self._seeds = (ds, source), {}
+        if input_sha256 not in self._seeds:
+            self._seeds[input_sha256] = self._read(ds, source, input_sha256)
+        return (self._seeds[input_sha256] or {}).get(seed_id)
+
+    def _read(self, ds: str, source: str, input_sha256: str) -> dict[str, _Seed] | None:
+        with Landing(self._settings.paths) as landing:
+            try:
+                version = landing.version(ds, source, input_sha256)
+            except StorageError:
+                return None  # its snapshot is gone from every host
+        if version is None:
+            return None
+        # Read as the seeds stage read it (its inbox name), so rows without an id get the
+        # same content-hash ids.
+        rows = iter_inbox_rows(
+            version.path,
+            source_name=version.name,
+            max_input_bytes=self._settings.max_input_bytes,
         )
+        return {
+            row.input_id: _Seed(
+                messages=[ChatTurn(role=m.role, content=m.content) for m in row.messages],
+                instructions=row.instructions,
+            )
+            for row in rows
+            if isinstance(row, SeedPrompt)
+        }
+
+
+def _seed_of(answer: DistilledRow, rows: PartitionRows, versions: InputVersions | None) -> _Seed:
+    """The seed the answer was made from: the seeds table's when it is of the answer's input
+    version, else that version's (`versions`); MissingInputError when neither has it."""
+    seed = rows.seeds.get(answer.seed_id)
+    # An answer written before rows carried their input version ("") can only take the table's.
+    if seed is not None and answer.input_sha256 in (seed.input_sha256, ""):
+        turns = [ChatTurn(role=m.role, content=m.content) for m in seed.messages]
+        return _Seed(messages=turns, instructions=seed.instructions)
+    older = (
+        versions.seed(rows.ds, rows.source, answer.input_sha256, answer.seed_id)
+        if versions is not None
+        else None
+    )
+    if older is None:
+        raise MissingInputError(
+            f"answer {answer.request_id} (ds={rows.ds} source={rows.source}) has no seed "
+            f"{answer.seed_id!r} of its input version {answer.input_sha256[:12]} in the seeds "
+            "table or the landed snapshots: its seeds were removed; rebuild the partition"
+        )
+    return older
+
+
+def _user_side(answer: DistilledRow, seed: _Seed) -> list[ChatTurn]:
     if answer.origin == "seed":
-        return [ChatTurn(role=m.role, content=m.content) for m in seed.messages]
+        return seed.messages
     return [ChatTurn(role="user", content=fold_instructions(seed.instructions, answer.prompt))]
 
 
 def examples(
-    rows: PartitionRows, system: SystemTexts, asked: Asked | None = None
+    rows: PartitionRows,
+    system: SystemTexts,
+    asked: Asked | None = None,
+    versions: InputVersions | None = None,
 ) -> list[ExportExample]:
-    """Every answer of the partition as an example, in the table's order; `asked`: a Batch
-    API batch's requests (its answers have no seeds)."""
-    where = f"ds={rows.ds} source={rows.source}"
+    """Every answer of the partition as an example, in the table's order, its user side from
+    the input version it was made from (`versions`: the older ones' snapshots); `asked`: a
+    Batch API batch's requests (its answers have no seeds)."""
     if asked is not None:
         system = system.with_digests(asked.systems)
     turns_by_id = asked.turns if asked is not None else {}
     built: list[ExportExample] = []
     for answer in rows.answers:
-        turns = [
-            *system.turn(answer),
-            *_user_side(answer, rows.seeds.get(answer.seed_id), where, turns_by_id),
-            ChatTurn(role="assistant", content=answer.response),
-        ]
+        if answer.seed_id in turns_by_id:
+            user = turns_by_id[answer.seed_id]
+        else:
+            user = _user_side(answer, _seed_of(answer, rows, versions))
+        turns = [*system.turn(answer), *user, ChatTurn(role="assistant", content=answer.response)]
         built.append(
             ExportExample(
                 messages=turns,
@@ -211,10 +287,12 @@ BuildExamples = Callable[[PartitionRows], list[ExportExample]]
 
 
 def example_builder(settings: Settings, system: SystemTexts) -> BuildExamples:
-    """`examples` of each partition, a Batch API batch's with what its lines asked."""
+    """`examples` of each partition, a Batch API batch's with what its lines asked, older
+    input versions read from their snapshots."""
+    versions = InputVersions(settings)
 
     def build(rows: PartitionRows) -> list[ExportExample]:
         asked = batch_asked(settings, rows.source) if is_batch_source(rows.source) else None
-        return examples(rows, system, asked)
+        return examples(rows, system, asked, versions)
 
     return build

@@ -42,6 +42,7 @@ from kimi_batch.storage import (
     batch_lines,
     begin_batch,
     finish_batch,
+    iter_batch_lines,
 )
 from kimi_batch.tasks.api_batch import ApiBatchInputs, ApiBatchTask
 from kimi_batch.tasks.openai_batch import BatchLineError
@@ -49,6 +50,7 @@ from kimi_batch.tasks.openai_batch import BatchLineError
 __all__ = [
     "API_GROUP",
     "API_TRIGGER_TAG",
+    "MAX_FINISH_ATTEMPTS",
     "api_batch_responses",
     "finish_abandoned_batch",
 ]
@@ -56,6 +58,9 @@ __all__ = [
 API_GROUP = "api"
 # Set by the API batch sensor on the first run of a batch; a rerun by hand has no such tag.
 API_TRIGGER_TAG = "kimi_batch/api_batch"
+# Starts of an abandoned batch's finish before it ends without its files (each start that
+# never ended was a process killed while writing them).
+MAX_FINISH_ATTEMPTS = 3
 
 
 def finish_abandoned_batch(
@@ -64,26 +69,46 @@ def finish_abandoned_batch(
     """Finalize a batch whose run ended without doing it (its processes were killed, run
     monitoring failed it): `cancelled` when a cancel was asked (the API's, or a terminate from
     the UI), else `failed` with an error naming the run; the partial output and error files
-    come from the ledger either way."""
+    come from the ledger either way, streamed from the landed input. A finish that was begun
+    `MAX_FINISH_ATTEMPTS` times and never ended (its process killed each time) is not tried
+    again: the final status without files, an error saying why."""
     cancel_asked = (
         batch.status == BatchStatus.CANCELLING or run.status == dg.DagsterRunStatus.CANCELED
     )
     status = BatchStatus.CANCELLED if cancel_asked else BatchStatus.FAILED
+    attempts = store.count_finish_attempt(batch.id)
     if status == BatchStatus.FAILED:
         message = (
             f"the batch's run {run.run_id} ended {run.status.value} before the batch was "
             "finished; its answered requests are in the output file"
         )
-        batch = store.update_batch(
-            batch.id, errors=[*batch.errors, BatchLineError(code="run_failed", message=message)]
+        batch = _with_error(store, batch, BatchLineError(code="run_failed", message=message))
+    if attempts > MAX_FINISH_ATTEMPTS:
+        message = (
+            f"writing the output and error files stopped {attempts - 1} times (the process "
+            "ended, out of memory?); the answers are kept: a rerun of the batch writes them"
         )
+        batch = _with_error(store, batch, BatchLineError(code="finish_failed", message=message))
+        return _final_without_files(store, batch, status)
     try:
-        lines = batch_lines(settings, batch)
+        with Ledger(settings.paths.ledger_state) as ledger:
+            return finish_batch(store, ledger, batch.id, iter_batch_lines(settings, batch), status)
     except StorageError:
         # The landed input is gone or unreadable: the final status without files.
-        return store.update_batch(batch.id, status=status)
-    with Ledger(settings.paths.ledger_state) as ledger:
-        return finish_batch(store, ledger, batch.id, lines, status)
+        return _final_without_files(store, batch, status)
+
+
+def _final_without_files(store: ApiStore, batch: BatchRecord, status: BatchStatus) -> BatchRecord:
+    if status == BatchStatus.CANCELLED:
+        store.transition(batch.id, BatchStatus.CANCELLING)  # the only way into `cancelled`
+    return store.update_batch(batch.id, status=status)
+
+
+def _with_error(store: ApiStore, batch: BatchRecord, error: BatchLineError) -> BatchRecord:
+    """`error` added to the batch's errors once (a retried finish does not repeat it)."""
+    if error in batch.errors:
+        return batch
+    return store.update_batch(batch.id, errors=[*batch.errors, error])
 
 
 def _cancelled_message(done: BatchRecord) -> str:
