@@ -214,3 +214,13 @@ def test_a_validation_interrupted_too_often_fails_the_batch(settings: Settings) 
         assert failed.status == BatchStatus.FAILED
         [error] = failed.errors
         assert error.code == "validation_interrupted"
+
+
+def test_a_batch_whose_run_the_api_started_gets_no_second_run(settings: Settings) -> None:
+    """`kimi-batch api` started its run (no daemon then): a daemon starting later leaves it."""
+    with dg.instance_for_test() as instance, ApiStore(settings.paths) as store:
+        started = _batch(store, settings, land=True)
+        waiting = _batch(store, settings, land=True)
+        _run(instance, dg.DagsterRunStatus.STARTED, {API_TRIGGER_TAG: started.id})
+        requests = _tick(instance).run_requests or []
+        assert [request.partition_key for request in requests] == [waiting.id]

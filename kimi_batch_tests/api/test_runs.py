@@ -1,0 +1,117 @@
+"""Who runs the API's batches: the daemon when one serves the instance, else `kimi-batch api`."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from dagster._daemon.types import DaemonHeartbeat
+
+from kimi_batch.api.runs import (
+    LAUNCHED_BY_TAG,
+    NO_RUNNER_CODE,
+    SENSOR_DAEMON,
+    BatchRuns,
+    RunMode,
+)
+from kimi_batch.api.server import runner_text
+from kimi_batch.defs.assets.api_batch import API_TRIGGER_TAG
+from kimi_batch.settings import Settings
+from kimi_batch.storage import ApiStore, BatchRecord, BatchStatus, validate_batch
+from kimi_batch_tests.support.postgres import StateBackend
+
+RUN_TIMEOUT_S = 240.0
+
+
+@pytest.fixture
+def settings(
+    state_backend: StateBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Settings:
+    state_backend.apply(monkeypatch)
+    home = tmp_path / "dagster"
+    home.mkdir()
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    return Settings.from_env()
+
+
+def _landed(settings: Settings, store: ApiStore) -> BatchRecord:
+    line = {
+        "custom_id": "a",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"messages": [{"role": "user", "content": "Hi."}]},
+    }
+    batch = store.add_upload_batch(json.dumps(line).encode() + b"\n")
+    return validate_batch(settings, store, batch)
+
+
+def _beat(instance: dg.DagsterInstance, at: float) -> None:
+    instance.add_daemon_heartbeat(
+        DaemonHeartbeat(timestamp=at, daemon_type=SENSOR_DAEMON, daemon_id="d", errors=[])
+    )
+
+
+def test_a_fresh_sensor_heartbeat_leaves_the_batches_to_the_daemon(settings: Settings) -> None:
+    runs = BatchRuns(settings)
+    home = str(runs.instance.root_directory)
+    assert runs.mode() is RunMode.OWN
+    assert "this process runs the batches" in runner_text(runs.mode(), home)
+    assert BatchRuns(settings, launch=False).mode() is RunMode.NONE
+    _beat(runs.instance, time.time() - 200)  # a daemon stopped minutes ago serves nothing
+    assert runs.mode() is RunMode.OWN
+    _beat(runs.instance, time.time())
+    with ApiStore(settings.paths) as store:
+        _landed(settings, store)
+    assert runs.tick() is RunMode.DAEMON
+    assert "Dagster daemon serving" in runner_text(RunMode.DAEMON, home)
+    assert not runs.instance.get_runs()  # the daemon's sensor starts it, not this process
+
+
+def test_with_nobody_to_run_it_a_batch_says_why_after_a_minute(settings: Settings) -> None:
+    runs = BatchRuns(settings, launch=False)
+    with ApiStore(settings.paths) as store:
+        fresh = _landed(settings, store)
+        old = _landed(settings, store)
+        store.update_batch(old.id, created_at=int(time.time()) - 61)
+    assert runs.tick() is RunMode.NONE
+    runs.tick()  # said once
+    with ApiStore(settings.paths) as store:
+        waited, young = store.batch(old.id), store.batch(fresh.id)
+    assert waited is not None
+    assert young is not None
+    assert [error.code for error in waited.errors] == [NO_RUNNER_CODE]
+    assert "no Dagster daemon" in waited.errors[0].message
+    assert "--no-launch" in waited.errors[0].message
+    assert waited.status is BatchStatus.VALIDATING
+    assert not young.errors
+
+
+def test_without_a_daemon_a_cancel_completes_through_a_run_started_here(
+    settings: Settings,
+) -> None:
+    """A batch cancelled before its run: the API starts the run itself, which ends it."""
+    runs = BatchRuns(settings)
+    with ApiStore(settings.paths) as store:
+        batch = _landed(settings, store)
+        store.update_batch(batch.id, status=BatchStatus.CANCELLING)
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    record = batch
+    while time.monotonic() < deadline:
+        assert runs.tick() is RunMode.OWN
+        with ApiStore(settings.paths) as store:
+            record = store.batch(batch.id) or batch
+        if record.terminal and all(run.is_finished for run in runs.instance.get_runs()):
+            break
+        time.sleep(1)
+    assert record.status is BatchStatus.CANCELLED
+    [run] = runs.instance.get_runs()
+    assert run.job_name == "api_batch_job"
+    assert run.status is dg.DagsterRunStatus.CANCELED  # as with the daemon: the run ends cancelled
+    assert run.tags["dagster/partition"] == batch.id
+    assert run.tags[API_TRIGGER_TAG] == batch.id
+    assert run.tags[LAUNCHED_BY_TAG] == "kimi-batch api"
+    runs.tick()  # the batch is final: no second run
+    assert len(runs.instance.get_runs()) == 1
