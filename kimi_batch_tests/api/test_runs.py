@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import dagster as dg
+import httpx
 import pytest
 from dagster._daemon.types import DaemonHeartbeat
+from openai import OpenAI
 
 from kimi_batch.api.runs import (
     LAUNCHED_BY_TAG,
@@ -21,9 +29,13 @@ from kimi_batch.api.server import runner_text
 from kimi_batch.defs.assets.api_batch import API_TRIGGER_TAG
 from kimi_batch.settings import Settings
 from kimi_batch.storage import ApiStore, BatchRecord, BatchStatus, validate_batch
+from kimi_batch_tests.support.batches import chat_line, jsonl
+from kimi_batch_tests.support.llama_server import LlamaEnv
+from kimi_batch_tests.support.ports import free_port
 from kimi_batch_tests.support.postgres import StateBackend
 
 RUN_TIMEOUT_S = 240.0
+BATCH_TIMEOUT_S = 600.0
 
 
 @pytest.fixture
@@ -115,3 +127,72 @@ def test_without_a_daemon_a_cancel_completes_through_a_run_started_here(
     assert run.tags[LAUNCHED_BY_TAG] == "kimi-batch api"
     runs.tick()  # the batch is final: no second run
     assert len(runs.instance.get_runs()) == 1
+
+
+@contextmanager
+def _api_command(env: dict[str, str], log: Path) -> Iterator[str]:
+    """`kimi-batch api` as a user starts it, on a free port: its base URL while the block runs."""
+    port = free_port()
+    argv = [sys.executable, "-m", "kimi_batch.cli", "api", "--port", str(port)]
+    with log.open("w") as sink:
+        process = subprocess.Popen(argv, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, log.read_text()
+            try:
+                httpx.get(f"{url}/files", timeout=2)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.2)
+        yield url
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.slow
+def test_the_readmes_ten_lines_complete_a_batch_with_no_daemon(
+    llama_env: LlamaEnv, tmp_path: Path
+) -> None:
+    """Only the resident server (`kimi-batch server start`) and `kimi-batch api`: no Dagster
+    daemon, no DAGSTER_HOME. The README's lines, with the official client, get their answers."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "KIMI_BATCH_API_KEY")}
+    requests = tmp_path / "requests.jsonl"
+    requests.write_bytes(jsonl(chat_line("a", "Name a color."), chat_line("b", "Say hi.")))
+    log = tmp_path / "api.log"
+    with _api_command(env, log) as url:
+        key = (llama_env.home / "api" / "key").read_text().strip()
+        # The README's lines.
+        client = OpenAI(base_url=url, api_key=key)
+        upload = client.files.create(file=requests.open("rb"), purpose="batch")
+        batch = client.batches.create(
+            input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        deadline = time.monotonic() + BATCH_TIMEOUT_S
+        while batch.status not in ("completed", "failed", "cancelled", "expired"):
+            assert time.monotonic() < deadline, (
+                f"{batch.id} still {batch.status}: {log.read_text()}"
+            )
+            time.sleep(0.5)
+            batch = client.batches.retrieve(batch.id)
+        assert batch.status == "completed", batch
+        assert batch.output_file_id is not None
+        lines = [
+            json.loads(line)
+            for line in client.files.content(batch.output_file_id).text.splitlines()
+        ]
+    assert sorted(line["custom_id"] for line in lines) == ["a", "b"]
+    assert all(line["response"]["status_code"] == 200 for line in lines)
+    assert "this process runs the batches itself" in log.read_text()
+    with dg.DagsterInstance.from_config(str(llama_env.home / "dagster")) as instance:
+        [run] = instance.get_runs(filters=dg.RunsFilter(tags={API_TRIGGER_TAG: batch.id}))
+        assert run.status is dg.DagsterRunStatus.SUCCESS
+        assert run.tags[LAUNCHED_BY_TAG] == "kimi-batch api"
+        assert run.tags["dagster/partition"] == batch.id
