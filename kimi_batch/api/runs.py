@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from enum import StrEnum
+from pathlib import Path
 
 import dagster as dg
 
@@ -34,6 +35,7 @@ from kimi_batch.tasks.openai_batch import BatchLineError
 
 __all__ = [
     "LAUNCHED_BY_TAG",
+    "LAUNCH_FAILED_CODE",
     "NO_RUNNER_CODE",
     "BatchRuns",
     "RunMode",
@@ -51,6 +53,10 @@ SENSOR_DAEMON = "SENSOR"
 # A batch waiting this long for a run with nobody to start one gets an error entry.
 WAIT_BEFORE_ERROR_S = 60.0
 NO_RUNNER_CODE = "no_run_launcher"
+# A batch whose run could not even be created this many times (the child died before it) fails to
+# start here: it gets an error entry and waits for a daemon, instead of a start every tick.
+MAX_LAUNCHES = 3
+LAUNCH_FAILED_CODE = "run_launch_failed"
 # On the runs this process starts: who started them (the UI shows the tag).
 LAUNCHED_BY_TAG = "kimi_batch/launched_by"
 
@@ -99,6 +105,7 @@ class BatchRuns:
         self.launch = launch
         self.instance = demo_instance(settings)
         self._child: tuple[str, subprocess.Popen[bytes]] | None = None
+        self._launches: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="batch-runs", daemon=True)
 
@@ -132,8 +139,13 @@ class BatchRuns:
         waiting = batches_needing_runs(self.settings, self.instance, _log)
         if mode is RunMode.NONE:
             self._flag_unserved(waiting)
-        elif waiting:
-            self._start(waiting[0])
+            return mode
+        startable = [b for b in waiting if self._launches.get(b.id, 0) < MAX_LAUNCHES]
+        if startable:
+            self._start(startable[0])
+        for batch in waiting:
+            if self._launches.get(batch.id, 0) >= MAX_LAUNCHES:
+                self._flag(batch, _launch_failed_error(self))
         return mode
 
     def _running(self) -> bool:
@@ -151,20 +163,33 @@ class BatchRuns:
             self.instance.add_dynamic_partitions(api_batch_partitions.name or "", new)
         env = {**os.environ, "DAGSTER_HOME": str(self.instance.root_directory)}
         code = f"from kimi_batch.api.runs import execute_batch_run; execute_batch_run({batch.id!r})"
-        # Its own session: a Ctrl-C of the API does not stop a run halfway.
-        process = subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True)
+        # The run's own log is in the instance; this file keeps what a child that died before
+        # creating its run printed. Its own session: a Ctrl-C of the API does not stop a run.
+        log = Path(self.instance.root_directory) / "kimi-batch-api-runs.log"
+        with log.open("ab") as sink:
+            process = subprocess.Popen(
+                [sys.executable, "-c", code],
+                env=env,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self._child = (batch.id, process)
+        self._launches[batch.id] = self._launches.get(batch.id, 0) + 1
         _log.warning(f"{batch.id}: no Dagster daemon; its run started here (pid {process.pid})")
 
     def _flag_unserved(self, waiting: list[BatchRecord]) -> None:
         now = time.time()
+        for batch in waiting:
+            if now - batch.created_at >= WAIT_BEFORE_ERROR_S:
+                self._flag(batch, _no_runner_error(self))
+
+    def _flag(self, batch: BatchRecord, error: BatchLineError) -> None:
+        """Add `error` to the batch's errors, once."""
+        if any(known.code == error.code for known in batch.errors):
+            return
         with ApiStore(self.settings.paths) as store:
-            for batch in waiting:
-                if now - batch.created_at < WAIT_BEFORE_ERROR_S:
-                    continue
-                if any(error.code == NO_RUNNER_CODE for error in batch.errors):
-                    continue
-                store.update_batch(batch.id, errors=[*batch.errors, _no_runner_error(self)])
+            store.update_batch(batch.id, errors=[*batch.errors, error])
 
 
 def _no_runner_error(runs: BatchRuns) -> BatchLineError:
@@ -175,5 +200,16 @@ def _no_runner_error(runs: BatchRuns) -> BatchLineError:
             f"{runs.instance.root_directory} and kimi-batch api was started with --no-launch; "
             "start one (make dev, or dagster-daemon run -w workspace.yaml with that DAGSTER_HOME) "
             "or restart kimi-batch api without --no-launch"
+        ),
+    )
+
+
+def _launch_failed_error(runs: BatchRuns) -> BatchLineError:
+    log = Path(runs.instance.root_directory) / "kimi-batch-api-runs.log"
+    return BatchLineError(
+        code=LAUNCH_FAILED_CODE,
+        message=(
+            f"its run failed to start {MAX_LAUNCHES} times (see {log}); it waits for a Dagster "
+            "daemon (make dev) or a restart of kimi-batch api"
         ),
     )

@@ -19,6 +19,7 @@ from dagster._daemon.types import DaemonHeartbeat
 from openai import OpenAI
 
 from kimi_batch.api.runs import (
+    LAUNCH_FAILED_CODE,
     LAUNCHED_BY_TAG,
     NO_RUNNER_CODE,
     SENSOR_DAEMON,
@@ -127,6 +128,31 @@ def test_without_a_daemon_a_cancel_completes_through_a_run_started_here(
     assert run.tags[LAUNCHED_BY_TAG] == "kimi-batch api"
     runs.tick()  # the batch is final: no second run
     assert len(runs.instance.get_runs()) == 1
+
+
+def test_a_run_that_cannot_start_is_tried_three_times_then_said(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child that dies before creating its run (here: no Python at all) is not restarted
+    every tick for ever: after three tries the batch's errors say so."""
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    runs = BatchRuns(settings)
+    with ApiStore(settings.paths) as store:
+        batch = _landed(settings, store)
+    deadline = time.monotonic() + 60
+    record = batch
+    while not record.errors:
+        assert time.monotonic() < deadline
+        runs.tick()
+        time.sleep(0.2)
+        with ApiStore(settings.paths) as store:
+            record = store.batch(batch.id) or batch
+    assert [error.code for error in record.errors] == [LAUNCH_FAILED_CODE]
+    assert "failed to start 3 times" in record.errors[0].message
+    assert record.status is BatchStatus.VALIDATING  # a daemon may still run it
+    assert not runs.instance.get_runs()
+    log = Path(str(runs.instance.root_directory)) / "kimi-batch-api-runs.log"
+    assert log.exists()
 
 
 @contextmanager
