@@ -6,6 +6,10 @@ never starts a second run for a key it has seen, so a batch runs once by itself 
 materialization by hand, which sends only what the ledger lacks). A batch cancelled before its
 run started gets its run too (the same key): the run sees the cancel and finishes it at once.
 
+With no daemon serving the instance, `kimi-batch api` does this same work itself
+(`kimi_batch/api/runs.py`) through `batches_needing_runs`, the one place that decides which batch
+needs a run; a batch with a run already requested by either is never asked for again.
+
 Unlike the inbox sensor it starts RUNNING: it acts only on batches someone created through the
 API in this state dir, and a batch that waits for someone to switch a sensor on is a bug to the
 client polling it. KIMI_BATCH_API_SENSOR_INTERVAL (seconds, default 2) is its tick.
