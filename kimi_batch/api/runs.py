@@ -25,6 +25,7 @@ from pathlib import Path
 import dagster as dg
 
 from kimi_batch.cli.demo import demo_instance
+from kimi_batch.crash_points import crash_point
 from kimi_batch.defs.api_sensor import batches_needing_runs, missing_batch_partitions
 from kimi_batch.defs.assets.api_batch import API_TRIGGER_TAG
 from kimi_batch.defs.jobs import API_BATCH_JOB_NAME
@@ -190,6 +191,7 @@ class BatchRuns:
             return
         with ApiStore(self.settings.paths) as store:
             store.update_batch(batch.id, errors=[*batch.errors, error])
+        crash_point("api.run_wait_flagged")
 
 
 def _no_runner_error(runs: BatchRuns) -> BatchLineError:
