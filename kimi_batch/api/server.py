@@ -18,10 +18,19 @@ import uvicorn
 from kimi_batch.api.app import create_app
 from kimi_batch.api.guard import ApiAccess
 from kimi_batch.api.keyfile import load_or_create_key
+from kimi_batch.api.runs import BatchRuns, RunMode
 from kimi_batch.errors import ConfigError
 from kimi_batch.settings import Settings
 
-__all__ = ["DEFAULT_HOST", "base_url", "is_loopback", "resolve_access", "serve", "startup_text"]
+__all__ = [
+    "DEFAULT_HOST",
+    "base_url",
+    "is_loopback",
+    "resolve_access",
+    "runner_text",
+    "serve",
+    "startup_text",
+]
 
 DEFAULT_HOST = "127.0.0.1"
 
@@ -77,16 +86,40 @@ def startup_text(access: ApiAccess, url: str) -> str:
     return "\n".join(lines)
 
 
+def runner_text(mode: RunMode, dagster_home: str) -> str:
+    """The banner's line on who runs the batches (checked again every tick: a daemon started
+    later takes over, one stopped hands back)."""
+    if mode is RunMode.DAEMON:
+        return f"Batches are run by the Dagster daemon serving {dagster_home}."
+    if mode is RunMode.OWN:
+        return (
+            f"No Dagster daemon serves {dagster_home}: this process runs the batches itself "
+            "(each one a run of api_batch_job there, shown by `make dev`'s UI)."
+        )
+    return (
+        f"kimi-batch: warning: no Dagster daemon serves {dagster_home} and --no-launch is set: "
+        "batches wait until one starts (make dev)"
+    )
+
+
 def serve(
     settings: Settings,
     *,
     host: str = DEFAULT_HOST,
     port: int | None = None,
     no_auth: bool = False,
+    launch: bool = True,
     out: TextIO = sys.stderr,
 ) -> None:
-    """Run the API until interrupted."""
+    """Run the API until interrupted, starting the batches' runs when no daemon does."""
     access = resolve_access(settings, host=host, no_auth=no_auth)
     port = port or settings.api_port
+    runs = BatchRuns(settings, launch=launch)
+    home = str(runs.instance.root_directory)
     print(startup_text(access, base_url(host, port)), file=out, flush=True)
-    uvicorn.run(create_app(settings, access), host=host, port=port, log_level="warning")
+    print(runner_text(runs.mode(), home), file=out, flush=True)
+    runs.start()
+    try:
+        uvicorn.run(create_app(settings, access), host=host, port=port, log_level="warning")
+    finally:
+        runs.stop()

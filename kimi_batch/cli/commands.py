@@ -205,7 +205,7 @@ def _add_export(commands: argparse._SubParsersAction[_Parser]) -> None:
 def _api(args: argparse.Namespace, settings: Settings) -> int:
     from kimi_batch.api import serve
 
-    serve(settings, host=args.host, port=args.port, no_auth=args.no_auth)
+    serve(settings, host=args.host, port=args.port, no_auth=args.no_auth, launch=not args.no_launch)
     return 0
 
 
@@ -323,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve OpenAI's Batch API (files and batches) over the pipeline: code "
         "written for OpenAI's batches runs unchanged, and each batch is run and kept like any "
         "input. Every request needs the key: KIMI_BATCH_API_KEY, or the one created at the "
-        "first start (its file is printed).",
+        "first start (its file is printed). With no Dagster daemon serving the instance "
+        "(DAGSTER_HOME, else the state directory's), it runs the batches itself.",
     )
     api.add_argument(
         "--host",
@@ -337,6 +338,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-auth",
         action="store_true",
         help="serve without a key (loopback only): every local user can then read every batch",
+    )
+    api.add_argument(
+        "--no-launch",
+        action="store_true",
+        help="never run batches here: leave them to a Dagster daemon (make dev, a deployment)",
     )
     api.set_defaults(func=_api)
 

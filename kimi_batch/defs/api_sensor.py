@@ -6,6 +6,10 @@ never starts a second run for a key it has seen, so a batch runs once by itself 
 materialization by hand, which sends only what the ledger lacks). A batch cancelled before its
 run started gets its run too (the same key): the run sees the cancel and finishes it at once.
 
+With no daemon serving the instance, `kimi-batch api` does this same work itself
+(`kimi_batch/api/runs.py`) through `batches_needing_runs`, the one place that decides which batch
+needs a run; a batch with a run already requested by either is never asked for again.
+
 Unlike the inbox sensor it starts RUNNING: it acts only on batches someone created through the
 API in this state dir, and a batch that waits for someone to switch a sensor on is a bug to the
 client polling it. KIMI_BATCH_API_SENSOR_INTERVAL (seconds, default 2) is its tick.
@@ -23,6 +27,8 @@ names the run) or `cancelled` (a cancel was asked), with its partial output and 
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import dagster as dg
 
 from kimi_batch.defs.assets.api_batch import API_TRIGGER_TAG, finish_abandoned_batch
@@ -38,7 +44,13 @@ from kimi_batch.storage import (
     validate_batch,
 )
 
-__all__ = ["build_api_batch_sensor", "defs"]
+__all__ = [
+    "batches_needing_runs",
+    "build_api_batch_sensor",
+    "defs",
+    "missing_batch_partitions",
+    "run_of",
+]
 
 # Statuses a batch holds while a run is (or should be) working on it.
 _UNFINISHED = (
@@ -52,7 +64,13 @@ _RUN_ENDED = (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
 _WILL_RETRY_TAG = "dagster/will_retry"
 
 
-def _run_of(instance: dg.DagsterInstance, batch: BatchRecord) -> dg.DagsterRun | None:
+class _Log(Protocol):
+    """Where a warning goes: the sensor's log, or the API process's logger."""
+
+    def warning(self, msg: str) -> None: ...
+
+
+def run_of(instance: dg.DagsterInstance, batch: BatchRecord) -> dg.DagsterRun | None:
     """The run answering the batch: the one that took it up, else the newest requested for it."""
     if batch.run_id is not None:
         return instance.get_run_by_id(batch.run_id)
@@ -61,21 +79,56 @@ def _run_of(instance: dg.DagsterInstance, batch: BatchRecord) -> dg.DagsterRun |
 
 
 def _finish_abandoned(
-    context: dg.SensorEvaluationContext, settings: Settings, store: ApiStore
+    instance: dg.DagsterInstance, log: _Log, settings: Settings, store: ApiStore
 ) -> None:
     """Finalize each unfinished batch whose run has ended (see the module)."""
     for status in _UNFINISHED:
         for batch in store.batches(status=status):
-            run = _run_of(context.instance, batch)
+            run = run_of(instance, batch)
             if run is None or run.status not in _RUN_ENDED:
                 continue
             if run.tags.get(_WILL_RETRY_TAG) == "true":
                 continue  # its retry takes the batch up again
             done = finish_abandoned_batch(settings, store, batch, run)
-            context.log.warning(
+            log.warning(
                 f"{batch.id}: its run {run.run_id} ended {run.status.value} with the batch "
                 f"{batch.status.value}; the batch is now {done.status.value}"
             )
+
+
+def batches_needing_runs(
+    settings: Settings, instance: dg.DagsterInstance, log: _Log
+) -> list[BatchRecord]:
+    """The one place that decides which batch needs a run, for the sensor and for `kimi-batch
+    api`'s own launcher alike: what a killed process left is taken up, batches whose run ended are
+    finalized, and the validated (or cancelled) batches with no run yet are returned."""
+    if not ApiStore.exists(settings.paths):
+        return []
+    with ApiStore(settings.paths) as store:
+        resumed = resume_abandoned(
+            settings, store, validate=lambda batch: validate_batch(settings, store, batch)
+        )
+        for batch_id in resumed:
+            log.warning(
+                f"{batch_id}: the process validating it stopped; validated again or finished here"
+            )
+        _finish_abandoned(instance, log, settings, store)
+        # A batch with a run requested (queued, or launched by the other launcher) has its run:
+        # whichever of the daemon and the API asks first, the other never asks again.
+        return [
+            batch
+            for status in (BatchStatus.VALIDATING, BatchStatus.CANCELLING)
+            for batch in store.batches(status=status)
+            if batch.input_sha256 is not None
+            and batch.run_id is None
+            and run_of(instance, batch) is None
+        ]
+
+
+def missing_batch_partitions(instance: dg.DagsterInstance, batches: list[BatchRecord]) -> list[str]:
+    """The `api_batch` partitions of `batches` the instance lacks (to be added with the runs)."""
+    known = set(instance.get_dynamic_partitions(api_batch_partitions.name or ""))
+    return [batch.id for batch in batches if batch.id not in known]
 
 
 def build_api_batch_sensor(settings: Settings) -> dg.SensorDefinition:
@@ -95,26 +148,10 @@ def build_api_batch_sensor(settings: Settings) -> dg.SensorDefinition:
         """Request a run for each validated Batch API batch that has none yet."""
         if not ApiStore.exists(settings.paths):
             return dg.SensorResult(skip_reason=dg.SkipReason("no Batch API batches yet"))
-        with ApiStore(settings.paths) as store:
-            resumed = resume_abandoned(
-                settings, store, validate=lambda batch: validate_batch(settings, store, batch)
-            )
-            for batch_id in resumed:
-                context.log.warning(
-                    f"{batch_id}: the process validating it stopped; validated again or "
-                    "finished here"
-                )
-            _finish_abandoned(context, settings, store)
-            waiting = [
-                batch
-                for status in (BatchStatus.VALIDATING, BatchStatus.CANCELLING)
-                for batch in store.batches(status=status)
-                if batch.input_sha256 is not None and batch.run_id is None
-            ]
-        known = set(context.instance.get_dynamic_partitions(api_batch_partitions.name or ""))
-        new = [batch.id for batch in waiting if batch.id not in known]
+        waiting = batches_needing_runs(settings, context.instance, context.log)
         if not waiting:
             return dg.SensorResult(skip_reason=dg.SkipReason("no batch waiting for a run"))
+        new = missing_batch_partitions(context.instance, waiting)
         return dg.SensorResult(
             run_requests=[
                 dg.RunRequest(

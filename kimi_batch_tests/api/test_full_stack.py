@@ -23,6 +23,7 @@ import pytest
 from openai.types import Batch
 from openai.types.chat import ChatCompletion
 
+from kimi_batch.api.runs import LAUNCHED_BY_TAG, BatchRuns, RunMode
 from kimi_batch.defs.assets.context import LLAMA_POOL
 from kimi_batch.settings import Settings
 from kimi_batch.storage import ApiStore, TrinoConfig, TrinoPublisher, Warehouse
@@ -39,6 +40,7 @@ pytestmark = pytest.mark.slow
 KEY = "sk-full-stack"
 SCHEMA = "api_batches"
 BATCH_TIMEOUT_S = 900.0
+DAEMON_BEAT_TIMEOUT_S = 180.0
 # Generous: a correctness bound (the slots do go idle), not a speed target; the measured
 # seconds are printed (streamed requests: cancel 1.2 s, terminate 1.0 s; kill 12.2 s here). The
 # batch's one logprobs request is sent whole, and this llama-server runs a non-streamed request
@@ -65,6 +67,7 @@ class Stack:
     warehouse: Warehouse
     trino: TrinoConfig
     llama: LlamaEnv
+    runs: BatchRuns
 
 
 @pytest.fixture(scope="module")
@@ -85,14 +88,20 @@ def stack(
             patch.setenv(name, value)
         settings = Settings.from_env()
         home = tmp_path_factory.mktemp("api_dagster")
-        with (
-            DagsterStack(
-                home, workspace=REPO_ROOT / "workspace.yaml", location="kimi_batch"
-            ) as dagster,
-            serving_api(settings) as base_url,
-        ):
-            client = openai.OpenAI(base_url=base_url, api_key=KEY, max_retries=0)
-            yield Stack(client, dagster.graphql, settings, warehouse, trino, llama_env)
+        with DagsterStack(
+            home, workspace=REPO_ROOT / "workspace.yaml", location="kimi_batch"
+        ) as dagster:
+            # The API's own launcher runs as `kimi-batch api` runs it, on the daemon's instance:
+            # it must leave every batch to the daemon.
+            patch.setenv("DAGSTER_HOME", str(home))
+            runs = BatchRuns(settings)
+            deadline = time.monotonic() + DAEMON_BEAT_TIMEOUT_S
+            while runs.mode() is not RunMode.DAEMON:
+                assert time.monotonic() < deadline, f"no daemon heartbeat: {dagster.logs()}"
+                time.sleep(1)
+            with serving_api(settings, runs=runs) as base_url:
+                client = openai.OpenAI(base_url=base_url, api_key=KEY, max_retries=0)
+                yield Stack(client, dagster.graphql, settings, warehouse, trino, llama_env, runs)
 
 
 def request(custom_id: str, content: str, *, system: str | None = None, **body: Any) -> str:
@@ -261,7 +270,13 @@ def test_a_batch_is_answered_as_submitted_and_lands_in_the_tables(stack: Stack) 
     assert record is not None
     assert record.ds
     assert record.run_id
-    assert stack.graphql.wait_run(record.run_id, 120)["status"] == "SUCCESS"
+    finished = stack.graphql.wait_run(record.run_id, 120)
+    assert finished["status"] == "SUCCESS"
+    # With a daemon serving the instance, its sensor started the run, not `kimi-batch api`.
+    tags = {tag["key"]: tag["value"] for tag in finished["tags"]}
+    assert tags["dagster/sensor_name"] == "api_batch_sensor"
+    assert LAUNCHED_BY_TAG not in tags
+    assert stack.runs.mode() is RunMode.DAEMON
     metadata = run_metadata(stack.graphql, record.run_id)
     assert metadata["cache_hit_ratio"] > 0
     assert metadata["generated"] == 8

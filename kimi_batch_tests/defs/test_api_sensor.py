@@ -297,3 +297,13 @@ def test_a_crash_after_counting_a_finish_attempt_is_finished_by_the_next_tick(
         done, [answered], [unanswered] = _after_a_tick(instance, settings, batch.id)
     assert done.status == BatchStatus.FAILED
     assert (answered["custom_id"], unanswered["custom_id"]) == ("a", "b")
+
+
+def test_a_batch_whose_run_the_api_started_gets_no_second_run(settings: Settings) -> None:
+    """`kimi-batch api` started its run (no daemon then): a daemon starting later leaves it."""
+    with dg.instance_for_test() as instance, ApiStore(settings.paths) as store:
+        started = _batch(store, settings, land=True)
+        waiting = _batch(store, settings, land=True)
+        _run(instance, dg.DagsterRunStatus.STARTED, {API_TRIGGER_TAG: started.id})
+        requests = _tick(instance).run_requests or []
+        assert [request.partition_key for request in requests] == [waiting.id]

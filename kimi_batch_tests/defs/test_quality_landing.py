@@ -129,6 +129,20 @@ def test_repeats_across_nights_and_a_contaminated_row_are_quarantined_naming_why
         name: getattr(value, "value", value) for name, value in (result.metadata or {}).items()
     }
     assert (metadata["rows"], metadata["quarantined"]) == (1, 3)
+    # Dagster's standard keys: the partition's rows, the whole table's (both nights), the file.
+    assert metadata["dagster/partition_row_count"] == 1
+    assert metadata["dagster/row_count"] == store.count("distilled") == 3
+    assert str(metadata["dagster/table_name"]).endswith(".distilled")
+    written = Path(str(metadata["dagster/uri"]))
+    assert written.is_file()
+    assert written.parent.parts[-3:] == ("distilled", "ds=2026-12-02", "source=south")
+    schema = metadata["dagster/column_schema"]
+    assert isinstance(schema, dg.TableSchema)
+    assert [column.name for column in schema.columns][-2:] == ["ds", "source"]
+    assert all(
+        check.metadata["dagster/table_name"].value == metadata["dagster/table_name"]
+        for check in result.check_results or ()
+    )
     assert (metadata["duplicates"], metadata["near_duplicates"]) == (1, 1)
     assert (metadata["contaminated"], metadata["contamination_rate"]) == (1, 0.25)
     checks = {check.check_name: check for check in result.check_results or ()}

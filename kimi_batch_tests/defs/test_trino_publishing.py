@@ -100,7 +100,7 @@ def test_counts_match_parquet_and_a_rerun_does_not_double_them(
         assert len(published) == 3  # seeds, amplified, distilled (each with its quarantine)
         assert all(check.passed for check in published)
         (materialization,) = first.asset_materializations_for_node("distilled_responses")
-        assert materialization.metadata["trino_table"].value == f"hive.{SCHEMA}.distilled"
+        assert materialization.metadata["dagster/table_name"].value == f"hive.{SCHEMA}.distilled"
         assert "SELECT" in str(materialization.metadata["query"].value)
 
         with TrinoPublisher(config) as trino:

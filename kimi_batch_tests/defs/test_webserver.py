@@ -35,6 +35,7 @@ from playwright.sync_api import Page, expect
 
 from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION
+from kimi_batch.storage import trino_columns
 from kimi_batch_tests.support.browser import chromium, dismiss_welcome, screenshot
 from kimi_batch_tests.support.dagster_stack import DagsterStack
 from kimi_batch_tests.support.llama_server import LlamaEnv
@@ -85,10 +86,10 @@ def write_inbox(llama_env: LlamaEnv, day: str, source: str, rows: list[dict[str,
 
 
 def metadata(materialization: dict[str, Any]) -> dict[str, Any]:
-    """Label → value of a materialization's int/float/text metadata entries."""
+    """Label → value of a materialization's int/float/text/table-schema metadata entries."""
     values: dict[str, Any] = {}
     for entry in materialization["metadataEntries"]:
-        for field in ("intValue", "floatValue", "text"):
+        for field in ("intValue", "floatValue", "text", "schema"):
             if field in entry:
                 values[entry["label"]] = entry[field]
     return values
@@ -161,6 +162,22 @@ def test_webserver_serves_the_graph_and_runs_a_partition(
         values = metadata(by_asset[key])
         assert values["completion_tokens"] > 0, (key, values)
         assert values["max_in_flight"] <= llama_env.slots, (key, values)
+    assert_standard_table_metadata(metadata(by_asset["distilled_responses"]), "distilled")
+    assert_standard_table_metadata(metadata(by_asset["seed_prompts"]), "seeds")
+
+
+def assert_standard_table_metadata(values: dict[str, Any], table: str) -> None:
+    """Dagster's own keys, as the catalog reads them: row counts, the column schema from the row
+    model, the Trino table and the file."""
+    assert values["dagster/partition_row_count"] == values["rows"] >= 1, values
+    assert values["dagster/row_count"] >= values["dagster/partition_row_count"], values
+    assert values["dagster/table_name"].endswith(f".{table}"), values
+    assert values["dagster/uri"].endswith(".parquet"), values
+    columns = {column["name"]: column for column in values["dagster/column_schema"]["columns"]}
+    expected = [name for name, _ in trino_columns(table)]
+    assert list(columns) == expected, columns
+    assert columns["input_sha256"]["type"] == "VARCHAR"
+    assert columns["ds"]["constraints"]["nullable"] is False
 
 
 # ---- through the browser -----------------------------------------------------------------------

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 import uvicorn
 
 from kimi_batch.api import ApiAccess, create_app
+from kimi_batch.api.runs import BatchRuns
 from kimi_batch.settings import Settings
 from kimi_batch_tests.support.ports import free_port
 
@@ -22,10 +23,13 @@ __all__ = ["serving_api"]
 
 
 @contextmanager
-def serving_api(settings: Settings, access: ApiAccess | None = None) -> Iterator[str]:
+def serving_api(
+    settings: Settings, access: ApiAccess | None = None, *, runs: BatchRuns | None = None
+) -> Iterator[str]:
     """The API's base URL (`http://127.0.0.1:PORT/v1`) while the block runs.
 
-    Without `access`, the key is the settings' `KIMI_BATCH_API_KEY` (which must be set).
+    Without `access`, the key is the settings' `KIMI_BATCH_API_KEY` (which must be set). With
+    `runs`, its launcher ticks while the block runs, as `kimi-batch api` does.
     """
     if access is None:
         if not settings.api_key:
@@ -47,8 +51,12 @@ def serving_api(settings: Settings, access: ApiAccess | None = None) -> Iterator
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("the Batch API did not start")
         time.sleep(0.05)
+    if runs is not None:
+        runs.start()
     try:
         yield f"http://127.0.0.1:{port}/v1"
     finally:
+        if runs is not None:
+            runs.stop()
         server.should_exit = True
         thread.join(timeout=10)

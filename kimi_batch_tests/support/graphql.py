@@ -32,6 +32,9 @@ query Run($runId: ID!) {
           ... on IntMetadataEntry { intValue }
           ... on FloatMetadataEntry { floatValue }
           ... on TextMetadataEntry { text }
+          ... on TableSchemaMetadataEntry {
+            schema { columns { name type constraints { nullable } } }
+          }
         }
       }
     }

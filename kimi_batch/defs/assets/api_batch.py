@@ -27,6 +27,7 @@ from kimi_batch.defs.assets.driver import (
 )
 from kimi_batch.defs.assets.landing import PublishNow, StagePlan
 from kimi_batch.defs.assets.lease import HeldPartition, partition_lease
+from kimi_batch.defs.metadata import ASSET_OWNERS
 from kimi_batch.defs.partitions import api_batch_partitions
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
@@ -237,6 +238,7 @@ def _finished(
     group_name=API_GROUP,
     pool=LLAMA_POOL,
     kinds={"parquet", "trino"},
+    owners=ASSET_OWNERS,
     check_specs=check_specs("api_batch_responses", api_batch_partitions),
 )
 def api_batch_responses(

@@ -18,6 +18,7 @@ from kimi_batch.defs.assets.publish import publish
 from kimi_batch.defs.assets.stage_asset import generation_asset
 from kimi_batch.defs.deployment import deployment_settings
 from kimi_batch.defs.interrupts import InterruptibleRunner, interruptible_runner
+from kimi_batch.defs.metadata import ASSET_OWNERS, on_table, table_metadata
 from kimi_batch.defs.partitions import build_batch_partitions, partition_parts
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
@@ -154,21 +155,49 @@ def land_seed_partition(
             if publish_now
             else []
         )
+    metadata = _seed_metadata(
+        written,
+        quarantined=len(set_aside),
+        resolved=resolved,
+        limit=limit,
+        store=store,
+        trino=trino,
+    )
     return dg.MaterializeResult(
         # The landed version is the data version: downstream partitions built from another one
         # are shown stale (Dagster's provenance), and `status`/the nightly read the full sha.
         data_version=dg.DataVersion(sha) if sha else None,
-        metadata={
-            "rows": written.rows,
-            "quarantined": len(set_aside),
-            "source_file": name,
-            "input_sha256": dg.MetadataValue.text(sha or "none"),
-            "read_from": "inbox" if resolved.from_inbox else "landed snapshot",
-            "prompt_token_limit": limit,
-            "path": dg.MetadataValue.path(written.location),
-        },
-        check_results=published,
+        metadata=metadata,
+        check_results=on_table(published, metadata),
     )
+
+
+def _seed_metadata(
+    written: PartitionWrite,
+    *,
+    quarantined: int,
+    resolved: ResolvedInput,
+    limit: int,
+    store: Warehouse,
+    trino: TrinoResource,
+) -> "dict[str, dg.RawMetadataValue]":
+    """What a seeds partition's materialization says: counts, its input, Dagster's table keys."""
+    sha = resolved.version.sha256 if resolved.version else None
+    return {
+        "rows": written.rows,
+        "quarantined": quarantined,
+        "source_file": resolved.assignment.name,
+        "input_sha256": dg.MetadataValue.text(sha or "none"),
+        "read_from": "inbox" if resolved.from_inbox else "landed snapshot",
+        "prompt_token_limit": limit,
+        **table_metadata(
+            "seeds",
+            table_name=trino.table_name("seeds"),
+            uri=written.location,
+            table_rows=store.count("seeds"),
+            partition_rows=written.rows,
+        ),
+    }
 
 
 def _write_seeds(
@@ -231,6 +260,7 @@ def build_batch_assets(
         # `llama.prepare()` may start the server and asks it to tokenize: a llama step too.
         pool=LLAMA_POOL,
         kinds={"parquet", "trino"},
+        owners=ASSET_OWNERS,
         # The ingest job lands the seeds first (defs/jobs.py selects by this tag).
         tags={INGEST_TAG: "true"},
         check_specs=check_specs(SEED_ASSET, partitions, ["published_to_trino"]),

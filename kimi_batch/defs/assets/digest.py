@@ -3,6 +3,7 @@
 import dagster as dg
 
 from kimi_batch.defs.interrupts import run_interruptibly
+from kimi_batch.defs.metadata import ASSET_OWNERS
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.engine import (
@@ -33,7 +34,13 @@ def _load(digest: DigestResource) -> SystemDigest:
 
 
 # `llama.prepare()` may start the server and tokenizes the digest there: in the llama pool.
-@dg.asset(group_name=DIGEST_GROUP, pool=LLAMA_POOL, kinds={"llamacpp"}, tags={"layer": "prompt"})
+@dg.asset(
+    group_name=DIGEST_GROUP,
+    pool=LLAMA_POOL,
+    kinds={"llamacpp"},
+    owners=ASSET_OWNERS,
+    tags={"layer": "prompt"},
+)
 def system_digest(digest: DigestResource, llama: LlamaServerResource) -> dg.MaterializeResult:
     """The byte-stable system prompt every request starts with, fingerprinted and linted."""
     loaded = _load(digest)
@@ -88,6 +95,7 @@ async def _warm(llama: LlamaServerResource, digest: SystemDigest) -> tuple[int, 
     deps=[system_digest],
     pool=LLAMA_POOL,
     kinds={"llamacpp"},
+    owners=ASSET_OWNERS,
     check_specs=[dg.AssetCheckSpec("every_slot_holds_digest", asset="digest_prefill")],
 )
 def digest_prefill(

@@ -34,7 +34,7 @@ from kimi_batch.defs.assets.lease import HeldPartition
 from kimi_batch.defs.assets.publish import publish, publish_tables
 from kimi_batch.defs.assets.quality import quality_checks, screening
 from kimi_batch.defs.check_states import PUBLISHED_CHECK
-from kimi_batch.defs.metadata import generation_figures, summary_table
+from kimi_batch.defs.metadata import generation_figures, on_table, summary_table, table_metadata
 from kimi_batch.defs.partition_states import INPUT_SHA_METADATA
 from kimi_batch.defs.partitions import split_partition_key
 from kimi_batch.defs.resources.trino import TrinoResource
@@ -130,8 +130,17 @@ def land_stage(
             publish(context, trino, store, [task.table, "quarantine"], ds, source, held.check)
         )
     metadata = stage_metadata(trino, written, quarantined, outcome, sink, screen)
+    metadata.update(
+        table_metadata(
+            task.table,
+            table_name=trino.table_name(task.table),
+            uri=written.location,
+            table_rows=store.count(task.table),
+            partition_rows=written.rows,
+        )
+    )
     metadata[INPUT_SHA_METADATA] = plan.input_sha  # what `status` and the nightly compare (stale)
-    return dg.MaterializeResult(metadata=metadata, check_results=checks)
+    return dg.MaterializeResult(metadata=metadata, check_results=on_table(checks, metadata))
 
 
 def consumed_input_sha(store: Warehouse, ds: str, source: str) -> str:
@@ -163,11 +172,10 @@ def stage_metadata(
         **generation_figures(outcome),
         **sink.metadata(),
         **(screen.metadata() if screen else {}),
-        "path": dg.MetadataValue.path(written.location),
     }
+    # The file and the Trino table are Dagster's `dagster/uri` and `dagster/table_name`.
     if trino.enabled:
         name = trino.table_name(written.table)
-        metadata["trino_table"] = name
         metadata["query"] = dg.MetadataValue.md(f"```sql\nSELECT * FROM {name} LIMIT 100\n```")
     metadata["summary"] = summary_table(metadata)
     return metadata

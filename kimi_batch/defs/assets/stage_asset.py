@@ -21,6 +21,7 @@ from kimi_batch.defs.assets.driver import GenerationResources, PipelineStage, ru
 from kimi_batch.defs.assets.landing import PublishNow
 from kimi_batch.defs.assets.lease import partition_lease
 from kimi_batch.defs.assets.window import stopped_at_window
+from kimi_batch.defs.metadata import ASSET_OWNERS
 from kimi_batch.defs.partitions import partition_parts
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
@@ -82,6 +83,7 @@ def generation_asset(
         group_name=BATCH_GROUP,
         pool=LLAMA_POOL,
         kinds={"parquet", "trino"},
+        owners=ASSET_OWNERS,
         check_specs=check_specs(name, partitions, checks),
         deps=list(deps),
         tags=dict(tags or {}),
