@@ -54,7 +54,8 @@ def test_asset_graph_reads_digest_then_seed_amplified_distilled(defs: dg.Definit
         "inbox_sensor",
         "api_batch_sensor",
         "run_failure_alert",
-        "distilled_freshness_alert",
+        "distilled_freshness_checks",
+        "morning_report",
         "trino_catch_up",
     }
 

@@ -1,25 +1,28 @@
-"""Morning alerts: nobody watches the night, so a failed run and an unfinished night are posted.
+"""Morning alerts: nobody watches the night, so a failed run and an overdue night are posted.
 
 - `run_failure_alert`: one message per failed run (what failed, which partition, or for the
   night's one `nightly_job` run the partitions it covered, rows done/total from the run's last
   progress line, where to look).
-- `distilled_by_night_end`: the freshness check of `distilled_responses`: every partition of the
-  day that just ended is distilled by the end of the nightly window (`KIMI_BATCH_NIGHT_ENDS`,
-  07:00 when unset, in the schedule's timezone). `distilled_freshness_alert` evaluates it once
-  per night after that deadline, records the result on the check (the UI shows it) and posts a
-  message when it fails. The check can also be executed from the UI at any time. A partition
-  whose latest `published_to_trino`, `truncation_rate` or `benchmark_contamination` check failed
-  fails it too, by name: those checks do not fail their run, so nothing else would tell the
-  morning. When the webhook does not take the message, the night's cursor is not advanced and
-  the next tick delivers it again.
+- Freshness is Dagster's own: `build_last_update_freshness_checks` puts a `freshness_check` on
+  `distilled_responses` (updated within the day before each end of the nightly window,
+  `KIMI_BATCH_NIGHT_ENDS`, 07:00 when unset, in the schedule's timezone), and
+  `build_sensor_for_freshness_checks` evaluates it once each deadline has passed. A night with
+  nothing to distill is not a missed one: the schedule records an observation then
+  (`schedules.report_idle_night`).
+- `morning_report` posts from that check's results, once per night: the first evaluation after a
+  night's deadline that failed, or that passed while partitions of that night are not distilled
+  or have a failed `published_to_trino` (Trino was down), `truncation_rate` or
+  `benchmark_contamination` check (those do not fail their run, so nothing else would tell the
+  morning). A message the webhook does not take is sent again on the next tick.
 
-Messages go to `KIMI_BATCH_ALERT_WEBHOOK` (Slack-compatible JSON). Both sensors start running when
+Messages go to `KIMI_BATCH_ALERT_WEBHOOK` (Slack-compatible JSON). The sensors start running when
 that variable is set and stopped otherwise; without a webhook they only record and log.
-
-No `from __future__ import annotations`: Dagster inspects the check's `context` annotation.
 """
 
 import logging
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime, time, timedelta
 
 import dagster as dg
@@ -44,20 +47,26 @@ from kimi_batch.storage import Landing
 __all__ = [
     "DEFAULT_NIGHT_ENDS",
     "FRESHNESS_CHECK",
-    "FreshnessReport",
+    "FRESHNESS_SENSOR",
+    "NightReport",
     "build_alerts",
+    "build_freshness_checks",
     "defs",
     "due_night",
-    "evaluate_freshness",
     "failure_message",
-    "stale_message",
+    "night_message",
+    "night_report",
 ]
 
 DEFAULT_NIGHT_ENDS = time(7, 0)
-FRESHNESS_CHECK = "distilled_by_night_end"
-# Partition keys a message lists (a nightly run's, a stale night's); the counts stay exact.
+# The name Dagster's freshness-check factory gives its check.
+FRESHNESS_CHECK = "freshness_check"
+FRESHNESS_SENSOR = "distilled_freshness_checks"
+# Partition keys a message lists (a nightly run's, an overdue night's); the counts stay exact.
 _LISTED = 10
 FRESHNESS_INTERVAL_S = 300
+# The night's update must fall within the day before its deadline: the night before's does not do.
+_NIGHT_SPAN = timedelta(hours=24)
 
 
 def _default_status(settings: Settings) -> dg.DefaultSensorStatus:
@@ -129,23 +138,47 @@ def _step_errors(context: dg.RunFailureSensorContext) -> list[str]:
     return errors
 
 
-# ---- freshness of distilled_responses -----------------------------------------------------------
+# ---- the night, from the freshness check's results ----------------------------------------------
 
 
-class FreshnessReport(BaseModel):
-    """Whether the partitions of night `ds` were distilled by `deadline`."""
+@contextmanager
+def _superseded_ok() -> Iterator[None]:
+    """Quiet the factories' SupersessionWarning: what supersedes them, `FreshnessPolicy`, is a
+    preview whose alerts are a hosted (Dagster+) feature; these are the open-source ones."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dg.SupersessionWarning)
+        yield
+
+
+def build_freshness_checks(settings: Settings) -> Sequence[dg.AssetChecksDefinition]:
+    """Dagster's freshness check of `distilled_responses`: updated by each night's end."""
+    ends = settings.night_ends or DEFAULT_NIGHT_ENDS
+    with _superseded_ok():
+        return dg.build_last_update_freshness_checks(
+            assets=[DISTILLED_RESPONSES],
+            lower_bound_delta=_NIGHT_SPAN,
+            deadline_cron=f"{ends.minute} {ends.hour} * * *",
+            timezone=settings.timezone,
+            severity=dg.AssetCheckSeverity.WARN,
+        )
+
+
+class NightReport(BaseModel):
+    """Night `ds` at its deadline: the freshness check's verdict, what is not done or failed."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     ds: str
     deadline: datetime
+    fresh: bool
+    freshness: str
     expected: list[str]
     stale: list[PartitionRecord]
     failed_checks: list[FailedCheck] = []
 
     @property
     def passed(self) -> bool:
-        return not self.stale and not self.failed_checks
+        return self.fresh and not self.stale and not self.failed_checks
 
 
 def due_night(now: datetime, night_ends: time | None) -> tuple[str, datetime]:
@@ -161,15 +194,16 @@ def due_night(now: datetime, night_ends: time | None) -> tuple[str, datetime]:
     return (deadline.date() - timedelta(days=1)).isoformat(), deadline
 
 
-def evaluate_freshness(
-    instance: dg.DagsterInstance, settings: Settings, now: datetime
-) -> FreshnessReport:
-    """Which partitions of the night that ended last are not distilled (yet).
+def night_report(
+    instance: dg.DagsterInstance, settings: Settings, evaluation: dg.AssetCheckEvaluation, at: float
+) -> NightReport:
+    """The night due when the freshness check gave `evaluation` (at timestamp `at`).
 
     The night's partitions are the inputs assigned to its day in the landing manifest (where the
     sensor, the schedule and the demo record every input's partition when they first see it).
     """
-    ds, deadline = due_night(now.astimezone(settings.zone), settings.night_ends)
+    evaluated = datetime.fromtimestamp(at, UTC).astimezone(settings.zone)
+    ds, deadline = due_night(evaluated, settings.night_ends)
     with Landing(settings.paths) as landing:
         assigned = [item for item in landing.assignments() if item.ds == ds]
     keys = [
@@ -177,21 +211,31 @@ def evaluate_freshness(
         for item in assigned
     ]
     states = distill_states(instance, keys)
-    stale = [states[key] for key in keys if states[key].state != PartitionState.DONE]
-    failed = failed_checks(instance, keys)
-    return FreshnessReport(
-        ds=ds, deadline=deadline, expected=keys, stale=stale, failed_checks=failed
+    return NightReport(
+        ds=ds,
+        deadline=deadline,
+        fresh=evaluation.passed,
+        freshness=evaluation.description or "",
+        expected=keys,
+        stale=[states[key] for key in keys if states[key].state != PartitionState.DONE],
+        failed_checks=failed_checks(instance, keys),
     )
 
 
-def stale_message(instance: dg.DagsterInstance, report: FreshnessReport, dagster_url: str) -> str:
-    """The alert for a night that was not distilled in time."""
-    lines = [
-        f"kimi_batch: distilled_responses is STALE: night {report.ds} not distilled by "
-        f"{report.deadline:%Y-%m-%d %H:%M %Z}"
-        if report.stale
-        else f"kimi_batch: night {report.ds} distilled, but checks failed",
-    ]
+def _headline(report: NightReport) -> str:
+    if not report.fresh:
+        return (
+            f"kimi_batch: distilled_responses is OVERDUE at {report.deadline:%Y-%m-%d %H:%M %Z} "
+            f"(night {report.ds}): {report.freshness}"
+        )
+    if report.stale:
+        return f"kimi_batch: night {report.ds} not distilled by {report.deadline:%Y-%m-%d %H:%M %Z}"
+    return f"kimi_batch: night {report.ds} distilled, but checks failed"
+
+
+def night_message(instance: dg.DagsterInstance, report: NightReport, dagster_url: str) -> str:
+    """The morning message of a night that was overdue, left partitions or failed checks."""
+    lines = [_headline(report)]
     if report.stale:
         lines.append(f"{len(report.stale)} of {len(report.expected)} partition(s) not done:")
     for record in report.stale[:_LISTED]:
@@ -217,25 +261,48 @@ def stale_message(instance: dg.DagsterInstance, report: FreshnessReport, dagster
     return "\n".join(lines)
 
 
-def _evaluation(report: FreshnessReport) -> dg.AssetCheckEvaluation:
-    return dg.AssetCheckEvaluation(
-        asset_key=DISTILLED_RESPONSES,
-        check_name=FRESHNESS_CHECK,
-        passed=report.passed,
-        severity=dg.AssetCheckSeverity.WARN,
-        metadata={
-            "night": report.ds,
-            "deadline": report.deadline.isoformat(),
-            "expected_partitions": len(report.expected),
-            "stale_partitions": len(report.stale),
-            "stale": ", ".join(record.key for record in report.stale[:20]) or "none",
-            "failed_checks": len(report.failed_checks),
-        },
+def _latest_evaluation(
+    instance: dg.DagsterInstance, key: dg.AssetCheckKey
+) -> tuple[dg.AssetCheckEvaluation, float] | None:
+    """The freshness check's newest completed evaluation and when it was made."""
+    summary = instance.event_log_storage.get_asset_check_summary_records([key])[key]
+    record = summary.last_completed_check_execution_record
+    if record is None or record.evaluation is None:
+        return None
+    at = record.event.timestamp if record.event is not None else record.create_timestamp
+    return record.evaluation, at
+
+
+def _morning_report(settings: Settings, key: dg.AssetCheckKey) -> dg.SensorDefinition:
+    @dg.sensor(
+        name="morning_report",
+        minimum_interval_seconds=FRESHNESS_INTERVAL_S,
+        default_status=_default_status(settings),
+        description=f"Posts to KIMI_BATCH_ALERT_WEBHOOK once per night, from the first result of "
+        f"{key.to_user_string()} after the night's end: overdue, partitions not distilled, "
+        "failed checks (Trino unreachable, cut-off answers, contamination).",
     )
+    def morning_report(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
+        """Report the night the freshness check judged last, once (until the webhook takes it)."""
+        latest = _latest_evaluation(context.instance, key)
+        if latest is None:
+            return dg.SkipReason(f"{key.to_user_string()} has not been evaluated yet")
+        report = night_report(context.instance, settings, *latest)
+        if context.cursor == report.ds:
+            return dg.SkipReason(f"night {report.ds} already reported")
+        if report.passed:
+            context.log.info(f"night {report.ds}: {len(report.expected)} partition(s) distilled")
+        elif not _deliver(
+            context.log, settings, night_message(context.instance, report, settings.dagster_url)
+        ):
+            return dg.SkipReason(f"night {report.ds}: the webhook did not take it; next tick")
+        return dg.SensorResult(cursor=report.ds)
+
+    return morning_report
 
 
 def build_alerts(settings: Settings) -> dg.Definitions:
-    """The failure alert, the freshness check and its nightly sensor for the deployment."""
+    """The failure alert, Dagster's freshness check and its sensor, and the morning report."""
 
     @dg.run_failure_sensor(
         name="run_failure_alert",
@@ -250,49 +317,18 @@ def build_alerts(settings: Settings) -> dg.Definitions:
         )
         _deliver(context.log, settings, text)
 
-    @dg.asset_check(
-        asset=DISTILLED_RESPONSES,
-        name=FRESHNESS_CHECK,
-        description="Every partition of the day that just ended is distilled by the end of the "
-        "nightly window (KIMI_BATCH_NIGHT_ENDS, default 07:00).",
-    )
-    def distilled_by_night_end(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        """The freshness check, on demand."""
-        report = evaluate_freshness(context.instance, settings, datetime.now(UTC))
-        evaluation = _evaluation(report)
-        return dg.AssetCheckResult(
-            passed=evaluation.passed, severity=evaluation.severity, metadata=evaluation.metadata
+    checks = build_freshness_checks(settings)
+    (key,) = [key for check in checks for key in check.check_keys]
+    with _superseded_ok():
+        freshness_sensor = dg.build_sensor_for_freshness_checks(
+            freshness_checks=checks,
+            name=FRESHNESS_SENSOR,
+            minimum_interval_seconds=FRESHNESS_INTERVAL_S,
+            default_status=_default_status(settings),
         )
-
-    @dg.sensor(
-        name="distilled_freshness_alert",
-        minimum_interval_seconds=FRESHNESS_INTERVAL_S,
-        default_status=_default_status(settings),
-        description="Once per night, after the nightly window ends: evaluates the "
-        f"{FRESHNESS_CHECK} check of distilled_responses and posts to KIMI_BATCH_ALERT_WEBHOOK "
-        "when partitions of the day that just ended are not distilled.",
-    )
-    def distilled_freshness_alert(
-        context: dg.SensorEvaluationContext,
-    ) -> dg.SensorResult | dg.SkipReason:
-        """Check the night that ended last, once; alert when it is stale (until it is taken)."""
-        report = evaluate_freshness(context.instance, settings, datetime.now(UTC))
-        if context.cursor == report.ds:
-            return dg.SkipReason(f"night {report.ds} already checked")
-        # The evaluation is recorded once per night; an undelivered alert is only sent again.
-        retrying = context.cursor == _undelivered(report.ds)
-        events = [] if retrying else [_evaluation(report)]
-        if report.passed:
-            context.log.info(f"night {report.ds}: {len(report.expected)} partition(s) distilled")
-        elif not _deliver(
-            context.log, settings, stale_message(context.instance, report, settings.dagster_url)
-        ):
-            return dg.SensorResult(asset_events=events, cursor=_undelivered(report.ds))
-        return dg.SensorResult(asset_events=events, cursor=report.ds)
-
     return dg.Definitions(
-        asset_checks=[distilled_by_night_end],
-        sensors=[run_failure_alert, distilled_freshness_alert],
+        asset_checks=checks,
+        sensors=[run_failure_alert, freshness_sensor, _morning_report(settings, key)],
     )
 
 
@@ -300,8 +336,3 @@ def build_alerts(settings: Settings) -> dg.Definitions:
 def defs() -> dg.Definitions:
     """The morning alerts of this code location."""
     return build_alerts(deployment_settings())
-
-
-def _undelivered(ds: str) -> str:
-    """The cursor of a night whose alert the webhook did not take: the next tick sends it again."""
-    return f"{ds}:undelivered"

@@ -33,7 +33,7 @@ not start runs by itself.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 import dagster as dg
 from pydantic import BaseModel, ConfigDict, Field
@@ -66,6 +66,7 @@ __all__ = [
     "defs",
     "night_ds",
     "nightly_partitions",
+    "report_idle_night",
     "window_end",
 ]
 
@@ -227,6 +228,22 @@ def _ensure_sources(instance: dg.DagsterInstance, partitions: Sequence[BatchPart
         instance.add_dynamic_partitions(name, missing)
 
 
+def report_idle_night(instance: dg.DagsterInstance, night: str) -> None:
+    """Record that `distilled_responses` is current with nothing left to do: an observation whose
+    `dagster/last_updated_timestamp` is now. Dagster's freshness check counts it as the night's
+    update, so a night with no new input is not reported as a missed one."""
+    instance.report_runless_asset_event(
+        dg.AssetObservation(
+            asset_key=_DISTILLED,
+            description=f"every partition up to {night} is distilled",
+            metadata={
+                "night": night,
+                "dagster/last_updated_timestamp": dg.MetadataValue.timestamp(datetime.now(UTC)),
+            },
+        )
+    )
+
+
 def build_nightly_schedule(settings: Settings) -> dg.ScheduleDefinition:
     """The nightly distillation of the deployment `settings` (cron, timezone, window, status)."""
 
@@ -271,6 +288,7 @@ def build_nightly_schedule(settings: Settings) -> dg.ScheduleDefinition:
             )
         if not partitions:
             done = f"every partition up to {night} is distilled"
+            report_idle_night(instance, night)
             return dg.SkipReason(f"{done}; {settling}" if settling else done)
         _ensure_sources(instance, partitions)
         tags = nightly_tags(night, window_end(scheduled, settings), _local(scheduled, settings))

@@ -2,7 +2,8 @@
 
 The runs are real in-process runs of stand-ins for `distilled_responses` (same key and partitions)
 that log a real progress line and then fail or succeed; the sensors are the real ones, evaluated
-the way the daemon evaluates them.
+the way the daemon evaluates them. Freshness is Dagster's own check, launched only by Dagster's
+own freshness sensor (`build_sensor_for_freshness_checks`); the morning report reads its results.
 """
 
 from collections.abc import Iterator
@@ -12,9 +13,16 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from kimi_batch.defs.alerts import FRESHNESS_CHECK, build_alerts, due_night
+from kimi_batch.defs.alerts import (
+    FRESHNESS_CHECK,
+    FRESHNESS_SENSOR,
+    build_alerts,
+    build_freshness_checks,
+    due_night,
+)
 from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME, nightly_run_config
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, build_batch_partitions
+from kimi_batch.defs.schedules import report_idle_night
 from kimi_batch.defs.webhook import post_message
 from kimi_batch.engine.stats import ProgressEvent
 from kimi_batch.settings import Settings
@@ -38,8 +46,24 @@ def run_failure_alert(context: dg.RunFailureSensorContext) -> object:
     return _sensor("run_failure_alert")(context)
 
 
-def distilled_freshness_alert(context: dg.SensorEvaluationContext) -> object:
-    return _sensor("distilled_freshness_alert")(context)
+def morning_report(context: dg.SensorEvaluationContext) -> object:
+    return _sensor("morning_report")(context)
+
+
+def freshness_check_run(instance: dg.DagsterInstance) -> dg.AssetCheckEvaluation | None:
+    """One tick of Dagster's freshness sensor and, when it asks for one, the run it asks for
+    (what the daemon would launch): the evaluation that run recorded."""
+    request = _sensor(FRESHNESS_SENSOR)(dg.build_sensor_context(instance=instance))
+    if not isinstance(request, dg.RunRequest):
+        return None
+    checks = build_freshness_checks(Settings.from_env())
+    result = dg.materialize(
+        [_standin(fail=False), *checks],
+        instance=instance,
+        selection=dg.AssetSelection.checks(*(request.asset_check_keys or [])),
+    )
+    (evaluation,) = result.get_asset_check_evaluations()
+    return evaluation
 
 
 @pytest.fixture
@@ -146,8 +170,11 @@ def test_a_failed_nightly_run_names_its_partitions_and_the_stale_night_the_lost_
                 dagster_event=failure,
             ).for_run_failure()
         )
-        stale = distilled_freshness_alert(dg.build_sensor_context(instance=instance))
+        freshness = freshness_check_run(instance)
+        stale = morning_report(dg.build_sensor_context(instance=instance))
 
+    assert freshness is not None
+    assert freshness.passed
     assert isinstance(stale, dg.SensorResult)
     assert len(receiver.texts) == 2, receiver.texts
     failed, night = receiver.texts
@@ -162,10 +189,49 @@ def test_a_failed_nightly_run_names_its_partitions_and_the_stale_night_the_lost_
     assert keys[0] not in night
 
 
-def test_a_stale_night_posts_one_message_and_fails_the_check(
-    receiver: Receiver, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+def test_a_missed_night_fails_the_freshness_check_and_posts_one_message(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The window ends at midnight, so the night due now is always yesterday's.
+    monkeypatch.setenv("KIMI_BATCH_NIGHT_ENDS", "00:00")
+    yesterday = (datetime.now(UTC).date() - timedelta(days=1)).isoformat()
+    _inbox_files(yesterday, "missed_src")
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("source", ["missed_src"])
+        # The last update was two days ago: last night nothing distilled anything.
+        two_days_ago = datetime.now(UTC) - timedelta(days=2)
+        instance.report_runless_asset_event(
+            dg.AssetObservation(
+                asset_key="distilled_responses",
+                metadata={
+                    "dagster/last_updated_timestamp": dg.MetadataValue.timestamp(two_days_ago)
+                },
+            )
+        )
+        evaluation = freshness_check_run(instance)
+        first = morning_report(dg.build_sensor_context(instance=instance))
+        assert isinstance(first, dg.SensorResult)
+        again = morning_report(dg.build_sensor_context(instance=instance, cursor=first.cursor))
+        # Dagster's sensor does not evaluate a failed check again before the asset changes.
+        assert freshness_check_run(instance) is None
+
+    assert evaluation is not None
+    assert evaluation.check_name == FRESHNESS_CHECK
+    assert not evaluation.passed
+    assert "dagster/freshness_params" in evaluation.metadata  # Dagster's check, not ours
+    assert isinstance(again, dg.SkipReason)
+    assert first.cursor == yesterday
+    (text,) = receiver.texts
+    assert f"distilled_responses is OVERDUE at {datetime.now(UTC).date()} 00:00" in text
+    assert f"(night {yesterday}): Asset is overdue" in text
+    assert "1 of 1 partition(s) not done" in text
+    assert f"{yesterday}|missed_src: never ran" in text
+    assert "http://dagster.example:3000/assets/distilled_responses" in text
+
+
+def test_a_night_that_left_partitions_names_them_though_the_asset_is_fresh(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("KIMI_BATCH_NIGHT_ENDS", "00:00")
     yesterday = (datetime.now(UTC).date() - timedelta(days=1)).isoformat()
     _inbox_files(yesterday, "done_src", "failed_src", "missing_src")
@@ -178,28 +244,42 @@ def test_a_stale_night_posts_one_message_and_fails_the_check(
                 instance=instance,
                 raise_on_error=False,
             )
+        evaluation = freshness_check_run(instance)
+        result = morning_report(dg.build_sensor_context(instance=instance))
 
-        first = distilled_freshness_alert(dg.build_sensor_context(instance=instance))
-        assert isinstance(first, dg.SensorResult)
-        again = distilled_freshness_alert(
-            dg.build_sensor_context(instance=instance, cursor=first.cursor)
-        )
-
-    assert isinstance(again, dg.SkipReason)
-    assert len(receiver.texts) == 1, receiver.texts
-    text = receiver.texts[0]
-    assert f"night {yesterday} not distilled" in text
+    assert evaluation is not None
+    assert evaluation.passed
+    assert isinstance(result, dg.SensorResult)
+    (text,) = receiver.texts
+    assert f"night {yesterday} not distilled by" in text
     assert "2 of 3 partition(s) not done" in text
     assert f"{yesterday}|failed_src: failed (run " in text
     assert "3/8 rows done" in text
     assert f"{yesterday}|missing_src: never ran" in text
     assert "done_src" not in text
-    assert "http://dagster.example:3000/assets/distilled_responses" in text
-    (evaluation,) = first.asset_events
-    assert isinstance(evaluation, dg.AssetCheckEvaluation)
-    assert evaluation.check_name == FRESHNESS_CHECK
-    assert not evaluation.passed
-    assert first.cursor == yesterday
+
+
+def test_a_night_with_nothing_to_distill_is_fresh_and_quiet(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KIMI_BATCH_NIGHT_ENDS", "00:00")
+    with dg.instance_for_test() as instance:
+        # What the nightly schedule records when it finds every partition distilled.
+        report_idle_night(instance, (datetime.now(UTC).date() - timedelta(days=1)).isoformat())
+        evaluation = freshness_check_run(instance)
+        result = morning_report(dg.build_sensor_context(instance=instance))
+
+    assert evaluation is not None
+    assert evaluation.passed, evaluation.description
+    assert isinstance(result, dg.SensorResult)
+    assert receiver.texts == []
+
+
+def test_the_morning_report_waits_for_the_freshness_check(receiver: Receiver) -> None:
+    with dg.instance_for_test() as instance:
+        result = morning_report(dg.build_sensor_context(instance=instance))
+    assert isinstance(result, dg.SkipReason)
+    assert receiver.texts == []
 
 
 def test_a_distilled_night_passes_without_a_message(
@@ -213,11 +293,12 @@ def test_a_distilled_night_passes_without_a_message(
         dg.materialize(
             [_standin(fail=False)], partition_key=_key(yesterday, "only_src"), instance=instance
         )
-        result = distilled_freshness_alert(dg.build_sensor_context(instance=instance))
+        evaluation = freshness_check_run(instance)
+        result = morning_report(dg.build_sensor_context(instance=instance))
 
     assert isinstance(result, dg.SensorResult)
-    (evaluation,) = result.asset_events
-    assert isinstance(evaluation, dg.AssetCheckEvaluation)
+    assert result.cursor == yesterday
+    assert evaluation is not None
     assert evaluation.passed
     assert receiver.texts == []
 
@@ -274,22 +355,19 @@ def test_an_alert_the_webhook_refused_is_sent_again_on_the_next_tick(
     _inbox_files(yesterday, "missing_src")
     with Receiver(status=500) as broken, Receiver() as working, dg.instance_for_test() as instance:
         monkeypatch.setenv("KIMI_BATCH_ALERT_WEBHOOK", broken.url)
-        first = distilled_freshness_alert(dg.build_sensor_context(instance=instance))
+        evaluation = freshness_check_run(instance)  # never materialized: overdue
+        first = morning_report(dg.build_sensor_context(instance=instance))
         monkeypatch.setenv("KIMI_BATCH_ALERT_WEBHOOK", working.url)
-        assert isinstance(first, dg.SensorResult)
-        second = distilled_freshness_alert(
-            dg.build_sensor_context(instance=instance, cursor=first.cursor)
-        )
+        assert isinstance(first, dg.SkipReason)  # the cursor stays where it was
+        second = morning_report(dg.build_sensor_context(instance=instance))
         assert isinstance(second, dg.SensorResult)
-        third = distilled_freshness_alert(
-            dg.build_sensor_context(instance=instance, cursor=second.cursor)
-        )
+        third = morning_report(dg.build_sensor_context(instance=instance, cursor=second.cursor))
 
+    assert evaluation is not None
+    assert not evaluation.passed
     assert len(broken.texts) == 1
     assert len(working.texts) == 1, working.texts  # delivered on the next tick, once
     assert f"{yesterday}|missing_src: never ran" in working.texts[0]
-    assert len(first.asset_events) == 1  # one evaluation a night
-    assert second.asset_events == []
     assert second.cursor == yesterday
     assert isinstance(third, dg.SkipReason)
 
@@ -354,11 +432,12 @@ def test_the_morning_alert_names_a_distilled_partition_whose_check_failed(
             instance=instance,
         )
         assert run.success
-        result = distilled_freshness_alert(dg.build_sensor_context(instance=instance))
+        evaluation = freshness_check_run(instance)
+        result = morning_report(dg.build_sensor_context(instance=instance))
 
+    assert evaluation is not None
+    assert evaluation.passed
     assert isinstance(result, dg.SensorResult)
-    (evaluation,) = result.asset_events
-    assert isinstance(evaluation, dg.AssetCheckEvaluation)
-    assert not evaluation.passed
     (text,) = receiver.texts
+    assert f"kimi_batch: night {yesterday} distilled, but checks failed" in text
     assert f"- {yesterday}|checked_src: {named}" in text

@@ -61,12 +61,13 @@ def evaluate(
     instance: dg.DagsterInstance, when: datetime
 ) -> tuple[list[dg.RunRequest], str | None]:
     defs = standin_definitions()
-    context = dg.build_schedule_context(
+    # Closed on the way out: the context's own instance (from the ref) must not outlive the test's.
+    with dg.build_schedule_context(
         instance=instance,
         scheduled_execution_time=when,
         repository_def=defs.get_repository_def(),
-    )
-    data = defs.resolve_schedule_def(SCHEDULE).evaluate_tick(context)
+    ) as context:
+        data = defs.resolve_schedule_def(SCHEDULE).evaluate_tick(context)
     return list(data.run_requests or []), data.skip_message
 
 
@@ -140,7 +141,13 @@ def test_everything_distilled_is_a_skip(inbox: Path) -> None:
         for key in night_keys(evaluate(instance, NIGHT)[0]):
             distill(defs, instance, key)
         requests, skip = evaluate(instance, NIGHT)
+        # The idle night is an update to Dagster's freshness check, not a missed night.
+        (observed,) = instance.fetch_observations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey("distilled_responses")), limit=5
+        ).records
 
+    assert observed.asset_observation is not None
+    assert "dagster/last_updated_timestamp" in observed.asset_observation.metadata
     assert requests == []
     # The fixture's files were written just now: still changing, named for the next tick.
     assert skip is not None
