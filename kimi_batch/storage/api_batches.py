@@ -16,9 +16,11 @@ any two steps is honoured: the step after it sees that it did not move the batch
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -167,16 +169,31 @@ def write_batch_files(
                         )
                     )
             del results
+        # Ids derived from the batch: a finish stopped after keeping a file and retried
+        # replaces that record rather than leave it beside a second one.
         output = store.keep_lines(
-            outputs, filename=f"{batch.id}_output.jsonl", purpose="batch_output"
+            outputs,
+            filename=f"{batch.id}_output.jsonl",
+            purpose="batch_output",
+            file_id=_batch_file_id(batch.id, "output"),
         )
-        error = store.keep_lines(errors, filename=f"{batch.id}_error.jsonl", purpose="batch_output")
+        error = store.keep_lines(
+            errors,
+            filename=f"{batch.id}_error.jsonl",
+            purpose="batch_output",
+            file_id=_batch_file_id(batch.id, "error"),
+        )
     return store.update_batch(
         batch.id,
         request_failed=errors.lines,
         output_file_id=output.id if output else None,
         error_file_id=error.id if error else None,
     )
+
+
+def _batch_file_id(batch_id: str, kind: Literal["output", "error"]) -> str:
+    """The id of the batch's output or error file: the same for every finish of the batch."""
+    return "file-" + hashlib.sha256(f"{batch_id}:{kind}".encode()).hexdigest()[:24]
 
 
 def _output_line(line: BatchRequestLine, result: GenerationResult, request_id: str) -> str:
