@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+from kimi_batch.cli.export import ExportRequest, run_export
 from kimi_batch.cli.state import migrate_state
 from kimi_batch.crash_points import (
     CRASH_AT_VARIABLE,
@@ -45,6 +46,7 @@ from kimi_batch.state.sqlite import read_sqlite
 from kimi_batch.storage import ApiStore
 from kimi_batch_tests.support.crash_batch import check_batch, run_batch
 from kimi_batch_tests.support.crash_night import check_night, run_night, write_inbox
+from kimi_batch_tests.support.exports import build_warehouse
 from kimi_batch_tests.support.postgres import PostgresServer
 from kimi_batch_tests.support.repo import REPO_ROOT
 from kimi_batch_tests.support.s3proxy import BUCKET, S3Server
@@ -114,6 +116,9 @@ ABANDONED_TRACE = [
     "api.batch_transitioned",  # failed
     "api.file_deleted",
 ]
+# An hf export replacing the one before (`private_folder_swap`: the older folder set aside, the
+# new one renamed in).
+EXPORT_TRACE = ["export.folder_set_aside"]
 MIGRATE_TRACE = [
     "state.store_copied",  # ledger
     "state.store_copied",  # manifest
@@ -209,7 +214,7 @@ def test_each_piece_of_work_reaches_the_points_it_is_swept_at(
 
 def test_every_declared_crash_point_is_swept() -> None:
     swept = set(NIGHT_TRACE) | set(GATE_OFF_TRACE) | set(BATCH_TRACE) | set(ABANDONED_TRACE)
-    swept |= set(MIGRATE_TRACE)
+    swept |= set(EXPORT_TRACE) | set(MIGRATE_TRACE)
     declared = declared_crash_points()
     assert set(declared) <= swept, {n: w for n, w in declared.items() if n not in swept}
     assert swept <= set(declared)
@@ -303,6 +308,29 @@ def test_a_finish_stopped_after_its_output_file_leaves_one_output_file(
     with ApiStore(settings.paths) as store:
         outputs = [f for f in store.files() if f.purpose == "batch_output"]
     assert len(outputs) == 1
+
+
+def _export(settings: Settings) -> Path:
+    request = ExportRequest(fmt="hf", out=settings.paths.home / "exports" / "night.hf")
+    return run_export(settings, request)
+
+
+@pytest.mark.parametrize("step", _arrivals(EXPORT_TRACE), ids=_id)
+def test_an_hf_export_stopped_at_a_crash_point_keeps_the_earlier_one_until_a_rerun(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, step: tuple[str, int]
+) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    build_warehouse(settings)
+    folder = _export(settings)
+    card = (folder / "README.md").read_bytes()
+    files = sorted(path.relative_to(folder) for path in folder.rglob("*"))
+    with recording() as trace, armed(step[0], arrival=step[1]), pytest.raises(CrashPointReached):
+        _export(settings)
+    assert trace == EXPORT_TRACE[: EXPORT_TRACE.index(step[0]) + step[1]]
+    assert (folder / "README.md").read_bytes() == card  # the earlier export, whole
+    assert _export(settings) == folder
+    assert [path.name for path in folder.parent.iterdir()] == [folder.name]
+    assert sorted(path.relative_to(folder) for path in folder.rglob("*")) == files
 
 
 def _migrated(settings: Settings, url: str) -> None:
