@@ -26,6 +26,9 @@ NOT_STATE = {
     "command rewrites it whole",
     ("storage/private_files.py", "private_folder_swap"): "a one-shot output folder (an hf "
     "export): the command rewrites it whole",
+    ("storage/private_files.py", "_remove_stale_temp_folders"): "puts back the older folder a "
+    "swap killed between its renames left aside (export.folder_set_aside): done again by the "
+    "next swap",
     ("state/database.py", "create"): "a store's schema (CREATE ... IF NOT EXISTS): idempotent",
     ("state/postgres.py", "transaction"): "the transaction primitive itself",
     ("state/postgres.py", "create"): "a store's schema (CREATE ... IF NOT EXISTS): idempotent",

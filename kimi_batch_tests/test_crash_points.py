@@ -3,9 +3,11 @@ and check that nothing was lost or made twice.
 
 Three pieces of work reach every crash point the package declares (`declared_crash_points`),
 each through the code the pipeline runs (`support/crash_night.py`, `support/crash_batch.py`,
-`kimi-batch state migrate`): a partition's night (landing, seeds and input quarantine, the
-distill stage through the ledger, the quality gate, publishing), a Batch API batch from upload to
-finish, and the migration of a box's state to PostgreSQL. Each test stops one of them at one
+`kimi-batch state migrate`): a partition's night (the nightly look at the inbox, landing, seeds
+and input quarantine, the distill stage through the ledger, the quality gate, publishing; and
+the same night again with the duplicate gate off), a Batch API batch from upload to finish (and
+one whose run died first, finished by the sensor's logic), and the migration of a box's state
+to PostgreSQL. Each test stops one of them at one
 arrival of one point, with an exception in this process, or (the `slow` tier) with SIGKILL of a
 worker process doing it; then the work runs again, as the next run would, and the invariants are
 checked: every input line is a seed or a quarantined input line, every planned request is once a
@@ -29,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+from kimi_batch.cli.export import ExportRequest, run_export
 from kimi_batch.cli.state import migrate_state
 from kimi_batch.crash_points import (
     CRASH_AT_VARIABLE,
@@ -43,14 +46,16 @@ from kimi_batch.state.sqlite import read_sqlite
 from kimi_batch.storage import ApiStore
 from kimi_batch_tests.support.crash_batch import check_batch, run_batch
 from kimi_batch_tests.support.crash_night import check_night, run_night, write_inbox
+from kimi_batch_tests.support.exports import build_warehouse
 from kimi_batch_tests.support.postgres import PostgresServer
 from kimi_batch_tests.support.repo import REPO_ROOT
 from kimi_batch_tests.support.s3proxy import BUCKET, S3Server
 
 NIGHT_TRACE = [
-    "landing.partition_assigned",
+    "landing.partition_assigned",  # the nightly look at the inbox (land_inbox)
     "landing.snapshot_copied",
     "landing.version_recorded",
+    "landing.fingerprint",
     "warehouse.partition_committed",  # seeds
     "seeds.rows_written",
     "warehouse.partition_committed",  # input quarantine
@@ -64,6 +69,18 @@ NIGHT_TRACE = [
     "warehouse.partition_committed",  # the stage's quarantine
     "quarantine.rows_replaced",
     "quality.index_updated",
+    "publish.partition_registered",
+    "publish.partition_registered",
+    "publish.partition_registered",
+]
+# The same night again with the duplicate gate off (KIMI_BATCH_DEDUP=0): the stage landed
+# unscreened takes the partition's rows out of the index.
+GATE_OFF_TRACE = [
+    "warehouse.partition_committed",  # distilled
+    "stage.rows_written",
+    "warehouse.partition_committed",  # the stage's quarantine
+    "quarantine.rows_replaced",
+    "quality.index_released",
     "publish.partition_registered",
     "publish.partition_registered",
     "publish.partition_registered",
@@ -85,6 +102,23 @@ BATCH_TRACE = [
     "api.batch_transitioned",  # completed
     "api.file_deleted",
 ]
+# The batch whose run dies before its finish: the sensor's logic finishes it (from the
+# attempt's count on; before it, the batch's trace is BATCH_TRACE's).
+ABANDONED_TRACE = [
+    *BATCH_TRACE[: BATCH_TRACE.index("api.batch_transitioned") + 2],
+    "ledger.result_recorded",
+    "ledger.result_recorded",
+    "ledger.result_recorded",
+    "api.finish_attempt",
+    "api.batch_updated",  # the run_failed error
+    "api.file_kept",  # the output file
+    "api.batch_updated",
+    "api.batch_transitioned",  # failed
+    "api.file_deleted",
+]
+# An hf export replacing the one before (`private_folder_swap`: the older folder set aside, the
+# new one renamed in).
+EXPORT_TRACE = ["export.folder_set_aside"]
 MIGRATE_TRACE = [
     "state.store_copied",  # ledger
     "state.store_copied",  # manifest
@@ -154,16 +188,33 @@ def _crash_then_rerun(
 # ---- the traces ---------------------------------------------------------------------------
 
 
-def test_each_piece_of_work_reaches_the_points_it_is_swept_at(settings: Settings) -> None:
+def _gate_off(settings: Settings) -> Settings:
+    return settings.model_copy(update={"dedup": False})
+
+
+def _abandoned(settings: Settings) -> None:
+    run_batch(settings, run_ends=True)
+
+
+def test_each_piece_of_work_reaches_the_points_it_is_swept_at(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with recording() as night:
         run_night(settings)
+    with recording() as gate_off:
+        run_night(_gate_off(settings))
     with recording() as batch:
         run_batch(settings)
-    assert (night, batch) == (NIGHT_TRACE, BATCH_TRACE)
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path / "another"))
+    with recording() as abandoned:
+        _abandoned(Settings.from_env())
+    assert (night, gate_off) == (NIGHT_TRACE, GATE_OFF_TRACE)
+    assert (batch, abandoned) == (BATCH_TRACE, ABANDONED_TRACE)
 
 
 def test_every_declared_crash_point_is_swept() -> None:
-    swept = set(NIGHT_TRACE) | set(BATCH_TRACE) | set(MIGRATE_TRACE)
+    swept = set(NIGHT_TRACE) | set(GATE_OFF_TRACE) | set(BATCH_TRACE) | set(ABANDONED_TRACE)
+    swept |= set(EXPORT_TRACE) | set(MIGRATE_TRACE)
     declared = declared_crash_points()
     assert set(declared) <= swept, {n: w for n, w in declared.items() if n not in swept}
     assert swept <= set(declared)
@@ -182,6 +233,15 @@ def test_a_night_stopped_at_a_crash_point_is_whole_after_a_rerun(
     check_night(settings)
 
 
+@pytest.mark.parametrize("step", _arrivals(GATE_OFF_TRACE), ids=_id)
+def test_a_night_with_the_gate_off_stopped_at_a_crash_point_is_whole_after_a_rerun(
+    settings: Settings, step: tuple[str, int]
+) -> None:
+    run_night(settings)  # a night with the gate on indexed the partition's rows
+    _crash_then_rerun(run_night, _gate_off(settings), step)
+    check_night(_gate_off(settings))
+
+
 @pytest.mark.parametrize(
     "step", [s for s in _arrivals(BATCH_TRACE) if s not in _VALIDATION], ids=_id
 )
@@ -190,6 +250,16 @@ def test_a_batch_stopped_at_a_crash_point_is_whole_after_a_rerun(
 ) -> None:
     _crash_then_rerun(run_batch, settings, step)
     check_batch(settings)
+
+
+@pytest.mark.parametrize(
+    "step", _arrivals(ABANDONED_TRACE)[ABANDONED_TRACE.index("api.finish_attempt") :], ids=_id
+)
+def test_a_batch_finished_after_its_run_died_stopped_at_a_crash_point_is_whole_after_a_rerun(
+    settings: Settings, step: tuple[str, int]
+) -> None:
+    _crash_then_rerun(_abandoned, settings, step)
+    check_batch(settings, run_ends=True)
 
 
 @pytest.mark.parametrize("step", NIGHT_KILLS, ids=_id)
@@ -231,12 +301,6 @@ def test_a_night_on_an_object_store_stopped_at_a_commit_is_whole_after_a_rerun(
     check_night(settings)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="found by the sweep, not fixed here: a finish stopped after its output file was kept "
-    "but before the batch named it leaves that file's record behind, and the retried finish adds "
-    "a second one (GET /v1/files lists both; nothing deletes the first)",
-)
 def test_a_finish_stopped_after_its_output_file_leaves_one_output_file(
     settings: Settings,
 ) -> None:
@@ -244,6 +308,29 @@ def test_a_finish_stopped_after_its_output_file_leaves_one_output_file(
     with ApiStore(settings.paths) as store:
         outputs = [f for f in store.files() if f.purpose == "batch_output"]
     assert len(outputs) == 1
+
+
+def _export(settings: Settings) -> Path:
+    request = ExportRequest(fmt="hf", out=settings.paths.home / "exports" / "night.hf")
+    return run_export(settings, request)
+
+
+@pytest.mark.parametrize("step", _arrivals(EXPORT_TRACE), ids=_id)
+def test_an_hf_export_stopped_at_a_crash_point_keeps_the_earlier_one_until_a_rerun(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, step: tuple[str, int]
+) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    build_warehouse(settings)
+    folder = _export(settings)
+    card = (folder / "README.md").read_bytes()
+    files = sorted(path.relative_to(folder) for path in folder.rglob("*"))
+    with recording() as trace, armed(step[0], arrival=step[1]), pytest.raises(CrashPointReached):
+        _export(settings)
+    assert trace == EXPORT_TRACE[: EXPORT_TRACE.index(step[0]) + step[1]]
+    assert (folder / "README.md").read_bytes() == card  # the earlier export, whole
+    assert _export(settings) == folder
+    assert [path.name for path in folder.parent.iterdir()] == [folder.name]
+    assert sorted(path.relative_to(folder) for path in folder.rglob("*")) == files
 
 
 def _migrated(settings: Settings, url: str) -> None:

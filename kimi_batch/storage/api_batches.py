@@ -16,14 +16,17 @@ any two steps is honoured: the step after it sees that it did not move the batch
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.engine import BatchOutcome, GenerationResult, Ledger, row_request_id
 from kimi_batch.settings import Settings
+from kimi_batch.storage.api_files import LineStaging
 from kimi_batch.storage.api_store import ApiStore, BatchRecord, BatchStatus
 from kimi_batch.storage.exceptions import StorageError
 from kimi_batch.storage.landing import Landing
@@ -167,16 +170,27 @@ def write_batch_files(
                         )
                     )
             del results
-        output = store.keep_lines(
-            outputs, filename=f"{batch.id}_output.jsonl", purpose="batch_output"
-        )
-        error = store.keep_lines(errors, filename=f"{batch.id}_error.jsonl", purpose="batch_output")
+        output_id = _kept(store, outputs, batch.id, "output")
+        error_id = _kept(store, errors, batch.id, "error")
     return store.update_batch(
-        batch.id,
-        request_failed=errors.lines,
-        output_file_id=output.id if output else None,
-        error_file_id=error.id if error else None,
+        batch.id, request_failed=errors.lines, output_file_id=output_id, error_file_id=error_id
     )
+
+
+def _kept(
+    store: ApiStore, staging: LineStaging, batch_id: str, kind: Literal["output", "error"]
+) -> str | None:
+    """The batch's output or error file kept (None: no line). Its id is derived from the batch:
+    a finish stopped after keeping it and retried replaces that record rather than leave it
+    beside a second one."""
+    digest = hashlib.sha256(f"{batch_id}:{kind}".encode()).hexdigest()
+    kept = store.keep_lines(
+        staging,
+        filename=f"{batch_id}_{kind}.jsonl",
+        purpose="batch_output",
+        file_id=f"file-{digest[:24]}",
+    )
+    return kept.id if kept else None
 
 
 def _output_line(line: BatchRequestLine, result: GenerationResult, request_id: str) -> str:

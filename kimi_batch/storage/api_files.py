@@ -170,10 +170,14 @@ class ApiFileStore:
             raise
         return StagedFile(temp=temp, sha256=digest.hexdigest(), bytes=size)
 
-    def keep_file(self, staged: StagedFile, *, filename: str, purpose: str) -> FileRecord:
-        """Put a staged file in place and record its id, in one write transaction."""
+    def keep_file(
+        self, staged: StagedFile, *, filename: str, purpose: str, file_id: str | None = None
+    ) -> FileRecord:
+        """Put a staged file in place and record its id, in one write transaction. A given
+        `file_id` (a batch's output, derived from the batch) replaces the record a stopped
+        write left under it, so a retried finish leaves one file, not two."""
         record = FileRecord(
-            id=f"file-{uuid.uuid4().hex[:24]}",
+            id=file_id or f"file-{uuid.uuid4().hex[:24]}",
             bytes=staged.bytes,
             created_at=int(time.time()),
             filename=filename,
@@ -188,10 +192,16 @@ class ApiFileStore:
                 # exists when the id is committed.
                 os.replace(staged.temp, self.files_dir / staged.sha256)
                 self._blobs.share(staged.sha256)
+                replaced = self._db.execute(
+                    "SELECT sha256 FROM files WHERE id = ?", (record.id,)
+                ).fetchone()
+                self._db.execute("DELETE FROM files WHERE id = ?", (record.id,))
                 self._db.execute(
                     "INSERT INTO files (id, sha256, record) VALUES (?, ?, ?)",
                     (record.id, staged.sha256, record.model_dump_json()),
                 )
+                if replaced is not None:
+                    self._drop_blob_if_unnamed(replaced[0])
             crash_point("api.file_kept")
         finally:
             staged.temp.unlink(missing_ok=True)
@@ -215,12 +225,15 @@ class ApiFileStore:
         finally:
             staging.discard()
 
-    def keep_lines(self, staging: LineStaging, *, filename: str, purpose: str) -> FileRecord | None:
-        """Keep what `staging` holds as a file; None (nothing kept) when it has no line."""
+    def keep_lines(
+        self, staging: LineStaging, *, filename: str, purpose: str, file_id: str | None = None
+    ) -> FileRecord | None:
+        """Keep what `staging` holds as a file (as `keep_file`); None (nothing kept) when it
+        has no line."""
         staged = staging.staged()
         if not staging.lines:
             return None
-        return self.keep_file(staged, filename=filename, purpose=purpose)
+        return self.keep_file(staged, filename=filename, purpose=purpose, file_id=file_id)
 
     def add_lines(self, lines: Iterable[str], *, filename: str, purpose: str) -> FileRecord:
         """A generated file (batch output or errors) from its lines, streamed to disk."""
@@ -252,16 +265,20 @@ class ApiFileStore:
             if row is None:
                 return False
             self._db.execute("DELETE FROM files WHERE id = ?", (file_id,))
-            shared = self._db.execute(
-                "SELECT 1 FROM files WHERE sha256 = ? LIMIT 1", (row[0],)
-            ).fetchone()
-            if not shared:
-                # Unlinked before the commit, still under the lock: no upload can record an id
-                # for these bytes in between.
-                (self.files_dir / row[0]).unlink(missing_ok=True)
-                self._blobs.forget(row[0])
+            self._drop_blob_if_unnamed(row[0])
         crash_point("api.file_deleted")
         return True
+
+    def _drop_blob_if_unnamed(self, sha256: str) -> None:
+        """The blob goes when no id names it (called under the write lock)."""
+        shared = self._db.execute(
+            "SELECT 1 FROM files WHERE sha256 = ? LIMIT 1", (sha256,)
+        ).fetchone()
+        if not shared:
+            # Unlinked before the commit, still under the lock: no upload can record an id
+            # for these bytes in between.
+            (self.files_dir / sha256).unlink(missing_ok=True)
+            self._blobs.forget(sha256)
 
     def _write_lock(self) -> AbstractContextManager[None]:
         return self._db.transaction()

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
+from kimi_batch.crash_points import crash_point
 from kimi_batch.paths import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE
 
 __all__ = [
@@ -125,13 +126,25 @@ def write_private_text(path: Path, text: str) -> Path:
     return path
 
 
-def _remove_stale_temp_folders(parent: Path, name: str) -> None:
-    """The temp folders of `name` left by writers that no longer run."""
-    for entry in parent.glob(f".{name}.*.tmp"):
+def _dead_writers_folders(parent: Path, pattern: str) -> list[Path]:
+    """The folders matching `pattern` in `parent` whose writer no longer runs, newest first."""
+    found: list[Path] = []
+    for entry in parent.glob(pattern):
         match = _WITH_PID.match(entry.name)
         pid = int(match.group(1)) if match else os.getpid()
         if pid != os.getpid() and not pid_alive(pid) and entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
+            found.append(entry)
+    return sorted(found, key=lambda entry: entry.stat().st_ctime_ns, reverse=True)
+
+
+def _remove_stale_temp_folders(parent: Path, name: str) -> None:
+    """The temp folders of `name` left by writers that no longer run. A swap killed between
+    its two renames left `name` moved aside and nothing in its place: it is put back first."""
+    if not (parent / name).exists() and not (parent / name).is_symlink():
+        for aside in _dead_writers_folders(parent, f".{name}.old.*.tmp")[:1]:
+            os.replace(aside, parent / name)
+    for entry in _dead_writers_folders(parent, f".{name}.*.tmp"):
+        shutil.rmtree(entry, ignore_errors=True)
 
 
 def _fsync_tree(folder: Path) -> None:
@@ -147,8 +160,9 @@ def _fsync_tree(folder: Path) -> None:
 @contextmanager
 def private_folder_swap(path: Path) -> Iterator[Path]:
     """A fresh hidden folder (0700) to fill; when the block ends its files are synced and it
-    replaces `path` (an older folder there is removed after the rename). An exception or a kill
-    inside the block leaves `path` as it was; the next swap removes a dead writer's temp."""
+    replaces `path` (an older folder there is moved aside, then removed after the rename). An
+    exception or a kill inside the block leaves `path` as it was; the next swap removes a dead
+    writer's temp, and puts back the older folder a swap killed between its renames left aside."""
     parent = private_folder(path.parent)
     _remove_stale_temp_folders(parent, path.name)
     temp = temp_name(parent, path.name)
@@ -159,7 +173,10 @@ def private_folder_swap(path: Path) -> Iterator[Path]:
         _fsync_tree(temp)
         if path.exists():
             os.replace(path, old)
+            crash_point("export.folder_set_aside")  # nothing at `path` until the next rename
         os.replace(temp, path)
     finally:
         shutil.rmtree(temp, ignore_errors=True)
+        if old.exists() and not path.exists():
+            os.replace(old, path)  # stopped between the two renames: the older folder stays
         shutil.rmtree(old, ignore_errors=True)

@@ -16,6 +16,7 @@ import pytest
 
 import kimi_batch.storage.api_batches as api_batches
 import kimi_batch.storage.api_validation as api_validation
+from kimi_batch.crash_points import CrashPointReached, armed
 from kimi_batch.engine import Ledger
 from kimi_batch.settings import Settings
 from kimi_batch.storage import (
@@ -269,3 +270,27 @@ def test_owner_only_folders_and_files_for_what_a_cancel_leaves(
 
 def _mode(path: Path) -> int:
     return path.stat().st_mode & 0o777
+
+
+# ---- a finish stopped and retried -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("kept", [1, 2], ids=["output kept", "error kept"])
+def test_a_finish_stopped_after_keeping_a_file_leaves_one_output_and_one_error_file(
+    settings: Settings, store: ApiStore, kept: int
+) -> None:
+    # Found by the crash-point sweep: the retried finish kept a second output (or error) file
+    # beside the one the stopped finish had kept but not yet named in the batch.
+    batch = _landed(settings, store, "a", "b", "c")
+    assert begin_batch(store, batch.id, run_id="r1", by_hand=False) is not None
+    with _answered(settings, store, batch.id) as ledger:  # "c" is never answered
+        with armed("api.file_kept", arrival=kept), pytest.raises(CrashPointReached):
+            finish_batch(store, ledger, batch.id, _lines("a", "b", "c"), BatchStatus.EXPIRED)
+        done = finish_batch(store, ledger, batch.id, _lines("a", "b", "c"), BatchStatus.EXPIRED)
+    assert done.status == BatchStatus.EXPIRED
+    made = store.files(purpose="batch_output")
+    named = [done.output_file_id, done.error_file_id]
+    assert sorted(f.id for f in made) == sorted(i for i in named if i is not None)
+    assert None not in named
+    assert [line["custom_id"] for line in _output(store, done)] == ["a", "b"]
+    assert all(store.blob_path(f).is_file() for f in store.files())

@@ -6,14 +6,19 @@
 and the batch created (`landed_batch`: a validating batch is validated again, as a restarted
 API resumes it), taken up (`begin_batch`), its answers recorded in the ledger (made up: the
 engine's stand-in), finished (`finish_batch`: output file, counts, final status; the sensor
-retries a finish that did not end) and its input file deleted by the user. `check_batch` asserts
-what must hold after any crash and one rerun.
+retries a finish that did not end) and its input file deleted by the user. With
+`run_ends=True` the run dies before its finish and the Batch API sensor's logic finishes the
+batch (`finish_abandoned_batch`: the attempt counted, `failed` naming the run, the answered
+requests in its output file). `check_batch` asserts what must hold after any crash and one rerun.
 """
 
 from __future__ import annotations
 
 import json
 
+import dagster as dg
+
+from kimi_batch.defs.assets.api_batch import finish_abandoned_batch
 from kimi_batch.engine import Ledger
 from kimi_batch.settings import Settings
 from kimi_batch.storage import ApiStore, BatchRecord, BatchStatus, begin_batch, finish_batch
@@ -25,6 +30,10 @@ from kimi_batch_tests.support.results import make_result
 __all__ = ["CUSTOM_IDS", "check_batch", "run_batch"]
 
 CUSTOM_IDS = ["a", "b", "c"]
+# The batch's run, failed before it finished the batch (its process killed).
+_DEAD_RUN = dg.DagsterRun(
+    job_name="api_batch_job", run_id="run-1", status=dg.DagsterRunStatus.FAILURE
+)
 
 
 def _batch(settings: Settings, store: ApiStore) -> BatchRecord:
@@ -36,7 +45,7 @@ def _batch(settings: Settings, store: ApiStore) -> BatchRecord:
     return validate_batch(settings, store, found[0])
 
 
-def run_batch(settings: Settings) -> None:
+def run_batch(settings: Settings, *, run_ends: bool = False) -> None:
     """The batch's way from upload to finish (see the module's docstring); a rerun resumes."""
     with ApiStore(settings.paths) as store, Ledger(settings.paths.ledger_state) as ledger:
         batch = _batch(settings, store)
@@ -54,16 +63,22 @@ def run_batch(settings: Settings) -> None:
                     input_id=line.custom_id,
                 )
             )
-        finish_batch(store, ledger, batch.id, lines, BatchStatus.COMPLETED)
+        if run_ends:
+            finish_abandoned_batch(settings, store, store.batch(batch.id) or batch, _DEAD_RUN)
+        else:
+            finish_batch(store, ledger, batch.id, lines, BatchStatus.COMPLETED)
         store.delete_file(batch.input_file_id)
 
 
-def check_batch(settings: Settings) -> None:
-    """One batch, completed; its output file holds each request's answer once; every file
-    record names bytes that are there; its input is deleted."""
+def check_batch(settings: Settings, *, run_ends: bool = False) -> None:
+    """One batch, completed (failed once its run ended first, named once); its output file
+    holds each request's answer once; every file record names bytes that are there; its input
+    is deleted."""
     with ApiStore(settings.paths) as store:
         (batch,) = store.batches()
-        assert batch.status == BatchStatus.COMPLETED, batch.status
+        status = BatchStatus.FAILED if run_ends else BatchStatus.COMPLETED
+        assert batch.status == status, batch.status
+        assert [e.code for e in batch.errors] == (["run_failed"] if run_ends else [])
         assert batch.error_file_id is None
         assert batch.output_file_id is not None
         output = store.file(batch.output_file_id)

@@ -3,8 +3,9 @@
     python -m kimi_batch_tests.support.crash_night     (a worker: the night once, in this process)
 
 `run_night(settings)` does what a night does to the partition of `inbox/<DS>/<SOURCE>.jsonl`,
-each step by the code the pipeline runs: the inbox file landed (`resolve_partition`: assignment,
-snapshot, version), the seeds and input quarantine landed unless they are current
+each step by the code the pipeline runs: the nightly look at the inbox (`land_inbox`: the file
+assigned, its snapshot and version landed, its stat remembered), the partition's input resolved
+(`resolve_partition`), the seeds and input quarantine landed unless they are current
 (`seeds_are_current`, `land_input`), the distill stage's requests answered through the ledger
 (the answer first recorded, `Ledger.put`, then read back), the stage landed (`land_stage`: its
 rows through the quality gate, its quarantine, the duplicate index) and published. Two things
@@ -22,7 +23,7 @@ import json
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any, cast
 
@@ -38,7 +39,7 @@ from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.engine import GenerationResult, Ledger, row_request_id
 from kimi_batch.engine.generation import request_key
 from kimi_batch.settings import Settings
-from kimi_batch.storage import Warehouse, land_input, resolve_partition
+from kimi_batch.storage import Landing, Warehouse, land_inbox, land_input, resolve_partition
 from kimi_batch.storage.dedup_index import index_entries
 from kimi_batch.storage.object_warehouse import open_warehouse
 from kimi_batch.tasks.distill import DistillTask
@@ -160,8 +161,22 @@ def _answers(task: DistillTask, inputs: Any, ledger: Ledger) -> list[GenerationR
     return results
 
 
+def look_at_inbox(settings: Settings) -> None:
+    """The nightly tick's look at the inbox (`land_inbox`): each settled file hashed, unless
+    its stat is the one remembered, and landed when its content is new."""
+    with Landing(settings.paths) as landing:
+        land_inbox(
+            landing,
+            settings.paths.inbox_dir,
+            max_bytes=settings.max_input_bytes,
+            arrived=date.fromisoformat(DS),
+            start=date.fromisoformat(DS),  # the partitions start by the night's date
+        )
+
+
 def run_night(settings: Settings, *, ttl_s: float = 60.0) -> None:
     """The partition's night (see the module's docstring); a rerun does what is left."""
+    look_at_inbox(settings)
     store = open_warehouse(settings)
     task = DistillTask()
     with (
@@ -206,7 +221,8 @@ def _version(settings: Settings) -> str:
 def check_night(settings: Settings) -> None:
     """Every input line a seed or a quarantined input line, every planned request once a row or a
     quarantine row with its reason, one version throughout, the ledger and the tables agreeing,
-    the duplicate index holding the kept rows, every table published."""
+    the duplicate index holding the kept rows (none once the gate was off), every table
+    published."""
     store = open_warehouse(settings)
     sha = _version(settings)
     with WarehouseResource(deployment=settings).landing() as landing:
@@ -236,7 +252,8 @@ def check_night(settings: Settings) -> None:
         recorded = ledger.get_many(planned.values())
     for row in distilled.iter_rows(named=True):
         assert recorded[planned[row["request_id"]]].text.strip() == row["response"]
-    assert index_entries(settings.paths.dedup_state) == distilled.height
+    kept = distilled.height if settings.dedup else 0
+    assert index_entries(settings.paths.dedup_state) == kept
     record = settings.paths.home / "published.jsonl"
     published = {tuple(json.loads(line)[:3]) for line in record.read_text().splitlines()}
     assert published >= {(t, DS, SOURCE) for t in ("seeds", "quarantine", "distilled")}
