@@ -25,7 +25,6 @@ from pathlib import Path
 import dagster as dg
 
 from kimi_batch.cli.demo import demo_instance
-from kimi_batch.crash_points import crash_point
 from kimi_batch.defs.api_sensor import batches_needing_runs, missing_batch_partitions
 from kimi_batch.defs.assets.api_batch import API_TRIGGER_TAG
 from kimi_batch.defs.jobs import API_BATCH_JOB_NAME
@@ -190,8 +189,8 @@ class BatchRuns:
         if any(known.code == error.code for known in batch.errors):
             return
         with ApiStore(self.settings.paths) as store:
+            # update_batch's own crash point (api.batch_updated) marks this write for the sweep.
             store.update_batch(batch.id, errors=[*batch.errors, error])
-        crash_point("api.run_wait_flagged")
 
 
 def _no_runner_error(runs: BatchRuns) -> BatchLineError:
