@@ -23,6 +23,7 @@ LAYERS = {
     "engine": 2,
     "tasks": 3,
     "storage": 4,
+    "warehouse": 4,
     "defs": 5,
 }
 

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from kimi_batch.settings import Settings
-from kimi_batch.storage import PublishReport, TrinoConfig, TrinoPublisher, open_warehouse
+from kimi_batch.storage import (
+    PublishReport,
+    TrinoConfig,
+    TrinoPublisher,
+)
+from kimi_batch.warehouse import open_warehouse
 
 __all__ = ["publish_warehouse"]
 

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 import requests
 import trino.auth
@@ -36,7 +36,10 @@ from kimi_batch.storage.exceptions import (
     TrinoTimeoutError,
     TrinoUnavailableError,
 )
-from kimi_batch.storage.parquet import Warehouse, validate_ds, validate_source
+from kimi_batch.storage.schema import validate_ds, validate_source
+
+if TYPE_CHECKING:
+    from kimi_batch.warehouse import Warehouse
 from kimi_batch.storage.schema import (
     PARTITION_COLUMNS,
     TABLES,

@@ -25,7 +25,7 @@ from kimi_batch.engine.generation import GenerationResult
 from kimi_batch.engine.ledger import LeaseHeldError, LeaseLostError, Ledger, lease_clock
 from kimi_batch.paths import StateLocation
 from kimi_batch.state import StateBusyError, StateDatabase, connect_state, read_state
-from kimi_batch.storage import Warehouse
+from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.postgres import PostgresServer, StateBackend
 from kimi_batch_tests.support.results import make_result
 from kimi_batch_tests.support.rows import quarantined
@@ -322,7 +322,7 @@ def test_a_holder_paused_past_the_ttl_writes_nothing_over_the_new_holder(
         "import sys\n"
         "from kimi_batch.engine.ledger import Ledger, LeaseLostError\n"
         "from kimi_batch.paths import StateLocation\n"
-        "from kimi_batch.storage import Warehouse\n"
+        "from kimi_batch.warehouse import Warehouse\n"
         "from kimi_batch_tests.support.rows import quarantined\n"
         "ledger = Ledger(StateLocation.model_validate_json(sys.argv[1]))\n"
         "with ledger.lease('2025-01-01|web', 'paused-run', ttl_s=1.0) as lease:\n"

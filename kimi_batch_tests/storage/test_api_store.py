@@ -23,13 +23,13 @@ from kimi_batch.storage import (
     ApiStore,
     BatchRecord,
     BatchStatus,
-    Warehouse,
     begin_batch,
     finish_batch,
     validate_batch,
 )
 from kimi_batch.tasks.batch_input import parse_batch_input
 from kimi_batch.tasks.openai_batch import BatchRequestLine
+from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.batches import chat_line, jsonl, landed_batch
 from kimi_batch_tests.support.postgres import StateBackend
 from kimi_batch_tests.support.results import make_result

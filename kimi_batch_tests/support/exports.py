@@ -13,7 +13,6 @@ from typing import Any
 
 from kimi_batch.engine import fold_instructions, load_digest
 from kimi_batch.settings import Settings
-from kimi_batch.storage import Warehouse
 from kimi_batch.tasks.rows import (
     AmplifiedRow,
     DistilledRow,
@@ -24,6 +23,7 @@ from kimi_batch.tasks.rows import (
     TokenLogprob,
     TopLogprob,
 )
+from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.rows import CREATED_AT
 
 __all__ = [
