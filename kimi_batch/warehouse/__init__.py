@@ -12,8 +12,6 @@ from kimi_batch.warehouse.tables import (
     PartitionWrite,
     Warehouse,
     open_warehouse,
-    validate_ds,
-    validate_source,
 )
 
 __all__ = [
@@ -24,6 +22,4 @@ __all__ = [
     "Warehouse",
     "open_catalog",
     "open_warehouse",
-    "validate_ds",
-    "validate_source",
 ]

@@ -116,15 +116,15 @@ _catalogs_lock = threading.Lock()
 
 @lru_cache(maxsize=8)
 def _catalog(spec: CatalogSpec) -> SqlCatalog:
-    if spec.sqlite_path is not None:
+    if spec.sqlite_path is None:
+        _create_schema(spec)
+    elif not spec.sqlite_path.exists():
         # The ledger's file, created owner-only and in WAL mode as the ledger creates it.
         private_dir(spec.sqlite_path.parent)
         connect_private_db(spec.sqlite_path).close()
-    else:
-        _create_schema(spec)
-    catalog = SqlCatalog(CATALOG_NAME, **spec.properties())
-    catalog.create_namespace_if_not_exists(spec.namespace)
-    return catalog
+    # Creates its own tables (iceberg_tables, iceberg_namespace_properties) if missing; the
+    # namespace comes with the first table.
+    return SqlCatalog(CATALOG_NAME, **spec.properties())
 
 
 def _create_schema(spec: CatalogSpec) -> None:
@@ -139,7 +139,8 @@ def _create_schema(spec: CatalogSpec) -> None:
 
 
 def open_catalog(spec: CatalogSpec) -> SqlCatalog:
-    """The catalog of `spec` (one per process and spec: it holds a connection pool)."""
+    """The catalog of `spec`, its tables created if missing (one per process and spec: it
+    holds a connection pool)."""
     with _catalogs_lock:
         return _catalog(spec)
 
@@ -163,7 +164,7 @@ def _state_database(session: Session, spec: CatalogSpec) -> StateDatabase:
     raw: Any = session.connection().connection.dbapi_connection
     if spec.sqlite_path is not None:
         return SqliteDatabase.wrap(raw, spec.sqlite_path)
-    from kimi_batch.state.postgres import PostgresDatabase
+    from kimi_batch.state import PostgresDatabase
 
     return PostgresDatabase.wrap(raw, spec.database.get_secret_value(), LEDGER_SCHEMA)
 

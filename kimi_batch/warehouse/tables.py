@@ -22,17 +22,18 @@ from typing import Any, TypeVar
 import polars as pl
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict
-from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError, TableAlreadyExistsError
 from pyiceberg.expressions import And, BooleanExpression, EqualTo
 from pyiceberg.table import Table
+from sqlalchemy.exc import SQLAlchemyError
 
 from kimi_batch.crash_points import crash_point
 from kimi_batch.settings import Settings
 from kimi_batch.state import Fence
-from kimi_batch.storage.exceptions import StorageError
-from kimi_batch.storage.schema import (
+from kimi_batch.storage import (
     PARTITION_COLUMNS,
     TABLES,
+    StorageError,
     model_for,
     polars_schema,
     validate_ds,
@@ -151,13 +152,20 @@ class Warehouse:
         return f"{self.spec.namespace}.{table}"
 
     def _load(self, table: str) -> Table | None:
+        """The table, or None when it was never written (nothing is created by a read)."""
+        path = self.spec.sqlite_path
+        if path is not None and not path.exists():
+            return None
         try:
             return open_catalog(self.spec).load_table(self.identifier(table))
-        except NoSuchTableError:
+        except (NoSuchTableError, NoSuchNamespaceError):
             return None
+        except (SQLAlchemyError, OSError) as error:
+            raise StorageError(f"the tables' catalog is unreadable: {error}") from error
 
     def _create(self, table: str, schema: pa.Schema) -> Table:
         catalog = open_catalog(self.spec)
+        catalog.create_namespace_if_not_exists(self.spec.namespace)
         try:
             with (
                 catalog.create_table_transaction(
@@ -297,11 +305,23 @@ class Warehouse:
         if state is None:
             return pl.LazyFrame(schema=schema)
         iceberg, snapshot = state
-        lazy = pl.scan_iceberg(iceberg, snapshot_id=snapshot)
+        lazy = pl.scan_iceberg(
+            iceberg, snapshot_id=snapshot, storage_options=self._storage_options()
+        )
         present = set(lazy.collect_schema().names())
         return lazy.select(
             pl.col(name) if name in present else pl.lit(None).alias(name) for name in schema.names()
         ).cast(dict(schema))
+
+    def _storage_options(self) -> dict[str, str] | None:
+        """What polars needs to open an object store's files (credentials: the AWS variables)."""
+        if not self.spec.warehouse.startswith("s3://"):
+            return None
+        options = {"aws_region": self.spec.s3_region or "us-east-1"}
+        if self.spec.s3_endpoint:
+            options["aws_endpoint_url"] = self.spec.s3_endpoint
+            options["aws_allow_http"] = str(self.spec.s3_endpoint.startswith("http://")).lower()
+        return options
 
     def count(self, table: str) -> int:
         """Rows in the table (from the snapshot's summary, no data read)."""

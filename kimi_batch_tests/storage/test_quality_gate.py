@@ -180,7 +180,7 @@ def test_totals_count_the_gate_s_rows_not_the_reader_s_duplicate_ids(tmp_path: P
         ],
     )
     assert set_aside_totals(store) == {"duplicate": 0, "near_duplicate": 1, "contaminated": 0}
-    assert set_aside_totals(Warehouse(tmp_path / "empty")) == {
+    assert set_aside_totals(Warehouse(tmp_path / "empty" / "warehouse")) == {
         "duplicate": 0,
         "near_duplicate": 0,
         "contaminated": 0,

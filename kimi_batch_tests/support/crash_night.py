@@ -88,10 +88,7 @@ class _Publisher:
 
     def publish_partition(self, warehouse: Warehouse, table: str, ds: str, source: str) -> None:
         with self.record.open("a", encoding="utf-8") as out:
-            out.write(
-                json.dumps([table, ds, source, warehouse.partition_location(table, ds, source)])
-                + "\n"
-            )
+            out.write(json.dumps([table, ds, source, warehouse.snapshot_id(table)]) + "\n")
 
 
 class _Trino:

@@ -195,6 +195,7 @@ def _seed_metadata(
             uri=written.location,
             table_rows=store.count("seeds"),
             partition_rows=written.rows,
+            snapshot_id=written.snapshot_id,
         ),
     }
 

@@ -136,6 +136,7 @@ def land_stage(
             uri=written.location,
             table_rows=store.count(task.table),
             partition_rows=written.rows,
+            snapshot_id=written.snapshot_id,
         )
     )
     metadata[INPUT_SHA_METADATA] = plan.input_sha  # what `status` and the nightly compare (stale)
