@@ -135,6 +135,7 @@ def _export(args: argparse.Namespace, settings: Settings) -> int:
         query=query,
         system_files=tuple(args.system),
         no_system=args.no_system,
+        as_of=args.as_of,
     )
     print(run_export(settings, request))
     return 0
@@ -191,6 +192,13 @@ def _add_export(commands: argparse._SubParsersAction[_Parser]) -> None:
     )
     export.add_argument(
         "--no-system", action="store_true", help="write the conversations without a system turn"
+    )
+    export.add_argument(
+        "--as-of",
+        default=None,
+        metavar="SNAPSHOT|TAG|DATE",
+        help="export the tables as they were: a table's snapshot id, a night's tag "
+        "(night-YYYY-MM-DD), or a day (its end, UTC) or date-time (default: as they are now)",
     )
     export.add_argument(
         "--out",

@@ -11,6 +11,10 @@ Files hold prompts and answers: written 0600 whole (temp, fsync, rename), the fo
 0700 (the default `$KIMI_BATCH_HOME/exports` always), a killed export's temps removed by the next.
 An `--out` that cannot be written is found before anything is read (one line, exit 2).
 
+An export reads one snapshot of each table (`pinned_warehouse`): the current ones, or those
+`--as-of SNAPSHOT|TAG|DATE` names (`warehouse.resolve_as_of`), so the same as-of writes the same
+bytes a year later; the hf card lists the snapshot ids.
+
 An `openai-batch` export of one partition keeps each line's `custom_id` (a seed's input id, a
 variant's `seed_id:strategy:variant_id`); one of several partitions prefixes each with
 `ds/source/` (`partition_prefix`), since input ids repeat across partitions and a batch output
@@ -48,7 +52,7 @@ from kimi_batch.storage import (
     validate_source,
 )
 from kimi_batch.tasks.openai_batch import AnsweredRequest, error_line, response_line
-from kimi_batch.warehouse import Warehouse, open_warehouse
+from kimi_batch.warehouse import Warehouse, current_snapshots, open_warehouse, resolve_as_of
 
 __all__ = [
     "FORMATS",
@@ -57,6 +61,7 @@ __all__ = [
     "export_partition",
     "openai_batch_lines",
     "partition_prefix",
+    "pinned_warehouse",
     "run_export",
 ]
 
@@ -130,6 +135,7 @@ class ExportRequest(BaseModel):
     query: ExportQuery = ExportQuery()
     system_files: tuple[Path, ...] = ()
     no_system: bool = False
+    as_of: str | None = None  # a snapshot id, a tag (night-YYYY-MM-DD), a date or a date-time
 
 
 def _default_path(settings: Settings, request: ExportRequest) -> Path:
@@ -207,6 +213,15 @@ def _check_writable(path: Path, *, folder: bool) -> None:
         raise ConfigError(f"cannot write the export to {path}: {reason}") from error
 
 
+def pinned_warehouse(settings: Settings, as_of: str | None) -> Warehouse:
+    """The tables as of `as_of` (None: their current snapshots), pinned: the export reads one
+    state throughout, even while a night commits, and its card names it."""
+    warehouse = open_warehouse(settings)
+    if as_of is None:
+        return warehouse.pinned(current_snapshots(warehouse))
+    return warehouse.pinned(resolve_as_of(warehouse, as_of, required="distilled"))
+
+
 def run_export(settings: Settings, request: ExportRequest) -> Path:
     """Write the export; returns its path (a file, or the hf folder)."""
     if request.fmt not in FORMATS:
@@ -214,7 +229,7 @@ def run_export(settings: Settings, request: ExportRequest) -> Path:
     query = request.query.check()
     if query.min_judge_score is not None and request.fmt not in TRAINING_FORMATS:
         raise ConfigError("--min-judge-score chooses training rows: use it with chat, hf or kd")
-    warehouse = open_warehouse(settings)
+    warehouse = pinned_warehouse(settings, request.as_of)
     training = request.fmt in TRAINING_FORMATS
     partitions = select_partitions(warehouse, query, training=training)
     path = request.out or _default_path(settings, request)
@@ -230,7 +245,7 @@ def run_export(settings: Settings, request: ExportRequest) -> Path:
     build = example_builder(settings, _system_texts(settings, request))
     selection = read_selection(warehouse, query, partitions)
     if request.fmt == "hf":
-        return write_hf(settings, path, query, selection, build)
+        return write_hf(settings, warehouse, path, query, selection, build)
     with private_writer(path) as writer:
         if not _write_lines(writer, request.fmt, selection, build):
             raise MissingInputError(f"no rows to export in {query.describe()}")

@@ -4,10 +4,21 @@
 
 One commit replaces a partition; the lease is confirmed inside that commit (`catalog`); readers
 see the current snapshot, or the ones a `pinned` warehouse names. Trino, polars, Spark and DuckDB
-read the same tables through the same catalog.
+read the same tables through the same catalog. Each night's snapshots are tagged
+`night-YYYY-MM-DD`, and an as-of (snapshot id, tag, date) resolves to one snapshot a table
+(`snapshots`).
 """
 
 from kimi_batch.warehouse.catalog import CATALOG_NAME, LEDGER_SCHEMA, CatalogSpec, open_catalog
+from kimi_batch.warehouse.snapshots import (
+    NIGHT_TAG_PREFIX,
+    TableSnapshot,
+    current_snapshots,
+    newest_snapshots,
+    night_tag,
+    resolve_as_of,
+    tag_night,
+)
 from kimi_batch.warehouse.tables import (
     PartitionWrite,
     Warehouse,
@@ -17,9 +28,16 @@ from kimi_batch.warehouse.tables import (
 __all__ = [
     "CATALOG_NAME",
     "LEDGER_SCHEMA",
+    "NIGHT_TAG_PREFIX",
     "CatalogSpec",
     "PartitionWrite",
+    "TableSnapshot",
     "Warehouse",
+    "current_snapshots",
+    "newest_snapshots",
+    "night_tag",
     "open_catalog",
     "open_warehouse",
+    "resolve_as_of",
+    "tag_night",
 ]

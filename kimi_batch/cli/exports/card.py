@@ -100,6 +100,9 @@ class DedupFigures(_Figures):
 
 class DatasetCard(_Figures):
     rows: int = Field(ge=0)
+    snapshots: dict[str, int] = Field(
+        default_factory=dict, description="The Iceberg snapshot of each table the rows came from."
+    )
     models: list[str]
     digest_sha256: list[str]
     sources: list[InputSource]
@@ -160,6 +163,13 @@ def _body(card: DatasetCard) -> list[str]:
         f"- Model: {', '.join(f'`{m}`' for m in card.models) or 'none'}",
         f"- System digest sha256: {', '.join(f'`{d}`' for d in card.digest_sha256) or 'none'}",
         *_judge_lines(card),
+        "",
+        "## Snapshots",
+        "",
+        "The Iceberg snapshot of each warehouse table the rows were read from: each table "
+        "reads as it was then, whatever later nights replaced.",
+        "",
+        *_table(("table", "snapshot id"), sorted(card.snapshots.items()) or [("none", "")]),
         "",
         "## Sources",
         "",

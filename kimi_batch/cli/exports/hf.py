@@ -32,7 +32,7 @@ from kimi_batch.storage import (
     landed_versions,
     private_folder_swap,
 )
-from kimi_batch.warehouse import Warehouse, open_warehouse
+from kimi_batch.warehouse import Warehouse
 
 __all__ = ["HF_SCHEMA", "write_hf"]
 
@@ -148,10 +148,12 @@ def _quarantine(warehouse: Warehouse, tally: _Tally) -> dict[str, int]:
     return quarantine_counts(reasons)
 
 
-def _card(settings: Settings, query: ExportQuery, tally: _Tally) -> DatasetCard:
-    warehouse = open_warehouse(settings)
+def _card(
+    settings: Settings, warehouse: Warehouse, query: ExportQuery, tally: _Tally
+) -> DatasetCard:
     return DatasetCard(
         rows=tally.examples,
+        snapshots=dict(sorted((warehouse.snapshots or {}).items())),
         models=sorted(tally.models),
         digest_sha256=sorted(tally.digests),
         sources=_sources(settings, tally),
@@ -183,12 +185,14 @@ def _refuse_foreign(path: Path) -> None:
 
 def write_hf(
     settings: Settings,
+    warehouse: Warehouse,
     path: Path,
     query: ExportQuery,
     selection: Iterable[PartitionRows],
     build: BuildExamples,
 ) -> Path:
-    """The folder at `path`, whole or not at all."""
+    """The folder at `path`, whole or not at all; its card's figures are read from `warehouse`
+    (the snapshots the rows were read from)."""
     _refuse_foreign(path)
     tally = _Tally()
     with private_folder_swap(path) as folder:
@@ -203,6 +207,8 @@ def write_hf(
                 parts += 1
         if not tally.examples:
             raise MissingInputError(f"no rows to export in {query.describe()}")
-        (folder / CARD).write_text(_card(settings, query, tally).render(), encoding="utf-8")
+        (folder / CARD).write_text(
+            _card(settings, warehouse, query, tally).render(), encoding="utf-8"
+        )
         (folder / CARD).chmod(PRIVATE_FILE_MODE)
     return path
