@@ -92,6 +92,8 @@ def _tag_table(iceberg: Table, tag: str) -> int | None:
             return current.snapshot_id
         except CommitFailedException:
             iceberg = iceberg.refresh()  # a partition landed meanwhile: tag the newer snapshot
+        except (SQLAlchemyError, OSError) as error:
+            raise StorageError(f"could not tag {iceberg.name()} {tag}: {error}") from error
     raise StorageError(f"could not tag {iceberg.name()} {tag}: every commit lost a race")
 
 

@@ -28,7 +28,7 @@ from kimi_batch.settings import Settings
 from kimi_batch.storage import (
     TrinoPublisher,
 )
-from kimi_batch.warehouse import Warehouse
+from kimi_batch.warehouse import Warehouse, newest_snapshots, night_tag
 from kimi_batch_tests.support.llama_server import TEST_SLOTS, LlamaEnv
 from kimi_batch_tests.support.trino import TrinoServer
 
@@ -169,6 +169,12 @@ def test_one_run_writes_materializes_and_checks_every_partition(
         assert distilled.height + set_aside.height == len(prompts) + variants.height
         assert distilled["request_id"].n_unique() == distilled.height
     assert again is None  # the night is done: the next tick skips
+    # What the night published: every table's current snapshot carries the night's tag.
+    tables = {snapshot.table: snapshot for snapshot in newest_snapshots(warehouse)}
+    assert {"seeds", "amplified", "distilled"} <= set(tables)
+    for snapshot in tables.values():
+        assert snapshot.night_tag == night_tag(today)
+        assert snapshot.night_snapshot_id == snapshot.snapshot_id
 
 
 def test_past_the_window_the_finished_partitions_land_and_the_rest_resume(

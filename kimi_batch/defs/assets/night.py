@@ -52,6 +52,7 @@ from kimi_batch.defs.assets.driver import (
 )
 from kimi_batch.defs.assets.landing import PublishBehind, partition_parts_of
 from kimi_batch.defs.assets.lease import HeldPartition, partition_lease
+from kimi_batch.defs.assets.night_tag import tag_the_night
 from kimi_batch.defs.assets.window import mark_stopped_at_window, window_end
 from kimi_batch.defs.jobs import (
     JOB_TAG,
@@ -221,6 +222,8 @@ def night_batch(
         landing.collect(block=True)
         for key, reason in landing.lost.items():
             night.drop(key, reason)
+    # What the night published, every table at once: `night-YYYY-MM-DD` on its snapshots.
+    tag_the_night(context, warehouse.warehouse(), config.partitions)
     if night.stopped:
         mark_stopped_at_window(context)
     if night.failed or night.stopped:

@@ -1,0 +1,115 @@
+"""Snapshots by name: the night tag (moved by a re-run night, in one commit), an as-of resolved
+to one snapshot a table, the newest snapshot of each table."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from kimi_batch.errors import ConfigError
+from kimi_batch.tasks.rows import DistilledRow
+from kimi_batch.warehouse import (
+    Warehouse,
+    newest_snapshots,
+    night_tag,
+    open_catalog,
+    resolve_as_of,
+    tag_night,
+)
+from kimi_batch_tests.support.rows import amplified, distilled
+
+DS = "2024-05-01"
+
+
+def _answers(n: int) -> list[DistilledRow]:
+    return distilled(amplified(n))
+
+
+def _commits(warehouse: Warehouse, table: str) -> int:
+    """Metadata files the table went through: one a commit."""
+    iceberg = open_catalog(warehouse.spec).load_table(warehouse.identifier(table))
+    return len(iceberg.metadata.metadata_log) + 1
+
+
+def test_a_night_tags_each_table_and_a_rerun_moves_the_tag_in_one_commit(tmp_path: Path) -> None:
+    warehouse = Warehouse(tmp_path / "warehouse")
+    first = warehouse.write_partition("distilled", DS, "a", _answers(2)).snapshot_id
+    seeds_like = warehouse.write_partition("amplified", DS, "a", amplified(1)).snapshot_id
+    assert tag_night(warehouse, "2024-05-01") == {"distilled": first, "amplified": seeds_like}
+    assert tag_night(warehouse, "2024-05-01") == {"distilled": first, "amplified": seeds_like}
+
+    rerun = warehouse.write_partition("distilled", DS, "a", _answers(1)).snapshot_id
+    before = _commits(warehouse, "distilled")
+    assert tag_night(warehouse, "2024-05-01")["distilled"] == rerun
+    assert _commits(warehouse, "distilled") == before + 1  # removed and created in one commit
+    shown = {s.table: s for s in newest_snapshots(warehouse)}
+    assert shown["distilled"].snapshot_id == rerun
+    assert shown["distilled"].night_tag == night_tag("2024-05-01") == "night-2024-05-01"
+    assert shown["distilled"].night_snapshot_id == rerun
+    assert resolve_as_of(warehouse, "night-2024-05-01", required="distilled") == {
+        "distilled": rerun,
+        "amplified": seeds_like,
+    }
+
+
+def test_newest_snapshots_name_the_newest_night_and_the_commit_time(tmp_path: Path) -> None:
+    warehouse = Warehouse(tmp_path / "warehouse")
+    assert newest_snapshots(warehouse) == []  # no catalog yet: nothing created by the read
+    assert not (tmp_path / "ledger").exists()
+    start = datetime.now(UTC) - timedelta(seconds=1)
+    warehouse.write_partition("distilled", DS, "a", _answers(1))
+    tag_night(warehouse, "2024-05-01")
+    newest = warehouse.write_partition("distilled", DS, "b", _answers(1)).snapshot_id
+    tag_night(warehouse, "2024-05-02")
+    warehouse.write_partition("distilled", DS, "c", _answers(1))
+    (shown,) = newest_snapshots(warehouse)
+    assert shown.table == "distilled"
+    assert shown.snapshot_id == warehouse.snapshot_id("distilled")
+    assert start <= shown.committed_at <= datetime.now(UTC)
+    assert (shown.night_tag, shown.night_snapshot_id) == ("night-2024-05-02", newest)
+
+
+def test_a_snapshot_id_fixes_the_other_tables_at_its_commit(tmp_path: Path) -> None:
+    warehouse = Warehouse(tmp_path / "warehouse")
+    old_variants = warehouse.write_partition("amplified", DS, "a", amplified(1)).snapshot_id
+    answers = warehouse.write_partition("distilled", DS, "a", _answers(2)).snapshot_id
+    time.sleep(0.01)
+    warehouse.write_partition("amplified", DS, "a", amplified(3))
+    assert resolve_as_of(warehouse, str(answers), required="distilled") == {
+        "amplified": old_variants,
+        "distilled": answers,
+    }
+    pinned = warehouse.pinned(resolve_as_of(warehouse, str(answers), required="distilled"))
+    assert pinned.read_partition("amplified", DS, "a").height == 1
+    assert warehouse.read_partition("amplified", DS, "a").height == 3
+
+
+@pytest.mark.parametrize(
+    ("as_of", "says"),
+    [
+        ("42", "no table has snapshot 42"),
+        ("night-2000-01-01", "no table has tag 'night-2000-01-01'"),
+        ("2000-01-01", "the distilled table had no snapshot at 2000-01-01T23:59:59.999000+00:00"),
+        ("2000-01-01T06:00:00+02:00", "had no snapshot at 2000-01-01T06:00:00+02:00"),
+    ],
+)
+def test_an_as_of_that_names_nothing_is_refused(tmp_path: Path, as_of: str, says: str) -> None:
+    warehouse = Warehouse(tmp_path / "warehouse")
+    warehouse.write_partition("distilled", DS, "a", _answers(1))
+    with pytest.raises(ConfigError, match=says.replace("+", r"\+").replace(".", r"\.")):
+        resolve_as_of(warehouse, as_of, required="distilled")
+
+
+def test_a_time_before_a_table_existed_reads_it_as_empty(tmp_path: Path) -> None:
+    warehouse = Warehouse(tmp_path / "warehouse")
+    answers = warehouse.write_partition("distilled", DS, "a", _answers(1)).snapshot_id
+    time.sleep(0.01)
+    between = datetime.now(UTC).isoformat()
+    time.sleep(0.01)
+    warehouse.write_partition("amplified", DS, "a", amplified(1))
+    assert resolve_as_of(warehouse, between, required="distilled") == {"distilled": answers}
+    with pytest.raises(ConfigError, match="the amplified table had no snapshot"):
+        resolve_as_of(warehouse, between, required="amplified")
