@@ -366,8 +366,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="where everything stands: server, finished rows, partitions, last night, inbox, "
         "answers kept out of training",
         description="One screen: the model server, the rows finished per table, the partitions "
-        "done, pending, failed or stale, the last night's run, the inbox, and the answers set "
-        "aside as duplicates or benchmark overlaps. Reads only; changes nothing.",
+        "done, pending, failed or stale, the last night's run, the inbox, the answers set "
+        "aside as duplicates or benchmark overlaps, and each table's newest snapshot with its "
+        "night tag. Reads only; changes nothing.",
     )
     status_all.add_argument("--json", action="store_true", help=JSON_HELP)
     status_all.set_defaults(func=_status)

@@ -1,5 +1,6 @@
-"""`kimi-batch status`: the server, the ledger, the partitions, the nightly run, the inbox and
-the quality totals (answers set aside as duplicates or contaminated, the judge's scores).
+"""`kimi-batch status`: the server, the ledger, the partitions, the nightly run, the inbox, the
+quality totals (answers set aside as duplicates or contaminated, the judge's scores) and each
+table's newest snapshot with its night tag.
 
 Read-only: nothing here starts a server, prefills a slot, writes to the Dagster instance or creates
 a file or folder (a mistyped KIMI_BATCH_HOME stays absent), so the command is safe to run in a loop
@@ -48,6 +49,7 @@ from kimi_batch.cli.status_sections import (
     Status,
     render_status,
 )
+from kimi_batch.cli.status_tables import tables_section
 from kimi_batch.defs.partition_states import (
     ACTIVE_RUN_STATUSES,
     PARTITION_TAG,
@@ -469,4 +471,5 @@ def collect_status(settings: Settings, *, now: datetime | None = None) -> Status
             error=manifest.error,
         ),
         quality=quality_section(settings),
+        tables=tables_section(settings),
     )

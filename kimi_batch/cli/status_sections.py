@@ -18,6 +18,8 @@ __all__ = [
     "QualitySection",
     "ServerSection",
     "Status",
+    "TableState",
+    "TablesSection",
     "render_status",
 ]
 
@@ -124,6 +126,23 @@ class QualitySection(_Section):
     error: str | None = None
 
 
+class TableState(_Section):
+    """A table's current snapshot and its newest night tag."""
+
+    snapshot_id: int
+    committed_at: datetime
+    night_tag: str | None = Field(description="The newest night-YYYY-MM-DD tag of the table.")
+    night_snapshot_id: int | None = Field(description="The snapshot that tag names.")
+
+
+class TablesSection(_Section):
+    """The warehouse's Iceberg tables by name (tables never written are absent)."""
+
+    warehouse: str
+    tables: dict[str, TableState] = Field(default_factory=dict)
+    error: str | None = None
+
+
 class Status(_Section):
     server: ServerSection
     ledger: LedgerSection
@@ -131,6 +150,7 @@ class Status(_Section):
     nightly: NightlySection
     inbox: InboxSection
     quality: QualitySection
+    tables: TablesSection
 
 
 def _counts(counts: dict[str, int]) -> str:
@@ -187,7 +207,23 @@ def render_status(status: Status) -> str:
     if inbox.waiting_files:
         lines.append(f"  waiting: {', '.join(inbox.waiting_files)}")
     lines.append(_quality_line(status.quality))
+    lines.extend(_table_lines(status.tables))
     return "\n".join(lines)
+
+
+def _table_lines(section: TablesSection) -> list[str]:
+    if section.error:
+        return [f"tables     {section.error}"]
+    if not section.tables:
+        return [f"tables     none written yet ({section.warehouse})"]
+    lines = [f"tables     {len(section.tables)} Iceberg table(s) ({section.warehouse})"]
+    for name, state in sorted(section.tables.items()):
+        when = state.committed_at.isoformat(timespec="seconds")
+        night = state.night_tag or "no night tag"
+        if state.night_tag and state.night_snapshot_id != state.snapshot_id:
+            night += f" on {state.night_snapshot_id}"
+        lines.append(f"  {name}: snapshot {state.snapshot_id} of {when}; {night}")
+    return lines
 
 
 def _quality_line(quality: QualitySection) -> str:

@@ -142,7 +142,15 @@ def test_status_json_reports_every_section(state: Settings, llama_env: Any) -> N
     result = _cli("status", "--json")
     assert result.returncode == 0, result.stderr
     status = json.loads(result.stdout)
-    assert set(status) == {"server", "ledger", "partitions", "nightly", "inbox", "quality"}
+    assert set(status) == {
+        "server",
+        "ledger",
+        "partitions",
+        "nightly",
+        "inbox",
+        "quality",
+        "tables",
+    }
     assert status["quality"]["dedup"] is True  # the default
     assert status["quality"]["error"] is None
 

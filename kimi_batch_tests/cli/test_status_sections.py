@@ -25,8 +25,10 @@ from kimi_batch.cli.commands import main
 from kimi_batch.defs.partition_states import PartitionState, distill_states
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, build_batch_partitions
 from kimi_batch.settings import Settings
+from kimi_batch.warehouse import Warehouse, tag_night
 from kimi_batch_tests.support.ports import free_port
 from kimi_batch_tests.support.repo import REPO_ROOT
+from kimi_batch_tests.support.rows import amplified, distilled
 
 pytestmark = pytest.mark.filterwarnings("ignore:Non-compliant tag keys:DeprecationWarning")
 
@@ -222,3 +224,27 @@ def test_an_old_failure_stays_failed_however_many_runs_came_after(tmp_path: Path
     record = states[str(_key("old_failure"))]
     assert record.state == PartitionState.FAILED
     assert record.run_id == failed.run_id
+
+
+def test_the_tables_section_shows_each_table_s_newest_snapshot_and_night_tag(
+    tmp_path: Path, status: InProcess
+) -> None:
+    assert status.json(tmp_path)["tables"]["tables"] == {}
+    assert not (tmp_path / "ledger").exists()  # the catalog is not created by a look
+    warehouse = Warehouse(tmp_path / "warehouse")
+    warehouse.write_partition("distilled", DAY, "a", distilled(amplified(2)))
+    tagged = tag_night(warehouse, DAY)["distilled"]
+    newest = warehouse.write_partition("distilled", DAY, "b", distilled(amplified(1))).snapshot_id
+
+    report = status.json(tmp_path)["tables"]
+    text = status(tmp_path).stdout
+
+    assert report["error"] is None
+    assert report["warehouse"] == str((tmp_path / "warehouse").resolve())
+    assert set(report["tables"]) == {"distilled"}
+    table = report["tables"]["distilled"]
+    assert table["snapshot_id"] == newest
+    assert datetime.fromisoformat(table["committed_at"]) <= datetime.now(UTC)
+    assert (table["night_tag"], table["night_snapshot_id"]) == (f"night-{DAY}", tagged)
+    assert f"  distilled: snapshot {newest} of " in text
+    assert f"; night-{DAY} on {tagged}" in text
