@@ -3,6 +3,7 @@ to one snapshot a table, the newest snapshot of each table."""
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,6 +20,7 @@ from kimi_batch.warehouse import (
     resolve_as_of,
     tag_night,
 )
+from kimi_batch_tests.support.repo import REPO_ROOT
 from kimi_batch_tests.support.rows import amplified, distilled
 
 DS = "2024-05-01"
@@ -113,3 +115,23 @@ def test_a_time_before_a_table_existed_reads_it_as_empty(tmp_path: Path) -> None
     assert resolve_as_of(warehouse, between, required="distilled") == {"distilled": answers}
     with pytest.raises(ConfigError, match="the amplified table had no snapshot"):
         resolve_as_of(warehouse, between, required="amplified")
+
+
+def test_the_how_to_s_python_reads_a_night_s_snapshot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/how-to/snapshots.md's code as written, on a state dir with a tagged night."""
+    page = (REPO_ROOT / "docs" / "how-to" / "snapshots.md").read_text(encoding="utf-8")
+    (code,) = re.findall(r"```python\n(.*?)```", page, flags=re.DOTALL)
+    home = tmp_path / "home"
+    warehouse = Warehouse(home / "warehouse")
+    night = warehouse.write_partition("distilled", DS, "a", _answers(3)).snapshot_id
+    tag_night(warehouse, "2026-12-04")
+    warehouse.write_partition("distilled", DS, "a", _answers(1))
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(home))
+
+    exec(compile(code, "snapshots.md", "exec"), {})  # the page's own code, as a reader runs it
+
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"3 3 {night}"
+    assert "night-2026-12-04" in lines[-1]
