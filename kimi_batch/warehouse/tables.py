@@ -23,7 +23,7 @@ import polars as pl
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError, TableAlreadyExistsError
-from pyiceberg.expressions import And, BooleanExpression, EqualTo
+from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo
 from pyiceberg.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -119,7 +119,10 @@ def _arrow_chunks(
 
 
 def _partition_filter(ds: str, source: str) -> BooleanExpression:
-    return And(EqualTo(PARTITION_COLUMNS[0], ds), EqualTo(PARTITION_COLUMNS[1], source))
+    return And(
+        EqualTo(PARTITION_COLUMNS[0], ds),  # pyright: ignore[reportCallIssue]
+        EqualTo(PARTITION_COLUMNS[1], source),  # pyright: ignore[reportCallIssue]
+    )
 
 
 class Warehouse:
@@ -256,7 +259,8 @@ class Warehouse:
 
     def partition_schema(self, table: str, ds: str | date, source: str) -> dict[str, pl.DataType]:
         """The column types a partition of the table is read with."""
-        validate_ds(ds), validate_source(source)
+        validate_ds(ds)
+        validate_source(source)
         return dict(polars_schema(table))
 
     def _arrow(self, table: str, row_filter: BooleanExpression | None = None) -> pa.Table | None:
@@ -264,10 +268,7 @@ class Warehouse:
         if state is None:
             return None
         iceberg, snapshot = state
-        scan = iceberg.scan(
-            snapshot_id=snapshot, **({"row_filter": row_filter} if row_filter else {})
-        )
-        return scan.to_arrow()
+        return iceberg.scan(row_filter=row_filter or AlwaysTrue(), snapshot_id=snapshot).to_arrow()
 
     def _frame(self, table: str, data: pa.Table | None) -> pl.DataFrame:
         """`data` in the table's schema with `ds` and `source` last (a column added since an
@@ -311,7 +312,7 @@ class Warehouse:
         present = set(lazy.collect_schema().names())
         return lazy.select(
             pl.col(name) if name in present else pl.lit(None).alias(name) for name in schema.names()
-        ).cast(dict(schema))
+        ).cast(schema)
 
     def _storage_options(self) -> dict[str, str] | None:
         """What polars needs to open an object store's files (credentials: the AWS variables)."""
