@@ -17,6 +17,8 @@ import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, date, datetime
 from pathlib import Path
+from urllib.parse import urlsplit
+from urllib.request import url2pathname
 from typing import Any, TypeVar
 
 import polars as pl
@@ -28,6 +30,7 @@ from pyiceberg.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
 from kimi_batch.crash_points import crash_point
+from kimi_batch.paths import private_dir
 from kimi_batch.settings import Settings
 from kimi_batch.state import Fence
 from kimi_batch.storage import (
@@ -143,7 +146,7 @@ class Warehouse:
     def location(self) -> str:
         """Where the table files are, as a user names it (a folder, or an object-store URL)."""
         root = self.spec.warehouse
-        return root.removeprefix("file://") if root.startswith("file://") else root
+        return url2pathname(urlsplit(root).path) if root.startswith("file://") else root
 
     def pinned(self, snapshots: Mapping[str, int]) -> Warehouse:
         """The same tables as of `snapshots` (table -> snapshot id); a table not named reads
@@ -209,6 +212,9 @@ class Warehouse:
         if self.snapshots is not None:
             raise StorageError("a warehouse pinned to snapshots is read-only")
         ds, source = validate_ds(ds), validate_source(source)
+        if self.spec.warehouse.startswith("file://"):
+            # Generated text is confidential: the folder every table file is under is owner-only.
+            private_dir(Path(self.location))
         data = pa.concat_tables(list(_arrow_chunks(table, rows, ds, source)))
         iceberg = self._writable(table, data.schema)
         with commit_fenced(guard, self.spec), warnings.catch_warnings():
