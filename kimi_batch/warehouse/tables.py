@@ -17,9 +17,9 @@ import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, date, datetime
 from pathlib import Path
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 from urllib.request import url2pathname
-from typing import Any, TypeVar
 
 import polars as pl
 import pyarrow as pa
@@ -212,10 +212,10 @@ class Warehouse:
         if self.snapshots is not None:
             raise StorageError("a warehouse pinned to snapshots is read-only")
         ds, source = validate_ds(ds), validate_source(source)
+        data = pa.concat_tables(list(_arrow_chunks(table, rows, ds, source)))
         if self.spec.warehouse.startswith("file://"):
             # Generated text is confidential: the folder every table file is under is owner-only.
             private_dir(Path(self.location))
-        data = pa.concat_tables(list(_arrow_chunks(table, rows, ds, source)))
         iceberg = self._writable(table, data.schema)
         with commit_fenced(guard, self.spec), warnings.catch_warnings():
             # An overwrite of a partition that has no rows yet deletes nothing: not a warning.
