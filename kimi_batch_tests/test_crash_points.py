@@ -72,6 +72,9 @@ NIGHT_TRACE = [
     "publish.partition_registered",
     "publish.partition_registered",
     "publish.partition_registered",
+    "warehouse.night_tagged",  # distilled, quarantine, seeds
+    "warehouse.night_tagged",
+    "warehouse.night_tagged",
 ]
 # The same night again with the duplicate gate off (KIMI_BATCH_DEDUP=0): the stage landed
 # unscreened takes the partition's rows out of the index.
@@ -84,6 +87,8 @@ GATE_OFF_TRACE = [
     "publish.partition_registered",
     "publish.partition_registered",
     "publish.partition_registered",
+    "warehouse.night_tagged",  # distilled, quarantine (seeds were not written again)
+    "warehouse.night_tagged",
 ]
 BATCH_TRACE = [
     "api.file_kept",  # the upload

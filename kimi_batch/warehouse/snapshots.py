@@ -22,6 +22,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.refs import SnapshotRefType
 from sqlalchemy.exc import SQLAlchemyError
 
+from kimi_batch.crash_points import crash_point
 from kimi_batch.errors import ConfigError
 from kimi_batch.storage import StorageError, validate_ds
 from kimi_batch.warehouse.catalog import COMMIT_RETRIES, open_catalog
@@ -89,11 +90,13 @@ def _tag_table(iceberg: Table, tag: str) -> int | None:
             manage = manage.remove_tag(tag)
         try:
             manage.create_tag(current.snapshot_id, tag).commit()
-            return current.snapshot_id
         except CommitFailedException:
             iceberg = iceberg.refresh()  # a partition landed meanwhile: tag the newer snapshot
         except (SQLAlchemyError, OSError) as error:
             raise StorageError(f"could not tag {iceberg.name()} {tag}: {error}") from error
+        else:
+            crash_point("warehouse.night_tagged")
+            return current.snapshot_id
     raise StorageError(f"could not tag {iceberg.name()} {tag}: every commit lost a race")
 
 

@@ -50,7 +50,7 @@ from kimi_batch.tasks.distill import DistillTask
 from kimi_batch.tasks.inputs import InputBatch, SeedPrompt
 from kimi_batch.tasks.quarantine import INPUT_STAGE
 from kimi_batch.tasks.reader import InputReader
-from kimi_batch.warehouse import Warehouse, open_warehouse
+from kimi_batch.warehouse import Warehouse, newest_snapshots, open_warehouse, tag_night
 from kimi_batch_tests.support.quality import outcome_of
 from kimi_batch_tests.support.results import make_result
 
@@ -211,6 +211,7 @@ def run_night(settings: Settings, *, ttl_s: float = 60.0) -> None:
         SOURCE,
     )
     assert check.passed
+    tag_night(store, DS)  # what the night published
 
 
 def _version(settings: Settings) -> str:
@@ -259,6 +260,9 @@ def check_night(settings: Settings) -> None:
     record = settings.paths.home / "published.jsonl"
     published = {tuple(json.loads(line)[:3]) for line in record.read_text().splitlines()}
     assert published >= {(t, DS, SOURCE) for t in ("seeds", "quarantine", "distilled")}
+    tables = {s.table: s for s in newest_snapshots(store)}
+    assert set(tables) == {"seeds", "quarantine", "distilled"}
+    assert all(s.night_snapshot_id == s.snapshot_id for s in tables.values()), tables
 
 
 if __name__ == "__main__":
