@@ -177,7 +177,7 @@ def resolve_as_of(warehouse: Warehouse, as_of: str, *, required: str) -> dict[st
     if _SNAPSHOT_ID.fullmatch(text):
         found, what = _by_snapshot_id(tables, int(text)), f"snapshot {text}"
     elif moment is not None:
-        found, what = _at(tables, _millis(moment)), f"{moment.isoformat()} (UTC)"
+        found, what = _at(tables, _millis(moment)), moment.isoformat()
     else:
         found, what = _by_tag(tables, text), f"tag {text!r}"
     if found is None:
