@@ -8,6 +8,14 @@ read the same tables through the same catalog.
 """
 
 from kimi_batch.warehouse.catalog import CATALOG_NAME, LEDGER_SCHEMA, CatalogSpec, open_catalog
+from kimi_batch.warehouse.maintenance import TableMaintenance, maintain
+from kimi_batch.warehouse.migration import (
+    HivePartition,
+    MigratedPartition,
+    MigrationError,
+    hive_partitions,
+    migrate,
+)
 from kimi_batch.warehouse.tables import (
     PartitionWrite,
     Warehouse,
@@ -18,8 +26,15 @@ __all__ = [
     "CATALOG_NAME",
     "LEDGER_SCHEMA",
     "CatalogSpec",
+    "HivePartition",
+    "MigratedPartition",
+    "MigrationError",
     "PartitionWrite",
+    "TableMaintenance",
     "Warehouse",
+    "hive_partitions",
+    "maintain",
+    "migrate",
     "open_catalog",
     "open_warehouse",
 ]

@@ -33,6 +33,7 @@ def test_maintenance_expires_old_snapshots_keeps_tagged_ones_and_bounds_metadata
     tmp_path: Path,
 ) -> None:
     warehouse = Warehouse(tmp_path / "warehouse")
+    tagged: int | None = None
     for night in range(NIGHTS):
         for day in (1, 2):
             rows = amplified(night + day, prefix=f"n{night}")
@@ -45,6 +46,7 @@ def test_maintenance_expires_old_snapshots_keeps_tagged_ones_and_bounds_metadata
             iceberg.manage_snapshots().create_tag(tagged, "night-2024-05-03").commit()
     before = warehouse.iceberg_table("amplified")
     assert before is not None
+    assert tagged is not None
     current = before.metadata.current_snapshot_id
     assert len(before.metadata.snapshots) >= 2 * NIGHTS
     stray = tmp_path / "warehouse/kimi_batch/amplified/data/ds=2024-05-01/source=demo/stray.parquet"
