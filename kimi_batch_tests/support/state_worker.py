@@ -117,7 +117,7 @@ async def _work(spec: WorkerSpec) -> None:
             key = f"{DS}|{source}"
             with ledger.lease(key, spec.name, ttl_s=spec.ttl_s, wait_s=300, poll_s=0.2) as lease:
                 _say(f"leased {source}")
-                if warehouse.partition_file("distilled", DS, source).exists():
+                if warehouse.has_partition("distilled", DS, source):
                     _say(f"skipped {source}")
                     continue
                 requests = partition_requests(source, spec.rows)
