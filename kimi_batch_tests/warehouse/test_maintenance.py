@@ -8,9 +8,13 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from pyarrow.fs import FileSelector, FileType
+from pyiceberg.io.pyarrow import PyArrowFileIO
+
 from kimi_batch.warehouse import Warehouse
 from kimi_batch.warehouse.maintenance import maintain, referenced_files
 from kimi_batch_tests.support.rows import amplified
+from kimi_batch_tests.support.s3proxy import WarehouseFactory
 
 NIGHTS = 12
 
@@ -86,3 +90,31 @@ def test_maintenance_within_the_retention_keeps_everything(tmp_path: Path) -> No
     assert _files(warehouse, "amplified") == files
     # A table never written is skipped, and nothing is created for it.
     assert maintain(Warehouse(tmp_path / "other" / "warehouse"), retention=timedelta(0)) == []
+
+
+def test_maintenance_on_either_warehouse_kind_removes_what_nothing_names(
+    tmp_path: Path, warehouse_kind: WarehouseFactory
+) -> None:
+    """The listing and deletion go through pyiceberg's file IO: a folder or an s3:// prefix."""
+    warehouse = warehouse_kind(tmp_path)
+    for rows in (3, 2, 4):
+        warehouse.write_partition("amplified", "2024-05-01", "demo", amplified(rows))
+    iceberg = warehouse.iceberg_table("amplified")
+    assert iceberg is not None
+    io = iceberg.io
+    assert isinstance(io, PyArrowFileIO)
+    with io.new_output(f"{iceberg.location()}/data/stray.parquet").create() as out:
+        out.write(b"a killed writer's file")
+
+    later = datetime.now(UTC) + timedelta(days=2)  # every file is past the safety age
+    (report,) = maintain(warehouse, retention=timedelta(0), now=later)
+
+    after = warehouse.iceberg_table("amplified")
+    assert after is not None
+    assert len(after.metadata.snapshots) == 1
+    assert report.files_removed >= 3  # the stray file and the replaced partitions' files
+    scheme, netloc, root = io.parse_location(after.location(), io.properties)
+    listing = io.fs_by_scheme(scheme, netloc).get_file_info(FileSelector(root, recursive=True))
+    left = {info.path for info in listing if info.type == FileType.File}
+    assert left <= referenced_files(after)
+    assert warehouse.read_partition("amplified", "2024-05-01", "demo").height == 4
