@@ -14,7 +14,7 @@ from datetime import timedelta
 import dagster as dg
 
 from kimi_batch.defs.deployment import deployment_settings
-from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME
+from kimi_batch.defs.jobs import JOB_TAG, NIGHTLY_JOB_NAME
 from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.settings import Settings
 from kimi_batch.warehouse import maintain
@@ -46,7 +46,7 @@ def maintain_tables(context: dg.OpExecutionContext, warehouse: WarehouseResource
 @dg.job(
     name=MAINTENANCE_JOB_NAME,
     description="The output tables' snapshot expiry and orphan-file removal (no model server).",
-    tags={"kimi_batch/job": "maintenance"},
+    tags={JOB_TAG: "maintenance"},
 )
 def maintenance_job() -> None:
     maintain_tables()
