@@ -27,6 +27,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,7 @@ from kimi_batch_tests.support.crash_night import check_night, run_night, write_i
 from kimi_batch_tests.support.exports import build_warehouse
 from kimi_batch_tests.support.postgres import PostgresServer
 from kimi_batch_tests.support.repo import REPO_ROOT
+from kimi_batch_tests.support.rows import amplified
 from kimi_batch_tests.support.s3proxy import BUCKET, S3Server
 
 NIGHT_TRACE = [
@@ -130,6 +132,8 @@ MIGRATE_TRACE = [
     "state.store_copied",  # api
     "state.files_shared",
 ]
+# The tables' maintenance of one table: the expiry's commit, then the orphan files' removal.
+MAINTENANCE_TRACE = ["warehouse.snapshots_expired", "warehouse.orphans_removed"]
 # Inside the validation step an exception is the batch's failure by design (`validate_batch`
 # ends it `failed`, saying why, rather than leave it validating): these arrivals are swept with
 # SIGKILL only, which is what stops a validation half way.
@@ -219,7 +223,7 @@ def test_each_piece_of_work_reaches_the_points_it_is_swept_at(
 
 def test_every_declared_crash_point_is_swept() -> None:
     swept = set(NIGHT_TRACE) | set(GATE_OFF_TRACE) | set(BATCH_TRACE) | set(ABANDONED_TRACE)
-    swept |= set(EXPORT_TRACE) | set(MIGRATE_TRACE)
+    swept |= set(EXPORT_TRACE) | set(MIGRATE_TRACE) | set(MAINTENANCE_TRACE)
     declared = declared_crash_points()
     assert set(declared) <= swept, {n: w for n, w in declared.items() if n not in swept}
     assert swept <= set(declared)
@@ -313,6 +317,40 @@ def test_a_finish_stopped_after_its_output_file_leaves_one_output_file(
     with ApiStore(settings.paths) as store:
         outputs = [f for f in store.files() if f.purpose == "batch_output"]
     assert len(outputs) == 1
+
+
+def _maintain(settings: Settings) -> None:
+    """Every snapshot but the current one expired, every file past the safety age judged (the
+    clock two days on)."""
+    from kimi_batch.warehouse import open_warehouse
+    from kimi_batch.warehouse.maintenance import maintain
+
+    later = datetime.now(UTC) + timedelta(days=2)
+    maintain(open_warehouse(settings), retention=timedelta(0), now=later)
+
+
+@pytest.mark.parametrize("step", _arrivals(MAINTENANCE_TRACE), ids=_id)
+def test_maintenance_stopped_at_a_crash_point_leaves_the_table_whole_after_a_rerun(
+    settings: Settings, step: tuple[str, int]
+) -> None:
+    from kimi_batch.warehouse import open_warehouse
+    from kimi_batch.warehouse.maintenance import referenced_files
+
+    warehouse = open_warehouse(settings)
+    for rows in (3, 2, 4):
+        warehouse.write_partition("amplified", "2024-05-01", "demo", amplified(rows))
+    with recording() as trace, armed(step[0], arrival=step[1]), pytest.raises(CrashPointReached):
+        _maintain(settings)
+    assert trace == MAINTENANCE_TRACE[: MAINTENANCE_TRACE.index(step[0]) + step[1]]
+    assert warehouse.count("amplified") == 4
+    _maintain(settings)
+    iceberg = warehouse.iceberg_table("amplified")
+    assert iceberg is not None
+    assert len(iceberg.metadata.snapshots) == 1
+    assert warehouse.read_partition("amplified", "2024-05-01", "demo").height == 4
+    root = Path(iceberg.location().removeprefix("file://"))
+    files = {str(path) for path in root.rglob("*") if path.is_file()}
+    assert files <= referenced_files(iceberg)
 
 
 def _export(settings: Settings) -> Path:

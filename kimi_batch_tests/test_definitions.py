@@ -49,7 +49,11 @@ def test_asset_graph_reads_digest_then_seed_amplified_distilled(defs: dg.Definit
         key("amplified_prompts"),
     }
     assert defs.resolve_job_def("batch_job") is not None
-    assert {s.name for s in defs.schedules or []} == {"nightly_distillation_schedule"}
+    assert {s.name for s in defs.schedules or []} == {
+        "nightly_distillation_schedule",
+        "table_maintenance_schedule",
+    }
+    assert defs.resolve_job_def("maintenance_job") is not None
     assert {s.name for s in defs.sensors or []} == {
         "inbox_sensor",
         "api_batch_sensor",

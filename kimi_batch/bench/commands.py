@@ -43,9 +43,31 @@ def dedup_bench_command(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def maintenance_bench_command(args: argparse.Namespace, settings: Settings) -> int:
+    from kimi_batch.bench.maintenance import (
+        MaintenanceBenchOptions,
+        maintenance_table,
+        run_maintenance_bench,
+        write_maintenance_outputs,
+    )
+
+    options = MaintenanceBenchOptions(
+        partitions=args.partitions or 6, rows=args.rows_per_partition or 50
+    )
+    document = run_maintenance_bench(settings, options)
+    paths = write_maintenance_outputs(document, settings.paths.bench_dir / "maintenance.json")
+    if args.json:
+        write_maintenance_outputs(document, Path(args.json))
+    print(maintenance_table(document), end="")
+    print(f"written: {', '.join(str(p) for p in paths)}")
+    return 0
+
+
 def bench_command(args: argparse.Namespace, settings: Settings) -> int:
     if args.workload == "dedup":  # no server: the duplicate index alone
         return dedup_bench_command(args, settings)
+    if args.workload == "maintenance":  # no server: the tables' commits and maintenance
+        return maintenance_bench_command(args, settings)
     from kimi_batch.bench.rehearsal import RehearsalOptions
     from kimi_batch.bench.report import bench_chart, bench_table
     from kimi_batch.bench.run import BenchOptions, run_bench
@@ -211,6 +233,7 @@ def add_perf_commands(commands: Any, *, json_help: str) -> None:
             "rehearsal",
             "dedup",
             "api-prompts",
+            "maintenance",
         ],
         default="both",
         help="what to measure",

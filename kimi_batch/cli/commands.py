@@ -19,6 +19,7 @@ from typing import NoReturn
 
 from kimi_batch.bench.commands import add_perf_commands
 from kimi_batch.cli.state import add_state_commands
+from kimi_batch.cli.warehouse import add_warehouse_commands
 from kimi_batch.errors import ConfigError, KimiBatchError
 from kimi_batch.llama import server_from_settings
 from kimi_batch.settings import Settings
@@ -391,6 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     lint.set_defaults(func=_digest_lint, needs_settings=False)
     add_state_commands(commands)
+    add_warehouse_commands(commands)
     add_perf_commands(commands, json_help=JSON_HELP)
     return parser
 

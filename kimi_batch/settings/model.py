@@ -27,12 +27,14 @@ from kimi_batch.settings.defaults import (
     DEFAULT_INBOX_INTERVAL_S,
     DEFAULT_LLAMA_PORT,
     DEFAULT_LOAD_TIMEOUT_S,
+    DEFAULT_MAINTENANCE_CRON,
     DEFAULT_MAX_INPUT_MB,
     DEFAULT_N_PREDICT,
     DEFAULT_NIGHTLY_CRON,
     DEFAULT_OUTPUT_MODEL_MODULES,
     DEFAULT_PARALLEL,
     DEFAULT_SLOT_SAVES_MAX,
+    DEFAULT_SNAPSHOT_RETENTION_DAYS,
     DEFAULT_THREADS,
     DEFAULT_TIMEZONE,
     DEFAULT_TRINO_PORT,
@@ -231,6 +233,19 @@ class Settings(QualitySettings, StateSettings):
         "the deadline of the freshness check (`07:00` when unset).",
         json_schema_extra=_shown("unset (no window)"),
     )
+    snapshot_retention_days: int = Field(
+        default=DEFAULT_SNAPSHOT_RETENTION_DAYS,
+        ge=1,
+        description="Days a table snapshot stays readable (`--as-of`, time travel) before "
+        "maintenance expires it and removes its files; tagged snapshots (`night-YYYY-MM-DD`) "
+        "and each table's current one are kept.",
+    )
+    maintenance_cron: str = Field(
+        default=DEFAULT_MAINTENANCE_CRON,
+        description="When the tables' maintenance (snapshot expiry, orphan files) runs (cron, "
+        "in KIMI_BATCH_TIMEZONE): outside the nightly window. Its schedule follows "
+        "KIMI_BATCH_NIGHTLY_STATUS.",
+    )
     inbox_sensor_running: bool = Field(
         default=False,
         description="`running`: the inbox sensor starts switched on.",
@@ -301,7 +316,7 @@ class Settings(QualitySettings, StateSettings):
             raise ValueError(f"{value!r} is not an IANA timezone (e.g. Europe/Paris)") from error
         return value
 
-    @field_validator("nightly_cron")
+    @field_validator("nightly_cron", "maintenance_cron")
     @classmethod
     def _valid_cron(cls, value: str) -> str:
         if not is_cron(value):
@@ -344,6 +359,10 @@ class Settings(QualitySettings, StateSettings):
                 nightly_cron=env_str("KIMI_BATCH_NIGHTLY_CRON") or DEFAULT_NIGHTLY_CRON,
                 nightly_running=env_status("KIMI_BATCH_NIGHTLY_STATUS"),
                 night_ends=env_clock("KIMI_BATCH_NIGHT_ENDS"),
+                snapshot_retention_days=env_int(
+                    "KIMI_BATCH_SNAPSHOT_RETENTION_DAYS", DEFAULT_SNAPSHOT_RETENTION_DAYS
+                ),
+                maintenance_cron=env_str("KIMI_BATCH_MAINTENANCE_CRON") or DEFAULT_MAINTENANCE_CRON,
                 inbox_sensor_running=env_status("KIMI_BATCH_INBOX_SENSOR_STATUS"),
                 inbox_sensor_interval_s=env_int(
                     "KIMI_BATCH_INBOX_SENSOR_INTERVAL", DEFAULT_INBOX_INTERVAL_S

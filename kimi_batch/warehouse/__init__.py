@@ -10,6 +10,14 @@ read the same tables through the same catalog. Each night's snapshots are tagged
 """
 
 from kimi_batch.warehouse.catalog import CATALOG_NAME, LEDGER_SCHEMA, CatalogSpec, open_catalog
+from kimi_batch.warehouse.maintenance import TableMaintenance, maintain
+from kimi_batch.warehouse.migration import (
+    HivePartition,
+    MigratedPartition,
+    MigrationError,
+    hive_partitions,
+    migrate,
+)
 from kimi_batch.warehouse.snapshots import (
     NIGHT_TAG_PREFIX,
     TableSnapshot,
@@ -30,10 +38,17 @@ __all__ = [
     "LEDGER_SCHEMA",
     "NIGHT_TAG_PREFIX",
     "CatalogSpec",
+    "HivePartition",
+    "MigratedPartition",
+    "MigrationError",
     "PartitionWrite",
+    "TableMaintenance",
     "TableSnapshot",
     "Warehouse",
     "current_snapshots",
+    "hive_partitions",
+    "maintain",
+    "migrate",
     "newest_snapshots",
     "night_tag",
     "open_catalog",

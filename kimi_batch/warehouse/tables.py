@@ -169,6 +169,10 @@ class Warehouse:
         except (SQLAlchemyError, OSError) as error:
             raise StorageError(f"the tables' catalog is unreadable: {error}") from error
 
+    def iceberg_table(self, table: str) -> Table | None:
+        """The pyiceberg table (None when never written): what maintenance works on."""
+        return self._load(table)
+
     def _create(self, table: str, schema: pa.Schema) -> Table:
         catalog = open_catalog(self.spec)
         catalog.create_namespace_if_not_exists(self.spec.namespace)
@@ -209,10 +213,31 @@ class Warehouse:
         `guard` (the partition's lease) is confirmed inside the catalog commit's transaction:
         when it is lost (LeaseLostError), the commit is rolled back and the table is as it was.
         """
-        if self.snapshots is not None:
-            raise StorageError("a warehouse pinned to snapshots is read-only")
         ds, source = validate_ds(ds), validate_source(source)
         data = pa.concat_tables(list(_arrow_chunks(table, rows, ds, source)))
+        return self._commit(table, ds, source, data, guard)
+
+    def write_frame(
+        self, table: str, ds: str | date, source: str, frame: pl.DataFrame
+    ) -> PartitionWrite:
+        """Replace one partition by `frame`'s rows in one commit, as they are (no row model's
+        round trip: what `migration` copies); a column of the table it lacks reads as null."""
+        ds, source = validate_ds(ds), validate_source(source)
+        schema = polars_schema(table)
+        added = [name for name in schema.names() if name not in frame.columns]
+        frame = frame.with_columns(pl.lit(None).alias(name) for name in added)
+        frame = frame.select(schema.names()).cast(schema)
+        data = frame.with_columns(
+            pl.lit(ds, dtype=pl.String).alias(PARTITION_COLUMNS[0]),
+            pl.lit(source, dtype=pl.String).alias(PARTITION_COLUMNS[1]),
+        ).to_arrow()
+        return self._commit(table, ds, source, data, None)
+
+    def _commit(
+        self, table: str, ds: str, source: str, data: pa.Table, guard: Fence | None
+    ) -> PartitionWrite:
+        if self.snapshots is not None:
+            raise StorageError("a warehouse pinned to snapshots is read-only")
         if self.spec.warehouse.startswith("file://"):
             # Generated text is confidential: the folder every table file is under is owner-only.
             private_dir(Path(self.location))
