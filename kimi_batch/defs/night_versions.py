@@ -2,15 +2,16 @@
 
 The night's one op (`defs/assets/night.py`) logs each partition's materialization as it lands,
 but an op can only log Dagster's public `AssetMaterialization`, which has no data version and no
-input versions: Dagster can give one only to an asset step's result, per output, so one run over
-the night's scattered `date|source` keys cannot version them one by one. So when a `nightly_job`
-run ends (succeeded, or failed with some partitions left out), this sensor asks, for every
-partition it materialized, one run of `partition_versions_job` over that partition and the assets
-the night materialized for it, with the night's stage configs and window: the assets' own code
-(`run_stage`, `seed_prompts`), whose requests are ledger hits (the night generated them), so the
-partition is rebuilt from the ledger without generating, and its materialization carries the data
-version and provenance an asset run gives. A night-built partition then has the same data
+input versions: Dagster gives one only to an asset step's result, per output, so one run over the
+night's scattered `date|source` keys cannot version them one by one. So when a `nightly_job` run
+ends (succeeded, failed with some partitions left out, or terminated), these sensors ask, for
+every partition it materialized, one run of `partition_versions_job` over that partition and the
+assets the night materialized for it, with the night's stage configs and window: the assets' own
+code (`run_stage`, `seed_prompts`), whose requests are ledger hits (the night generated them), so
+the partition is rebuilt from the ledger without generating, and its materialization carries the
+data version and provenance an asset run gives. A night-built partition then has the same data
 version as one built by any asset run from the same input, and Dagster's staleness is its own.
+A request the night failed is sent again (inside the night's window), as any rebuild would.
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ PARTITION_VERSIONS_JOB = "partition_versions_job"
 # On a partition's version run: the night run whose partition it versions (the UI shows it).
 NIGHT_RUN_TAG = "kimi_batch/night_run"
 _PAGE = 1000
+# How a night ends with partitions it materialized: done, failed naming some, or terminated.
+_NIGHT_ENDS = (
+    dg.DagsterRunStatus.SUCCESS,
+    dg.DagsterRunStatus.FAILURE,
+    dg.DagsterRunStatus.CANCELED,
+)
 
 partition_versions_job = dg.define_asset_job(
     name=PARTITION_VERSIONS_JOB,
@@ -102,8 +109,8 @@ def version_requests(instance: dg.DagsterInstance, run: dg.DagsterRun) -> list[d
 
 
 def build_night_versions(settings: Settings) -> list[dg.RunStatusSensorDefinition]:
-    """The sensors asking for the version runs after a night that succeeded or failed; running
-    when the nightly schedule is."""
+    """The sensors asking for the version runs after a night that succeeded, failed or was
+    terminated; running when the nightly schedule is."""
     status = (
         dg.DefaultSensorStatus.RUNNING
         if settings.nightly_running
@@ -125,7 +132,7 @@ def build_night_versions(settings: Settings) -> list[dg.RunStatusSensorDefinitio
 
         return night_versions
 
-    return [build(dg.DagsterRunStatus.SUCCESS), build(dg.DagsterRunStatus.FAILURE)]
+    return [build(status) for status in _NIGHT_ENDS]
 
 
 @dg.definitions

@@ -94,8 +94,19 @@ def test_a_failed_night_asks_a_version_run_per_partition_it_materialized(
     assert by_key[f"{DAY}|south"].run_config == {"ops": {"seed_prompts": {"config": SEEDS}}}
 
 
-def test_a_successful_night_asks_them_too(defs: dg.Definitions) -> None:
-    sensor = defs.resolve_sensor_def("night_versions_on_success")
-    assert isinstance(sensor, dg.RunStatusSensorDefinition)
-    # Both start as the nightly schedule does: stopped unless KIMI_BATCH_NIGHTLY_STATUS=running.
-    assert sensor.default_status == dg.DefaultSensorStatus.STOPPED
+def test_a_night_that_succeeded_or_was_terminated_asks_them_too(defs: dg.Definitions) -> None:
+    for name in ("night_versions_on_success", "night_versions_on_canceled"):
+        sensor = defs.resolve_sensor_def(name)
+        assert isinstance(sensor, dg.RunStatusSensorDefinition)
+        # Stopped as the nightly schedule starts: unless KIMI_BATCH_NIGHTLY_STATUS=running.
+        assert sensor.default_status == dg.DefaultSensorStatus.STOPPED
+
+
+def test_they_run_where_the_nightly_schedule_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("KIMI_BATCH_NIGHTLY_STATUS", "running")
+    defs = build_definitions(Settings.from_env())
+    sensor = defs.resolve_sensor_def("night_versions_on_failure")
+    assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
