@@ -30,6 +30,7 @@ from dagster_graphql.test.utils import define_out_of_process_workspace, execute_
 
 from kimi_batch.definitions import build_definitions
 from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME, nightly_run_config
+from kimi_batch.defs.night_versions import PARTITION_VERSIONS_JOB
 from kimi_batch.engine import row_request_id
 from kimi_batch.settings import Settings
 from kimi_batch.storage import (
@@ -133,7 +134,37 @@ class Daemons:
             )
             assert result.success, [e.message for e in result.all_events if e.is_failure]
             results.append(result)
+            self._versions(result)
         return results
+
+    def _versions(self, night: dg.ExecuteInProcessResult) -> None:
+        """What the night's run-status sensor asks once it succeeded: each partition's version
+        run (its assets over it, from the ledger), executed."""
+        sensor = self.defs.resolve_sensor_def("night_versions_on_success")
+        assert isinstance(sensor, dg.RunStatusSensorDefinition)
+        context = dg.build_run_status_sensor_context(
+            sensor_name=sensor.name,
+            dagster_event=night.get_run_success_event(),
+            dagster_instance=self.instance,
+            dagster_run=night.dagster_run,
+        )
+        requests = sensor(context)
+        assert isinstance(requests, list)
+        job = self.defs.resolve_job_def(PARTITION_VERSIONS_JOB)
+        for request in requests:
+            result = job.execute_in_process(
+                instance=self.instance,
+                partition_key=request.partition_key,
+                asset_selection=request.asset_selection,
+                run_config=request.run_config,
+                tags=request.tags,
+                raise_on_error=False,
+            )
+            assert result.success, [e.message for e in result.all_events if e.is_failure]
+
+    def asset_run(self, job_name: str, key: str) -> None:
+        """A run of `job_name` over partition `key`, as the UI's launchpad starts one."""
+        self._execute(job_name, dg.RunRequest(partition_key=key))
 
 
 def _materialization(result: dg.ExecuteInProcessResult, asset: str) -> dg.AssetMaterialization:
@@ -251,7 +282,11 @@ def test_a_rewritten_input_is_distilled_again_and_only_its_new_rows_are_generate
 _STALENESS = """
 query Staleness($key: AssetKeyInput!, $partition: String!) {
   assetNodeOrError(assetKey: $key) {
-    ... on AssetNode { staleStatus(partition: $partition) }
+    ... on AssetNode {
+      staleStatus(partition: $partition)
+      dataVersion(partition: $partition)
+      staleCauses(partition: $partition) { reason }
+    }
   }
 }
 """
@@ -272,15 +307,19 @@ class _Staleness:
     def __exit__(self, *exc: object) -> None:
         self._workspace.__exit__(None, None, None)
 
-    def status(self, asset: str, partition: str) -> str:
-        """FRESH, STALE or MISSING, read in a request of its own (nothing cached between)."""
+    def node(self, asset: str, partition: str) -> dict[str, Any]:
+        """Its staleness (FRESH, STALE or MISSING), data version and stale causes, read in a
+        request of its own (nothing cached between)."""
         result = execute_dagster_graphql(
             self._workspace.create_request_context(),
             _STALENESS,
             {"key": {"path": [asset]}, "partition": partition},
         )
         assert not result.errors, result.errors
-        return result.data["assetNodeOrError"]["staleStatus"]
+        return result.data["assetNodeOrError"]
+
+    def status(self, asset: str, partition: str) -> str:
+        return self.node(asset, partition)["staleStatus"]
 
 
 def test_the_night_records_the_version_it_consumed_and_dagster_sees_a_rewrite_stale(
@@ -299,20 +338,31 @@ def test_the_night_records_the_version_it_consumed_and_dagster_sees_a_rewrite_st
         distilled = _materialization(run, "distilled_responses")
         seeds = ingest.asset_materializations_for_node("seed_prompts")[0]
         with _Staleness(instance) as staleness:
-            after_night = staleness.status("distilled_responses", key)
+            after_night = staleness.node("distilled_responses", key)
+            daemons.asset_run("distillation_job", key)  # the same input, built by its assets
+            asset_built = staleness.node("distilled_responses", key)
             _write(home / "inbox", ["Name a moon."], age_s=60)  # seeds rewritten
             daemons.sensor_tick()
-            after_rewrite = staleness.status("distilled_responses", key)
+            after_rewrite = staleness.node("distilled_responses", key)
             daemons.schedule_tick((night + timedelta(days=1)).replace(hour=2))
-            after_next_night = staleness.status("distilled_responses", key)
+            after_next_night = staleness.node("distilled_responses", key)
     finally:
         instance.dispose()
 
     # The version it consumed, as `status` reads it: the seeds' landed sha.
     assert distilled.metadata["input_sha256"] == seeds.metadata["input_sha256"]
-    # Dagster's own staleness of the night's materializations: fresh after the night, stale
-    # once the seeds are rewritten, fresh again after the next night distilled them.
-    assert (after_night, after_rewrite, after_next_night) == ("FRESH", "STALE", "FRESH")
+    # Dagster's own staleness of the night's partitions: fresh after the night, stale once the
+    # seeds are rewritten (a new data version of its input, read from its provenance, not a
+    # newer timestamp), fresh again after the next night distilled them.
+    states = [n["staleStatus"] for n in (after_night, asset_built, after_rewrite, after_next_night)]
+    assert states == ["FRESH", "FRESH", "STALE", "FRESH"]
+    assert after_rewrite["staleCauses"]
+    assert {c["reason"] for c in after_rewrite["staleCauses"]} == {"has a new data version"}
+    # The night-built partition's data version is the asset-built one's for the same input,
+    # and another one's once the input changed.
+    assert after_night["dataVersion"] is not None
+    assert after_night["dataVersion"] == asset_built["dataVersion"]
+    assert after_next_night["dataVersion"] not in (None, after_night["dataVersion"])
 
 
 def _evaluate(daemons: Daemons, when: datetime) -> tuple[list[str], str | None]:

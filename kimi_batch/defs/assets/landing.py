@@ -8,15 +8,18 @@ generating: if the night dies before the publish is recorded, the check stays fa
 catch-up sensor (`defs/publishing.py`) finds it. No partition is ever recorded as materialized
 with its publish unaccounted for.
 
-`record` is the one place a run logs materializations it made outside an asset step, with
-Dagster's public events only. Such a materialization carries no data version or input versions
-(Dagster gives no public way to set them per partition from an op): Dagster's staleness then
-compares materialization times, and the input version a partition consumed is its
-`input_sha256` metadata, what `status` and the nightly schedule read.
+A stage's partition has a data version (`stage_data_version`) made from what determines its
+rows: its input version and its requests' identities (the ledger answers each request once), so a
+partition built twice from the same input by the same stage carries the same version, whichever
+run built it. Only an asset step records it: `record` (the one place a run logs materializations
+it made outside an asset step, with Dagster's public events only) cannot, since Dagster's public
+`AssetMaterialization` has no data version. The night's partitions get theirs from their own
+asset runs (`defs/night_versions.py`).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -58,6 +61,7 @@ __all__ = [
     "land_stage",
     "partition_parts_of",
     "record",
+    "stage_data_version",
     "stage_metadata",
 ]
 
@@ -140,7 +144,23 @@ def land_stage(
         )
     )
     metadata[INPUT_SHA_METADATA] = plan.input_sha  # what `status` and the nightly compare (stale)
-    return dg.MaterializeResult(metadata=metadata, check_results=on_table(checks, metadata))
+    return dg.MaterializeResult(
+        metadata=metadata,
+        check_results=on_table(checks, metadata),
+        data_version=stage_data_version(plan, outcome),
+    )
+
+
+def stage_data_version(plan: StagePlan, outcome: BatchOutcome) -> dg.DataVersion:
+    """The partition's data version: its table, input version, and the ids of the requests its
+    rows come from and of those that failed (each id names a ledger key: digest, model, params,
+    messages, sample), so the same input through the same stage gives the same version."""
+    digest = hashlib.sha256(f"{plan.task.table}\n{plan.input_sha}\n".encode())
+    for request_id in sorted(row.request_id for row in outcome.planned):
+        digest.update(f"{request_id}\n".encode())
+    for request_id in sorted(failure.request_id for failure in outcome.failures):
+        digest.update(f"failed {request_id}\n".encode())
+    return dg.DataVersion(digest.hexdigest())
 
 
 def consumed_input_sha(store: Warehouse, ds: str, source: str) -> str:

@@ -16,7 +16,9 @@ lands, so the UI, `status` and the next night see it as after a run of `distilla
 landed partition is published to Trino on a background thread while the slots keep generating
 (`landing.PublishBehind`); until its publish is recorded its `published_to_trino` check is
 failed, so a night that dies leaves the Trino catch-up sensor every partition it did not
-publish.
+publish. An op's materializations carry no data version: once the run ends, each partition it
+materialized gets its own asset run that rebuilds it from the ledger with one
+(`defs/night_versions.py`).
 
 A partition that cannot go on (its input unreadable, its lease held by another run, a write
 refused) is left out and named; past the nightly window the partitions whose rows are not all
