@@ -2,7 +2,7 @@
 
     open_warehouse(settings).write_partition(table, ds, source, rows) -> PartitionWrite
         (a `Warehouse` folder, or an `ObjectWarehouse` for an s3:// KIMI_BATCH_WAREHOUSE)
-    TrinoPublisher(TrinoConfig(host=...)).publish_partition(warehouse, table, ds, source)
+    TrinoReader(TrinoConfig(host=...)).count(table, ds, source): the tables as Trino reads them
 
 Tables and their row models: `TABLES` (amplified, distilled, quarantine). The layers above import
 from here, never from the modules. Errors: see `kimi_batch.storage.exceptions`.
@@ -99,7 +99,7 @@ from kimi_batch.storage.settle import (
     still_changing,
     wait_until_settled,
 )
-from kimi_batch.storage.trino import PublishReport, TrinoConfig, TrinoPublisher
+from kimi_batch.storage.trino import TrinoConfig, TrinoReader, catalog_properties, write_catalog
 from kimi_batch.storage.versions import CurrentVersion, PartitionVersions, version_prefix
 
 __all__ = [
@@ -134,7 +134,6 @@ __all__ = [
     "PartitionGate",
     "PartitionVersions",
     "PartitionWrite",
-    "PublishReport",
     "QualityGate",
     "RequestCounts",
     "ResolvedInput",
@@ -142,13 +141,14 @@ __all__ = [
     "StagedFile",
     "StorageError",
     "TrinoConfig",
-    "TrinoPublisher",
     "TrinoQueryError",
+    "TrinoReader",
     "TrinoUnavailableError",
     "ValidationClaim",
     "Warehouse",
     "batch_lines",
     "begin_batch",
+    "catalog_properties",
     "columns",
     "file_sha256",
     "finish_batch",
@@ -186,5 +186,6 @@ __all__ = [
     "version_prefix",
     "wait_until_settled",
     "write_batch_files",
+    "write_catalog",
     "write_private_text",
 ]
