@@ -20,7 +20,6 @@ PACKAGE = Path(__file__).resolve().parent.parent / "kimi_batch"
 # (module, function) -> why its write needs no crash point of its own.
 NOT_STATE = {
     ("engine/speeds.py", "save"): "a measured speed, a hint for deadlines: rewritten each run",
-    ("storage/parquet.py", "_write_chunked"): "a temp file, before the partition's commit",
     ("storage/blobs.py", "local"): "this host's cache of a content-addressed blob, refetched",
     ("storage/private_files.py", "private_writer"): "a one-shot output (export, key file): the "
     "command rewrites it whole",
@@ -36,13 +35,12 @@ NOT_STATE = {
     ("engine/ledger.py", "_confirmed"): "a lease's fence: the transaction its caller writes in "
     "(the caller's commit has the crash point: warehouse.partition_committed)",
     ("engine/ledger.py", "_try_lease"): "a lease: coordination that expires, not data",
-    ("storage/versions.py", "_transaction"): "the pointer switch's transaction: its caller "
-    "(ObjectWarehouse.write_partition) has the crash point",
     ("storage/dedup_index.py", "_take"): "the index's transaction, committed when "
     "DedupIndex.partition's block ends (quality.index_updated, quality.index_released)",
 }
 
-_WRITE_CALLS = frozenset({"transaction", "_write_lock", "write_partition"})
+# `overwrite`: an Iceberg table's commit (warehouse/tables.py).
+_WRITE_CALLS = frozenset({"transaction", "_write_lock", "write_partition", "overwrite"})
 
 
 def _is_durable_write(call: ast.Call) -> bool:

@@ -23,6 +23,7 @@ LAYERS = {
     "engine": 2,
     "tasks": 3,
     "storage": 4,
+    "warehouse": 4,
     "defs": 5,
 }
 
@@ -88,7 +89,7 @@ def test_test_packages_hold_no_code() -> None:
         ), path.relative_to(TESTS)
 
 
-FACADES = ("settings", "state", "llama", "engine", "storage")
+FACADES = ("settings", "state", "llama", "engine", "storage", "warehouse")
 
 
 @pytest.mark.parametrize("facade", FACADES)

@@ -41,8 +41,6 @@ from kimi_batch.llama import TokenLogprob, ToolCall
 from kimi_batch.paths import private_dir
 from kimi_batch.settings import Settings
 from kimi_batch.storage import (
-    Warehouse,
-    open_warehouse,
     private_folder,
     private_writer,
     temp_name,
@@ -50,6 +48,7 @@ from kimi_batch.storage import (
     validate_source,
 )
 from kimi_batch.tasks.openai_batch import AnsweredRequest, error_line, response_line
+from kimi_batch.warehouse import Warehouse, open_warehouse
 
 __all__ = [
     "FORMATS",

@@ -41,7 +41,8 @@ def migrate_state(settings: Settings, url: str) -> list[StoreCopy]:
     """Copy the ledger, the manifest and the API store of `settings`' state dir to `url`."""
     # Imported when run: the CLI's other commands start without the storage layer.
     from kimi_batch.engine import Ledger
-    from kimi_batch.storage import ApiStore, Landing, PartitionVersions
+    from kimi_batch.storage import ApiStore, Landing
+    from kimi_batch.warehouse import CatalogSpec, open_catalog
 
     try:
         StateSettings(database_url=url)
@@ -52,7 +53,8 @@ def migrate_state(settings: Settings, url: str) -> list[StoreCopy]:
     target = source.model_copy(update={"database_url": url})
     # Each store creates its own tables in the target first.
     Ledger(target.ledger_state).close()
-    PartitionVersions(target.ledger_state).create()  # an object-store warehouse's pointers
+    # The tables' catalog lives in the ledger's database: its tables are created, then copied.
+    open_catalog(CatalogSpec.from_settings(settings.model_copy(update={"database_url": url})))
     Landing(target).close()
     ApiStore(target).close()
     copies = []

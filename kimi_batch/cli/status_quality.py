@@ -16,10 +16,10 @@ from kimi_batch.storage import (
     NEAR_DUPLICATE,
     StorageError,
     index_entries,
-    open_warehouse,
     set_aside_totals,
 )
 from kimi_batch.tasks.judge import JudgeTask
+from kimi_batch.warehouse import open_warehouse
 
 __all__ = ["quality_section"]
 

@@ -24,6 +24,7 @@ __all__ = [
     "COLUMN_SCHEMA",
     "PARTITION_ROW_COUNT",
     "ROW_COUNT",
+    "SNAPSHOT_ID",
     "TABLE_NAME",
     "URI",
     "generation_figures",
@@ -38,6 +39,8 @@ PARTITION_ROW_COUNT = "dagster/partition_row_count"
 TABLE_NAME = "dagster/table_name"
 URI = "dagster/uri"
 COLUMN_SCHEMA = "dagster/column_schema"
+# The Iceberg snapshot of the table that a materialization's commit made current.
+SNAPSHOT_ID = "snapshot_id"
 # Who answers for every asset of the pipeline (the UI's owner filter and catalog column).
 ASSET_OWNERS = ["team:kimi-batch"]
 
@@ -68,10 +71,17 @@ def table_schema(table: str) -> dg.TableSchema:
 
 
 def table_metadata(
-    table: str, *, table_name: str, uri: str, table_rows: int, partition_rows: int | None = None
+    table: str,
+    *,
+    table_name: str,
+    uri: str,
+    table_rows: int,
+    partition_rows: int | None = None,
+    snapshot_id: int | None = None,
 ) -> dict[str, dg.RawMetadataValue]:
     """Dagster's standard table keys: rows in the whole table (and in the partition written),
-    the Trino table, the file written and the column schema."""
+    the Trino table, the Iceberg table's location and the column schema; and the table's
+    snapshot the write made current (`kimi-batch export --as-of` reads it back)."""
     metadata: dict[str, dg.RawMetadataValue] = {
         ROW_COUNT: dg.MetadataValue.int(table_rows),
         TABLE_NAME: dg.MetadataValue.text(table_name),
@@ -80,6 +90,9 @@ def table_metadata(
     }
     if partition_rows is not None:
         metadata[PARTITION_ROW_COUNT] = dg.MetadataValue.int(partition_rows)
+    if snapshot_id is not None:
+        # Text: a snapshot id is a 63-bit number, past what the UI's numeric charts keep exact.
+        metadata[SNAPSHOT_ID] = dg.MetadataValue.text(str(snapshot_id))
     return metadata
 
 

@@ -25,8 +25,8 @@ from kimi_batch.storage import (
     TrinoConfig,
     TrinoPublisher,
     TrinoUnavailableError,
-    open_warehouse,
 )
+from kimi_batch.warehouse import open_warehouse
 
 __all__ = ["build_trino_catch_up", "defs", "tables_of"]
 

@@ -240,6 +240,15 @@ class Lease:
                 raise LeaseLostError(self.partition_key, self.lost_why)
             yield db
 
+    def confirm_in(self, db: StateDatabase) -> None:
+        """Renew the lease inside the caller's transaction on `db` (see `Fence.confirm_in`)."""
+        if self.lost:
+            raise LeaseLostError(self.partition_key, self.lost_why)
+        db.lock_store()
+        if not self._renew(db):
+            self._mark_lost("expired and taken over by another run")
+            raise LeaseLostError(self.partition_key, self.lost_why)
+
     def release(self) -> None:
         self._stop.set()
         self._thread.join()

@@ -62,6 +62,11 @@ class StateDatabase(ABC):
     def transaction(self) -> AbstractContextManager[None]:
         """Commit on exit, roll back on an exception; the store's write lock held throughout."""
 
+    def lock_store(self) -> None:
+        """Take the store's write lock inside a transaction someone else opened on this
+        connection (a catalog commit's): SQLite's first write takes it by itself."""
+        return
+
     @abstractmethod
     def clock(self) -> tuple[str, float]:
         """(clock id, seconds) that lease expiry is measured on: one clock every holder reads

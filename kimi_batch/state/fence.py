@@ -5,8 +5,9 @@ between checking its lease and committing its write, and wake after another run 
 partition over. A check before the commit leaves that gap; a fence closes it: `fenced()` opens a
 transaction on the lease's store, holding the store's write lock, in which the lease is confirmed
 (and renewed), and the caller commits its write inside it. Taking a lease needs the same write
-lock, so nobody takes the partition over until the write is committed (a rename for the local
-warehouse; a pointer in the same transaction for a store that has no rename).
+lock, so nobody takes the partition over until the write is committed. A write that commits in a
+transaction of its own on the same database (an Iceberg catalog commit) hands that transaction's
+connection to `confirm_in` instead, so the lease is confirmed in the commit itself.
 """
 
 from __future__ import annotations
@@ -25,4 +26,10 @@ class Fence(Protocol):
     def fenced(self) -> AbstractContextManager[StateDatabase]:
         """A transaction on the lease's store in which this writer holds it, or the holder's
         error (LeaseLostError): what is committed inside it is committed by the holder only."""
+        ...
+
+    def confirm_in(self, db: StateDatabase) -> None:
+        """Confirm (and renew) the lease on `db`, a connection inside a transaction that is
+        about to commit a write: the store's write lock is taken first, so the write commits
+        only if this writer holds the lease at that moment (LeaseLostError otherwise)."""
         ...

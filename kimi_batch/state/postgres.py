@@ -118,6 +118,18 @@ class PostgresDatabase(StateDatabase):
             raise _translated(error, self.url) from None
         return db
 
+    @classmethod
+    def wrap(cls, db: psycopg.Connection[Any], url: str, schema: str) -> PostgresDatabase:
+        """An open connection (inside someone else's transaction, a catalog commit's) as a
+        `StateDatabase`: its statements run in that transaction, never on their own."""
+        wrapped = cls.__new__(cls)
+        wrapped.url, wrapped.schema, wrapped._db = url, schema, db
+        wrapped._lock, wrapped._timeout_s = _lock_id(schema), 60.0
+        return wrapped
+
+    def lock_store(self) -> None:
+        self.execute("SELECT pg_advisory_xact_lock(?)", (self._lock,))
+
     def _live(self) -> psycopg.Connection[Any]:
         """The connection; a new one when the last was lost (a database restart, a dropped
         connection). The statement that met the loss failed as busy; the next one goes on."""

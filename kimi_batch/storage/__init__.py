@@ -1,8 +1,5 @@
-"""Storage layer: Parquet warehouse in Hive layout, and Trino tables over it.
-
-    open_warehouse(settings).write_partition(table, ds, source, rows) -> PartitionWrite
-        (a `Warehouse` folder, or an `ObjectWarehouse` for an s3:// KIMI_BATCH_WAREHOUSE)
-    TrinoReader(TrinoConfig(host=...)).count(table, ds, source): the tables as Trino reads them
+"""Storage layer: the inbox and landed inputs, the quality gate, the Batch API's store, the
+tables' schemas (the tables themselves are `kimi_batch.warehouse`'s), and Trino queries.
 
 Tables and their row models: `TABLES` (amplified, distilled, quarantine). The layers above import
 from here, never from the modules. Errors: see `kimi_batch.storage.exceptions`.
@@ -52,14 +49,6 @@ from kimi_batch.storage.exceptions import (
 )
 from kimi_batch.storage.inbox import InboxFile, file_sha256, inspect_inbox_file, scan_inbox
 from kimi_batch.storage.landing import Assignment, Landing, landed_versions
-from kimi_batch.storage.object_warehouse import ObjectWarehouse, open_warehouse
-from kimi_batch.storage.parquet import (
-    PARTITION_COLUMNS,
-    PartitionWrite,
-    Warehouse,
-    validate_ds,
-    validate_source,
-)
 from kimi_batch.storage.partition_input import (
     InboxLanding,
     ResolvedInput,
@@ -85,12 +74,16 @@ from kimi_batch.storage.quality_gate import (
 )
 from kimi_batch.storage.quarantine import replace_quarantine
 from kimi_batch.storage.schema import (
+    PARTITION_COLUMNS,
     TABLES,
     Column,
     columns,
+    model_for,
     polars_schema,
     trino_columns,
+    validate_ds,
     validate_identifier,
+    validate_source,
 )
 from kimi_batch.storage.seeds import land_input, land_seeds
 from kimi_batch.storage.settle import (
@@ -100,7 +93,6 @@ from kimi_batch.storage.settle import (
     wait_until_settled,
 )
 from kimi_batch.storage.trino import TrinoConfig, TrinoReader, catalog_properties, write_catalog
-from kimi_batch.storage.versions import CurrentVersion, PartitionVersions, version_prefix
 
 __all__ = [
     "CONTAMINATED",
@@ -118,7 +110,6 @@ __all__ = [
     "BatchStatus",
     "BatchValidator",
     "Column",
-    "CurrentVersion",
     "DedupIndex",
     "DedupSetting",
     "FileRecord",
@@ -130,10 +121,7 @@ __all__ = [
     "InvalidIdentifierError",
     "InvalidPartitionError",
     "Landing",
-    "ObjectWarehouse",
     "PartitionGate",
-    "PartitionVersions",
-    "PartitionWrite",
     "QualityGate",
     "RequestCounts",
     "ResolvedInput",
@@ -145,7 +133,6 @@ __all__ = [
     "TrinoReader",
     "TrinoUnavailableError",
     "ValidationClaim",
-    "Warehouse",
     "batch_lines",
     "begin_batch",
     "catalog_properties",
@@ -159,7 +146,7 @@ __all__ = [
     "land_input",
     "land_seeds",
     "landed_versions",
-    "open_warehouse",
+    "model_for",
     "polars_schema",
     "private_folder",
     "private_folder_swap",
@@ -183,7 +170,6 @@ __all__ = [
     "validate_ds",
     "validate_identifier",
     "validate_source",
-    "version_prefix",
     "wait_until_settled",
     "write_batch_files",
     "write_catalog",

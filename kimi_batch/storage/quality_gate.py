@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import polars as pl
 from pydantic import BaseModel, ConfigDict
@@ -37,11 +37,13 @@ from kimi_batch.storage.dedup_index import (
     KeptEntry,
     PartitionDedup,
 )
-from kimi_batch.storage.parquet import Warehouse
 from kimi_batch.tasks.generation_task import GenerationTask, ScreenedText
 from kimi_batch.tasks.quarantine import INPUT_STAGE, set_aside_row
 from kimi_batch.tasks.rows import GenerationColumns, QuarantineRow
 from kimi_batch.tasks.text_keys import normalize_text
+
+if TYPE_CHECKING:
+    from kimi_batch.warehouse import Warehouse
 
 __all__ = [
     "CONTAMINATED",

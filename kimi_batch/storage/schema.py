@@ -21,7 +21,7 @@ import re
 import types
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any, Literal, Union, get_args, get_origin
 
 import polars as pl
@@ -40,7 +40,9 @@ __all__ = [
     "polars_schema",
     "quote_identifier",
     "trino_columns",
+    "validate_ds",
     "validate_identifier",
+    "validate_source",
     "validate_table",
 ]
 
@@ -67,6 +69,34 @@ TABLES: Mapping[str, type[BaseModel]] = _Tables()
 """Output table name -> row model."""
 
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]*$")
+_DS = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+# First character alphanumeric: Hive-style readers skip paths that start with "." or "_".
+_SOURCE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def validate_ds(ds: str | date) -> str:
+    """`ds` as an ISO date string (YYYY-MM-DD); a `date` is accepted."""
+    if isinstance(ds, datetime):
+        raise InvalidPartitionError(f"ds must be a date, not a datetime: {ds!r}")
+    if isinstance(ds, date):
+        return ds.isoformat()
+    if not isinstance(ds, str) or not _DS.fullmatch(ds):
+        raise InvalidPartitionError(f"ds must be an ISO date YYYY-MM-DD, got {ds!r}")
+    try:
+        date.fromisoformat(ds)
+    except ValueError as error:
+        raise InvalidPartitionError(f"ds is not a valid date: {ds!r}") from error
+    return ds
+
+
+def validate_source(source: str) -> str:
+    """`source` if it is 1-128 characters of [A-Za-z0-9_.-], starting alphanumeric."""
+    if not isinstance(source, str) or not _SOURCE.fullmatch(source):
+        raise InvalidPartitionError(
+            f"source must be 1-128 characters of [A-Za-z0-9_.-] starting with a letter or digit, "
+            f"got {source!r}"
+        )
+    return source
 
 
 def validate_identifier(name: str, *, what: str = "identifier") -> str:

@@ -37,8 +37,13 @@ from kimi_batch.storage.exceptions import (
     TrinoTimeoutError,
     TrinoUnavailableError,
 )
-from kimi_batch.storage.parquet import validate_ds, validate_source
-from kimi_batch.storage.schema import quote_identifier, validate_identifier, validate_table
+from kimi_batch.storage.schema import (
+    quote_identifier,
+    validate_ds,
+    validate_identifier,
+    validate_source,
+    validate_table,
+)
 
 __all__ = [
     "CATALOG_NAME",
@@ -143,7 +148,10 @@ def write_catalog(settings: Settings, path: Path) -> Path:
 
 
 def _warehouse_root(settings: Settings) -> str:
-    return settings.paths.warehouse_url or settings.paths.warehouse_dir.as_uri()
+    # As the warehouse names it (`warehouse.CatalogSpec`): Trino must find the same files.
+    return (
+        settings.paths.warehouse_url or settings.paths.warehouse_dir.expanduser().resolve().as_uri()
+    )
 
 
 def _jdbc_properties(settings: Settings) -> dict[str, str]:

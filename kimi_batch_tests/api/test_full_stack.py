@@ -26,7 +26,12 @@ from openai.types.chat import ChatCompletion
 from kimi_batch.api.runs import LAUNCHED_BY_TAG, BatchRuns, RunMode
 from kimi_batch.defs.assets.context import LLAMA_POOL
 from kimi_batch.settings import Settings
-from kimi_batch.storage import ApiStore, TrinoConfig, TrinoPublisher, Warehouse
+from kimi_batch.storage import (
+    ApiStore,
+    TrinoConfig,
+    TrinoPublisher,
+)
+from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.api_server import serving_api
 from kimi_batch_tests.support.batches import MODEL
 from kimi_batch_tests.support.dagster_stack import DagsterStack

@@ -18,12 +18,14 @@ from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
 from kimi_batch.engine import Ledger
 from kimi_batch.paths import StatePaths
 from kimi_batch.settings import Settings
-from kimi_batch.storage import ApiStore, CurrentVersion, Landing, PartitionVersions
+from kimi_batch.storage import ApiStore, Landing
+from kimi_batch.warehouse import open_warehouse
 from kimi_batch_tests.support.batches import chat_line, jsonl, landed_batch
 from kimi_batch_tests.support.engine import server_tasks
 from kimi_batch_tests.support.llama_server import LlamaEnv
 from kimi_batch_tests.support.postgres import PostgresServer
 from kimi_batch_tests.support.results import make_result
+from kimi_batch_tests.support.rows import quarantined
 
 DAY = date(2026, 11, 28)
 START = date(2025, 1, 1)
@@ -31,8 +33,8 @@ START = date(2025, 1, 1)
 
 @pytest.fixture
 def box(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
-    """A box's SQLite state: finished requests, two landed versions of an input, a batch, the
-    pointer of a partition on object storage and a replaced version not yet deleted."""
+    """A box's SQLite state: finished requests, two landed versions of an input, a batch, and
+    a table partition (its Iceberg catalog is in the ledger's file)."""
     monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("KIMI_BATCH_DATABASE_URL", raising=False)
     settings = Settings.from_env()
@@ -49,11 +51,7 @@ def box(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
             assignment = landing.assign(inbox.joinpath("web.jsonl").name, arrived=DAY, start=START)
             landing.land(inbox / "web.jsonl", assignment, max_bytes=1 << 20, settle_s=0.0)
     landed_batch(settings, jsonl(chat_line("a"), chat_line("b")))
-    versions = PartitionVersions(settings.paths.ledger_state)
-    versions.create()
-    for version in ("v1", "v2"):
-        current = CurrentVersion(version=version, rows=2, bytes=900)
-        versions.switch(None, ("seeds", DAY.isoformat(), "web"), current, grace_s=900)
+    open_warehouse(settings).write_partition("quarantine", DAY, "web", quarantined(2))
     return settings
 
 
@@ -65,8 +63,8 @@ def test_a_migrated_box_finds_every_row_partition_and_batch_in_postgres(
 
     assert copies["ledger"].rows == {
         "results": 3,
-        "warehouse_partitions": 1,
-        "warehouse_garbage": 1,
+        "iceberg_tables": 1,
+        "iceberg_namespace_properties": 1,
     }
     # Two versions of the inbox file, and the batch's input (a partition of its own); no seeds
     # were landed from them (`consumed`).
@@ -106,10 +104,13 @@ def test_a_migrated_box_finds_every_row_partition_and_batch_in_postgres(
         assert assignment is not None
         newest = landing.land(inbox / "web.jsonl", assignment, max_bytes=1 << 20, settle_s=0.0)
         assert landing.current(DAY.isoformat(), "web") == newest
-    # The object-store warehouse's readers find the current version; v1 is still to delete.
-    versions = PartitionVersions(moved.paths.ledger_state)
-    assert versions.current("seeds", DAY, "web") == CurrentVersion(version="v2", rows=2, bytes=900)
-    assert versions.due(limit=10) == []  # its grace period goes on where it was
+    # The tables' catalog came along: the same snapshot, the same rows, read through PostgreSQL.
+    tables, there = open_warehouse(box), open_warehouse(moved)
+    assert there.spec.sqlite_path is None
+    assert there.snapshot_id("quarantine") == tables.snapshot_id("quarantine") is not None
+    assert there.read_partition("quarantine", DAY, "web").equals(
+        tables.read_partition("quarantine", DAY, "web")
+    )
     with ApiStore(moved.paths) as store, ApiStore(box.paths) as old:
         assert store.batches() == old.batches()
         assert store.files() == old.files()

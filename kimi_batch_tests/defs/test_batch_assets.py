@@ -25,7 +25,7 @@ from kimi_batch.defs.assets.batch import resolve_seeds_input, seeds_are_current
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
 from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.settings import Settings
-from kimi_batch.storage import Warehouse
+from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.llama_server import LlamaEnv
 
 pytestmark = pytest.mark.slow  # every test materializes on a real llama-server

@@ -16,7 +16,7 @@ from kimi_batch.defs.check_states import failed_checks, published_checks
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.engine import Ledger
 from kimi_batch.settings import Settings
-from kimi_batch.storage import Warehouse
+from kimi_batch.warehouse import Warehouse
 
 KEY = "2024-05-01|north"
 SEEDS = dg.AssetKey("seed_prompts")

@@ -21,8 +21,11 @@ from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.engine import Ledger
 from kimi_batch.settings import Settings
-from kimi_batch.storage import Warehouse, rescreen_partitions
+from kimi_batch.storage import (
+    rescreen_partitions,
+)
 from kimi_batch.tasks.distill import DistillTask
+from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.quality import (
     BENCHMARK_ITEM,
     answers_to,
@@ -133,9 +136,9 @@ def test_repeats_across_nights_and_a_contaminated_row_are_quarantined_naming_why
     assert metadata["dagster/partition_row_count"] == 1
     assert metadata["dagster/row_count"] == store.count("distilled") == 3
     assert str(metadata["dagster/table_name"]).endswith(".distilled")
-    written = Path(str(metadata["dagster/uri"]))
-    assert written.is_file()
-    assert written.parent.parts[-3:] == ("distilled", "ds=2026-12-02", "source=south")
+    # The Iceberg table's location, and the snapshot its commit made current.
+    assert metadata["dagster/uri"] == store.spec.warehouse + "/kimi_batch/distilled"
+    assert int(str(metadata["snapshot_id"])) == store.snapshot_id("distilled")
     schema = metadata["dagster/column_schema"]
     assert isinstance(schema, dg.TableSchema)
     assert [column.name for column in schema.columns][-2:] == ["ds", "source"]

@@ -7,10 +7,10 @@ from pathlib import Path
 
 from kimi_batch.defs.assets.driver import plan_stage
 from kimi_batch.engine import SamplingParams
-from kimi_batch.storage import Warehouse
 from kimi_batch.tasks.amplify import AmplifyTask, Strategy
 from kimi_batch.tasks.distill import DistillTask
 from kimi_batch.tasks.rows import SeedMessage, SeedRow
+from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.rows import CREATED_AT
 
 DS = "2024-05-01"

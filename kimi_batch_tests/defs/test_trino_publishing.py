@@ -21,7 +21,11 @@ from kimi_batch.defs.check_states import failed_checks, published_checks
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
 from kimi_batch.defs.publishing import build_trino_catch_up
 from kimi_batch.settings import Settings
-from kimi_batch.storage import TrinoConfig, TrinoPublisher, Warehouse, open_warehouse
+from kimi_batch.storage import (
+    TrinoConfig,
+    TrinoPublisher,
+)
+from kimi_batch.warehouse import Warehouse, open_warehouse
 from kimi_batch_tests.support.llama_server import LlamaEnv
 from kimi_batch_tests.support.ports import free_port
 from kimi_batch_tests.support.s3proxy import BUCKET, S3Server

@@ -23,7 +23,7 @@ from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
 from kimi_batch.engine.ledger import Ledger
 from kimi_batch.llama.factory import server_from_settings
 from kimi_batch.settings import Settings
-from kimi_batch.storage import Warehouse
+from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.llama_server import TEST_SLOTS, LlamaEnv
 from kimi_batch_tests.support.ports import free_port
 

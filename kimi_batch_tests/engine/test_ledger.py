@@ -25,7 +25,7 @@ from kimi_batch.engine.generation import GenerationResult
 from kimi_batch.engine.ledger import LeaseHeldError, LeaseLostError, Ledger, lease_clock
 from kimi_batch.paths import StateLocation
 from kimi_batch.state import StateBusyError, StateDatabase, connect_state, read_state
-from kimi_batch.storage import Warehouse
+from kimi_batch.warehouse import CatalogSpec, Warehouse
 from kimi_batch_tests.support.postgres import PostgresServer, StateBackend
 from kimi_batch_tests.support.results import make_result
 from kimi_batch_tests.support.rows import quarantined
@@ -293,8 +293,9 @@ def test_nobody_takes_the_lease_over_while_a_fenced_write_commits(
 def test_a_lost_lease_fences_off_the_write(
     tmp_path: Path, state_backend: StateBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    warehouse = Warehouse(tmp_path / "warehouse")
+    warehouse = Warehouse(CatalogSpec.from_paths(state_backend.paths))
     warehouse.write_partition("quarantine", "2025-01-01", "web", quarantined(1))
+    before = warehouse.snapshot_id("quarantine")
     with Ledger(state_backend.ledger) as ledger:
         flaky_renewals(monkeypatch, failures=None)  # every renewal meets a lock: it expires
         with ledger.lease(PARTITION, "run-a", ttl_s=0.6) as lease:
@@ -306,9 +307,7 @@ def test_a_lost_lease_fences_off_the_write(
                     "quarantine", "2025-01-01", "web", quarantined(3), guard=lease
                 )
     assert warehouse.count("quarantine") == 1
-    assert [
-        p.name for p in warehouse.partition_dir("quarantine", "2025-01-01", "web").iterdir()
-    ] == ["part-0.parquet"]
+    assert warehouse.snapshot_id("quarantine") == before
 
 
 @pytest.mark.slow
@@ -316,20 +315,21 @@ def test_a_holder_paused_past_the_ttl_writes_nothing_over_the_new_holder(
     tmp_path: Path, state_backend: StateBackend
 ) -> None:
     path = state_backend.ledger
-    warehouse = Warehouse(tmp_path / "warehouse")
+    warehouse = Warehouse(CatalogSpec.from_paths(state_backend.paths))
     # The old holder: takes the lease, then (when told) writes its rows under the lease check.
     script = (
         "import sys\n"
         "from kimi_batch.engine.ledger import Ledger, LeaseLostError\n"
-        "from kimi_batch.paths import StateLocation\n"
-        "from kimi_batch.storage import Warehouse\n"
+        "from kimi_batch.paths import StateLocation, StatePaths\n"
+        "from kimi_batch.warehouse import CatalogSpec, Warehouse\n"
         "from kimi_batch_tests.support.rows import quarantined\n"
         "ledger = Ledger(StateLocation.model_validate_json(sys.argv[1]))\n"
         "with ledger.lease('2025-01-01|web', 'paused-run', ttl_s=1.0) as lease:\n"
         "    print('held', flush=True)\n"
         "    sys.stdin.readline()\n"
         "    try:\n"
-        "        Warehouse(sys.argv[2]).write_partition('quarantine', '2025-01-01', 'web',\n"
+        "        Warehouse(CatalogSpec.from_paths(StatePaths.model_validate_json(sys.argv[2])))"
+        ".write_partition('quarantine', '2025-01-01', 'web',\n"
         "            [quarantined(1)[0].model_copy(update={'reason': 'from the paused run'})],\n"
         "            guard=lease)\n"
         "        print('wrote', flush=True)\n"
@@ -337,7 +337,13 @@ def test_a_holder_paused_past_the_ttl_writes_nothing_over_the_new_holder(
         "        print('refused:', error, flush=True)\n"
     )
     holder = subprocess.Popen(
-        [sys.executable, "-c", script, path.model_dump_json(), str(warehouse.root)],
+        [
+            sys.executable,
+            "-c",
+            script,
+            path.model_dump_json(),
+            state_backend.paths.model_dump_json(),
+        ],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,

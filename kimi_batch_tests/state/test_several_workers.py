@@ -20,7 +20,11 @@ from kimi_batch.engine import Ledger
 from kimi_batch.llama import ResidentServer
 from kimi_batch.paths import StatePaths
 from kimi_batch.settings import Settings
-from kimi_batch.storage import ApiStore, BatchStatus, Warehouse
+from kimi_batch.storage import (
+    ApiStore,
+    BatchStatus,
+)
+from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.batches import chat_line, jsonl, landed_batch
 from kimi_batch_tests.support.engine import (
     digest_tokens,

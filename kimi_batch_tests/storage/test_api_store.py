@@ -23,7 +23,6 @@ from kimi_batch.storage import (
     ApiStore,
     BatchRecord,
     BatchStatus,
-    Warehouse,
     begin_batch,
     finish_batch,
     validate_batch,
@@ -33,7 +32,6 @@ from kimi_batch.tasks.openai_batch import BatchRequestLine
 from kimi_batch_tests.support.batches import chat_line, jsonl, landed_batch
 from kimi_batch_tests.support.postgres import StateBackend
 from kimi_batch_tests.support.results import make_result
-from kimi_batch_tests.support.rows import quarantined
 
 # Above the kernel's largest pid_max (2**22): never a live process.
 DEAD_PID = (1 << 22) + 7
@@ -239,19 +237,6 @@ def test_the_next_upload_removes_a_killed_upload_s_temp_file(store: ApiStore) ->
     assert hidden == [live.name]
     assert store.blob_path(record).stat().st_mode & 0o777 == 0o600
     assert store.files_dir.stat().st_mode & 0o777 == 0o700
-
-
-def test_the_next_partition_write_removes_a_killed_write_s_chunks(settings: Settings) -> None:
-    warehouse = Warehouse(settings.paths.warehouse_dir)
-    write = warehouse.write_partition("quarantine", "2026-11-30", "s", quarantined(1))
-    folder = write.path.parent
-    stale = [
-        _stale(folder, "part-0.parquet", ".0.chunk"),
-        _stale(folder, "part-0.parquet", ".tmp"),
-    ]
-    warehouse.write_partition("quarantine", "2026-11-30", "s", quarantined(2))
-    assert not any(p.exists() for p in stale)
-    assert [p.name for p in folder.iterdir()] == [write.path.name]
 
 
 def test_owner_only_folders_and_files_for_what_a_cancel_leaves(

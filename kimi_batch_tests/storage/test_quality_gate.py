@@ -9,12 +9,16 @@ from typing import Any
 
 from kimi_batch.paths import StatePaths
 from kimi_batch.settings import QualitySettings
-from kimi_batch.storage import QualityGate, Warehouse, set_aside_totals
+from kimi_batch.storage import (
+    QualityGate,
+    set_aside_totals,
+)
 from kimi_batch.storage.dedup_index import rescreen_partitions
 from kimi_batch.tasks.distill import DistillInputs, DistillTask
 from kimi_batch.tasks.generation_task import SetAside
 from kimi_batch.tasks.rows import DistilledRow
 from kimi_batch.tasks.seeds import seeds_from_rows
+from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.postgres import StateBackend
 from kimi_batch_tests.support.quality import (
     BENCHMARK_ITEM,
@@ -176,7 +180,7 @@ def test_totals_count_the_gate_s_rows_not_the_reader_s_duplicate_ids(tmp_path: P
         ],
     )
     assert set_aside_totals(store) == {"duplicate": 0, "near_duplicate": 1, "contaminated": 0}
-    assert set_aside_totals(Warehouse(tmp_path / "empty")) == {
+    assert set_aside_totals(Warehouse(tmp_path / "empty" / "warehouse")) == {
         "duplicate": 0,
         "near_duplicate": 0,
         "contaminated": 0,

@@ -24,9 +24,9 @@ from kimi_batch.storage import (
     TrinoConfig,
     TrinoPublisher,
     TrinoUnavailableError,
-    Warehouse,
 )
 from kimi_batch.storage.exceptions import TrinoTimeoutError
+from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.ports import free_port
 from kimi_batch_tests.support.rows import CREATED_AT, amplified, distilled, quarantined, seeds
 from kimi_batch_tests.support.script_server import run_script

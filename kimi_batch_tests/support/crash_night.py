@@ -39,13 +39,18 @@ from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.engine import GenerationResult, Ledger, row_request_id
 from kimi_batch.engine.generation import request_key
 from kimi_batch.settings import Settings
-from kimi_batch.storage import Landing, Warehouse, land_inbox, land_input, resolve_partition
+from kimi_batch.storage import (
+    Landing,
+    land_inbox,
+    land_input,
+    resolve_partition,
+)
 from kimi_batch.storage.dedup_index import index_entries
-from kimi_batch.storage.object_warehouse import open_warehouse
 from kimi_batch.tasks.distill import DistillTask
 from kimi_batch.tasks.inputs import InputBatch, SeedPrompt
 from kimi_batch.tasks.quarantine import INPUT_STAGE
 from kimi_batch.tasks.reader import InputReader
+from kimi_batch.warehouse import Warehouse, open_warehouse
 from kimi_batch_tests.support.quality import outcome_of
 from kimi_batch_tests.support.results import make_result
 
@@ -83,10 +88,7 @@ class _Publisher:
 
     def publish_partition(self, warehouse: Warehouse, table: str, ds: str, source: str) -> None:
         with self.record.open("a", encoding="utf-8") as out:
-            out.write(
-                json.dumps([table, ds, source, warehouse.partition_location(table, ds, source)])
-                + "\n"
-            )
+            out.write(json.dumps([table, ds, source, warehouse.snapshot_id(table)]) + "\n")
 
 
 class _Trino:

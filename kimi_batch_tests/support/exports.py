@@ -8,12 +8,10 @@ quality gates write. `judge` adds a `judged` partition (the judge stage's rows).
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 from typing import Any
 
 from kimi_batch.engine import fold_instructions, load_digest
 from kimi_batch.settings import Settings
-from kimi_batch.storage import Warehouse
 from kimi_batch.tasks.rows import (
     AmplifiedRow,
     DistilledRow,
@@ -24,6 +22,7 @@ from kimi_batch.tasks.rows import (
     TokenLogprob,
     TopLogprob,
 )
+from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.rows import CREATED_AT
 
 __all__ = [
@@ -184,8 +183,8 @@ def build_warehouse(settings: Settings, *, logprobs: bool = True) -> Warehouse:
     return warehouse
 
 
-def judge(warehouse: Warehouse, ds: str, source: str, scores: dict[str, int]) -> Path:
-    """A `judged` partition scoring the answers named (request id -> score)."""
+def judge(warehouse: Warehouse, ds: str, source: str, scores: dict[str, int]) -> int:
+    """A `judged` partition scoring the answers named (request id -> score); its snapshot."""
     rows = [
         JudgedRow(
             **_generation(f"judge-{answer}", answer, "0" * 64, _sha(ds, source), 0),
@@ -195,4 +194,4 @@ def judge(warehouse: Warehouse, ds: str, source: str, scores: dict[str, int]) ->
         )
         for answer, score in scores.items()
     ]
-    return warehouse.write_partition("judged", ds, source, rows).path
+    return warehouse.write_partition("judged", ds, source, rows).snapshot_id

@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 
 from kimi_batch.paths import StatePaths
-from kimi_batch.storage import Warehouse
-from kimi_batch.storage.object_warehouse import ObjectWarehouse
+from kimi_batch.warehouse import CatalogSpec, Warehouse
 from kimi_batch_tests.support.ports import free_port
 from kimi_batch_tests.support.repo import REPO_ROOT
 from kimi_batch_tests.support.script_server import script_server
@@ -69,12 +68,15 @@ def warehouse_kind(
     prefix = f"s3://{BUCKET}/t-{uuid.uuid4().hex[:12]}"
 
     def object_warehouse(home: Path) -> Warehouse:
-        return ObjectWarehouse(
-            prefix,
-            endpoint=server.endpoint,
-            region=server.env["AWS_REGION"],
-            pointers=StatePaths(home=home).ledger_state,
-            staging=home / "staging",
+        local = CatalogSpec.for_folder(StatePaths(home=home).warehouse_dir)
+        return Warehouse(
+            local.model_copy(
+                update={
+                    "warehouse": prefix,
+                    "s3_endpoint": server.endpoint,
+                    "s3_region": server.env["AWS_REGION"],
+                }
+            )
         )
 
     return object_warehouse

@@ -31,9 +31,9 @@ from kimi_batch.engine import (
 )
 from kimi_batch.llama import ChatMessage
 from kimi_batch.paths import StateLocation
-from kimi_batch.storage import Warehouse
 from kimi_batch.tasks.generation_task import generation_columns
 from kimi_batch.tasks.rows import DistilledRow
+from kimi_batch.warehouse import Warehouse
 
 __all__ = ["DS", "WorkerSpec", "partition_requests"]
 

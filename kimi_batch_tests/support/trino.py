@@ -18,7 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from kimi_batch.storage import TrinoConfig, Warehouse
+from kimi_batch.storage import (
+    TrinoConfig,
+)
+from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.ports import free_port
 from kimi_batch_tests.support.repo import REPO_ROOT
 from kimi_batch_tests.support.s3proxy import S3Server

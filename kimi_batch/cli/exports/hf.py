@@ -28,7 +28,11 @@ from kimi_batch.cli.exports.selection import ExportQuery, PartitionRows
 from kimi_batch.errors import ConfigError, MissingInputError
 from kimi_batch.paths import PRIVATE_FILE_MODE
 from kimi_batch.settings import Settings
-from kimi_batch.storage import Warehouse, landed_versions, open_warehouse, private_folder_swap
+from kimi_batch.storage import (
+    landed_versions,
+    private_folder_swap,
+)
+from kimi_batch.warehouse import Warehouse, open_warehouse
 
 __all__ = ["HF_SCHEMA", "write_hf"]
 

@@ -37,10 +37,8 @@ from kimi_batch.defs.stages import (
 from kimi_batch.settings import Settings
 from kimi_batch.storage import (
     Landing,
-    PartitionWrite,
     ResolvedInput,
     StorageError,
-    Warehouse,
     land_input,
     resolve_partition,
 )
@@ -48,6 +46,7 @@ from kimi_batch.tasks.prompt_length import check_prompt_lengths
 from kimi_batch.tasks.quarantine import file_row
 from kimi_batch.tasks.reader import InputReader
 from kimi_batch.tasks.rows import QuarantineRow
+from kimi_batch.warehouse import PartitionWrite, Warehouse
 
 __all__ = [
     "AmplifyConfig",
@@ -196,6 +195,7 @@ def _seed_metadata(
             uri=written.location,
             table_rows=store.count("seeds"),
             partition_rows=written.rows,
+            snapshot_id=written.snapshot_id,
         ),
     }
 

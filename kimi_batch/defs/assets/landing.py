@@ -41,14 +41,13 @@ from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.engine import BatchOutcome, GenerationRequest, GenerationResult, LeaseLostError
 from kimi_batch.storage import (
     PartitionGate,
-    PartitionWrite,
     QualityGate,
-    Warehouse,
     replace_quarantine,
 )
 from kimi_batch.tasks.generation_task import GenerationTask
 from kimi_batch.tasks.quarantine import INPUT_STAGE
 from kimi_batch.tasks.sink import StageSink
+from kimi_batch.warehouse import PartitionWrite, Warehouse
 
 __all__ = [
     "Landing",
@@ -137,6 +136,7 @@ def land_stage(
             uri=written.location,
             table_rows=store.count(task.table),
             partition_rows=written.rows,
+            snapshot_id=written.snapshot_id,
         )
     )
     metadata[INPUT_SHA_METADATA] = plan.input_sha  # what `status` and the nightly compare (stale)

@@ -9,7 +9,10 @@ import dagster as dg
 from kimi_batch.crash_points import crash_point
 from kimi_batch.defs.assets.context import RunContext
 from kimi_batch.defs.resources.trino import TrinoResource
-from kimi_batch.storage import StorageError, Warehouse
+from kimi_batch.storage import (
+    StorageError,
+)
+from kimi_batch.warehouse import Warehouse
 
 __all__ = ["publish", "publish_tables"]
 
