@@ -1,10 +1,10 @@
 """pytest plugin: a real single-node Trino for the session (`scripts/trino.sh`).
 
 The server gets its own KIMI_BATCH_HOME and a free loopback port, so it never touches `./var` or a
-`make trino` server. Its catalog is rooted at a local warehouse, and reads s3:// locations too on
-the session's S3 server (`scripts/trino.sh` with KIMI_BATCH_S3_ENDPOINT set): an object-store
-warehouse is tested on the same server in a schema of its own, not on a second Trino. If it cannot start, the fixture fails: the tests that need Trino are never
-silently skipped (and are marked `slow`, which the conftest enforces).
+`make trino` server. Its Iceberg catalog is that home's: the ledger's SQLite file, the tables'
+files under its warehouse folder. Tests write there through the warehouse, each in a namespace
+(= Trino schema) of its own (`isolated`). If it cannot start, the fixture fails: the tests that
+need Trino are never silently skipped (and are marked `slow`, which the conftest enforces).
 """
 
 from __future__ import annotations
@@ -18,13 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from kimi_batch.storage import (
-    TrinoConfig,
-)
-from kimi_batch.warehouse import Warehouse
+from kimi_batch.storage import TrinoConfig
+from kimi_batch.warehouse import CatalogSpec, Warehouse
 from kimi_batch_tests.support.ports import free_port
 from kimi_batch_tests.support.repo import REPO_ROOT
-from kimi_batch_tests.support.s3proxy import S3Server
 from kimi_batch_tests.support.script_server import run_script
 
 __all__ = ["TrinoServer", "trino_server"]
@@ -37,7 +34,7 @@ READY_TIMEOUT_S = 240
 
 @dataclass(frozen=True, kw_only=True)
 class TrinoServer:
-    """The running test Trino: its catalog is rooted at `warehouse`."""
+    """The running test Trino: its catalog is the ledger of `home`, its files in `warehouse`."""
 
     host: str
     port: int
@@ -47,12 +44,22 @@ class TrinoServer:
     def config(self, **overrides: object) -> TrinoConfig:
         return TrinoConfig.model_validate({"host": self.host, "port": self.port, **overrides})
 
+    def env(self, schema: str) -> dict[str, str]:
+        """A deployment's variables for this server's catalog, its tables in `schema`."""
+        return {
+            "KIMI_BATCH_HOME": str(self.home),
+            "KIMI_BATCH_TRINO_HOST": self.host,
+            "KIMI_BATCH_TRINO_PORT": str(self.port),
+            "KIMI_BATCH_TRINO_SCHEMA": schema,
+        }
+
     def isolated(self, name: str) -> tuple[Warehouse, TrinoConfig]:
-        """A sub-warehouse and a schema of the same name, so tests sharing the server don't mix."""
+        """The warehouse's tables in a namespace of `name`, and Trino on the schema of that
+        name, so tests sharing the server don't mix."""
         if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
             raise ValueError(f"not an identifier: {name!r}")
-        warehouse = Warehouse(self.warehouse / name)
-        return warehouse, self.config(schema_name=name, warehouse_location=f"local:///{name}/")
+        warehouse = Warehouse(CatalogSpec.for_folder(self.warehouse, namespace=name))
+        return warehouse, self.config(schema_name=name)
 
 
 def _run(command: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
@@ -67,21 +74,18 @@ def _log_tail(home: Path, lines: int = 40) -> str:
 
 
 @pytest.fixture(scope="session")
-def trino_server(
-    tmp_path_factory: pytest.TempPathFactory, s3proxy_server: S3Server
-) -> Iterator[TrinoServer]:
+def trino_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TrinoServer]:
     """Start Trino for the session and stop it at the end; fail (never skip) if it can't start."""
     home = tmp_path_factory.mktemp("trino_home")
     port = free_port()
     env = {
         **os.environ,
-        **s3proxy_server.env,
-        "KIMI_BATCH_S3_ENDPOINT": s3proxy_server.endpoint,
         "KIMI_BATCH_HOME": str(home),
         "KIMI_BATCH_TRINO_PORT": str(port),
         "KIMI_BATCH_TRINO_TIMEOUT": str(READY_TIMEOUT_S),
     }
-    env.pop("KIMI_BATCH_WAREHOUSE", None)
+    for name in ("KIMI_BATCH_WAREHOUSE", "KIMI_BATCH_DATABASE_URL", "KIMI_BATCH_TRINO_CATALOG"):
+        env.pop(name, None)
     try:
         for command, timeout in (("start", START_TIMEOUT_S), ("wait", READY_TIMEOUT_S + 30)):
             result = _run(command, env, timeout)

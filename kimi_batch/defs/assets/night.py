@@ -10,13 +10,10 @@ distillation requests join as soon as its own variants are written, while the ne
 partitions still amplify, so the slots stay full across partitions and stages, and a window
 that closes during the amplification still leaves the oldest partitions distilled. Each
 partition is still written on its own (its Parquet replaced, its quarantine, its checks, its
-Trino partition) and recorded as its own materialization of `seed_prompts`,
-`amplified_prompts` and `distilled_responses` with its own check evaluations as soon as it
-lands, so the UI, `status` and the next night see it as after a run of `distillation_job`. Each
-landed partition is published to Trino on a background thread while the slots keep generating
-(`landing.PublishBehind`); until its publish is recorded its `published_to_trino` check is
-failed, so a night that dies leaves the Trino catch-up sensor every partition it did not
-publish.
+Iceberg commit, which Trino reads at once) and recorded as its own materialization of
+`seed_prompts`, `amplified_prompts` and `distilled_responses` with its own check evaluations as
+soon as it lands (`landing.NightLanding`), so the UI, `status` and the next night see it as
+after a run of `distillation_job`.
 
 A partition that cannot go on (its input unreadable, its lease held by another run, a write
 refused) is left out and named; past the nightly window the partitions whose rows are not all
@@ -50,7 +47,7 @@ from kimi_batch.defs.assets.driver import (
     PipelineStage,
     run_partitions,
 )
-from kimi_batch.defs.assets.landing import PublishBehind, partition_parts_of
+from kimi_batch.defs.assets.landing import NightLanding, partition_parts_of
 from kimi_batch.defs.assets.lease import HeldPartition, partition_lease
 from kimi_batch.defs.assets.window import mark_stopped_at_window, window_end
 from kimi_batch.defs.jobs import (
@@ -136,16 +133,15 @@ def _land_seeds(
     config: NightConfig,
     night: _Night,
     resources: GenerationResources,
-    landing: PublishBehind,
+    landing: NightLanding,
 ) -> None:
-    """Each partition's seeds landed from its newest input version, or kept (and published:
-    a night that died before publishing them left them landed) when they are that version."""
+    """Each partition's seeds landed from its newest input version, or kept when they are
+    that version."""
     settings = resources.settings
     for key, held in list(night.going.items()):
         try:
             resolved = resolve_seeds_input(settings, *partition_parts_of(key))
             if seeds_are_current(resources.warehouse, resolved):
-                landing.publish(SEED_PROMPTS, key, SEED_TABLES, held)
                 continue
             result = land_seed_partition(
                 context,
@@ -156,7 +152,6 @@ def _land_seeds(
                 digest=resources.digest,
                 warehouse=resources.warehouse,
                 trino=resources.trino,
-                publish_now=False,
             )
             landing.landed(SEED_PROMPTS, key, SEED_TABLES, held, result)
         except SKIPPED as error:
@@ -203,8 +198,7 @@ def night_batch(
     ]
     with ExitStack() as stack:
         _hold(context, stack, night, config.partitions, warehouse)
-        # Entered after the leases, so it is done publishing before they are released.
-        landing = stack.enter_context(PublishBehind(context, trino, warehouse.warehouse()))
+        landing = NightLanding(context)
         _land_seeds(context, config, night, resources, landing)
         ledger = stack.enter_context(warehouse.ledger())
         if night.going and stages:
@@ -218,9 +212,6 @@ def night_batch(
                     landing=landing,
                 )
             )
-        landing.collect(block=True)
-        for key, reason in landing.lost.items():
-            night.drop(key, reason)
     if night.stopped:
         mark_stopped_at_window(context)
     if night.failed or night.stopped:
