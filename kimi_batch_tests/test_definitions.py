@@ -56,7 +56,6 @@ def test_asset_graph_reads_digest_then_seed_amplified_distilled(defs: dg.Definit
         "run_failure_alert",
         "distilled_freshness_checks",
         "morning_report",
-        "trino_catch_up",
     }
 
 

@@ -29,7 +29,6 @@ import trino.dbapi
 import trino.exceptions
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
-from kimi_batch.paths import private_dir
 from kimi_batch.settings import Settings
 from kimi_batch.storage.exceptions import (
     StorageError,
@@ -37,6 +36,7 @@ from kimi_batch.storage.exceptions import (
     TrinoTimeoutError,
     TrinoUnavailableError,
 )
+from kimi_batch.storage.private_files import write_private_text
 from kimi_batch.storage.schema import (
     quote_identifier,
     validate_ds,
@@ -136,15 +136,8 @@ def catalog_properties(settings: Settings, *, masked: bool = False) -> str:
 
 
 def write_catalog(settings: Settings, path: Path) -> Path:
-    """Write `catalog_properties` to `path`, owner-only (it may hold passwords); returns it."""
-    private_dir(path.parent)
-    staged = path.with_name(f".{path.name}.tmp")
-    staged.unlink(missing_ok=True)
-    descriptor = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-        handle.write(catalog_properties(settings))
-    staged.replace(path)
-    return path
+    """Write `catalog_properties` to `path` whole, owner-only (it may hold passwords)."""
+    return write_private_text(path, catalog_properties(settings))
 
 
 def _warehouse_root(settings: Settings) -> str:

@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,11 +21,12 @@ import pytest
 
 from kimi_batch.storage import TrinoConfig
 from kimi_batch.warehouse import CatalogSpec, Warehouse
+from kimi_batch_tests.support.llama_server import LlamaEnv
 from kimi_batch_tests.support.ports import free_port
 from kimi_batch_tests.support.repo import REPO_ROOT
 from kimi_batch_tests.support.script_server import run_script
 
-__all__ = ["TrinoServer", "trino_server"]
+__all__ = ["TrinoServer", "home_trino", "llama_trino", "running_trino", "trino_server"]
 
 SCRIPT = REPO_ROOT / "scripts" / "trino.sh"
 # A fresh machine downloads ~800 MB from Maven Central before the first start.
@@ -73,16 +75,17 @@ def _log_tail(home: Path, lines: int = 40) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
 
-@pytest.fixture(scope="session")
-def trino_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TrinoServer]:
-    """Start Trino for the session and stop it at the end; fail (never skip) if it can't start."""
-    home = tmp_path_factory.mktemp("trino_home")
+@contextmanager
+def running_trino(home: Path, *, heap: str = "2G") -> Iterator[TrinoServer]:
+    """A Trino over the catalog of the state dir `home` (`scripts/trino.sh`), stopped on exit;
+    fails the test (never skips) if it cannot start."""
     port = free_port()
     env = {
         **os.environ,
         "KIMI_BATCH_HOME": str(home),
         "KIMI_BATCH_TRINO_PORT": str(port),
         "KIMI_BATCH_TRINO_TIMEOUT": str(READY_TIMEOUT_S),
+        "KIMI_BATCH_TRINO_HEAP": heap,
     }
     for name in ("KIMI_BATCH_WAREHOUSE", "KIMI_BATCH_DATABASE_URL", "KIMI_BATCH_TRINO_CATALOG"):
         env.pop(name, None)
@@ -103,3 +106,26 @@ def trino_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TrinoServ
         yield TrinoServer(host="127.0.0.1", port=port, home=home, warehouse=home / "warehouse")
     finally:
         _run("stop", env, 60)
+
+
+@pytest.fixture(scope="session")
+def trino_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TrinoServer]:
+    """Trino for the session over a state dir of its own."""
+    with running_trino(tmp_path_factory.mktemp("trino_home")) as server:
+        yield server
+
+
+@pytest.fixture
+def home_trino(tmp_path: Path) -> Iterator[TrinoServer]:
+    """A Trino over the catalog of the test's own state dir, `tmp_path / "home"` (a test whose
+    deployment writes there through the pipeline)."""
+    with running_trino(tmp_path / "home", heap="1G") as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def llama_trino(llama_env: LlamaEnv) -> Iterator[TrinoServer]:
+    """A Trino over the catalog of the session's llama state dir (tests that run the pipeline
+    in `llama_env`'s home), beside `trino_server`."""
+    with running_trino(llama_env.home, heap="1G") as server:
+        yield server

@@ -3,7 +3,7 @@
 A run per partition left the server idle while each run's process started (about 7 s a run on
 2 cores, `bench --workload night`). `nightly_job` is one op: it holds each partition's lease,
 lands each partition's seeds (unless the day's ingest run landed them from the newest input
-version already: they are kept, and published again), then runs the partition-batch driver
+version already: they are kept), then runs the partition-batch driver
 (`defs/assets/driver.py`) once over every partition still going on and every nightly stage, on
 one engine run: the amplification requests of every partition go in first, and a partition's
 distillation requests join as soon as its own variants are written, while the newer
@@ -100,7 +100,7 @@ class _Night:
 
     def drop(self, key: str, reason: str) -> None:
         self.going.pop(key, None)
-        if key in self.stopped:  # its landed tables could not be published after all
+        if key in self.stopped:  # failed after all: named once, as failed
             self.stopped.remove(key)
         self.failed[key] = reason
 
@@ -187,7 +187,7 @@ def night_batch(
 ) -> None:
     """Seeds, then amplification and distillation of every partition of the night in one
     engine run, each partition's next stage as soon as its last one landed; each partition
-    written, materialized, published and checked on its own."""
+    written, materialized and checked on its own."""
     resources = GenerationResources(llama=llama, digest=digest, warehouse=warehouse, trino=trino)
     settings = llama.settings()
     night = _Night()
