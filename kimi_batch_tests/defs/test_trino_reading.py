@@ -49,25 +49,24 @@ def _inbox(env: LlamaEnv, source: str, n: int) -> None:
     (inbox / f"{source}.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
 
 
-def _materialize(
-    instance: dg.DagsterInstance, source: str, trino: dict[str, str]
-) -> dg.ExecuteInProcessResult:
-    """Materialize a batch with the deployment's Trino set the way a deployment sets it."""
+def _materialize(instance: dg.DagsterInstance, source: str) -> dg.ExecuteInProcessResult:
+    """Materialize a batch with the deployment's settings as the environment has them."""
     instance.add_dynamic_partitions(SOURCE_PARTITIONS_NAME, [source])
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in trino.items():
-            patch.setenv(name, value)
-        return dg.materialize(
-            batch_assets(Settings.from_env()),
-            partition_key=dg.MultiPartitionKey({"date": _today(), "source": source}),
-            resources=build_resources(Settings.from_env()),
-            instance=instance,
-            run_config=RUN_CONFIG,
-        )
+    return dg.materialize(
+        batch_assets(Settings.from_env()),
+        partition_key=dg.MultiPartitionKey({"date": _today(), "source": source}),
+        resources=build_resources(Settings.from_env()),
+        instance=instance,
+        run_config=RUN_CONFIG,
+    )
 
 
-def _trino_env(server: TrinoServer, *, port: int | None = None) -> dict[str, str]:
-    return {"KIMI_BATCH_TRINO_HOST": server.host, "KIMI_BATCH_TRINO_PORT": str(port or server.port)}
+def _use_trino(
+    monkeypatch: pytest.MonkeyPatch, server: TrinoServer, port: int | None = None
+) -> None:
+    """The deployment's Trino, set the way a deployment sets it."""
+    monkeypatch.setenv("KIMI_BATCH_TRINO_HOST", server.host)
+    monkeypatch.setenv("KIMI_BATCH_TRINO_PORT", str(port or server.port))
 
 
 def _counts(reader: TrinoReader, source: str) -> dict[str, int]:
@@ -75,11 +74,13 @@ def _counts(reader: TrinoReader, source: str) -> dict[str, int]:
 
 
 def test_trino_and_polars_count_what_the_run_committed_and_a_rerun_does_not_double_it(
-    llama_env: LlamaEnv, llama_trino: TrinoServer
+    llama_env: LlamaEnv, llama_trino: TrinoServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _inbox(llama_env, "read", 3)
+    _use_trino(monkeypatch, llama_trino)
+    settings = Settings.from_env()
     with dg.instance_for_test() as instance:
-        first = _materialize(instance, "read", _trino_env(llama_trino))
+        first = _materialize(instance, "read")
         assert first.success
         checks = {c.check_name for c in first.get_asset_check_evaluations()}
         assert "published_to_trino" not in checks
@@ -87,7 +88,6 @@ def test_trino_and_polars_count_what_the_run_committed_and_a_rerun_does_not_doub
         assert (
             materialization.metadata["dagster/table_name"].value == "iceberg.kimi_batch.distilled"
         )
-        settings = Settings.from_env()
         warehouse = open_warehouse(settings)
         with TrinoReader(TrinoConfig.from_settings(settings)) as reader:
             counts = _counts(reader, "read")
@@ -110,34 +110,32 @@ def test_trino_and_polars_count_what_the_run_committed_and_a_rerun_does_not_doub
         distilled = warehouse.read_partition("distilled", _today(), "read")
         assert joined == distilled.filter(pl.col("origin") == "variant").height
 
-        again = _materialize(instance, "read", _trino_env(llama_trino))
+        again = _materialize(instance, "read")
         assert again.success
         with TrinoReader(TrinoConfig.from_settings(settings)) as reader:
             assert _counts(reader, "read") == counts
 
 
 def test_a_trino_outage_leaves_the_run_alone_and_the_morning_report_names_it(
-    llama_env: LlamaEnv, llama_trino: TrinoServer
+    llama_env: LlamaEnv, llama_trino: TrinoServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _inbox(llama_env, "outage", 2)
     dead = free_port()  # nothing listens there: Trino is "stopped"
+    _use_trino(monkeypatch, llama_trino, port=dead)
     with dg.instance_for_test() as instance:
-        result = _materialize(instance, "outage", _trino_env(llama_trino, port=dead))
+        result = _materialize(instance, "outage")
     assert result.success
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in _trino_env(llama_trino, port=dead).items():
-            patch.setenv(name, value)
-        down = trino_problem(Settings.from_env(), _today())
-        patch.setenv("KIMI_BATCH_TRINO_PORT", str(llama_trino.port))
-        settings = Settings.from_env()
-        up = trino_problem(settings, _today())
-        with TrinoReader(TrinoConfig.from_settings(settings)) as reader:
-            counts = _counts(reader, "outage")
+    down = trino_problem(Settings.from_env(), _today())
+    _use_trino(monkeypatch, llama_trino)
+    settings = Settings.from_env()
+    up = trino_problem(settings, _today())
+    with TrinoReader(TrinoConfig.from_settings(settings)) as reader:
+        counts = _counts(reader, "outage")
     assert "unreachable" in down
     assert f"127.0.0.1:{dead}" in down
     assert up == ""
     # Nothing to catch up: the rows committed during the outage are there.
-    warehouse = open_warehouse(Settings.from_env())
+    warehouse = open_warehouse(settings)
     assert counts == {
         table: warehouse.read_partition(table, _today(), "outage").height for table in TABLES
     }
