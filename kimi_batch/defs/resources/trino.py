@@ -1,12 +1,10 @@
 """`TrinoResource`: the Trino that reads the warehouse's Iceberg tables (optional).
 
 Nothing is published to it: Trino reads the tables' catalog and sees each commit on its next
-query. The resource names the tables as Trino does (materialization metadata) and opens a
-reader (the morning report's probe).
+query. The resource names the tables as Trino does (materialization metadata).
 """
 
 from kimi_batch.defs.resources.deployment import DeploymentResource
-from kimi_batch.storage import TrinoConfig, TrinoReader
 
 __all__ = ["TrinoResource"]
 
@@ -25,10 +23,3 @@ class TrinoResource(DeploymentResource):
     def table_name(self, table: str) -> str:
         settings = self.settings()
         return f"{settings.trino_catalog}.{settings.trino_schema}.{table}"
-
-    def config(self) -> TrinoConfig:
-        return TrinoConfig.from_settings(self.settings())
-
-    def reader(self) -> TrinoReader:
-        """A reader of this Trino; raises StorageError when no host is configured."""
-        return TrinoReader(self.config())
