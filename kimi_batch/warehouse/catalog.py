@@ -142,7 +142,7 @@ def open_catalog(spec: CatalogSpec) -> SqlCatalog:
     """The catalog of `spec`, its tables created if missing (one per process and spec: it
     holds a connection pool)."""
     with _catalogs_lock:
-        return _catalog(spec)
+        return _catalog(spec)  # pyright: ignore[reportArgumentType] - frozen: hashable
 
 
 # The fence of the commit this thread is making (None: a commit that needs none).

@@ -18,16 +18,19 @@ from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
+from urllib.request import url2pathname
 
 import polars as pl
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError, TableAlreadyExistsError
-from pyiceberg.expressions import And, BooleanExpression, EqualTo
+from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo
 from pyiceberg.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
 from kimi_batch.crash_points import crash_point
+from kimi_batch.paths import private_dir
 from kimi_batch.settings import Settings
 from kimi_batch.state import Fence
 from kimi_batch.storage import (
@@ -119,7 +122,10 @@ def _arrow_chunks(
 
 
 def _partition_filter(ds: str, source: str) -> BooleanExpression:
-    return And(EqualTo(PARTITION_COLUMNS[0], ds), EqualTo(PARTITION_COLUMNS[1], source))
+    return And(
+        EqualTo(PARTITION_COLUMNS[0], ds),  # pyright: ignore[reportCallIssue]
+        EqualTo(PARTITION_COLUMNS[1], source),  # pyright: ignore[reportCallIssue]
+    )
 
 
 class Warehouse:
@@ -140,7 +146,7 @@ class Warehouse:
     def location(self) -> str:
         """Where the table files are, as a user names it (a folder, or an object-store URL)."""
         root = self.spec.warehouse
-        return root.removeprefix("file://") if root.startswith("file://") else root
+        return url2pathname(urlsplit(root).path) if root.startswith("file://") else root
 
     def pinned(self, snapshots: Mapping[str, int]) -> Warehouse:
         """The same tables as of `snapshots` (table -> snapshot id); a table not named reads
@@ -207,6 +213,9 @@ class Warehouse:
             raise StorageError("a warehouse pinned to snapshots is read-only")
         ds, source = validate_ds(ds), validate_source(source)
         data = pa.concat_tables(list(_arrow_chunks(table, rows, ds, source)))
+        if self.spec.warehouse.startswith("file://"):
+            # Generated text is confidential: the folder every table file is under is owner-only.
+            private_dir(Path(self.location))
         iceberg = self._writable(table, data.schema)
         with commit_fenced(guard, self.spec), warnings.catch_warnings():
             # An overwrite of a partition that has no rows yet deletes nothing: not a warning.
@@ -256,7 +265,8 @@ class Warehouse:
 
     def partition_schema(self, table: str, ds: str | date, source: str) -> dict[str, pl.DataType]:
         """The column types a partition of the table is read with."""
-        validate_ds(ds), validate_source(source)
+        validate_ds(ds)
+        validate_source(source)
         return dict(polars_schema(table))
 
     def _arrow(self, table: str, row_filter: BooleanExpression | None = None) -> pa.Table | None:
@@ -264,10 +274,7 @@ class Warehouse:
         if state is None:
             return None
         iceberg, snapshot = state
-        scan = iceberg.scan(
-            snapshot_id=snapshot, **({"row_filter": row_filter} if row_filter else {})
-        )
-        return scan.to_arrow()
+        return iceberg.scan(row_filter=row_filter or AlwaysTrue(), snapshot_id=snapshot).to_arrow()
 
     def _frame(self, table: str, data: pa.Table | None) -> pl.DataFrame:
         """`data` in the table's schema with `ds` and `source` last (a column added since an
@@ -311,7 +318,7 @@ class Warehouse:
         present = set(lazy.collect_schema().names())
         return lazy.select(
             pl.col(name) if name in present else pl.lit(None).alias(name) for name in schema.names()
-        ).cast(dict(schema))
+        ).cast(schema)
 
     def _storage_options(self) -> dict[str, str] | None:
         """What polars needs to open an object store's files (credentials: the AWS variables)."""

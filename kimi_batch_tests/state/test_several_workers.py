@@ -24,7 +24,7 @@ from kimi_batch.storage import (
     ApiStore,
     BatchStatus,
 )
-from kimi_batch.warehouse import Warehouse
+from kimi_batch.warehouse import CatalogSpec, Warehouse, open_warehouse
 from kimi_batch_tests.support.batches import chat_line, jsonl, landed_batch
 from kimi_batch_tests.support.engine import (
     digest_tokens,
@@ -139,7 +139,10 @@ def _every_row_once(url: str, tmp_path: Path) -> None:
     """Each request once in the shared ledger, each row once in the shared warehouse."""
     with Ledger(StatePaths(home=tmp_path / "reader", database_url=url).ledger_state) as ledger:
         assert ledger.count() == len(SOURCES) * ROWS
-    warehouse = Warehouse(tmp_path / "warehouse")
+    shared = StatePaths(
+        home=tmp_path / "reader", warehouse_override=tmp_path / "warehouse", database_url=url
+    )
+    warehouse = Warehouse(CatalogSpec.from_paths(shared))  # its catalog in the shared PostgreSQL
     distilled = warehouse.read_table("distilled")
     assert distilled.height == len(SOURCES) * ROWS
     assert distilled["request_id"].n_unique() == distilled.height
@@ -212,7 +215,7 @@ def test_two_run_workers_answer_one_api_batch_once_and_one_resumes_the_killed_on
     assert sorted(line["custom_id"] for line in answered) == [f"q{i}" for i in range(BATCH_LINES)]
     # One row per request in the shared warehouse, kept or set aside (a cut-off answer).
     rows = [
-        Warehouse(warehouse).read_partition(table, done.ds or "", batch.source)
+        open_warehouse(api).read_partition(table, done.ds or "", batch.source)
         for table in ("distilled", "quarantine")
     ]
     request_ids = [rid for frame in rows for rid in frame["request_id"].drop_nulls().to_list()]

@@ -30,10 +30,10 @@ from kimi_batch.engine import (
     SystemDigest,
 )
 from kimi_batch.llama import ChatMessage
-from kimi_batch.paths import StateLocation
+from kimi_batch.paths import StateLocation, StatePaths
 from kimi_batch.tasks.generation_task import generation_columns
 from kimi_batch.tasks.rows import DistilledRow
-from kimi_batch.warehouse import Warehouse
+from kimi_batch.warehouse import CatalogSpec, Warehouse
 
 __all__ = ["DS", "WorkerSpec", "partition_requests"]
 
@@ -105,7 +105,11 @@ def _row(result: GenerationResult, prompts: dict[str, str]) -> DistilledRow:
 
 
 async def _work(spec: WorkerSpec) -> None:
-    warehouse = Warehouse(spec.warehouse)
+    # The shared folder's tables, their catalog beside the ledger (in its PostgreSQL).
+    shared = StatePaths(
+        home=spec.warehouse.parent, warehouse_override=spec.warehouse, database_url=spec.ledger.url
+    )
+    warehouse = Warehouse(CatalogSpec.from_paths(shared))
     with _StallingLedger(spec.ledger, spec.stall_after) as ledger:
         engine = BatchEngine(
             [spec.endpoint],
@@ -117,7 +121,7 @@ async def _work(spec: WorkerSpec) -> None:
             key = f"{DS}|{source}"
             with ledger.lease(key, spec.name, ttl_s=spec.ttl_s, wait_s=300, poll_s=0.2) as lease:
                 _say(f"leased {source}")
-                if warehouse.partition_file("distilled", DS, source).exists():
+                if warehouse.has_partition("distilled", DS, source):
                     _say(f"skipped {source}")
                     continue
                 requests = partition_requests(source, spec.rows)

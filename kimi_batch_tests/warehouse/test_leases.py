@@ -75,9 +75,12 @@ def test_a_writer_whose_lease_expired_commits_nothing(state_backend: StateBacken
     with Ledger(state_backend.ledger) as ledger, ledger.lease(PARTITION, "old", ttl_s=1.0) as old:
         _stall(old)
         time.sleep(1.5)
-        with Ledger(state_backend.ledger) as other, other.lease(PARTITION, "new", ttl_s=60.0):
-            with pytest.raises(LeaseLostError):
-                warehouse.write_partition("quarantine", DS, SOURCE, _rows("late"), guard=old)  # type: ignore[arg-type]
+        with (
+            Ledger(state_backend.ledger) as other,
+            other.lease(PARTITION, "new", ttl_s=60.0),
+            pytest.raises(LeaseLostError),
+        ):
+            warehouse.write_partition("quarantine", DS, SOURCE, _rows("late"), guard=old)  # type: ignore[arg-type]
     assert warehouse.snapshot_id("quarantine") is None
     assert warehouse.read_partition("quarantine", DS, SOURCE).height == 0
 
