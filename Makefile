@@ -32,7 +32,7 @@ help:
 	@echo "make lock   - re-resolve requirements.lock after a pyproject.toml change (UPGRADE=1: newest)"
 	@echo "make dev    - dagster dev on 127.0.0.1:3000 with the demo's state dir"
 	@echo "make trino / trino-stop - a local single-node Trino over ./var/warehouse"
-	@echo "make trino-cli - the Trino CLI on that server's hive.kimi_batch schema"
+	@echo "make trino-cli - the Trino CLI on that server's iceberg.kimi_batch schema"
 
 setup: $(SETUP_STAMP)
 

@@ -4,7 +4,7 @@ and check that nothing was lost or made twice.
 Three pieces of work reach every crash point the package declares (`declared_crash_points`),
 each through the code the pipeline runs (`support/crash_night.py`, `support/crash_batch.py`,
 `kimi-batch state migrate`): a partition's night (the nightly look at the inbox, landing, seeds
-and input quarantine, the distill stage through the ledger, the quality gate, publishing; and
+and input quarantine, the distill stage through the ledger, the quality gate; and
 the same night again with the duplicate gate off), a Batch API batch from upload to finish (and
 one whose run died first, finished by the sensor's logic), and the migration of a box's state
 to PostgreSQL. Each test stops one of them at one
@@ -71,9 +71,6 @@ NIGHT_TRACE = [
     "warehouse.partition_committed",  # the stage's quarantine
     "quarantine.rows_replaced",
     "quality.index_updated",
-    "publish.partition_registered",
-    "publish.partition_registered",
-    "publish.partition_registered",
     "warehouse.night_tagged",  # distilled, quarantine, seeds
     "warehouse.night_tagged",
     "warehouse.night_tagged",
@@ -86,9 +83,6 @@ GATE_OFF_TRACE = [
     "warehouse.partition_committed",  # the stage's quarantine
     "quarantine.rows_replaced",
     "quality.index_released",
-    "publish.partition_registered",
-    "publish.partition_registered",
-    "publish.partition_registered",
     "warehouse.night_tagged",  # distilled, quarantine (seeds were not written again)
     "warehouse.night_tagged",
 ]

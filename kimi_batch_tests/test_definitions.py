@@ -60,7 +60,6 @@ def test_asset_graph_reads_digest_then_seed_amplified_distilled(defs: dg.Definit
         "run_failure_alert",
         "distilled_freshness_checks",
         "morning_report",
-        "trino_catch_up",
         "night_versions_on_success",
         "night_versions_on_failure",
         "night_versions_on_canceled",

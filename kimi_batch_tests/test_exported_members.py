@@ -50,6 +50,6 @@ def test_the_facades_hold_what_the_upper_layers_use() -> None:
     llama, engine, storage, state, warehouse = (_facade(name) for name in FACADES)
     assert {"LlamaClient", "ChatMessage", "TokenLogprob", "LlamaError"} <= set(llama.__all__)
     assert {"BatchEngine", "GenerationRequest", "Ledger", "SlotWarmer"} <= set(engine.__all__)
-    assert {"TrinoPublisher", "Landing", "StorageError"} <= set(storage.__all__)
+    assert {"TrinoReader", "Landing", "StorageError"} <= set(storage.__all__)
     assert {"StateDatabase", "connect_state", "read_state", "StateError"} <= set(state.__all__)
     assert {"Warehouse", "PartitionWrite", "open_warehouse"} <= set(warehouse.__all__)

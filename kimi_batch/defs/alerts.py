@@ -11,9 +11,10 @@
   (`schedules.report_idle_night`).
 - `morning_report` posts from that check's results, once per night: the first evaluation after a
   night's deadline that failed, or that passed while partitions of that night are not distilled
-  or have a failed `published_to_trino` (Trino was down), `truncation_rate` or
-  `benchmark_contamination` check (those do not fail their run, so nothing else would tell the
-  morning). A message the webhook does not take is sent again on the next tick.
+  or have a failed `truncation_rate` or `benchmark_contamination` check (those do not fail their
+  run, so nothing else would tell the morning), or while the configured Trino cannot count the
+  night's `distilled` rows (the tables are fine, their readers are not). A message the webhook
+  does not take is sent again on the next tick.
 
 Messages go to `KIMI_BATCH_ALERT_WEBHOOK` (Slack-compatible JSON). The sensors start running when
 that variable is set and stopped otherwise; without a webhook they only record and log.
@@ -42,7 +43,7 @@ from kimi_batch.defs.partition_states import (
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION
 from kimi_batch.defs.webhook import post_message
 from kimi_batch.settings import Settings
-from kimi_batch.storage import Landing
+from kimi_batch.storage import Landing, StorageError, TrinoConfig, TrinoReader
 
 __all__ = [
     "DEFAULT_NIGHT_ENDS",
@@ -65,6 +66,8 @@ FRESHNESS_SENSOR = "distilled_freshness_checks"
 # Partition keys a message lists (a nightly run's, an overdue night's); the counts stay exact.
 _LISTED = 10
 FRESHNESS_INTERVAL_S = 300
+# The morning's one Trino query: a count, which a working Trino answers in seconds.
+TRINO_PROBE_TIMEOUT_S = 60.0
 # The night's update must fall within the day before its deadline: the night before's does not do.
 _NIGHT_SPAN = timedelta(hours=24)
 
@@ -175,10 +178,11 @@ class NightReport(BaseModel):
     expected: list[str]
     stale: list[PartitionRecord]
     failed_checks: list[FailedCheck] = []
+    trino: str = ""  # why the configured Trino could not read the tables ("": it could)
 
     @property
     def passed(self) -> bool:
-        return self.fresh and not self.stale and not self.failed_checks
+        return self.fresh and not self.stale and not self.failed_checks and not self.trino
 
 
 def due_night(now: datetime, night_ends: time | None) -> tuple[str, datetime]:
@@ -219,7 +223,24 @@ def night_report(
         expected=keys,
         stale=[states[key] for key in keys if states[key].state != PartitionState.DONE],
         failed_checks=failed_checks(instance, keys),
+        trino=trino_problem(settings, ds),
     )
+
+
+def trino_problem(settings: Settings, ds: str) -> str:
+    """Why the deployment's Trino cannot count night `ds`'s `distilled` rows ("" when it can,
+    or when no Trino is configured): the readers' outage the morning should hear of."""
+    if not settings.trino_host:
+        return ""
+    config = TrinoConfig.from_settings(settings).model_copy(
+        update={"statement_timeout_s": TRINO_PROBE_TIMEOUT_S, "max_attempts": 1}
+    )
+    try:
+        with TrinoReader(config) as reader:
+            reader.count("distilled", ds=ds)
+    except StorageError as error:
+        return str(error)[:300]
+    return ""
 
 
 def _headline(report: NightReport) -> str:
@@ -230,6 +251,8 @@ def _headline(report: NightReport) -> str:
         )
     if report.stale:
         return f"kimi_batch: night {report.ds} not distilled by {report.deadline:%Y-%m-%d %H:%M %Z}"
+    if not report.failed_checks:
+        return f"kimi_batch: night {report.ds} distilled, but Trino cannot read the tables"
     return f"kimi_batch: night {report.ds} distilled, but checks failed"
 
 
@@ -249,6 +272,8 @@ def night_message(instance: dg.DagsterInstance, report: NightReport, dagster_url
         lines.append(f"- {record.key}: {detail}")
     if len(report.stale) > _LISTED:
         lines.append(f"- ... and {len(report.stale) - _LISTED} more")
+    if report.trino:
+        lines.append(f"Trino cannot read the tables: {report.trino}")
     if report.failed_checks:
         lines.append(f"{len(report.failed_checks)} failed check(s):")
         lines.extend(
@@ -280,7 +305,7 @@ def _morning_report(settings: Settings, key: dg.AssetCheckKey) -> dg.SensorDefin
         default_status=_default_status(settings),
         description=f"Posts to KIMI_BATCH_ALERT_WEBHOOK once per night, from the first result of "
         f"{key.to_user_string()} after the night's end: overdue, partitions not distilled, "
-        "failed checks (Trino unreachable, cut-off answers, contamination).",
+        "failed checks (cut-off answers, contamination), Trino unable to read the tables.",
     )
     def morning_report(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
         """Report the night the freshness check judged last, once (until the webhook takes it)."""

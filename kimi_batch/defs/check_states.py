@@ -1,8 +1,8 @@
-"""Which batch partitions' asset checks failed last: unpublished tables, too many cut-off answers.
+"""Which batch partitions' asset checks failed last: too many cut-off answers, contamination.
 
-A failed check does not fail its run (the Parquet landed), so nothing else would tell the morning
-about it: the freshness alert names these partitions and the Trino catch-up sensor republishes the
-unpublished ones. The state is Dagster's own per-partition check status, newest evaluation wins.
+A failed check does not fail its run (the rows landed), so nothing else would tell the morning
+about it: the freshness alert names these partitions. The state is Dagster's own per-partition
+check status, newest evaluation wins.
 """
 
 from __future__ import annotations
@@ -13,20 +13,17 @@ from typing import Any
 import dagster as dg
 from pydantic import BaseModel, ConfigDict
 
-from kimi_batch.defs.stages import SEED_ASSET, STAGE_DECLARATIONS
+from kimi_batch.defs.stages import STAGE_DECLARATIONS
 
 __all__ = [
     "CONTAMINATION_CHECK",
     "DUPLICATE_CHECK",
-    "PUBLISHED_CHECK",
     "TRUNCATION_CHECK",
     "FailedCheck",
     "failed_checks",
-    "published_checks",
     "watched_checks",
 ]
 
-PUBLISHED_CHECK = "published_to_trino"
 TRUNCATION_CHECK = "truncation_rate"
 # The quality-gated stages' share of rows sharing an n-gram with a benchmark (fails above the
 # configured rate), and of rows repeating kept ones (warns; not an alert: they are set aside).
@@ -36,21 +33,15 @@ DUPLICATE_CHECK = "duplicate_rate"
 _HISTORY_PAGE = 200
 
 
-def published_checks() -> list[dg.AssetCheckKey]:
-    """The `published_to_trino` check of the seeds and of every declared stage."""
-    assets = [SEED_ASSET, *STAGE_DECLARATIONS]
-    return [dg.AssetCheckKey(dg.AssetKey(asset), PUBLISHED_CHECK) for asset in assets]
-
-
 def watched_checks() -> list[dg.AssetCheckKey]:
-    """The checks the alerts report: publishing, every declared stage's truncation rate and
+    """The checks the alerts report: every declared stage's truncation rate and
     the quality-gated stages' benchmark contamination."""
     stages = STAGE_DECLARATIONS.values()
     truncation = [dg.AssetCheckKey(d.key, TRUNCATION_CHECK) for d in stages]
     contamination = [
         dg.AssetCheckKey(d.key, CONTAMINATION_CHECK) for d in stages if d.task.quality_gated
     ]
-    return [*published_checks(), *truncation, *contamination]
+    return [*truncation, *contamination]
 
 
 class FailedCheck(BaseModel):
@@ -64,8 +55,7 @@ class FailedCheck(BaseModel):
     reason: str
 
     def describe(self) -> str:
-        what = "not published to Trino" if self.check == PUBLISHED_CHECK else self.check
-        return f"{self.asset} {what}" + (f" ({self.reason})" if self.reason else "")
+        return f"{self.asset} {self.check}" + (f" ({self.reason})" if self.reason else "")
 
 
 def _reason(record: dg.AssetCheckEvaluation | None) -> str:

@@ -4,9 +4,8 @@
 stages reads `STAGE_DECLARATIONS` (declaration order, which is also the order the stages read
 each other in): the batch assets (`defs/assets/batch.py`, one `generation_asset` a declaration),
 the nightly job (`defs/assets/night.py`: every nightly stage in order, with its config field),
-the jobs' selections (`defs/jobs.py`), the tables Trino catch-up publishes
-(`defs/publishing.py`), the checks the alerts watch (`defs/check_states.py`), the demo and the
-bench; `declare_stage` also registers the task for the layers below (`tasks.registry`: its table
+the jobs' selections (`defs/jobs.py`), the checks the alerts watch (`defs/check_states.py`),
+the demo and the bench; `declare_stage` also registers the task for the layers below (`tasks.registry`: its table
 in `storage.TABLES`, its ledger rows in `kimi-batch status`).
 
 The registry is read when definitions are built, not when modules import: a stage declared
@@ -136,7 +135,7 @@ class StageDeclaration(BaseModel):
 
     @property
     def tables(self) -> tuple[str, ...]:
-        """What its asset publishes (and its `published_to_trino` check covers)."""
+        """The tables its asset writes (its own and the quarantine)."""
         return (self.task.table, "quarantine")
 
     @property

@@ -198,7 +198,7 @@ class Settings(QualitySettings, StateSettings):
     )
     trino_host: str | None = Field(
         default=None,
-        description="Trino coordinator; unset, the tables are Parquet only.",
+        description="Trino coordinator reading the Iceberg tables; unset, no Trino.",
     )
     trino_port: int = Field(
         default=DEFAULT_TRINO_PORT, gt=0, lt=65536, description="Port of the Trino coordinator."
@@ -207,12 +207,12 @@ class Settings(QualitySettings, StateSettings):
     trino_password: str | None = Field(
         default=None, repr=False, description="Trino basic-auth password (sent over https only)."
     )
-    trino_catalog: str = Field(default="hive", description="Trino catalog (a Hive connector).")
-    trino_schema: str = Field(default="kimi_batch", description="Trino schema of the tables.")
-    trino_warehouse_location: str = Field(
-        default="local:///",
-        description="The warehouse root as Trino's file system names it (`s3://bucket/warehouse/`); "
-        "left at its default with an `s3://` warehouse, the warehouse's own URL.",
+    trino_catalog: str = Field(
+        default="iceberg",
+        description="Trino catalog (the Iceberg connector's, `kimi-batch publish`).",
+    )
+    trino_schema: str = Field(
+        default="kimi_batch", description="Trino schema of the tables (their Iceberg namespace)."
     )
     timezone: str = Field(
         default=DEFAULT_TIMEZONE,
@@ -351,10 +351,8 @@ class Settings(QualitySettings, StateSettings):
                 trino_port=env_int("KIMI_BATCH_TRINO_PORT", DEFAULT_TRINO_PORT),
                 trino_user=env_str("KIMI_BATCH_TRINO_USER") or "kimi_batch",
                 trino_password=env_str("KIMI_BATCH_TRINO_PASSWORD"),
-                trino_catalog=env_str("KIMI_BATCH_TRINO_CATALOG") or "hive",
+                trino_catalog=env_str("KIMI_BATCH_TRINO_CATALOG") or "iceberg",
                 trino_schema=env_str("KIMI_BATCH_TRINO_SCHEMA") or "kimi_batch",
-                trino_warehouse_location=env_str("KIMI_BATCH_TRINO_WAREHOUSE_LOCATION")
-                or "local:///",
                 timezone=env_str("KIMI_BATCH_TIMEZONE") or DEFAULT_TIMEZONE,
                 nightly_cron=env_str("KIMI_BATCH_NIGHTLY_CRON") or DEFAULT_NIGHTLY_CRON,
                 nightly_running=env_status("KIMI_BATCH_NIGHTLY_STATUS"),

@@ -92,7 +92,7 @@ from kimi_batch.storage.settle import (
     still_changing,
     wait_until_settled,
 )
-from kimi_batch.storage.trino import PublishReport, TrinoConfig, TrinoPublisher
+from kimi_batch.storage.trino import TrinoConfig, TrinoReader, catalog_properties, write_catalog
 
 __all__ = [
     "CONTAMINATED",
@@ -122,7 +122,6 @@ __all__ = [
     "InvalidPartitionError",
     "Landing",
     "PartitionGate",
-    "PublishReport",
     "QualityGate",
     "RequestCounts",
     "ResolvedInput",
@@ -130,12 +129,13 @@ __all__ = [
     "StagedFile",
     "StorageError",
     "TrinoConfig",
-    "TrinoPublisher",
     "TrinoQueryError",
+    "TrinoReader",
     "TrinoUnavailableError",
     "ValidationClaim",
     "batch_lines",
     "begin_batch",
+    "catalog_properties",
     "columns",
     "file_sha256",
     "finish_batch",
@@ -172,5 +172,6 @@ __all__ = [
     "validate_source",
     "wait_until_settled",
     "write_batch_files",
+    "write_catalog",
     "write_private_text",
 ]

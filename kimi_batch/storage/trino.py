@@ -1,26 +1,27 @@
-"""Publish warehouse partitions as Trino tables (Hive connector).
+"""Trino over the warehouse's Iceberg tables: its catalog file, and reading through it.
 
-Trino reads the Parquet files in place: each output table is an external, partitioned table whose
-location is the table's directory as Trino sees it (`TrinoConfig.warehouse_location` + table; the
-local catalog of `scripts/trino.sh` is rooted at the warehouse, so that is `local:///<table>`; an
-s3:// warehouse is its own URL), and each partition written by `Warehouse` is added with
-`system.register_partition`. An object-store warehouse writes each version of a partition under
-a prefix of its own: the partition is registered at its current version's prefix, and registered
-again (unregistered first) after each replace.
+Trino reads the tables the warehouse commits with its Iceberg connector, from the same catalog:
+pyiceberg's SQL catalog in the state database (the ledger's SQLite file, or the PostgreSQL schema
+`kimi_ledger`). `catalog_properties` writes that connector's catalog file for this deployment
+(`scripts/trino.sh` and `kimi-batch publish` use it); a commit is seen by Trino's next query, so
+nothing is ever registered or published. The catalog is read-only in Trino: a write through it
+would bypass the partition leases.
 
-Identifiers are validated (`^[a-z_][a-z0-9_]*$`) and double-quoted; values go in as query
-parameters, or, where Trino takes none (CALL), as escaped string literals of already validated
-values. No caller text is ever formatted into SQL unchecked.
+`TrinoReader` runs queries (`query`, `count`), each with a deadline; an unreachable coordinator
+is a `TrinoUnavailableError`. Identifiers are validated (`^[a-z_][a-z0-9_]*$`) and double-quoted;
+values go in as query parameters. No caller text is ever formatted into SQL unchecked.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import date
-from typing import TYPE_CHECKING, Any, Literal, Self
+from pathlib import Path
+from typing import Any, Literal, Self
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 import requests
 import trino.auth
@@ -30,31 +31,36 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from kimi_batch.settings import Settings
 from kimi_batch.storage.exceptions import (
-    SchemaMismatchError,
     StorageError,
     TrinoQueryError,
     TrinoTimeoutError,
     TrinoUnavailableError,
 )
-from kimi_batch.storage.schema import validate_ds, validate_source
-
-if TYPE_CHECKING:
-    from kimi_batch.warehouse import Warehouse
+from kimi_batch.storage.private_files import write_private_text
 from kimi_batch.storage.schema import (
-    PARTITION_COLUMNS,
-    TABLES,
     quote_identifier,
-    trino_columns,
+    validate_ds,
     validate_identifier,
+    validate_source,
     validate_table,
 )
 
-__all__ = ["PublishReport", "TrinoConfig", "TrinoPublisher"]
+__all__ = [
+    "CATALOG_NAME",
+    "TrinoConfig",
+    "TrinoReader",
+    "catalog_properties",
+    "write_catalog",
+]
 
+# The Iceberg catalog's own name in its tables (pyiceberg's SqlCatalog name; Trino's
+# `iceberg.jdbc-catalog.catalog-name`): both sides must agree on it.
+CATALOG_NAME = "kimi_batch"
+LEDGER_SCHEMA = "kimi_ledger"
 DEFAULT_PORT = 8080
 REQUEST_TIMEOUT_S = 60.0
-# One statement, queued and run, all polls included. Publishing runs inside the partition lease,
-# and the llama pool admits one run: a query Trino keeps queued must not hold every later run.
+# One statement, queued and run, all polls included: a query Trino keeps queued must not hang
+# its caller (the morning report, a status) for ever.
 STATEMENT_TIMEOUT_S = 300.0
 # After the deadline, how long the cancelled statement's thread is given to notice.
 _CANCEL_GRACE_S = 5.0
@@ -70,13 +76,9 @@ class TrinoConfig(BaseModel):
     port: int = Field(default=DEFAULT_PORT, gt=0, lt=65536)
     user: str = Field(default="kimi_batch", min_length=1)
     password: SecretStr | None = Field(default=None, description="Basic auth; needs https.")
-    catalog: str = Field(default="hive", description="Hive-connector catalog.")
+    catalog: str = Field(default="iceberg", description="Iceberg-connector catalog.")
     schema_name: str = Field(default="kimi_batch", description="Schema of the output tables.")
     http_scheme: Literal["http", "https"] = "http"
-    warehouse_location: str = Field(
-        default="local:///",
-        description="The warehouse root as Trino's file system names it (local:///, s3://b/w/ ...).",
-    )
     request_timeout_s: float = Field(
         default=REQUEST_TIMEOUT_S, gt=0, description="One HTTP request to the coordinator."
     )
@@ -94,10 +96,6 @@ class TrinoConfig(BaseModel):
             raise ValueError("a Trino password needs http_scheme='https'")
         return self
 
-    def table_location(self, table: str) -> str:
-        base = self.warehouse_location
-        return f"{base}{table}" if base.endswith("/") else f"{base}/{table}"
-
     @classmethod
     def from_settings(cls, settings: Settings) -> TrinoConfig:
         """The deployment's Trino; StorageError when KIMI_BATCH_TRINO_HOST is not set."""
@@ -113,27 +111,91 @@ class TrinoConfig(BaseModel):
             http_scheme="https" if password else "http",
             catalog=settings.trino_catalog,
             schema_name=settings.trino_schema,
-            warehouse_location=_warehouse_location(settings),
         )
 
 
-def _warehouse_location(settings: Settings) -> str:
-    """KIMI_BATCH_TRINO_WAREHOUSE_LOCATION; unset with an s3:// warehouse, its URL (the S3
-    catalog of `scripts/trino.sh` names objects as the warehouse does)."""
-    default = TrinoConfig.model_fields["warehouse_location"].default
-    url = settings.paths.warehouse_url
-    if url is not None and settings.trino_warehouse_location == default:
-        return f"{url}/"
-    return settings.trino_warehouse_location
+def catalog_properties(settings: Settings, *, masked: bool = False) -> str:
+    """The Iceberg connector's catalog file for this deployment's warehouse (`masked`: with its
+    secrets shown as `***`, for a terminal)."""
+    properties = {
+        "connector.name": "iceberg",
+        "iceberg.catalog.type": "jdbc",
+        "iceberg.jdbc-catalog.catalog-name": CATALOG_NAME,
+        **_jdbc_properties(settings),
+        "iceberg.jdbc-catalog.default-warehouse-dir": _warehouse_root(settings),
+        # Trino reads; the warehouse writes, under the partition leases Trino knows nothing of.
+        "iceberg.security": "read_only",
+        **_file_system_properties(settings),
+    }
+    secret = {"iceberg.jdbc-catalog.connection-password", "s3.aws-secret-key"}
+    lines = [
+        f"{key}={'***' if masked and key in secret else _property_value(value)}"
+        for key, value in properties.items()
+    ]
+    return "\n".join(lines) + "\n"
 
 
-@dataclass(frozen=True, kw_only=True)
-class PublishReport:
-    """What one publish call did."""
+def write_catalog(settings: Settings, path: Path) -> Path:
+    """Write `catalog_properties` to `path` whole, owner-only (it may hold passwords)."""
+    return write_private_text(path, catalog_properties(settings))
 
-    tables: tuple[str, ...]
-    partitions_registered: int
-    partitions_present: int
+
+def _warehouse_root(settings: Settings) -> str:
+    # As the warehouse names it (`warehouse.CatalogSpec`): Trino must find the same files.
+    return (
+        settings.paths.warehouse_url or settings.paths.warehouse_dir.expanduser().resolve().as_uri()
+    )
+
+
+def _jdbc_properties(settings: Settings) -> dict[str, str]:
+    """The catalog database: the ledger's SQLite file, or its PostgreSQL schema."""
+    url = settings.paths.ledger_state.url
+    if url is None:
+        return {
+            "iceberg.jdbc-catalog.driver-class": "org.sqlite.JDBC",
+            "iceberg.jdbc-catalog.connection-url": f"jdbc:sqlite:{settings.paths.ledger_path}",
+        }
+    parts = urlsplit(url)
+    given = dict(parse_qsl(parts.query))
+    user = unquote(parts.username or "") or given.get("user", "")
+    password = unquote(parts.password or "") or given.get("password", "")
+    # The rest of libpq's parameters (sslmode ...) mostly mean the same to the JDBC driver.
+    query = {k: v for k, v in given.items() if k not in ("user", "password")}
+    query["currentSchema"] = LEDGER_SCHEMA
+    host = parts.hostname or "localhost"
+    address = f"[{host}]" if ":" in host else host
+    properties = {
+        "iceberg.jdbc-catalog.driver-class": "org.postgresql.Driver",
+        "iceberg.jdbc-catalog.connection-url": f"jdbc:postgresql://{address}:{parts.port or 5432}"
+        f"{parts.path}?{urlencode(query)}",
+    }
+    if user:
+        properties["iceberg.jdbc-catalog.connection-user"] = user
+    if password:
+        properties["iceberg.jdbc-catalog.connection-password"] = password
+    return properties
+
+
+def _file_system_properties(settings: Settings) -> dict[str, str]:
+    """Trino's native file system of the warehouse: the local one rooted at `/` (the tables' file:
+    URLs are absolute), or S3 with the warehouse's endpoint and the environment's credentials."""
+    if settings.paths.warehouse_url is None:
+        return {"fs.native-local.enabled": "true", "local.location": "/"}
+    properties = {"fs.native-s3.enabled": "true"}
+    if settings.s3_endpoint:
+        # Path-style addressing: every S3-compatible server answers it.
+        properties |= {"s3.endpoint": settings.s3_endpoint, "s3.path-style-access": "true"}
+    properties["s3.region"] = settings.s3_region or os.environ.get("AWS_REGION") or "us-east-1"
+    key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+    if key and secret:  # unset: Trino's default AWS credential chain
+        properties |= {"s3.aws-access-key": key, "s3.aws-secret-key": secret}
+    return properties
+
+
+def _property_value(value: str) -> str:
+    """`value` as a Java properties file reads it back (backslash escapes, no line breaks)."""
+    escaped = value.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+    return "\\" + escaped if escaped[:1] in (" ", "\t") else escaped
 
 
 def _cancel(cursor: trino.dbapi.Cursor) -> str:
@@ -154,20 +216,14 @@ def _cancel(cursor: trino.dbapi.Cursor) -> str:
     return state
 
 
-def _literal(value: str) -> str:
-    """A SQL string literal; only for values already validated by a strict pattern."""
-    return "'" + value.replace("'", "''") + "'"
-
-
-class TrinoPublisher:
-    """Creates the schema and tables in Trino and registers warehouse partitions."""
+class TrinoReader:
+    """Queries the warehouse's tables through Trino (a connection opened on first use)."""
 
     def __init__(self, config: TrinoConfig) -> None:
         self.config = config
         self.catalog = validate_identifier(config.catalog, what="catalog")
         self.schema = validate_identifier(config.schema_name, what="schema")
         self._connection: trino.dbapi.Connection | None = None
-        self._ensured: set[str] = set()
 
     def __enter__(self) -> Self:
         return self
@@ -179,8 +235,6 @@ class TrinoPublisher:
         if self._connection is not None:
             self._connection.close()
             self._connection = None
-
-    # -- SQL plumbing ---------------------------------------------------------------------------
 
     def _connect(self) -> trino.dbapi.Connection:
         if self._connection is None:
@@ -265,157 +319,13 @@ class TrinoPublisher:
         except trino.exceptions.Error as error:
             raise TrinoQueryError(f"Trino at {where} failed: {error}") from error
 
-    def _table_ref(self, table: str, *, partitions: bool = False) -> str:
-        name = quote_identifier(table)
-        if partitions:  # the Hive connector's hidden table "<table>$partitions"
-            name = f'"{table}$partitions"'
-        return f"{quote_identifier(self.catalog)}.{quote_identifier(self.schema)}.{name}"
-
-    # -- DDL ------------------------------------------------------------------------------------
-
-    def ensure_schema(self, location: str | None = None) -> None:
-        """CREATE SCHEMA IF NOT EXISTS (tables carry their own locations, so none is needed)."""
-        sql = f"CREATE SCHEMA IF NOT EXISTS {quote_identifier(self.catalog)}.{quote_identifier(self.schema)}"
-        if location is None:
-            self.query(sql)
-        else:
-            self.query(f"{sql} WITH (location = ?)", [location])
-
-    def ensure_table(self, table: str, location: str | None = None) -> None:
-        """CREATE TABLE IF NOT EXISTS as an external Parquet table partitioned by (ds, source)."""
+    def table_ref(self, table: str) -> str:
+        """The table's quoted catalog.schema.table name."""
         validate_table(table)
-        columns = ", ".join(
-            f"{quote_identifier(name)} {kind}" for name, kind in trino_columns(table)
+        return (
+            f"{quote_identifier(self.catalog)}.{quote_identifier(self.schema)}."
+            f"{quote_identifier(table)}"
         )
-        partitioned_by = ", ".join(_literal(name) for name in PARTITION_COLUMNS)
-        self.query(
-            f"CREATE TABLE IF NOT EXISTS {self._table_ref(table)} ({columns}) "
-            f"WITH (external_location = ?, format = 'PARQUET', partitioned_by = ARRAY[{partitioned_by}])",
-            [location or self.config.table_location(table)],
-        )
-        self._check_columns(table)
-
-    def _check_columns(self, table: str) -> None:
-        found = [
-            str(name)
-            for (name,) in self.query(
-                f"SELECT column_name FROM {quote_identifier(self.catalog)}.information_schema.columns "
-                "WHERE table_schema = ? AND table_name = ? ORDER BY ordinal_position",
-                [self.schema, table],
-            )
-        ]
-        expected = [name for name, _ in trino_columns(table)]
-        if found != expected:
-            raise SchemaMismatchError(
-                f"{self.catalog}.{self.schema}.{table} has columns {found}, the row model has "
-                f"{expected}; drop the Trino table (the Parquet files stay) and publish again"
-            )
-
-    def _ensure(self, table: str) -> None:
-        if table not in self._ensured:
-            self.ensure_schema()
-            self.ensure_table(table)
-            self._ensured.add(table)
-
-    # -- partitions -----------------------------------------------------------------------------
-
-    def registered_partitions(self, table: str) -> list[tuple[str, str]]:
-        """(ds, source) of the partitions the metastore knows, sorted."""
-        validate_table(table)
-        rows = self.query(
-            f'SELECT "ds", "source" FROM {self._table_ref(table, partitions=True)} ORDER BY 1, 2'
-        )
-        return [(str(ds), str(source)) for ds, source in rows]
-
-    def register_partition(
-        self, table: str, ds: str | date, source: str, location: str | None = None
-    ) -> bool:
-        """Add one partition to the metastore; False if it was already there (idempotent).
-
-        `location` (a version prefix of an object-store warehouse) replaces the registration
-        of a partition already there, whose files were at the previous version's prefix."""
-        validate_table(table)
-        ds, source = validate_ds(ds), validate_source(source)
-        present = self.query(
-            f'SELECT 1 FROM {self._table_ref(table, partitions=True)} WHERE "ds" = ? AND "source" = ?',
-            [ds, source],
-        )
-        if present and location is None:
-            return False
-        if present:
-            self._call_partition("unregister_partition", table, ds, source)
-        try:
-            self._call_partition("register_partition", table, ds, source, location)
-        except TrinoQueryError as error:
-            # Another publisher registered it between our check and the CALL.
-            if "ALREADY_EXISTS" in str(error):
-                return False
-            raise
-        return True
-
-    def _call_partition(
-        self,
-        procedure: Literal["register_partition", "unregister_partition"],
-        table: str,
-        ds: str,
-        source: str,
-        location: str | None = None,
-    ) -> None:
-        # CALL takes no parameters: every name and value below is validated against a strict
-        # pattern, but the location (the deployment's warehouse URL plus a version prefix),
-        # which goes in as an escaped literal.
-        columns = ", ".join(_literal(name) for name in PARTITION_COLUMNS)
-        at = "" if location is None else f", location => {_literal(location)}"
-        self.query(
-            f"CALL {quote_identifier(self.catalog)}.system.{procedure}("
-            f"schema_name => {_literal(self.schema)}, table_name => {_literal(table)}, "
-            f"partition_columns => ARRAY[{columns}], "
-            f"partition_values => ARRAY[{_literal(ds)}, {_literal(source)}]{at})"
-        )
-
-    def flush_cache(self, table: str) -> None:
-        """Drop Trino's cached metadata/listings of a table (a no-op when caching is off)."""
-        validate_table(table)
-        self.query(
-            f"CALL {quote_identifier(self.catalog)}.system.flush_metadata_cache("
-            f"schema_name => {_literal(self.schema)}, table_name => {_literal(table)})"
-        )
-
-    def publish_partition(
-        self, warehouse: Warehouse, table: str, ds: str | date, source: str
-    ) -> PublishReport:
-        """Make one written partition queryable: schema, table, partition, fresh metadata."""
-        ds, source = validate_ds(ds), validate_source(source)
-        if not warehouse.has_partition(table, ds, source):
-            raise StorageError(f"nothing to publish: {table} ds={ds} source={source} not written")
-        self._ensure(table)
-        location = warehouse.partition_location(table, ds, source)
-        registered = self.register_partition(table, ds, source, location)
-        # A re-written partition keeps its registration; a caching catalog must still re-list it.
-        self.flush_cache(table)
-        return PublishReport(
-            tables=(table,), partitions_registered=int(registered), partitions_present=1
-        )
-
-    def publish_all(self, warehouse: Warehouse) -> PublishReport:
-        """Catch up: create every table and register every partition present on disk."""
-        registered = present = 0
-        for table in TABLES:
-            self._ensure(table)
-            known = set(self.registered_partitions(table))
-            on_disk = warehouse.partitions(table)
-            for ds, source in on_disk:
-                location = warehouse.partition_location(table, ds, source)
-                # A version prefix may have changed while Trino was away: registered again.
-                if (ds, source) not in known or location is not None:
-                    registered += int(self.register_partition(table, ds, source, location))
-            present += len(on_disk)
-            self.flush_cache(table)
-        return PublishReport(
-            tables=tuple(TABLES), partitions_registered=registered, partitions_present=present
-        )
-
-    # -- reads ----------------------------------------------------------------------------------
 
     def count(self, table: str, ds: str | date | None = None, source: str | None = None) -> int:
         """Rows of a table as Trino sees them, optionally of one ds and/or source."""
@@ -429,5 +339,5 @@ class TrinoPublisher:
             conditions.append('"source" = ?')
             params.append(validate_source(source))
         where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
-        ((value,),) = self.query(f"SELECT count(*) FROM {self._table_ref(table)}{where}", params)
+        ((value,),) = self.query(f"SELECT count(*) FROM {self.table_ref(table)}{where}", params)
         return int(value)

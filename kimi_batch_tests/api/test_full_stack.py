@@ -1,7 +1,7 @@
 """The Batch API on the real stack, driven by the official `openai` client as users drive it.
 
 Real llama-server (SmolLM2), a real Dagster webserver + daemon (the API batch sensor starts each
-batch's run), real Parquet and a real Trino. Cancel and terminate are checked on the server
+batch's run), real Iceberg tables and a real Trino. Cancel and terminate are checked on the server
 itself: its `/slots` show every slot idle soon after, and the seconds it took are printed.
 """
 
@@ -29,9 +29,9 @@ from kimi_batch.settings import Settings
 from kimi_batch.storage import (
     ApiStore,
     TrinoConfig,
-    TrinoPublisher,
+    TrinoReader,
 )
-from kimi_batch.warehouse import Warehouse
+from kimi_batch.warehouse import Warehouse, open_warehouse
 from kimi_batch_tests.support.api_server import serving_api
 from kimi_batch_tests.support.batches import MODEL
 from kimi_batch_tests.support.dagster_stack import DagsterStack
@@ -77,21 +77,20 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(
-    llama_env: LlamaEnv, trino_server: TrinoServer, tmp_path_factory: pytest.TempPathFactory
+    llama_env: LlamaEnv, llama_trino: TrinoServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
-    warehouse, trino = trino_server.isolated(SCHEMA)
     variables = {
         "KIMI_BATCH_API_KEY": KEY,
-        "KIMI_BATCH_WAREHOUSE": str(warehouse.root),
-        "KIMI_BATCH_TRINO_HOST": trino.host,
-        "KIMI_BATCH_TRINO_PORT": str(trino.port),
-        "KIMI_BATCH_TRINO_SCHEMA": trino.schema_name,
-        "KIMI_BATCH_TRINO_WAREHOUSE_LOCATION": trino.warehouse_location,
+        "KIMI_BATCH_TRINO_HOST": llama_trino.host,
+        "KIMI_BATCH_TRINO_PORT": str(llama_trino.port),
+        "KIMI_BATCH_TRINO_SCHEMA": SCHEMA,
     }
     with pytest.MonkeyPatch.context() as patch:
         for name, value in variables.items():
             patch.setenv(name, value)
+        patch.delenv("KIMI_BATCH_WAREHOUSE", raising=False)
         settings = Settings.from_env()
+        warehouse, trino = open_warehouse(settings), TrinoConfig.from_settings(settings)
         home = tmp_path_factory.mktemp("api_dagster")
         with DagsterStack(
             home, workspace=REPO_ROOT / "workspace.yaml", location="kimi_batch"
@@ -294,10 +293,8 @@ def test_a_batch_is_answered_as_submitted_and_lands_in_the_tables(stack: Stack) 
     assert "cut" not in answered
     assert answered | set_aside == set(by_id)
     assert {"json", "plain"} <= answered
-    with TrinoPublisher(stack.trino) as trino:
-        [[rows]] = trino.query(
-            f"SELECT count(*) FROM hive.{SCHEMA}.distilled WHERE source = '{batch.id}'"
-        )
+    with TrinoReader(stack.trino) as trino:
+        rows = trino.count("distilled", source=batch.id)
     assert rows == distilled.height
 
 

@@ -12,7 +12,6 @@ from kimi_batch.errors import ConfigError, KimiBatchError, MissingInputError
 from kimi_batch.llama.exceptions import LlamaError, SpecMismatchError
 from kimi_batch.storage.exceptions import StorageError, TrinoUnavailableError
 from kimi_batch_tests.support.cli import assert_one_error_line, run_cli
-from kimi_batch_tests.support.ports import free_port
 
 
 @pytest.mark.slow
@@ -30,15 +29,6 @@ def test_a_missing_model_is_one_line(tmp_path: Path, command: tuple[str, ...]) -
     missing = tmp_path / "no-such-model.gguf"
     result = run_cli(tmp_path, *command, KIMI_BATCH_MODEL=str(missing))
     assert_one_error_line(result, "model file not found", str(missing))
-
-
-@pytest.mark.slow
-def test_an_unreachable_trino_is_one_line(tmp_path: Path) -> None:
-    port = str(free_port())  # nothing listens there
-    result = run_cli(
-        tmp_path, "publish", KIMI_BATCH_TRINO_HOST="127.0.0.1", KIMI_BATCH_TRINO_PORT=port
-    )
-    assert_one_error_line(result, "unreachable", f"127.0.0.1:{port}")
 
 
 @pytest.mark.slow

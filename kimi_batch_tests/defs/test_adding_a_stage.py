@@ -2,9 +2,9 @@
 
 The doc's python block is run as it stands (so the doc cannot rot), then, with no other file
 changed, the stage is in the code location: its asset with the generation checks, the batch job,
-the nightly job, Trino publishing, the alerts' check states, `kimi-batch status` and the demo.
-The slow test runs it on the real server: from its asset, from the nightly job, published to a
-real Trino.
+the nightly job, its table (read by Trino at once), the alerts' check states, `kimi-batch status`
+and the demo. The slow test runs it on the real server: from its asset, from the nightly job, read
+by a real Trino.
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from kimi_batch.definitions import batch_assets, build_definitions, build_resour
 from kimi_batch.defs.check_states import TRUNCATION_CHECK, failed_checks, watched_checks
 from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
-from kimi_batch.defs.publishing import tables_of
 from kimi_batch.defs.stages import STAGE_DECLARATIONS, nightly_stages, withdraw_stage
 from kimi_batch.settings import Settings
-from kimi_batch.storage import TABLES, TrinoPublisher
+from kimi_batch.storage import TABLES, TrinoConfig, TrinoReader
 from kimi_batch.tasks.registry import stage_of_tag
 from kimi_batch.tasks.tags import RequestTag
+from kimi_batch.warehouse import open_warehouse
 from kimi_batch_tests.support.llama_server import LlamaEnv
 from kimi_batch_tests.support.trino import TrinoServer
 
@@ -77,13 +77,13 @@ def test_the_doc_declares_a_stage_every_part_of_the_code_location_knows(
     key = dg.AssetKey(ASSET)
     assert graph.get(key).parent_keys == {dg.AssetKey("distilled_responses")}
     checks = {check.name for check in graph.get(key).check_keys}
-    assert {"published_to_trino", TRUNCATION_CHECK} <= checks
+    assert TRUNCATION_CHECK in checks
     batch_job = defs.resolve_job_def("batch_job")
     assert key in batch_job.asset_layer.selected_asset_keys
     ingest_job = defs.resolve_job_def("ingest_job")
     assert key not in ingest_job.asset_layer.selected_asset_keys  # not declared for ingest
     assert nightly_stages()[-1] is declaration  # the night runs it last, after distillation
-    assert tables_of(ASSET) == ("summaries", "quarantine")
+    assert declaration.tables == ("summaries", "quarantine")
     assert "summaries" in TABLES
     assert stage_of_tag(RequestTag(stage="summary").wire) is summary.SummaryTask
     assert dg.AssetCheckKey(key, TRUNCATION_CHECK) in watched_checks()
@@ -113,23 +113,21 @@ def test_a_failed_check_of_the_new_stage_is_what_the_alerts_read(
 def test_the_new_stage_runs_from_its_asset_the_night_trino_status_and_the_demo(
     summary: types.ModuleType,
     llama_env: LlamaEnv,
-    trino_server: TrinoServer,
+    home_trino: TrinoServer,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    warehouse, trino = trino_server.isolated("summary")
     for name, value in {
-        "KIMI_BATCH_HOME": str(tmp_path / "home"),
+        "KIMI_BATCH_HOME": str(home_trino.home),
         "KIMI_BATCH_LLAMA_URL": llama_env.base_url,
-        "KIMI_BATCH_WAREHOUSE": str(warehouse.root),
-        "KIMI_BATCH_TRINO_HOST": trino.host,
-        "KIMI_BATCH_TRINO_PORT": str(trino.port),
-        "KIMI_BATCH_TRINO_SCHEMA": trino.schema_name,
-        "KIMI_BATCH_TRINO_WAREHOUSE_LOCATION": trino.warehouse_location,
+        "KIMI_BATCH_TRINO_HOST": home_trino.host,
+        "KIMI_BATCH_TRINO_PORT": str(home_trino.port),
     }.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    monkeypatch.delenv("KIMI_BATCH_WAREHOUSE", raising=False)
     settings = Settings.from_env()
+    warehouse = open_warehouse(settings)
     inbox = settings.paths.inbox_dir
     inbox.mkdir(parents=True)
     (inbox / "summary_src.jsonl").write_text(json.dumps({"id": "j1", "prompt": "Name a planet."}))
@@ -180,11 +178,10 @@ def test_the_new_stage_runs_from_its_asset_the_night_trino_status_and_the_demo(
     assert len(night_runs) == 1
     assert night_runs[0].metadata["from_ledger"].value == distilled.height
     assert materialized == {partition}
-    with TrinoPublisher(trino) as publisher:
-        assert publisher.count("summaries") == summaries.height
+    with TrinoReader(TrinoConfig.from_settings(settings)) as reader:
+        assert reader.count("summaries") == summaries.height  # read at once: nothing published
     # Its checks were evaluated on the partition; the alerts' reading names exactly the failed.
-    assert set(checked) == {"published_to_trino", TRUNCATION_CHECK}
-    assert checked["published_to_trino"] == "SUCCEEDED"
+    assert set(checked) == {TRUNCATION_CHECK}
     assert failed == {name for name, status in checked.items() if status == "FAILED"}
 
     status = collect_status(settings)

@@ -28,6 +28,7 @@ from kimi_batch.engine.stats import ProgressEvent
 from kimi_batch.settings import Settings
 from kimi_batch.storage.landing import Landing
 from kimi_batch_tests.support.night_standin import LOST_REASON, failing_night_job
+from kimi_batch_tests.support.ports import free_port
 from kimi_batch_tests.support.webhook import Receiver
 
 pytestmark = pytest.mark.filterwarnings("ignore:Non-compliant tag keys:DeprecationWarning")
@@ -303,6 +304,31 @@ def test_a_distilled_night_passes_without_a_message(
     assert receiver.texts == []
 
 
+def test_a_distilled_night_whose_trino_is_down_is_reported(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing in the run talks to Trino (a commit is visible to it at once): the morning asks it
+    for the night's rows, and an outage of the tables' readers is the message."""
+    port = free_port()  # nothing listens there
+    monkeypatch.setenv("KIMI_BATCH_NIGHT_ENDS", "00:00")
+    monkeypatch.setenv("KIMI_BATCH_TRINO_HOST", "127.0.0.1")
+    monkeypatch.setenv("KIMI_BATCH_TRINO_PORT", str(port))
+    yesterday = (datetime.now(UTC).date() - timedelta(days=1)).isoformat()
+    _inbox_files(yesterday, "read_src")
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("source", ["read_src"])
+        dg.materialize(
+            [_standin(fail=False)], partition_key=_key(yesterday, "read_src"), instance=instance
+        )
+        freshness_check_run(instance)
+        result = morning_report(dg.build_sensor_context(instance=instance))
+
+    assert isinstance(result, dg.SensorResult)
+    (text,) = receiver.texts
+    assert f"kimi_batch: night {yesterday} distilled, but Trino cannot read the tables" in text
+    assert f"Trino cannot read the tables: Trino at 127.0.0.1:{port} is unreachable" in text
+
+
 @pytest.mark.parametrize(
     ("now", "expected_ds", "expected_deadline"),
     [
@@ -380,7 +406,9 @@ def _checked_standin(failed_check: str, metadata: dict[str, float | str]) -> dg.
         partitions_def=batch_partitions,
         check_specs=[
             dg.AssetCheckSpec(
-                "published_to_trino", asset="distilled_responses", partitions_def=batch_partitions
+                "benchmark_contamination",
+                asset="distilled_responses",
+                partitions_def=batch_partitions,
             ),
             dg.AssetCheckSpec(
                 "truncation_rate", asset="distilled_responses", partitions_def=batch_partitions
@@ -395,7 +423,7 @@ def _checked_standin(failed_check: str, metadata: dict[str, float | str]) -> dg.
                     passed=name != failed_check,
                     metadata=metadata if name == failed_check else {},
                 )
-                for name in ("published_to_trino", "truncation_rate")
+                for name in ("benchmark_contamination", "truncation_rate")
             ]
         )
 
@@ -406,9 +434,9 @@ def _checked_standin(failed_check: str, metadata: dict[str, float | str]) -> dg.
     ("failed_check", "metadata", "named"),
     [
         (
-            "published_to_trino",
-            {"reason": "Trino unreachable at 127.0.0.1:8080"},
-            "distilled_responses not published to Trino (reason Trino unreachable",
+            "benchmark_contamination",
+            {"rate": 0.25},
+            "distilled_responses benchmark_contamination (rate 0.25)",
         ),
         ("truncation_rate", {"rate": 0.476}, "distilled_responses truncation_rate (rate 0.476)"),
     ],

@@ -14,7 +14,8 @@ from kimi_batch.definitions import batch_assets, build_definitions
 from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME
 from kimi_batch.defs.stages import DISTILL, JUDGE, nightly_stages
 from kimi_batch.settings import Settings
-from kimi_batch.storage import TrinoPublisher
+from kimi_batch.storage import TrinoConfig, TrinoReader
+from kimi_batch.warehouse import open_warehouse
 from kimi_batch_tests.support.llama_server import LlamaEnv
 from kimi_batch_tests.support.trino import TrinoServer
 
@@ -36,7 +37,7 @@ def test_by_default_the_judge_is_in_the_code_location_but_not_run(
     defs = build_definitions(settings)
     node = defs.resolve_asset_graph().get(JUDGE.key)
     assert node.parent_keys == {DISTILL.key}
-    assert "published_to_trino" in {check.name for check in node.check_keys}
+    assert "truncation_rate" in {check.name for check in node.check_keys}
     assert JUDGE.key not in defs.resolve_job_def("batch_job").asset_layer.selected_asset_keys
     assert DISTILL.key in defs.resolve_job_def("batch_job").asset_layer.selected_asset_keys
     assert JUDGE not in nightly_stages(settings)
@@ -60,22 +61,19 @@ def test_switched_on_the_night_runs_it_after_distillation(
 @pytest.mark.filterwarnings(_TAG_WARNING)
 def test_the_night_grades_every_answer_and_the_judged_table_lands_in_trino(
     llama_env: LlamaEnv,
-    trino_server: TrinoServer,
+    home_trino: TrinoServer,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    warehouse, trino = trino_server.isolated("judged")
     settings = _settings(
         tmp_path,
         monkeypatch,
         KIMI_BATCH_JUDGE_NIGHTLY="on",
         KIMI_BATCH_LLAMA_URL=llama_env.base_url,
-        KIMI_BATCH_WAREHOUSE=str(warehouse.root),
-        KIMI_BATCH_TRINO_HOST=trino.host,
-        KIMI_BATCH_TRINO_PORT=str(trino.port),
-        KIMI_BATCH_TRINO_SCHEMA=trino.schema_name,
-        KIMI_BATCH_TRINO_WAREHOUSE_LOCATION=trino.warehouse_location,
+        KIMI_BATCH_TRINO_HOST=home_trino.host,
+        KIMI_BATCH_TRINO_PORT=str(home_trino.port),
     )
+    warehouse = open_warehouse(settings)
     monkeypatch.delenv("DAGSTER_HOME", raising=False)
     inbox = settings.paths.inbox_dir
     inbox.mkdir(parents=True)
@@ -125,5 +123,5 @@ def test_the_night_grades_every_answer_and_the_judged_table_lands_in_trino(
     ]
     scores = [materialization.metadata[f"score_{n}"].value for n in range(1, 11)]
     assert sum(float(str(count)) for count in scores) == judged.height
-    with TrinoPublisher(trino) as publisher:
-        assert publisher.count("judged") == judged.height
+    with TrinoReader(TrinoConfig.from_settings(settings)) as reader:
+        assert reader.count("judged") == judged.height

@@ -1,7 +1,7 @@
 """The nightly run over many partitions, on the real llama-server and a real instance: the real
 schedule's one run request executed as the daemon would, each partition written, materialized
-and checked on its own, the window, a contested lease, Trino as each partition lands, a night
-that dies after landing."""
+and checked on its own, the window, a contested lease, Trino reading each partition landed, a
+night that dies after landing."""
 
 from __future__ import annotations
 
@@ -15,20 +15,16 @@ import polars as pl
 import pytest
 
 from kimi_batch.definitions import build_definitions
-from kimi_batch.defs.assets import landing as landing_module
 from kimi_batch.defs.assets import lease
 from kimi_batch.defs.assets import night as night_module
-from kimi_batch.defs.check_states import failed_checks, published_checks
 from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME, STOPPED_TAG, WINDOW_TAG
 from kimi_batch.defs.partition_states import PartitionState, distill_states
 from kimi_batch.defs.schedules import PARTITIONS_TAG
 from kimi_batch.defs.stages import AMPLIFY
 from kimi_batch.engine.ledger import Ledger
 from kimi_batch.settings import Settings
-from kimi_batch.storage import (
-    TrinoPublisher,
-)
-from kimi_batch.warehouse import Warehouse, newest_snapshots, night_tag
+from kimi_batch.storage import TrinoConfig, TrinoReader
+from kimi_batch.warehouse import Warehouse, newest_snapshots, night_tag, open_warehouse
 from kimi_batch_tests.support.llama_server import TEST_SLOTS, LlamaEnv
 from kimi_batch_tests.support.trino import TrinoServer
 
@@ -307,27 +303,26 @@ def test_a_partition_held_by_another_run_is_left_out_and_the_others_land(
     )
 
 
-def _trino_night(monkeypatch: pytest.MonkeyPatch, trino_server: TrinoServer, name: str) -> Any:
-    """Settings, definitions, warehouse and Trino config of a night publishing to Trino."""
-    warehouse, config = trino_server.isolated(name)
-    for variable, value in {
-        "KIMI_BATCH_WAREHOUSE": str(warehouse.root),
-        "KIMI_BATCH_TRINO_HOST": config.host,
-        "KIMI_BATCH_TRINO_PORT": str(config.port),
-        "KIMI_BATCH_TRINO_SCHEMA": config.schema_name,
-        "KIMI_BATCH_TRINO_WAREHOUSE_LOCATION": config.warehouse_location,
-    }.items():
-        monkeypatch.setenv(variable, value)
+def _trino_night(monkeypatch: pytest.MonkeyPatch, trino: TrinoServer) -> Any:
+    """Settings, definitions and warehouse of a night whose Trino reads its catalog."""
+    monkeypatch.setenv("KIMI_BATCH_TRINO_HOST", trino.host)
+    monkeypatch.setenv("KIMI_BATCH_TRINO_PORT", str(trino.port))
     settings = Settings.from_env()
-    return settings, build_definitions(settings), warehouse, config
+    assert settings.paths.home == trino.home  # `night` and `home_trino`: tmp_path / "home"
+    return settings, build_definitions(settings), open_warehouse(settings)
 
 
-def test_every_partition_is_published_to_trino_as_it_lands(
+def _trino_counts(settings: Settings, tables: tuple[str, ...]) -> dict[str, int]:
+    with TrinoReader(TrinoConfig.from_settings(settings)) as reader:
+        return {table: reader.count(table) for table in tables}
+
+
+def test_every_partition_is_readable_in_trino_once_the_night_lands_it(
     night: tuple[Settings, dg.Definitions],
-    trino_server: TrinoServer,
+    home_trino: TrinoServer,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    settings, defs, warehouse, config = _trino_night(monkeypatch, trino_server, "night")
+    settings, defs, warehouse = _trino_night(monkeypatch, home_trino)
     _inbox(settings.paths.home, "east.jsonl", ["Name a river.", "Name a mountain."])
     _inbox(settings.paths.home, "west.jsonl", ["Name a desert."])
     with dg.instance_for_test() as instance:
@@ -335,44 +330,31 @@ def test_every_partition_is_published_to_trino_as_it_lands(
         assert request is not None
         result = _execute(instance, defs, request)
         assert result.success, [e.message for e in result.all_events if e.is_failure]
-        events = [
-            event
-            for event in result.all_events
-            if event.event_type_value in ("ASSET_MATERIALIZATION", "ASSET_CHECK_EVALUATION")
+        materialized = [
+            (e.asset_key, e.partition) for e in result.all_events if e.is_step_materialization
         ]
-        unpublished = failed_checks(instance, keys=published_checks())
-    with TrinoPublisher(config) as trino:
-        counts = {table: trino.count(table) for table in ("seeds", "amplified", "distilled")}
+        checks = {
+            getattr(e.event_specific_data, "check_name", None)
+            for e in result.all_events
+            if e.event_type_value == "ASSET_CHECK_EVALUATION"
+        }
+    counts = _trino_counts(settings, ("seeds", "amplified", "distilled"))
 
-    def published(event: dg.DagsterEvent) -> Any:
-        data = event.event_specific_data
-        return data if getattr(data, "check_name", None) == "published_to_trino" else None
-
-    order = {
-        (e.asset_key, e.partition): i for i, e in enumerate(events) if e.is_step_materialization
-    }
-    last: dict[tuple[Any, Any], tuple[int, Any]] = {}
-    for i, event in enumerate(events):
-        if (check := published(event)) is not None:
-            last[(check.asset_key, check.partition)] = (i, check)
-    # Each partition of each asset: recorded with its publish pending, then published and its
-    # check passed, after its materialization; none left for the catch-up.
-    assert len(order) == 2 * len(ASSETS)
-    assert set(last) == set(order)
-    assert all(check.passed and i > order[key] for key, (i, check) in last.items())
-    assert unpublished == []
+    # Each partition of each asset recorded once; no publish step, nothing pending.
+    assert len(materialized) == len(set(materialized)) == 2 * len(ASSETS)
+    assert "published_to_trino" not in checks
     assert counts == {table: warehouse.count(table) for table in counts}
     assert counts["seeds"] == 3
 
 
-def test_a_night_that_dies_after_landing_leaves_its_seeds_to_be_published(
+def test_a_night_that_dies_after_landing_its_seeds_leaves_them_readable_in_trino(
     night: tuple[Settings, dg.Definitions],
-    trino_server: TrinoServer,
+    home_trino: TrinoServer,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Issue 26 (a): a night killed after landing its seeds, before their publish; the next
-    night keeps the seeds (the ingest version is landed) and must still publish them."""
-    settings, defs, warehouse, config = _trino_night(monkeypatch, trino_server, "killed")
+    """Issue 26 (a), now: the seeds a killed night committed are read by Trino at once (nothing
+    left to publish), and the next night keeps them."""
+    settings, defs, warehouse = _trino_night(monkeypatch, home_trino)
     _inbox(settings.paths.home, "north.jsonl", ["Name a lake.", "Name a sea."])
     key = f"{settings.today().isoformat()}|north"
 
@@ -384,10 +366,9 @@ def test_a_night_that_dies_after_landing_leaves_its_seeds_to_be_published(
         assert request is not None
         with monkeypatch.context() as dying:
             dying.setattr(night_module, "run_partitions", killed)  # dies in the first batch
-            dying.setattr(landing_module, "publish_tables", killed)  # before the publish
             died = _execute(instance, defs, request)
         seeds_after_death = set(instance.get_materialized_partitions(dg.AssetKey("seed_prompts")))
-        left = [(f.asset, f.partition) for f in failed_checks(instance, keys=published_checks())]
+        in_trino = _trino_counts(settings, ("seeds",))["seeds"]
         next_night = _tick(instance, defs, settings)
         assert next_night is not None
         resumed = _execute(instance, defs, next_night)
@@ -397,14 +378,8 @@ def test_a_night_that_dies_after_landing_leaves_its_seeds_to_be_published(
             for m in resumed.asset_materializations_for_node(NIGHTLY_OP_NAME)
             if m.asset_key == dg.AssetKey("seed_prompts")
         ]
-        unpublished = failed_checks(instance, keys=published_checks())
-    with TrinoPublisher(config) as trino:
-        in_trino = trino.count("seeds")
 
     assert not died.success
     assert seeds_after_death == {key}
-    # The dead night's seeds are recorded with their publish failed: the catch-up finds them.
-    assert left == [("seed_prompts", key)]
-    assert kept == []  # the next night kept the landed seeds ...
-    assert in_trino == warehouse.count("seeds") == 2  # ... and published them
-    assert unpublished == []
+    assert in_trino == warehouse.count("seeds") == 2
+    assert kept == []  # the next night kept the landed seeds

@@ -81,7 +81,6 @@ def _land(
             store=store,
             trino=TrinoResource(deployment=settings),
             gate=WarehouseResource(deployment=settings).quality_gate(),
-            publish_now=False,
         )
 
 

@@ -8,11 +8,10 @@ assigned, its snapshot and version landed, its stat remembered), the partition's
 (`resolve_partition`), the seeds and input quarantine landed unless they are current
 (`seeds_are_current`, `land_input`), the distill stage's requests answered through the ledger
 (the answer first recorded, `Ledger.put`, then read back), the stage landed (`land_stage`: its
-rows through the quality gate, its quarantine, the duplicate index) and published. Two things
+rows through the quality gate, its quarantine, the duplicate index). Two things
 are stand-ins, so that the sweep needs no server: the prompt-length check passes every seed (the
 server's tokenizer), and an answer missing from the ledger is made up (the engine's), one of
-them cut off at max_tokens so the stage sets it aside. Trino is a publisher that writes what it
-registered to `published.jsonl` in the state dir.
+them cut off at max_tokens so the stage sets it aside.
 
 `check_night(settings)` asserts what must hold after any crash and one rerun (issue 42).
 """
@@ -21,11 +20,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from datetime import UTC, date, datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import dagster as dg
 import polars as pl
@@ -33,7 +31,6 @@ import polars as pl
 from kimi_batch.defs.assets.batch import seeds_are_current
 from kimi_batch.defs.assets.landing import StagePlan, land_stage
 from kimi_batch.defs.assets.lease import HeldPartition
-from kimi_batch.defs.assets.publish import publish_tables
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.engine import GenerationResult, Ledger, row_request_id
@@ -80,28 +77,6 @@ def write_inbox(home: Path) -> Path:
     path.write_text("".join(line + "\n" for line in INBOX_LINES), encoding="utf-8")
     os.utime(path, (1.0e9, 1.0e9))
     return path
-
-
-class _Publisher:
-    def __init__(self, record: Path) -> None:
-        self.record = record
-
-    def publish_partition(self, warehouse: Warehouse, table: str, ds: str, source: str) -> None:
-        with self.record.open("a", encoding="utf-8") as out:
-            out.write(json.dumps([table, ds, source, warehouse.snapshot_id(table)]) + "\n")
-
-
-class _Trino:
-    """Trino as `publish_tables` uses it: enabled, and a publisher that records."""
-
-    enabled = True
-
-    def __init__(self, record: Path) -> None:
-        self.record = record
-
-    @contextmanager
-    def publisher(self) -> Iterator[_Publisher]:
-        yield _Publisher(self.record)
 
 
 def _all_fit(seeds: Sequence[SeedPrompt]) -> InputBatch:
@@ -199,18 +174,9 @@ def run_night(settings: Settings, *, ttl_s: float = 60.0) -> None:
             outcome_of(results),
             results,
             store=store,
-            trino=TrinoResource(deployment=settings),  # its names only: published below
+            trino=TrinoResource(deployment=settings),  # its table names only
             gate=WarehouseResource(deployment=settings).quality_gate(),
-            publish_now=False,
         )
-    check = publish_tables(
-        cast(TrinoResource, _Trino(settings.paths.home / "published.jsonl")),
-        store,
-        ["seeds", "quarantine", "distilled"],
-        DS,
-        SOURCE,
-    )
-    assert check.passed
     tag_night(store, DS)  # what the night published
 
 
@@ -224,8 +190,7 @@ def _version(settings: Settings) -> str:
 def check_night(settings: Settings) -> None:
     """Every input line a seed or a quarantined input line, every planned request once a row or a
     quarantine row with its reason, one version throughout, the ledger and the tables agreeing,
-    the duplicate index holding the kept rows (none once the gate was off), every table
-    published."""
+    the duplicate index holding the kept rows (none once the gate was off)."""
     store = open_warehouse(settings)
     sha = _version(settings)
     with WarehouseResource(deployment=settings).landing() as landing:
@@ -257,9 +222,6 @@ def check_night(settings: Settings) -> None:
         assert recorded[planned[row["request_id"]]].text.strip() == row["response"]
     kept = distilled.height if settings.dedup else 0
     assert index_entries(settings.paths.dedup_state) == kept
-    record = settings.paths.home / "published.jsonl"
-    published = {tuple(json.loads(line)[:3]) for line in record.read_text().splitlines()}
-    assert published >= {(t, DS, SOURCE) for t in ("seeds", "quarantine", "distilled")}
     tables = {s.table: s for s in newest_snapshots(store)}
     assert set(tables) == {"seeds", "quarantine", "distilled"}
     assert all(s.night_snapshot_id == s.snapshot_id for s in tables.values()), tables

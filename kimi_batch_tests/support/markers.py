@@ -10,7 +10,16 @@ __all__ = ["SERVER_FIXTURES", "unmarked_server_tests"]
 # Fixtures that start (or need) llama-server, Trino or the S3 server, directly or through another
 # fixture. (`warehouse_kind` marks its own `s3` parameter slow.)
 SERVER_FIXTURES = frozenset(
-    {"llama_binary", "model_path", "llama_env", "shared_server", "trino_server", "s3proxy_server"}
+    {
+        "llama_binary",
+        "model_path",
+        "llama_env",
+        "shared_server",
+        "trino_server",
+        "home_trino",
+        "llama_trino",
+        "s3proxy_server",
+    }
 )
 
 

@@ -1,10 +1,10 @@
 """pytest plugin: a real single-node Trino for the session (`scripts/trino.sh`).
 
 The server gets its own KIMI_BATCH_HOME and a free loopback port, so it never touches `./var` or a
-`make trino` server. Its catalog is rooted at a local warehouse, and reads s3:// locations too on
-the session's S3 server (`scripts/trino.sh` with KIMI_BATCH_S3_ENDPOINT set): an object-store
-warehouse is tested on the same server in a schema of its own, not on a second Trino. If it cannot start, the fixture fails: the tests that need Trino are never
-silently skipped (and are marked `slow`, which the conftest enforces).
+`make trino` server. Its Iceberg catalog is that home's: the ledger's SQLite file, the tables'
+files under its warehouse folder. Tests write there through the warehouse, each in a namespace
+(= Trino schema) of its own (`isolated`). If it cannot start, the fixture fails: the tests that
+need Trino are never silently skipped (and are marked `slow`, which the conftest enforces).
 """
 
 from __future__ import annotations
@@ -13,21 +13,20 @@ import os
 import re
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from kimi_batch.storage import (
-    TrinoConfig,
-)
-from kimi_batch.warehouse import Warehouse
+from kimi_batch.storage import TrinoConfig
+from kimi_batch.warehouse import CatalogSpec, Warehouse
+from kimi_batch_tests.support.llama_server import LlamaEnv
 from kimi_batch_tests.support.ports import free_port
 from kimi_batch_tests.support.repo import REPO_ROOT
-from kimi_batch_tests.support.s3proxy import S3Server
 from kimi_batch_tests.support.script_server import run_script
 
-__all__ = ["TrinoServer", "trino_server"]
+__all__ = ["TrinoServer", "home_trino", "llama_trino", "running_trino", "trino_server"]
 
 SCRIPT = REPO_ROOT / "scripts" / "trino.sh"
 # A fresh machine downloads ~800 MB from Maven Central before the first start.
@@ -37,7 +36,7 @@ READY_TIMEOUT_S = 240
 
 @dataclass(frozen=True, kw_only=True)
 class TrinoServer:
-    """The running test Trino: its catalog is rooted at `warehouse`."""
+    """The running test Trino: its catalog is the ledger of `home`, its files in `warehouse`."""
 
     host: str
     port: int
@@ -47,12 +46,22 @@ class TrinoServer:
     def config(self, **overrides: object) -> TrinoConfig:
         return TrinoConfig.model_validate({"host": self.host, "port": self.port, **overrides})
 
+    def env(self, schema: str) -> dict[str, str]:
+        """A deployment's variables for this server's catalog, its tables in `schema`."""
+        return {
+            "KIMI_BATCH_HOME": str(self.home),
+            "KIMI_BATCH_TRINO_HOST": self.host,
+            "KIMI_BATCH_TRINO_PORT": str(self.port),
+            "KIMI_BATCH_TRINO_SCHEMA": schema,
+        }
+
     def isolated(self, name: str) -> tuple[Warehouse, TrinoConfig]:
-        """A sub-warehouse and a schema of the same name, so tests sharing the server don't mix."""
+        """The warehouse's tables in a namespace of `name`, and Trino on the schema of that
+        name, so tests sharing the server don't mix."""
         if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
             raise ValueError(f"not an identifier: {name!r}")
-        warehouse = Warehouse(self.warehouse / name)
-        return warehouse, self.config(schema_name=name, warehouse_location=f"local:///{name}/")
+        warehouse = Warehouse(CatalogSpec.for_folder(self.warehouse, namespace=name))
+        return warehouse, self.config(schema_name=name)
 
 
 def _run(command: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
@@ -66,22 +75,20 @@ def _log_tail(home: Path, lines: int = 40) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
 
-@pytest.fixture(scope="session")
-def trino_server(
-    tmp_path_factory: pytest.TempPathFactory, s3proxy_server: S3Server
-) -> Iterator[TrinoServer]:
-    """Start Trino for the session and stop it at the end; fail (never skip) if it can't start."""
-    home = tmp_path_factory.mktemp("trino_home")
+@contextmanager
+def running_trino(home: Path, *, heap: str = "2G") -> Iterator[TrinoServer]:
+    """A Trino over the catalog of the state dir `home` (`scripts/trino.sh`), stopped on exit;
+    fails the test (never skips) if it cannot start."""
     port = free_port()
     env = {
         **os.environ,
-        **s3proxy_server.env,
-        "KIMI_BATCH_S3_ENDPOINT": s3proxy_server.endpoint,
         "KIMI_BATCH_HOME": str(home),
         "KIMI_BATCH_TRINO_PORT": str(port),
         "KIMI_BATCH_TRINO_TIMEOUT": str(READY_TIMEOUT_S),
+        "KIMI_BATCH_TRINO_HEAP": heap,
     }
-    env.pop("KIMI_BATCH_WAREHOUSE", None)
+    for name in ("KIMI_BATCH_WAREHOUSE", "KIMI_BATCH_DATABASE_URL", "KIMI_BATCH_TRINO_CATALOG"):
+        env.pop(name, None)
     try:
         for command, timeout in (("start", START_TIMEOUT_S), ("wait", READY_TIMEOUT_S + 30)):
             result = _run(command, env, timeout)
@@ -99,3 +106,26 @@ def trino_server(
         yield TrinoServer(host="127.0.0.1", port=port, home=home, warehouse=home / "warehouse")
     finally:
         _run("stop", env, 60)
+
+
+@pytest.fixture(scope="session")
+def trino_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TrinoServer]:
+    """Trino for the session over a state dir of its own."""
+    with running_trino(tmp_path_factory.mktemp("trino_home")) as server:
+        yield server
+
+
+@pytest.fixture
+def home_trino(tmp_path: Path) -> Iterator[TrinoServer]:
+    """A Trino over the catalog of the test's own state dir, `tmp_path / "home"` (a test whose
+    deployment writes there through the pipeline)."""
+    with running_trino(tmp_path / "home", heap="1G") as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def llama_trino(llama_env: LlamaEnv) -> Iterator[TrinoServer]:
+    """A Trino over the catalog of the session's llama state dir (tests that run the pipeline
+    in `llama_env`'s home), beside `trino_server`."""
+    with running_trino(llama_env.home, heap="1G") as server:
+        yield server

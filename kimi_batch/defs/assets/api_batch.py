@@ -25,7 +25,7 @@ from kimi_batch.defs.assets.driver import (
     PipelineStage,
     run_partitions,
 )
-from kimi_batch.defs.assets.landing import PublishNow, StagePlan
+from kimi_batch.defs.assets.landing import StagePlan, StepLanding
 from kimi_batch.defs.assets.lease import HeldPartition, partition_lease
 from kimi_batch.defs.metadata import ASSET_OWNERS
 from kimi_batch.defs.partitions import api_batch_partitions
@@ -177,7 +177,7 @@ def _answered(
     written)."""
     inputs: ApiBatchInputs = plan.inputs
     ledger, lines = held.ledger, inputs.lines
-    landing = PublishNow(context, resources.trino, resources.warehouse.warehouse())
+    landing = StepLanding()
     try:
         (result,) = run_partitions(
             context,

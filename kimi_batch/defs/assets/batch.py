@@ -10,15 +10,14 @@ from datetime import UTC, datetime
 import dagster as dg
 from pydantic import Field
 
-from kimi_batch.defs.assets.checks import check_specs, stage_check_names
+from kimi_batch.defs.assets.checks import stage_check_names
 from kimi_batch.defs.assets.context import LLAMA_POOL, RunContext
 from kimi_batch.defs.assets.landing import consumed_input_sha
 from kimi_batch.defs.assets.lease import HeldPartition, partition_lease
-from kimi_batch.defs.assets.publish import publish
 from kimi_batch.defs.assets.stage_asset import generation_asset
 from kimi_batch.defs.deployment import deployment_settings
 from kimi_batch.defs.interrupts import InterruptibleRunner, interruptible_runner
-from kimi_batch.defs.metadata import ASSET_OWNERS, on_table, table_metadata
+from kimi_batch.defs.metadata import ASSET_OWNERS, table_metadata
 from kimi_batch.defs.partitions import build_batch_partitions, partition_parts
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
@@ -122,11 +121,9 @@ def land_seed_partition(
     digest: DigestResource,
     warehouse: WarehouseResource,
     trino: TrinoResource,
-    publish_now: bool = True,
 ) -> dg.MaterializeResult:
     """Land the partition's `resolved` input as its `seeds` rows (the run holds the partition's
-    lease); `publish_now=False` leaves the Trino publish and its check to the caller."""
-    ds, source = resolved.assignment.ds, resolved.assignment.source
+    lease); Trino sees the commit on its next query."""
     if resolved.deferred:
         context.log.warning(f"{resolved.deferred}; this run reads the last landed version")
     name, version, now = resolved.assignment.name, resolved.version, datetime.now(UTC)
@@ -149,11 +146,6 @@ def land_seed_partition(
             now=now,
         )
         sha = version.sha256 if version else None
-        published = (
-            [publish(context, trino, store, ["seeds", "quarantine"], ds, source, held.check)]
-            if publish_now
-            else []
-        )
     metadata = _seed_metadata(
         written,
         quarantined=len(set_aside),
@@ -167,7 +159,6 @@ def land_seed_partition(
         # are shown stale (Dagster's provenance), and `status`/the nightly read the full sha.
         data_version=dg.DataVersion(sha) if sha else None,
         metadata=metadata,
-        check_results=on_table(published, metadata),
     )
 
 
@@ -263,7 +254,6 @@ def build_batch_assets(
         owners=ASSET_OWNERS,
         # The ingest job lands the seeds first (defs/jobs.py selects by this tag).
         tags={INGEST_TAG: "true"},
-        check_specs=check_specs(SEED_ASSET, partitions, ["published_to_trino"]),
     )(seed_prompts)
     declared = [d for d in STAGE_DECLARATIONS.values() if settings is None or d.enabled(settings)]
     return [seeds, *(declared_asset(d, partitions) for d in declared)]

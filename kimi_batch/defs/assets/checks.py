@@ -68,7 +68,6 @@ CHECK_NAMES = (
     "truncation_rate",
     "no_empty_outputs",
     "matches_table_schema",
-    "published_to_trino",
 )
 
 

@@ -1,12 +1,10 @@
-"""Landing one partition of a stage: its Parquet and quarantine, its checks, its Trino publish.
+"""Landing one partition of a stage: its rows and quarantine committed, its checks, its record.
 
-`land_stage` writes a planned partition's rows; a `Landing` then publishes it and says what is
-recorded. `PublishNow` (an asset's one partition) publishes before the step returns its result.
-`PublishBehind` (the nightly op, many partitions) records each partition as it lands, with a
-failing `published_to_trino` check, and publishes it on a background thread while the slots keep
-generating: if the night dies before the publish is recorded, the check stays failed and the Trino
-catch-up sensor (`defs/publishing.py`) finds it. No partition is ever recorded as materialized
-with its publish unaccounted for.
+`land_stage` writes a planned partition's rows; a `Landing` then says what is recorded. A commit
+is the publication: Trino, polars and pyiceberg read the tables' catalog and see it on their next
+query, so nothing is registered after it. `StepLanding` (an asset's one partition) leaves the
+record to Dagster's step; `NightLanding` (the nightly op, many partitions) records each partition
+as it lands.
 
 A stage's partition has a data version (`stage_data_version`) made from what determines its
 rows: its input version and its requests' identities (the ledger answers each request once), so a
@@ -21,11 +19,9 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any, Protocol
 
 import dagster as dg
 import polars as pl
@@ -34,14 +30,12 @@ from kimi_batch.crash_points import crash_point
 from kimi_batch.defs.assets.checks import generation_checks
 from kimi_batch.defs.assets.context import RunContext
 from kimi_batch.defs.assets.lease import HeldPartition
-from kimi_batch.defs.assets.publish import publish, publish_tables
 from kimi_batch.defs.assets.quality import quality_checks, screening
-from kimi_batch.defs.check_states import PUBLISHED_CHECK
 from kimi_batch.defs.metadata import generation_figures, on_table, summary_table, table_metadata
 from kimi_batch.defs.partition_states import INPUT_SHA_METADATA
 from kimi_batch.defs.partitions import split_partition_key
 from kimi_batch.defs.resources.trino import TrinoResource
-from kimi_batch.engine import BatchOutcome, GenerationRequest, GenerationResult, LeaseLostError
+from kimi_batch.engine import BatchOutcome, GenerationRequest, GenerationResult
 from kimi_batch.storage import (
     PartitionGate,
     QualityGate,
@@ -54,9 +48,9 @@ from kimi_batch.warehouse import PartitionWrite, Warehouse
 
 __all__ = [
     "Landing",
-    "PublishBehind",
-    "PublishNow",
+    "NightLanding",
     "StagePlan",
+    "StepLanding",
     "consumed_input_sha",
     "land_stage",
     "partition_parts_of",
@@ -98,14 +92,12 @@ def land_stage(
     store: Warehouse,
     trino: TrinoResource,
     gate: QualityGate | None = None,
-    publish_now: bool = True,
 ) -> dg.MaterializeResult:
-    """Write the partition's rows and quarantine, judge the checks, publish (lease held).
+    """Write the partition's rows and quarantine, judge the checks (lease held).
 
-    A quality-gated stage's rows pass `gate` on their way to the Parquet (contamination and
+    A quality-gated stage's rows pass `gate` on their way to the table (contamination and
     duplicates set aside, `defs.assets.quality`); its index takes the kept rows once the rows
-    and the quarantine are written. `publish_now=False` leaves the Trino publish and its check
-    to the caller (a `Landing`)."""
+    and the quarantine are written."""
     task, ds, source = plan.task, plan.ds, plan.source
     sink = StageSink(task, plan.inputs, input_sha256=plan.input_sha)
     with screening(gate, store, task, plan.inputs, (ds, source), held) as screen:
@@ -128,10 +120,6 @@ def land_stage(
     )
     if task.quality_gated and gate is not None:
         checks.extend(quality_checks(screen, gate))
-    if publish_now:
-        checks.append(
-            publish(context, trino, store, [task.table, "quarantine"], ds, source, held.check)
-        )
     metadata = stage_metadata(trino, written, quarantined, outcome, sink, screen)
     metadata.update(
         table_metadata(
@@ -201,16 +189,6 @@ def stage_metadata(
     return metadata
 
 
-def with_checks(
-    result: dg.MaterializeResult, checks: Sequence[dg.AssetCheckResult]
-) -> dg.MaterializeResult:
-    return dg.MaterializeResult(
-        metadata=result.metadata,
-        data_version=result.data_version,
-        check_results=[*(result.check_results or ()), *checks],
-    )
-
-
 def record(
     context: RunContext,
     asset: dg.AssetKey,
@@ -238,7 +216,7 @@ def record(
 
 
 class Landing(Protocol):
-    """What happens to a partition once its rows are written: its publish, its record."""
+    """What happens to a partition once its rows are committed: its record."""
 
     def landed(
         self,
@@ -248,17 +226,13 @@ class Landing(Protocol):
         held: HeldPartition,
         result: dg.MaterializeResult,
     ) -> dg.MaterializeResult:
-        """The partition's result with its `published_to_trino` check, as recorded."""
+        """The partition's result, as recorded."""
         ...
 
 
 @dataclass(frozen=True)
-class PublishNow:
-    """An asset step's landing: published before the step returns; Dagster records the result."""
-
-    context: RunContext
-    trino: TrinoResource
-    store: Warehouse
+class StepLanding:
+    """An asset step's landing: Dagster records the result the step returns."""
 
     def landed(
         self,
@@ -268,55 +242,15 @@ class PublishNow:
         held: HeldPartition,
         result: dg.MaterializeResult,
     ) -> dg.MaterializeResult:
-        ds, source = partition_parts_of(key)
-        check = publish(self.context, self.trino, self.store, tables, ds, source, held.check)
-        return with_checks(result, [check])
-
-
-def _pending_check() -> dg.AssetCheckResult:
-    return dg.AssetCheckResult(
-        check_name=PUBLISHED_CHECK,
-        passed=False,
-        severity=dg.AssetCheckSeverity.WARN,
-        metadata={"reason": "landed, publishing to Trino", "catch_up": "kimi-batch publish"},
-    )
+        return result
 
 
 @dataclass(frozen=True)
-class _Publishing:
-    asset: dg.AssetKey
-    key: str
-    future: Future[dg.AssetCheckResult]
+class NightLanding:
+    """The nightly op's landing: each partition recorded as it lands (`record`), from the
+    caller's thread (the driver's landing thread; the op's, for the seeds)."""
 
-
-class PublishBehind:
-    """The nightly op's landing (see the module docstring); a context manager around the night.
-
-    One publishing thread: publishes run in landing order, and a partition's next landing waits
-    for its previous publish (both register its quarantine table). Check evaluations are logged
-    by the caller's thread (the driver's landing thread; the op's, for kept seeds and at the
-    end), as each partition lands and when `collect` is called: never two threads at once.
-    """
-
-    def __init__(self, context: dg.OpExecutionContext, trino: TrinoResource, store: Warehouse):
-        self._context, self._trino, self._store = context, trino, store
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trino-publish")
-        self._publishing: list[_Publishing] = []
-        self.lost: dict[str, str] = {}  # partition key → why its lease was lost before publishing
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            self.collect(block=True)
-        finally:
-            self._pool.shutdown(wait=True)
+    context: RunContext
 
     def landed(
         self,
@@ -326,51 +260,5 @@ class PublishBehind:
         held: HeldPartition,
         result: dg.MaterializeResult,
     ) -> dg.MaterializeResult:
-        if not self._trino.enabled:  # nothing to wait for: recorded with its passed check
-            done = PublishNow(self._context, self._trino, self._store).landed(
-                asset, key, tables, held, result
-            )
-            record(self._context, asset, key, done)
-            return done
-        self.collect(block=True, keys={key})
-        recorded = with_checks(result, [_pending_check()])
-        record(self._context, asset, key, recorded)
-        self.publish(asset, key, tables, held)
-        self.collect(block=False)  # the other partitions' publishes that are done meanwhile
-        return recorded
-
-    def publish(
-        self, asset: dg.AssetKey, key: str, tables: Sequence[str], held: HeldPartition
-    ) -> None:
-        """Publish the partition's `tables` in the background (a partition the night keeps as
-        landed, or one just recorded); `collect` records its check."""
-        if not self._trino.enabled:
-            return
-        ds, source = partition_parts_of(key)
-        args = (self._trino, self._store, list(tables), ds, source, held.check)
-        self._publishing.append(_Publishing(asset, key, self._pool.submit(publish_tables, *args)))
-
-    def collect(self, *, block: bool, keys: set[str] | None = None) -> None:
-        """Record the checks of the finished publishes (all of `keys`', waiting, with `block`)."""
-        wanted = [p for p in self._publishing if keys is None or p.key in keys]
-        if block:
-            wait([p.future for p in wanted])
-        for item in [p for p in wanted if p.future.done()]:
-            self._publishing.remove(item)
-            try:
-                check = item.future.result()
-            except LeaseLostError as error:  # another run holds it now: it publishes it
-                self.lost[item.key] = str(error)
-                continue
-            if not check.passed:
-                reason = getattr(check.metadata.get("reason"), "value", "")
-                self._context.log.warning(
-                    f"Trino publish of {item.key} failed, the catch-up retries it: {reason}"
-                )
-            record(
-                self._context,
-                item.asset,
-                item.key,
-                dg.MaterializeResult(check_results=[check]),
-                materialized=False,
-            )
+        record(self.context, asset, key, result)
+        return result

@@ -3,22 +3,19 @@
 A run per partition left the server idle while each run's process started (about 7 s a run on
 2 cores, `bench --workload night`). `nightly_job` is one op: it holds each partition's lease,
 lands each partition's seeds (unless the day's ingest run landed them from the newest input
-version already: they are kept, and published again), then runs the partition-batch driver
+version already: they are kept), then runs the partition-batch driver
 (`defs/assets/driver.py`) once over every partition still going on and every nightly stage, on
 one engine run: the amplification requests of every partition go in first, and a partition's
 distillation requests join as soon as its own variants are written, while the newer
 partitions still amplify, so the slots stay full across partitions and stages, and a window
 that closes during the amplification still leaves the oldest partitions distilled. Each
 partition is still written on its own (its Parquet replaced, its quarantine, its checks, its
-Trino partition) and recorded as its own materialization of `seed_prompts`,
-`amplified_prompts` and `distilled_responses` with its own check evaluations as soon as it
-lands, so the UI, `status` and the next night see it as after a run of `distillation_job`. Each
-landed partition is published to Trino on a background thread while the slots keep generating
-(`landing.PublishBehind`); until its publish is recorded its `published_to_trino` check is
-failed, so a night that dies leaves the Trino catch-up sensor every partition it did not
-publish. An op's materializations carry no data version: once the run ends, each partition it
-materialized gets its own asset run that rebuilds it from the ledger with one
-(`defs/night_versions.py`).
+Iceberg commit, which Trino reads at once) and recorded as its own materialization of
+`seed_prompts`, `amplified_prompts` and `distilled_responses` with its own check evaluations as
+soon as it lands (`landing.NightLanding`), so the UI, `status` and the next night see it as
+after a run of `distillation_job`. An op's materializations carry no data version: once the run
+ends, each partition it materialized gets its own asset run that rebuilds it from the ledger
+with one (`defs/night_versions.py`).
 
 A partition that cannot go on (its input unreadable, its lease held by another run, a write
 refused) is left out and named; past the nightly window the partitions whose rows are not all
@@ -52,7 +49,7 @@ from kimi_batch.defs.assets.driver import (
     PipelineStage,
     run_partitions,
 )
-from kimi_batch.defs.assets.landing import PublishBehind, partition_parts_of
+from kimi_batch.defs.assets.landing import NightLanding, partition_parts_of
 from kimi_batch.defs.assets.lease import HeldPartition, partition_lease
 from kimi_batch.defs.assets.night_tag import tag_the_night
 from kimi_batch.defs.assets.window import mark_stopped_at_window, window_end
@@ -106,7 +103,7 @@ class _Night:
 
     def drop(self, key: str, reason: str) -> None:
         self.going.pop(key, None)
-        if key in self.stopped:  # its landed tables could not be published after all
+        if key in self.stopped:  # failed after all: named once, as failed
             self.stopped.remove(key)
         self.failed[key] = reason
 
@@ -139,16 +136,15 @@ def _land_seeds(
     config: NightConfig,
     night: _Night,
     resources: GenerationResources,
-    landing: PublishBehind,
+    landing: NightLanding,
 ) -> None:
-    """Each partition's seeds landed from its newest input version, or kept (and published:
-    a night that died before publishing them left them landed) when they are that version."""
+    """Each partition's seeds landed from its newest input version, or kept when they are
+    that version."""
     settings = resources.settings
     for key, held in list(night.going.items()):
         try:
             resolved = resolve_seeds_input(settings, *partition_parts_of(key))
             if seeds_are_current(resources.warehouse, resolved):
-                landing.publish(SEED_PROMPTS, key, SEED_TABLES, held)
                 continue
             result = land_seed_partition(
                 context,
@@ -159,7 +155,6 @@ def _land_seeds(
                 digest=resources.digest,
                 warehouse=resources.warehouse,
                 trino=resources.trino,
-                publish_now=False,
             )
             landing.landed(SEED_PROMPTS, key, SEED_TABLES, held, result)
         except SKIPPED as error:
@@ -195,7 +190,7 @@ def night_batch(
 ) -> None:
     """Seeds, then amplification and distillation of every partition of the night in one
     engine run, each partition's next stage as soon as its last one landed; each partition
-    written, materialized, published and checked on its own."""
+    written, materialized and checked on its own."""
     resources = GenerationResources(llama=llama, digest=digest, warehouse=warehouse, trino=trino)
     settings = llama.settings()
     night = _Night()
@@ -206,8 +201,7 @@ def night_batch(
     ]
     with ExitStack() as stack:
         _hold(context, stack, night, config.partitions, warehouse)
-        # Entered after the leases, so it is done publishing before they are released.
-        landing = stack.enter_context(PublishBehind(context, trino, warehouse.warehouse()))
+        landing = NightLanding(context)
         _land_seeds(context, config, night, resources, landing)
         ledger = stack.enter_context(warehouse.ledger())
         if night.going and stages:
@@ -221,9 +215,6 @@ def night_batch(
                     landing=landing,
                 )
             )
-        landing.collect(block=True)
-        for key, reason in landing.lost.items():
-            night.drop(key, reason)
     # What the night published, every table at once: `night-YYYY-MM-DD` on its snapshots.
     tag_the_night(context, warehouse.warehouse(), config.partitions)
     if night.stopped:

@@ -4,8 +4,8 @@ partitioned, pooled asset; `run_stage` is what every such asset runs.
 The run, for any stage, is the partition-batch driver (`defs/assets/driver.py`) over the asset's
 one partition, under its lease: read its inputs, build its requests, run them (the ledger skips
 what is done), ask again what the stage wants asked again, stream the results from the ledger
-through the stage's `StageSink` into the partition's Parquet, write the sink's quarantine rows,
-judge the checks and publish to Trino before the step returns its result.
+through the stage's `StageSink` into the partition's table, write the sink's quarantine rows,
+and judge the checks before the step returns its result.
 """
 
 # No `from __future__ import annotations`: Dagster reads the asset function's annotations.
@@ -18,7 +18,7 @@ import dagster as dg
 from kimi_batch.defs.assets.checks import CHECK_NAMES, check_specs
 from kimi_batch.defs.assets.context import LLAMA_POOL
 from kimi_batch.defs.assets.driver import GenerationResources, PipelineStage, run_partitions
-from kimi_batch.defs.assets.landing import PublishNow
+from kimi_batch.defs.assets.landing import StepLanding
 from kimi_batch.defs.assets.lease import partition_lease
 from kimi_batch.defs.assets.window import stopped_at_window
 from kimi_batch.defs.metadata import ASSET_OWNERS
@@ -100,10 +100,10 @@ def run_stage(
     trino: TrinoResource,
 ) -> dg.MaterializeResult:
     """Generate the partition's rows of `task`'s table: the driver over this one partition,
-    under its lease, published before the step returns."""
+    under its lease, committed before the step returns."""
     ds, source = partition_parts(context)
     resources = GenerationResources(llama=llama, digest=digest, warehouse=warehouse, trino=trino)
-    landing = PublishNow(context, trino, warehouse.warehouse())
+    landing = StepLanding()
     with partition_lease(context, warehouse, ds, source) as held:
         (result,) = run_partitions(
             context,
