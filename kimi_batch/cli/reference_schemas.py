@@ -44,9 +44,10 @@ def tables_page() -> str:
         "",
         GENERATED,
         "",
-        "Parquet files (`warehouse/<table>/ds=YYYY-MM-DD/source=NAME/part-*.parquet`) and Trino",
-        "tables share one schema per table, derived from its row model. Types are Trino's; a",
-        "column is nullable when its row model allows null.",
+        "Every table is an Apache Iceberg table (format version 2, partitioned by identity `ds`",
+        "and `source`, the two partition columns last) whose schema is derived from its row",
+        "model; Trino, polars and pyiceberg read it through the same catalog. Types are Trino's;",
+        "a column is nullable when its row model allows null.",
     ]
     for table in TABLES:
         model = TABLES[table]
