@@ -24,6 +24,8 @@ LAYERS = {
     "tasks": 3,
     "storage": 4,
     "defs": 5,
+    # Training exports' row shapes: pure pydantic, no Dagster (beside defs, above storage).
+    "exports": 5,
 }
 
 

@@ -120,6 +120,7 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
 def _export(args: argparse.Namespace, settings: Settings) -> int:
     from kimi_batch.cli.export import ExportRequest, run_export
     from kimi_batch.cli.exports.selection import ExportQuery
+    from kimi_batch.exports import TrainingOptions
 
     if args.date and (args.since or args.until):
         raise ConfigError("--date is one day: use it without --since and --until")
@@ -128,6 +129,13 @@ def _export(args: argparse.Namespace, settings: Settings) -> int:
         until=args.date or args.until,
         source=args.source,
         min_judge_score=args.min_judge_score,
+        include_batches=args.include_batches,
+    )
+    training = TrainingOptions(
+        reasoning=args.reasoning,
+        layout=args.layout,
+        # --no-system is the older spelling of --system-turn drop.
+        system_turn="drop" if args.no_system else args.system_turn,
     )
     request = ExportRequest(
         fmt=args.format,
@@ -135,6 +143,7 @@ def _export(args: argparse.Namespace, settings: Settings) -> int:
         query=query,
         system_files=tuple(args.system),
         no_system=args.no_system,
+        training=training,
     )
     print(run_export(settings, request))
     return 0
@@ -189,9 +198,8 @@ def _add_export(commands: argparse._SubParsersAction[_Parser]) -> None:
         metavar="FILE",
         help="an older system digest file, for answers generated under it (repeatable)",
     )
-    export.add_argument(
-        "--no-system", action="store_true", help="write the conversations without a system turn"
-    )
+    export.add_argument("--no-system", action="store_true", help="the same as --system-turn drop")
+    _add_training_shape(export)
     export.add_argument(
         "--out",
         type=Path,
@@ -200,6 +208,35 @@ def _add_export(commands: argparse._SubParsersAction[_Parser]) -> None:
         help="the output file, or folder for hf (default: under the state directory)",
     )
     export.set_defaults(func=_export)
+
+
+def _add_training_shape(export: _Parser) -> None:
+    """The chat rows' shape (kimi_batch/exports/shape.py)."""
+    export.add_argument(
+        "--reasoning",
+        choices=["field", "inline", "drop"],
+        default="field",
+        help="the teacher's reasoning: the assistant's reasoning_content (default), inside "
+        "<think> tags in its content, or left out",
+    )
+    export.add_argument(
+        "--layout",
+        choices=["messages", "prompt-completion"],
+        default="messages",
+        help="TRL's conversational rows (messages, default) or prompt/completion pairs",
+    )
+    export.add_argument(
+        "--system-turn",
+        choices=["keep", "drop", "once"],
+        default="keep",
+        help="the system digest: in every row (default), left out, or written once in "
+        "<out>.system.json with each row naming its sha256 (system_sha256)",
+    )
+    export.add_argument(
+        "--include-batches",
+        action="store_true",
+        help="training formats: include Batch API batches' answers (with their tools)",
+    )
 
 
 def _api(args: argparse.Namespace, settings: Settings) -> int:

@@ -37,6 +37,7 @@ from kimi_batch.cli.exports.selection import (
 )
 from kimi_batch.engine import load_digest
 from kimi_batch.errors import ConfigError, MissingInputError
+from kimi_batch.exports import TrainingOptions, system_side_file
 from kimi_batch.llama import TokenLogprob, ToolCall
 from kimi_batch.paths import private_dir
 from kimi_batch.settings import Settings
@@ -131,6 +132,7 @@ class ExportRequest(BaseModel):
     query: ExportQuery = ExportQuery()
     system_files: tuple[Path, ...] = ()
     no_system: bool = False
+    training: TrainingOptions = TrainingOptions()
 
 
 def _default_path(settings: Settings, request: ExportRequest) -> Path:
@@ -168,15 +170,23 @@ def _openai_batch(warehouse: Warehouse, ds: str, source: str, prefix: str) -> li
 def _system_texts(settings: Settings, request: ExportRequest) -> SystemTexts:
     paths = [settings.digest, *request.system_files]
     missing = [path for path in paths if not path.is_file()]
-    if missing and not request.no_system:
+    # `--no-system` is `--system-turn drop`: neither needs the digest's text.
+    omit = request.no_system or request.training.system_turn == "drop"
+    if missing and not omit:
         raise MissingInputError(f"system digest file {missing[0]} does not exist")
-    return SystemTexts([load_digest(p) for p in paths if p.is_file()], omit=request.no_system)
+    return SystemTexts([load_digest(p) for p in paths if p.is_file()], omit=omit)
 
 
 def _write_lines(
-    writer: TextIO, fmt: str, selection: Iterable[PartitionRows], build: BuildExamples
+    writer: TextIO,
+    request: ExportRequest,
+    selection: Iterable[PartitionRows],
+    build: BuildExamples,
+    digests: dict[str, str],
 ) -> int:
-    written = 0
+    """The lines of every partition; `digests` gathers each system text by sha256 (for
+    `--system-turn once`'s side file)."""
+    fmt, written = request.fmt, 0
     for rows in selection:
         built = build(rows)
         if fmt == "kd":
@@ -188,7 +198,11 @@ def _write_lines(
                     "(narrow the export with --since/--until/--source)"
                 )
         for example in built:
-            writer.write((example.kd_line() if fmt == "kd" else example.chat_line()) + "\n")
+            first = example.messages[0]
+            if first.role == "system":
+                digests[example.digest_sha256] = first.content
+            line = example.kd_line() if fmt == "kd" else example.chat_line(request.training)
+            writer.write(line + "\n")
         written += len(built)
     return written
 
@@ -215,6 +229,10 @@ def run_export(settings: Settings, request: ExportRequest) -> Path:
     query = request.query.check()
     if query.min_judge_score is not None and request.fmt not in TRAINING_FORMATS:
         raise ConfigError("--min-judge-score chooses training rows: use it with chat, hf or kd")
+    if request.training != TrainingOptions() and request.fmt != "chat":
+        raise ConfigError(
+            "--reasoning, --layout and --system-turn shape chat rows: use --format chat"
+        )
     warehouse = open_warehouse(settings)
     training = request.fmt in TRAINING_FORMATS
     partitions = select_partitions(warehouse, query, training=training)
@@ -232,10 +250,20 @@ def run_export(settings: Settings, request: ExportRequest) -> Path:
     selection = read_selection(warehouse, query, partitions)
     if request.fmt == "hf":
         return write_hf(settings, path, query, selection, build)
+    digests: dict[str, str] = {}
     with private_writer(path) as writer:
-        if not _write_lines(writer, request.fmt, selection, build):
+        if not _write_lines(writer, request, selection, build, digests):
             raise MissingInputError(f"no rows to export in {query.describe()}")
+        if request.training.system_turn == "once":
+            # Inside the block: the side file is in place before the rows naming it appear.
+            _write_system_side_file(path, digests)
     return path
+
+
+def _write_system_side_file(path: Path, digests: dict[str, str]) -> None:
+    """`--system-turn once`: each system text once, by the sha256 the rows carry."""
+    with private_writer(system_side_file(path)) as writer:
+        writer.write(json.dumps(digests, ensure_ascii=False, indent=1, sort_keys=True) + "\n")
 
 
 def export_partition(

@@ -118,6 +118,10 @@ class DistilledRow(GenerationColumns):
         default=None,
         description="The tools the answer calls, as OpenAI's `tool_calls` JSON (null: none).",
     )
+    tools: str | None = Field(
+        default=None,
+        description="The request's function tools, as OpenAI's `tools` JSON (null: none).",
+    )
 
 
 class JudgedRow(GenerationColumns):

@@ -1,0 +1,228 @@
+"""`kimi-batch export --format chat --reasoning/--layout/--system-turn/--include-batches` met as
+a trainer meets it: every layout renders through SmolLM2's chat template (from the GGUF) and a
+reasoning-style one (support/reasoning_template.jinja), the assistant turn's span is found as
+assistant-only loss finds it, and the rows load with `datasets` (issue 45, items 1-3)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import datasets
+import jinja2
+import jinja2.sandbox
+import pytest
+from gguf import GGUFReader
+
+from kimi_batch.cli.commands import main
+from kimi_batch.cli.export import ExportRequest, run_export
+from kimi_batch.cli.exports.selection import ExportQuery
+from kimi_batch.engine import SystemDigest, load_digest
+from kimi_batch.errors import ConfigError
+from kimi_batch.exports import TrainingOptions, system_side_file
+from kimi_batch.settings import Settings, default_model_path
+from kimi_batch.storage import Warehouse
+from kimi_batch.tasks.rows import DistilledRow
+from kimi_batch_tests.support.batches import chat_line, jsonl, landed_batch
+from kimi_batch_tests.support.exports import BATCH_SOURCE, DAYS, SOURCES, build_warehouse
+from kimi_batch_tests.support.rows import amplified, distilled
+
+_REASONING_TEMPLATE = Path(__file__).resolve().parents[1] / "support" / "reasoning_template.jinja"
+_THINKING = "The capital of France is Paris, so I say Paris."
+_CALL = {
+    "id": "call_0",
+    "type": "function",
+    "function": {"name": "get_capital", "arguments": '{"country": "France"}'},
+}
+_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_capital",
+            "parameters": {"type": "object", "properties": {"country": {"type": "string"}}},
+        },
+    }
+]
+
+
+@pytest.fixture
+def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path / "home"))
+    return Settings.from_env()
+
+
+def _reasoning_warehouse(settings: Settings) -> None:
+    """The export warehouse, the first partition's answers with reasoning, one with a tool
+    call and its request's tools."""
+    warehouse = build_warehouse(settings)
+    ds, source = DAYS[0], SOURCES[0]
+    rows = warehouse.read_partition("distilled", ds, source).drop("ds", "source").to_dicts()
+    rows = [{**row, "reasoning": _THINKING} for row in rows]
+    rows[0] |= {"tool_calls": json.dumps([_CALL]), "tools": json.dumps(_TOOLS)}
+    warehouse.write_partition("distilled", ds, source, _as_rows(rows))
+
+
+def _as_rows(rows: list[dict[str, Any]]) -> list[DistilledRow]:
+    return [DistilledRow.model_validate(row) for row in rows]
+
+
+def _templates() -> dict[str, jinja2.Template]:
+    model = default_model_path()
+    assert model is not None, "the SmolLM2 model is installed by make setup"
+    field = GGUFReader(model).fields["tokenizer.chat_template"]
+    smollm2 = bytes(field.parts[field.data[0]]).decode("utf-8")
+    # As transformers renders chat templates: a sandbox, blocks trimmed.
+    environment = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    return {
+        "smollm2": environment.from_string(smollm2),
+        "reasoning": environment.from_string(_REASONING_TEMPLATE.read_text()),
+    }
+
+
+def _assistant_span(template: jinja2.Template, row: dict[str, Any]) -> str:
+    """The rendered assistant turn: what follows the rendered prompt (the tokens assistant-only
+    or completion-only loss trains on)."""
+    if "messages" in row:
+        prompt, completion = row["messages"][:-1], row["messages"][-1:]
+    else:
+        prompt, completion = row["prompt"], row["completion"]
+    tools = row.get("tools")
+    before = template.render(messages=prompt, tools=tools, add_generation_prompt=False)
+    whole = template.render(messages=[*prompt, *completion], tools=tools)
+    assert whole.startswith(before), "the prompt's render is not a prefix of the row's"
+    span = whole[len(before) :]
+    assert completion[0]["role"] == "assistant"
+    assert "assistant" in span
+    return span
+
+
+def _export(settings: Settings, **options: Any) -> Path:
+    day = date.fromisoformat(DAYS[0])
+    query = ExportQuery(since=day, until=day, source=SOURCES[0])
+    training = TrainingOptions.model_validate(options)
+    return run_export(settings, ExportRequest(fmt="chat", query=query, training=training))
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("layout", ["messages", "prompt-completion"])
+@pytest.mark.parametrize("reasoning", ["field", "inline", "drop"])
+def test_every_layout_renders_with_its_reasoning_and_tool_calls(
+    settings: Settings, layout: str, reasoning: str
+) -> None:
+    _reasoning_warehouse(settings)
+    path = _export(settings, layout=layout, reasoning=reasoning)
+    rows = _lines(path)
+    assert len(rows) == 3
+    templates = _templates()
+    for row in rows:
+        assert set(row) - {"tools"} == (
+            {"messages"} if layout == "messages" else {"prompt", "completion"}
+        )
+        answer = (row.get("messages") or row["completion"])[-1]
+        for name, template in templates.items():
+            span = _assistant_span(template, row)
+            if reasoning == "drop":
+                assert _THINKING not in span
+            # SmolLM2's template renders `content` only: the reasoning is in its render when
+            # inline; the reasoning-style template renders `reasoning_content` too.
+            elif reasoning == "inline" or name == "reasoning":
+                assert f"<think>\n{_THINKING}\n</think>" in span, (name, span)
+            if name == "reasoning" and "tool_calls" in answer:
+                assert '"name": "get_capital"' in span
+                assert '"country": "France"' in span
+    assert rows[0].get("tools") == _TOOLS
+    first = (rows[0].get("messages") or rows[0]["completion"])[-1]
+    assert first["tool_calls"] == [_CALL]
+    assert all("tools" not in row for row in rows[1:])  # no tools asked, no column value
+    loaded = datasets.load_dataset("json", data_files=str(path), split="train")
+    assert loaded.num_rows == 3
+    column = "messages" if layout == "messages" else "completion"
+    reloaded = loaded[0][column][-1]
+    assert reloaded["tool_calls"][0]["function"]["name"] == "get_capital"
+    if reasoning == "field":
+        assert reloaded["reasoning_content"] == _THINKING
+
+
+def test_system_turn_once_writes_the_digest_once_and_rows_name_it(settings: Settings) -> None:
+    _reasoning_warehouse(settings)
+    keep = _export(settings)
+    kept = keep.stat().st_size
+    once = _export(settings, system_turn="once")
+    digest = load_digest(settings.digest)
+    side = json.loads(system_side_file(once).read_text())
+    assert side == {digest.sha256: digest.text}
+    rows = _lines(once)
+    assert all(row["system_sha256"] == digest.sha256 for row in rows)
+    assert all(m["role"] != "system" for row in rows for m in row["messages"])
+    # Each row lost the digest: the file is smaller by about the digest's share.
+    assert kept - once.stat().st_size >= len(rows) * (len(digest.text) - 100)
+    loaded = datasets.load_dataset("json", data_files=str(once), split="train")
+    assert loaded["system_sha256"] == [digest.sha256] * 3
+
+
+def test_system_turn_drop_is_no_system(settings: Settings) -> None:
+    _reasoning_warehouse(settings)
+    rows = _lines(_export(settings, system_turn="drop"))
+    assert [row["messages"][0]["role"] for row in rows] == ["user"] * 3
+    assert all("system_sha256" not in row for row in rows)
+
+
+def test_the_shape_options_apply_to_chat_only(settings: Settings) -> None:
+    _reasoning_warehouse(settings)
+    training = TrainingOptions(layout="prompt-completion")
+    with pytest.raises(ConfigError, match="--format chat"):
+        run_export(settings, ExportRequest(fmt="kd", training=training))
+
+
+def _tool_batch(settings: Settings) -> str:
+    """A landed Batch API batch of two lines, the first with tools; its answers written (the
+    first calling the tool, its row without `tools`, as rows were before they kept them)."""
+    system = {"role": "system", "content": "You are terse."}
+    lines = [
+        chat_line("t-0", tools=_TOOLS, messages=[system, {"role": "user", "content": "Capital?"}]),
+        chat_line("t-1", messages=[system, {"role": "user", "content": "Say 1."}]),
+    ]
+    batch = landed_batch(settings, jsonl(*lines))
+    digest = SystemDigest.from_text("You are terse.").sha256
+    answers = distilled(amplified(2))
+    answers = [
+        answers[0].model_copy(
+            update={"seed_id": "t-0", "digest_sha256": digest, "tool_calls": json.dumps([_CALL])}
+        ),
+        answers[1].model_copy(update={"seed_id": "t-1", "digest_sha256": digest}),
+    ]
+    assert batch.ds is not None
+    Warehouse(settings.paths.warehouse_dir).write_partition(
+        "distilled", batch.ds, batch.id, answers
+    )
+    return batch.id
+
+
+def test_a_batch_line_with_tools_exports_its_tools_and_tool_calls(settings: Settings) -> None:
+    build_warehouse(settings)
+    # Its stand-in batch partition has no batch in the state dir: this test lands a real one.
+    stand_in = settings.paths.warehouse_dir / "distilled" / f"ds={DAYS[1]}"
+    shutil.rmtree(stand_in / f"source={BATCH_SOURCE}")
+    batch_id = _tool_batch(settings)
+    out = settings.home / "all.chat.jsonl"
+    assert main(["export", "--format", "chat", "--include-batches", "--out", str(out)]) == 0
+    rows = _lines(out)
+    assert len(rows) == len(DAYS) * len(SOURCES) * 3 + 2
+    [called] = [row for row in rows if "tools" in row]
+    assert called["tools"] == _TOOLS
+    assert called["messages"][-1]["tool_calls"] == [_CALL]
+    assert called["messages"][:2] == [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Capital?"},
+    ]
+    # Without --include-batches the batch stays out; --source names it alone.
+    assert main(["export", "--format", "chat", "--out", str(out)]) == 0
+    assert len(_lines(out)) == len(DAYS) * len(SOURCES) * 3
+    assert main(["export", "--format", "chat", "--source", batch_id, "--out", str(out)]) == 0
+    assert sum("tools" in row for row in _lines(out)) == 1
