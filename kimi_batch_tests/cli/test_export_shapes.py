@@ -12,10 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets
-import jinja2
-import jinja2.sandbox
 import pytest
-from gguf import GGUFReader
 
 from kimi_batch.cli.commands import main
 from kimi_batch.cli.export import ExportRequest, run_export
@@ -23,14 +20,14 @@ from kimi_batch.cli.exports.selection import ExportQuery
 from kimi_batch.engine import SystemDigest, load_digest
 from kimi_batch.errors import ConfigError
 from kimi_batch.exports import TrainingOptions, system_side_file
-from kimi_batch.settings import Settings, default_model_path
+from kimi_batch.settings import Settings
 from kimi_batch.storage import Warehouse
 from kimi_batch.tasks.rows import DistilledRow
 from kimi_batch_tests.support.batches import chat_line, jsonl, landed_batch
+from kimi_batch_tests.support.chat_templates import assistant_span, chat_templates
 from kimi_batch_tests.support.exports import BATCH_SOURCE, DAYS, SOURCES, build_warehouse
 from kimi_batch_tests.support.rows import amplified, distilled
 
-_REASONING_TEMPLATE = Path(__file__).resolve().parents[1] / "support" / "reasoning_template.jinja"
 _THINKING = "The capital of France is Paris, so I say Paris."
 _CALL = {
     "id": "call_0",
@@ -69,36 +66,6 @@ def _as_rows(rows: list[dict[str, Any]]) -> list[DistilledRow]:
     return [DistilledRow.model_validate(row) for row in rows]
 
 
-def _templates() -> dict[str, jinja2.Template]:
-    model = default_model_path()
-    assert model is not None, "the SmolLM2 model is installed by make setup"
-    field = GGUFReader(model).fields["tokenizer.chat_template"]
-    smollm2 = bytes(field.parts[field.data[0]]).decode("utf-8")
-    # As transformers renders chat templates: a sandbox, blocks trimmed.
-    environment = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    return {
-        "smollm2": environment.from_string(smollm2),
-        "reasoning": environment.from_string(_REASONING_TEMPLATE.read_text()),
-    }
-
-
-def _assistant_span(template: jinja2.Template, row: dict[str, Any]) -> str:
-    """The rendered assistant turn: what follows the rendered prompt (the tokens assistant-only
-    or completion-only loss trains on)."""
-    if "messages" in row:
-        prompt, completion = row["messages"][:-1], row["messages"][-1:]
-    else:
-        prompt, completion = row["prompt"], row["completion"]
-    tools = row.get("tools")
-    before = template.render(messages=prompt, tools=tools, add_generation_prompt=False)
-    whole = template.render(messages=[*prompt, *completion], tools=tools)
-    assert whole.startswith(before), "the prompt's render is not a prefix of the row's"
-    span = whole[len(before) :]
-    assert completion[0]["role"] == "assistant"
-    assert "assistant" in span
-    return span
-
-
 def _export(settings: Settings, **options: Any) -> Path:
     day = date.fromisoformat(DAYS[0])
     query = ExportQuery(since=day, until=day, source=SOURCES[0])
@@ -119,14 +86,14 @@ def test_every_layout_renders_with_its_reasoning_and_tool_calls(
     path = _export(settings, layout=layout, reasoning=reasoning)
     rows = _lines(path)
     assert len(rows) == 3
-    templates = _templates()
+    templates = chat_templates()
     for row in rows:
         assert set(row) - {"tools"} == (
             {"messages"} if layout == "messages" else {"prompt", "completion"}
         )
         answer = (row.get("messages") or row["completion"])[-1]
         for name, template in templates.items():
-            span = _assistant_span(template, row)
+            span = assistant_span(template, row)
             if reasoning == "drop":
                 assert _THINKING not in span
             # SmolLM2's template renders `content` only: the reasoning is in its render when
