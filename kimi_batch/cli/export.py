@@ -229,9 +229,9 @@ def run_export(settings: Settings, request: ExportRequest) -> Path:
     query = request.query.check()
     if query.min_judge_score is not None and request.fmt not in TRAINING_FORMATS:
         raise ConfigError("--min-judge-score chooses training rows: use it with chat, hf or kd")
-    if request.training != TrainingOptions() and request.fmt != "chat":
+    if request.training != TrainingOptions() and request.fmt not in ("chat", "hf"):
         raise ConfigError(
-            "--reasoning, --layout and --system-turn shape chat rows: use --format chat"
+            "--reasoning, --layout and --system-turn shape chat and hf rows, not kd's"
         )
     warehouse = open_warehouse(settings)
     training = request.fmt in TRAINING_FORMATS
@@ -249,7 +249,7 @@ def run_export(settings: Settings, request: ExportRequest) -> Path:
     build = example_builder(settings, _system_texts(settings, request))
     selection = read_selection(warehouse, query, partitions)
     if request.fmt == "hf":
-        return write_hf(settings, path, query, selection, build)
+        return write_hf(settings, path, query, selection, build, request.training)
     digests: dict[str, str] = {}
     with private_writer(path) as writer:
         if not _write_lines(writer, request, selection, build, digests):

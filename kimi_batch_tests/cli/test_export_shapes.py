@@ -140,11 +140,37 @@ def test_system_turn_drop_is_no_system(settings: Settings) -> None:
     assert all("system_sha256" not in row for row in rows)
 
 
-def test_the_shape_options_apply_to_chat_only(settings: Settings) -> None:
+def test_the_shape_options_apply_to_chat_and_hf_not_kd(settings: Settings) -> None:
     _reasoning_warehouse(settings)
     training = TrainingOptions(layout="prompt-completion")
-    with pytest.raises(ConfigError, match="--format chat"):
+    with pytest.raises(ConfigError, match="chat and hf rows"):
         run_export(settings, ExportRequest(fmt="kd", training=training))
+
+
+@pytest.mark.parametrize("layout", ["messages", "prompt-completion"])
+def test_an_hf_export_keeps_reasoning_tool_calls_and_tools(settings: Settings, layout: str) -> None:
+    _reasoning_warehouse(settings)
+    query = ExportQuery(source=SOURCES[0])
+    training = TrainingOptions.model_validate({"layout": layout, "system_turn": "once"})
+    folder = run_export(settings, ExportRequest(fmt="hf", query=query, training=training))
+    loaded = datasets.load_dataset(str(folder), split="train")
+    assert loaded.num_rows == len(DAYS) * 3
+    templates = chat_templates()
+    digest = load_digest(settings.digest)
+    rows: list[dict[str, Any]] = loaded.to_list()
+    first_day = [row for row in rows if row["ds"] == DAYS[0]]
+    called = [row for row in first_day if row["tools"]]
+    assert len(called) == 1
+    assert json.loads(called[0]["tools"]) == _TOOLS
+    for row in first_day:
+        trainer = {**row, "tools": json.loads(row["tools"]) if row["tools"] else None}
+        span = assistant_span(templates["reasoning"], trainer)
+        assert f"<think>\n{_THINKING}\n</think>" in span
+        assert row["system_sha256"] == digest.sha256
+    trainer = {**called[0], "tools": _TOOLS}
+    assert '"name": "get_capital"' in assistant_span(templates["reasoning"], trainer)
+    side = json.loads((folder / "system.json").read_text())
+    assert side == {digest.sha256: digest.text}
 
 
 def _tool_batch(settings: Settings) -> str:

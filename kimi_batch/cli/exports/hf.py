@@ -2,7 +2,9 @@
 `load_dataset(folder)`) loads: `data/train-NNNNN.parquet`, one file a partition, and the card.
 
     <out>/README.md                    the dataset card (card.py)
-    <out>/data/train-00000.parquet     messages + ids, model, tokens, judge score
+    <out>/data/train-00000.parquet     messages (or prompt + completion), tools, ids, model,
+                                       tokens, judge score (shaped by exports/shape.py)
+    <out>/system.json                  `--system-turn once`: the digests by sha256
 
 The folder is filled as a hidden temp folder beside `<out>` and renamed over it at the end, so
 an export that fails or is killed midway leaves the older export (or nothing) in place.
@@ -10,6 +12,7 @@ an export that fails or is killed midway leaves the older export (or nothing) in
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -26,11 +29,12 @@ from kimi_batch.cli.exports.card import (
 from kimi_batch.cli.exports.conversation import BuildExamples, ExportExample
 from kimi_batch.cli.exports.selection import ExportQuery, PartitionRows
 from kimi_batch.errors import ConfigError, MissingInputError
+from kimi_batch.exports import TrainingOptions
 from kimi_batch.paths import PRIVATE_FILE_MODE
 from kimi_batch.settings import Settings
 from kimi_batch.storage import Warehouse, landed_versions, open_warehouse, private_folder_swap
 
-__all__ = ["HF_SCHEMA", "write_hf"]
+__all__ = ["HF_SCHEMA", "hf_schema", "write_hf"]
 
 CARD = "README.md"
 DATA = "data"
@@ -56,6 +60,41 @@ HF_SCHEMA = pl.Schema(
 )
 
 
+# A message as the shape options write it (exports/shape.py); Parquet holds one struct for all,
+# a key a message lacks reads as null.
+_MESSAGE = pl.Struct(
+    {
+        "role": pl.String,
+        "content": pl.String,
+        "reasoning_content": pl.String,
+        "tool_calls": pl.List(
+            pl.Struct(
+                {
+                    "id": pl.String,
+                    "type": pl.String,
+                    "function": pl.Struct({"name": pl.String, "arguments": pl.String}),
+                }
+            )
+        ),
+    }
+)
+SYSTEM_FILE = "system.json"
+
+
+def hf_schema(options: TrainingOptions) -> pl.Schema:
+    """The Parquet columns of an export shaped by `options`: the conversation (`messages`, or
+    `prompt` and `completion`), `tools` as OpenAI's JSON text (one column type for every row's
+    tools), `system_sha256` with `--system-turn once`, then the ids and figures."""
+    conversation = (
+        {"messages": pl.List(_MESSAGE)}
+        if options.layout == "messages"
+        else {"prompt": pl.List(_MESSAGE), "completion": pl.List(_MESSAGE)}
+    )
+    once = {"system_sha256": pl.String} if options.system_turn == "once" else {}
+    rest = {name: dtype for name, dtype in HF_SCHEMA.items() if name != "messages"}
+    return pl.Schema({**conversation, "tools": pl.String, **once, **rest})
+
+
 class _Tally:
     """What the card says, gathered one partition at a time."""
 
@@ -69,12 +108,15 @@ class _Tally:
         self.files: dict[tuple[str, str], str] = {}
         self.judged = self.unjudged = self.below = self.top_k = 0
         self.scores: dict[int, int] = {}
+        self.systems: dict[str, str] = {}
 
     def add(self, rows: PartitionRows, built: list[ExportExample]) -> None:
         self.examples += len(built)
         for example in built:
             self.models.add(example.model)
             self.digests.add(example.digest_sha256)
+            if example.messages[0].role == "system":
+                self.systems[example.digest_sha256] = example.messages[0].content
             self.prompt.append(example.prompt_tokens)
             self.completion.append(example.completion_tokens)
             if example.judge_score is not None:
@@ -91,10 +133,20 @@ class _Tally:
         self.below += rows.below_floor
 
 
-def _write_part(folder: Path, index: int, built: list[ExportExample]) -> None:
-    records = [example.model_dump() for example in built]  # logprobs excluded: kd has them
+def _record(example: ExportExample, options: TrainingOptions) -> dict[str, object]:
+    row = example.trainer_row(options)
+    tools = row.pop("tools", None)
+    # logprobs excluded: kd has them
+    return {**example.model_dump(), **row, "tools": json.dumps(tools) if tools else None}
+
+
+def _write_part(
+    folder: Path, index: int, built: list[ExportExample], options: TrainingOptions
+) -> None:
+    records = [_record(example, options) for example in built]
     path = folder / f"train-{index:05d}.parquet"
-    pl.DataFrame(records, schema=HF_SCHEMA).write_parquet(path, compression="zstd")
+    frame = pl.DataFrame(records, schema=hf_schema(options), strict=False)
+    frame.write_parquet(path, compression="zstd")
     path.chmod(PRIVATE_FILE_MODE)
 
 
@@ -171,6 +223,12 @@ def _card(settings: Settings, query: ExportQuery, tally: _Tally) -> DatasetCard:
     )
 
 
+def _write_systems(path: Path, systems: dict[str, str]) -> None:
+    """`--system-turn once`: each system text once, by the sha256 the rows carry."""
+    path.write_text(json.dumps(systems, ensure_ascii=False, indent=1, sort_keys=True) + "\n")
+    path.chmod(PRIVATE_FILE_MODE)
+
+
 def _refuse_foreign(path: Path) -> None:
     """Only an earlier export (its card inside) is replaced, never a folder of the user's."""
     if path.exists() and not (path.is_dir() and (path / CARD).is_file() and (path / DATA).is_dir()):
@@ -183,8 +241,11 @@ def write_hf(
     query: ExportQuery,
     selection: Iterable[PartitionRows],
     build: BuildExamples,
+    options: TrainingOptions | None = None,
 ) -> Path:
-    """The folder at `path`, whole or not at all."""
+    """The folder at `path`, whole or not at all; its rows shaped by `options` (`--system-turn
+    once`: the digests in `system.json`)."""
+    options = options or TrainingOptions()
     _refuse_foreign(path)
     tally = _Tally()
     with private_folder_swap(path) as folder:
@@ -195,10 +256,12 @@ def write_hf(
             built = build(rows)
             tally.add(rows, built)
             if built:
-                _write_part(data, parts, built)
+                _write_part(data, parts, built, options)
                 parts += 1
         if not tally.examples:
             raise MissingInputError(f"no rows to export in {query.describe()}")
+        if options.system_turn == "once":
+            _write_systems(folder / SYSTEM_FILE, tally.systems)
         (folder / CARD).write_text(_card(settings, query, tally).render(), encoding="utf-8")
         (folder / CARD).chmod(PRIVATE_FILE_MODE)
     return path
