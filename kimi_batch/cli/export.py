@@ -35,6 +35,7 @@ from kimi_batch.cli.exports.selection import (
     read_selection,
     select_partitions,
 )
+from kimi_batch.crash_points import crash_point
 from kimi_batch.engine import load_digest
 from kimi_batch.errors import ConfigError, MissingInputError
 from kimi_batch.exports import TrainingOptions, system_side_file
@@ -261,9 +262,20 @@ def run_export(settings: Settings, request: ExportRequest) -> Path:
 
 
 def _write_system_side_file(path: Path, digests: dict[str, str]) -> None:
-    """`--system-turn once`: each system text once, by the sha256 the rows carry."""
-    with private_writer(system_side_file(path)) as writer:
-        writer.write(json.dumps(digests, ensure_ascii=False, indent=1, sort_keys=True) + "\n")
+    """`--system-turn once`: each system text once, by the sha256 the rows carry. An earlier
+    side file's digests are kept (a sha names one text for good): written before the rows,
+    a kill between the two leaves the older rows' digests in it."""
+    side = system_side_file(path)
+    earlier: dict[str, str] = {}
+    if side.is_file():
+        try:
+            earlier = dict(json.loads(side.read_text(encoding="utf-8")))
+        except (ValueError, TypeError):
+            earlier = {}  # not ours (or damaged): the rows written next need only theirs
+    with private_writer(side) as writer:
+        merged = {**earlier, **digests}
+        writer.write(json.dumps(merged, ensure_ascii=False, indent=1, sort_keys=True) + "\n")
+    crash_point("export.system_side_file")  # the rows naming it are renamed in next
 
 
 def export_partition(

@@ -17,6 +17,7 @@ import pytest
 from kimi_batch.cli.commands import main
 from kimi_batch.cli.export import ExportRequest, run_export
 from kimi_batch.cli.exports.selection import ExportQuery
+from kimi_batch.crash_points import CrashPointReached, armed
 from kimi_batch.engine import SystemDigest, load_digest
 from kimi_batch.errors import ConfigError
 from kimi_batch.exports import TrainingOptions, system_side_file
@@ -219,3 +220,30 @@ def test_a_batch_line_with_tools_exports_its_tools_and_tool_calls(settings: Sett
     assert len(_lines(out)) == len(DAYS) * len(SOURCES) * 3
     assert main(["export", "--format", "chat", "--source", batch_id, "--out", str(out)]) == 0
     assert sum("tools" in row for row in _lines(out)) == 1
+
+
+def test_an_export_stopped_after_its_side_file_keeps_the_older_rows_digests(
+    settings: Settings,
+) -> None:
+    """The side file is renamed in before the rows: stopped between the two, the older rows
+    (another digest's) still find their text in it, and a rerun writes both."""
+    _reasoning_warehouse(settings)
+    older = SystemDigest.from_text("An older digest.")
+    out = settings.home / "once.jsonl"
+    system_side_file(out).parent.mkdir(parents=True, exist_ok=True)
+    system_side_file(out).write_text(json.dumps({older.sha256: older.text}))
+    out.write_text(json.dumps({"messages": [], "system_sha256": older.sha256}) + "\n")
+    request = ExportRequest(
+        fmt="chat",
+        out=out,
+        query=ExportQuery(source=SOURCES[0]),
+        training=TrainingOptions(system_turn="once"),
+    )
+    with armed("export.system_side_file"), pytest.raises(CrashPointReached):
+        run_export(settings, request)
+    digest = load_digest(settings.digest)
+    side = json.loads(system_side_file(out).read_text())
+    assert side == {older.sha256: older.text, digest.sha256: digest.text}
+    assert [row["system_sha256"] for row in _lines(out)] == [older.sha256]  # the older rows
+    run_export(settings, request)
+    assert {row["system_sha256"] for row in _lines(out)} == {digest.sha256}
