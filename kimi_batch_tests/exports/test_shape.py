@@ -6,7 +6,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kimi_batch.exports import TrainingOptions, assistant_message, system_side_file, trainer_row
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kimi_batch.exports import (
+    Layout,
+    ReasoningPlacement,
+    SystemTurn,
+    TrainingOptions,
+    assistant_message,
+    system_side_file,
+    trainer_row,
+)
 
 _CALLS = json.dumps(
     [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]
@@ -52,3 +63,46 @@ def test_layouts_and_system_turns() -> None:
 
 def test_the_side_file_sits_beside_the_export() -> None:
     assert system_side_file(Path("/x/a.chat.jsonl")) == Path("/x/a.chat.jsonl.system.json")
+
+
+_TURNS = st.lists(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["system", "user", "assistant"]), "content": st.text()}
+    ),
+    max_size=4,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    asked=_TURNS,
+    content=st.text(),
+    reasoning=st.none() | st.text(),
+    layout=st.sampled_from(["messages", "prompt-completion"]),
+    placement=st.sampled_from(["field", "inline", "drop"]),
+    system=st.sampled_from(["keep", "drop", "once"]),
+)
+def test_every_shape_keeps_the_turns_and_the_reasoning_where_asked(
+    asked: list[dict[str, str]],
+    content: str,
+    reasoning: str | None,
+    layout: Layout,
+    placement: ReasoningPlacement,
+    system: SystemTurn,
+) -> None:
+    options = TrainingOptions(layout=layout, reasoning=placement, system_turn=system)
+    answer = assistant_message(content, reasoning, None, options)
+    row = trainer_row(asked, answer, digest_sha256="s", tools=None, options=options)
+    turns = row["messages"] if layout == "messages" else [*row["prompt"], *row["completion"]]
+    # Only a leading system turn goes, and only when not kept; the answer is last.
+    dropped = system != "keep" and bool(asked) and asked[0]["role"] == "system"
+    assert turns == [*asked[int(dropped) :], answer]
+    assert content in answer["content"]
+    if reasoning and placement == "field":
+        assert answer["reasoning_content"] == reasoning
+    elif reasoning and placement == "inline":
+        assert reasoning.strip() in answer["content"]
+    else:
+        assert "reasoning_content" not in answer
+    assert ("system_sha256" in row) == (system == "once")
+    assert json.loads(json.dumps(row)) == row
