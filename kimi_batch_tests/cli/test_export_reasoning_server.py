@@ -34,9 +34,21 @@ from kimi_batch_tests.support.ports import free_port
 
 pytestmark = pytest.mark.slow  # answers a batch on a real llama-server
 
-# SmolLM2-135M copies a short text reliably at temperature 0: the copy closes the think block
-# the template opened, so the server has reasoning and an answer to split.
-_ASK = 'Copy this text exactly, nothing else: "The sky is blue. </think> Blue."'
+# Two earlier turns show SmolLM2-135M the pattern (think, close the block, answer); at
+# temperature 0 it follows it after the <think> the template opens its turn with, so the server
+# has reasoning and an answer to split.
+_SHOTS = [
+    ("What color is grass?", "<think>\nGrass is green.\n</think>\n\nGreen."),
+    ("What color is snow?", "<think>\nSnow is white.\n</think>\n\nWhite."),
+]
+_ASK = "What color is the sky?"
+
+
+def _conversation() -> list[dict[str, str]]:
+    turns: list[dict[str, str]] = []
+    for question, answer in _SHOTS:
+        turns += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+    return [*turns, {"role": "user", "content": _ASK}]
 
 
 @pytest.fixture
@@ -63,7 +75,7 @@ def thinking_server(
 
 def test_the_server_s_reasoning_survives_every_layout(thinking_server: Settings) -> None:
     settings = thinking_server
-    line = chat_line("think", _ASK, max_tokens=48, temperature=0)
+    line = chat_line("think", max_tokens=48, temperature=0, messages=_conversation())
     batch = landed_batch(settings, jsonl(line))
     with dg.instance_for_test() as instance:
         answered(settings, instance, batch)
