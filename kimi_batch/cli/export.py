@@ -199,9 +199,7 @@ def _write_lines(
                     "(narrow the export with --since/--until/--source)"
                 )
         for example in built:
-            first = example.messages[0]
-            if first.role == "system":
-                digests[example.digest_sha256] = first.content
+            digests[example.digest_sha256] = example.system_text
             line = example.kd_line() if fmt == "kd" else example.chat_line(request.training)
             writer.write(line + "\n")
         written += len(built)

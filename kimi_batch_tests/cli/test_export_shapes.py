@@ -134,6 +134,18 @@ def test_system_turn_once_writes_the_digest_once_and_rows_name_it(settings: Sett
     assert loaded["system_sha256"] == [digest.sha256] * 3
 
 
+def test_system_turn_once_names_an_empty_digest_too(settings: Settings) -> None:
+    """A batch line without a system text was asked under the empty digest: its rows name
+    that digest, and the side file holds its (empty) text."""
+    batch_id = _tool_batch(settings, system=False)
+    once = TrainingOptions(system_turn="once")
+    query = ExportQuery(source=batch_id)
+    path = run_export(settings, ExportRequest(fmt="chat", query=query, training=once))
+    empty = SystemDigest.from_text("")
+    assert {row["system_sha256"] for row in _lines(path)} == {empty.sha256}
+    assert json.loads(system_side_file(path).read_text()) == {empty.sha256: ""}
+
+
 def test_system_turn_drop_is_no_system(settings: Settings) -> None:
     _reasoning_warehouse(settings)
     rows = _lines(_export(settings, system_turn="drop"))
@@ -174,16 +186,16 @@ def test_an_hf_export_keeps_reasoning_tool_calls_and_tools(settings: Settings, l
     assert side == {digest.sha256: digest.text}
 
 
-def _tool_batch(settings: Settings) -> str:
+def _tool_batch(settings: Settings, *, system: bool = True) -> str:
     """A landed Batch API batch of two lines, the first with tools; its answers written (the
     first calling the tool, its row without `tools`, as rows were before they kept them)."""
-    system = {"role": "system", "content": "You are terse."}
+    head = [{"role": "system", "content": "You are terse."}] if system else []
     lines = [
-        chat_line("t-0", tools=_TOOLS, messages=[system, {"role": "user", "content": "Capital?"}]),
-        chat_line("t-1", messages=[system, {"role": "user", "content": "Say 1."}]),
+        chat_line("t-0", tools=_TOOLS, messages=[*head, {"role": "user", "content": "Capital?"}]),
+        chat_line("t-1", messages=[*head, {"role": "user", "content": "Say 1."}]),
     ]
     batch = landed_batch(settings, jsonl(*lines))
-    digest = SystemDigest.from_text("You are terse.").sha256
+    digest = SystemDigest.from_text("You are terse." if system else "").sha256
     answers = distilled(amplified(2))
     answers = [
         answers[0].model_copy(

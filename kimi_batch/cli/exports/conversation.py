@@ -83,6 +83,13 @@ class ExportExample(BaseModel):
     tool_calls: str | None = Field(default=None, exclude=True, description="OpenAI JSON.")
     tools: str | None = Field(default=None, exclude=True, description="The request's, JSON.")
 
+    @property
+    def system_text(self) -> str:
+        """The digest's text as the conversation opens with it ('': an empty digest, which
+        sends no system turn; `--no-system` exports have none either)."""
+        first = self.messages[0]
+        return first.content if first.role == "system" else ""
+
     def chat_line(self, options: TrainingOptions | None = None) -> str:
         """The row `options` lay out (`exports.shape`): by default `{"messages": [...]}` with
         the reasoning and tool calls on the assistant message, what TRL's SFTTrainer reads."""

@@ -115,8 +115,7 @@ class _Tally:
         for example in built:
             self.models.add(example.model)
             self.digests.add(example.digest_sha256)
-            if example.messages[0].role == "system":
-                self.systems[example.digest_sha256] = example.messages[0].content
+            self.systems[example.digest_sha256] = example.system_text
             self.prompt.append(example.prompt_tokens)
             self.completion.append(example.completion_tokens)
             if example.judge_score is not None:
