@@ -24,6 +24,7 @@ LAYERS = {
     "tasks": 3,
     "storage": 4,
     "defs": 5,
+    "exports": 5,
 }
 
 

@@ -3,7 +3,7 @@
     openai-batch  OpenAI Batch API output lines (the Batch API's own writer, tasks.openai_batch)
     chat          JSONL of {"messages": [system, user, assistant]} (TRL's SFTTrainer, axolotl)
     hf            a folder datasets.load_dataset loads, with its dataset card (exports/hf.py)
-    kd            chat lines plus the answer's per-token top-k logprobs
+    kd            chat lines plus the answer's tokens: id, logprob, top-k (exports/kd.py)
 
 Every partition of `distilled` unless `--since`/`--until`/`--source` narrow it (`exports/
 selection.py`); the training formats leave Batch API batches out unless `--source` names one.
@@ -27,7 +27,12 @@ from typing import Any, TextIO
 
 from pydantic import BaseModel, ConfigDict
 
-from kimi_batch.cli.exports.conversation import BuildExamples, SystemTexts, example_builder
+from kimi_batch.cli.exports.conversation import (
+    BuildExamples,
+    ExportExample,
+    SystemTexts,
+    example_builder,
+)
 from kimi_batch.cli.exports.hf import write_hf
 from kimi_batch.cli.exports.selection import (
     ExportQuery,
@@ -37,6 +42,7 @@ from kimi_batch.cli.exports.selection import (
 )
 from kimi_batch.engine import load_digest
 from kimi_batch.errors import ConfigError, MissingInputError
+from kimi_batch.exports import TokenizerIdentity, kd_line, tokenizer_identity
 from kimi_batch.llama import TokenLogprob, ToolCall
 from kimi_batch.paths import private_dir
 from kimi_batch.settings import Settings
@@ -173,10 +179,31 @@ def _system_texts(settings: Settings, request: ExportRequest) -> SystemTexts:
     return SystemTexts([load_digest(p) for p in paths if p.is_file()], omit=request.no_system)
 
 
+def _kd_line(example: ExportExample, tokenizer: TokenizerIdentity | None) -> str:
+    logprobs = example.logprobs or []
+    # A model file of another vocabulary than the answers' (a server attached by URL) names
+    # no tokenizer rather than a wrong one.
+    top_id = max((t.id for t in logprobs if t.id is not None), default=-1)
+    if tokenizer is not None and top_id >= tokenizer.vocab_size:
+        tokenizer = None
+    return kd_line(
+        chat=json.loads(example.chat_line()),
+        request_id=example.request_id,
+        model=example.model,
+        logprobs=logprobs,
+        tokenizer=tokenizer,
+    )
+
+
 def _write_lines(
-    writer: TextIO, fmt: str, selection: Iterable[PartitionRows], build: BuildExamples
+    writer: TextIO,
+    fmt: str,
+    selection: Iterable[PartitionRows],
+    build: BuildExamples,
+    model: Path | None,
 ) -> int:
     written = 0
+    tokenizer = tokenizer_identity(model) if fmt == "kd" and model and model.is_file() else None
     for rows in selection:
         built = build(rows)
         if fmt == "kd":
@@ -188,7 +215,9 @@ def _write_lines(
                     "(narrow the export with --since/--until/--source)"
                 )
         for example in built:
-            writer.write((example.kd_line() if fmt == "kd" else example.chat_line()) + "\n")
+            writer.write(
+                (_kd_line(example, tokenizer) if fmt == "kd" else example.chat_line()) + "\n"
+            )
         written += len(built)
     return written
 
@@ -233,7 +262,7 @@ def run_export(settings: Settings, request: ExportRequest) -> Path:
     if request.fmt == "hf":
         return write_hf(settings, path, query, selection, build)
     with private_writer(path) as writer:
-        if not _write_lines(writer, request.fmt, selection, build):
+        if not _write_lines(writer, request.fmt, selection, build, settings.model):
             raise MissingInputError(f"no rows to export in {query.describe()}")
     return path
 
