@@ -14,7 +14,7 @@ import pytest
 from kimi_batch.cli.export import ExportRequest, run_export
 from kimi_batch.cli.exports.selection import ExportQuery
 from kimi_batch.exports import tokenizer_identity
-from kimi_batch.llama import ChatCompletion
+from kimi_batch.llama import ChatCompletion, ChatMessage, ResidentServer
 from kimi_batch.settings import Settings
 from kimi_batch_tests.support.exports import KD_TOKENS, build_warehouse
 
@@ -117,3 +117,26 @@ def test_the_server_s_token_ids_are_kept_with_each_logprob() -> None:
     (token,) = answer.logprobs or []
     assert token.id == 11
     assert [(top.id, top.token) for top in token.top] == [(11, "Hi"), (12, "Hey")]
+
+
+@pytest.mark.slow
+async def test_the_real_server_gives_each_token_s_id_in_the_served_vocabulary(
+    shared_server: ResidentServer,
+) -> None:
+    """This build's chat logprobs carry `id` beside every token and alternative: the ids a
+    `kd` row keeps, in the vocabulary its tokenizer names."""
+    hello = [ChatMessage(role="user", content="Name a colour.")]
+    async with shared_server.client() as client:
+        answer = await client.chat(hello, max_tokens=8, temperature=0.0, top_logprobs=3)
+        tokens = answer.logprobs or []
+        assert tokens
+        # Whole-word pieces tokenize back to the id the server gave them.
+        words = [t for t in tokens if t.token.strip().isalpha()]
+        assert words
+        for token in words:
+            assert await client.tokenize(token.token) == [token.id]
+    vocabulary = tokenizer_identity(shared_server.spec.model).vocab_size
+    ids = [t.id for t in tokens] + [top.id for t in tokens for top in t.top]
+    assert all(i is not None and 0 <= i < vocabulary for i in ids)
+    # At temperature 0 the generated token is the most likely one.
+    assert all(t.top[0].id == t.id for t in tokens)
