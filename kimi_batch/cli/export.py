@@ -33,7 +33,7 @@ from kimi_batch.cli.exports.conversation import (
     SystemTexts,
     example_builder,
 )
-from kimi_batch.cli.exports.hf import write_hf
+from kimi_batch.cli.exports.hf import push_to_hub, write_hf
 from kimi_batch.cli.exports.selection import (
     ExportQuery,
     PartitionRows,
@@ -42,7 +42,7 @@ from kimi_batch.cli.exports.selection import (
 )
 from kimi_batch.engine import load_digest
 from kimi_batch.errors import ConfigError, MissingInputError
-from kimi_batch.exports import TokenizerIdentity, kd_line, tokenizer_identity
+from kimi_batch.exports import CardOptions, TokenizerIdentity, kd_line, tokenizer_identity
 from kimi_batch.llama import TokenLogprob, ToolCall
 from kimi_batch.paths import private_dir
 from kimi_batch.settings import Settings
@@ -137,6 +137,8 @@ class ExportRequest(BaseModel):
     query: ExportQuery = ExportQuery()
     system_files: tuple[Path, ...] = ()
     no_system: bool = False
+    card: CardOptions = CardOptions()
+    push_to_hub: str | None = None
 
 
 def _default_path(settings: Settings, request: ExportRequest) -> Path:
@@ -244,6 +246,8 @@ def run_export(settings: Settings, request: ExportRequest) -> Path:
     query = request.query.check()
     if query.min_judge_score is not None and request.fmt not in TRAINING_FORMATS:
         raise ConfigError("--min-judge-score chooses training rows: use it with chat, hf or kd")
+    if request.push_to_hub and request.fmt != "hf":
+        raise ConfigError("--push-to-hub uploads a dataset folder: use it with --format hf")
     warehouse = open_warehouse(settings)
     training = request.fmt in TRAINING_FORMATS
     partitions = select_partitions(warehouse, query, training=training)
@@ -260,7 +264,10 @@ def run_export(settings: Settings, request: ExportRequest) -> Path:
     build = example_builder(settings, _system_texts(settings, request))
     selection = read_selection(warehouse, query, partitions)
     if request.fmt == "hf":
-        return write_hf(settings, path, query, selection, build)
+        write_hf(settings, path, query, selection, build, request.card)
+        if request.push_to_hub:
+            print(f"pushed to {push_to_hub(path, request.push_to_hub)}")
+        return path
     with private_writer(path) as writer:
         if not _write_lines(writer, request.fmt, selection, build, settings.model):
             raise MissingInputError(f"no rows to export in {query.describe()}")

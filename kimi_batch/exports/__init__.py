@@ -1,8 +1,36 @@
 """What a trainer reads, beside the `kimi-batch export` command (`cli/export.py`): the `kd`
-rows (`kd`), the tokenizer their ids belong to (`tokenizer`), the `hf` dataset card (`card`).
-No Dagster here."""
+rows (`kd`), the tokenizer their ids belong to (`tokenizer`), the `hf` dataset card (`card`)
+and the languages it declares (`language`). No Dagster here."""
 
+from kimi_batch.exports.card import (
+    CardFigures,
+    CardOptions,
+    DedupFigures,
+    InputSource,
+    SamplingFigures,
+    TokenStats,
+    build_card,
+    quarantine_counts,
+    reason_name,
+)
 from kimi_batch.exports.kd import kd_line, kd_record
+from kimi_batch.exports.language import DETECTION_NOTE, ScriptCounter
 from kimi_batch.exports.tokenizer import TokenizerIdentity, tokenizer_identity
 
-__all__ = ["TokenizerIdentity", "kd_line", "kd_record", "tokenizer_identity"]
+__all__ = [
+    "DETECTION_NOTE",
+    "CardFigures",
+    "CardOptions",
+    "DedupFigures",
+    "InputSource",
+    "SamplingFigures",
+    "ScriptCounter",
+    "TokenStats",
+    "TokenizerIdentity",
+    "build_card",
+    "kd_line",
+    "kd_record",
+    "quarantine_counts",
+    "reason_name",
+    "tokenizer_identity",
+]

@@ -8,14 +8,12 @@ from pathlib import Path
 import pytest
 
 from kimi_batch.cli.export import ExportRequest, run_export
-from kimi_batch.cli.exports.card import TokenStats, reason_kind
 from kimi_batch.cli.exports.selection import ExportQuery
 from kimi_batch.engine import load_digest
 from kimi_batch.errors import ConfigError, MissingInputError
 from kimi_batch.settings import Settings
 from kimi_batch_tests.support.exports import (
     DAYS,
-    QUARANTINE_REASONS,
     SOURCES,
     answer_id,
     build_warehouse,
@@ -58,32 +56,19 @@ def test_datasets_loads_the_hf_export_and_its_card_says_how_it_was_made(
     assert by_card["train"].num_rows == train.num_rows  # pyright: ignore[reportIndexIssue]
 
     card = (folder / "README.md").read_text()
-    assert card.startswith("---\nconfigs:\n")
+    assert card.startswith("---\n")
     assert load_digest(settings.digest).sha256 in card
     partitions = len(DAYS) * len(SOURCES)
     assert f"| duplicate | {partitions} |" in card
     assert f"| near_duplicate | {2 * partitions} |" in card
     assert f"| contaminated | {partitions} |" in card
-    assert f"| answer | {partitions} |" in card
+    assert f"| answer cut off at max_tokens | {partitions} |" in card
     assert "smollm2-135m" in card
     assert "- Judge scores (score: rows): 7: 1" in card
     assert "| near-duplicate threshold (MinHash Jaccard) | 0.8 |" in card
     assert "| prompt | 12 | 110.0 | 110 | 120 | 120 |" in card
     assert "distillation run config's defaults" in card
     assert f"| {DAYS[0]} | alpha |" in card
-
-
-def test_the_quarantine_reasons_group_by_their_first_word() -> None:
-    assert [reason_kind(reason) for reason in QUARANTINE_REASONS] == [
-        "duplicate",
-        "near_duplicate",
-        "near_duplicate",
-        "contaminated",
-        "answer",
-    ]
-    assert TokenStats.of([1, 2, 3, 4, 100]) == TokenStats(
-        count=5, mean=22.0, p50=3, p95=100, max=100
-    )
 
 
 def _mode(path: Path) -> int:
