@@ -120,3 +120,27 @@ def test_an_hf_export_never_replaces_a_folder_it_did_not_write(
     with pytest.raises(ConfigError, match="not an earlier hf export"):
         _hf(settings, out=mine)
     assert (mine / "notes.txt").read_text() == "keep me"
+
+
+def test_the_card_options_on_the_command_line_reach_the_card(
+    settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from huggingface_hub import DatasetCard
+
+    from kimi_batch.cli.commands import main
+
+    build_warehouse(settings)
+    out = settings.home / "exports" / "named.hf"
+    argv = ["export", "--format", "hf", "--out", str(out), "--license", "mit"]
+    argv += ["--language", "fr", "--language", "en", "--pretty-name", "Réponses"]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    data = DatasetCard.load(out / "README.md").data.to_dict()
+    assert (data["license"], data["language"], data["pretty_name"]) == (
+        "mit",
+        ["fr", "en"],
+        "Réponses",
+    )
+    # Pushing is for a folder: a file format refuses it before reading anything.
+    assert main(["export", "--format", "chat", "--push-to-hub", "me/data"]) == 2
+    assert "--push-to-hub" in capsys.readouterr().err
