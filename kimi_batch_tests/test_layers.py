@@ -24,7 +24,7 @@ LAYERS = {
     "tasks": 3,
     "storage": 4,
     "defs": 5,
-    # Training exports' row shapes: pure pydantic, no Dagster (beside defs, above storage).
+    # What a trainer reads (row shapes, kd rows, the card): no Dagster (beside defs).
     "exports": 5,
 }
 

@@ -1,12 +1,14 @@
 """`kimi-batch export`: distilled answers as OpenAI Batch output lines, or in a trainer's format.
 
     openai-batch  OpenAI Batch API output lines (the Batch API's own writer, tasks.openai_batch)
-    chat          JSONL of {"messages": [system, user, assistant]} (TRL's SFTTrainer, axolotl)
+    chat          JSONL of {"messages": [system, user, assistant]} (TRL's SFTTrainer, axolotl),
+                  shaped by --reasoning, --layout and --system-turn (exports/shape.py)
     hf            a folder datasets.load_dataset loads, with its dataset card (exports/hf.py)
-    kd            chat lines plus the answer's per-token top-k logprobs
+    kd            default chat lines plus the answer's tokens: id, logprob, top-k (exports/kd.py)
 
 Every partition of `distilled` unless `--since`/`--until`/`--source` narrow it (`exports/
-selection.py`); the training formats leave Batch API batches out unless `--source` names one.
+selection.py`); the training formats leave Batch API batches out unless `--source` names one
+or `--include-batches` asks for them.
 Files hold prompts and answers: written 0600 whole (temp, fsync, rename), the folders created
 0700 (the default `$KIMI_BATCH_HOME/exports` always), a killed export's temps removed by the next.
 An `--out` that cannot be written is found before anything is read (one line, exit 2).
@@ -27,8 +29,13 @@ from typing import Any, TextIO
 
 from pydantic import BaseModel, ConfigDict
 
-from kimi_batch.cli.exports.conversation import BuildExamples, SystemTexts, example_builder
-from kimi_batch.cli.exports.hf import write_hf
+from kimi_batch.cli.exports.conversation import (
+    BuildExamples,
+    ExportExample,
+    SystemTexts,
+    example_builder,
+)
+from kimi_batch.cli.exports.hf import push_to_hub, write_hf
 from kimi_batch.cli.exports.selection import (
     ExportQuery,
     PartitionRows,
@@ -38,7 +45,14 @@ from kimi_batch.cli.exports.selection import (
 from kimi_batch.crash_points import crash_point
 from kimi_batch.engine import load_digest
 from kimi_batch.errors import ConfigError, MissingInputError
-from kimi_batch.exports import TrainingOptions, system_side_file
+from kimi_batch.exports import (
+    CardOptions,
+    TokenizerIdentity,
+    TrainingOptions,
+    kd_line,
+    system_side_file,
+    tokenizer_identity,
+)
 from kimi_batch.llama import TokenLogprob, ToolCall
 from kimi_batch.paths import private_dir
 from kimi_batch.settings import Settings
@@ -134,6 +148,8 @@ class ExportRequest(BaseModel):
     system_files: tuple[Path, ...] = ()
     no_system: bool = False
     training: TrainingOptions = TrainingOptions()
+    card: CardOptions = CardOptions()
+    push_to_hub: str | None = None
 
 
 def _default_path(settings: Settings, request: ExportRequest) -> Path:
@@ -178,16 +194,36 @@ def _system_texts(settings: Settings, request: ExportRequest) -> SystemTexts:
     return SystemTexts([load_digest(p) for p in paths if p.is_file()], omit=omit)
 
 
+def _kd_line(example: ExportExample, tokenizer: TokenizerIdentity | None) -> str:
+    logprobs = example.logprobs or []
+    # A model file of another vocabulary than the answers' (a server attached by URL) names
+    # no tokenizer rather than a wrong one.
+    top_id = max((t.id for t in logprobs if t.id is not None), default=-1)
+    if tokenizer is not None and top_id >= tokenizer.vocab_size:
+        tokenizer = None
+    return kd_line(
+        # The default chat row: the answer's reasoning_content and tool_calls and the request's
+        # tools; the positions cover the reasoning too, so the shape options stay chat's and hf's.
+        chat=json.loads(example.chat_line()),
+        request_id=example.request_id,
+        model=example.model,
+        logprobs=logprobs,
+        tokenizer=tokenizer,
+    )
+
+
 def _write_lines(
     writer: TextIO,
     request: ExportRequest,
     selection: Iterable[PartitionRows],
     build: BuildExamples,
     digests: dict[str, str],
+    model: Path | None,
 ) -> int:
     """The lines of every partition; `digests` gathers each system text by sha256 (for
-    `--system-turn once`'s side file)."""
+    `--system-turn once`'s side file); `model`: the GGUF a kd row's tokenizer is read from."""
     fmt, written = request.fmt, 0
+    tokenizer = tokenizer_identity(model) if fmt == "kd" and model and model.is_file() else None
     for rows in selection:
         built = build(rows)
         if fmt == "kd":
@@ -200,7 +236,10 @@ def _write_lines(
                 )
         for example in built:
             digests[example.digest_sha256] = example.system_text
-            line = example.kd_line() if fmt == "kd" else example.chat_line(request.training)
+            if fmt == "kd":
+                line = _kd_line(example, tokenizer)
+            else:
+                line = example.chat_line(request.training)
             writer.write(line + "\n")
         written += len(built)
     return written
@@ -232,6 +271,8 @@ def run_export(settings: Settings, request: ExportRequest) -> Path:
         raise ConfigError(
             "--reasoning, --layout and --system-turn shape chat and hf rows, not kd's"
         )
+    if request.push_to_hub and request.fmt != "hf":
+        raise ConfigError("--push-to-hub uploads a dataset folder: use it with --format hf")
     warehouse = open_warehouse(settings)
     training = request.fmt in TRAINING_FORMATS
     partitions = select_partitions(warehouse, query, training=training)
@@ -248,10 +289,13 @@ def run_export(settings: Settings, request: ExportRequest) -> Path:
     build = example_builder(settings, _system_texts(settings, request))
     selection = read_selection(warehouse, query, partitions)
     if request.fmt == "hf":
-        return write_hf(settings, path, query, selection, build, request.training)
+        write_hf(settings, path, query, selection, build, request.training, request.card)
+        if request.push_to_hub:
+            print(f"pushed to {push_to_hub(path, request.push_to_hub)}")
+        return path
     digests: dict[str, str] = {}
     with private_writer(path) as writer:
-        if not _write_lines(writer, request, selection, build, digests):
+        if not _write_lines(writer, request, selection, build, digests, settings.model):
             raise MissingInputError(f"no rows to export in {query.describe()}")
         if request.training.system_turn == "once":
             # Inside the block: the side file is in place before the rows naming it appear.

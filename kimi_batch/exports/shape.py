@@ -59,8 +59,8 @@ class TrainingOptions(BaseModel):
         system = {
             "keep": "Every conversation opens with the system digest it was answered under.",
             "drop": "The system digest was left out of the conversations (--system-turn drop).",
-            "once": "The system digest is stored once in the side file; each row's "
-            "`system_sha256` names it (--system-turn once).",
+            "once": "The system digest is stored once beside the rows (`system.json`); each "
+            "row's `system_sha256` names it (--system-turn once).",
         }[self.system_turn]
         return [reasoning, system, f"Layout: {self.layout} (TRL conversational)."]
 

@@ -336,6 +336,8 @@ class Warehouse:
             schema=schema,
             missing_columns="insert",
             extra_columns="ignore",
+            # A struct field added since (a logprob's token id) reads as null in older files.
+            cast_options=pl.ScanCastOptions(missing_struct_fields="insert"),
             storage_options=self._storage_options(),
         )
 

@@ -20,6 +20,7 @@ from kimi_batch.storage import (
     polars_schema,
 )
 from kimi_batch.storage.parquet import PART_FILE
+from kimi_batch.tasks.rows import DistilledRow
 from kimi_batch_tests.support.rows import CREATED_AT, amplified, distilled, quarantined
 from kimi_batch_tests.support.s3proxy import WarehouseFactory
 
@@ -72,9 +73,56 @@ def test_nested_logprobs_round_trip(tmp_path: Path, warehouse_kind: WarehouseFac
         {
             "token": "Paris",
             "logprob": -0.25,
-            "top": [{"token": "Paris", "logprob": -0.25}, {"token": "Lyon", "logprob": -2.5}],
+            "top": [
+                {"token": "Paris", "logprob": -0.25, "id": None},
+                {"token": "Lyon", "logprob": -2.5, "id": None},
+            ],
+            "id": None,
         }
     ]
+
+
+def test_logprobs_written_before_token_ids_were_kept_read_with_null_ids(tmp_path: Path) -> None:
+    """A partition file of an older version (logprobs without `id`) reads whole, by rows and
+    by scan, its ids null."""
+    warehouse = Warehouse(tmp_path / "wh")
+    warehouse.write_partition("distilled", DS, "demo", distilled(amplified(2)))
+    path = warehouse.partition_file("distilled", DS, "demo")
+    frame = pl.read_parquet(path)
+    old = pl.List(
+        pl.Struct(
+            {
+                "token": pl.String,
+                "logprob": pl.Float64,
+                "top": pl.List(pl.Struct({"token": pl.String, "logprob": pl.Float64})),
+            }
+        )
+    )
+    frame.with_columns(
+        pl.col("logprobs").list.eval(
+            pl.struct(
+                pl.element().struct.field("token"),
+                pl.element().struct.field("logprob"),
+                pl.element()
+                .struct.field("top")
+                .list.eval(
+                    pl.struct(
+                        pl.element().struct.field("token"), pl.element().struct.field("logprob")
+                    )
+                ),
+            )
+        )
+    ).cast({"logprobs": old}).write_parquet(path)
+    assert pl.read_parquet(path).schema["logprobs"] == old
+    (row, *_) = warehouse.read_rows("distilled", DS, "demo", DistilledRow)
+    assert row.logprobs is not None
+    assert (row.logprobs[0].token, row.logprobs[0].id, row.logprobs[0].top[0].id) == (
+        "Paris",
+        None,
+        None,
+    )
+    scanned = warehouse.scan("distilled").select("logprobs").collect()
+    assert scanned["logprobs"][0].to_list()[0]["id"] is None
 
 
 def test_aware_datetimes_are_stored_as_utc(

@@ -103,27 +103,6 @@ class ExportExample(BaseModel):
             asked, message, digest_sha256=self.digest_sha256, tools=self.tools, options=options
         )
 
-    def kd_line(self) -> str:
-        """The conversation plus the answer's tokens with their top-k alternatives, in OpenAI's
-        `logprobs.content` shape."""
-        content = [
-            {
-                "token": token.token,
-                "logprob": token.logprob,
-                "top_logprobs": [{"token": t.token, "logprob": t.logprob} for t in token.top],
-            }
-            for token in self.logprobs or []
-        ]
-        return _dumps(
-            {
-                "messages": self._messages(),
-                "request_id": self.request_id,
-                "model": self.model,
-                "top_k": max((len(token.top) for token in self.logprobs or []), default=0),
-                "logprobs": {"content": content},
-            }
-        )
-
     def _messages(self) -> list[dict[str, str]]:
         return [turn.model_dump() for turn in self.messages]
 

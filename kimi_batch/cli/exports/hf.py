@@ -1,7 +1,7 @@
 """`--format hf`: a folder `datasets.load_dataset("parquet", data_dir=...)` (or
 `load_dataset(folder)`) loads: `data/train-NNNNN.parquet`, one file a partition, and the card.
 
-    <out>/README.md                    the dataset card (card.py)
+    <out>/README.md                    the dataset card (kimi_batch/exports/card.py)
     <out>/data/train-00000.parquet     messages (or prompt + completion), tools, ids, model,
                                        tokens, judge score (shaped by exports/shape.py)
     <out>/system.json                  `--system-turn once`: the digests by sha256
@@ -18,23 +18,27 @@ from pathlib import Path
 
 import polars as pl
 
-from kimi_batch.cli.exports.card import (
-    DatasetCard,
-    DedupFigures,
-    InputSource,
-    SamplingFigures,
-    TokenStats,
-    quarantine_counts,
-)
 from kimi_batch.cli.exports.conversation import BuildExamples, ExportExample
 from kimi_batch.cli.exports.selection import ExportQuery, PartitionRows
 from kimi_batch.errors import ConfigError, MissingInputError
-from kimi_batch.exports import TrainingOptions
+from kimi_batch.exports import (
+    DETECTION_NOTE,
+    CardFigures,
+    CardOptions,
+    DedupFigures,
+    InputSource,
+    SamplingFigures,
+    ScriptCounter,
+    TokenStats,
+    TrainingOptions,
+    build_card,
+    quarantine_counts,
+)
 from kimi_batch.paths import PRIVATE_FILE_MODE
 from kimi_batch.settings import Settings
 from kimi_batch.storage import Warehouse, landed_versions, open_warehouse, private_folder_swap
 
-__all__ = ["HF_SCHEMA", "hf_schema", "write_hf"]
+__all__ = ["HF_SCHEMA", "hf_schema", "push_to_hub", "write_hf"]
 
 CARD = "README.md"
 DATA = "data"
@@ -109,6 +113,7 @@ class _Tally:
         self.judged = self.unjudged = self.below = self.top_k = 0
         self.scores: dict[int, int] = {}
         self.systems: dict[str, str] = {}
+        self.scripts = ScriptCounter()
 
     def add(self, rows: PartitionRows, built: list[ExportExample]) -> None:
         self.examples += len(built)
@@ -123,6 +128,8 @@ class _Tally:
                 self.scores[example.judge_score] = self.scores.get(example.judge_score, 0) + 1
             for token in example.logprobs or []:
                 self.top_k = max(self.top_k, len(token.top))
+            # The user side and the answer: the digest is one text, not the rows' language.
+            self.scripts.add(turn.content for turn in example.messages if turn.role != "system")
         shas = {example.input_sha256 for example in built if example.input_sha256}
         self.inputs[(rows.ds, rows.source)] = (shas, len(built))
         first = next(iter(rows.seeds.values()), None)
@@ -195,9 +202,9 @@ def _quarantine(warehouse: Warehouse, tally: _Tally) -> dict[str, int]:
     return quarantine_counts(reasons)
 
 
-def _card(settings: Settings, query: ExportQuery, tally: _Tally) -> DatasetCard:
+def _card(settings: Settings, query: ExportQuery, tally: _Tally) -> CardFigures:
     warehouse = open_warehouse(settings)
-    return DatasetCard(
+    return CardFigures(
         rows=tally.examples,
         models=sorted(tally.models),
         digest_sha256=sorted(tally.digests),
@@ -219,6 +226,8 @@ def _card(settings: Settings, query: ExportQuery, tally: _Tally) -> DatasetCard:
         judge_scores=tally.scores,
         dropped_unjudged=tally.unjudged,
         dropped_below_score=tally.below,
+        languages=tally.scripts.languages(),
+        languages_note=DETECTION_NOTE,
     )
 
 
@@ -241,9 +250,10 @@ def write_hf(
     selection: Iterable[PartitionRows],
     build: BuildExamples,
     options: TrainingOptions | None = None,
+    card: CardOptions | None = None,
 ) -> Path:
     """The folder at `path`, whole or not at all; its rows shaped by `options` (`--system-turn
-    once`: the digests in `system.json`)."""
+    once`: the digests in `system.json`); `card`: what the card declares."""
     options = options or TrainingOptions()
     _refuse_foreign(path)
     tally = _Tally()
@@ -261,6 +271,31 @@ def write_hf(
             raise MissingInputError(f"no rows to export in {query.describe()}")
         if options.system_turn == "once":
             _write_systems(folder / SYSTEM_FILE, tally.systems)
-        (folder / CARD).write_text(_card(settings, query, tally).render(), encoding="utf-8")
+        # The card also says how the rows are shaped (what --reasoning drop left out).
+        declared = card or CardOptions()
+        declared = declared.model_copy(update={"notes": (*declared.notes, *options.card_notes)})
+        build_card(_card(settings, query, tally), declared).save(folder / CARD)
         (folder / CARD).chmod(PRIVATE_FILE_MODE)
     return path
+
+
+def push_to_hub(folder: Path, repo: str) -> str:
+    """`--push-to-hub REPO`: the folder uploaded as it is to the Hub dataset repository `repo`
+    (created private when missing), with the Hub's own client and its token (`HF_TOKEN` or
+    `hf auth login`); returns the commit's URL. Not run by the tests: the folder is what they
+    check."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    api = HfApi()
+    try:
+        api.create_repo(repo, repo_type="dataset", private=True, exist_ok=True)
+        commit = api.upload_folder(
+            repo_id=repo,
+            folder_path=folder,
+            repo_type="dataset",
+            commit_message="kimi-batch export",
+        )
+    except (HfHubHTTPError, OSError, ValueError) as error:
+        raise ConfigError(f"could not push {folder} to the Hub dataset {repo}: {error}") from error
+    return commit.commit_url
