@@ -267,9 +267,11 @@ def run_export(settings: Settings, request: ExportRequest) -> Path:
     query = request.query.check()
     if query.min_judge_score is not None and request.fmt not in TRAINING_FORMATS:
         raise ConfigError("--min-judge-score chooses training rows: use it with chat, hf or kd")
-    if request.training != TrainingOptions() and request.fmt not in ("chat", "hf"):
+    # --system-turn drop (--no-system) only leaves the digest out, which kd rows can too.
+    plain = (TrainingOptions(), TrainingOptions(system_turn="drop"))
+    if request.training not in plain and request.fmt not in ("chat", "hf"):
         raise ConfigError(
-            "--reasoning, --layout and --system-turn shape chat and hf rows, not kd's"
+            "--reasoning, --layout and --system-turn once shape chat and hf rows, not kd's"
         )
     if request.push_to_hub and request.fmt != "hf":
         raise ConfigError("--push-to-hub uploads a dataset folder: use it with --format hf")

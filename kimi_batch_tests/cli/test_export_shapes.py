@@ -13,6 +13,7 @@ from typing import Any
 
 import datasets
 import pytest
+from huggingface_hub import DatasetCard
 
 from kimi_batch.cli.commands import main
 from kimi_batch.cli.export import ExportRequest, run_export
@@ -158,6 +159,59 @@ def test_the_shape_options_apply_to_chat_and_hf_not_kd(settings: Settings) -> No
     training = TrainingOptions(layout="prompt-completion")
     with pytest.raises(ConfigError, match="chat and hf rows"):
         run_export(settings, ExportRequest(fmt="kd", training=training))
+
+
+def test_a_kd_row_carries_the_answer_s_reasoning_tool_calls_and_tools(settings: Settings) -> None:
+    """A kd row is the default chat row plus the tokens: what a trainer renders for the
+    prompt and the answer is the same in both (merge of items 1-3 with item 4)."""
+    _reasoning_warehouse(settings)
+    day = date.fromisoformat(DAYS[0])
+    query = ExportQuery(since=day, until=day, source=SOURCES[0])
+    rows = _lines(run_export(settings, ExportRequest(fmt="kd", query=query)))
+    chat = _lines(_export(settings))
+    assert len(rows) == len(chat) == 3
+    for row, chat_row in zip(rows, chat, strict=True):
+        assert row["messages"] == chat_row["messages"]
+        assert row["messages"][-1]["reasoning_content"] == _THINKING
+        assert row.get("tools") == chat_row.get("tools")
+        assert row["logprobs"]["content"]  # and the tokens, as kd's own tests check them
+    assert rows[0]["messages"][-1]["tool_calls"] == [_CALL]
+    assert rows[0]["tools"] == _TOOLS
+
+
+def test_a_kd_export_without_the_system_turn(settings: Settings) -> None:
+    """`--no-system` (`--system-turn drop`) only leaves the digest out: kd rows take it as they
+    did before the shape options, only the options that reshape the row are chat's and hf's."""
+    _reasoning_warehouse(settings)
+    out = settings.home / "no-system.kd.jsonl"
+    for flag in ("--no-system", "--system-turn=drop"):
+        argv = ["export", "--format", "kd", "--source", SOURCES[0], flag, "--out", str(out)]
+        assert main(argv) == 0
+        rows = _lines(out)
+        assert len(rows) == len(DAYS) * 3
+        assert {row["messages"][0]["role"] for row in rows} == {"user"}
+    assert main(["export", "--format", "kd", "--system-turn", "once", "--out", str(out)]) == 2
+
+
+def test_an_hf_card_says_how_its_rows_are_shaped(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The card's notes name where the reasoning went, and that `--reasoning drop` left it
+    out (TrainingOptions.card_notes reach CardOptions.notes)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    _reasoning_warehouse(settings)
+    query = ExportQuery(source=SOURCES[0])
+    notes: dict[str, str] = {}
+    for reasoning in ("field", "drop"):
+        training = TrainingOptions.model_validate({"reasoning": reasoning, "system_turn": "once"})
+        request = ExportRequest(fmt="hf", query=query, training=training)
+        notes[reasoning] = DatasetCard.load(run_export(settings, request) / "README.md").text
+    assert "reasoning was dropped from this export (--reasoning drop)" in notes["drop"]
+    assert "dropped" not in notes["field"]
+    assert "assistant message's `reasoning_content`" in notes["field"]
+    for text in notes.values():
+        assert "`system_sha256` names it (--system-turn once)" in text
+        assert "the teacher model's license" in text  # the card's own notes stay
 
 
 @pytest.mark.parametrize("layout", ["messages", "prompt-completion"])
