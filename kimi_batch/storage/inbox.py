@@ -129,10 +129,15 @@ def open_regular(path: Path) -> BinaryIO:
     O_NONBLOCK makes opening a FIFO return at once instead of waiting for a writer; the fstat
     of the open descriptor then refuses it (the name may have been swapped since any stat).
     """
-    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    return _regular_file(os.open(path, os.O_RDONLY | os.O_NONBLOCK), path.name)
+
+
+def _regular_file(descriptor: int, name: str) -> BinaryIO:
+    """The open `descriptor` as a blocking binary file if it is a regular file; closed and
+    NotRegularFileError otherwise (checked on the descriptor: the name may have been swapped)."""
     try:
         if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-            raise NotRegularFileError(f"{path.name}: {REFUSED_SPECIAL}")
+            raise NotRegularFileError(f"{name}: {REFUSED_SPECIAL}")
         os.set_blocking(descriptor, True)
         return os.fdopen(descriptor, "rb")
     except BaseException:
@@ -163,14 +168,7 @@ def open_inbox_file(inbox_dir: Path, name: str) -> BinaryIO:
             descriptor = _open_beneath(root, _real_parts(inbox_dir, name), resolved=True)
     finally:
         os.close(root)
-    try:
-        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-            raise NotRegularFileError(f"{name}: {REFUSED_SPECIAL}")
-        os.set_blocking(descriptor, True)
-        return os.fdopen(descriptor, "rb")
-    except BaseException:
-        os.close(descriptor)
-        raise
+    return _regular_file(descriptor, name)
 
 
 def _open_beneath(root: int, parts: tuple[str, ...], *, resolved: bool = False) -> int:

@@ -20,11 +20,11 @@ past and appending to a file on a later day does not split it into two partition
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import date
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -348,8 +348,20 @@ class Landing:
             "WHERE ds = ? AND source = ? ORDER BY id DESC LIMIT 1",
             (ds, source),
         ).fetchone()
-        if row is None:
-            return None
+        return None if row is None else self._landed(row)
+
+    def version(self, ds: str, source: str, sha256: str) -> LandedVersion | None:
+        """The partition's landed version of content `sha256` (an older one too), readable on
+        this host; None when it was never landed here."""
+        row = self._db.execute(
+            "SELECT ds, source, name, sha256, ext, size, landed_at FROM versions "
+            "WHERE ds = ? AND source = ? AND sha256 = ? ORDER BY id DESC LIMIT 1",
+            (ds, source, sha256),
+        ).fetchone()
+        return None if row is None else self.readable(self._landed(row))
+
+    def _landed(self, row: Sequence[Any]) -> LandedVersion:
+        """A `versions` row (ds, source, name, sha256, ext, size, landed_at) as its version."""
         ds, source, name, sha256, ext, size, landed_at = row
         return LandedVersion(
             ds=ds,
@@ -361,29 +373,6 @@ class Landing:
             landed_at=landed_at,
             path=self.dir / f"{sha256}.{ext}",
         )
-
-    def version(self, ds: str, source: str, sha256: str) -> LandedVersion | None:
-        """The partition's landed version of content `sha256` (an older one too), readable on
-        this host; None when it was never landed here."""
-        row = self._db.execute(
-            "SELECT ds, source, name, sha256, ext, size, landed_at FROM versions "
-            "WHERE ds = ? AND source = ? AND sha256 = ? ORDER BY id DESC LIMIT 1",
-            (ds, source, sha256),
-        ).fetchone()
-        if row is None:
-            return None
-        ds, source, name, sha256, ext, size, landed_at = row
-        found = LandedVersion(
-            ds=ds,
-            source=source,
-            name=name,
-            sha256=sha256,
-            ext=ext,
-            size=size,
-            landed_at=landed_at,
-            path=self.dir / f"{sha256}.{ext}",
-        )
-        return self.readable(found)
 
     # ---- inbox fingerprints ------------------------------------------------------------------
 

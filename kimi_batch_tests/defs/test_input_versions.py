@@ -108,14 +108,16 @@ class Daemons:
 
     def schedule_tick(self, when: datetime) -> list[dg.ExecuteInProcessResult]:
         """The night's one `nightly_job` run (none when the tick skips), with quick stages."""
-        context = dg.build_schedule_context(
+        schedule = self.defs.resolve_schedule_def("nightly_distillation_schedule")
+        # Closed before the runs: the context's own instance must not outlive the test's.
+        with dg.build_schedule_context(
             instance=self.instance,
             scheduled_execution_time=when,
             repository_def=self.defs.get_repository_def(),
-        )
-        schedule = self.defs.resolve_schedule_def("nightly_distillation_schedule")
+        ) as context:
+            requests = schedule.evaluate_tick(context).run_requests or []
         results = []
-        for request in schedule.evaluate_tick(context).run_requests or []:
+        for request in requests:
             assert request.job_name == NIGHTLY_JOB_NAME
             config = request.run_config["ops"][NIGHTLY_OP_NAME]["config"]
             stages = {"amplification": QUICK_AMPLIFY, "distillation": QUICK_DISTILL}

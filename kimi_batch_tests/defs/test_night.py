@@ -54,12 +54,13 @@ def _tick(
 ) -> dg.RunRequest | None:
     """The schedule's tick at 02:00 after today: its one run request, or None (skipped)."""
     when = datetime.combine(settings.today() + timedelta(days=1), datetime.min.time())
-    context = dg.build_schedule_context(
+    # Closed on the way out: the context's own instance (from the ref) must not outlive the test's.
+    with dg.build_schedule_context(
         instance=instance,
         scheduled_execution_time=when.replace(hour=2, tzinfo=settings.zone),
         repository_def=defs.get_repository_def(),
-    )
-    data = defs.resolve_schedule_def("nightly_distillation_schedule").evaluate_tick(context)
+    ) as context:
+        data = defs.resolve_schedule_def("nightly_distillation_schedule").evaluate_tick(context)
     requests = data.run_requests or []
     assert len(requests) <= 1, "a night is one run"
     return requests[0] if requests else None
