@@ -73,7 +73,10 @@ def thinking_server(
         server.stop()
 
 
-def test_the_server_s_reasoning_survives_every_layout(thinking_server: Settings) -> None:
+def test_the_server_s_reasoning_survives_every_layout(
+    thinking_server: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     settings = thinking_server
     line = chat_line("think", max_tokens=48, temperature=0, messages=_conversation())
     batch = landed_batch(settings, jsonl(line))
@@ -82,8 +85,8 @@ def test_the_server_s_reasoning_survives_every_layout(thinking_server: Settings)
     assert batch.ds is not None
     rows = Warehouse(settings.paths.warehouse_dir).read_partition("distilled", batch.ds, batch.id)
     assert rows.height == 1, "the answer was set aside (see the quarantine partition)"
-    reasoning = rows["reasoning"][0]
-    assert reasoning, f"the server split off no reasoning: {rows['response'][0]!r}"
+    reasoning, answer = rows["reasoning"][0], rows["response"][0]
+    assert reasoning, f"the server split off no reasoning: {answer!r}"
     query = ExportQuery(source=batch.id)
     templates = chat_templates()
     for layout in ("messages", "prompt-completion"):
@@ -92,9 +95,16 @@ def test_the_server_s_reasoning_survives_every_layout(thinking_server: Settings)
             out = settings.home / f"{layout}-{placement}.jsonl"
             run_export(settings, ExportRequest(fmt="chat", out=out, query=query, training=training))
             [row] = [json.loads(text) for text in out.read_text().splitlines()]
-            span = assistant_span(templates["reasoning"], row)
-            assert reasoning.strip() in span, (layout, placement, span)
-            if placement == "inline":
-                assert reasoning.strip() in assistant_span(templates["smollm2"], row)
+            # Both templates render the row and its answer; SmolLM2's renders `content` only,
+            # so it shows the reasoning when it is inline.
+            for name, template in templates.items():
+                span = assistant_span(template, row)
+                assert answer.strip() in span, (name, layout, placement, span)
+                if placement == "inline" or name == "reasoning":
+                    assert reasoning.strip() in span, (name, layout, placement, span)
             loaded = datasets.load_dataset("json", data_files=str(out), split="train")
             assert loaded.num_rows == 1
+        training = TrainingOptions.model_validate({"layout": layout})
+        folder = run_export(settings, ExportRequest(fmt="hf", query=query, training=training))
+        [row] = datasets.load_dataset(str(folder), split="train").to_list()
+        assert reasoning.strip() in assistant_span(templates["reasoning"], row)
