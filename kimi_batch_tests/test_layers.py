@@ -25,6 +25,8 @@ LAYERS = {
     "storage": 4,
     "warehouse": 4,
     "defs": 5,
+    # What a trainer reads (row shapes, kd rows, the card): no Dagster (beside defs).
+    "exports": 5,
 }
 
 

@@ -120,6 +120,7 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
 def _export(args: argparse.Namespace, settings: Settings) -> int:
     from kimi_batch.cli.export import ExportRequest, run_export
     from kimi_batch.cli.exports.selection import ExportQuery
+    from kimi_batch.exports import CardOptions, TrainingOptions
 
     if args.date and (args.since or args.until):
         raise ConfigError("--date is one day: use it without --since and --until")
@@ -128,6 +129,13 @@ def _export(args: argparse.Namespace, settings: Settings) -> int:
         until=args.date or args.until,
         source=args.source,
         min_judge_score=args.min_judge_score,
+        include_batches=args.include_batches,
+    )
+    training = TrainingOptions(
+        reasoning=args.reasoning,
+        layout=args.layout,
+        # --no-system is the older spelling of --system-turn drop.
+        system_turn="drop" if args.no_system else args.system_turn,
     )
     request = ExportRequest(
         fmt=args.format,
@@ -136,6 +144,13 @@ def _export(args: argparse.Namespace, settings: Settings) -> int:
         system_files=tuple(args.system),
         no_system=args.no_system,
         as_of=args.as_of,
+        training=training,
+        card=CardOptions(
+            license=args.license,
+            language=tuple(args.language),
+            pretty_name=args.pretty_name,
+        ),
+        push_to_hub=args.push_to_hub,
     )
     print(run_export(settings, request))
     return 0
@@ -161,8 +176,9 @@ def _add_export(commands: argparse._SubParsersAction[_Parser]) -> None:
         description="Write the teacher's answers (every day and source unless you narrow "
         "them) in a trainer's format, or as OpenAI Batch API output lines, and print the "
         "path. Training formats: chat (JSONL of system, user and assistant messages), hf "
-        "(a Hugging Face dataset folder with its card), kd (chat plus the answer tokens' "
-        "top-k logprobs). Batch API batches are left out of them unless --source names one.",
+        "(a Hugging Face dataset folder with its card), kd (chat plus each answer token's "
+        "id, logprob and top-k alternatives). Batch API batches are left out of them unless "
+        "--source names one or --include-batches asks for them.",
     )
     export.add_argument(
         "--format",
@@ -190,9 +206,8 @@ def _add_export(commands: argparse._SubParsersAction[_Parser]) -> None:
         metavar="FILE",
         help="an older system digest file, for answers generated under it (repeatable)",
     )
-    export.add_argument(
-        "--no-system", action="store_true", help="write the conversations without a system turn"
-    )
+    export.add_argument("--no-system", action="store_true", help="the same as --system-turn drop")
+    _add_training_shape(export)
     export.add_argument(
         "--as-of",
         default=None,
@@ -207,7 +222,65 @@ def _add_export(commands: argparse._SubParsersAction[_Parser]) -> None:
         metavar="PATH",
         help="the output file, or folder for hf (default: under the state directory)",
     )
+    _add_card_options(export)
     export.set_defaults(func=_export)
+
+
+def _add_training_shape(export: _Parser) -> None:
+    """The chat rows' shape (kimi_batch/exports/shape.py)."""
+    export.add_argument(
+        "--reasoning",
+        choices=["field", "inline", "drop"],
+        default="field",
+        help="the teacher's reasoning: the assistant's reasoning_content (default), inside "
+        "<think> tags in its content, or left out",
+    )
+    export.add_argument(
+        "--layout",
+        choices=["messages", "prompt-completion"],
+        default="messages",
+        help="TRL's conversational rows (messages, default) or prompt/completion pairs",
+    )
+    export.add_argument(
+        "--system-turn",
+        choices=["keep", "drop", "once"],
+        default="keep",
+        help="the system digest: in every row (default), left out, or written once in "
+        "<out>.system.json with each row naming its sha256 (system_sha256)",
+    )
+    export.add_argument(
+        "--include-batches",
+        action="store_true",
+        help="training formats: include Batch API batches' answers (with their tools)",
+    )
+
+
+def _add_card_options(export: argparse.ArgumentParser) -> None:
+    """What an hf export's dataset card declares, and where the folder may go."""
+    card = export.add_argument_group("hf dataset card")
+    card.add_argument(
+        "--license",
+        default="other",
+        metavar="ID",
+        help="the card's license (default: other, the teacher model's license governs)",
+    )
+    card.add_argument(
+        "--language",
+        action="append",
+        default=[],
+        metavar="CODE",
+        help="a language of the rows, ISO 639-1 (repeatable; default: guessed by script)",
+    )
+    card.add_argument(
+        "--pretty-name", default=None, metavar="NAME", help="the dataset's display name"
+    )
+    card.add_argument(
+        "--push-to-hub",
+        default=None,
+        metavar="REPO",
+        help="also upload the folder to this Hugging Face dataset repository (private when "
+        "created; needs HF_TOKEN or hf auth login)",
+    )
 
 
 def _api(args: argparse.Namespace, settings: Settings) -> int:

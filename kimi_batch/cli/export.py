@@ -1,12 +1,14 @@
 """`kimi-batch export`: distilled answers as OpenAI Batch output lines, or in a trainer's format.
 
     openai-batch  OpenAI Batch API output lines (the Batch API's own writer, tasks.openai_batch)
-    chat          JSONL of {"messages": [system, user, assistant]} (TRL's SFTTrainer, axolotl)
+    chat          JSONL of {"messages": [system, user, assistant]} (TRL's SFTTrainer, axolotl),
+                  shaped by --reasoning, --layout and --system-turn (exports/shape.py)
     hf            a folder datasets.load_dataset loads, with its dataset card (exports/hf.py)
-    kd            chat lines plus the answer's per-token top-k logprobs
+    kd            default chat lines plus the answer's tokens: id, logprob, top-k (exports/kd.py)
 
 Every partition of `distilled` unless `--since`/`--until`/`--source` narrow it (`exports/
-selection.py`); the training formats leave Batch API batches out unless `--source` names one.
+selection.py`); the training formats leave Batch API batches out unless `--source` names one
+or `--include-batches` asks for them.
 Files hold prompts and answers: written 0600 whole (temp, fsync, rename), the folders created
 0700 (the default `$KIMI_BATCH_HOME/exports` always), a killed export's temps removed by the next.
 An `--out` that cannot be written is found before anything is read (one line, exit 2).
@@ -31,16 +33,30 @@ from typing import Any, TextIO
 
 from pydantic import BaseModel, ConfigDict
 
-from kimi_batch.cli.exports.conversation import BuildExamples, SystemTexts, example_builder
-from kimi_batch.cli.exports.hf import write_hf
+from kimi_batch.cli.exports.conversation import (
+    BuildExamples,
+    ExportExample,
+    SystemTexts,
+    example_builder,
+)
+from kimi_batch.cli.exports.hf import push_to_hub, write_hf
 from kimi_batch.cli.exports.selection import (
     ExportQuery,
     PartitionRows,
     read_selection,
     select_partitions,
 )
+from kimi_batch.crash_points import crash_point
 from kimi_batch.engine import load_digest
 from kimi_batch.errors import ConfigError, MissingInputError
+from kimi_batch.exports import (
+    CardOptions,
+    TokenizerIdentity,
+    TrainingOptions,
+    kd_line,
+    system_side_file,
+    tokenizer_identity,
+)
 from kimi_batch.llama import TokenLogprob, ToolCall
 from kimi_batch.paths import private_dir
 from kimi_batch.settings import Settings
@@ -136,6 +152,9 @@ class ExportRequest(BaseModel):
     system_files: tuple[Path, ...] = ()
     no_system: bool = False
     as_of: str | None = None  # a snapshot id, a tag (night-YYYY-MM-DD), a date or a date-time
+    training: TrainingOptions = TrainingOptions()
+    card: CardOptions = CardOptions()
+    push_to_hub: str | None = None
 
 
 def _default_path(settings: Settings, request: ExportRequest) -> Path:
@@ -173,15 +192,43 @@ def _openai_batch(warehouse: Warehouse, ds: str, source: str, prefix: str) -> li
 def _system_texts(settings: Settings, request: ExportRequest) -> SystemTexts:
     paths = [settings.digest, *request.system_files]
     missing = [path for path in paths if not path.is_file()]
-    if missing and not request.no_system:
+    # `--no-system` is `--system-turn drop`: neither needs the digest's text.
+    omit = request.no_system or request.training.system_turn == "drop"
+    if missing and not omit:
         raise MissingInputError(f"system digest file {missing[0]} does not exist")
-    return SystemTexts([load_digest(p) for p in paths if p.is_file()], omit=request.no_system)
+    return SystemTexts([load_digest(p) for p in paths if p.is_file()], omit=omit)
+
+
+def _kd_line(example: ExportExample, tokenizer: TokenizerIdentity | None) -> str:
+    logprobs = example.logprobs or []
+    # A model file of another vocabulary than the answers' (a server attached by URL) names
+    # no tokenizer rather than a wrong one.
+    top_id = max((t.id for t in logprobs if t.id is not None), default=-1)
+    if tokenizer is not None and top_id >= tokenizer.vocab_size:
+        tokenizer = None
+    return kd_line(
+        # The default chat row: the answer's reasoning_content and tool_calls and the request's
+        # tools; the positions cover the reasoning too, so the shape options stay chat's and hf's.
+        chat=json.loads(example.chat_line()),
+        request_id=example.request_id,
+        model=example.model,
+        logprobs=logprobs,
+        tokenizer=tokenizer,
+    )
 
 
 def _write_lines(
-    writer: TextIO, fmt: str, selection: Iterable[PartitionRows], build: BuildExamples
+    writer: TextIO,
+    request: ExportRequest,
+    selection: Iterable[PartitionRows],
+    build: BuildExamples,
+    digests: dict[str, str],
+    model: Path | None,
 ) -> int:
-    written = 0
+    """The lines of every partition; `digests` gathers each system text by sha256 (for
+    `--system-turn once`'s side file); `model`: the GGUF a kd row's tokenizer is read from."""
+    fmt, written = request.fmt, 0
+    tokenizer = tokenizer_identity(model) if fmt == "kd" and model and model.is_file() else None
     for rows in selection:
         built = build(rows)
         if fmt == "kd":
@@ -193,7 +240,12 @@ def _write_lines(
                     "(narrow the export with --since/--until/--source)"
                 )
         for example in built:
-            writer.write((example.kd_line() if fmt == "kd" else example.chat_line()) + "\n")
+            digests[example.digest_sha256] = example.system_text
+            if fmt == "kd":
+                line = _kd_line(example, tokenizer)
+            else:
+                line = example.chat_line(request.training)
+            writer.write(line + "\n")
         written += len(built)
     return written
 
@@ -229,6 +281,14 @@ def run_export(settings: Settings, request: ExportRequest) -> Path:
     query = request.query.check()
     if query.min_judge_score is not None and request.fmt not in TRAINING_FORMATS:
         raise ConfigError("--min-judge-score chooses training rows: use it with chat, hf or kd")
+    # --system-turn drop (--no-system) only leaves the digest out, which kd rows can too.
+    plain = (TrainingOptions(), TrainingOptions(system_turn="drop"))
+    if request.training not in plain and request.fmt not in ("chat", "hf"):
+        raise ConfigError(
+            "--reasoning, --layout and --system-turn once shape chat and hf rows, not kd's"
+        )
+    if request.push_to_hub and request.fmt != "hf":
+        raise ConfigError("--push-to-hub uploads a dataset folder: use it with --format hf")
     warehouse = pinned_warehouse(settings, request.as_of)
     training = request.fmt in TRAINING_FORMATS
     partitions = select_partitions(warehouse, query, training=training)
@@ -245,11 +305,35 @@ def run_export(settings: Settings, request: ExportRequest) -> Path:
     build = example_builder(settings, _system_texts(settings, request))
     selection = read_selection(warehouse, query, partitions)
     if request.fmt == "hf":
-        return write_hf(settings, warehouse, path, query, selection, build)
+        write_hf(settings, warehouse, path, query, selection, build, request.training, request.card)
+        if request.push_to_hub:
+            print(f"pushed to {push_to_hub(path, request.push_to_hub)}")
+        return path
+    digests: dict[str, str] = {}
     with private_writer(path) as writer:
-        if not _write_lines(writer, request.fmt, selection, build):
+        if not _write_lines(writer, request, selection, build, digests, settings.model):
             raise MissingInputError(f"no rows to export in {query.describe()}")
+        if request.training.system_turn == "once":
+            # Inside the block: the side file is in place before the rows naming it appear.
+            _write_system_side_file(path, digests)
     return path
+
+
+def _write_system_side_file(path: Path, digests: dict[str, str]) -> None:
+    """`--system-turn once`: each system text once, by the sha256 the rows carry. An earlier
+    side file's digests are kept (a sha names one text for good): written before the rows,
+    a kill between the two leaves the older rows' digests in it."""
+    side = system_side_file(path)
+    earlier: dict[str, str] = {}
+    if side.is_file():
+        try:
+            earlier = dict(json.loads(side.read_text(encoding="utf-8")))
+        except (ValueError, TypeError):
+            earlier = {}  # not ours (or damaged): the rows written next need only theirs
+    with private_writer(side) as writer:
+        merged = {**earlier, **digests}
+        writer.write(json.dumps(merged, ensure_ascii=False, indent=1, sort_keys=True) + "\n")
+    crash_point("export.system_side_file")  # the rows naming it are renamed in next
 
 
 def export_partition(

@@ -37,6 +37,9 @@ class TopLogprob(BaseModel):
 
     token: str
     logprob: float
+    # llama-server's token id (`id` beside each entry); None from a server that does not say,
+    # and in rows written before it was kept.
+    id: int | None = None
 
 
 class TokenLogprob(BaseModel):
@@ -47,6 +50,7 @@ class TokenLogprob(BaseModel):
     token: str
     logprob: float
     top: list[TopLogprob]
+    id: int | None = Field(default=None, description="The token's id in the model's vocabulary.")
 
 
 class ToolCallFunction(BaseModel):
@@ -155,16 +159,18 @@ def _stats(
 
 
 class _ServerTopLogprob(_Lenient):
+    id: int | None = None
     token: str = ""
     logprob: float = 0.0
 
     def to_top(self) -> TopLogprob:
-        return TopLogprob(token=self.token, logprob=self.logprob)
+        return TopLogprob(token=self.token, logprob=self.logprob, id=self.id)
 
 
 class CompletionProbability(_Lenient):
     """One entry of `/completion`'s `completion_probabilities` (post-sampling format)."""
 
+    id: int | None = None
     token: str = ""
     logprob: float = 0.0
     top_logprobs: list[_ServerTopLogprob] = Field(default_factory=list)
@@ -201,6 +207,7 @@ class Completion(_Lenient):
 
 
 class ChatTokenLogprob(_Lenient):
+    id: int | None = None
     token: str
     logprob: float
     top_logprobs: list[_ServerTopLogprob] = Field(default_factory=list)
@@ -296,6 +303,7 @@ class ChatCompletion(AnswerEnvelope):
                 token=item.token,
                 logprob=item.logprob,
                 top=[top.to_top() for top in item.top_logprobs],
+                id=item.id,
             )
             for item in content
         ]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from functools import cached_property
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -62,6 +62,11 @@ class ApiBatchInputs(BaseModel):
 
 def _tool_calls_json(calls: list[ToolCall]) -> str:
     return json.dumps([call.model_dump(mode="json") for call in calls], ensure_ascii=False)
+
+
+def _tools_json(tools: list[dict[str, Any]] | None) -> str | None:
+    """The request's tools kept with its answer, so a training export can give them back."""
+    return json.dumps(tools, ensure_ascii=False) if tools else None
 
 
 def _structured(text: str) -> str | None:
@@ -123,5 +128,6 @@ class ApiBatchTask(GenerationTask[ApiBatchInputs, DistilledRow]):
                 "structured": structured,
                 "logprobs": result.logprobs,
                 "tool_calls": _tool_calls_json(calls) if calls else None,
+                "tools": _tools_json(line.params.tools),
             }
         )

@@ -23,7 +23,7 @@ from kimi_batch.llama import ChatMessage
 from kimi_batch.tasks.batch_fields import check_logit_bias, check_stops
 from kimi_batch.tasks.openai_batch import BatchRequestLine, LineKind
 
-__all__ = ["LineRefusedError", "request_line"]
+__all__ = ["FunctionTool", "LineRefusedError", "request_line"]
 
 # OpenAI's defaults. A chat answer's max_tokens unset means "as long as the server allows" (the
 # engine clamps it to the server's n_predict); a legacy completion's is 16 tokens.
@@ -142,6 +142,10 @@ class _Tool(BaseModel):
 
     type: Literal["function"]
     function: _Function
+
+
+# An inbox row's tools are checked as a Batch API line's are (raw_rows).
+FunctionTool = _Tool
 
 
 class _SamplingBody(_Model):

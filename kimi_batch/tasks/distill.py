@@ -11,6 +11,7 @@ variant of a strategy.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from functools import cached_property
@@ -132,6 +133,13 @@ def _structured(
     return value.model_dump_json(), ""
 
 
+def _calls_json(result: GenerationResult) -> str | None:
+    calls = result.tool_calls
+    if not calls:
+        return None
+    return json.dumps([call.model_dump(mode="json") for call in calls], ensure_ascii=False)
+
+
 TRUNCATED_REASON = (
     "answer cut off at max_tokens (finish_reason=length): not a final answer; raise max_tokens "
     "or set retry_truncated_max_tokens"
@@ -143,7 +151,7 @@ def _set_aside_reason(
     result: GenerationResult, response: str, output_model: type[BaseModel] | None
 ) -> tuple[str | None, str | None]:
     """(structured JSON, None) for a final answer, else (None, the reason it is not one)."""
-    if not response:
+    if not response and not result.tool_calls:  # a tool call is a final answer
         return None, EMPTY_REASON
     structured: str | None = None
     if output_model is not None:
@@ -224,6 +232,11 @@ class DistillTask(GenerationTask[DistillInputs, DistilledRow]):
                 "reasoning": result.reasoning_content or None,
                 "structured": structured,
                 "logprobs": result.logprobs,
+                # The tools kept with the answer: a training export hands both to the trainer.
+                "tool_calls": _calls_json(result),
+                "tools": json.dumps(seed.params.tools, ensure_ascii=False)
+                if seed.params.tools
+                else None,
             }
         )
 

@@ -6,6 +6,8 @@ quarantine rows are built in `quarantine`; length checks are in `prompt_length`.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kimi_batch.engine import SamplingParams
@@ -24,6 +26,9 @@ class ParamOverrides(BaseModel):
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     seed: int | None = None
+    tools: list[dict[str, Any]] | None = Field(
+        default=None, description="OpenAI function tools the row's request offers."
+    )
 
     def apply(self, base: SamplingParams) -> SamplingParams:
         """`base` with the fields this row sets replaced (validated again as SamplingParams)."""

@@ -1,7 +1,8 @@
 """What users may write in an input row (the boundary), and one decoded row -> a `SeedPrompt`.
 
 A row is either a plain row (`id`?, `prompt` | `messages`, `system`?, `max_tokens`?,
-`temperature`?, `top_p`?, `seed`?) or an OpenAI Batch API input line (`custom_id`, `method`,
+`temperature`?, `top_p`?, `seed`?, `tools`? (OpenAI function tools, kept with the answer for
+training exports; a JSON string in a CSV cell)) or an OpenAI Batch API input line (`custom_id`, `method`,
 `url`, `body`), told apart per row. Unknown extra columns are ignored, so users can keep their own
 metadata next to the prompt. A row's system text is folded into its first user message
 (`engine.fold_instructions`): the digest stays the only system prefix.
@@ -19,6 +20,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from kimi_batch.engine import fold_instructions
 from kimi_batch.llama import ChatMessage
+from kimi_batch.tasks.batch_bodies import FunctionTool
 from kimi_batch.tasks.inputs import ParamOverrides, SeedPrompt
 
 __all__ = ["format_validation_error", "parse_record"]
@@ -124,6 +126,19 @@ class _Overrides(BaseModel):
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     seed: int | None = None
+    # Kept with the row's answer, so a training export gives the trainer the tools too.
+    tools: list[FunctionTool] | None = Field(default=None, min_length=1, max_length=128)
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _tools_json(cls, value: Any) -> Any:
+        # A CSV cell can only hold text: `tools` arrives there as a JSON string.
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"not a JSON list of tools ({error.msg})") from error
+        return value
 
     @field_validator("max_tokens", "temperature", "top_p", "seed", mode="before")
     @classmethod
@@ -141,6 +156,9 @@ class _Overrides(BaseModel):
             temperature=self.temperature,
             top_p=self.top_p,
             seed=self.seed,
+            tools=[tool.model_dump(exclude_none=True) for tool in self.tools]
+            if self.tools
+            else None,
         )
 
 

@@ -60,6 +60,9 @@ class SeedRow(_Row):
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
+    tools: str | None = Field(
+        default=None, description="The row's function tools, as OpenAI's `tools` JSON."
+    )
     source_file: str = Field(description="Inbox name of the file the row came from.")
     line: int | None = Field(description="1-based line (JSONL/CSV) or row number (Parquet).")
     input_sha256: str = Field(description="sha256 of the landed input file (its snapshot).")
@@ -117,6 +120,10 @@ class DistilledRow(GenerationColumns):
     tool_calls: str | None = Field(
         default=None,
         description="The tools the answer calls, as OpenAI's `tool_calls` JSON (null: none).",
+    )
+    tools: str | None = Field(
+        default=None,
+        description="The request's function tools, as OpenAI's `tools` JSON (null: none).",
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 
@@ -31,6 +32,7 @@ def seed_rows(
             temperature=seed.params.temperature,
             top_p=seed.params.top_p,
             seed=seed.params.seed,
+            tools=json.dumps(seed.params.tools, ensure_ascii=False) if seed.params.tools else None,
             source_file=seed.source_file,
             line=seed.line,
             input_sha256=input_sha256,
@@ -55,6 +57,7 @@ def seeds_from_rows(rows: Iterable[SeedRow]) -> list[SeedPrompt]:
                 temperature=row.temperature,
                 top_p=row.top_p,
                 seed=row.seed,
+                tools=json.loads(row.tools) if row.tools else None,
             ),
             source_file=row.source_file,
             line=row.line,

@@ -121,6 +121,25 @@ def _arrow_chunks(
     yield chunk()
 
 
+def _field_paths(schema: pa.Schema) -> set[str]:
+    """Every field's dotted path, nested ones too (a struct field inside a list included)."""
+
+    def walk(prefix: str, kind: pa.DataType) -> Iterator[str]:
+        if pa.types.is_struct(kind):
+            for index in range(kind.num_fields):
+                child = kind.field(index)
+                yield f"{prefix}.{child.name}"
+                yield from walk(f"{prefix}.{child.name}", child.type)
+        elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
+            yield from walk(prefix, kind.value_type)
+
+    paths: set[str] = set()
+    for field in schema:
+        paths.add(field.name)
+        paths.update(walk(field.name, field.type))
+    return paths
+
+
 def _partition_filter(ds: str, source: str) -> BooleanExpression:
     return And(
         EqualTo(PARTITION_COLUMNS[0], ds),  # pyright: ignore[reportCallIssue]
@@ -192,8 +211,7 @@ class Warehouse:
     def _writable(self, table: str, schema: pa.Schema) -> Table:
         """The table, created on first write; a column the row model gained since is added."""
         iceberg = self._load(table) or self._create(table, schema)
-        known = {field.name for field in iceberg.schema().fields}
-        if any(name not in known for name in schema.names):
+        if not _field_paths(schema) <= _field_paths(iceberg.schema().as_arrow()):
             with iceberg.update_schema() as update:
                 update.union_by_name(schema)
             iceberg = open_catalog(self.spec).load_table(self.identifier(table))

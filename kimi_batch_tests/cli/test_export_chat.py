@@ -148,25 +148,29 @@ def test_min_judge_score_keeps_the_judged_answers_at_or_above_it(settings: Setti
         _export(settings, "openai-batch", min_judge_score=5)
 
 
-def test_kd_lines_carry_the_answer_tokens_top_k_logprobs(settings: Settings) -> None:
+def test_kd_lines_carry_the_answer_tokens_ids_and_top_k_logprobs(settings: Settings) -> None:
     build_warehouse(settings)
     lines = _export(settings, "kd", source="alpha")
     assert len(lines) == 6
     first = lines[0]
     assert _messages(first)[-1]["role"] == "assistant"
-    assert first["top_k"] == 2
-    assert first["logprobs"] == {
-        "content": [
-            {
-                "token": "Paris",
-                "logprob": -0.25,
-                "top_logprobs": [
-                    {"token": "Paris", "logprob": -0.25},
-                    {"token": "Lyon", "logprob": -2.5},
-                ],
-            }
-        ]
+    assert first["top_k"] == 3
+    assert first["completion"] == "Paris is."
+    logprobs = first["logprobs"]
+    tokenizer = first["tokenizer"]
+    assert isinstance(logprobs, dict)
+    assert isinstance(tokenizer, dict)
+    assert logprobs["content"][0] == {
+        "id": 7042,
+        "token": "Paris",
+        "logprob": -0.25,
+        "top_logprobs": [
+            {"id": 7042, "token": "Paris", "logprob": -0.25},
+            {"id": 40514, "token": "Lyon", "logprob": -2.5},
+            {"id": 504, "token": "The", "logprob": -3.0},
+        ],
     }
+    assert tokenizer["gguf_file"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def test_kd_without_logprobs_is_a_clear_error_and_writes_nothing(settings: Settings) -> None:

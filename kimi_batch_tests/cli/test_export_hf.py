@@ -8,14 +8,12 @@ from pathlib import Path
 import pytest
 
 from kimi_batch.cli.export import ExportRequest, run_export
-from kimi_batch.cli.exports.card import TokenStats, reason_kind
 from kimi_batch.cli.exports.selection import ExportQuery
 from kimi_batch.engine import load_digest
 from kimi_batch.errors import ConfigError, MissingInputError
 from kimi_batch.settings import Settings
 from kimi_batch_tests.support.exports import (
     DAYS,
-    QUARANTINE_REASONS,
     SOURCES,
     answer_id,
     build_warehouse,
@@ -58,32 +56,19 @@ def test_datasets_loads_the_hf_export_and_its_card_says_how_it_was_made(
     assert by_card["train"].num_rows == train.num_rows  # pyright: ignore[reportIndexIssue]
 
     card = (folder / "README.md").read_text()
-    assert card.startswith("---\nconfigs:\n")
+    assert card.startswith("---\n")
     assert load_digest(settings.digest).sha256 in card
     partitions = len(DAYS) * len(SOURCES)
     assert f"| duplicate | {partitions} |" in card
     assert f"| near_duplicate | {2 * partitions} |" in card
     assert f"| contaminated | {partitions} |" in card
-    assert f"| answer | {partitions} |" in card
+    assert f"| answer cut off at max_tokens | {partitions} |" in card
     assert "smollm2-135m" in card
     assert "- Judge scores (score: rows): 7: 1" in card
     assert "| near-duplicate threshold (MinHash Jaccard) | 0.8 |" in card
     assert "| prompt | 12 | 110.0 | 110 | 120 | 120 |" in card
     assert "distillation run config's defaults" in card
     assert f"| {DAYS[0]} | alpha |" in card
-
-
-def test_the_quarantine_reasons_group_by_their_first_word() -> None:
-    assert [reason_kind(reason) for reason in QUARANTINE_REASONS] == [
-        "duplicate",
-        "near_duplicate",
-        "near_duplicate",
-        "contaminated",
-        "answer",
-    ]
-    assert TokenStats.of([1, 2, 3, 4, 100]) == TokenStats(
-        count=5, mean=22.0, p50=3, p95=100, max=100
-    )
 
 
 def _mode(path: Path) -> int:
@@ -135,3 +120,27 @@ def test_an_hf_export_never_replaces_a_folder_it_did_not_write(
     with pytest.raises(ConfigError, match="not an earlier hf export"):
         _hf(settings, out=mine)
     assert (mine / "notes.txt").read_text() == "keep me"
+
+
+def test_the_card_options_on_the_command_line_reach_the_card(
+    settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from huggingface_hub import DatasetCard
+
+    from kimi_batch.cli.commands import main
+
+    build_warehouse(settings)
+    out = settings.home / "exports" / "named.hf"
+    argv = ["export", "--format", "hf", "--out", str(out), "--license", "mit"]
+    argv += ["--language", "fr", "--language", "en", "--pretty-name", "Réponses"]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    data = DatasetCard.load(out / "README.md").data.to_dict()
+    assert (data["license"], data["language"], data["pretty_name"]) == (
+        "mit",
+        ["fr", "en"],
+        "Réponses",
+    )
+    # Pushing is for a folder: a file format refuses it before reading anything.
+    assert main(["export", "--format", "chat", "--push-to-hub", "me/data"]) == 2
+    assert "--push-to-hub" in capsys.readouterr().err

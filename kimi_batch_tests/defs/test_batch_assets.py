@@ -326,6 +326,9 @@ def test_schema_constrained_answers_and_logprobs_land_in_the_table(
         assert row["logprobs"] is not None
         assert len(row["logprobs"]) == row["completion_tokens"]
         assert all(len(token["top"]) == 3 for token in row["logprobs"])
+        # The teacher's token ids land too: what a kd export hands a student of its tokenizer.
+        assert all(isinstance(token["id"], int) for token in row["logprobs"])
+        assert all(isinstance(top["id"], int) for t in row["logprobs"] for top in t["top"])
     assert all(
         "CapitalAnswer" in reason or "cut off at max_tokens" in reason
         for reason in set_aside["reason"].to_list()

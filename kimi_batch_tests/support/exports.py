@@ -29,6 +29,7 @@ __all__ = [
     "BATCH_SOURCE",
     "DAYS",
     "INSTRUCTIONS",
+    "KD_TOKENS",
     "QUARANTINE_REASONS",
     "SOURCES",
     "answer_id",
@@ -47,12 +48,39 @@ QUARANTINE_REASONS = (
     "contaminated: bench.jsonl item q-7 shares 'the quick brown fox'",
     "answer cut off at max_tokens (finish_reason=length): not a final answer",
 )
-_LOGPROBS = [
+# Three positions of a SmolLM2 answer: each token's id, logprob and top-3 (ids below its
+# 49,152-token vocabulary; the middle one sampled outside the top-3, as temperature allows).
+KD_TOKENS = [
     TokenLogprob(
         token="Paris",
         logprob=-0.25,
-        top=[TopLogprob(token="Paris", logprob=-0.25), TopLogprob(token="Lyon", logprob=-2.5)],
-    )
+        id=7042,
+        top=[
+            TopLogprob(token="Paris", logprob=-0.25, id=7042),
+            TopLogprob(token="Lyon", logprob=-2.5, id=40514),
+            TopLogprob(token="The", logprob=-3.0, id=504),
+        ],
+    ),
+    TokenLogprob(
+        token=" is",
+        logprob=-4.5,
+        id=314,
+        top=[
+            TopLogprob(token=".", logprob=-0.1, id=30),
+            TopLogprob(token=",", logprob=-3.0, id=28),
+            TopLogprob(token="!", logprob=-4.0, id=17),
+        ],
+    ),
+    TokenLogprob(
+        token=".",
+        logprob=-0.01,
+        id=30,
+        top=[
+            TopLogprob(token=".", logprob=-0.01, id=30),
+            TopLogprob(token="!", logprob=-5.0, id=17),
+            TopLogprob(token=" it", logprob=-6.0, id=357),
+        ],
+    ),
 ]
 
 
@@ -142,7 +170,7 @@ def _answers(ds: str, source: str, digest: str, *, logprobs: bool) -> list[Disti
             prompt=row.prompt,
             response=f"Answer {i} for {source} on {ds}.",
             structured=None,
-            logprobs=_LOGPROBS if logprobs else None,
+            logprobs=KD_TOKENS if logprobs else None,
         )
         for i, (row, origin, strategy) in enumerate(asked)
     ]

@@ -109,6 +109,20 @@ def test_an_answer_that_calls_a_tool_is_final_and_keeps_its_calls() -> None:
     assert sink.figures().empty == 1
 
 
+def test_an_answer_keeps_its_request_s_tools_and_one_without_none() -> None:
+    tools = [{"type": "function", "function": {"name": "get_weather"}}]
+    task = task_of(line("tools", tools=tools), line("plain"))
+    results = [
+        make_result("Sunny.", input_id="tools", tag="api/seed"),
+        make_result("Hi.", input_id="plain", tag="api/seed"),
+    ]
+    sink = StageSink(task, task.load(lambda table, model: []))
+    rows = {row.seed_id: row for row in sink.rows(results)}
+    assert rows["tools"].tools is not None
+    assert json.loads(rows["tools"].tools) == tools
+    assert rows["plain"].tools is None
+
+
 def test_a_completion_line_s_row_has_its_raw_prompt() -> None:
     body = {"prompt": "Once upon a time", "max_tokens": 4}
     raw = {"custom_id": "c", "method": "POST", "url": "/v1/completions", "body": body}

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from pydantic import BaseModel, ValidationError
 
 from kimi_batch.engine import INSTRUCTIONS_OPEN
 from kimi_batch.engine.generation import GenerationResult, SamplingParams
+from kimi_batch.llama import ToolCall
 from kimi_batch.llama.responses import TokenLogprob, TopLogprob
 from kimi_batch.tasks.distill import (
     DEFAULT_DISTILL_PARAMS,
@@ -19,7 +22,7 @@ from kimi_batch.tasks.distill import (
     variant_tag,
 )
 from kimi_batch.tasks.generation_task import generation_columns
-from kimi_batch.tasks.inputs import SeedPrompt
+from kimi_batch.tasks.inputs import ParamOverrides, SeedPrompt
 from kimi_batch.tasks.rows import AmplifiedRow, DistilledRow, QuarantineRow
 from kimi_batch.tasks.sink import StageSink
 from kimi_batch_tests.support.results import make_result
@@ -236,3 +239,27 @@ def test_rows_reject_results_that_match_nothing() -> None:
     stray = _result("x", input_id="v9", tag="variant:harder", request_id="z")
     with pytest.raises(ValueError, match="matches no seed or variant"):
         _distilled([stray])
+
+
+def test_an_answer_keeps_its_tool_calls_and_its_seed_s_tools() -> None:
+    """Issue 45 item 2: the row keeps the tools the seed offered and the calls the answer made;
+    an answer that only calls a tool (no text) is a final answer."""
+    tools = [{"type": "function", "function": {"name": "get_weather"}}]
+    seed = _seed("t1", "Weather in Paris?").model_copy(
+        update={"params": ParamOverrides(tools=tools)}
+    )
+    call = ToolCall.model_validate(
+        {"id": "c", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}
+    )
+    [request] = distillation_requests([seed])
+    assert request.params.tools == tools
+    result = _result("", input_id="t1", tag="seed", request_id="r-t1", finish_reason="tool_calls")
+    result = result.model_copy(update={"tool_calls": [call]})
+    sink = StageSink(DistillTask(), DistillInputs(seeds=[seed, *SEEDS], variants=VARIANTS))
+    [row] = list(sink.rows([result]))
+    assert row.tools is not None
+    assert json.loads(row.tools) == tools
+    assert row.tool_calls is not None
+    assert json.loads(row.tool_calls) == [call.model_dump(mode="json")]
+    [plain] = _distilled([_result("Rayleigh.", input_id="s1", tag="seed", request_id="r-s1")])[0]
+    assert (plain.tools, plain.tool_calls) == (None, None)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from kimi_batch.engine import SamplingParams
 from kimi_batch.tasks.reader import read_inbox_file
 
 TOO_BIG = 18446744073709551615  # 2**64 - 1: over a signed 64-bit column
@@ -76,3 +77,37 @@ def test_an_id_holding_nul_is_quarantined(
     assert [seed.prompt for seed in batch.seeds] == ["A\x00 prompt"]
     [quarantined] = batch.quarantined
     assert quarantined.reason.startswith(reason)
+
+
+_TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}},
+    }
+]
+
+
+def test_a_row_s_tools_are_kept_beside_its_messages(tmp_path: Path) -> None:
+    """Issue 45 item 2: a plain row, a batch-shaped row and a CSV cell may carry `tools`."""
+    rows = [
+        {"id": "plain", "messages": [{"role": "user", "content": "Weather?"}], "tools": _TOOLS},
+        {
+            "custom_id": "line",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"messages": [{"role": "user", "content": "Weather?"}], "tools": _TOOLS},
+        },
+        {"id": "none", "prompt": "Hi."},
+        {"id": "bad", "prompt": "Hi.", "tools": [{"type": "function", "function": {}}]},
+        {"id": "text", "prompt": "Hi.", "tools": json.dumps(_TOOLS)},
+    ]
+    batch = read_inbox_file(_jsonl(tmp_path / "tools.jsonl", rows))
+    tools = {seed.input_id: seed.params.tools for seed in batch.seeds}
+    assert tools == {"plain": _TOOLS, "line": _TOOLS, "none": None, "text": _TOOLS}
+    [bad] = batch.quarantined
+    assert bad.line == 4
+    assert "tools" in bad.reason
+    # The tools are part of what is asked: the same prompt with tools is another request.
+    seeds = {seed.input_id: seed for seed in batch.seeds}
+    params = seeds["plain"].sampling_params(SamplingParams())
+    assert params.tools == _TOOLS

@@ -9,6 +9,7 @@ import sqlite3
 from datetime import UTC, date, datetime, timedelta, timezone
 from pathlib import Path
 
+import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
@@ -19,6 +20,7 @@ from kimi_batch.storage import (
     InvalidPartitionError,
     polars_schema,
 )
+from kimi_batch.tasks.rows import DistilledRow
 from kimi_batch.warehouse import Warehouse, open_catalog
 from kimi_batch_tests.support.rows import CREATED_AT, amplified, distilled, quarantined
 from kimi_batch_tests.support.s3proxy import WarehouseFactory
@@ -85,9 +87,59 @@ def test_nested_logprobs_round_trip(tmp_path: Path, warehouse_kind: WarehouseFac
         {
             "token": "Paris",
             "logprob": -0.25,
-            "top": [{"token": "Paris", "logprob": -0.25}, {"token": "Lyon", "logprob": -2.5}],
+            "top": [
+                {"token": "Paris", "logprob": -0.25, "id": None},
+                {"token": "Lyon", "logprob": -2.5, "id": None},
+            ],
+            "id": None,
         }
     ]
+
+
+def test_logprobs_written_before_token_ids_were_kept_read_with_null_ids(tmp_path: Path) -> None:
+    """A table made before logprobs kept token ids (`id`) gains the nested field on the next
+    write; its older rows read whole, by rows and by scan, their ids null."""
+    warehouse = Warehouse(tmp_path / "warehouse")
+    token = {"token": pl.String, "logprob": pl.Float64}
+    old = pl.List(pl.Struct({**token, "top": pl.List(pl.Struct(token))}))
+    frame = pl.DataFrame(
+        [row.model_dump() for row in distilled(amplified(2))],
+        schema=polars_schema("distilled"),
+    )
+    older = frame.with_columns(
+        pl.col("logprobs").list.eval(
+            pl.struct(
+                pl.element().struct.field("token"),
+                pl.element().struct.field("logprob"),
+                pl.element()
+                .struct.field("top")
+                .list.eval(
+                    pl.struct(
+                        pl.element().struct.field("token"), pl.element().struct.field("logprob")
+                    )
+                ),
+            )
+        ),
+        pl.lit(DS).alias("ds"),
+        pl.lit("old").alias("source"),
+    ).cast({"logprobs": old})
+    catalog = open_catalog(warehouse.spec)
+    catalog.create_namespace_if_not_exists("kimi_batch")
+    catalog.create_table("kimi_batch.distilled", schema=older.to_arrow().schema).append(
+        older.to_arrow()
+    )
+
+    warehouse.write_partition("distilled", DS, "demo", distilled(amplified(1)))
+    (row, *_) = warehouse.read_rows("distilled", DS, "old", DistilledRow)
+    assert row.logprobs is not None
+    assert (row.logprobs[0].token, row.logprobs[0].id, row.logprobs[0].top[0].id) == (
+        "Paris",
+        None,
+        None,
+    )
+    scanned = warehouse.scan("distilled").select("logprobs").collect()["logprobs"].to_list()
+    assert len(scanned) == 3
+    assert [item[0]["id"] for item in scanned] == [None, None, None]
 
 
 def test_aware_datetimes_are_stored_as_utc(

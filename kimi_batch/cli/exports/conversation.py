@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kimi_batch.cli.exports.selection import PartitionRows, is_batch_source
 from kimi_batch.engine import SystemDigest, fold_instructions
 from kimi_batch.errors import ConfigError, MissingInputError
+from kimi_batch.exports import TrainingOptions, assistant_message, trainer_row
 from kimi_batch.llama import TokenLogprob
 from kimi_batch.settings import Settings
 from kimi_batch.storage import ApiStore, Landing, StorageError, batch_lines
@@ -78,30 +79,28 @@ class ExportExample(BaseModel):
     finish_reason: str
     judge_score: int | None = Field(description="None: not judged.")
     logprobs: list[TokenLogprob] | None = Field(default=None, exclude=True)
+    reasoning: str | None = Field(default=None, exclude=True)
+    tool_calls: str | None = Field(default=None, exclude=True, description="OpenAI JSON.")
+    tools: str | None = Field(default=None, exclude=True, description="The request's, JSON.")
 
-    def chat_line(self) -> str:
-        """`{"messages": [...]}`: what TRL's SFTTrainer and axolotl's chat datasets read."""
-        return _dumps({"messages": self._messages()})
+    @property
+    def system_text(self) -> str:
+        """The digest's text as the conversation opens with it ('': an empty digest, which
+        sends no system turn; `--no-system` exports have none either)."""
+        first = self.messages[0]
+        return first.content if first.role == "system" else ""
 
-    def kd_line(self) -> str:
-        """The conversation plus the answer's tokens with their top-k alternatives, in OpenAI's
-        `logprobs.content` shape."""
-        content = [
-            {
-                "token": token.token,
-                "logprob": token.logprob,
-                "top_logprobs": [{"token": t.token, "logprob": t.logprob} for t in token.top],
-            }
-            for token in self.logprobs or []
-        ]
-        return _dumps(
-            {
-                "messages": self._messages(),
-                "request_id": self.request_id,
-                "model": self.model,
-                "top_k": max((len(token.top) for token in self.logprobs or []), default=0),
-                "logprobs": {"content": content},
-            }
+    def chat_line(self, options: TrainingOptions | None = None) -> str:
+        """The row `options` lay out (`exports.shape`): by default `{"messages": [...]}` with
+        the reasoning and tool calls on the assistant message, what TRL's SFTTrainer reads."""
+        return _dumps(self.trainer_row(options or TrainingOptions()))
+
+    def trainer_row(self, options: TrainingOptions) -> dict[str, object]:
+        """The example as a trainer's row (`exports.trainer_row`)."""
+        *asked, answer = self._messages()
+        message = assistant_message(answer["content"], self.reasoning, self.tool_calls, options)
+        return trainer_row(
+            asked, message, digest_sha256=self.digest_sha256, tools=self.tools, options=options
         )
 
     def _messages(self) -> list[dict[str, str]]:
@@ -151,6 +150,7 @@ class Asked(BaseModel):
 
     turns: dict[str, list[ChatTurn]]
     systems: list[SystemDigest]
+    tools: dict[str, str] = Field(default_factory=dict, description="JSON, by `custom_id`.")
 
 
 def batch_asked(settings: Settings, batch_id: str) -> Asked:
@@ -166,6 +166,7 @@ def batch_asked(settings: Settings, batch_id: str) -> Asked:
             for line in lines
         },
         systems=[SystemDigest.from_text(text) for text in {line.system for line in lines}],
+        tools={line.custom_id: _dumps(line.params.tools) for line in lines if line.params.tools},
     )
 
 
@@ -269,13 +270,17 @@ def examples(
         else:
             user = _user_side(answer, _seed_of(answer, rows, versions))
         turns = [*system.turn(answer), *user, ChatTurn(role="assistant", content=answer.response)]
+        columns = answer.model_dump(include=_COLUMNS)
+        # A batch answered before rows kept their request's tools: its landed line has them.
+        if columns.get("tools") is None and asked is not None:
+            columns["tools"] = asked.tools.get(answer.seed_id)
         built.append(
             ExportExample(
                 messages=turns,
                 ds=rows.ds,
                 source=rows.source,
                 judge_score=rows.score(answer),
-                **answer.model_dump(include=_COLUMNS),
+                **columns,
             )
         )
     return built

@@ -1,8 +1,10 @@
 """`--format hf`: a folder `datasets.load_dataset("parquet", data_dir=...)` (or
 `load_dataset(folder)`) loads: `data/train-NNNNN.parquet`, one file a partition, and the card.
 
-    <out>/README.md                    the dataset card (card.py)
-    <out>/data/train-00000.parquet     messages + ids, model, tokens, judge score
+    <out>/README.md                    the dataset card (kimi_batch/exports/card.py)
+    <out>/data/train-00000.parquet     messages (or prompt + completion), tools, ids, model,
+                                       tokens, judge score (shaped by exports/shape.py)
+    <out>/system.json                  `--system-turn once`: the digests by sha256
 
 The folder is filled as a hidden temp folder beside `<out>` and renamed over it at the end, so
 an export that fails or is killed midway leaves the older export (or nothing) in place.
@@ -10,22 +12,28 @@ an export that fails or is killed midway leaves the older export (or nothing) in
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 
 import polars as pl
 
-from kimi_batch.cli.exports.card import (
-    DatasetCard,
-    DedupFigures,
-    InputSource,
-    SamplingFigures,
-    TokenStats,
-    quarantine_counts,
-)
 from kimi_batch.cli.exports.conversation import BuildExamples, ExportExample
 from kimi_batch.cli.exports.selection import ExportQuery, PartitionRows
 from kimi_batch.errors import ConfigError, MissingInputError
+from kimi_batch.exports import (
+    DETECTION_NOTE,
+    CardFigures,
+    CardOptions,
+    DedupFigures,
+    InputSource,
+    SamplingFigures,
+    ScriptCounter,
+    TokenStats,
+    TrainingOptions,
+    build_card,
+    quarantine_counts,
+)
 from kimi_batch.paths import PRIVATE_FILE_MODE
 from kimi_batch.settings import Settings
 from kimi_batch.storage import (
@@ -34,7 +42,7 @@ from kimi_batch.storage import (
 )
 from kimi_batch.warehouse import Warehouse
 
-__all__ = ["HF_SCHEMA", "write_hf"]
+__all__ = ["HF_SCHEMA", "hf_schema", "push_to_hub", "write_hf"]
 
 CARD = "README.md"
 DATA = "data"
@@ -60,6 +68,41 @@ HF_SCHEMA = pl.Schema(
 )
 
 
+# A message as the shape options write it (exports/shape.py); Parquet holds one struct for all,
+# a key a message lacks reads as null.
+_MESSAGE = pl.Struct(
+    {
+        "role": pl.String,
+        "content": pl.String,
+        "reasoning_content": pl.String,
+        "tool_calls": pl.List(
+            pl.Struct(
+                {
+                    "id": pl.String,
+                    "type": pl.String,
+                    "function": pl.Struct({"name": pl.String, "arguments": pl.String}),
+                }
+            )
+        ),
+    }
+)
+SYSTEM_FILE = "system.json"
+
+
+def hf_schema(options: TrainingOptions) -> pl.Schema:
+    """The Parquet columns of an export shaped by `options`: the conversation (`messages`, or
+    `prompt` and `completion`), `tools` as OpenAI's JSON text (one column type for every row's
+    tools), `system_sha256` with `--system-turn once`, then the ids and figures."""
+    conversation = (
+        {"messages": pl.List(_MESSAGE)}
+        if options.layout == "messages"
+        else {"prompt": pl.List(_MESSAGE), "completion": pl.List(_MESSAGE)}
+    )
+    once = {"system_sha256": pl.String} if options.system_turn == "once" else {}
+    rest = {name: dtype for name, dtype in HF_SCHEMA.items() if name != "messages"}
+    return pl.Schema({**conversation, "tools": pl.String, **once, **rest})
+
+
 class _Tally:
     """What the card says, gathered one partition at a time."""
 
@@ -73,12 +116,15 @@ class _Tally:
         self.files: dict[tuple[str, str], str] = {}
         self.judged = self.unjudged = self.below = self.top_k = 0
         self.scores: dict[int, int] = {}
+        self.systems: dict[str, str] = {}
+        self.scripts = ScriptCounter()
 
     def add(self, rows: PartitionRows, built: list[ExportExample]) -> None:
         self.examples += len(built)
         for example in built:
             self.models.add(example.model)
             self.digests.add(example.digest_sha256)
+            self.systems[example.digest_sha256] = example.system_text
             self.prompt.append(example.prompt_tokens)
             self.completion.append(example.completion_tokens)
             if example.judge_score is not None:
@@ -86,6 +132,8 @@ class _Tally:
                 self.scores[example.judge_score] = self.scores.get(example.judge_score, 0) + 1
             for token in example.logprobs or []:
                 self.top_k = max(self.top_k, len(token.top))
+            # The user side and the answer: the digest is one text, not the rows' language.
+            self.scripts.add(turn.content for turn in example.messages if turn.role != "system")
         shas = {example.input_sha256 for example in built if example.input_sha256}
         self.inputs[(rows.ds, rows.source)] = (shas, len(built))
         first = next(iter(rows.seeds.values()), None)
@@ -95,10 +143,20 @@ class _Tally:
         self.below += rows.below_floor
 
 
-def _write_part(folder: Path, index: int, built: list[ExportExample]) -> None:
-    records = [example.model_dump() for example in built]  # logprobs excluded: kd has them
+def _record(example: ExportExample, options: TrainingOptions) -> dict[str, object]:
+    row = example.trainer_row(options)
+    tools = row.pop("tools", None)
+    # logprobs excluded: kd has them
+    return {**example.model_dump(), **row, "tools": json.dumps(tools) if tools else None}
+
+
+def _write_part(
+    folder: Path, index: int, built: list[ExportExample], options: TrainingOptions
+) -> None:
+    records = [_record(example, options) for example in built]
     path = folder / f"train-{index:05d}.parquet"
-    pl.DataFrame(records, schema=HF_SCHEMA).write_parquet(path, compression="zstd")
+    frame = pl.DataFrame(records, schema=hf_schema(options), strict=False)
+    frame.write_parquet(path, compression="zstd")
     path.chmod(PRIVATE_FILE_MODE)
 
 
@@ -150,8 +208,8 @@ def _quarantine(warehouse: Warehouse, tally: _Tally) -> dict[str, int]:
 
 def _card(
     settings: Settings, warehouse: Warehouse, query: ExportQuery, tally: _Tally
-) -> DatasetCard:
-    return DatasetCard(
+) -> CardFigures:
+    return CardFigures(
         rows=tally.examples,
         snapshots=dict(sorted((warehouse.snapshots or {}).items())),
         models=sorted(tally.models),
@@ -174,7 +232,15 @@ def _card(
         judge_scores=tally.scores,
         dropped_unjudged=tally.unjudged,
         dropped_below_score=tally.below,
+        languages=tally.scripts.languages(),
+        languages_note=DETECTION_NOTE,
     )
+
+
+def _write_systems(path: Path, systems: dict[str, str]) -> None:
+    """`--system-turn once`: each system text once, by the sha256 the rows carry."""
+    path.write_text(json.dumps(systems, ensure_ascii=False, indent=1, sort_keys=True) + "\n")
+    path.chmod(PRIVATE_FILE_MODE)
 
 
 def _refuse_foreign(path: Path) -> None:
@@ -190,9 +256,13 @@ def write_hf(
     query: ExportQuery,
     selection: Iterable[PartitionRows],
     build: BuildExamples,
+    options: TrainingOptions | None = None,
+    card: CardOptions | None = None,
 ) -> Path:
-    """The folder at `path`, whole or not at all; its card's figures are read from `warehouse`
-    (the snapshots the rows were read from)."""
+    """The folder at `path`, whole or not at all; its rows shaped by `options` (`--system-turn
+    once`: the digests in `system.json`); `card`: what the card declares; its figures are read
+    from `warehouse` (the snapshots the rows were read from)."""
+    options = options or TrainingOptions()
     _refuse_foreign(path)
     tally = _Tally()
     with private_folder_swap(path) as folder:
@@ -203,12 +273,37 @@ def write_hf(
             built = build(rows)
             tally.add(rows, built)
             if built:
-                _write_part(data, parts, built)
+                _write_part(data, parts, built, options)
                 parts += 1
         if not tally.examples:
             raise MissingInputError(f"no rows to export in {query.describe()}")
-        (folder / CARD).write_text(
-            _card(settings, warehouse, query, tally).render(), encoding="utf-8"
-        )
+        if options.system_turn == "once":
+            _write_systems(folder / SYSTEM_FILE, tally.systems)
+        # The card also says how the rows are shaped (what --reasoning drop left out).
+        declared = card or CardOptions()
+        declared = declared.model_copy(update={"notes": (*declared.notes, *options.card_notes)})
+        build_card(_card(settings, warehouse, query, tally), declared).save(folder / CARD)
         (folder / CARD).chmod(PRIVATE_FILE_MODE)
     return path
+
+
+def push_to_hub(folder: Path, repo: str) -> str:
+    """`--push-to-hub REPO`: the folder uploaded as it is to the Hub dataset repository `repo`
+    (created private when missing), with the Hub's own client and its token (`HF_TOKEN` or
+    `hf auth login`); returns the commit's URL. Not run by the tests: the folder is what they
+    check."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    api = HfApi()
+    try:
+        api.create_repo(repo, repo_type="dataset", private=True, exist_ok=True)
+        commit = api.upload_folder(
+            repo_id=repo,
+            folder_path=folder,
+            repo_type="dataset",
+            commit_message="kimi-batch export",
+        )
+    except (HfHubHTTPError, OSError, ValueError) as error:
+        raise ConfigError(f"could not push {folder} to the Hub dataset {repo}: {error}") from error
+    return commit.commit_url

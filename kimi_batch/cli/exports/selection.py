@@ -2,7 +2,8 @@
 what each answer was asked (its seed) and its judgement.
 
 A Batch API batch's partition (source = the batch id) holds answers a client asked for, not the
-night's training data: the training formats leave it out unless `--source` names it.
+night's training data: the training formats leave it out unless `--source` names it or
+`--include-batches` asks for every batch's too.
 Quarantined rows are never read: `distilled` holds only kept answers (duplicates, contaminated
 and cut-off answers went to `quarantine` instead).
 """
@@ -52,6 +53,9 @@ class ExportQuery(BaseModel):
     until: date | None = None
     source: str | None = None
     min_judge_score: int | None = Field(default=None, ge=1, le=10)
+    include_batches: bool = Field(
+        default=False, description="Training exports: Batch API batches' partitions too."
+    )
 
     def check(self) -> ExportQuery:
         if self.source is not None:
@@ -66,7 +70,7 @@ class ExportQuery(BaseModel):
             return False
         if self.source is not None:
             return source == self.source
-        return not (training and is_batch_source(source))
+        return not (training and is_batch_source(source) and not self.include_batches)
 
     @property
     def single(self) -> bool:

@@ -1,7 +1,7 @@
-"""The dataset card of an `hf` export: how the rows were made, as figures, then as `README.md`.
-
-The YAML header is what the Hugging Face Hub and `datasets.load_dataset(folder)` read (the one
-`train` split of `data/*.parquet`); the body is for a person.
+"""The dataset card of an `hf` export, built with `huggingface_hub`'s `DatasetCard` and
+`DatasetCardData`: the metadata the Hub reads (license, language, pretty_name, task categories,
+size, the `train` split of `data/*.parquet` that `datasets.load_dataset(folder)` reads) plus a
+`kimi_batch` block of how the rows were made, then the same figures for a person.
 """
 
 from __future__ import annotations
@@ -10,26 +10,66 @@ import math
 import re
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
+from huggingface_hub import DatasetCard, DatasetCardData
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
-    "DatasetCard",
+    "CardFigures",
+    "CardOptions",
     "DedupFigures",
     "InputSource",
     "SamplingFigures",
     "TokenStats",
+    "build_card",
     "quarantine_counts",
-    "reason_kind",
+    "reason_name",
 ]
 
-_FIRST_WORD = re.compile(r"[A-Za-z_]+")
+# The quality gate's reasons name the kept row or benchmark item after their kind.
+_GATE = re.compile(r"^(duplicate|near_duplicate) of |^(contaminated):")
+_DETAIL = re.compile(r":| \(")
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+_NUMBER = re.compile(r"\d+(\.\d+)?")
 
 
-def reason_kind(reason: str) -> str:
-    """A quarantine reason's first word (`duplicate`, `near_duplicate`, `contaminated` ...)."""
-    found = _FIRST_WORD.match(reason.strip())
-    return found.group(0).lower() if found else "other"
+def reason_name(reason: str) -> str:
+    """A quarantine reason without what is particular to its row: the gate's kind
+    (`duplicate`, `near_duplicate`, `contaminated`), else the reason up to its details (a ':'
+    or a parenthesis), quoted values as `…` and numbers as `N` ("answer cut off at
+    max_tokens", "prompt is N tokens, over the limit of N")."""
+    text = reason.strip()
+    gate = _GATE.match(text)
+    if gate:
+        return gate.group(1) or gate.group(2)
+    name = _DETAIL.split(text, maxsplit=1)[0].strip()
+    name = _NUMBER.sub("N", _QUOTED.sub("…", name))
+    return name or "other"
+
+
+class CardOptions(BaseModel):
+    """What the user declares on the card (`kimi-batch export --license/--language/
+    --pretty-name`); `notes` are lines other export options add (what they left out)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    license: str = Field(
+        default="other",
+        description="The card's license id; `other` by default: the teacher's license governs.",
+    )
+    language: tuple[str, ...] = Field(
+        default=(), description="Language codes; none: guessed from the rows by script."
+    )
+    pretty_name: str | None = Field(default=None, description="None: named after the model.")
+    notes: tuple[str, ...] = ()
+
+
+LICENSE_NOTE = (
+    "License `other`: the answers are a model's outputs, and the teacher model's license (and "
+    "its terms on training other models with its outputs) governs their use. Export with "
+    "--license to declare another."
+)
 
 
 class _Figures(BaseModel):
@@ -98,7 +138,9 @@ class DedupFigures(_Figures):
     contamination_ngram: int
 
 
-class DatasetCard(_Figures):
+class CardFigures(_Figures):
+    """What the card says about the rows, gathered by the export."""
+
     rows: int = Field(ge=0)
     snapshots: dict[str, int] = Field(
         default_factory=dict, description="The Iceberg snapshot of each table the rows came from."
@@ -107,7 +149,7 @@ class DatasetCard(_Figures):
     digest_sha256: list[str]
     sources: list[InputSource]
     sampling: SamplingFigures
-    quarantine: dict[str, int] = Field(description="Quarantined rows by reason's first word.")
+    quarantine: dict[str, int] = Field(description="Quarantined rows by reason (`reason_name`).")
     quality: DedupFigures
     prompt_tokens: TokenStats
     completion_tokens: TokenStats
@@ -116,9 +158,8 @@ class DatasetCard(_Figures):
     judge_scores: dict[int, int] = Field(default_factory=dict, description="Rows by score.")
     dropped_unjudged: int = Field(ge=0)
     dropped_below_score: int = Field(ge=0)
-
-    def render(self) -> str:
-        return "\n".join([*_header(self.rows), *_body(self), ""])
+    languages: list[str] = Field(description="Guessed from the rows' scripts (`language`).")
+    languages_note: str = ""
 
 
 def _size_category(rows: int) -> str:
@@ -128,23 +169,48 @@ def _size_category(rows: int) -> str:
     return "100K<n<1M" if rows < 1_000_000 else "n>1M"
 
 
-def _header(rows: int) -> list[str]:
-    return [
-        "---",
-        "configs:",
-        "- config_name: default",
-        "  data_files:",
-        "  - split: train",
-        "    path: data/*.parquet",
-        "task_categories:",
-        "- text-generation",
-        "tags:",
-        "- distillation",
-        "- synthetic",
-        "size_categories:",
-        f"- {_size_category(rows)}",
-        "---",
-    ]
+def _made(card: CardFigures) -> dict[str, Any]:
+    """The card's `kimi_batch` metadata block: how the rows were made, for a program."""
+    return {
+        "models": card.models,
+        "digest_sha256": card.digest_sha256,
+        "sources": [
+            {"ds": s.ds, "source": s.source, "file": s.file, "input_sha256": s.input_sha256}
+            for s in card.sources
+        ],
+        # The Iceberg snapshot of each table the rows were read from (`export --as-of` reads
+        # that state back); the landed inputs' sha256 above name what the rows were built from.
+        "table_snapshot_ids": dict(sorted(card.snapshots.items())) or None,
+        "sampling": card.sampling.params,
+        "top_k_logprobs": card.sampling.top_k_logprobs,
+        "quarantine": card.quarantine,
+    }
+
+
+def build_card(card: CardFigures, options: CardOptions) -> DatasetCard:
+    """The card: `huggingface_hub`'s metadata, then the body."""
+    models = ", ".join(card.models) or "a teacher model"
+    data = DatasetCardData(
+        license=options.license,
+        language=list(options.language) or card.languages or None,
+        pretty_name=options.pretty_name or f"Distilled answers of {models}",
+        task_categories=["text-generation"],
+        size_categories=[_size_category(card.rows)],
+        tags=["distillation", "synthetic"],
+        configs=[
+            {"config_name": "default", "data_files": [{"split": "train", "path": "data/*.parquet"}]}
+        ],
+        kimi_batch=_made(card),
+    )
+    notes = [*(LICENSE_NOTE,) * (options.license == "other"), *options.notes]
+    if not options.language and card.languages_note:
+        notes.append(f"Language: {card.languages_note}")
+    body = "\n".join([*_body(card, data.pretty_name or models), *_notes(notes), ""])
+    return DatasetCard(f"---\n{data.to_yaml()}\n---\n{body}")
+
+
+def _notes(notes: Sequence[str]) -> list[str]:
+    return ["", "## Notes", "", *(f"- {note}" for note in notes)] if notes else []
 
 
 def _table(head: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
@@ -152,13 +218,13 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
     return [*lines, *("| " + " | ".join(str(cell) for cell in row) + " |" for row in rows)]
 
 
-def _body(card: DatasetCard) -> list[str]:
+def _body(card: CardFigures, title: str) -> list[str]:
     return [
         "",
-        "# Distilled answers",
+        f"# {title}",
         "",
         f"{card.rows} teacher answers from kimi-batch's `distilled` table, one conversation each "
-        "(`messages`: system digest, user side, answer).",
+        "(system digest, user side, answer; the notes below say how the rows lay it out).",
         "",
         f"- Model: {', '.join(f'`{m}`' for m in card.models) or 'none'}",
         f"- System digest sha256: {', '.join(f'`{d}`' for d in card.digest_sha256) or 'none'}",
@@ -177,6 +243,8 @@ def _body(card: DatasetCard) -> list[str]:
             ("ds", "source", "file", "input sha256", "rows", "latest landed"),
             _source_rows(card.sources),
         ),
+        "",
+        "The input sha256 above name the landed input versions the rows were built from.",
         "",
         "## Sampling",
         "",
@@ -215,12 +283,12 @@ def _source_rows(sources: Sequence[InputSource]) -> list[tuple[object, ...]]:
     ]
 
 
-def _token_rows(card: DatasetCard) -> list[tuple[object, ...]]:
+def _token_rows(card: CardFigures) -> list[tuple[object, ...]]:
     pairs = (("prompt", card.prompt_tokens), ("completion", card.completion_tokens))
     return [(name, s.count, s.mean, s.p50, s.p95, s.max) for name, s in pairs]
 
 
-def _judge_lines(card: DatasetCard) -> list[str]:
+def _judge_lines(card: CardFigures) -> list[str]:
     lines = [f"- Judged rows: {card.judged_rows}"]
     if card.judge_scores:
         spread = ", ".join(f"{score}: {n}" for score, n in sorted(card.judge_scores.items()))
@@ -245,4 +313,4 @@ def _quality_rows(quality: DedupFigures) -> list[tuple[str, object]]:
 
 
 def quarantine_counts(reasons: Sequence[str]) -> dict[str, int]:
-    return dict(Counter(reason_kind(reason) for reason in reasons))
+    return dict(Counter(reason_name(reason) for reason in reasons))

@@ -1,0 +1,67 @@
+"""The languages an `hf` card declares, guessed from the rows' letters by Unicode script.
+
+A heuristic, and the card says so: each script stands for one language (Latin for English,
+Cyrillic for Russian, Han without kana for Chinese, ...), so French or Ukrainian rows are
+declared as English or Russian. `--language` replaces the guess. Written here because no
+language detector is in the lock, and a script is one code point range test.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+__all__ = ["DETECTION_NOTE", "ScriptCounter"]
+
+DETECTION_NOTE = (
+    "Guessed from the rows' letters by script, one language per script (Latin: en, Cyrillic: "
+    "ru, Han: zh, kana: ja, Hangul: ko, ...); export with --language to declare them."
+)
+
+# (first, last code point, ISO 639-1 code), the scripts a language is guessed from.
+_SCRIPTS = (
+    (0x0041, 0x024F, "en"),  # Latin (basic, Latin-1, extended A/B)
+    (0x0370, 0x03FF, "el"),
+    (0x0400, 0x04FF, "ru"),
+    (0x0590, 0x05FF, "he"),
+    (0x0600, 0x06FF, "ar"),
+    (0x0900, 0x097F, "hi"),
+    (0x0E00, 0x0E7F, "th"),
+    (0x3040, 0x30FF, "ja"),  # hiragana and katakana
+    (0x4E00, 0x9FFF, "zh"),  # CJK unified ideographs (Japanese too: see `languages`)
+    (0xAC00, 0xD7AF, "ko"),
+)
+# A language whose share of the letters is below this is a quotation, not the rows' language.
+_MIN_SHARE = 0.05
+
+
+def _script(char: str) -> str | None:
+    point = ord(char)
+    for first, last, code in _SCRIPTS:
+        if first <= point <= last:
+            return code if char.isalpha() else None
+    return None
+
+
+class ScriptCounter:
+    """Letters by script over every text it is fed."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[str] = Counter()
+
+    def add(self, texts: Iterable[str]) -> None:
+        for text in texts:
+            self._counts.update(code for code in map(_script, text) if code is not None)
+
+    def languages(self) -> list[str]:
+        """The languages with at least 5% of the letters, most letters first; Han counts as
+        Japanese when kana are there."""
+        counts = Counter(self._counts)
+        if counts["ja"] and counts["zh"]:
+            counts["ja"] += counts.pop("zh")
+        total = sum(counts.values())
+        return [
+            code
+            for code, count in counts.most_common()
+            if count and total and count / total >= _MIN_SHARE
+        ]

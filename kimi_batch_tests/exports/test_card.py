@@ -1,0 +1,116 @@
+"""The `hf` export's dataset card, read back as the Hub reads it (`huggingface_hub`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from huggingface_hub import DatasetCard
+
+from kimi_batch.cli.export import ExportRequest, run_export
+from kimi_batch.cli.exports.selection import ExportQuery
+from kimi_batch.exports import CardOptions, ScriptCounter, TokenStats, reason_name
+from kimi_batch.settings import Settings
+from kimi_batch.warehouse import Warehouse
+from kimi_batch_tests.support.exports import DAYS, QUARANTINE_REASONS, SOURCES, build_warehouse
+
+
+@pytest.fixture
+def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return Settings.from_env()
+
+
+def _card(settings: Settings, card: CardOptions | None = None) -> DatasetCard:
+    request = ExportRequest(fmt="hf", query=ExportQuery(), card=card or CardOptions())
+    folder = run_export(settings, request)
+    return DatasetCard.load(folder / "README.md")
+
+
+def test_the_card_parses_and_declares_license_language_name_and_how_it_was_made(
+    settings: Settings,
+) -> None:
+    warehouse: Warehouse = build_warehouse(settings)
+    card = _card(settings)
+    data = card.data.to_dict()
+    assert data["license"] == "other"
+    assert data["language"] == ["en"]
+    assert data["pretty_name"] == "Distilled answers of smollm2-135m"
+    assert data["task_categories"] == ["text-generation"]
+    assert data["size_categories"] == ["n<1K"]
+    made = data["kimi_batch"]
+    # The snapshot each table was read at: what `export --as-of` reads back.
+    snapshots = made["table_snapshot_ids"]
+    assert snapshots["distilled"] == warehouse.snapshot_id("distilled")
+    assert set(snapshots) >= {"distilled", "quarantine"}
+    partitions = len(DAYS) * len(SOURCES)
+    assert [(s["ds"], s["source"]) for s in made["sources"]] == [
+        (ds, source) for ds in DAYS for source in SOURCES
+    ]
+    # Each source names the sha256 of the input versions its rows were built from.
+    for source in made["sources"]:
+        rows = warehouse.read_partition("distilled", source["ds"], source["source"])
+        assert source["input_sha256"] == sorted(set(rows["input_sha256"].to_list()))
+        assert len(source["input_sha256"][0]) == 64
+    assert made["quarantine"] == {
+        "duplicate": partitions,
+        "near_duplicate": 2 * partitions,
+        "contaminated": partitions,
+        "answer cut off at max_tokens": partitions,
+    }
+    assert set(made["sampling"]) == {"max_tokens", "temperature", "top_p", "seed"}
+    assert made["top_k_logprobs"] == 3
+    assert "the teacher model's license" in card.text
+    assert "Guessed from the rows' letters by script" in card.text
+    assert f"| distilled | {snapshots['distilled']} |" in card.text
+
+
+def test_the_card_declares_what_the_user_configured(settings: Settings) -> None:
+    build_warehouse(settings)
+    options = CardOptions(license="apache-2.0", language=("fr", "de"), pretty_name="Mes réponses")
+    data = _card(settings, options).data.to_dict()
+    assert (data["license"], data["language"], data["pretty_name"]) == (
+        "apache-2.0",
+        ["fr", "de"],
+        "Mes réponses",
+    )
+    text = _card(settings, options).text
+    assert "the teacher model's license" not in text
+    assert "Guessed from the rows' letters" not in text
+
+
+def test_quarantine_reasons_count_under_their_full_names() -> None:
+    assert [reason_name(reason) for reason in QUARANTINE_REASONS] == [
+        "duplicate",
+        "near_duplicate",
+        "near_duplicate",
+        "contaminated",
+        "answer cut off at max_tokens",
+    ]
+    assert reason_name("empty answer: not a final answer") == "empty answer"
+    assert reason_name("prompt is 912 tokens, over the limit of 512") == (
+        "prompt is N tokens, over the limit of N"
+    )
+    assert reason_name("duplicate input id 'a-1' (first on line 3)") == "duplicate input id …"
+    assert reason_name("invalid JSON: Expecting value (column 3)") == "invalid JSON"
+    assert TokenStats.of([1, 2, 3, 4, 100]) == TokenStats(
+        count=5, mean=22.0, p50=3, p95=100, max=100
+    )
+
+
+@pytest.mark.parametrize(
+    ("texts", "languages"),
+    [
+        (["What is the capital of France?", "Paris."], ["en"]),
+        (["Какая столица Франции?", "Париж."], ["ru"]),
+        (["法国的首都是巴黎吗", "巴黎。"], ["zh"]),
+        (["フランスの首都はどこですか。", "パリです。"], ["ja"]),
+        (["Which is 北京 in pinyin?", "It is Beijing, written Běijīng."], ["en"]),
+        (["1 + 1 = 2", "∑"], []),
+    ],
+)
+def test_languages_are_guessed_by_script(texts: list[str], languages: list[str]) -> None:
+    counter = ScriptCounter()
+    counter.add(texts)
+    assert counter.languages() == languages
