@@ -172,7 +172,9 @@ def assert_standard_table_metadata(values: dict[str, Any], table: str) -> None:
     assert values["dagster/partition_row_count"] == values["rows"] >= 1, values
     assert values["dagster/row_count"] >= values["dagster/partition_row_count"], values
     assert values["dagster/table_name"].endswith(f".{table}"), values
-    assert values["dagster/uri"].endswith(".parquet"), values
+    # The Iceberg table's location, and the snapshot the materialization's commit made current.
+    assert values["dagster/uri"].endswith(f"/kimi_batch/{table}"), values
+    assert int(values["snapshot_id"]) > 0, values
     columns = {column["name"]: column for column in values["dagster/column_schema"]["columns"]}
     expected = [name for name, _ in trino_columns(table)]
     assert list(columns) == expected, columns

@@ -77,7 +77,7 @@ def test_trino_polars_and_pyiceberg_read_the_same_rows(
     pyiceberg = warehouse.read_table("distilled").sort("request_id")
     assert [row[0] for row in rows] == frame["request_id"].to_list()
     assert rows[0][1:3] == ("Lyon", -2.5)
-    assert frame["logprobs"][0][0]["top"][1] == {"token": "Lyon", "logprob": -2.5}
+    assert frame["logprobs"][0][0]["top"][1] == {"token": "Lyon", "logprob": -2.5, "id": None}
     assert (
         [row[3] for row in rows] == frame["tool_calls"].to_list() == [TOOL_CALLS, None, None, None]
     )
