@@ -15,9 +15,10 @@ nightly window (`kimi_batch.defs.maintenance`, `kimi-batch warehouse maintain`),
    yet). pyiceberg has no orphan removal, and Trino's `remove_orphan_files` needs a Trino that is
    optional here, so it is done here, with pyiceberg's own file IO (a folder or s3://).
 
-Manifests need no pass of their own: `commit.manifest-merge.enabled` (`tables.TABLE_PROPERTIES`)
-merges them at each append once a snapshot has `commit.manifest.min-count-to-merge` of them, so a
-snapshot names a bounded number of manifests however many nights went by (the report counts them).
+Manifests need no pass of their own: each partition commit merges them (`tables`, by the table's
+`commit.manifest-merge.*` properties) once a snapshot has `commit.manifest.min-count-to-merge` of
+them, so a snapshot names a bounded number of manifests however many nights went by (the report
+counts them).
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ A `Warehouse` reads the current state, or the snapshots it is pinned to (`pinned
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, date, datetime
 from pathlib import Path
@@ -43,6 +42,7 @@ from kimi_batch.storage import (
     validate_source,
 )
 from kimi_batch.warehouse.catalog import COMMIT_RETRIES, CatalogSpec, commit_fenced, open_catalog
+from kimi_batch.warehouse.overwrite import replace_partition
 
 __all__ = [
     "PartitionWrite",
@@ -260,10 +260,8 @@ class Warehouse:
             # Generated text is confidential: the folder every table file is under is owner-only.
             private_dir(Path(self.location))
         iceberg = self._writable(table, data.schema)
-        with commit_fenced(guard, self.spec), warnings.catch_warnings():
-            # An overwrite of a partition that has no rows yet deletes nothing: not a warning.
-            warnings.filterwarnings("ignore", message="Delete operation did not match any records")
-            iceberg.overwrite(data, overwrite_filter=_partition_filter(ds, source))
+        with commit_fenced(guard, self.spec):
+            replace_partition(iceberg, data, _partition_filter(ds, source))
         crash_point("warehouse.partition_committed")
         snapshot = iceberg.current_snapshot()
         return PartitionWrite(

@@ -181,6 +181,37 @@ def test_rewrite_replaces_never_appends(tmp_path: Path, warehouse_kind: Warehous
     assert warehouse.scan("amplified").select("request_id").collect().height == 2
 
 
+def test_a_partition_replaced_is_one_overwrite_snapshot_and_manifests_stay_few(
+    tmp_path: Path,
+) -> None:
+    """One snapshot a write (not a DELETE and an APPEND), the other partitions' files kept, and
+    however many replacements, the snapshot reads a bounded number of manifests."""
+    warehouse = Warehouse(tmp_path / "warehouse")
+    warehouse.write_partition("amplified", DS, "kept", amplified(3, prefix="kept"))
+    for write in range(30):
+        before = warehouse.iceberg_table("amplified")
+        assert before is not None
+        written = warehouse.write_partition("amplified", DS, "demo", amplified(2 + write % 3))
+        after = warehouse.iceberg_table("amplified")
+        assert after is not None
+        assert len(after.metadata.snapshots) == len(before.metadata.snapshots) + 1
+        snapshot = after.current_snapshot()
+        assert snapshot is not None
+        assert snapshot.snapshot_id == written.snapshot_id
+        assert snapshot.summary is not None
+        assert snapshot.summary.operation.value == "overwrite"
+    assert warehouse.count("amplified") == 3 + 2 + 29 % 3
+    assert warehouse.read_partition("amplified", DS, "kept").height == 3
+    last = warehouse.iceberg_table("amplified")
+    current = last.current_snapshot() if last else None
+    assert last is not None
+    assert current is not None
+    assert len(current.manifests(last.io)) <= 20  # commit.manifest.min-count-to-merge
+    # The partition emptied: its files deleted, the other partition's kept.
+    warehouse.write_partition("amplified", DS, "demo", [])
+    assert warehouse.partitions("amplified") == [(DS, "kept")]
+
+
 def test_failed_write_keeps_old_partition(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     warehouse = Warehouse(tmp_path / "warehouse")
     warehouse.write_partition("amplified", DS, "demo", amplified(3))
