@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,9 +76,13 @@ def _log_tail(home: Path, lines: int = 40) -> str:
 
 
 @contextmanager
-def running_trino(home: Path, *, heap: str = "2G") -> Iterator[TrinoServer]:
+def running_trino(
+    home: Path, *, heap: str = "2G", deployment: Mapping[str, str] | None = None
+) -> Iterator[TrinoServer]:
     """A Trino over the catalog of the state dir `home` (`scripts/trino.sh`), stopped on exit;
-    fails the test (never skips) if it cannot start."""
+    fails the test (never skips) if it cannot start. `deployment`: the variables of a state
+    kept elsewhere (KIMI_BATCH_DATABASE_URL, KIMI_BATCH_WAREHOUSE, S3), its catalog written
+    from them."""
     port = free_port()
     env = {
         **os.environ,
@@ -89,6 +93,7 @@ def running_trino(home: Path, *, heap: str = "2G") -> Iterator[TrinoServer]:
     }
     for name in ("KIMI_BATCH_WAREHOUSE", "KIMI_BATCH_DATABASE_URL", "KIMI_BATCH_TRINO_CATALOG"):
         env.pop(name, None)
+    env.update(deployment or {})
     try:
         for command, timeout in (("start", START_TIMEOUT_S), ("wait", READY_TIMEOUT_S + 30)):
             result = _run(command, env, timeout)
