@@ -6,10 +6,9 @@ deadline, can restart a hung server and restore the digest before trying again. 
 the client as well multiplied the attempts (a hung server held one request for hours).
 
 Control calls (`/props`, `/slots`, slot save/restore, `/tokenize`, `/metrics`) keep a short
-bounded retry (`RetryPolicy`, 3 tries within seconds, run by tenacity): they are cheap,
-idempotent, answered in milliseconds by a healthy server, and callers such as the digest warm-up
-or the CLI have no retry loop of their own; a transient connection reset should not fail a whole
-asset there.
+bounded retry (`RetryPolicy` run by tenacity, 3 tries within seconds): they are cheap, idempotent,
+answered in milliseconds by a healthy server, and callers such as the digest warm-up or the CLI
+have no retry loop of their own; a transient connection reset should not fail a whole asset there.
 """
 
 from __future__ import annotations
@@ -173,9 +172,8 @@ class LlamaClient:
         params: Mapping[str, str] | None = None,
         timeout: httpx.Timeout | None = None,
     ) -> httpx.Response:
-        """A control call with the client's short bounded retry: a fresh tenacity loop per call
-        (a loop keeps its state on its object), each wait half the backoff plus a random share
-        of the other half."""
+        """A control call with the client's short bounded retry; a fresh tenacity loop per call
+        (a loop keeps its state on its object), each wait half the backoff plus a random rest."""
         half, cap = self.retry.backoff_s / 2, self.retry.max_backoff_s / 2
         retrying = tenacity.AsyncRetrying(
             stop=tenacity.stop_after_attempt(self.retry.attempts),
