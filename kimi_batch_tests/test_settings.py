@@ -77,6 +77,20 @@ def test_an_s3_warehouse_is_a_url_its_staging_a_folder_and_no_secret_in_settings
     assert "secret-of-the-box" not in repr(settings) + settings.model_dump_json()
 
 
+def test_a_settings_built_in_code_reads_no_variable(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    clean_env.setenv("KIMI_BATCH_LLAMA_PORT", "9999")
+    clean_env.setenv("KIMI_BATCH_NIGHTLY_STATUS", "running")
+    built = Settings(
+        home=tmp_path, model=None, llama_server=None, llama_url=None, digest=default_digest_path()
+    )
+    assert (built.llama_port, built.nightly_running) == (8081, False)
+    read = Settings.from_env()
+    assert (read.llama_port, read.nightly_running) == (9999, True)
+    assert type(read) is Settings
+
+
 def test_a_bad_number_is_a_clear_error(clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setenv("KIMI_BATCH_LLAMA_PORT", "eighty")
     with pytest.raises(ValueError, match="KIMI_BATCH_LLAMA_PORT must be an integer"):

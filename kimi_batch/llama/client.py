@@ -6,21 +6,21 @@ deadline, can restart a hung server and restore the digest before trying again. 
 the client as well multiplied the attempts (a hung server held one request for hours).
 
 Control calls (`/props`, `/slots`, slot save/restore, `/tokenize`, `/metrics`) keep a short
-bounded retry (`RetryPolicy`, 3 tries within seconds): they are cheap, idempotent, answered in
-milliseconds by a healthy server, and callers such as the digest warm-up or the CLI have no retry
-loop of their own; a transient connection reset should not fail a whole asset there.
+bounded retry (`RetryPolicy` run by tenacity, 3 tries within seconds): they are cheap, idempotent,
+answered in milliseconds by a healthy server, and callers such as the digest warm-up or the CLI
+have no retry loop of their own; a transient connection reset should not fail a whole asset there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
 import httpx
+import tenacity
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kimi_batch.llama.chat_stream import EVENT_STREAM, read_chat_stream
@@ -59,17 +59,14 @@ _TEXT_COMPLETIONS = "/v1/completions"
 
 
 class RetryPolicy(BaseModel):
-    """Bounded exponential backoff with jitter."""
+    """Bounded exponential backoff with jitter: the n-th retry waits between half and all of
+    min(max_backoff_s, backoff_s * 2**(n-1))."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     attempts: int = Field(default=3, ge=1, le=20, description="Tries in all, the first included.")
     backoff_s: float = Field(default=0.5, ge=0.0, description="Delay before the second try.")
     max_backoff_s: float = Field(default=15.0, ge=0.0)
-
-    def delay(self, attempt: int) -> float:
-        base = min(self.max_backoff_s, self.backoff_s * (2 ** (attempt - 1)))
-        return base * (0.5 + random.random() / 2)
 
 
 _RETRYABLE = (LlamaConnectionError, LlamaLoadingError, LlamaServerError, LlamaTimeoutError)
@@ -175,18 +172,19 @@ class LlamaClient:
         params: Mapping[str, str] | None = None,
         timeout: httpx.Timeout | None = None,
     ) -> httpx.Response:
-        """A control call with the client's short bounded retry."""
-        attempts = self.retry.attempts
-        for attempt in range(1, attempts + 1):
-            try:
-                return await self._send_once(
-                    method, path, json=json, params=params, timeout=timeout
-                )
-            except _RETRYABLE:
-                if attempt == attempts:
-                    raise
-                await asyncio.sleep(self.retry.delay(attempt))
-        raise AssertionError("unreachable: the loop returns or raises")
+        """A control call with the client's short bounded retry; a fresh tenacity loop per call
+        (a loop keeps its state on its object), each wait half the backoff plus a random rest."""
+        half, cap = self.retry.backoff_s / 2, self.retry.max_backoff_s / 2
+        retrying = tenacity.AsyncRetrying(
+            stop=tenacity.stop_after_attempt(self.retry.attempts),
+            wait=tenacity.wait_exponential(multiplier=half, max=cap)
+            + tenacity.wait_random_exponential(multiplier=half, max=cap),
+            retry=tenacity.retry_if_exception_type(_RETRYABLE),
+            reraise=True,
+        )
+        return await retrying(
+            self._send_once, method, path, json=json, params=params, timeout=timeout
+        )
 
     @staticmethod
     def _parse(model: type[ModelT], response: httpx.Response) -> ModelT:

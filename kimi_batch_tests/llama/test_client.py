@@ -137,6 +137,29 @@ async def test_a_control_call_past_the_retry_budget_raises_loading() -> None:
     assert calls() == FAST_RETRY.attempts + 1
 
 
+async def test_a_retry_waits_half_to_all_of_its_capped_exponential_backoff(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    waits: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def recorded(seconds: float) -> None:
+        waits.append(seconds)
+        await real_sleep(0)
+
+    monkeypatch.setattr(asyncio, "sleep", recorded)
+    policy = RetryPolicy(attempts=5, backoff_s=1.0, max_backoff_s=3.0)
+    transport, calls = _transport([_LOADING])
+    async with LlamaClient("http://llama", retry=policy, transport=transport) as client:
+        with pytest.raises(LlamaLoadingError):
+            await client.props()
+    assert calls() == 5
+    # Backoffs 1, 2, 4 -> 3 (capped), 8 -> 3: each wait between half of it and all of it.
+    assert len(waits) == 4
+    for wait, backoff in zip(waits, (1.0, 2.0, 3.0, 3.0), strict=True):
+        assert backoff / 2 <= wait <= backoff
+
+
 async def test_generation_makes_one_attempt_the_engine_retries() -> None:
     transport, calls = _transport([_LOADING, httpx.Response(200, json=_CHAT_OK)])
     async with LlamaClient("http://llama", retry=FAST_RETRY, transport=transport) as client:
