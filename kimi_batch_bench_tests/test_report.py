@@ -1,10 +1,15 @@
-"""The night's report: its headline, the CPU split by process group, the pinned night beside it."""
+"""The night's report: its headline, the CPU split by process group, the pinned night beside it;
+without matplotlib (the `bench` extra), the refusal before any measuring."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from kimi_batch.cli import main
 from kimi_batch_bench.cpu import GROUPS
 from kimi_batch_bench.report import bench_chart, bench_table
 
@@ -48,3 +53,21 @@ def test_the_night_table_leads_with_night_over_one_batch_and_the_cpu_split(
     assert "| llama_server | 300.0 | 70.0 | 190.0 |" in table
     assert "| 20.0 | 0.0 | 15.0 |" in table  # the orchestration row
     assert bench_chart(document, tmp_path / "night.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("argv", [["bench", "--workload", "distill"], ["tune", "--threads", "1"]])
+def test_without_matplotlib_bench_and_tune_name_the_extra_before_measuring(
+    argv: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the extra were not installed
+
+    assert main(argv) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "kimi-batch: error: the bench draws its charts with matplotlib: install the bench extra "
+        "(pip install 'kimi_batch[bench]')"
+    ]
+    assert not (tmp_path / "bench").exists()  # no server, no state: refused before measuring
