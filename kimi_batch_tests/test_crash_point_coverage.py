@@ -90,8 +90,6 @@ def unguarded_writes(package: Path = PACKAGE) -> dict[tuple[str, str], list[int]
     found: dict[tuple[str, str], list[int]] = {}
     for path in sorted(package.rglob("*.py")):
         module = path.relative_to(package).as_posix()
-        if module.startswith("bench/"):
-            continue  # the bench's own files (figures, stand-ins): not the pipeline's state
         for name, scope in _scopes(ast.parse(path.read_text(encoding="utf-8"))):
             calls = _own_calls(scope)
             points = [c.lineno for c in calls if _is_crash_point(c)]

@@ -4,7 +4,7 @@
 parses the command line and reads the environment once; `demo`, `export`, `publish` and `status` (with its
 document, `status_sections`) are the commands that need more than a line, and `progress_bar` is
 the terminal bar of the in-process runs. `kimi-batch bench`, `tune` and `plan` live in
-`kimi_batch/bench/`, beside this package.
+the bench package beside this one, which `bench_hook` finds when it is installed.
 """
 
 from kimi_batch.cli.commands import main

@@ -16,7 +16,7 @@ from datetime import date
 from pathlib import Path
 from typing import NoReturn
 
-from kimi_batch.bench.commands import add_perf_commands
+from kimi_batch.cli.bench_hook import add_bench_commands
 from kimi_batch.cli.state import add_state_commands
 from kimi_batch.cli.warehouse import add_warehouse_commands
 from kimi_batch.errors import ConfigError, KimiBatchError
@@ -471,7 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
     lint.set_defaults(func=_digest_lint, needs_settings=False)
     add_state_commands(commands)
     add_warehouse_commands(commands)
-    add_perf_commands(commands, json_help=JSON_HELP)
+    add_bench_commands(commands, json_help=JSON_HELP)
     return parser
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from kimi_batch.bench.contenders import BenchTarget, run_all_slots
-from kimi_batch.bench.workloads import amplify_workload
 from kimi_batch.engine import BatchEngine, GenerationResult, Ledger
 from kimi_batch.llama import ResidentServer
+from kimi_batch_bench.contenders import BenchTarget, run_all_slots
+from kimi_batch_bench.workloads import amplify_workload
 from kimi_batch_tests.support.engine import digest_tokens, endpoint_of, fresh_digest
 
 pytestmark = pytest.mark.slow  # a real llama-server

