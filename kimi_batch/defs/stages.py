@@ -24,13 +24,19 @@ import dagster as dg
 from pydantic import BaseModel, ConfigDict, Field, SkipValidation, field_validator
 
 from kimi_batch.engine import SamplingParams
+from kimi_batch.pipeline import (
+    DEFAULT_AMPLIFY_PARAMS,
+    DEFAULT_JUDGE_PARAMS,
+    AmplifyTask,
+    DistillTask,
+    GenerationTask,
+    JudgeTask,
+    Strategy,
+    import_output_model,
+    register_stage,
+    unregister_stage,
+)
 from kimi_batch.settings import Settings
-from kimi_batch.tasks.amplify import DEFAULT_AMPLIFY_PARAMS, AmplifyTask, Strategy
-from kimi_batch.tasks.distill import DistillTask
-from kimi_batch.tasks.generation_task import GenerationTask
-from kimi_batch.tasks.judge import DEFAULT_JUDGE_PARAMS, JudgeTask
-from kimi_batch.tasks.registry import register_stage, unregister_stage
-from kimi_batch.tasks.schemas import import_output_model
 
 __all__ = [
     "AMPLIFY",

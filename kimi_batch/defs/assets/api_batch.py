@@ -34,6 +34,7 @@ from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.engine import Ledger, PlannedRow
+from kimi_batch.pipeline import ApiBatchInputs, ApiBatchTask
 from kimi_batch.settings import Settings
 from kimi_batch.storage import (
     ApiStore,
@@ -45,7 +46,6 @@ from kimi_batch.storage import (
     finish_batch,
     iter_batch_lines,
 )
-from kimi_batch.tasks.api_batch import ApiBatchInputs, ApiBatchTask
 from kimi_batch.tasks.openai_batch import BatchLineError
 
 __all__ = [

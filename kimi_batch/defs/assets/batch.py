@@ -33,6 +33,7 @@ from kimi_batch.defs.stages import (
     DistillConfig,
     StageDeclaration,
 )
+from kimi_batch.pipeline import QuarantineRow, check_prompt_lengths, file_row
 from kimi_batch.settings import Settings
 from kimi_batch.storage import (
     Landing,
@@ -41,10 +42,7 @@ from kimi_batch.storage import (
     land_input,
     resolve_partition,
 )
-from kimi_batch.tasks.prompt_length import check_prompt_lengths
-from kimi_batch.tasks.quarantine import file_row
 from kimi_batch.tasks.reader import InputReader
-from kimi_batch.tasks.rows import QuarantineRow
 from kimi_batch.warehouse import PartitionWrite, Warehouse
 
 __all__ = [

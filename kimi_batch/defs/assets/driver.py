@@ -58,9 +58,8 @@ from kimi_batch.engine import (
     PlannedRow,
 )
 from kimi_batch.errors import KimiBatchError
+from kimi_batch.pipeline import GenerationTask, RowReader, register_stage
 from kimi_batch.settings import Settings
-from kimi_batch.tasks.generation_task import GenerationTask, RowReader
-from kimi_batch.tasks.registry import register_stage
 from kimi_batch.warehouse import Warehouse
 
 __all__ = [

@@ -18,11 +18,11 @@ import dagster as dg
 
 from kimi_batch.defs.assets.lease import HeldPartition
 from kimi_batch.defs.check_states import CONTAMINATION_CHECK, DUPLICATE_CHECK
+from kimi_batch.pipeline import GenerationTask
 from kimi_batch.storage import (
     PartitionGate,
     QualityGate,
 )
-from kimi_batch.tasks.generation_task import GenerationTask
 from kimi_batch.warehouse import Warehouse
 
 __all__ = ["DUPLICATE_WARN_RATE", "quality_checks", "screening"]

@@ -28,8 +28,7 @@ from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.defs.stages import BATCH_GROUP, StageConfig
-from kimi_batch.tasks.generation_task import GenerationTask
-from kimi_batch.tasks.registry import register_stage
+from kimi_batch.pipeline import GenerationTask, register_stage
 
 __all__ = ["StageConfig", "generation_asset", "run_stage"]
 

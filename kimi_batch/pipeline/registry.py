@@ -13,12 +13,12 @@ import types
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from kimi_batch.tasks.amplify import AmplifyTask
-from kimi_batch.tasks.api_batch import ApiBatchTask
-from kimi_batch.tasks.distill import DistillTask
-from kimi_batch.tasks.generation_task import GenerationTask
-from kimi_batch.tasks.judge import JudgeTask
-from kimi_batch.tasks.tags import RequestTag
+from kimi_batch.pipeline.amplify import AmplifyTask
+from kimi_batch.pipeline.api_batch import ApiBatchTask
+from kimi_batch.pipeline.distill import DistillTask
+from kimi_batch.pipeline.generation_task import GenerationTask
+from kimi_batch.pipeline.judge import JudgeTask
+from kimi_batch.pipeline.tags import RequestTag
 
 __all__ = ["STAGES", "register_stage", "stage_of_tag", "unregister_stage"]
 

@@ -8,21 +8,27 @@ from typing import Any
 import pytest
 
 from kimi_batch.engine import GenerationRequest, GenerationResult
-from kimi_batch.storage import TABLES
-from kimi_batch.tasks.amplify import AmplifyTask
-from kimi_batch.tasks.distill import DistillTask
-from kimi_batch.tasks.generation_task import (
+from kimi_batch.pipeline import (
+    STAGES,
+    AmplifiedRow,
+    AmplifyTask,
+    DistilledRow,
+    DistillTask,
+    GenerationColumns,
     GenerationTask,
+    RequestTag,
     RowReader,
     SeedInputs,
     SetAside,
+    StageSink,
+    Strategy,
     generation_columns,
+    register_stage,
+    stage_of_tag,
+    unregister_stage,
 )
+from kimi_batch.storage import TABLES
 from kimi_batch.tasks.inputs import SeedPrompt
-from kimi_batch.tasks.registry import STAGES, register_stage, stage_of_tag, unregister_stage
-from kimi_batch.tasks.rows import AmplifiedRow, DistilledRow, GenerationColumns
-from kimi_batch.tasks.sink import StageSink
-from kimi_batch.tasks.tags import RequestTag, Strategy
 from kimi_batch_tests.support.results import make_result
 
 
