@@ -30,12 +30,11 @@ import polars as pl
 
 from kimi_batch.defs.assets.batch import seeds_are_current
 from kimi_batch.defs.assets.landing import StagePlan, land_stage
-from kimi_batch.defs.assets.lease import HeldPartition
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.engine import GenerationResult, Ledger, row_request_id
 from kimi_batch.engine.generation import request_key
-from kimi_batch.pipeline import INPUT_STAGE, DistillTask
+from kimi_batch.pipeline import INPUT_STAGE, DistillTask, HeldPartition
 from kimi_batch.settings import Settings
 from kimi_batch.storage import (
     Landing,

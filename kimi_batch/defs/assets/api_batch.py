@@ -18,7 +18,7 @@ import dagster as dg
 
 from kimi_batch.defs.assets.batch_controls import BatchCancelledError, BatchControls
 from kimi_batch.defs.assets.checks import check_specs
-from kimi_batch.defs.assets.context import LLAMA_POOL
+from kimi_batch.defs.assets.context import LLAMA_POOL, step_lease
 from kimi_batch.defs.assets.driver import (
     GenerationResources,
     PartitionResult,
@@ -26,7 +26,6 @@ from kimi_batch.defs.assets.driver import (
     run_partitions,
 )
 from kimi_batch.defs.assets.landing import StagePlan, StepLanding
-from kimi_batch.defs.assets.lease import HeldPartition, partition_lease
 from kimi_batch.defs.metadata import ASSET_OWNERS
 from kimi_batch.defs.partitions import api_batch_partitions
 from kimi_batch.defs.resources.digest import DigestResource
@@ -34,7 +33,7 @@ from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.engine import Ledger, PlannedRow
-from kimi_batch.pipeline import ApiBatchInputs, ApiBatchTask
+from kimi_batch.pipeline import ApiBatchInputs, ApiBatchTask, HeldPartition
 from kimi_batch.settings import Settings
 from kimi_batch.storage import (
     ApiStore,
@@ -263,7 +262,7 @@ def api_batch_responses(
         resources = GenerationResources(
             llama=llama, digest=digest, warehouse=warehouse, trino=trino
         )
-        with partition_lease(context, warehouse, plan.ds, plan.source) as held:
+        with step_lease(context, warehouse, plan.ds, plan.source) as held:
             # A compare-and-set: a cancel that landed since the batch was read is not lost.
             started = begin_batch(
                 store,

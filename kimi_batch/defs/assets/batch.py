@@ -11,9 +11,8 @@ import dagster as dg
 from pydantic import Field
 
 from kimi_batch.defs.assets.checks import stage_check_names
-from kimi_batch.defs.assets.context import LLAMA_POOL, RunContext
+from kimi_batch.defs.assets.context import LLAMA_POOL, RunContext, step_lease
 from kimi_batch.defs.assets.landing import consumed_input_sha
-from kimi_batch.defs.assets.lease import HeldPartition, partition_lease
 from kimi_batch.defs.assets.stage_asset import generation_asset
 from kimi_batch.defs.deployment import deployment_settings
 from kimi_batch.defs.interrupts import InterruptibleRunner, interruptible_runner
@@ -33,7 +32,13 @@ from kimi_batch.defs.stages import (
     DistillConfig,
     StageDeclaration,
 )
-from kimi_batch.pipeline import QuarantineRow, check_prompt_lengths, file_row
+from kimi_batch.pipeline import (
+    HeldPartition,
+    PartitionSkippedError,
+    QuarantineRow,
+    check_prompt_lengths,
+    file_row,
+)
 from kimi_batch.settings import Settings
 from kimi_batch.storage import (
     Landing,
@@ -69,7 +74,7 @@ def resolve_seeds_input(settings: Settings, ds: str, source: str) -> ResolvedInp
     try:
         return resolve_partition(settings, ds, source)
     except StorageError as error:
-        raise dg.Failure(str(error)) from error
+        raise PartitionSkippedError(str(error)) from error
 
 
 def seeds_are_current(warehouse: WarehouseResource, resolved: ResolvedInput) -> bool:
@@ -96,7 +101,7 @@ def seed_prompts(
 ) -> dg.MaterializeResult:
     """Validated input rows of one landed inbox file (table `seeds`); bad rows go to quarantine."""
     ds, source = partition_parts(context)
-    with partition_lease(context, warehouse, ds, source) as held:
+    with step_lease(context, warehouse, ds, source) as held:
         return land_seed_partition(
             context,
             config,

@@ -42,7 +42,6 @@ from kimi_batch.defs.assets.landing import (
     land_stage,
     partition_parts_of,
 )
-from kimi_batch.defs.assets.lease import HeldPartition
 from kimi_batch.defs.interrupts import run_interruptibly
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
@@ -53,17 +52,14 @@ from kimi_batch.engine import (
     BatchRun,
     GenerationRequest,
     GenerationResult,
-    LeaseLostError,
     Ledger,
     PlannedRow,
 )
-from kimi_batch.errors import KimiBatchError
-from kimi_batch.pipeline import GenerationTask, RowReader, register_stage
+from kimi_batch.pipeline import SKIPPED, GenerationTask, HeldPartition, RowReader, register_stage
 from kimi_batch.settings import Settings
 from kimi_batch.warehouse import Warehouse
 
 __all__ = [
-    "SKIPPED",
     "GenerationResources",
     "PartitionResult",
     "PipelineStage",
@@ -79,8 +75,6 @@ Task = GenerationTask[Any, Any]
 T = TypeVar("T")
 # A partition's plan of a stage (default `plan_stage`: its inputs read from the warehouse).
 Planner = Callable[[Task, str], StagePlan]
-# What leaves one partition out while the others go on (its input, its lease, a write refused).
-SKIPPED = (dg.Failure, LeaseLostError, KimiBatchError)
 
 
 @dataclass(frozen=True)

@@ -29,14 +29,13 @@ import polars as pl
 from kimi_batch.crash_points import crash_point
 from kimi_batch.defs.assets.checks import generation_checks
 from kimi_batch.defs.assets.context import RunContext
-from kimi_batch.defs.assets.lease import HeldPartition
 from kimi_batch.defs.assets.quality import quality_checks, screening
 from kimi_batch.defs.metadata import generation_figures, on_table, summary_table, table_metadata
 from kimi_batch.defs.partition_states import INPUT_SHA_METADATA
 from kimi_batch.defs.partitions import split_partition_key
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.engine import BatchOutcome, GenerationRequest, GenerationResult
-from kimi_batch.pipeline import INPUT_STAGE, GenerationTask, StageSink
+from kimi_batch.pipeline import INPUT_STAGE, GenerationTask, HeldPartition, StageSink
 from kimi_batch.storage import (
     PartitionGate,
     QualityGate,

@@ -43,14 +43,12 @@ from kimi_batch.defs.assets.batch import (
 )
 from kimi_batch.defs.assets.context import LLAMA_POOL
 from kimi_batch.defs.assets.driver import (
-    SKIPPED,
     GenerationResources,
     PartitionResult,
     PipelineStage,
     run_partitions,
 )
 from kimi_batch.defs.assets.landing import NightLanding, partition_parts_of
-from kimi_batch.defs.assets.lease import HeldPartition, partition_lease
 from kimi_batch.defs.assets.night_tag import tag_the_night
 from kimi_batch.defs.assets.window import mark_stopped_at_window, window_end
 from kimi_batch.defs.jobs import (
@@ -66,6 +64,7 @@ from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.defs.stages import SEED_TABLES, nightly_stages
+from kimi_batch.pipeline import SKIPPED, HeldPartition, PartitionSkippedError, partition_lease
 
 __all__ = ["NightConfig", "build_nightly_job", "night_batch", "night_config_type", "nightly_job"]
 
@@ -175,8 +174,9 @@ def _hold(
             night.failed[key] = "not a date|source partition key"
             continue
         try:
-            night.going[key] = stack.enter_context(partition_lease(context, warehouse, *parts))
-        except dg.Failure as error:
+            held = partition_lease(warehouse.ledger, *parts, context.run.run_id)
+            night.going[key] = stack.enter_context(held)
+        except PartitionSkippedError as error:
             night.failed[key] = _reason(error)
 
 

@@ -16,9 +16,8 @@ from typing import Any
 
 import dagster as dg
 
-from kimi_batch.defs.assets.lease import HeldPartition
 from kimi_batch.defs.check_states import CONTAMINATION_CHECK, DUPLICATE_CHECK
-from kimi_batch.pipeline import GenerationTask
+from kimi_batch.pipeline import GenerationTask, HeldPartition
 from kimi_batch.storage import (
     PartitionGate,
     QualityGate,

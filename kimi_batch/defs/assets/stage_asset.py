@@ -16,10 +16,9 @@ from typing import Any
 import dagster as dg
 
 from kimi_batch.defs.assets.checks import CHECK_NAMES, check_specs
-from kimi_batch.defs.assets.context import LLAMA_POOL
+from kimi_batch.defs.assets.context import LLAMA_POOL, failing_step, step_lease
 from kimi_batch.defs.assets.driver import GenerationResources, PipelineStage, run_partitions
 from kimi_batch.defs.assets.landing import StepLanding
-from kimi_batch.defs.assets.lease import partition_lease
 from kimi_batch.defs.assets.window import stopped_at_window
 from kimi_batch.defs.metadata import ASSET_OWNERS
 from kimi_batch.defs.partitions import partition_parts
@@ -103,7 +102,7 @@ def run_stage(
     ds, source = partition_parts(context)
     resources = GenerationResources(llama=llama, digest=digest, warehouse=warehouse, trino=trino)
     landing = StepLanding()
-    with partition_lease(context, warehouse, ds, source) as held:
+    with step_lease(context, warehouse, ds, source) as held:
         (result,) = run_partitions(
             context,
             [PipelineStage(context.asset_key, task)],
@@ -113,7 +112,8 @@ def run_stage(
             landing=landing,
         ).values()
         if result.failed is not None:
-            raise result.failed
+            with failing_step():
+                raise result.failed
     if result.stopped is not None:
         raise stopped_at_window(context, result.stopped)
     assert result.materialized is not None
