@@ -5,7 +5,7 @@ from __future__ import annotations
 from kimi_batch.engine import LeaseLostError
 from kimi_batch.errors import KimiBatchError
 
-__all__ = ["SKIPPED", "PartitionSkippedError"]
+__all__ = ["SKIPPED", "PartitionSkippedError", "StageConfigError"]
 
 
 class PartitionSkippedError(KimiBatchError):
@@ -16,3 +16,8 @@ class PartitionSkippedError(KimiBatchError):
 
 # What leaves one partition out while the others go on (its input, its lease, a write refused).
 SKIPPED = (PartitionSkippedError, LeaseLostError, KimiBatchError)
+
+
+class StageConfigError(KimiBatchError):
+    """A stage's run config names what cannot be used (an output model the deployment does not
+    allow, a rubric that cannot be read): the run builds nothing."""

@@ -48,7 +48,7 @@ __all__ = [
 
 class _Tables(Mapping[str, type[BaseModel]]):
     """`seeds`, every registered generation stage's table, `quarantine`; read when asked, so a
-    stage registered later (`kimi_batch.pipeline.registry.register_stage`) is a table at once."""
+    stage declared later (`kimi_batch.pipeline.declare_stage`) is a table at once."""
 
     def _tables(self) -> dict[str, type[BaseModel]]:
         stages = {stage.table: stage.row_model for stage in STAGES.values()}

@@ -5,9 +5,8 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from kimi_batch.defs.assets.batch import AmplifyConfig, DistillConfig
 from kimi_batch.defs.assets.checks import generation_checks
-from kimi_batch.pipeline import CheckFigures
+from kimi_batch.pipeline import AmplifyConfig, CheckFigures, DistillConfig
 from kimi_batch.settings import Settings
 from kimi_batch.storage import polars_schema
 

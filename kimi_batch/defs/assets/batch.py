@@ -16,28 +16,23 @@ from kimi_batch.defs.assets.landing import consumed_input_sha
 from kimi_batch.defs.assets.stage_asset import generation_asset
 from kimi_batch.defs.deployment import deployment_settings
 from kimi_batch.defs.interrupts import InterruptibleRunner, interruptible_runner
+from kimi_batch.defs.jobs import BATCH_GROUP, INGEST_TAG, NIGHT_END_TAG, OPTIONAL_TAG
 from kimi_batch.defs.metadata import ASSET_OWNERS, table_metadata
 from kimi_batch.defs.partitions import build_batch_partitions, partition_parts
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
-from kimi_batch.defs.stages import (
-    BATCH_GROUP,
-    INGEST_TAG,
-    OPTIONAL_TAG,
+from kimi_batch.pipeline import (
     SEED_ASSET,
     STAGE_DECLARATIONS,
-    AmplifyConfig,
-    DistillConfig,
-    StageDeclaration,
-)
-from kimi_batch.pipeline import (
     HeldPartition,
     PartitionSkippedError,
     QuarantineRow,
+    StageDeclaration,
     check_prompt_lengths,
     file_row,
+    night_end,
 )
 from kimi_batch.settings import Settings
 from kimi_batch.storage import (
@@ -51,8 +46,6 @@ from kimi_batch.tasks.reader import InputReader
 from kimi_batch.warehouse import PartitionWrite, Warehouse
 
 __all__ = [
-    "AmplifyConfig",
-    "DistillConfig",
     "build_batch_assets",
     "declared_asset",
     "defs",
@@ -259,24 +252,23 @@ def build_batch_assets(
         tags={INGEST_TAG: "true"},
     )(seed_prompts)
     declared = [d for d in STAGE_DECLARATIONS.values() if settings is None or d.enabled(settings)]
-    return [seeds, *(declared_asset(d, partitions) for d in declared)]
+    end = night_end()
+    return [seeds, *(declared_asset(d, partitions, night_end=d is end) for d in declared)]
 
 
 def declared_asset(
-    declaration: StageDeclaration, partitions: dg.PartitionsDefinition
+    declaration: StageDeclaration, partitions: dg.PartitionsDefinition, *, night_end: bool = False
 ) -> dg.AssetsDefinition:
-    """The asset of one declared stage over `partitions`."""
+    """The asset of one declared stage over `partitions` (`night_end`: the night's last stage,
+    the end of `distillation_job`)."""
     return generation_asset(
-        name=declaration.asset,
-        task=declaration.config or declaration.task(),
+        declaration,
         partitions=partitions,
-        deps=declaration.reads,
-        description=declaration.description,
         tags={
             **({INGEST_TAG: "true"} if declaration.ingest else {}),
             **({OPTIONAL_TAG: "true"} if declaration.switch else {}),
-        }
-        or None,
+            **({NIGHT_END_TAG: "true"} if night_end else {}),
+        },
         checks=stage_check_names(declaration.task),
     )
 

@@ -9,7 +9,12 @@ from contextlib import contextmanager
 import dagster as dg
 
 from kimi_batch.defs.resources.warehouse import WarehouseResource
-from kimi_batch.pipeline import HeldPartition, PartitionSkippedError, partition_lease
+from kimi_batch.pipeline import (
+    HeldPartition,
+    PartitionSkippedError,
+    StageConfigError,
+    partition_lease,
+)
 
 __all__ = ["LLAMA_POOL", "RunContext", "failing_step", "step_lease"]
 
@@ -22,11 +27,12 @@ LLAMA_POOL = "llama_server"
 
 @contextmanager
 def failing_step() -> Iterator[None]:
-    """A partition the pipeline skips (`PartitionSkippedError`) fails the step as Dagster's
-    `Failure`: its message, shown without a traceback."""
+    """A partition the pipeline skips (`PartitionSkippedError`), or a stage's config it refuses
+    (`StageConfigError`), fails the step as Dagster's `Failure`: its message, shown without a
+    traceback."""
     try:
         yield
-    except PartitionSkippedError as error:
+    except (PartitionSkippedError, StageConfigError) as error:
         raise dg.Failure(str(error)) from error
 
 

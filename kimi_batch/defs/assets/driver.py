@@ -55,7 +55,7 @@ from kimi_batch.engine import (
     Ledger,
     PlannedRow,
 )
-from kimi_batch.pipeline import SKIPPED, GenerationTask, HeldPartition, RowReader, register_stage
+from kimi_batch.pipeline import SKIPPED, GenerationTask, HeldPartition, RowReader
 from kimi_batch.settings import Settings
 from kimi_batch.warehouse import Warehouse
 
@@ -121,7 +121,6 @@ def sample_scope(task: Task, ds: str, source: str) -> str:
 
 def plan_stage(task: Task, store: Warehouse, ds: str, source: str) -> StagePlan:
     """Read the partition's inputs of `task` and build its requests (each row its own sample)."""
-    register_stage(type(task))
     reader: RowReader = lambda table, model: store.read_rows(table, ds, source, model)  # noqa: E731
     inputs = task.load(reader)
     scope = sample_scope(task, ds, source)

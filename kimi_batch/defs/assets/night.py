@@ -26,14 +26,13 @@ partition is written.
 
 # No `from __future__ import annotations`: Dagster reads the op function's annotations.
 
-import types
 from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
 import dagster as dg
-from pydantic import Field, create_model
+from pydantic import BaseModel, Field, create_model
 
 from kimi_batch.defs.assets.batch import (
     SeedConfig,
@@ -41,7 +40,7 @@ from kimi_batch.defs.assets.batch import (
     resolve_seeds_input,
     seeds_are_current,
 )
-from kimi_batch.defs.assets.context import LLAMA_POOL
+from kimi_batch.defs.assets.context import LLAMA_POOL, failing_step
 from kimi_batch.defs.assets.driver import (
     GenerationResources,
     PartitionResult,
@@ -50,6 +49,7 @@ from kimi_batch.defs.assets.driver import (
 )
 from kimi_batch.defs.assets.landing import NightLanding, partition_parts_of
 from kimi_batch.defs.assets.night_tag import tag_the_night
+from kimi_batch.defs.assets.stage_asset import dagster_config
 from kimi_batch.defs.assets.window import mark_stopped_at_window, window_end
 from kimi_batch.defs.jobs import (
     JOB_TAG,
@@ -63,13 +63,19 @@ from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
-from kimi_batch.defs.stages import SEED_TABLES, nightly_stages
-from kimi_batch.pipeline import SKIPPED, HeldPartition, PartitionSkippedError, partition_lease
+from kimi_batch.pipeline import (
+    SEED_TABLES,
+    SKIPPED,
+    HeldPartition,
+    PartitionSkippedError,
+    nightly_stages,
+    partition_lease,
+)
 
 __all__ = ["NightConfig", "build_nightly_job", "night_batch", "night_config_type", "nightly_job"]
 
 
-class NightConfig(dg.Config):
+class NightConfig(BaseModel):
     """The night's partitions (the schedule fills them in) and the seeds' config;
     `night_config_type()` adds a field per nightly stage with a run config (`night_field`)."""
 
@@ -182,7 +188,6 @@ def _hold(
 
 def night_batch(
     context: dg.OpExecutionContext,
-    config: NightConfig,
     llama: LlamaServerResource,
     digest: DigestResource,
     warehouse: WarehouseResource,
@@ -191,14 +196,18 @@ def night_batch(
     """Seeds, then amplification and distillation of every partition of the night in one
     engine run, each partition's next stage as soon as its last one landed; each partition
     written, materialized and checked on its own."""
+    config = night_config_type().model_validate(context.op_config)
     resources = GenerationResources(llama=llama, digest=digest, warehouse=warehouse, trino=trino)
     settings = llama.settings()
     night = _Night()
-    stages = [
-        PipelineStage(d.key, d.build(getattr(config, d.config_field, None), settings))
-        for d in nightly_stages(settings)
-        if d.asset not in config.skip_stages
-    ]
+    with failing_step():  # a stage's config refused (StageConfigError): the night's failure
+        stages = [
+            PipelineStage(
+                dg.AssetKey(d.asset), d.build(getattr(config, d.config_field, None), settings)
+            )
+            for d in nightly_stages(settings)
+            if d.asset not in config.skip_stages
+        ]
     with ExitStack() as stack:
         _hold(context, stack, night, config.partitions, warehouse)
         landing = NightLanding(context)
@@ -232,14 +241,11 @@ def night_batch(
 
 
 def build_nightly_job() -> dg.JobDefinition:
-    """The nightly job over the stages declared now (`kimi_batch.defs.stages`)."""
+    """The nightly job over the stages declared now (`kimi_batch.pipeline.stages`)."""
 
-    # `night_batch` itself, with its own annotations: Dagster takes the run-config schema from
-    # the `config` annotation, here with a field per declared nightly stage.
-    op = types.FunctionType(night_batch.__code__, night_batch.__globals__, NIGHTLY_OP_NAME)
-    op.__annotations__ = {**night_batch.__annotations__, "config": night_config_type()}
-    op.__doc__ = night_batch.__doc__
-    night_op = dg.op(name=NIGHTLY_OP_NAME, pool=LLAMA_POOL)(op)
+    # Its run config: a field per nightly stage declared now, read by Dagster from the classes.
+    schema = dagster_config(night_config_type())
+    night_op = dg.op(name=NIGHTLY_OP_NAME, pool=LLAMA_POOL, config_schema=schema)(night_batch)
 
     @dg.job(
         name=NIGHTLY_JOB_NAME,
