@@ -41,12 +41,7 @@ from kimi_batch.defs.assets.batch import (
     seeds_are_current,
 )
 from kimi_batch.defs.assets.context import LLAMA_POOL, failing_step
-from kimi_batch.defs.assets.driver import (
-    GenerationResources,
-    PartitionResult,
-    PipelineStage,
-    run_partitions,
-)
+from kimi_batch.defs.assets.driver import GenerationResources, run_partitions
 from kimi_batch.defs.assets.landing import NightLanding, partition_parts_of
 from kimi_batch.defs.assets.night_tag import tag_the_night
 from kimi_batch.defs.assets.stage_asset import dagster_config
@@ -67,7 +62,9 @@ from kimi_batch.pipeline import (
     SEED_TABLES,
     SKIPPED,
     HeldPartition,
+    PartitionResult,
     PartitionSkippedError,
+    PipelineStage,
     nightly_stages,
     partition_lease,
 )
@@ -112,7 +109,7 @@ class _Night:
             self.stopped.remove(key)
         self.failed[key] = reason
 
-    def take(self, results: Mapping[str, PartitionResult]) -> None:
+    def take(self, results: Mapping[str, PartitionResult[dg.MaterializeResult]]) -> None:
         """The driver's results: the failed and the stopped partitions are named."""
         for key, result in results.items():
             if result.failed is not None:
@@ -202,9 +199,7 @@ def night_batch(
     night = _Night()
     with failing_step():  # a stage's config refused (StageConfigError): the night's failure
         stages = [
-            PipelineStage(
-                dg.AssetKey(d.asset), d.build(getattr(config, d.config_field, None), settings)
-            )
+            PipelineStage(d.asset, d.build(getattr(config, d.config_field, None), settings))
             for d in nightly_stages(settings)
             if d.asset not in config.skip_stages
         ]

@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field, create_model
 
 from kimi_batch.defs.assets.checks import CHECK_NAMES, check_specs
 from kimi_batch.defs.assets.context import LLAMA_POOL, failing_step, step_lease
-from kimi_batch.defs.assets.driver import GenerationResources, PipelineStage, run_partitions
+from kimi_batch.defs.assets.driver import GenerationResources, run_partitions
 from kimi_batch.defs.assets.landing import StepLanding
 from kimi_batch.defs.assets.window import stopped_at_window
 from kimi_batch.defs.jobs import BATCH_GROUP
@@ -28,7 +28,7 @@ from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
-from kimi_batch.pipeline import GenerationTask, StageDeclaration
+from kimi_batch.pipeline import GenerationTask, PipelineStage, StageDeclaration
 
 __all__ = ["dagster_config", "generation_asset", "run_stage"]
 
@@ -118,7 +118,7 @@ def run_stage(
     with step_lease(context, warehouse, ds, source) as held:
         (result,) = run_partitions(
             context,
-            [PipelineStage(context.asset_key, task)],
+            [PipelineStage(context.asset_key.to_user_string(), task)],
             {f"{ds}|{source}": held},
             ledger=held.ledger,
             resources=resources,
