@@ -79,7 +79,8 @@ def generation_asset(
         warehouse: WarehouseResource,
         trino: TrinoResource,
     ) -> dg.MaterializeResult:
-        config = config_type.model_validate(context.op_config) if config_type else None
+        raw = context.op_execution_context.op_config
+        config = config_type.model_validate(raw) if config_type else None
         with failing_step():
             stage = declaration.build(config, llama.settings())
         return run_stage(
