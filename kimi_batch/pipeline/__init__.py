@@ -153,117 +153,28 @@ if typing.TYPE_CHECKING:
         Strategy,
     )
 
-# Member -> the module that defines it.
-_MODULES: dict[str, str] = {
-    "AmplifyTask": "amplify",
-    "DEFAULT_AMPLIFY_PARAMS": "amplify",
-    "TEMPLATES": "amplify",
-    "amplification_requests": "amplify",
-    "dedup_variants": "amplify",
-    "parse_variant": "amplify",
-    "variant_instruction": "amplify",
-    "ApiBatchInputs": "api_batch",
-    "ApiBatchTask": "api_batch",
-    "NOT_JSON_REASON": "api_batch",
-    "BatchCancelledError": "batch_controls",
-    "BatchControls": "batch_controls",
-    "CANCEL_POLL_S": "batch_controls",
-    "unless_cancelled": "batch_controls",
-    "DEFAULT_DISTILL_PARAMS": "distill",
-    "DistillInputs": "distill",
-    "DistillTask": "distill",
-    "EMPTY_REASON": "distill",
-    "SEED_TAG": "distill",
-    "TRUNCATED_REASON": "distill",
-    "distillation_requests": "distill",
-    "parse_tag": "distill",
-    "variant_tag": "distill",
-    "DriverRun": "driver",
-    "PartitionResult": "driver",
-    "PipelineStage": "driver",
-    "StagePlan": "driver",
-    "answered_again": "driver",
-    "asked_again": "driver",
-    "drive": "driver",
-    "oldest_first": "driver",
-    "plan_partition": "driver",
-    "sample_scope": "driver",
-    "PartitionSkippedError": "errors",
-    "SKIPPED": "errors",
-    "StageConfigError": "errors",
-    "GenerationTask": "generation_task",
-    "RowReader": "generation_task",
-    "ScreenedText": "generation_task",
-    "SeedInputs": "generation_task",
-    "SetAside": "generation_task",
-    "generation_columns": "generation_task",
-    "DEFAULT_JUDGE_PARAMS": "judge",
-    "JUDGE_STAGE": "judge",
-    "JudgeInputs": "judge",
-    "JudgeTask": "judge",
-    "Verdict": "judge",
-    "judge_prompt": "judge",
-    "HeldPartition": "lease",
-    "LEASE_TTL_S": "lease",
-    "LEASE_WAIT_S": "lease",
-    "partition_lease": "lease",
-    "TEMPLATE_TOKENS_FIXED": "prompt_length",
-    "TEMPLATE_TOKENS_PER_TURN": "prompt_length",
-    "TOKENIZE_CONCURRENCY": "prompt_length",
-    "check_prompt_lengths": "prompt_length",
-    "find_overlong": "prompt_length",
-    "quarantine_overlong": "prompt_length",
-    "template_tokens": "prompt_length",
-    "token_bound": "prompt_length",
-    "INPUT_STAGE": "quarantine",
-    "RAW_LIMIT": "quarantine",
-    "failure_rows": "quarantine",
-    "file_row": "quarantine",
-    "input_row": "quarantine",
-    "raw_json": "quarantine",
-    "rejected_raw": "quarantine",
-    "result_row": "quarantine",
-    "set_aside_row": "quarantine",
-    "truncate_raw": "quarantine",
-    "AmplifiedRow": "rows",
-    "DistilledRow": "rows",
-    "GenerationColumns": "rows",
-    "JudgedRow": "rows",
-    "OutputRow": "rows",
-    "PARTITION_COLUMNS": "rows",
-    "QuarantineRow": "rows",
-    "SeedMessage": "rows",
-    "SeedRow": "rows",
-    "ShortAnswer": "schemas",
-    "StepByStepAnswer": "schemas",
-    "import_output_model": "schemas",
-    "CheckFigures": "sink",
-    "StageSink": "sink",
-    "AMPLIFY": "stages",
-    "AmplifyConfig": "stages",
-    "DISTILL": "stages",
-    "DistillConfig": "stages",
-    "JUDGE": "stages",
-    "JudgeConfig": "stages",
-    "SEED_ASSET": "stages",
-    "SEED_TABLES": "stages",
-    "STAGES": "stages",
-    "STAGE_DECLARATIONS": "stages",
-    "StageConfig": "stages",
-    "StageDeclaration": "stages",
-    "declare_stage": "stages",
-    "night_end": "stages",
-    "nightly_stages": "stages",
-    "stage_of_tag": "stages",
-    "upstream_of": "stages",
-    "withdraw_stage": "stages",
-    "AMPLIFY_STAGE": "tags",
-    "DISTILL_STAGE": "tags",
-    "Origin": "tags",
-    "RequestTag": "tags",
-    "Strategy": "tags",
-}
-_LAZY_MEMBERS = tuple(_MODULES)
+# The modules, in the order a member is looked for: those the input models below build on first,
+# so that looking up a row model never imports a stage (which imports the input models).
+_MODULES = (
+    "rows",
+    "tags",
+    "quarantine",
+    "schemas",
+    "errors",
+    "generation_task",
+    "sink",
+    "prompt_length",
+    "lease",
+    "batch_controls",
+    "amplify",
+    "distill",
+    "judge",
+    "api_batch",
+    "stages",
+    "driver",
+)
+_ABSENT = object()
+
 __all__ = [
     "AMPLIFY",
     "AMPLIFY_STAGE",
@@ -373,12 +284,15 @@ __all__ = [
     "variant_tag",
     "withdraw_stage",
 ]
+_LAZY_MEMBERS = frozenset(__all__)
 
 
 def __getattr__(name: str) -> object:
-    module = _MODULES.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+    """A member of the surface, from the first module that has it (imported then)."""
+    if name in _LAZY_MEMBERS:
+        for module in _MODULES:
+            found = getattr(importlib.import_module(f"{__name__}.{module}"), name, _ABSENT)
+            if found is not _ABSENT:
+                globals()[name] = found
+                return found
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
