@@ -20,7 +20,15 @@ from typing import Any
 
 import httpx
 
-__all__ = ["POLL_S", "BusyTimeline", "SlotPoller", "Window", "idle_by_cause", "run_windows"]
+__all__ = [
+    "POLL_S",
+    "BusyTimeline",
+    "SlotPoller",
+    "Window",
+    "generating_steps",
+    "idle_by_cause",
+    "run_windows",
+]
 
 POLL_S = 0.05
 
@@ -138,13 +146,17 @@ def run_windows(instance: Any, run_ids: Sequence[str], offset: float) -> list[Wi
     return windows
 
 
-def _cause(gap: tuple[float, float], windows: Sequence[Window], timeline: BusyTimeline) -> str:
-    """Why the server idled: where the gap's middle falls among the runs' and steps' spans."""
+def generating_steps() -> set[str]:
+    """The steps that send requests: each declared nightly stage's, and the nightly job's one."""
     from kimi_batch.defs.jobs import NIGHTLY_OP_NAME
     from kimi_batch_bench.stages import night_stage_assets
 
-    # The per-partition jobs' generating steps, and the nightly job's one step.
-    generating = {*night_stage_assets(), NIGHTLY_OP_NAME}
+    return {*night_stage_assets(), NIGHTLY_OP_NAME}
+
+
+def _cause(gap: tuple[float, float], windows: Sequence[Window], timeline: BusyTimeline) -> str:
+    """Why the server idled: where the gap's middle falls among the runs' and steps' spans."""
+    generating = generating_steps()
     middle = (gap[0] + gap[1]) / 2
     for window in windows:
         if window.kind in generating and window.start <= middle <= window.end:

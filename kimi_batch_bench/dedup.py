@@ -32,7 +32,7 @@ from pydantic import BaseModel, Field
 from kimi_batch.paths import StateLocation
 from kimi_batch.settings import Settings
 from kimi_batch.storage import DedupIndex, DedupSetting, IndexedText, shingles
-from kimi_batch.tasks.amplify import normalize_text
+from kimi_batch.tasks.text_keys import normalize_text
 
 __all__ = [
     "DedupBenchOptions",

@@ -123,7 +123,7 @@ def _nights_request(
 
     from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME
     from kimi_batch.defs.schedules import build_nightly_schedule
-    from kimi_batch.defs.stages import DISTILL
+    from kimi_batch.pipeline import DISTILL
     from kimi_batch_bench.stages import night_stage_assets
 
     context = dg.build_schedule_context(instance=instance, scheduled_execution_time=scheduled)

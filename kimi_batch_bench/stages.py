@@ -7,6 +7,6 @@ __all__ = ["night_stage_assets"]
 
 def night_stage_assets() -> tuple[str, ...]:
     """The assets the night generates, in the night's order (the bench lists no stage by hand)."""
-    from kimi_batch.defs.stages import nightly_stages  # the Dagster folder: loaded on use
+    from kimi_batch.pipeline import nightly_stages
 
     return tuple(declaration.asset for declaration in nightly_stages())

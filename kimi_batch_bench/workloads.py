@@ -17,10 +17,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.engine import GenerationRequest, SamplingParams, estimate_tokens
 from kimi_batch.llama import ChatMessage
-from kimi_batch.tasks.amplify import Strategy, amplification_requests
-from kimi_batch.tasks.distill import distillation_requests
+from kimi_batch.pipeline import (
+    Strategy,
+    amplification_requests,
+    distillation_requests,
+    judge_prompt,
+)
 from kimi_batch.tasks.inputs import SeedPrompt
-from kimi_batch.tasks.judge import judge_prompt
 from kimi_batch.tasks.reader import read_inbox_file
 
 __all__ = [

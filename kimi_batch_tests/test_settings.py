@@ -106,7 +106,7 @@ def test_new_variables_and_their_errors(clean_env: pytest.MonkeyPatch) -> None:
     assert settings.night_ends == time(7, 30)
     assert settings.max_input_bytes == 64 * 1024 * 1024
     assert settings.llama_extra_urls == ("http://a:8081", "http://b:8081")
-    assert settings.output_model_modules == ("kimi_batch.tasks.schemas", "team.schemas")
+    assert settings.output_model_modules == ("kimi_batch.pipeline.schemas", "team.schemas")
 
     clean_env.setenv("KIMI_BATCH_NIGHT_ENDS", "seven")
     with pytest.raises(ConfigError, match="KIMI_BATCH_NIGHT_ENDS must be a time of day"):

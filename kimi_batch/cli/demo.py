@@ -12,10 +12,10 @@ import dagster as dg
 from kimi_batch.definitions import DIGEST_ASSETS, batch_assets, build_resources
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, SOURCE_PARTITIONS_NAME
 from kimi_batch.defs.resources.digest import DigestResource
-from kimi_batch.defs.stages import STAGE_DECLARATIONS
 from kimi_batch.engine import ProgressEvent, notify
 from kimi_batch.errors import MissingInputError
 from kimi_batch.llama import server_from_settings
+from kimi_batch.pipeline import STAGE_DECLARATIONS
 from kimi_batch.settings import Settings, samples_dir
 from kimi_batch.storage import Assignment, Landing, inspect_inbox_file, wait_until_settled
 

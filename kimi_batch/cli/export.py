@@ -59,6 +59,7 @@ from kimi_batch.exports import (
 )
 from kimi_batch.llama import TokenLogprob, ToolCall
 from kimi_batch.paths import private_dir
+from kimi_batch.pipeline import AMPLIFY, DISTILL
 from kimi_batch.settings import Settings
 from kimi_batch.storage import (
     private_folder,
@@ -179,10 +180,10 @@ def partition_prefix(ds: str, source: str) -> str:
 
 
 def _openai_batch(warehouse: Warehouse, ds: str, source: str, prefix: str) -> list[str]:
-    distilled = warehouse.read_partition("distilled", ds, source)
+    distilled = warehouse.read_partition(DISTILL.table, ds, source)
     quarantine = warehouse.read_partition("quarantine", ds, source)
-    failed = quarantine.filter(quarantine["stage"] == "distill")
-    amplified = warehouse.read_partition("amplified", ds, source)
+    failed = quarantine.filter(quarantine["stage"] == DISTILL.task.name)
+    amplified = warehouse.read_partition(AMPLIFY.table, ds, source)
     variants = {
         row["request_id"]: (row["seed_id"], row["strategy"]) for row in amplified.to_dicts()
     }
@@ -271,7 +272,7 @@ def pinned_warehouse(settings: Settings, as_of: str | None) -> Warehouse:
     warehouse = open_warehouse(settings)
     if as_of is None:
         return warehouse.pinned(current_snapshots(warehouse))
-    return warehouse.pinned(resolve_as_of(warehouse, as_of, required="distilled"))
+    return warehouse.pinned(resolve_as_of(warehouse, as_of, required=DISTILL.table))
 
 
 def run_export(settings: Settings, request: ExportRequest) -> Path:

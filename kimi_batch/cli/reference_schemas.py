@@ -11,9 +11,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from kimi_batch.pipeline import GenerationColumns
 from kimi_batch.settings import Settings, default_digest_path
 from kimi_batch.storage import PARTITION_COLUMNS, TABLES, trino_columns
-from kimi_batch.tasks.rows import GenerationColumns
 
 __all__ = ["GENERATED", "batch_api_page", "cell", "tables_page"]
 

@@ -69,6 +69,7 @@ from kimi_batch.llama import (
     ServerStatus,
     server_from_settings,
 )
+from kimi_batch.pipeline import stage_of_tag
 from kimi_batch.settings import Settings
 from kimi_batch.state import StateError, shown_location
 from kimi_batch.storage import (
@@ -78,7 +79,6 @@ from kimi_batch.storage import (
     scan_inbox,
     still_changing,
 )
-from kimi_batch.tasks.registry import stage_of_tag
 
 __all__ = ["Status", "collect_status", "render_status"]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import polars as pl
 
 from kimi_batch.cli.status_sections import QualitySection
+from kimi_batch.pipeline import JudgeTask
 from kimi_batch.settings import Settings
 from kimi_batch.state import StateError
 from kimi_batch.storage import (
@@ -18,7 +19,6 @@ from kimi_batch.storage import (
     index_entries,
     set_aside_totals,
 )
-from kimi_batch.tasks.judge import JudgeTask
 from kimi_batch.warehouse import open_warehouse
 
 __all__ = ["quality_section"]

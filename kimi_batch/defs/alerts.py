@@ -31,12 +31,12 @@ from pydantic import BaseModel, ConfigDict
 
 from kimi_batch.defs.check_states import FailedCheck, failed_checks
 from kimi_batch.defs.deployment import deployment_settings
-from kimi_batch.defs.jobs import DISTILLED_RESPONSES
 from kimi_batch.defs.partition_states import (
     PARTITION_TAG,
     PartitionRecord,
     PartitionState,
     distill_states,
+    night_end_key,
     night_partitions,
     run_progress,
 )
@@ -154,11 +154,12 @@ def _superseded_ok() -> Iterator[None]:
 
 
 def build_freshness_checks(settings: Settings) -> Sequence[dg.AssetChecksDefinition]:
-    """Dagster's freshness check of `distilled_responses`: updated by each night's end."""
+    """Dagster's freshness check of the night's end (`distilled_responses`, or the last
+    always-on stage declared after it): updated by each night's end."""
     ends = settings.night_ends or DEFAULT_NIGHT_ENDS
     with _superseded_ok():
         return dg.build_last_update_freshness_checks(
-            assets=[DISTILLED_RESPONSES],
+            assets=[night_end_key()],
             lower_bound_delta=_NIGHT_SPAN,
             deadline_cron=f"{ends.minute} {ends.hour} * * *",
             timezone=settings.timezone,
@@ -246,7 +247,8 @@ def trino_problem(settings: Settings, ds: str) -> str:
 def _headline(report: NightReport) -> str:
     if not report.fresh:
         return (
-            f"kimi_batch: distilled_responses is OVERDUE at {report.deadline:%Y-%m-%d %H:%M %Z} "
+            f"kimi_batch: {night_end_key().to_user_string()} is OVERDUE at "
+            f"{report.deadline:%Y-%m-%d %H:%M %Z} "
             f"(night {report.ds}): {report.freshness}"
         )
     if report.stale:
@@ -280,7 +282,7 @@ def night_message(instance: dg.DagsterInstance, report: NightReport, dagster_url
             f"- {item.partition}: {item.describe()}" for item in report.failed_checks[:_LISTED]
         )
     lines.append(
-        f"look: {dagster_url.rstrip('/')}/assets/{DISTILLED_RESPONSES.to_user_string()} "
+        f"look: {dagster_url.rstrip('/')}/assets/{night_end_key().to_user_string()} "
         "· kimi-batch status"
     )
     return "\n".join(lines)

@@ -13,7 +13,7 @@ from typing import Any
 import dagster as dg
 from pydantic import BaseModel, ConfigDict
 
-from kimi_batch.defs.stages import STAGE_DECLARATIONS
+from kimi_batch.pipeline import STAGE_DECLARATIONS
 
 __all__ = [
     "CONTAMINATION_CHECK",
@@ -37,9 +37,11 @@ def watched_checks() -> list[dg.AssetCheckKey]:
     """The checks the alerts report: every declared stage's truncation rate and
     the quality-gated stages' benchmark contamination."""
     stages = STAGE_DECLARATIONS.values()
-    truncation = [dg.AssetCheckKey(d.key, TRUNCATION_CHECK) for d in stages]
+    truncation = [dg.AssetCheckKey(dg.AssetKey(d.asset), TRUNCATION_CHECK) for d in stages]
     contamination = [
-        dg.AssetCheckKey(d.key, CONTAMINATION_CHECK) for d in stages if d.task.quality_gated
+        dg.AssetCheckKey(dg.AssetKey(d.asset), CONTAMINATION_CHECK)
+        for d in stages
+        if d.task.quality_gated
     ]
     return [*truncation, *contamination]
 

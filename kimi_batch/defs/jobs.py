@@ -3,7 +3,7 @@ the names of the nightly job (one run over many partitions, `kimi_batch.defs.ass
 
 Selections name the batch group, an asset tag or asset keys rather than asset objects, so this
 module (and the sensor/schedule built on it) imports without the asset modules, and a stage
-declared later (`kimi_batch.defs.stages`) is selected too; `Definitions` resolves them, and the jobs take the
+declared later (`kimi_batch.pipeline.stages`) is selected too; `Definitions` resolves them, and the jobs take the
 assets' `batch_partitions` from them (Dagster deprecated passing `partitions_def` here), so
 backfills of any job work over date ranges.
 
@@ -20,14 +20,18 @@ from typing import Any
 
 import dagster as dg
 
-from kimi_batch.defs.stages import BATCH_GROUP, DISTILL, INGEST_TAG, OPTIONAL_TAG, SEED_ASSET
+from kimi_batch.pipeline import DISTILL, SEED_ASSET
 
 __all__ = [
     "API_BATCH_JOB_NAME",
+    "BATCH_GROUP",
+    "INGEST_TAG",
     "JOB_TAG",
     "LLAMA_TAG",
     "NIGHTLY_JOB_NAME",
     "NIGHTLY_OP_NAME",
+    "NIGHT_END_TAG",
+    "OPTIONAL_TAG",
     "RETRY_TAGS",
     "STOPPED_TAG",
     "WINDOW_TAG",
@@ -38,6 +42,14 @@ __all__ = [
     "nightly_run_config",
 ]
 
+# The asset group of seed_prompts and every declared stage.
+BATCH_GROUP = "batch"
+# Asset tag of the stages the inbox sensor's ingest_job runs after landing the seeds.
+INGEST_TAG = "kimi_batch/ingest"
+# Asset tag of the stages a setting switches on (`switch`): batch_job leaves them out.
+OPTIONAL_TAG = "kimi_batch/optional"
+# Asset tag of the night's end (`kimi_batch.pipeline.night_end`), set when the assets are built.
+NIGHT_END_TAG = "kimi_batch/night_end"
 JOB_TAG = "kimi_batch/job"
 LLAMA_TAG = "kimi_batch/uses_llama_server"
 # When the run's nightly window ends (ISO datetime, set by the nightly schedule or by hand): past it
@@ -50,7 +62,7 @@ STOPPED_TAG = "kimi_batch/stopped_at_window"
 RETRY_TAGS: dict[str, str] = {"dagster/max_retries": "2", "dagster/retry_strategy": "FROM_FAILURE"}
 
 SEED_PROMPTS = dg.AssetKey(SEED_ASSET)
-DISTILLED_RESPONSES = DISTILL.key
+DISTILLED_RESPONSES = dg.AssetKey(DISTILL.asset)
 API_BATCH_RESPONSES = dg.AssetKey("api_batch_responses")
 API_BATCH_JOB_NAME = "api_batch_job"
 # The nightly schedule's job: every partition of a night in one run (`defs/assets/night.py`).
@@ -78,13 +90,15 @@ ingest_job = dg.define_asset_job(
     tags=_tags("ingest"),
 )
 
-# One partition's distillation (the UI, backfills). Upstream included: a day the sensor never
-# ingested still gets its answers, and a day it did costs no generation twice (finished requests
-# come from the ledger).
+# One partition's night (the UI, backfills): the night's end and what it reads. Upstream
+# included: a day the sensor never ingested still gets its answers, and a day it did costs no
+# generation twice (finished requests come from the ledger). Selected by tag, so a stage declared
+# after distillation is the job's end as it is the night's.
 distillation_job = dg.define_asset_job(
     name="distillation_job",
-    selection=dg.AssetSelection.assets(DISTILLED_RESPONSES).upstream(),
-    description="Teacher answers for a partition; upstream steps reuse the ledger.",
+    selection=dg.AssetSelection.tag(NIGHT_END_TAG, "true").upstream(),
+    description="The night's stages for a partition (teacher answers and what follows them); "
+    "upstream steps reuse the ledger.",
     tags=_tags("distillation"),
 )
 

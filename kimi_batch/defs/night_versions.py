@@ -24,8 +24,8 @@ import dagster as dg
 
 from kimi_batch.defs.assets.night import nightly_job
 from kimi_batch.defs.deployment import deployment_settings
-from kimi_batch.defs.jobs import JOB_TAG, LLAMA_TAG, NIGHTLY_OP_NAME, WINDOW_TAG
-from kimi_batch.defs.stages import BATCH_GROUP, SEED_ASSET, STAGE_DECLARATIONS
+from kimi_batch.defs.jobs import BATCH_GROUP, JOB_TAG, LLAMA_TAG, NIGHTLY_OP_NAME, WINDOW_TAG
+from kimi_batch.pipeline import SEED_ASSET, STAGE_DECLARATIONS
 from kimi_batch.settings import Settings
 
 __all__ = [

@@ -1,4 +1,5 @@
-"""Where each `distilled_responses` partition stands, read from the Dagster instance.
+"""Where each partition of the night's end (`distilled_responses`, or the last always-on stage
+declared after it: `night_end_key`) stands, read from the Dagster instance.
 
 Shared by `kimi-batch status` and the morning alerts, so both name a partition's state the same
 way. The base is Dagster's own per-partition status (materialized; a latest attempt with no
@@ -20,13 +21,12 @@ import dagster as dg
 from pydantic import BaseModel, ConfigDict
 
 from kimi_batch.defs.jobs import (
-    DISTILLED_RESPONSES,
     NIGHTLY_JOB_NAME,
     NIGHTLY_OP_NAME,
     STOPPED_TAG,
 )
-from kimi_batch.defs.stages import DISTILL, upstream_of
 from kimi_batch.engine import ProgressEvent
+from kimi_batch.pipeline import night_end, upstream_of
 
 __all__ = [
     "ACTIVE_RUN_STATUSES",
@@ -37,6 +37,7 @@ __all__ = [
     "PartitionState",
     "distill_states",
     "distilled_input_sha",
+    "night_end_key",
     "night_partitions",
     "run_progress",
 ]
@@ -133,7 +134,7 @@ def _night_attempts(instance: dg.DagsterInstance) -> dict[str, tuple[dg.DagsterR
     oldest = min(began for _, began in latest.values())
     materialized: dict[str, float] = {}
     records_filter = dg.AssetRecordsFilter(
-        asset_key=DISTILLED_RESPONSES, asset_partitions=list(latest), after_timestamp=oldest - 1.0
+        asset_key=night_end_key(), asset_partitions=list(latest), after_timestamp=oldest - 1.0
     )
     cursor: str | None = None
     while True:
@@ -152,10 +153,17 @@ def _night_attempts(instance: dg.DagsterInstance) -> dict[str, tuple[dg.DagsterR
     }
 
 
+def night_end_key() -> dg.AssetKey:
+    """The asset whose partitions, built, make the night done for them (`pipeline.night_end`:
+    distillation, or the last always-on stage declared after it)."""
+    return dg.AssetKey(night_end().asset)
+
+
 def distilled_input_sha(instance: dg.DagsterInstance, key: str) -> str | None:
-    """The input version (sha256) the partition's latest distillation was built from."""
+    """The input version (sha256) the partition's latest build of the night's end (its
+    distillation, unless a stage follows it) was built from."""
     found = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=DISTILLED_RESPONSES, asset_partitions=[key]), limit=1
+        dg.AssetRecordsFilter(asset_key=night_end_key(), asset_partitions=[key]), limit=1
     ).records
     materialization = found[0].asset_materialization if found else None
     if materialization is None:
@@ -174,12 +182,13 @@ def distill_states(
     `landed` maps a partition key to the sha256 of its newest landed input: a done partition
     distilled from another version is stale.
     """
-    done = set(instance.get_materialized_partitions(DISTILLED_RESPONSES))
+    end = night_end_key()
+    done = set(instance.get_materialized_partitions(end))
     # Dagster's own record of each partition's latest attempt that nothing materialized since
     # (failed, running, stopped): every such partition, however many runs came after it.
     storage = instance.event_log_storage
     attempts = storage.get_latest_asset_partition_materialization_attempts_without_materializations(
-        DISTILLED_RESPONSES
+        end
     )
     runs = _run_records(instance, (run_id for run_id, _ in attempts.values()))
     latest: dict[str, tuple[dg.DagsterRun, float]] = {}
@@ -196,7 +205,7 @@ def distill_states(
         if state is not None:
             records[key] = PartitionRecord(key=key, state=state, run_id=run.run_id)
     expected = set(known_keys) | done
-    for asset in upstream_of(DISTILL.asset):
+    for asset in upstream_of(end.path[-1]):
         expected |= set(instance.get_materialized_partitions(dg.AssetKey(asset)))
     for key in expected - set(records):
         state = PartitionState.DONE if key in done else PartitionState.PENDING

@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.defs.deployment import deployment_settings
 from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, RETRY_TAGS, WINDOW_TAG, nightly_run_config
-from kimi_batch.defs.partition_states import distilled_input_sha
+from kimi_batch.defs.partition_states import distilled_input_sha, night_end_key
 from kimi_batch.defs.partitions import (
     DATE_DIMENSION,
     SOURCE_DIMENSION,
@@ -48,7 +48,6 @@ from kimi_batch.defs.partitions import (
     source_partitions,
     split_partition_key,
 )
-from kimi_batch.defs.stages import DISTILL
 from kimi_batch.settings import Settings
 from kimi_batch.storage import SETTLE_S as LANDING_SETTLE_S
 from kimi_batch.storage import Assignment, InboxLanding, Landing, land_inbox, rescreen_partitions
@@ -78,7 +77,6 @@ MAX_RUNTIME_TAG = "dagster/max_runtime"
 # Requests in flight at the window's end are allowed to finish: on the target one answer after a
 # long prompt can take most of an hour.
 WINDOW_GRACE_S = 3600
-_DISTILLED = DISTILL.key
 # How long an inbox file must have stood still before the night lands it (a module global read
 # per tick, so tests can shorten it); one still changing is landed by the next tick.
 SETTLE_S = LANDING_SETTLE_S
@@ -234,7 +232,7 @@ def report_idle_night(instance: dg.DagsterInstance, night: str) -> None:
     update, so a night with no new input is not reported as a missed one."""
     instance.report_runless_asset_event(
         dg.AssetObservation(
-            asset_key=_DISTILLED,
+            asset_key=night_end_key(),
             description=f"every partition up to {night} is distilled",
             metadata={
                 "night": night,
@@ -274,7 +272,7 @@ def build_nightly_schedule(settings: Settings) -> dg.ScheduleDefinition:
         instance = context.instance
         assignments, landed, inbox = _known_partitions(settings, night, dates.has_partition_key)
         settling = _log_inbox(context, inbox)
-        distilled = instance.get_materialized_partitions(_DISTILLED)
+        distilled = instance.get_materialized_partitions(night_end_key())
         stale = _stale(instance, distilled, landed)
         stale += [key for key in _rescreen(settings, distilled) if key not in stale]
         partitions = [

@@ -70,7 +70,7 @@ DEFAULT_API_MAX_BATCH_REQUESTS = 50_000
 DEFAULT_API_MAX_BATCH_MB = 200
 # Modules whose pydantic models a run may name as `output_model` (run config is not trusted to
 # import arbitrary code); extend with KIMI_BATCH_OUTPUT_MODEL_MODULES.
-DEFAULT_OUTPUT_MODEL_MODULES: tuple[str, ...] = ("kimi_batch.tasks.schemas",)
+DEFAULT_OUTPUT_MODEL_MODULES: tuple[str, ...] = ("kimi_batch.pipeline.schemas",)
 # Near-duplicates: datasketch's MinHash LSH at Jaccard 0.8 over 5-word shingles (the range
 # datatrove and the LSH literature use for web text; README "Training-ready data").
 DEFAULT_DEDUP_THRESHOLD = 0.8

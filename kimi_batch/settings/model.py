@@ -248,7 +248,7 @@ class Settings(QualitySettings, StateSettings):
     )
     output_model_modules: tuple[str, ...] = Field(
         default=DEFAULT_OUTPUT_MODEL_MODULES,
-        description="More modules (besides `kimi_batch.tasks.schemas`) whose pydantic models "
+        description="More modules (besides `kimi_batch.pipeline.schemas`) whose pydantic models "
         "`distilled_responses`' `output_model` may name.",
         json_schema_extra=_shown("empty"),
     )

@@ -26,6 +26,14 @@ import polars as pl
 from pydantic import BaseModel, ConfigDict
 
 from kimi_batch.paths import StateLocation
+from kimi_batch.pipeline import (
+    INPUT_STAGE,
+    GenerationColumns,
+    GenerationTask,
+    QuarantineRow,
+    ScreenedText,
+    set_aside_row,
+)
 from kimi_batch.settings import QualitySettings
 from kimi_batch.storage.contamination import BenchmarkIndex, load_benchmarks
 from kimi_batch.storage.dedup_index import (
@@ -37,9 +45,6 @@ from kimi_batch.storage.dedup_index import (
     KeptEntry,
     PartitionDedup,
 )
-from kimi_batch.tasks.generation_task import GenerationTask, ScreenedText
-from kimi_batch.tasks.quarantine import INPUT_STAGE, set_aside_row
-from kimi_batch.tasks.rows import GenerationColumns, QuarantineRow
 from kimi_batch.tasks.text_keys import normalize_text
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """One mapping from row-model fields to polars dtypes and Trino SQL types.
 
 Parquet files and Trino tables are both derived from the pydantic row models in
-`kimi_batch.tasks.rows`, so the two can never drift apart:
+`kimi_batch.pipeline.rows`, so the two can never drift apart:
 
     str, Literal[str, ...]  -> String              / VARCHAR
     int                     -> Int64               / BIGINT
@@ -27,9 +27,8 @@ from typing import Any, Literal, Union, get_args, get_origin
 import polars as pl
 from pydantic import BaseModel
 
+from kimi_batch.pipeline import PARTITION_COLUMNS, STAGES, QuarantineRow, SeedRow
 from kimi_batch.storage.exceptions import InvalidIdentifierError, InvalidPartitionError
-from kimi_batch.tasks.registry import STAGES
-from kimi_batch.tasks.rows import PARTITION_COLUMNS, QuarantineRow, SeedRow
 
 __all__ = [
     "PARTITION_COLUMNS",
@@ -49,7 +48,7 @@ __all__ = [
 
 class _Tables(Mapping[str, type[BaseModel]]):
     """`seeds`, every registered generation stage's table, `quarantine`; read when asked, so a
-    stage registered later (`kimi_batch.tasks.registry.register_stage`) is a table at once."""
+    stage declared later (`kimi_batch.pipeline.declare_stage`) is a table at once."""
 
     def _tables(self) -> dict[str, type[BaseModel]]:
         stages = {stage.table: stage.row_model for stage in STAGES.values()}

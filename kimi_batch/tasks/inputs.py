@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kimi_batch.engine import SamplingParams
 from kimi_batch.llama import ChatMessage
-from kimi_batch.tasks.rows import QuarantineRow
+from kimi_batch.pipeline import QuarantineRow
 
 __all__ = ["InputBatch", "ParamOverrides", "SeedPrompt"]
 

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.engine import GenerationRequest, GenerationResult, RequestKind, SamplingParams
 from kimi_batch.llama import ChatMessage, TokenLogprob, ToolCall
-from kimi_batch.tasks.tags import RequestTag
+from kimi_batch.pipeline import RequestTag
 
 __all__ = [
     "API_STAGE",

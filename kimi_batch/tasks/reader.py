@@ -22,6 +22,7 @@ from typing import IO, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kimi_batch.pipeline import QuarantineRow, input_row, rejected_raw, truncate_raw
 from kimi_batch.tasks.input_formats import (
     FILE_ERRORS,
     FileRefusedError,
@@ -33,9 +34,7 @@ from kimi_batch.tasks.input_formats import (
     parquet_items,
 )
 from kimi_batch.tasks.inputs import InputBatch, SeedPrompt
-from kimi_batch.tasks.quarantine import input_row, rejected_raw, truncate_raw
 from kimi_batch.tasks.raw_rows import format_validation_error, parse_record
-from kimi_batch.tasks.rows import QuarantineRow
 from kimi_batch.tasks.seen_ids import SeenIds
 
 __all__ = [

@@ -7,8 +7,8 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 
 from kimi_batch.llama import ChatMessage
+from kimi_batch.pipeline import SeedMessage, SeedRow
 from kimi_batch.tasks.inputs import ParamOverrides, SeedPrompt
-from kimi_batch.tasks.rows import SeedMessage, SeedRow
 
 __all__ = ["seed_rows", "seeds_from_rows"]
 

@@ -12,8 +12,8 @@ import pytest
 from kimi_batch.cli.commands import main
 from kimi_batch.cli.export import ExportRequest, run_export
 from kimi_batch.errors import ConfigError
+from kimi_batch.pipeline import DistilledRow, QuarantineRow
 from kimi_batch.settings import Settings
-from kimi_batch.tasks.rows import DistilledRow, QuarantineRow
 from kimi_batch.warehouse import Warehouse, night_tag, tag_night
 from kimi_batch_tests.support.exports import DAYS, build_warehouse
 

@@ -21,8 +21,8 @@ from kimi_batch.crash_points import CrashPointReached, armed
 from kimi_batch.engine import SystemDigest, load_digest
 from kimi_batch.errors import ConfigError
 from kimi_batch.exports import TrainingOptions, system_side_file
+from kimi_batch.pipeline import DistilledRow
 from kimi_batch.settings import Settings
-from kimi_batch.tasks.rows import DistilledRow
 from kimi_batch.warehouse import open_warehouse
 from kimi_batch_tests.support.batches import chat_line, jsonl, landed_batch
 from kimi_batch_tests.support.chat_templates import assistant_span, chat_templates

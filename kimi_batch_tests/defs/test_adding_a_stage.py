@@ -21,18 +21,34 @@ import polars as pl
 import pytest
 
 from kimi_batch.cli.demo import run_demo
+from kimi_batch.cli.export import pinned_warehouse
 from kimi_batch.cli.status import collect_status
 from kimi_batch.definitions import batch_assets, build_definitions, build_resources
+from kimi_batch.defs.alerts import build_freshness_checks
 from kimi_batch.defs.check_states import TRUNCATION_CHECK, failed_checks, watched_checks
 from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME
+from kimi_batch.defs.partition_states import (
+    INPUT_SHA_METADATA,
+    PartitionState,
+    distill_states,
+    night_end_key,
+)
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
-from kimi_batch.defs.stages import STAGE_DECLARATIONS, nightly_stages, withdraw_stage
+from kimi_batch.pipeline import (
+    STAGE_DECLARATIONS,
+    RequestTag,
+    generation_columns,
+    night_end,
+    nightly_stages,
+    stage_of_tag,
+    withdraw_stage,
+)
 from kimi_batch.settings import Settings
 from kimi_batch.storage import TABLES, TrinoConfig, TrinoReader
-from kimi_batch.tasks.registry import stage_of_tag
-from kimi_batch.tasks.tags import RequestTag
 from kimi_batch.warehouse import open_warehouse
+from kimi_batch_bench.busy import generating_steps
 from kimi_batch_tests.support.llama_server import LlamaEnv
+from kimi_batch_tests.support.results import make_result
 from kimi_batch_tests.support.trino import TrinoServer
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
@@ -87,6 +103,56 @@ def test_the_doc_declares_a_stage_every_part_of_the_code_location_knows(
     assert "summaries" in TABLES
     assert stage_of_tag(RequestTag(stage="summary").wire) is summary.SummaryTask
     assert dg.AssetCheckKey(key, TRUNCATION_CHECK) in watched_checks()
+
+
+def test_a_stage_after_distillation_ends_the_night_for_the_schedule_freshness_and_staleness(
+    summary: types.ModuleType, settings: Settings
+) -> None:
+    """The declaration alone moves "the night is done" past distillation: the night's end, the
+    job of one partition's night, the freshness check, the partition states (staleness)."""
+    declaration = STAGE_DECLARATIONS[ASSET]
+    key = dg.AssetKey(ASSET)
+    assert night_end() is declaration
+    assert night_end_key() == key  # what the schedule asks the partitions of
+    defs = build_definitions(settings)
+    distillation = defs.resolve_job_def("distillation_job").asset_layer.selected_asset_keys
+    assert {key, dg.AssetKey("distilled_responses"), dg.AssetKey("seed_prompts")} <= distillation
+    (freshness,) = build_freshness_checks(settings)
+    assert {check.asset_key for check in freshness.check_keys} == {key}
+
+    partition = "2026-01-02|summary_src"
+    with dg.instance_for_test() as instance:
+        _materialized(instance, "distilled_responses", partition, "sha-a")
+        assert distill_states(instance)[partition].state == PartitionState.PENDING
+        _materialized(instance, ASSET, partition, "sha-a")
+        assert distill_states(instance)[partition].state == PartitionState.DONE
+        landed = {partition: "sha-b"}  # a newer version of the input landed since
+        assert distill_states(instance, landed=landed)[partition].state == PartitionState.STALE
+
+
+def _materialized(instance: dg.DagsterInstance, asset: str, partition: str, sha: str) -> None:
+    instance.report_runless_asset_event(
+        dg.AssetMaterialization(asset, partition=partition, metadata={INPUT_SHA_METADATA: sha})
+    )
+
+
+def test_the_export_reads_the_new_stages_table_and_the_bench_its_steps(
+    summary: types.ModuleType, settings: Settings
+) -> None:
+    """The export pins (and its hf card names) every table of the warehouse, the new one with
+    them; the bench counts the new stage's steps as generating steps."""
+    rows = [
+        summary.SummaryRow.model_validate(
+            {
+                **generation_columns(make_result()),
+                "answer_request_id": "r1",
+                "summary": "three short words",
+            }
+        )
+    ]
+    written = open_warehouse(settings).write_partition("summaries", "2026-01-02", "src", rows)
+    assert pinned_warehouse(settings, None).snapshots == {"summaries": written.snapshot_id}
+    assert ASSET in generating_steps()
 
 
 @pytest.mark.filterwarnings(_TAG_WARNING)

@@ -5,11 +5,10 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from kimi_batch.defs.assets.batch import AmplifyConfig, DistillConfig
 from kimi_batch.defs.assets.checks import generation_checks
+from kimi_batch.pipeline import AmplifyConfig, CheckFigures, DistillConfig
 from kimi_batch.settings import Settings
 from kimi_batch.storage import polars_schema
-from kimi_batch.tasks.sink import CheckFigures
 
 
 def test_the_answer_budget_defaults_to_the_servers_n_predict(

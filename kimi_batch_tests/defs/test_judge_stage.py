@@ -12,7 +12,7 @@ import pytest
 
 from kimi_batch.definitions import batch_assets, build_definitions
 from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME
-from kimi_batch.defs.stages import DISTILL, JUDGE, nightly_stages
+from kimi_batch.pipeline import DISTILL, JUDGE, nightly_stages
 from kimi_batch.settings import Settings
 from kimi_batch.storage import TrinoConfig, TrinoReader
 from kimi_batch.warehouse import open_warehouse
@@ -35,17 +35,23 @@ def test_by_default_the_judge_is_in_the_code_location_but_not_run(
     monkeypatch.delenv("KIMI_BATCH_JUDGE_NIGHTLY", raising=False)
     settings = _settings(tmp_path, monkeypatch)
     defs = build_definitions(settings)
-    node = defs.resolve_asset_graph().get(JUDGE.key)
-    assert node.parent_keys == {DISTILL.key}
+    node = defs.resolve_asset_graph().get(dg.AssetKey(JUDGE.asset))
+    assert node.parent_keys == {dg.AssetKey(DISTILL.asset)}
     assert "truncation_rate" in {check.name for check in node.check_keys}
-    assert JUDGE.key not in defs.resolve_job_def("batch_job").asset_layer.selected_asset_keys
-    assert DISTILL.key in defs.resolve_job_def("batch_job").asset_layer.selected_asset_keys
+    assert (
+        dg.AssetKey(JUDGE.asset)
+        not in defs.resolve_job_def("batch_job").asset_layer.selected_asset_keys
+    )
+    assert (
+        dg.AssetKey(DISTILL.asset)
+        in defs.resolve_job_def("batch_job").asset_layer.selected_asset_keys
+    )
     assert JUDGE not in nightly_stages(settings)
     assert DISTILL in nightly_stages(settings)
     # "Everything" (the demo, the bench's pipeline run) is the stages switched on.
     everything = {asset.key for asset in batch_assets(settings)}
-    assert DISTILL.key in everything
-    assert JUDGE.key not in everything
+    assert dg.AssetKey(DISTILL.asset) in everything
+    assert dg.AssetKey(JUDGE.asset) not in everything
 
 
 def test_switched_on_the_night_runs_it_after_distillation(
@@ -54,7 +60,7 @@ def test_switched_on_the_night_runs_it_after_distillation(
     settings = _settings(tmp_path, monkeypatch, KIMI_BATCH_JUDGE_NIGHTLY="on")
     stages = nightly_stages(settings)
     assert stages.index(JUDGE) > stages.index(DISTILL)
-    assert JUDGE.key in {asset.key for asset in batch_assets(settings)}
+    assert dg.AssetKey(JUDGE.asset) in {asset.key for asset in batch_assets(settings)}
 
 
 @pytest.mark.slow
@@ -102,7 +108,7 @@ def test_the_night_grades_every_answer_and_the_judged_table_lands_in_trino(
             },
         )
         assert night.success
-        materialized = set(instance.get_materialized_partitions(JUDGE.key))
+        materialized = set(instance.get_materialized_partitions(dg.AssetKey(JUDGE.asset)))
 
     distilled = warehouse.read_partition("distilled", today, "graded")
     judged = warehouse.read_partition("judged", today, "graded")
@@ -119,7 +125,7 @@ def test_the_night_grades_every_answer_and_the_judged_table_lands_in_trino(
     (materialization,) = [
         event.step_materialization_data.materialization
         for event in night.all_events
-        if event.is_step_materialization and event.asset_key == JUDGE.key
+        if event.is_step_materialization and event.asset_key == dg.AssetKey(JUDGE.asset)
     ]
     scores = [materialization.metadata[f"score_{n}"].value for n in range(1, 11)]
     assert sum(float(str(count)) for count in scores) == judged.height

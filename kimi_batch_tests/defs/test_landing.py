@@ -10,8 +10,8 @@ import dagster as dg
 import pytest
 
 from kimi_batch.defs.assets.landing import NightLanding, StepLanding
-from kimi_batch.defs.assets.lease import HeldPartition
 from kimi_batch.engine import Ledger
+from kimi_batch.pipeline import HeldPartition
 
 KEY = "2024-05-01|north"
 SEEDS = dg.AssetKey("seed_prompts")

@@ -17,13 +17,12 @@ import psycopg
 import pytest
 
 from kimi_batch.definitions import build_definitions
-from kimi_batch.defs.assets import lease
 from kimi_batch.defs.assets import night as night_module
 from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME, STOPPED_TAG, WINDOW_TAG
 from kimi_batch.defs.partition_states import PartitionState, distill_states
 from kimi_batch.defs.schedules import PARTITIONS_TAG
-from kimi_batch.defs.stages import AMPLIFY
 from kimi_batch.engine.ledger import Ledger
+from kimi_batch.pipeline import AMPLIFY, lease
 from kimi_batch.settings import Settings
 from kimi_batch.storage import TrinoConfig, TrinoReader
 from kimi_batch.warehouse import Warehouse, newest_snapshots, night_tag, open_warehouse

@@ -14,17 +14,16 @@ import pytest
 
 from kimi_batch.cli.export import ExportQuery, ExportRequest, run_export
 from kimi_batch.cli.status import collect_status
-from kimi_batch.defs.assets.landing import StagePlan, land_stage, record
-from kimi_batch.defs.assets.lease import HeldPartition
+from kimi_batch.defs.assets.landing import land_stage, record
 from kimi_batch.defs.check_states import failed_checks
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.engine import Ledger
+from kimi_batch.pipeline import DistillTask, HeldPartition, StagePlan
 from kimi_batch.settings import Settings
 from kimi_batch.storage import (
     rescreen_partitions,
 )
-from kimi_batch.tasks.distill import DistillTask
 from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.quality import (
     BENCHMARK_ITEM,

@@ -17,11 +17,11 @@ import pytest
 import yaml
 
 from kimi_batch.definitions import batch_assets, build_resources
-from kimi_batch.defs.assets import lease
 from kimi_batch.defs.jobs import RETRY_TAGS, STOPPED_TAG, WINDOW_TAG
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
 from kimi_batch.engine.ledger import Ledger
 from kimi_batch.llama.factory import server_from_settings
+from kimi_batch.pipeline import lease
 from kimi_batch.settings import Settings
 from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.llama_server import TEST_SLOTS, LlamaEnv

@@ -19,7 +19,7 @@ from kimi_batch.engine import (
 )
 from kimi_batch.llama import ChatMessage
 from kimi_batch.llama.server import ResidentServer
-from kimi_batch.tasks.generation_task import generation_columns
+from kimi_batch.pipeline import generation_columns
 from kimi_batch_tests.support.llama_server import make_spec
 
 pytestmark = pytest.mark.slow

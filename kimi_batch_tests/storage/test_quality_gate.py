@@ -8,15 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from kimi_batch.paths import StatePaths
+from kimi_batch.pipeline import DistilledRow, DistillInputs, DistillTask, SetAside
 from kimi_batch.settings import QualitySettings
 from kimi_batch.storage import (
     QualityGate,
     set_aside_totals,
 )
 from kimi_batch.storage.dedup_index import rescreen_partitions
-from kimi_batch.tasks.distill import DistillInputs, DistillTask
-from kimi_batch.tasks.generation_task import SetAside
-from kimi_batch.tasks.rows import DistilledRow
 from kimi_batch.tasks.seeds import seeds_from_rows
 from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.postgres import StateBackend

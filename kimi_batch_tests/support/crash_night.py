@@ -29,12 +29,12 @@ import dagster as dg
 import polars as pl
 
 from kimi_batch.defs.assets.batch import seeds_are_current
-from kimi_batch.defs.assets.landing import StagePlan, land_stage
-from kimi_batch.defs.assets.lease import HeldPartition
+from kimi_batch.defs.assets.landing import land_stage
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.engine import GenerationResult, Ledger, row_request_id
 from kimi_batch.engine.generation import request_key
+from kimi_batch.pipeline import INPUT_STAGE, DistillTask, HeldPartition, StagePlan
 from kimi_batch.settings import Settings
 from kimi_batch.storage import (
     Landing,
@@ -43,9 +43,7 @@ from kimi_batch.storage import (
     resolve_partition,
 )
 from kimi_batch.storage.dedup_index import index_entries
-from kimi_batch.tasks.distill import DistillTask
 from kimi_batch.tasks.inputs import InputBatch, SeedPrompt
-from kimi_batch.tasks.quarantine import INPUT_STAGE
 from kimi_batch.tasks.reader import InputReader
 from kimi_batch.warehouse import Warehouse, newest_snapshots, open_warehouse, tag_night
 from kimi_batch_tests.support.quality import outcome_of

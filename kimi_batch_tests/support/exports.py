@@ -11,17 +11,16 @@ import hashlib
 from typing import Any
 
 from kimi_batch.engine import fold_instructions, load_digest
-from kimi_batch.settings import Settings
-from kimi_batch.tasks.rows import (
+from kimi_batch.llama import TokenLogprob, TopLogprob
+from kimi_batch.pipeline import (
     AmplifiedRow,
     DistilledRow,
     JudgedRow,
     QuarantineRow,
     SeedMessage,
     SeedRow,
-    TokenLogprob,
-    TopLogprob,
 )
+from kimi_batch.settings import Settings
 from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.rows import CREATED_AT
 

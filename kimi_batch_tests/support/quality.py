@@ -9,8 +9,7 @@ from pathlib import Path
 
 from kimi_batch.engine import BatchOutcome, GenerationResult, fold_instructions
 from kimi_batch.engine.stats import StatsAccumulator
-from kimi_batch.tasks.distill import DistillInputs, DistillTask
-from kimi_batch.tasks.rows import SeedMessage, SeedRow
+from kimi_batch.pipeline import DistillInputs, DistillTask, SeedMessage, SeedRow
 from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.results import make_result
 from kimi_batch_tests.support.rows import CREATED_AT

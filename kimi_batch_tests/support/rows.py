@@ -5,14 +5,13 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from kimi_batch.tasks.rows import (
+from kimi_batch.llama import TokenLogprob, TopLogprob
+from kimi_batch.pipeline import (
     AmplifiedRow,
     DistilledRow,
     QuarantineRow,
     SeedMessage,
     SeedRow,
-    TokenLogprob,
-    TopLogprob,
 )
 
 __all__ = ["CREATED_AT", "amplified", "distilled", "quarantined", "seeds"]

@@ -15,7 +15,9 @@ import time
 import dagster as dg
 
 from kimi_batch.defs.jobs import (
+    BATCH_GROUP,
     DISTILLED_RESPONSES,
+    INGEST_TAG,
     LLAMA_TAG,
     NIGHTLY_JOB_NAME,
     NIGHTLY_OP_NAME,
@@ -27,7 +29,6 @@ from kimi_batch.defs.partition_states import INPUT_SHA_METADATA
 from kimi_batch.defs.partitions import build_batch_partitions, partition_parts, split_partition_key
 from kimi_batch.defs.schedules import build_nightly_schedule
 from kimi_batch.defs.sensors import build_inbox_sensor
-from kimi_batch.defs.stages import BATCH_GROUP, INGEST_TAG
 from kimi_batch.settings import Settings
 from kimi_batch.storage.inbox import file_sha256, inspect_inbox_file
 from kimi_batch.storage.landing import Landing

@@ -31,8 +31,7 @@ from kimi_batch.engine import (
 )
 from kimi_batch.llama import ChatMessage
 from kimi_batch.paths import StateLocation, StatePaths
-from kimi_batch.tasks.generation_task import generation_columns
-from kimi_batch.tasks.rows import DistilledRow
+from kimi_batch.pipeline import DistilledRow, generation_columns
 from kimi_batch.warehouse import CatalogSpec, Warehouse
 
 __all__ = ["DS", "WorkerSpec", "partition_requests"]

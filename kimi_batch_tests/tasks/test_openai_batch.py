@@ -14,10 +14,10 @@ from openai.types.responses import Response
 
 from kimi_batch.cli.export import export_partition
 from kimi_batch.llama import TokenLogprob, ToolCall, TopLogprob
+from kimi_batch.pipeline import result_row
 from kimi_batch.settings import Settings
 from kimi_batch.tasks.batch_input import parse_batch_input
 from kimi_batch.tasks.openai_batch import AnsweredRequest, response_line
-from kimi_batch.tasks.quarantine import result_row
 from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.results import make_result
 from kimi_batch_tests.support.rows import CREATED_AT, amplified, distilled

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kimi_batch.errors import ConfigError
-from kimi_batch.tasks.rows import DistilledRow
+from kimi_batch.pipeline import DistilledRow
 from kimi_batch.warehouse import (
     Warehouse,
     newest_snapshots,

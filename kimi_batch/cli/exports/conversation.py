@@ -9,7 +9,7 @@ The user side is rebuilt from the input version the answer was made from (its
 `input_sha256`): the seeds table's rows when they are of that version, else that version's
 landed snapshot read again (`InputVersions`: a file re-landed, its distillation not rebuilt
 yet); never another version's question (an answer whose version is gone fails the export,
-naming it). It is rebuilt as `tasks/distill.py` built the request: a seed's own messages (its
+naming it). It is rebuilt as `pipeline/distill.py` built the request: a seed's own messages (its
 instructions already folded into the first user turn), or, for a variant, one user turn of the
 seed's instructions folded in front of the variant's prompt (`engine.fold_instructions`). The
 row's `prompt` alone would lose the instructions block and a seed's earlier turns.
@@ -31,11 +31,11 @@ from kimi_batch.engine import SystemDigest, fold_instructions
 from kimi_batch.errors import ConfigError, MissingInputError
 from kimi_batch.exports import TrainingOptions, assistant_message, trainer_row
 from kimi_batch.llama import TokenLogprob
+from kimi_batch.pipeline import DistilledRow
 from kimi_batch.settings import Settings
 from kimi_batch.storage import ApiStore, Landing, StorageError, batch_lines
 from kimi_batch.tasks.inputs import SeedPrompt
 from kimi_batch.tasks.reader import iter_inbox_rows
-from kimi_batch.tasks.rows import DistilledRow
 
 __all__ = [
     "Asked",

@@ -180,7 +180,7 @@ def _sources(settings: Settings, tally: _Tally) -> list[InputSource]:
 
 def _sampling(settings: Settings, warehouse: Warehouse, tally: _Tally) -> SamplingFigures:
     # The distillation run config's defaults: rows do not record the params they were sent with.
-    from kimi_batch.defs.stages import DistillConfig
+    from kimi_batch.pipeline import DistillConfig
 
     params = DistillConfig().sampling(settings.llama_n_predict)
     overrides = 0

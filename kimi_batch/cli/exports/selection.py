@@ -17,11 +17,10 @@ from datetime import date
 from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.errors import ConfigError, MissingInputError
+from kimi_batch.pipeline import DistilledRow, JudgedRow, JudgeTask, SeedRow, Verdict
 from kimi_batch.storage import (
     validate_source,
 )
-from kimi_batch.tasks.judge import JudgeTask, Verdict
-from kimi_batch.tasks.rows import DistilledRow, JudgedRow, SeedRow
 from kimi_batch.warehouse import Warehouse
 
 __all__ = [

@@ -16,17 +16,10 @@ from typing import NoReturn
 
 import dagster as dg
 
-from kimi_batch.defs.assets.batch_controls import BatchCancelledError, BatchControls
 from kimi_batch.defs.assets.checks import check_specs
-from kimi_batch.defs.assets.context import LLAMA_POOL
-from kimi_batch.defs.assets.driver import (
-    GenerationResources,
-    PartitionResult,
-    PipelineStage,
-    run_partitions,
-)
-from kimi_batch.defs.assets.landing import StagePlan, StepLanding
-from kimi_batch.defs.assets.lease import HeldPartition, partition_lease
+from kimi_batch.defs.assets.context import LLAMA_POOL, step_lease
+from kimi_batch.defs.assets.driver import GenerationResources, run_partitions
+from kimi_batch.defs.assets.landing import StepLanding
 from kimi_batch.defs.metadata import ASSET_OWNERS
 from kimi_batch.defs.partitions import api_batch_partitions
 from kimi_batch.defs.resources.digest import DigestResource
@@ -34,6 +27,16 @@ from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.engine import Ledger, PlannedRow
+from kimi_batch.pipeline import (
+    ApiBatchInputs,
+    ApiBatchTask,
+    BatchCancelledError,
+    BatchControls,
+    HeldPartition,
+    PartitionResult,
+    PipelineStage,
+    StagePlan,
+)
 from kimi_batch.settings import Settings
 from kimi_batch.storage import (
     ApiStore,
@@ -45,7 +48,6 @@ from kimi_batch.storage import (
     finish_batch,
     iter_batch_lines,
 )
-from kimi_batch.tasks.api_batch import ApiBatchInputs, ApiBatchTask
 from kimi_batch.tasks.openai_batch import BatchLineError
 
 __all__ = [
@@ -181,7 +183,7 @@ def _answered(
     try:
         (result,) = run_partitions(
             context,
-            [PipelineStage(context.asset_key, plan.task)],
+            [PipelineStage(context.asset_key.to_user_string(), plan.task)],
             {f"{plan.ds}|{plan.source}": held},
             ledger=ledger,
             resources=resources,
@@ -207,7 +209,7 @@ def _finished(
     ledger: Ledger,
     inputs: ApiBatchInputs,
     batch: BatchRecord,
-    result: PartitionResult,
+    result: PartitionResult[dg.MaterializeResult],
 ) -> dg.MaterializeResult:
     """The landed batch's files and final status (completed once its rows are in the table
     and Trino; expired when its end came first), then its materialization."""
@@ -263,7 +265,7 @@ def api_batch_responses(
         resources = GenerationResources(
             llama=llama, digest=digest, warehouse=warehouse, trino=trino
         )
-        with partition_lease(context, warehouse, plan.ds, plan.source) as held:
+        with step_lease(context, warehouse, plan.ds, plan.source) as held:
             # A compare-and-set: a cancel that landed since the batch was read is not lost.
             started = begin_batch(
                 store,

@@ -11,27 +11,28 @@ import dagster as dg
 from pydantic import Field
 
 from kimi_batch.defs.assets.checks import stage_check_names
-from kimi_batch.defs.assets.context import LLAMA_POOL, RunContext
+from kimi_batch.defs.assets.context import LLAMA_POOL, RunContext, step_lease
 from kimi_batch.defs.assets.landing import consumed_input_sha
-from kimi_batch.defs.assets.lease import HeldPartition, partition_lease
 from kimi_batch.defs.assets.stage_asset import generation_asset
 from kimi_batch.defs.deployment import deployment_settings
 from kimi_batch.defs.interrupts import InterruptibleRunner, interruptible_runner
+from kimi_batch.defs.jobs import BATCH_GROUP, INGEST_TAG, NIGHT_END_TAG, OPTIONAL_TAG
 from kimi_batch.defs.metadata import ASSET_OWNERS, table_metadata
 from kimi_batch.defs.partitions import build_batch_partitions, partition_parts
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
-from kimi_batch.defs.stages import (
-    BATCH_GROUP,
-    INGEST_TAG,
-    OPTIONAL_TAG,
+from kimi_batch.pipeline import (
     SEED_ASSET,
     STAGE_DECLARATIONS,
-    AmplifyConfig,
-    DistillConfig,
+    HeldPartition,
+    PartitionSkippedError,
+    QuarantineRow,
     StageDeclaration,
+    check_prompt_lengths,
+    file_row,
+    night_end,
 )
 from kimi_batch.settings import Settings
 from kimi_batch.storage import (
@@ -41,15 +42,10 @@ from kimi_batch.storage import (
     land_input,
     resolve_partition,
 )
-from kimi_batch.tasks.prompt_length import check_prompt_lengths
-from kimi_batch.tasks.quarantine import file_row
 from kimi_batch.tasks.reader import InputReader
-from kimi_batch.tasks.rows import QuarantineRow
 from kimi_batch.warehouse import PartitionWrite, Warehouse
 
 __all__ = [
-    "AmplifyConfig",
-    "DistillConfig",
     "build_batch_assets",
     "declared_asset",
     "defs",
@@ -71,7 +67,7 @@ def resolve_seeds_input(settings: Settings, ds: str, source: str) -> ResolvedInp
     try:
         return resolve_partition(settings, ds, source)
     except StorageError as error:
-        raise dg.Failure(str(error)) from error
+        raise PartitionSkippedError(str(error)) from error
 
 
 def seeds_are_current(warehouse: WarehouseResource, resolved: ResolvedInput) -> bool:
@@ -98,7 +94,7 @@ def seed_prompts(
 ) -> dg.MaterializeResult:
     """Validated input rows of one landed inbox file (table `seeds`); bad rows go to quarantine."""
     ds, source = partition_parts(context)
-    with partition_lease(context, warehouse, ds, source) as held:
+    with step_lease(context, warehouse, ds, source) as held:
         return land_seed_partition(
             context,
             config,
@@ -256,24 +252,23 @@ def build_batch_assets(
         tags={INGEST_TAG: "true"},
     )(seed_prompts)
     declared = [d for d in STAGE_DECLARATIONS.values() if settings is None or d.enabled(settings)]
-    return [seeds, *(declared_asset(d, partitions) for d in declared)]
+    end = night_end()
+    return [seeds, *(declared_asset(d, partitions, night_end=d is end) for d in declared)]
 
 
 def declared_asset(
-    declaration: StageDeclaration, partitions: dg.PartitionsDefinition
+    declaration: StageDeclaration, partitions: dg.PartitionsDefinition, *, night_end: bool = False
 ) -> dg.AssetsDefinition:
-    """The asset of one declared stage over `partitions`."""
+    """The asset of one declared stage over `partitions` (`night_end`: the night's last stage,
+    the end of `distillation_job`)."""
     return generation_asset(
-        name=declaration.asset,
-        task=declaration.config or declaration.task(),
+        declaration,
         partitions=partitions,
-        deps=declaration.reads,
-        description=declaration.description,
         tags={
             **({INGEST_TAG: "true"} if declaration.ingest else {}),
             **({OPTIONAL_TAG: "true"} if declaration.switch else {}),
-        }
-        or None,
+            **({NIGHT_END_TAG: "true"} if night_end else {}),
+        },
         checks=stage_check_names(declaration.task),
     )
 

@@ -29,27 +29,23 @@ import polars as pl
 from kimi_batch.crash_points import crash_point
 from kimi_batch.defs.assets.checks import generation_checks
 from kimi_batch.defs.assets.context import RunContext
-from kimi_batch.defs.assets.lease import HeldPartition
 from kimi_batch.defs.assets.quality import quality_checks, screening
 from kimi_batch.defs.metadata import generation_figures, on_table, summary_table, table_metadata
 from kimi_batch.defs.partition_states import INPUT_SHA_METADATA
 from kimi_batch.defs.partitions import split_partition_key
 from kimi_batch.defs.resources.trino import TrinoResource
-from kimi_batch.engine import BatchOutcome, GenerationRequest, GenerationResult
+from kimi_batch.engine import BatchOutcome, GenerationResult
+from kimi_batch.pipeline import INPUT_STAGE, GenerationTask, HeldPartition, StagePlan, StageSink
 from kimi_batch.storage import (
     PartitionGate,
     QualityGate,
     replace_quarantine,
 )
-from kimi_batch.tasks.generation_task import GenerationTask
-from kimi_batch.tasks.quarantine import INPUT_STAGE
-from kimi_batch.tasks.sink import StageSink
 from kimi_batch.warehouse import PartitionWrite, Warehouse
 
 __all__ = [
     "Landing",
     "NightLanding",
-    "StagePlan",
     "StepLanding",
     "consumed_input_sha",
     "land_stage",
@@ -60,18 +56,6 @@ __all__ = [
 ]
 
 Task = GenerationTask[Any, Any]
-
-
-@dataclass(frozen=True)
-class StagePlan:
-    """One partition of one stage before generation: its inputs, requests and input version."""
-
-    task: Task
-    ds: str
-    source: str
-    inputs: Any
-    requests: list[GenerationRequest]
-    input_sha: str
 
 
 def partition_parts_of(key: str) -> tuple[str, str]:

@@ -26,14 +26,13 @@ partition is written.
 
 # No `from __future__ import annotations`: Dagster reads the op function's annotations.
 
-import types
 from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
 import dagster as dg
-from pydantic import Field, create_model
+from pydantic import BaseModel, Field, create_model
 
 from kimi_batch.defs.assets.batch import (
     SeedConfig,
@@ -41,17 +40,11 @@ from kimi_batch.defs.assets.batch import (
     resolve_seeds_input,
     seeds_are_current,
 )
-from kimi_batch.defs.assets.context import LLAMA_POOL
-from kimi_batch.defs.assets.driver import (
-    SKIPPED,
-    GenerationResources,
-    PartitionResult,
-    PipelineStage,
-    run_partitions,
-)
+from kimi_batch.defs.assets.context import LLAMA_POOL, failing_step
+from kimi_batch.defs.assets.driver import GenerationResources, run_partitions
 from kimi_batch.defs.assets.landing import NightLanding, partition_parts_of
-from kimi_batch.defs.assets.lease import HeldPartition, partition_lease
 from kimi_batch.defs.assets.night_tag import tag_the_night
+from kimi_batch.defs.assets.stage_asset import dagster_config
 from kimi_batch.defs.assets.window import mark_stopped_at_window, window_end
 from kimi_batch.defs.jobs import (
     JOB_TAG,
@@ -65,12 +58,21 @@ from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
-from kimi_batch.defs.stages import SEED_TABLES, nightly_stages
+from kimi_batch.pipeline import (
+    SEED_TABLES,
+    SKIPPED,
+    HeldPartition,
+    PartitionResult,
+    PartitionSkippedError,
+    PipelineStage,
+    nightly_stages,
+    partition_lease,
+)
 
 __all__ = ["NightConfig", "build_nightly_job", "night_batch", "night_config_type", "nightly_job"]
 
 
-class NightConfig(dg.Config):
+class NightConfig(BaseModel):
     """The night's partitions (the schedule fills them in) and the seeds' config;
     `night_config_type()` adds a field per nightly stage with a run config (`night_field`)."""
 
@@ -107,7 +109,7 @@ class _Night:
             self.stopped.remove(key)
         self.failed[key] = reason
 
-    def take(self, results: Mapping[str, PartitionResult]) -> None:
+    def take(self, results: Mapping[str, PartitionResult[dg.MaterializeResult]]) -> None:
         """The driver's results: the failed and the stopped partitions are named."""
         for key, result in results.items():
             if result.failed is not None:
@@ -175,14 +177,14 @@ def _hold(
             night.failed[key] = "not a date|source partition key"
             continue
         try:
-            night.going[key] = stack.enter_context(partition_lease(context, warehouse, *parts))
-        except dg.Failure as error:
+            held = partition_lease(warehouse.ledger, *parts, context.run.run_id)
+            night.going[key] = stack.enter_context(held)
+        except PartitionSkippedError as error:
             night.failed[key] = _reason(error)
 
 
 def night_batch(
     context: dg.OpExecutionContext,
-    config: NightConfig,
     llama: LlamaServerResource,
     digest: DigestResource,
     warehouse: WarehouseResource,
@@ -191,14 +193,16 @@ def night_batch(
     """Seeds, then amplification and distillation of every partition of the night in one
     engine run, each partition's next stage as soon as its last one landed; each partition
     written, materialized and checked on its own."""
+    config = night_config_type().model_validate(context.op_config)
     resources = GenerationResources(llama=llama, digest=digest, warehouse=warehouse, trino=trino)
     settings = llama.settings()
     night = _Night()
-    stages = [
-        PipelineStage(d.key, d.build(getattr(config, d.config_field, None), settings))
-        for d in nightly_stages(settings)
-        if d.asset not in config.skip_stages
-    ]
+    with failing_step():  # a stage's config refused (StageConfigError): the night's failure
+        stages = [
+            PipelineStage(d.asset, d.build(getattr(config, d.config_field, None), settings))
+            for d in nightly_stages(settings)
+            if d.asset not in config.skip_stages
+        ]
     with ExitStack() as stack:
         _hold(context, stack, night, config.partitions, warehouse)
         landing = NightLanding(context)
@@ -232,14 +236,11 @@ def night_batch(
 
 
 def build_nightly_job() -> dg.JobDefinition:
-    """The nightly job over the stages declared now (`kimi_batch.defs.stages`)."""
+    """The nightly job over the stages declared now (`kimi_batch.pipeline.stages`)."""
 
-    # `night_batch` itself, with its own annotations: Dagster takes the run-config schema from
-    # the `config` annotation, here with a field per declared nightly stage.
-    op = types.FunctionType(night_batch.__code__, night_batch.__globals__, NIGHTLY_OP_NAME)
-    op.__annotations__ = {**night_batch.__annotations__, "config": night_config_type()}
-    op.__doc__ = night_batch.__doc__
-    night_op = dg.op(name=NIGHTLY_OP_NAME, pool=LLAMA_POOL)(op)
+    # Its run config: a field per nightly stage declared now, read by Dagster from the classes.
+    schema = dagster_config(night_config_type())
+    night_op = dg.op(name=NIGHTLY_OP_NAME, pool=LLAMA_POOL, config_schema=schema)(night_batch)
 
     @dg.job(
         name=NIGHTLY_JOB_NAME,

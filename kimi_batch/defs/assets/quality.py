@@ -16,13 +16,12 @@ from typing import Any
 
 import dagster as dg
 
-from kimi_batch.defs.assets.lease import HeldPartition
 from kimi_batch.defs.check_states import CONTAMINATION_CHECK, DUPLICATE_CHECK
+from kimi_batch.pipeline import GenerationTask, HeldPartition
 from kimi_batch.storage import (
     PartitionGate,
     QualityGate,
 )
-from kimi_batch.tasks.generation_task import GenerationTask
 from kimi_batch.warehouse import Warehouse
 
 __all__ = ["DUPLICATE_WARN_RATE", "quality_checks", "screening"]

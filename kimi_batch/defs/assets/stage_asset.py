@@ -14,79 +14,91 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import dagster as dg
+from pydantic import BaseModel, Field, create_model
 
 from kimi_batch.defs.assets.checks import CHECK_NAMES, check_specs
-from kimi_batch.defs.assets.context import LLAMA_POOL
-from kimi_batch.defs.assets.driver import GenerationResources, PipelineStage, run_partitions
+from kimi_batch.defs.assets.context import LLAMA_POOL, failing_step, step_lease
+from kimi_batch.defs.assets.driver import GenerationResources, run_partitions
 from kimi_batch.defs.assets.landing import StepLanding
-from kimi_batch.defs.assets.lease import partition_lease
 from kimi_batch.defs.assets.window import stopped_at_window
+from kimi_batch.defs.jobs import BATCH_GROUP
 from kimi_batch.defs.metadata import ASSET_OWNERS
 from kimi_batch.defs.partitions import partition_parts
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
-from kimi_batch.defs.stages import BATCH_GROUP, StageConfig
-from kimi_batch.tasks.generation_task import GenerationTask
-from kimi_batch.tasks.registry import register_stage
+from kimi_batch.pipeline import GenerationTask, PipelineStage, StageDeclaration
 
-__all__ = ["StageConfig", "generation_asset", "run_stage"]
+__all__ = ["dagster_config", "generation_asset", "run_stage"]
 
 Task = GenerationTask[Any, Any]
 
 
-class _FixedTask(StageConfig):
-    """No run config: the asset runs the task it was made with."""
+def dagster_config(model: type[BaseModel]) -> Any:
+    """Dagster's run-config schema of a pydantic config class (the launchpad shows its fields and
+    defaults): the class itself, read as a `dg.Config` (no function's annotations rewritten); the
+    step validates its `op_config` with the class."""
+    return _as_dagster(model).to_config_schema()
+
+
+def _as_dagster(model: type[BaseModel]) -> type[dg.Config]:
+    """`model` as a `dg.Config` subclass, and so each field that is a pydantic model (Dagster
+    reads nested `dg.Config` classes only)."""
+    if issubclass(model, dg.Config):
+        return model
+    nested: dict[str, Any] = {}
+    for name, field in model.model_fields.items():
+        kind = field.annotation
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            inner = _as_dagster(kind)
+            nested[name] = (inner, Field(default_factory=inner, description=field.description))
+    derived: type[dg.Config] = create_model(  # pyright: ignore[reportAssignmentType]
+        model.__name__, __base__=(model, dg.Config), __doc__=model.__doc__, **nested
+    )
+    return derived
 
 
 def generation_asset(
+    declaration: StageDeclaration,
     *,
-    name: str,
-    task: type[StageConfig] | Task,
     partitions: dg.PartitionsDefinition,
-    description: str,
-    deps: Sequence[dg.AssetsDefinition | str] = (),
     tags: Mapping[str, str] | None = None,
     checks: Sequence[str] = CHECK_NAMES,
 ) -> dg.AssetsDefinition:
-    """The asset `name` of one stage over `partitions` (the deployment's batch partitions,
-    `kimi_batch.defs.partitions.build_batch_partitions`), in the llama pool, with the checks.
-
-    `task` is a `StageConfig` class (run config builds the task) or a task (no run config);
-    `checks`: the check names it declares (`stage_check_names` of its task class).
-    """
-    config_type = task if isinstance(task, type) else _FixedTask
-    fixed = None if isinstance(task, type) else task
-    if fixed is not None:
-        register_stage(type(fixed))
+    """The asset of a declared stage over `partitions` (the deployment's batch partitions,
+    `kimi_batch.defs.partitions.build_batch_partitions`), in the llama pool, with the checks
+    `checks` (`stage_check_names` of its task class); its run config is the declaration's
+    config class (none: the task's defaults)."""
+    config_type = declaration.config
 
     def materialize(
         context: dg.AssetExecutionContext,
-        config: StageConfig,
         llama: LlamaServerResource,
         digest: DigestResource,
         warehouse: WarehouseResource,
         trino: TrinoResource,
     ) -> dg.MaterializeResult:
-        stage = fixed or config.task(llama.settings())
+        raw = context.op_execution_context.op_config
+        config = config_type.model_validate(raw) if config_type else None
+        with failing_step():
+            stage = declaration.build(config, llama.settings())
         return run_stage(
             context, stage, llama=llama, digest=digest, warehouse=warehouse, trino=trino
         )
 
-    # Dagster takes the run-config schema from the annotation: this stage's own config class.
-    materialize.__annotations__["config"] = config_type
     return dg.asset(
-        name=name,
-        description=description,
+        name=declaration.asset,
+        description=declaration.description,
         partitions_def=partitions,
         group_name=BATCH_GROUP,
         pool=LLAMA_POOL,
         kinds={"parquet", "trino"},
         owners=ASSET_OWNERS,
-        check_specs=check_specs(name, partitions, checks),
-        deps=list(deps),
+        check_specs=check_specs(declaration.asset, partitions, checks),
+        deps=list(declaration.reads),
         tags=dict(tags or {}),
+        config_schema=dagster_config(config_type) if config_type else None,
     )(materialize)
 
 
@@ -104,17 +116,18 @@ def run_stage(
     ds, source = partition_parts(context)
     resources = GenerationResources(llama=llama, digest=digest, warehouse=warehouse, trino=trino)
     landing = StepLanding()
-    with partition_lease(context, warehouse, ds, source) as held:
+    with step_lease(context, warehouse, ds, source) as held:
         (result,) = run_partitions(
             context,
-            [PipelineStage(context.asset_key, task)],
+            [PipelineStage(context.asset_key.to_user_string(), task)],
             {f"{ds}|{source}": held},
             ledger=held.ledger,
             resources=resources,
             landing=landing,
         ).values()
         if result.failed is not None:
-            raise result.failed
+            with failing_step():
+                raise result.failed
     if result.stopped is not None:
         raise stopped_at_window(context, result.stopped)
     assert result.materialized is not None

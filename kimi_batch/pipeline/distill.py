@@ -26,7 +26,7 @@ from kimi_batch.engine import (
     fold_instructions,
 )
 from kimi_batch.llama import ChatMessage
-from kimi_batch.tasks.generation_task import (
+from kimi_batch.pipeline.generation_task import (
     GenerationTask,
     RowReader,
     ScreenedText,
@@ -34,10 +34,10 @@ from kimi_batch.tasks.generation_task import (
     SetAside,
     generation_columns,
 )
+from kimi_batch.pipeline.rows import AmplifiedRow, DistilledRow, GenerationColumns
+from kimi_batch.pipeline.tags import DISTILL_STAGE, Origin, RequestTag, Strategy
 from kimi_batch.tasks.inputs import SeedPrompt
 from kimi_batch.tasks.raw_rows import format_validation_error
-from kimi_batch.tasks.rows import AmplifiedRow, DistilledRow, GenerationColumns
-from kimi_batch.tasks.tags import DISTILL_STAGE, Origin, RequestTag, Strategy
 
 __all__ = [
     "DEFAULT_DISTILL_PARAMS",

@@ -9,20 +9,22 @@ import pytest
 from kimi_batch.engine.generation import GenerationResult, SamplingParams, request_key
 from kimi_batch.engine.schedule import shared_prefix
 from kimi_batch.llama.messages import ChatMessage
-from kimi_batch.tasks.amplify import (
+from kimi_batch.pipeline import (
     DEFAULT_AMPLIFY_PARAMS,
     TEMPLATES,
+    AmplifiedRow,
     AmplifyTask,
+    QuarantineRow,
+    SeedInputs,
+    StageSink,
     Strategy,
     amplification_requests,
     dedup_variants,
-    normalize_text,
+    generation_columns,
     parse_variant,
 )
-from kimi_batch.tasks.generation_task import SeedInputs, generation_columns
 from kimi_batch.tasks.inputs import SeedPrompt
-from kimi_batch.tasks.rows import AmplifiedRow, QuarantineRow
-from kimi_batch.tasks.sink import StageSink
+from kimi_batch.tasks.text_keys import normalize_text
 from kimi_batch_tests.support.results import CREATED, make_result
 
 

@@ -1,15 +1,19 @@
-"""The generation stages, each declared once: its task, its run config, its asset, what it reads.
+"""The one stage registry: every generation stage, declared once (its task, its run config, what
+it reads), and the tasks the layers below know by name.
 
 `declare_stage(...)` is the one line a stage needs besides its class. Everything that lists
-stages reads `STAGE_DECLARATIONS` (declaration order, which is also the order the stages read
-each other in): the batch assets (`defs/assets/batch.py`, one `generation_asset` a declaration),
-the nightly job (`defs/assets/night.py`: every nightly stage in order, with its config field),
-the jobs' selections (`defs/jobs.py`), the checks the alerts watch (`defs/check_states.py`),
-the demo and the bench; `declare_stage` also registers the task for the layers below (`tasks.registry`: its table
-in `storage.TABLES`, its ledger rows in `kimi-batch status`).
+stages reads this module, in declaration order (which is also the order the stages read each
+other in): the Dagster adapter builds one asset a declaration (`defs/assets/batch.py`), the
+nightly job's stages and run config (`defs/assets/night.py`), the jobs' selections, the checks
+the alerts watch; the night's end (`night_end`: what "the night is done" means to the schedule,
+the partition states, the freshness check and the alerts); the tables (`STAGES`: storage's
+`TABLES`, the ledger rows of `kimi-batch status`, the export), the demo and the bench.
 
-The registry is read when definitions are built, not when modules import: a stage declared
-before `kimi_batch.definitions.build_definitions` runs is in the code location it builds.
+A stage's run config is a fixed pydantic class (`StageConfig`: its `task(settings)` builds the
+task); Dagster's run-config schema is derived from it by the adapter, never by rewriting a
+function's annotations. The registry is read when definitions are built, not when modules
+import: a stage declared before `kimi_batch.definitions.build_definitions` runs is in the code
+location it builds.
 
 `seed_prompts` (the landed inputs) is not a generation stage: stages read it as `SEED_ASSET`.
 """
@@ -18,29 +22,28 @@ from __future__ import annotations
 
 import types
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
-import dagster as dg
 from pydantic import BaseModel, ConfigDict, Field, SkipValidation, field_validator
 
 from kimi_batch.engine import SamplingParams
+from kimi_batch.pipeline.amplify import DEFAULT_AMPLIFY_PARAMS, AmplifyTask, Strategy
+from kimi_batch.pipeline.api_batch import ApiBatchTask
+from kimi_batch.pipeline.distill import DistillTask
+from kimi_batch.pipeline.errors import StageConfigError
+from kimi_batch.pipeline.generation_task import GenerationTask
+from kimi_batch.pipeline.judge import DEFAULT_JUDGE_PARAMS, JudgeTask
+from kimi_batch.pipeline.schemas import import_output_model
+from kimi_batch.pipeline.tags import RequestTag
 from kimi_batch.settings import Settings
-from kimi_batch.tasks.amplify import DEFAULT_AMPLIFY_PARAMS, AmplifyTask, Strategy
-from kimi_batch.tasks.distill import DistillTask
-from kimi_batch.tasks.generation_task import GenerationTask
-from kimi_batch.tasks.judge import DEFAULT_JUDGE_PARAMS, JudgeTask
-from kimi_batch.tasks.registry import register_stage, unregister_stage
-from kimi_batch.tasks.schemas import import_output_model
 
 __all__ = [
     "AMPLIFY",
-    "BATCH_GROUP",
     "DISTILL",
-    "INGEST_TAG",
     "JUDGE",
-    "OPTIONAL_TAG",
     "SEED_ASSET",
     "SEED_TABLES",
+    "STAGES",
     "STAGE_DECLARATIONS",
     "AmplifyConfig",
     "DistillConfig",
@@ -48,23 +51,24 @@ __all__ = [
     "StageConfig",
     "StageDeclaration",
     "declare_stage",
+    "night_end",
     "nightly_stages",
+    "stage_of_tag",
     "upstream_of",
     "withdraw_stage",
 ]
 
 Task = GenerationTask[Any, Any]
-BATCH_GROUP = "batch"
+TaskT = TypeVar("TaskT", bound=type[GenerationTask[Any, Any]])
 SEED_ASSET = "seed_prompts"
 SEED_TABLES = ("seeds", "quarantine")
-# Asset tag of the stages the inbox sensor's ingest_job runs after landing the seeds.
-INGEST_TAG = "kimi_batch/ingest"
-# Asset tag of the stages a setting switches on (`switch`): batch_job leaves them out.
-OPTIONAL_TAG = "kimi_batch/optional"
+_RESERVED_TABLES = frozenset(SEED_TABLES)
 
 
-class StageConfig(dg.Config):
-    """Run config of a stage's asset (shown in the launchpad); it builds the stage's task."""
+class StageConfig(BaseModel):
+    """Run config of a stage (the launchpad shows its fields); it builds the stage's task."""
+
+    model_config = ConfigDict(extra="forbid")
 
     def task(self, settings: Settings) -> Task:
         raise NotImplementedError(f"{type(self).__name__} must build its stage's task")
@@ -126,10 +130,6 @@ class StageDeclaration(BaseModel):
         return task
 
     @property
-    def key(self) -> dg.AssetKey:
-        return dg.AssetKey(self.asset)
-
-    @property
     def table(self) -> str:
         return self.task.table
 
@@ -150,6 +150,42 @@ class StageDeclaration(BaseModel):
 _DECLARATIONS: dict[str, StageDeclaration] = {}
 STAGE_DECLARATIONS: Mapping[str, StageDeclaration] = types.MappingProxyType(_DECLARATIONS)
 """Asset name -> declaration, in declaration order (a live, read-only view)."""
+_STAGES: dict[str, type[Task]] = {}
+STAGES: Mapping[str, type[Task]] = types.MappingProxyType(_STAGES)
+"""Stage name -> stage class, in registration order (a live, read-only view): every declared
+stage's, and the Batch API's (its asset is one partition a batch, not a declaration)."""
+
+
+def _register(task: TaskT) -> TaskT:
+    """Make a stage's class known by its name (idempotent).
+
+    Stages may share a table when they share its row model (the Batch API's answers are
+    `distilled` rows); ValueError when another stage has the name, or the table with another
+    row model.
+    """
+    known = _STAGES.get(task.name)
+    if known is task:
+        return task
+    if known is not None:
+        raise ValueError(f"stage {task.name!r} is already {known.__name__}")
+    if task.table in _RESERVED_TABLES:
+        raise ValueError(f"table {task.table!r} of stage {task.name!r} is not a stage's table")
+    for other in _STAGES.values():
+        if other.table == task.table and other.row_model is not task.row_model:
+            raise ValueError(
+                f"table {task.table!r} of stage {task.name!r} is {other.name!r}'s, with rows "
+                f"{other.row_model.__name__}, not {task.row_model.__name__}"
+            )
+    _STAGES[task.name] = task
+    return task
+
+
+def stage_of_tag(tag: str) -> type[Task] | None:
+    """The registered stage whose request carried `tag` (a ledger row's), or None."""
+    try:
+        return _STAGES.get(RequestTag.parse(tag).stage)
+    except ValueError:
+        return None
 
 
 def declare_stage(**fields: Any) -> StageDeclaration:
@@ -167,7 +203,7 @@ def declare_stage(**fields: Any) -> StageDeclaration:
             raise ValueError(f"{declaration.asset!r} reads {asset!r}, which is not declared")
     if any(d.config_field == declaration.config_field for d in _DECLARATIONS.values()):
         raise ValueError(f"night field {declaration.config_field!r} is another stage's")
-    register_stage(declaration.task)
+    _register(declaration.task)
     _DECLARATIONS[declaration.asset] = declaration
     return declaration
 
@@ -177,8 +213,8 @@ def withdraw_stage(asset: str) -> None:
     if any(asset in d.reads for d in _DECLARATIONS.values()):
         raise ValueError(f"another stage reads {asset!r}")
     declaration = _DECLARATIONS.pop(asset, None)
-    if declaration is not None:
-        unregister_stage(declaration.task)
+    if declaration is not None and _STAGES.get(declaration.task.name) is declaration.task:
+        del _STAGES[declaration.task.name]
 
 
 def nightly_stages(settings: Settings | None = None) -> list[StageDeclaration]:
@@ -187,6 +223,17 @@ def nightly_stages(settings: Settings | None = None) -> list[StageDeclaration]:
     return [
         d for d in _DECLARATIONS.values() if d.nightly and (settings is None or d.enabled(settings))
     ]
+
+
+def night_end() -> StageDeclaration:
+    """The stage whose partitions, built, make the night done: the last nightly stage no setting
+    switches on. The schedule asks for the partitions it lacks, their states and the freshness
+    check are its; a stage a setting switches on (the judge) follows it when on, and holds up
+    nothing when off."""
+    always = [d for d in nightly_stages() if not d.switch]
+    if not always:
+        raise LookupError("no nightly stage is declared")
+    return always[-1]
 
 
 def upstream_of(asset: str) -> list[str]:
@@ -259,7 +306,7 @@ class DistillConfig(StageConfig):
                 else None
             )
         except ValueError as error:
-            raise dg.Failure(str(error)) from error
+            raise StageConfigError(str(error)) from error
         return DistillTask(
             params=self.sampling(settings.llama_n_predict),
             n_probs=self.n_probs,
@@ -299,7 +346,7 @@ class JudgeConfig(StageConfig):
         try:
             rubric = settings.judge_rubric.read_text(encoding="utf-8")
         except OSError as error:
-            raise dg.Failure(f"judge rubric {settings.judge_rubric}: {error}") from error
+            raise StageConfigError(f"judge rubric {settings.judge_rubric}: {error}") from error
         params = DEFAULT_JUDGE_PARAMS.model_copy(update={"max_tokens": self.max_tokens})
         return JudgeTask(rubric=rubric, params=params)
 
@@ -314,3 +361,6 @@ JUDGE = declare_stage(
     night_field="judging",
     switch="judge_nightly",
 )
+
+# The Batch API's stage: its asset is one partition a batch (`defs/assets/api_batch.py`).
+_register(ApiBatchTask)

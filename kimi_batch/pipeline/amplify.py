@@ -19,16 +19,16 @@ from pydantic import Field
 
 from kimi_batch.engine import GenerationRequest, GenerationResult, SamplingParams
 from kimi_batch.llama import ChatMessage
-from kimi_batch.tasks.generation_task import (
+from kimi_batch.pipeline.generation_task import (
     GenerationTask,
     RowReader,
     SeedInputs,
     SetAside,
     generation_columns,
 )
+from kimi_batch.pipeline.rows import AmplifiedRow, GenerationColumns
+from kimi_batch.pipeline.tags import AMPLIFY_STAGE, RequestTag, Strategy
 from kimi_batch.tasks.inputs import SeedPrompt
-from kimi_batch.tasks.rows import AmplifiedRow, GenerationColumns
-from kimi_batch.tasks.tags import AMPLIFY_STAGE, RequestTag, Strategy
 from kimi_batch.tasks.text_keys import loose_text, normalize_text
 
 __all__ = [

@@ -7,9 +7,8 @@ import json
 from typing import Any
 
 from kimi_batch.llama import ToolCall
-from kimi_batch.tasks.api_batch import ApiBatchTask
+from kimi_batch.pipeline import ApiBatchTask, StageSink
 from kimi_batch.tasks.batch_input import parse_batch_input
-from kimi_batch.tasks.sink import StageSink
 from kimi_batch_tests.support.results import make_result
 
 URL = "/v1/chat/completions"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kimi_batch.defs.assets.driver import oldest_first
+from kimi_batch.pipeline import oldest_first
 
 
 def test_the_oldest_partition_gets_rank_zero_whatever_the_listed_order() -> None:

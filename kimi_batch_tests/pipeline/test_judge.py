@@ -6,12 +6,16 @@ import json
 
 import pytest
 
+from kimi_batch.pipeline import (
+    JudgedRow,
+    JudgeInputs,
+    JudgeTask,
+    RequestTag,
+    SetAside,
+    StageSink,
+    Verdict,
+)
 from kimi_batch.settings.defaults import default_judge_rubric_path
-from kimi_batch.tasks.generation_task import SetAside
-from kimi_batch.tasks.judge import JudgeInputs, JudgeTask, Verdict
-from kimi_batch.tasks.rows import JudgedRow
-from kimi_batch.tasks.sink import StageSink
-from kimi_batch.tasks.tags import RequestTag
 from kimi_batch_tests.support.results import make_result
 from kimi_batch_tests.support.rows import amplified, distilled
 

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from kimi_batch.engine import FailedRequest, GenerationResult
-from kimi_batch.tasks.rows import GenerationColumns, QuarantineRow
+from kimi_batch.pipeline.rows import GenerationColumns, QuarantineRow
 
 __all__ = [
     "INPUT_STAGE",

@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
 from kimi_batch.llama import LlamaClient
+from kimi_batch.pipeline.quarantine import input_row, raw_json
+from kimi_batch.pipeline.rows import QuarantineRow
 from kimi_batch.tasks.inputs import InputBatch, SeedPrompt
-from kimi_batch.tasks.quarantine import input_row, raw_json
-from kimi_batch.tasks.rows import QuarantineRow
 
 __all__ = [
     "TEMPLATE_TOKENS_FIXED",

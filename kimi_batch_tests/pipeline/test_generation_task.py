@@ -8,21 +8,29 @@ from typing import Any
 import pytest
 
 from kimi_batch.engine import GenerationRequest, GenerationResult
-from kimi_batch.storage import TABLES
-from kimi_batch.tasks.amplify import AmplifyTask
-from kimi_batch.tasks.distill import DistillTask
-from kimi_batch.tasks.generation_task import (
+from kimi_batch.pipeline import (
+    STAGE_DECLARATIONS,
+    STAGES,
+    AmplifiedRow,
+    AmplifyTask,
+    DistilledRow,
+    DistillTask,
+    GenerationColumns,
     GenerationTask,
+    RequestTag,
     RowReader,
     SeedInputs,
     SetAside,
+    StageDeclaration,
+    StageSink,
+    Strategy,
+    declare_stage,
     generation_columns,
+    stage_of_tag,
+    withdraw_stage,
 )
+from kimi_batch.storage import TABLES
 from kimi_batch.tasks.inputs import SeedPrompt
-from kimi_batch.tasks.registry import STAGES, register_stage, stage_of_tag, unregister_stage
-from kimi_batch.tasks.rows import AmplifiedRow, DistilledRow, GenerationColumns
-from kimi_batch.tasks.sink import StageSink
-from kimi_batch.tasks.tags import RequestTag, Strategy
 from kimi_batch_tests.support.results import make_result
 
 
@@ -77,29 +85,36 @@ class _EchoTask(GenerationTask[SeedInputs, _Row]):
 
 
 @pytest.fixture
-def forget_test_stages() -> Iterator[list[type[GenerationTask[Any, Any]]]]:
-    """The stages a test registers, forgotten after it: the registry is process-wide, and the
-    reference pages (docs/reference/tables.md) are made from it by later tests."""
-    registered: list[type[GenerationTask[Any, Any]]] = []
-    yield registered
-    for task in registered:
-        unregister_stage(task)
+def forget_test_stages() -> Iterator[list[str]]:
+    """The stages (asset names) a test declares, withdrawn after it: the registry is
+    process-wide, and the reference pages (docs/reference/tables.md) are made from it by later
+    tests."""
+    declared: list[str] = []
+    yield declared
+    for asset in declared:
+        withdraw_stage(asset)
 
 
-def test_registering_a_stage_makes_its_table_a_storage_table(
-    forget_test_stages: list[type[GenerationTask[Any, Any]]],
+def _declare(asset: str, task: type[GenerationTask[Any, Any]]) -> StageDeclaration:
+    return declare_stage(asset=asset, task=task, description=f"{asset}: a test's stage")
+
+
+def test_declaring_a_stage_makes_its_table_a_storage_table(
+    forget_test_stages: list[str],
 ) -> None:
-    forget_test_stages.append(_EchoTask)
-    assert register_stage(_EchoTask) is _EchoTask
-    assert register_stage(_EchoTask) is _EchoTask  # idempotent
+    forget_test_stages.append("test_echo")
+    declaration = _declare("test_echo", _EchoTask)
+    assert _declare("test_echo", _EchoTask) is declaration  # idempotent
     assert STAGES["test_echo"] is _EchoTask
     assert TABLES["test_echo_rows"] is _Row
     assert list(TABLES)[:3] == ["seeds", "amplified", "distilled"]
     assert list(TABLES)[-1] == "quarantine"
+    withdraw_stage("test_echo")
+    assert "test_echo" not in STAGES
 
 
 def test_a_stage_may_share_a_table_only_with_the_same_row_model(
-    forget_test_stages: list[type[GenerationTask[Any, Any]]],
+    forget_test_stages: list[str],
 ) -> None:
     class SameRows(_EchoTask):
         name = "test_echo_again"
@@ -115,12 +130,13 @@ def test_a_stage_may_share_a_table_only_with_the_same_row_model(
         name = "test_reserved"
         table = "quarantine"
 
-    forget_test_stages.extend([_EchoTask, SameRows])
-    register_stage(_EchoTask)
-    assert register_stage(SameRows) is SameRows
-    for task in (OtherRows, SameName, Reserved):
-        with pytest.raises(ValueError, match=r"stage|table"):
-            register_stage(task)
+    forget_test_stages.extend(["test_echo", "test_echo_again"])
+    _declare("test_echo", _EchoTask)
+    assert _declare("test_echo_again", SameRows).task is SameRows
+    for index, task in enumerate((OtherRows, SameName, Reserved)):
+        with pytest.raises(ValueError, match=r"stage|table|night field"):
+            _declare(f"test_refused_{index}", task)
+        assert f"test_refused_{index}" not in STAGE_DECLARATIONS
     assert TABLES["distilled"] is DistilledRow
 
 

@@ -17,10 +17,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kimi_batch.engine import GenerationRequest, GenerationResult, SamplingParams
 from kimi_batch.llama import ChatMessage
-from kimi_batch.tasks.generation_task import GenerationTask, RowReader, SetAside, generation_columns
+from kimi_batch.pipeline.generation_task import (
+    GenerationTask,
+    RowReader,
+    SetAside,
+    generation_columns,
+)
+from kimi_batch.pipeline.rows import DistilledRow, GenerationColumns, JudgedRow
+from kimi_batch.pipeline.tags import RequestTag
 from kimi_batch.tasks.raw_rows import format_validation_error
-from kimi_batch.tasks.rows import DistilledRow, GenerationColumns, JudgedRow
-from kimi_batch.tasks.tags import RequestTag
 
 __all__ = [
     "DEFAULT_JUDGE_PARAMS",

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import dagster as dg
-
-from kimi_batch.defs.assets.context import RunContext
-from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.engine import Lease, LeaseHeldError, LeaseLostError, Ledger
+from kimi_batch.pipeline.errors import PartitionSkippedError
 
 __all__ = ["LEASE_TTL_S", "LEASE_WAIT_S", "HeldPartition", "partition_lease"]
 
@@ -36,24 +33,23 @@ class HeldPartition:
 
 @contextmanager
 def partition_lease(
-    context: RunContext, warehouse: WarehouseResource, ds: str, source: str
+    ledgers: Callable[[], Ledger], ds: str, source: str, holder: str
 ) -> Iterator[HeldPartition]:
-    """Hold the partition (generation and every write of its tables) for this run; a lease lost
-    on the way (this run stalled past its ttl) fails the step instead of writing."""
-    with warehouse.ledger() as ledger:
-        lease = ledger.lease(
-            f"{ds}|{source}", context.run.run_id, ttl_s=LEASE_TTL_S, wait_s=LEASE_WAIT_S
-        )
+    """Hold the partition (generation and every write of its tables) for run `holder`, on a
+    ledger `ledgers()` opens; a partition another run holds, or a lease lost on the way (this
+    run stalled past its ttl), is `PartitionSkippedError` instead of a write."""
+    with ledgers() as ledger:
+        lease = ledger.lease(f"{ds}|{source}", holder, ttl_s=LEASE_TTL_S, wait_s=LEASE_WAIT_S)
         try:
             held = lease.__enter__()
         except LeaseHeldError as error:
-            raise dg.Failure(
+            raise PartitionSkippedError(
                 f"partition {ds}|{source} is being written by another run ({error}); "
                 "this run leaves it alone"
             ) from error
         try:
             yield HeldPartition(ledger=ledger, lease=held)
         except LeaseLostError as error:
-            raise dg.Failure(str(error)) from error
+            raise PartitionSkippedError(str(error)) from error
         finally:
             lease.__exit__(None, None, None)

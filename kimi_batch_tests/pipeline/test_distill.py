@@ -11,20 +11,22 @@ from kimi_batch.engine import INSTRUCTIONS_OPEN
 from kimi_batch.engine.generation import GenerationResult, SamplingParams
 from kimi_batch.llama import ToolCall
 from kimi_batch.llama.responses import TokenLogprob, TopLogprob
-from kimi_batch.tasks.distill import (
+from kimi_batch.pipeline import (
     DEFAULT_DISTILL_PARAMS,
     EMPTY_REASON,
     TRUNCATED_REASON,
+    AmplifiedRow,
+    DistilledRow,
     DistillInputs,
     DistillTask,
+    QuarantineRow,
+    StageSink,
     distillation_requests,
+    generation_columns,
     parse_tag,
     variant_tag,
 )
-from kimi_batch.tasks.generation_task import generation_columns
 from kimi_batch.tasks.inputs import ParamOverrides, SeedPrompt
-from kimi_batch.tasks.rows import AmplifiedRow, DistilledRow, QuarantineRow
-from kimi_batch.tasks.sink import StageSink
 from kimi_batch_tests.support.results import make_result
 
 

@@ -16,9 +16,9 @@ from typing import Generic, TypeVar
 from pydantic import BaseModel, ConfigDict
 
 from kimi_batch.engine import FailedRequest, GenerationResult
-from kimi_batch.tasks.generation_task import GenerationTask, SetAside
-from kimi_batch.tasks.quarantine import failure_rows, result_row
-from kimi_batch.tasks.rows import GenerationColumns, QuarantineRow
+from kimi_batch.pipeline.generation_task import GenerationTask, SetAside
+from kimi_batch.pipeline.quarantine import failure_rows, result_row
+from kimi_batch.pipeline.rows import GenerationColumns, QuarantineRow
 
 __all__ = ["CheckFigures", "StageSink"]
 

@@ -10,14 +10,14 @@ import pytest
 from kimi_batch.llama.client import LlamaClient
 from kimi_batch.llama.messages import ChatMessage
 from kimi_batch.llama.server import ResidentServer
-from kimi_batch.settings import default_digest_path
-from kimi_batch.tasks.inputs import SeedPrompt
-from kimi_batch.tasks.prompt_length import (
+from kimi_batch.pipeline import (
     check_prompt_lengths,
     find_overlong,
     template_tokens,
     token_bound,
 )
+from kimi_batch.settings import default_digest_path
+from kimi_batch.tasks.inputs import SeedPrompt
 
 NOW = datetime(2025, 1, 2, tzinfo=UTC)
 

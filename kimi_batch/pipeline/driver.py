@@ -1,0 +1,326 @@
+"""The partition-batch driver: a sequence of stages over N held partitions, in one engine run.
+
+`run_partitions` runs its stages (an asset: its one; the nightly op: the night's) over the held
+partitions as one pipeline on one open engine run (`BatchEngine.session`). It plans every
+partition's first stage and adds its requests, the oldest partition first (a request's priority
+is its partition's rank). As soon as a partition's requests of a stage are all settled, that
+partition goes on by itself: what the stage asks again is sent again in the same run, the
+partition is landed (`landing.land_stage`, then its `Landing`: recorded by the step, or at once) on the
+landing thread, off the event loop, and its next stage is planned from what was just written and
+added at the same rank. So the slots never drain between stages: a partition's distillation
+joins the queue while later partitions still amplify, and a nightly window that closes early
+leaves the oldest partitions whole. Each partition's result: landed through the last stage,
+stopped at the nightly window (left for the next night, its finished rows in the ledger), or
+failed (the error); a partition that stops or fails goes no further.
+
+No Dagster here: the caller hands the driver a `DriverRun` (how a partition's stage is planned,
+how the engine session opens, how a written partition is recorded, where lines are logged); the
+Dagster adapter (`defs/assets/driver.py`) is one. The Batch API's run adds `BatchControls`: its own plan of the batch's lines (`planner`), the
+batch's expiry as a stop time past which what is done lands, a cancel poll, and a hook that hears
+the planned keys before the first request is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Executor
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Generic, Protocol, TypeVar
+
+from kimi_batch.engine import (
+    BatchOutcome,
+    BatchRun,
+    GenerationRequest,
+    GenerationResult,
+    Ledger,
+    PlannedRow,
+)
+from kimi_batch.pipeline.batch_controls import BatchControls
+from kimi_batch.pipeline.errors import SKIPPED
+from kimi_batch.pipeline.generation_task import GenerationTask, RowReader
+from kimi_batch.pipeline.lease import HeldPartition
+
+__all__ = [
+    "DriverRun",
+    "PartitionResult",
+    "PipelineStage",
+    "StagePlan",
+    "answered_again",
+    "asked_again",
+    "drive",
+    "oldest_first",
+    "plan_partition",
+    "sample_scope",
+]
+
+Task = GenerationTask[Any, Any]
+T = TypeVar("T")
+LandedT = TypeVar("LandedT")
+LandedT_co = TypeVar("LandedT_co", covariant=True)
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """One partition of one stage before generation: its inputs, requests and input version."""
+
+    task: Task
+    ds: str
+    source: str
+    inputs: Any
+    requests: list[GenerationRequest]
+    input_sha: str
+
+
+@dataclass(frozen=True)
+class PipelineStage:
+    """One stage a driver run takes its partitions through: its asset and its task."""
+
+    asset: str
+    task: Task
+
+
+@dataclass(frozen=True)
+class PartitionResult(Generic[LandedT]):
+    """What became of one partition: landed through the last stage (`materialized`: that
+    stage's record, `outcome`: its share of the run), `stopped` at the nightly window (the
+    stage's outcome), or `failed` (why)."""
+
+    key: str
+    materialized: LandedT | None = None
+    stopped: BatchOutcome | None = None
+    failed: BaseException | None = None
+    outcome: BatchOutcome | None = None
+
+
+class DriverRun(Protocol[LandedT_co]):
+    """What the driver's caller provides: the plan of a partition's stage, the engine session,
+    the landing of a partition's stage (its rows written, then recorded), the log."""
+
+    def log(self, message: str) -> None: ...
+
+    def plan(self, task: Task, key: str) -> StagePlan: ...
+
+    def session(self, label: str) -> AbstractAsyncContextManager[BatchRun]: ...
+
+    def land(
+        self,
+        asset: str,
+        key: str,
+        plan: StagePlan,
+        held: HeldPartition,
+        outcome: BatchOutcome,
+        results: Iterable[GenerationResult],
+    ) -> LandedT_co: ...
+
+
+def partition_parts(key: str) -> tuple[str, str]:
+    """(ds, source) of a `date|source` key a run has already checked."""
+    ds, _, source = key.partition("|")
+    if not ds or not source:
+        raise ValueError(f"not a date|source partition key: {key!r}")
+    return ds, source
+
+
+def sample_scope(task: Task, ds: str, source: str) -> str:
+    """Where a stage's input rows live: a request that samples (not greedy, no fixed seed) is
+    this partition's own, apart from the same request asked in another partition or stage."""
+    return f"{task.name}|{ds}|{source}"
+
+
+def plan_partition(task: Task, read: RowReader, ds: str, source: str, input_sha: str) -> StagePlan:
+    """The partition's inputs of `task` (`read` of its upstream tables) and its requests, each
+    row its own sample; `input_sha`: the landed input version they were built from."""
+    inputs = task.load(read)
+    scope = sample_scope(task, ds, source)
+    return StagePlan(
+        task=task,
+        ds=ds,
+        source=source,
+        inputs=inputs,
+        requests=[r.model_copy(update={"sample_scope": scope}) for r in task.requests(inputs)],
+        input_sha=input_sha,
+    )
+
+
+def oldest_first(keys: Iterable[str]) -> dict[str, int]:
+    """Each checked `date|source` key's rank (0 = the oldest day), whatever order the run's
+    config lists them in; a request several partitions share goes out at the lowest."""
+    return {key: rank for rank, key in enumerate(sorted(keys, key=partition_parts))}
+
+
+async def drive(
+    run: DriverRun[LandedT],
+    stages: Sequence[PipelineStage],
+    partitions: Mapping[str, HeldPartition],
+    *,
+    lands: Executor,
+    label: str,
+    controls: BatchControls | None = None,
+) -> dict[str, PartitionResult[LandedT]]:
+    """`stages` over every held partition (key -> lease) in one engine session, each partition
+    landed stage by stage on `lands` (one thread: off the event loop, one partition at a time);
+    every partition's result (see the module docstring)."""
+    driver = _Driver(run, lands, oldest_first(partitions), controls or BatchControls())
+    return await driver.run(stages, partitions, label)
+
+
+@dataclass(frozen=True)
+class _Driver(Generic[LandedT]):
+    """One `drive` call: what its partitions' pipelines share."""
+
+    hooks: DriverRun[LandedT]
+    lands: Executor
+    ranks: Mapping[str, int]
+    controls: BatchControls = field(default_factory=BatchControls)
+
+    async def run(
+        self, stages: Sequence[PipelineStage], partitions: Mapping[str, HeldPartition], label: str
+    ) -> dict[str, PartitionResult[LandedT]]:
+        first = {key: self._plan(stages[0].task, key) for key in partitions}
+        if not any(isinstance(plan, StagePlan) for plan in first.values()):
+            return {key: self._result(key, first[key]) for key in partitions}  # nothing to send
+        async with self.hooks.session(label) as run:
+            pipelines = [
+                asyncio.create_task(self._partition(run, key, held, stages, first[key]))
+                for key, held in partitions.items()
+            ]
+            try:
+                results = await asyncio.gather(*pipelines)
+            finally:
+                for pipeline in pipelines:  # one that raised ends the others
+                    pipeline.cancel()
+        return dict(zip(partitions, results, strict=True))
+
+    def _plan(self, task: Task, key: str) -> StagePlan | BaseException:
+        try:
+            return self.hooks.plan(task, key)
+        except SKIPPED as error:
+            return error
+
+    @staticmethod
+    def _result(key: str, plan: StagePlan | BaseException) -> PartitionResult[LandedT]:
+        return PartitionResult(key, failed=plan if isinstance(plan, BaseException) else None)
+
+    async def _off_loop(self, call: Callable[[], T]) -> T:
+        """`call` on the landing thread: the slots keep generating meanwhile."""
+        return await asyncio.get_running_loop().run_in_executor(self.lands, call)
+
+    async def _partition(
+        self,
+        run: BatchRun,
+        key: str,
+        held: HeldPartition,
+        stages: Sequence[PipelineStage],
+        plan: StagePlan | BaseException,
+    ) -> PartitionResult[LandedT]:
+        """The partition through every stage, each planned from what the last one wrote."""
+        result = self._result(key, plan)
+        for index, stage in enumerate(stages):
+            if index:
+                plan = await self._off_loop(partial(self._plan, stage.task, key))
+            if isinstance(plan, BaseException):
+                return self._result(key, plan)
+            result = await self._stage(run, stage.asset, key, held, plan)
+            if result.materialized is None:
+                return result
+        return result
+
+    async def _stage(
+        self, run: BatchRun, asset: str, key: str, held: HeldPartition, plan: StagePlan
+    ) -> PartitionResult[LandedT]:
+        """One partition's stage: its requests at its rank, what it asks again, its landing."""
+        outcome = await self._add(run, key, plan.requests, planned=self.controls.on_planned)
+        self._log(asset, key, outcome)
+        if self._stopped(outcome):
+            return PartitionResult(key, stopped=outcome)
+        results: Iterable[GenerationResult] | None = None
+        if plan.task.asks_again:
+            again = await self._off_loop(partial(asked_again, held.ledger, plan, outcome))
+            self.hooks.log(
+                f"asking again for {len(again)} answer(s) of the {plan.task.name} stage ({key})"
+            )
+            if again:
+                retried = await self._add(run, key, list(again.values()))
+                if self._stopped(retried):
+                    return PartitionResult(key, stopped=retried)
+                results = answered_again(held.ledger, outcome, again, retried)
+        land = partial(self._land, asset, key, plan, held, outcome, results)
+        return await self._off_loop(land)
+
+    async def _add(
+        self,
+        run: BatchRun,
+        key: str,
+        requests: Sequence[GenerationRequest],
+        *,
+        planned: Callable[[Sequence[PlannedRow]], None] | None = None,
+    ) -> BatchOutcome:
+        """`requests` at the partition's rank; `planned` hears their keys before any is sent."""
+        ranked = [r.model_copy(update={"priority": self.ranks[key]}) for r in requests]
+        await run.engine.count_digests(ranked)  # a Batch API line's own system prompt
+        submission = run.add(ranked)
+        if planned is not None:
+            planned(submission.planned_rows())
+        return await submission
+
+    def _stopped(self, outcome: BatchOutcome) -> bool:
+        """Cut short by the nightly window (left for the next night); one the work's own end
+        cut short lands what it has (it is never resumed)."""
+        return outcome.stopped_at_window and not self.controls.expired()
+
+    def _log(self, asset: str, key: str, outcome: BatchOutcome) -> None:
+        stats = outcome.stats
+        self.hooks.log(
+            f"{asset} {key}: {stats.generated} generated, {stats.from_ledger} "
+            f"from the ledger, {stats.failed} failed, {stats.not_started} not started, "
+            f"{stats.in_flight_at_start} in flight when it joined, max {stats.max_in_flight}"
+        )
+
+    def _land(
+        self,
+        asset: str,
+        key: str,
+        plan: StagePlan,
+        held: HeldPartition,
+        outcome: BatchOutcome,
+        results: Iterable[GenerationResult] | None,
+    ) -> PartitionResult[LandedT]:
+        """The partition's rows of the stage landed (on the landing thread: it reads the
+        results through the partition's own ledger)."""
+        rows = results if results is not None else outcome.iter_results(held.ledger)
+        try:
+            landed = self.hooks.land(asset, key, plan, held, outcome, rows)
+        except SKIPPED as error:
+            return PartitionResult(key, failed=error)
+        return PartitionResult(key, materialized=landed, outcome=outcome)
+
+
+def asked_again(
+    ledger: Ledger, plan: StagePlan, outcome: BatchOutcome
+) -> dict[str, GenerationRequest]:
+    """The requests the stage asks again, by the request id of the answer each would replace."""
+    task, requests = plan.task, plan.requests
+    by_id = {row.request_id: req for row, req in zip(outcome.planned, requests, strict=True)}
+    again: dict[str, GenerationRequest] = {}
+    for result in outcome.iter_results(ledger):
+        retry = task.retry(by_id[result.request_id], result)
+        if retry is not None:
+            again[result.request_id] = retry
+    return again
+
+
+def answered_again(
+    ledger: Ledger,
+    outcome: BatchOutcome,
+    again: Mapping[str, GenerationRequest],
+    retried: BatchOutcome,
+) -> Iterator[GenerationResult]:
+    """The first answers in request order, each one asked `again` replaced by its new answer
+    where `retried` has one."""
+    replacements = {(r.input_id, r.tag): r for r in retried.iter_results(ledger)}
+    for result in outcome.iter_results(ledger):
+        replaced = replacements.get((result.input_id, result.tag))
+        yield replaced if replaced is not None and result.request_id in again else result

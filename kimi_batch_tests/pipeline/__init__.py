@@ -1,0 +1,1 @@
+"""Tests of kimi_batch.pipeline (the stages and their protocol: no server needed)."""
