@@ -42,11 +42,11 @@ from kimi_batch.bench.cpu import CpuSampler, CpuSplit, TokenRateSampler
 from kimi_batch.bench.errors import BenchError
 from kimi_batch.bench.workloads import FUNCTION_SPECS, write_inbox_file
 from kimi_batch.engine import GenerationRequest, SamplingParams
+from kimi_batch.inputs import read_inbox_file
 from kimi_batch.llama import LlamaClient, format_cpu_list, server_cpus, the_rest
 from kimi_batch.settings import Settings
 from kimi_batch.tasks.amplify import DEFAULT_AMPLIFY_PARAMS, Strategy, amplification_requests
 from kimi_batch.tasks.distill import distillation_requests
-from kimi_batch.tasks.reader import read_inbox_file
 
 __all__ = ["run_night"]
 

@@ -16,12 +16,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.engine import GenerationRequest, SamplingParams, estimate_tokens
+from kimi_batch.inputs import SeedPrompt, read_inbox_file
 from kimi_batch.llama import ChatMessage
 from kimi_batch.tasks.amplify import Strategy, amplification_requests
 from kimi_batch.tasks.distill import distillation_requests
-from kimi_batch.tasks.inputs import SeedPrompt
 from kimi_batch.tasks.judge import judge_prompt
-from kimi_batch.tasks.reader import read_inbox_file
 
 __all__ = [
     "Workload",

@@ -47,7 +47,6 @@ from kimi_batch.storage.exceptions import (
     TrinoQueryError,
     TrinoUnavailableError,
 )
-from kimi_batch.storage.inbox import InboxFile, file_sha256, inspect_inbox_file, scan_inbox
 from kimi_batch.storage.landing import Assignment, Landing, landed_versions
 from kimi_batch.storage.partition_input import (
     InboxLanding,
@@ -114,7 +113,6 @@ __all__ = [
     "DedupSetting",
     "FileRecord",
     "FileTooLargeError",
-    "InboxFile",
     "InboxLanding",
     "IndexedText",
     "InputNotSettledError",
@@ -137,10 +135,8 @@ __all__ = [
     "begin_batch",
     "catalog_properties",
     "columns",
-    "file_sha256",
     "finish_batch",
     "index_entries",
-    "inspect_inbox_file",
     "iter_batch_lines",
     "land_inbox",
     "land_input",
@@ -159,7 +155,6 @@ __all__ = [
     "resolve_input",
     "resolve_partition",
     "resume_abandoned",
-    "scan_inbox",
     "set_aside_totals",
     "settle_cancelled",
     "shingles",

@@ -18,6 +18,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from kimi_batch.engine import GenerationRequest, GenerationResult, SamplingParams
+from kimi_batch.inputs import SeedPrompt
 from kimi_batch.llama import ChatMessage
 from kimi_batch.tasks.generation_task import (
     GenerationTask,
@@ -26,7 +27,6 @@ from kimi_batch.tasks.generation_task import (
     SetAside,
     generation_columns,
 )
-from kimi_batch.tasks.inputs import SeedPrompt
 from kimi_batch.tasks.rows import AmplifiedRow, GenerationColumns
 from kimi_batch.tasks.tags import AMPLIFY_STAGE, RequestTag, Strategy
 from kimi_batch.tasks.text_keys import loose_text, normalize_text

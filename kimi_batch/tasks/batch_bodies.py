@@ -19,11 +19,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kimi_batch.engine import SamplingParams
+from kimi_batch.inputs import FunctionTool, ToolFunction
 from kimi_batch.llama import ChatMessage
 from kimi_batch.tasks.batch_fields import check_logit_bias, check_stops
 from kimi_batch.tasks.openai_batch import BatchRequestLine, LineKind
 
-__all__ = ["FunctionTool", "LineRefusedError", "request_line"]
+__all__ = ["LineRefusedError", "request_line"]
 
 # OpenAI's defaults. A chat answer's max_tokens unset means "as long as the server allows" (the
 # engine clamps it to the server's n_predict); a legacy completion's is 16 tokens.
@@ -128,24 +129,9 @@ class _ResponseFormat(_Nested):
         return schema
 
 
-class _Function(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class _Tool(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    type: Literal["function"]
-    function: _Function
-
-
-# An inbox row's tools are checked as a Batch API line's are (raw_rows).
-FunctionTool = _Tool
+# The tools of a line are checked as an inbox row's are (kimi_batch.inputs.tools).
+_Function = ToolFunction
+_Tool = FunctionTool
 
 
 class _SamplingBody(_Model):

@@ -23,10 +23,10 @@ from typing import IO, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kimi_batch.inputs import MAX_ROW_BYTES, Item, SeenIds, format_validation_error, jsonl_items
 from kimi_batch.settings import DEFAULT_API_MAX_BATCH_REQUESTS
 from kimi_batch.tasks.batch_bodies import LineRefusedError, request_line
 from kimi_batch.tasks.batch_fields import model_not_served, refused_field
-from kimi_batch.tasks.input_formats import MAX_ROW_BYTES, Item, jsonl_items
 from kimi_batch.tasks.openai_batch import (
     BATCH_ENDPOINTS,
     MAX_LISTED_ERRORS,
@@ -35,8 +35,6 @@ from kimi_batch.tasks.openai_batch import (
     BatchRequestLine,
     LineKind,
 )
-from kimi_batch.tasks.raw_rows import format_validation_error
-from kimi_batch.tasks.seen_ids import SeenIds
 
 __all__ = [
     "MAX_BATCH_LINE_BYTES",

@@ -25,6 +25,7 @@ from kimi_batch.engine import (
     SamplingParams,
     fold_instructions,
 )
+from kimi_batch.inputs import SeedPrompt, format_validation_error
 from kimi_batch.llama import ChatMessage
 from kimi_batch.tasks.generation_task import (
     GenerationTask,
@@ -34,8 +35,6 @@ from kimi_batch.tasks.generation_task import (
     SetAside,
     generation_columns,
 )
-from kimi_batch.tasks.inputs import SeedPrompt
-from kimi_batch.tasks.raw_rows import format_validation_error
 from kimi_batch.tasks.rows import AmplifiedRow, DistilledRow, GenerationColumns
 from kimi_batch.tasks.tags import DISTILL_STAGE, Origin, RequestTag, Strategy
 

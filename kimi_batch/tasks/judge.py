@@ -16,9 +16,9 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kimi_batch.engine import GenerationRequest, GenerationResult, SamplingParams
+from kimi_batch.inputs import format_validation_error
 from kimi_batch.llama import ChatMessage
 from kimi_batch.tasks.generation_task import GenerationTask, RowReader, SetAside, generation_columns
-from kimi_batch.tasks.raw_rows import format_validation_error
 from kimi_batch.tasks.rows import DistilledRow, GenerationColumns, JudgedRow
 from kimi_batch.tasks.tags import RequestTag
 

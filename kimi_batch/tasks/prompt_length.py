@@ -14,8 +14,8 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
+from kimi_batch.inputs import InputBatch, SeedPrompt
 from kimi_batch.llama import LlamaClient
-from kimi_batch.tasks.inputs import InputBatch, SeedPrompt
 from kimi_batch.tasks.quarantine import input_row, raw_json
 from kimi_batch.tasks.rows import QuarantineRow
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kimi_batch.inputs.seeds import seeds_from_rows
 from kimi_batch.paths import StatePaths
 from kimi_batch.settings import QualitySettings
 from kimi_batch.storage import (
@@ -17,7 +18,6 @@ from kimi_batch.storage.dedup_index import rescreen_partitions
 from kimi_batch.tasks.distill import DistillInputs, DistillTask
 from kimi_batch.tasks.generation_task import SetAside
 from kimi_batch.tasks.rows import DistilledRow
-from kimi_batch.tasks.seeds import seeds_from_rows
 from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.postgres import StateBackend
 from kimi_batch_tests.support.quality import (

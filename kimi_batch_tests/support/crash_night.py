@@ -35,6 +35,8 @@ from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.engine import GenerationResult, Ledger, row_request_id
 from kimi_batch.engine.generation import request_key
+from kimi_batch.inputs.prompts import InputBatch, SeedPrompt
+from kimi_batch.inputs.reader import InputReader
 from kimi_batch.settings import Settings
 from kimi_batch.storage import (
     Landing,
@@ -44,9 +46,7 @@ from kimi_batch.storage import (
 )
 from kimi_batch.storage.dedup_index import index_entries
 from kimi_batch.tasks.distill import DistillTask
-from kimi_batch.tasks.inputs import InputBatch, SeedPrompt
 from kimi_batch.tasks.quarantine import INPUT_STAGE
-from kimi_batch.tasks.reader import InputReader
 from kimi_batch.warehouse import Warehouse, newest_snapshots, open_warehouse, tag_night
 from kimi_batch_tests.support.quality import outcome_of
 from kimi_batch_tests.support.results import make_result

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import polars as pl
 
-from kimi_batch.tasks.reader import in_chunks, iter_inbox_rows, read_inbox_file
+from kimi_batch.inputs.reader import in_chunks, iter_inbox_rows, read_inbox_file
 from kimi_batch.tasks.rows import QuarantineRow
 
 __all__ = ["main"]

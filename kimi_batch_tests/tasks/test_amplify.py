@@ -8,6 +8,7 @@ import pytest
 
 from kimi_batch.engine.generation import GenerationResult, SamplingParams, request_key
 from kimi_batch.engine.schedule import shared_prefix
+from kimi_batch.inputs.prompts import SeedPrompt
 from kimi_batch.llama.messages import ChatMessage
 from kimi_batch.tasks.amplify import (
     DEFAULT_AMPLIFY_PARAMS,
@@ -20,7 +21,6 @@ from kimi_batch.tasks.amplify import (
     parse_variant,
 )
 from kimi_batch.tasks.generation_task import SeedInputs, generation_columns
-from kimi_batch.tasks.inputs import SeedPrompt
 from kimi_batch.tasks.rows import AmplifiedRow, QuarantineRow
 from kimi_batch.tasks.sink import StageSink
 from kimi_batch_tests.support.results import CREATED, make_result

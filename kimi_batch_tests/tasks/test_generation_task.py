@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from kimi_batch.engine import GenerationRequest, GenerationResult
+from kimi_batch.inputs.prompts import SeedPrompt
 from kimi_batch.storage import TABLES
 from kimi_batch.tasks.amplify import AmplifyTask
 from kimi_batch.tasks.distill import DistillTask
@@ -18,7 +19,6 @@ from kimi_batch.tasks.generation_task import (
     SetAside,
     generation_columns,
 )
-from kimi_batch.tasks.inputs import SeedPrompt
 from kimi_batch.tasks.registry import STAGES, register_stage, stage_of_tag, unregister_stage
 from kimi_batch.tasks.rows import AmplifiedRow, DistilledRow, GenerationColumns
 from kimi_batch.tasks.sink import StageSink

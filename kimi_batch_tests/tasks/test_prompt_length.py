@@ -7,11 +7,11 @@ from datetime import UTC, datetime
 
 import pytest
 
+from kimi_batch.inputs.prompts import SeedPrompt
 from kimi_batch.llama.client import LlamaClient
 from kimi_batch.llama.messages import ChatMessage
 from kimi_batch.llama.server import ResidentServer
 from kimi_batch.settings import default_digest_path
-from kimi_batch.tasks.inputs import SeedPrompt
 from kimi_batch.tasks.prompt_length import (
     check_prompt_lengths,
     find_overlong,

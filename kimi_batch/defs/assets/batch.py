@@ -33,6 +33,7 @@ from kimi_batch.defs.stages import (
     DistillConfig,
     StageDeclaration,
 )
+from kimi_batch.inputs import InputReader
 from kimi_batch.settings import Settings
 from kimi_batch.storage import (
     Landing,
@@ -43,7 +44,6 @@ from kimi_batch.storage import (
 )
 from kimi_batch.tasks.prompt_length import check_prompt_lengths
 from kimi_batch.tasks.quarantine import file_row
-from kimi_batch.tasks.reader import InputReader
 from kimi_batch.tasks.rows import QuarantineRow
 from kimi_batch.warehouse import PartitionWrite, Warehouse
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kimi_batch.storage.inbox import (
+from kimi_batch.inputs.inbox import (
     REFUSED_LINK,
     REFUSED_NAME,
     REFUSED_SPECIAL,

@@ -6,8 +6,8 @@ import json
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 
+from kimi_batch.inputs.prompts import ParamOverrides, SeedPrompt
 from kimi_batch.llama import ChatMessage
-from kimi_batch.tasks.inputs import ParamOverrides, SeedPrompt
 from kimi_batch.tasks.rows import SeedMessage, SeedRow
 
 __all__ = ["seed_rows", "seeds_from_rows"]

@@ -12,7 +12,7 @@ from typing import Any
 import polars as pl
 import pytest
 
-from kimi_batch.tasks.reader import MAX_QUARANTINE_ROWS
+from kimi_batch.inputs.reader import MAX_QUARANTINE_ROWS
 
 pytestmark = pytest.mark.slow
 

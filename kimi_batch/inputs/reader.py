@@ -22,7 +22,7 @@ from typing import IO, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kimi_batch.tasks.input_formats import (
+from kimi_batch.inputs.formats import (
     FILE_ERRORS,
     FileRefusedError,
     Item,
@@ -32,11 +32,11 @@ from kimi_batch.tasks.input_formats import (
     jsonl_items,
     parquet_items,
 )
-from kimi_batch.tasks.inputs import InputBatch, SeedPrompt
+from kimi_batch.inputs.prompts import InputBatch, SeedPrompt
+from kimi_batch.inputs.raw_rows import format_validation_error, parse_record
+from kimi_batch.inputs.seen_ids import SeenIds
 from kimi_batch.tasks.quarantine import input_row, rejected_raw, truncate_raw
-from kimi_batch.tasks.raw_rows import format_validation_error, parse_record
 from kimi_batch.tasks.rows import QuarantineRow
-from kimi_batch.tasks.seen_ids import SeenIds
 
 __all__ = [
     "CHUNK_ROWS",

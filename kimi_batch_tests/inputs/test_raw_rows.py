@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kimi_batch.engine import SamplingParams
-from kimi_batch.tasks.reader import read_inbox_file
+from kimi_batch.inputs.reader import read_inbox_file
 
 TOO_BIG = 18446744073709551615  # 2**64 - 1: over a signed 64-bit column
 

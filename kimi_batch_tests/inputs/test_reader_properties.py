@@ -21,8 +21,8 @@ import polars as pl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kimi_batch.tasks.inputs import InputBatch
-from kimi_batch.tasks.reader import read_inbox_file
+from kimi_batch.inputs.prompts import InputBatch
+from kimi_batch.inputs.reader import read_inbox_file
 
 EXAMPLES = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1

@@ -56,7 +56,7 @@ __all__ = [
     "short_hash",
 ]
 
-# Kept equal to kimi_batch.tasks.reader.SUPPORTED_EXTENSIONS; not imported from there so that the
+# Kept equal to kimi_batch.inputs.reader.SUPPORTED_EXTENSIONS; not imported from there so that the
 # sensor, which runs in the Dagster daemon on every tick, does not import polars and pydantic
 # row models it never uses.
 INBOX_EXTENSIONS: tuple[str, ...] = (".jsonl", ".ndjson", ".json", ".parquet", ".csv")

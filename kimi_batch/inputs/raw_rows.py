@@ -19,9 +19,9 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from kimi_batch.engine import fold_instructions
+from kimi_batch.inputs.prompts import ParamOverrides, SeedPrompt
+from kimi_batch.inputs.tools import FunctionTool
 from kimi_batch.llama import ChatMessage
-from kimi_batch.tasks.batch_bodies import FunctionTool
-from kimi_batch.tasks.inputs import ParamOverrides, SeedPrompt
 
 __all__ = ["format_validation_error", "parse_record"]
 

@@ -13,12 +13,12 @@ import pytest
 
 from kimi_batch.engine import INSTRUCTIONS_OPEN
 from kimi_batch.engine.generation import SamplingParams
+from kimi_batch.inputs.formats import MAX_JSON_ARRAY_BYTES, MAX_ROW_BYTES, parquet_items
+from kimi_batch.inputs.prompts import InputBatch, ParamOverrides, SeedPrompt
+from kimi_batch.inputs.reader import in_chunks, iter_inbox_rows, read_inbox_file
 from kimi_batch.settings import samples_dir
-from kimi_batch.tasks.input_formats import MAX_JSON_ARRAY_BYTES, MAX_ROW_BYTES, parquet_items
-from kimi_batch.tasks.inputs import InputBatch, ParamOverrides, SeedPrompt
 from kimi_batch.tasks.prompt_length import quarantine_overlong
 from kimi_batch.tasks.quarantine import RAW_LIMIT
-from kimi_batch.tasks.reader import in_chunks, iter_inbox_rows, read_inbox_file
 from kimi_batch.tasks.rows import QuarantineRow
 
 NOW = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)

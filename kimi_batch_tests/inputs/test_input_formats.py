@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kimi_batch.tasks.input_formats import MAX_ROW_BYTES
-from kimi_batch.tasks.reader import read_inbox_file
+from kimi_batch.inputs.formats import MAX_ROW_BYTES
+from kimi_batch.inputs.reader import read_inbox_file
 
 
 def _numbered_csv(path: Path, rows: int, bad: dict[int, str]) -> Path:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kimi_batch.tasks.seen_ids import SeenIds
+from kimi_batch.inputs.seen_ids import SeenIds
 
 
 def test_ids_are_recorded_once_with_their_first_line() -> None:
