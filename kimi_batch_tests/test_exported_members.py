@@ -16,6 +16,7 @@ FACADES = [
     "kimi_batch.state",
     "kimi_batch.warehouse",
     "kimi_batch.inputs",
+    "kimi_batch.quality",
 ]
 
 
@@ -48,10 +49,11 @@ def test_every_exported_class_and_function_is_defined_in_the_package(name: str) 
 
 def test_the_facades_hold_what_the_upper_layers_use() -> None:
     """A few names per layer that the tasks, storage and Dagster layers build on."""
-    llama, engine, storage, state, warehouse, inputs = (_facade(name) for name in FACADES)
+    llama, engine, storage, state, warehouse, inputs, quality = (_facade(name) for name in FACADES)
     assert {"LlamaClient", "ChatMessage", "TokenLogprob", "LlamaError"} <= set(llama.__all__)
     assert {"BatchEngine", "GenerationRequest", "Ledger", "SlotWarmer"} <= set(engine.__all__)
     assert {"TrinoReader", "Landing", "StorageError"} <= set(storage.__all__)
     assert {"StateDatabase", "connect_state", "read_state", "StateError"} <= set(state.__all__)
     assert {"Warehouse", "PartitionWrite", "open_warehouse"} <= set(warehouse.__all__)
     assert {"SeedPrompt", "InputReader", "scan_inbox"} <= set(inputs.__all__)
+    assert {"QualityGate", "DedupIndex", "normalize_text"} <= set(quality.__all__)

@@ -146,6 +146,7 @@ FACADES = (
     "storage",
     "warehouse",
     "inputs",
+    "quality",
 )
 
 

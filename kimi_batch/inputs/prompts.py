@@ -1,6 +1,6 @@
 """The domain of input rows: a validated seed prompt, its sampling overrides, a chunk of them.
 
-Reading files is `reader` (formats in `input_formats`, what users may write in `raw_rows`);
+Reading files is `reader` (formats in `formats`, what users may write in `raw_rows`);
 quarantine rows are built in `quarantine`; length checks are in `prompt_length`.
 """
 

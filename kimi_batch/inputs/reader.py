@@ -2,7 +2,7 @@
 
 Accepted formats (chosen by extension): `.jsonl` / `.ndjson` (one JSON object a line), `.json`
 (a JSON array), `.parquet` and `.csv` (rows as columns; `messages` in a CSV cell is a JSON
-string); the decoders are in `input_formats`, what a row may hold in `raw_rows`.
+string); the decoders are in `formats`, what a row may hold in `raw_rows`.
 
 Nothing here raises on bad input: a bad row, or a file that cannot be read at all, becomes a
 `QuarantineRow` (stage `input`) with a short reason, the source file and the 1-based line, so one

@@ -31,14 +31,6 @@ from kimi_batch.storage.api_validation import (
     settle_cancelled,
     validate_batch,
 )
-from kimi_batch.storage.dedup_index import (
-    DedupIndex,
-    DedupSetting,
-    IndexedText,
-    index_entries,
-    rescreen_partitions,
-    shingles,
-)
 from kimi_batch.storage.exceptions import (
     InvalidIdentifierError,
     InvalidPartitionError,
@@ -63,14 +55,6 @@ from kimi_batch.storage.private_files import (
     temp_name,
     write_private_text,
 )
-from kimi_batch.storage.quality_gate import (
-    CONTAMINATED,
-    DUPLICATE,
-    NEAR_DUPLICATE,
-    PartitionGate,
-    QualityGate,
-    set_aside_totals,
-)
 from kimi_batch.storage.quarantine import replace_quarantine
 from kimi_batch.storage.schema import (
     PARTITION_COLUMNS,
@@ -94,10 +78,7 @@ from kimi_batch.storage.settle import (
 from kimi_batch.storage.trino import TrinoConfig, TrinoReader, catalog_properties, write_catalog
 
 __all__ = [
-    "CONTAMINATED",
-    "DUPLICATE",
     "MAX_VALIDATION_ATTEMPTS",
-    "NEAR_DUPLICATE",
     "NEXT_STATUSES",
     "PARTITION_COLUMNS",
     "SETTLE_S",
@@ -109,18 +90,13 @@ __all__ = [
     "BatchStatus",
     "BatchValidator",
     "Column",
-    "DedupIndex",
-    "DedupSetting",
     "FileRecord",
     "FileTooLargeError",
     "InboxLanding",
-    "IndexedText",
     "InputNotSettledError",
     "InvalidIdentifierError",
     "InvalidPartitionError",
     "Landing",
-    "PartitionGate",
-    "QualityGate",
     "RequestCounts",
     "ResolvedInput",
     "SchemaMismatchError",
@@ -136,7 +112,6 @@ __all__ = [
     "catalog_properties",
     "columns",
     "finish_batch",
-    "index_entries",
     "iter_batch_lines",
     "land_inbox",
     "land_input",
@@ -151,13 +126,10 @@ __all__ = [
     "remove_stale_temps",
     "replace_quarantine",
     "request_counts",
-    "rescreen_partitions",
     "resolve_input",
     "resolve_partition",
     "resume_abandoned",
-    "set_aside_totals",
     "settle_cancelled",
-    "shingles",
     "still_changing",
     "temp_name",
     "trino_columns",

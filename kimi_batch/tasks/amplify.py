@@ -20,6 +20,7 @@ from pydantic import Field
 from kimi_batch.engine import GenerationRequest, GenerationResult, SamplingParams
 from kimi_batch.inputs import SeedPrompt
 from kimi_batch.llama import ChatMessage
+from kimi_batch.quality import loose_text, normalize_text
 from kimi_batch.tasks.generation_task import (
     GenerationTask,
     RowReader,
@@ -29,7 +30,6 @@ from kimi_batch.tasks.generation_task import (
 )
 from kimi_batch.tasks.rows import AmplifiedRow, GenerationColumns
 from kimi_batch.tasks.tags import AMPLIFY_STAGE, RequestTag, Strategy
-from kimi_batch.tasks.text_keys import loose_text, normalize_text
 
 __all__ = [
     "DEFAULT_AMPLIFY_PARAMS",

@@ -7,7 +7,7 @@ hold become the request's params, unset ones take OpenAI's defaults). Any other 
 given. Validation is all or nothing, as OpenAI's: one bad line fails the batch with errors
 naming it (the first `MAX_LISTED_ERRORS` listed, all counted).
 
-The file is read line by line with the pipeline's own JSONL reader (`input_formats.jsonl_items`:
+The file is read line by line with the pipeline's own JSONL reader (`inputs.formats.jsonl_items`:
 bounded lines, bad UTF-8, deep nesting and over-long integers become line errors there), and
 nothing but the `custom_id` index (8-byte digests, `SeenIds`) outlives a line: `scan_batch_input`
 holds one line at a time whatever the file's size. Whatever a line makes the parser or the

@@ -37,6 +37,7 @@ from kimi_batch.engine import GenerationResult, Ledger, row_request_id
 from kimi_batch.engine.generation import request_key
 from kimi_batch.inputs.prompts import InputBatch, SeedPrompt
 from kimi_batch.inputs.reader import InputReader
+from kimi_batch.quality.dedup_index import index_entries
 from kimi_batch.settings import Settings
 from kimi_batch.storage import (
     Landing,
@@ -44,7 +45,6 @@ from kimi_batch.storage import (
     land_input,
     resolve_partition,
 )
-from kimi_batch.storage.dedup_index import index_entries
 from kimi_batch.tasks.distill import DistillTask
 from kimi_batch.tasks.quarantine import INPUT_STAGE
 from kimi_batch.warehouse import Warehouse, newest_snapshots, open_warehouse, tag_night

@@ -36,11 +36,8 @@ from kimi_batch.defs.partition_states import INPUT_SHA_METADATA
 from kimi_batch.defs.partitions import split_partition_key
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.engine import BatchOutcome, GenerationRequest, GenerationResult
-from kimi_batch.storage import (
-    PartitionGate,
-    QualityGate,
-    replace_quarantine,
-)
+from kimi_batch.quality import PartitionGate, QualityGate
+from kimi_batch.storage import replace_quarantine
 from kimi_batch.tasks.generation_task import GenerationTask
 from kimi_batch.tasks.quarantine import INPUT_STAGE
 from kimi_batch.tasks.sink import StageSink

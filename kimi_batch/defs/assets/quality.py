@@ -18,10 +18,7 @@ import dagster as dg
 
 from kimi_batch.defs.assets.lease import HeldPartition
 from kimi_batch.defs.check_states import CONTAMINATION_CHECK, DUPLICATE_CHECK
-from kimi_batch.storage import (
-    PartitionGate,
-    QualityGate,
-)
+from kimi_batch.quality import PartitionGate, QualityGate
 from kimi_batch.tasks.generation_task import GenerationTask
 from kimi_batch.warehouse import Warehouse
 

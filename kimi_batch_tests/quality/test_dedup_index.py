@@ -16,9 +16,8 @@ from hypothesis import strategies as st
 
 from kimi_batch.engine import LeaseLostError
 from kimi_batch.paths import StateLocation, StatePaths
-from kimi_batch.state import StateBusyError
-from kimi_batch.storage import dedup_index as dedup_module
-from kimi_batch.storage.dedup_index import (
+from kimi_batch.quality import dedup_index as dedup_module
+from kimi_batch.quality.dedup_index import (
     DedupIndex,
     DedupSetting,
     IndexedText,
@@ -26,7 +25,8 @@ from kimi_batch.storage.dedup_index import (
     rescreen_partitions,
     shingles,
 )
-from kimi_batch.tasks.text_keys import normalize_text
+from kimi_batch.quality.text_keys import normalize_text
+from kimi_batch.state import StateBusyError
 from kimi_batch_tests.support.postgres import PostgresServer, StateBackend
 
 BASE = (

@@ -9,12 +9,9 @@ from typing import Any
 
 from kimi_batch.inputs.seeds import seeds_from_rows
 from kimi_batch.paths import StatePaths
+from kimi_batch.quality import QualityGate, set_aside_totals
+from kimi_batch.quality.dedup_index import rescreen_partitions
 from kimi_batch.settings import QualitySettings
-from kimi_batch.storage import (
-    QualityGate,
-    set_aside_totals,
-)
-from kimi_batch.storage.dedup_index import rescreen_partitions
 from kimi_batch.tasks.distill import DistillInputs, DistillTask
 from kimi_batch.tasks.generation_task import SetAside
 from kimi_batch.tasks.rows import DistilledRow

@@ -22,7 +22,7 @@ import polars as pl
 from pydantic import BaseModel, ConfigDict
 
 from kimi_batch.errors import ConfigError
-from kimi_batch.tasks.text_keys import loose_text, token_ngrams
+from kimi_batch.quality.text_keys import loose_text, token_ngrams
 
 __all__ = ["BenchmarkHit", "BenchmarkIndex", "load_benchmarks", "word_ngrams"]
 

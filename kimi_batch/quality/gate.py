@@ -9,7 +9,7 @@ the conversation the teacher saw, and its answer). The gate applies to the stage
 (`GenerationTask.quality_gated`: the teacher's answers), not to Batch API batches, whose callers
 asked for every line, nor to the judge's verdicts.
 
-The duplicate index (`storage.dedup_index`) lives at `home/quality/dedup.sqlite3`, or in the
+The duplicate index (`dedup_index`) lives at `home/quality/dedup.sqlite3`, or in the
 shared PostgreSQL database with the rest of the state (`StatePaths.dedup_state`). When it is new,
 or its signature setting changed, the first partition screened rebuilds it from the stage's
 landed partitions (every row there counts as kept), so an install that had answers before the
@@ -26,9 +26,8 @@ import polars as pl
 from pydantic import BaseModel, ConfigDict
 
 from kimi_batch.paths import StateLocation
-from kimi_batch.settings import QualitySettings
-from kimi_batch.storage.contamination import BenchmarkIndex, load_benchmarks
-from kimi_batch.storage.dedup_index import (
+from kimi_batch.quality.contamination import BenchmarkIndex, load_benchmarks
+from kimi_batch.quality.dedup_index import (
     Alive,
     DedupIndex,
     DedupSetting,
@@ -37,10 +36,11 @@ from kimi_batch.storage.dedup_index import (
     KeptEntry,
     PartitionDedup,
 )
+from kimi_batch.quality.text_keys import normalize_text
+from kimi_batch.settings import QualitySettings
 from kimi_batch.tasks.generation_task import GenerationTask, ScreenedText
 from kimi_batch.tasks.quarantine import INPUT_STAGE, set_aside_row
 from kimi_batch.tasks.rows import GenerationColumns, QuarantineRow
-from kimi_batch.tasks.text_keys import normalize_text
 
 if TYPE_CHECKING:
     from kimi_batch.warehouse import Warehouse

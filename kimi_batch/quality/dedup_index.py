@@ -45,8 +45,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.crash_points import crash_point
 from kimi_batch.paths import StateLocation
+from kimi_batch.quality.text_keys import text_tokens
 from kimi_batch.state import StateDatabase, connect_state, read_state
-from kimi_batch.tasks.text_keys import text_tokens
 
 __all__ = [
     "NUM_PERM",
