@@ -147,6 +147,8 @@ FACADES = (
     "warehouse",
     "inputs",
     "quality",
+    "batch_api",
+    "batch_api.web",
 )
 
 

@@ -6,7 +6,7 @@ each other in): the batch assets (`defs/assets/batch.py`, one `generation_asset`
 the nightly job (`defs/assets/night.py`: every nightly stage in order, with its config field),
 the jobs' selections (`defs/jobs.py`), the checks the alerts watch (`defs/check_states.py`),
 the demo and the bench; `declare_stage` also registers the task for the layers below (`tasks.registry`: its table
-in `storage.TABLES`, its ledger rows in `kimi-batch status`).
+in `warehouse.TABLES`, its ledger rows in `kimi-batch status`).
 
 The registry is read when definitions are built, not when modules import: a stage declared
 before `kimi_batch.definitions.build_definitions` runs is in the code location it builds.

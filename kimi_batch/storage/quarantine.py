@@ -10,8 +10,7 @@ import polars as pl
 
 from kimi_batch.crash_points import crash_point
 from kimi_batch.state import Fence
-from kimi_batch.storage.schema import PARTITION_COLUMNS
-from kimi_batch.tasks.rows import QuarantineRow
+from kimi_batch.tasks.rows import PARTITION_COLUMNS, QuarantineRow
 
 if TYPE_CHECKING:
     from kimi_batch.warehouse import Warehouse

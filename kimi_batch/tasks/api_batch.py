@@ -18,11 +18,11 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kimi_batch.batch_api import API_STAGE, BatchRequestLine
 from kimi_batch.engine import GenerationRequest, GenerationResult, SystemDigest
 from kimi_batch.llama import ToolCall
 from kimi_batch.tasks.distill import EMPTY_REASON, TRUNCATED_REASON
 from kimi_batch.tasks.generation_task import GenerationTask, RowReader, SetAside, generation_columns
-from kimi_batch.tasks.openai_batch import API_STAGE, BatchRequestLine
 from kimi_batch.tasks.rows import DistilledRow, GenerationColumns
 
 __all__ = ["NOT_JSON_REASON", "ApiBatchInputs", "ApiBatchTask"]

@@ -3,7 +3,7 @@
 A stage's declaration (`kimi_batch.defs.stages.declare_stage`) registers its task here, as does
 the asset factory `kimi_batch.defs.assets.stage_asset.generation_asset`; the built-in tasks are
 registered below, so the layers that never import the declarations (storage, the CLI's export and
-publish) know their tables. Storage builds its table list from here (`kimi_batch.storage.TABLES`),
+publish) know their tables. Storage builds its table list from here (`kimi_batch.warehouse.TABLES`),
 and `kimi-batch status` maps ledger tags to tables with it.
 """
 

@@ -8,7 +8,7 @@ import pytest
 
 from kimi_batch.bench.maintenance import MaintenanceBenchOptions, run_maintenance_bench
 from kimi_batch.settings import Settings
-from kimi_batch.storage import TABLES
+from kimi_batch.warehouse import TABLES
 
 
 def test_a_short_maintenance_bench_reports_commits_and_bounded_metadata(

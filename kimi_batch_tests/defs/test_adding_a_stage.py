@@ -28,10 +28,9 @@ from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
 from kimi_batch.defs.stages import STAGE_DECLARATIONS, nightly_stages, withdraw_stage
 from kimi_batch.settings import Settings
-from kimi_batch.storage import TABLES, TrinoConfig, TrinoReader
 from kimi_batch.tasks.registry import stage_of_tag
 from kimi_batch.tasks.tags import RequestTag
-from kimi_batch.warehouse import open_warehouse
+from kimi_batch.warehouse import TABLES, TrinoConfig, TrinoReader, open_warehouse
 from kimi_batch_tests.support.llama_server import LlamaEnv
 from kimi_batch_tests.support.trino import TrinoServer
 

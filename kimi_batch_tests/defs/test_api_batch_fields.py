@@ -16,12 +16,9 @@ import httpx
 import pytest
 from openai.types.responses import Response
 
+from kimi_batch.batch_api import ApiStore, BatchStatus
 from kimi_batch.llama import ResidentServer, server_from_settings
 from kimi_batch.settings import Settings
-from kimi_batch.storage import (
-    ApiStore,
-    BatchStatus,
-)
 from kimi_batch.tasks.rows import DistilledRow
 from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.batches import answered, landed_batch

@@ -23,8 +23,14 @@ from kimi_batch.defs.schedules import PARTITIONS_TAG
 from kimi_batch.defs.stages import AMPLIFY
 from kimi_batch.engine.ledger import Ledger
 from kimi_batch.settings import Settings
-from kimi_batch.storage import TrinoConfig, TrinoReader
-from kimi_batch.warehouse import Warehouse, newest_snapshots, night_tag, open_warehouse
+from kimi_batch.warehouse import (
+    TrinoConfig,
+    TrinoReader,
+    Warehouse,
+    newest_snapshots,
+    night_tag,
+    open_warehouse,
+)
 from kimi_batch_tests.support.llama_server import TEST_SLOTS, LlamaEnv
 from kimi_batch_tests.support.trino import TrinoServer
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from kimi_batch.batch_api.scan import parse_batch_input
 from kimi_batch.llama import ToolCall
 from kimi_batch.tasks.api_batch import ApiBatchTask
-from kimi_batch.tasks.batch_input import parse_batch_input
 from kimi_batch.tasks.sink import StageSink
 from kimi_batch_tests.support.results import make_result
 

@@ -9,7 +9,6 @@ import pytest
 
 from kimi_batch.engine import GenerationRequest, GenerationResult
 from kimi_batch.inputs.prompts import SeedPrompt
-from kimi_batch.storage import TABLES
 from kimi_batch.tasks.amplify import AmplifyTask
 from kimi_batch.tasks.distill import DistillTask
 from kimi_batch.tasks.generation_task import (
@@ -23,6 +22,7 @@ from kimi_batch.tasks.registry import STAGES, register_stage, stage_of_tag, unre
 from kimi_batch.tasks.rows import AmplifiedRow, DistilledRow, GenerationColumns
 from kimi_batch.tasks.sink import StageSink
 from kimi_batch.tasks.tags import RequestTag, Strategy
+from kimi_batch.warehouse import TABLES
 from kimi_batch_tests.support.results import make_result
 
 

@@ -17,12 +17,9 @@ from datetime import date
 from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.errors import ConfigError, MissingInputError
-from kimi_batch.storage import (
-    validate_source,
-)
 from kimi_batch.tasks.judge import JudgeTask, Verdict
 from kimi_batch.tasks.rows import DistilledRow, JudgedRow, SeedRow
-from kimi_batch.warehouse import Warehouse
+from kimi_batch.warehouse import Warehouse, validate_source
 
 __all__ = [
     "JUDGED_TABLE",

@@ -16,6 +16,16 @@ from typing import NoReturn
 
 import dagster as dg
 
+from kimi_batch.batch_api import (
+    ApiStore,
+    BatchLineError,
+    BatchRecord,
+    BatchStatus,
+    batch_lines,
+    begin_batch,
+    finish_batch,
+    iter_batch_lines,
+)
 from kimi_batch.defs.assets.batch_controls import BatchCancelledError, BatchControls
 from kimi_batch.defs.assets.checks import check_specs
 from kimi_batch.defs.assets.context import LLAMA_POOL
@@ -35,18 +45,8 @@ from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.engine import Ledger, PlannedRow
 from kimi_batch.settings import Settings
-from kimi_batch.storage import (
-    ApiStore,
-    BatchRecord,
-    BatchStatus,
-    StorageError,
-    batch_lines,
-    begin_batch,
-    finish_batch,
-    iter_batch_lines,
-)
+from kimi_batch.storage import StorageError
 from kimi_batch.tasks.api_batch import ApiBatchInputs, ApiBatchTask
-from kimi_batch.tasks.openai_batch import BatchLineError
 
 __all__ = [
     "API_GROUP",

@@ -10,9 +10,9 @@ import dagster as dg
 import polars as pl
 
 from kimi_batch.defs.check_states import CONTAMINATION_CHECK, DUPLICATE_CHECK
-from kimi_batch.storage import polars_schema
 from kimi_batch.tasks.generation_task import GenerationTask
 from kimi_batch.tasks.sink import CheckFigures
+from kimi_batch.warehouse import polars_schema
 
 __all__ = [
     "CHECK_NAMES",
