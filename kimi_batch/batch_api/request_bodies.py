@@ -19,12 +19,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kimi_batch.batch_api.lines import BatchRequestLine, LineKind
-from kimi_batch.batch_api.request_fields import check_logit_bias, check_stops
 from kimi_batch.engine import SamplingParams
 from kimi_batch.inputs import FunctionTool, ToolFunction
 from kimi_batch.llama import ChatMessage
 
-__all__ = ["LineRefusedError", "request_line"]
+__all__ = [
+    "LineRefusedError",
+    "body_fields",
+    "request_line",
+]
 
 # OpenAI's defaults. A chat answer's max_tokens unset means "as long as the server allows" (the
 # engine clamps it to the server's n_predict); a legacy completion's is 16 tokens.
@@ -132,6 +135,20 @@ class _ResponseFormat(_Nested):
 # The tools of a line are checked as an inbox row's are (kimi_batch.inputs.tools).
 _Function = ToolFunction
 _Tool = FunctionTool
+
+
+def check_stops(value: str | list[str] | None) -> str | list[str] | None:
+    stops = [value] if isinstance(value, str) else value or []
+    if len(stops) > 4 or not all(stops):
+        raise ValueError("stop takes at most 4 non-empty strings")
+    return value
+
+
+def check_logit_bias(value: dict[str, float] | None) -> dict[str, float] | None:
+    for token, bias in (value or {}).items():
+        if not token.isdigit() or not -100 <= bias <= 100:
+            raise ValueError("logit_bias maps token ids to biases in [-100, 100]")
+    return value
 
 
 class _SamplingBody(_Model):
@@ -380,3 +397,9 @@ def request_line(record: dict[str, Any], number: int, kind: LineKind) -> BatchRe
     """The request of input line `number` (`record`, its JSON object) of a batch whose lines
     are of `kind`. Raises pydantic's ValidationError or `LineRefusedError`."""
     return _READERS[kind](record, number)
+
+
+def body_fields(kind: LineKind) -> frozenset[str]:
+    """The body fields the model of a `kind` line declares (by their JSON names)."""
+    model = {"chat": _ChatBody, "completion": _CompletionBody, "responses": _ResponsesBody}[kind]
+    return frozenset(field.alias or name for name, field in model.model_fields.items())

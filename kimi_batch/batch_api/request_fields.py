@@ -39,12 +39,11 @@ import itertools
 from typing import Any
 
 from kimi_batch.batch_api.lines import LineKind
+from kimi_batch.batch_api.request_bodies import body_fields
 from kimi_batch.settings import Settings
 
 __all__ = [
     "ACCEPTED_BODY_FIELDS",
-    "check_logit_bias",
-    "check_stops",
     "model_not_served",
     "refused_field",
     "served_models",
@@ -52,33 +51,12 @@ __all__ = [
 
 # Bookkeeping OpenAI keeps; no effect on the answer.
 _BOOKKEEPING = frozenset({"user", "metadata", "store", "stream"})
-_SAMPLING = _BOOKKEEPING | frozenset(
-    {
-        "model",
-        "max_tokens",
-        "temperature",
-        "top_p",
-        "seed",
-        "stop",
-        "presence_penalty",
-        "frequency_penalty",
-        "logit_bias",
-        "logprobs",
-        "n",
-    }
-)
+# A chat or completion line may hold what its body model declares, and the bookkeeping. A
+# Responses line is listed: its model inherits the sampling fields both other endpoints take,
+# of which the Responses API has only these (the others are refused, not dropped).
 ACCEPTED_BODY_FIELDS: dict[LineKind, frozenset[str]] = {
-    "chat": _SAMPLING
-    | {
-        "messages",
-        "max_completion_tokens",
-        "response_format",
-        "top_logprobs",
-        "tools",
-        "tool_choice",
-        "parallel_tool_calls",
-    },
-    "completion": _SAMPLING | {"prompt", "echo", "best_of"},
+    "chat": body_fields("chat") | _BOOKKEEPING,
+    "completion": body_fields("completion") | _BOOKKEEPING,
     "responses": _BOOKKEEPING
     | {
         "model",
@@ -202,17 +180,3 @@ def model_not_served(body: Any, models: frozenset[str] | None) -> str | None:
         return None
     served = ", ".join(sorted(models)) or "none"
     return f"the model {str(name)[:200]!r} does not exist here (served: {served})"
-
-
-def check_stops(value: str | list[str] | None) -> str | list[str] | None:
-    stops = [value] if isinstance(value, str) else value or []
-    if len(stops) > 4 or not all(stops):
-        raise ValueError("stop takes at most 4 non-empty strings")
-    return value
-
-
-def check_logit_bias(value: dict[str, float] | None) -> dict[str, float] | None:
-    for token, bias in (value or {}).items():
-        if not token.isdigit() or not -100 <= bias <= 100:
-            raise ValueError("logit_bias maps token ids to biases in [-100, 100]")
-    return value
