@@ -37,8 +37,8 @@ def _slot_occupancy(settings: Settings, batch_id: str, slots: int) -> float:
     """The mean share of slots answering the batch's requests, from the first request sent
     to the last answer: the requests' own times (each result's latency, ending when it was
     recorded) summed over the span times the slots."""
+    from kimi_batch.batch_api import ApiStore
     from kimi_batch.engine import Ledger
-    from kimi_batch.storage import ApiStore
 
     with ApiStore(settings.paths) as store:
         keys = store.request_keys(batch_id)
@@ -86,7 +86,7 @@ def _server_counts(base_url: str, log: Path) -> dict[str, float]:
 
 def _landed_batch(settings: Settings, data: bytes) -> str:
     """The batch landed as the API lands one; its id."""
-    from kimi_batch.storage import ApiStore, validate_batch
+    from kimi_batch.batch_api import ApiStore, validate_batch
 
     with ApiStore(settings.paths) as store:
         batch = store.add_upload_batch(data, filename="api_prompts.jsonl")

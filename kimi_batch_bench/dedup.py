@@ -30,9 +30,8 @@ from datasketch import LeanMinHash, MinHash, MinHashLSH
 from pydantic import BaseModel, Field
 
 from kimi_batch.paths import StateLocation
+from kimi_batch.quality import DedupIndex, DedupSetting, IndexedText, normalize_text, shingles
 from kimi_batch.settings import Settings
-from kimi_batch.storage import DedupIndex, DedupSetting, IndexedText, shingles
-from kimi_batch.tasks.text_keys import normalize_text
 
 __all__ = [
     "DedupBenchOptions",

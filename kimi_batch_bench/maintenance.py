@@ -24,8 +24,7 @@ import polars as pl
 from pydantic import BaseModel, Field
 
 from kimi_batch.settings import Settings
-from kimi_batch.storage import TABLES, polars_schema
-from kimi_batch.warehouse import TableMaintenance, Warehouse, maintain
+from kimi_batch.warehouse import TABLES, TableMaintenance, Warehouse, maintain, polars_schema
 
 __all__ = [
     "MaintenanceBenchOptions",

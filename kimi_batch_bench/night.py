@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from kimi_batch.engine import GenerationRequest, SamplingParams
+from kimi_batch.inputs import read_inbox_file
 from kimi_batch.llama import LlamaClient, format_cpu_list, server_cpus, the_rest
 from kimi_batch.pipeline import (
     DEFAULT_AMPLIFY_PARAMS,
@@ -42,7 +43,6 @@ from kimi_batch.pipeline import (
     distillation_requests,
 )
 from kimi_batch.settings import Settings
-from kimi_batch.tasks.reader import read_inbox_file
 from kimi_batch_bench.busy import BusyTimeline, SlotPoller, idle_by_cause, run_windows
 from kimi_batch_bench.children import start_group, stop_group
 from kimi_batch_bench.client_cpu import client_cpu_per_token

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.engine import GenerationRequest, SamplingParams, estimate_tokens
+from kimi_batch.inputs import SeedPrompt, read_inbox_file
 from kimi_batch.llama import ChatMessage
 from kimi_batch.pipeline import (
     Strategy,
@@ -23,8 +24,6 @@ from kimi_batch.pipeline import (
     distillation_requests,
     judge_prompt,
 )
-from kimi_batch.tasks.inputs import SeedPrompt
-from kimi_batch.tasks.reader import read_inbox_file
 
 __all__ = [
     "Workload",

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from kimi_batch.batch_api import ApiStore
 from kimi_batch.settings import Settings
-from kimi_batch.storage import ApiStore
 from kimi_batch_bench.api_prompts import _landed_batch, api_prompt_lines
 from kimi_batch_tests.support.batches import MODEL
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kimi_batch.settings import Settings
-from kimi_batch.storage import TABLES
+from kimi_batch.warehouse import TABLES
 from kimi_batch_bench.maintenance import MaintenanceBenchOptions, run_maintenance_bench
 
 

@@ -1,5 +1,5 @@
-"""The package facades (`kimi_batch.state`, `.llama`, `.engine`, `.storage`) export exactly their
-surface."""
+"""The package facades (`kimi_batch.state`, `.llama`, `.engine`, the feature packages...) export
+exactly their surface."""
 
 from __future__ import annotations
 
@@ -16,6 +16,10 @@ FACADES = [
     "kimi_batch.storage",
     "kimi_batch.state",
     "kimi_batch.warehouse",
+    "kimi_batch.inputs",
+    "kimi_batch.quality",
+    "kimi_batch.batch_api",
+    "kimi_batch.batch_api.web",
 ]
 
 
@@ -48,10 +52,18 @@ def test_every_exported_class_and_function_is_defined_in_the_package(name: str) 
 
 def test_the_facades_hold_what_the_upper_layers_use() -> None:
     """A few names per layer that the tasks, storage and Dagster layers build on."""
-    llama, engine, pipeline, storage, state, warehouse = (_facade(name) for name in FACADES)
+    llama, engine, pipeline, storage, state, warehouse, inputs, quality, batch_api, web = (
+        _facade(name) for name in FACADES
+    )
     assert {"LlamaClient", "ChatMessage", "TokenLogprob", "LlamaError"} <= set(llama.__all__)
     assert {"BatchEngine", "GenerationRequest", "Ledger", "SlotWarmer"} <= set(engine.__all__)
     assert {"GenerationTask", "StageSink", "QuarantineRow", "STAGES"} <= set(pipeline.__all__)
-    assert {"TrinoReader", "Landing", "StorageError"} <= set(storage.__all__)
+    assert {"Landing", "StorageError"} <= set(storage.__all__)
     assert {"StateDatabase", "connect_state", "read_state", "StateError"} <= set(state.__all__)
-    assert {"Warehouse", "PartitionWrite", "open_warehouse"} <= set(warehouse.__all__)
+    assert {"Warehouse", "PartitionWrite", "open_warehouse", "TrinoReader", "TABLES"} <= set(
+        warehouse.__all__
+    )
+    assert {"SeedPrompt", "InputReader", "scan_inbox"} <= set(inputs.__all__)
+    assert {"QualityGate", "DedupIndex", "normalize_text"} <= set(quality.__all__)
+    assert {"ApiStore", "BatchRequestLine", "validate_batch"} <= set(batch_api.__all__)
+    assert {"create_app", "serve"} <= set(web.__all__)

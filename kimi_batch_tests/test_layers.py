@@ -1,18 +1,25 @@
-"""The layers of docs/architecture.md import only downward; llama and engine never import Dagster."""
+"""The layers of docs/architecture.md import only downward; llama, engine and the feature packages
+never import Dagster; other packages import a package's facade, not its modules."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 TESTS = Path(__file__).resolve().parent
 PACKAGE = TESTS.parent / "kimi_batch"
+# Lower number = lower layer; a module's layer is its longest listed prefix, anything not listed
+# (the entry points: `cli/`, `definitions.py`, `bench/`, the Batch API's server `batch_api/web/`)
+# sits above everything.
 # Lower number = lower layer. Top-level modules not listed here sit above everything.
 # `errors` and `paths` are single modules, `settings` and `state` packages, below everything. The entry points (`cli/`,
 # `definitions.py`, `api/`) sit above everything; the bench is a package of its own (test_bench_boundary.py).
 LAYERS = {
+    # The ground: the root exception, configuration, the state layout and databases.
     "errors": 0,
     "crash_points": 0,
     "redaction": 0,
@@ -21,22 +28,38 @@ LAYERS = {
     "state": 0,
     "llama": 1,
     "engine": 2,
-    "tasks": 3,
-    # What is generated and how a partition is run (stages, rows, the registry): no Dagster.
+    # One package per feature, side by side, none of them Dagster: what comes in, what is
+    # generated, its quality, where it is kept, the Batch API, what a trainer reads. `storage`
+    # holds the shared file primitives and the landed inputs; `tasks` the stages until they move.
+    "inputs": 3,
     "pipeline": 3,
-    "storage": 4,
-    "warehouse": 4,
-    "defs": 5,
-    # What a trainer reads (row shapes, kd rows, the card): no Dagster (beside defs).
-    "exports": 5,
+    "tasks": 3,
+    "quality": 3,
+    "storage": 3,
+    "warehouse": 3,
+    "batch_api": 3,
+    "exports": 3,
+    # The Dagster adapter over the features.
+    "defs": 4,
+    # The Batch API's HTTP server starts the batches' runs itself when no daemon does (Dagster).
+    "batch_api.web": 99,
 }
+FEATURES = [name for name, layer in LAYERS.items() if layer == 3]
 
 
 def _layer(module: str) -> int | None:
     parts = module.split(".")
     if parts[0] != "kimi_batch" or len(parts) < 2:
         return None
-    return LAYERS.get(parts[1], 99)
+    for end in range(len(parts), 1, -1):
+        if ".".join(parts[1:end]) in LAYERS:
+            return LAYERS[".".join(parts[1:end])]
+    return 99
+
+
+def _module_of(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def _imports(path: Path) -> set[str]:
@@ -51,13 +74,38 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("layer", [name for name in LAYERS if LAYERS[name] > 0])
+@pytest.mark.parametrize("layer", [name for name in LAYERS if 0 < LAYERS[name] < 99])
 def test_a_layer_imports_only_itself_and_lower_layers(layer: str) -> None:
-    own = LAYERS[layer]
-    for path in (PACKAGE / layer).rglob("*.py"):
+    for path in (PACKAGE / layer.replace(".", "/")).rglob("*.py"):
+        own = _layer(_module_of(path))
+        assert own is not None
         for module in _imports(path):
             target = _layer(module)
             assert target is None or target <= own, f"{path.name} imports {module}"
+
+
+@pytest.mark.parametrize("feature", FEATURES)
+def test_the_features_never_import_dagster(feature: str) -> None:
+    """Dagster is the adapter's (`defs/`) and the entry points'; a feature runs without it."""
+    for path in (PACKAGE / feature).rglob("*.py"):
+        if _layer(_module_of(path)) == LAYERS[feature]:
+            assert not any(m.split(".")[0] == "dagster" for m in _imports(path)), path.name
+
+
+@pytest.mark.parametrize("feature", FEATURES)
+def test_a_feature_package_imports_first_in_a_fresh_interpreter(feature: str) -> None:
+    """Features import each other's facades; a cycle between two facades breaks whichever is
+    imported first, so each one is imported first once."""
+    if not (PACKAGE / feature).is_dir():
+        pytest.skip(f"no kimi_batch.{feature} package")
+    run = subprocess.run(
+        [sys.executable, "-c", f"import kimi_batch.{feature}"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=PACKAGE.parent,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
 
 
 def test_the_root_exception_module_imports_nothing_of_the_package() -> None:
@@ -93,26 +141,45 @@ def test_test_packages_hold_no_code() -> None:
         ), path.relative_to(TESTS)
 
 
-FACADES = ("settings", "state", "llama", "engine", "pipeline", "storage", "warehouse")
+FACADES = (
+    "settings",
+    "state",
+    "llama",
+    "engine",
+    "pipeline",
+    "storage",
+    "warehouse",
+    "inputs",
+    "quality",
+    "batch_api",
+    "batch_api.web",
+)
+
+
+def _facade_of(module: str) -> str | None:
+    """The facade a module belongs to: its longest facade prefix (a sub-package may be one)."""
+    owners = [
+        f for f in FACADES if module == f"kimi_batch.{f}" or module.startswith(f"kimi_batch.{f}.")
+    ]
+    return max(owners, key=len) if owners else None
 
 
 @pytest.mark.parametrize("facade", FACADES)
 def test_other_layers_import_the_facade_not_its_modules(facade: str) -> None:
     """`from kimi_batch.llama import X`: the package `__all__` is the surface other layers use."""
-    inside = PACKAGE / facade
     # The bench beside the package (kimi_batch_bench/) uses the same surface.
     for path in [*PACKAGE.rglob("*.py"), *(PACKAGE.parent / "kimi_batch_bench").rglob("*.py")]:
-        if path.is_relative_to(inside):
+        if path.is_relative_to(PACKAGE) and _facade_of(_module_of(path)) == facade:
             continue
         for module in _imports(path):
-            assert not module.startswith(f"kimi_batch.{facade}."), (
-                f"{path.relative_to(PACKAGE.parent)} imports {module}: use kimi_batch.{facade}"
-            )
+            assert not (
+                module.startswith(f"kimi_batch.{facade}.") and _facade_of(module) == facade
+            ), f"{path.relative_to(PACKAGE.parent)} imports {module}: use kimi_batch.{facade}"
 
 
 @pytest.mark.parametrize("facade", FACADES)
 def test_modules_of_a_package_import_their_siblings_not_its_facade(facade: str) -> None:
     """The facade imports every module, so a module importing the facade would be a cycle."""
-    for path in (PACKAGE / facade).rglob("*.py"):
-        if path.name != "__init__.py":
+    for path in (PACKAGE / facade.replace(".", "/")).rglob("*.py"):
+        if path.name != "__init__.py" and _facade_of(_module_of(path)) == facade:
             assert f"kimi_batch.{facade}" not in _imports(path), path.name

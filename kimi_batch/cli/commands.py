@@ -284,7 +284,7 @@ def _add_card_options(export: argparse.ArgumentParser) -> None:
 
 
 def _api(args: argparse.Namespace, settings: Settings) -> int:
-    from kimi_batch.api import serve
+    from kimi_batch.batch_api.web import serve
 
     serve(settings, host=args.host, port=args.port, no_auth=args.no_auth, launch=not args.no_launch)
     return 0

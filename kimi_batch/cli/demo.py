@@ -14,10 +14,11 @@ from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, SOURCE_
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.engine import ProgressEvent, notify
 from kimi_batch.errors import MissingInputError
+from kimi_batch.inputs import inspect_inbox_file
 from kimi_batch.llama import server_from_settings
 from kimi_batch.pipeline import STAGE_DECLARATIONS
 from kimi_batch.settings import Settings, samples_dir
-from kimi_batch.storage import Assignment, Landing, inspect_inbox_file, wait_until_settled
+from kimi_batch.storage import Assignment, Landing, wait_until_settled
 
 __all__ = ["DEMO_INSTANCE_YAML", "demo_instance", "run_demo"]
 

@@ -1,6 +1,6 @@
 """`kimi-batch export`: distilled answers as OpenAI Batch output lines, or in a trainer's format.
 
-    openai-batch  OpenAI Batch API output lines (the Batch API's own writer, tasks.openai_batch)
+    openai-batch  OpenAI Batch API output lines (the Batch API's own writer, batch_api.lines)
     chat          JSONL of {"messages": [system, user, assistant]} (TRL's SFTTrainer, axolotl),
                   shaped by --reasoning, --layout and --system-turn (exports/shape.py)
     hf            a folder datasets.load_dataset loads, with its dataset card (exports/hf.py)
@@ -33,6 +33,7 @@ from typing import Any, TextIO
 
 from pydantic import BaseModel, ConfigDict
 
+from kimi_batch.batch_api import AnsweredRequest, error_line, response_line
 from kimi_batch.cli.exports.conversation import (
     BuildExamples,
     ExportExample,
@@ -61,15 +62,15 @@ from kimi_batch.llama import TokenLogprob, ToolCall
 from kimi_batch.paths import private_dir
 from kimi_batch.pipeline import AMPLIFY, DISTILL
 from kimi_batch.settings import Settings
-from kimi_batch.storage import (
-    private_folder,
-    private_writer,
-    temp_name,
+from kimi_batch.storage import private_folder, private_writer, temp_name
+from kimi_batch.warehouse import (
+    Warehouse,
+    current_snapshots,
+    open_warehouse,
+    resolve_as_of,
     validate_ds,
     validate_source,
 )
-from kimi_batch.tasks.openai_batch import AnsweredRequest, error_line, response_line
-from kimi_batch.warehouse import Warehouse, current_snapshots, open_warehouse, resolve_as_of
 
 __all__ = [
     "FORMATS",

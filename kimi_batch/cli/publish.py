@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kimi_batch.settings import Settings
-from kimi_batch.storage import catalog_properties, write_catalog
+from kimi_batch.warehouse import catalog_properties, write_catalog
 
 __all__ = ["publish_catalog"]
 

@@ -1,6 +1,6 @@
 """Reference pages drawn from schemas: the tables from their row models, the Batch API from OpenAPI.
 
-Part of `kimi_batch.cli.reference` (`make reference`); the tables page lists `storage.TABLES`
+Part of `kimi_batch.cli.reference` (`make reference`); the tables page lists `warehouse.TABLES`
 (every registered stage's table), the API page `create_app(...).openapi()`.
 """
 
@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from kimi_batch.pipeline import GenerationColumns
 from kimi_batch.settings import Settings, default_digest_path
-from kimi_batch.storage import PARTITION_COLUMNS, TABLES, trino_columns
+from kimi_batch.warehouse import PARTITION_COLUMNS, TABLES, trino_columns
 
 __all__ = ["GENERATED", "batch_api_page", "cell", "tables_page"]
 
@@ -143,7 +143,7 @@ def _component(name: str, schema: dict[str, Any]) -> list[str]:
 
 
 def batch_api_page() -> str:
-    from kimi_batch.api import ApiAccess, create_app
+    from kimi_batch.batch_api.web import ApiAccess, create_app
 
     access = ApiAccess(key="reference", bound_host="127.0.0.1")
     schema = create_app(_api_settings(), access).openapi()

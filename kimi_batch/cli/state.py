@@ -40,8 +40,9 @@ __all__ = ["add_state_commands", "migrate_state"]
 def migrate_state(settings: Settings, url: str) -> list[StoreCopy]:
     """Copy the ledger, the manifest and the API store of `settings`' state dir to `url`."""
     # Imported when run: the CLI's other commands start without the storage layer.
+    from kimi_batch.batch_api import ApiStore
     from kimi_batch.engine import Ledger
-    from kimi_batch.storage import ApiStore, Landing
+    from kimi_batch.storage import Landing
     from kimi_batch.warehouse import CatalogSpec, open_catalog
 
     try:

@@ -9,16 +9,16 @@ import polars as pl
 
 from kimi_batch.cli.status_sections import QualitySection
 from kimi_batch.pipeline import JudgeTask
-from kimi_batch.settings import Settings
-from kimi_batch.state import StateError
-from kimi_batch.storage import (
+from kimi_batch.quality import (
     CONTAMINATED,
     DUPLICATE,
     NEAR_DUPLICATE,
-    StorageError,
     index_entries,
     set_aside_totals,
 )
+from kimi_batch.settings import Settings
+from kimi_batch.state import StateError
+from kimi_batch.storage import StorageError
 from kimi_batch.warehouse import open_warehouse
 
 __all__ = ["quality_section"]

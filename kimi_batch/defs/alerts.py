@@ -43,7 +43,8 @@ from kimi_batch.defs.partition_states import (
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION
 from kimi_batch.defs.webhook import post_message
 from kimi_batch.settings import Settings
-from kimi_batch.storage import Landing, StorageError, TrinoConfig, TrinoReader
+from kimi_batch.storage import Landing, StorageError
+from kimi_batch.warehouse import TrinoConfig, TrinoReader
 
 __all__ = [
     "DEFAULT_NIGHT_ENDS",

@@ -7,7 +7,7 @@ materialization by hand, which sends only what the ledger lacks). A batch cancel
 run started gets its run too (the same key): the run sees the cancel and finishes it at once.
 
 With no daemon serving the instance, `kimi-batch api` does this same work itself
-(`kimi_batch/api/runs.py`) through `batches_needing_runs`, the one place that decides which batch
+(`kimi_batch/batch_api/web/runs.py`) through `batches_needing_runs`, the one place that decides which batch
 needs a run; a batch with a run already requested by either is never asked for again.
 
 Unlike the inbox sensor it starts RUNNING: it acts only on batches someone created through the
@@ -31,18 +31,18 @@ from typing import Protocol
 
 import dagster as dg
 
-from kimi_batch.defs.assets.api_batch import API_TRIGGER_TAG, finish_abandoned_batch
-from kimi_batch.defs.deployment import deployment_settings
-from kimi_batch.defs.jobs import api_batch_job
-from kimi_batch.defs.partitions import api_batch_partitions
-from kimi_batch.settings import Settings
-from kimi_batch.storage import (
+from kimi_batch.batch_api import (
     ApiStore,
     BatchRecord,
     BatchStatus,
     resume_abandoned,
     validate_batch,
 )
+from kimi_batch.defs.assets.api_batch import API_TRIGGER_TAG, finish_abandoned_batch
+from kimi_batch.defs.deployment import deployment_settings
+from kimi_batch.defs.jobs import api_batch_job
+from kimi_batch.defs.partitions import api_batch_partitions
+from kimi_batch.settings import Settings
 
 __all__ = [
     "batches_needing_runs",

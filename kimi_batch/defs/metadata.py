@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 import dagster as dg
 
 from kimi_batch.engine import BatchOutcome
-from kimi_batch.storage import PARTITION_COLUMNS, TABLES, columns
+from kimi_batch.warehouse import PARTITION_COLUMNS, TABLES, columns
 
 __all__ = [
     "ASSET_OWNERS",
@@ -46,7 +46,7 @@ ASSET_OWNERS = ["team:kimi-batch"]
 
 
 def table_schema(table: str) -> dg.TableSchema:
-    """The table's columns as its row model declares them (`storage.schema`'s Trino types), the
+    """The table's columns as its row model declares them (`warehouse.schema`'s Trino types), the
     partition columns last."""
     model = TABLES[table]
     fields = [

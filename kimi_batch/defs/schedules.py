@@ -48,9 +48,10 @@ from kimi_batch.defs.partitions import (
     source_partitions,
     split_partition_key,
 )
+from kimi_batch.quality import rescreen_partitions
 from kimi_batch.settings import Settings
 from kimi_batch.storage import SETTLE_S as LANDING_SETTLE_S
-from kimi_batch.storage import Assignment, InboxLanding, Landing, land_inbox, rescreen_partitions
+from kimi_batch.storage import Assignment, InboxLanding, Landing, land_inbox
 
 __all__ = [
     "MAX_RUNTIME_TAG",

@@ -48,18 +48,12 @@ from kimi_batch.defs.partitions import (
     build_date_partitions,
     source_partitions,
 )
+from kimi_batch.inputs import InboxFile, scan_inbox
 from kimi_batch.settings import Settings
 from kimi_batch.storage import (
     SETTLE_S as LANDING_SETTLE_S,
 )
-from kimi_batch.storage import (
-    Assignment,
-    InboxFile,
-    Landing,
-    StorageError,
-    scan_inbox,
-    still_changing,
-)
+from kimi_batch.storage import Assignment, Landing, StorageError, still_changing
 
 __all__ = [
     "FILE_TAG",

@@ -18,6 +18,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from kimi_batch.engine import GenerationRequest, GenerationResult, SamplingParams
+from kimi_batch.inputs import SeedPrompt
 from kimi_batch.llama import ChatMessage
 from kimi_batch.pipeline.generation_task import (
     GenerationTask,
@@ -28,8 +29,7 @@ from kimi_batch.pipeline.generation_task import (
 )
 from kimi_batch.pipeline.rows import AmplifiedRow, GenerationColumns
 from kimi_batch.pipeline.tags import AMPLIFY_STAGE, RequestTag, Strategy
-from kimi_batch.tasks.inputs import SeedPrompt
-from kimi_batch.tasks.text_keys import loose_text, normalize_text
+from kimi_batch.quality import loose_text, normalize_text
 
 __all__ = [
     "DEFAULT_AMPLIFY_PARAMS",

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kimi_batch.batch_api import API_STAGE, BatchRequestLine
 from kimi_batch.engine import GenerationRequest, GenerationResult, SystemDigest
 from kimi_batch.llama import ToolCall
 from kimi_batch.pipeline.distill import EMPTY_REASON, TRUNCATED_REASON
@@ -28,7 +29,6 @@ from kimi_batch.pipeline.generation_task import (
     generation_columns,
 )
 from kimi_batch.pipeline.rows import DistilledRow, GenerationColumns
-from kimi_batch.tasks.openai_batch import API_STAGE, BatchRequestLine
 
 __all__ = ["NOT_JSON_REASON", "ApiBatchInputs", "ApiBatchTask"]
 

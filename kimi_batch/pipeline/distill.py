@@ -25,6 +25,7 @@ from kimi_batch.engine import (
     SamplingParams,
     fold_instructions,
 )
+from kimi_batch.inputs import SeedPrompt, format_validation_error
 from kimi_batch.llama import ChatMessage
 from kimi_batch.pipeline.generation_task import (
     GenerationTask,
@@ -36,8 +37,6 @@ from kimi_batch.pipeline.generation_task import (
 )
 from kimi_batch.pipeline.rows import AmplifiedRow, DistilledRow, GenerationColumns
 from kimi_batch.pipeline.tags import DISTILL_STAGE, Origin, RequestTag, Strategy
-from kimi_batch.tasks.inputs import SeedPrompt
-from kimi_batch.tasks.raw_rows import format_validation_error
 
 __all__ = [
     "DEFAULT_DISTILL_PARAMS",

@@ -18,9 +18,8 @@ from typing import ClassVar, Generic, Protocol, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.engine import GenerationRequest, GenerationResult
+from kimi_batch.inputs import SeedPrompt, seeds_from_rows
 from kimi_batch.pipeline.rows import GenerationColumns, SeedRow
-from kimi_batch.tasks.inputs import SeedPrompt
-from kimi_batch.tasks.seeds import seeds_from_rows
 
 __all__ = [
     "GenerationTask",

@@ -16,6 +16,7 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kimi_batch.engine import GenerationRequest, GenerationResult, SamplingParams
+from kimi_batch.inputs import format_validation_error
 from kimi_batch.llama import ChatMessage
 from kimi_batch.pipeline.generation_task import (
     GenerationTask,
@@ -25,7 +26,6 @@ from kimi_batch.pipeline.generation_task import (
 )
 from kimi_batch.pipeline.rows import DistilledRow, GenerationColumns, JudgedRow
 from kimi_batch.pipeline.tags import RequestTag
-from kimi_batch.tasks.raw_rows import format_validation_error
 
 __all__ = [
     "DEFAULT_JUDGE_PARAMS",

@@ -14,10 +14,10 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
+from kimi_batch.inputs import InputBatch, SeedPrompt
 from kimi_batch.llama import LlamaClient
 from kimi_batch.pipeline.quarantine import input_row, raw_json
 from kimi_batch.pipeline.rows import QuarantineRow
-from kimi_batch.tasks.inputs import InputBatch, SeedPrompt
 
 __all__ = [
     "TEMPLATE_TOKENS_FIXED",

@@ -6,7 +6,7 @@ stages reads this module, in declaration order (which is also the order the stag
 other in): the Dagster adapter builds one asset a declaration (`defs/assets/batch.py`), the
 nightly job's stages and run config (`defs/assets/night.py`), the jobs' selections, the checks
 the alerts watch; the night's end (`night_end`: what "the night is done" means to the schedule,
-the partition states, the freshness check and the alerts); the tables (`STAGES`: storage's
+the partition states, the freshness check and the alerts); the tables (`STAGES`: warehouse's
 `TABLES`, the ledger rows of `kimi-batch status`, the export), the demo and the bench.
 
 A stage's run config is a fixed pydantic class (`StageConfig`: its `task(settings)` builds the

@@ -1,53 +1,21 @@
-"""Storage layer: the inbox and landed inputs, the quality gate, the Batch API's store, the
-tables' schemas (the tables themselves are `kimi_batch.warehouse`'s), and Trino queries.
-
-Tables and their row models: `TABLES` (amplified, distilled, quarantine). The layers above import
-from here, never from the modules. Errors: see `kimi_batch.storage.exceptions`.
+"""What is left of the storage layer once the features have their packages: the landed input
+versions (`landing`: the manifest; `snapshot`, `settle`, `partition_input`) and the landing
+writes of the seeds and the quarantine rows (`seeds`, `quarantine`), which go with `landing` to
+`inputs/` and `pipeline/`; and the file primitives several features share (`private_files`:
+owner-only writes; `blobs`: content-addressed files every host reads) with the storage errors
+(`exceptions`). Other packages import from here, never from the modules.
 """
 
-from kimi_batch.storage.api_batches import (
-    RequestCounts,
-    batch_lines,
-    begin_batch,
-    finish_batch,
-    iter_batch_lines,
-    request_counts,
-    write_batch_files,
-)
-from kimi_batch.storage.api_files import FileRecord, FileTooLargeError, StagedFile
-from kimi_batch.storage.api_store import (
-    NEXT_STATUSES,
-    TERMINAL_STATUSES,
-    ApiStore,
-    BatchRecord,
-    BatchStatus,
-    ValidationClaim,
-    process_owner,
-)
-from kimi_batch.storage.api_validation import (
-    MAX_VALIDATION_ATTEMPTS,
-    BatchValidator,
-    resume_abandoned,
-    settle_cancelled,
-    validate_batch,
-)
-from kimi_batch.storage.dedup_index import (
-    DedupIndex,
-    DedupSetting,
-    IndexedText,
-    index_entries,
-    rescreen_partitions,
-    shingles,
-)
+from kimi_batch.storage.blobs import BlobStore, SharedBlobs
 from kimi_batch.storage.exceptions import (
     InvalidIdentifierError,
     InvalidPartitionError,
     SchemaMismatchError,
     StorageError,
     TrinoQueryError,
+    TrinoTimeoutError,
     TrinoUnavailableError,
 )
-from kimi_batch.storage.inbox import InboxFile, file_sha256, inspect_inbox_file, scan_inbox
 from kimi_batch.storage.landing import Assignment, Landing, landed_versions
 from kimi_batch.storage.partition_input import (
     InboxLanding,
@@ -57,6 +25,7 @@ from kimi_batch.storage.partition_input import (
     resolve_partition,
 )
 from kimi_batch.storage.private_files import (
+    pid_alive,
     private_folder,
     private_folder_swap,
     private_writer,
@@ -64,27 +33,7 @@ from kimi_batch.storage.private_files import (
     temp_name,
     write_private_text,
 )
-from kimi_batch.storage.quality_gate import (
-    CONTAMINATED,
-    DUPLICATE,
-    NEAR_DUPLICATE,
-    PartitionGate,
-    QualityGate,
-    set_aside_totals,
-)
 from kimi_batch.storage.quarantine import replace_quarantine
-from kimi_batch.storage.schema import (
-    PARTITION_COLUMNS,
-    TABLES,
-    Column,
-    columns,
-    model_for,
-    polars_schema,
-    trino_columns,
-    validate_ds,
-    validate_identifier,
-    validate_source,
-)
 from kimi_batch.storage.seeds import land_input, land_seeds
 from kimi_batch.storage.settle import (
     SETTLE_S,
@@ -92,86 +41,37 @@ from kimi_batch.storage.settle import (
     still_changing,
     wait_until_settled,
 )
-from kimi_batch.storage.trino import TrinoConfig, TrinoReader, catalog_properties, write_catalog
 
 __all__ = [
-    "CONTAMINATED",
-    "DUPLICATE",
-    "MAX_VALIDATION_ATTEMPTS",
-    "NEAR_DUPLICATE",
-    "NEXT_STATUSES",
-    "PARTITION_COLUMNS",
     "SETTLE_S",
-    "TABLES",
-    "TERMINAL_STATUSES",
-    "ApiStore",
     "Assignment",
-    "BatchRecord",
-    "BatchStatus",
-    "BatchValidator",
-    "Column",
-    "DedupIndex",
-    "DedupSetting",
-    "FileRecord",
-    "FileTooLargeError",
-    "InboxFile",
+    "BlobStore",
     "InboxLanding",
-    "IndexedText",
     "InputNotSettledError",
     "InvalidIdentifierError",
     "InvalidPartitionError",
     "Landing",
-    "PartitionGate",
-    "QualityGate",
-    "RequestCounts",
     "ResolvedInput",
     "SchemaMismatchError",
-    "StagedFile",
+    "SharedBlobs",
     "StorageError",
-    "TrinoConfig",
     "TrinoQueryError",
-    "TrinoReader",
+    "TrinoTimeoutError",
     "TrinoUnavailableError",
-    "ValidationClaim",
-    "batch_lines",
-    "begin_batch",
-    "catalog_properties",
-    "columns",
-    "file_sha256",
-    "finish_batch",
-    "index_entries",
-    "inspect_inbox_file",
-    "iter_batch_lines",
     "land_inbox",
     "land_input",
     "land_seeds",
     "landed_versions",
-    "model_for",
-    "polars_schema",
+    "pid_alive",
     "private_folder",
     "private_folder_swap",
     "private_writer",
-    "process_owner",
     "remove_stale_temps",
     "replace_quarantine",
-    "request_counts",
-    "rescreen_partitions",
     "resolve_input",
     "resolve_partition",
-    "resume_abandoned",
-    "scan_inbox",
-    "set_aside_totals",
-    "settle_cancelled",
-    "shingles",
     "still_changing",
     "temp_name",
-    "trino_columns",
-    "validate_batch",
-    "validate_ds",
-    "validate_identifier",
-    "validate_source",
     "wait_until_settled",
-    "write_batch_files",
-    "write_catalog",
     "write_private_text",
 ]

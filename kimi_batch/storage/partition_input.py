@@ -12,9 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.settings import Settings
-from kimi_batch.storage.exceptions import StorageError
-from kimi_batch.storage.inbox import (
+from kimi_batch.inputs import (
     InboxFile,
     InboxLinkError,
     NotRegularFileError,
@@ -22,6 +20,8 @@ from kimi_batch.storage.inbox import (
     scan_inbox,
     sha256_of,
 )
+from kimi_batch.settings import Settings
+from kimi_batch.storage.exceptions import StorageError
 from kimi_batch.storage.landing import Assignment, FileStat, LandedVersion, Landing
 from kimi_batch.storage.settle import SETTLE_S, InputNotSettledError, still_changing
 from kimi_batch.storage.snapshot import InputTooLargeError

@@ -9,9 +9,8 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from kimi_batch.crash_points import crash_point
-from kimi_batch.pipeline import QuarantineRow
+from kimi_batch.pipeline import PARTITION_COLUMNS, QuarantineRow
 from kimi_batch.state import Fence
-from kimi_batch.storage.schema import PARTITION_COLUMNS
 
 if TYPE_CHECKING:
     from kimi_batch.warehouse import Warehouse

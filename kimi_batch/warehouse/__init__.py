@@ -7,6 +7,11 @@ see the current snapshot, or the ones a `pinned` warehouse names. Trino, polars,
 read the same tables through the same catalog. Each night's snapshots are tagged
 `night-YYYY-MM-DD`, and an as-of (snapshot id, tag, date) resolves to one snapshot a table
 (`snapshots`).
+
+The tables' schemas come from the row models (`schema`: `TABLES`, their polars and Trino types),
+each stage replaces only its rows of the quarantine table (`quarantine`), and Trino reads the
+same tables (`trino`: its catalog file and `TrinoReader`). Other packages import from here, never
+from the modules.
 """
 
 from kimi_batch.warehouse.catalog import CATALOG_NAME, LEDGER_SCHEMA, CatalogSpec, open_catalog
@@ -18,6 +23,15 @@ from kimi_batch.warehouse.migration import (
     hive_partitions,
     migrate,
 )
+from kimi_batch.warehouse.schema import (
+    PARTITION_COLUMNS,
+    TABLES,
+    columns,
+    polars_schema,
+    trino_columns,
+    validate_ds,
+    validate_source,
+)
 from kimi_batch.warehouse.snapshots import (
     NIGHT_TAG_PREFIX,
     TableSnapshot,
@@ -27,16 +41,15 @@ from kimi_batch.warehouse.snapshots import (
     resolve_as_of,
     tag_night,
 )
-from kimi_batch.warehouse.tables import (
-    PartitionWrite,
-    Warehouse,
-    open_warehouse,
-)
+from kimi_batch.warehouse.tables import PartitionWrite, Warehouse, open_warehouse
+from kimi_batch.warehouse.trino import TrinoConfig, TrinoReader, catalog_properties, write_catalog
 
 __all__ = [
     "CATALOG_NAME",
     "LEDGER_SCHEMA",
     "NIGHT_TAG_PREFIX",
+    "PARTITION_COLUMNS",
+    "TABLES",
     "CatalogSpec",
     "HivePartition",
     "MigratedPartition",
@@ -44,7 +57,11 @@ __all__ = [
     "PartitionWrite",
     "TableMaintenance",
     "TableSnapshot",
+    "TrinoConfig",
+    "TrinoReader",
     "Warehouse",
+    "catalog_properties",
+    "columns",
     "current_snapshots",
     "hive_partitions",
     "maintain",
@@ -53,6 +70,11 @@ __all__ = [
     "night_tag",
     "open_catalog",
     "open_warehouse",
+    "polars_schema",
     "resolve_as_of",
     "tag_night",
+    "trino_columns",
+    "validate_ds",
+    "validate_source",
+    "write_catalog",
 ]

@@ -34,7 +34,7 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
 
 from kimi_batch.crash_points import crash_point
-from kimi_batch.storage import TABLES
+from kimi_batch.warehouse.schema import TABLES
 from kimi_batch.warehouse.tables import Warehouse
 
 __all__ = ["ORPHAN_AGE", "TableMaintenance", "maintain", "maintain_table", "referenced_files"]

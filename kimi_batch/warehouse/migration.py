@@ -24,14 +24,8 @@ from pydantic import BaseModel, ConfigDict
 
 from kimi_batch.paths import StateLocation
 from kimi_batch.state import read_state
-from kimi_batch.storage import (
-    PARTITION_COLUMNS,
-    TABLES,
-    InvalidPartitionError,
-    StorageError,
-    validate_ds,
-    validate_source,
-)
+from kimi_batch.storage import InvalidPartitionError, StorageError
+from kimi_batch.warehouse.schema import PARTITION_COLUMNS, TABLES, validate_ds, validate_source
 from kimi_batch.warehouse.tables import Warehouse
 
 __all__ = ["HivePartition", "MigratedPartition", "MigrationError", "hive_partitions", "migrate"]

@@ -24,8 +24,9 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from kimi_batch.crash_points import crash_point
 from kimi_batch.errors import ConfigError
-from kimi_batch.storage import StorageError, validate_ds
+from kimi_batch.storage import StorageError
 from kimi_batch.warehouse.catalog import COMMIT_RETRIES, open_catalog
+from kimi_batch.warehouse.schema import validate_ds
 from kimi_batch.warehouse.tables import Warehouse
 
 __all__ = [

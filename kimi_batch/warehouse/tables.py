@@ -32,17 +32,17 @@ from kimi_batch.crash_points import crash_point
 from kimi_batch.paths import private_dir
 from kimi_batch.settings import Settings
 from kimi_batch.state import Fence
-from kimi_batch.storage import (
+from kimi_batch.storage import StorageError
+from kimi_batch.warehouse.catalog import COMMIT_RETRIES, CatalogSpec, commit_fenced, open_catalog
+from kimi_batch.warehouse.overwrite import replace_partition
+from kimi_batch.warehouse.schema import (
     PARTITION_COLUMNS,
     TABLES,
-    StorageError,
     model_for,
     polars_schema,
     validate_ds,
     validate_source,
 )
-from kimi_batch.warehouse.catalog import COMMIT_RETRIES, CatalogSpec, commit_fenced, open_catalog
-from kimi_batch.warehouse.overwrite import replace_partition
 
 __all__ = [
     "PartitionWrite",

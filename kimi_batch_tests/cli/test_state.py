@@ -11,6 +11,7 @@ import dagster as dg
 import psycopg
 import pytest
 
+from kimi_batch.batch_api import ApiStore
 from kimi_batch.cli.commands import main
 from kimi_batch.cli.state import migrate_state
 from kimi_batch.definitions import batch_assets, build_resources
@@ -18,7 +19,7 @@ from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
 from kimi_batch.engine import Ledger
 from kimi_batch.paths import StatePaths
 from kimi_batch.settings import Settings
-from kimi_batch.storage import ApiStore, Landing
+from kimi_batch.storage import Landing
 from kimi_batch.warehouse import open_warehouse
 from kimi_batch_tests.support.batches import chat_line, jsonl, landed_batch
 from kimi_batch_tests.support.engine import server_tasks

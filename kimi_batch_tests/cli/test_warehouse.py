@@ -10,8 +10,7 @@ import pytest
 
 from kimi_batch.cli import main
 from kimi_batch.settings import Settings
-from kimi_batch.storage import polars_schema
-from kimi_batch.warehouse import open_warehouse
+from kimi_batch.warehouse import open_warehouse, polars_schema
 from kimi_batch_tests.support.rows import amplified
 
 

@@ -44,8 +44,7 @@ from kimi_batch.pipeline import (
     withdraw_stage,
 )
 from kimi_batch.settings import Settings
-from kimi_batch.storage import TABLES, TrinoConfig, TrinoReader
-from kimi_batch.warehouse import open_warehouse
+from kimi_batch.warehouse import TABLES, TrinoConfig, TrinoReader, open_warehouse
 from kimi_batch_bench.busy import generating_steps
 from kimi_batch_tests.support.llama_server import LlamaEnv
 from kimi_batch_tests.support.results import make_result

@@ -16,13 +16,10 @@ import httpx
 import pytest
 from openai.types.responses import Response
 
+from kimi_batch.batch_api import ApiStore, BatchStatus
 from kimi_batch.llama import ResidentServer, server_from_settings
 from kimi_batch.pipeline import DistilledRow
 from kimi_batch.settings import Settings
-from kimi_batch.storage import (
-    ApiStore,
-    BatchStatus,
-)
 from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.batches import answered, landed_batch
 from kimi_batch_tests.support.llama_server import LlamaEnv

@@ -11,8 +11,8 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from kimi_batch.batch_api import ApiStore, BatchRecord, BatchStatus
 from kimi_batch.settings import Settings, default_digest_path
-from kimi_batch.storage import ApiStore, BatchRecord, BatchStatus
 from kimi_batch_tests.support.batches import MODEL, answered, chat_line, jsonl, landed_batch
 from kimi_batch_tests.support.llama_server import TEST_SLOTS, LlamaEnv
 

@@ -8,9 +8,9 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from kimi_batch.batch_api import ApiStore, BatchRecord, BatchStatus
 from kimi_batch.engine import Ledger
 from kimi_batch.settings import Settings
-from kimi_batch.storage import ApiStore, BatchRecord, BatchStatus
 from kimi_batch_tests.support.batches import answered, jsonl, landed_batch
 from kimi_batch_tests.support.llama_server import LlamaEnv
 

@@ -14,12 +14,12 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from kimi_batch.batch_api import ApiStore, BatchRecord, BatchStatus
 from kimi_batch.definitions import build_resources
 from kimi_batch.defs.alerts import build_alerts
 from kimi_batch.defs.assets.api_batch import API_TRIGGER_TAG, api_batch_responses
 from kimi_batch.defs.partitions import API_BATCH_PARTITIONS_NAME
 from kimi_batch.settings import Settings
-from kimi_batch.storage import ApiStore, BatchRecord, BatchStatus
 from kimi_batch_tests.support.batches import chat_line, jsonl, landed_batch
 from kimi_batch_tests.support.webhook import Receiver
 

@@ -8,7 +8,7 @@ import pytest
 from kimi_batch.defs.assets.checks import generation_checks
 from kimi_batch.pipeline import AmplifyConfig, CheckFigures, DistillConfig
 from kimi_batch.settings import Settings
-from kimi_batch.storage import polars_schema
+from kimi_batch.warehouse import polars_schema
 
 
 def test_the_answer_budget_defaults_to_the_servers_n_predict(

@@ -14,8 +14,7 @@ from kimi_batch.definitions import batch_assets, build_definitions
 from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME
 from kimi_batch.pipeline import DISTILL, JUDGE, nightly_stages
 from kimi_batch.settings import Settings
-from kimi_batch.storage import TrinoConfig, TrinoReader
-from kimi_batch.warehouse import open_warehouse
+from kimi_batch.warehouse import TrinoConfig, TrinoReader, open_warehouse
 from kimi_batch_tests.support.llama_server import LlamaEnv
 from kimi_batch_tests.support.trino import TrinoServer
 

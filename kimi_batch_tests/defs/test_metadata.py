@@ -14,7 +14,7 @@ from kimi_batch.defs.metadata import (
     table_metadata,
     table_schema,
 )
-from kimi_batch.storage import TABLES, trino_columns
+from kimi_batch.warehouse import TABLES, trino_columns
 
 
 def test_every_tables_schema_is_its_row_models_with_the_partition_columns_last() -> None:

@@ -24,8 +24,14 @@ from kimi_batch.defs.schedules import PARTITIONS_TAG
 from kimi_batch.engine.ledger import Ledger
 from kimi_batch.pipeline import AMPLIFY, lease
 from kimi_batch.settings import Settings
-from kimi_batch.storage import TrinoConfig, TrinoReader
-from kimi_batch.warehouse import Warehouse, newest_snapshots, night_tag, open_warehouse
+from kimi_batch.warehouse import (
+    TrinoConfig,
+    TrinoReader,
+    Warehouse,
+    newest_snapshots,
+    night_tag,
+    open_warehouse,
+)
 from kimi_batch_tests.support.llama_server import TEST_SLOTS, LlamaEnv
 from kimi_batch_tests.support.postgres import PostgresServer
 from kimi_batch_tests.support.s3proxy import BUCKET, S3Server

@@ -20,10 +20,8 @@ from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.engine import Ledger
 from kimi_batch.pipeline import DistillTask, HeldPartition, StagePlan
+from kimi_batch.quality import rescreen_partitions
 from kimi_batch.settings import Settings
-from kimi_batch.storage import (
-    rescreen_partitions,
-)
 from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.quality import (
     BENCHMARK_ITEM,

@@ -23,8 +23,9 @@ from kimi_batch.defs.schedules import (
     nightly_partitions,
     window_end,
 )
+from kimi_batch.quality import IndexedText, QualityGate
 from kimi_batch.settings import Settings
-from kimi_batch.storage import IndexedText, QualityGate, partition_input
+from kimi_batch.storage import partition_input
 from kimi_batch.storage.landing import Assignment, Landing
 from kimi_batch_tests.support.repo import REPO_ROOT
 from kimi_batch_tests.support.standins import standin_definitions

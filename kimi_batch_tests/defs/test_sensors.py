@@ -25,7 +25,7 @@ from typing import BinaryIO
 import dagster as dg
 import pytest
 
-import kimi_batch.storage.inbox as inbox_module
+import kimi_batch.inputs.inbox as inbox_module
 from kimi_batch.defs import sensors
 from kimi_batch.defs.sensors import (
     FILE_TAG,
@@ -33,9 +33,9 @@ from kimi_batch.defs.sensors import (
     build_inbox_sensor,
     plan_inbox_tick,
 )
+from kimi_batch.inputs.inbox import InboxFile, file_sha256, scan_inbox
 from kimi_batch.paths import StatePaths
 from kimi_batch.settings import Settings
-from kimi_batch.storage.inbox import InboxFile, file_sha256, scan_inbox
 from kimi_batch.storage.landing import Assignment, Landing
 from kimi_batch.storage.partition_input import LandingIOError
 from kimi_batch_tests.support.postgres import PostgresServer

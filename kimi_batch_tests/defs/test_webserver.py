@@ -35,7 +35,7 @@ from playwright.sync_api import Page, expect
 
 from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION
-from kimi_batch.storage import trino_columns
+from kimi_batch.warehouse import trino_columns
 from kimi_batch_tests.support.browser import chromium, dismiss_welcome, screenshot
 from kimi_batch_tests.support.dagster_stack import DagsterStack
 from kimi_batch_tests.support.llama_server import LlamaEnv

@@ -8,6 +8,7 @@ import pytest
 
 from kimi_batch.engine.generation import GenerationResult, SamplingParams, request_key
 from kimi_batch.engine.schedule import shared_prefix
+from kimi_batch.inputs.prompts import SeedPrompt
 from kimi_batch.llama.messages import ChatMessage
 from kimi_batch.pipeline import (
     DEFAULT_AMPLIFY_PARAMS,
@@ -23,8 +24,7 @@ from kimi_batch.pipeline import (
     generation_columns,
     parse_variant,
 )
-from kimi_batch.tasks.inputs import SeedPrompt
-from kimi_batch.tasks.text_keys import normalize_text
+from kimi_batch.quality import normalize_text
 from kimi_batch_tests.support.results import CREATED, make_result
 
 

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ValidationError
 
 from kimi_batch.engine import INSTRUCTIONS_OPEN
 from kimi_batch.engine.generation import GenerationResult, SamplingParams
+from kimi_batch.inputs.prompts import ParamOverrides, SeedPrompt
 from kimi_batch.llama import ToolCall
 from kimi_batch.llama.responses import TokenLogprob, TopLogprob
 from kimi_batch.pipeline import (
@@ -26,7 +27,6 @@ from kimi_batch.pipeline import (
     parse_tag,
     variant_tag,
 )
-from kimi_batch.tasks.inputs import ParamOverrides, SeedPrompt
 from kimi_batch_tests.support.results import make_result
 
 

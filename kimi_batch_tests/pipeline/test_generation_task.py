@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from kimi_batch.engine import GenerationRequest, GenerationResult
+from kimi_batch.inputs.prompts import SeedPrompt
 from kimi_batch.pipeline import (
     STAGE_DECLARATIONS,
     STAGES,
@@ -29,8 +30,7 @@ from kimi_batch.pipeline import (
     stage_of_tag,
     withdraw_stage,
 )
-from kimi_batch.storage import TABLES
-from kimi_batch.tasks.inputs import SeedPrompt
+from kimi_batch.warehouse import TABLES
 from kimi_batch_tests.support.results import make_result
 
 

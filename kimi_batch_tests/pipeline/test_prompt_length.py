@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from kimi_batch.inputs.prompts import SeedPrompt
 from kimi_batch.llama.client import LlamaClient
 from kimi_batch.llama.messages import ChatMessage
 from kimi_batch.llama.server import ResidentServer
@@ -17,7 +18,6 @@ from kimi_batch.pipeline import (
     token_bound,
 )
 from kimi_batch.settings import default_digest_path
-from kimi_batch.tasks.inputs import SeedPrompt
 
 NOW = datetime(2025, 1, 2, tzinfo=UTC)
 

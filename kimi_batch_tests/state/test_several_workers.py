@@ -16,14 +16,11 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from kimi_batch.batch_api import ApiStore, BatchStatus
 from kimi_batch.engine import Ledger
 from kimi_batch.llama import ResidentServer
 from kimi_batch.paths import StatePaths
 from kimi_batch.settings import Settings
-from kimi_batch.storage import (
-    ApiStore,
-    BatchStatus,
-)
 from kimi_batch.warehouse import CatalogSpec, Warehouse, open_warehouse
 from kimi_batch_tests.support.batches import chat_line, jsonl, landed_batch
 from kimi_batch_tests.support.engine import (

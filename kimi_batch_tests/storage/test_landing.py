@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from kimi_batch.inputs.inbox import NotRegularFileError, scan_inbox
 from kimi_batch.paths import StatePaths
 from kimi_batch.storage.exceptions import StorageError
-from kimi_batch.storage.inbox import NotRegularFileError, scan_inbox
 from kimi_batch.storage.landing import Landing
 from kimi_batch.storage.partition_input import LandingIOError, resolve_input
 from kimi_batch.storage.settle import InputNotSettledError

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from kimi_batch.inputs.inbox import InboxFile
 from kimi_batch.paths import StatePaths
 from kimi_batch.storage import partition_input
-from kimi_batch.storage.inbox import InboxFile
 from kimi_batch.storage.landing import Landing
 from kimi_batch.storage.partition_input import land_inbox, resolve_input
 from kimi_batch_tests.support.postgres import StateBackend

@@ -14,8 +14,8 @@ from contextlib import contextmanager
 
 import uvicorn
 
-from kimi_batch.api import ApiAccess, create_app
-from kimi_batch.api.runs import BatchRuns
+from kimi_batch.batch_api.web import ApiAccess, create_app
+from kimi_batch.batch_api.web.runs import BatchRuns
 from kimi_batch.settings import Settings
 from kimi_batch_tests.support.ports import free_port
 

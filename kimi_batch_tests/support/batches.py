@@ -12,8 +12,8 @@ import dagster as dg
 import openai
 from openai.types import Batch
 
+from kimi_batch.batch_api import ApiStore, BatchRecord, validate_batch
 from kimi_batch.settings import Settings, default_model_path
-from kimi_batch.storage import ApiStore, BatchRecord, validate_batch
 
 __all__ = ["MODEL", "answered", "chat_line", "jsonl", "landed_batch", "validated"]
 

@@ -16,17 +16,11 @@ import json
 import sys
 from pathlib import Path
 
+from kimi_batch.batch_api import ApiStore, BatchRecord, BatchStatus, begin_batch, finish_batch
+from kimi_batch.batch_api import lifecycle as api_batches
 from kimi_batch.engine import Ledger
 from kimi_batch.llama import TokenLogprob, TopLogprob
 from kimi_batch.settings import Settings
-from kimi_batch.storage import (
-    ApiStore,
-    BatchRecord,
-    BatchStatus,
-    api_batches,
-    begin_batch,
-    finish_batch,
-)
 from kimi_batch_tests.support.batches import chat_line, jsonl, landed_batch
 from kimi_batch_tests.support.results import make_result
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import polars as pl
 
+from kimi_batch.inputs.reader import in_chunks, iter_inbox_rows, read_inbox_file
 from kimi_batch.pipeline import QuarantineRow
-from kimi_batch.tasks.reader import in_chunks, iter_inbox_rows, read_inbox_file
 
 __all__ = ["main"]
 

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from kimi_batch.storage import TrinoConfig
-from kimi_batch.warehouse import CatalogSpec, Warehouse
+from kimi_batch.warehouse import CatalogSpec, TrinoConfig, Warehouse
 from kimi_batch_tests.support.llama_server import LlamaEnv
 from kimi_batch_tests.support.ports import free_port
 from kimi_batch_tests.support.repo import REPO_ROOT

@@ -12,8 +12,8 @@ from typing import Any
 
 import openai
 
+from kimi_batch.batch_api import ApiStore
 from kimi_batch.settings import Settings
-from kimi_batch.storage import ApiStore
 from kimi_batch_tests.support.api_server import serving_api
 from kimi_batch_tests.support.batches import chat_line
 

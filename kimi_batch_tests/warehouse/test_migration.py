@@ -11,8 +11,7 @@ import pytest
 from pydantic import BaseModel
 
 from kimi_batch.paths import StatePaths
-from kimi_batch.storage import polars_schema
-from kimi_batch.warehouse import Warehouse
+from kimi_batch.warehouse import Warehouse, polars_schema
 from kimi_batch.warehouse.migration import MigrationError, hive_partitions, migrate
 from kimi_batch_tests.support.rows import amplified, distilled
 

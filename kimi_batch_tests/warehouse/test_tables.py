@@ -15,13 +15,8 @@ import pytest
 
 from kimi_batch.crash_points import CrashPointReached, armed
 from kimi_batch.pipeline import DistilledRow
-from kimi_batch.storage import (
-    TABLES,
-    InvalidIdentifierError,
-    InvalidPartitionError,
-    polars_schema,
-)
-from kimi_batch.warehouse import Warehouse, open_catalog
+from kimi_batch.storage import InvalidIdentifierError, InvalidPartitionError
+from kimi_batch.warehouse import TABLES, Warehouse, open_catalog, polars_schema
 from kimi_batch_tests.support.rows import CREATED_AT, amplified, distilled, quarantined
 from kimi_batch_tests.support.s3proxy import WarehouseFactory
 

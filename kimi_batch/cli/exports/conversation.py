@@ -26,16 +26,16 @@ from collections.abc import Callable, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kimi_batch.batch_api import ApiStore, batch_lines
 from kimi_batch.cli.exports.selection import PartitionRows, is_batch_source
 from kimi_batch.engine import SystemDigest, fold_instructions
 from kimi_batch.errors import ConfigError, MissingInputError
 from kimi_batch.exports import TrainingOptions, assistant_message, trainer_row
+from kimi_batch.inputs import SeedPrompt, iter_inbox_rows
 from kimi_batch.llama import TokenLogprob
 from kimi_batch.pipeline import DistilledRow
 from kimi_batch.settings import Settings
-from kimi_batch.storage import ApiStore, Landing, StorageError, batch_lines
-from kimi_batch.tasks.inputs import SeedPrompt
-from kimi_batch.tasks.reader import iter_inbox_rows
+from kimi_batch.storage import Landing, StorageError
 
 __all__ = [
     "Asked",

@@ -18,10 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.errors import ConfigError, MissingInputError
 from kimi_batch.pipeline import DistilledRow, JudgedRow, JudgeTask, SeedRow, Verdict
-from kimi_batch.storage import (
-    validate_source,
-)
-from kimi_batch.warehouse import Warehouse
+from kimi_batch.warehouse import Warehouse, validate_source
 
 __all__ = [
     "JUDGED_TABLE",

@@ -16,6 +16,16 @@ from typing import NoReturn
 
 import dagster as dg
 
+from kimi_batch.batch_api import (
+    ApiStore,
+    BatchLineError,
+    BatchRecord,
+    BatchStatus,
+    batch_lines,
+    begin_batch,
+    finish_batch,
+    iter_batch_lines,
+)
 from kimi_batch.defs.assets.checks import check_specs
 from kimi_batch.defs.assets.context import LLAMA_POOL, step_lease
 from kimi_batch.defs.assets.driver import GenerationResources, run_partitions
@@ -38,17 +48,7 @@ from kimi_batch.pipeline import (
     StagePlan,
 )
 from kimi_batch.settings import Settings
-from kimi_batch.storage import (
-    ApiStore,
-    BatchRecord,
-    BatchStatus,
-    StorageError,
-    batch_lines,
-    begin_batch,
-    finish_batch,
-    iter_batch_lines,
-)
-from kimi_batch.tasks.openai_batch import BatchLineError
+from kimi_batch.storage import StorageError
 
 __all__ = [
     "API_GROUP",

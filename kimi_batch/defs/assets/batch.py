@@ -23,6 +23,7 @@ from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
+from kimi_batch.inputs import InputReader
 from kimi_batch.pipeline import (
     SEED_ASSET,
     STAGE_DECLARATIONS,
@@ -42,7 +43,6 @@ from kimi_batch.storage import (
     land_input,
     resolve_partition,
 )
-from kimi_batch.tasks.reader import InputReader
 from kimi_batch.warehouse import PartitionWrite, Warehouse
 
 __all__ = [

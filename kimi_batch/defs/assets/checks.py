@@ -11,7 +11,7 @@ import polars as pl
 
 from kimi_batch.defs.check_states import CONTAMINATION_CHECK, DUPLICATE_CHECK
 from kimi_batch.pipeline import CheckFigures, GenerationTask
-from kimi_batch.storage import polars_schema
+from kimi_batch.warehouse import polars_schema
 
 __all__ = [
     "CHECK_NAMES",

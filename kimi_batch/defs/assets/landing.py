@@ -36,11 +36,8 @@ from kimi_batch.defs.partitions import split_partition_key
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.engine import BatchOutcome, GenerationResult
 from kimi_batch.pipeline import INPUT_STAGE, GenerationTask, HeldPartition, StagePlan, StageSink
-from kimi_batch.storage import (
-    PartitionGate,
-    QualityGate,
-    replace_quarantine,
-)
+from kimi_batch.quality import PartitionGate, QualityGate
+from kimi_batch.storage import replace_quarantine
 from kimi_batch.warehouse import PartitionWrite, Warehouse
 
 __all__ = [

@@ -18,10 +18,7 @@ import dagster as dg
 
 from kimi_batch.defs.check_states import CONTAMINATION_CHECK, DUPLICATE_CHECK
 from kimi_batch.pipeline import GenerationTask, HeldPartition
-from kimi_batch.storage import (
-    PartitionGate,
-    QualityGate,
-)
+from kimi_batch.quality import PartitionGate, QualityGate
 from kimi_batch.warehouse import Warehouse
 
 __all__ = ["DUPLICATE_WARN_RATE", "quality_checks", "screening"]

@@ -3,10 +3,8 @@
 from kimi_batch.defs.resources.deployment import DeploymentResource
 from kimi_batch.engine import Ledger
 from kimi_batch.paths import StatePaths
-from kimi_batch.storage import (
-    Landing,
-    QualityGate,
-)
+from kimi_batch.quality import QualityGate
+from kimi_batch.storage import Landing
 from kimi_batch.warehouse import Warehouse, open_warehouse
 
 __all__ = ["WarehouseResource"]

@@ -1,8 +1,0 @@
-"""`kimi-batch api`: the OpenAI-compatible Batch API (`create_app`), who may call it
-(`ApiAccess`, `resolve_access`) and its server (`serve`)."""
-
-from kimi_batch.api.app import create_app
-from kimi_batch.api.guard import ApiAccess
-from kimi_batch.api.server import resolve_access, serve
-
-__all__ = ["ApiAccess", "create_app", "resolve_access", "serve"]

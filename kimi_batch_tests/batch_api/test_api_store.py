@@ -1,0 +1,281 @@
+"""The Batch API store: compare-and-set status changes (a cancel between any two run steps is
+honoured), uploads racing deletes of the same bytes, and a killed writer's temp files.
+
+Every test runs on both state backends (`state_backend`: SQLite files, a PostgreSQL database)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import kimi_batch.batch_api.lifecycle as api_batches
+import kimi_batch.batch_api.validation as api_validation
+from kimi_batch.batch_api import (
+    ApiStore,
+    BatchRecord,
+    BatchStatus,
+    begin_batch,
+    finish_batch,
+    validate_batch,
+)
+from kimi_batch.batch_api.lines import BatchRequestLine
+from kimi_batch.batch_api.scan import parse_batch_input
+from kimi_batch.crash_points import CrashPointReached, armed
+from kimi_batch.engine import Ledger
+from kimi_batch.settings import Settings
+from kimi_batch_tests.support.batches import chat_line, jsonl, landed_batch
+from kimi_batch_tests.support.postgres import StateBackend
+from kimi_batch_tests.support.results import make_result
+
+# Above the kernel's largest pid_max (2**22): never a live process.
+DEAD_PID = (1 << 22) + 7
+
+
+@pytest.fixture
+def settings(state_backend: StateBackend, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    state_backend.apply(monkeypatch)
+    return Settings.from_env()
+
+
+@pytest.fixture
+def store(settings: Settings) -> Iterator[ApiStore]:
+    with ApiStore(settings.paths) as opened:
+        yield opened
+
+
+def _landed(settings: Settings, store: ApiStore, *ids: str) -> BatchRecord:
+    landed = landed_batch(settings, jsonl(*(chat_line(i) for i in ids)), store=store)
+    assert landed.input_sha256 is not None
+    return landed
+
+
+def _lines(*ids: str) -> list[BatchRequestLine]:
+    data = jsonl(*(chat_line(i) for i in ids))
+    return parse_batch_input(io.BytesIO(data), endpoint="/v1/chat/completions").lines
+
+
+def _cancel(store: ApiStore, batch_id: str) -> None:
+    """What the API's cancel does (`POST /v1/batches/{id}/cancel`)."""
+    store.update_batch(batch_id, status=BatchStatus.CANCELLING)
+
+
+def _answered(settings: Settings, store: ApiStore, batch_id: str) -> Ledger:
+    store.set_request_keys(batch_id, [("a", "key-a"), ("b", "key-b")])
+    ledger = Ledger(settings.paths.ledger_state)
+    ledger.put(make_result("A", request_id="key-a", input_id="a"))
+    ledger.put(make_result("B", request_id="key-b", input_id="b"))
+    return ledger
+
+
+def _output(store: ApiStore, record: BatchRecord) -> list[dict[str, Any]]:
+    assert record.output_file_id is not None
+    found = store.file(record.output_file_id)
+    assert found is not None
+    return [json.loads(line) for line in store.blob_path(found).read_text().splitlines()]
+
+
+# ---- compare-and-set ------------------------------------------------------------------------
+
+
+def test_a_cancel_between_reading_the_batch_and_starting_it_is_honoured(
+    settings: Settings, store: ApiStore
+) -> None:
+    batch = _landed(settings, store, "a", "b")
+    read = store.batch(batch.id)  # the run reads the batch: validated, not cancelled
+    assert read is not None
+    assert read.status == BatchStatus.VALIDATING
+    _cancel(store, batch.id)  # the cancel lands in between
+    # The old step (update_batch to in_progress) overwrote the cancel: it no longer can.
+    store.update_batch(batch.id, status=BatchStatus.IN_PROGRESS, run_id="r1")
+    assert store.batch(batch.id).status == BatchStatus.CANCELLING  # type: ignore[union-attr]
+    assert begin_batch(store, batch.id, run_id="r1", by_hand=False) is None
+    with Ledger(settings.paths.ledger_state) as ledger:
+        done = finish_batch(store, ledger, batch.id, _lines("a", "b"), BatchStatus.CANCELLED)
+    assert done.status == BatchStatus.CANCELLED
+
+
+def test_a_cancel_after_the_last_request_before_finalizing_is_honoured(
+    settings: Settings, store: ApiStore
+) -> None:
+    batch = _landed(settings, store, "a", "b")
+    started = begin_batch(store, batch.id, run_id="r1", by_hand=False)
+    assert started is not None
+    assert started.status == BatchStatus.IN_PROGRESS
+    with _answered(settings, store, batch.id) as ledger:
+        _cancel(store, batch.id)  # every request answered, the cancel before the run's end
+        done = finish_batch(store, ledger, batch.id, _lines("a", "b"), BatchStatus.COMPLETED)
+    assert done.status == BatchStatus.CANCELLED
+    assert [line["custom_id"] for line in _output(store, done)] == ["a", "b"]
+
+
+@pytest.mark.parametrize("when", ["before the files", "after the files"])
+def test_a_cancel_while_finalizing_is_honoured(
+    settings: Settings, store: ApiStore, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    batch = _landed(settings, store, "a", "b")
+    assert begin_batch(store, batch.id, run_id="r1", by_hand=False) is not None
+    write = api_batches.write_batch_files
+
+    def cancelled_around(*args: Any, **kwargs: Any) -> BatchRecord:
+        assert store.batch(batch.id).status == BatchStatus.FINALIZING  # type: ignore[union-attr]
+        if when == "before the files":
+            _cancel(store, batch.id)
+        record = write(*args, **kwargs)
+        if when == "after the files":
+            _cancel(store, batch.id)
+        return record
+
+    monkeypatch.setattr(api_batches, "write_batch_files", cancelled_around)
+    with _answered(settings, store, batch.id) as ledger:
+        done = finish_batch(store, ledger, batch.id, _lines("a", "b"), BatchStatus.COMPLETED)
+    assert done.status == BatchStatus.CANCELLED
+    assert done.cancelled_at is not None
+    assert len(_output(store, done)) == 2  # the answers are all there
+
+
+def test_a_finished_batch_is_never_cancelled_or_restarted(
+    settings: Settings, store: ApiStore
+) -> None:
+    batch = _landed(settings, store, "a", "b")
+    assert begin_batch(store, batch.id, run_id="r1", by_hand=False) is not None
+    with _answered(settings, store, batch.id) as ledger:
+        done = finish_batch(store, ledger, batch.id, _lines("a", "b"), BatchStatus.COMPLETED)
+    assert done.status == BatchStatus.COMPLETED
+    assert store.transition(batch.id, BatchStatus.CANCELLING) is None
+    assert begin_batch(store, batch.id, run_id="r2", by_hand=False) is None
+    rerun = begin_batch(store, batch.id, run_id="r3", by_hand=True)  # by hand: sends the rest
+    assert rerun is not None
+    assert (rerun.status, rerun.run_id) == (BatchStatus.COMPLETED, "r3")
+
+
+def test_a_transition_moves_only_from_the_expected_statuses(
+    settings: Settings, store: ApiStore
+) -> None:
+    batch = _landed(settings, store, "a")
+    assert store.transition(batch.id, BatchStatus.COMPLETED) is None  # not from validating
+    moved = store.transition(batch.id, BatchStatus.IN_PROGRESS, run_id="r1")
+    assert moved is not None
+    assert (moved.status, moved.run_id) == (BatchStatus.IN_PROGRESS, "r1")
+    assert moved.in_progress_at is not None
+    again = store.transition(batch.id, BatchStatus.IN_PROGRESS, expect=[BatchStatus.VALIDATING])
+    assert again is None
+    assert store.batch(batch.id) == moved  # nothing changed
+
+
+def test_a_cancel_while_the_input_is_validated_ends_the_batch_cancelled(
+    settings: Settings, store: ApiStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batch = store.add_upload_batch(jsonl(chat_line("a")))
+    scan = api_validation.scan_batch_input
+
+    def cancelled_midway(*args: Any, **kwargs: Any) -> Any:
+        _cancel(store, batch.id)
+        return scan(*args, **kwargs)
+
+    monkeypatch.setattr(api_validation, "scan_batch_input", cancelled_midway)
+    done = validate_batch(settings, store, batch)
+    assert done.status == BatchStatus.CANCELLED  # no run will ever come for it
+    assert done.input_sha256 is None
+    assert store.validation_claim(batch.id) is None
+
+
+# ---- blobs: an upload racing a delete of the same bytes -------------------------------------
+
+
+def test_a_delete_racing_an_upload_of_the_same_bytes_keeps_the_new_upload_s_content(
+    store: ApiStore,
+) -> None:
+    data = jsonl(chat_line("a"))
+    first = store.add_file(io.BytesIO(data), filename="1.jsonl", purpose="batch", max_bytes=1 << 20)
+    # The second upload of the same bytes is copied and hashed ...
+    staged = store.stage_file(io.BytesIO(data), max_bytes=1 << 20)
+    # ... the first id is deleted in between: no id names the blob, it goes ...
+    assert store.delete_file(first.id)
+    assert not (store.files_dir / first.sha256).exists()
+    # ... and keeping the second puts the bytes back with its id.
+    second = store.keep_file(staged, filename="2.jsonl", purpose="batch")
+    assert store.blob_path(second).read_bytes() == data
+    assert [f.id for f in store.files()] == [second.id]
+    assert not staged.temp.exists()
+
+
+def test_a_delete_after_an_upload_of_the_same_bytes_keeps_the_blob(store: ApiStore) -> None:
+    data = jsonl(chat_line("a"))
+    first = store.add_file(io.BytesIO(data), filename="1.jsonl", purpose="batch", max_bytes=1 << 20)
+    staged = store.stage_file(io.BytesIO(data), max_bytes=1 << 20)
+    second = store.keep_file(staged, filename="2.jsonl", purpose="batch")
+    assert store.delete_file(first.id)
+    assert store.blob_path(second).read_bytes() == data
+    assert store.delete_file(second.id)
+    assert not (store.files_dir / second.sha256).exists()
+    assert not store.delete_file(second.id)
+
+
+# ---- temp files of a killed write -----------------------------------------------------------
+
+
+def _stale(folder: Path, name: str, suffix: str = ".tmp") -> Path:
+    stale = folder / f".{name}.{DEAD_PID}-{'0' * 32}{suffix}"
+    stale.write_bytes(b"half a write")
+    return stale
+
+
+def test_the_next_upload_removes_a_killed_upload_s_temp_file(store: ApiStore) -> None:
+    stale = _stale(store.files_dir, "upload")
+    live = store.files_dir / f".upload.{os.getpid()}-{'1' * 32}.tmp"  # a writer still running
+    live.write_bytes(b"being written")
+    record = store.add_file(io.BytesIO(b"x\n"), filename="x", purpose="batch", max_bytes=10)
+    assert not stale.exists()
+    assert live.exists()
+    hidden = sorted(p.name for p in store.files_dir.iterdir() if p.name.startswith("."))
+    assert hidden == [live.name]
+    assert store.blob_path(record).stat().st_mode & 0o777 == 0o600
+    assert store.files_dir.stat().st_mode & 0o777 == 0o700
+
+
+def test_owner_only_folders_and_files_for_what_a_cancel_leaves(
+    settings: Settings, store: ApiStore
+) -> None:
+    batch = _landed(settings, store, "a", "b")
+    _cancel(store, batch.id)
+    with _answered(settings, store, batch.id) as ledger:
+        done = finish_batch(store, ledger, batch.id, _lines("a", "b"), BatchStatus.CANCELLED)
+    assert done.output_file_id is not None
+    output = store.file(done.output_file_id)
+    assert output is not None
+    assert _mode(store.blob_path(output)) == 0o600
+    assert _mode(settings.paths.api_dir) == _mode(settings.paths.api_files_dir) == 0o700
+
+
+def _mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+# ---- a finish stopped and retried -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("kept", [1, 2], ids=["output kept", "error kept"])
+def test_a_finish_stopped_after_keeping_a_file_leaves_one_output_and_one_error_file(
+    settings: Settings, store: ApiStore, kept: int
+) -> None:
+    # Found by the crash-point sweep: the retried finish kept a second output (or error) file
+    # beside the one the stopped finish had kept but not yet named in the batch.
+    batch = _landed(settings, store, "a", "b", "c")
+    assert begin_batch(store, batch.id, run_id="r1", by_hand=False) is not None
+    with _answered(settings, store, batch.id) as ledger:  # "c" is never answered
+        with armed("api.file_kept", arrival=kept), pytest.raises(CrashPointReached):
+            finish_batch(store, ledger, batch.id, _lines("a", "b", "c"), BatchStatus.EXPIRED)
+        done = finish_batch(store, ledger, batch.id, _lines("a", "b", "c"), BatchStatus.EXPIRED)
+    assert done.status == BatchStatus.EXPIRED
+    made = store.files(purpose="batch_output")
+    named = [done.output_file_id, done.error_file_id]
+    assert sorted(f.id for f in made) == sorted(i for i in named if i is not None)
+    assert None not in named
+    assert [line["custom_id"] for line in _output(store, done)] == ["a", "b"]
+    assert all(store.blob_path(f).is_file() for f in store.files())

@@ -1,0 +1,91 @@
+"""The CSV decoder: a quote that never closes properly costs its own line, not the rest of the
+file (issue 42, item 1)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kimi_batch.inputs.formats import MAX_ROW_BYTES
+from kimi_batch.inputs.reader import read_inbox_file
+
+
+def _numbered_csv(path: Path, rows: int, bad: dict[int, str]) -> Path:
+    """`rows` rows `n,Question number n?` under a header; `bad` replaces rows by number."""
+    lines = ["id,prompt"] + [bad.get(n, f"{n},Question number {n}?") for n in range(1, rows + 1)]
+    path.write_text("\n".join(lines) + "\n", newline="")
+    return path
+
+
+def test_an_unterminated_quote_sets_aside_its_line_only(tmp_path: Path) -> None:
+    path = _numbered_csv(tmp_path / "rows.csv", 2000, {500: '500,"Question with a stray quote'})
+
+    batch = read_inbox_file(path)
+
+    assert len(batch.seeds) == 1999
+    assert [seed.input_id for seed in batch.seeds] == [str(n) for n in range(1, 2001) if n != 500]
+    assert all(seed.prompt == f"Question number {seed.input_id}?" for seed in batch.seeds)
+    assert (
+        batch.seeds[499].line == 502
+    )  # row 501, the line after the bad one is read as its own row
+    [row] = batch.quarantined
+    assert row.line == 501
+    assert row.reason.startswith("invalid CSV: a quoted field opened on this line")
+    assert row.raw == '500,"Question with a stray quote\n'
+
+
+def test_a_stray_quote_closed_by_a_later_row_sets_aside_both_bad_lines(tmp_path: Path) -> None:
+    """The stray quote is closed by another line's quote, mid-field: strict csv calls that an
+    error, and the rows in between are read again as rows."""
+    path = _numbered_csv(
+        tmp_path / "rows.csv", 50, {10: '10,"Stray quote', 40: '40,"A quoted" word then more'}
+    )
+
+    batch = read_inbox_file(path)
+
+    assert [seed.input_id for seed in batch.seeds] == [
+        str(n) for n in range(1, 51) if n not in (10, 40)
+    ]
+    reasons = {row.line or 0: row.reason for row in batch.quarantined}
+    assert sorted(reasons) == [11, 41]
+    assert "does not close where a field ends" in reasons[11]
+    assert reasons[41] == "invalid CSV: ',' expected after '\"'"
+
+
+def test_quoted_cells_over_lines_still_read_whole(tmp_path: Path) -> None:
+    path = tmp_path / "rows.csv"
+    path.write_text('id,prompt\na,"Line one\nline ""two"", still a\n"\nb,Plain\n', newline="")
+
+    batch = read_inbox_file(path)
+
+    assert [(s.input_id, s.prompt, s.line) for s in batch.seeds] == [
+        ("a", 'Line one\nline "two", still a\n', 2),
+        ("b", "Plain", 5),
+    ]
+    assert batch.quarantined == []
+
+
+def test_an_unterminated_quote_past_the_row_limit_sets_aside_its_line_only(
+    tmp_path: Path,
+) -> None:
+    """The open quote swallows more than a row's budget before the file ends."""
+    rows = MAX_ROW_BYTES // 20 + 100
+    path = _numbered_csv(tmp_path / "big.csv", rows, {3: '3,"Never closed'})
+
+    batch = read_inbox_file(path)
+
+    assert len(batch.seeds) == rows - 1
+    [row] = batch.quarantined
+    assert row.line == 4
+    assert row.reason.startswith(f"row is over {MAX_ROW_BYTES} characters; a quoted field")
+
+
+def test_an_over_long_line_with_a_stray_quote_sets_aside_its_line_only(tmp_path: Path) -> None:
+    long_line = '2,"' + "x" * (MAX_ROW_BYTES + 10)
+    path = _numbered_csv(tmp_path / "rows.csv", 30, {2: long_line})
+
+    batch = read_inbox_file(path)
+
+    assert [seed.input_id for seed in batch.seeds] == [str(n) for n in range(1, 31) if n != 2]
+    [row] = batch.quarantined
+    assert row.line == 3
+    assert row.reason.startswith(f"row is over {MAX_ROW_BYTES} characters; a quoted field")

@@ -1,0 +1,133 @@
+"""The Trino catalog file (`kimi-batch publish`, `scripts/trino.sh config`) and `make trino-cli`."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kimi_batch.settings import Settings
+from kimi_batch.warehouse import CATALOG_NAME, LEDGER_SCHEMA, TrinoReader, catalog_properties
+from kimi_batch_tests.support.cli import run_cli
+from kimi_batch_tests.support.repo import REPO_ROOT
+from kimi_batch_tests.support.rows import amplified, distilled
+from kimi_batch_tests.support.script_server import run_script
+from kimi_batch_tests.support.trino import SCRIPT as TRINO_SCRIPT
+from kimi_batch_tests.support.trino import TrinoServer
+
+PG_URL = "postgresql://kimi%40ops:p%40ss%5Cw0rd@db.example:6543/kb?sslmode=require"
+S3 = {
+    "KIMI_BATCH_WAREHOUSE": "s3://kimi-batch/nightly",
+    "KIMI_BATCH_S3_ENDPOINT": "http://127.0.0.1:9000",
+    "AWS_ACCESS_KEY_ID": "box-key",
+    "AWS_SECRET_ACCESS_KEY": "box-secret",
+}
+
+
+def _properties(path: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in path.read_text().splitlines())
+
+
+def test_the_folder_warehouse_catalog_is_the_ledger_file(tmp_path: Path) -> None:
+    written = run_script(
+        TRINO_SCRIPT, "config", {**_base_env(), "KIMI_BATCH_HOME": str(tmp_path)}, 60
+    )
+    assert written.returncode == 0, written.stderr
+    catalog = tmp_path / "trino" / "etc" / "catalog" / "iceberg.properties"
+    assert _properties(catalog) == {
+        "connector.name": "iceberg",
+        "iceberg.catalog.type": "jdbc",
+        "iceberg.jdbc-catalog.catalog-name": CATALOG_NAME,
+        "iceberg.jdbc-catalog.driver-class": "org.sqlite.JDBC",
+        "iceberg.jdbc-catalog.connection-url": f"jdbc:sqlite:{tmp_path}/ledger/ledger.sqlite3",
+        "iceberg.jdbc-catalog.default-warehouse-dir": f"file://{tmp_path}/warehouse",
+        "iceberg.security": "read_only",
+        "fs.native-local.enabled": "true",
+        "local.location": "/",
+    }
+    assert stat.S_IMODE(catalog.stat().st_mode) == 0o600
+
+
+def test_a_postgres_and_s3_catalog_holds_its_secrets_in_a_private_file(tmp_path: Path) -> None:
+    env = {**_base_env(), **S3, "KIMI_BATCH_HOME": str(tmp_path), "KIMI_BATCH_DATABASE_URL": PG_URL}
+    written = run_script(TRINO_SCRIPT, "config", env, 60)
+    assert written.returncode == 0, written.stderr
+    catalog = tmp_path / "trino" / "etc" / "catalog" / "iceberg.properties"
+    properties = _properties(catalog)
+    assert properties["iceberg.jdbc-catalog.driver-class"] == "org.postgresql.Driver"
+    assert properties["iceberg.jdbc-catalog.connection-url"] == (
+        f"jdbc:postgresql://db.example:6543/kb?sslmode=require&currentSchema={LEDGER_SCHEMA}"
+    )
+    assert properties["iceberg.jdbc-catalog.connection-user"] == "kimi@ops"
+    # Java properties read `\\` back as one backslash: the password as the URL decodes it.
+    assert properties["iceberg.jdbc-catalog.connection-password"] == "p@ss\\\\w0rd"
+    assert properties["iceberg.jdbc-catalog.default-warehouse-dir"] == "s3://kimi-batch/nightly"
+    assert {
+        "fs.native-s3.enabled": "true",
+        "s3.endpoint": "http://127.0.0.1:9000",
+        "s3.path-style-access": "true",
+        "s3.region": "us-east-1",
+        "s3.aws-access-key": "box-key",
+        "s3.aws-secret-key": "box-secret",
+    }.items() <= properties.items()
+    assert "fs.native-local.enabled" not in properties
+    assert stat.S_IMODE(catalog.stat().st_mode) == 0o600
+    assert "box-secret" not in written.stderr + written.stdout
+
+
+def test_publish_prints_the_catalog_with_its_secrets_masked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = {**S3, "KIMI_BATCH_DATABASE_URL": PG_URL}
+    printed = run_cli(tmp_path, "publish", **env)
+    assert printed.returncode == 0, printed.stderr
+    assert "box-secret" not in printed.stdout
+    assert "p@ss" not in printed.stdout
+    for name, value in {**env, "KIMI_BATCH_HOME": str(tmp_path / "home")}.items():
+        monkeypatch.setenv(name, value)
+    expected = catalog_properties(Settings.from_env(), masked=True)
+    assert printed.stdout == expected
+    assert "iceberg.jdbc-catalog.connection-password=***" in expected.splitlines()
+
+
+def _base_env() -> dict[str, str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("KIMI_BATCH_", "AWS_"))}
+    return {**clean, "PYTHONPATH": str(REPO_ROOT)}
+
+
+@pytest.mark.slow
+def test_make_trino_cli_queries_the_schema_without_qualifying_names(
+    trino_server: TrinoServer,
+) -> None:
+    warehouse, config = trino_server.isolated("t_trino_cli")
+    rows = distilled(amplified(3))
+    warehouse.write_partition("distilled", "2024-05-02", "cli", rows)
+    with TrinoReader(config) as reader:
+        assert reader.count("distilled") == len(rows)  # no publish step: the commit is visible
+
+    env = {
+        **os.environ,
+        "KIMI_BATCH_TRINO_PORT": str(trino_server.port),
+        "KIMI_BATCH_TRINO_SCHEMA": "t_trino_cli",
+    }
+    result = subprocess.run(
+        [
+            "make",
+            "-s",
+            "trino-cli",
+            "TRINO_CLI_ARGS=--output-format CSV_UNQUOTED --execute "
+            '"SELECT current_catalog, current_schema; SELECT count(*) FROM distilled"',
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    expected = ["iceberg,t_trino_cli", str(len(rows))]
+    assert result.stdout.strip().splitlines() == expected, result.stdout
