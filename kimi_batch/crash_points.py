@@ -30,15 +30,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
-__all__ = [
-    "CRASH_AT_VARIABLE",
-    "CrashPointReached",
-    "armed",
-    "crash_point",
-    "declared_crash_points",
-    "recording",
-]
-
 CRASH_AT_VARIABLE = "KIMI_BATCH_CRASH_AT"
 
 CrashAction = Literal["raise", "kill"]

@@ -26,14 +26,6 @@ from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.llama import CpuListError, format_cpu_list, parse_cpu_list, pin_to_the_rest
 from kimi_batch.settings import Settings
 
-__all__ = [
-    "DIGEST_ASSETS",
-    "batch_assets",
-    "build_definitions",
-    "build_resources",
-    "defs",
-]
-
 DIGEST_ASSETS = [system_digest, digest_prefill]
 
 

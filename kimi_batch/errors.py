@@ -16,8 +16,6 @@ KimiBatchError
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "KimiBatchError", "MissingInputError"]
-
 
 class KimiBatchError(Exception):
     """Base of every expected kimi_batch failure: its message is what the user reads."""

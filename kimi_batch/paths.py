@@ -43,15 +43,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from kimi_batch.errors import ConfigError
 from kimi_batch.redaction import masked_url
 
-__all__ = [
-    "PRIVATE_DIR_MODE",
-    "PRIVATE_FILE_MODE",
-    "StateLocation",
-    "StatePaths",
-    "connect_private_db",
-    "private_dir",
-]
-
 PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600
 

@@ -18,8 +18,6 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote
 
-__all__ = ["MASK", "masked_message", "masked_url", "url_secrets"]
-
 MASK = "***"
 # `password=...` / `sslpassword=...` as a URL query parameter (up to the next `&` or `#`).
 _QUERY_SECRET = re.compile(r"(?i)([?&][a-z_]*password=)([^&#]*)")

@@ -36,8 +36,6 @@ from kimi_batch.paths import PRIVATE_FILE_MODE, StatePaths, private_dir
 from kimi_batch.state import connect_state, read_state
 from kimi_batch.storage import BlobStore, SharedBlobs, StorageError, remove_stale_temps, temp_name
 
-__all__ = ["ApiFileStore", "FileRecord", "FileTooLargeError", "LineStaging", "StagedFile"]
-
 _CHUNK = 1 << 20
 _FILES_TABLE = """
     CREATE TABLE IF NOT EXISTS files (

@@ -32,19 +32,6 @@ from kimi_batch.engine import BatchOutcome, GenerationResult, Ledger, row_reques
 from kimi_batch.settings import Settings
 from kimi_batch.storage import Landing, StorageError
 
-__all__ = [
-    "CANCELLED_REASON",
-    "EXPIRED_REASON",
-    "FAILED_REASON",
-    "RequestCounts",
-    "batch_lines",
-    "begin_batch",
-    "finish_batch",
-    "iter_batch_lines",
-    "request_counts",
-    "write_batch_files",
-]
-
 CANCELLED_REASON = (
     "batch_cancelled",
     "the batch was cancelled before this request was answered",

@@ -26,22 +26,6 @@ from kimi_batch.engine import GenerationRequest, GenerationResult, RequestKind, 
 from kimi_batch.llama import ChatMessage, TokenLogprob, ToolCall
 from kimi_batch.pipeline import RequestTag
 
-__all__ = [
-    "API_STAGE",
-    "BATCH_ENDPOINTS",
-    "CHAT_COMPLETIONS_URL",
-    "COMPLETIONS_URL",
-    "MAX_LISTED_ERRORS",
-    "RESPONSES_URL",
-    "AnsweredRequest",
-    "BatchInput",
-    "BatchLineError",
-    "BatchRequestLine",
-    "LineKind",
-    "error_line",
-    "response_line",
-]
-
 CHAT_COMPLETIONS_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 RESPONSES_URL = "/v1/responses"

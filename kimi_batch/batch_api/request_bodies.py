@@ -23,12 +23,6 @@ from kimi_batch.engine import SamplingParams
 from kimi_batch.inputs import FunctionTool, ToolFunction
 from kimi_batch.llama import ChatMessage
 
-__all__ = [
-    "LineRefusedError",
-    "body_fields",
-    "request_line",
-]
-
 # OpenAI's defaults. A chat answer's max_tokens unset means "as long as the server allows" (the
 # engine clamps it to the server's n_predict); a legacy completion's is 16 tokens.
 _DEFAULT_CHAT_MAX_TOKENS = 1 << 20

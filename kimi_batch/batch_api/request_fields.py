@@ -42,13 +42,6 @@ from kimi_batch.batch_api.lines import LineKind
 from kimi_batch.batch_api.request_bodies import body_fields
 from kimi_batch.settings import Settings
 
-__all__ = [
-    "ACCEPTED_BODY_FIELDS",
-    "model_not_served",
-    "refused_field",
-    "served_models",
-]
-
 # Bookkeeping OpenAI keeps; no effect on the answer.
 _BOOKKEEPING = frozenset({"user", "metadata", "store", "stream"})
 # A chat or completion line may hold what its body model declares, and the bookkeeping. A

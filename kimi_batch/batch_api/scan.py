@@ -36,17 +36,6 @@ from kimi_batch.batch_api.request_fields import model_not_served, refused_field
 from kimi_batch.inputs import MAX_ROW_BYTES, Item, SeenIds, format_validation_error, jsonl_items
 from kimi_batch.settings import DEFAULT_API_MAX_BATCH_REQUESTS
 
-__all__ = [
-    "MAX_BATCH_LINE_BYTES",
-    "MAX_BATCH_REQUESTS",
-    "MAX_NESTING",
-    "BatchScan",
-    "BatchValidator",
-    "iter_batch_input",
-    "parse_batch_input",
-    "scan_batch_input",
-]
-
 # OpenAI's limit per batch; the default of `max_requests`. The API's validation passes
 # `settings.api_max_batch_requests` (KIMI_BATCH_API_MAX_BATCH_REQUESTS).
 MAX_BATCH_REQUESTS = DEFAULT_API_MAX_BATCH_REQUESTS

@@ -29,17 +29,6 @@ from kimi_batch.crash_points import crash_point
 from kimi_batch.paths import StatePaths
 from kimi_batch.storage import StorageError, pid_alive
 
-__all__ = [
-    "NEXT_STATUSES",
-    "TERMINAL_STATUSES",
-    "VALIDATION_STALE_S",
-    "ApiStore",
-    "BatchRecord",
-    "BatchStatus",
-    "ValidationClaim",
-    "process_owner",
-]
-
 # A validator beats every few seconds while it reads; one silent this long is gone (only for an
 # owner on another host: on this one, its pid tells).
 VALIDATION_STALE_S = 600.0

@@ -31,14 +31,6 @@ from kimi_batch.batch_api.store import ApiStore, BatchRecord, BatchStatus, proce
 from kimi_batch.settings import Settings
 from kimi_batch.storage import Assignment, Landing
 
-__all__ = [
-    "MAX_VALIDATION_ATTEMPTS",
-    "BatchValidator",
-    "resume_abandoned",
-    "settle_cancelled",
-    "validate_batch",
-]
-
 MAX_VALIDATION_ATTEMPTS = 3
 _BEAT_S = 5.0
 _WORKERS = 2

@@ -14,8 +14,6 @@ from typing import Any
 from kimi_batch.errors import ConfigError
 from kimi_batch.settings import Settings
 
-__all__ = ["BENCH_COMMANDS", "BENCH_PACKAGE", "add_bench_commands"]
-
 BENCH_PACKAGE = "kimi_batch_bench"
 # The commands the bench adds: only named for the message when it is not installed.
 BENCH_COMMANDS = ("bench", "tune", "plan")

@@ -23,8 +23,6 @@ from kimi_batch.errors import ConfigError, KimiBatchError
 from kimi_batch.llama import server_from_settings
 from kimi_batch.settings import Settings
 
-__all__ = ["build_parser", "main"]
-
 DESCRIPTION = """\
 Batch inference on a model server you keep running: start the server once, run the pipeline on
 your input files, see where the night stands, serve an OpenAI-compatible Batch API, and size a
@@ -298,7 +296,8 @@ def _publish(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _status(args: argparse.Namespace, settings: Settings) -> int:
-    from kimi_batch.cli.status import collect_status, render_status
+    from kimi_batch.cli.status import collect_status
+    from kimi_batch.cli.status_sections import render_status
 
     status = collect_status(settings)
     print(status.model_dump_json(indent=2) if args.json else render_status(status))

@@ -20,8 +20,6 @@ from kimi_batch.pipeline import STAGE_DECLARATIONS
 from kimi_batch.settings import Settings, samples_dir
 from kimi_batch.storage import Assignment, Landing, wait_until_settled
 
-__all__ = ["DEMO_INSTANCE_YAML", "demo_instance", "run_demo"]
-
 DIGEST_LABEL = "digest: prefill once, restore into every slot"
 # The instance settings the demo writes into a Dagster home that has none: telemetry off, so a
 # newcomer's first screen is the pipeline's, not Dagster's telemetry banner. `make dev` copies the

@@ -72,17 +72,6 @@ from kimi_batch.warehouse import (
     validate_source,
 )
 
-__all__ = [
-    "FORMATS",
-    "ExportRequest",
-    "export_custom_id",
-    "export_partition",
-    "openai_batch_lines",
-    "partition_prefix",
-    "pinned_warehouse",
-    "run_export",
-]
-
 FORMATS = ("openai-batch", "chat", "hf", "kd")
 TRAINING_FORMATS = ("chat", "hf", "kd")
 

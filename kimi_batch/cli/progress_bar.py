@@ -23,8 +23,6 @@ from rich.progress import (
 
 from kimi_batch.engine import ProgressEvent
 
-__all__ = ["BatchProgressBar", "wants_bar"]
-
 
 def wants_bar(console: Console | None = None) -> bool:
     """True when stderr is an interactive terminal (not a pipe, a file or a dumb terminal)."""

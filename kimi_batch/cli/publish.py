@@ -11,8 +11,6 @@ from pathlib import Path
 from kimi_batch.settings import Settings
 from kimi_batch.warehouse import catalog_properties, write_catalog
 
-__all__ = ["publish_catalog"]
-
 
 def publish_catalog(settings: Settings, output: Path | None) -> str:
     """Write the catalog file to `output` (owner-only) and say where; without one, the file's

@@ -20,8 +20,6 @@ from pydantic_core import PydanticUndefined
 from kimi_batch.cli.reference_schemas import GENERATED, batch_api_page, cell, tables_page
 from kimi_batch.settings import Settings, variable_of
 
-__all__ = ["PAGES", "REFERENCE_DIR", "main", "render_pages", "stale_pages", "write_pages"]
-
 REFERENCE_DIR = Path(__file__).resolve().parents[2] / "docs" / "reference"
 # The reference page's sections: the first prefix a field name starts with (or equals) wins.
 _GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (

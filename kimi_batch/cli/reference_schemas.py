@@ -15,8 +15,6 @@ from kimi_batch.pipeline import GenerationColumns
 from kimi_batch.settings import Settings, default_digest_path
 from kimi_batch.warehouse import PARTITION_COLUMNS, TABLES, trino_columns
 
-__all__ = ["GENERATED", "batch_api_page", "cell", "tables_page"]
-
 GENERATED = "Generated from the code by `make reference`; edit the code, not this page."
 _PARTITION_MEANING = {
     "ds": "Partition: the day (YYYY-MM-DD) the input arrived; a directory, not in the files.",

@@ -34,8 +34,6 @@ from kimi_batch.redaction import url_secrets
 from kimi_batch.settings import ConfigError, Settings, StateSettings
 from kimi_batch.state import StoreCopy, connect_state, copy_store, shown_url
 
-__all__ = ["add_state_commands", "migrate_state"]
-
 
 def migrate_state(settings: Settings, url: str) -> list[StoreCopy]:
     """Copy the ledger, the manifest and the API store of `settings`' state dir to `url`."""

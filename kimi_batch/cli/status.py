@@ -47,7 +47,6 @@ from kimi_batch.cli.status_sections import (
     PartitionsSection,
     ServerSection,
     Status,
-    render_status,
 )
 from kimi_batch.cli.status_tables import tables_section
 from kimi_batch.defs.partition_states import (
@@ -74,8 +73,6 @@ from kimi_batch.pipeline import stage_of_tag
 from kimi_batch.settings import Settings
 from kimi_batch.state import StateError, shown_location
 from kimi_batch.storage import StorageError, landed_versions, still_changing
-
-__all__ = ["Status", "collect_status", "render_status"]
 
 _DIGEST_PREFILL = dg.AssetKey("digest_prefill")
 # What a section that cannot be read fails with (corrupted sqlite files, an unreadable instance).

@@ -21,8 +21,6 @@ from kimi_batch.state import StateError
 from kimi_batch.storage import StorageError
 from kimi_batch.warehouse import open_warehouse
 
-__all__ = ["quality_section"]
-
 # What the section cannot read and says so (a corrupted index or Parquet file, a folder gone).
 _UNREADABLE = (StateError, OSError, StorageError, pl.exceptions.PolarsError)
 

@@ -7,22 +7,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = [
-    "MAX_KEYS",
-    "DigestState",
-    "InboxSection",
-    "LedgerSection",
-    "NightRun",
-    "NightlySection",
-    "PartitionsSection",
-    "QualitySection",
-    "ServerSection",
-    "Status",
-    "TableState",
-    "TablesSection",
-    "render_status",
-]
-
 # Partition keys listed per state; the counts stay exact.
 MAX_KEYS = 20
 

@@ -12,8 +12,6 @@ from kimi_batch.settings import Settings
 from kimi_batch.storage import StorageError
 from kimi_batch.warehouse import newest_snapshots, open_warehouse
 
-__all__ = ["tables_section"]
-
 
 def tables_section(settings: Settings) -> TablesSection:
     """The newest snapshot of every table of the deployment's catalog."""

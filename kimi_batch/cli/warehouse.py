@@ -15,8 +15,6 @@ from typing import Any
 
 from kimi_batch.settings import Settings
 
-__all__ = ["add_warehouse_commands"]
-
 
 def _maintain(args: argparse.Namespace, settings: Settings) -> int:
     from kimi_batch.warehouse import maintain, open_warehouse

@@ -46,20 +46,6 @@ from kimi_batch.settings import Settings
 from kimi_batch.storage import Landing, StorageError
 from kimi_batch.warehouse import TrinoConfig, TrinoReader
 
-__all__ = [
-    "DEFAULT_NIGHT_ENDS",
-    "FRESHNESS_CHECK",
-    "FRESHNESS_SENSOR",
-    "NightReport",
-    "build_alerts",
-    "build_freshness_checks",
-    "defs",
-    "due_night",
-    "failure_message",
-    "night_message",
-    "night_report",
-]
-
 DEFAULT_NIGHT_ENDS = time(7, 0)
 # The name Dagster's freshness-check factory gives its check.
 FRESHNESS_CHECK = "freshness_check"

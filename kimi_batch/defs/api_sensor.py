@@ -44,14 +44,6 @@ from kimi_batch.defs.jobs import api_batch_job
 from kimi_batch.defs.partitions import api_batch_partitions
 from kimi_batch.settings import Settings
 
-__all__ = [
-    "batches_needing_runs",
-    "build_api_batch_sensor",
-    "defs",
-    "missing_batch_partitions",
-    "run_of",
-]
-
 # Statuses a batch holds while a run is (or should be) working on it.
 _UNFINISHED = (
     BatchStatus.VALIDATING,

@@ -15,15 +15,6 @@ from pydantic import BaseModel, ConfigDict
 
 from kimi_batch.pipeline import STAGE_DECLARATIONS
 
-__all__ = [
-    "CONTAMINATION_CHECK",
-    "DUPLICATE_CHECK",
-    "TRUNCATION_CHECK",
-    "FailedCheck",
-    "failed_checks",
-    "watched_checks",
-]
-
 TRUNCATION_CHECK = "truncation_rate"
 # The quality-gated stages' share of rows sharing an n-gram with a benchmark (fails above the
 # configured rate), and of rows repeating kept ones (warns; not an alert: they are set aside).

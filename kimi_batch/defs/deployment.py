@@ -16,8 +16,6 @@ from contextvars import ContextVar
 from kimi_batch.errors import ConfigError
 from kimi_batch.settings import Settings
 
-__all__ = ["building", "deployment_settings"]
-
 _BUILDING: ContextVar[Settings | None] = ContextVar("kimi_batch_deployment", default=None)
 
 

@@ -26,8 +26,6 @@ from typing import Any, TypeVar
 
 import dagster as dg
 
-__all__ = ["InterruptibleRunner", "interruptible_runner", "run_interruptibly"]
-
 T = TypeVar("T")
 
 # Dagster's interrupt handlers map SIGTERM onto the SIGINT handler (run workers on Kubernetes).

@@ -22,26 +22,6 @@ import dagster as dg
 
 from kimi_batch.pipeline import DISTILL, SEED_ASSET
 
-__all__ = [
-    "API_BATCH_JOB_NAME",
-    "BATCH_GROUP",
-    "INGEST_TAG",
-    "JOB_TAG",
-    "LLAMA_TAG",
-    "NIGHTLY_JOB_NAME",
-    "NIGHTLY_OP_NAME",
-    "NIGHT_END_TAG",
-    "OPTIONAL_TAG",
-    "RETRY_TAGS",
-    "STOPPED_TAG",
-    "WINDOW_TAG",
-    "api_batch_job",
-    "batch_job",
-    "distillation_job",
-    "ingest_job",
-    "nightly_run_config",
-]
-
 # The asset group of seed_prompts and every declared stage.
 BATCH_GROUP = "batch"
 # Asset tag of the stages the inbox sensor's ingest_job runs after landing the seeds.

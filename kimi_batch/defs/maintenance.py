@@ -19,8 +19,6 @@ from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.settings import Settings
 from kimi_batch.warehouse import maintain
 
-__all__ = ["MAINTENANCE_JOB_NAME", "build_maintenance_schedule", "defs", "maintenance_job"]
-
 MAINTENANCE_JOB_NAME = "maintenance_job"
 _ACTIVE = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
 

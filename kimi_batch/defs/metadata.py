@@ -19,21 +19,6 @@ import dagster as dg
 from kimi_batch.engine import BatchOutcome
 from kimi_batch.warehouse import PARTITION_COLUMNS, TABLES, columns
 
-__all__ = [
-    "ASSET_OWNERS",
-    "COLUMN_SCHEMA",
-    "PARTITION_ROW_COUNT",
-    "ROW_COUNT",
-    "SNAPSHOT_ID",
-    "TABLE_NAME",
-    "URI",
-    "generation_figures",
-    "on_table",
-    "summary_table",
-    "table_metadata",
-    "table_schema",
-]
-
 ROW_COUNT = "dagster/row_count"
 PARTITION_ROW_COUNT = "dagster/partition_row_count"
 TABLE_NAME = "dagster/table_name"

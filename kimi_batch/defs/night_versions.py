@@ -28,15 +28,6 @@ from kimi_batch.defs.jobs import BATCH_GROUP, JOB_TAG, LLAMA_TAG, NIGHTLY_OP_NAM
 from kimi_batch.pipeline import SEED_ASSET, STAGE_DECLARATIONS
 from kimi_batch.settings import Settings
 
-__all__ = [
-    "NIGHT_RUN_TAG",
-    "PARTITION_VERSIONS_JOB",
-    "build_night_versions",
-    "night_built",
-    "partition_versions_job",
-    "version_requests",
-]
-
 PARTITION_VERSIONS_JOB = "partition_versions_job"
 # On a partition's version run: the night run whose partition it versions (the UI shows it).
 NIGHT_RUN_TAG = "kimi_batch/night_run"

@@ -28,20 +28,6 @@ from kimi_batch.defs.jobs import (
 from kimi_batch.engine import ProgressEvent
 from kimi_batch.pipeline import night_end, upstream_of
 
-__all__ = [
-    "ACTIVE_RUN_STATUSES",
-    "INPUT_SHA_METADATA",
-    "PARTITION_TAG",
-    "STOPPED_AT_WINDOW_TAG",
-    "PartitionRecord",
-    "PartitionState",
-    "distill_states",
-    "distilled_input_sha",
-    "night_end_key",
-    "night_partitions",
-    "run_progress",
-]
-
 PARTITION_TAG = "dagster/partition"
 # "true" on a run that the end of the nightly window stopped before it was done.
 STOPPED_AT_WINDOW_TAG = STOPPED_TAG

@@ -18,19 +18,6 @@ import dagster as dg
 
 from kimi_batch.settings import Settings
 
-__all__ = [
-    "API_BATCH_PARTITIONS_NAME",
-    "DATE_DIMENSION",
-    "SOURCE_DIMENSION",
-    "SOURCE_PARTITIONS_NAME",
-    "api_batch_partitions",
-    "build_batch_partitions",
-    "build_date_partitions",
-    "partition_parts",
-    "source_partitions",
-    "split_partition_key",
-]
-
 DATE_DIMENSION = "date"
 SOURCE_DIMENSION = "source"
 SOURCE_PARTITIONS_NAME = "source"

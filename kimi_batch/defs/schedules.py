@@ -53,23 +53,6 @@ from kimi_batch.settings import Settings
 from kimi_batch.storage import SETTLE_S as LANDING_SETTLE_S
 from kimi_batch.storage import Assignment, InboxLanding, Landing, land_inbox
 
-__all__ = [
-    "MAX_RUNTIME_TAG",
-    "NIGHT_TAG",
-    "PARTITIONS_TAG",
-    "SETTLE_S",
-    "TRIGGER_TAG",
-    "WINDOW_GRACE_S",
-    "WINDOW_TAG",
-    "BatchPartition",
-    "build_nightly_schedule",
-    "defs",
-    "night_ds",
-    "nightly_partitions",
-    "report_idle_night",
-    "window_end",
-]
-
 TRIGGER_TAG = "kimi_batch/trigger"
 NIGHT_TAG = "kimi_batch/night"
 # How many partitions the night's run covers (the list is its run config).

@@ -55,19 +55,6 @@ from kimi_batch.storage import (
 )
 from kimi_batch.storage import Assignment, Landing, StorageError, still_changing
 
-__all__ = [
-    "FILE_TAG",
-    "HASH_BUDGET_S",
-    "SETTLE_S",
-    "SHA256_TAG",
-    "InboxCursor",
-    "InboxRequest",
-    "InboxTick",
-    "build_inbox_sensor",
-    "defs",
-    "plan_inbox_tick",
-]
-
 FILE_TAG = "kimi_batch/inbox_file"
 SHA256_TAG = "kimi_batch/sha256"
 # A file modified this recently may still be being written (a copy in progress): wait a tick

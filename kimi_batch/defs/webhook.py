@@ -10,8 +10,6 @@ from __future__ import annotations
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["MAX_TEXT_CHARS", "TIMEOUT_S", "WebhookResult", "post_message"]
-
 # Slack truncates long messages anyway; an alert that needs more belongs in the linked run page.
 MAX_TEXT_CHARS = 3000
 TIMEOUT_S = 10.0

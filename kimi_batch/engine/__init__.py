@@ -9,7 +9,7 @@ runs),
 (the figures of a batch), `progress` (in-process progress listeners).
 """
 
-from kimi_batch.engine.batch_engine import BatchEngine, EndpointHungError
+from kimi_batch.engine.batch_engine import BatchEngine
 from kimi_batch.engine.batch_run import BatchRun
 from kimi_batch.engine.budget import (
     DEFAULT_REMEDY,
@@ -46,6 +46,7 @@ from kimi_batch.engine.prompt import (
     assemble_messages,
     fold_instructions,
 )
+from kimi_batch.engine.send import EndpointHungError
 from kimi_batch.engine.speeds import MeasuredSpeeds, SpeedStore
 from kimi_batch.engine.stats import BatchStats, ProgressEvent
 from kimi_batch.engine.warm import SlotWarmer, WarmupReport

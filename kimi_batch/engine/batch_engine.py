@@ -36,28 +36,11 @@ from kimi_batch.engine.outcome import (
     ClientFactory,
     Endpoint,
     EnginePolicy,
-    FailedRequest,
     PlannedRequest,
-    PlannedRow,
     default_client,
-    distinct,
 )
-from kimi_batch.engine.send import EndpointHungError
 from kimi_batch.engine.speeds import SpeedStore
 from kimi_batch.engine.stats import ProgressEvent
-
-__all__ = [
-    "BatchEngine",
-    "BatchOutcome",
-    "ClientFactory",
-    "Endpoint",
-    "EndpointHungError",
-    "EnginePolicy",
-    "FailedRequest",
-    "PlannedRequest",
-    "PlannedRow",
-    "distinct",
-]
 
 
 class BatchEngine:

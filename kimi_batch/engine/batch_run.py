@@ -35,8 +35,6 @@ from kimi_batch.llama import ChatCompletion, LlamaClient, LlamaError, LlamaReque
 if TYPE_CHECKING:
     from kimi_batch.engine.batch_engine import BatchEngine
 
-__all__ = ["BatchRun"]
-
 # The watchdog's key for a warm-up in flight (sends are keyed by their slot id, 0 up).
 WARMUP_KEY = -1
 

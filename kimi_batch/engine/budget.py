@@ -14,17 +14,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.errors import ConfigError
 
-__all__ = [
-    "CHARS_PER_TOKEN",
-    "DEFAULT_REMEDY",
-    "PROMPT_ALLOWANCE_TOKENS",
-    "ContextTooSmallError",
-    "SlotFit",
-    "answer_cap",
-    "check_fit",
-    "estimate_tokens",
-]
-
 # The prompt a row is allowed besides the digest when no prompt is known yet (the digest prefill,
 # `server start`): a question of a few paragraphs.
 PROMPT_ALLOWANCE_TOKENS = 256

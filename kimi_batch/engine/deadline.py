@@ -17,8 +17,6 @@ from kimi_batch.engine.generation import GenerationResult
 from kimi_batch.engine.speeds import MeasuredSpeeds, SpeedStore
 from kimi_batch.llama import ChatMessage
 
-__all__ = ["DeadlinePolicy", "SpeedTracker", "estimate_prompt_tokens"]
-
 # Chat-template tokens around each message (role markers, separators): a generous allowance.
 _TEMPLATE_TOKENS_PER_MESSAGE = 16
 # Samples smaller than this say more about overhead than about speed.

@@ -16,15 +16,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.errors import KimiBatchError
 
-__all__ = [
-    "NO_DIGEST",
-    "DigestLintError",
-    "LintFinding",
-    "SystemDigest",
-    "lint_digest",
-    "load_digest",
-]
-
 
 class SystemDigest(BaseModel):
     """The digest text with its fingerprint; `text` is exactly what the server receives."""

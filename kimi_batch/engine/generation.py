@@ -27,15 +27,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from kimi_batch.engine.digest import SystemDigest
 from kimi_batch.llama import ChatExtras, ChatMessage, TokenLogprob, ToolCall
 
-__all__ = [
-    "GenerationRequest",
-    "GenerationResult",
-    "RequestKind",
-    "SamplingParams",
-    "request_key",
-    "row_request_id",
-]
-
 RequestKind = Literal["chat", "completion"]
 """`chat`: messages through the chat template, after the digest; `completion`: a raw prompt."""
 

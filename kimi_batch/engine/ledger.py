@@ -44,8 +44,6 @@ from kimi_batch.state import (
     read_state,
 )
 
-__all__ = ["Lease", "LeaseHeldError", "LeaseLostError", "Ledger", "lease_clock"]
-
 logger = logging.getLogger(__name__)
 
 _SCHEMA = (

@@ -18,19 +18,6 @@ from kimi_batch.engine.watchdog import WatchdogPolicy
 from kimi_batch.llama import LlamaClient
 from kimi_batch.settings import DEFAULT_SLOT_SAVES_MAX
 
-__all__ = [
-    "BatchOutcome",
-    "ClientFactory",
-    "Endpoint",
-    "EnginePolicy",
-    "FailedRequest",
-    "PlannedRequest",
-    "PlannedRow",
-    "default_client",
-    "distinct",
-    "lower_rank",
-]
-
 
 class Endpoint(BaseModel):
     """One llama-server the engine may use."""

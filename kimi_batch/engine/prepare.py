@@ -17,8 +17,6 @@ from kimi_batch.engine.budget import SlotFit
 from kimi_batch.engine.digest import SystemDigest
 from kimi_batch.llama import LlamaClient, LlamaTimeoutError
 
-__all__ = ["PREPARE_TIMEOUT_S", "Prepared", "prepare"]
-
 # /props and /tokenize answer in milliseconds; the client retries each a few times within this.
 PREPARE_TIMEOUT_S = 120.0
 

@@ -17,8 +17,6 @@ from contextlib import contextmanager
 
 from kimi_batch.engine.stats import ProgressEvent
 
-__all__ = ["PROGRESS_EVERY_S", "ProgressCallback", "ProgressReporter", "listening", "notify"]
-
 ProgressCallback = Callable[[ProgressEvent], None]
 
 PROGRESS_EVERY_S = 5.0

@@ -7,15 +7,6 @@ from collections.abc import Sequence
 from kimi_batch.engine.digest import SystemDigest
 from kimi_batch.llama import ChatMessage
 
-__all__ = [
-    "INSTRUCTIONS_CLOSE",
-    "INSTRUCTIONS_OPEN",
-    "WARMUP_USER_MESSAGE",
-    "assemble_messages",
-    "fold_instructions",
-    "warmup_messages",
-]
-
 # The prefill request needs a user turn for the chat template; it is kept short because only the
 # system part is shared with real requests.
 WARMUP_USER_MESSAGE = "Ready."

@@ -8,8 +8,6 @@ from kimi_batch.engine.generation import GenerationResult
 from kimi_batch.engine.outcome import PlannedRequest
 from kimi_batch.llama import ChatCompletion
 
-__all__ = ["completion_result"]
-
 
 def completion_result(
     item: PlannedRequest,

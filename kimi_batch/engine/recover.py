@@ -20,8 +20,6 @@ from kimi_batch.llama import (
     LlamaTimeoutError,
 )
 
-__all__ = ["Recovery"]
-
 logger = logging.getLogger(__name__)
 
 

@@ -24,8 +24,6 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
-__all__ = ["DEFAULT_MIN_SHARED_CHARS", "Lane", "PrefixSchedule", "group_by_prefix", "shared_prefix"]
-
 T = TypeVar("T")
 
 # ~32 tokens: below that a shared lead saves less than the order it costs.

@@ -20,8 +20,6 @@ from kimi_batch.llama import (
     LlamaTimeoutError,
 )
 
-__all__ = ["TRANSIENT", "EndpointHungError", "InFlight", "send_once"]
-
 
 class EndpointHungError(LlamaTimeoutError):
     """The watchdog cancelled this send: the endpoint made no progress for a stall period."""

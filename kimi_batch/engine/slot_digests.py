@@ -34,8 +34,6 @@ from kimi_batch.engine.warm import SlotWarmer, digest_save_name
 from kimi_batch.engine.watchdog import EndpointWatch
 from kimi_batch.llama import LlamaClient, LlamaError, LlamaHTTPError
 
-__all__ = ["SaveFiles", "SlotDigests"]
-
 logger = logging.getLogger(__name__)
 
 

@@ -18,8 +18,6 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-__all__ = ["MeasuredSpeeds", "SpeedStore"]
-
 logger = logging.getLogger(__name__)
 
 # Writes happen as requests finish; a few per minute say all there is to say.

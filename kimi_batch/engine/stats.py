@@ -10,8 +10,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.engine.generation import GenerationResult
 
-__all__ = ["BatchStats", "ProgressEvent", "StatsAccumulator"]
-
 # What `str(ProgressEvent)` writes; alerts read the last such line of a failed run's log back.
 _PROGRESS_LINE = re.compile(
     r"(?P<done>\d+)/(?P<total>\d+) rows \((?P<failed>\d+) failed\), "

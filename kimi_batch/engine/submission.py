@@ -28,8 +28,6 @@ from kimi_batch.engine.outcome import (
 from kimi_batch.engine.stats import StatsAccumulator
 from kimi_batch.engine.warm import WarmupReport
 
-__all__ = ["Joined", "RunFigures", "Settlements", "Submission"]
-
 
 class RunFigures(BaseModel):
     """What a run counts for all its submissions together."""

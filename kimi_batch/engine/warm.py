@@ -20,8 +20,6 @@ from kimi_batch.engine.digest import SystemDigest
 from kimi_batch.engine.prompt import warmup_messages
 from kimi_batch.llama import GenerationStats, LlamaClient, LlamaError, LlamaHTTPError
 
-__all__ = ["CanaryResult", "SlotWarmer", "WarmupReport", "digest_save_name"]
-
 logger = logging.getLogger(__name__)
 
 IDLE_WAIT_S = 600.0

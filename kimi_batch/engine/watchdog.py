@@ -42,8 +42,6 @@ from kimi_batch.llama import (
 # llama.cpp's default --batch-size: the prompt tokens one decode batch may hold.
 DEFAULT_BATCH_TOKENS = 2048
 
-__all__ = ["EndpointWatch", "Probe", "WatchdogPolicy"]
-
 _Done = TypeVar("_Done")
 logger = logging.getLogger(__name__)
 

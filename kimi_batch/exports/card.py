@@ -15,18 +15,6 @@ from typing import Any
 from huggingface_hub import DatasetCard, DatasetCardData
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = [
-    "CardFigures",
-    "CardOptions",
-    "DedupFigures",
-    "InputSource",
-    "SamplingFigures",
-    "TokenStats",
-    "build_card",
-    "quarantine_counts",
-    "reason_name",
-]
-
 # The quality gate's reasons name the kept row or benchmark item after their kind.
 _GATE = re.compile(r"^(duplicate|near_duplicate) of |^(contaminated):")
 _DETAIL = re.compile(r":| \(")

@@ -21,8 +21,6 @@ from typing import Any
 from kimi_batch.exports.tokenizer import TokenizerIdentity
 from kimi_batch.llama import TokenLogprob, TopLogprob
 
-__all__ = ["kd_line", "kd_record"]
-
 
 def _alternative(top: TopLogprob) -> dict[str, Any]:
     return {"id": top.id, "token": top.token, "logprob": top.logprob}

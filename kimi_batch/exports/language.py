@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-__all__ = ["DETECTION_NOTE", "ScriptCounter"]
-
 DETECTION_NOTE = (
     "Guessed from the rows' letters by script, one language per script (Latin: en, Cyrillic: "
     "ru, Han: zh, kana: ja, Hangul: ko, ...); export with --language to declare them."

@@ -22,16 +22,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = [
-    "Layout",
-    "ReasoningPlacement",
-    "SystemTurn",
-    "TrainingOptions",
-    "assistant_message",
-    "system_side_file",
-    "trainer_row",
-]
-
 ReasoningPlacement = Literal["field", "inline", "drop"]
 Layout = Literal["messages", "prompt-completion"]
 SystemTurn = Literal["keep", "drop", "once"]

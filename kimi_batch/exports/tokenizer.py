@@ -15,8 +15,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["TokenizerIdentity", "tokenizer_identity"]
-
 
 class TokenizerIdentity(BaseModel):
     """The teacher's tokenizer as a `kd` row names it."""

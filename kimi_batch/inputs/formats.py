@@ -26,20 +26,6 @@ import polars as pl
 
 from kimi_batch.errors import KimiBatchError
 
-__all__ = [
-    "FILE_ERRORS",
-    "MAX_JSON_ARRAY_BYTES",
-    "MAX_ROW_BYTES",
-    "PARQUET_BATCH_ROWS",
-    "FileRefusedError",
-    "Item",
-    "check_text_encoding",
-    "csv_items",
-    "json_items",
-    "jsonl_items",
-    "parquet_items",
-]
-
 # ~250k tokens: more than a slot's context on the target; a longer row cannot be a prompt.
 MAX_ROW_BYTES = 1 << 20
 # A JSON array is parsed whole and its Python objects take ~8x the file size.

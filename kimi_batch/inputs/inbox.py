@@ -40,22 +40,6 @@ from typing import BinaryIO
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = [
-    "INBOX_EXTENSIONS",
-    "InboxFile",
-    "InboxLinkError",
-    "NotRegularFileError",
-    "file_sha256",
-    "inspect_inbox_file",
-    "is_ignored_name",
-    "open_inbox_file",
-    "open_regular",
-    "sanitize_source",
-    "scan_inbox",
-    "sha256_of",
-    "short_hash",
-]
-
 # Kept equal to kimi_batch.inputs.reader.SUPPORTED_EXTENSIONS; not imported from there so that the
 # sensor, which runs in the Dagster daemon on every tick, does not import polars and pydantic
 # row models it never uses.

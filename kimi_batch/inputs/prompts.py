@@ -14,8 +14,6 @@ from kimi_batch.engine import SamplingParams
 from kimi_batch.llama import ChatMessage
 from kimi_batch.pipeline import QuarantineRow
 
-__all__ = ["InputBatch", "ParamOverrides", "SeedPrompt"]
-
 
 class ParamOverrides(BaseModel):
     """Per-row sampling overrides; unset fields keep the run's defaults."""

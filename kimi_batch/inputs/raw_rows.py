@@ -23,8 +23,6 @@ from kimi_batch.inputs.prompts import ParamOverrides, SeedPrompt
 from kimi_batch.inputs.tools import FunctionTool
 from kimi_batch.llama import ChatMessage
 
-__all__ = ["format_validation_error", "parse_record"]
-
 _MAX_REASONS = 3
 # A lone surrogate (from a JSON `\ud800` escape) is not Unicode: UTF-8 encoding of the request,
 # the request key and the Parquet writer would all fail on it later.

@@ -37,17 +37,6 @@ from kimi_batch.inputs.raw_rows import format_validation_error, parse_record
 from kimi_batch.inputs.seen_ids import SeenIds
 from kimi_batch.pipeline import QuarantineRow, input_row, rejected_raw, truncate_raw
 
-__all__ = [
-    "CHUNK_ROWS",
-    "MAX_INPUT_BYTES",
-    "MAX_QUARANTINE_ROWS",
-    "SUPPORTED_EXTENSIONS",
-    "InputReader",
-    "in_chunks",
-    "iter_inbox_rows",
-    "read_inbox_file",
-]
-
 SUPPORTED_EXTENSIONS: tuple[str, ...] = (".jsonl", ".ndjson", ".json", ".parquet", ".csv")
 # Defaults of the reader's bounds (the pipeline passes its configured size limit).
 MAX_INPUT_BYTES = 256 << 20

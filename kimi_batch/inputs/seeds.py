@@ -10,8 +10,6 @@ from kimi_batch.inputs.prompts import ParamOverrides, SeedPrompt
 from kimi_batch.llama import ChatMessage
 from kimi_batch.pipeline import SeedMessage, SeedRow
 
-__all__ = ["seed_rows", "seeds_from_rows"]
-
 
 def seed_rows(
     seeds: Iterable[SeedPrompt],

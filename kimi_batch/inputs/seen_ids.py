@@ -12,8 +12,6 @@ from __future__ import annotations
 import hashlib
 from array import array
 
-__all__ = ["SeenIds"]
-
 _INITIAL_SLOTS = 1 << 12
 _EMPTY = 0  # a digest of 0 is stored as 1: one more collision in 2⁶⁴ is harmless
 _NO_LINE = 0  # lines are 1-based; 0 stands for "no line" (and for a line past 2³²)

@@ -8,8 +8,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["FunctionTool", "ToolFunction"]
-
 
 class _Function(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -56,10 +56,10 @@ from kimi_batch.llama.server import (
     ServerHandle,
     ServerSpec,
     ServerStatus,
-    available_cpus,
 )
 from kimi_batch.llama.server_state import HealthState, ServerProps
 from kimi_batch.llama.smoke import SmokeResult
+from kimi_batch.llama.spec import available_cpus
 
 __all__ = [
     "AttachedServer",

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["CpuListError", "format_cpu_list", "parse_cpu_list", "pin_to_the_rest", "the_rest"]
-
 
 class CpuListError(ValueError):
     """A CPU list that is not `N`, `N-M` or a comma-separated mix of them."""

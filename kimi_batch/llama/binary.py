@@ -9,8 +9,6 @@ from pathlib import Path
 
 from kimi_batch.llama.exceptions import ServerSpawnError
 
-__all__ = ["find_llama_server", "find_tool"]
-
 
 def find_tool(name: str, explicit: str | None = None) -> Path:
     """Resolve a llama.cpp executable (`llama-server`, `llama-bench`...).

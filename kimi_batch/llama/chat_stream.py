@@ -42,8 +42,6 @@ from kimi_batch.llama.responses import (
     Timings,
 )
 
-__all__ = ["EVENT_STREAM", "read_chat_stream"]
-
 EVENT_STREAM = "text/event-stream"
 _DONE = "[DONE]"
 

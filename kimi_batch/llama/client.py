@@ -46,8 +46,6 @@ from kimi_batch.llama.server_state import (
 )
 from kimi_batch.llama.urls import redact_url, url_credentials
 
-__all__ = ["LlamaClient", "RetryPolicy"]
-
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 CONNECT_TIMEOUT_S = 5.0

@@ -21,23 +21,6 @@ from __future__ import annotations
 
 from kimi_batch.errors import KimiBatchError
 
-__all__ = [
-    "LlamaConnectionError",
-    "LlamaError",
-    "LlamaFeatureError",
-    "LlamaHTTPError",
-    "LlamaLoadingError",
-    "LlamaRequestError",
-    "LlamaResponseError",
-    "LlamaServerError",
-    "LlamaTimeoutError",
-    "LlamaUnsupportedError",
-    "ServerKilledError",
-    "ServerSpawnError",
-    "SpecMismatchError",
-    "http_error",
-]
-
 
 class LlamaError(KimiBatchError):
     """Base of every error of `kimi_batch.llama`."""

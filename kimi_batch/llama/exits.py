@@ -14,18 +14,6 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-__all__ = [
-    "CPU_FEATURE_HINT",
-    "CPU_HINT_WINDOW_S",
-    "DURING_LOAD",
-    "WAITER_SOURCE",
-    "ExitRecord",
-    "describe_exit",
-    "read_exit_record",
-    "signal_name",
-    "wait_for_exit_record",
-]
-
 DURING_LOAD = "during the model load / first computation"
 # A SIGILL/SIGSEGV this soon after the model loaded is the binary's own code on this CPU (the first
 # computations), not a bug in a long-running server.

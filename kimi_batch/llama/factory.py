@@ -11,8 +11,6 @@ from kimi_batch.llama.server import AttachedServer, ResidentServer, ServerSpec
 from kimi_batch.llama.smoke import SMOKE_TIMEOUT_S, SmokeResult, smoke_test
 from kimi_batch.settings import Settings, default_model_path
 
-__all__ = ["server_cpus", "server_from_settings", "smoke_from_settings", "spec_from_settings"]
-
 
 def server_cpus(settings: Settings) -> frozenset[int] | None:
     """The CPUs `KIMI_BATCH_LLAMA_CPUS` pins the server to (None: unpinned); ServerSpawnError

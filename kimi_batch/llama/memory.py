@@ -23,16 +23,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.llama.exceptions import ServerSpawnError
 
-__all__ = [
-    "InsufficientMemoryError",
-    "MemoryEstimate",
-    "ModelShape",
-    "available_memory_bytes",
-    "check_memory",
-    "estimate_memory",
-    "read_model_shape",
-]
-
 MIB = 1024 * 1024
 GIB = 1024 * MIB
 # Bytes per element of llama.cpp's KV cache types (block size included for the quantized ones).

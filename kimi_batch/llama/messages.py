@@ -10,8 +10,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["ChatExtras", "ChatMessage", "chat_body", "completion_body"]
-
 
 class ChatMessage(BaseModel):
     """One OpenAI-style chat message."""

@@ -16,8 +16,6 @@ from kimi_batch.llama.exits import WAITER_SOURCE
 from kimi_batch.llama.server_state import ServerProps
 from kimi_batch.llama.urls import redact_url, url_credentials
 
-__all__ = ["PROBE_TIMEOUT_S", "PidRecord", "probe", "process_start_ticks", "spawn_detached"]
-
 PROBE_TIMEOUT_S = 3.0
 
 

@@ -12,25 +12,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = [
-    "AnswerEnvelope",
-    "ChatChoice",
-    "ChatCompletion",
-    "ChatMessageOut",
-    "ChatTokenLogprob",
-    "ChatUsage",
-    "Completion",
-    "CompletionLogprobs",
-    "GenerationStats",
-    "ServerToolCall",
-    "TextCompletion",
-    "Timings",
-    "TokenLogprob",
-    "ToolCall",
-    "ToolCallFunction",
-    "TopLogprob",
-]
-
 
 class TopLogprob(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)

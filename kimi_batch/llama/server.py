@@ -31,19 +31,10 @@ from kimi_batch.llama.exits import (
 from kimi_batch.llama.memory import check_memory
 from kimi_batch.llama.process import PidRecord, probe, process_start_ticks, spawn_detached
 from kimi_batch.llama.server_state import ServerProps
-from kimi_batch.llama.spec import ServerHandle, ServerSpec, ServerStatus, available_cpus
+from kimi_batch.llama.spec import ServerHandle, ServerSpec, ServerStatus
 from kimi_batch.llama.urls import redact_url
 from kimi_batch.paths import private_dir
 from kimi_batch.settings import DEFAULT_FROZEN_AFTER_S, DEFAULT_LOAD_TIMEOUT_S
-
-__all__ = [
-    "AttachedServer",
-    "ResidentServer",
-    "ServerHandle",
-    "ServerSpec",
-    "ServerStatus",
-    "available_cpus",
-]
 
 logger = logging.getLogger(__name__)
 

@@ -8,15 +8,6 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = [
-    "HealthState",
-    "ServerMetrics",
-    "ServerProps",
-    "SlotFileResult",
-    "SlotNextToken",
-    "SlotState",
-]
-
 
 class _Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)

@@ -21,8 +21,6 @@ from kimi_batch.llama.exits import describe_exit, signal_name
 from kimi_batch.llama.spec import ServerSpec, available_cpus
 from kimi_batch.paths import private_dir
 
-__all__ = ["SMOKE_TIMEOUT_S", "SmokeResult", "smoke_test"]
-
 SMOKE_TIMEOUT_S = 120.0
 SMOKE_TOKENS = 4
 SMOKE_PROMPT = "The capital of France is"

@@ -8,8 +8,6 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["ServerHandle", "ServerSpec", "ServerStatus", "available_cpus"]
-
 # The resident server's logger: a clamped thread count is a fact about the server it starts.
 logger = logging.getLogger("kimi_batch.llama.server")
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-__all__ = ["redact_url", "url_credentials"]
-
 
 def redact_url(url: str) -> str:
     """`url` without its user info; what logs, errors and the `endpoint` column carry."""

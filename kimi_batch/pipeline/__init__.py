@@ -4,7 +4,7 @@ The stage protocol (`GenerationTask`: its table, its requests from its inputs, i
 results), the stages (amplify, distill, judge, the Batch API's), their rows and quarantine rows,
 the one stage registry. Other packages import from here, never from the modules.
 
-The members are imported on first use (`__getattr__`): the input models below (`kimi_batch.tasks`)
+The members are imported on first use (`__getattr__`): the input models (`kimi_batch.inputs`)
 build on the row models here while the stages build on the input models, so an eager facade
 would be an import cycle.
 """

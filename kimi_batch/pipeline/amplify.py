@@ -31,19 +31,6 @@ from kimi_batch.pipeline.rows import AmplifiedRow, GenerationColumns
 from kimi_batch.pipeline.tags import AMPLIFY_STAGE, RequestTag, Strategy
 from kimi_batch.quality import loose_text, normalize_text
 
-__all__ = [
-    "DEFAULT_AMPLIFY_PARAMS",
-    "TEMPLATES",
-    "AmplifyTask",
-    "Strategy",
-    "amplification_requests",
-    "dedup_variants",
-    "normalize_text",
-    "parse_variant",
-    "variant_instruction",
-]
-
-
 # Short sentences, one task, "only the new question" said twice in different words: small models
 # follow the last instruction they read, large ones otherwise like to explain what they changed.
 TEMPLATES: dict[Strategy, str] = {

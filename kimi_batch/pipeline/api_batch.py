@@ -30,8 +30,6 @@ from kimi_batch.pipeline.generation_task import (
 )
 from kimi_batch.pipeline.rows import DistilledRow, GenerationColumns
 
-__all__ = ["NOT_JSON_REASON", "ApiBatchInputs", "ApiBatchTask"]
-
 NOT_JSON_REASON = "answer is not the JSON its response_format asked for"
 
 

@@ -12,8 +12,6 @@ from typing import Any, TypeVar
 
 from kimi_batch.engine import PlannedRow
 
-__all__ = ["CANCEL_POLL_S", "BatchCancelledError", "BatchControls", "unless_cancelled"]
-
 T = TypeVar("T")
 
 # How often a batch with a cancel poll (`BatchControls.cancelled`) asks it.

@@ -38,18 +38,6 @@ from kimi_batch.pipeline.generation_task import (
 from kimi_batch.pipeline.rows import AmplifiedRow, DistilledRow, GenerationColumns
 from kimi_batch.pipeline.tags import DISTILL_STAGE, Origin, RequestTag, Strategy
 
-__all__ = [
-    "DEFAULT_DISTILL_PARAMS",
-    "EMPTY_REASON",
-    "SEED_TAG",
-    "TRUNCATED_REASON",
-    "DistillInputs",
-    "DistillTask",
-    "distillation_requests",
-    "parse_tag",
-    "variant_tag",
-]
-
 SEED_TAG = RequestTag(stage=DISTILL_STAGE).wire
 DEFAULT_DISTILL_PARAMS = SamplingParams(max_tokens=256, temperature=0.7, top_p=0.95)
 

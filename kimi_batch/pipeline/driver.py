@@ -43,19 +43,6 @@ from kimi_batch.pipeline.errors import SKIPPED
 from kimi_batch.pipeline.generation_task import GenerationTask, RowReader
 from kimi_batch.pipeline.lease import HeldPartition
 
-__all__ = [
-    "DriverRun",
-    "PartitionResult",
-    "PipelineStage",
-    "StagePlan",
-    "answered_again",
-    "asked_again",
-    "drive",
-    "oldest_first",
-    "plan_partition",
-    "sample_scope",
-]
-
 Task = GenerationTask[Any, Any]
 T = TypeVar("T")
 LandedT = TypeVar("LandedT")

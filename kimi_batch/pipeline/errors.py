@@ -5,8 +5,6 @@ from __future__ import annotations
 from kimi_batch.engine import LeaseLostError
 from kimi_batch.errors import KimiBatchError
 
-__all__ = ["SKIPPED", "PartitionSkippedError", "StageConfigError"]
-
 
 class PartitionSkippedError(KimiBatchError):
     """A partition this run cannot build (its input, its lease): this run leaves it alone, the

@@ -21,15 +21,6 @@ from kimi_batch.engine import GenerationRequest, GenerationResult
 from kimi_batch.inputs import SeedPrompt, seeds_from_rows
 from kimi_batch.pipeline.rows import GenerationColumns, SeedRow
 
-__all__ = [
-    "GenerationTask",
-    "RowReader",
-    "ScreenedText",
-    "SeedInputs",
-    "SetAside",
-    "generation_columns",
-]
-
 InputsT = TypeVar("InputsT")
 RowT = TypeVar("RowT", bound=GenerationColumns)
 ReadT = TypeVar("ReadT", bound=BaseModel)

@@ -27,15 +27,6 @@ from kimi_batch.pipeline.generation_task import (
 from kimi_batch.pipeline.rows import DistilledRow, GenerationColumns, JudgedRow
 from kimi_batch.pipeline.tags import RequestTag
 
-__all__ = [
-    "DEFAULT_JUDGE_PARAMS",
-    "JUDGE_STAGE",
-    "JudgeInputs",
-    "JudgeTask",
-    "Verdict",
-    "judge_prompt",
-]
-
 JUDGE_STAGE = "judge"
 # A verdict is a score and one sentence: ~40 tokens; the rest is headroom for a long reason.
 DEFAULT_JUDGE_PARAMS = SamplingParams(max_tokens=160, temperature=0.0, seed=1)

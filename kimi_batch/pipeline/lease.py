@@ -9,8 +9,6 @@ from dataclasses import dataclass
 from kimi_batch.engine import Lease, LeaseHeldError, LeaseLostError, Ledger
 from kimi_batch.pipeline.errors import PartitionSkippedError
 
-__all__ = ["LEASE_TTL_S", "LEASE_WAIT_S", "HeldPartition", "partition_lease"]
-
 # A lease lives this long without its holder's heartbeat: a killed run frees its partition then.
 LEASE_TTL_S = 60.0
 # A second run on the same partition waits this long, longer than a dead holder's lease can last,

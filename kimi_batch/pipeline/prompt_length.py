@@ -19,17 +19,6 @@ from kimi_batch.llama import LlamaClient
 from kimi_batch.pipeline.quarantine import input_row, raw_json
 from kimi_batch.pipeline.rows import QuarantineRow
 
-__all__ = [
-    "TEMPLATE_TOKENS_FIXED",
-    "TEMPLATE_TOKENS_PER_TURN",
-    "TOKENIZE_CONCURRENCY",
-    "check_prompt_lengths",
-    "find_overlong",
-    "quarantine_overlong",
-    "template_tokens",
-    "token_bound",
-]
-
 TEMPLATE_TOKENS_FIXED = 16
 TEMPLATE_TOKENS_PER_TURN = 8
 TOKENIZE_CONCURRENCY = 4

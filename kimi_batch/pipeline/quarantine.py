@@ -10,19 +10,6 @@ from typing import Any
 from kimi_batch.engine import FailedRequest, GenerationResult
 from kimi_batch.pipeline.rows import GenerationColumns, QuarantineRow
 
-__all__ = [
-    "INPUT_STAGE",
-    "RAW_LIMIT",
-    "failure_rows",
-    "file_row",
-    "input_row",
-    "raw_json",
-    "rejected_raw",
-    "result_row",
-    "set_aside_row",
-    "truncate_raw",
-]
-
 RAW_LIMIT = 2000
 
 # "input", or the `name` of the generation stage whose output or request it was.

@@ -12,21 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.llama import TokenLogprob, TopLogprob
-
-__all__ = [
-    "PARTITION_COLUMNS",
-    "AmplifiedRow",
-    "DistilledRow",
-    "GenerationColumns",
-    "JudgedRow",
-    "OutputRow",
-    "QuarantineRow",
-    "SeedMessage",
-    "SeedRow",
-    "TokenLogprob",
-    "TopLogprob",
-]
+from kimi_batch.llama import TokenLogprob
 
 PARTITION_COLUMNS: tuple[str, str] = ("ds", "source")
 

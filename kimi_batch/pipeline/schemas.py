@@ -12,8 +12,6 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["ShortAnswer", "StepByStepAnswer", "import_output_model"]
-
 
 def import_output_model(path: str, allowed: Sequence[str]) -> type[BaseModel]:
     """The pydantic model `module:Name`, imported only from an allowed module; else ValueError."""

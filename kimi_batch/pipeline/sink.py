@@ -20,8 +20,6 @@ from kimi_batch.pipeline.generation_task import GenerationTask, SetAside
 from kimi_batch.pipeline.quarantine import failure_rows, result_row
 from kimi_batch.pipeline.rows import GenerationColumns, QuarantineRow
 
-__all__ = ["CheckFigures", "StageSink"]
-
 InputsT = TypeVar("InputsT")
 RowT = TypeVar("RowT", bound=GenerationColumns)
 

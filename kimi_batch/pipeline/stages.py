@@ -37,27 +37,6 @@ from kimi_batch.pipeline.schemas import import_output_model
 from kimi_batch.pipeline.tags import RequestTag
 from kimi_batch.settings import Settings
 
-__all__ = [
-    "AMPLIFY",
-    "DISTILL",
-    "JUDGE",
-    "SEED_ASSET",
-    "SEED_TABLES",
-    "STAGES",
-    "STAGE_DECLARATIONS",
-    "AmplifyConfig",
-    "DistillConfig",
-    "JudgeConfig",
-    "StageConfig",
-    "StageDeclaration",
-    "declare_stage",
-    "night_end",
-    "nightly_stages",
-    "stage_of_tag",
-    "upstream_of",
-    "withdraw_stage",
-]
-
 Task = GenerationTask[Any, Any]
 TaskT = TypeVar("TaskT", bound=type[GenerationTask[Any, Any]])
 SEED_ASSET = "seed_prompts"

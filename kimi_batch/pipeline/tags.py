@@ -19,8 +19,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["AMPLIFY_STAGE", "DISTILL_STAGE", "Origin", "RequestTag", "Strategy"]
-
 AMPLIFY_STAGE = "amplify"
 DISTILL_STAGE = "distill"
 

@@ -24,8 +24,6 @@ from pydantic import BaseModel, ConfigDict
 from kimi_batch.errors import ConfigError
 from kimi_batch.quality.text_keys import loose_text, token_ngrams
 
-__all__ = ["BenchmarkHit", "BenchmarkIndex", "load_benchmarks", "word_ngrams"]
-
 
 class BenchmarkHit(BaseModel):
     """A text shares `shared` n-grams (the first: `ngram`) with item `item_id` of benchmark file

@@ -48,21 +48,6 @@ from kimi_batch.paths import StateLocation
 from kimi_batch.quality.text_keys import text_tokens
 from kimi_batch.state import StateDatabase, connect_state, read_state
 
-__all__ = [
-    "NUM_PERM",
-    "Alive",
-    "DedupIndex",
-    "DedupSetting",
-    "DuplicateMatch",
-    "IndexedText",
-    "KeptEntry",
-    "PartitionDedup",
-    "Rebuild",
-    "index_entries",
-    "rescreen_partitions",
-    "shingles",
-]
-
 # datasketch's default: the similarity estimate's standard error is about 1/sqrt(128), 0.09.
 NUM_PERM = 128
 _SCHEME = "affine32"  # datasketch 2's default; named, since its values carry no trace of it

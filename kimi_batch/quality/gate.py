@@ -50,16 +50,6 @@ from kimi_batch.settings import QualitySettings
 if TYPE_CHECKING:
     from kimi_batch.warehouse import Warehouse
 
-__all__ = [
-    "CONTAMINATED",
-    "DUPLICATE",
-    "NEAR_DUPLICATE",
-    "GateCounts",
-    "PartitionGate",
-    "QualityGate",
-    "set_aside_totals",
-]
-
 DUPLICATE = "duplicate"
 NEAR_DUPLICATE = "near_duplicate"
 CONTAMINATED = "contaminated"

@@ -19,8 +19,6 @@ import re
 import unicodedata
 from collections.abc import Iterator
 
-__all__ = ["loose_text", "normalize_text", "text_tokens", "token_ngrams"]
-
 # Code point ranges of the scripts written without spaces between words.
 _UNSPACED = (
     "\u0e00-\u0eff"  # Thai, Lao

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["is_cron"]
-
 # Minute, hour, day of month, month, day of week. Numbers must lie in range; words must be month
 # or day names (or `l`, croniter's "last"); `*`, `?`, ranges, steps, lists and `#` pass.
 _CRON_RANGES = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 7))

@@ -5,39 +5,6 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-__all__ = [
-    "DEFAULT_API_MAX_BATCH_MB",
-    "DEFAULT_API_MAX_BATCH_REQUESTS",
-    "DEFAULT_API_PORT",
-    "DEFAULT_API_SENSOR_INTERVAL_S",
-    "DEFAULT_CACHE_RAM_MIB",
-    "DEFAULT_CONTAMINATION_MAX_RATE",
-    "DEFAULT_CONTAMINATION_NGRAM",
-    "DEFAULT_CTX",
-    "DEFAULT_DAGSTER_URL",
-    "DEFAULT_DEDUP_SHINGLE",
-    "DEFAULT_DEDUP_THRESHOLD",
-    "DEFAULT_FROZEN_AFTER_S",
-    "DEFAULT_INBOX_INTERVAL_S",
-    "DEFAULT_LLAMA_PORT",
-    "DEFAULT_LOAD_TIMEOUT_S",
-    "DEFAULT_MAINTENANCE_CRON",
-    "DEFAULT_MAX_INPUT_MB",
-    "DEFAULT_NIGHTLY_CRON",
-    "DEFAULT_N_PREDICT",
-    "DEFAULT_OUTPUT_MODEL_MODULES",
-    "DEFAULT_PARALLEL",
-    "DEFAULT_SLOT_SAVES_MAX",
-    "DEFAULT_SNAPSHOT_RETENTION_DAYS",
-    "DEFAULT_THREADS",
-    "DEFAULT_TIMEZONE",
-    "DEFAULT_TRINO_PORT",
-    "default_digest_path",
-    "default_judge_rubric_path",
-    "default_model_path",
-    "samples_dir",
-]
-
 DEFAULT_LLAMA_PORT = 8081
 DEFAULT_TRINO_PORT = 8080
 # The measured sweet spot on the 16-core target: 90% of peak decode, 3 cores left to Dagster/Trino.

@@ -13,8 +13,6 @@ from typing import Any
 
 from pydantic import BeforeValidator
 
-__all__ = ["ARGUMENTS", "OFF_IS_NONE", "PATH", "PATHS", "RUNNING", "WORDS", "words"]
-
 
 def _text_only(parse: Callable[[str], Any]) -> BeforeValidator:
     return BeforeValidator(lambda value: parse(value.strip()) if isinstance(value, str) else value)

@@ -57,8 +57,6 @@ from kimi_batch.settings.environment import (
 from kimi_batch.settings.quality import QualitySettings
 from kimi_batch.settings.state import StateSettings
 
-__all__ = ["Settings", "validation_message", "variable_of"]
-
 
 def _shown(text: str) -> JsonDict:
     """A field's default as a user reads it, where `from_env` computes it (a path, "unset")."""

@@ -20,8 +20,6 @@ from kimi_batch.settings.defaults import (
 )
 from kimi_batch.settings.environment import PATH, PATHS
 
-__all__ = ["DedupFields", "QualitySettings"]
-
 DedupFields = Literal["prompt", "prompt+answer"]
 
 

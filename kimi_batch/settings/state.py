@@ -15,8 +15,6 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, field_validator
 
-__all__ = ["StateSettings"]
-
 _SCHEMES = ("postgresql", "postgres")
 
 

@@ -7,8 +7,6 @@ from kimi_batch.redaction import masked_url
 from kimi_batch.state.database import StateDatabase
 from kimi_batch.state.sqlite import SqliteDatabase, read_sqlite
 
-__all__ = ["connect_state", "read_state", "shown_location"]
-
 # The PostgreSQL backend is imported where it is chosen: psycopg costs every process that loads
 # the code location ~0.4 s, and the embedded default never uses it.
 

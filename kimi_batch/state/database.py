@@ -18,8 +18,6 @@ from typing import Any, ClassVar, Protocol
 
 from kimi_batch.errors import KimiBatchError
 
-__all__ = ["Cursor", "StateBusyError", "StateDatabase", "StateError"]
-
 
 class StateError(KimiBatchError, RuntimeError):
     """A state database cannot be reached or used."""

@@ -17,8 +17,6 @@ from typing import Protocol
 
 from kimi_batch.state.database import StateDatabase
 
-__all__ = ["Fence"]
-
 
 class Fence(Protocol):
     """What a partition write is handed to prove it still holds the partition (a `Lease`)."""

@@ -19,8 +19,6 @@ from kimi_batch.crash_points import crash_point
 from kimi_batch.state.database import StateDatabase
 from kimi_batch.state.sqlite import read_sqlite
 
-__all__ = ["StoreCopy", "copy_store"]
-
 _CHUNK = 1000
 
 

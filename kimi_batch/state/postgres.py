@@ -25,8 +25,6 @@ from psycopg.types.string import StrBinaryDumper, StrDumperUnknown
 from kimi_batch.redaction import masked_message, masked_url
 from kimi_batch.state.database import Cursor, StateBusyError, StateDatabase, StateError
 
-__all__ = ["POSTGRES_CLOCK", "PostgresDatabase", "read_postgres", "shown_url"]
-
 POSTGRES_CLOCK = "postgresql"
 _CONNECT_TIMEOUT_S = 10
 # A quoted string or identifier, or a placeholder / percent sign to rewrite.

@@ -18,8 +18,6 @@ from typing import ClassVar
 from kimi_batch.paths import connect_private_db, private_dir
 from kimi_batch.state.database import Cursor, StateBusyError, StateDatabase, StateError
 
-__all__ = ["SqliteDatabase", "boot_clock", "read_sqlite"]
-
 _BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
 _CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
 

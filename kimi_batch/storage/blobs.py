@@ -28,8 +28,6 @@ from kimi_batch.state import StateDatabase
 from kimi_batch.storage.exceptions import StorageError
 from kimi_batch.storage.private_files import remove_stale_temps, temp_name
 
-__all__ = ["PART_BYTES", "BlobStore", "SharedBlobs"]
-
 PART_BYTES = 1 << 20
 _SCHEMA = (
     """

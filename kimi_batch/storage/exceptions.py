@@ -14,16 +14,6 @@ from __future__ import annotations
 
 from kimi_batch.errors import KimiBatchError
 
-__all__ = [
-    "InvalidIdentifierError",
-    "InvalidPartitionError",
-    "SchemaMismatchError",
-    "StorageError",
-    "TrinoQueryError",
-    "TrinoTimeoutError",
-    "TrinoUnavailableError",
-]
-
 
 class StorageError(KimiBatchError):
     """Base of every storage-layer error."""

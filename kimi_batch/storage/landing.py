@@ -37,8 +37,6 @@ from kimi_batch.storage.exceptions import StorageError
 from kimi_batch.storage.settle import SETTLE_S
 from kimi_batch.storage.snapshot import copy_snapshot
 
-__all__ = ["Assignment", "FileStat", "LandedVersion", "Landing", "landed_versions"]
-
 # (size, mtime_ns, inode, ctime_ns) of a file: a content rewritten in place changes the ctime
 # at least, one renamed over it the inode.
 FileStat = tuple[int, int, int, int]

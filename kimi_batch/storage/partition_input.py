@@ -26,16 +26,6 @@ from kimi_batch.storage.landing import Assignment, FileStat, LandedVersion, Land
 from kimi_batch.storage.settle import SETTLE_S, InputNotSettledError, still_changing
 from kimi_batch.storage.snapshot import InputTooLargeError
 
-__all__ = [
-    "HASH_BUDGET_S",
-    "InboxLanding",
-    "LandingIOError",
-    "ResolvedInput",
-    "land_inbox",
-    "resolve_input",
-    "resolve_partition",
-]
-
 _log = logging.getLogger(__name__)
 
 # A schedule tick is cut off after 60 s; the nightly look at the inbox hashes for this long at

@@ -28,17 +28,6 @@ from typing import TextIO
 from kimi_batch.crash_points import crash_point
 from kimi_batch.paths import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE
 
-__all__ = [
-    "TEMP_SUFFIXES",
-    "pid_alive",
-    "private_folder",
-    "private_folder_swap",
-    "private_writer",
-    "remove_stale_temps",
-    "temp_name",
-    "write_private_text",
-]
-
 TEMP_SUFFIXES = (".tmp", ".chunk")
 # `.<name>.<pid>-<32 hex>[.<n>].tmp|.chunk`: what temp_name writes (and its numbered chunks).
 _WITH_PID = re.compile(r"^\..*\.(\d+)-[0-9a-f]{32}(?:\.\d+)?\.(?:tmp|chunk)$")

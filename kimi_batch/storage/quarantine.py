@@ -15,8 +15,6 @@ from kimi_batch.state import Fence
 if TYPE_CHECKING:
     from kimi_batch.warehouse import Warehouse
 
-__all__ = ["replace_quarantine"]
-
 
 def replace_quarantine(
     warehouse: Warehouse,

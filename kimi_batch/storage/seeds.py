@@ -17,8 +17,6 @@ from kimi_batch.storage.quarantine import replace_quarantine
 if TYPE_CHECKING:
     from kimi_batch.warehouse import PartitionWrite, Warehouse
 
-__all__ = ["ChunkReader", "LengthCheck", "land_input", "land_seeds"]
-
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 

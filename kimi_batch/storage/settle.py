@@ -8,14 +8,6 @@ from pathlib import Path
 
 from kimi_batch.storage.exceptions import StorageError
 
-__all__ = [
-    "SETTLE_S",
-    "InputNotSettledError",
-    "size_mtime_of",
-    "still_changing",
-    "wait_until_settled",
-]
-
 # A file whose size or mtime changed this recently may still be being written (a copy in
 # progress): landing waits for it rather than snapshot half of it. The sensor uses the same.
 SETTLE_S = 5.0

@@ -20,8 +20,6 @@ from kimi_batch.storage.settle import (
     wait_until_settled,
 )
 
-__all__ = ["InputTooLargeError", "Snapshot", "copy_snapshot"]
-
 _COPY_CHUNK = 1 << 20
 
 

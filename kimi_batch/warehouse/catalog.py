@@ -28,8 +28,6 @@ from kimi_batch.paths import StatePaths, connect_private_db, private_dir
 from kimi_batch.settings import Settings
 from kimi_batch.state import Fence, SqliteDatabase, StateDatabase
 
-__all__ = ["CATALOG_NAME", "LEDGER_SCHEMA", "CatalogSpec", "commit_fenced", "open_catalog"]
-
 CATALOG_NAME = "kimi_batch"
 # The ledger's schema on PostgreSQL (`StatePaths.ledger_state`): the leases are there.
 LEDGER_SCHEMA = "kimi_ledger"

@@ -37,8 +37,6 @@ from kimi_batch.crash_points import crash_point
 from kimi_batch.warehouse.schema import TABLES
 from kimi_batch.warehouse.tables import Warehouse
 
-__all__ = ["ORPHAN_AGE", "TableMaintenance", "maintain", "maintain_table", "referenced_files"]
-
 logger = logging.getLogger(__name__)
 
 # A file no metadata names yet may be a commit in flight: removed only once this old.

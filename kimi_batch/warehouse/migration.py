@@ -28,8 +28,6 @@ from kimi_batch.storage import InvalidPartitionError, StorageError
 from kimi_batch.warehouse.schema import PARTITION_COLUMNS, TABLES, validate_ds, validate_source
 from kimi_batch.warehouse.tables import Warehouse
 
-__all__ = ["HivePartition", "MigratedPartition", "MigrationError", "hive_partitions", "migrate"]
-
 PART_FILE = "part-0.parquet"
 
 

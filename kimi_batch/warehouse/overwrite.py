@@ -24,8 +24,6 @@ from pyiceberg.table.update import update_table_metadata
 from pyiceberg.table.update.snapshot import _ManifestMergeManager, _OverwriteFiles
 from pyiceberg.utils.properties import property_as_bool
 
-__all__ = ["replace_partition"]
-
 
 class _PartitionTransaction(Transaction):
     """pyiceberg's transaction with its table metadata computed once per change.

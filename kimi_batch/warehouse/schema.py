@@ -30,21 +30,6 @@ from pydantic import BaseModel
 from kimi_batch.pipeline import PARTITION_COLUMNS, STAGES, QuarantineRow, SeedRow
 from kimi_batch.storage import InvalidIdentifierError, InvalidPartitionError
 
-__all__ = [
-    "PARTITION_COLUMNS",
-    "TABLES",
-    "Column",
-    "columns",
-    "model_for",
-    "polars_schema",
-    "quote_identifier",
-    "trino_columns",
-    "validate_ds",
-    "validate_identifier",
-    "validate_source",
-    "validate_table",
-]
-
 
 class _Tables(Mapping[str, type[BaseModel]]):
     """`seeds`, every registered generation stage's table, `quarantine`; read when asked, so a

@@ -29,16 +29,6 @@ from kimi_batch.warehouse.catalog import COMMIT_RETRIES, open_catalog
 from kimi_batch.warehouse.schema import validate_ds
 from kimi_batch.warehouse.tables import Warehouse
 
-__all__ = [
-    "NIGHT_TAG_PREFIX",
-    "TableSnapshot",
-    "current_snapshots",
-    "newest_snapshots",
-    "night_tag",
-    "resolve_as_of",
-    "tag_night",
-]
-
 NIGHT_TAG_PREFIX = "night-"
 _SNAPSHOT_ID = re.compile(r"^-?[0-9]+$")
 

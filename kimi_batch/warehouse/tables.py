@@ -44,14 +44,6 @@ from kimi_batch.warehouse.schema import (
     validate_source,
 )
 
-__all__ = [
-    "PartitionWrite",
-    "Warehouse",
-    "open_warehouse",
-    "validate_ds",
-    "validate_source",
-]
-
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 # Rows converted to Arrow at once while a partition is built.

@@ -45,14 +45,6 @@ from kimi_batch.warehouse.schema import (
     validate_table,
 )
 
-__all__ = [
-    "CATALOG_NAME",
-    "TrinoConfig",
-    "TrinoReader",
-    "catalog_properties",
-    "write_catalog",
-]
-
 # The Iceberg catalog's own name in its tables (pyiceberg's SqlCatalog name; Trino's
 # `iceberg.jdbc-catalog.catalog-name`): both sides must agree on it.
 CATALOG_NAME = "kimi_batch"

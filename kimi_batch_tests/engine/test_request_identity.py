@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from kimi_batch.engine.batch_engine import BatchEngine, distinct
+from kimi_batch.engine.batch_engine import BatchEngine
 from kimi_batch.engine.digest import SystemDigest
 from kimi_batch.engine.generation import GenerationRequest, SamplingParams, request_key
 from kimi_batch.engine.ledger import Ledger
-from kimi_batch.engine.outcome import Endpoint, PlannedRequest
+from kimi_batch.engine.outcome import Endpoint, PlannedRequest, distinct
 from kimi_batch.engine.schedule import PrefixSchedule
 from kimi_batch.llama.messages import ChatMessage
 

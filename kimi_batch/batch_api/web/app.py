@@ -22,8 +22,6 @@ from kimi_batch.batch_api.web.files import router as files_router
 from kimi_batch.batch_api.web.guard import ApiAccess, Guard
 from kimi_batch.settings import Settings
 
-__all__ = ["create_app"]
-
 
 def create_app(settings: Settings, access: ApiAccess) -> FastAPI:
     """The app for one deployment (its state dir and limits), answering as `access` allows."""

@@ -29,8 +29,6 @@ from kimi_batch.batch_api.web.errors import ApiError
 from kimi_batch.engine import Ledger
 from kimi_batch.settings import Settings
 
-__all__ = ["COMPLETION_WINDOWS", "BatchCreate", "router"]
-
 COMPLETION_WINDOWS = {"24h": 24 * 3600}
 # OpenAI's limits on a batch's metadata.
 METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512

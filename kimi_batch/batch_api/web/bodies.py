@@ -17,8 +17,6 @@ from pydantic import BaseModel, ValidationError
 
 from kimi_batch.batch_api.web.errors import ApiError, invalid_request
 
-__all__ = ["JSON_BODY_LIMIT", "declared_length", "json_body", "no_body"]
-
 JSON_BODY_LIMIT = 1 << 20
 _JSON = "application/json"
 M = TypeVar("M", bound=BaseModel)

@@ -10,8 +10,6 @@ from fastapi import Depends, Request
 from kimi_batch.batch_api import ApiStore
 from kimi_batch.settings import Settings
 
-__all__ = ["StoreDep", "page", "settings_of"]
-
 
 def settings_of(request: Request) -> Settings:
     """The `Settings` the app was built with."""

@@ -10,8 +10,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-__all__ = ["ApiError", "error_response", "install_error_handlers", "invalid_request"]
-
 
 class ApiError(Exception):
     """An expected failure of a request, answered in OpenAI's error shape."""

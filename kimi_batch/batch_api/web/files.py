@@ -13,8 +13,6 @@ from kimi_batch.batch_api.web.dependencies import StoreDep, page, settings_of
 from kimi_batch.batch_api.web.errors import ApiError
 from kimi_batch.batch_api.web.upload import ReceivedUpload, receive_upload
 
-__all__ = ["router"]
-
 router = APIRouter(prefix="/v1/files")
 
 

@@ -23,8 +23,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kimi_batch.batch_api.web.errors import ApiError, error_response
 
-__all__ = ["LOOPBACK_NAMES", "ApiAccess", "Guard", "host_name"]
-
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 # Addresses one binds to, never one a client names.
 _WILDCARDS = frozenset({"", "0.0.0.0", "::"})

@@ -16,8 +16,6 @@ from pathlib import Path
 from kimi_batch.errors import ConfigError
 from kimi_batch.paths import PRIVATE_FILE_MODE, private_dir
 
-__all__ = ["load_or_create_key"]
-
 # 32 random bytes: the strength of an OpenAI key, URL- and shell-safe.
 _KEY_BYTES = 32
 

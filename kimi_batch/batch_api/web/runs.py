@@ -32,17 +32,6 @@ from kimi_batch.defs.jobs import API_BATCH_JOB_NAME
 from kimi_batch.defs.partitions import api_batch_partitions
 from kimi_batch.settings import Settings
 
-__all__ = [
-    "LAUNCHED_BY_TAG",
-    "LAUNCH_FAILED_CODE",
-    "NO_RUNNER_CODE",
-    "BatchRuns",
-    "RunMode",
-    "api_batch_job_definition",
-    "daemon_serving",
-    "execute_batch_run",
-]
-
 _log = logging.getLogger(__name__)
 # The daemon beats every 30 s (Dagster's interval); two missed beats and it is gone. Dagster's own
 # status page tolerates 30 minutes, far too long for a client polling its batch.

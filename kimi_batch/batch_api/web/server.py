@@ -22,16 +22,6 @@ from kimi_batch.batch_api.web.runs import BatchRuns, RunMode
 from kimi_batch.errors import ConfigError
 from kimi_batch.settings import Settings
 
-__all__ = [
-    "DEFAULT_HOST",
-    "base_url",
-    "is_loopback",
-    "resolve_access",
-    "runner_text",
-    "serve",
-    "startup_text",
-]
-
 DEFAULT_HOST = "127.0.0.1"
 
 

@@ -23,8 +23,6 @@ from kimi_batch.batch_api.web.bodies import declared_length
 from kimi_batch.batch_api.web.errors import ApiError
 from kimi_batch.paths import PRIVATE_FILE_MODE
 
-__all__ = ["ReceivedUpload", "file_too_large", "receive_upload"]
-
 # Multipart framing around the file: part headers and boundaries, a few hundred bytes in practice.
 _SLACK = 64 * 1024
 _MAX_PARTS = 8

@@ -37,18 +37,6 @@ from kimi_batch.pipeline import DistilledRow
 from kimi_batch.settings import Settings
 from kimi_batch.storage import Landing, StorageError
 
-__all__ = [
-    "Asked",
-    "BuildExamples",
-    "ChatTurn",
-    "ExportExample",
-    "InputVersions",
-    "SystemTexts",
-    "batch_asked",
-    "example_builder",
-    "examples",
-]
-
 
 class ChatTurn(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)

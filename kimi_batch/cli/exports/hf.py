@@ -42,8 +42,6 @@ from kimi_batch.storage import (
 )
 from kimi_batch.warehouse import Warehouse
 
-__all__ = ["HF_SCHEMA", "hf_schema", "push_to_hub", "write_hf"]
-
 CARD = "README.md"
 DATA = "data"
 HF_SCHEMA = pl.Schema(

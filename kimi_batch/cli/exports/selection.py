@@ -20,15 +20,6 @@ from kimi_batch.errors import ConfigError, MissingInputError
 from kimi_batch.pipeline import DistilledRow, JudgedRow, JudgeTask, SeedRow, Verdict
 from kimi_batch.warehouse import Warehouse, validate_source
 
-__all__ = [
-    "JUDGED_TABLE",
-    "ExportQuery",
-    "PartitionRows",
-    "is_batch_source",
-    "read_selection",
-    "select_partitions",
-]
-
 JUDGED_TABLE = JudgeTask.table
 # The Batch API store names a batch `batch_<24 hex>`, and the batch's partition after it.
 _BATCH_SOURCE = re.compile(r"^batch_[0-9a-f]{24}$")

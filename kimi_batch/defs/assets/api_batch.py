@@ -50,14 +50,6 @@ from kimi_batch.pipeline import (
 from kimi_batch.settings import Settings
 from kimi_batch.storage import StorageError
 
-__all__ = [
-    "API_GROUP",
-    "API_TRIGGER_TAG",
-    "MAX_FINISH_ATTEMPTS",
-    "api_batch_responses",
-    "finish_abandoned_batch",
-]
-
 API_GROUP = "api"
 # Set by the API batch sensor on the first run of a batch; a rerun by hand has no such tag.
 API_TRIGGER_TAG = "kimi_batch/api_batch"

@@ -45,16 +45,6 @@ from kimi_batch.storage import (
 )
 from kimi_batch.warehouse import PartitionWrite, Warehouse
 
-__all__ = [
-    "build_batch_assets",
-    "declared_asset",
-    "defs",
-    "land_seed_partition",
-    "resolve_seeds_input",
-    "seed_prompts",
-    "seeds_are_current",
-]
-
 
 class SeedConfig(dg.Config):
     answer_budget_tokens: int = Field(

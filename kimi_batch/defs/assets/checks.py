@@ -13,14 +13,6 @@ from kimi_batch.defs.check_states import CONTAMINATION_CHECK, DUPLICATE_CHECK
 from kimi_batch.pipeline import CheckFigures, GenerationTask
 from kimi_batch.warehouse import polars_schema
 
-__all__ = [
-    "CHECK_NAMES",
-    "TRUNCATION_FAIL_RATE",
-    "check_specs",
-    "generation_checks",
-    "stage_check_names",
-]
-
 # Above this share of answers cut off at max_tokens the truncation check fails (ERROR): those
 # answers are set aside, so most of the night's work would be in quarantine.
 TRUNCATION_FAIL_RATE = 0.25

@@ -16,8 +16,6 @@ from kimi_batch.pipeline import (
     partition_lease,
 )
 
-__all__ = ["LLAMA_POOL", "RunContext", "failing_step", "step_lease"]
-
 # An asset's step (one partition) or the nightly op's (many): what the helpers read of it.
 RunContext = dg.AssetExecutionContext | dg.OpExecutionContext
 

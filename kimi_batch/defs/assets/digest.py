@@ -18,8 +18,6 @@ from kimi_batch.engine import (
 )
 from kimi_batch.llama import LlamaClient
 
-__all__ = ["digest_prefill", "system_digest"]
-
 DIGEST_GROUP = "digest"
 LLAMA_POOL = "llama_server"
 

@@ -42,8 +42,6 @@ from kimi_batch.pipeline import (
 from kimi_batch.settings import Settings
 from kimi_batch.warehouse import Warehouse
 
-__all__ = ["GenerationResources", "plan_stage", "run_partitions"]
-
 Task = GenerationTask[Any, Any]
 # A partition's plan of a stage (default `plan_stage`: its inputs read from the warehouse).
 Planner = Callable[[Task, str], StagePlan]

@@ -12,8 +12,6 @@ from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.engine import BatchEngine, BatchRun, Ledger, ProgressEvent, notify
 
-__all__ = ["engine_session"]
-
 
 def _progress_reporter(context: RunContext, label: str) -> Callable[[ProgressEvent], None]:
     """The run log gets the periodic line; in-process listeners (a terminal bar) the event."""

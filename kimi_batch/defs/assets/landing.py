@@ -40,18 +40,6 @@ from kimi_batch.quality import PartitionGate, QualityGate
 from kimi_batch.storage import replace_quarantine
 from kimi_batch.warehouse import PartitionWrite, Warehouse
 
-__all__ = [
-    "Landing",
-    "NightLanding",
-    "StepLanding",
-    "consumed_input_sha",
-    "land_stage",
-    "partition_parts_of",
-    "record",
-    "stage_data_version",
-    "stage_metadata",
-]
-
 Task = GenerationTask[Any, Any]
 
 

@@ -69,8 +69,6 @@ from kimi_batch.pipeline import (
     partition_lease,
 )
 
-__all__ = ["NightConfig", "build_nightly_job", "night_batch", "night_config_type", "nightly_job"]
-
 
 class NightConfig(BaseModel):
     """The night's partitions (the schedule fills them in) and the seeds' config;

@@ -18,8 +18,6 @@ from kimi_batch.defs.schedules import NIGHT_TAG
 from kimi_batch.storage import StorageError
 from kimi_batch.warehouse import Warehouse, night_tag, tag_night
 
-__all__ = ["night_of", "tag_the_night"]
-
 
 def night_of(context: dg.OpExecutionContext, partitions: Sequence[str]) -> str | None:
     """The night's day: the run's night tag, else the newest day among its partition keys."""

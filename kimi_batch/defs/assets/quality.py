@@ -21,8 +21,6 @@ from kimi_batch.pipeline import GenerationTask, HeldPartition
 from kimi_batch.quality import PartitionGate, QualityGate
 from kimi_batch.warehouse import Warehouse
 
-__all__ = ["DUPLICATE_WARN_RATE", "quality_checks", "screening"]
-
 # Above this share of a partition's rows repeating kept ones, `duplicate_rate` warns.
 DUPLICATE_WARN_RATE = 0.5
 

@@ -30,8 +30,6 @@ from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.pipeline import GenerationTask, PipelineStage, StageDeclaration
 
-__all__ = ["dagster_config", "generation_asset", "run_stage"]
-
 Task = GenerationTask[Any, Any]
 
 

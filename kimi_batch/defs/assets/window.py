@@ -11,8 +11,6 @@ from kimi_batch.defs.jobs import STOPPED_TAG, WINDOW_TAG
 from kimi_batch.defs.metadata import generation_figures
 from kimi_batch.engine import BatchOutcome
 
-__all__ = ["mark_stopped_at_window", "stopped_at_window", "window_end"]
-
 
 def window_end(context: RunContext) -> datetime | None:
     """The run's nightly window end (its WINDOW_TAG), None without one."""

@@ -8,8 +8,6 @@ from pydantic import Field
 
 from kimi_batch.settings import Settings
 
-__all__ = ["DeploymentResource"]
-
 
 class DeploymentResource(dg.ConfigurableResource):
     """A resource of the deployment. Its `Settings` (KIMI_BATCH_*, read once per process by

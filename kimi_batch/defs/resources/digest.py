@@ -5,8 +5,6 @@ from pydantic import Field
 from kimi_batch.defs.resources.deployment import DeploymentResource
 from kimi_batch.engine import DigestLintError, SystemDigest, lint_digest, load_digest
 
-__all__ = ["DigestResource"]
-
 
 class DigestResource(DeploymentResource):
     """The system digest file (KIMI_BATCH_DIGEST); every request starts with its exact bytes.

@@ -23,8 +23,6 @@ from kimi_batch.llama import (
     server_from_settings,
 )
 
-__all__ = ["LlamaServerResource"]
-
 # Another run may have restarted the server for the same hang a moment ago: leave that one be.
 HUNG_RESTART_MIN_AGE_S = 60.0
 

@@ -6,8 +6,6 @@ query. The resource names the tables as Trino does (materialization metadata).
 
 from kimi_batch.defs.resources.deployment import DeploymentResource
 
-__all__ = ["TrinoResource"]
-
 
 class TrinoResource(DeploymentResource):
     """A Trino coordinator with an Iceberg catalog over the warehouse (`kimi-batch publish`).

@@ -7,8 +7,6 @@ from kimi_batch.quality import QualityGate
 from kimi_batch.storage import Landing
 from kimi_batch.warehouse import Warehouse, open_warehouse
 
-__all__ = ["WarehouseResource"]
-
 
 class WarehouseResource(DeploymentResource):
     """Where a partition's inputs, finished requests and tables live (`Settings.paths`).

@@ -1,1 +1,0 @@
-"""Tests of kimi_batch.tasks (pure functions: no server needed)."""
