@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import cast
 
 import pytest
 
-from kimi_batch_tests.conftest import pytest_collection_modifyitems
 from kimi_batch_tests.support.markers import (
     LLAMA_GROUP,
     OTHER_GROUP,
+    mark_slow_groups,
     slow_group,
     unmarked_server_tests,
 )
@@ -66,13 +65,13 @@ def test_slow_tests_with_llama_server_share_one_group_and_the_rest_the_other() -
     }
 
 
-def test_the_conftest_gives_each_slow_test_its_group_and_no_other_test_one() -> None:
+def test_each_slow_test_gets_its_group_and_no_other_test_one() -> None:
     items = [
         FakeItem("t::attached", ["llama_env"], {"slow": pytest.mark.slow}),
         FakeItem("t::trino", ["trino_server"], {"slow": pytest.mark.slow}),
         FakeItem("t::pure", ["tmp_path"]),
     ]
-    pytest_collection_modifyitems(cast(pytest.Config, None), cast(list[pytest.Item], items))
+    mark_slow_groups(items)
     groups = {item.nodeid: item.markers.get("xdist_group") for item in items}
     assert {k: v.args if v else None for k, v in groups.items()} == {
         "t::attached": (LLAMA_GROUP,),

@@ -5,7 +5,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-__all__ = ["LLAMA_GROUP", "OTHER_GROUP", "SERVER_FIXTURES", "slow_group", "unmarked_server_tests"]
+import pytest
+
+__all__ = [
+    "LLAMA_GROUP",
+    "OTHER_GROUP",
+    "SERVER_FIXTURES",
+    "mark_slow_groups",
+    "slow_group",
+    "unmarked_server_tests",
+]
 
 # Fixtures that start (or need) llama-server, Trino or the S3 server, directly or through another
 # fixture. (`warehouse_kind` marks its own `s3` parameter slow.)
@@ -49,6 +58,8 @@ class _Item(Protocol):
 
     def get_closest_marker(self, name: str) -> Any: ...
 
+    def add_marker(self, marker: Any) -> None: ...
+
 
 def unmarked_server_tests(items: Iterable[_Item]) -> list[str]:
     """Ids of the collected tests that reach a server fixture but are not marked `slow`."""
@@ -67,3 +78,10 @@ def slow_group(item: _Item) -> str:
     if any(name in item.nodeid for name in LLAMA_GROUP_TESTS):
         return LLAMA_GROUP
     return OTHER_GROUP
+
+
+def mark_slow_groups(items: Iterable[_Item]) -> None:
+    """Give each slow test its xdist group (`make test`'s `--dist loadgroup`); no other test."""
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(pytest.mark.xdist_group(slow_group(item)))
