@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from kimi_batch_tests.support.markers import mark_slow_groups, unmarked_server_tests
+from kimi_batch_tests.support.markers import unmarked_server_tests
 
 pytest_plugins = [
     "kimi_batch_tests.support.llama_server",
@@ -33,4 +33,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             "these tests need a real server but are not marked slow "
             "(add `@pytest.mark.slow` or a module `pytestmark`):\n  " + "\n  ".join(unmarked)
         )
-    mark_slow_groups(items)
