@@ -80,14 +80,13 @@ demo: setup
 
 # Every test, in two tiers: the server-free one on every core, then the slow one in one process
 # (its tests share one llama-server and one Trino at a time). Both run even when the first fails,
-# and the exit status is the first failure's. Both tiers' temp dirs in RAM (see `make unit`): the
-# slow tier's nights, Dagster instances and ledgers commit to SQLite under them too (in-process
-# Dagster runs here took ~25% less wall time on tmpfs than on the disk).
+# and the exit status is the first failure's. The first tier's temp dirs in RAM (see `make unit`).
 test: setup browser postgres
 	scripts/trino.sh fetch
 	scripts/s3proxy.sh fetch
-	export PATH="$(CURDIR)/$(VENV)/bin:$$PATH" TMPDIR="$(UNIT_TMPDIR)"; status=0; \
-	$(VENV)/bin/pytest -ra -m "not slow" -n $(UNIT_WORKERS) $(PYTEST_ARGS) || status=$$?; \
+	export PATH="$(CURDIR)/$(VENV)/bin:$$PATH"; status=0; \
+	TMPDIR="$(UNIT_TMPDIR)" $(VENV)/bin/pytest -ra -m "not slow" -n $(UNIT_WORKERS) $(PYTEST_ARGS) \
+		|| status=$$?; \
 	$(VENV)/bin/pytest -ra -m slow $(PYTEST_ARGS) || { test $$status -ne 0 || status=$$?; }; \
 	exit $$status
 
