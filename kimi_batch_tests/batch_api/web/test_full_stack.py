@@ -161,15 +161,21 @@ def output_lines(client: openai.OpenAI, file_id: str | None) -> list[dict[str, A
     return [json.loads(line) for line in client.files.content(file_id).text.splitlines()]
 
 
-def long_requests(prefix: str, n: int) -> list[str]:
-    """`n` answers of up to 128 tokens: with 8 on the 4 slots, the second four are still being
-    generated when the first answer lands and the test ends the batch."""
+# A batch the tests end early: one short answer lands at once while the other requests, up to
+# 128 tokens each, are still being generated on their slots (4 requests, 4 slots: all in flight
+# together), so ending it then keeps one answer and cuts the rest; the rerun generates those.
+ENDED_EARLY = 4
+
+
+def long_requests(prefix: str) -> list[str]:
+    """The first request of at most 8 tokens, the others of up to 128: when the first answer
+    lands, the others have most of their tokens still to generate."""
     topics = ["rivers", "mountains", "deserts", "oceans", "forests", "islands", "lakes", "caves"]
     return [
         # The prefix is in the prompt: the same content is answered once, from the ledger.
         request(f"{prefix}-{i}", f"Write a long, detailed essay about {topics[i % 8]} ({prefix}).",
-                max_tokens=128, temperature=0.8, seed=i)
-        for i in range(n)
+                max_tokens=8 if i == 0 else 128, temperature=0.8, seed=i)
+        for i in range(ENDED_EARLY)
     ]  # fmt: skip
 
 
@@ -298,7 +304,7 @@ def test_cancel_mid_batch_frees_the_slots_keeps_the_answers_and_a_rerun_finishes
     stack: Stack,
 ) -> None:
     client = stack.client
-    batch = submit(client, long_requests("essay", 8))
+    batch = submit(client, long_requests("essay"))
     running = wait_for(
         client, batch.id, lambda b: b.request_counts is not None and b.request_counts.completed
     )
@@ -312,8 +318,10 @@ def test_cancel_mid_batch_frees_the_slots_keeps_the_answers_and_a_rerun_finishes
     print(f"\nBatch API cancel -> every slot idle: {idle_s:.2f} s")
     done = wait_for(client, batch.id, lambda b: b.status == "cancelled", timeout_s=120)
     assert done.cancelled_at is not None
-    answered = answered_before_the_end(client, done, unanswered_code="batch_cancelled", total=8)
-    assert 1 <= answered < 8
+    answered = answered_before_the_end(
+        client, done, unanswered_code="batch_cancelled", total=ENDED_EARLY
+    )
+    assert 1 <= answered < ENDED_EARLY
     # The user's cancel ends the run CANCELED, as a terminate does: no failure event, no alert.
     with ApiStore(stack.settings.paths) as store:
         record = store.batch(batch.id)
@@ -324,13 +332,13 @@ def test_cancel_mid_batch_frees_the_slots_keeps_the_answers_and_a_rerun_finishes
     events = stack.graphql.run_events(record.run_id)
     assert not [event for event in events if event["__typename"] == "RunFailureEvent"]
 
-    rerun_sends_only_the_rest(stack, batch.id, answered=answered, total=8)
+    rerun_sends_only_the_rest(stack, batch.id, answered=answered, total=ENDED_EARLY)
     assert client.batches.retrieve(batch.id).status == "cancelled"  # a final status stays
 
 
 def test_terminating_the_run_from_the_ui_frees_the_slots(stack: Stack) -> None:
     client, graphql = stack.client, stack.graphql
-    batch = submit(client, long_requests("term", 8))
+    batch = submit(client, long_requests("term"))
     wait_for(client, batch.id, lambda b: b.status == "in_progress")
     deadline = time.monotonic() + 120
     while not busy_slots(stack.llama):
@@ -350,10 +358,12 @@ def test_terminating_the_run_from_the_ui_frees_the_slots(stack: Stack) -> None:
     assert done.status == "cancelled", done
     assert done.cancelling_at is not None
     assert done.cancelled_at is not None
-    answered = answered_before_the_end(client, done, unanswered_code="batch_cancelled", total=8)
+    answered = answered_before_the_end(
+        client, done, unanswered_code="batch_cancelled", total=ENDED_EARLY
+    )
     assert done.request_counts is not None
-    assert done.request_counts.completed == answered < 8
-    rerun_sends_only_the_rest(stack, batch.id, answered=answered, total=8)
+    assert done.request_counts.completed == answered < ENDED_EARLY
+    rerun_sends_only_the_rest(stack, batch.id, answered=answered, total=ENDED_EARLY)
     assert client.batches.retrieve(batch.id).status == "cancelled"
 
 
@@ -372,7 +382,7 @@ def test_a_run_killed_hard_fails_its_batch_with_the_partial_output(stack: Stack)
     """SIGKILL of the run worker and its step: the code server fails the run, the API sensor
     finalizes the batch (it would say in_progress forever), and a rerun sends the rest."""
     client, graphql = stack.client, stack.graphql
-    batch = submit(client, long_requests("kill", 8))
+    batch = submit(client, long_requests("kill"))
     wait_for(
         client, batch.id, lambda b: b.request_counts is not None and b.request_counts.completed
     )
@@ -404,7 +414,9 @@ def test_a_run_killed_hard_fails_its_batch_with_the_partial_output(stack: Stack)
     [error] = done.errors.data or []
     assert error.code == "run_failed"
     assert run_id in (error.message or "")
-    answered = answered_before_the_end(client, done, unanswered_code="batch_failed", total=8)
-    assert 1 <= answered < 8
-    rerun_sends_only_the_rest(stack, batch.id, answered=answered, total=8)
+    answered = answered_before_the_end(
+        client, done, unanswered_code="batch_failed", total=ENDED_EARLY
+    )
+    assert 1 <= answered < ENDED_EARLY
+    rerun_sends_only_the_rest(stack, batch.id, answered=answered, total=ENDED_EARLY)
     assert client.batches.retrieve(batch.id).status == "failed"  # a final status stays
