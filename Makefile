@@ -87,7 +87,7 @@ test: setup browser postgres
 	export PATH="$(CURDIR)/$(VENV)/bin:$$PATH"; status=0; \
 	TMPDIR="$(UNIT_TMPDIR)" $(VENV)/bin/pytest -ra -m "not slow" -n $(UNIT_WORKERS) $(PYTEST_ARGS) \
 		|| status=$$?; \
-	$(VENV)/bin/pytest -ra -m slow $(PYTEST_ARGS) || { test $$status -ne 0 || status=$$?; }; \
+	$(VENV)/bin/pytest -ra -m slow --durations=15 $(PYTEST_ARGS) || { test $$status -ne 0 || status=$$?; }; \
 	exit $$status
 
 # The server-free tier on every core (pytest-xdist; each test has its own temp dirs and ports),
