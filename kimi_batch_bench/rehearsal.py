@@ -126,8 +126,12 @@ def _nights_request(
     from kimi_batch.pipeline import DISTILL
     from kimi_batch_bench.stages import night_stage_assets
 
-    context = dg.build_schedule_context(instance=instance, scheduled_execution_time=scheduled)
-    request = build_nightly_schedule(settings)(context)
+    # Closed at once: the context opens an instance of its own (Dagster's defs-state storage
+    # is a context variable until then), which must not outlive the tick.
+    with dg.build_schedule_context(
+        instance=instance, scheduled_execution_time=scheduled
+    ) as context:
+        request = build_nightly_schedule(settings)(context)
     # One run a night for the night's job: anything else is the rehearsal of something else.
     assert isinstance(request, dg.RunRequest), request
     assert request.job_name == NIGHTLY_JOB_NAME, request.job_name

@@ -19,6 +19,7 @@ pytest_plugins = [
     "kimi_batch_tests.support.s3proxy",  # before trino, which imports it (assert rewriting)
     "kimi_batch_tests.support.trino",
     "kimi_batch_tests.support.postgres",
+    "kimi_batch_tests.support.dagster_context",
 ]
 
 os.environ.setdefault("KIMI_BATCH_PARTITIONS_START", "2025-01-01")

@@ -367,12 +367,13 @@ def test_the_night_records_the_version_it_consumed_and_dagster_sees_a_rewrite_st
 
 def _evaluate(daemons: Daemons, when: datetime) -> tuple[list[str], str | None]:
     """The partitions the nightly schedule asks for at `when` (no run), and its skip reason."""
-    context = dg.build_schedule_context(
+    with dg.build_schedule_context(
         instance=daemons.instance,
         scheduled_execution_time=when,
         repository_def=daemons.defs.get_repository_def(),
-    )
-    data = daemons.defs.resolve_schedule_def("nightly_distillation_schedule").evaluate_tick(context)
+    ) as context:
+        schedule = daemons.defs.resolve_schedule_def("nightly_distillation_schedule")
+        data = schedule.evaluate_tick(context)
     return [
         key
         for request in data.run_requests or []
