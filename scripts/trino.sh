@@ -371,7 +371,7 @@ cmd_start() {
 
 cmd_wait() {
     local started=$SECONDS
-    say "waiting up to ${TIMEOUT}s for 127.0.0.1:$PORT to answer SELECT 1"
+    say "waiting up to ${TIMEOUT}s for 127.0.0.1:$PORT to list an active node"
     while ((SECONDS - started < TIMEOUT)); do
         if ! pid_alive && ! probe_info >/dev/null; then
             if [[ -f "$PID_FILE" ]]; then
@@ -380,7 +380,7 @@ cmd_wait() {
             fi
             die "Trino is not running on 127.0.0.1:$PORT; run 'scripts/trino.sh start' first"
         fi
-        if select_one; then
+        if node_active; then
             say "ready after $((SECONDS - started))s: http://127.0.0.1:$PORT"
             return 0
         fi
@@ -390,25 +390,28 @@ cmd_wait() {
     die "Trino did not become ready within ${TIMEOUT}s (see $LOG_DIR/server.log)"
 }
 
-# True once the server is out of `starting` and a SELECT 1 round-trips through the client protocol.
-select_one() {
+# True once the server is out of `starting` and lists itself as an active node, through the client
+# protocol. A SELECT 1 answers sooner, from the coordinator alone: a table scan sent then fails
+# NO_NODES_AVAILABLE until the node manager's next refresh counts the server among the workers.
+node_active() {
     "$(python_bin)" - "$PORT" <<'PY'
 import json, sys, urllib.request
 
 base = f"http://127.0.0.1:{sys.argv[1]}"
 headers = {"X-Trino-User": "kimi_batch"}
+QUERY = b"SELECT count(*) FROM system.runtime.nodes WHERE state = 'active'"
 try:
     with urllib.request.urlopen(f"{base}/v1/info", timeout=3) as response:
         if json.load(response).get("starting", True):
             sys.exit(1)
-    request = urllib.request.Request(f"{base}/v1/statement", data=b"SELECT 1", headers=headers)
+    request = urllib.request.Request(f"{base}/v1/statement", data=QUERY, headers=headers)
     with urllib.request.urlopen(request, timeout=10) as response:
         body = json.load(response)
     while True:
         if "error" in body:
             sys.exit(1)
-        if body.get("data") == [[1]]:
-            sys.exit(0)
+        if body.get("data"):
+            sys.exit(0 if body["data"][0][0] >= 1 else 1)
         if "nextUri" not in body:
             sys.exit(1)
         request = urllib.request.Request(body["nextUri"], headers=headers)
