@@ -32,9 +32,12 @@ pytestmark = pytest.mark.slow
 # beside it, which the slow tier never does); a stall that short would restart a server that is
 # only slow, and the test would count two hangs.
 STALL_S = 15.0
-# The floor of the period derived from the measured prompt speed (3 full prompt batches at it),
-# rather than the default 60 s a loaded target needs (test_deadline.py checks that default
-# without a server): a slow machine measures a slow speed and gets a longer period.
+# The period derived from the measured prompt speed: one full prompt batch at it (the default 3
+# is the target's margin; test_deadline.py checks it without a server), at least this floor
+# rather than the default 60 s a loaded target needs. Here that is ~9 s at SmolLM2's ~230 tok/s,
+# twice the longest decode batch these tests send (the ~1.1k-token digest); a slow machine
+# measures a slow speed and gets a longer period.
+DERIVED_BATCHES = 1.0
 DERIVED_FLOOR_S = 10.0
 # A probe of a stopped server waits this long before it counts as silent (no progress).
 PROBE_TIMEOUT_S = 5.0
@@ -42,7 +45,9 @@ PROBE_TIMEOUT_S = 5.0
 DETECTION_MARGIN_S = 120.0
 UNMEASURED_STALL_S = WatchdogPolicy().unmeasured_stall_s
 # The derived period still stands against the 600 s that holds until a speed is known.
-SPEED_DERIVED_WATCHDOG = WatchdogPolicy(floor_s=DERIVED_FLOOR_S, probe_timeout_s=PROBE_TIMEOUT_S)
+SPEED_DERIVED_WATCHDOG = WatchdogPolicy(
+    floor_s=DERIVED_FLOOR_S, batches=DERIVED_BATCHES, probe_timeout_s=PROBE_TIMEOUT_S
+)
 SPEED_DERIVED = EnginePolicy(watchdog=SPEED_DERIVED_WATCHDOG)
 
 
