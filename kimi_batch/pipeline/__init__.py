@@ -2,7 +2,7 @@
 
 The stage protocol (`GenerationTask`: its table, its requests from its inputs, its rows from its
 results), the stages (amplify, distill, judge, the Batch API's), their rows and quarantine rows,
-the one stage registry. Other packages import from here, never from the modules.
+the one stage registry, what the morning is told of the night (`alerts`, `webhook`). Other packages import from here, never from the modules.
 
 The members are imported on first use (`__getattr__`): the input models (`kimi_batch.inputs`)
 build on the row models here while the stages build on the input models, so an eager facade
@@ -13,6 +13,19 @@ import importlib
 import typing
 
 if typing.TYPE_CHECKING:
+    from kimi_batch.pipeline.alerts import (
+        DEFAULT_NIGHT_ENDS,
+        TRINO_PROBE_TIMEOUT_S,
+        FailedCheck,
+        NightReport,
+        PartitionRecord,
+        PartitionState,
+        deliver,
+        due_night,
+        failure_text,
+        night_message,
+        trino_problem,
+    )
     from kimi_batch.pipeline.amplify import (
         DEFAULT_AMPLIFY_PARAMS,
         TEMPLATES,
@@ -152,6 +165,7 @@ if typing.TYPE_CHECKING:
         RequestTag,
         Strategy,
     )
+    from kimi_batch.pipeline.webhook import WebhookResult, post_message
 
 # The modules, in the order a member is looked for: those the input models below build on first,
 # so that looking up a row model never imports a stage (which imports the input models).
@@ -172,6 +186,8 @@ _MODULES = (
     "api_batch",
     "stages",
     "driver",
+    "webhook",
+    "alerts",
 )
 _ABSENT = object()
 
@@ -182,6 +198,7 @@ __all__ = [
     "DEFAULT_AMPLIFY_PARAMS",
     "DEFAULT_DISTILL_PARAMS",
     "DEFAULT_JUDGE_PARAMS",
+    "DEFAULT_NIGHT_ENDS",
     "DISTILL",
     "DISTILL_STAGE",
     "EMPTY_REASON",
@@ -203,6 +220,7 @@ __all__ = [
     "TEMPLATE_TOKENS_FIXED",
     "TEMPLATE_TOKENS_PER_TURN",
     "TOKENIZE_CONCURRENCY",
+    "TRINO_PROBE_TIMEOUT_S",
     "TRUNCATED_REASON",
     "AmplifiedRow",
     "AmplifyConfig",
@@ -217,6 +235,7 @@ __all__ = [
     "DistillTask",
     "DistilledRow",
     "DriverRun",
+    "FailedCheck",
     "GenerationColumns",
     "GenerationTask",
     "HeldPartition",
@@ -224,10 +243,13 @@ __all__ = [
     "JudgeInputs",
     "JudgeTask",
     "JudgedRow",
+    "NightReport",
     "Origin",
     "OutputRow",
+    "PartitionRecord",
     "PartitionResult",
     "PartitionSkippedError",
+    "PartitionState",
     "PipelineStage",
     "QuarantineRow",
     "RequestTag",
@@ -246,15 +268,19 @@ __all__ = [
     "StepByStepAnswer",
     "Strategy",
     "Verdict",
+    "WebhookResult",
     "amplification_requests",
     "answered_again",
     "asked_again",
     "check_prompt_lengths",
     "declare_stage",
     "dedup_variants",
+    "deliver",
     "distillation_requests",
     "drive",
+    "due_night",
     "failure_rows",
+    "failure_text",
     "file_row",
     "find_overlong",
     "generation_columns",
@@ -262,12 +288,14 @@ __all__ = [
     "input_row",
     "judge_prompt",
     "night_end",
+    "night_message",
     "nightly_stages",
     "oldest_first",
     "parse_tag",
     "parse_variant",
     "partition_lease",
     "plan_partition",
+    "post_message",
     "quarantine_overlong",
     "raw_json",
     "rejected_raw",
@@ -277,6 +305,7 @@ __all__ = [
     "stage_of_tag",
     "template_tokens",
     "token_bound",
+    "trino_problem",
     "truncate_raw",
     "unless_cancelled",
     "upstream_of",
