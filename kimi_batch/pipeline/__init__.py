@@ -2,7 +2,8 @@
 
 The stage protocol (`GenerationTask`: its table, its requests from its inputs, its rows from its
 results), the stages (amplify, distill, judge, the Batch API's), their rows and quarantine rows,
-the one stage registry, what the morning is told of the night (`alerts`, `webhook`). Other packages import from here, never from the modules.
+the one stage registry, the night's arithmetic (`night`) and what the morning is told of it
+(`alerts`, `webhook`). Other packages import from here, never from the modules.
 
 The members are imported on first use (`__getattr__`): the input models (`kimi_batch.inputs`)
 build on the row models here while the stages build on the input models, so an eager facade
@@ -96,6 +97,19 @@ if typing.TYPE_CHECKING:
         HeldPartition,
         partition_lease,
     )
+    from kimi_batch.pipeline.night import (
+        WINDOW_GRACE_S,
+        BatchPartition,
+        known_partitions,
+        local_time,
+        log_inbox,
+        night_ds,
+        nightly_partitions,
+        partition_parts_of,
+        rescreen_due,
+        split_partition_key,
+        window_end,
+    )
     from kimi_batch.pipeline.prompt_length import (
         TEMPLATE_TOKENS_FIXED,
         TEMPLATE_TOKENS_PER_TURN,
@@ -188,6 +202,7 @@ _MODULES = (
     "driver",
     "webhook",
     "alerts",
+    "night",
 )
 _ABSENT = object()
 
@@ -222,6 +237,7 @@ __all__ = [
     "TOKENIZE_CONCURRENCY",
     "TRINO_PROBE_TIMEOUT_S",
     "TRUNCATED_REASON",
+    "WINDOW_GRACE_S",
     "AmplifiedRow",
     "AmplifyConfig",
     "AmplifyTask",
@@ -229,6 +245,7 @@ __all__ = [
     "ApiBatchTask",
     "BatchCancelledError",
     "BatchControls",
+    "BatchPartition",
     "CheckFigures",
     "DistillConfig",
     "DistillInputs",
@@ -287,21 +304,29 @@ __all__ = [
     "import_output_model",
     "input_row",
     "judge_prompt",
+    "known_partitions",
+    "local_time",
+    "log_inbox",
+    "night_ds",
     "night_end",
     "night_message",
+    "nightly_partitions",
     "nightly_stages",
     "oldest_first",
     "parse_tag",
     "parse_variant",
     "partition_lease",
+    "partition_parts_of",
     "plan_partition",
     "post_message",
     "quarantine_overlong",
     "raw_json",
     "rejected_raw",
+    "rescreen_due",
     "result_row",
     "sample_scope",
     "set_aside_row",
+    "split_partition_key",
     "stage_of_tag",
     "template_tokens",
     "token_bound",
@@ -311,6 +336,7 @@ __all__ = [
     "upstream_of",
     "variant_instruction",
     "variant_tag",
+    "window_end",
     "withdraw_stage",
 ]
 _LAZY_MEMBERS = frozenset(__all__)

@@ -15,12 +15,7 @@ import dagster as dg
 
 from kimi_batch.defs.assets.context import RunContext
 from kimi_batch.defs.assets.engine_session import engine_session
-from kimi_batch.defs.assets.landing import (
-    Landing,
-    consumed_input_sha,
-    land_stage,
-    partition_parts_of,
-)
+from kimi_batch.defs.assets.landing import Landing, consumed_input_sha, land_stage
 from kimi_batch.defs.interrupts import run_interruptibly
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
@@ -36,6 +31,7 @@ from kimi_batch.pipeline import (
     RowReader,
     StagePlan,
     drive,
+    partition_parts_of,
     plan_partition,
     unless_cancelled,
 )

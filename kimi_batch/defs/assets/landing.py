@@ -32,7 +32,6 @@ from kimi_batch.defs.assets.context import RunContext
 from kimi_batch.defs.assets.quality import quality_checks, screening
 from kimi_batch.defs.metadata import generation_figures, on_table, summary_table, table_metadata
 from kimi_batch.defs.partition_states import INPUT_SHA_METADATA
-from kimi_batch.defs.partitions import split_partition_key
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.engine import BatchOutcome, GenerationResult
 from kimi_batch.pipeline import INPUT_STAGE, GenerationTask, HeldPartition, StagePlan, StageSink
@@ -41,14 +40,6 @@ from kimi_batch.storage import replace_quarantine
 from kimi_batch.warehouse import PartitionWrite, Warehouse
 
 Task = GenerationTask[Any, Any]
-
-
-def partition_parts_of(key: str) -> tuple[str, str]:
-    """(ds, source) of a `date|source` key a run has already checked."""
-    parts = split_partition_key(key)
-    if parts is None:
-        raise ValueError(f"not a date|source partition key: {key!r}")
-    return parts
 
 
 def land_stage(

@@ -42,7 +42,7 @@ from kimi_batch.defs.assets.batch import (
 )
 from kimi_batch.defs.assets.context import LLAMA_POOL, failing_step
 from kimi_batch.defs.assets.driver import GenerationResources, run_partitions
-from kimi_batch.defs.assets.landing import NightLanding, partition_parts_of
+from kimi_batch.defs.assets.landing import NightLanding
 from kimi_batch.defs.assets.night_tag import tag_the_night
 from kimi_batch.defs.assets.stage_asset import dagster_config
 from kimi_batch.defs.assets.window import mark_stopped_at_window, window_end
@@ -53,7 +53,6 @@ from kimi_batch.defs.jobs import (
     NIGHTLY_OP_NAME,
     SEED_PROMPTS,
 )
-from kimi_batch.defs.partitions import split_partition_key
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
@@ -67,6 +66,8 @@ from kimi_batch.pipeline import (
     PipelineStage,
     nightly_stages,
     partition_lease,
+    partition_parts_of,
+    split_partition_key,
 )
 
 
