@@ -83,6 +83,7 @@ if typing.TYPE_CHECKING:
         SetAside,
         generation_columns,
     )
+    from kimi_batch.pipeline.interrupts import InterruptibleRunner, interruptible_runner
     from kimi_batch.pipeline.judge import (
         DEFAULT_JUDGE_PARAMS,
         JUDGE_STAGE,
@@ -203,6 +204,7 @@ _MODULES = (
     "webhook",
     "alerts",
     "night",
+    "interrupts",
 )
 _ABSENT = object()
 
@@ -256,6 +258,7 @@ __all__ = [
     "GenerationColumns",
     "GenerationTask",
     "HeldPartition",
+    "InterruptibleRunner",
     "JudgeConfig",
     "JudgeInputs",
     "JudgeTask",
@@ -303,6 +306,7 @@ __all__ = [
     "generation_columns",
     "import_output_model",
     "input_row",
+    "interruptible_runner",
     "judge_prompt",
     "known_partitions",
     "local_time",

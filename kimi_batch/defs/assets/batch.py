@@ -15,7 +15,7 @@ from kimi_batch.defs.assets.context import LLAMA_POOL, RunContext, step_lease
 from kimi_batch.defs.assets.landing import consumed_input_sha
 from kimi_batch.defs.assets.stage_asset import generation_asset
 from kimi_batch.defs.deployment import deployment_settings
-from kimi_batch.defs.interrupts import InterruptibleRunner, interruptible_runner
+from kimi_batch.defs.interrupts import interruptible_runner
 from kimi_batch.defs.jobs import BATCH_GROUP, INGEST_TAG, NIGHT_END_TAG, OPTIONAL_TAG
 from kimi_batch.defs.metadata import ASSET_OWNERS, table_metadata
 from kimi_batch.defs.partitions import build_batch_partitions, partition_parts
@@ -28,6 +28,7 @@ from kimi_batch.pipeline import (
     SEED_ASSET,
     STAGE_DECLARATIONS,
     HeldPartition,
+    InterruptibleRunner,
     PartitionSkippedError,
     QuarantineRow,
     StageDeclaration,
