@@ -92,6 +92,16 @@ if typing.TYPE_CHECKING:
         Verdict,
         judge_prompt,
     )
+    from kimi_batch.pipeline.landed import (
+        StageWrite,
+        consumed_input_sha,
+        generation_figures,
+        plan_stage,
+        screening,
+        stage_data_version,
+        summary_markdown,
+        write_stage,
+    )
     from kimi_batch.pipeline.lease import (
         LEASE_TTL_S,
         LEASE_WAIT_S,
@@ -205,6 +215,7 @@ _MODULES = (
     "alerts",
     "night",
     "interrupts",
+    "landed",
 )
 _ABSENT = object()
 
@@ -285,6 +296,7 @@ __all__ = [
     "StageDeclaration",
     "StagePlan",
     "StageSink",
+    "StageWrite",
     "StepByStepAnswer",
     "Strategy",
     "Verdict",
@@ -293,6 +305,7 @@ __all__ = [
     "answered_again",
     "asked_again",
     "check_prompt_lengths",
+    "consumed_input_sha",
     "declare_stage",
     "dedup_variants",
     "deliver",
@@ -304,6 +317,7 @@ __all__ = [
     "file_row",
     "find_overlong",
     "generation_columns",
+    "generation_figures",
     "import_output_model",
     "input_row",
     "interruptible_runner",
@@ -322,6 +336,7 @@ __all__ = [
     "partition_lease",
     "partition_parts_of",
     "plan_partition",
+    "plan_stage",
     "post_message",
     "quarantine_overlong",
     "raw_json",
@@ -329,9 +344,12 @@ __all__ = [
     "rescreen_due",
     "result_row",
     "sample_scope",
+    "screening",
     "set_aside_row",
     "split_partition_key",
+    "stage_data_version",
     "stage_of_tag",
+    "summary_markdown",
     "template_tokens",
     "token_bound",
     "trino_problem",
@@ -342,6 +360,7 @@ __all__ = [
     "variant_tag",
     "window_end",
     "withdraw_stage",
+    "write_stage",
 ]
 _LAZY_MEMBERS = frozenset(__all__)
 

@@ -12,7 +12,6 @@ from pydantic import Field
 
 from kimi_batch.defs.assets.checks import stage_check_names
 from kimi_batch.defs.assets.context import LLAMA_POOL, RunContext, step_lease
-from kimi_batch.defs.assets.landing import consumed_input_sha
 from kimi_batch.defs.assets.stage_asset import generation_asset
 from kimi_batch.defs.deployment import deployment_settings
 from kimi_batch.defs.interrupts import interruptible_runner
@@ -33,6 +32,7 @@ from kimi_batch.pipeline import (
     QuarantineRow,
     StageDeclaration,
     check_prompt_lengths,
+    consumed_input_sha,
     file_row,
     night_end,
 )

@@ -15,7 +15,7 @@ import dagster as dg
 
 from kimi_batch.defs.assets.context import RunContext
 from kimi_batch.defs.assets.engine_session import engine_session
-from kimi_batch.defs.assets.landing import Landing, consumed_input_sha, land_stage
+from kimi_batch.defs.assets.landing import Landing, land_stage
 from kimi_batch.defs.interrupts import run_interruptibly
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
@@ -28,11 +28,10 @@ from kimi_batch.pipeline import (
     HeldPartition,
     PartitionResult,
     PipelineStage,
-    RowReader,
     StagePlan,
     drive,
     partition_parts_of,
-    plan_partition,
+    plan_stage,
     unless_cancelled,
 )
 from kimi_batch.settings import Settings
@@ -56,12 +55,6 @@ class GenerationResources:
     def settings(self) -> Settings:
         """The deployment's one `Settings`, which every resource holds."""
         return self.llama.settings()
-
-
-def plan_stage(task: Task, store: Warehouse, ds: str, source: str) -> StagePlan:
-    """Read the partition's inputs of `task` from the warehouse and build its requests."""
-    read: RowReader = lambda table, model: store.read_rows(table, ds, source, model)  # noqa: E731
-    return plan_partition(task, read, ds, source, consumed_input_sha(store, ds, source))
 
 
 def _plan_from(store: Warehouse, task: Task, key: str) -> StagePlan:

@@ -1,6 +1,6 @@
-"""The quality gate's part in landing a partition: the screening, its checks and its figures.
+"""The quality gate's checks of a landed partition.
 
-A quality-gated stage's partition (the teacher's answers) lands through `screening`; its
+A quality-gated stage's partition (the teacher's answers) lands through `pipeline.screening`; its
 materialization then carries the rows set aside as duplicates, near-duplicates and contaminated,
 and two checks judge them: `benchmark_contamination` fails above `KIMI_BATCH_CONTAMINATION_MAX_RATE`
 (the inputs overlap what the student is evaluated on) and `duplicate_rate` warns when most of a
@@ -10,40 +10,13 @@ quarantine either way: the checks tell a person, the gate already kept them out.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
-
 import dagster as dg
 
 from kimi_batch.defs.check_states import CONTAMINATION_CHECK, DUPLICATE_CHECK
-from kimi_batch.pipeline import GenerationTask, HeldPartition
 from kimi_batch.quality import PartitionGate, QualityGate
-from kimi_batch.warehouse import Warehouse
 
 # Above this share of a partition's rows repeating kept ones, `duplicate_rate` warns.
 DUPLICATE_WARN_RATE = 0.5
-
-
-@contextmanager
-def screening(
-    gate: QualityGate | None,
-    store: Warehouse,
-    task: GenerationTask[Any, Any],
-    inputs: Any,
-    partition: tuple[str, str],
-    held: HeldPartition,
-) -> Iterator[PartitionGate | None]:
-    """The partition's screening when its stage is gated and the gate on (else None); its kept
-    rows are indexed, under its lease, when the block ends without an error."""
-    if gate is None or not gate.screens(task):
-        yield None
-        if gate is not None and task.quality_gated:
-            gate.release(*partition)  # landed unscreened: its old index entries must not answer
-        return
-    ds, source = partition
-    with gate.partition(store, task, inputs, ds, source, guard=held.check) as screen:
-        yield screen
 
 
 def quality_checks(screen: PartitionGate | None, gate: QualityGate) -> list[dg.AssetCheckResult]:
