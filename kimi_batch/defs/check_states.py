@@ -12,13 +12,13 @@ from typing import Any
 
 import dagster as dg
 
-from kimi_batch.pipeline import STAGE_DECLARATIONS, FailedCheck
+from kimi_batch.pipeline import (
+    CONTAMINATION_CHECK,
+    STAGE_DECLARATIONS,
+    TRUNCATION_CHECK,
+    FailedCheck,
+)
 
-TRUNCATION_CHECK = "truncation_rate"
-# The quality-gated stages' share of rows sharing an n-gram with a benchmark (fails above the
-# configured rate), and of rows repeating kept ones (warns; not an alert: they are set aside).
-CONTAMINATION_CHECK = "benchmark_contamination"
-DUPLICATE_CHECK = "duplicate_rate"
 # Failed evaluations read per page while looking for a partition's newest one.
 _HISTORY_PAGE = 200
 

@@ -10,7 +10,6 @@ from datetime import UTC, datetime
 import dagster as dg
 from pydantic import Field
 
-from kimi_batch.defs.assets.checks import stage_check_names
 from kimi_batch.defs.assets.context import LLAMA_POOL, RunContext, step_lease
 from kimi_batch.defs.assets.stage_asset import generation_asset
 from kimi_batch.defs.deployment import deployment_settings
@@ -35,6 +34,7 @@ from kimi_batch.pipeline import (
     consumed_input_sha,
     file_row,
     night_end,
+    stage_check_names,
 )
 from kimi_batch.settings import Settings
 from kimi_batch.storage import (

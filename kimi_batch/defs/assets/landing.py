@@ -17,9 +17,8 @@ from typing import Any, Protocol
 
 import dagster as dg
 
-from kimi_batch.defs.assets.checks import generation_checks
+from kimi_batch.defs.assets.checks import check_results, generation_checks
 from kimi_batch.defs.assets.context import RunContext
-from kimi_batch.defs.assets.quality import quality_checks
 from kimi_batch.defs.metadata import on_table, table_metadata
 from kimi_batch.defs.partition_states import INPUT_SHA_METADATA
 from kimi_batch.defs.resources.trino import TrinoResource
@@ -30,6 +29,7 @@ from kimi_batch.pipeline import (
     StagePlan,
     StageSink,
     generation_figures,
+    quality_verdicts,
     stage_data_version,
     summary_markdown,
     write_stage,
@@ -60,7 +60,7 @@ def land_stage(
         task.table, write.sink.figures(), store.partition_schema(task.table, ds, source)
     )
     if task.quality_gated and gate is not None:
-        checks.extend(quality_checks(screen, gate))
+        checks.extend(check_results(quality_verdicts(screen, gate)))
     metadata = stage_metadata(trino, written, write.quarantined, outcome, write.sink, screen)
     metadata.update(
         table_metadata(
