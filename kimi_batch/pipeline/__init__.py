@@ -171,6 +171,10 @@ if typing.TYPE_CHECKING:
         StepByStepAnswer,
         import_output_model,
     )
+    from kimi_batch.pipeline.server import (
+        LlamaDeployment,
+        warm_digest,
+    )
     from kimi_batch.pipeline.sink import (
         CheckFigures,
         StageSink,
@@ -229,6 +233,7 @@ _MODULES = (
     "interrupts",
     "landed",
     "checks",
+    "server",
 )
 _ABSENT = object()
 
@@ -294,6 +299,7 @@ __all__ = [
     "JudgeInputs",
     "JudgeTask",
     "JudgedRow",
+    "LlamaDeployment",
     "NightReport",
     "Origin",
     "OutputRow",
@@ -381,6 +387,7 @@ __all__ = [
     "upstream_of",
     "variant_instruction",
     "variant_tag",
+    "warm_digest",
     "window_end",
     "withdraw_stage",
     "write_stage",

@@ -193,11 +193,11 @@ def _write_seeds(
     """Write the `seeds` partition and the input quarantine (`land_input`), quarantining prompts
     over the server's per-slot limit; returns the write and that limit (in tokens, the answer
     budget left out)."""
-    settings = llama.settings()
+    settings, server = llama.settings(), llama.server()
     version = resolved.version
-    client = llama.client()
+    client = server.client()
     try:
-        prepared = runner.run(llama.prepare(digest.load()))
+        prepared = runner.run(server.prepare(digest.load()))
         first = prepared.endpoints[0]
         limit = (first.ctx or settings.llama_ctx // first.slots) - config.answer_budget_tokens
         written = land_input(

@@ -36,18 +36,18 @@ async def engine_session(
     """One engine run under the run's window and the work's own end (`expires_at`, whichever
     comes first), open while the block adds requests to it (a batch's outcome says whether
     either cut it short); progress is logged as `label`."""
-    loaded = digest.load()
-    prepared = await llama.prepare(loaded)
+    loaded, server = digest.load(), llama.server()
+    prepared = await server.prepare(loaded)
     engine = BatchEngine(
         prepared.endpoints,
         loaded,
         ledger,
         digest_tokens=prepared.digest_tokens,
-        policy=llama.engine_policy(),
+        policy=server.engine_policy(),
         on_progress=_progress_reporter(context, label),
-        on_unreachable=llama.respawn_if_down,
-        on_hung=llama.restart_hung,
-        speed_store=llama.speed_store(),
+        on_unreachable=server.respawn_if_down,
+        on_hung=server.restart_hung,
+        speed_store=server.speed_store(),
     )
     ends = [end for end in (window_end(context), expires_at) if end is not None]
     async with engine.session(stop_at=min(ends, default=None)) as run:
