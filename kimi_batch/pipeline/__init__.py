@@ -171,6 +171,13 @@ if typing.TYPE_CHECKING:
         StepByStepAnswer,
         import_output_model,
     )
+    from kimi_batch.pipeline.seeds import (
+        SeedsWritten,
+        resolve_seeds_input,
+        seed_figures,
+        seeds_consumed,
+        write_seeds,
+    )
     from kimi_batch.pipeline.server import (
         LlamaDeployment,
         warm_digest,
@@ -234,6 +241,7 @@ _MODULES = (
     "landed",
     "checks",
     "server",
+    "seeds",
 )
 _ABSENT = object()
 
@@ -315,6 +323,7 @@ __all__ = [
     "SeedInputs",
     "SeedMessage",
     "SeedRow",
+    "SeedsWritten",
     "SetAside",
     "ShortAnswer",
     "StageConfig",
@@ -370,9 +379,12 @@ __all__ = [
     "raw_json",
     "rejected_raw",
     "rescreen_due",
+    "resolve_seeds_input",
     "result_row",
     "sample_scope",
     "screening",
+    "seed_figures",
+    "seeds_consumed",
     "set_aside_row",
     "split_partition_key",
     "stage_check_names",
@@ -390,6 +402,7 @@ __all__ = [
     "warm_digest",
     "window_end",
     "withdraw_stage",
+    "write_seeds",
     "write_stage",
 ]
 _LAZY_MEMBERS = frozenset(__all__)
