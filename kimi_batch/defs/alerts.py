@@ -1,23 +1,8 @@
-"""Morning alerts: nobody watches the night, so a failed run and an overdue night are posted.
-
-- `run_failure_alert`: one message per failed run (what failed, which partition, or for the
-  night's one `nightly_job` run the partitions it covered, rows done/total from the run's last
-  progress line, where to look).
-- Freshness is Dagster's own: `build_last_update_freshness_checks` puts a `freshness_check` on
-  `distilled_responses` (updated within the day before each end of the nightly window,
-  `KIMI_BATCH_NIGHT_ENDS`, 07:00 when unset, in the schedule's timezone), and
-  `build_sensor_for_freshness_checks` evaluates it once each deadline has passed. A night with
-  nothing to distill is not a missed one: the schedule records an observation then
-  (`schedules.report_idle_night`).
-- `morning_report` posts from that check's results, once per night: the first evaluation after a
-  night's deadline that failed, or that passed while partitions of that night are not distilled
-  or have a failed `truncation_rate` or `benchmark_contamination` check (those do not fail their
-  run, so nothing else would tell the morning), or while the configured Trino cannot count the
-  night's `distilled` rows (the tables are fine, their readers are not). A message the webhook
-  does not take is sent again on the next tick.
-
-Messages go to `KIMI_BATCH_ALERT_WEBHOOK` (Slack-compatible JSON). The sensors start running when
-that variable is set and stopped otherwise; without a webhook they only record and log.
+"""Morning alerts (docs/operations/alerts.md): `run_failure_alert` (one message per failed
+run), Dagster's own freshness check of the night's end and its sensor (a night with nothing to
+distill records an observation: `schedules.report_idle_night`), and `morning_report`, posted
+once per night from that check's results (`pipeline/alerts.py` words them). The sensors start
+running when `KIMI_BATCH_ALERT_WEBHOOK` is set and stopped otherwise.
 """
 
 import warnings

@@ -123,6 +123,7 @@ if typing.TYPE_CHECKING:
     from kimi_batch.pipeline.night import (
         WINDOW_GRACE_S,
         BatchPartition,
+        NightPartitions,
         known_partitions,
         local_time,
         log_inbox,
@@ -308,6 +309,7 @@ __all__ = [
     "JudgeTask",
     "JudgedRow",
     "LlamaDeployment",
+    "NightPartitions",
     "NightReport",
     "Origin",
     "OutputRow",

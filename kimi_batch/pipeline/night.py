@@ -23,11 +23,15 @@ the run fails naming those that resume next night.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kimi_batch.pipeline.driver import PartitionResult
+from kimi_batch.pipeline.lease import HeldPartition
 from kimi_batch.quality import rescreen_partitions
 from kimi_batch.settings import Settings
 from kimi_batch.storage import SETTLE_S, Assignment, InboxLanding, Landing, land_inbox
@@ -166,3 +170,42 @@ def rescreen_due(settings: Settings, distilled: Iterable[str]) -> list[str]:
     done = set(distilled)
     marked = (f"{ds}|{source}" for ds, source in rescreen_partitions(settings.paths.dedup_state))
     return [key for key in marked if key in done]
+
+
+@dataclass
+class NightPartitions:
+    """The night's partitions still going on, and why the others stopped: failed (a reason
+    each) or stopped at the window (they resume next night)."""
+
+    going: dict[str, HeldPartition] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    stopped: list[str] = field(default_factory=list)
+
+    def drop(self, key: str, reason: str) -> None:
+        self.going.pop(key, None)
+        if key in self.stopped:  # failed after all: named once, as failed
+            self.stopped.remove(key)
+        self.failed[key] = reason
+
+    def take(
+        self,
+        results: Mapping[str, PartitionResult[Any]],
+        reason_of: Callable[[BaseException], str] = str,
+    ) -> None:
+        """The driver's results: the failed and the stopped partitions are named."""
+        for key, result in results.items():
+            if result.failed is not None:
+                self.drop(key, reason_of(result.failed))
+            elif result.stopped is not None:
+                self.going.pop(key, None)
+                self.stopped.append(key)
+
+    def summary(self, total: int) -> str:
+        lines = [f"{total - len(self.failed) - len(self.stopped)} of {total} partitions done"]
+        if self.stopped:
+            lines.append(
+                f"the nightly window ended: {len(self.stopped)} partition(s) resume next night "
+                f"({', '.join(self.stopped[:10])})"
+            )
+        lines += [f"{key}: {reason}" for key, reason in list(self.failed.items())[:20]]
+        return "; ".join(lines)

@@ -1,13 +1,7 @@
-"""`api_batch_responses`: one Batch API batch answered by the resident server, one partition each.
-
-The batch runs through the partition-batch driver as every stage does (`driver.run_partitions`
-over its one partition): its requests are one engine batch, each with its line's system prompt
-as its own digest (the engine runs each prompt's requests together, brings each prompt into a
-slot once, and removes the save files it made for that), everything else as submitted. The rows
-land in the `distilled` table at ds=<day created>/source=<batch id>, the output and error files
-in the API's file store. The batch's expiry is the batch's stop time; cancelling the batch (the
-API) or terminating the run (the UI) cancels the requests in flight, which closes their
-connections: llama-server stops those slots; the batch ends `cancelled` and the run CANCELED.
+"""`api_batch_responses`: one Batch API batch answered by the resident server, one partition
+each, through the partition-batch driver as every stage is (docs/architecture.md, "The Batch
+API"): its expiry is its stop time; a cancel (the API) or a terminate (the UI) cancels the
+requests in flight, the batch ends `cancelled` and the run CANCELED.
 """
 
 from typing import NoReturn
