@@ -12,16 +12,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from kimi_batch.engine import (
     DEFAULT_REMEDY,
     PROMPT_ALLOWANCE_TOKENS,
+    BatchEngine,
+    BatchRun,
     DeadlinePolicy,
     EnginePolicy,
+    Ledger,
     Prepared,
+    ProgressEvent,
     SlotWarmer,
     SpeedStore,
     SpeedTracker,
@@ -122,6 +128,32 @@ class LlamaDeployment:
         manager = self.manager()
         if isinstance(manager, ResidentServer) and base_url.rstrip("/") == manager.base_url:
             manager.restart(min_age_s=HUNG_RESTART_MIN_AGE_S)
+
+    @asynccontextmanager
+    async def session(
+        self,
+        digest: SystemDigest,
+        ledger: Ledger,
+        *,
+        on_progress: Callable[[ProgressEvent], None],
+        stop_at: datetime | None = None,
+    ) -> AsyncIterator[BatchRun]:
+        """One engine run on the digest prepared here, open while the block adds requests to
+        it, stopping at `stop_at` (a batch's outcome says whether that cut it short)."""
+        prepared = await self.prepare(digest)
+        engine = BatchEngine(
+            prepared.endpoints,
+            digest,
+            ledger,
+            digest_tokens=prepared.digest_tokens,
+            policy=self.engine_policy(),
+            on_progress=on_progress,
+            on_unreachable=self.respawn_if_down,
+            on_hung=self.restart_hung,
+            speed_store=self.speed_store(),
+        )
+        async with engine.session(stop_at=stop_at) as run:
+            yield run
 
 
 async def warm_digest(
