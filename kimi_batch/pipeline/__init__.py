@@ -16,7 +16,6 @@ import typing
 if typing.TYPE_CHECKING:
     from kimi_batch.pipeline.alerts import (
         DEFAULT_NIGHT_ENDS,
-        TRINO_PROBE_TIMEOUT_S,
         FailedCheck,
         NightReport,
         PartitionRecord,
@@ -50,10 +49,7 @@ if typing.TYPE_CHECKING:
     from kimi_batch.pipeline.checks import (
         CHECK_NAMES,
         CONTAMINATION_CHECK,
-        DUPLICATE_CHECK,
-        DUPLICATE_WARN_RATE,
         TRUNCATION_CHECK,
-        TRUNCATION_FAIL_RATE,
         CheckVerdict,
         generation_verdicts,
         quality_verdicts,
@@ -106,8 +102,6 @@ if typing.TYPE_CHECKING:
         judge_prompt,
     )
     from kimi_batch.pipeline.landed import (
-        StageWrite,
-        consumed_input_sha,
         generation_figures,
         plan_stage,
         screening,
@@ -174,7 +168,6 @@ if typing.TYPE_CHECKING:
         import_output_model,
     )
     from kimi_batch.pipeline.seeds import (
-        SeedsWritten,
         resolve_seeds_input,
         seed_figures,
         seeds_consumed,
@@ -215,7 +208,6 @@ if typing.TYPE_CHECKING:
         RequestTag,
         Strategy,
     )
-    from kimi_batch.pipeline.webhook import WebhookResult, post_message
 
 # The modules, in the order a member is looked for: those the input models below build on first,
 # so that looking up a row model never imports a stage (which imports the input models).
@@ -236,7 +228,6 @@ _MODULES = (
     "api_batch",
     "stages",
     "driver",
-    "webhook",
     "alerts",
     "night",
     "interrupts",
@@ -259,8 +250,6 @@ __all__ = [
     "DEFAULT_NIGHT_ENDS",
     "DISTILL",
     "DISTILL_STAGE",
-    "DUPLICATE_CHECK",
-    "DUPLICATE_WARN_RATE",
     "EMPTY_REASON",
     "INPUT_STAGE",
     "JUDGE",
@@ -280,10 +269,8 @@ __all__ = [
     "TEMPLATE_TOKENS_FIXED",
     "TEMPLATE_TOKENS_PER_TURN",
     "TOKENIZE_CONCURRENCY",
-    "TRINO_PROBE_TIMEOUT_S",
     "TRUNCATED_REASON",
     "TRUNCATION_CHECK",
-    "TRUNCATION_FAIL_RATE",
     "WINDOW_GRACE_S",
     "AmplifiedRow",
     "AmplifyConfig",
@@ -326,7 +313,6 @@ __all__ = [
     "SeedInputs",
     "SeedMessage",
     "SeedRow",
-    "SeedsWritten",
     "SetAside",
     "ShortAnswer",
     "StageConfig",
@@ -334,16 +320,13 @@ __all__ = [
     "StageDeclaration",
     "StagePlan",
     "StageSink",
-    "StageWrite",
     "StepByStepAnswer",
     "Strategy",
     "Verdict",
-    "WebhookResult",
     "amplification_requests",
     "answered_again",
     "asked_again",
     "check_prompt_lengths",
-    "consumed_input_sha",
     "declare_stage",
     "dedup_variants",
     "deliver",
@@ -377,7 +360,6 @@ __all__ = [
     "partition_parts_of",
     "plan_partition",
     "plan_stage",
-    "post_message",
     "quality_verdicts",
     "quarantine_overlong",
     "raw_json",
