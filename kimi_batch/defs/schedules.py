@@ -1,16 +1,8 @@
-"""The nightly distillation: one `nightly_job` run a night over every partition not yet distilled
-or stale, oldest first (`kimi_batch.pipeline.nightly_partitions`; the night's arithmetic is
-`pipeline/night.py`).
-
-Each night (KIMI_BATCH_NIGHTLY_CRON, default 02:00, in KIMI_BATCH_TIMEZONE) the night's run
-covers all of them (`kimi_batch.defs.assets.night`: one engine run, each partition's next stage
-as soon as its last one landed), run key `nightly:{night}`: a re-evaluated tick never starts a
-night twice, and the next night asks again for whatever this one left. The run carries its
-window's end as the `kimi_batch/window_ends` tag and a matching `dagster/max_runtime`, so run
-monitoring ends a run that overstays anyway.
-
-Starts STOPPED unless KIMI_BATCH_NIGHTLY_STATUS=running: an instance loading this location must
-not start runs by itself.
+"""The nightly distillation (docs/concepts/night.md): one `nightly_job` run a night, run key
+`nightly:{night}`, over every partition not yet distilled or stale, oldest first (the night's
+arithmetic is `pipeline/night.py`), its window's end as the `kimi_batch/window_ends` tag and a
+matching `dagster/max_runtime`. Starts STOPPED unless KIMI_BATCH_NIGHTLY_STATUS=running: an
+instance loading this location must not start runs by itself.
 """
 
 from __future__ import annotations
