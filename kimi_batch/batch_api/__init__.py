@@ -2,7 +2,8 @@
 line error, the output and error lines), the request bodies as models (`request_bodies`) and the
 fields a line may hold (`request_fields`), an input file validated as it streams (`scan`), the
 store (`file_store`: content-addressed files; `store`: batch records and their statuses), the
-validation worker (`validation`) and a batch's way through its run (`lifecycle`).
+validation worker (`validation`), a batch's way through its run (`lifecycle`) and which batches
+need a run, or are left by a run that ended (`runs`).
 
 The HTTP server (`kimi-batch api`) is the sub-package `web`, above `defs` (with no daemon it
 starts the batches' runs itself). Other packages import from here, never from the modules.
@@ -27,6 +28,14 @@ from kimi_batch.batch_api.lines import (
     error_line,
     response_line,
 )
+from kimi_batch.batch_api.runs import (
+    MAX_FINISH_ATTEMPTS,
+    BatchRunState,
+    batch_controls,
+    batches_to_run,
+    cancelled_message,
+    finish_abandoned_batch,
+)
 from kimi_batch.batch_api.store import (
     NEXT_STATUSES,
     TERMINAL_STATUSES,
@@ -47,6 +56,7 @@ from kimi_batch.batch_api.validation import (
 __all__ = [
     "API_STAGE",
     "BATCH_ENDPOINTS",
+    "MAX_FINISH_ATTEMPTS",
     "MAX_VALIDATION_ATTEMPTS",
     "NEXT_STATUSES",
     "TERMINAL_STATUSES",
@@ -55,6 +65,7 @@ __all__ = [
     "BatchLineError",
     "BatchRecord",
     "BatchRequestLine",
+    "BatchRunState",
     "BatchStatus",
     "BatchValidator",
     "FileRecord",
@@ -62,9 +73,13 @@ __all__ = [
     "RequestCounts",
     "StagedFile",
     "ValidationClaim",
+    "batch_controls",
     "batch_lines",
+    "batches_to_run",
     "begin_batch",
+    "cancelled_message",
     "error_line",
+    "finish_abandoned_batch",
     "finish_batch",
     "iter_batch_lines",
     "process_owner",

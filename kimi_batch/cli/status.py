@@ -52,8 +52,6 @@ from kimi_batch.cli.status_tables import tables_section
 from kimi_batch.defs.partition_states import (
     ACTIVE_RUN_STATUSES,
     PARTITION_TAG,
-    PartitionRecord,
-    PartitionState,
     distill_states,
     night_partitions,
 )
@@ -69,7 +67,7 @@ from kimi_batch.llama import (
     ServerStatus,
     server_from_settings,
 )
-from kimi_batch.pipeline import stage_of_tag
+from kimi_batch.pipeline import PartitionRecord, PartitionState, stage_of_tag
 from kimi_batch.settings import Settings
 from kimi_batch.state import StateError, shown_location
 from kimi_batch.storage import StorageError, landed_versions, still_changing

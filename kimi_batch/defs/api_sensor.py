@@ -1,28 +1,17 @@
 """The API batch sensor: a batch created through `kimi-batch api` becomes a run at once.
 
-Each tick lists the validated batches still waiting for a run, adds each one's `api_batch`
-partition and requests `api_batch_job` for it under the run key `api:<batch id>`: the daemon
-never starts a second run for a key it has seen, so a batch runs once by itself (a rerun is a
-materialization by hand, which sends only what the ledger lacks). A batch cancelled before its
-run started gets its run too (the same key): the run sees the cancel and finishes it at once.
-
-With no daemon serving the instance, `kimi-batch api` does this same work itself
-(`kimi_batch/batch_api/web/runs.py`) through `batches_needing_runs`, the one place that decides which batch
-needs a run; a batch with a run already requested by either is never asked for again.
+Each tick takes the batches `kimi_batch.batch_api.batches_to_run` picks (the one place that
+decides which batch needs a run, for this sensor and `kimi-batch api`'s own launcher, which
+calls `batches_needing_runs` here), adds each one's `api_batch` partition and requests
+`api_batch_job` for it under the run key `api:<batch id>`: the daemon never starts a second run
+for a key it has seen, so a batch runs once by itself (a rerun is a materialization by hand,
+which sends only what the ledger lacks). A batch cancelled before its run started gets its run
+too (the same key): the run sees the cancel and finishes it at once. The run answering a batch
+is found here, in the instance (`run_of`).
 
 Unlike the inbox sensor it starts RUNNING: it acts only on batches someone created through the
 API in this state dir, and a batch that waits for someone to switch a sensor on is a bug to the
 client polling it. KIMI_BATCH_API_SENSOR_INTERVAL (seconds, default 2) is its tick.
-
-Each tick first takes up what a killed process left behind (`resume_abandoned`): a batch whose
-validation was abandoned (the API process died while or before validating it) is validated again
-here, and one cancelled before it was landed ends `cancelled`, so no batch stays `validating` or
-`cancelling` for want of a process.
-
-Each tick also finalizes the batches whose run ended without finishing them (the run worker was
-killed, run monitoring failed the run): a batch whose run is FAILURE or CANCELED in the instance
-while the batch is not final would say `in_progress` forever. It becomes `failed` (an error
-names the run) or `cancelled` (a cancel was asked), with its partial output and error files.
 """
 
 from __future__ import annotations
@@ -34,23 +23,16 @@ import dagster as dg
 from kimi_batch.batch_api import (
     ApiStore,
     BatchRecord,
-    BatchStatus,
-    resume_abandoned,
-    validate_batch,
+    BatchRunState,
+    batches_to_run,
 )
-from kimi_batch.defs.assets.api_batch import API_TRIGGER_TAG, finish_abandoned_batch
+from kimi_batch.batch_api import finish_abandoned_batch as finish_ended_batch
+from kimi_batch.defs.assets.api_batch import API_TRIGGER_TAG
 from kimi_batch.defs.deployment import deployment_settings
 from kimi_batch.defs.jobs import api_batch_job
 from kimi_batch.defs.partitions import api_batch_partitions
 from kimi_batch.settings import Settings
 
-# Statuses a batch holds while a run is (or should be) working on it.
-_UNFINISHED = (
-    BatchStatus.VALIDATING,
-    BatchStatus.IN_PROGRESS,
-    BatchStatus.FINALIZING,
-    BatchStatus.CANCELLING,
-)
 _RUN_ENDED = (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
 # Set by Dagster on a failed run that run retries will execute again (dagster/max_retries).
 _WILL_RETRY_TAG = "dagster/will_retry"
@@ -70,51 +52,34 @@ def run_of(instance: dg.DagsterInstance, batch: BatchRecord) -> dg.DagsterRun | 
     return runs[0] if runs else None
 
 
-def _finish_abandoned(
-    instance: dg.DagsterInstance, log: _Log, settings: Settings, store: ApiStore
-) -> None:
-    """Finalize each unfinished batch whose run has ended (see the module)."""
-    for status in _UNFINISHED:
-        for batch in store.batches(status=status):
-            run = run_of(instance, batch)
-            if run is None or run.status not in _RUN_ENDED:
-                continue
-            if run.tags.get(_WILL_RETRY_TAG) == "true":
-                continue  # its retry takes the batch up again
-            done = finish_abandoned_batch(settings, store, batch, run)
-            log.warning(
-                f"{batch.id}: its run {run.run_id} ended {run.status.value} with the batch "
-                f"{batch.status.value}; the batch is now {done.status.value}"
-            )
+def run_state(run: dg.DagsterRun) -> BatchRunState:
+    """What the batch's bookkeeping needs of its Dagster run."""
+    return BatchRunState(
+        run_id=run.run_id,
+        status=run.status.value,
+        ended=run.status in _RUN_ENDED,
+        cancelled=run.status == dg.DagsterRunStatus.CANCELED,
+        will_retry=run.tags.get(_WILL_RETRY_TAG) == "true",
+    )
+
+
+def finish_abandoned_batch(
+    settings: Settings, store: ApiStore, batch: BatchRecord, run: dg.DagsterRun
+) -> BatchRecord:
+    """`batch_api.finish_abandoned_batch` of a batch whose Dagster `run` ended."""
+    return finish_ended_batch(settings, store, batch, run_state(run))
 
 
 def batches_needing_runs(
     settings: Settings, instance: dg.DagsterInstance, log: _Log
 ) -> list[BatchRecord]:
-    """The one place that decides which batch needs a run, for the sensor and for `kimi-batch
-    api`'s own launcher alike: what a killed process left is taken up, batches whose run ended are
-    finalized, and the validated (or cancelled) batches with no run yet are returned."""
-    if not ApiStore.exists(settings.paths):
-        return []
-    with ApiStore(settings.paths) as store:
-        resumed = resume_abandoned(
-            settings, store, validate=lambda batch: validate_batch(settings, store, batch)
-        )
-        for batch_id in resumed:
-            log.warning(
-                f"{batch_id}: the process validating it stopped; validated again or finished here"
-            )
-        _finish_abandoned(instance, log, settings, store)
-        # A batch with a run requested (queued, or launched by the other launcher) has its run:
-        # whichever of the daemon and the API asks first, the other never asks again.
-        return [
-            batch
-            for status in (BatchStatus.VALIDATING, BatchStatus.CANCELLING)
-            for batch in store.batches(status=status)
-            if batch.input_sha256 is not None
-            and batch.run_id is None
-            and run_of(instance, batch) is None
-        ]
+    """`batch_api.batches_to_run`, each batch's run looked up in `instance`."""
+
+    def state_of(batch: BatchRecord) -> BatchRunState | None:
+        run = run_of(instance, batch)
+        return None if run is None else run_state(run)
+
+    return batches_to_run(settings, state_of, log)
 
 
 def missing_batch_partitions(instance: dg.DagsterInstance, batches: list[BatchRecord]) -> list[str]:

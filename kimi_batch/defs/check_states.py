@@ -11,15 +11,14 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import dagster as dg
-from pydantic import BaseModel, ConfigDict
 
-from kimi_batch.pipeline import STAGE_DECLARATIONS
+from kimi_batch.pipeline import (
+    CONTAMINATION_CHECK,
+    STAGE_DECLARATIONS,
+    TRUNCATION_CHECK,
+    FailedCheck,
+)
 
-TRUNCATION_CHECK = "truncation_rate"
-# The quality-gated stages' share of rows sharing an n-gram with a benchmark (fails above the
-# configured rate), and of rows repeating kept ones (warns; not an alert: they are set aside).
-CONTAMINATION_CHECK = "benchmark_contamination"
-DUPLICATE_CHECK = "duplicate_rate"
 # Failed evaluations read per page while looking for a partition's newest one.
 _HISTORY_PAGE = 200
 
@@ -35,20 +34,6 @@ def watched_checks() -> list[dg.AssetCheckKey]:
         if d.task.quality_gated
     ]
     return [*truncation, *contamination]
-
-
-class FailedCheck(BaseModel):
-    """The latest evaluation of one check on one partition failed."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    partition: str
-    asset: str
-    check: str
-    reason: str
-
-    def describe(self) -> str:
-        return f"{self.asset} {self.check}" + (f" ({self.reason})" if self.reason else "")
 
 
 def _reason(record: dg.AssetCheckEvaluation | None) -> str:

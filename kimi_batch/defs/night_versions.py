@@ -1,17 +1,9 @@
-"""Night-built partitions get their data versions from their own asset runs.
-
-The night's one op (`defs/assets/night.py`) logs each partition's materialization as it lands,
-but an op can only log Dagster's public `AssetMaterialization`, which has no data version and no
-input versions: Dagster gives one only to an asset step's result, per output, so one run over the
-night's scattered `date|source` keys cannot version them one by one. So when a `nightly_job` run
-ends (succeeded, failed with some partitions left out, or terminated), these sensors ask, for
-every partition it materialized, one run of `partition_versions_job` over that partition and the
-assets the night materialized for it, with the night's stage configs and window: the assets' own
-code (`run_stage`, `seed_prompts`), whose requests are ledger hits (the night generated them), so
-the partition is rebuilt from the ledger without generating, and its materialization carries the
-data version and provenance an asset run gives. A night-built partition then has the same data
-version as one built by any asset run from the same input, and Dagster's staleness is its own.
-A request the night failed is sent again (inside the night's window), as any rebuild would.
+"""Night-built partitions get their data versions from their own asset runs: when a
+`nightly_job` run ends (succeeded, failed, terminated), these sensors ask one
+`partition_versions_job` run per partition it materialized, over the assets the night
+materialized there, with the night's stage configs and window; the assets rebuild it from the
+ledger (docs/architecture.md, "Data flow", explains why an op cannot version them). A request
+the night failed is sent again (inside the night's window), as any rebuild would.
 """
 
 from __future__ import annotations

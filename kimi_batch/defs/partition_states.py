@@ -14,11 +14,9 @@ version of its input than the latest landed one (stale).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from enum import StrEnum
 from typing import Any
 
 import dagster as dg
-from pydantic import BaseModel, ConfigDict
 
 from kimi_batch.defs.jobs import (
     NIGHTLY_JOB_NAME,
@@ -26,7 +24,7 @@ from kimi_batch.defs.jobs import (
     STOPPED_TAG,
 )
 from kimi_batch.engine import ProgressEvent
-from kimi_batch.pipeline import night_end, upstream_of
+from kimi_batch.pipeline import PartitionRecord, PartitionState, night_end, upstream_of
 
 PARTITION_TAG = "dagster/partition"
 # "true" on a run that the end of the nightly window stopped before it was done.
@@ -48,23 +46,6 @@ ACTIVE_RUN_STATUSES = frozenset(
     }
 )
 _FAILED = frozenset({dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED})
-
-
-class PartitionState(StrEnum):
-    DONE = "done"
-    PENDING = "pending"
-    RUNNING = "running"
-    FAILED = "failed"
-    STOPPED_AT_WINDOW = "stopped_at_window"
-    STALE = "stale"
-
-
-class PartitionRecord(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    key: str
-    state: PartitionState
-    run_id: str | None = None
 
 
 def _state_of(run: dg.DagsterRun) -> PartitionState | None:

@@ -42,13 +42,6 @@ def build_batch_partitions(settings: Settings) -> dg.MultiPartitionsDefinition:
     )
 
 
-def split_partition_key(raw: str) -> tuple[str, str] | None:
-    """(ds, source) of a `date|source` key string; None for a key of another shape."""
-    # Dagster joins a multi-partition key's dimensions in name order: date, then source.
-    parts = raw.split("|")
-    return (parts[0], parts[1]) if len(parts) == 2 and all(parts) else None
-
-
 # One partition per Batch API batch (its id), added by the API batch sensor when the batch is
 # created; its rows land in the tables at ds=<day created>/source=<batch id>.
 api_batch_partitions = dg.DynamicPartitionsDefinition(name=API_BATCH_PARTITIONS_NAME)

@@ -1,31 +1,8 @@
 """The inbox sensor: a new or changed input file starts `ingest_job` for its partition.
 
-Each tick lists the inbox (stat only) and hashes just the files whose (mtime, size) differ from the
-cursor, so a tick over thousands of settled files reads none of them. The run key is the file's
-inbox path, its content hash and how often that content was landed for the partition before
-(`Landing.earlier_landings`; no suffix the first time): the daemon never starts a second run for a
-key it has seen, so an unchanged file never runs twice (even after a cursor reset), a changed one
-runs again, and a file reverted to an earlier content (A -> B -> A) gets a new key and lands A
-again as the newest version: versions are events in time, not a set of contents. A file's
-partition comes from the landing manifest: fixed when the sensor first sees it, never changed by
-later files, and dated by its arrival in KIMI_BATCH_TIMEZONE, not by its mtime.
-
-Hashing is bounded: a file over KIMI_BATCH_MAX_INPUT_MB is never read (its run quarantines it with
-the reason), so one tick reads at most the budget plus one file of the maximum size. Refused
-entries (a name that is not UTF-8, a symlink out of the inbox) are never read either.
-
-A file that cannot be read is still requested, under a key made of its path, mtime and size, and
-the `seed_prompts` run turns it into a quarantine row with the reason. Writing that row here
-instead would put a warehouse write into the daemon process, outside any run, with no lineage
-or UI trace; through a run it is one more materialization with metadata. A file that vanished
-between the listing and the read is only logged. Either way the tick goes on.
-
-With the state in PostgreSQL (KIMI_BATCH_DATABASE_URL), the sensor also lands each file it reads
-before it asks for the file's run: the snapshot goes into the database, and the run, on whatever
-host it is launched, reads it there. Only the code server then needs the inbox. Landing is bounded
-like hashing (`LAND_BUDGET_S`): what is left over is asked for next tick. A file that does not land
-here (an I/O error) is asked for anyway, and its run lands it or quarantines it with the reason.
-On one box (SQLite state) the run lands the file, as it always did.
+What a tick asks for, and under which run key, is `kimi_batch.storage.plan_inbox_tick` (see
+`storage/inbox_tick.py`); here it runs on the sensor's cursor and instance, and its requests
+become Dagster run requests with the file's source partition added.
 
 The sensor starts STOPPED unless `KIMI_BATCH_INBOX_SENSOR_STATUS=running`: a sensor that starts
 by itself would launch runs for whatever lies in the inbox in every instance that loads this code
@@ -34,11 +11,9 @@ location, test instances included, and compete with the runs a test or a user st
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import dagster as dg
-from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 
 from kimi_batch.defs.deployment import deployment_settings
 from kimi_batch.defs.jobs import RETRY_TAGS, ingest_job
@@ -48,230 +23,29 @@ from kimi_batch.defs.partitions import (
     build_date_partitions,
     source_partitions,
 )
-from kimi_batch.inputs import InboxFile, scan_inbox
+from kimi_batch.inputs import scan_inbox
 from kimi_batch.settings import Settings
+from kimi_batch.storage import HASH_BUDGET_S as TICK_HASH_BUDGET_S
+from kimi_batch.storage import LAND_BUDGET_S as TICK_LAND_BUDGET_S
+from kimi_batch.storage import SETTLE_S as LANDING_SETTLE_S
 from kimi_batch.storage import (
-    SETTLE_S as LANDING_SETTLE_S,
+    InboxCursor,
+    InboxRequest,
+    IngestRun,
+    Landing,
+    land_for_any_host,
+    landing_retries,
+    plan_inbox_tick,
 )
-from kimi_batch.storage import Assignment, Landing, StorageError, still_changing
 
 FILE_TAG = "kimi_batch/inbox_file"
 SHA256_TAG = "kimi_batch/sha256"
-# A file modified this recently may still be being written (a copy in progress): wait a tick
-# rather than hash half a file and run it twice. Landing applies the same check to every run.
+# Module globals read per tick, not default arguments, so tests can shorten them: a file
+# modified this recently may still be being written (landing applies the same check to every
+# run); hashing, and landing with the state shared by hosts, stop after their budgets.
 SETTLE_S = LANDING_SETTLE_S
-# Sensor evaluation is cut off after 60 s by default; hashing stops after this long and the rest
-# of the files are picked up next tick (the cursor keeps what was done).
-HASH_BUDGET_S = 30.0
-# With the state shared by hosts, landing the files read stops after this long (the rest of the
-# 60 s); what is left is asked for next tick.
-LAND_BUDGET_S = 20.0
-
-
-class InboxCursor(RootModel[dict[str, tuple[int, int, str | None]]]):
-    """Sensor cursor: inbox path → [mtime_ns, size, sha256 or null when it could not be read]."""
-
-    root: dict[str, tuple[int, int, str | None]] = Field(default_factory=dict)
-
-    @classmethod
-    def parse(cls, raw: str | None) -> InboxCursor:
-        """The cursor from its JSON; empty when missing or unreadable (run keys still dedupe)."""
-        if not raw:
-            return cls()
-        try:
-            return cls.model_validate_json(raw)
-        except ValidationError:
-            return cls()
-
-    def dump(self) -> str:
-        return self.model_dump_json()
-
-
-class InboxRequest(BaseModel):
-    """A file to ingest and the run key it is requested under."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    file: InboxFile
-    assignment: Assignment
-    run_key: str = Field(min_length=1)
-
-    @property
-    def partition_key(self) -> dg.MultiPartitionKey:
-        return dg.MultiPartitionKey(
-            {DATE_DIMENSION: self.assignment.ds, SOURCE_DIMENSION: self.assignment.source}
-        )
-
-    def run_request(self) -> dg.RunRequest:
-        return dg.RunRequest(
-            run_key=self.run_key,
-            partition_key=self.partition_key,
-            tags={
-                FILE_TAG: self.file.name,
-                SHA256_TAG: self.file.sha256 or "unread",
-                **RETRY_TAGS,
-            },
-        )
-
-
-class InboxTick(BaseModel):
-    """What one tick decided: runs to request, the next cursor, what to tell the user."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    requests: list[InboxRequest]
-    cursor: InboxCursor
-    warnings: list[str]
-    unchanged: int = Field(ge=0, description="Files already seen with the same mtime and size.")
-    deferred: int = Field(ge=0, description="Files left for a later tick (settling, budget).")
-
-
-_CursorEntry = tuple[int, int, str | None]
-
-
-def plan_inbox_tick(
-    files: Sequence[InboxFile],
-    previous: InboxCursor,
-    *,
-    assign: Callable[[InboxFile], Assignment],
-    is_valid_ds: Callable[[str], bool],
-    max_input_bytes: int,
-    earlier_landings: Callable[[Assignment, str], int] = lambda assignment, sha256: 0,
-    now_ns: int | None = None,
-    settle_s: float = SETTLE_S,
-    hash_budget_s: float = HASH_BUDGET_S,
-) -> InboxTick:
-    """Decide which inbox files to request; reads only files new or changed since `previous`.
-
-    `assign` gives a file's partition (the landing manifest: fixed at first sight);
-    `earlier_landings` how often a content was landed for it before (`Landing.earlier_landings`),
-    which makes a reverted file's run key new. Files over
-    `max_input_bytes` and refused entries are requested without being read, under a key of their
-    name, mtime and size, so their runs quarantine them with the reason.
-    """
-    planner = _TickPlanner(
-        previous=previous.root,
-        earlier_landings=earlier_landings,
-        hash_budget_s=hash_budget_s,
-    )
-    now = time.time_ns() if now_ns is None else now_ns
-    out_of_range: list[str] = []
-    for item in files:
-        entry = planner.previous.get(item.name)
-        if entry is not None and entry[:2] == (item.mtime_ns, item.size) and entry[2] is not None:
-            planner.cursor[item.name] = entry
-            planner.unchanged += 1
-        elif still_changing((item.size, item.mtime_ns), now, settle_s):
-            planner.deferred += 1
-        else:
-            assignment = assign(item)
-            if assignment.clamped:
-                planner.warnings.append(
-                    f"{item.name}: dated {assignment.dated_ds}, before the first partition; "
-                    f"landed on {assignment.ds}"
-                )
-            if not is_valid_ds(assignment.ds):
-                # A date before the partitions start, or a dated folder for a day still to come:
-                # asked for now it would fail the whole tick, so it waits outside the cursor.
-                out_of_range.append(item.name)
-                continue
-            planner.take(item, entry, assignment, max_input_bytes)
-    if out_of_range:
-        planner.warnings.append(
-            f"{len(out_of_range)} file(s) dated outside the date partitions, left for later: "
-            + ", ".join(out_of_range[:5])
-            + (" ..." if len(out_of_range) > 5 else "")
-        )
-    return InboxTick(
-        requests=planner.requests,
-        cursor=InboxCursor(planner.cursor),
-        warnings=planner.warnings,
-        unchanged=planner.unchanged,
-        deferred=planner.deferred,
-    )
-
-
-class _TickPlanner:
-    """One tick's decisions so far: the next cursor, the requests, the warnings, the counts."""
-
-    def __init__(
-        self,
-        *,
-        previous: dict[str, _CursorEntry],
-        earlier_landings: Callable[[Assignment, str], int],
-        hash_budget_s: float,
-    ) -> None:
-        self.previous = previous
-        self.earlier_landings = earlier_landings
-        self.hash_budget_s = hash_budget_s
-        self.started = time.monotonic()
-        self.cursor: dict[str, _CursorEntry] = {}
-        self.requests: list[InboxRequest] = []
-        self.warnings: list[str] = []
-        self.unchanged = self.deferred = self.reads = 0
-
-    def take(
-        self,
-        item: InboxFile,
-        entry: _CursorEntry | None,
-        assignment: Assignment,
-        max_input_bytes: int,
-    ) -> None:
-        """A settled file in range: request it unread, hash it, or leave it to the next tick."""
-        unread = item.refused or (
-            f"over the size limit ({item.size} bytes)" if item.size > max_input_bytes else None
-        )
-        if unread is not None:
-            self._unread(item, entry, assignment, unread)
-        elif self.reads and time.monotonic() - self.started > self.hash_budget_s:
-            if entry is not None:
-                self.cursor[item.name] = entry
-            self.deferred += 1
-        else:
-            self.reads += 1
-            self._hashed(item, entry, assignment)
-
-    def _unread(
-        self, item: InboxFile, entry: _CursorEntry | None, assignment: Assignment, why: str
-    ) -> None:
-        marker = (item.mtime_ns, item.size, "unread")
-        if entry != marker:
-            self.warnings.append(f"{item.name}: {why}; requesting its run to quarantine it")
-            run_key = f"{item.name}:unread:{item.mtime_ns}:{item.size}"
-            self.requests.append(InboxRequest(file=item, assignment=assignment, run_key=run_key))
-        self.cursor[item.name] = marker
-
-    def _hashed(self, item: InboxFile, entry: _CursorEntry | None, assignment: Assignment) -> None:
-        same_stat = entry is not None and entry[:2] == (item.mtime_ns, item.size)
-        try:
-            read = item.hashed()
-        except FileNotFoundError:
-            self.warnings.append(f"{item.name} vanished before it could be read; skipped")
-            return
-        except Exception as error:  # one bad file must never stop the sensor
-            self.cursor[item.name] = (item.mtime_ns, item.size, None)
-            if same_stat:
-                return  # already requested for quarantine; retried each tick in case it heals
-            self.warnings.append(
-                f"{item.name} cannot be read ({type(error).__name__}: {error}); "
-                "requesting its run so that it is quarantined with the reason"
-            )
-            run_key = f"{item.name}:unreadable:{item.mtime_ns}:{item.size}"
-            self.requests.append(InboxRequest(file=item, assignment=assignment, run_key=run_key))
-            return
-        sha256 = read.sha256 or ""
-        self.cursor[item.name] = (item.mtime_ns, item.size, sha256)
-        if entry is not None and entry[2] == sha256:
-            self.unchanged += 1  # touched, not changed: same run key, nothing to do
-            return
-        again = self.earlier_landings(assignment, sha256)
-        run_key = f"{item.name}:{sha256[:16]}" + (f":landed-again:{again}" if again else "")
-        self.requests.append(InboxRequest(file=read, assignment=assignment, run_key=run_key))
-
-
-# A file whose content no run managed to land (an I/O error each time) is requested again after
-# each failed run, at most this many runs in all, then left to a person (the alert names it).
-MAX_LANDING_RUNS = 5
+HASH_BUDGET_S = TICK_HASH_BUDGET_S
+LAND_BUDGET_S = TICK_LAND_BUDGET_S
 _RECENT_RUNS = 500
 _IN_FLIGHT = (
     dg.DagsterRunStatus.QUEUED,
@@ -281,91 +55,33 @@ _IN_FLIGHT = (
 )
 
 
-def _landing_retries(
-    instance: dg.DagsterInstance,
-    landing: Landing,
-    files: Sequence[InboxFile],
-    plan: InboxTick,
-) -> list[InboxRequest]:
-    """Settled, already-requested files whose content is not landed and whose last run ended
-    (failed on an I/O error, or read an older version while the file was being written): asked
-    for again, one run key per earlier run, so the next tick retries what a run could not do."""
-    requested = {request.file.name for request in plan.requests}
-    # One query a tick (newest first), not one per file: a tick over thousands of files stays cheap.
-    runs_of: dict[tuple[str, str], list[dg.DagsterRun]] = {}
+def run_request(request: InboxRequest) -> dg.RunRequest:
+    """The ingest run of one inbox request, in the file's (date, source) partition."""
+    return dg.RunRequest(
+        run_key=request.run_key,
+        partition_key=dg.MultiPartitionKey(
+            {DATE_DIMENSION: request.assignment.ds, SOURCE_DIMENSION: request.assignment.source}
+        ),
+        tags={
+            FILE_TAG: request.file.name,
+            SHA256_TAG: request.file.sha256 or "unread",
+            **RETRY_TAGS,
+        },
+    )
+
+
+def _ingest_runs(instance: dg.DagsterInstance) -> dict[tuple[str, str], list[IngestRun]]:
+    """The recent ingest runs by (inbox file, sha256), newest first: one query a tick, not one
+    per file, so a tick over thousands of files stays cheap."""
+    runs_of: dict[tuple[str, str], list[IngestRun]] = {}
     for run in instance.get_runs(
         filters=dg.RunsFilter(job_name=ingest_job.name), limit=_RECENT_RUNS
     ):
-        runs_of.setdefault((run.tags.get(FILE_TAG, ""), run.tags.get(SHA256_TAG, "")), []).append(
-            run
+        key = (run.tags.get(FILE_TAG, ""), run.tags.get(SHA256_TAG, ""))
+        runs_of.setdefault(key, []).append(
+            IngestRun(run_id=run.run_id, in_flight=run.status in _IN_FLIGHT)
         )
-    retries: list[InboxRequest] = []
-    for item in files:
-        entry = plan.cursor.root.get(item.name)
-        if item.name in requested or entry is None or entry[:2] != (item.mtime_ns, item.size):
-            continue
-        if entry[2] is None or entry[2] == "unread":
-            continue  # refused or unreadable: quarantined by its run, not landed
-        runs = runs_of.get((item.name, entry[2]), [])
-        if not runs or len(runs) >= MAX_LANDING_RUNS or any(r.status in _IN_FLIGHT for r in runs):
-            continue
-        sha256 = entry[2]
-        assignment = landing.assignment(item.name)
-        current = landing.current(assignment.ds, assignment.source) if assignment else None
-        # Landed means landed as the newest version: in A -> B -> A, A's day-1 landing does not
-        # count for the A of day 3.
-        if assignment is None or (current is not None and current.sha256 == sha256):
-            continue
-        retries.append(
-            InboxRequest(
-                file=item.model_copy(update={"sha256": sha256}),
-                assignment=assignment,
-                run_key=f"{item.name}:{sha256[:16]}:after:{runs[0].run_id[:8]}",
-            )
-        )
-    return retries
-
-
-def _land_for_any_host(
-    landing: Landing, settings: Settings, plan: InboxTick, previous: InboxCursor
-) -> InboxTick:
-    """Land each requested file that was read (see the module docstring); a file left over when
-    `LAND_BUDGET_S` is spent goes back to its previous cursor entry, so next tick asks again."""
-    started = time.monotonic()
-    cursor, warnings = dict(plan.cursor.root), list(plan.warnings)
-    requests: list[InboxRequest] = []
-    deferred = landed = 0
-    for request in plan.requests:
-        name = request.file.name
-        if request.file.sha256 is None:  # not read: its run quarantines it, reading nothing
-            requests.append(request)
-            continue
-        if landed and time.monotonic() - started > LAND_BUDGET_S:
-            if (entry := previous.root.get(name)) is None:
-                cursor.pop(name, None)
-            else:
-                cursor[name] = entry
-            deferred += 1
-            continue
-        try:
-            landing.land(
-                request.file,
-                request.assignment,
-                max_bytes=settings.max_input_bytes,
-                settle_s=0.0,  # settled: the plan read it only once it had stood still
-            )
-        except (StorageError, OSError) as error:
-            warnings.append(f"{name}: not landed by the sensor ({error}); its run lands it")
-        landed += 1
-        requests.append(request)
-    return plan.model_copy(
-        update={
-            "requests": requests,
-            "cursor": InboxCursor(cursor),
-            "warnings": warnings,
-            "deferred": plan.deferred + deferred,
-        }
-    )
+    return runs_of
 
 
 def _new_sources(instance: dg.DagsterInstance, requests: Sequence[InboxRequest]) -> list[str]:
@@ -390,16 +106,21 @@ def _tick(context: dg.SensorEvaluationContext, settings: Settings) -> dg.SensorR
             earlier_landings=lambda item, sha256: landing.earlier_landings(
                 item.ds, item.source, sha256
             ),
-            # Module globals read per tick, not default arguments, so tests can shorten them.
             settle_s=SETTLE_S,
             hash_budget_s=HASH_BUDGET_S,
         )
-        retries = _landing_retries(context.instance, landing, files, plan)
+        retries = landing_retries(landing, files, plan, _ingest_runs(context.instance))
         for retry in retries:
             context.log.warning(f"{retry.file.name}: its last run did not land it; asking again")
         plan = plan.model_copy(update={"requests": [*plan.requests, *retries]})
         if settings.paths.database_url is not None:
-            plan = _land_for_any_host(landing, settings, plan, InboxCursor.parse(context.cursor))
+            plan = land_for_any_host(
+                landing,
+                plan,
+                InboxCursor.parse(context.cursor),
+                max_input_bytes=settings.max_input_bytes,
+                budget_s=LAND_BUDGET_S,
+            )
     for warning in plan.warnings:
         context.log.warning(warning)
     new_sources = _new_sources(context.instance, plan.requests)
@@ -415,7 +136,7 @@ def _tick(context: dg.SensorEvaluationContext, settings: Settings) -> dg.SensorR
         f"requesting {len(plan.requests)} run(s); new sources: {', '.join(new_sources) or 'none'}"
     )
     return dg.SensorResult(
-        run_requests=[request.run_request() for request in plan.requests],
+        run_requests=[run_request(request) for request in plan.requests],
         dynamic_partitions_requests=(
             [source_partitions.build_add_request(new_sources)] if new_sources else []
         ),

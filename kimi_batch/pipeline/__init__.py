@@ -2,7 +2,8 @@
 
 The stage protocol (`GenerationTask`: its table, its requests from its inputs, its rows from its
 results), the stages (amplify, distill, judge, the Batch API's), their rows and quarantine rows,
-the one stage registry. Other packages import from here, never from the modules.
+the one stage registry, the night's arithmetic (`night`) and what the morning is told of it
+(`alerts`, `webhook`). Other packages import from here, never from the modules.
 
 The members are imported on first use (`__getattr__`): the input models (`kimi_batch.inputs`)
 build on the row models here while the stages build on the input models, so an eager facade
@@ -13,6 +14,18 @@ import importlib
 import typing
 
 if typing.TYPE_CHECKING:
+    from kimi_batch.pipeline.alerts import (
+        DEFAULT_NIGHT_ENDS,
+        FailedCheck,
+        NightReport,
+        PartitionRecord,
+        PartitionState,
+        deliver,
+        due_night,
+        failure_text,
+        night_message,
+        trino_problem,
+    )
     from kimi_batch.pipeline.amplify import (
         DEFAULT_AMPLIFY_PARAMS,
         TEMPLATES,
@@ -33,6 +46,15 @@ if typing.TYPE_CHECKING:
         BatchControls,
         unless_cancelled,
     )
+    from kimi_batch.pipeline.checks import (
+        CHECK_NAMES,
+        CONTAMINATION_CHECK,
+        TRUNCATION_CHECK,
+        CheckVerdict,
+        generation_verdicts,
+        quality_verdicts,
+        stage_check_names,
+    )
     from kimi_batch.pipeline.distill import (
         DEFAULT_DISTILL_PARAMS,
         EMPTY_REASON,
@@ -52,6 +74,7 @@ if typing.TYPE_CHECKING:
         answered_again,
         asked_again,
         drive,
+        drive_on,
         oldest_first,
         plan_partition,
         sample_scope,
@@ -69,6 +92,7 @@ if typing.TYPE_CHECKING:
         SetAside,
         generation_columns,
     )
+    from kimi_batch.pipeline.interrupts import InterruptibleRunner, interruptible_runner
     from kimi_batch.pipeline.judge import (
         DEFAULT_JUDGE_PARAMS,
         JUDGE_STAGE,
@@ -77,11 +101,33 @@ if typing.TYPE_CHECKING:
         Verdict,
         judge_prompt,
     )
+    from kimi_batch.pipeline.landed import (
+        generation_figures,
+        plan_stage,
+        screening,
+        stage_data_version,
+        summary_markdown,
+        write_stage,
+    )
     from kimi_batch.pipeline.lease import (
         LEASE_TTL_S,
         LEASE_WAIT_S,
         HeldPartition,
         partition_lease,
+    )
+    from kimi_batch.pipeline.night import (
+        WINDOW_GRACE_S,
+        BatchPartition,
+        NightPartitions,
+        known_partitions,
+        local_time,
+        log_inbox,
+        night_ds,
+        nightly_partitions,
+        partition_parts_of,
+        rescreen_due,
+        split_partition_key,
+        window_end,
     )
     from kimi_batch.pipeline.prompt_length import (
         TEMPLATE_TOKENS_FIXED,
@@ -120,6 +166,16 @@ if typing.TYPE_CHECKING:
         ShortAnswer,
         StepByStepAnswer,
         import_output_model,
+    )
+    from kimi_batch.pipeline.seeds import (
+        resolve_seeds_input,
+        seed_figures,
+        seeds_consumed,
+        write_seeds,
+    )
+    from kimi_batch.pipeline.server import (
+        LlamaDeployment,
+        warm_digest,
     )
     from kimi_batch.pipeline.sink import (
         CheckFigures,
@@ -172,6 +228,13 @@ _MODULES = (
     "api_batch",
     "stages",
     "driver",
+    "alerts",
+    "night",
+    "interrupts",
+    "landed",
+    "checks",
+    "server",
+    "seeds",
 )
 _ABSENT = object()
 
@@ -179,9 +242,12 @@ __all__ = [
     "AMPLIFY",
     "AMPLIFY_STAGE",
     "CANCEL_POLL_S",
+    "CHECK_NAMES",
+    "CONTAMINATION_CHECK",
     "DEFAULT_AMPLIFY_PARAMS",
     "DEFAULT_DISTILL_PARAMS",
     "DEFAULT_JUDGE_PARAMS",
+    "DEFAULT_NIGHT_ENDS",
     "DISTILL",
     "DISTILL_STAGE",
     "EMPTY_REASON",
@@ -204,6 +270,8 @@ __all__ = [
     "TEMPLATE_TOKENS_PER_TURN",
     "TOKENIZE_CONCURRENCY",
     "TRUNCATED_REASON",
+    "TRUNCATION_CHECK",
+    "WINDOW_GRACE_S",
     "AmplifiedRow",
     "AmplifyConfig",
     "AmplifyTask",
@@ -211,23 +279,32 @@ __all__ = [
     "ApiBatchTask",
     "BatchCancelledError",
     "BatchControls",
+    "BatchPartition",
     "CheckFigures",
+    "CheckVerdict",
     "DistillConfig",
     "DistillInputs",
     "DistillTask",
     "DistilledRow",
     "DriverRun",
+    "FailedCheck",
     "GenerationColumns",
     "GenerationTask",
     "HeldPartition",
+    "InterruptibleRunner",
     "JudgeConfig",
     "JudgeInputs",
     "JudgeTask",
     "JudgedRow",
+    "LlamaDeployment",
+    "NightPartitions",
+    "NightReport",
     "Origin",
     "OutputRow",
+    "PartitionRecord",
     "PartitionResult",
     "PartitionSkippedError",
+    "PartitionState",
     "PipelineStage",
     "QuarantineRow",
     "RequestTag",
@@ -252,37 +329,67 @@ __all__ = [
     "check_prompt_lengths",
     "declare_stage",
     "dedup_variants",
+    "deliver",
     "distillation_requests",
     "drive",
+    "drive_on",
+    "due_night",
     "failure_rows",
+    "failure_text",
     "file_row",
     "find_overlong",
     "generation_columns",
+    "generation_figures",
+    "generation_verdicts",
     "import_output_model",
     "input_row",
+    "interruptible_runner",
     "judge_prompt",
+    "known_partitions",
+    "local_time",
+    "log_inbox",
+    "night_ds",
     "night_end",
+    "night_message",
+    "nightly_partitions",
     "nightly_stages",
     "oldest_first",
     "parse_tag",
     "parse_variant",
     "partition_lease",
+    "partition_parts_of",
     "plan_partition",
+    "plan_stage",
+    "quality_verdicts",
     "quarantine_overlong",
     "raw_json",
     "rejected_raw",
+    "rescreen_due",
+    "resolve_seeds_input",
     "result_row",
     "sample_scope",
+    "screening",
+    "seed_figures",
+    "seeds_consumed",
     "set_aside_row",
+    "split_partition_key",
+    "stage_check_names",
+    "stage_data_version",
     "stage_of_tag",
+    "summary_markdown",
     "template_tokens",
     "token_bound",
+    "trino_problem",
     "truncate_raw",
     "unless_cancelled",
     "upstream_of",
     "variant_instruction",
     "variant_tag",
+    "warm_digest",
+    "window_end",
     "withdraw_stage",
+    "write_seeds",
+    "write_stage",
 ]
 _LAZY_MEMBERS = frozenset(__all__)
 

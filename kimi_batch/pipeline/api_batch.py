@@ -22,6 +22,7 @@ from kimi_batch.batch_api import API_STAGE, BatchRequestLine
 from kimi_batch.engine import GenerationRequest, GenerationResult, SystemDigest
 from kimi_batch.llama import ToolCall
 from kimi_batch.pipeline.distill import EMPTY_REASON, TRUNCATED_REASON
+from kimi_batch.pipeline.driver import StagePlan
 from kimi_batch.pipeline.generation_task import (
     GenerationTask,
     RowReader,
@@ -98,6 +99,18 @@ class ApiBatchTask(GenerationTask[ApiBatchInputs, DistilledRow]):
 
     def requests(self, inputs: ApiBatchInputs) -> list[GenerationRequest]:
         return [inputs.request(line) for line in inputs.lines]
+
+    def plan(self, ds: str, source: str, input_sha: str | None) -> StagePlan:
+        """The batch as a stage's partition: its lines, landed at ds/source from `input_sha`."""
+        inputs = self.load(lambda table, model: [])  # the lines are the inputs: no table read
+        return StagePlan(
+            task=self,
+            ds=ds,
+            source=source,
+            inputs=inputs,
+            requests=self.requests(inputs),
+            input_sha=input_sha or "",
+        )
 
     def parse(self, result: GenerationResult, inputs: ApiBatchInputs) -> DistilledRow | SetAside:
         """A result of no line of the batch is a caller bug and raises ValueError."""

@@ -23,8 +23,8 @@ the planned keys before the first request is sent.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Executor
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from functools import partial
@@ -38,7 +38,7 @@ from kimi_batch.engine import (
     Ledger,
     PlannedRow,
 )
-from kimi_batch.pipeline.batch_controls import BatchControls
+from kimi_batch.pipeline.batch_controls import BatchControls, unless_cancelled
 from kimi_batch.pipeline.errors import SKIPPED
 from kimi_batch.pipeline.generation_task import GenerationTask, RowReader
 from kimi_batch.pipeline.lease import HeldPartition
@@ -152,6 +152,31 @@ async def drive(
     every partition's result (see the module docstring)."""
     driver = _Driver(run, lands, oldest_first(partitions), controls or BatchControls())
     return await driver.run(stages, partitions, label)
+
+
+def drive_on(
+    loop: Callable[[Coroutine[Any, Any, dict[str, PartitionResult[LandedT]]]], Any],
+    run: DriverRun[LandedT],
+    stages: Sequence[PipelineStage],
+    partitions: Mapping[str, HeldPartition],
+    controls: BatchControls,
+) -> dict[str, PartitionResult[LandedT]]:
+    """`drive` run to its end by `loop` (an event loop's `run`: the caller's, which a terminated
+    run stops), with one landing thread and the cancel poll of `controls`; every partition's
+    result, in `partitions`' order."""
+    names = ", ".join(stage.asset for stage in stages)
+    label = f"{names} " + (
+        next(iter(partitions)) if len(partitions) == 1 else f"({len(partitions)} partitions)"
+    )
+    # One landing thread: the tables, checks and records off the event loop, one at a time.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="landing") as lands:
+        try:
+            work = drive(run, stages, partitions, lands=lands, label=label, controls=controls)
+            cancelled = controls.cancelled
+            results = loop(work if cancelled is None else unless_cancelled(work, cancelled))
+        finally:
+            lands.shutdown(cancel_futures=True)  # an interrupted run starts no more landings
+    return {key: results[key] for key in partitions}
 
 
 @dataclass(frozen=True)

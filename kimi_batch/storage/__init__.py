@@ -1,7 +1,7 @@
 """What is left of the storage layer once the features have their packages: the landed input
-versions (`landing`: the manifest; `snapshot`, `settle`, `partition_input`) and the landing
-writes of the seeds and the quarantine rows (`seeds`, `quarantine`), which go with `landing` to
-`inputs/` and `pipeline/`; and the file primitives several features share (`private_files`:
+versions (`landing`: the manifest; `snapshot`, `settle`, `partition_input`), what the inbox
+sensor asks for (`inbox_tick`), and the landing writes of the seeds and the quarantine rows
+(`seeds`, `quarantine`), which go with `landing` to `inputs/` and `pipeline/`; and the file primitives several features share (`private_files`:
 owner-only writes; `blobs`: content-addressed files every host reads) with the storage errors
 (`exceptions`). Other packages import from here, never from the modules.
 """
@@ -15,6 +15,16 @@ from kimi_batch.storage.exceptions import (
     TrinoQueryError,
     TrinoTimeoutError,
     TrinoUnavailableError,
+)
+from kimi_batch.storage.inbox_tick import (
+    HASH_BUDGET_S,
+    LAND_BUDGET_S,
+    InboxCursor,
+    InboxRequest,
+    IngestRun,
+    land_for_any_host,
+    landing_retries,
+    plan_inbox_tick,
 )
 from kimi_batch.storage.landing import Assignment, Landing, landed_versions
 from kimi_batch.storage.partition_input import (
@@ -43,10 +53,15 @@ from kimi_batch.storage.settle import (
 )
 
 __all__ = [
+    "HASH_BUDGET_S",
+    "LAND_BUDGET_S",
     "SETTLE_S",
     "Assignment",
     "BlobStore",
+    "InboxCursor",
     "InboxLanding",
+    "InboxRequest",
+    "IngestRun",
     "InputNotSettledError",
     "InvalidIdentifierError",
     "InvalidPartitionError",
@@ -58,11 +73,14 @@ __all__ = [
     "TrinoQueryError",
     "TrinoTimeoutError",
     "TrinoUnavailableError",
+    "land_for_any_host",
     "land_inbox",
     "land_input",
     "land_seeds",
     "landed_versions",
+    "landing_retries",
     "pid_alive",
+    "plan_inbox_tick",
     "private_folder",
     "private_folder_swap",
     "private_writer",

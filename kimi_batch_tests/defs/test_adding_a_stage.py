@@ -25,7 +25,7 @@ from kimi_batch.cli.export import pinned_warehouse
 from kimi_batch.cli.status import collect_status
 from kimi_batch.definitions import batch_assets, build_definitions, build_resources
 from kimi_batch.defs.alerts import build_freshness_checks
-from kimi_batch.defs.check_states import TRUNCATION_CHECK, failed_checks, watched_checks
+from kimi_batch.defs.check_states import failed_checks, watched_checks
 from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME
 from kimi_batch.defs.partition_states import (
     INPUT_SHA_METADATA,
@@ -36,6 +36,7 @@ from kimi_batch.defs.partition_states import (
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
 from kimi_batch.pipeline import (
     STAGE_DECLARATIONS,
+    TRUNCATION_CHECK,
     RequestTag,
     generation_columns,
     night_end,

@@ -7,7 +7,7 @@ own freshness sensor (`build_sensor_for_freshness_checks`); the morning report r
 """
 
 from collections.abc import Iterator
-from datetime import UTC, datetime, time, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import dagster as dg
@@ -18,12 +18,10 @@ from kimi_batch.defs.alerts import (
     FRESHNESS_SENSOR,
     build_alerts,
     build_freshness_checks,
-    due_night,
 )
 from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME, nightly_run_config
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, build_batch_partitions
 from kimi_batch.defs.schedules import report_idle_night
-from kimi_batch.defs.webhook import post_message
 from kimi_batch.engine.stats import ProgressEvent
 from kimi_batch.settings import Settings
 from kimi_batch.storage.landing import Landing
@@ -327,30 +325,6 @@ def test_a_distilled_night_whose_trino_is_down_is_reported(
     (text,) = receiver.texts
     assert f"kimi_batch: night {yesterday} distilled, but Trino cannot read the tables" in text
     assert f"Trino cannot read the tables: Trino at 127.0.0.1:{port} is unreachable" in text
-
-
-@pytest.mark.parametrize(
-    ("now", "expected_ds", "expected_deadline"),
-    [
-        (datetime(2026, 3, 10, 6, 59, tzinfo=UTC), "2026-03-08", datetime(2026, 3, 9, 7, 0)),
-        (datetime(2026, 3, 10, 7, 0, tzinfo=UTC), "2026-03-09", datetime(2026, 3, 10, 7, 0)),
-        (datetime(2026, 3, 10, 23, 0, tzinfo=UTC), "2026-03-09", datetime(2026, 3, 10, 7, 0)),
-    ],
-)
-def test_due_night_is_the_last_night_whose_window_ended(
-    now: datetime, expected_ds: str, expected_deadline: datetime
-) -> None:
-    ds, deadline = due_night(now, time(7, 0))
-    assert ds == expected_ds
-    assert deadline == expected_deadline.replace(tzinfo=UTC)
-
-
-def test_a_webhook_that_fails_is_reported_not_raised() -> None:
-    with Receiver(status=500) as broken:
-        result = post_message(broken.url, "hello")
-    assert not result.delivered
-    assert result.status_code == 500
-    assert broken.texts == ["hello"]
 
 
 def test_the_check_run_with_the_materialization_counts_that_partition_done(

@@ -12,6 +12,7 @@ import pytest
 
 import kimi_batch.batch_api.lifecycle as api_batches
 from kimi_batch.batch_api import (
+    MAX_FINISH_ATTEMPTS,
     MAX_VALIDATION_ATTEMPTS,
     ApiStore,
     BatchRecord,
@@ -20,7 +21,7 @@ from kimi_batch.batch_api import (
 )
 from kimi_batch.crash_points import CrashPointReached, armed
 from kimi_batch.defs.api_sensor import build_api_batch_sensor
-from kimi_batch.defs.assets.api_batch import API_TRIGGER_TAG, MAX_FINISH_ATTEMPTS
+from kimi_batch.defs.assets.api_batch import API_TRIGGER_TAG
 from kimi_batch.engine import Ledger
 from kimi_batch.settings import Settings
 from kimi_batch_tests.support.postgres import StateBackend

@@ -27,15 +27,11 @@ import pytest
 
 import kimi_batch.inputs.inbox as inbox_module
 from kimi_batch.defs import sensors
-from kimi_batch.defs.sensors import (
-    FILE_TAG,
-    InboxCursor,
-    build_inbox_sensor,
-    plan_inbox_tick,
-)
+from kimi_batch.defs.sensors import FILE_TAG, build_inbox_sensor
 from kimi_batch.inputs.inbox import InboxFile, file_sha256, scan_inbox
 from kimi_batch.paths import StatePaths
 from kimi_batch.settings import Settings
+from kimi_batch.storage.inbox_tick import InboxCursor, plan_inbox_tick
 from kimi_batch.storage.landing import Assignment, Landing
 from kimi_batch.storage.partition_input import LandingIOError
 from kimi_batch_tests.support.postgres import PostgresServer
@@ -430,46 +426,6 @@ def test_cursor_keeps_ticks_cheap_with_thousands_of_files(
     third = daemon.tick(execute=False)
     assert hashed == ["part_00007.jsonl"]
     assert [request.partition_key for request in third.data.run_requests] == [key("part_00007")]
-
-
-def test_hash_budget_spreads_work_over_ticks_without_losing_files(inbox: Path) -> None:
-    for index in range(5):
-        put(inbox / DAY / f"f{index}.jsonl", f'{{"prompt": "{index}"}}\n')
-    cursor = InboxCursor()
-    requested: list[str] = []
-
-    for _ in range(10):
-        tick = plan_inbox_tick(
-            scan_inbox(inbox),
-            cursor,
-            assign=_assign(inbox),
-            is_valid_ds=lambda ds: True,
-            max_input_bytes=1 << 20,
-            hash_budget_s=0.0,
-        )
-        requested += [request.file.name for request in tick.requests]
-        cursor = tick.cursor
-
-    assert requested == [f"{DAY}/f{index}.jsonl" for index in range(5)]  # one a tick, each once
-
-
-def test_cursor_format_and_corrupt_cursor(inbox: Path) -> None:
-    path = put(inbox / DAY / "a.jsonl")
-    tick = plan_inbox_tick(
-        scan_inbox(inbox),
-        InboxCursor(),
-        assign=_assign(inbox),
-        is_valid_ds=lambda ds: True,
-        max_input_bytes=1 << 20,
-    )
-
-    stat = path.stat()
-    assert InboxCursor.parse(tick.cursor.dump()).root == {
-        f"{DAY}/a.jsonl": (stat.st_mtime_ns, stat.st_size, file_sha256(path))
-    }
-    assert InboxCursor.parse("not json").root == {}
-    assert InboxCursor.parse('{"a": "b"}').root == {}
-    assert InboxCursor.parse(None).root == {}
 
 
 def test_missing_inbox_is_a_skip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

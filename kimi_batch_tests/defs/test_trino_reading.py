@@ -13,8 +13,8 @@ import polars as pl
 import pytest
 
 from kimi_batch.definitions import batch_assets, build_resources
-from kimi_batch.defs.alerts import trino_problem
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
+from kimi_batch.pipeline import trino_problem
 from kimi_batch.settings import Settings
 from kimi_batch.warehouse import TrinoConfig, TrinoReader, open_catalog, open_warehouse
 from kimi_batch_tests.support.llama_server import LlamaEnv

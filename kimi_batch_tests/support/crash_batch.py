@@ -21,7 +21,7 @@ import dagster as dg
 from kimi_batch.batch_api import ApiStore, BatchRecord, BatchStatus, begin_batch, finish_batch
 from kimi_batch.batch_api.lifecycle import batch_lines
 from kimi_batch.batch_api.validation import validate_batch
-from kimi_batch.defs.assets.api_batch import finish_abandoned_batch
+from kimi_batch.defs.api_sensor import finish_abandoned_batch
 from kimi_batch.engine import Ledger
 from kimi_batch.settings import Settings
 from kimi_batch_tests.support.batches import chat_line, jsonl, landed_batch

@@ -25,13 +25,12 @@ from typing import Any
 import dagster as dg
 
 from kimi_batch.definitions import batch_assets, build_resources
-from kimi_batch.defs.assets.driver import plan_stage
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.engine import BatchEngine, GenerationResult
-from kimi_batch.pipeline import DistillConfig
+from kimi_batch.pipeline import DistillConfig, plan_stage
 from kimi_batch.settings import Settings
 
 __all__ = ["main"]

@@ -26,10 +26,11 @@ from kimi_batch.defs.jobs import (
     ingest_job,
 )
 from kimi_batch.defs.partition_states import INPUT_SHA_METADATA
-from kimi_batch.defs.partitions import build_batch_partitions, partition_parts, split_partition_key
+from kimi_batch.defs.partitions import build_batch_partitions, partition_parts
 from kimi_batch.defs.schedules import build_nightly_schedule
 from kimi_batch.defs.sensors import build_inbox_sensor
 from kimi_batch.inputs.inbox import file_sha256, inspect_inbox_file
+from kimi_batch.pipeline import split_partition_key
 from kimi_batch.settings import Settings
 from kimi_batch.storage.landing import Landing
 from kimi_batch.storage.partition_input import resolve_partition

@@ -1,30 +1,22 @@
-"""`api_batch_responses`: one Batch API batch answered by the resident server, one partition each.
-
-The batch runs through the partition-batch driver as every stage does (`driver.run_partitions`
-over its one partition): its requests are one engine batch, each with its line's system prompt
-as its own digest (the engine runs each prompt's requests together, brings each prompt into a
-slot once, and removes the save files it made for that), everything else as submitted. The rows
-land in the `distilled` table at ds=<day created>/source=<batch id>, the output and error files
-in the API's file store. The batch's expiry is the batch's stop time; cancelling the batch (the
-API) or terminating the run (the UI) cancels the requests in flight, which closes their
-connections: llama-server stops those slots; the batch ends `cancelled` and the run CANCELED.
+"""`api_batch_responses`: one Batch API batch answered by the resident server, one partition
+each, through the partition-batch driver as every stage is (docs/architecture.md, "The Batch
+API"): its expiry is its stop time; a cancel (the API) or a terminate (the UI) cancels the
+requests in flight, the batch ends `cancelled` and the run CANCELED.
 """
 
-from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import NoReturn
 
 import dagster as dg
 
 from kimi_batch.batch_api import (
     ApiStore,
-    BatchLineError,
     BatchRecord,
     BatchStatus,
+    batch_controls,
     batch_lines,
     begin_batch,
+    cancelled_message,
     finish_batch,
-    iter_batch_lines,
 )
 from kimi_batch.defs.assets.checks import check_specs
 from kimi_batch.defs.assets.context import LLAMA_POOL, step_lease
@@ -36,82 +28,20 @@ from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
-from kimi_batch.engine import Ledger, PlannedRow
+from kimi_batch.engine import Ledger
 from kimi_batch.pipeline import (
     ApiBatchInputs,
     ApiBatchTask,
     BatchCancelledError,
-    BatchControls,
     HeldPartition,
     PartitionResult,
     PipelineStage,
     StagePlan,
 )
-from kimi_batch.settings import Settings
-from kimi_batch.storage import StorageError
 
 API_GROUP = "api"
 # Set by the API batch sensor on the first run of a batch; a rerun by hand has no such tag.
 API_TRIGGER_TAG = "kimi_batch/api_batch"
-# Starts of an abandoned batch's finish before it ends without its files (each start that
-# never ended was a process killed while writing them).
-MAX_FINISH_ATTEMPTS = 3
-
-
-def finish_abandoned_batch(
-    settings: Settings, store: ApiStore, batch: BatchRecord, run: dg.DagsterRun
-) -> BatchRecord:
-    """Finalize a batch whose run ended without doing it (its processes were killed, run
-    monitoring failed it): `cancelled` when a cancel was asked (the API's, or a terminate from
-    the UI), else `failed` with an error naming the run; the partial output and error files
-    come from the ledger either way, streamed from the landed input. A finish that was begun
-    `MAX_FINISH_ATTEMPTS` times and never ended (its process killed each time) is not tried
-    again: the final status without files, an error saying why."""
-    cancel_asked = (
-        batch.status == BatchStatus.CANCELLING or run.status == dg.DagsterRunStatus.CANCELED
-    )
-    status = BatchStatus.CANCELLED if cancel_asked else BatchStatus.FAILED
-    attempts = store.count_finish_attempt(batch.id)
-    if status == BatchStatus.FAILED:
-        message = (
-            f"the batch's run {run.run_id} ended {run.status.value} before the batch was "
-            "finished; its answered requests are in the output file"
-        )
-        batch = _with_error(store, batch, BatchLineError(code="run_failed", message=message))
-    if attempts > MAX_FINISH_ATTEMPTS:
-        message = (
-            f"writing the output and error files stopped {attempts - 1} times (the process "
-            "ended, out of memory?); the answers are kept: a rerun of the batch writes them"
-        )
-        batch = _with_error(store, batch, BatchLineError(code="finish_failed", message=message))
-        return _final_without_files(store, batch, status)
-    try:
-        with Ledger(settings.paths.ledger_state) as ledger:
-            return finish_batch(store, ledger, batch.id, iter_batch_lines(settings, batch), status)
-    except StorageError:
-        # The landed input is gone or unreadable: the final status without files.
-        return _final_without_files(store, batch, status)
-
-
-def _final_without_files(store: ApiStore, batch: BatchRecord, status: BatchStatus) -> BatchRecord:
-    if status == BatchStatus.CANCELLED:
-        store.transition(batch.id, BatchStatus.CANCELLING)  # the only way into `cancelled`
-    return store.update_batch(batch.id, status=status)
-
-
-def _with_error(store: ApiStore, batch: BatchRecord, error: BatchLineError) -> BatchRecord:
-    """`error` added to the batch's errors once (a retried finish does not repeat it)."""
-    if error in batch.errors:
-        return batch
-    return store.update_batch(batch.id, errors=[*batch.errors, error])
-
-
-def _cancelled_message(done: BatchRecord) -> str:
-    answered = done.request_total - done.request_failed
-    return (
-        f"{done.id} was cancelled: {answered} of {done.request_total} requests answered "
-        "(kept; a rerun sends the rest)"
-    )
 
 
 def _end_run_cancelled(context: dg.AssetExecutionContext, done: BatchRecord) -> NoReturn:
@@ -125,7 +55,7 @@ def _end_run_cancelled(context: dg.AssetExecutionContext, done: BatchRecord) -> 
     error says why it stopped."""
     if done.status != BatchStatus.CANCELLED:  # not cancelled: it had ended before this run
         raise dg.Failure(f"{done.id} is {done.status.value}: this run had nothing to answer")
-    message = _cancelled_message(done)
+    message = cancelled_message(done)
     run, instance = context.run, context.instance
     context.log.info(f"{message}; cancelling run {run.run_id}")
     try:
@@ -138,24 +68,6 @@ def _end_run_cancelled(context: dg.AssetExecutionContext, done: BatchRecord) -> 
         # what makes the run's end CANCELED.
         instance.report_run_canceling(run, message=message)
     raise dg.Failure(description=message)
-
-
-def _controls(store: ApiStore, batch: BatchRecord) -> BatchControls:
-    """The batch's expiry as the stop time, the user's cancel polled, the request keys stored
-    before the first request is sent (the live counts and the files read them)."""
-
-    def cancel_asked() -> bool:
-        record = store.batch(batch.id)
-        return record is not None and record.status == BatchStatus.CANCELLING
-
-    def planned(rows: Sequence[PlannedRow]) -> None:
-        store.set_request_keys(batch.id, [(row.input_id, row.content_key) for row in rows])
-
-    return BatchControls(
-        expires_at=datetime.fromtimestamp(batch.expires_at, UTC),
-        cancelled=cancel_asked,
-        on_planned=planned,
-    )
 
 
 def _answered(
@@ -181,7 +93,7 @@ def _answered(
             resources=resources,
             landing=landing,
             planner=lambda _task, _key: plan,
-            controls=_controls(store, batch),
+            controls=batch_controls(store, batch),
         ).values()
     except BatchCancelledError:
         return finish_batch(store, ledger, batch.id, lines, BatchStatus.CANCELLED)
@@ -253,7 +165,7 @@ def api_batch_responses(
         task = ApiBatchTask(
             batch_id=batch.id, lines=batch_lines(settings, batch), source_file=f"{batch.id}.jsonl"
         )
-        plan = _plan(task, batch.ds, batch.source, batch.input_sha256)
+        plan = task.plan(batch.ds, batch.source, batch.input_sha256)
         resources = GenerationResources(
             llama=llama, digest=digest, warehouse=warehouse, trino=trino
         )
@@ -274,16 +186,3 @@ def api_batch_responses(
     if isinstance(answered, BatchRecord):  # cancelled: the lease and the store are let go
         _end_run_cancelled(context, answered)
     return answered
-
-
-def _plan(task: ApiBatchTask, ds: str, source: str, input_sha: str | None) -> StagePlan:
-    """The batch as a stage's partition: its lines, landed at ds/source from input `input_sha`."""
-    inputs = task.load(lambda table, model: [])  # the lines are the inputs: no table read
-    return StagePlan(
-        task=task,
-        ds=ds,
-        source=source,
-        inputs=inputs,
-        requests=task.requests(inputs),
-        input_sha=input_sha or "",
-    )

@@ -10,12 +10,10 @@ from datetime import UTC, datetime
 import dagster as dg
 from pydantic import Field
 
-from kimi_batch.defs.assets.checks import stage_check_names
 from kimi_batch.defs.assets.context import LLAMA_POOL, RunContext, step_lease
-from kimi_batch.defs.assets.landing import consumed_input_sha
 from kimi_batch.defs.assets.stage_asset import generation_asset
 from kimi_batch.defs.deployment import deployment_settings
-from kimi_batch.defs.interrupts import InterruptibleRunner, interruptible_runner
+from kimi_batch.defs.interrupts import interruptible_runner
 from kimi_batch.defs.jobs import BATCH_GROUP, INGEST_TAG, NIGHT_END_TAG, OPTIONAL_TAG
 from kimi_batch.defs.metadata import ASSET_OWNERS, table_metadata
 from kimi_batch.defs.partitions import build_batch_partitions, partition_parts
@@ -23,27 +21,20 @@ from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
 from kimi_batch.defs.resources.warehouse import WarehouseResource
-from kimi_batch.inputs import InputReader
 from kimi_batch.pipeline import (
     SEED_ASSET,
     STAGE_DECLARATIONS,
     HeldPartition,
-    PartitionSkippedError,
-    QuarantineRow,
     StageDeclaration,
-    check_prompt_lengths,
-    file_row,
     night_end,
+    resolve_seeds_input,
+    seed_figures,
+    seeds_consumed,
+    stage_check_names,
+    write_seeds,
 )
 from kimi_batch.settings import Settings
-from kimi_batch.storage import (
-    Landing,
-    ResolvedInput,
-    StorageError,
-    land_input,
-    resolve_partition,
-)
-from kimi_batch.warehouse import PartitionWrite, Warehouse
+from kimi_batch.storage import ResolvedInput
 
 
 class SeedConfig(dg.Config):
@@ -52,26 +43,10 @@ class SeedConfig(dg.Config):
     )
 
 
-def resolve_seeds_input(settings: Settings, ds: str, source: str) -> ResolvedInput:
-    """The partition's input to land (its inbox file landed now, else its newest snapshot)."""
-    try:
-        return resolve_partition(settings, ds, source)
-    except StorageError as error:
-        raise PartitionSkippedError(str(error)) from error
-
-
 def seeds_are_current(warehouse: WarehouseResource, resolved: ResolvedInput) -> bool:
-    """The partition's `seeds` and input quarantine were landed from `resolved`'s version
-    already (the day's ingest run did it), with nothing about the file to set aside."""
-    version, item = resolved.version, resolved.assignment
-    if version is None or resolved.problem:
-        return False
+    """`pipeline.seeds_consumed` in the deployment's manifest and warehouse."""
     with warehouse.landing() as landing:
-        # Both writes finished: seeds at this version alone may be a run killed before the
-        # quarantine's write (issue 42 item 4), whose rejected lines only a landing writes.
-        if landing.consumed(item.ds, item.source) != version.sha256:
-            return False
-    return consumed_input_sha(warehouse.warehouse(), item.ds, item.source) == version.sha256
+        return seeds_consumed(landing, warehouse.warehouse(), resolved)
 
 
 def seed_prompts(
@@ -112,60 +87,21 @@ def land_seed_partition(
     lease); Trino sees the commit on its next query."""
     if resolved.deferred:
         context.log.warning(f"{resolved.deferred}; this run reads the last landed version")
-    name, version, now = resolved.assignment.name, resolved.version, datetime.now(UTC)
-    set_aside = (
-        [file_row(source_file=name, reason=resolved.problem, created_at=now)]
-        if (resolved.problem)
-        else []
-    )
     store = warehouse.warehouse()
     with interruptible_runner() as runner, warehouse.landing() as landing:
-        written, limit = _write_seeds(
+        seeds = write_seeds(
             runner,
             (store, landing),
             resolved,
-            set_aside,
-            llama=llama,
-            digest=digest,
-            config=config,
+            server=llama.server(),
+            digest=digest.load(),
+            answer_budget_tokens=config.answer_budget_tokens,
             held=held,
-            now=now,
+            now=datetime.now(UTC),
         )
-        sha = version.sha256 if version else None
-    metadata = _seed_metadata(
-        written,
-        quarantined=len(set_aside),
-        resolved=resolved,
-        limit=limit,
-        store=store,
-        trino=trino,
-    )
-    return dg.MaterializeResult(
-        # The landed version is the data version: downstream partitions built from another one
-        # are shown stale (Dagster's provenance), and `status`/the nightly read the full sha.
-        data_version=dg.DataVersion(sha) if sha else None,
-        metadata=metadata,
-    )
-
-
-def _seed_metadata(
-    written: PartitionWrite,
-    *,
-    quarantined: int,
-    resolved: ResolvedInput,
-    limit: int,
-    store: Warehouse,
-    trino: TrinoResource,
-) -> "dict[str, dg.RawMetadataValue]":
-    """What a seeds partition's materialization says: counts, its input, Dagster's table keys."""
-    sha = resolved.version.sha256 if resolved.version else None
-    return {
-        "rows": written.rows,
-        "quarantined": quarantined,
-        "source_file": resolved.assignment.name,
-        "input_sha256": dg.MetadataValue.text(sha or "none"),
-        "read_from": "inbox" if resolved.from_inbox else "landed snapshot",
-        "prompt_token_limit": limit,
+    written, sha = seeds.written, resolved.version.sha256 if resolved.version else None
+    metadata: dict[str, dg.RawMetadataValue] = {
+        **seed_figures(seeds, resolved),
         **table_metadata(
             "seeds",
             table_name=trino.table_name("seeds"),
@@ -175,53 +111,12 @@ def _seed_metadata(
             snapshot_id=written.snapshot_id,
         ),
     }
-
-
-def _write_seeds(
-    runner: InterruptibleRunner,
-    stores: tuple[Warehouse, Landing],
-    resolved: ResolvedInput,
-    set_aside: list[QuarantineRow],
-    *,
-    llama: LlamaServerResource,
-    digest: DigestResource,
-    config: SeedConfig,
-    held: HeldPartition,
-    now: datetime,
-) -> tuple[PartitionWrite, int]:
-    """Write the `seeds` partition and the input quarantine (`land_input`), quarantining prompts
-    over the server's per-slot limit; returns the write and that limit (in tokens, the answer
-    budget left out)."""
-    settings = llama.settings()
-    version = resolved.version
-    client = llama.client()
-    try:
-        prepared = runner.run(llama.prepare(digest.load()))
-        first = prepared.endpoints[0]
-        limit = (first.ctx or settings.llama_ctx // first.slots) - config.answer_budget_tokens
-        written = land_input(
-            *stores,
-            resolved.assignment.ds,
-            resolved.assignment.source,
-            snapshot=version.path if version else None,
-            reader=InputReader(
-                source_name=resolved.assignment.name,
-                now=now,
-                max_input_bytes=settings.max_input_bytes,
-            ),
-            input_sha256=version.sha256 if version else "",
-            check_lengths=lambda seeds: runner.run(
-                check_prompt_lengths(
-                    seeds, client, digest_tokens=prepared.digest_tokens, limit=limit, now=now
-                )
-            ),
-            now=now,
-            set_aside=set_aside,
-            guard=held.lease,
-        )
-    finally:
-        runner.run(client.aclose())
-    return written, limit
+    return dg.MaterializeResult(
+        # The landed version is the data version: downstream partitions built from another one
+        # are shown stale (Dagster's provenance), and `status`/the nightly read the full sha.
+        data_version=dg.DataVersion(sha) if sha else None,
+        metadata=metadata,
+    )
 
 
 def build_batch_assets(

@@ -1,71 +1,35 @@
-"""The checks every generation stage's asset declares, and their results for a partition."""
+"""The checks every generation stage's asset declares, and their results for a partition
+(`pipeline/checks.py` judges them)."""
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
 import dagster as dg
 import polars as pl
 
-from kimi_batch.defs.check_states import CONTAMINATION_CHECK, DUPLICATE_CHECK
-from kimi_batch.pipeline import CheckFigures, GenerationTask
-from kimi_batch.warehouse import polars_schema
+from kimi_batch.pipeline import CHECK_NAMES, CheckFigures, CheckVerdict, generation_verdicts
 
-# Above this share of answers cut off at max_tokens the truncation check fails (ERROR): those
-# answers are set aside, so most of the night's work would be in quarantine.
-TRUNCATION_FAIL_RATE = 0.25
+
+def check_results(verdicts: Iterable[CheckVerdict]) -> list[dg.AssetCheckResult]:
+    """The verdicts as Dagster's check results (a `warn` verdict at WARN severity)."""
+    return [
+        dg.AssetCheckResult(
+            check_name=verdict.name,
+            passed=verdict.passed,
+            metadata=verdict.metadata,
+            severity=dg.AssetCheckSeverity.WARN if verdict.warn else dg.AssetCheckSeverity.ERROR,
+        )
+        for verdict in verdicts
+    ]
 
 
 def generation_checks(
     table: str, figures: CheckFigures, written: Mapping[str, pl.DataType]
 ) -> list[dg.AssetCheckResult]:
-    """Duplicate request ids, truncation rate (fails above TRUNCATION_FAIL_RATE), empty outputs
-    (set aside included), and schema."""
-    expected = polars_schema(table)
-    warn = dg.AssetCheckSeverity.WARN
-    return [
-        dg.AssetCheckResult(
-            check_name="no_duplicate_request_ids",
-            passed=figures.duplicate_request_ids == 0,
-            metadata={"duplicates": figures.duplicate_request_ids},
-        ),
-        dg.AssetCheckResult(
-            check_name="truncation_rate",
-            passed=figures.truncation_rate <= TRUNCATION_FAIL_RATE,
-            metadata={
-                "truncated": figures.truncated,
-                "rate": round(figures.truncation_rate, 3),
-                "threshold": TRUNCATION_FAIL_RATE,
-            },
-        ),
-        dg.AssetCheckResult(
-            check_name="no_empty_outputs",
-            passed=figures.empty == 0,
-            severity=warn,
-            metadata={"empty": figures.empty},
-        ),
-        dg.AssetCheckResult(
-            check_name="matches_table_schema",
-            passed=dict(written) == dict(expected),
-            metadata={"columns": len(written), "expected_columns": len(expected)},
-        ),
-    ]
-
-
-CHECK_NAMES = (
-    "no_duplicate_request_ids",
-    "truncation_rate",
-    "no_empty_outputs",
-    "matches_table_schema",
-)
-
-
-def stage_check_names(task: type[GenerationTask[Any, Any]]) -> tuple[str, ...]:
-    """The checks a stage's asset declares: every stage's, and the gate's when it is gated."""
-    gated = (CONTAMINATION_CHECK, DUPLICATE_CHECK) if task.quality_gated else ()
-    return (*CHECK_NAMES, *gated)
+    """Every stage's checks of a partition (`pipeline.generation_verdicts`)."""
+    return check_results(generation_verdicts(table, figures, written))
 
 
 def check_specs(

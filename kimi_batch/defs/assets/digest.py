@@ -6,17 +6,8 @@ from kimi_batch.defs.interrupts import run_interruptibly
 from kimi_batch.defs.metadata import ASSET_OWNERS
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
-from kimi_batch.engine import (
-    PROMPT_ALLOWANCE_TOKENS,
-    ContextTooSmallError,
-    DeadlinePolicy,
-    DigestLintError,
-    SlotWarmer,
-    SpeedTracker,
-    SystemDigest,
-    WarmupReport,
-)
-from kimi_batch.llama import LlamaClient
+from kimi_batch.engine import ContextTooSmallError, DigestLintError, SystemDigest
+from kimi_batch.pipeline import warm_digest
 
 DIGEST_GROUP = "digest"
 LLAMA_POOL = "llama_server"
@@ -54,40 +45,6 @@ def system_digest(digest: DigestResource, llama: LlamaServerResource) -> dg.Mate
     )
 
 
-async def _warm(llama: LlamaServerResource, digest: SystemDigest) -> tuple[int, list[WarmupReport]]:
-    """Prepare and warm in one event loop; returns the digest's tokens and a report per endpoint."""
-    prepared = await llama.prepare(digest)
-    tokens = prepared.digest_tokens
-    # A slot too small for the digest, a question and an answer truncates every answer of the
-    # night: refuse while it is still a setting.
-    answer = prepared.endpoints[0].n_predict
-    try:
-        prepared.check_fit(
-            prompt_tokens=PROMPT_ALLOWANCE_TOKENS,
-            answer_tokens=answer if answer > 0 else llama.settings().llama_n_predict,
-            remedy=llama.fit_remedy(),
-        )
-    except ContextTooSmallError as error:
-        raise dg.Failure(str(error)) from error
-    reports = []
-    for endpoint in prepared.endpoints:
-        # The speeds last measured bound the prefill; the prefill measures the prompt speed.
-        speeds = SpeedTracker(DeadlinePolicy(), store=llama.speed_store(), model=endpoint.model)
-        async with LlamaClient(endpoint.base_url, api_key=endpoint.api_key) as client:
-            warmer = SlotWarmer(
-                client,
-                digest,
-                digest_tokens=tokens,
-                model=endpoint.model,
-                ctx=endpoint.ctx,
-                prefill_timeout_s=speeds.deadline_s(tokens, 1),
-            )
-            report = await warmer.warm_all(endpoint.slots, verify=True)
-        speeds.observe_prompt(tokens * len(report.prefilled_slots), report.prefill_ms)
-        reports.append(report)
-    return tokens, reports
-
-
 @dg.asset(
     group_name=DIGEST_GROUP,
     deps=[system_digest],
@@ -101,7 +58,10 @@ def digest_prefill(
 ) -> dg.MaterializeResult:
     """The digest in the KV cache of every slot: one prefill, saved, restored everywhere else."""
     loaded = _load(digest)
-    tokens, reports = run_interruptibly(_warm(llama, loaded))
+    try:
+        tokens, reports = run_interruptibly(warm_digest(llama.server(), loaded))
+    except ContextTooSmallError as error:
+        raise dg.Failure(str(error)) from error
     canaries = [c for report in reports for c in report.canaries]
     cold = [f"{r.endpoint} slot {c.slot_id}" for r in reports for c in r.canaries if not c.warm]
     prefill_ms = sum(r.prefill_ms for r in reports)

@@ -5,7 +5,6 @@ partition's landing (`land_stage`) and its record (a `Landing`), interruptible b
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from functools import partial
@@ -15,12 +14,7 @@ import dagster as dg
 
 from kimi_batch.defs.assets.context import RunContext
 from kimi_batch.defs.assets.engine_session import engine_session
-from kimi_batch.defs.assets.landing import (
-    Landing,
-    consumed_input_sha,
-    land_stage,
-    partition_parts_of,
-)
+from kimi_batch.defs.assets.landing import Landing, land_stage
 from kimi_batch.defs.interrupts import run_interruptibly
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
@@ -33,11 +27,10 @@ from kimi_batch.pipeline import (
     HeldPartition,
     PartitionResult,
     PipelineStage,
-    RowReader,
     StagePlan,
-    drive,
-    plan_partition,
-    unless_cancelled,
+    drive_on,
+    partition_parts_of,
+    plan_stage,
 )
 from kimi_batch.settings import Settings
 from kimi_batch.warehouse import Warehouse
@@ -60,12 +53,6 @@ class GenerationResources:
     def settings(self) -> Settings:
         """The deployment's one `Settings`, which every resource holds."""
         return self.llama.settings()
-
-
-def plan_stage(task: Task, store: Warehouse, ds: str, source: str) -> StagePlan:
-    """Read the partition's inputs of `task` from the warehouse and build its requests."""
-    read: RowReader = lambda table, model: store.read_rows(table, ds, source, model)  # noqa: E731
-    return plan_partition(task, read, ds, source, consumed_input_sha(store, ds, source))
 
 
 def _plan_from(store: Warehouse, task: Task, key: str) -> StagePlan:
@@ -137,22 +124,8 @@ def run_partitions(
     `partitions`' order. `planner` makes a partition's plan of a stage (default `plan_stage`);
     `controls` add a stop time, a cancel poll (a cancel raises `BatchCancelledError`, nothing
     lands) and a hook on the planned keys."""
-    names = ", ".join(stage.asset for stage in stages)
-    label = f"{names} " + (
-        next(iter(partitions)) if len(partitions) == 1 else f"({len(partitions)} partitions)"
-    )
     store = resources.warehouse.warehouse()
     controls = controls or BatchControls()
     planner = planner or partial(_plan_from, store)
     run = _StepRun(context, resources, store, landing, ledger, planner, controls)
-    # One landing thread: the tables, checks and records off the event loop, one at a time.
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="landing") as lands:
-        try:
-            work = drive(run, stages, partitions, lands=lands, label=label, controls=controls)
-            cancelled = controls.cancelled
-            results = run_interruptibly(
-                work if cancelled is None else unless_cancelled(work, cancelled)
-            )
-        finally:
-            lands.shutdown(cancel_futures=True)  # an interrupted run starts no more landings
-    return {key: results[key] for key in partitions}
+    return drive_on(run_interruptibly, run, stages, partitions, controls)

@@ -10,7 +10,7 @@ from kimi_batch.defs.assets.context import RunContext
 from kimi_batch.defs.assets.window import window_end
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
-from kimi_batch.engine import BatchEngine, BatchRun, Ledger, ProgressEvent, notify
+from kimi_batch.engine import BatchRun, Ledger, ProgressEvent, notify
 
 
 def _progress_reporter(context: RunContext, label: str) -> Callable[[ProgressEvent], None]:
@@ -36,19 +36,10 @@ async def engine_session(
     """One engine run under the run's window and the work's own end (`expires_at`, whichever
     comes first), open while the block adds requests to it (a batch's outcome says whether
     either cut it short); progress is logged as `label`."""
-    loaded = digest.load()
-    prepared = await llama.prepare(loaded)
-    engine = BatchEngine(
-        prepared.endpoints,
-        loaded,
-        ledger,
-        digest_tokens=prepared.digest_tokens,
-        policy=llama.engine_policy(),
-        on_progress=_progress_reporter(context, label),
-        on_unreachable=llama.respawn_if_down,
-        on_hung=llama.restart_hung,
-        speed_store=llama.speed_store(),
-    )
     ends = [end for end in (window_end(context), expires_at) if end is not None]
-    async with engine.session(stop_at=min(ends, default=None)) as run:
+    reporter = _progress_reporter(context, label)
+    session = llama.server().session(
+        digest.load(), ledger, on_progress=reporter, stop_at=min(ends, default=None)
+    )
+    async with session as run:
         yield run

@@ -1,34 +1,13 @@
-"""The nightly run: every partition the schedule asks for in one run, through every stage.
-
-A run per partition left the server idle while each run's process started (about 7 s a run on
-2 cores, `bench --workload night`). `nightly_job` is one op: it holds each partition's lease,
-lands each partition's seeds (unless the day's ingest run landed them from the newest input
-version already: they are kept), then runs the partition-batch driver
-(`defs/assets/driver.py`) once over every partition still going on and every nightly stage, on
-one engine run: the amplification requests of every partition go in first, and a partition's
-distillation requests join as soon as its own variants are written, while the newer
-partitions still amplify, so the slots stay full across partitions and stages, and a window
-that closes during the amplification still leaves the oldest partitions distilled. Each
-partition is still written on its own (its Parquet replaced, its quarantine, its checks, its
-Iceberg commit, which Trino reads at once) and recorded as its own materialization of
-`seed_prompts`, `amplified_prompts` and `distilled_responses` with its own check evaluations as
-soon as it lands (`landing.NightLanding`), so the UI, `status` and the next night see it as
-after a run of `distillation_job`. An op's materializations carry no data version: once the run
-ends, each partition it materialized gets its own asset run that rebuilds it from the ledger
-with one (`defs/night_versions.py`).
-
-A partition that cannot go on (its input unreadable, its lease held by another run, a write
-refused) is left out and named; past the nightly window the partitions whose rows are not all
-done are left for the next night (their finished rows are in the ledger). Either way it goes
-no further that night, and the run fails at the end with the list, after every finished
-partition is written.
+"""The nightly run (`nightly_job`): every partition the schedule asks for in one run, through
+every nightly stage, each partition recorded as it lands (`landing.NightLanding`); see "Data
+flow" in docs/architecture.md. A partition that cannot go on, or that the window stopped, is
+left out and named (`pipeline.NightPartitions`), and the run fails at the end with the list,
+after every finished partition is written.
 """
 
 # No `from __future__ import annotations`: Dagster reads the op function's annotations.
 
-from collections.abc import Mapping
 from contextlib import ExitStack
-from dataclasses import dataclass, field
 from typing import Any
 
 import dagster as dg
@@ -42,7 +21,7 @@ from kimi_batch.defs.assets.batch import (
 )
 from kimi_batch.defs.assets.context import LLAMA_POOL, failing_step
 from kimi_batch.defs.assets.driver import GenerationResources, run_partitions
-from kimi_batch.defs.assets.landing import NightLanding, partition_parts_of
+from kimi_batch.defs.assets.landing import NightLanding
 from kimi_batch.defs.assets.night_tag import tag_the_night
 from kimi_batch.defs.assets.stage_asset import dagster_config
 from kimi_batch.defs.assets.window import mark_stopped_at_window, window_end
@@ -53,7 +32,6 @@ from kimi_batch.defs.jobs import (
     NIGHTLY_OP_NAME,
     SEED_PROMPTS,
 )
-from kimi_batch.defs.partitions import split_partition_key
 from kimi_batch.defs.resources.digest import DigestResource
 from kimi_batch.defs.resources.llama import LlamaServerResource
 from kimi_batch.defs.resources.trino import TrinoResource
@@ -61,12 +39,13 @@ from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.pipeline import (
     SEED_TABLES,
     SKIPPED,
-    HeldPartition,
-    PartitionResult,
+    NightPartitions,
     PartitionSkippedError,
     PipelineStage,
     nightly_stages,
     partition_lease,
+    partition_parts_of,
+    split_partition_key,
 )
 
 
@@ -93,40 +72,6 @@ def night_config_type() -> type[NightConfig]:
     return create_model("NightConfig", __base__=NightConfig, __doc__=NightConfig.__doc__, **fields)
 
 
-@dataclass
-class _Night:
-    """The partitions still going on, and why the others stopped."""
-
-    going: dict[str, HeldPartition] = field(default_factory=dict)  # partitions still going on
-    failed: dict[str, str] = field(default_factory=dict)
-    stopped: list[str] = field(default_factory=list)
-
-    def drop(self, key: str, reason: str) -> None:
-        self.going.pop(key, None)
-        if key in self.stopped:  # failed after all: named once, as failed
-            self.stopped.remove(key)
-        self.failed[key] = reason
-
-    def take(self, results: Mapping[str, PartitionResult[dg.MaterializeResult]]) -> None:
-        """The driver's results: the failed and the stopped partitions are named."""
-        for key, result in results.items():
-            if result.failed is not None:
-                self.drop(key, _reason(result.failed))
-            elif result.stopped is not None:
-                self.going.pop(key, None)
-                self.stopped.append(key)
-
-    def summary(self, total: int) -> str:
-        lines = [f"{total - len(self.failed) - len(self.stopped)} of {total} partitions done"]
-        if self.stopped:
-            lines.append(
-                f"the nightly window ended: {len(self.stopped)} partition(s) resume next night "
-                f"({', '.join(self.stopped[:10])})"
-            )
-        lines += [f"{key}: {reason}" for key, reason in list(self.failed.items())[:20]]
-        return "; ".join(lines)
-
-
 def _reason(error: BaseException) -> str:
     return error.description if isinstance(error, dg.Failure) and error.description else str(error)
 
@@ -134,7 +79,7 @@ def _reason(error: BaseException) -> str:
 def _land_seeds(
     context: dg.OpExecutionContext,
     config: NightConfig,
-    night: _Night,
+    night: NightPartitions,
     resources: GenerationResources,
     landing: NightLanding,
 ) -> None:
@@ -164,7 +109,7 @@ def _land_seeds(
 def _hold(
     context: dg.OpExecutionContext,
     stack: ExitStack,
-    night: _Night,
+    night: NightPartitions,
     keys: list[str],
     warehouse: WarehouseResource,
 ) -> None:
@@ -194,7 +139,7 @@ def night_batch(
     config = night_config_type().model_validate(context.op_config)
     resources = GenerationResources(llama=llama, digest=digest, warehouse=warehouse, trino=trino)
     settings = llama.settings()
-    night = _Night()
+    night = NightPartitions()
     with failing_step():  # a stage's config refused (StageConfigError): the night's failure
         stages = [
             PipelineStage(d.asset, d.build(getattr(config, d.config_field, None), settings))
@@ -207,16 +152,15 @@ def night_batch(
         _land_seeds(context, config, night, resources, landing)
         ledger = stack.enter_context(warehouse.ledger())
         if night.going and stages:
-            night.take(
-                run_partitions(
-                    context,
-                    stages,
-                    dict(night.going),
-                    ledger=ledger,
-                    resources=resources,
-                    landing=landing,
-                )
+            results = run_partitions(
+                context,
+                stages,
+                dict(night.going),
+                ledger=ledger,
+                resources=resources,
+                landing=landing,
             )
+            night.take(results, _reason)
     # What the night published, every table at once: `night-YYYY-MM-DD` on its snapshots.
     tag_the_night(context, warehouse.warehouse(), config.partitions)
     if night.stopped:

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import dagster as dg
 
-from kimi_batch.defs.partitions import split_partition_key
 from kimi_batch.defs.schedules import NIGHT_TAG
+from kimi_batch.pipeline import split_partition_key
 from kimi_batch.storage import StorageError
 from kimi_batch.warehouse import Warehouse, night_tag, tag_night
 

@@ -8,8 +8,8 @@ import dagster as dg
 
 from kimi_batch.defs.assets.context import RunContext
 from kimi_batch.defs.jobs import STOPPED_TAG, WINDOW_TAG
-from kimi_batch.defs.metadata import generation_figures
 from kimi_batch.engine import BatchOutcome
+from kimi_batch.pipeline import generation_figures
 
 
 def window_end(context: RunContext) -> datetime | None:

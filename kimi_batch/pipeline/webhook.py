@@ -1,8 +1,8 @@
 """Alerts to a chat webhook: one short text message, Slack-compatible JSON (`{"text": ...}`).
 
-No Dagster here: the sensors in `kimi_batch/defs/alerts.py` decide what to say, this module only
-delivers it. A webhook that is down must never take a sensor down with it, so delivery problems
-come back as a `WebhookResult`, not as an exception.
+The morning's alerts (`alerts`) say what; this module only delivers it. A webhook that is down
+must never take a sensor down with it, so delivery problems come back as a `WebhookResult`, not
+as an exception.
 """
 
 from __future__ import annotations

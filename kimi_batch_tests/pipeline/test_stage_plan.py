@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kimi_batch.defs.assets.driver import plan_stage
 from kimi_batch.engine import SamplingParams
 from kimi_batch.pipeline import AmplifyTask, DistillTask, SeedMessage, SeedRow, Strategy
+from kimi_batch.pipeline.landed import plan_stage
 from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.rows import CREATED_AT
 

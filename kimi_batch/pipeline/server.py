@@ -1,0 +1,189 @@
+"""The deployment's resident llama-server as a run uses it, no Dagster (`LlamaDeployment`):
+attached, or started once if it is not running, and never stopped, so the next run finds the
+model loaded and the digest in the slots; its endpoints described for the engine, the engine's
+hooks that bring it back, and the digest warmed into every slot (`warm_digest`).
+
+Which server, binary, model, URL and API key is deployment configuration (the one `Settings`),
+never run config: a launchpad user must not be able to start another binary or send a key to
+another host. The Dagster adapter hands it out as `LlamaServerResource`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from kimi_batch.engine import (
+    DEFAULT_REMEDY,
+    PROMPT_ALLOWANCE_TOKENS,
+    BatchEngine,
+    BatchRun,
+    DeadlinePolicy,
+    EnginePolicy,
+    Ledger,
+    Prepared,
+    ProgressEvent,
+    SlotWarmer,
+    SpeedStore,
+    SpeedTracker,
+    SystemDigest,
+    WarmupReport,
+    prepare,
+)
+from kimi_batch.llama import (
+    AttachedServer,
+    LlamaClient,
+    ResidentServer,
+    ServerHandle,
+    server_from_settings,
+)
+from kimi_batch.settings import Settings
+
+# Another run may have restarted the server for the same hang a moment ago: leave that one be.
+HUNG_RESTART_MIN_AGE_S = 60.0
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LlamaDeployment:
+    """The deployment's server: `settings` say which; `warn` hears of a server that died."""
+
+    settings: Settings
+    load_timeout_s: float | None = None
+    warn: Callable[[str], None] = field(default=_log.warning)
+
+    def manager(self) -> ResidentServer | AttachedServer:
+        return server_from_settings(self.settings, load_timeout_s=self.load_timeout_s)
+
+    def ensure_running(self) -> ServerHandle:
+        """Attach or start; a server that died on its own (a signal, say) is named (`warn`)."""
+        handle = self.manager().ensure_running()
+        if handle.previous_exit:
+            self.warn(f"the resident {handle.previous_exit}; it was started again")
+        return handle
+
+    def client(self) -> LlamaClient:
+        return self.manager().client()
+
+    def urls(self, handle: ServerHandle) -> list[str]:
+        """The attached (or started) server first, then the scale-out servers.
+
+        An attach-only URL is taken from the settings, not the handle: only clients may see the
+        credentials it can hold.
+        """
+        return [self.settings.llama_url or handle.base_url, *self.settings.llama_extra_urls]
+
+    def known_n_predict(self) -> int:
+        """The answer budget where /props reports none (llama.cpp's does not report
+        --n-predict): the -n of the server we started, the default budget for an attached one."""
+        return self.settings.llama_n_predict
+
+    def speed_store(self) -> SpeedStore:
+        """Where the speeds a batch or a digest prefill measures wait for the next one."""
+        return SpeedStore(self.settings.paths.measured_speeds_path)
+
+    def fit_remedy(self) -> str:
+        """What to change when digest + prompt + answer do not fit a slot (`{ctx_needed}`)."""
+        if self.settings.llama_url:
+            return (
+                "start the attached server (KIMI_BATCH_LLAMA_URL) with --ctx-size at least "
+                "{ctx_needed}, or fewer --parallel slots"
+            )
+        return DEFAULT_REMEDY
+
+    async def prepare(self, digest: SystemDigest) -> Prepared:
+        """Start or attach (in a thread: a model load blocks), then describe every endpoint."""
+        handle = await asyncio.to_thread(self.ensure_running)
+        return await prepare(
+            self.urls(handle),
+            model=handle.model,
+            digest=digest,
+            api_key=self.settings.llama_api_key,
+            known_n_predict=self.known_n_predict(),
+            slot_save_dir=self.slot_save_dir(),
+        )
+
+    def slot_save_dir(self) -> Path | None:
+        """The resident server's slot-save folder; None for an attached server (its folder is
+        not this process's to clean up)."""
+        return None if self.settings.llama_url else self.settings.paths.slot_save_dir
+
+    def engine_policy(self) -> EnginePolicy:
+        """How an engine batch runs here (the bound on a batch's own slot saves)."""
+        return EnginePolicy(slot_saves_max=self.settings.slot_saves_max)
+
+    def respawn_if_down(self, base_url: str) -> None:
+        """Engine hook: after a connection error, bring the resident server back if it died."""
+        manager = self.manager()
+        if isinstance(manager, ResidentServer) and base_url.rstrip("/") == manager.base_url:
+            self.ensure_running()
+
+    def restart_hung(self, base_url: str) -> None:
+        """Engine hook: the resident server stopped making progress; kill and respawn it."""
+        manager = self.manager()
+        if isinstance(manager, ResidentServer) and base_url.rstrip("/") == manager.base_url:
+            manager.restart(min_age_s=HUNG_RESTART_MIN_AGE_S)
+
+    @asynccontextmanager
+    async def session(
+        self,
+        digest: SystemDigest,
+        ledger: Ledger,
+        *,
+        on_progress: Callable[[ProgressEvent], None],
+        stop_at: datetime | None = None,
+    ) -> AsyncIterator[BatchRun]:
+        """One engine run on the digest prepared here, open while the block adds requests to
+        it, stopping at `stop_at` (a batch's outcome says whether that cut it short)."""
+        prepared = await self.prepare(digest)
+        engine = BatchEngine(
+            prepared.endpoints,
+            digest,
+            ledger,
+            digest_tokens=prepared.digest_tokens,
+            policy=self.engine_policy(),
+            on_progress=on_progress,
+            on_unreachable=self.respawn_if_down,
+            on_hung=self.restart_hung,
+            speed_store=self.speed_store(),
+        )
+        async with engine.session(stop_at=stop_at) as run:
+            yield run
+
+
+async def warm_digest(
+    server: LlamaDeployment, digest: SystemDigest
+) -> tuple[int, list[WarmupReport]]:
+    """Prepare and warm in one event loop; returns the digest's tokens and a report per endpoint.
+    A slot too small for the digest, a question and an answer raises `ContextTooSmallError`: it
+    would truncate every answer of the night, so it is refused while it is still a setting."""
+    prepared = await server.prepare(digest)
+    tokens = prepared.digest_tokens
+    answer = prepared.endpoints[0].n_predict
+    prepared.check_fit(
+        prompt_tokens=PROMPT_ALLOWANCE_TOKENS,
+        answer_tokens=answer if answer > 0 else server.settings.llama_n_predict,
+        remedy=server.fit_remedy(),
+    )
+    reports = []
+    for endpoint in prepared.endpoints:
+        # The speeds last measured bound the prefill; the prefill measures the prompt speed.
+        speeds = SpeedTracker(DeadlinePolicy(), store=server.speed_store(), model=endpoint.model)
+        async with LlamaClient(endpoint.base_url, api_key=endpoint.api_key) as client:
+            warmer = SlotWarmer(
+                client,
+                digest,
+                digest_tokens=tokens,
+                model=endpoint.model,
+                ctx=endpoint.ctx,
+                prefill_timeout_s=speeds.deadline_s(tokens, 1),
+            )
+            report = await warmer.warm_all(endpoint.slots, verify=True)
+        speeds.observe_prompt(tokens * len(report.prefilled_slots), report.prefill_ms)
+        reports.append(report)
+    return tokens, reports
