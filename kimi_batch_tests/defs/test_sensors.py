@@ -34,6 +34,7 @@ from kimi_batch.settings import Settings
 from kimi_batch.storage.inbox_tick import InboxCursor, plan_inbox_tick
 from kimi_batch.storage.landing import Assignment, Landing
 from kimi_batch.storage.partition_input import LandingIOError
+from kimi_batch_tests.support.inbox_files import put
 from kimi_batch_tests.support.postgres import PostgresServer
 from kimi_batch_tests.support.standins import standin_definitions
 
@@ -122,15 +123,6 @@ def daemon(inbox: Path) -> Iterator[SensorDaemon]:
     # After `inbox`: the definitions are built for the state dir it points KIMI_BATCH_HOME at.
     with dg.instance_for_test() as instance:
         yield SensorDaemon(instance=instance, defs=standin_definitions())
-
-
-def put(path: Path, text: str = '{"prompt": "hi"}\n', *, age_s: float = 60.0) -> Path:
-    """Write a settled file (mtime `age_s` ago, older than the sensor's settle time)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    past = time.time() - age_s
-    os.utime(path, (past, past))
-    return path
 
 
 def key(source: str, ds: str = DAY) -> dg.MultiPartitionKey:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +12,7 @@ from kimi_batch.paths import StatePaths
 from kimi_batch.settings import Settings
 from kimi_batch.storage.inbox_tick import InboxCursor, plan_inbox_tick
 from kimi_batch.storage.landing import Assignment, Landing
+from kimi_batch_tests.support.inbox_files import put
 
 DAY = "2025-06-01"
 
@@ -23,15 +22,6 @@ def inbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path))
     path = tmp_path / "inbox"
     path.mkdir()
-    return path
-
-
-def put(path: Path, text: str = '{"prompt": "hi"}\n', *, age_s: float = 60.0) -> Path:
-    """Write a settled file (mtime `age_s` ago, older than the sensor's settle time)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    past = time.time() - age_s
-    os.utime(path, (past, past))
     return path
 
 
