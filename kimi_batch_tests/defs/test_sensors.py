@@ -111,14 +111,6 @@ class SensorDaemon:
 
 
 @pytest.fixture
-def inbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path))
-    path = tmp_path / "inbox"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
 def daemon(inbox: Path) -> Iterator[SensorDaemon]:
     # After `inbox`: the definitions are built for the state dir it points KIMI_BATCH_HOME at.
     with dg.instance_for_test() as instance:

@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from kimi_batch.inputs.inbox import InboxFile, file_sha256, scan_inbox
 from kimi_batch.paths import StatePaths
 from kimi_batch.settings import Settings
@@ -15,14 +13,6 @@ from kimi_batch.storage.landing import Assignment, Landing
 from kimi_batch_tests.support.inbox_files import put
 
 DAY = "2025-06-01"
-
-
-@pytest.fixture
-def inbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path))
-    path = tmp_path / "inbox"
-    path.mkdir()
-    return path
 
 
 def _assign(inbox: Path) -> Callable[[InboxFile], Assignment]:

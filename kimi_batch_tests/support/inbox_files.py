@@ -1,4 +1,5 @@
-"""Inbox files as a user drops them: written, then aged past the sensor's settle time."""
+"""Inbox files as a user drops them (written, then aged past the sensor's settle time), and the
+fresh state dir's inbox they go to (a pytest plugin: the `inbox` fixture)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import os
 import time
 from pathlib import Path
 
-__all__ = ["put"]
+import pytest
+
+__all__ = ["inbox", "put"]
 
 
 def put(path: Path, text: str = '{"prompt": "hi"}\n', *, age_s: float = 60.0) -> Path:
@@ -15,4 +18,13 @@ def put(path: Path, text: str = '{"prompt": "hi"}\n', *, age_s: float = 60.0) ->
     path.write_text(text)
     past = time.time() - age_s
     os.utime(path, (past, past))
+    return path
+
+
+@pytest.fixture
+def inbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The empty inbox of a fresh state dir (`KIMI_BATCH_HOME` set to the test's temp dir)."""
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path))
+    path = tmp_path / "inbox"
+    path.mkdir()
     return path
