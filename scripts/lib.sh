@@ -1,4 +1,5 @@
-# Shared by scripts/trino.sh, scripts/postgres.sh and scripts/s3proxy.sh (sourced): messages and paths.
+# Shared by scripts/trino.sh, scripts/postgres.sh and scripts/s3proxy.sh (sourced): messages, paths
+# and stopping a process.
 # The sourcing script sets SCRIPT_NAME, the prefix of its messages on stderr.
 
 say() { printf '%s: %s\n' "$SCRIPT_NAME" "$*" >&2; }
@@ -24,4 +25,18 @@ print_status() {
         printf 'not running\n'
         return 3
     fi
+}
+
+# Stops a process: SIGTERM, then SIGKILL if it is still alive after SECONDS. A JVM's shutdown
+# hooks can hang (s3proxy's did, with a client's connection open), and a stop that returns with
+# the server still running leaks it past the test session or the night.
+stop_pid() {
+    local pid="$1" seconds="$2" i
+    kill -TERM "$pid" 2>/dev/null || return 0
+    for ((i = 0; i < seconds * 2; i++)); do
+        kill -0 "$pid" 2>/dev/null || return 0
+        sleep 0.5
+    done
+    say "pid $pid still alive after ${seconds}s; killing it"
+    kill -KILL "$pid" 2>/dev/null || true
 }

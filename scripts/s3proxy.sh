@@ -116,7 +116,7 @@ CONF
 
 cmd_stop() {
     if running; then
-        kill "$(cat "$PID_FILE")"
+        stop_pid "$(cat "$PID_FILE")" 10
         rm -f "$PID_FILE"
         say "stopped"
     fi

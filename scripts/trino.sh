@@ -431,16 +431,7 @@ cmd_stop() {
     local pid
     pid="$(cat "$PID_FILE")"
     say "stopping pid $pid"
-    kill -TERM "$pid" 2>/dev/null || true
-    local i
-    for ((i = 0; i < 60; i++)); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.5
-    done
-    if kill -0 "$pid" 2>/dev/null; then
-        say "still alive after 30s; killing pid $pid"
-        kill -KILL "$pid" 2>/dev/null || true
-    fi
+    stop_pid "$pid" 30
     rm -f "$PID_FILE"
     say "stopped"
 }
