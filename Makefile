@@ -78,15 +78,24 @@ demo: setup
 	$(VENV)/bin/kimi-batch server start
 	$(VENV)/bin/kimi-batch demo
 
-# Every test, in two tiers: the server-free one on every core, then the slow one in one process
-# (its tests share one llama-server and one Trino at a time). Both run even when the first fails,
-# and the exit status is the first failure's. Both tiers' temp dirs in RAM (see `make unit`).
+# Every test, in two tiers: the server-free one on every core, then the slow one. The slow tier
+# is two processes side by side: the tests that may use llama-server in order (one server at a
+# time), and beside them the slow tests marked `no_llama_server` (support/slow_split.py), whose
+# output follows. Every part runs even when one fails; the exit status is the first failure's.
+# Temp dirs in RAM (see `make unit`).
 test: setup browser postgres
 	scripts/trino.sh fetch
 	scripts/s3proxy.sh fetch
 	export PATH="$(CURDIR)/$(VENV)/bin:$$PATH" TMPDIR="$(TEST_TMPDIR)"; status=0; \
 	$(VENV)/bin/pytest -ra -m "not slow" -n $(UNIT_WORKERS) $(PYTEST_ARGS) || status=$$?; \
-	$(VENV)/bin/pytest -ra -m slow --durations=15 $(PYTEST_ARGS) || { test $$status -ne 0 || status=$$?; }; \
+	beside="$$(mktemp)"; \
+	$(VENV)/bin/pytest -ra -m "slow and no_llama_server" -p no:cacheprovider --durations=5 \
+		$(PYTEST_ARGS) >"$$beside" 2>&1 & beside_pid=$$!; \
+	$(VENV)/bin/pytest -ra -m "slow and not no_llama_server" --durations=15 $(PYTEST_ARGS) \
+		|| { test $$status -ne 0 || status=$$?; }; \
+	wait $$beside_pid || { test $$status -ne 0 || status=$$?; }; \
+	echo "==== the slow tests beside llama-server (-m 'slow and no_llama_server') ===="; \
+	cat "$$beside"; rm -f "$$beside"; \
 	exit $$status
 
 # The server-free tier on every core (pytest-xdist; each test has its own temp dirs and ports).

@@ -20,6 +20,7 @@ pytest_plugins = [
     "kimi_batch_tests.support.trino",
     "kimi_batch_tests.support.postgres",
     "kimi_batch_tests.support.dagster_context",
+    "kimi_batch_tests.support.slow_split",
 ]
 
 os.environ.setdefault("KIMI_BATCH_PARTITIONS_START", "2025-01-01")

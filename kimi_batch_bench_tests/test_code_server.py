@@ -24,6 +24,9 @@ from kimi_batch_bench.code_server import (
 from kimi_batch_tests.support.processes import processes_naming
 from kimi_batch_tests.support.repo import REPO_ROOT
 
+# Its slow tests start no llama-server: they run beside the ones that do (support/slow_split.py).
+pytestmark = pytest.mark.no_llama_server
+
 
 def test_the_code_server_serves_what_the_workspace_file_names(
     monkeypatch: pytest.MonkeyPatch,

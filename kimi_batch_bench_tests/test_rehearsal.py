@@ -15,7 +15,7 @@ import pytest
 from kimi_batch.settings import Settings
 from kimi_batch_bench.rehearsal import RehearsalOptions, run_rehearsal
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.no_llama_server]
 
 
 def test_the_window_stops_the_night_and_the_next_night_catches_up(tmp_path: Path) -> None:

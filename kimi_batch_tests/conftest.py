@@ -20,6 +20,7 @@ pytest_plugins = [
     "kimi_batch_tests.support.trino",
     "kimi_batch_tests.support.postgres",
     "kimi_batch_tests.support.dagster_context",
+    "kimi_batch_tests.support.slow_split",
     "kimi_batch_tests.support.inbox_files",
 ]
 

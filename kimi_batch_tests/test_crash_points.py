@@ -53,6 +53,9 @@ from kimi_batch_tests.support.repo import REPO_ROOT
 from kimi_batch_tests.support.rows import amplified
 from kimi_batch_tests.support.s3proxy import BUCKET, S3Server
 
+# Its slow tests start no llama-server: they run beside the ones that do (support/slow_split.py).
+pytestmark = pytest.mark.no_llama_server
+
 NIGHT_TRACE = [
     "landing.partition_assigned",  # the nightly look at the inbox (land_inbox)
     "landing.snapshot_copied",

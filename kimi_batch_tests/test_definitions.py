@@ -17,6 +17,9 @@ from kimi_batch.defs.resources.warehouse import WarehouseResource
 from kimi_batch.settings import Settings
 from kimi_batch_tests.support.repo import REPO_ROOT
 
+# Its slow tests start no llama-server: they run beside the ones that do (support/slow_split.py).
+pytestmark = pytest.mark.no_llama_server
+
 
 @pytest.fixture(scope="module")
 def defs() -> dg.Definitions:

@@ -18,6 +18,9 @@ import yaml
 
 from kimi_batch_tests.support.repo import REPO_ROOT
 
+# Its slow tests start no llama-server: they run beside the ones that do (support/slow_split.py).
+pytestmark = pytest.mark.no_llama_server
+
 DG = Path(sys.executable).parent / "dg"
 
 

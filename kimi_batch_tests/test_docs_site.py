@@ -24,6 +24,9 @@ import pytest
 from kimi_batch_tests.support.browser import chromium, screenshot
 from kimi_batch_tests.support.repo import REPO_ROOT
 
+# Its slow tests start no llama-server: they run beside the ones that do (support/slow_split.py).
+pytestmark = pytest.mark.no_llama_server
+
 ARTIFACTS = REPO_ROOT / "var" / "test-artifacts" / "docs"
 README_MAX_LINES = 150
 _LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")

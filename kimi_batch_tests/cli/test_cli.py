@@ -13,6 +13,9 @@ from kimi_batch.llama.exceptions import LlamaError, SpecMismatchError
 from kimi_batch.storage.exceptions import StorageError, TrinoUnavailableError
 from kimi_batch_tests.support.cli import assert_one_error_line, run_cli
 
+# Its slow tests start no llama-server: they run beside the ones that do (support/slow_split.py).
+pytestmark = pytest.mark.no_llama_server
+
 
 @pytest.mark.slow
 def test_a_digest_lint_finding_stops_the_demo_before_any_server_starts(tmp_path: Path) -> None:

@@ -20,6 +20,9 @@ from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.exports import DAYS, QUARANTINE_REASONS, SOURCES, build_warehouse
 from kimi_batch_tests.support.rows import amplified, distilled, quarantined
 
+# Its slow tests start no llama-server: they run beside the ones that do (support/slow_split.py).
+pytestmark = pytest.mark.no_llama_server
+
 
 @pytest.mark.slow  # runs the CLI in a child process
 def test_export_writes_one_line_per_answer_and_per_failed_request(tmp_path: Path) -> None:

@@ -27,6 +27,9 @@ from kimi_batch_tests.support.pool_runs import (
 from kimi_batch_tests.support.repo import REPO_ROOT
 from kimi_batch_tests.support.standins import STANDIN_SLEEP_ENV
 
+# Its slow tests start no llama-server: they run beside the ones that do (support/slow_split.py).
+pytestmark = pytest.mark.no_llama_server
+
 # ---- the configuration itself ------------------------------------------------------------------
 
 

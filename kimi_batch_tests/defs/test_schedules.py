@@ -23,7 +23,10 @@ from kimi_batch.storage.landing import Landing
 from kimi_batch_tests.support.repo import REPO_ROOT
 from kimi_batch_tests.support.standins import standin_definitions
 
-pytestmark = pytest.mark.filterwarnings("ignore:Non-compliant tag keys:DeprecationWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Non-compliant tag keys:DeprecationWarning"),
+    pytest.mark.no_llama_server,
+]
 
 NIGHT = datetime(2025, 6, 2, 2, 0, tzinfo=UTC)  # the night after June 1
 SCHEDULE = "nightly_distillation_schedule"

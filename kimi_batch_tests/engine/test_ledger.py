@@ -30,6 +30,9 @@ from kimi_batch_tests.support.postgres import PostgresServer, StateBackend
 from kimi_batch_tests.support.results import make_result
 from kimi_batch_tests.support.rows import quarantined
 
+# Its slow tests start no llama-server: they run beside the ones that do (support/slow_split.py).
+pytestmark = pytest.mark.no_llama_server
+
 
 def _result(request_id: str, text: str = "answer") -> GenerationResult:
     return make_result(text, request_id=request_id, input_id="seed-1", tag="seed")

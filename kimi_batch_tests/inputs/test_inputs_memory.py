@@ -14,7 +14,7 @@ import pytest
 
 from kimi_batch.inputs.reader import MAX_QUARANTINE_ROWS
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.no_llama_server]
 
 FILE_BYTES = 200_000_000
 MAX_GROWTH_MB = 300

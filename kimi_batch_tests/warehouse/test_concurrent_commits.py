@@ -16,6 +16,9 @@ from kimi_batch.warehouse import CatalogSpec, Warehouse
 from kimi_batch_tests.support.postgres import PostgresServer
 from kimi_batch_tests.support.rows import quarantined
 
+# Its slow tests start no llama-server: they run beside the ones that do (support/slow_split.py).
+pytestmark = pytest.mark.no_llama_server
+
 DS = "2026-12-01"
 WORKERS = 8
 

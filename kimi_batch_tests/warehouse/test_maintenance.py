@@ -8,6 +8,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 from pyarrow.fs import FileSelector, FileType
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
@@ -15,6 +16,9 @@ from kimi_batch.warehouse import Warehouse
 from kimi_batch.warehouse.maintenance import maintain, referenced_files
 from kimi_batch_tests.support.rows import amplified
 from kimi_batch_tests.support.s3proxy import WarehouseFactory
+
+# Its slow tests start no llama-server: they run beside the ones that do (support/slow_split.py).
+pytestmark = pytest.mark.no_llama_server
 
 NIGHTS = 12
 

@@ -20,6 +20,9 @@ from kimi_batch.warehouse import TABLES, Warehouse, open_catalog, polars_schema
 from kimi_batch_tests.support.rows import CREATED_AT, amplified, distilled, quarantined
 from kimi_batch_tests.support.s3proxy import WarehouseFactory
 
+# Its slow tests start no llama-server: they run beside the ones that do (support/slow_split.py).
+pytestmark = pytest.mark.no_llama_server
+
 DS = "2024-05-01"
 
 

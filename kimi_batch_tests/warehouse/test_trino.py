@@ -25,6 +25,9 @@ from kimi_batch_tests.support.ports import free_port
 from kimi_batch_tests.support.rows import CREATED_AT, amplified, distilled, quarantined, seeds
 from kimi_batch_tests.support.trino import TrinoServer
 
+# Its slow tests start no llama-server: they run beside the ones that do (support/slow_split.py).
+pytestmark = pytest.mark.no_llama_server
+
 DS = "2024-05-01"
 TOOL_CALLS = '[{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]'
 

@@ -18,6 +18,9 @@ from kimi_batch_tests.support.script_server import run_script
 from kimi_batch_tests.support.trino import SCRIPT as TRINO_SCRIPT
 from kimi_batch_tests.support.trino import TrinoServer
 
+# Its slow tests start no llama-server: they run beside the ones that do (support/slow_split.py).
+pytestmark = pytest.mark.no_llama_server
+
 PG_URL = "postgresql://kimi%40ops:p%40ss%5Cw0rd@db.example:6543/kb?sslmode=require"
 S3 = {
     "KIMI_BATCH_WAREHOUSE": "s3://kimi-batch/nightly",

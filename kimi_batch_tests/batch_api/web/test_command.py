@@ -19,7 +19,10 @@ import pytest
 
 from kimi_batch_tests.support.ports import free_port
 
-pytestmark = pytest.mark.slow  # each test starts the command's own server in a child process
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.no_llama_server,
+]  # each test starts the command's own server in a child process
 
 START_TIMEOUT_S = 60.0
 

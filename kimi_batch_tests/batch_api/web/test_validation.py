@@ -20,6 +20,9 @@ from kimi_batch_tests.support.batches import chat_line, jsonl, validated
 from kimi_batch_tests.support.postgres import StateBackend
 from kimi_batch_tests.support.validation_probe import measure_validation
 
+# Its slow tests start no llama-server: they run beside the ones that do (support/slow_split.py).
+pytestmark = pytest.mark.no_llama_server
+
 KEY = "sk-test-key"
 # Above the kernel's largest pid_max (2**22): never a live process.
 DEAD_OWNER = f"{socket.gethostname()}:{(1 << 22) + 7}"
