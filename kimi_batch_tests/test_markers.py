@@ -1,4 +1,5 @@
-"""The guard of the `slow` tier: a test reaching a server fixture must be marked slow."""
+"""The guards of the `slow` tier: a test reaching a server fixture must be marked slow, and one
+marked to run beside llama-server's may not ask for one."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from kimi_batch_tests.support.markers import unmarked_server_tests
+from kimi_batch_tests.support.markers import marked_items_with_llama_fixtures, unmarked_server_tests
 
 
 @dataclass
@@ -27,3 +28,14 @@ def test_only_unmarked_tests_that_reach_a_server_are_reported() -> None:
         FakeItem("t::binary_only", ["llama_binary"]),
     ]
     assert unmarked_server_tests(items) == ["t::server_unmarked", "t::binary_only"]
+
+
+def test_a_test_marked_beside_llama_server_requesting_a_llama_fixture_is_reported() -> None:
+    slow = {"slow": pytest.mark.slow}
+    beside = {**slow, "no_llama_server": pytest.mark.no_llama_server}
+    items = [
+        FakeItem("t::trino", ["trino_server"], beside),
+        FakeItem("t::binary", ["tmp_path", "llama_binary"], beside),
+        FakeItem("t::server", ["llama_env"], slow),
+    ]
+    assert marked_items_with_llama_fixtures(items) == ["t::binary"]

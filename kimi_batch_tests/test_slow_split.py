@@ -5,37 +5,10 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
-
-from kimi_batch_tests.support.repo import REPO_ROOT
-from kimi_batch_tests.support.slow_split import LlamaServerWatch, marked_items_with_llama_fixtures
-
-
-@dataclass
-class FakeItem:
-    nodeid: str
-    fixturenames: list[str] = field(default_factory=list)
-    markers: dict[str, pytest.MarkDecorator] = field(default_factory=dict)
-
-    def get_closest_marker(self, name: str) -> pytest.MarkDecorator | None:
-        return self.markers.get(name)
-
-
-SLOW = {"slow": pytest.mark.slow}
-BESIDE = {"slow": pytest.mark.slow, "no_llama_server": pytest.mark.no_llama_server}
-
-
-def test_a_marked_test_requesting_a_llama_fixture_is_refused() -> None:
-    items = [
-        FakeItem("t::trino", ["trino_server"], BESIDE),
-        FakeItem("t::binary", ["tmp_path", "llama_binary"], BESIDE),
-        FakeItem("t::server", ["llama_env"], SLOW),
-    ]
-    assert marked_items_with_llama_fixtures(items) == ["t::binary"]
+from kimi_batch_tests.support.child_pytest import run_child_pytest
+from kimi_batch_tests.support.slow_split import LlamaServerWatch
 
 
 def fake_llama_server(folder: Path) -> Path:
@@ -114,30 +87,13 @@ def test_a_unit_test_in_a_marked_module_is_not_watched():
 
 def test_a_marked_slow_test_that_starts_a_server_fails_and_no_other_does(tmp_path: Path) -> None:
     binary = fake_llama_server(tmp_path)
-    (tmp_path / "test_child.py").write_text(CHILD_TESTS.format(binary=str(binary)))
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "kimi_batch_tests.support.slow_split",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "-rA",
-            str(tmp_path / "test_child.py"),
-        ],
-        cwd=tmp_path,
-        env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    output = run_child_pytest(
+        tmp_path / "test_child.py",
+        CHILD_TESTS.format(binary=str(binary)),
+        plugin="kimi_batch_tests.support.slow_split",
     )
-    assert done.returncode == 1, done.stdout + done.stderr
     # The guard fails the test at teardown: an error on it, every test passed.
-    assert "4 passed" in done.stdout, done.stdout
-    assert "1 error" in done.stdout, done.stdout
-    assert "ERROR test_child.py::test_marked_but_starts_a_server" in done.stdout
-    assert "marked `no_llama_server` but started llama-server" in done.stdout
+    assert "4 passed" in output, output
+    assert "1 error" in output, output
+    assert "ERROR test_child.py::test_marked_but_starts_a_server" in output
+    assert "marked `no_llama_server` but started llama-server" in output

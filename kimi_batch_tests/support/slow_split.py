@@ -19,43 +19,18 @@ from __future__ import annotations
 import os
 import threading
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
 
 import pytest
 
-__all__ = [
-    "LLAMA_FIXTURES",
-    "MARK",
-    "LlamaServerWatch",
-    "marked_items_with_llama_fixtures",
-]
+from kimi_batch_tests.support.markers import BESIDE_LLAMA_MARK as MARK
+from kimi_batch_tests.support.markers import marked_items_with_llama_fixtures
 
-MARK = "no_llama_server"
-# Fixtures that start llama-server or hand a test what it needs to start one.
-LLAMA_FIXTURES = frozenset(
-    {"llama_binary", "model_path", "llama_env", "shared_server", "llama_trino"}
-)
+__all__ = ["LlamaServerWatch"]
+
 TOKEN_VARIABLE = "KIMI_BATCH_TESTS_NO_LLAMA_TOKEN"
 POLL_S = 0.25
-
-
-class _Item(Protocol):
-    @property
-    def nodeid(self) -> str: ...
-
-    def get_closest_marker(self, name: str) -> Any: ...
-
-
-def marked_items_with_llama_fixtures(items: Iterable[_Item]) -> list[str]:
-    """Ids of the tests marked `MARK` that request a llama fixture all the same."""
-    return [
-        item.nodeid
-        for item in items
-        if item.get_closest_marker(MARK) is not None
-        and LLAMA_FIXTURES.intersection(getattr(item, "fixturenames", ()))
-    ]
 
 
 def _is_llama_server(pid: str) -> bool:
