@@ -18,6 +18,7 @@ pytest_plugins = [
     "kimi_batch_tests.support.llama_server",
     "kimi_batch_tests.support.s3proxy",  # before trino, which imports it (assert rewriting)
     "kimi_batch_tests.support.trino",
+    "kimi_batch_tests.support.kimi_batch_stack",
     "kimi_batch_tests.support.postgres",
     "kimi_batch_tests.support.dagster_context",
     "kimi_batch_tests.support.slow_split",

@@ -1,11 +1,11 @@
 """The real code location on a real webserver + daemon: through GraphQL, through the browser, and
 two partition runs against the `llama_server` pool.
 
-One stack (`DagsterStack`: webserver + daemon + their code servers over workspace.yaml, a
-temporary DAGSTER_HOME holding the repo's dagster.yaml, so runs are queued) serves the module's
-tests against the session's real llama-server. It starts with the first test and stops after the
-last (each costs ~30 s on 2 cores), never idling beside the rest of the suite. Each test has its
-own partitions and reads only its own runs, so each also passes alone.
+The session's stack (`kimi_batch_stack`: webserver + daemon + their code servers over
+workspace.yaml, a temporary DAGSTER_HOME holding the repo's dagster.yaml, so runs are queued)
+serves the module's tests against the session's real llama-server, as it serves the Batch API's
+full-stack tests. Each test has its own partitions and reads only its own runs, so each also
+passes alone.
 
 - GraphQL: the asset graph, the schedule and the sensor as the UI lists them, then one
   date|source partition of `batch_job` launched as the UI does.
@@ -38,6 +38,7 @@ from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION
 from kimi_batch.warehouse import trino_columns
 from kimi_batch_tests.support.browser import chromium, dismiss_welcome, screenshot
 from kimi_batch_tests.support.dagster_stack import DagsterStack
+from kimi_batch_tests.support.kimi_batch_stack import KimiBatchStack
 from kimi_batch_tests.support.llama_server import LlamaEnv
 from kimi_batch_tests.support.pool_runs import (
     POOL_DAY,
@@ -63,11 +64,9 @@ SHORT_ANSWERS = {
 
 
 @pytest.fixture(scope="module")
-def stack(llama_env: LlamaEnv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagsterStack]:
-    """The real code location on a webserver + daemon, for this module's tests only."""
-    home = tmp_path_factory.mktemp("webserver_stack") / "dagster_home"
-    with DagsterStack(home, workspace=REPO_ROOT / "workspace.yaml", location="kimi_batch") as stack:
-        yield stack
+def stack(kimi_batch_stack: KimiBatchStack) -> DagsterStack:
+    """The real code location on the session's webserver + daemon."""
+    return kimi_batch_stack.dagster
 
 
 @pytest.fixture(scope="module")

@@ -30,16 +30,12 @@ from kimi_batch.settings import Settings
 from kimi_batch.warehouse import TrinoConfig, TrinoReader, Warehouse, open_warehouse
 from kimi_batch_tests.support.api_server import serving_api
 from kimi_batch_tests.support.batches import MODEL
-from kimi_batch_tests.support.dagster_stack import DagsterStack
 from kimi_batch_tests.support.graphql import GraphQL
+from kimi_batch_tests.support.kimi_batch_stack import API_KEY, KimiBatchStack
 from kimi_batch_tests.support.llama_server import LlamaEnv
-from kimi_batch_tests.support.repo import REPO_ROOT
-from kimi_batch_tests.support.trino import TrinoServer
 
 pytestmark = pytest.mark.slow
 
-KEY = "sk-full-stack"
-SCHEMA = "api_batches"
 BATCH_TIMEOUT_S = 900.0
 DAEMON_BEAT_TIMEOUT_S = 180.0
 # Generous: a correctness bound (the slots do go idle), not a speed target; the measured
@@ -72,36 +68,31 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(
-    llama_env: LlamaEnv, llama_trino: TrinoServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Stack]:
-    variables = {
-        "KIMI_BATCH_API_KEY": KEY,
-        "KIMI_BATCH_TRINO_HOST": llama_trino.host,
-        "KIMI_BATCH_TRINO_PORT": str(llama_trino.port),
-        "KIMI_BATCH_TRINO_SCHEMA": SCHEMA,
-    }
+def stack(kimi_batch_stack: KimiBatchStack) -> Iterator[Stack]:
+    """The Batch API served here, as `kimi-batch api` serves it, beside the session's stack."""
     with pytest.MonkeyPatch.context() as patch:
-        for name, value in variables.items():
-            patch.setenv(name, value)
-        patch.delenv("KIMI_BATCH_WAREHOUSE", raising=False)
+        # The API's own launcher runs on the daemon's instance: it must leave every batch to
+        # the daemon.
+        patch.setenv("DAGSTER_HOME", str(kimi_batch_stack.dagster_home))
         settings = Settings.from_env()
         warehouse, trino = open_warehouse(settings), TrinoConfig.from_settings(settings)
-        home = tmp_path_factory.mktemp("api_dagster")
-        with DagsterStack(
-            home, workspace=REPO_ROOT / "workspace.yaml", location="kimi_batch"
-        ) as dagster:
-            # The API's own launcher runs as `kimi-batch api` runs it, on the daemon's instance:
-            # it must leave every batch to the daemon.
-            patch.setenv("DAGSTER_HOME", str(home))
-            runs = BatchRuns(settings)
-            deadline = time.monotonic() + DAEMON_BEAT_TIMEOUT_S
-            while runs.mode() is not RunMode.DAEMON:
-                assert time.monotonic() < deadline, f"no daemon heartbeat: {dagster.logs()}"
-                time.sleep(1)
-            with serving_api(settings, runs=runs) as base_url:
-                client = openai.OpenAI(base_url=base_url, api_key=KEY, max_retries=0)
-                yield Stack(client, dagster.graphql, settings, warehouse, trino, llama_env, runs)
+        runs = BatchRuns(settings)
+        deadline = time.monotonic() + DAEMON_BEAT_TIMEOUT_S
+        while runs.mode() is not RunMode.DAEMON:
+            dagster = kimi_batch_stack.dagster
+            assert time.monotonic() < deadline, f"no daemon heartbeat: {dagster.logs()}"
+            time.sleep(1)
+        with serving_api(settings, runs=runs) as base_url:
+            client = openai.OpenAI(base_url=base_url, api_key=API_KEY, max_retries=0)
+            yield Stack(
+                client,
+                kimi_batch_stack.dagster.graphql,
+                settings,
+                warehouse,
+                trino,
+                kimi_batch_stack.llama,
+                runs,
+            )
 
 
 def request(custom_id: str, content: str, *, system: str | None = None, **body: Any) -> str:
