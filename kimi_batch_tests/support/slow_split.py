@@ -9,6 +9,8 @@ process, in order: `-m "slow and not no_llama_server"`. That is the default: a s
 beside it only when its module marks it `no_llama_server`, and such a test is checked to keep
 the promise: one that requests a llama fixture is refused at collection, and one that starts a
 llama-server process (its environment carries the test's token, which children inherit) fails.
+The second process runs niced in a session of its own (the Makefile says why), so it takes the
+first's idle CPU rather than slowing it.
 
 (pytest-xdist's `--dist loadgroup` would say the same with one command, but its groups are
 silently ignored under pytest 9.2: pytest-dev/pytest-xdist#1386.)
