@@ -140,6 +140,9 @@ _VALIDATION |= {("api.batch_transitioned", 1)}
 # The SIGKILL tier: the two-write steps first (seeds | input quarantine | consumed record;
 # stage rows | stage quarantine | index), then a snapshot without its version, a ledger half
 # filled, a batch's output file without its record, a migration half copied.
+# The night's lease in the killed worker and in the rerun. At 1 s, a worker starved of CPU for
+# a second lost its lease before reaching the crash point (seen once in the niced slow tier).
+CRASH_LEASE_TTL_S = 15.0
 NIGHT_KILLS = [
     ("seeds.rows_written", 1),
     ("quarantine.rows_replaced", 1),
@@ -424,7 +427,9 @@ def _killed_worker(module: str, settings: Settings, step: tuple[str, int]) -> No
         **os.environ,
         "KIMI_BATCH_HOME": str(settings.paths.home),
         CRASH_AT_VARIABLE: f"{step[0]}:kill:{step[1]}",
-        "CRASH_NIGHT_TTL_S": "1",
+        # Long enough that a worker starved of CPU for seconds (`make test` runs these tests
+        # niced, beside the llama-server ones) still renews its lease; the rerun waits it out.
+        "CRASH_NIGHT_TTL_S": str(CRASH_LEASE_TTL_S),
         "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
     }
     child = subprocess.run(
@@ -439,7 +444,9 @@ def test_a_night_killed_at_a_crash_point_is_whole_after_a_rerun(
     settings: Settings, step: tuple[str, int]
 ) -> None:
     _killed_worker("kimi_batch_tests.support.crash_night", settings, step)
-    run_night(settings, ttl_s=1.0)  # takes the dead worker's lease over once it expires
+    run_night(
+        settings, ttl_s=CRASH_LEASE_TTL_S
+    )  # takes the dead worker's lease over once it expires
     check_night(settings)
 
 

@@ -30,8 +30,8 @@ from kimi_batch_tests.support.postgres import PostgresServer, StateBackend
 from kimi_batch_tests.support.results import make_result
 from kimi_batch_tests.support.rows import quarantined
 
-# Its slow tests start no llama-server: they run beside the ones that do (support/slow_split.py).
-pytestmark = pytest.mark.no_llama_server
+# Not `no_llama_server`, though none of its tests start one: its leases live for about a second,
+# and the slow tests beside llama-server's run niced, starved of CPU for seconds at times.
 
 
 def _result(request_id: str, text: str = "answer") -> GenerationResult:
