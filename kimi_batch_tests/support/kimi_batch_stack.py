@@ -29,12 +29,11 @@ FIXTURE = "kimi_batch_stack"
 
 @dataclass(frozen=True)
 class KimiBatchStack:
-    """The running stack, the DAGSTER_HOME it serves, and the llama-server and Trino it uses."""
+    """The running stack, the DAGSTER_HOME it serves, and the llama-server it uses."""
 
     dagster: DagsterStack
     dagster_home: Path
     llama: LlamaEnv
-    trino: TrinoServer
 
 
 @pytest.fixture(scope="session")
@@ -55,9 +54,7 @@ def kimi_batch_stack(
         with DagsterStack(
             home, workspace=REPO_ROOT / "workspace.yaml", location="kimi_batch"
         ) as stack:
-            yield KimiBatchStack(
-                dagster=stack, dagster_home=home, llama=llama_env, trino=llama_trino
-            )
+            yield KimiBatchStack(dagster=stack, dagster_home=home, llama=llama_env)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -7,9 +7,9 @@ from pathlib import Path
 __all__ = ["processes_naming"]
 
 
-def processes_naming(home: Path, *, besides: int | None = None) -> dict[int, str]:
+def processes_naming(home: Path | str, *, besides: int | None = None) -> dict[int, str]:
     """pid -> command line of every live process whose arguments or environment name `home`
-    (but `besides`)."""
+    (a state dir, or any other marker string) (but `besides`)."""
     marker = str(home).encode()
     found: dict[int, str] = {}
     for entry in Path("/proc").iterdir():

@@ -28,26 +28,12 @@ import pytest
 
 from kimi_batch_tests.support.markers import BESIDE_LLAMA_MARK as MARK
 from kimi_batch_tests.support.markers import marked_items_with_llama_fixtures
+from kimi_batch_tests.support.processes import processes_naming
 
 __all__ = ["LlamaServerWatch"]
 
 TOKEN_VARIABLE = "KIMI_BATCH_TESTS_NO_LLAMA_TOKEN"
 POLL_S = 0.25
-
-
-def _is_llama_server(pid: str) -> bool:
-    try:
-        arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:2]
-    except OSError:
-        return False
-    return any(Path(os.fsdecode(argument)).name == "llama-server" for argument in arguments)
-
-
-def _environment_has(pid: str, entry: bytes) -> bool:
-    try:
-        return entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return False
 
 
 class LlamaServerWatch:
@@ -58,15 +44,13 @@ class LlamaServerWatch:
     def __init__(self) -> None:
         self.token = uuid.uuid4().hex
         self.found: list[str] = []
-        self._entry = f"{TOKEN_VARIABLE}={self.token}".encode()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="llama-server-watch", daemon=True)
 
     def _scan(self) -> None:
-        for pid in (name for name in os.listdir("/proc") if name.isdigit()):
-            if _is_llama_server(pid) and _environment_has(pid, self._entry):
-                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-                self.found.append(os.fsdecode(command).strip())
+        for command in processes_naming(self.token).values():
+            if any(Path(argument).name == "llama-server" for argument in command.split(" ")[:2]):
+                self.found.append(command.strip())
 
     def _watch(self) -> None:
         while not self._stop.wait(POLL_S) and not self.found:
