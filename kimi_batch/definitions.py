@@ -19,10 +19,12 @@ from kimi_batch.defs.assets.batch import build_batch_assets
 from kimi_batch.defs.assets.digest import digest_prefill, system_digest
 from kimi_batch.defs.deployment import building
 from kimi_batch.defs.partitions import build_batch_partitions
-from kimi_batch.defs.resources.digest import DigestResource
-from kimi_batch.defs.resources.llama import LlamaServerResource
-from kimi_batch.defs.resources.trino import TrinoResource
-from kimi_batch.defs.resources.warehouse import WarehouseResource
+from kimi_batch.defs.resources import (
+    DigestResource,
+    LlamaServerResource,
+    TrinoResource,
+    WarehouseResource,
+)
 from kimi_batch.llama import CpuListError, format_cpu_list, parse_cpu_list, pin_to_the_rest
 from kimi_batch.settings import Settings
 

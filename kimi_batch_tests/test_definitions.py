@@ -12,8 +12,7 @@ import dagster as dg
 import pytest
 
 from kimi_batch.definitions import build_definitions, build_resources
-from kimi_batch.defs.resources.llama import LlamaServerResource
-from kimi_batch.defs.resources.warehouse import WarehouseResource
+from kimi_batch.defs.resources import LlamaServerResource, WarehouseResource
 from kimi_batch.settings import Settings
 from kimi_batch_tests.support.repo import REPO_ROOT
 

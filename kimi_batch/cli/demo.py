@@ -11,7 +11,7 @@ import dagster as dg
 
 from kimi_batch.definitions import DIGEST_ASSETS, batch_assets, build_resources
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, SOURCE_PARTITIONS_NAME
-from kimi_batch.defs.resources.digest import DigestResource
+from kimi_batch.defs.resources import DigestResource
 from kimi_batch.engine import ProgressEvent, notify
 from kimi_batch.errors import MissingInputError
 from kimi_batch.inputs import inspect_inbox_file

@@ -15,7 +15,7 @@ import dagster as dg
 
 from kimi_batch.defs.deployment import deployment_settings
 from kimi_batch.defs.jobs import JOB_TAG, NIGHTLY_JOB_NAME
-from kimi_batch.defs.resources.warehouse import WarehouseResource
+from kimi_batch.defs.resources import WarehouseResource
 from kimi_batch.settings import Settings
 from kimi_batch.warehouse import maintain
 

@@ -23,7 +23,7 @@ from kimi_batch.crash_points import armed
 from kimi_batch.definitions import batch_assets, build_resources
 from kimi_batch.defs.assets.batch import resolve_seeds_input, seeds_are_current
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
-from kimi_batch.defs.resources.warehouse import WarehouseResource
+from kimi_batch.defs.resources import WarehouseResource
 from kimi_batch.settings import Settings
 from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.llama_server import LlamaEnv

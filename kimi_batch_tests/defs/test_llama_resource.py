@@ -15,7 +15,7 @@ import dagster as dg
 import pytest
 
 from kimi_batch.definitions import DIGEST_ASSETS, build_resources
-from kimi_batch.defs.resources.llama import LlamaServerResource
+from kimi_batch.defs.resources import LlamaServerResource
 from kimi_batch.engine import BatchEngine, GenerationRequest, Ledger, SamplingParams
 from kimi_batch.llama import ChatMessage
 from kimi_batch.settings import Settings
@@ -110,7 +110,7 @@ async def test_an_attached_server_gets_the_default_budget_capped_at_its_slot(
         patch.setenv("KIMI_BATCH_LLAMA_N_PREDICT", "100")
         resource = LlamaServerResource(deployment=Settings.from_env())
         digest = fresh_digest("attached")
-        prepared = await resource.prepare(digest)
+        prepared = await resource.server().prepare(digest)
     (endpoint,) = prepared.endpoints
     assert endpoint.ctx == TEST_CTX // TEST_SLOTS  # per slot, from /props
     # llama.cpp's /props reports no n_predict (-1) whatever the server's -n: the default budget.

@@ -11,7 +11,7 @@ import pytest
 
 from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME
 from kimi_batch.defs.maintenance import build_maintenance_schedule, maintenance_job
-from kimi_batch.defs.resources.warehouse import WarehouseResource
+from kimi_batch.defs.resources import WarehouseResource
 from kimi_batch.settings import Settings
 from kimi_batch.warehouse import open_warehouse
 from kimi_batch_tests.support.rows import amplified

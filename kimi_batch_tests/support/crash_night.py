@@ -30,8 +30,7 @@ import polars as pl
 
 from kimi_batch.defs.assets.batch import seeds_are_current
 from kimi_batch.defs.assets.landing import land_stage
-from kimi_batch.defs.resources.trino import TrinoResource
-from kimi_batch.defs.resources.warehouse import WarehouseResource
+from kimi_batch.defs.resources import TrinoResource, WarehouseResource
 from kimi_batch.engine import GenerationResult, Ledger, row_request_id
 from kimi_batch.engine.generation import request_key
 from kimi_batch.inputs.prompts import InputBatch, SeedPrompt

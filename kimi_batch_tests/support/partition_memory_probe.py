@@ -26,9 +26,7 @@ import dagster as dg
 
 from kimi_batch.definitions import batch_assets, build_resources
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
-from kimi_batch.defs.resources.digest import DigestResource
-from kimi_batch.defs.resources.llama import LlamaServerResource
-from kimi_batch.defs.resources.warehouse import WarehouseResource
+from kimi_batch.defs.resources import DigestResource, LlamaServerResource, WarehouseResource
 from kimi_batch.engine import BatchEngine, GenerationResult
 from kimi_batch.pipeline import DistillConfig, plan_stage
 from kimi_batch.settings import Settings

@@ -18,16 +18,20 @@ from kimi_batch.batch_api import (
     cancelled_message,
     finish_batch,
 )
-from kimi_batch.defs.assets.checks import check_specs
-from kimi_batch.defs.assets.context import LLAMA_POOL, step_lease
-from kimi_batch.defs.assets.driver import GenerationResources, run_partitions
-from kimi_batch.defs.assets.landing import StepLanding
-from kimi_batch.defs.metadata import ASSET_OWNERS
+from kimi_batch.defs.assets.driver import (
+    LLAMA_POOL,
+    GenerationResources,
+    run_partitions,
+    step_lease,
+)
+from kimi_batch.defs.assets.landing import ASSET_OWNERS, StepLanding, check_specs
 from kimi_batch.defs.partitions import api_batch_partitions
-from kimi_batch.defs.resources.digest import DigestResource
-from kimi_batch.defs.resources.llama import LlamaServerResource
-from kimi_batch.defs.resources.trino import TrinoResource
-from kimi_batch.defs.resources.warehouse import WarehouseResource
+from kimi_batch.defs.resources import (
+    DigestResource,
+    LlamaServerResource,
+    TrinoResource,
+    WarehouseResource,
+)
 from kimi_batch.engine import Ledger
 from kimi_batch.pipeline import (
     ApiBatchInputs,

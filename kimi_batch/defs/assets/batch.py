@@ -10,17 +10,18 @@ from datetime import UTC, datetime
 import dagster as dg
 from pydantic import Field
 
-from kimi_batch.defs.assets.context import LLAMA_POOL, RunContext, step_lease
+from kimi_batch.defs.assets.driver import LLAMA_POOL, RunContext, interruptible_runner, step_lease
+from kimi_batch.defs.assets.landing import ASSET_OWNERS, table_metadata
 from kimi_batch.defs.assets.stage_asset import generation_asset
 from kimi_batch.defs.deployment import deployment_settings
-from kimi_batch.defs.interrupts import interruptible_runner
 from kimi_batch.defs.jobs import BATCH_GROUP, INGEST_TAG, NIGHT_END_TAG, OPTIONAL_TAG
-from kimi_batch.defs.metadata import ASSET_OWNERS, table_metadata
 from kimi_batch.defs.partitions import build_batch_partitions, partition_parts
-from kimi_batch.defs.resources.digest import DigestResource
-from kimi_batch.defs.resources.llama import LlamaServerResource
-from kimi_batch.defs.resources.trino import TrinoResource
-from kimi_batch.defs.resources.warehouse import WarehouseResource
+from kimi_batch.defs.resources import (
+    DigestResource,
+    LlamaServerResource,
+    TrinoResource,
+    WarehouseResource,
+)
 from kimi_batch.pipeline import (
     SEED_ASSET,
     STAGE_DECLARATIONS,
@@ -129,7 +130,7 @@ def build_batch_assets(
         name=SEED_ASSET,
         partitions_def=partitions,
         group_name=BATCH_GROUP,
-        # `llama.prepare()` may start the server and asks it to tokenize: a llama step too.
+        # `llama.server().prepare()` may start the server and asks it to tokenize: a llama step too.
         pool=LLAMA_POOL,
         kinds={"parquet", "trino"},
         owners=ASSET_OWNERS,

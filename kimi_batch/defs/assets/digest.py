@@ -2,10 +2,9 @@
 
 import dagster as dg
 
-from kimi_batch.defs.interrupts import run_interruptibly
-from kimi_batch.defs.metadata import ASSET_OWNERS
-from kimi_batch.defs.resources.digest import DigestResource
-from kimi_batch.defs.resources.llama import LlamaServerResource
+from kimi_batch.defs.assets.driver import run_interruptibly
+from kimi_batch.defs.assets.landing import ASSET_OWNERS
+from kimi_batch.defs.resources import DigestResource, LlamaServerResource
 from kimi_batch.engine import ContextTooSmallError, DigestLintError, SystemDigest
 from kimi_batch.pipeline import warm_digest
 
@@ -22,7 +21,7 @@ def _load(digest: DigestResource) -> SystemDigest:
         ) from error
 
 
-# `llama.prepare()` may start the server and tokenizes the digest there: in the llama pool.
+# `llama.server().prepare()` may start the server and tokenizes the digest there: in the llama pool.
 @dg.asset(
     group_name=DIGEST_GROUP,
     pool=LLAMA_POOL,
@@ -33,7 +32,7 @@ def _load(digest: DigestResource) -> SystemDigest:
 def system_digest(digest: DigestResource, llama: LlamaServerResource) -> dg.MaterializeResult:
     """The byte-stable system prompt every request starts with, fingerprinted and linted."""
     loaded = _load(digest)
-    tokens = run_interruptibly(llama.prepare(loaded)).digest_tokens
+    tokens = run_interruptibly(llama.server().prepare(loaded)).digest_tokens
     return dg.MaterializeResult(
         metadata={
             "sha256": loaded.sha256,

@@ -1,39 +1,181 @@
 """The partition-batch driver as Dagster runs it: `kimi_batch.pipeline.drive` over an asset
-step's partition or the nightly op's, with the step's log, the deployment's engine session, the
-partition's landing (`land_stage`) and its record (a `Landing`), interruptible by Dagster."""
+step's partition or the nightly op's, with the step's log, the deployment's engine session under
+the nightly window, the partition's lease (a partition the pipeline skips fails the step), its
+landing (`land_stage`) and its record (a `Landing`), on an event loop a terminated run stops for
+certain (`pipeline/interrupts.py`, raising Dagster's own interrupt once the loop has stopped)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Coroutine,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import dagster as dg
 
-from kimi_batch.defs.assets.context import RunContext
-from kimi_batch.defs.assets.engine_session import engine_session
-from kimi_batch.defs.assets.landing import Landing, land_stage
-from kimi_batch.defs.interrupts import run_interruptibly
-from kimi_batch.defs.resources.digest import DigestResource
-from kimi_batch.defs.resources.llama import LlamaServerResource
-from kimi_batch.defs.resources.trino import TrinoResource
-from kimi_batch.defs.resources.warehouse import WarehouseResource
-from kimi_batch.engine import BatchOutcome, BatchRun, GenerationResult, Ledger
+from kimi_batch.defs.assets.landing import Landing, RunContext, land_stage
+from kimi_batch.defs.jobs import STOPPED_TAG, WINDOW_TAG
+from kimi_batch.defs.resources import (
+    DigestResource,
+    LlamaServerResource,
+    TrinoResource,
+    WarehouseResource,
+)
+from kimi_batch.engine import (
+    BatchOutcome,
+    BatchRun,
+    GenerationResult,
+    Ledger,
+    ProgressEvent,
+    notify,
+)
 from kimi_batch.pipeline import (
     BatchControls,
     GenerationTask,
     HeldPartition,
+    InterruptibleRunner,
     PartitionResult,
+    PartitionSkippedError,
     PipelineStage,
+    StageConfigError,
     StagePlan,
     drive_on,
+    generation_figures,
+    partition_lease,
     partition_parts_of,
     plan_stage,
 )
+from kimi_batch.pipeline import interruptible_runner as pipeline_runner
 from kimi_batch.settings import Settings
 from kimi_batch.warehouse import Warehouse
+
+T = TypeVar("T")
+
+# The Dagster pool of every step that sends requests to the server (dagster.yaml: limit 1).
+LLAMA_POOL = "llama_server"
+
+
+@contextmanager
+def failing_step() -> Iterator[None]:
+    """A partition the pipeline skips (`PartitionSkippedError`), or a stage's config it refuses
+    (`StageConfigError`), fails the step as Dagster's `Failure`: its message, shown without a
+    traceback."""
+    try:
+        yield
+    except (PartitionSkippedError, StageConfigError) as error:
+        raise dg.Failure(str(error)) from error
+
+
+@contextmanager
+def step_lease(
+    context: RunContext, warehouse: WarehouseResource, ds: str, source: str
+) -> Iterator[HeldPartition]:
+    """The partition's lease for this run; one it cannot hold, or loses, fails the step."""
+    with failing_step(), partition_lease(warehouse.ledger, ds, source, context.run.run_id) as held:
+        yield held
+
+
+# ---- the event loop a terminated run stops ------------------------------------------------------
+
+
+@contextmanager
+def interruptible_runner() -> Iterator[InterruptibleRunner]:
+    """`asyncio.Runner()` for a Dagster step; closed on exit."""
+    with pipeline_runner(dg.DagsterExecutionInterruptedError) as runner:
+        yield runner
+
+
+def run_interruptibly(main: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run` for a Dagster step: a terminated run cancels `main`."""
+    with interruptible_runner() as runner:
+        return runner.run(main)
+
+
+# ---- the nightly window -------------------------------------------------------------------------
+
+
+def window_end(context: RunContext) -> datetime | None:
+    """The run's nightly window end (its WINDOW_TAG), None without one."""
+    raw = context.run.tags.get(WINDOW_TAG)
+    if not raw:
+        return None
+    end = datetime.fromisoformat(raw)
+    return end if end.tzinfo else end.replace(tzinfo=UTC)
+
+
+def stopped_at_window(context: dg.AssetExecutionContext, outcome: BatchOutcome) -> dg.Failure:
+    """The failure of an asset's partition that the nightly window cut short (the run marked
+    so): it fails visibly with what is done, the next night's catch-up continues from the
+    ledger."""
+    stats = outcome.stats
+    done = stats.generated + stats.from_ledger
+    mark_stopped_at_window(context)
+    return dg.Failure(
+        f"the nightly window ended at {window_end(context)}: {done} of {stats.total} rows "
+        "done, resumes next night",
+        metadata={"rows_done": done, "rows_total": stats.total, **generation_figures(outcome)},
+    )
+
+
+# Dagster's run tag: whether run retries re-execute a run that failed in a step.
+RETRY_ON_STEP_FAILURE_TAG = "dagster/retry_on_asset_or_op_failure"
+
+
+def mark_stopped_at_window(context: RunContext) -> None:
+    """Tag the run STOPPED_TAG=true (`status` and the morning alerts name it so) and not to be
+    retried: past the window a retry would send nothing, the next night resumes the work."""
+    context.instance.add_run_tags(
+        context.run.run_id, {STOPPED_TAG: "true", RETRY_ON_STEP_FAILURE_TAG: "false"}
+    )
+
+
+# ---- the engine session -------------------------------------------------------------------------
+
+
+def _progress_reporter(context: RunContext, label: str) -> Callable[[ProgressEvent], None]:
+    """The run log gets the periodic line; in-process listeners (a terminal bar) the event."""
+
+    def report(event: ProgressEvent) -> None:
+        context.log.info(str(event))
+        notify(event.model_copy(update={"label": label}))
+
+    return report
+
+
+@asynccontextmanager
+async def engine_session(
+    context: RunContext,
+    llama: LlamaServerResource,
+    digest: DigestResource,
+    ledger: Ledger,
+    *,
+    label: str,
+    expires_at: datetime | None = None,
+) -> AsyncIterator[BatchRun]:
+    """One engine run under the run's window and the work's own end (`expires_at`, whichever
+    comes first), open while the block adds requests to it (a batch's outcome says whether
+    either cut it short); progress is logged as `label`."""
+    ends = [end for end in (window_end(context), expires_at) if end is not None]
+    reporter = _progress_reporter(context, label)
+    session = llama.server().session(
+        digest.load(), ledger, on_progress=reporter, stop_at=min(ends, default=None)
+    )
+    async with session as run:
+        yield run
+
+
+# ---- the driver ---------------------------------------------------------------------------------
+
 
 Task = GenerationTask[Any, Any]
 # A partition's plan of a stage (default `plan_stage`: its inputs read from the warehouse).

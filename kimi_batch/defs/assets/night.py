@@ -19,12 +19,17 @@ from kimi_batch.defs.assets.batch import (
     resolve_seeds_input,
     seeds_are_current,
 )
-from kimi_batch.defs.assets.context import LLAMA_POOL, failing_step
-from kimi_batch.defs.assets.driver import GenerationResources, run_partitions
+from kimi_batch.defs.assets.driver import (
+    LLAMA_POOL,
+    GenerationResources,
+    failing_step,
+    mark_stopped_at_window,
+    run_partitions,
+    window_end,
+)
 from kimi_batch.defs.assets.landing import NightLanding
 from kimi_batch.defs.assets.night_tag import tag_the_night
 from kimi_batch.defs.assets.stage_asset import dagster_config
-from kimi_batch.defs.assets.window import mark_stopped_at_window, window_end
 from kimi_batch.defs.jobs import (
     JOB_TAG,
     LLAMA_TAG,
@@ -32,10 +37,12 @@ from kimi_batch.defs.jobs import (
     NIGHTLY_OP_NAME,
     SEED_PROMPTS,
 )
-from kimi_batch.defs.resources.digest import DigestResource
-from kimi_batch.defs.resources.llama import LlamaServerResource
-from kimi_batch.defs.resources.trino import TrinoResource
-from kimi_batch.defs.resources.warehouse import WarehouseResource
+from kimi_batch.defs.resources import (
+    DigestResource,
+    LlamaServerResource,
+    TrinoResource,
+    WarehouseResource,
+)
 from kimi_batch.pipeline import (
     SEED_TABLES,
     SKIPPED,

@@ -16,18 +16,23 @@ from typing import Any
 import dagster as dg
 from pydantic import BaseModel, Field, create_model
 
-from kimi_batch.defs.assets.checks import CHECK_NAMES, check_specs
-from kimi_batch.defs.assets.context import LLAMA_POOL, failing_step, step_lease
-from kimi_batch.defs.assets.driver import GenerationResources, run_partitions
-from kimi_batch.defs.assets.landing import StepLanding
-from kimi_batch.defs.assets.window import stopped_at_window
+from kimi_batch.defs.assets.driver import (
+    LLAMA_POOL,
+    GenerationResources,
+    failing_step,
+    run_partitions,
+    step_lease,
+    stopped_at_window,
+)
+from kimi_batch.defs.assets.landing import ASSET_OWNERS, CHECK_NAMES, StepLanding, check_specs
 from kimi_batch.defs.jobs import BATCH_GROUP
-from kimi_batch.defs.metadata import ASSET_OWNERS
 from kimi_batch.defs.partitions import partition_parts
-from kimi_batch.defs.resources.digest import DigestResource
-from kimi_batch.defs.resources.llama import LlamaServerResource
-from kimi_batch.defs.resources.trino import TrinoResource
-from kimi_batch.defs.resources.warehouse import WarehouseResource
+from kimi_batch.defs.resources import (
+    DigestResource,
+    LlamaServerResource,
+    TrinoResource,
+    WarehouseResource,
+)
 from kimi_batch.pipeline import GenerationTask, PipelineStage, StageDeclaration
 
 Task = GenerationTask[Any, Any]
