@@ -46,15 +46,6 @@ if typing.TYPE_CHECKING:
         BatchControls,
         unless_cancelled,
     )
-    from kimi_batch.pipeline.checks import (
-        CHECK_NAMES,
-        CONTAMINATION_CHECK,
-        TRUNCATION_CHECK,
-        CheckVerdict,
-        generation_verdicts,
-        quality_verdicts,
-        stage_check_names,
-    )
     from kimi_batch.pipeline.distill import (
         DEFAULT_DISTILL_PARAMS,
         EMPTY_REASON,
@@ -67,29 +58,36 @@ if typing.TYPE_CHECKING:
         variant_tag,
     )
     from kimi_batch.pipeline.driver import (
+        LEASE_TTL_S,
+        LEASE_WAIT_S,
+        SKIPPED,
         DriverRun,
+        HeldPartition,
         PartitionResult,
+        PartitionSkippedError,
         PipelineStage,
+        StageConfigError,
         StagePlan,
         answered_again,
         asked_again,
         drive,
         drive_on,
         oldest_first,
+        partition_lease,
         plan_partition,
         sample_scope,
     )
-    from kimi_batch.pipeline.errors import (
-        SKIPPED,
-        PartitionSkippedError,
-        StageConfigError,
-    )
     from kimi_batch.pipeline.generation_task import (
+        AMPLIFY_STAGE,
+        DISTILL_STAGE,
         GenerationTask,
+        Origin,
+        RequestTag,
         RowReader,
         ScreenedText,
         SeedInputs,
         SetAside,
+        Strategy,
         generation_columns,
     )
     from kimi_batch.pipeline.interrupts import InterruptibleRunner, interruptible_runner
@@ -102,18 +100,21 @@ if typing.TYPE_CHECKING:
         judge_prompt,
     )
     from kimi_batch.pipeline.landed import (
+        CHECK_NAMES,
+        CONTAMINATION_CHECK,
+        TRUNCATION_CHECK,
+        CheckFigures,
+        CheckVerdict,
+        StageSink,
         generation_figures,
+        generation_verdicts,
         plan_stage,
+        quality_verdicts,
         screening,
+        stage_check_names,
         stage_data_version,
         summary_markdown,
         write_stage,
-    )
-    from kimi_batch.pipeline.lease import (
-        LEASE_TTL_S,
-        LEASE_WAIT_S,
-        HeldPartition,
-        partition_lease,
     )
     from kimi_batch.pipeline.night import (
         WINDOW_GRACE_S,
@@ -139,20 +140,10 @@ if typing.TYPE_CHECKING:
         template_tokens,
         token_bound,
     )
-    from kimi_batch.pipeline.quarantine import (
-        INPUT_STAGE,
-        RAW_LIMIT,
-        failure_rows,
-        file_row,
-        input_row,
-        raw_json,
-        rejected_raw,
-        result_row,
-        set_aside_row,
-        truncate_raw,
-    )
     from kimi_batch.pipeline.rows import (
+        INPUT_STAGE,
         PARTITION_COLUMNS,
+        RAW_LIMIT,
         AmplifiedRow,
         DistilledRow,
         GenerationColumns,
@@ -161,6 +152,14 @@ if typing.TYPE_CHECKING:
         QuarantineRow,
         SeedMessage,
         SeedRow,
+        failure_rows,
+        file_row,
+        input_row,
+        raw_json,
+        rejected_raw,
+        result_row,
+        set_aside_row,
+        truncate_raw,
     )
     from kimi_batch.pipeline.schemas import (
         ShortAnswer,
@@ -176,10 +175,6 @@ if typing.TYPE_CHECKING:
     from kimi_batch.pipeline.server import (
         LlamaDeployment,
         warm_digest,
-    )
-    from kimi_batch.pipeline.sink import (
-        CheckFigures,
-        StageSink,
     )
     from kimi_batch.pipeline.stages import (
         AMPLIFY,
@@ -201,26 +196,14 @@ if typing.TYPE_CHECKING:
         upstream_of,
         withdraw_stage,
     )
-    from kimi_batch.pipeline.tags import (
-        AMPLIFY_STAGE,
-        DISTILL_STAGE,
-        Origin,
-        RequestTag,
-        Strategy,
-    )
 
 # The modules, in the order a member is looked for: those the input models below build on first,
 # so that looking up a row model never imports a stage (which imports the input models).
 _MODULES = (
     "rows",
-    "tags",
-    "quarantine",
     "schemas",
-    "errors",
     "generation_task",
-    "sink",
     "prompt_length",
-    "lease",
     "batch_controls",
     "amplify",
     "distill",
@@ -232,7 +215,6 @@ _MODULES = (
     "night",
     "interrupts",
     "landed",
-    "checks",
     "server",
     "seeds",
 )

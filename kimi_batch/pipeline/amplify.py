@@ -21,14 +21,16 @@ from kimi_batch.engine import GenerationRequest, GenerationResult, SamplingParam
 from kimi_batch.inputs import SeedPrompt
 from kimi_batch.llama import ChatMessage
 from kimi_batch.pipeline.generation_task import (
+    AMPLIFY_STAGE,
     GenerationTask,
+    RequestTag,
     RowReader,
     SeedInputs,
     SetAside,
+    Strategy,
     generation_columns,
 )
 from kimi_batch.pipeline.rows import AmplifiedRow, GenerationColumns
-from kimi_batch.pipeline.tags import AMPLIFY_STAGE, RequestTag, Strategy
 from kimi_batch.quality import loose_text, normalize_text
 
 # Short sentences, one task, "only the new question" said twice in different words: small models

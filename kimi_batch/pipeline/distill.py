@@ -28,15 +28,18 @@ from kimi_batch.engine import (
 from kimi_batch.inputs import SeedPrompt, format_validation_error
 from kimi_batch.llama import ChatMessage
 from kimi_batch.pipeline.generation_task import (
+    DISTILL_STAGE,
     GenerationTask,
+    Origin,
+    RequestTag,
     RowReader,
     ScreenedText,
     SeedInputs,
     SetAside,
+    Strategy,
     generation_columns,
 )
 from kimi_batch.pipeline.rows import AmplifiedRow, DistilledRow, GenerationColumns
-from kimi_batch.pipeline.tags import DISTILL_STAGE, Origin, RequestTag, Strategy
 
 SEED_TAG = RequestTag(stage=DISTILL_STAGE).wire
 DEFAULT_DISTILL_PARAMS = SamplingParams(max_tokens=256, temperature=0.7, top_p=0.95)

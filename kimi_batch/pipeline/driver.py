@@ -18,6 +18,10 @@ how the engine session opens, how a written partition is recorded, where lines a
 Dagster adapter (`defs/assets/driver.py`) is one. The Batch API's run adds `BatchControls`: its own plan of the batch's lines (`planner`), the
 batch's expiry as a stop time past which what is done lands, a cancel poll, and a hook that hears
 the planned keys before the first request is sent.
+
+A partition is held under its lease (`partition_lease`: one run at a time generates and writes
+a partition's tables); one this run cannot build (its input, its lease) is skipped by its own
+exception (`PartitionSkippedError`) while the others go on.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
@@ -35,13 +39,83 @@ from kimi_batch.engine import (
     BatchRun,
     GenerationRequest,
     GenerationResult,
+    Lease,
+    LeaseHeldError,
+    LeaseLostError,
     Ledger,
     PlannedRow,
 )
+from kimi_batch.errors import KimiBatchError
 from kimi_batch.pipeline.batch_controls import BatchControls, unless_cancelled
-from kimi_batch.pipeline.errors import SKIPPED
 from kimi_batch.pipeline.generation_task import GenerationTask, RowReader
-from kimi_batch.pipeline.lease import HeldPartition
+
+# ---- why a partition is skipped -----------------------------------------------------------------
+
+
+class PartitionSkippedError(KimiBatchError):
+    """A partition this run cannot build (its input, its lease): this run leaves it alone, the
+    others go on. The Dagster adapter fails the asset's step with it (`dg.Failure`); the night
+    names it among the partitions that failed."""
+
+
+# What leaves one partition out while the others go on (its input, its lease, a write refused).
+SKIPPED = (PartitionSkippedError, LeaseLostError, KimiBatchError)
+
+
+class StageConfigError(KimiBatchError):
+    """A stage's run config names what cannot be used (an output model the deployment does not
+    allow, a rubric that cannot be read): the run builds nothing."""
+
+
+# ---- the partition's lease ----------------------------------------------------------------------
+
+
+# A lease lives this long without its holder's heartbeat: a killed run frees its partition then.
+LEASE_TTL_S = 60.0
+# A second run on the same partition waits this long, longer than a dead holder's lease can last,
+# then leaves a live holder the partition (it writes every row; a second run would only repeat).
+LEASE_WAIT_S = LEASE_TTL_S + 30.0
+
+
+@dataclass(frozen=True)
+class HeldPartition:
+    """The ledger, and the lease this run holds on the partition: the fence of every Parquet
+    write (`guard=held.lease`), `check` before the other writes."""
+
+    ledger: Ledger
+    lease: Lease
+
+    def check(self) -> None:
+        """Raises LeaseLostError when another run has taken the partition over."""
+        self.lease.check()
+
+
+@contextmanager
+def partition_lease(
+    ledgers: Callable[[], Ledger], ds: str, source: str, holder: str
+) -> Iterator[HeldPartition]:
+    """Hold the partition (generation and every write of its tables) for run `holder`, on a
+    ledger `ledgers()` opens; a partition another run holds, or a lease lost on the way (this
+    run stalled past its ttl), is `PartitionSkippedError` instead of a write."""
+    with ledgers() as ledger:
+        lease = ledger.lease(f"{ds}|{source}", holder, ttl_s=LEASE_TTL_S, wait_s=LEASE_WAIT_S)
+        try:
+            held = lease.__enter__()
+        except LeaseHeldError as error:
+            raise PartitionSkippedError(
+                f"partition {ds}|{source} is being written by another run ({error}); "
+                "this run leaves it alone"
+            ) from error
+        try:
+            yield HeldPartition(ledger=ledger, lease=held)
+        except LeaseLostError as error:
+            raise PartitionSkippedError(str(error)) from error
+        finally:
+            lease.__exit__(None, None, None)
+
+
+# ---- the driver ---------------------------------------------------------------------------------
+
 
 Task = GenerationTask[Any, Any]
 T = TypeVar("T")

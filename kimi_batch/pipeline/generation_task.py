@@ -6,20 +6,105 @@ request becomes (`parse`, like `LLM.parse` / `Task.format_output`): a row, or a 
 the reason. Everything else is shared and the stage never sees it: the engine, the ledger (a
 rerun sends only what it lacks), the partition lease, `StageSink` (quarantine rows and the
 figures the checks judge), and streaming the rows from the ledger to Parquet in chunks.
+
+What a request is, in its stage's terms: the typed `RequestTag`, and its one wire form.
+
+The engine carries a request's tag as an opaque string (`GenerationRequest.tag`) into its result
+and the ledger; only this module writes or reads that string. The wire forms of amplify and
+distill are the ones ledgers already hold (a ledger key never depends on the tag, but
+`kimi-batch status` counts ledger rows per table by it):
+
+    amplify  seed, strategy S   ->  "S"              (e.g. "paraphrase")
+    distill  seed               ->  "seed"
+    distill  variant of S       ->  "variant:S"
+    any other stage             ->  "STAGE/ORIGIN" or "STAGE/ORIGIN:S"
 """
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from enum import StrEnum
 from functools import cached_property
-from typing import ClassVar, Generic, Protocol, TypeVar
+from typing import ClassVar, Generic, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.engine import GenerationRequest, GenerationResult
 from kimi_batch.inputs import SeedPrompt, seeds_from_rows
 from kimi_batch.pipeline.rows import GenerationColumns, SeedRow
+
+# ---- what a request is in its stage's terms (`RequestTag`) --------------------------------------
+
+
+AMPLIFY_STAGE = "amplify"
+DISTILL_STAGE = "distill"
+
+Origin = Literal["seed", "variant"]
+
+
+class Strategy(StrEnum):
+    """How a variant relates to its seed; the value is the `strategy` column."""
+
+    PARAPHRASE = "paraphrase"
+    HARDER = "harder"
+    RELATED = "related"
+
+
+_STRATEGIES = frozenset(strategy.value for strategy in Strategy)
+_SEED = "seed"
+_STAGE = re.compile(r"^[a-z_][a-z0-9_]*$")
+_VARIANT_PREFIX = "variant:"
+
+
+class RequestTag(BaseModel):
+    """The stage a request belongs to, and what its input was (a seed, or a variant of one)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    stage: str = Field(pattern=_STAGE.pattern, description="The stage's `name`.")
+    origin: Origin = Field(default="seed", description="The input: a seed or a variant.")
+    strategy: Strategy | None = Field(
+        default=None, description="Amplify: the strategy asked for; distill: the variant's."
+    )
+
+    @property
+    def wire(self) -> str:
+        """The string the engine carries (`GenerationRequest.tag`)."""
+        strategy = self.strategy.value if self.strategy else None
+        if self.stage == AMPLIFY_STAGE and self.origin == "seed" and strategy:
+            return strategy
+        if self.stage == DISTILL_STAGE and self.origin == "seed" and strategy is None:
+            return _SEED
+        if self.stage == DISTILL_STAGE and self.origin == "variant" and strategy:
+            return f"{_VARIANT_PREFIX}{strategy}"
+        return f"{self.stage}/{self.origin}" + (f":{strategy}" if strategy else "")
+
+    @classmethod
+    def parse(cls, wire: str) -> RequestTag:
+        """The tag of a wire string; ValueError on a string no stage writes."""
+        if wire == _SEED:
+            return cls(stage=DISTILL_STAGE)
+        if wire.startswith(_VARIANT_PREFIX):
+            strategy = wire.removeprefix(_VARIANT_PREFIX)
+            if strategy in _STRATEGIES:
+                return cls(stage=DISTILL_STAGE, origin="variant", strategy=Strategy(strategy))
+        elif wire in _STRATEGIES:
+            return cls(stage=AMPLIFY_STAGE, strategy=Strategy(wire))
+        elif "/" in wire:
+            stage, _, rest = wire.partition("/")
+            origin, _, strategy = rest.partition(":")
+            known = origin in ("seed", "variant") and (not strategy or strategy in _STRATEGIES)
+            if known and _STAGE.fullmatch(stage):
+                return cls.model_validate(
+                    {"stage": stage, "origin": origin, "strategy": strategy or None}
+                )
+        raise ValueError(f"not a request tag: {wire!r}")
+
+
+# ---- the stage protocol -------------------------------------------------------------------------
+
 
 InputsT = TypeVar("InputsT")
 RowT = TypeVar("RowT", bound=GenerationColumns)

@@ -20,12 +20,12 @@ from kimi_batch.inputs import format_validation_error
 from kimi_batch.llama import ChatMessage
 from kimi_batch.pipeline.generation_task import (
     GenerationTask,
+    RequestTag,
     RowReader,
     SetAside,
     generation_columns,
 )
 from kimi_batch.pipeline.rows import DistilledRow, GenerationColumns, JudgedRow
-from kimi_batch.pipeline.tags import RequestTag
 
 JUDGE_STAGE = "judge"
 # A verdict is a score and one sentence: ~40 tokens; the rest is headroom for a long reason.

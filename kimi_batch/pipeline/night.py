@@ -30,8 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.pipeline.driver import PartitionResult
-from kimi_batch.pipeline.lease import HeldPartition
+from kimi_batch.pipeline.driver import HeldPartition, PartitionResult
 from kimi_batch.quality import rescreen_partitions
 from kimi_batch.settings import Settings
 from kimi_batch.storage import SETTLE_S, Assignment, InboxLanding, Landing, land_inbox

@@ -16,8 +16,7 @@ from datetime import UTC, datetime
 
 from kimi_batch.inputs import InputBatch, SeedPrompt
 from kimi_batch.llama import LlamaClient
-from kimi_batch.pipeline.quarantine import input_row, raw_json
-from kimi_batch.pipeline.rows import QuarantineRow
+from kimi_batch.pipeline.rows import QuarantineRow, input_row, raw_json
 
 TEMPLATE_TOKENS_FIXED = 16
 TEMPLATE_TOKENS_PER_TURN = 8

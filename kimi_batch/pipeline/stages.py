@@ -30,11 +30,10 @@ from kimi_batch.engine import SamplingParams
 from kimi_batch.pipeline.amplify import DEFAULT_AMPLIFY_PARAMS, AmplifyTask, Strategy
 from kimi_batch.pipeline.api_batch import ApiBatchTask
 from kimi_batch.pipeline.distill import DistillTask
-from kimi_batch.pipeline.errors import StageConfigError
-from kimi_batch.pipeline.generation_task import GenerationTask
+from kimi_batch.pipeline.driver import StageConfigError
+from kimi_batch.pipeline.generation_task import GenerationTask, RequestTag
 from kimi_batch.pipeline.judge import DEFAULT_JUDGE_PARAMS, JudgeTask
 from kimi_batch.pipeline.schemas import import_output_model
-from kimi_batch.pipeline.tags import RequestTag
 from kimi_batch.settings import Settings
 
 Task = GenerationTask[Any, Any]

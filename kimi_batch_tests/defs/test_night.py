@@ -22,7 +22,7 @@ from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME, STOPPED_TAG,
 from kimi_batch.defs.partition_states import PartitionState, distill_states
 from kimi_batch.defs.schedules import PARTITIONS_TAG
 from kimi_batch.engine.ledger import Ledger
-from kimi_batch.pipeline import AMPLIFY, lease
+from kimi_batch.pipeline import AMPLIFY, driver
 from kimi_batch.settings import Settings
 from kimi_batch.warehouse import (
     TrinoConfig,
@@ -282,7 +282,7 @@ def test_a_partition_held_by_another_run_is_left_out_and_the_others_land(
     settings, defs = night
     _inbox(settings.paths.home, "contested.jsonl", ["What is a lease?"])
     _inbox(settings.paths.home, "free.jsonl", ["What is a ledger?"])
-    monkeypatch.setattr(lease, "LEASE_WAIT_S", 1.0)
+    monkeypatch.setattr(driver, "LEASE_WAIT_S", 1.0)
     today = settings.today().isoformat()
     with dg.instance_for_test() as instance:
         request = _tick(instance, defs, settings)

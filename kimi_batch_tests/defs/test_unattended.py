@@ -21,7 +21,7 @@ from kimi_batch.defs.jobs import RETRY_TAGS, STOPPED_TAG, WINDOW_TAG
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
 from kimi_batch.engine.ledger import Ledger
 from kimi_batch.llama.factory import server_from_settings
-from kimi_batch.pipeline import lease
+from kimi_batch.pipeline import driver
 from kimi_batch.settings import Settings
 from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.llama_server import TEST_SLOTS, LlamaEnv
@@ -163,7 +163,7 @@ def test_a_partition_held_by_another_run_is_left_alone(
     llama_env: LlamaEnv, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _inbox(llama_env.home, "contested.jsonl", ["What is a lease?"])
-    monkeypatch.setattr(lease, "LEASE_WAIT_S", 1.0)
+    monkeypatch.setattr(driver, "LEASE_WAIT_S", 1.0)
     with dg.instance_for_test() as instance:
         assert _run(instance, "contested", ["seed_prompts"]).success
         with (

@@ -10,13 +10,13 @@ import pytest
 
 from kimi_batch.defs.assets.driver import failing_step
 from kimi_batch.engine import Ledger
-from kimi_batch.pipeline import PartitionSkippedError, lease, partition_lease
+from kimi_batch.pipeline import PartitionSkippedError, driver, partition_lease
 
 
 def test_a_partition_another_run_holds_is_skipped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(lease, "LEASE_WAIT_S", 0.2)
+    monkeypatch.setattr(driver, "LEASE_WAIT_S", 0.2)
     path = tmp_path / "ledger.sqlite3"
     ledgers = lambda: Ledger(path)  # noqa: E731
     with Ledger(path) as ledger, ledger.lease("2026-01-02|src", "other-run"):

@@ -20,7 +20,7 @@ import time
 
 import dagster as dg
 
-import kimi_batch.pipeline.lease as lease_module
+import kimi_batch.pipeline.driver as lease_module
 from kimi_batch.definitions import build_resources
 from kimi_batch.defs.assets.api_batch import api_batch_responses
 from kimi_batch.defs.partitions import API_BATCH_PARTITIONS_NAME
