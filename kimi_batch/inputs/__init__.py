@@ -22,10 +22,9 @@ from kimi_batch.inputs.inbox import (
     sha256_of,
     short_hash,
 )
-from kimi_batch.inputs.prompts import InputBatch, SeedPrompt
+from kimi_batch.inputs.prompts import InputBatch, SeedPrompt, seed_rows, seeds_from_rows
 from kimi_batch.inputs.raw_rows import format_validation_error
 from kimi_batch.inputs.reader import InputReader, iter_inbox_rows, read_inbox_file
-from kimi_batch.inputs.seeds import seed_rows, seeds_from_rows
 from kimi_batch.inputs.seen_ids import SeenIds
 from kimi_batch.inputs.tools import FunctionTool, ToolFunction
 

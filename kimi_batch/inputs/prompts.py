@@ -1,18 +1,25 @@
-"""The domain of input rows: a validated seed prompt, its sampling overrides, a chunk of them.
+"""The domain of input rows: a validated seed prompt, its sampling overrides, a chunk of them,
+and seed prompts as rows of the `seeds` table and back (the landed form every downstream step
+reads).
 
 Reading files is `reader` (formats in `formats`, what users may write in `raw_rows`);
-quarantine rows are built in `quarantine`; length checks are in `prompt_length`.
+quarantine rows are built in `pipeline.rows`; length checks are in `pipeline.prompt_length`.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kimi_batch.engine import SamplingParams
 from kimi_batch.llama import ChatMessage
-from kimi_batch.pipeline import QuarantineRow
+from kimi_batch.pipeline import QuarantineRow, SeedMessage, SeedRow
+
+# ---- seed prompts -------------------------------------------------------------------------------
 
 
 class ParamOverrides(BaseModel):
@@ -73,3 +80,59 @@ class InputBatch(BaseModel):
 
     seeds: list[SeedPrompt]
     quarantined: list[QuarantineRow]
+
+
+# ---- seed prompts as rows of the `seeds` table --------------------------------------------------
+
+
+def seed_rows(
+    seeds: Iterable[SeedPrompt],
+    *,
+    input_sha256: str,
+    created_at: datetime,
+    token_counts: Mapping[str, int] | None = None,
+) -> list[SeedRow]:
+    counts = token_counts or {}
+    return [
+        SeedRow(
+            input_id=seed.input_id,
+            prompt_tokens=counts.get(seed.input_id),
+            messages=[SeedMessage(role=m.role, content=m.content) for m in seed.messages],
+            prompt=seed.prompt,
+            instructions=seed.instructions,
+            max_tokens=seed.params.max_tokens,
+            temperature=seed.params.temperature,
+            top_p=seed.params.top_p,
+            seed=seed.params.seed,
+            tools=json.dumps(seed.params.tools, ensure_ascii=False) if seed.params.tools else None,
+            source_file=seed.source_file,
+            line=seed.line,
+            input_sha256=input_sha256,
+            created_at=created_at,
+        )
+        for seed in seeds
+    ]
+
+
+def seeds_from_rows(rows: Iterable[SeedRow]) -> list[SeedPrompt]:
+    return [
+        SeedPrompt(
+            input_id=row.input_id,
+            messages=[
+                ChatMessage.model_validate({"role": m.role, "content": m.content})
+                for m in row.messages
+            ],
+            prompt=row.prompt,
+            instructions=row.instructions,
+            params=ParamOverrides(
+                max_tokens=row.max_tokens,
+                temperature=row.temperature,
+                top_p=row.top_p,
+                seed=row.seed,
+                tools=json.loads(row.tools) if row.tools else None,
+            ),
+            source_file=row.source_file,
+            line=row.line,
+        )
+        for row in rows
+    ]

@@ -90,7 +90,6 @@ if typing.TYPE_CHECKING:
         Strategy,
         generation_columns,
     )
-    from kimi_batch.pipeline.interrupts import InterruptibleRunner, interruptible_runner
     from kimi_batch.pipeline.judge import (
         DEFAULT_JUDGE_PARAMS,
         JUDGE_STAGE,
@@ -173,7 +172,9 @@ if typing.TYPE_CHECKING:
         write_seeds,
     )
     from kimi_batch.pipeline.server import (
+        InterruptibleRunner,
         LlamaDeployment,
+        interruptible_runner,
         warm_digest,
     )
     from kimi_batch.pipeline.stages import (
@@ -213,7 +214,6 @@ _MODULES = (
     "driver",
     "alerts",
     "night",
-    "interrupts",
     "landed",
     "server",
     "seeds",

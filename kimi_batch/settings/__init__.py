@@ -28,9 +28,8 @@ from kimi_batch.settings.defaults import (
     default_model_path,
     samples_dir,
 )
-from kimi_batch.settings.model import Settings, variable_of
+from kimi_batch.settings.model import Settings, StateSettings, variable_of
 from kimi_batch.settings.quality import QualitySettings
-from kimi_batch.settings.state import StateSettings
 
 __all__ = [
     "DEFAULT_API_MAX_BATCH_REQUESTS",

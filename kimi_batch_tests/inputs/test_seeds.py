@@ -1,9 +1,8 @@
-"""kimi_batch.inputs.seeds: a seed through the `seeds` table and back keeps what it asks."""
+"""kimi_batch.inputs.prompts: a seed through the `seeds` table and back keeps what it asks."""
 
 from __future__ import annotations
 
-from kimi_batch.inputs.prompts import ParamOverrides, SeedPrompt
-from kimi_batch.inputs.seeds import seed_rows, seeds_from_rows
+from kimi_batch.inputs.prompts import ParamOverrides, SeedPrompt, seed_rows, seeds_from_rows
 from kimi_batch_tests.support.rows import CREATED_AT
 
 _TOOLS = [{"type": "function", "function": {"name": "get_weather"}}]

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kimi_batch.inputs.seeds import seeds_from_rows
+from kimi_batch.inputs.prompts import seeds_from_rows
 from kimi_batch.paths import StatePaths
 from kimi_batch.pipeline import DistilledRow, DistillInputs, DistillTask, SetAside
 from kimi_batch.quality import QualityGate, set_aside_totals

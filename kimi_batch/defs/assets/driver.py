@@ -2,7 +2,7 @@
 step's partition or the nightly op's, with the step's log, the deployment's engine session under
 the nightly window, the partition's lease (a partition the pipeline skips fails the step), its
 landing (`land_stage`) and its record (a `Landing`), on an event loop a terminated run stops for
-certain (`pipeline/interrupts.py`, raising Dagster's own interrupt once the loop has stopped)."""
+certain (`pipeline/server.py`, raising Dagster's own interrupt once the loop has stopped)."""
 
 from __future__ import annotations
 
