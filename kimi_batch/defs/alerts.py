@@ -12,11 +12,11 @@ from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 
-from kimi_batch.defs.check_states import failed_checks
 from kimi_batch.defs.deployment import deployment_settings
 from kimi_batch.defs.partition_states import (
     PARTITION_TAG,
     distill_states,
+    failed_checks,
     night_end_key,
     night_partitions,
     run_progress,

@@ -9,11 +9,16 @@ which Dagster does not plan per partition: its run config names them, and a name
 no materialization since the run began is that run's attempt. On top comes what only this project
 knows: the run was stopped at the nightly window, or the partition was distilled from an older
 version of its input than the latest landed one (stale).
+
+And which partitions' asset checks failed last (`failed_checks`: too many cut-off answers,
+contamination). A failed check does not fail its run (the rows landed), so nothing else would
+tell the morning about it: the freshness alert names these partitions. The state is Dagster's
+own per-partition check status, newest evaluation wins.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import dagster as dg
@@ -24,7 +29,19 @@ from kimi_batch.defs.jobs import (
     STOPPED_TAG,
 )
 from kimi_batch.engine import ProgressEvent
-from kimi_batch.pipeline import PartitionRecord, PartitionState, night_end, upstream_of
+from kimi_batch.pipeline import (
+    CONTAMINATION_CHECK,
+    STAGE_DECLARATIONS,
+    TRUNCATION_CHECK,
+    FailedCheck,
+    PartitionRecord,
+    PartitionState,
+    night_end,
+    upstream_of,
+)
+
+# ---- partition states ---------------------------------------------------------------------------
+
 
 PARTITION_TAG = "dagster/partition"
 # "true" on a run that the end of the nightly window stopped before it was done.
@@ -195,3 +212,88 @@ def run_progress(instance: dg.DagsterInstance, run_id: str) -> ProgressEvent | N
             continue
         latest = ProgressEvent.from_line(entry.user_message) or latest
     return latest
+
+
+# ---- check states -------------------------------------------------------------------------------
+
+
+# Failed evaluations read per page while looking for a partition's newest one.
+_HISTORY_PAGE = 200
+
+
+def watched_checks() -> list[dg.AssetCheckKey]:
+    """The checks the alerts report: every declared stage's truncation rate and
+    the quality-gated stages' benchmark contamination."""
+    stages = STAGE_DECLARATIONS.values()
+    truncation = [dg.AssetCheckKey(dg.AssetKey(d.asset), TRUNCATION_CHECK) for d in stages]
+    contamination = [
+        dg.AssetCheckKey(dg.AssetKey(d.asset), CONTAMINATION_CHECK)
+        for d in stages
+        if d.task.quality_gated
+    ]
+    return [*truncation, *contamination]
+
+
+def _reason(record: dg.AssetCheckEvaluation | None) -> str:
+    if record is None:
+        return ""
+    metadata = record.metadata
+    for name in ("reason", "rate"):
+        if name in metadata:
+            return f"{name} {getattr(metadata[name], 'value', metadata[name])}"[:200]
+    return ""
+
+
+def failed_checks(
+    instance: dg.DagsterInstance,
+    partitions: Iterable[str] | None = None,
+    keys: Sequence[dg.AssetCheckKey] | None = None,
+) -> list[FailedCheck]:
+    """Checks whose latest evaluation on a partition failed (all partitions, or `partitions`),
+    of `keys` (default: `watched_checks()`)."""
+    wanted = None if partitions is None else list(partitions)
+    if wanted == []:
+        return []
+    storage = instance.event_log_storage
+    infos = storage.get_asset_check_partition_info(
+        list(keys or watched_checks()), partition_keys=wanted
+    )
+    failing: dict[dg.AssetCheckKey, set[str]] = {}
+    failed_status: Any = None
+    for info in infos:
+        status = info.latest_execution_status
+        # The status enum is not exported by `dagster`: its FAILED member, from its class.
+        failed_status = type(status).FAILED
+        if info.partition_key is not None and status == failed_status:
+            failing.setdefault(info.check_key, set()).add(info.partition_key)
+    failed = [
+        FailedCheck(
+            partition=partition,
+            asset=key.asset_key.to_user_string(),
+            check=key.name,
+            reason=reason,
+        )
+        for key, partitions_failing in failing.items()
+        for partition, reason in _reasons(instance, key, partitions_failing, failed_status).items()
+    ]
+    return sorted(failed, key=lambda item: (item.partition, item.asset, item.check))
+
+
+def _reasons(
+    instance: dg.DagsterInstance, key: dg.AssetCheckKey, partitions: set[str], failed: Any
+) -> dict[str, str]:
+    """Each of `partitions`' reason, from its newest failed evaluation of `key` (newest first)."""
+    storage = instance.event_log_storage
+    reasons: dict[str, str] = {}
+    cursor: int | None = None
+    while len(reasons) < len(partitions):
+        page = storage.get_asset_check_execution_history(
+            key, limit=_HISTORY_PAGE, cursor=cursor, status={failed}
+        )
+        for record in page:
+            if record.partition in partitions and record.partition not in reasons:
+                reasons[record.partition] = _reason(record.evaluation)
+        if len(page) < _HISTORY_PAGE:
+            break
+        cursor = page[-1].id
+    return {partition: reasons.get(partition, "") for partition in partitions}

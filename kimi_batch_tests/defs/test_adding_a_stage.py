@@ -25,13 +25,14 @@ from kimi_batch.cli.export import pinned_warehouse
 from kimi_batch.cli.status import collect_status
 from kimi_batch.definitions import batch_assets, build_definitions, build_resources
 from kimi_batch.defs.alerts import build_freshness_checks
-from kimi_batch.defs.check_states import failed_checks, watched_checks
 from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME
 from kimi_batch.defs.partition_states import (
     INPUT_SHA_METADATA,
     PartitionState,
     distill_states,
+    failed_checks,
     night_end_key,
+    watched_checks,
 )
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
 from kimi_batch.pipeline import (

@@ -23,6 +23,8 @@ class ModuleTrace:
     """The source files whose functions were called while the trace ran."""
 
     files: set[str] = field(default_factory=set)
+    # The functions called in each file: what to look at when a module should not be there.
+    functions: dict[str, set[str]] = field(default_factory=dict)
 
     @property
     def modules(self) -> list[str]:
@@ -42,9 +44,18 @@ class ModuleTrace:
         return sorted({module.split("/")[0] for module in self.modules})
 
     def report(self) -> str:
+        by_module = {
+            Path(name).resolve().relative_to(PACKAGE).as_posix(): names
+            for name, names in self.functions.items()
+            if Path(name).resolve().is_relative_to(PACKAGE)
+        }
         return (
             f"{len(self.modules)} modules in {len(self.packages)} packages: {self.packages}\n"
-            + "\n".join(self.modules)
+            + (
+                "\n".join(
+                    f"{module}: {', '.join(sorted(by_module[module]))}" for module in self.modules
+                )
+            )
         )
 
 
@@ -56,7 +67,9 @@ def traced() -> Iterator[ModuleTrace]:
 
     def profile(frame: FrameType, event: str, arg: Any) -> None:
         if event == "call":
-            trace.files.add(frame.f_code.co_filename)
+            code = frame.f_code
+            trace.files.add(code.co_filename)
+            trace.functions.setdefault(code.co_filename, set()).add(code.co_name)
 
     threading.setprofile(profile)
     sys.setprofile(profile)
