@@ -1,24 +1,13 @@
 """The OpenAI-compatible Batch API, Dagster-free: its lines (`lines`: a validated request line, a
-line error, the output and error lines), the request bodies as models (`request_bodies`) and the
-fields a line may hold (`request_fields`), an input file validated as it streams (`scan`), the
-store (`file_store`: content-addressed files; `store`: batch records and their statuses), the
-validation worker (`validation`), a batch's way through its run (`lifecycle`) and which batches
-need a run, or are left by a run that ended (`runs`).
+line error, the output and error lines), an input file validated as it streams into requests
+(`batch_input`: the bodies as models, the fields a line may hold), the store (`store`: files and
+batch records), the validation worker (`validation`), and a batch's run (`runs`: which batches
+need one, taken up, counted, its files written, finished, or finalized when its run ended).
 
 The HTTP server (`kimi-batch api`) is the sub-package `web`, above `defs` (with no daemon it
 starts the batches' runs itself). Other packages import from here, never from the modules.
 """
 
-from kimi_batch.batch_api.file_store import FileRecord, FileTooLargeError, StagedFile
-from kimi_batch.batch_api.lifecycle import (
-    RequestCounts,
-    batch_lines,
-    begin_batch,
-    finish_batch,
-    iter_batch_lines,
-    request_counts,
-    write_batch_files,
-)
 from kimi_batch.batch_api.lines import (
     API_STAGE,
     BATCH_ENDPOINTS,
@@ -31,10 +20,17 @@ from kimi_batch.batch_api.lines import (
 from kimi_batch.batch_api.runs import (
     MAX_FINISH_ATTEMPTS,
     BatchRunState,
+    RequestCounts,
     batch_controls,
+    batch_lines,
     batches_to_run,
+    begin_batch,
     cancelled_message,
     finish_abandoned_batch,
+    finish_batch,
+    iter_batch_lines,
+    request_counts,
+    write_batch_files,
 )
 from kimi_batch.batch_api.store import (
     NEXT_STATUSES,
@@ -42,6 +38,9 @@ from kimi_batch.batch_api.store import (
     ApiStore,
     BatchRecord,
     BatchStatus,
+    FileRecord,
+    FileTooLargeError,
+    StagedFile,
     ValidationClaim,
     process_owner,
 )

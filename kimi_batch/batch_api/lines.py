@@ -1,7 +1,7 @@
 """OpenAI Batch API lines: a validated input line, a line's error, and the output and error lines.
 
 Input (`/v1/batches`): one JSON object a line, `{custom_id, method, url, body}`, validated by
-`scan` into `BatchRequestLine`s or `BatchLineError`s. A batch is answered exactly
+`batch_input` into `BatchRequestLine`s or `BatchLineError`s. A batch is answered exactly
 as submitted: a chat line's leading system (or developer) message is the batch's own digest
 (prefilled once, saved and restored into every slot, like the pipeline's), the other messages
 are sent as they are, and the body's fields become the request's params. A completion line

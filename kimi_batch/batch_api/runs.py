@@ -1,4 +1,18 @@
-"""Which batches need a run, and the batches whose run ended without finishing them, no Dagster.
+"""A batch's run, no Dagster: which batches need one, the batch taken up, counted live, its
+files written and finished, and the batches whose run ended without finishing them.
+
+batch_lines        the landed snapshot's requests (what a run answers, never the upload)
+begin_batch        validated -> in_progress, unless a cancel (or the end) came first
+batch_controls     the run's controls: the batch's expiry, its cancel poll, its request keys
+request_counts     total / completed / failed, read live from the ledger
+write_batch_files  the output file (one line per answered request) and the error file (one
+                   per request that failed, was set aside or was never answered)
+finish_batch       the files, then the final status; a cancel that arrived before the final
+                   status was entered makes it `cancelled`
+
+Every status change is a compare-and-set (`ApiStore.transition`), so a cancel landing between
+any two steps is honoured: the step after it sees that it did not move the batch. (A batch's
+validation and landing, before its run: `validation`.)
 
 `batches_to_run` is the one place that decides which batch needs a run, for the API batch
 sensor and for `kimi-batch api`'s own launcher alike (a batch with a run already requested by
@@ -16,20 +30,241 @@ run) or `cancelled` (a cancel was asked), with its partial output and error file
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import hashlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Protocol
+from itertools import islice
+from pathlib import Path
+from typing import Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.batch_api.lifecycle import finish_batch, iter_batch_lines
-from kimi_batch.batch_api.lines import BatchLineError
-from kimi_batch.batch_api.store import ApiStore, BatchRecord, BatchStatus
+from kimi_batch.batch_api.batch_input import iter_batch_input, parse_batch_input
+from kimi_batch.batch_api.lines import (
+    AnsweredRequest,
+    BatchLineError,
+    BatchRequestLine,
+    error_line,
+    response_line,
+)
+from kimi_batch.batch_api.store import ApiStore, BatchRecord, BatchStatus, LineStaging
 from kimi_batch.batch_api.validation import resume_abandoned, validate_batch
-from kimi_batch.engine import Ledger, PlannedRow
+from kimi_batch.engine import BatchOutcome, GenerationResult, Ledger, PlannedRow, row_request_id
 from kimi_batch.pipeline import BatchControls
 from kimi_batch.settings import Settings
-from kimi_batch.storage import StorageError
+from kimi_batch.storage import Landing, StorageError
+
+CANCELLED_REASON = (
+    "batch_cancelled",
+    "the batch was cancelled before this request was answered",
+)
+EXPIRED_REASON = (
+    "batch_expired",
+    "the batch's completion window ended before this request was answered",
+)
+FAILED_REASON = ("batch_failed", "the batch's run failed before this request was answered")
+_UNANSWERED = {
+    BatchStatus.CANCELLED: CANCELLED_REASON,
+    BatchStatus.EXPIRED: EXPIRED_REASON,
+    BatchStatus.FAILED: FAILED_REASON,
+}
+# Answers read from the ledger at a time while the files are written (each may carry
+# top-20 logprobs for every token: ~1 MiB of output line).
+_FILE_CHUNK = 4
+# The statuses a run's final status is entered from.
+_IN_RUN = (BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING)
+_FINAL_FROM = {
+    BatchStatus.COMPLETED: (BatchStatus.FINALIZING,),
+    BatchStatus.EXPIRED: (BatchStatus.FINALIZING,),
+    BatchStatus.CANCELLED: (BatchStatus.CANCELLING,),
+    BatchStatus.FAILED: (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING),
+}
+
+
+class RequestCounts(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    total: int = Field(ge=0)
+    completed: int = Field(ge=0)
+    failed: int = Field(ge=0)
+
+
+def batch_lines(settings: Settings, batch: BatchRecord) -> list[BatchRequestLine]:
+    """The requests of a landed batch, read from its snapshot."""
+    with _snapshot(settings, batch).open("rb") as reader:
+        parsed = parse_batch_input(reader, endpoint=batch.endpoint)
+    if parsed.errors:
+        raise StorageError(f"batch {batch.id}: landed input no longer validates")
+    return parsed.lines
+
+
+def iter_batch_lines(settings: Settings, batch: BatchRecord) -> Iterator[BatchRequestLine]:
+    """The requests of a landed batch one at a time, read from its snapshot as they are used
+    (a finish outside the run: none of them is kept). StorageError as `batch_lines`."""
+    path = _snapshot(settings, batch)
+    with path.open("rb") as reader:
+        try:
+            yield from iter_batch_input(reader, endpoint=batch.endpoint)
+        except ValueError as error:
+            raise StorageError(f"batch {batch.id}: landed input no longer validates") from error
+
+
+def _snapshot(settings: Settings, batch: BatchRecord) -> Path:
+    if batch.ds is None or batch.source is None:
+        raise StorageError(f"batch {batch.id} has no landed input")
+    with Landing(settings.paths) as landing:
+        version = landing.readable(landing.current(batch.ds, batch.source))
+    if version is None:
+        raise StorageError(f"batch {batch.id}: no landed input for {batch.ds}|{batch.source}")
+    return version.path
+
+
+def request_counts(store: ApiStore, ledger: Ledger | None, batch: BatchRecord) -> RequestCounts:
+    """Requests answered so far (the ledger) and those that failed (known at the end)."""
+    keys = store.request_keys(batch.id)
+    finished = ledger.finished_keys(set(keys.values())) if ledger is not None and keys else set()
+    completed = sum(1 for key in keys.values() if key in finished)
+    return RequestCounts(
+        total=batch.request_total, completed=completed, failed=batch.request_failed
+    )
+
+
+def write_batch_files(
+    store: ApiStore,
+    ledger: Ledger,
+    batch: BatchRecord,
+    lines: Iterable[BatchRequestLine],
+    *,
+    set_aside: Mapping[str, tuple[str, str]],
+    unanswered: tuple[str, str] | None,
+) -> BatchRecord:
+    """Write the output and error files and record their ids (and the failed count).
+
+    `set_aside`: custom_id -> (code, reason) of requests that failed or were refused.
+    `unanswered`: (code, reason) for the requests never answered (a cancelled or expired
+    batch); None when every request was answered or set aside.
+
+    Streamed: `_FILE_CHUNK` answers at a time come from the ledger and go to the staged
+    files, so the memory it takes does not grow with the batch (logprobs make an answer's
+    output line tens of times its text).
+    """
+    keys = store.request_keys(batch.id)
+    with store.stage_lines() as outputs, store.stage_lines() as errors:
+        for chunk in _chunks(lines, _FILE_CHUNK):
+            results = ledger.get_many(
+                keys[line.custom_id] for line in chunk if line.custom_id in keys
+            )
+            for line in chunk:
+                key = keys.get(line.custom_id)
+                result = results.get(key) if key else None
+                request_id = row_request_id(key, line.custom_id) if key else None
+                if result is not None and request_id is not None:
+                    outputs.write(_output_line(line, result, request_id))
+                    continue
+                reason = set_aside.get(line.custom_id) or unanswered
+                if reason is not None:
+                    code, message = reason
+                    errors.write(
+                        error_line(
+                            custom_id=line.custom_id,
+                            request_id=request_id,
+                            code=code,
+                            message=message,
+                        )
+                    )
+            del results
+        output_id = _kept(store, outputs, batch.id, "output")
+        error_id = _kept(store, errors, batch.id, "error")
+    return store.update_batch(
+        batch.id, request_failed=errors.lines, output_file_id=output_id, error_file_id=error_id
+    )
+
+
+def _kept(
+    store: ApiStore, staging: LineStaging, batch_id: str, kind: Literal["output", "error"]
+) -> str | None:
+    """The batch's output or error file kept (None: no line). Its id is derived from the batch:
+    a finish stopped after keeping it and retried replaces that record rather than leave it
+    beside a second one."""
+    digest = hashlib.sha256(f"{batch_id}:{kind}".encode()).hexdigest()
+    kept = store.keep_lines(
+        staging,
+        filename=f"{batch_id}_{kind}.jsonl",
+        purpose="batch_output",
+        file_id=f"file-{digest[:24]}",
+    )
+    return kept.id if kept else None
+
+
+def _output_line(line: BatchRequestLine, result: GenerationResult, request_id: str) -> str:
+    answer = AnsweredRequest.from_result(
+        result.model_copy(update={"request_id": request_id}), custom_id=line.custom_id
+    )
+    return response_line(answer, top_logprobs=line.top_logprobs, kind=line.kind, params=line.params)
+
+
+def _chunks(items: Iterable[BatchRequestLine], size: int) -> Iterator[list[BatchRequestLine]]:
+    iterator = iter(items)
+    while chunk := list(islice(iterator, size)):
+        yield chunk
+
+
+def begin_batch(
+    store: ApiStore, batch_id: str, *, run_id: str, by_hand: bool
+) -> BatchRecord | None:
+    """Take a landed batch up: -> in_progress (a retry's in_progress or finalizing batch too).
+    None when it was cancelled (or ended) first; a rerun `by_hand` of a finished batch keeps
+    its status and goes on (it sends only what the ledger lacks)."""
+    started = store.transition(
+        batch_id,
+        BatchStatus.IN_PROGRESS,
+        expect=(BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING),
+        run_id=run_id,
+    )
+    if started is not None:
+        return started
+    current = store.batch(batch_id)
+    if by_hand and current is not None and current.terminal:
+        return store.update_batch(batch_id, run_id=run_id)
+    return None
+
+
+def finish_batch(
+    store: ApiStore,
+    ledger: Ledger,
+    batch_id: str,
+    lines: Iterable[BatchRequestLine],
+    status: BatchStatus,
+    *,
+    outcomes: Sequence[BatchOutcome] = (),
+) -> BatchRecord:
+    """Write the output/error files, then enter `status` (never over a final one). A batch
+    being cancelled ends `cancelled`, whatever `status` the run reached. `lines` is read
+    once (an iterator from `iter_batch_lines` will do)."""
+    current = store.batch(batch_id)
+    if current is None:
+        raise StorageError(f"no batch {batch_id}")
+    if current.terminal:
+        return current
+    if status == BatchStatus.CANCELLED or current.status == BatchStatus.CANCELLING:
+        status = BatchStatus.CANCELLED
+        store.transition(batch_id, BatchStatus.CANCELLING)
+    elif (
+        status in (BatchStatus.COMPLETED, BatchStatus.EXPIRED)
+        # Finalizing before the files: a cancel until the final status still counts.
+        and store.transition(batch_id, BatchStatus.FINALIZING, expect=_IN_RUN) is None
+    ):
+        return finish_batch(store, ledger, batch_id, lines, BatchStatus.CANCELLED)
+    failed = {f.input_id: ("request_failed", f.reason) for o in outcomes for f in o.failures}
+    record = write_batch_files(
+        store, ledger, current, lines, set_aside=failed, unanswered=_UNANSWERED.get(status)
+    )
+    done = store.transition(batch_id, status, expect=_FINAL_FROM[status])
+    if done is None:
+        # Cancelled while the files were written: they hold every answer there is.
+        done = store.transition(batch_id, BatchStatus.CANCELLED, expect=[BatchStatus.CANCELLING])
+    return done or store.batch(batch_id) or record
+
 
 # Starts of an abandoned batch's finish before it ends without its files (each start that
 # never ended was a process killed while writing them).

@@ -3,7 +3,7 @@
 `POST /v1/batches` records the batch `validating` (claimed by the API process) and returns at
 once, as OpenAI's does; `BatchValidator` validates it in a worker thread, off the event loop:
 
-    validate_batch    stream the input (one line in memory, `scan`), then
+    validate_batch    stream the input (one line in memory, `batch_input`), then
                       land it as the input of a partition of its own (ds = the day it was
                       created, source = the batch id; the sensor starts its run), or fail it
                       with errors naming the lines; a batch cancelled meanwhile ends `cancelled`
@@ -24,9 +24,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from kimi_batch.batch_api.batch_input import BatchScan, scan_batch_input, served_models
 from kimi_batch.batch_api.lines import BatchLineError
-from kimi_batch.batch_api.request_fields import served_models
-from kimi_batch.batch_api.scan import BatchScan, scan_batch_input
 from kimi_batch.batch_api.store import ApiStore, BatchRecord, BatchStatus, process_owner
 from kimi_batch.settings import Settings
 from kimi_batch.storage import Assignment, Landing

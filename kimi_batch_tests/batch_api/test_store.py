@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-import kimi_batch.batch_api.lifecycle as api_batches
+import kimi_batch.batch_api.runs as api_batches
 import kimi_batch.batch_api.validation as api_validation
 from kimi_batch.batch_api import (
     ApiStore,
@@ -24,8 +24,8 @@ from kimi_batch.batch_api import (
     finish_batch,
     validate_batch,
 )
+from kimi_batch.batch_api.batch_input import parse_batch_input
 from kimi_batch.batch_api.lines import BatchRequestLine
-from kimi_batch.batch_api.scan import parse_batch_input
 from kimi_batch.crash_points import CrashPointReached, armed
 from kimi_batch.engine import Ledger
 from kimi_batch.settings import Settings
