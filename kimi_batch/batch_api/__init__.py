@@ -1,25 +1,19 @@
 """The OpenAI-compatible Batch API, Dagster-free: its lines (`lines`: a validated request line, a
 line error, the output and error lines), an input file validated as it streams into requests
 (`batch_input`: the bodies as models, the fields a line may hold), the store (`store`: files and
-batch records), the validation worker (`validation`), and a batch's run (`runs`: which batches
-need one, taken up, counted, its files written, finished, or finalized when its run ended).
+batch records), and a batch's lifecycle (`lifecycle`: validated and landed by a worker, which
+batches need a run, taken up, counted, its files written, finished, or finalized when its run
+ended).
 
 The HTTP server (`kimi-batch api`) is the sub-package `web`, above `defs` (with no daemon it
 starts the batches' runs itself). Other packages import from here, never from the modules.
 """
 
-from kimi_batch.batch_api.lines import (
-    API_STAGE,
-    BATCH_ENDPOINTS,
-    AnsweredRequest,
-    BatchLineError,
-    BatchRequestLine,
-    error_line,
-    response_line,
-)
-from kimi_batch.batch_api.runs import (
+from kimi_batch.batch_api.lifecycle import (
     MAX_FINISH_ATTEMPTS,
+    MAX_VALIDATION_ATTEMPTS,
     BatchRunState,
+    BatchValidator,
     RequestCounts,
     batch_controls,
     batch_lines,
@@ -30,7 +24,19 @@ from kimi_batch.batch_api.runs import (
     finish_batch,
     iter_batch_lines,
     request_counts,
+    resume_abandoned,
+    settle_cancelled,
+    validate_batch,
     write_batch_files,
+)
+from kimi_batch.batch_api.lines import (
+    API_STAGE,
+    BATCH_ENDPOINTS,
+    AnsweredRequest,
+    BatchLineError,
+    BatchRequestLine,
+    error_line,
+    response_line,
 )
 from kimi_batch.batch_api.store import (
     NEXT_STATUSES,
@@ -43,13 +49,6 @@ from kimi_batch.batch_api.store import (
     StagedFile,
     ValidationClaim,
     process_owner,
-)
-from kimi_batch.batch_api.validation import (
-    MAX_VALIDATION_ATTEMPTS,
-    BatchValidator,
-    resume_abandoned,
-    settle_cancelled,
-    validate_batch,
 )
 
 __all__ = [

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-import kimi_batch.batch_api.runs as api_batches
-import kimi_batch.batch_api.validation as api_validation
+import kimi_batch.batch_api.lifecycle as api_batches
+import kimi_batch.batch_api.lifecycle as api_validation
 from kimi_batch.batch_api import (
     ApiStore,
     BatchRecord,

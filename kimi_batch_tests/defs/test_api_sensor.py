@@ -10,7 +10,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
-import kimi_batch.batch_api.runs as api_batches
+import kimi_batch.batch_api.lifecycle as api_batches
 from kimi_batch.batch_api import (
     MAX_FINISH_ATTEMPTS,
     MAX_VALIDATION_ATTEMPTS,

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from kimi_batch.batch_api import ApiStore, BatchRecord, BatchStatus, begin_batch, finish_batch
-from kimi_batch.batch_api import runs as api_batches
+from kimi_batch.batch_api import lifecycle as api_batches
 from kimi_batch.engine import Ledger
 from kimi_batch.llama import TokenLogprob, TopLogprob
 from kimi_batch.settings import Settings
