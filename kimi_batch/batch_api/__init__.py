@@ -1,9 +1,8 @@
-"""The OpenAI-compatible Batch API, Dagster-free: its lines (`lines`: a validated request line, a
-line error, the output and error lines), an input file validated as it streams into requests
-(`batch_input`: the bodies as models, the fields a line may hold), the store (`store`: files and
-batch records), and a batch's lifecycle (`lifecycle`: validated and landed by a worker, which
-batches need a run, taken up, counted, its files written, finished, or finalized when its run
-ended).
+"""The OpenAI-compatible Batch API, Dagster-free: its lines (`lines`: an input file validated as
+it streams into requests, the bodies as models and the fields a line may hold, a line error, the
+output and error lines), the store (`store`: files and batch records), and a batch's lifecycle
+(`lifecycle`: validated and landed by a worker, which batches need a run, taken up, counted, its
+files written, finished, or finalized when its run ended).
 
 The HTTP server (`kimi-batch api`) is the sub-package `web`, above `defs` (with no daemon it
 starts the batches' runs itself). Other packages import from here, never from the modules.

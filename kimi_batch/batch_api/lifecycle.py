@@ -7,7 +7,7 @@ a crash. `POST /v1/batches` records the batch `validating` (claimed by the API p
 returns at once, as OpenAI's does; `BatchValidator` validates it in a worker thread, off the
 event loop:
 
-    validate_batch    stream the input (one line in memory, `batch_input`), then
+    validate_batch    stream the input (one line in memory, `lines`), then
                       land it as the input of a partition of its own (ds = the day it was
                       created, source = the batch id; the sensor starts its run), or fail it
                       with errors naming the lines; a batch cancelled meanwhile ends `cancelled`
@@ -62,19 +62,17 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.batch_api.batch_input import (
-    BatchScan,
-    iter_batch_input,
-    parse_batch_input,
-    scan_batch_input,
-    served_models,
-)
 from kimi_batch.batch_api.lines import (
     AnsweredRequest,
     BatchLineError,
     BatchRequestLine,
+    BatchScan,
     error_line,
+    iter_batch_input,
+    parse_batch_input,
     response_line,
+    scan_batch_input,
+    served_models,
 )
 from kimi_batch.batch_api.store import (
     ApiStore,
@@ -88,7 +86,7 @@ from kimi_batch.pipeline import BatchControls
 from kimi_batch.settings import Settings
 from kimi_batch.storage import Assignment, Landing, StorageError
 
-# ---- validation ---------------------------------------------------------------------------------
+# ---- validation ------------------------------------------------------------------------------
 
 
 MAX_VALIDATION_ATTEMPTS = 3
@@ -278,7 +276,7 @@ class BatchValidator:
         self._pool.shutdown(wait=wait)
 
 
-# ---- the run ------------------------------------------------------------------------------------
+# ---- the run ---------------------------------------------------------------------------------
 
 
 CANCELLED_REASON = (

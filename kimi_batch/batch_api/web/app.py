@@ -78,7 +78,7 @@ def page(items: list[dict[str, Any]], more: bool) -> dict[str, Any]:
     }
 
 
-# ---- /v1/files -----------------------------------------------------------------------------------
+# ---- /v1/files -------------------------------------------------------------------------------
 
 files_router = APIRouter(prefix="/v1/files")
 
@@ -145,7 +145,7 @@ def delete_file(file_id: str, opened: StoreDep) -> dict[str, Any]:
     return {"id": file_id, "object": "file", "deleted": True}
 
 
-# ---- /v1/batches ---------------------------------------------------------------------------------
+# ---- /v1/batches -----------------------------------------------------------------------------
 
 COMPLETION_WINDOWS = {"24h": 24 * 3600}
 # OpenAI's limits on a batch's metadata.
@@ -295,7 +295,7 @@ def cancel_batch(request: Request, batch_id: str, opened: StoreDep) -> dict[str,
     return _batch_object(settings_of(request), opened, batch)
 
 
-# ---- the app -------------------------------------------------------------------------------------
+# ---- the app ---------------------------------------------------------------------------------
 
 
 def create_app(settings: Settings, access: ApiAccess) -> FastAPI:

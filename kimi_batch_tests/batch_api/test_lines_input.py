@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kimi_batch.batch_api.batch_input import (
+from kimi_batch.batch_api.lines import (
     MAX_NESTING,
     parse_batch_input,
     scan_batch_input,
