@@ -8,11 +8,11 @@ pipeline's), the other messages are sent as they are, and the body's fields beco
 request's params. A completion line (`/v1/completions`) is a raw prompt, sent as it is: no
 digest, no chat template.
 
-**Input** (`/v1/batches`): One JSON object a line, `{custom_id, method, url, body}`. Validation is all or nothing, as
-OpenAI's: one bad line fails the batch with errors naming it (the first `MAX_LISTED_ERRORS`
-listed, all counted). A batch runs the request it was given, or none: a field this server would
-not apply is refused with the line and the field named (`unsupported_field`), never dropped, and
-so is a `model` it does not serve (`model_not_found`).
+**Input** (`/v1/batches`): one JSON object a line, `{custom_id, method, url, body}`. Validation
+is all or nothing, as OpenAI's: one bad line fails the batch with errors naming it (the first
+`MAX_LISTED_ERRORS` listed, all counted). A batch runs the request it was given, or none: a
+field this server would not apply is refused with the line and the field named
+(`unsupported_field`), never dropped, and so is a `model` it does not serve (`model_not_found`).
 
 **The bodies, as models.** `_ChatBody` (`/v1/chat/completions`: messages, response format,
 tools), `_CompletionBody` (`/v1/completions`: one raw prompt) and `_ResponsesBody`

@@ -52,7 +52,7 @@ from kimi_batch.engine import Ledger
 from kimi_batch.settings import Settings
 
 
-def settings_of(request: Request) -> Settings:
+def _settings_of(request: Request) -> Settings:
     """The `Settings` the app was built with."""
     settings: Settings = request.app.state.settings
     return settings
@@ -60,14 +60,14 @@ def settings_of(request: Request) -> Settings:
 
 def _store(request: Request) -> Iterator[ApiStore]:
     """The deployment's store, opened for one request (SQLite connections are per thread)."""
-    with ApiStore(settings_of(request).paths) as opened:
+    with ApiStore(_settings_of(request).paths) as opened:
         yield opened
 
 
 StoreDep = Annotated[ApiStore, Depends(_store)]
 
 
-def page(items: list[dict[str, Any]], more: bool) -> dict[str, Any]:
+def _page(items: list[dict[str, Any]], more: bool) -> dict[str, Any]:
     """OpenAI's list object around one page of items."""
     return {
         "object": "list",
@@ -100,7 +100,7 @@ def _keep(opened: ApiStore, received: ReceivedUpload, max_bytes: int) -> FileRec
 @files_router.post("")
 async def upload_file(request: Request, opened: StoreDep) -> dict[str, Any]:
     """Upload a batch input file (multipart `purpose=batch`, `file`); too large: 413."""
-    max_bytes = settings_of(request).api_max_upload_bytes
+    max_bytes = _settings_of(request).api_max_upload_bytes
     received = await receive_upload(request, opened.files_dir, max_bytes)
     try:
         if received.purpose != "batch":
@@ -121,7 +121,7 @@ def list_files(
 ) -> dict[str, Any]:
     """List the uploaded and generated files, newest first."""
     records = opened.files(purpose=purpose, after=after, limit=limit + 1)
-    return page([r.model_dump() for r in records[:limit]], len(records) > limit)
+    return _page([r.model_dump() for r in records[:limit]], len(records) > limit)
 
 
 @files_router.get("/{file_id}")
@@ -243,7 +243,7 @@ def create_batch(
     opened: StoreDep,
 ) -> dict[str, Any]:
     """Create a batch: it is `validating` at once; validated and landed, its run starts."""
-    settings = settings_of(request)
+    settings = _settings_of(request)
     if body.endpoint not in BATCH_ENDPOINTS:
         raise ApiError(400, _endpoint_refused(body.endpoint), param="endpoint")
     window = COMPLETION_WINDOWS.get(body.completion_window)
@@ -272,16 +272,16 @@ def list_batches(
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> dict[str, Any]:
     """List the batches, newest first."""
-    settings = settings_of(request)
+    settings = _settings_of(request)
     records = opened.batches(after=after, limit=limit + 1)
     items = [_batch_object(settings, opened, r) for r in records[:limit]]
-    return page(items, len(records) > limit)
+    return _page(items, len(records) > limit)
 
 
 @batches_router.get("/{batch_id}")
 def get_batch(request: Request, batch_id: str, opened: StoreDep) -> dict[str, Any]:
     """A batch: its status, request counts (from the ledger) and output and error files."""
-    return _batch_object(settings_of(request), opened, _batch_found(opened, batch_id))
+    return _batch_object(_settings_of(request), opened, _batch_found(opened, batch_id))
 
 
 @batches_router.post("/{batch_id}/cancel", dependencies=[Depends(no_body)])
@@ -292,7 +292,7 @@ def cancel_batch(request: Request, batch_id: str, opened: StoreDep) -> dict[str,
         raise ApiError(409, f"batch {batch_id} is {batch.status.value}: it cannot be cancelled")
     if batch.status != BatchStatus.CANCELLING:
         batch = opened.update_batch(batch_id, status=BatchStatus.CANCELLING)
-    return _batch_object(settings_of(request), opened, batch)
+    return _batch_object(_settings_of(request), opened, batch)
 
 
 # ---- the app ---------------------------------------------------------------------------------
