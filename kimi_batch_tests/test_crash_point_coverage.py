@@ -31,7 +31,7 @@ NOT_STATE = {
     ("state/database.py", "create"): "a store's schema (CREATE ... IF NOT EXISTS): idempotent",
     ("state/postgres.py", "transaction"): "the transaction primitive itself",
     ("state/postgres.py", "create"): "a store's schema (CREATE ... IF NOT EXISTS): idempotent",
-    ("batch_api/file_store.py", "_write_lock"): "the write-lock primitive of its callers",
+    ("batch_api/store.py", "_write_lock"): "the write-lock primitive of its callers",
     ("engine/ledger.py", "_confirmed"): "a lease's fence: the transaction its caller writes in "
     "(the caller's commit has the crash point: warehouse.partition_committed)",
     ("engine/ledger.py", "_try_lease"): "a lease: coordination that expires, not data",

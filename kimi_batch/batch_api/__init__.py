@@ -1,22 +1,31 @@
-"""The OpenAI-compatible Batch API, Dagster-free: its lines (`lines`: a validated request line, a
-line error, the output and error lines), the request bodies as models (`request_bodies`) and the
-fields a line may hold (`request_fields`), an input file validated as it streams (`scan`), the
-store (`file_store`: content-addressed files; `store`: batch records and their statuses), the
-validation worker (`validation`), a batch's way through its run (`lifecycle`) and which batches
-need a run, or are left by a run that ended (`runs`).
+"""The OpenAI-compatible Batch API, Dagster-free: its lines (`lines`: an input file validated as
+it streams into requests, the bodies as models and the fields a line may hold, a line error, the
+output and error lines), the store (`store`: files and batch records), and a batch's lifecycle
+(`lifecycle`: validated and landed by a worker, which batches need a run, taken up, counted, its
+files written, finished, or finalized when its run ended).
 
 The HTTP server (`kimi-batch api`) is the sub-package `web`, above `defs` (with no daemon it
 starts the batches' runs itself). Other packages import from here, never from the modules.
 """
 
-from kimi_batch.batch_api.file_store import FileRecord, FileTooLargeError, StagedFile
 from kimi_batch.batch_api.lifecycle import (
+    MAX_FINISH_ATTEMPTS,
+    MAX_VALIDATION_ATTEMPTS,
+    BatchRunState,
+    BatchValidator,
     RequestCounts,
+    batch_controls,
     batch_lines,
+    batches_to_run,
     begin_batch,
+    cancelled_message,
+    finish_abandoned_batch,
     finish_batch,
     iter_batch_lines,
     request_counts,
+    resume_abandoned,
+    settle_cancelled,
+    validate_batch,
     write_batch_files,
 )
 from kimi_batch.batch_api.lines import (
@@ -28,29 +37,17 @@ from kimi_batch.batch_api.lines import (
     error_line,
     response_line,
 )
-from kimi_batch.batch_api.runs import (
-    MAX_FINISH_ATTEMPTS,
-    BatchRunState,
-    batch_controls,
-    batches_to_run,
-    cancelled_message,
-    finish_abandoned_batch,
-)
 from kimi_batch.batch_api.store import (
     NEXT_STATUSES,
     TERMINAL_STATUSES,
     ApiStore,
     BatchRecord,
     BatchStatus,
+    FileRecord,
+    FileTooLargeError,
+    StagedFile,
     ValidationClaim,
     process_owner,
-)
-from kimi_batch.batch_api.validation import (
-    MAX_VALIDATION_ATTEMPTS,
-    BatchValidator,
-    resume_abandoned,
-    settle_cancelled,
-    validate_batch,
 )
 
 __all__ = [

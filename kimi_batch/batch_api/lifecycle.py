@@ -1,36 +1,283 @@
-"""A batch's way through its run: taken up, counted live, its files written, finished.
+"""A batch's lifecycle past its creation, no Dagster: validated and landed (or failed), taken
+up by its run, counted live, its files written, finished; and what a killed process or a run
+that ended left behind, taken up again.
 
-(Its validation and landing: `validation`.)
+**Validation** is a step of its own that ends the batch landed, failed or cancelled, even after
+a crash. `POST /v1/batches` records the batch `validating` (claimed by the API process) and
+returns at once, as OpenAI's does; `BatchValidator` validates it in a worker thread, off the
+event loop:
 
-batch_lines        the landed snapshot's requests (what a run answers, never the upload)
-begin_batch        validated -> in_progress, unless a cancel (or the end) came first
-request_counts     total / completed / failed, read live from the ledger
-write_batch_files  the output file (one line per answered request) and the error file (one
-                   per request that failed, was set aside or was never answered)
-finish_batch       the files, then the final status; a cancel that arrived before the final
-                   status was entered makes it `cancelled`
+    validate_batch    stream the input (one line in memory, `lines`), then
+                      land it as the input of a partition of its own (ds = the day it was
+                      created, source = the batch id; the sensor starts its run), or fail it
+                      with errors naming the lines; a batch cancelled meanwhile ends `cancelled`
+    resume_abandoned  the batches whose validating process is gone (`ValidationClaim`):
+                      validated again, or failed after `MAX_VALIDATION_ATTEMPTS`; a batch
+                      cancelled before it was landed ends `cancelled` (it has no run to do it)
+
+The API calls `resume_abandoned` when it starts (in its worker) and the API batch sensor on each
+tick (inline), so no batch stays `validating` or `cancelling` because a process was killed.
+Whatever goes wrong inside the step (a deleted input, a full disk) fails the batch with the
+reason; it never leaves the batch behind.
+
+**The run**:
+
+    batch_lines        the landed snapshot's requests (what a run answers, never the upload)
+    begin_batch        validated -> in_progress, unless a cancel (or the end) came first
+    batch_controls     the run's controls: the batch's expiry, its cancel poll, its request keys
+    request_counts     total / completed / failed, read live from the ledger
+    write_batch_files  the output file (one line per answered request) and the error file (one
+                       per request that failed, was set aside or was never answered)
+    finish_batch       the files, then the final status; a cancel that arrived before the final
+                       status was entered makes it `cancelled`
 
 Every status change is a compare-and-set (`ApiStore.transition`), so a cancel landing between
 any two steps is honoured: the step after it sees that it did not move the batch.
+
+`batches_to_run` is the one place that decides which batch needs a run, for the API batch
+sensor and for `kimi-batch api`'s own launcher alike (a batch with a run already requested by
+either is never asked for again). Each call first takes up what a killed process left behind
+(`resume_abandoned`): a batch whose validation was abandoned (the API process died while or
+before validating it) is validated again, and one cancelled before it was landed ends
+`cancelled`, so no batch stays `validating` or `cancelling` for want of a process.
+
+It also finalizes the batches whose run ended without finishing them (the run worker was
+killed, run monitoring failed the run): a batch whose run is FAILURE or CANCELED while the
+batch is not final would say `in_progress` forever. It becomes `failed` (an error names the
+run) or `cancelled` (a cancel was asked), with its partial output and error files
+(`finish_abandoned_batch`). The run answering a batch is the adapter's to find (`RunOf`).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from itertools import islice
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.batch_api.file_store import LineStaging
-from kimi_batch.batch_api.lines import AnsweredRequest, BatchRequestLine, error_line, response_line
-from kimi_batch.batch_api.scan import iter_batch_input, parse_batch_input
-from kimi_batch.batch_api.store import ApiStore, BatchRecord, BatchStatus
-from kimi_batch.engine import BatchOutcome, GenerationResult, Ledger, row_request_id
+from kimi_batch.batch_api.lines import (
+    AnsweredRequest,
+    BatchLineError,
+    BatchRequestLine,
+    BatchScan,
+    error_line,
+    iter_batch_input,
+    parse_batch_input,
+    response_line,
+    scan_batch_input,
+    served_models,
+)
+from kimi_batch.batch_api.store import (
+    ApiStore,
+    BatchRecord,
+    BatchStatus,
+    LineStaging,
+    process_owner,
+)
+from kimi_batch.engine import BatchOutcome, GenerationResult, Ledger, PlannedRow, row_request_id
+from kimi_batch.pipeline import BatchControls
 from kimi_batch.settings import Settings
-from kimi_batch.storage import Landing, StorageError
+from kimi_batch.storage import Assignment, Landing, StorageError
+
+# ---- validation ------------------------------------------------------------------------------
+
+
+MAX_VALIDATION_ATTEMPTS = 3
+_BEAT_S = 5.0
+_WORKERS = 2
+
+
+def settle_cancelled(store: ApiStore, batch_id: str) -> BatchRecord | None:
+    """A batch cancelled before it was landed has no run: `cancelling` -> `cancelled` here."""
+    return store.transition(batch_id, BatchStatus.CANCELLED, expect=[BatchStatus.CANCELLING])
+
+
+def _end(store: ApiStore, batch_id: str, errors: list[BatchLineError], count: int) -> BatchRecord:
+    """Fail a `validating` batch with `errors`; one cancelled meanwhile ends cancelled."""
+    failed = store.transition(
+        batch_id,
+        BatchStatus.FAILED,
+        expect=[BatchStatus.VALIDATING],
+        errors=errors,
+        error_count=count,
+    )
+    final = failed or settle_cancelled(store, batch_id) or store.batch(batch_id)
+    assert final is not None
+    return final
+
+
+def _landed(
+    settings: Settings, store: ApiStore, batch: BatchRecord, scan: BatchScan
+) -> BatchRecord:
+    upload = store.file(batch.input_file_id)
+    if upload is None:
+        raise FileNotFoundError(f"the input file {batch.input_file_id} was deleted")
+    ds = settings.today().isoformat()
+    # Not recorded in the inbox manifest: the nightly and the inbox sensor never see a batch.
+    assignment = Assignment(
+        name=f"{batch.id}.jsonl",
+        ds=ds,
+        source=batch.id,
+        first_seen=time.time(),
+        dated_ds=None,
+        refused=None,
+    )
+    with Landing(settings.paths) as landing:
+        # The blob was written whole by the API store before the batch existed: nothing to settle.
+        version = landing.land(
+            store.blob_path(upload),
+            assignment,
+            max_bytes=settings.max_input_bytes,
+            ext="jsonl",
+            settle_s=0.0,
+        )
+    moved = store.transition(
+        batch.id,
+        None,
+        expect=[BatchStatus.VALIDATING],
+        ds=ds,
+        source=batch.id,
+        input_sha256=version.sha256,
+        request_total=scan.request_total,
+    )
+    final = moved or settle_cancelled(store, batch.id) or store.batch(batch.id)
+    assert final is not None
+    return final
+
+
+def _validate(
+    settings: Settings, store: ApiStore, batch: BatchRecord, beat: Callable[[], None]
+) -> BatchRecord:
+    upload = store.file(batch.input_file_id)
+    if upload is None:
+        raise FileNotFoundError(f"the input file {batch.input_file_id} was deleted")
+    with store.blob_path(upload).open("rb") as reader:
+        scan = scan_batch_input(
+            reader,
+            endpoint=batch.endpoint,
+            max_requests=settings.api_max_batch_requests,
+            on_line=beat,
+            models=served_models(settings),
+        )
+    if scan.errors:
+        return _end(store, batch.id, scan.errors, scan.error_count)
+    return _landed(settings, store, batch, scan)
+
+
+def validate_batch(
+    settings: Settings, store: ApiStore, batch: BatchRecord, *, owner: str | None = None
+) -> BatchRecord:
+    """The validation step of a `validating` batch (see the module); returns the batch after
+    it. A batch another live process validates, or one past this step, is returned as it is."""
+    owner = owner or process_owner()
+    current = store.batch(batch.id)
+    if current is None or current.status != BatchStatus.VALIDATING or current.input_sha256:
+        if current is not None and current.status == BatchStatus.CANCELLING:
+            current = settle_cancelled(store, batch.id) or current
+        store.release_validation(batch.id)
+        return current or batch
+    claim = store.claim_validation(batch.id, owner)
+    if claim is None:
+        return current
+    if claim.attempts > MAX_VALIDATION_ATTEMPTS:
+        store.release_validation(batch.id)
+        message = (
+            f"validation was interrupted {claim.attempts - 1} times (the process validating the "
+            "batch stopped each time); create the batch again"
+        )
+        return _end(
+            store, batch.id, [BatchLineError(code="validation_interrupted", message=message)], 1
+        )
+    last = time.monotonic()
+
+    def beat() -> None:
+        nonlocal last
+        if time.monotonic() - last > _BEAT_S:
+            last = time.monotonic()
+            store.beat_validation(batch.id, owner)
+
+    try:
+        return _validate(settings, store, current, beat)
+    except Exception as error:  # the step must end the batch, whatever stopped it
+        message = f"the batch could not be validated: {type(error).__name__}: {error}"
+        return _end(store, batch.id, [BatchLineError(code="validation_error", message=message)], 1)
+    finally:
+        store.release_validation(batch.id)
+
+
+def resume_abandoned(
+    settings: Settings, store: ApiStore, *, validate: Callable[[BatchRecord], object]
+) -> list[str]:
+    """Hand every batch whose validation was abandoned to `validate`, and end `cancelled` the
+    cancelled ones never landed; returns their ids."""
+    now = time.time()
+    found: list[str] = []
+    for status in (BatchStatus.VALIDATING, BatchStatus.CANCELLING):
+        for batch in store.batches(status=status):
+            if batch.input_sha256 is not None:
+                continue  # landed: the sensor's run takes it on
+            claim = store.validation_claim(batch.id)
+            if claim is not None and not claim.abandoned(now):
+                continue
+            found.append(batch.id)
+            if status == BatchStatus.CANCELLING:
+                settle_cancelled(store, batch.id)
+                store.release_validation(batch.id)
+            else:
+                validate(batch)
+    return found
+
+
+class BatchValidator:
+    """The API process's validation workers: `submit` a new batch, `resume` the abandoned ones
+    (at start). Each worker opens its own store (SQLite connections are per thread)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._pool = ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="batch-validate")
+        self._queued: set[str] = set()
+        self._lock = threading.Lock()
+
+    def submit(self, batch_id: str) -> None:
+        with self._lock:
+            if batch_id in self._queued:
+                return
+            self._queued.add(batch_id)
+        self._pool.submit(self._run, batch_id)
+
+    def resume(self) -> None:
+        """Validate again (in the workers) what a killed API process left `validating`."""
+        self._pool.submit(self._resume)
+
+    def _resume(self) -> None:
+        if not ApiStore.exists(self.settings.paths):
+            return
+        with ApiStore(self.settings.paths) as store:
+            resume_abandoned(self.settings, store, validate=lambda batch: self.submit(batch.id))
+
+    def _run(self, batch_id: str) -> None:
+        try:
+            with ApiStore(self.settings.paths) as store:
+                batch = store.batch(batch_id)
+                if batch is not None:
+                    validate_batch(self.settings, store, batch)
+        finally:
+            with self._lock:
+                self._queued.discard(batch_id)
+
+    def shutdown(self, *, wait: bool = True) -> None:
+        self._pool.shutdown(wait=wait)
+
+
+# ---- the run ---------------------------------------------------------------------------------
+
 
 CANCELLED_REASON = (
     "batch_cancelled",
@@ -242,3 +489,148 @@ def finish_batch(
         # Cancelled while the files were written: they hold every answer there is.
         done = store.transition(batch_id, BatchStatus.CANCELLED, expect=[BatchStatus.CANCELLING])
     return done or store.batch(batch_id) or record
+
+
+# Starts of an abandoned batch's finish before it ends without its files (each start that
+# never ended was a process killed while writing them).
+MAX_FINISH_ATTEMPTS = 3
+# Statuses a batch holds while a run is (or should be) working on it.
+_UNFINISHED = (
+    BatchStatus.VALIDATING,
+    BatchStatus.IN_PROGRESS,
+    BatchStatus.FINALIZING,
+    BatchStatus.CANCELLING,
+)
+
+
+class BatchRunState(BaseModel):
+    """The run answering a batch, as far as the batch's bookkeeping needs it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_id: str
+    status: str  # as the orchestrator names it (FAILURE, CANCELED, ...), for the messages
+    ended: bool = False  # failed or canceled: it will not finish the batch
+    cancelled: bool = False  # canceled (a terminate from the UI, or the API's cancel)
+    will_retry: bool = False  # a retry of the run takes the batch up again
+
+
+# The run answering a batch: the one that took it up, else the newest requested for it.
+RunOf = Callable[[BatchRecord], BatchRunState | None]
+
+
+class RunLog(Protocol):
+    """Where a warning goes: the sensor's log, or the API process's logger."""
+
+    def warning(self, msg: str) -> None: ...
+
+
+def finish_abandoned_batch(
+    settings: Settings, store: ApiStore, batch: BatchRecord, run: BatchRunState
+) -> BatchRecord:
+    """Finalize a batch whose run ended without doing it (its processes were killed, run
+    monitoring failed it): `cancelled` when a cancel was asked (the API's, or a terminate from
+    the UI), else `failed` with an error naming the run; the partial output and error files
+    come from the ledger either way, streamed from the landed input. A finish that was begun
+    `MAX_FINISH_ATTEMPTS` times and never ended (its process killed each time) is not tried
+    again: the final status without files, an error saying why."""
+    cancel_asked = batch.status == BatchStatus.CANCELLING or run.cancelled
+    status = BatchStatus.CANCELLED if cancel_asked else BatchStatus.FAILED
+    attempts = store.count_finish_attempt(batch.id)
+    if status == BatchStatus.FAILED:
+        message = (
+            f"the batch's run {run.run_id} ended {run.status} before the batch was "
+            "finished; its answered requests are in the output file"
+        )
+        batch = _with_error(store, batch, BatchLineError(code="run_failed", message=message))
+    if attempts > MAX_FINISH_ATTEMPTS:
+        message = (
+            f"writing the output and error files stopped {attempts - 1} times (the process "
+            "ended, out of memory?); the answers are kept: a rerun of the batch writes them"
+        )
+        batch = _with_error(store, batch, BatchLineError(code="finish_failed", message=message))
+        return _final_without_files(store, batch, status)
+    try:
+        with Ledger(settings.paths.ledger_state) as ledger:
+            return finish_batch(store, ledger, batch.id, iter_batch_lines(settings, batch), status)
+    except StorageError:
+        # The landed input is gone or unreadable: the final status without files.
+        return _final_without_files(store, batch, status)
+
+
+def _final_without_files(store: ApiStore, batch: BatchRecord, status: BatchStatus) -> BatchRecord:
+    if status == BatchStatus.CANCELLED:
+        store.transition(batch.id, BatchStatus.CANCELLING)  # the only way into `cancelled`
+    return store.update_batch(batch.id, status=status)
+
+
+def _with_error(store: ApiStore, batch: BatchRecord, error: BatchLineError) -> BatchRecord:
+    """`error` added to the batch's errors once (a retried finish does not repeat it)."""
+    if error in batch.errors:
+        return batch
+    return store.update_batch(batch.id, errors=[*batch.errors, error])
+
+
+def cancelled_message(done: BatchRecord) -> str:
+    """What a run says of its batch, cancelled by the user."""
+    answered = done.request_total - done.request_failed
+    return (
+        f"{done.id} was cancelled: {answered} of {done.request_total} requests answered "
+        "(kept; a rerun sends the rest)"
+    )
+
+
+def batch_controls(store: ApiStore, batch: BatchRecord) -> BatchControls:
+    """The batch's expiry as the stop time, the user's cancel polled, the request keys stored
+    before the first request is sent (the live counts and the files read them)."""
+
+    def cancel_asked() -> bool:
+        record = store.batch(batch.id)
+        return record is not None and record.status == BatchStatus.CANCELLING
+
+    def planned(rows: Sequence[PlannedRow]) -> None:
+        store.set_request_keys(batch.id, [(row.input_id, row.content_key) for row in rows])
+
+    return BatchControls(
+        expires_at=datetime.fromtimestamp(batch.expires_at, UTC),
+        cancelled=cancel_asked,
+        on_planned=planned,
+    )
+
+
+def _finish_abandoned(settings: Settings, store: ApiStore, run_of: RunOf, log: RunLog) -> None:
+    """Finalize each unfinished batch whose run has ended (see the module)."""
+    for status in _UNFINISHED:
+        for batch in store.batches(status=status):
+            run = run_of(batch)
+            if run is None or not run.ended or run.will_retry:
+                continue  # running, or its retry takes the batch up again
+            done = finish_abandoned_batch(settings, store, batch, run)
+            log.warning(
+                f"{batch.id}: its run {run.run_id} ended {run.status} with the batch "
+                f"{batch.status.value}; the batch is now {done.status.value}"
+            )
+
+
+def batches_to_run(settings: Settings, run_of: RunOf, log: RunLog) -> list[BatchRecord]:
+    """What a killed process left taken up, batches whose run ended finalized, and the
+    validated (or cancelled) batches with no run yet returned (see the module)."""
+    if not ApiStore.exists(settings.paths):
+        return []
+    with ApiStore(settings.paths) as store:
+        resumed = resume_abandoned(
+            settings, store, validate=lambda batch: validate_batch(settings, store, batch)
+        )
+        for batch_id in resumed:
+            log.warning(
+                f"{batch_id}: the process validating it stopped; validated again or finished here"
+            )
+        _finish_abandoned(settings, store, run_of, log)
+        # A batch with a run requested (queued, or launched by the other launcher) has its run:
+        # whichever of the daemon and the API asks first, the other never asks again.
+        return [
+            batch
+            for status in (BatchStatus.VALIDATING, BatchStatus.CANCELLING)
+            for batch in store.batches(status=status)
+            if batch.input_sha256 is not None and batch.run_id is None and run_of(batch) is None
+        ]

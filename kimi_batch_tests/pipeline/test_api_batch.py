@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kimi_batch.batch_api.scan import parse_batch_input
+from kimi_batch.batch_api.lines import parse_batch_input
 from kimi_batch.llama import ToolCall
 from kimi_batch.pipeline import ApiBatchTask, StageSink
 from kimi_batch_tests.support.results import make_result

@@ -19,8 +19,7 @@ import json
 import dagster as dg
 
 from kimi_batch.batch_api import ApiStore, BatchRecord, BatchStatus, begin_batch, finish_batch
-from kimi_batch.batch_api.lifecycle import batch_lines
-from kimi_batch.batch_api.validation import validate_batch
+from kimi_batch.batch_api.lifecycle import batch_lines, validate_batch
 from kimi_batch.defs.api_sensor import finish_abandoned_batch
 from kimi_batch.engine import Ledger
 from kimi_batch.settings import Settings

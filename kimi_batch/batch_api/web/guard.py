@@ -1,7 +1,12 @@
-"""Who reaches the Batch API: a known Host, no cross-origin browser, the bearer key.
+"""What a request must pass before a route acts on it, and how the API refuses one.
 
-`Guard` is ASGI middleware in front of every route (`/openapi.json` and unknown paths included),
-checking the request's headers before any route runs or any body byte is read, in this order:
+Every refusal is an `ApiError`, answered in OpenAI's error shape (`{"error": {"message", "type",
+"param", "code"}}` with its status code; `install_error_handlers` makes FastAPI's own errors
+take it too).
+
+**Who reaches the API.** `Guard` is ASGI middleware in front of every route (`/openapi.json` and
+unknown paths included), checking the request's headers before any route runs or any body byte
+is read, in this order:
 
 1. `Host` names the server (loopback names, the bind host, `KIMI_BATCH_API_ALLOWED_HOSTS`),
    any port: else 421. A web page that rebinds its DNS name to 127.0.0.1 sends its own name.
@@ -10,18 +15,106 @@ checking the request's headers before any route runs or any body byte is read, i
    including the "simple" `text/plain` ones that need no preflight.
 3. `Authorization: Bearer <key>`, compared in constant time: else 401. No key only with
    `--no-auth` (`ApiAccess.key` None).
+
+**JSON bodies** (`json_body`, `no_body`) are read only as `application/json` and only up to
+`JSON_BODY_LIMIT` bytes, counted as the body arrives, so a chunked body (no `Content-Length`) is
+refused at the limit as a declared one is, before it is parsed. Requiring the JSON media type is
+part of refusing browsers: a cross-origin page can POST `text/plain` without a preflight, never
+`application/json`.
+
+**An upload** (`POST /v1/files`, `receive_upload`) is read as it streams: the multipart body is
+parsed with python-multipart's streaming parser straight from the request stream (no form
+spooled anywhere first), so a chunked upload without `Content-Length` meets the same limit as a
+declared one: the byte past `max_bytes` is never written, the partial file is removed and the
+answer is 413. The temp file lies in the store's own folder (0600), from where the store copies
+it in. Other form fields are small words (`purpose`): a few, each bounded.
 """
 
 from __future__ import annotations
 
 import hmac
+import json
+import os
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import IO, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from python_multipart.exceptions import FormParserError
+from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from kimi_batch.batch_api.web.errors import ApiError, error_response
+from kimi_batch.paths import PRIVATE_FILE_MODE
+
+
+class ApiError(Exception):
+    """An expected failure of a request, answered in OpenAI's error shape."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    body = {
+        "error": {
+            "message": error.message,
+            "type": error.type,
+            "param": error.param,
+            "code": error.code,
+        }
+    }
+    return JSONResponse(body, status_code=error.status)
+
+
+def invalid_request(errors: Sequence[Any]) -> ApiError:
+    """A 400 naming the first of pydantic's (or FastAPI's) validation errors."""
+    first = errors[0] if errors else {}
+    location = [str(part) for part in first.get("loc", ()) if part not in ("body", "query")]
+    param = ".".join(location) or None
+    detail = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+    return ApiError(400, f"{param}: {detail}" if param else detail, param=param)
+
+
+async def _api_error(request: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, ApiError)
+    return error_response(error)
+
+
+async def _http_error(request: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, StarletteHTTPException)
+    code = "not_found" if error.status_code == 404 else None
+    return error_response(ApiError(error.status_code, str(error.detail), code=code))
+
+
+async def _validation_error(request: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, RequestValidationError)
+    return error_response(invalid_request(error.errors()))
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 # Addresses one binds to, never one a client names.
@@ -107,3 +200,210 @@ class Guard:
             if not hmac.compare_digest(given, self.expected):
                 return ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
         return None
+
+
+JSON_BODY_LIMIT = 1 << 20
+_JSON = "application/json"
+M = TypeVar("M", bound=BaseModel)
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"the request body is over the limit of {limit} bytes")
+
+
+def declared_length(request: Request) -> int | None:
+    """The `Content-Length` the client declared, if any (a malformed one is a 400)."""
+    value = request.headers.get("content-length")
+    if value is None:
+        return None
+    if not value.strip().isdigit():
+        raise ApiError(400, f"Content-Length {value[:40]!r} is not a number")
+    return int(value)
+
+
+def _media_type(request: Request) -> str | None:
+    value = request.headers.get("content-type")
+    return value.split(";", 1)[0].strip().lower() if value is not None else None
+
+
+async def _read(request: Request, limit: int) -> bytes:
+    declared = declared_length(request)
+    if declared is not None and declared > limit:
+        raise _too_large(limit)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise _too_large(limit)
+    return bytes(body)
+
+
+def json_body(model: type[M]) -> Callable[[Request], Awaitable[M]]:
+    """A dependency: the body as `model`, or 415 (not JSON), 413 (too long), 400 (invalid)."""
+
+    async def read(request: Request) -> M:
+        if _media_type(request) != _JSON:
+            raise ApiError(415, f"the body must be {_JSON}", code="unsupported_media_type")
+        data = await _read(request, JSON_BODY_LIMIT)
+        try:
+            return model.model_validate_json(data)
+        except ValidationError as error:
+            raise invalid_request(error.errors(include_context=False)) from None
+
+    return read
+
+
+async def no_body(request: Request) -> None:
+    """A dependency of routes that take no body: none at all, or JSON (ignored)."""
+    media = _media_type(request)
+    if media not in (None, _JSON):
+        raise ApiError(415, f"send no body, or {_JSON}", code="unsupported_media_type")
+    data = await _read(request, JSON_BODY_LIMIT)
+    if media is None and data.strip():
+        raise ApiError(415, f"a body needs Content-Type {_JSON}", code="unsupported_media_type")
+    if data.strip():
+        try:
+            json.loads(data)
+        except (ValueError, RecursionError):
+            raise ApiError(400, "the body is not valid JSON") from None
+
+
+# Multipart framing around the file: part headers and boundaries, a few hundred bytes in practice.
+_SLACK = 64 * 1024
+_MAX_PARTS = 8
+_MAX_FIELD = 1024
+
+
+class ReceivedUpload(BaseModel):
+    """A form received whole: the file's temp path (the caller removes it) and the fields."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: Path
+    filename: str
+    purpose: str | None
+    size: int
+
+
+class _Form:
+    """python-multipart's callbacks: the `file` part to `temp`, other fields in memory."""
+
+    def __init__(self, temp: Path, max_bytes: int) -> None:
+        self.temp, self.max_bytes = temp, max_bytes
+        self.fields: dict[str, bytearray] = {}
+        self.filename: str | None = None
+        self.size = self.parts = 0
+        self.ended = False
+        self.writer: IO[bytes] | None = None
+        self._into: bytearray | IO[bytes] | None = None
+        self._header = (bytearray(), bytearray())
+        self._disposition = b""
+
+    def on_part_begin(self) -> None:
+        self.parts += 1
+        if self.parts > _MAX_PARTS:
+            raise ApiError(400, f"a file upload has at most {_MAX_PARTS} form fields")
+        self._disposition, self._into = b"", None
+
+    def on_header_field(self, data: bytes, start: int, end: int) -> None:
+        self._header[0].extend(data[start:end])
+
+    def on_header_value(self, data: bytes, start: int, end: int) -> None:
+        self._header[1].extend(data[start:end])
+
+    def on_header_end(self) -> None:
+        field, value = self._header
+        if field.strip().lower() == b"content-disposition":
+            self._disposition = bytes(value)
+        field.clear()
+        value.clear()
+
+    def on_headers_finished(self) -> None:
+        _, options = parse_options_header(self._disposition)
+        name = options.get(b"name", b"").decode("latin-1")
+        if name != "file":
+            self._into = self.fields.setdefault(name, bytearray())
+            return
+        if self.writer is not None:
+            raise ApiError(400, "one file per upload", param="file")
+        filename = options.get(b"filename", b"").decode("utf-8", "replace")
+        self.filename = filename or "upload.jsonl"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        self.writer = self._into = os.fdopen(os.open(self.temp, flags, PRIVATE_FILE_MODE), "wb")
+
+    def on_part_data(self, data: bytes, start: int, end: int) -> None:
+        if isinstance(self._into, bytearray):
+            if len(self._into) + end - start > _MAX_FIELD:
+                raise ApiError(400, f"a form field is over {_MAX_FIELD} bytes")
+            self._into.extend(data[start:end])
+        elif self._into is not None:
+            self.size += end - start
+            if self.size > self.max_bytes:  # checked before the write: never a byte past it
+                raise file_too_large(self.max_bytes)
+            self._into.write(data[start:end])
+
+    def on_part_end(self) -> None:
+        self._into = None
+
+    def on_end(self) -> None:
+        self.ended = True
+
+    def field(self, name: str) -> str | None:
+        value = self.fields.get(name)
+        return value.decode("utf-8", "replace") if value is not None else None
+
+
+def file_too_large(max_bytes: int) -> ApiError:
+    return ApiError(
+        413,
+        f"the file is over the limit of {max_bytes} bytes "
+        "(KIMI_BATCH_API_MAX_BATCH_MB, at most KIMI_BATCH_MAX_INPUT_MB)",
+        param="file",
+        code="file_too_large",
+    )
+
+
+def _boundary(request: Request) -> bytes:
+    media, options = parse_options_header(request.headers.get("content-type", ""))
+    if media != b"multipart/form-data":
+        raise ApiError(415, "an upload is multipart/form-data", code="unsupported_media_type")
+    boundary = options.get(b"boundary")
+    if not boundary:
+        raise ApiError(400, "the multipart form has no boundary")
+    return boundary
+
+
+async def receive_upload(request: Request, folder: Path, max_bytes: int) -> ReceivedUpload:
+    """The form of `request`, its file written under `folder`; 413 past `max_bytes`."""
+    boundary = _boundary(request)
+    declared = declared_length(request)
+    if declared is not None and declared > max_bytes + _SLACK:
+        raise file_too_large(max_bytes)
+    form = _Form(folder / f".upload-{uuid.uuid4().hex}.tmp", max_bytes)
+    callbacks = {name: getattr(form, name) for name in dir(form) if name.startswith("on_")}
+    received = 0
+    try:
+        parser = MultipartParser(boundary, callbacks)  # type: ignore[arg-type]
+        async for chunk in request.stream():
+            received += len(chunk)
+            if received > max_bytes + _SLACK:
+                raise file_too_large(max_bytes)
+            parser.write(chunk)
+        parser.finalize()
+    except FormParserError as error:
+        form.temp.unlink(missing_ok=True)
+        raise ApiError(400, f"the multipart form is malformed ({error})") from None
+    except BaseException:
+        form.temp.unlink(missing_ok=True)
+        raise
+    finally:
+        if form.writer is not None:
+            form.writer.close()
+    if not form.ended:  # the parser does not check that the closing boundary came
+        form.temp.unlink(missing_ok=True)
+        raise ApiError(400, "the multipart form ends before its closing boundary")
+    if form.filename is None:
+        raise ApiError(400, "a file is required", param="file")
+    return ReceivedUpload(
+        path=form.temp, filename=form.filename, purpose=form.field("purpose"), size=form.size
+    )

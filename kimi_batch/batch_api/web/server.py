@@ -1,25 +1,32 @@
 """`kimi-batch api`: resolve who may call (the key, or `--no-auth` on loopback), say so, serve.
 
-The key is `KIMI_BATCH_API_KEY` when set, else the one generated into the state directory at
-the first start (`keyfile.py`). `--no-auth` is refused unless every address of the bind host is
-a loopback address, and warned about at each start.
+The key is `KIMI_BATCH_API_KEY` when set, else the one generated at the first start, like
+Jupyter's token: a random one written to `StatePaths.api_key_path` (0600 in a 0700 folder),
+whose path is printed. The file is written under a temp name and linked into place, so a second
+server starting at the same moment reads the first one's key and never a half-written file.
+`--no-auth` is refused unless every address of the bind host is a loopback address, and warned
+about at each start.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
+import secrets
 import shlex
 import socket
+import stat
 import sys
+from pathlib import Path
 from typing import TextIO
 
 import uvicorn
 
 from kimi_batch.batch_api.web.app import create_app
 from kimi_batch.batch_api.web.guard import ApiAccess
-from kimi_batch.batch_api.web.keyfile import load_or_create_key
 from kimi_batch.batch_api.web.runs import BatchRuns, RunMode
 from kimi_batch.errors import ConfigError
+from kimi_batch.paths import PRIVATE_FILE_MODE, private_dir
 from kimi_batch.settings import Settings
 
 DEFAULT_HOST = "127.0.0.1"
@@ -113,3 +120,42 @@ def serve(
         uvicorn.run(create_app(settings, access), host=host, port=port, log_level="warning")
     finally:
         runs.stop()
+
+
+# 32 random bytes: the strength of an OpenAI key, URL- and shell-safe.
+_KEY_BYTES = 32
+
+
+def load_or_create_key(path: Path) -> tuple[str, bool]:
+    """The key stored at `path` and whether this call created it."""
+    private_dir(path.parent)
+    try:
+        return _read_key(path), False
+    except FileNotFoundError:
+        pass
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    descriptor = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE_MODE)
+    try:
+        with os.fdopen(descriptor, "w") as writer:
+            writer.write(secrets.token_urlsafe(_KEY_BYTES) + "\n")
+        try:
+            os.link(temp, path)
+        except FileExistsError:
+            return _read_key(path), False
+    finally:
+        temp.unlink(missing_ok=True)
+    return _read_key(path), True
+
+
+def _read_key(path: Path) -> str:
+    mode = path.stat().st_mode
+    # A key others can read protects nothing: refuse it rather than serve with it.
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ConfigError(
+            f"{path} is readable by other users (mode {stat.S_IMODE(mode):o}): "
+            f"run `chmod 600 {path}` or delete it to have a new key made"
+        )
+    key = path.read_text(encoding="utf-8").strip()
+    if not key:
+        raise ConfigError(f"{path} is empty: delete it to have a new key made")
+    return key

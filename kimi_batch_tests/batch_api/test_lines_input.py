@@ -8,8 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from kimi_batch.batch_api.request_fields import served_models
-from kimi_batch.batch_api.scan import MAX_NESTING, parse_batch_input, scan_batch_input
+from kimi_batch.batch_api.lines import (
+    MAX_NESTING,
+    parse_batch_input,
+    scan_batch_input,
+    served_models,
+)
 from kimi_batch.llama import chat_body, completion_body
 from kimi_batch.settings import Settings
 from kimi_batch_tests.support.batches import chat_line

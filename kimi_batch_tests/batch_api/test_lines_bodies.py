@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from kimi_batch.batch_api.lines import BatchInput
-from kimi_batch.batch_api.scan import parse_batch_input
+from kimi_batch.batch_api.lines import BatchInput, parse_batch_input
 
 CHAT = "/v1/chat/completions"
 RESPONSES = "/v1/responses"

@@ -12,7 +12,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kimi_batch.batch_api.scan import MAX_NESTING, BatchValidator
+from kimi_batch.batch_api.lines import MAX_NESTING, BatchValidator
 from kimi_batch.inputs.formats import jsonl_items
 
 EXAMPLES = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -14,18 +14,16 @@ from typing import Any
 
 import pytest
 
-import kimi_batch.batch_api.lifecycle as api_batches
-import kimi_batch.batch_api.validation as api_validation
 from kimi_batch.batch_api import (
     ApiStore,
     BatchRecord,
     BatchStatus,
     begin_batch,
     finish_batch,
+    lifecycle,
     validate_batch,
 )
-from kimi_batch.batch_api.lines import BatchRequestLine
-from kimi_batch.batch_api.scan import parse_batch_input
+from kimi_batch.batch_api.lines import BatchRequestLine, parse_batch_input
 from kimi_batch.crash_points import CrashPointReached, armed
 from kimi_batch.engine import Ledger
 from kimi_batch.settings import Settings
@@ -120,7 +118,7 @@ def test_a_cancel_while_finalizing_is_honoured(
 ) -> None:
     batch = _landed(settings, store, "a", "b")
     assert begin_batch(store, batch.id, run_id="r1", by_hand=False) is not None
-    write = api_batches.write_batch_files
+    write = lifecycle.write_batch_files
 
     def cancelled_around(*args: Any, **kwargs: Any) -> BatchRecord:
         assert store.batch(batch.id).status == BatchStatus.FINALIZING  # type: ignore[union-attr]
@@ -131,7 +129,7 @@ def test_a_cancel_while_finalizing_is_honoured(
             _cancel(store, batch.id)
         return record
 
-    monkeypatch.setattr(api_batches, "write_batch_files", cancelled_around)
+    monkeypatch.setattr(lifecycle, "write_batch_files", cancelled_around)
     with _answered(settings, store, batch.id) as ledger:
         done = finish_batch(store, ledger, batch.id, _lines("a", "b"), BatchStatus.COMPLETED)
     assert done.status == BatchStatus.CANCELLED
@@ -172,13 +170,13 @@ def test_a_cancel_while_the_input_is_validated_ends_the_batch_cancelled(
     settings: Settings, store: ApiStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     batch = store.add_upload_batch(jsonl(chat_line("a")))
-    scan = api_validation.scan_batch_input
+    scan = lifecycle.scan_batch_input
 
     def cancelled_midway(*args: Any, **kwargs: Any) -> Any:
         _cancel(store, batch.id)
         return scan(*args, **kwargs)
 
-    monkeypatch.setattr(api_validation, "scan_batch_input", cancelled_midway)
+    monkeypatch.setattr(lifecycle, "scan_batch_input", cancelled_midway)
     done = validate_batch(settings, store, batch)
     assert done.status == BatchStatus.CANCELLED  # no run will ever come for it
     assert done.input_sha256 is None

@@ -12,8 +12,7 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 
-from kimi_batch.batch_api.lines import AnsweredRequest, response_line
-from kimi_batch.batch_api.scan import parse_batch_input
+from kimi_batch.batch_api.lines import AnsweredRequest, parse_batch_input, response_line
 from kimi_batch.cli.export import export_partition
 from kimi_batch.llama import TokenLogprob, ToolCall, TopLogprob
 from kimi_batch.pipeline import result_row
