@@ -40,12 +40,6 @@ if typing.TYPE_CHECKING:
         ApiBatchInputs,
         ApiBatchTask,
     )
-    from kimi_batch.pipeline.batch_controls import (
-        CANCEL_POLL_S,
-        BatchCancelledError,
-        BatchControls,
-        unless_cancelled,
-    )
     from kimi_batch.pipeline.distill import (
         DEFAULT_DISTILL_PARAMS,
         EMPTY_REASON,
@@ -58,9 +52,12 @@ if typing.TYPE_CHECKING:
         variant_tag,
     )
     from kimi_batch.pipeline.driver import (
+        CANCEL_POLL_S,
         LEASE_TTL_S,
         LEASE_WAIT_S,
         SKIPPED,
+        BatchCancelledError,
+        BatchControls,
         DriverRun,
         HeldPartition,
         PartitionResult,
@@ -76,6 +73,7 @@ if typing.TYPE_CHECKING:
         partition_lease,
         plan_partition,
         sample_scope,
+        unless_cancelled,
     )
     from kimi_batch.pipeline.generation_task import (
         AMPLIFY_STAGE,
@@ -205,13 +203,14 @@ _MODULES = (
     "schemas",
     "generation_task",
     "prompt_length",
-    "batch_controls",
+    # The driver before the stages: the Batch API facade (which `api_batch` imports) looks up its
+    # `BatchControls` here.
+    "driver",
     "amplify",
     "distill",
     "judge",
     "api_batch",
     "stages",
-    "driver",
     "alerts",
     "night",
     "landed",

@@ -41,7 +41,7 @@ def state_env(tmp_path: Path, model_path: Path) -> Iterator[pytest.MonkeyPatch]:
         for name in ("KIMI_BATCH_LLAMA_URL", "KIMI_BATCH_TRINO_HOST", "DAGSTER_HOME"):
             patch.delenv(name, raising=False)
         yield patch
-        LlamaServerResource(deployment=Settings.from_env()).manager().stop()
+        LlamaServerResource(deployment=Settings.from_env()).server().manager().stop()
 
 
 def _run_log(instance: dg.DagsterInstance, run_id: str) -> str:
@@ -86,7 +86,7 @@ def test_a_server_that_died_by_a_signal_is_named_in_the_run_that_starts_it_again
     state_env: pytest.MonkeyPatch, llama_binary: Path
 ) -> None:
     state_env.setenv("KIMI_BATCH_LLAMA_SERVER", str(llama_binary))
-    first = LlamaServerResource(deployment=Settings.from_env()).ensure_running()
+    first = LlamaServerResource(deployment=Settings.from_env()).server().ensure_running()
     assert first.pid is not None
     os.kill(first.pid, signal.SIGSEGV)
     with dg.instance_for_test() as instance:

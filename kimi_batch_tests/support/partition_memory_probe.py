@@ -90,7 +90,7 @@ def _prefill_ledger(source: str, config: dict[str, Any], generate: int) -> int:
     task = DistillConfig(**config).task(settings)
     requests = plan_stage(task, store, ds, source).requests
     digest = DigestResource(deployment=settings).load()
-    prepared = asyncio.run(LlamaServerResource(deployment=settings).prepare(digest))
+    prepared = asyncio.run(LlamaServerResource(deployment=settings).server().prepare(digest))
     with WarehouseResource(deployment=settings).ledger() as ledger:
         engine = BatchEngine(prepared.endpoints, digest, ledger, digest_tokens=0)
         planned = engine.plan(requests)[: max(0, len(requests) - generate)]
