@@ -55,7 +55,6 @@ from kimi_batch.pipeline.rows import (
     result_row,
 )
 from kimi_batch.quality import PartitionGate, QualityGate
-from kimi_batch.storage import replace_quarantine
 from kimi_batch.warehouse import PartitionWrite, Warehouse, polars_schema
 
 # ---- `StageSink`: where a stage's results go ----------------------------------------------------
@@ -347,7 +346,7 @@ def write_stage(
             created_at=datetime.now(UTC),
         )
         set_aside = [*sink.quarantined, *(screen.quarantined if screen else ())]
-        quarantined = replace_quarantine(store, ds, source, task.name, set_aside, guard=held.lease)
+        quarantined = store.replace_quarantine(ds, source, task.name, set_aside, guard=held.lease)
     return StageWrite(written=written, quarantined=quarantined, sink=sink, screen=screen)
 
 

@@ -43,7 +43,6 @@ from kimi_batch.storage.private_files import (
     temp_name,
     write_private_text,
 )
-from kimi_batch.storage.quarantine import replace_quarantine
 from kimi_batch.storage.seeds import land_input, land_seeds
 from kimi_batch.storage.settle import (
     SETTLE_S,
@@ -85,7 +84,6 @@ __all__ = [
     "private_folder_swap",
     "private_writer",
     "remove_stale_temps",
-    "replace_quarantine",
     "resolve_input",
     "resolve_partition",
     "still_changing",

@@ -12,7 +12,6 @@ from kimi_batch.inputs import InputBatch, SeedPrompt, seed_rows
 from kimi_batch.pipeline import INPUT_STAGE, QuarantineRow, SeedRow, input_row
 from kimi_batch.state import Fence
 from kimi_batch.storage.landing import Landing
-from kimi_batch.storage.quarantine import replace_quarantine
 
 if TYPE_CHECKING:
     from kimi_batch.warehouse import PartitionWrite, Warehouse
@@ -100,7 +99,7 @@ def land_input(
     )
     sha = input_sha256 or None
     stamped = [row.model_copy(update={"input_sha256": sha}) for row in set_aside]
-    replace_quarantine(warehouse, ds, source, INPUT_STAGE, stamped, guard=guard)
+    warehouse.replace_quarantine(ds, source, INPUT_STAGE, stamped, guard=guard)
     if sha is not None:
         landing.record_consumed(ds, source, sha)
     return written

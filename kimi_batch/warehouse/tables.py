@@ -243,6 +243,30 @@ class Warehouse:
         ).to_arrow()
         return self._commit(table, ds, source, data, None)
 
+    def replace_quarantine(
+        self,
+        ds: str | date,
+        source: str,
+        stage: str,
+        rows: Iterable[BaseModel],
+        *,
+        guard: Fence | None = None,
+    ) -> int:
+        """Replace `stage`'s quarantine rows of the partition, keeping the other stages' rows
+        (the stages of a partition share its quarantine); the number written for `stage`.
+
+        A read-modify-write of one partition: callers hold the partition's lease around it and
+        pass it as `guard` (confirmed where the replace commits).
+        """
+        model = TABLES["quarantine"]
+        frame = self.read_partition("quarantine", ds, source)
+        kept = frame.filter(pl.col("stage") != stage).drop(list(PARTITION_COLUMNS))
+        mine = list(rows)
+        others = (model.model_validate(row) for row in kept.iter_rows(named=True))
+        self.write_partition("quarantine", ds, source, [*others, *mine], guard=guard)
+        crash_point("quarantine.rows_replaced")
+        return len(mine)
+
     def _commit(
         self, table: str, ds: str, source: str, data: pa.Table, guard: Fence | None
     ) -> PartitionWrite:
