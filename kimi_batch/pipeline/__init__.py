@@ -71,8 +71,10 @@ if typing.TYPE_CHECKING:
         drive_on,
         oldest_first,
         partition_lease,
+        partition_parts_of,
         plan_partition,
         sample_scope,
+        split_partition_key,
         unless_cancelled,
     )
     from kimi_batch.pipeline.generation_task import (
@@ -122,9 +124,7 @@ if typing.TYPE_CHECKING:
         log_inbox,
         night_ds,
         nightly_partitions,
-        partition_parts_of,
         rescreen_due,
-        split_partition_key,
         window_end,
     )
     from kimi_batch.pipeline.prompt_length import (

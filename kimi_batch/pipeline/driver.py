@@ -227,12 +227,19 @@ class DriverRun(Protocol[LandedT_co]):
     ) -> LandedT_co: ...
 
 
-def partition_parts(key: str) -> tuple[str, str]:
+def split_partition_key(raw: str) -> tuple[str, str] | None:
+    """(ds, source) of a `date|source` key string; None for a key of another shape."""
+    # Dagster joins a multi-partition key's dimensions in name order: date, then source.
+    parts = raw.split("|")
+    return (parts[0], parts[1]) if len(parts) == 2 and all(parts) else None
+
+
+def partition_parts_of(key: str) -> tuple[str, str]:
     """(ds, source) of a `date|source` key a run has already checked."""
-    ds, _, source = key.partition("|")
-    if not ds or not source:
+    parts = split_partition_key(key)
+    if parts is None:
         raise ValueError(f"not a date|source partition key: {key!r}")
-    return ds, source
+    return parts
 
 
 def sample_scope(task: Task, ds: str, source: str) -> str:
@@ -259,7 +266,7 @@ def plan_partition(task: Task, read: RowReader, ds: str, source: str, input_sha:
 def oldest_first(keys: Iterable[str]) -> dict[str, int]:
     """Each checked `date|source` key's rank (0 = the oldest day), whatever order the run's
     config lists them in; a request several partitions share goes out at the lowest."""
-    return {key: rank for rank, key in enumerate(sorted(keys, key=partition_parts))}
+    return {key: rank for rank, key in enumerate(sorted(keys, key=partition_parts_of))}
 
 
 async def drive(

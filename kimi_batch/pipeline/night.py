@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.pipeline.driver import HeldPartition, PartitionResult
+from kimi_batch.pipeline.driver import HeldPartition, PartitionResult, split_partition_key
 from kimi_batch.quality import rescreen_partitions
 from kimi_batch.settings import Settings
 from kimi_batch.storage import SETTLE_S, Assignment, InboxLanding, Landing, land_inbox
@@ -39,21 +39,6 @@ from kimi_batch.storage import SETTLE_S, Assignment, InboxLanding, Landing, land
 # long prompt can take most of an hour.
 WINDOW_GRACE_S = 3600
 _NAMED = 10
-
-
-def split_partition_key(raw: str) -> tuple[str, str] | None:
-    """(ds, source) of a `date|source` key string; None for a key of another shape."""
-    # Dagster joins a multi-partition key's dimensions in name order: date, then source.
-    parts = raw.split("|")
-    return (parts[0], parts[1]) if len(parts) == 2 and all(parts) else None
-
-
-def partition_parts_of(key: str) -> tuple[str, str]:
-    """(ds, source) of a `date|source` key a run has already checked."""
-    parts = split_partition_key(key)
-    if parts is None:
-        raise ValueError(f"not a date|source partition key: {key!r}")
-    return parts
 
 
 class BatchPartition(BaseModel):

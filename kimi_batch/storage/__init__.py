@@ -44,7 +44,7 @@ from kimi_batch.storage.private_files import (
     write_private_text,
 )
 from kimi_batch.storage.seeds import land_input, land_seeds
-from kimi_batch.storage.settle import (
+from kimi_batch.storage.snapshot import (
     SETTLE_S,
     InputNotSettledError,
     still_changing,

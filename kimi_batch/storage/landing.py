@@ -34,8 +34,7 @@ from kimi_batch.paths import StatePaths, private_dir
 from kimi_batch.state import StateError, connect_state, read_state
 from kimi_batch.storage.blobs import BlobStore, SharedBlobs
 from kimi_batch.storage.exceptions import StorageError
-from kimi_batch.storage.settle import SETTLE_S
-from kimi_batch.storage.snapshot import copy_snapshot
+from kimi_batch.storage.snapshot import SETTLE_S, copy_snapshot
 
 # (size, mtime_ns, inode, ctime_ns) of a file: a content rewritten in place changes the ctime
 # at least, one renamed over it the inode.

@@ -23,8 +23,12 @@ from kimi_batch.inputs import (
 from kimi_batch.settings import Settings
 from kimi_batch.storage.exceptions import StorageError
 from kimi_batch.storage.landing import Assignment, FileStat, LandedVersion, Landing
-from kimi_batch.storage.settle import SETTLE_S, InputNotSettledError, still_changing
-from kimi_batch.storage.snapshot import InputTooLargeError
+from kimi_batch.storage.snapshot import (
+    SETTLE_S,
+    InputNotSettledError,
+    InputTooLargeError,
+    still_changing,
+)
 
 _log = logging.getLogger(__name__)
 

@@ -20,8 +20,7 @@ from kimi_batch.paths import StatePaths
 from kimi_batch.storage.exceptions import StorageError
 from kimi_batch.storage.landing import Landing
 from kimi_batch.storage.partition_input import LandingIOError, resolve_input
-from kimi_batch.storage.settle import InputNotSettledError
-from kimi_batch.storage.snapshot import InputTooLargeError
+from kimi_batch.storage.snapshot import InputNotSettledError, InputTooLargeError
 from kimi_batch_tests.support.postgres import StateBackend
 
 START = date(2025, 1, 1)
