@@ -20,42 +20,38 @@ NOT_COUNTED = ("engine", "llama")
 
 @dataclass
 class ModuleTrace:
-    """The source files whose functions were called while the trace ran."""
+    """The functions called while the trace ran, by source file."""
 
-    files: set[str] = field(default_factory=set)
-    # The functions called in each file: what to look at when a module should not be there.
     functions: dict[str, set[str]] = field(default_factory=dict)
 
-    @property
-    def modules(self) -> list[str]:
+    def _counted(self) -> dict[str, set[str]]:
         """The counted project modules, as paths under `kimi_batch/` (a top-level module such as
-        `paths.py` is a package of its own)."""
-        found = set()
-        for name in self.files:
+        `paths.py` is a package of its own), with the functions called in each."""
+        found: dict[str, set[str]] = {}
+        for name, names in self.functions.items():
             path = Path(name).resolve()
             if path.is_relative_to(PACKAGE):
                 module = path.relative_to(PACKAGE).as_posix()
                 if module.split("/")[0] not in NOT_COUNTED:
-                    found.add(module)
-        return sorted(found)
+                    found.setdefault(module, set()).update(names)
+        return found
+
+    @property
+    def modules(self) -> list[str]:
+        return sorted(self._counted())
 
     @property
     def packages(self) -> list[str]:
-        return sorted({module.split("/")[0] for module in self.modules})
+        return sorted({module.split("/")[0] for module in self._counted()})
 
     def report(self) -> str:
-        by_module = {
-            Path(name).resolve().relative_to(PACKAGE).as_posix(): names
-            for name, names in self.functions.items()
-            if Path(name).resolve().is_relative_to(PACKAGE)
-        }
-        return (
-            f"{len(self.modules)} modules in {len(self.packages)} packages: {self.packages}\n"
-            + (
-                "\n".join(
-                    f"{module}: {', '.join(sorted(by_module[module]))}" for module in self.modules
-                )
-            )
+        """The count, then each module with the functions it ran (what to look at when a module
+        should not be on the walk)."""
+        counted = self._counted()
+        packages = self.packages
+        lines = [f"{module}: {', '.join(sorted(counted[module]))}" for module in sorted(counted)]
+        return f"{len(counted)} modules in {len(packages)} packages: {packages}\n" + "\n".join(
+            lines
         )
 
 
@@ -68,7 +64,6 @@ def traced() -> Iterator[ModuleTrace]:
     def profile(frame: FrameType, event: str, arg: Any) -> None:
         if event == "call":
             code = frame.f_code
-            trace.files.add(code.co_filename)
             trace.functions.setdefault(code.co_filename, set()).add(code.co_name)
 
     threading.setprofile(profile)
