@@ -78,27 +78,31 @@ demo: setup
 	$(VENV)/bin/kimi-batch server start
 	$(VENV)/bin/kimi-batch demo
 
-# Every test, in two tiers: the server-free one on every core, then the slow one. The slow tier
-# is two processes side by side: the tests that may use llama-server in order (one server at a
-# time), and beside them the slow tests marked `no_llama_server` (support/slow_split.py), whose
-# output follows. Every part runs even when one fails; the exit status is the first failure's.
+# Every test, in two processes side by side: the tests that may use llama-server, in order (one
+# server at a time), and beside them everything else: the server-free tier on every core, then
+# the slow tests marked `no_llama_server` (support/slow_split.py). The second's output follows the
+# first's. Every part runs even when one fails; the exit status is the first failure's.
 # The second yields the CPU to the first: in a session of its own, niced as a whole (with the
 # kernel's autogroups, the default, a process's nice counts only within its session; llama-server
-# runs in its own). Beside at equal priority, it slowed the first by 130 s of its 27 minutes.
+# runs in its own). It fills the first's idle time: the llama-server tests wait on a server about
+# half the time on 2 cores. Run one after the other, the tiers took 31 minutes here.
 # Temp dirs in RAM (see `make unit`).
 test: setup browser postgres
 	scripts/trino.sh fetch
 	scripts/s3proxy.sh fetch
 	export PATH="$(CURDIR)/$(VENV)/bin:$$PATH" TMPDIR="$(TEST_TMPDIR)"; status=0; \
-	$(VENV)/bin/pytest -ra -m "not slow" -n $(UNIT_WORKERS) $(PYTEST_ARGS) || status=$$?; \
 	beside="$$(mktemp)"; \
-	setsid -w bash -c 'echo 10 >/proc/self/autogroup 2>/dev/null; exec nice -n 10 "$$@"' beside \
-		$(VENV)/bin/pytest -ra -m "slow and no_llama_server" -p no:cacheprovider --durations=5 \
-		$(PYTEST_ARGS) >"$$beside" 2>&1 & beside_pid=$$!; \
+	setsid -w bash -c 'echo 10 >/proc/self/autogroup 2>/dev/null; status=0; \
+		nice -n 10 "$$@" -m "not slow" -n $(UNIT_WORKERS) || status=$$?; \
+		nice -n 10 "$$@" -m "slow and no_llama_server" --durations=5 \
+			|| { test $$status -ne 0 || status=$$?; }; \
+		exit $$status' beside $(VENV)/bin/pytest -ra -p no:cacheprovider $(PYTEST_ARGS) \
+		>"$$beside" 2>&1 & beside_pid=$$!; \
 	$(VENV)/bin/pytest -ra -m "slow and not no_llama_server" --durations=15 $(PYTEST_ARGS) \
-		|| { test $$status -ne 0 || status=$$?; }; \
+		|| status=$$?; \
 	wait $$beside_pid || { test $$status -ne 0 || status=$$?; }; \
-	echo "==== the slow tests beside llama-server (-m 'slow and no_llama_server') ===="; \
+	echo "==== beside llama-server: the server-free tier (-m 'not slow'), then the slow tests" \
+		"marked no_llama_server ===="; \
 	cat "$$beside"; rm -f "$$beside"; \
 	exit $$status
 
