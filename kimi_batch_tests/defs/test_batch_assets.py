@@ -19,7 +19,6 @@ import polars as pl
 import pytest
 from pydantic import BaseModel
 
-import kimi_batch.pipeline.driver as driver_module
 from kimi_batch.crash_points import armed
 from kimi_batch.definitions import batch_assets, build_resources
 from kimi_batch.defs.assets.batch import resolve_seeds_input, seeds_are_current
@@ -156,20 +155,13 @@ def test_rematerializing_a_partition_replaces_it_without_duplicates(llama_env: L
     assert requests >= rows_first.height
 
 
-# The killed run's lease, in the child and in the rerun that waits it out: the default (60 s) is
-# what a production rerun waits; this proves the same in a quarter of the time, and is long enough
-# that the child (in the llama-server tests' process, not niced) always renews it before the kill.
-KILLED_LEASE_TTL_S = 15.0
-
 _CHILD = """
 import json
 import sys
 import dagster as dg
 import httpx
-import kimi_batch.pipeline.driver as driver
 from kimi_batch.definitions import batch_assets, build_resources
 from kimi_batch.settings import Settings
-driver.LEASE_TTL_S = float(sys.argv[5])
 instance = dg.DagsterInstance.from_config(sys.argv[1])
 key = dg.MultiPartitionKey({"date": sys.argv[2], "source": sys.argv[3]})
 dg.materialize(batch_assets(Settings.from_env()), selection=["distilled_responses"], partition_key=key,
@@ -206,9 +198,8 @@ def _ledger_rows(env: LlamaEnv, input_ids: set[str]) -> int:
 
 
 def test_a_sigkilled_materialization_resumes_without_losing_or_repeating_rows(
-    llama_env: LlamaEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    llama_env: LlamaEnv, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(driver_module, "LEASE_TTL_S", KILLED_LEASE_TTL_S)
     # 4 seeds and their 4 variants: 8 distillation requests, twice the 4 slots, so a kill after
     # 3 are in the ledger lands mid-batch with requests both in flight and not yet sent.
     seeds = [f"k{i}" for i in range(4)]
@@ -240,7 +231,6 @@ def test_a_sigkilled_materialization_resumes_without_losing_or_repeating_rows(
             "killed",
             # The same config as the rerun: other params would be other requests.
             json.dumps({"ops": {"distilled_responses": SMALL_RUN["ops"]["distilled_responses"]}}),
-            str(KILLED_LEASE_TTL_S),
         ],
         env=dict(os.environ),
         stdout=subprocess.DEVNULL,

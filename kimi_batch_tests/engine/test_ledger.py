@@ -77,68 +77,107 @@ def test_iter_results_streams_in_the_asked_order_in_chunks(state_backend: StateB
     assert rest[0].text == "text 0"
 
 
-def _hold_lease_then_die(path: StateLocation, ttl_s: float) -> subprocess.CompletedProcess[bytes]:
-    script = (
-        "import os, sys\n"
-        "from kimi_batch.engine.ledger import Ledger\n"
-        "from kimi_batch.paths import StateLocation\n"
-        "ledger = Ledger(StateLocation.model_validate_json(sys.argv[1]))\n"
-        "with ledger.lease('2025-01-01|web', 'dead-run', ttl_s=float(sys.argv[2])):\n"
-        "    os.kill(os.getpid(), 9)\n"
+_HOLDER_SCRIPT = (
+    "import os, sys\n"
+    "from kimi_batch.engine.ledger import Ledger\n"
+    "from kimi_batch.paths import StateLocation\n"
+    "ledger = Ledger(StateLocation.model_validate_json(sys.argv[1]))\n"
+    "with ledger.lease('2025-01-01|web', 'dead-run', ttl_s=float(sys.argv[2])):\n"
+    "    print('held', flush=True)\n"
+    "    if sys.argv[3] == 'die':\n"
+    "        os.kill(os.getpid(), 9)\n"
+    "    sys.stdin.read()  # held until the test closes stdin\n"
+)
+
+
+def _lease_holder(path: StateLocation, ttl_s: float, *, die: bool) -> subprocess.Popen[str]:
+    """A process that takes the lease, says so, then dies by SIGKILL (`die`) or holds it."""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            _HOLDER_SCRIPT,
+            path.model_dump_json(),
+            str(ttl_s),
+            str(die and "die"),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
-    return subprocess.run(
-        [sys.executable, "-c", script, path.model_dump_json(), str(ttl_s)], check=False
-    )
+    assert holder.stdout is not None
+    assert holder.stdout.readline().strip() == "held"
+    return holder
 
 
-def test_a_second_holder_waits_then_gets_a_clear_error(state_backend: StateBackend) -> None:
-    path = state_backend.ledger
-    with Ledger(path) as first, Ledger(path) as second:
-        with first.lease("2025-01-01|web", "run-a", ttl_s=0.6) as lease:
-            # Held past several ttls: the heartbeat renews it, so it never expires while held.
-            with (
-                pytest.raises(LeaseHeldError, match="run-a"),
-                second.lease("2025-01-01|web", "run-b", wait_s=1.5, poll_s=0.1),
-            ):
-                pass
-            assert not lease.lost
-        # Released on exit: the next run takes it at once.
-        with second.lease("2025-01-01|web", "run-b") as taken:
-            assert taken.owner == "run-b"
+def _hold_lease_then_die(path: StateLocation, ttl_s: float) -> int:
+    """The exit status of a process that took the lease and was killed holding it (reaped)."""
+    return _lease_holder(path, ttl_s, die=True).wait(timeout=60)
 
 
-def test_a_waiting_holder_gets_the_lease_when_the_first_lets_go(
+def test_the_lease_of_a_killed_run_on_this_machine_is_taken_over_at_once(
     state_backend: StateBackend,
 ) -> None:
     path = state_backend.ledger
-    order: list[str] = []
-
-    def second_run() -> None:
-        with Ledger(path) as ledger, ledger.lease("p", "run-b", wait_s=30, poll_s=0.05):
-            order.append("b")
-
-    with Ledger(path) as ledger:
-        with ledger.lease("p", "run-a"):
-            waiter = threading.Thread(target=second_run)
-            waiter.start()
-            time.sleep(0.3)
-            order.append("a done")
-        waiter.join(timeout=30)
-    assert order == ["a done", "b"]
+    assert _hold_lease_then_die(path, ttl_s=600.0) == -9
+    with Ledger(path) as ledger, ledger.lease("2025-01-01|web", "run-b") as taken:
+        assert taken.owner == "run-b"  # no wait: its holder process is gone
 
 
-def test_other_partitions_are_not_blocked(state_backend: StateBackend) -> None:
-    with (
-        Ledger(state_backend.ledger) as ledger,
-        ledger.lease("p1", "run-a"),
-        ledger.lease("p2", "run-b") as other,
-    ):
-        assert other.partition_key == "p2"
-
-
-def test_the_lease_of_a_killed_run_expires_and_is_taken_over(state_backend: StateBackend) -> None:
+def test_a_killed_holder_not_yet_reaped_is_gone_too(state_backend: StateBackend) -> None:
+    """A zombie (killed, its parent has not waited for it yet) holds nothing."""
     path = state_backend.ledger
-    assert _hold_lease_then_die(path, ttl_s=1.0).returncode == -9
+    holder = _lease_holder(path, ttl_s=600.0, die=True)
+    stat = Path(f"/proc/{holder.pid}/stat")
+    deadline = time.monotonic() + 30
+    while stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.monotonic() < deadline, "the holder never died"
+        time.sleep(0.05)
+    try:
+        with Ledger(path) as ledger, ledger.lease("2025-01-01|web", "run-b") as taken:
+            assert taken.owner == "run-b"
+    finally:
+        assert holder.wait(timeout=30) == -9
+
+
+def test_a_live_holder_in_another_process_keeps_its_lease(state_backend: StateBackend) -> None:
+    path = state_backend.ledger
+    holder = _lease_holder(path, ttl_s=600.0, die=False)
+    try:
+        with (
+            pytest.raises(LeaseHeldError, match="dead-run"),
+            Ledger(path) as ledger,
+            ledger.lease("2025-01-01|web", "run-b"),
+        ):
+            pass
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()  # it lets go and exits
+        assert holder.wait(timeout=60) == 0
+
+
+def test_the_lease_of_a_killed_run_elsewhere_holds_until_it_expires(
+    state_backend: StateBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A holder on another machine (or in another PID namespace): its pid says nothing here, so
+    only its expiry frees the partition."""
+    path = state_backend.ledger
+    monkeypatch.setattr(ledger_module, "_this_machine", lambda: "another-machine/1")
+    assert _hold_lease_then_die(path, ttl_s=600.0) == -9
+    with (
+        pytest.raises(LeaseHeldError, match="dead-run"),
+        Ledger(path) as ledger,
+        ledger.lease("2025-01-01|web", "run-b"),
+    ):
+        pass
+
+
+def test_the_lease_of_a_killed_run_elsewhere_expires_and_is_taken_over(
+    state_backend: StateBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = state_backend.ledger
+    monkeypatch.setattr(ledger_module, "_this_machine", lambda: "another-machine/1")
+    assert _hold_lease_then_die(path, ttl_s=1.0) == -9
     with Ledger(path) as ledger, ledger.lease("2025-01-01|web", "run-b", wait_s=30, poll_s=0.1):
         pass  # taken over once the dead run's ttl passed
 
