@@ -428,7 +428,8 @@ def _killed_worker(module: str, settings: Settings, step: tuple[str, int]) -> No
         "KIMI_BATCH_HOME": str(settings.paths.home),
         CRASH_AT_VARIABLE: f"{step[0]}:kill:{step[1]}",
         # Long enough that a worker starved of CPU for seconds (`make test` runs these tests
-        # niced, beside the llama-server ones) still renews its lease; the rerun waits it out.
+        # niced, beside the llama-server ones) still renews its lease before the crash point;
+        # the rerun takes a dead worker's lease at once.
         "CRASH_NIGHT_TTL_S": str(CRASH_LEASE_TTL_S),
         "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
     }
@@ -444,9 +445,8 @@ def test_a_night_killed_at_a_crash_point_is_whole_after_a_rerun(
     settings: Settings, step: tuple[str, int]
 ) -> None:
     _killed_worker("kimi_batch_tests.support.crash_night", settings, step)
-    run_night(
-        settings, ttl_s=CRASH_LEASE_TTL_S
-    )  # takes the dead worker's lease over once it expires
+    # Takes the dead worker's lease over at once: its holder process has exited.
+    run_night(settings, ttl_s=CRASH_LEASE_TTL_S)
     check_night(settings)
 
 
