@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
@@ -39,3 +40,28 @@ def test_the_architecture_doc_names_no_module_that_is_gone() -> None:
     named = [line.split("`")[1] for line in section.splitlines() if line.startswith("| `")]
     gone = [module for module in named if not _path(module).is_file()]
     assert not gone, f"docs/architecture.md names modules that do not exist: {', '.join(gone)}"
+
+
+def _layer_rows() -> list[tuple[str, str]]:
+    """(package folder, job) of each row of the layers table that names one package."""
+    text = DOC.read_text(encoding="utf-8")
+    rows = []
+    for line in text[: text.index("\n## ", text.index("| # | Package | Job |"))].splitlines():
+        cells = line.split(" | ")
+        if len(cells) == 3 and re.fullmatch(r"`kimi_batch/\w+/`", cells[1]):
+            rows.append((cells[1].strip("`"), cells[2]))
+    return rows
+
+
+def test_the_layers_table_names_only_modules_of_its_package() -> None:
+    """A package's row names its modules in backquotes (`ledger`): each must exist there."""
+    rows = _layer_rows()
+    assert len(rows) >= 10, "the layers table was not found"
+    gone = [
+        f"{folder}{name}"
+        for folder, job in rows
+        for name in re.findall(r"`([a-z_]+)`", job)
+        if not (TESTS.parent / folder / f"{name}.py").is_file()
+        and not (TESTS.parent / folder / name).is_dir()
+    ]
+    assert not gone, f"docs/architecture.md's layers table names modules that do not exist: {gone}"
