@@ -115,33 +115,45 @@ def _this_machine() -> str | None:
     return f"{boot}/{namespace}"
 
 
-def _process_start(pid: int) -> str | None:
-    """When process `pid` started (clock ticks since boot), None when it is gone or a zombie."""
+def _process_stat(pid: int) -> tuple[str, str] | None:
+    """Process `pid`'s state letter and start time (clock ticks since boot), from /proc; None
+    when /proc shows no such process."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     # The command name (field 2) is in parentheses and may hold anything: count after the last ')'.
     fields = stat[stat.rindex(")") + 2 :].split()
-    state, started = fields[0], fields[19]  # fields 3 and 22 of proc_pid_stat(5)
-    return None if state in ("Z", "X") else started
+    return fields[0], fields[19]  # fields 3 and 22 of proc_pid_stat(5)
 
 
 def _this_holder() -> str | None:
     """The `holder` of a lease this process takes: machine|pid|start time."""
     machine, pid = _this_machine(), os.getpid()
-    started = _process_start(pid)
-    return None if machine is None or started is None else f"{machine}|{pid}|{started}"
+    stat = _process_stat(pid)
+    return None if machine is None or stat is None else f"{machine}|{pid}|{stat[1]}"
 
 
 def _holder_gone(holder: object) -> bool:
-    """Whether a lease's holder process ran on this machine and has exited since."""
+    """Whether a lease's holder process ran on this machine and has exited since (a zombie has:
+    it holds nothing, its parent has only not reaped it yet)."""
     if not isinstance(holder, str) or holder.count("|") != 2:
         return False  # a lease of older code, or of a machine without /proc
     machine, pid, started = holder.split("|")
     if machine != _this_machine() or not pid.isdigit():
         return False  # another machine's or container's pid: only its expiry tells
-    return _process_start(int(pid)) != started
+    stat = _process_stat(int(pid))
+    if stat is None:
+        # No such process, or another user's that /proc hides (hidepid): the kernel tells which.
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+    state, started_now = stat
+    return state in ("Z", "X") or started_now != started
 
 
 class LeaseHeldError(KimiBatchError, RuntimeError):

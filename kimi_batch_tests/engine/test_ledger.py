@@ -156,6 +156,27 @@ def test_a_live_holder_in_another_process_keeps_its_lease(state_backend: StateBa
         assert holder.wait(timeout=60) == 0
 
 
+def test_a_live_holder_that_proc_hides_keeps_its_lease(
+    state_backend: StateBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another user's process under /proc's hidepid shows no /proc entry: the kernel still says
+    it runs, so its lease holds."""
+    path = state_backend.ledger
+    holder = _lease_holder(path, ttl_s=600.0, die=False)
+    try:
+        monkeypatch.setattr(ledger_module, "_process_stat", lambda _pid: None)
+        with (
+            pytest.raises(LeaseHeldError, match="dead-run"),
+            Ledger(path) as ledger,
+            ledger.lease("2025-01-01|web", "run-b"),
+        ):
+            pass
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        assert holder.wait(timeout=60) == 0
+
+
 def test_the_lease_of_a_killed_run_elsewhere_holds_until_it_expires(
     state_backend: StateBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
