@@ -82,7 +82,7 @@ _HOLDER_SCRIPT = (
     "from kimi_batch.engine.ledger import Ledger\n"
     "from kimi_batch.paths import StateLocation\n"
     "ledger = Ledger(StateLocation.model_validate_json(sys.argv[1]))\n"
-    "with ledger.lease('2025-01-01|web', 'dead-run', ttl_s=float(sys.argv[2])):\n"
+    "with ledger.lease('2025-01-01|web', 'first-run', ttl_s=float(sys.argv[2])):\n"
     "    print('held', flush=True)\n"
     "    if sys.argv[3] == 'die':\n"
     "        os.kill(os.getpid(), 9)\n"
@@ -140,40 +140,30 @@ def test_a_killed_holder_not_yet_reaped_is_gone_too(state_backend: StateBackend)
         assert holder.wait(timeout=30) == -9
 
 
-def test_a_live_holder_in_another_process_keeps_its_lease(state_backend: StateBackend) -> None:
+def _lease_is_held_by_the_first_run(path: StateLocation) -> None:
+    with (
+        pytest.raises(LeaseHeldError, match="first-run"),
+        Ledger(path) as ledger,
+        ledger.lease("2025-01-01|web", "run-b"),
+    ):
+        pass
+
+
+@pytest.mark.parametrize("proc_shows_it", [True, False], ids=["in-proc", "hidden-from-proc"])
+def test_a_live_holder_in_another_process_keeps_its_lease(
+    state_backend: StateBackend, monkeypatch: pytest.MonkeyPatch, proc_shows_it: bool
+) -> None:
+    """Hidden: another user's process under /proc's hidepid has no /proc entry; the kernel
+    still says it runs, so its lease holds."""
     path = state_backend.ledger
     holder = _lease_holder(path, ttl_s=600.0, die=False)
     try:
-        with (
-            pytest.raises(LeaseHeldError, match="dead-run"),
-            Ledger(path) as ledger,
-            ledger.lease("2025-01-01|web", "run-b"),
-        ):
-            pass
+        if not proc_shows_it:
+            monkeypatch.setattr(ledger_module, "_process_stat", lambda _pid: None)
+        _lease_is_held_by_the_first_run(path)
     finally:
         assert holder.stdin is not None
         holder.stdin.close()  # it lets go and exits
-        assert holder.wait(timeout=60) == 0
-
-
-def test_a_live_holder_that_proc_hides_keeps_its_lease(
-    state_backend: StateBackend, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Another user's process under /proc's hidepid shows no /proc entry: the kernel still says
-    it runs, so its lease holds."""
-    path = state_backend.ledger
-    holder = _lease_holder(path, ttl_s=600.0, die=False)
-    try:
-        monkeypatch.setattr(ledger_module, "_process_stat", lambda _pid: None)
-        with (
-            pytest.raises(LeaseHeldError, match="dead-run"),
-            Ledger(path) as ledger,
-            ledger.lease("2025-01-01|web", "run-b"),
-        ):
-            pass
-    finally:
-        assert holder.stdin is not None
-        holder.stdin.close()
         assert holder.wait(timeout=60) == 0
 
 
@@ -185,12 +175,7 @@ def test_the_lease_of_a_killed_run_elsewhere_holds_until_it_expires(
     path = state_backend.ledger
     monkeypatch.setattr(ledger_module, "_this_machine", lambda: "another-machine/1")
     assert _hold_lease_then_die(path, ttl_s=600.0) == -9
-    with (
-        pytest.raises(LeaseHeldError, match="dead-run"),
-        Ledger(path) as ledger,
-        ledger.lease("2025-01-01|web", "run-b"),
-    ):
-        pass
+    _lease_is_held_by_the_first_run(path)
 
 
 def test_the_lease_of_a_killed_run_elsewhere_expires_and_is_taken_over(
