@@ -12,12 +12,9 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 PACKAGE = TESTS.parent / "kimi_batch"
-# Lower number = lower layer; a module's layer is its longest listed prefix, anything not listed
-# (the entry points: `cli/`, `definitions.py`, `bench/`, the Batch API's server `batch_api/web/`)
-# sits above everything.
-# Lower number = lower layer. Top-level modules not listed here sit above everything.
-# `errors` and `paths` are single modules, `settings` and `state` packages, below everything. The entry points (`cli/`,
-# `definitions.py`, `api/`) sit above everything; the bench is a package of its own (test_bench_boundary.py).
+# Lower number = lower layer; a module's layer is its longest listed prefix. Anything not listed
+# (the entry points: `cli/`, `definitions.py`, the Batch API's server `batch_api/web/`) sits above
+# everything; the bench is a package of its own (test_bench_boundary.py).
 LAYERS = {
     # The ground: the root exception, configuration, the state layout and databases.
     "errors": 0,
