@@ -29,6 +29,7 @@ container) is judged by its expiry alone.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -105,14 +106,15 @@ def _live(row: tuple[object, ...], clock: str, now_clock: float) -> bool:
 # ---- the holder process -------------------------------------------------------------------------
 
 
+@functools.cache
 def _this_machine() -> str | None:
-    """This boot and PID namespace, where a pid names one process; None without Linux's /proc."""
+    """This boot (the state layer's boot id) and PID namespace, where a pid names one process;
+    None without Linux's /proc. Fixed for the life of the process: read once."""
     try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         namespace = os.stat("/proc/self/ns/pid").st_ino
     except OSError:
         return None
-    return f"{boot}/{namespace}"
+    return f"{boot_clock()[0]}/{namespace}"
 
 
 def _process_stat(pid: int) -> tuple[str, str] | None:
@@ -147,10 +149,10 @@ def _holder_gone(holder: object) -> bool:
         # No such process, or another user's that /proc hides (hidepid): the kernel tells which.
         try:
             os.kill(int(pid), 0)
-        except ProcessLookupError:
+        except (ProcessLookupError, OverflowError):  # no such pid (or none that large)
             return True
         except PermissionError:
-            return False
+            pass
         return False
     state, started_now = stat
     return state in ("Z", "X") or started_now != started

@@ -140,6 +140,25 @@ def test_a_killed_holder_not_yet_reaped_is_gone_too(state_backend: StateBackend)
         assert holder.wait(timeout=30) == -9
 
 
+def test_a_holder_pid_no_process_can_have_frees_the_lease(state_backend: StateBackend) -> None:
+    """A holder naming a pid past any the kernel gives (a damaged row) holds nothing, and the
+    check does not crash on it (os.kill raises OverflowError there)."""
+    path = state_backend.ledger
+    with Ledger(path) as ledger:
+        with ledger.lease("2025-01-01|web", "first-run", ttl_s=600.0):
+            pass
+        with ledger.lease("2025-01-01|web", "damaged", ttl_s=600.0) as held:
+            held._stop.set()  # pyright: ignore[reportPrivateUsage] - left held, as by a crash
+            machine = ledger_module._this_machine()  # pyright: ignore[reportPrivateUsage]
+            with connect_state(path) as db:
+                db.execute(
+                    "UPDATE leases SET holder = ? WHERE partition_key = ?",
+                    (f"{machine}|{10**30}|1", "2025-01-01|web"),
+                )
+            with Ledger(path) as other, other.lease("2025-01-01|web", "run-b") as taken:
+                assert taken.owner == "run-b"
+
+
 def _lease_is_held_by_the_first_run(path: StateLocation) -> None:
     with (
         pytest.raises(LeaseHeldError, match="first-run"),
