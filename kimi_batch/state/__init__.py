@@ -2,7 +2,7 @@
 
 The ledger (with the partition leases), the landing manifest, the Batch API store and the quality
 gate's duplicate index each open
-their tables through `connect_state(location)` (`connect`): a SQLite file under the state dir by
+their tables through `connect_state(location)` (`database`): a SQLite file under the state dir by
 default, a schema of the PostgreSQL database `KIMI_BATCH_DATABASE_URL` names when it is set
 (`StatePaths.ledger_state`, `manifest_state`, `api_state`, `dedup_state`). `read_state` opens one for reading
 without creating anything; `copy_store` copies a store's SQLite file into another backend
@@ -12,8 +12,15 @@ store around the commit of a write. Other layers import this facade.
 
 import typing
 
-from kimi_batch.state.connect import connect_state, read_state, shown_location
-from kimi_batch.state.database import Cursor, StateBusyError, StateDatabase, StateError
+from kimi_batch.state.database import (
+    Cursor,
+    StateBusyError,
+    StateDatabase,
+    StateError,
+    connect_state,
+    read_state,
+    shown_location,
+)
 from kimi_batch.state.fence import Fence
 from kimi_batch.state.migrate import StoreCopy, copy_store
 from kimi_batch.state.sqlite import SqliteDatabase, boot_clock

@@ -1,4 +1,5 @@
-"""The one interface of the state databases: the ledger, the manifest and the Batch API store.
+"""The one interface of the state databases (the ledger, the manifest, the Batch API store, the
+duplicate index), and which backend a store opens (`connect_state`, `read_state`).
 
 The stores write their SQL once, in the dialect SQLite and PostgreSQL share: `?` placeholders,
 `INSERT ... ON CONFLICT`, `RETURNING`, and type tokens in their tables (`{real}`, `{int}`,
@@ -17,6 +18,8 @@ from contextlib import AbstractContextManager
 from typing import Any, ClassVar, Protocol
 
 from kimi_batch.errors import KimiBatchError
+from kimi_batch.paths import StateLocation
+from kimi_batch.redaction import masked_url
 
 
 class StateError(KimiBatchError, RuntimeError):
@@ -104,3 +107,39 @@ class StateDatabase(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# ---- which backend a store opens ----------------------------------------------------------------
+
+# Each backend is imported where it is chosen: the backends build on the interface above, and
+# psycopg costs every process that loads the code location ~0.4 s, which the embedded default
+# never uses.
+
+
+def connect_state(location: StateLocation, *, timeout_s: float = 60.0) -> StateDatabase:
+    """The store's database, created if new: its SQLite file, or its PostgreSQL schema."""
+    if location.url is None:
+        from kimi_batch.state.sqlite import SqliteDatabase
+
+        return SqliteDatabase(location.path, timeout_s=timeout_s)
+    from kimi_batch.state.postgres import PostgresDatabase
+
+    return PostgresDatabase(location.url, location.schema_name, timeout_s=timeout_s)
+
+
+def read_state(location: StateLocation) -> StateDatabase | None:
+    """The store for reading only, or None when it was never written (nothing is created)."""
+    if location.url is None:
+        from kimi_batch.state.sqlite import read_sqlite
+
+        return read_sqlite(location.path)
+    from kimi_batch.state.postgres import read_postgres
+
+    return read_postgres(location.url, location.schema_name)
+
+
+def shown_location(location: StateLocation) -> str:
+    """Where the store is, as messages and `status` name it (no password)."""
+    if location.url is None:
+        return str(location.path)
+    return f"{masked_url(location.url)} (schema {location.schema_name})"

@@ -11,8 +11,8 @@ import dagster as dg
 import openai
 import pytest
 
-import kimi_batch.definitions  # noqa: F401  (imported ahead: module code is not the trip)
 from kimi_batch.batch_api import ApiStore, BatchRecord
+from kimi_batch.definitions import build_resources
 from kimi_batch.settings import Settings
 from kimi_batch_tests.support.api_server import serving_api
 from kimi_batch_tests.support.batches import answered, chat_line, jsonl, validated
@@ -27,10 +27,13 @@ KEY = "sk-trace-key"
 # logic to pipeline/ and batch_api/ (landed, checks, server, interrupts, runs; defs keeps thin
 # wrappers over them); 54 once batch_api/ was one module per concept (its 17 on the trip, 9 of
 # the package and 8 of web/, became 5: lines, store, lifecycle, web/app, web/guard); 35 once
-# defs/, pipeline/ and storage/ did the same. A ratchet, so the trip only gets shorter from here;
-# the issue's goal is at most 12 modules in at most 3 packages.
-MAX_MODULES = 35
-MAX_PACKAGES = 12
+# defs/, pipeline/ and storage/ did the same; 31 in 10 once a stage the quality gate does not
+# screen stopped opening it (quality/'s 2), the state database picked its own backend, and the
+# resources were built ahead of the trip, as the code location builds them once. A ratchet, so
+# the trip only gets shorter from here; the issue's goal is at most 12 modules in at most 3
+# packages.
+MAX_MODULES = 31
+MAX_PACKAGES = 10
 
 
 def test_one_batch_api_line_runs_few_modules(
@@ -38,6 +41,8 @@ def test_one_batch_api_line_runs_few_modules(
 ) -> None:
     monkeypatch.setenv("KIMI_BATCH_API_KEY", KEY)
     settings = Settings.from_env()
+    # The resources are built ahead, as the code location builds them once: not the trip.
+    resources = build_resources(settings)
     # The server starts inside the trace: a profile reaches only the threads started after it.
     with dg.instance_for_test() as instance, traced() as trace, serving_api(settings) as url:
         client = openai.OpenAI(base_url=url, api_key=KEY, max_retries=0)
@@ -52,7 +57,7 @@ def test_one_batch_api_line_runs_few_modules(
         )
         validated(client, batch)
         record = _record(settings, batch.id)
-        answered(settings, instance, record)
+        answered(settings, instance, record, resources)
         done = client.batches.retrieve(batch.id)
         assert done.output_file_id is not None
         (line,) = client.files.content(done.output_file_id).text.splitlines()

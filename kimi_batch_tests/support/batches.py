@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import dagster as dg
@@ -76,10 +77,13 @@ def landed_batch(
 
 
 def answered(
-    settings: Settings, instance: dg.DagsterInstance, batch: BatchRecord
+    settings: Settings,
+    instance: dg.DagsterInstance,
+    batch: BatchRecord,
+    resources: Mapping[str, object] | None = None,
 ) -> dict[str, Any]:
     """Run the batch's partition of `api_batch_responses` in process (it must succeed); the
-    values of its materialization's metadata."""
+    values of its materialization's metadata. `resources` default to the deployment's."""
     from kimi_batch.definitions import build_resources
     from kimi_batch.defs.assets.api_batch import api_batch_responses
     from kimi_batch.defs.partitions import API_BATCH_PARTITIONS_NAME
@@ -88,7 +92,7 @@ def answered(
     result = dg.materialize(
         [api_batch_responses],
         partition_key=batch.id,
-        resources=build_resources(settings),
+        resources=resources or build_resources(settings),
         instance=instance,
     )
     (materialization,) = result.asset_materializations_for_node("api_batch_responses")

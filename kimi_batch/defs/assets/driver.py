@@ -244,7 +244,8 @@ class _StepRun:
             results,
             store=self.store,
             trino=self.resources.trino,
-            gate=self.resources.warehouse.quality_gate(),
+            # Only a gated stage's rows pass the gate: another opens no duplicate index.
+            gate=self.resources.warehouse.quality_gate() if plan.task.quality_gated else None,
         )
         tables = [plan.task.table, "quarantine"]
         return self.landing.landed(dg.AssetKey(asset), key, tables, held, written)
