@@ -182,8 +182,8 @@ def run_dagster(settings: Settings, inbox_name: str, max_tokens: int, seed: int)
 
     from kimi_batch.definitions import batch_assets, build_resources
     from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, SOURCE_PARTITIONS_NAME
+    from kimi_batch.inputs import Landing
     from kimi_batch.pipeline import DISTILL, SEED_ASSET
-    from kimi_batch.storage import Landing
 
     if settings.paths.warehouse_url is not None:
         # The bench empties its warehouse between contenders: a folder of its own, never a

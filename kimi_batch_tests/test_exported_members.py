@@ -58,12 +58,14 @@ def test_the_facades_hold_what_the_upper_layers_use() -> None:
     assert {"LlamaClient", "ChatMessage", "TokenLogprob", "LlamaError"} <= set(llama.__all__)
     assert {"BatchEngine", "GenerationRequest", "Ledger", "SlotWarmer"} <= set(engine.__all__)
     assert {"GenerationTask", "StageSink", "QuarantineRow", "STAGES"} <= set(pipeline.__all__)
-    assert {"Landing", "StorageError"} <= set(storage.__all__)
+    assert {"BlobStore", "StorageError", "private_writer"} <= set(storage.__all__)
     assert {"StateDatabase", "connect_state", "read_state", "StateError"} <= set(state.__all__)
     assert {"Warehouse", "PartitionWrite", "open_warehouse", "TrinoReader", "TABLES"} <= set(
         warehouse.__all__
     )
-    assert {"SeedPrompt", "InputReader", "scan_inbox"} <= set(inputs.__all__)
+    assert {"SeedPrompt", "InputReader", "scan_inbox", "Landing", "plan_inbox_tick"} <= set(
+        inputs.__all__
+    )
     assert {"QualityGate", "DedupIndex", "normalize_text"} <= set(quality.__all__)
     assert {"ApiStore", "BatchRequestLine", "validate_batch"} <= set(batch_api.__all__)
     assert {"create_app", "serve"} <= set(web.__all__)

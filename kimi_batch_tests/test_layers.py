@@ -23,15 +23,15 @@ LAYERS = {
     "settings": 0,
     "paths": 0,
     "state": 0,
+    # The file primitives the features share (owner-only writes, content-addressed blobs).
+    "storage": 0,
     "llama": 1,
     "engine": 2,
     # One package per feature, side by side, none of them Dagster: what comes in, what is
-    # generated, its quality, where it is kept, the Batch API, what a trainer reads. `storage`
-    # holds the shared file primitives and the landed inputs.
+    # generated, its quality, where it is kept, the Batch API, what a trainer reads.
     "inputs": 3,
     "pipeline": 3,
     "quality": 3,
-    "storage": 3,
     "warehouse": 3,
     "batch_api": 3,
     "exports": 3,

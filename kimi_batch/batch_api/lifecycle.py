@@ -82,9 +82,10 @@ from kimi_batch.batch_api.store import (
     process_owner,
 )
 from kimi_batch.engine import BatchOutcome, GenerationResult, Ledger, PlannedRow, row_request_id
+from kimi_batch.inputs import Assignment, Landing
 from kimi_batch.pipeline import BatchControls
 from kimi_batch.settings import Settings
-from kimi_batch.storage import Assignment, Landing, StorageError
+from kimi_batch.storage import StorageError
 
 # ---- validation ------------------------------------------------------------------------------
 

@@ -14,11 +14,10 @@ from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, SOURCE_
 from kimi_batch.defs.resources import DigestResource
 from kimi_batch.engine import ProgressEvent, notify
 from kimi_batch.errors import MissingInputError
-from kimi_batch.inputs import inspect_inbox_file
+from kimi_batch.inputs import Assignment, Landing, inspect_inbox_file, wait_until_settled
 from kimi_batch.llama import server_from_settings
 from kimi_batch.pipeline import STAGE_DECLARATIONS
 from kimi_batch.settings import Settings, samples_dir
-from kimi_batch.storage import Assignment, Landing, wait_until_settled
 
 DIGEST_LABEL = "digest: prefill once, restore into every slot"
 # The instance settings the demo writes into a Dagster home that has none: telemetry off, so a

@@ -40,7 +40,7 @@ def migrate_state(settings: Settings, url: str) -> list[StoreCopy]:
     # Imported when run: the CLI's other commands start without the storage layer.
     from kimi_batch.batch_api import ApiStore
     from kimi_batch.engine import Ledger
-    from kimi_batch.storage import Landing
+    from kimi_batch.inputs import Landing
     from kimi_batch.warehouse import CatalogSpec, open_catalog
 
     try:

@@ -57,7 +57,7 @@ from kimi_batch.defs.partition_states import (
 )
 from kimi_batch.defs.schedules import NIGHT_TAG, TRIGGER_TAG, build_nightly_schedule
 from kimi_batch.engine import Ledger, load_digest
-from kimi_batch.inputs import InboxFile, scan_inbox
+from kimi_batch.inputs import InboxFile, landed_versions, scan_inbox, still_changing
 from kimi_batch.llama import (
     AttachedServer,
     LlamaClient,
@@ -70,7 +70,7 @@ from kimi_batch.llama import (
 from kimi_batch.pipeline import PartitionRecord, PartitionState, stage_of_tag
 from kimi_batch.settings import Settings
 from kimi_batch.state import StateError, shown_location
-from kimi_batch.storage import StorageError, landed_versions, still_changing
+from kimi_batch.storage import StorageError
 
 _DIGEST_PREFILL = dg.AssetKey("digest_prefill")
 # What a section that cannot be read fails with (corrupted sqlite files, an unreadable instance).

@@ -22,6 +22,7 @@ from kimi_batch.defs.partition_states import (
     run_progress,
 )
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION
+from kimi_batch.inputs import Landing
 from kimi_batch.pipeline import (
     DEFAULT_NIGHT_ENDS,
     NightReport,
@@ -33,7 +34,6 @@ from kimi_batch.pipeline import (
     trino_problem,
 )
 from kimi_batch.settings import Settings
-from kimi_batch.storage import Landing
 
 # The name Dagster's freshness-check factory gives its check.
 FRESHNESS_CHECK = "freshness_check"

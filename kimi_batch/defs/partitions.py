@@ -5,7 +5,7 @@ clock), so the nightly schedule can ask for exactly that day's batches and backf
 date ranges; the source dimension is dynamic because inbox files are discovered at run time (the
 sensor adds them). The dates start at KIMI_BATCH_PARTITIONS_START, by default the day this state
 dir was first used, so a new install shows no year of empty partitions; an input dated earlier
-lands on the first day instead of being dropped (`kimi_batch.storage.landing`).
+lands on the first day instead of being dropped (`kimi_batch.inputs.landing`).
 
 The date dimension depends on the deployment, so it is built from a `Settings` (by the defs
 modules, from `kimi_batch.defs.deployment`), never at import: importing this module reads no

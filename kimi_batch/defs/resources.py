@@ -10,11 +10,11 @@ import dagster as dg
 from pydantic import Field
 
 from kimi_batch.engine import DigestLintError, Ledger, SystemDigest, lint_digest, load_digest
+from kimi_batch.inputs import Landing
 from kimi_batch.paths import StatePaths
 from kimi_batch.pipeline import LlamaDeployment
 from kimi_batch.quality import QualityGate
 from kimi_batch.settings import Settings
-from kimi_batch.storage import Landing
 from kimi_batch.warehouse import Warehouse, open_warehouse
 
 

@@ -1,7 +1,7 @@
 """The inbox sensor: a new or changed input file starts `ingest_job` for its partition.
 
-What a tick asks for, and under which run key, is `kimi_batch.storage.plan_inbox_tick` (see
-`storage/inbox_tick.py`); here it runs on the sensor's cursor and instance, and its requests
+What a tick asks for, and under which run key, is `kimi_batch.inputs.plan_inbox_tick` (see
+`inputs/inbox_tick.py`); here it runs on the sensor's cursor and instance, and its requests
 become Dagster run requests with the file's source partition added.
 
 The sensor starts STOPPED unless `KIMI_BATCH_INBOX_SENSOR_STATUS=running`: a sensor that starts
@@ -23,12 +23,10 @@ from kimi_batch.defs.partitions import (
     build_date_partitions,
     source_partitions,
 )
-from kimi_batch.inputs import scan_inbox
-from kimi_batch.settings import Settings
-from kimi_batch.storage import HASH_BUDGET_S as TICK_HASH_BUDGET_S
-from kimi_batch.storage import LAND_BUDGET_S as TICK_LAND_BUDGET_S
-from kimi_batch.storage import SETTLE_S as LANDING_SETTLE_S
-from kimi_batch.storage import (
+from kimi_batch.inputs import HASH_BUDGET_S as TICK_HASH_BUDGET_S
+from kimi_batch.inputs import LAND_BUDGET_S as TICK_LAND_BUDGET_S
+from kimi_batch.inputs import SETTLE_S as LANDING_SETTLE_S
+from kimi_batch.inputs import (
     InboxCursor,
     InboxRequest,
     IngestRun,
@@ -36,7 +34,9 @@ from kimi_batch.storage import (
     land_for_any_host,
     landing_retries,
     plan_inbox_tick,
+    scan_inbox,
 )
+from kimi_batch.settings import Settings
 
 FILE_TAG = "kimi_batch/inbox_file"
 SHA256_TAG = "kimi_batch/sha256"

@@ -9,7 +9,7 @@ Only the inbox itself and its `YYYY-MM-DD/` folders are read: other folders (`pr
 staging area...) are left alone, as are dotfiles, editor/partial-upload names and unknown
 extensions, so uploads written under a temporary name and renamed at the end are never seen half
 written. Which partition a file belongs to is decided once, when it is first seen, by the landing
-manifest (`kimi_batch.storage.landing`); this module only lists and inspects.
+manifest (`kimi_batch.inputs.landing`); this module only lists and inspects.
 
 Three kinds of entries are refused without reading a byte of them, and quarantined with the
 reason: a name that is not valid UTF-8 (it is shown by a safe, escaped name), a symlink whose

@@ -11,7 +11,7 @@ yet (the sensor was off) are assigned to the day that just ended first.
 
 The night looks at the inbox itself, sensor or not (`known_partitions`): every settled inbox file
 is hashed before the night decides, and one whose content is not its partition's newest landed
-version is landed as a new version (`storage.land_inbox`), so a file rewritten under the same
+version is landed as a new version (`inputs.land_inbox`), so a file rewritten under the same
 name, or reverted (A -> B -> A lands A again), makes its partition stale and asked for. A file
 still changing is not waited for: it is named, and the next tick lands it.
 
@@ -30,10 +30,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kimi_batch.inputs import SETTLE_S, Assignment, InboxLanding, Landing, land_inbox
 from kimi_batch.pipeline.driver import HeldPartition, PartitionResult, split_partition_key
 from kimi_batch.quality import rescreen_partitions
 from kimi_batch.settings import Settings
-from kimi_batch.storage import SETTLE_S, Assignment, InboxLanding, Landing, land_inbox
 
 # Requests in flight at the window's end are allowed to finish: on the target one answer after a
 # long prompt can take most of an hour.

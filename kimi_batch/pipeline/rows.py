@@ -2,7 +2,7 @@
 
 Parquet files and Trino tables share these schemas. The Hive partition columns `ds` and `source`
 live in the directory path (`table/ds=YYYY-MM-DD/source=NAME/`), never inside the files, so they
-are not fields here; `kimi_batch.storage` adds them where a reader needs them.
+are not fields here; `kimi_batch.warehouse` adds them where a reader needs them.
 
 A quarantine row is built by one builder for every stage (`set_aside_row`, `failure_rows`,
 `result_row`): input rows, unusable outputs, failed requests, each with its reason.

@@ -10,14 +10,14 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from kimi_batch.engine import SystemDigest
-from kimi_batch.inputs import InputReader
+from kimi_batch.inputs import InputReader, Landing, ResolvedInput, land_input, resolve_partition
 from kimi_batch.pipeline.driver import HeldPartition, PartitionSkippedError
 from kimi_batch.pipeline.landed import consumed_input_sha
 from kimi_batch.pipeline.prompt_length import check_prompt_lengths
 from kimi_batch.pipeline.rows import file_row
 from kimi_batch.pipeline.server import InterruptibleRunner, LlamaDeployment
 from kimi_batch.settings import Settings
-from kimi_batch.storage import Landing, ResolvedInput, StorageError, land_input, resolve_partition
+from kimi_batch.storage import StorageError
 from kimi_batch.warehouse import PartitionWrite, Warehouse
 
 

@@ -17,14 +17,12 @@ from kimi_batch.cli.export import ExportRequest, run_export
 from kimi_batch.cli.exports.selection import ExportQuery
 from kimi_batch.engine import SystemDigest, fold_instructions, load_digest
 from kimi_batch.errors import ConfigError, MissingInputError
+from kimi_batch.inputs import Landing
+from kimi_batch.inputs.landing import LandedVersion
 from kimi_batch.inputs.prompts import SeedPrompt, seed_rows
 from kimi_batch.inputs.reader import iter_inbox_rows
 from kimi_batch.pipeline import DistilledRow
 from kimi_batch.settings import Settings, default_model_path
-from kimi_batch.storage import (
-    Landing,
-)
-from kimi_batch.storage.landing import LandedVersion
 from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.batches import chat_line, jsonl, landed_batch
 from kimi_batch_tests.support.exports import (

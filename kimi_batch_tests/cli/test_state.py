@@ -17,9 +17,9 @@ from kimi_batch.cli.state import migrate_state
 from kimi_batch.definitions import batch_assets, build_resources
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
 from kimi_batch.engine import Ledger
+from kimi_batch.inputs import Landing
 from kimi_batch.paths import StatePaths
 from kimi_batch.settings import Settings
-from kimi_batch.storage import Landing
 from kimi_batch.warehouse import open_warehouse
 from kimi_batch_tests.support.batches import chat_line, jsonl, landed_batch
 from kimi_batch_tests.support.engine import server_tasks

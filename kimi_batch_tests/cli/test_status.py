@@ -27,8 +27,8 @@ from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, build_b
 from kimi_batch.defs.schedules import NIGHT_TAG, TRIGGER_TAG
 from kimi_batch.engine.ledger import Ledger
 from kimi_batch.engine.stats import ProgressEvent
+from kimi_batch.inputs.landing import Landing
 from kimi_batch.settings import Settings
-from kimi_batch.storage.landing import Landing
 from kimi_batch_tests.support.night_standin import failing_night_job
 from kimi_batch_tests.support.ports import free_port
 from kimi_batch_tests.support.repo import REPO_ROOT

@@ -21,10 +21,10 @@ import pytest
 
 from kimi_batch.cli.status import collect_status
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, build_batch_partitions
+from kimi_batch.inputs.landing import Landing
 from kimi_batch.llama import ResidentServer, server_from_settings
 from kimi_batch.llama.process import PidRecord, process_start_ticks
 from kimi_batch.settings import Settings
-from kimi_batch.storage.landing import Landing
 from kimi_batch_tests.support.ports import free_port
 from kimi_batch_tests.support.repo import REPO_ROOT
 

@@ -23,8 +23,8 @@ from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME, nightly_run_
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, build_batch_partitions
 from kimi_batch.defs.schedules import report_idle_night
 from kimi_batch.engine.stats import ProgressEvent
+from kimi_batch.inputs.landing import Landing
 from kimi_batch.settings import Settings
-from kimi_batch.storage.landing import Landing
 from kimi_batch_tests.support.night_standin import LOST_REASON, failing_night_job
 from kimi_batch_tests.support.ports import free_port
 from kimi_batch_tests.support.webhook import Receiver

@@ -32,10 +32,8 @@ from kimi_batch.definitions import build_definitions
 from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME, nightly_run_config
 from kimi_batch.defs.night_versions import PARTITION_VERSIONS_JOB
 from kimi_batch.engine import row_request_id
+from kimi_batch.inputs import Landing
 from kimi_batch.settings import Settings
-from kimi_batch.storage import (
-    Landing,
-)
 from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.llama_server import LlamaEnv
 from kimi_batch_tests.support.repo import REPO_ROOT

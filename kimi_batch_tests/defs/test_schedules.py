@@ -16,10 +16,10 @@ import pytest
 
 from kimi_batch.defs import schedules
 from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME
+from kimi_batch.inputs import partition_input
+from kimi_batch.inputs.landing import Landing
 from kimi_batch.quality import IndexedText, QualityGate
 from kimi_batch.settings import Settings
-from kimi_batch.storage import partition_input
-from kimi_batch.storage.landing import Landing
 from kimi_batch_tests.support.repo import REPO_ROOT
 from kimi_batch_tests.support.standins import standin_definitions
 

@@ -29,11 +29,11 @@ import kimi_batch.inputs.inbox as inbox_module
 from kimi_batch.defs import sensors
 from kimi_batch.defs.sensors import FILE_TAG, build_inbox_sensor
 from kimi_batch.inputs.inbox import InboxFile, file_sha256, scan_inbox
+from kimi_batch.inputs.inbox_tick import InboxCursor, plan_inbox_tick
+from kimi_batch.inputs.landing import Assignment, Landing
+from kimi_batch.inputs.partition_input import LandingIOError
 from kimi_batch.paths import StatePaths
 from kimi_batch.settings import Settings
-from kimi_batch.storage.inbox_tick import InboxCursor, plan_inbox_tick
-from kimi_batch.storage.landing import Assignment, Landing
-from kimi_batch.storage.partition_input import LandingIOError
 from kimi_batch_tests.support.inbox_files import put
 from kimi_batch_tests.support.postgres import PostgresServer
 from kimi_batch_tests.support.standins import standin_definitions

@@ -12,8 +12,8 @@ from typing import BinaryIO
 
 import pytest
 
+from kimi_batch.inputs import Landing, land_inbox, partition_input
 from kimi_batch.settings import Settings
-from kimi_batch.storage import Landing, land_inbox, partition_input
 from kimi_batch_tests.support.postgres import StateBackend
 
 DAY = date(2025, 6, 1)

@@ -7,9 +7,9 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
+from kimi_batch.inputs.landing import Assignment
 from kimi_batch.pipeline.night import BatchPartition, night_ds, nightly_partitions, window_end
 from kimi_batch.settings import Settings
-from kimi_batch.storage.landing import Assignment
 
 NIGHT = datetime(2025, 6, 2, 2, 0, tzinfo=UTC)  # the night after June 1
 

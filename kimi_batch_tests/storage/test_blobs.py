@@ -13,9 +13,10 @@ import pytest
 
 import kimi_batch.storage.blobs as blobs_module
 from kimi_batch.batch_api import ApiStore
+from kimi_batch.inputs import Landing
 from kimi_batch.paths import StatePaths
 from kimi_batch.state import connect_state
-from kimi_batch.storage import Landing, StorageError
+from kimi_batch.storage import StorageError
 from kimi_batch.storage.blobs import BlobStore
 from kimi_batch_tests.support.postgres import PostgresServer
 

@@ -33,17 +33,12 @@ from kimi_batch.defs.assets.landing import land_stage
 from kimi_batch.defs.resources import TrinoResource, WarehouseResource
 from kimi_batch.engine import GenerationResult, Ledger, row_request_id
 from kimi_batch.engine.generation import request_key
+from kimi_batch.inputs import Landing, land_inbox, land_input, resolve_partition
 from kimi_batch.inputs.prompts import InputBatch, SeedPrompt
 from kimi_batch.inputs.reader import InputReader
 from kimi_batch.pipeline import INPUT_STAGE, DistillTask, HeldPartition, StagePlan
 from kimi_batch.quality.dedup_index import index_entries
 from kimi_batch.settings import Settings
-from kimi_batch.storage import (
-    Landing,
-    land_inbox,
-    land_input,
-    resolve_partition,
-)
 from kimi_batch.warehouse import Warehouse, newest_snapshots, open_warehouse, tag_night
 from kimi_batch_tests.support.quality import outcome_of
 from kimi_batch_tests.support.results import make_result

@@ -30,10 +30,10 @@ from kimi_batch.defs.partitions import build_batch_partitions, partition_parts
 from kimi_batch.defs.schedules import build_nightly_schedule
 from kimi_batch.defs.sensors import build_inbox_sensor
 from kimi_batch.inputs.inbox import file_sha256, inspect_inbox_file
+from kimi_batch.inputs.landing import Landing
+from kimi_batch.inputs.partition_input import resolve_partition
 from kimi_batch.pipeline import split_partition_key
 from kimi_batch.settings import Settings
-from kimi_batch.storage.landing import Landing
-from kimi_batch.storage.partition_input import resolve_partition
 
 __all__ = ["STANDIN_DEFS", "STANDIN_SLEEP_ENV", "StandinNightConfig", "standin_definitions"]
 

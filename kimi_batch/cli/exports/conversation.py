@@ -31,11 +31,11 @@ from kimi_batch.cli.exports.selection import PartitionRows, is_batch_source
 from kimi_batch.engine import SystemDigest, fold_instructions
 from kimi_batch.errors import ConfigError, MissingInputError
 from kimi_batch.exports import TrainingOptions, assistant_message, trainer_row
-from kimi_batch.inputs import SeedPrompt, iter_inbox_rows
+from kimi_batch.inputs import Landing, SeedPrompt, iter_inbox_rows
 from kimi_batch.llama import TokenLogprob
 from kimi_batch.pipeline import DistilledRow
 from kimi_batch.settings import Settings
-from kimi_batch.storage import Landing, StorageError
+from kimi_batch.storage import StorageError
 
 
 class ChatTurn(BaseModel):

@@ -34,12 +34,10 @@ from kimi_batch.exports import (
     build_card,
     quarantine_counts,
 )
+from kimi_batch.inputs import landed_versions
 from kimi_batch.paths import PRIVATE_FILE_MODE
 from kimi_batch.settings import Settings
-from kimi_batch.storage import (
-    landed_versions,
-    private_folder_swap,
-)
+from kimi_batch.storage import private_folder_swap
 from kimi_batch.warehouse import Warehouse
 
 CARD = "README.md"

@@ -22,6 +22,7 @@ from kimi_batch.defs.resources import (
     TrinoResource,
     WarehouseResource,
 )
+from kimi_batch.inputs import ResolvedInput
 from kimi_batch.pipeline import (
     SEED_ASSET,
     STAGE_DECLARATIONS,
@@ -35,7 +36,6 @@ from kimi_batch.pipeline import (
     write_seeds,
 )
 from kimi_batch.settings import Settings
-from kimi_batch.storage import ResolvedInput
 
 
 class SeedConfig(dg.Config):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.inputs import (
+from kimi_batch.inputs.inbox import (
     InboxFile,
     InboxLinkError,
     NotRegularFileError,
@@ -20,15 +20,15 @@ from kimi_batch.inputs import (
     scan_inbox,
     sha256_of,
 )
-from kimi_batch.settings import Settings
-from kimi_batch.storage.exceptions import StorageError
-from kimi_batch.storage.landing import Assignment, FileStat, LandedVersion, Landing
-from kimi_batch.storage.snapshot import (
+from kimi_batch.inputs.landing import Assignment, FileStat, LandedVersion, Landing
+from kimi_batch.inputs.snapshot import (
     SETTLE_S,
     InputNotSettledError,
     InputTooLargeError,
     still_changing,
 )
+from kimi_batch.settings import Settings
+from kimi_batch.storage import StorageError
 
 _log = logging.getLogger(__name__)
 

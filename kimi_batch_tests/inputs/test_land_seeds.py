@@ -7,9 +7,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from kimi_batch.inputs.prompts import InputBatch, ParamOverrides, SeedPrompt
+from kimi_batch.inputs.seeds import land_seeds
 from kimi_batch.llama import ChatMessage
 from kimi_batch.pipeline import QuarantineRow
-from kimi_batch.storage.seeds import land_seeds
 from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.rows import CREATED_AT
 

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from kimi_batch.crash_points import crash_point
-from kimi_batch.inputs import InputBatch, SeedPrompt, seed_rows
+from kimi_batch.inputs.landing import Landing
+from kimi_batch.inputs.prompts import InputBatch, SeedPrompt, seed_rows
 from kimi_batch.pipeline import INPUT_STAGE, QuarantineRow, SeedRow, input_row
 from kimi_batch.state import Fence
-from kimi_batch.storage.landing import Landing
 
 if TYPE_CHECKING:
     from kimi_batch.warehouse import PartitionWrite, Warehouse

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from kimi_batch.inputs import partition_input
 from kimi_batch.inputs.inbox import InboxFile
+from kimi_batch.inputs.landing import Landing
+from kimi_batch.inputs.partition_input import land_inbox, resolve_input
 from kimi_batch.paths import StatePaths
-from kimi_batch.storage import partition_input
-from kimi_batch.storage.landing import Landing
-from kimi_batch.storage.partition_input import land_inbox, resolve_input
 from kimi_batch_tests.support.postgres import StateBackend
 
 START = date(2025, 1, 1)

@@ -36,10 +36,10 @@ from collections.abc import Callable, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 
-from kimi_batch.inputs import InboxFile
-from kimi_batch.storage.exceptions import StorageError
-from kimi_batch.storage.landing import Assignment, Landing
-from kimi_batch.storage.snapshot import SETTLE_S, still_changing
+from kimi_batch.inputs.inbox import InboxFile
+from kimi_batch.inputs.landing import Assignment, Landing
+from kimi_batch.inputs.snapshot import SETTLE_S, still_changing
+from kimi_batch.storage import StorageError
 
 # Sensor evaluation is cut off after 60 s by default; hashing stops after this long and the rest
 # of the files are picked up next tick (the cursor keeps what was done).

@@ -6,10 +6,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kimi_batch.inputs.inbox import InboxFile, file_sha256, scan_inbox
+from kimi_batch.inputs.inbox_tick import InboxCursor, plan_inbox_tick
+from kimi_batch.inputs.landing import Assignment, Landing
 from kimi_batch.paths import StatePaths
 from kimi_batch.settings import Settings
-from kimi_batch.storage.inbox_tick import InboxCursor, plan_inbox_tick
-from kimi_batch.storage.landing import Assignment, Landing
 from kimi_batch_tests.support.inbox_files import put
 
 DAY = "2025-06-01"

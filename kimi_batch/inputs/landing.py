@@ -29,12 +29,11 @@ from typing import Any, BinaryIO
 from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.crash_points import crash_point
-from kimi_batch.inputs import InboxFile, open_regular, sanitize_source, scan_inbox, short_hash
+from kimi_batch.inputs.inbox import InboxFile, open_regular, sanitize_source, scan_inbox, short_hash
+from kimi_batch.inputs.snapshot import SETTLE_S, copy_snapshot
 from kimi_batch.paths import StatePaths, private_dir
 from kimi_batch.state import StateError, connect_state, read_state
-from kimi_batch.storage.blobs import BlobStore, SharedBlobs
-from kimi_batch.storage.exceptions import StorageError
-from kimi_batch.storage.snapshot import SETTLE_S, copy_snapshot
+from kimi_batch.storage import BlobStore, SharedBlobs, StorageError
 
 # (size, mtime_ns, inode, ctime_ns) of a file: a content rewritten in place changes the ctime
 # at least, one renamed over it the inode.

@@ -13,8 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.crash_points import crash_point
 from kimi_batch.paths import PRIVATE_FILE_MODE
-from kimi_batch.storage.exceptions import StorageError
-from kimi_batch.storage.private_files import remove_stale_temps, temp_name
+from kimi_batch.storage import StorageError, remove_stale_temps, temp_name
 
 # ---- whether a file has settled -----------------------------------------------------------------
 
