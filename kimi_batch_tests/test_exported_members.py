@@ -20,6 +20,7 @@ FACADES = [
     "kimi_batch.quality",
     "kimi_batch.batch_api",
     "kimi_batch.batch_api.web",
+    "kimi_batch.exports",
 ]
 
 
@@ -52,7 +53,7 @@ def test_every_exported_class_and_function_is_defined_in_the_package(name: str) 
 
 def test_the_facades_hold_what_the_upper_layers_use() -> None:
     """A few names per layer that the tasks, storage and Dagster layers build on."""
-    llama, engine, pipeline, storage, state, warehouse, inputs, quality, batch_api, web = (
+    llama, engine, pipeline, storage, state, warehouse, inputs, quality, batch_api, web, exports = (
         _facade(name) for name in FACADES
     )
     assert {"LlamaClient", "ChatMessage", "TokenLogprob", "LlamaError"} <= set(llama.__all__)
@@ -69,3 +70,4 @@ def test_the_facades_hold_what_the_upper_layers_use() -> None:
     assert {"QualityGate", "DedupIndex", "normalize_text"} <= set(quality.__all__)
     assert {"ApiStore", "BatchRequestLine", "validate_batch"} <= set(batch_api.__all__)
     assert {"create_app", "serve"} <= set(web.__all__)
+    assert {"ExportQuery", "write_hf", "trainer_row"} <= set(exports.__all__)

@@ -147,6 +147,7 @@ FACADES = (
     "quality",
     "batch_api",
     "batch_api.web",
+    "exports",
 )
 
 

@@ -117,8 +117,7 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
 
 def _export(args: argparse.Namespace, settings: Settings) -> int:
     from kimi_batch.cli.export import ExportRequest, run_export
-    from kimi_batch.cli.exports.selection import ExportQuery
-    from kimi_batch.exports import CardOptions, TrainingOptions
+    from kimi_batch.exports import CardOptions, ExportQuery, TrainingOptions
 
     if args.date and (args.since or args.until):
         raise ConfigError("--date is one day: use it without --since and --until")

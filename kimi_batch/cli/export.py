@@ -34,29 +34,26 @@ from typing import Any, TextIO
 from pydantic import BaseModel, ConfigDict
 
 from kimi_batch.batch_api import AnsweredRequest, error_line, response_line
-from kimi_batch.cli.exports.conversation import (
-    BuildExamples,
-    ExportExample,
-    SystemTexts,
-    example_builder,
-)
-from kimi_batch.cli.exports.hf import push_to_hub, write_hf
-from kimi_batch.cli.exports.selection import (
-    ExportQuery,
-    PartitionRows,
-    read_selection,
-    select_partitions,
-)
 from kimi_batch.crash_points import crash_point
 from kimi_batch.engine import load_digest
 from kimi_batch.errors import ConfigError, MissingInputError
 from kimi_batch.exports import (
+    BuildExamples,
     CardOptions,
+    ExportExample,
+    ExportQuery,
+    PartitionRows,
+    SystemTexts,
     TokenizerIdentity,
     TrainingOptions,
+    example_builder,
     kd_line,
+    push_to_hub,
+    read_selection,
+    select_partitions,
     system_side_file,
     tokenizer_identity,
+    write_hf,
 )
 from kimi_batch.llama import TokenLogprob, ToolCall
 from kimi_batch.paths import private_dir

@@ -14,7 +14,7 @@ import pytest
 
 from kimi_batch.cli.commands import main
 from kimi_batch.cli.export import ExportRequest, export_partition, run_export
-from kimi_batch.cli.exports.selection import ExportQuery
+from kimi_batch.exports import ExportQuery
 from kimi_batch.settings import Settings
 from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.exports import DAYS, QUARANTINE_REASONS, SOURCES, build_warehouse

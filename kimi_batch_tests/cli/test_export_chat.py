@@ -14,9 +14,9 @@ from gguf import GGUFReader
 
 from kimi_batch.cli.commands import main
 from kimi_batch.cli.export import ExportRequest, run_export
-from kimi_batch.cli.exports.selection import ExportQuery
 from kimi_batch.engine import SystemDigest, fold_instructions, load_digest
 from kimi_batch.errors import ConfigError, MissingInputError
+from kimi_batch.exports import ExportQuery
 from kimi_batch.inputs import Landing
 from kimi_batch.inputs.landing import LandedVersion
 from kimi_batch.inputs.prompts import SeedPrompt, seed_rows

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from kimi_batch.cli.export import ExportRequest, run_export
-from kimi_batch.cli.exports.selection import ExportQuery
 from kimi_batch.engine import load_digest
 from kimi_batch.errors import ConfigError, MissingInputError
+from kimi_batch.exports import ExportQuery
 from kimi_batch.settings import Settings
 from kimi_batch_tests.support.exports import (
     DAYS,

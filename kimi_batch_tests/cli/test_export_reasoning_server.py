@@ -18,8 +18,7 @@ import datasets
 import pytest
 
 from kimi_batch.cli.export import ExportRequest, run_export
-from kimi_batch.cli.exports.selection import ExportQuery
-from kimi_batch.exports import TrainingOptions
+from kimi_batch.exports import ExportQuery, TrainingOptions
 from kimi_batch.llama import ResidentServer, server_from_settings
 from kimi_batch.settings import Settings
 from kimi_batch.warehouse import Warehouse

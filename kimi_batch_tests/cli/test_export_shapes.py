@@ -16,11 +16,10 @@ from huggingface_hub import DatasetCard
 
 from kimi_batch.cli.commands import main
 from kimi_batch.cli.export import ExportRequest, run_export
-from kimi_batch.cli.exports.selection import ExportQuery
 from kimi_batch.crash_points import CrashPointReached, armed
 from kimi_batch.engine import SystemDigest, load_digest
 from kimi_batch.errors import ConfigError
-from kimi_batch.exports import TrainingOptions, system_side_file
+from kimi_batch.exports import ExportQuery, TrainingOptions, system_side_file
 from kimi_batch.pipeline import DistilledRow
 from kimi_batch.settings import Settings
 from kimi_batch.warehouse import open_warehouse

@@ -8,8 +8,7 @@ import pytest
 from huggingface_hub import DatasetCard
 
 from kimi_batch.cli.export import ExportRequest, run_export
-from kimi_batch.cli.exports.selection import ExportQuery
-from kimi_batch.exports import CardOptions, ScriptCounter, TokenStats, reason_name
+from kimi_batch.exports import CardOptions, ExportQuery, ScriptCounter, TokenStats, reason_name
 from kimi_batch.settings import Settings
 from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.exports import DAYS, QUARANTINE_REASONS, SOURCES, build_warehouse

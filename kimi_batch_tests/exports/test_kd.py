@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 
 from kimi_batch.cli.export import ExportRequest, run_export
-from kimi_batch.cli.exports.selection import ExportQuery
-from kimi_batch.exports import tokenizer_identity
+from kimi_batch.exports import ExportQuery, tokenizer_identity
 from kimi_batch.llama import ChatCompletion, ChatMessage, ResidentServer
 from kimi_batch.settings import Settings
 from kimi_batch_tests.support.exports import KD_TOKENS, build_warehouse

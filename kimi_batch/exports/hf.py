@@ -18,22 +18,21 @@ from pathlib import Path
 
 import polars as pl
 
-from kimi_batch.cli.exports.conversation import BuildExamples, ExportExample
-from kimi_batch.cli.exports.selection import ExportQuery, PartitionRows
 from kimi_batch.errors import ConfigError, MissingInputError
-from kimi_batch.exports import (
-    DETECTION_NOTE,
+from kimi_batch.exports.card import (
     CardFigures,
     CardOptions,
     DedupFigures,
     InputSource,
     SamplingFigures,
-    ScriptCounter,
     TokenStats,
-    TrainingOptions,
     build_card,
     quarantine_counts,
 )
+from kimi_batch.exports.conversation import BuildExamples, ExportExample
+from kimi_batch.exports.language import DETECTION_NOTE, ScriptCounter
+from kimi_batch.exports.selection import ExportQuery, PartitionRows
+from kimi_batch.exports.shape import TrainingOptions
 from kimi_batch.inputs import landed_versions
 from kimi_batch.paths import PRIVATE_FILE_MODE
 from kimi_batch.settings import Settings

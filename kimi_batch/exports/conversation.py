@@ -27,10 +27,10 @@ from collections.abc import Callable, Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.batch_api import ApiStore, batch_lines
-from kimi_batch.cli.exports.selection import PartitionRows, is_batch_source
 from kimi_batch.engine import SystemDigest, fold_instructions
 from kimi_batch.errors import ConfigError, MissingInputError
-from kimi_batch.exports import TrainingOptions, assistant_message, trainer_row
+from kimi_batch.exports.selection import PartitionRows, is_batch_source
+from kimi_batch.exports.shape import TrainingOptions, assistant_message, trainer_row
 from kimi_batch.inputs import Landing, SeedPrompt, iter_inbox_rows
 from kimi_batch.llama import TokenLogprob
 from kimi_batch.pipeline import DistilledRow
