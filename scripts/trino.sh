@@ -241,7 +241,9 @@ node.internal-address=127.0.0.1
 node.bind-ip=127.0.0.1
 EOF
     # Memory: query memory (40%) + headroom (25%) must fit in the heap; one node, so the per-node
-    # limit is the cluster limit. The queries here are small.
+    # limit is the cluster limit. The queries here are small. No failure detector: the coordinator
+    # is the one worker, and a heartbeat to itself missed on a loaded machine would take it off
+    # the nodes a scan can run on (NO_NODES_AVAILABLE) though it is up.
     local heap_mb=${HEAP%[MG]}
     [[ "$HEAP" == *G ]] && heap_mb=$((heap_mb * 1024))
     ((heap_mb >= 1024)) || die "KIMI_BATCH_TRINO_HEAP must be at least 1G, got '$HEAP'"
@@ -256,6 +258,7 @@ memory.heap-headroom-per-node=$((heap_mb / 4))MB
 catalog.management=static
 task.concurrency=2
 task.max-worker-threads=4
+failure-detector.enabled=false
 EOF
     # C1 only (TieredStopAtLevel=1): C2 competes for the two cores during startup (measured here
     # under load: ready in 15-21 s instead of 23-28 s) and the queries this server runs are tiny.

@@ -8,11 +8,7 @@ from kimi_batch.storage.blobs import BlobStore, SharedBlobs
 from kimi_batch.storage.exceptions import (
     InvalidIdentifierError,
     InvalidPartitionError,
-    SchemaMismatchError,
     StorageError,
-    TrinoQueryError,
-    TrinoTimeoutError,
-    TrinoUnavailableError,
 )
 from kimi_batch.storage.private_files import (
     pid_alive,
@@ -28,12 +24,8 @@ __all__ = [
     "BlobStore",
     "InvalidIdentifierError",
     "InvalidPartitionError",
-    "SchemaMismatchError",
     "SharedBlobs",
     "StorageError",
-    "TrinoQueryError",
-    "TrinoTimeoutError",
-    "TrinoUnavailableError",
     "pid_alive",
     "private_folder",
     "private_folder_swap",

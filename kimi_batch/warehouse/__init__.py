@@ -42,7 +42,15 @@ from kimi_batch.warehouse.snapshots import (
     tag_night,
 )
 from kimi_batch.warehouse.tables import PartitionWrite, Warehouse, open_warehouse
-from kimi_batch.warehouse.trino import TrinoConfig, TrinoReader, catalog_properties, write_catalog
+from kimi_batch.warehouse.trino import (
+    TrinoConfig,
+    TrinoQueryError,
+    TrinoReader,
+    TrinoTimeoutError,
+    TrinoUnavailableError,
+    catalog_properties,
+    write_catalog,
+)
 
 __all__ = [
     "CATALOG_NAME",
@@ -58,7 +66,10 @@ __all__ = [
     "TableMaintenance",
     "TableSnapshot",
     "TrinoConfig",
+    "TrinoQueryError",
     "TrinoReader",
+    "TrinoTimeoutError",
+    "TrinoUnavailableError",
     "Warehouse",
     "catalog_properties",
     "columns",

@@ -8,7 +8,8 @@ nothing is ever registered or published. The catalog is read-only in Trino: a wr
 would bypass the partition leases.
 
 `TrinoReader` runs queries (`query`, `count`), each with a deadline; an unreachable coordinator
-is a `TrinoUnavailableError`. Identifiers are validated (`^[a-z_][a-z0-9_]*$`) and double-quoted;
+is a `TrinoUnavailableError`, a refused statement a `TrinoQueryError` and one past its deadline a
+`TrinoTimeoutError` (all `StorageError`s). Identifiers are validated (`^[a-z_][a-z0-9_]*$`) and double-quoted;
 values go in as query parameters. No caller text is ever formatted into SQL unchecked.
 """
 
@@ -24,19 +25,14 @@ from typing import Any, Literal, Self
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 import requests
+import tenacity
 import trino.auth
 import trino.dbapi
 import trino.exceptions
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from kimi_batch.settings import Settings
-from kimi_batch.storage import (
-    StorageError,
-    TrinoQueryError,
-    TrinoTimeoutError,
-    TrinoUnavailableError,
-    write_private_text,
-)
+from kimi_batch.storage import StorageError, write_private_text
 from kimi_batch.warehouse.schema import (
     quote_identifier,
     validate_ds,
@@ -57,6 +53,22 @@ STATEMENT_TIMEOUT_S = 300.0
 # After the deadline, how long the cancelled statement's thread is given to notice.
 _CANCEL_GRACE_S = 5.0
 MAX_ATTEMPTS = 2
+# A statement Trino refuses for want of a node is sent again this often, for this long: the
+# coordinator's node manager refreshes every 5 s.
+NO_NODES_RETRY_S = 2.0
+NO_NODES_WAIT_S = 30.0
+
+
+class TrinoUnavailableError(StorageError):
+    """Trino could not be reached (refused, timed out, HTTP 5xx); the tables are unaffected."""
+
+
+class TrinoQueryError(StorageError):
+    """Trino rejected or failed a statement."""
+
+
+class TrinoTimeoutError(TrinoQueryError):
+    """A statement ran (or stayed queued) past its overall deadline and was cancelled."""
 
 
 class TrinoConfig(BaseModel):
@@ -208,6 +220,22 @@ def _cancel(cursor: trino.dbapi.Cursor) -> str:
     return state
 
 
+def _no_nodes_available(error: BaseException) -> bool:
+    """Trino refused to schedule the statement because it counts no worker for the catalog.
+
+    A coordinator that has just started (it lists itself as a node a refresh before it counts
+    itself for the catalog's splits), or one whose failure detector missed a heartbeat on a
+    loaded machine, says NO_NODES_AVAILABLE for a few seconds; nothing ran, so sending the
+    read again is safe, and Trino's client retries only HTTP-level failures.
+    """
+    cause = error.__cause__
+    return (
+        isinstance(error, TrinoQueryError)
+        and isinstance(cause, trino.exceptions.TrinoQueryError)
+        and cause.error_name == "NO_NODES_AVAILABLE"
+    )
+
+
 class TrinoReader:
     """Queries the warehouse's tables through Trino (a connection opened on first use)."""
 
@@ -255,8 +283,18 @@ class TrinoReader:
 
         The client polls a queued or running statement for as long as the coordinator says
         so; here the whole statement has `statement_timeout_s`, after which it is cancelled and
-        TrinoTimeoutError says how far it got.
+        TrinoTimeoutError says how far it got. A statement refused for want of a node is sent
+        again for up to `NO_NODES_WAIT_S` (see `_no_nodes_available`).
         """
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_delay(NO_NODES_WAIT_S),
+            wait=tenacity.wait_fixed(NO_NODES_RETRY_S),
+            retry=tenacity.retry_if_exception(_no_nodes_available),
+            reraise=True,
+        )
+        return retrying(self._statement, sql, params)
+
+    def _statement(self, sql: str, params: Sequence[Any] | None) -> list[tuple[Any, ...]]:
         where = f"{self.config.host}:{self.config.port}"
         cursor = self._cursor(where)
         outcome: dict[str, Any] = {}

@@ -10,7 +10,8 @@ from kimi_batch.cli import commands as cli
 from kimi_batch.engine.digest import DigestLintError
 from kimi_batch.errors import ConfigError, KimiBatchError, MissingInputError
 from kimi_batch.llama.exceptions import LlamaError, SpecMismatchError
-from kimi_batch.storage.exceptions import StorageError, TrinoUnavailableError
+from kimi_batch.storage import StorageError
+from kimi_batch.warehouse import TrinoUnavailableError
 from kimi_batch_tests.support.cli import assert_one_error_line, run_cli
 
 # Its slow tests start no llama-server: they run beside the ones that do (support/slow_split.py).

@@ -13,14 +13,17 @@ from datetime import datetime
 import polars as pl
 import pytest
 
-from kimi_batch.storage import (
-    InvalidIdentifierError,
-    InvalidPartitionError,
-    StorageError,
+from kimi_batch.storage import InvalidIdentifierError, InvalidPartitionError, StorageError
+from kimi_batch.warehouse import (
+    TrinoConfig,
+    TrinoQueryError,
+    TrinoReader,
+    TrinoTimeoutError,
     TrinoUnavailableError,
+    Warehouse,
+    open_catalog,
 )
-from kimi_batch.storage.exceptions import TrinoTimeoutError
-from kimi_batch.warehouse import TrinoConfig, TrinoReader, Warehouse, open_catalog
+from kimi_batch.warehouse import trino as trino_module
 from kimi_batch_tests.support.ports import free_port
 from kimi_batch_tests.support.rows import CREATED_AT, amplified, distilled, quarantined, seeds
 from kimi_batch_tests.support.trino import TrinoServer
@@ -222,6 +225,16 @@ def test_an_unreachable_trino_is_a_storage_error() -> None:
     assert isinstance(caught.value, StorageError)
 
 
+def _answer(handler: http.server.BaseHTTPRequestHandler, body: dict[str, object]) -> None:
+    """A coordinator's 200 with `body`, as a statement's JSON."""
+    payload = json.dumps(body).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(payload)))
+    handler.end_headers()
+    handler.wfile.write(payload)
+
+
 class QueuedForever(http.server.BaseHTTPRequestHandler):
     """A coordinator that keeps every statement QUEUED with a fresh nextUri, for ever (a real
     Trino cannot be told to); DELETE (the client's cancel) is counted and accepted."""
@@ -239,12 +252,7 @@ class QueuedForever(http.server.BaseHTTPRequestHandler):
             "nextUri": f"{base}/v1/statement/queued/q1/{type(self).polls}",
             "stats": {"state": "QUEUED", "queued": True, "scheduled": False},
         }
-        payload = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
+        _answer(self, body)
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
@@ -284,6 +292,89 @@ def test_a_statement_trino_keeps_queued_is_cancelled_at_its_deadline() -> None:
     assert QueuedForever.cancels == 1
     assert QueuedForever.polls <= polls_at_cancel + 1  # the client stopped polling
     assert isinstance(TrinoTimeoutError("x"), StorageError)  # the morning report names it
+
+
+class RefusesForWantOfNodes(http.server.BaseHTTPRequestHandler):
+    """A coordinator that fails the first `refusals` statements as Trino does before it counts a
+    worker for the catalog (NO_NODES_AVAILABLE), or with `error_name` when that is set, then
+    answers one row (a real Trino refuses so only in a moment it cannot be held in)."""
+
+    refusals = 0
+    error_name = "NO_NODES_AVAILABLE"
+    statements = 0
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        cls = type(self)
+        cls.statements += 1
+        body: dict[str, object] = {"id": f"q{cls.statements}", "infoUri": "http://x/ui"}
+        if cls.statements <= cls.refusals:
+            body["stats"] = {"state": "FAILED"}
+            body["error"] = {
+                "message": "No nodes available to run query",
+                "errorCode": 65542,
+                "errorName": cls.error_name,
+                "errorType": "INTERNAL_ERROR",
+            }
+        else:
+            body["stats"] = {"state": "FINISHED"}
+            body["columns"] = [
+                {"name": "n", "type": "bigint", "typeSignature": {"rawType": "bigint"}}
+            ]
+            body["data"] = [[7]]
+        _answer(self, body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def refusing_coordinator(monkeypatch: pytest.MonkeyPatch) -> Iterator[TrinoConfig]:
+    monkeypatch.setattr(trino_module, "NO_NODES_RETRY_S", 0.05)
+    monkeypatch.setattr(trino_module, "NO_NODES_WAIT_S", 1.0)
+    RefusesForWantOfNodes.statements = 0
+    RefusesForWantOfNodes.error_name = "NO_NODES_AVAILABLE"
+    port = free_port()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), RefusesForWantOfNodes)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield TrinoConfig(host="127.0.0.1", port=port)
+    finally:
+        server.shutdown()
+
+
+def test_a_statement_refused_for_want_of_nodes_is_sent_again(
+    refusing_coordinator: TrinoConfig,
+) -> None:
+    RefusesForWantOfNodes.refusals = 2
+    with TrinoReader(refusing_coordinator) as reader:
+        assert reader.query("SELECT count(*) FROM t") == [(7,)]
+    assert RefusesForWantOfNodes.statements == 3
+
+
+def test_a_coordinator_that_never_counts_a_node_is_a_query_error_after_the_wait(
+    refusing_coordinator: TrinoConfig,
+) -> None:
+    RefusesForWantOfNodes.refusals = 1_000
+    started = time.monotonic()
+    with (
+        TrinoReader(refusing_coordinator) as reader,
+        pytest.raises(TrinoQueryError, match="NO_NODES_AVAILABLE"),
+    ):
+        reader.query("SELECT count(*) FROM t")
+    assert 1.0 <= time.monotonic() - started < 10.0
+    assert RefusesForWantOfNodes.statements > 3
+
+
+def test_another_query_error_is_not_sent_again(refusing_coordinator: TrinoConfig) -> None:
+    RefusesForWantOfNodes.refusals = 1
+    RefusesForWantOfNodes.error_name = "GENERIC_INTERNAL_ERROR"
+    with (
+        TrinoReader(refusing_coordinator) as reader,
+        pytest.raises(TrinoQueryError, match="GENERIC_INTERNAL_ERROR"),
+    ):
+        reader.query("SELECT count(*) FROM t")
+    assert RefusesForWantOfNodes.statements == 1
 
 
 @pytest.mark.slow
