@@ -2,8 +2,8 @@
 
 StorageError                      base (a kimi_batch.errors.KimiBatchError): anything the storage layer refuses or fails to do
 ├── InvalidPartitionError         bad table name, `ds` or `source` (also a ValueError)
-└── InvalidIdentifierError        a schema/table/catalog name that is not a plain SQL identifier
-                                  (also a ValueError); raised before any SQL is sent
+└── InvalidIdentifierError        a schema/table/catalog name that is not a plain SQL
+                                  identifier (also a ValueError); raised before any SQL is sent
 
 The features raise their own subclasses (the warehouse's Trino errors are in
 `kimi_batch.warehouse`), so one `except StorageError` still catches them all.

@@ -9,8 +9,9 @@ would bypass the partition leases.
 
 `TrinoReader` runs queries (`query`, `count`), each with a deadline; an unreachable coordinator
 is a `TrinoUnavailableError`, a refused statement a `TrinoQueryError` and one past its deadline a
-`TrinoTimeoutError` (all `StorageError`s). Identifiers are validated (`^[a-z_][a-z0-9_]*$`) and double-quoted;
-values go in as query parameters. No caller text is ever formatted into SQL unchecked.
+`TrinoTimeoutError` (all `StorageError`s). Identifiers are validated (`^[a-z_][a-z0-9_]*$`) and
+double-quoted; values go in as query parameters. No caller text is ever formatted into SQL
+unchecked.
 """
 
 from __future__ import annotations
@@ -223,10 +224,10 @@ def _cancel(cursor: trino.dbapi.Cursor) -> str:
 def _no_nodes_available(error: BaseException) -> bool:
     """Trino refused to schedule the statement because it counts no worker for the catalog.
 
-    A coordinator that has just started (it lists itself as a node a refresh before it counts
-    itself for the catalog's splits), or one whose failure detector missed a heartbeat on a
-    loaded machine, says NO_NODES_AVAILABLE for a few seconds; nothing ran, so sending the
-    read again is safe, and Trino's client retries only HTTP-level failures.
+    The coordinator's node manager leaves out, until its next refresh, a node it does not count
+    as up (one whose heartbeats its failure detector missed on a loaded machine, say): for those
+    seconds a scan is refused NO_NODES_AVAILABLE. Nothing ran, so sending the read again is
+    safe; Trino's client retries only HTTP-level failures.
     """
     cause = error.__cause__
     return (

@@ -295,9 +295,9 @@ def test_a_statement_trino_keeps_queued_is_cancelled_at_its_deadline() -> None:
 
 
 class RefusesForWantOfNodes(http.server.BaseHTTPRequestHandler):
-    """A coordinator that fails the first `refusals` statements as Trino does before it counts a
-    worker for the catalog (NO_NODES_AVAILABLE), or with `error_name` when that is set, then
-    answers one row (a real Trino refuses so only in a moment it cannot be held in)."""
+    """A coordinator that fails the first `refusals` statements as Trino does while it counts no
+    node up (NO_NODES_AVAILABLE), or with another `error_name`, then answers one row (a real
+    Trino refuses so only in a moment it cannot be held in)."""
 
     refusals = 0
     error_name = "NO_NODES_AVAILABLE"
