@@ -7,7 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["assert_one_error_line", "run_cli"]
+__all__ = ["CLI_TIMEOUT_S", "assert_one_error_line", "run_cli"]
+
+# A guard against a hung command, not a speed bound: beside the llama-server tests `make test`
+# runs the server-free tier niced on 2 cores, where a command's imports alone (the warehouse's
+# pyiceberg and pyarrow: 4 s of CPU when idle) have taken over a minute.
+CLI_TIMEOUT_S = 300
 
 
 def run_cli(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -18,7 +23,7 @@ def run_cli(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProce
         env={**clean, "KIMI_BATCH_HOME": str(tmp_path / "home"), **env},
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=CLI_TIMEOUT_S,
         check=False,
     )
 

@@ -11,7 +11,7 @@ import pytest
 
 from kimi_batch.settings import Settings
 from kimi_batch.warehouse import CATALOG_NAME, LEDGER_SCHEMA, TrinoReader, catalog_properties
-from kimi_batch_tests.support.cli import run_cli
+from kimi_batch_tests.support.cli import CLI_TIMEOUT_S, run_cli
 from kimi_batch_tests.support.repo import REPO_ROOT
 from kimi_batch_tests.support.rows import amplified, distilled
 from kimi_batch_tests.support.script_server import run_script
@@ -36,7 +36,7 @@ def _properties(path: Path) -> dict[str, str]:
 
 def test_the_folder_warehouse_catalog_is_the_ledger_file(tmp_path: Path) -> None:
     written = run_script(
-        TRINO_SCRIPT, "config", {**_base_env(), "KIMI_BATCH_HOME": str(tmp_path)}, 60
+        TRINO_SCRIPT, "config", {**_base_env(), "KIMI_BATCH_HOME": str(tmp_path)}, CLI_TIMEOUT_S
     )
     assert written.returncode == 0, written.stderr
     catalog = tmp_path / "trino" / "etc" / "catalog" / "iceberg.properties"
@@ -56,7 +56,7 @@ def test_the_folder_warehouse_catalog_is_the_ledger_file(tmp_path: Path) -> None
 
 def test_a_postgres_and_s3_catalog_holds_its_secrets_in_a_private_file(tmp_path: Path) -> None:
     env = {**_base_env(), **S3, "KIMI_BATCH_HOME": str(tmp_path), "KIMI_BATCH_DATABASE_URL": PG_URL}
-    written = run_script(TRINO_SCRIPT, "config", env, 60)
+    written = run_script(TRINO_SCRIPT, "config", env, CLI_TIMEOUT_S)
     assert written.returncode == 0, written.stderr
     catalog = tmp_path / "trino" / "etc" / "catalog" / "iceberg.properties"
     properties = _properties(catalog)
