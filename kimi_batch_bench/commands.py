@@ -132,6 +132,7 @@ def tune_command(args: argparse.Namespace, settings: Settings) -> int:
         output_tokens=args.output_tokens,
         ctx_per_slot=args.ctx_per_slot,
         repetitions=args.repetitions,
+        digest_tokens=args.digest_tokens,
     )
     document = run_tune(settings.model, options, out_dir=settings.paths.tune_dir)
     table = tune_table(document)
@@ -139,10 +140,11 @@ def tune_command(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         _write_outputs(document, Path(args.json), table, tune_chart)
     print(table)
+    use = " ".join(f"{name}={value}" for name, value in document["settings"].items())
     print(
-        f"use: KIMI_BATCH_LLAMA_THREADS={document['thread_knee']} "
-        f"KIMI_BATCH_LLAMA_PARALLEL={document['slot_knee']} (thread knee: smallest count within "
-        "10% of the best generation speed; slot knee: more slots add less than 10%)"
+        f"use: {use} (thread knee: smallest count within 10% of the best generation speed; "
+        "slot knee: more slots add less than 10%; flash attention off where it generates 10% "
+        "faster)"
     )
     print(f"written: {', '.join(str(p) for p in paths)}")
     return 0
@@ -304,6 +306,12 @@ def add_perf_commands(commands: Any, *, json_help: str) -> None:
     tune.add_argument("--output-tokens", type=int, default=64, help="answer length measured")
     tune.add_argument("--ctx-per-slot", type=int, default=2048, help="context of each slot")
     tune.add_argument("--repetitions", type=int, default=2, help="runs of each measurement")
+    tune.add_argument(
+        "--digest-tokens",
+        type=int,
+        default=1024,
+        help="shared prompt of the flash-attention comparison (your digest's length)",
+    )
     tune.add_argument(
         "--json", default=None, metavar="FILE", help="also write the JSON (and .md, .png) here"
     )

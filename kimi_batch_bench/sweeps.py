@@ -11,6 +11,7 @@ import json
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -71,9 +72,11 @@ def batched_bench(
     threads: int,
     ctx_per_slot: int,
     ubatch: int = 256,
+    flash_attn: Literal["on", "off"] | None = None,
     binary: str | None = None,
 ) -> list[BatchedPoint]:
-    """Aggregate speeds for each slot count; the prompt is shared (-pps) like the digest is."""
+    """Aggregate speeds for each slot count; the prompt is shared (-pps) like the digest is.
+    `flash_attn`: `-fa on` or `off`; None leaves the build's default."""
     tool = find_tool("llama-batched-bench", binary)
     argv = [
         str(tool),
@@ -89,6 +92,8 @@ def batched_bench(
         "-pps",
         "--output-format", "jsonl",
     ]  # fmt: skip
+    if flash_attn is not None:
+        argv += ["-fa", flash_attn]
     points: list[BatchedPoint] = []
     for line in _run(argv).splitlines():
         line = line.strip()

@@ -4,7 +4,9 @@ Threads: `llama-bench` prompt and generation tok/s for each count (single stream
 documents' table); the knee is the smallest count within 10% of the best generation speed (decode
 is memory-bound: past the knee more threads only contend). Slots: `llama-batched-bench` aggregate
 generation tok/s for 1, 2, 4, 8 parallel sequences; the knee is the count past which the aggregate
-grows by less than 10%.
+grows by less than 10%. Flash attention: the knee's slots decoding over a shared digest-long
+prompt with `-fa on` and `-fa off`; off is named when it generates 10% faster (on a CPU llama.cpp
+turns it on by default, which some CPUs and models decode slower with).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -20,7 +22,14 @@ from kimi_batch_bench.plan import Speeds, save_speeds
 from kimi_batch_bench.report import markdown_table
 from kimi_batch_bench.sweeps import BatchedPoint, ThreadPoint, batched_bench, thread_bench
 
-__all__ = ["TuneOptions", "run_tune", "slot_knee", "thread_knee", "tune_table"]
+__all__ = [
+    "TuneOptions",
+    "flash_attn_choice",
+    "run_tune",
+    "slot_knee",
+    "thread_knee",
+    "tune_table",
+]
 
 KNEE_FRACTION = 0.10
 
@@ -34,6 +43,9 @@ class TuneOptions(BaseModel):
     output_tokens: int = Field(default=64, ge=1)
     ctx_per_slot: int = Field(default=2048, ge=128)
     repetitions: int = Field(default=2, ge=1)
+    digest_tokens: int = Field(
+        default=1024, ge=1, description="Shared prompt of the flash-attention comparison."
+    )
 
 
 def thread_knee(points: Sequence[ThreadPoint]) -> int:
@@ -54,6 +66,11 @@ def slot_knee(points: Sequence[BatchedPoint]) -> int:
         if following.gen_tok_s >= (1 + KNEE_FRACTION) * current.gen_tok_s:
             knee = following.slots
     return knee
+
+
+def flash_attn_choice(on: BatchedPoint, off: BatchedPoint) -> Literal["off"] | None:
+    """`off` where it generates 10% faster than on; None keeps the build's default (on)."""
+    return "off" if off.gen_tok_s >= (1 + KNEE_FRACTION) * on.gen_tok_s else None
 
 
 def tune_table(document: dict[str, Any]) -> str:
@@ -80,7 +97,19 @@ def tune_table(document: dict[str, Any]) -> str:
             for p in document["slots"]
         ],
     )
-    return f"{threads}\n\n{slots}\n"
+    chosen = document["flash_attn_choice"] or "on"
+    attention = markdown_table(
+        ["flash attention", "aggregate generation tok/s", "prompt tok/s"],
+        [
+            [
+                f"{mode}{' (use)' if mode == chosen else ''}",
+                f"{point['gen_tok_s']:.1f}",
+                f"{point['prompt_tok_s']:.1f}",
+            ]
+            for mode, point in document["flash_attn"].items()
+        ],
+    )
+    return f"{threads}\n\n{slots}\n\n{attention}\n"
 
 
 def run_tune(model: Path, options: TuneOptions, *, out_dir: Path) -> dict[str, Any]:
@@ -104,6 +133,19 @@ def run_tune(model: Path, options: TuneOptions, *, out_dir: Path) -> dict[str, A
     s_knee = slot_knee(slots)
     at_knee = next(p for p in slots if p.slots == s_knee)
     knee_threads = next(p for p in threads if p.threads == t_knee)
+    attention = {
+        mode: batched_bench(
+            model,
+            slots=(s_knee,),
+            prompt_tokens=options.digest_tokens,
+            output_tokens=options.output_tokens,
+            threads=t_knee,
+            ctx_per_slot=max(options.ctx_per_slot, options.digest_tokens + options.output_tokens),
+            flash_attn=mode,
+        )[0]
+        for mode in ("on", "off")
+    }
+    flash_attn = flash_attn_choice(attention["on"], attention["off"])
     save_speeds(
         out_dir,
         Speeds(
@@ -118,11 +160,14 @@ def run_tune(model: Path, options: TuneOptions, *, out_dir: Path) -> dict[str, A
         "model": str(model),
         "threads": [p.model_dump() for p in threads],
         "slots": [p.model_dump() for p in slots],
+        "flash_attn": {mode: point.model_dump() for mode, point in attention.items()},
         "thread_knee": t_knee,
         "slot_knee": s_knee,
+        "flash_attn_choice": flash_attn,
         "settings": {
             "KIMI_BATCH_LLAMA_THREADS": t_knee,
             "KIMI_BATCH_LLAMA_PARALLEL": s_knee,
+            **({"KIMI_BATCH_LLAMA_FLASH_ATTN": flash_attn} if flash_attn else {}),
         },
         "options": options.model_dump(),
     }

@@ -9,7 +9,7 @@ import pytest
 
 from kimi_batch.cli import main
 from kimi_batch_bench.sweeps import BatchedPoint, ThreadPoint
-from kimi_batch_bench.tune import slot_knee, thread_knee
+from kimi_batch_bench.tune import flash_attn_choice, slot_knee, thread_knee
 
 
 def _threads(*speeds: float) -> list[ThreadPoint]:
@@ -38,6 +38,13 @@ def test_slot_knee_is_where_more_slots_add_less_than_10_percent() -> None:
     assert slot_knee(_slots((1, 10), (2, 20))) == 2
 
 
+def test_flash_attention_is_turned_off_only_where_off_generates_10_percent_faster() -> None:
+    ((on, off_faster, off_close),) = [_slots((4, 40), (4, 44), (4, 43.9))]
+    assert flash_attn_choice(on, off_faster) == "off"
+    assert flash_attn_choice(on, off_close) is None  # within noise: the build's default stays
+    assert flash_attn_choice(off_faster, on) is None
+
+
 @pytest.mark.slow
 def test_tiny_sweep_names_the_knees_and_writes_json_table_and_chart(
     tmp_path: Path,
@@ -49,6 +56,7 @@ def test_tiny_sweep_names_the_knees_and_writes_json_table_and_chart(
     monkeypatch.setenv("KIMI_BATCH_MODEL", str(model_path))
     args = ["--threads", "1", "2", "--slots", "1", "2", "--prompt-tokens", "32"]
     args += ["--output-tokens", "8", "--repetitions", "1", "--ctx-per-slot", "256"]
+    args += ["--digest-tokens", "96"]
 
     assert main(["tune", *args]) == 0
 
@@ -61,8 +69,19 @@ def test_tiny_sweep_names_the_knees_and_writes_json_table_and_chart(
     assert document["thread_knee"] in (1, 2)
     assert document["slot_knee"] in (1, 2)
     assert f"KIMI_BATCH_LLAMA_THREADS={document['thread_knee']}" in out
+    # Flash attention compared at the knees, over the digest-long shared prompt.
+    attention = document["flash_attn"]
+    assert set(attention) == {"on", "off"}
+    assert all(p["gen_tok_s"] > 0 and p["prompt_tokens"] == 96 for p in attention.values())
+    assert all(p["slots"] == document["slot_knee"] for p in attention.values())
+    choice = document["flash_attn_choice"]
+    assert choice in ("off", None)
+    assert document["settings"].get("KIMI_BATCH_LLAMA_FLASH_ATTN") == choice
+    assert (f"KIMI_BATCH_LLAMA_FLASH_ATTN={choice}" in out) == (choice is not None)
     assert (tmp_path / "tune" / "tune.png").read_bytes().startswith(b"\x89PNG")
-    assert "| threads |" in (tmp_path / "tune" / "tune.md").read_text()
+    table = (tmp_path / "tune" / "tune.md").read_text()
+    assert "| threads |" in table
+    assert "| flash attention |" in table
     speeds = json.loads((tmp_path / "tune" / "speeds.json").read_text())
     assert speeds["source"] == "tune"
     assert speeds["slots"] == document["slot_knee"]

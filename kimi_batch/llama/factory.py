@@ -52,6 +52,7 @@ def spec_from_settings(settings: Settings) -> ServerSpec:
         slot_save_path=settings.paths.slot_save_dir,
         spec_type=settings.llama_spec,
         draft_model=settings.llama_draft_model,
+        flash_attn=settings.llama_flash_attn,
         extra_args=settings.llama_extra_args,
     )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -53,6 +54,11 @@ class ServerSpec(BaseModel):
         default=None, description="--spec-type: speculative decoding (ngram-simple, draft...)."
     )
     draft_model: Path | None = Field(default=None, description="--model-draft GGUF.")
+    flash_attn: Literal["on", "off", "auto"] | None = Field(
+        default=None,
+        description="--flash-attn; None omits it: the build's default (llama.cpp's `auto`; "
+        "ik_llama.cpp's -fa takes no value, so it goes in extra_args).",
+    )
     extra_args: tuple[str, ...] = Field(
         default=(), description="Passed through untouched, e.g. ik_llama.cpp's -mla 3 -amb 512."
     )
@@ -104,6 +110,8 @@ class ServerSpec(BaseModel):
         ]  # fmt: skip
         if self.cache_ram_mib is not None:
             args += ["--cache-ram", str(self.cache_ram_mib)]
+        if self.flash_attn is not None:
+            args += ["--flash-attn", self.flash_attn]
         if self.metrics:
             args.append("--metrics")
         if self.spec_type is not None:

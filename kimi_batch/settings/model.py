@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from datetime import UTC, date, datetime, time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -213,6 +213,12 @@ class Settings(QualitySettings, StateSettings):
     llama_extra_args: Annotated[tuple[str, ...], ARGUMENTS] = Field(
         default=(),
         description="Passed to llama-server untouched, e.g. `-mla 3 -amb 512 -ot exps=CPU`.",
+    )
+    llama_flash_attn: Literal["on", "off", "auto"] | None = Field(
+        default=None,
+        description="`--flash-attn` of llama.cpp (`on`, `off`, `auto`); unset passes nothing, "
+        "the build's default (`auto`: on for a CPU, as the Kimi setup needs). Off can decode "
+        "a small model over a long cached digest faster: measure with `kimi-batch bench`.",
     )
     llama_cache_ram_mib: Annotated[int | None, OFF_IS_NONE] = Field(
         default=DEFAULT_CACHE_RAM_MIB,

@@ -24,6 +24,21 @@ def _flag(argv: list[str], flag: str) -> str:
     return argv[argv.index(flag) + 1]
 
 
+def _configured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **variables: str) -> list[str]:
+    """The argv a deployment's settings give (a stand-in model file, `variables` set)."""
+    from kimi_batch.llama.factory import spec_from_settings
+    from kimi_batch.settings import Settings
+
+    model = tmp_path / "main.gguf"
+    model.write_bytes(b"GGUF")
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("KIMI_BATCH_MODEL", str(model))
+    monkeypatch.setenv("KIMI_BATCH_LLAMA_SERVER", "/bin/true")
+    for name, value in variables.items():
+        monkeypatch.setenv(f"KIMI_BATCH_{name}", value)
+    return spec_from_settings(Settings.from_env()).argv(cpus=16)
+
+
 def test_default_argv_follows_the_batch_settings_on_a_16_core_box() -> None:
     argv = _spec().argv(cpus=16)
     assert _flag(argv, "--threads") == "13"
@@ -84,17 +99,10 @@ def test_specs_compare_by_value() -> None:
 def test_speculative_decoding_settings_reach_argv(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kimi_batch.llama.factory import spec_from_settings
-    from kimi_batch.settings import Settings
-
-    model, draft = tmp_path / "main.gguf", tmp_path / "draft.gguf"
-    model.write_bytes(b"GGUF")
-    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("KIMI_BATCH_MODEL", str(model))
-    monkeypatch.setenv("KIMI_BATCH_LLAMA_SERVER", "/bin/true")
-    monkeypatch.setenv("KIMI_BATCH_LLAMA_SPEC", "draft-simple")
-    monkeypatch.setenv("KIMI_BATCH_LLAMA_DRAFT_MODEL", str(draft))
-    argv = spec_from_settings(Settings.from_env()).argv(cpus=16)
+    draft = tmp_path / "draft.gguf"
+    argv = _configured(
+        tmp_path, monkeypatch, LLAMA_SPEC="draft-simple", LLAMA_DRAFT_MODEL=str(draft)
+    )
     assert _flag(argv, "--spec-type") == "draft-simple"
     assert _flag(argv, "--model-draft") == str(draft)
 
@@ -112,3 +120,24 @@ def test_a_malformed_spec_type_is_a_config_error(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("KIMI_BATCH_LLAMA_SPEC", "ngram simple; rm")
     with pytest.raises(ConfigError, match="llama_spec"):
         Settings.from_env()
+
+
+def test_flash_attention_is_the_builds_default_unless_set() -> None:
+    """Unset, no flag: llama.cpp decides (`auto`), and ik_llama.cpp's value-less -fa is never
+    handed a value it would refuse."""
+    assert "--flash-attn" not in _spec().argv(cpus=16)
+    assert _flag(_spec(flash_attn="off").argv(cpus=16), "--flash-attn") == "off"
+
+
+def test_the_flash_attention_setting_reaches_argv_and_refuses_other_values(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kimi_batch.errors import ConfigError
+
+    assert (
+        _flag(_configured(tmp_path, monkeypatch, LLAMA_FLASH_ATTN="off"), "--flash-attn") == "off"
+    )
+    monkeypatch.delenv("KIMI_BATCH_LLAMA_FLASH_ATTN")
+    assert "--flash-attn" not in _configured(tmp_path, monkeypatch)
+    with pytest.raises(ConfigError, match="KIMI_BATCH_LLAMA_FLASH_ATTN"):
+        _configured(tmp_path, monkeypatch, LLAMA_FLASH_ATTN="false")

@@ -11,6 +11,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final, Literal
 
 import pytest
 
@@ -21,6 +22,7 @@ from kimi_batch_tests.support.ports import free_port
 
 __all__ = [
     "TEST_CTX",
+    "TEST_FLASH_ATTN",
     "TEST_N_PREDICT",
     "TEST_SLOTS",
     "LlamaEnv",
@@ -36,6 +38,14 @@ __all__ = [
 TEST_SLOTS = 4
 TEST_CTX = 4 * 2048
 TEST_N_PREDICT = 128
+# The test servers decode without flash attention: on these 2-core CPUs llama.cpp's default (on)
+# decoded SmolLM2 over the cached ~1.2k-token digest at 44 tok/s with 4 slots, off at 113
+# (llama-batched-bench), and evaluated a request's short suffix 4x faster. `kimi-batch tune`
+# measures the same choice on a deployment's machine; the CLI's own servers keep the default.
+TEST_FLASH_ATTN: Final = "off"
+# Servers started from the environment (a Dagster run's, a stack's) decode as the fixtures' do;
+# `support/cli.py` runs the CLI without it, in the default configuration.
+os.environ.setdefault("KIMI_BATCH_LLAMA_FLASH_ATTN", TEST_FLASH_ATTN)
 
 
 @pytest.fixture(scope="session")
@@ -61,6 +71,7 @@ def make_spec(
     ctx: int = TEST_CTX,
     n_predict: int = TEST_N_PREDICT,
     threads: int = 2,
+    flash_attn: Literal["on", "off", "auto"] | None = TEST_FLASH_ATTN,
 ) -> ServerSpec:
     """A spec for a test's own server: a free port, slot saves under `home`."""
     return ServerSpec(
@@ -73,6 +84,7 @@ def make_spec(
         n_predict=n_predict,
         cache_ram_mib=1024,
         slot_save_path=home / "slots",
+        flash_attn=flash_attn,
     )
 
 
@@ -102,6 +114,7 @@ def llama_env(
         "KIMI_BATCH_LLAMA_CTX": str(TEST_CTX),
         "KIMI_BATCH_LLAMA_PARALLEL": str(TEST_SLOTS),
         "KIMI_BATCH_LLAMA_N_PREDICT": str(TEST_N_PREDICT),
+        "KIMI_BATCH_LLAMA_FLASH_ATTN": TEST_FLASH_ATTN,
     }
     with pytest.MonkeyPatch.context() as patch:
         for name, value in variables.items():
