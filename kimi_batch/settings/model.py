@@ -218,7 +218,7 @@ class Settings(QualitySettings, StateSettings):
         default=None,
         description="`--flash-attn` of llama.cpp (`on`, `off`, `auto`); unset passes nothing, "
         "the build's default (`auto`: on for a CPU, as the Kimi setup needs). Off can decode "
-        "a small model over a long cached digest faster: measure with `kimi-batch bench`.",
+        "a small model over a long cached digest faster: `kimi-batch tune` measures both.",
     )
     llama_cache_ram_mib: Annotated[int | None, OFF_IS_NONE] = Field(
         default=DEFAULT_CACHE_RAM_MIB,
