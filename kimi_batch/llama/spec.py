@@ -56,8 +56,8 @@ class ServerSpec(BaseModel):
     draft_model: Path | None = Field(default=None, description="--model-draft GGUF.")
     flash_attn: Literal["on", "off", "auto"] | None = Field(
         default=None,
-        description="--flash-attn; None omits it: the build's default (llama.cpp's `auto`; "
-        "ik_llama.cpp's -fa takes no value, so it goes in extra_args).",
+        description="--flash-attn (llama.cpp, and ik_llama.cpp since late 2025); None omits "
+        "it: the build's default (older builds' -fa takes no value: give it in extra_args).",
     )
     extra_args: tuple[str, ...] = Field(
         default=(), description="Passed through untouched, e.g. ik_llama.cpp's -mla 3 -amb 512."

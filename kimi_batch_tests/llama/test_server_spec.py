@@ -123,8 +123,8 @@ def test_a_malformed_spec_type_is_a_config_error(monkeypatch: pytest.MonkeyPatch
 
 
 def test_flash_attention_is_the_builds_default_unless_set() -> None:
-    """Unset, no flag: llama.cpp decides (`auto`), and ik_llama.cpp's value-less -fa is never
-    handed a value it would refuse."""
+    """Unset, no flag: the build decides (llama.cpp's `auto`), and an older build whose -fa
+    takes no value is never handed one it would refuse."""
     assert "--flash-attn" not in _spec().argv(cpus=16)
     assert _flag(_spec(flash_attn="off").argv(cpus=16), "--flash-attn") == "off"
 
