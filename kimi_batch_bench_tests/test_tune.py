@@ -39,7 +39,7 @@ def test_slot_knee_is_where_more_slots_add_less_than_10_percent() -> None:
 
 
 def test_flash_attention_is_turned_off_only_where_off_generates_10_percent_faster() -> None:
-    ((on, off_faster, off_close),) = [_slots((4, 40), (4, 44), (4, 43.9))]
+    on, off_faster, off_close = _slots((4, 40), (4, 44), (4, 43.9))
     assert flash_attn_choice(on, off_faster) == "off"
     assert flash_attn_choice(on, off_close) is None  # within noise: the build's default stays
     assert flash_attn_choice(off_faster, on) is None

@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from kimi_batch.settings import FlashAttention
 
 # The resident server's logger: a clamped thread count is a fact about the server it starts.
 logger = logging.getLogger("kimi_batch.llama.server")
@@ -54,7 +55,7 @@ class ServerSpec(BaseModel):
         default=None, description="--spec-type: speculative decoding (ngram-simple, draft...)."
     )
     draft_model: Path | None = Field(default=None, description="--model-draft GGUF.")
-    flash_attn: Literal["on", "off", "auto"] | None = Field(
+    flash_attn: FlashAttention | None = Field(
         default=None,
         description="--flash-attn (llama.cpp, and ik_llama.cpp since late 2025); None omits "
         "it: the build's default (older builds' -fa takes no value: give it in extra_args).",

@@ -28,7 +28,7 @@ from kimi_batch.settings.defaults import (
     default_model_path,
     samples_dir,
 )
-from kimi_batch.settings.model import Settings, StateSettings, variable_of
+from kimi_batch.settings.model import FlashAttention, Settings, StateSettings, variable_of
 from kimi_batch.settings.quality import QualitySettings
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "DEFAULT_THREADS",
     "DEFAULT_TRINO_PORT",
     "ConfigError",
+    "FlashAttention",
     "QualitySettings",
     "Settings",
     "StateSettings",

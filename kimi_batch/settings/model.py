@@ -65,6 +65,9 @@ from kimi_batch.settings.environment import (
 )
 from kimi_batch.settings.quality import QualitySettings
 
+# llama-server's `--flash-attn` values (llama.cpp, and ik_llama.cpp since late 2025).
+FlashAttention = Literal["on", "off", "auto"]
+
 # ---- where the state lives (`StateSettings`) ----------------------------------------------------
 
 
@@ -214,7 +217,7 @@ class Settings(QualitySettings, StateSettings):
         default=(),
         description="Passed to llama-server untouched, e.g. `-mla 3 -amb 512 -ot exps=CPU`.",
     )
-    llama_flash_attn: Literal["on", "off", "auto"] | None = Field(
+    llama_flash_attn: FlashAttention | None = Field(
         default=None,
         description="`--flash-attn` of llama.cpp (`on`, `off`, `auto`); unset passes nothing, "
         "the build's default (`auto`: on for a CPU, as the Kimi setup needs). Off can decode "

@@ -11,13 +11,13 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final
 
 import pytest
 
 from kimi_batch.llama.binary import find_llama_server
 from kimi_batch.llama.server import ResidentServer, ServerSpec
-from kimi_batch.settings import default_model_path
+from kimi_batch.settings import FlashAttention, default_model_path
 from kimi_batch_tests.support.ports import free_port
 
 __all__ = [
@@ -71,7 +71,7 @@ def make_spec(
     ctx: int = TEST_CTX,
     n_predict: int = TEST_N_PREDICT,
     threads: int = 2,
-    flash_attn: Literal["on", "off", "auto"] | None = TEST_FLASH_ATTN,
+    flash_attn: FlashAttention | None = TEST_FLASH_ATTN,
 ) -> ServerSpec:
     """A spec for a test's own server: a free port, slot saves under `home`."""
     return ServerSpec(
