@@ -9,6 +9,11 @@ KV cache per token and layer: `head_count_kv x (key_length + value_length)` elem
 models (deepseek2 family: Kimi-K2, DeepSeek-V3, where `attention.kv_lora_rank` is set) the
 compressed latent `kv_lora_rank + rope dimension` for K plus `kv_lora_rank` for V (what
 llama.cpp allocates; ik_llama.cpp's -mla 3 stores less, so this errs on the safe side).
+
+Without flash attention the compute buffer also holds a micro-batch's attention scores: f32 for
+every head, token and cached cell of its slot (`4 x heads x ubatch x ctx / slots` bytes; measured
+here with SmolLM2 at 16k cells: 327.5 MiB reserved off against 30.6 on). ik_llama.cpp cuts it
+into pieces of at most `-amb` MiB, so that flag, when given, caps it.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.llama.exceptions import ServerSpawnError
+from kimi_batch.settings import FlashAttention
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
@@ -43,6 +49,8 @@ BASE_OVERHEAD_BYTES = 32 * MIB
 # f32 activations of one micro-batch, a few live tensors of n_embd per token.
 _ACTIVATION_TENSORS = 8
 _SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+# The attention scores' element: f32.
+_SCORE_BYTES = 4
 
 
 class InsufficientMemoryError(ServerSpawnError):
@@ -59,6 +67,7 @@ class ModelShape(BaseModel):
     n_layer: int = Field(ge=1)
     n_embd: int = Field(ge=1)
     n_vocab: int = Field(ge=1)
+    n_head: int = Field(ge=1, description="Attention (query) heads.")
     n_head_kv: int = Field(ge=0, description="Largest per-layer KV head count.")
     key_length: int = Field(ge=0)
     value_length: int = Field(ge=0)
@@ -142,6 +151,7 @@ def read_model_shape(model: Path) -> ModelShape:
         n_layer=number("block_count") or 1,
         n_embd=n_embd,
         n_vocab=vocab or 32000,
+        n_head=n_head,
         n_head_kv=number("attention.head_count_kv", n_head) or 0,
         key_length=number("attention.key_length", head_dim) or 0,
         value_length=number("attention.value_length", head_dim) or 0,
@@ -160,19 +170,45 @@ def _flag(args: Sequence[str], names: tuple[str, ...]) -> str | None:
     return None
 
 
+def _attention_scores_bytes(
+    shape: ModelShape,
+    *,
+    ctx: int,
+    ubatch: int,
+    parallel: int,
+    flash_attn: FlashAttention | None,
+    args: Sequence[str],
+) -> int:
+    """A micro-batch's attention scores without flash attention (none with it, or unset: the
+    build's default is on for a CPU). The extra arguments come last on the command line, so
+    their flag wins."""
+    if (_flag(args, ("-fa", "--flash-attn")) or flash_attn) != "off":
+        return 0
+    unified = any(arg in ("-kvu", "--kv-unified") for arg in args)
+    cells = ctx if unified else math.ceil(ctx / parallel)
+    scores = _SCORE_BYTES * shape.n_head * ubatch * cells
+    cap_mib = _flag(args, ("-amb", "--attention-max-batch"))  # ik_llama.cpp's pieces
+    if cap_mib is not None and cap_mib.isdigit() and int(cap_mib) > 0:
+        scores = min(scores, int(cap_mib) * MIB)
+    return scores
+
+
 def estimate_memory(
     shape: ModelShape,
     *,
     ctx: int,
     ubatch: int,
     cache_ram_mib: int | None,
+    parallel: int = 1,
+    flash_attn: FlashAttention | None = None,
     extra_args: Sequence[str] = (),
     available_bytes: int | None = None,
 ) -> MemoryEstimate:
     """Bytes the server needs for this shape and configuration.
 
-    The KV cache holds `ctx` cells in total (llama.cpp splits them between the slots); the
-    compute buffers scale with the micro-batch (its activations).
+    The KV cache holds `ctx` cells in total (llama.cpp splits them between the `parallel`
+    slots); the compute buffers scale with the micro-batch (its activations and, without flash
+    attention, its attention scores over a slot's cells).
     """
     type_k = (_flag(extra_args, ("-ctk", "--cache-type-k")) or "f16").lower()
     type_v = (_flag(extra_args, ("-ctv", "--cache-type-v")) or "f16").lower()
@@ -188,6 +224,9 @@ def estimate_memory(
         + (1 - k_share) * CACHE_TYPE_BYTES.get(type_v, 2.0)
     )
     compute = BASE_OVERHEAD_BYTES + 4 * ubatch * shape.n_embd * _ACTIVATION_TENSORS
+    compute += _attention_scores_bytes(
+        shape, ctx=ctx, ubatch=ubatch, parallel=parallel, flash_attn=flash_attn, args=extra_args
+    )
     return MemoryEstimate(
         weights_bytes=shape.file_bytes,
         kv_cache_bytes=math.ceil(per_token * ctx),
@@ -222,6 +261,8 @@ def check_memory(
     ctx: int,
     ubatch: int,
     cache_ram_mib: int | None,
+    parallel: int = 1,
+    flash_attn: FlashAttention | None = None,
     extra_args: Sequence[str] = (),
     available_bytes: int | None = None,
 ) -> MemoryEstimate:
@@ -233,6 +274,8 @@ def check_memory(
         ctx=ctx,
         ubatch=ubatch,
         cache_ram_mib=cache_ram_mib,
+        parallel=parallel,
+        flash_attn=flash_attn,
         extra_args=extra_args,
         available_bytes=available_bytes,
     )

@@ -192,6 +192,8 @@ class ResidentServer:
             ctx=self.spec.ctx,
             ubatch=self.spec.ubatch,
             cache_ram_mib=self.spec.cache_ram_mib,
+            parallel=self.spec.parallel,
+            flash_attn=self.spec.flash_attn,
             extra_args=self.spec.extra_args,
         )
         logger.info("memory check: %s", estimate.describe())

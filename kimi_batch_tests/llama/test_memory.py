@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import httpx
@@ -10,6 +11,7 @@ import pytest
 from kimi_batch.cli import main
 from kimi_batch.llama.memory import (
     GIB,
+    MIB,
     InsufficientMemoryError,
     ModelShape,
     check_memory,
@@ -17,6 +19,7 @@ from kimi_batch.llama.memory import (
     read_model_shape,
 )
 from kimi_batch.llama.server import ResidentServer
+from kimi_batch.settings import FlashAttention
 from kimi_batch_tests.support.llama_server import make_spec
 from kimi_batch_tests.support.ports import free_port
 
@@ -35,26 +38,31 @@ def test_smollm2_shape_comes_from_the_gguf_header(model_path: Path) -> None:
 
     assert shape.architecture == "llama"
     assert shape.n_layer == 30
+    assert shape.n_head == 9
     assert shape.n_head_kv == 3
     assert shape.key_length == shape.value_length == 64
     assert shape.kv_lora_rank is None
     assert shape.file_bytes == model_path.stat().st_size
 
 
+# Kimi-K2 / DeepSeek-V3 shape: 61 layers, 64 heads of 192/128, latent 512 + rope 64.
+KIMI = ModelShape(
+    architecture="deepseek2",
+    file_bytes=550 * GIB,
+    n_layer=61,
+    n_embd=7168,
+    n_vocab=163840,
+    n_head=64,
+    n_head_kv=64,
+    key_length=192,
+    value_length=128,
+    kv_lora_rank=512,
+    rope_dim=64,
+)
+
+
 def test_mla_models_cache_the_compressed_latent_not_full_heads() -> None:
-    # Kimi-K2 / DeepSeek-V3 shape: 61 layers, 64 heads of 192/128, latent 512 + rope 64.
-    kimi = ModelShape(
-        architecture="deepseek2",
-        file_bytes=550 * GIB,
-        n_layer=61,
-        n_embd=7168,
-        n_vocab=163840,
-        n_head_kv=64,
-        key_length=192,
-        value_length=128,
-        kv_lora_rank=512,
-        rope_dim=64,
-    )
+    kimi = KIMI
     estimate = estimate_memory(kimi, ctx=65536, ubatch=512, cache_ram_mib=32768)
 
     # (512 + 64 + 512) f16 elements x 61 layers x 65536 cells: 8.1 GiB, not 155 GiB of full heads.
@@ -63,6 +71,57 @@ def test_mla_models_cache_the_compressed_latent_not_full_heads() -> None:
     half = estimate_memory(kimi, ctx=65536, ubatch=512, cache_ram_mib=0, extra_args=q8)
     assert half.kv_cache_bytes < 0.6 * estimate.kv_cache_bytes
     assert estimate.prompt_cache_bytes == 32 * GIB
+
+
+def test_without_flash_attention_the_compute_buffer_holds_a_slots_attention_scores() -> None:
+    def compute(flash_attn: FlashAttention | None, *extra: str) -> int:
+        return estimate_memory(
+            KIMI,
+            ctx=65536,
+            ubatch=512,
+            cache_ram_mib=0,
+            parallel=4,
+            flash_attn=flash_attn,
+            extra_args=extra,
+        ).compute_bytes
+
+    on = compute("on")
+    # f32 scores of 64 heads x 512 tokens x a slot's 16384 cells: 2 GiB.
+    assert compute("off") - on == 4 * 64 * 512 * 16384 == 2 * GIB
+    assert compute(None) == compute("auto") == on  # the build's default: on for a CPU
+    assert compute("on", "-fa", "off") == compute("off")  # the extra arguments come last
+    assert compute("off", "--kv-unified") - on == 8 * GIB  # one stream over every cell
+    assert compute("off", "-amb", "512") - on == 512 * MIB  # ik_llama.cpp's pieces
+
+
+@pytest.mark.parametrize(("flash_attn", "parallel"), [("on", 1), ("off", 1), ("off", 4)])
+def test_compute_estimate_covers_the_buffer_the_real_server_reserves(
+    tmp_path: Path,
+    llama_binary: Path,
+    model_path: Path,
+    flash_attn: FlashAttention,
+    parallel: int,
+) -> None:
+    spec = make_spec(
+        llama_binary, model_path, tmp_path, ctx=16384, parallel=parallel, flash_attn=flash_attn
+    ).model_copy(update={"ubatch": 512, "cache_ram_mib": 0, "extra_args": ("-lv", "4")})
+    server = ResidentServer(spec, tmp_path / "server", load_timeout_s=300)
+    server.ensure_running()
+    server.stop()
+    # llama.cpp logs the compute buffer it reserved for the worst micro-batch (at -lv 4).
+    reserved = re.findall(r"CPU compute buffer size = +([\d.]+) MiB", server.log_path.read_text())
+    assert reserved, server.log_path.read_text()[-2000:]
+    estimate = check_memory(
+        model_path,
+        ctx=spec.ctx,
+        ubatch=spec.ubatch,
+        cache_ram_mib=0,
+        parallel=parallel,
+        flash_attn=flash_attn,
+    )
+
+    assert estimate.compute_bytes >= float(reserved[-1]) * MIB, (estimate.describe(), reserved)
+    assert estimate.compute_bytes <= 1.5 * float(reserved[-1]) * MIB + 32 * MIB
 
 
 def test_estimate_is_within_20_percent_of_the_real_servers_rss(
@@ -83,7 +142,14 @@ def test_estimate_is_within_20_percent_of_the_real_servers_rss(
         rss = _rss_bytes(handle.pid)
     finally:
         server.stop()
-    estimate = check_memory(model_path, ctx=spec.ctx, ubatch=spec.ubatch, cache_ram_mib=0)
+    estimate = check_memory(
+        model_path,
+        ctx=spec.ctx,
+        ubatch=spec.ubatch,
+        cache_ram_mib=0,
+        parallel=spec.parallel,
+        flash_attn=spec.flash_attn,
+    )
 
     assert estimate.resident_bytes == pytest.approx(rss, rel=0.2), (estimate.describe(), rss)
 
