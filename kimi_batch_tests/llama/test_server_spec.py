@@ -141,3 +141,31 @@ def test_the_flash_attention_setting_reaches_argv_and_refuses_other_values(
     assert "--flash-attn" not in _configured(tmp_path, monkeypatch)
     with pytest.raises(ConfigError, match="KIMI_BATCH_LLAMA_FLASH_ATTN"):
         _configured(tmp_path, monkeypatch, LLAMA_FLASH_ATTN="false")
+
+
+def test_the_embedded_default_runs_without_flash_attention_unless_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bundled SmolLM2 on the bundled build: off (its decode over the cached digest measured
+    faster); the same model on a user's own binary, which may be an older build whose `-fa`
+    takes no value: no flag."""
+    from kimi_batch.llama.factory import spec_from_settings
+    from kimi_batch.settings import Settings
+
+    for name in ("MODEL", "LLAMA_SERVER", "LLAMA_FLASH_ATTN"):
+        monkeypatch.delenv(f"KIMI_BATCH_{name}", raising=False)
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path / "home"))
+
+    def flash_attn() -> str | None:
+        argv = spec_from_settings(Settings.from_env()).argv(cpus=16)
+        return _flag(argv, "--flash-attn") if "--flash-attn" in argv else None
+
+    assert flash_attn() == "off"
+    monkeypatch.setenv("KIMI_BATCH_LLAMA_FLASH_ATTN", "on")
+    assert flash_attn() == "on"
+    monkeypatch.delenv("KIMI_BATCH_LLAMA_FLASH_ATTN")
+    own_build = tmp_path / "llama-server"
+    own_build.write_text("#!/bin/sh\n")
+    own_build.chmod(0o755)
+    monkeypatch.setenv("KIMI_BATCH_LLAMA_SERVER", str(own_build))
+    assert flash_attn() is None

@@ -41,7 +41,9 @@ TEST_N_PREDICT = 128
 # The test servers decode without flash attention: on these 2-core CPUs llama.cpp's default (on)
 # decoded SmolLM2 over the cached ~1.2k-token digest at 44 tok/s with 4 slots, off at 113
 # (llama-batched-bench), and evaluated a request's short suffix 4x faster. `kimi-batch tune`
-# measures the same choice on a deployment's machine; the CLI's own servers keep the default.
+# measures the same choice on a deployment's machine, and the embedded default makes it too
+# (`kimi_batch.llama.factory.flash_attention`); named here so that a test server started from
+# a binary given by path, or a developer's shell that says otherwise, decodes the same way.
 TEST_FLASH_ATTN: Final = "off"
 # Servers started from the environment (a Dagster run's, a stack's) decode as the fixtures' do;
 # `support/cli.py` runs the CLI without it, in the default configuration.
