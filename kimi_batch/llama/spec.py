@@ -125,7 +125,7 @@ class ServerSpec(BaseModel):
         return (
             f"model={self.model} ctx={self.ctx} slots={self.parallel} threads={self.threads} "
             f"n_predict={self.n_predict} port={self.port} spec={self.spec_type or '-'} "
-            f"extra={' '.join(self.extra_args) or '-'}"
+            f"flash_attn={self.flash_attn or 'default'} extra={' '.join(self.extra_args) or '-'}"
         )
 
 

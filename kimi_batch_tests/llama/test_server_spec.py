@@ -129,6 +129,12 @@ def test_flash_attention_is_the_builds_default_unless_set() -> None:
     assert _flag(_spec(flash_attn="off").argv(cpus=16), "--flash-attn") == "off"
 
 
+def test_a_spec_names_its_flash_attention_so_a_refused_start_shows_the_difference() -> None:
+    # A server started before the embedded default turned it off differs only there.
+    assert "flash_attn=default" in _spec().describe()
+    assert "flash_attn=off" in _spec(flash_attn="off").describe()
+
+
 def test_the_flash_attention_setting_reaches_argv_and_refuses_other_values(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
