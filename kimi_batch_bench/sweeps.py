@@ -11,11 +11,11 @@ import json
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from kimi_batch.llama import find_tool
+from kimi_batch.settings import FlashAttention
 from kimi_batch_bench.errors import BenchError
 
 __all__ = ["BatchedPoint", "ThreadPoint", "batched_bench", "thread_bench"]
@@ -34,6 +34,8 @@ class BatchedPoint(BaseModel):
     prompt_tok_s: float
     gen_tok_s: float
     total_tok_s: float
+    # As llama-batched-bench reports it (None: not said, or left to `auto`).
+    flash_attn: bool | None = None
 
 
 class ThreadPoint(BaseModel):
@@ -72,11 +74,11 @@ def batched_bench(
     threads: int,
     ctx_per_slot: int,
     ubatch: int = 256,
-    flash_attn: Literal["on", "off"] | None = None,
+    flash_attn: FlashAttention | None = None,
     binary: str | None = None,
 ) -> list[BatchedPoint]:
     """Aggregate speeds for each slot count; the prompt is shared (-pps) like the digest is.
-    `flash_attn`: `-fa on` or `off`; None leaves the build's default."""
+    `flash_attn`: `-fa on`, `off` or `auto`; None leaves the build's default."""
     tool = find_tool("llama-batched-bench", binary)
     argv = [
         str(tool),
@@ -108,6 +110,7 @@ def batched_bench(
                 prompt_tok_s=float(row["speed_pp"]),
                 gen_tok_s=float(row["speed_tg"]),
                 total_tok_s=float(row["speed"]),
+                flash_attn={0: False, 1: True}.get(row.get("flash_attn", -1)),
             )
         )
     if not points:

@@ -83,6 +83,9 @@ def test_tiny_bench_writes_the_contract_keys(
     # 2 seeds x 3 strategies on 2 slots: grouped, each seed is evaluated once instead of twice.
     assert document["amplify"]["prompt_tokens_ratio"] < 1
     assert document["ceiling_tok_s"] > 0
+    # The ceiling decodes as the bench's server does (the tests' servers: flash attention off).
+    assert document["config"]["flash_attn"] == "off"
+    assert document["distill"]["ceiling"]["flash_attn"] is False
     assert "(C) engine" in out.with_suffix(".md").read_text()
     assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
     assert "(D) Dagster partition" in capsys.readouterr().out

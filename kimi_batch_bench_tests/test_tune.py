@@ -74,6 +74,7 @@ def test_tiny_sweep_names_the_knees_and_writes_json_table_and_chart(
     assert set(attention) == {"on", "off"}
     assert all(p["gen_tok_s"] > 0 and p["prompt_tokens"] == 96 for p in attention.values())
     assert all(p["slots"] == document["slot_knee"] for p in attention.values())
+    assert (attention["on"]["flash_attn"], attention["off"]["flash_attn"]) == (True, False)
     choice = document["flash_attn_choice"]
     assert choice in ("off", None)
     assert document["settings"].get("KIMI_BATCH_LLAMA_FLASH_ATTN") == choice
