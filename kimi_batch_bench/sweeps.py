@@ -46,6 +46,8 @@ class ThreadPoint(BaseModel):
     threads: int
     prompt_tok_s: float
     gen_tok_s: float
+    # As llama-bench reports it (None: not said).
+    flash_attn: bool | None = None
 
 
 def _run(argv: list[str]) -> str:
@@ -125,9 +127,11 @@ def thread_bench(
     prompt_tokens: int,
     output_tokens: int,
     repetitions: int = 2,
+    flash_attn: FlashAttention | None = None,
     binary: str | None = None,
 ) -> list[ThreadPoint]:
-    """Prompt and generation tok/s per thread count, single stream, like the source tables."""
+    """Prompt and generation tok/s per thread count, single stream, like the source tables.
+    `flash_attn`: `-fa on`, `off` or `auto`; None leaves the build's default."""
     tool = find_tool("llama-bench", binary)
     argv = [
         str(tool),
@@ -138,15 +142,23 @@ def thread_bench(
         "-r", str(repetitions),
         "-o", "json",
     ]  # fmt: skip
+    if flash_attn is not None:
+        argv += ["-fa", flash_attn]
     rows = json.loads(_run(argv))
     by_threads: dict[int, dict[str, float]] = {}
+    flash: dict[int, bool] = {}
     for row in rows:
         entry = by_threads.setdefault(int(row["n_threads"]), {})
         kind = "gen_tok_s" if int(row.get("n_gen", 0)) > 0 else "prompt_tok_s"
         entry[kind] = float(row["avg_ts"])
+        if row.get("flash_attn") in (0, 1):
+            flash[int(row["n_threads"])] = bool(row["flash_attn"])
     return [
         ThreadPoint(
-            threads=t, prompt_tok_s=v.get("prompt_tok_s", 0.0), gen_tok_s=v.get("gen_tok_s", 0.0)
+            threads=t,
+            prompt_tok_s=v.get("prompt_tok_s", 0.0),
+            gen_tok_s=v.get("gen_tok_s", 0.0),
+            flash_attn=flash.get(t),
         )
         for t, v in sorted(by_threads.items())
     ]

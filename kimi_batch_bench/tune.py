@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kimi_batch.settings import FlashAttention
 from kimi_batch_bench.plan import Speeds, save_speeds
 from kimi_batch_bench.report import markdown_table
 from kimi_batch_bench.sweeps import BatchedPoint, ThreadPoint, batched_bench, thread_bench
@@ -45,6 +46,11 @@ class TuneOptions(BaseModel):
     repetitions: int = Field(default=2, ge=1)
     digest_tokens: int = Field(
         default=1024, ge=1, description="Shared prompt of the flash-attention comparison."
+    )
+    flash_attn: FlashAttention | None = Field(
+        default=None,
+        description="The server's flash attention: the thread and slot sweeps, and the speeds "
+        "`plan` reads, run as the server does (None: the build's default).",
     )
 
 
@@ -120,6 +126,7 @@ def run_tune(model: Path, options: TuneOptions, *, out_dir: Path) -> dict[str, A
         prompt_tokens=options.prompt_tokens,
         output_tokens=options.output_tokens,
         repetitions=options.repetitions,
+        flash_attn=options.flash_attn,
     )
     t_knee = thread_knee(threads)
     slots = batched_bench(
@@ -129,6 +136,7 @@ def run_tune(model: Path, options: TuneOptions, *, out_dir: Path) -> dict[str, A
         output_tokens=options.output_tokens,
         threads=t_knee,
         ctx_per_slot=options.ctx_per_slot,
+        flash_attn=options.flash_attn,
     )
     s_knee = slot_knee(slots)
     at_knee = next(p for p in slots if p.slots == s_knee)

@@ -66,6 +66,9 @@ def test_tiny_sweep_names_the_knees_and_writes_json_table_and_chart(
     assert [p["slots"] for p in document["slots"]] == [1, 2]
     assert all(p["gen_tok_s"] > 0 and p["prompt_tok_s"] > 0 for p in document["threads"])
     assert all(p["gen_tok_s"] > 0 for p in document["slots"])
+    # The sweeps run with the server's flash attention (the tests' servers: off).
+    assert document["options"]["flash_attn"] == "off"
+    assert all(p["flash_attn"] is False for p in [*document["threads"], *document["slots"]])
     assert document["thread_knee"] in (1, 2)
     assert document["slot_knee"] in (1, 2)
     assert f"KIMI_BATCH_LLAMA_THREADS={document['thread_knee']}" in out
