@@ -293,14 +293,6 @@ class Landing:
         versions = self._db.execute("SELECT DISTINCT sha256, ext FROM versions").fetchall()
         return self._blobs.share_many(f"{sha256}.{ext}" for sha256, ext in versions)
 
-    def has_version(self, ds: str, source: str, sha256: str) -> bool:
-        """Whether this content was ever landed for the partition."""
-        row = self._db.execute(
-            "SELECT 1 FROM versions WHERE ds = ? AND source = ? AND sha256 = ? LIMIT 1",
-            (ds, source, sha256),
-        ).fetchone()
-        return row is not None
-
     def earlier_landings(self, ds: str, source: str, sha256: str) -> int:
         """How often this content was landed for the partition before its landing that is (or
         would be) the newest: 0 the first time, 1 for A in A -> B -> A, the same count again
