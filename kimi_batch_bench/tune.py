@@ -118,6 +118,24 @@ def tune_table(document: dict[str, Any]) -> str:
     return f"{threads}\n\n{slots}\n\n{attention}\n"
 
 
+def _flash_attention_at(
+    model: Path, options: TuneOptions, *, threads: int, slots: int
+) -> dict[str, BatchedPoint]:
+    """Decode with flash attention on and off over a digest-long shared prompt."""
+    return {
+        mode: batched_bench(
+            model,
+            slots=(slots,),
+            prompt_tokens=options.digest_tokens,
+            output_tokens=options.output_tokens,
+            threads=threads,
+            ctx_per_slot=max(options.ctx_per_slot, options.digest_tokens + options.output_tokens),
+            flash_attn=mode,
+        )[0]
+        for mode in ("on", "off")
+    }
+
+
 def run_tune(model: Path, options: TuneOptions, *, out_dir: Path) -> dict[str, Any]:
     """Both sweeps; records the per-slot speeds at the knees for `plan`."""
     threads = thread_bench(
@@ -141,18 +159,7 @@ def run_tune(model: Path, options: TuneOptions, *, out_dir: Path) -> dict[str, A
     s_knee = slot_knee(slots)
     at_knee = next(p for p in slots if p.slots == s_knee)
     knee_threads = next(p for p in threads if p.threads == t_knee)
-    attention = {
-        mode: batched_bench(
-            model,
-            slots=(s_knee,),
-            prompt_tokens=options.digest_tokens,
-            output_tokens=options.output_tokens,
-            threads=t_knee,
-            ctx_per_slot=max(options.ctx_per_slot, options.digest_tokens + options.output_tokens),
-            flash_attn=mode,
-        )[0]
-        for mode in ("on", "off")
-    }
+    attention = _flash_attention_at(model, options, threads=t_knee, slots=s_knee)
     flash_attn = flash_attn_choice(attention["on"], attention["off"])
     save_speeds(
         out_dir,
