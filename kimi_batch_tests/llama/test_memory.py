@@ -62,13 +62,12 @@ KIMI = ModelShape(
 
 
 def test_mla_models_cache_the_compressed_latent_not_full_heads() -> None:
-    kimi = KIMI
-    estimate = estimate_memory(kimi, ctx=65536, ubatch=512, cache_ram_mib=32768)
+    estimate = estimate_memory(KIMI, ctx=65536, ubatch=512, cache_ram_mib=32768)
 
     # (512 + 64 + 512) f16 elements x 61 layers x 65536 cells: 8.1 GiB, not 155 GiB of full heads.
     assert estimate.kv_cache_bytes == pytest.approx(1088 * 2 * 61 * 65536, rel=1e-6)
     q8 = ["-ctk", "q8_0", "-ctv", "q8_0"]
-    half = estimate_memory(kimi, ctx=65536, ubatch=512, cache_ram_mib=0, extra_args=q8)
+    half = estimate_memory(KIMI, ctx=65536, ubatch=512, cache_ram_mib=0, extra_args=q8)
     assert half.kv_cache_bytes < 0.6 * estimate.kv_cache_bytes
     assert estimate.prompt_cache_bytes == 32 * GIB
 
