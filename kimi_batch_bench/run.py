@@ -16,8 +16,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.llama import LlamaClient, ResidentServer, format_cpu_list, server_from_settings
-from kimi_batch.settings import FlashAttention, Settings
+from kimi_batch.llama import (
+    LlamaClient,
+    ResidentServer,
+    ServerSpec,
+    format_cpu_list,
+    server_from_settings,
+)
+from kimi_batch.settings import Settings
 from kimi_batch_bench.api_prompts import api_prompts_alone
 from kimi_batch_bench.children import signals_as_exit
 from kimi_batch_bench.contenders import (
@@ -132,10 +138,11 @@ def _ceiling(
     target: BenchTarget,
     prompt_tokens: int,
     output_tokens: int,
-    flash_attn: FlashAttention | None,
+    spec: ServerSpec,
 ) -> dict[str, Any]:
-    """llama-batched-bench's speed at the server's slots, with its flash attention (a ceiling
-    measured with the other setting is no ceiling: off decoded 2.6x faster here)."""
+    """llama-batched-bench's speed at the server's slots, with its build's tool and its flash
+    attention (a ceiling measured with the other setting is no ceiling: off decoded 2.6x faster
+    here)."""
     assert settings.model is not None
     threads = min(settings.llama_threads, os.cpu_count() or 1)
     points = batched_bench(
@@ -145,7 +152,8 @@ def _ceiling(
         output_tokens=output_tokens,
         threads=threads,
         ctx_per_slot=target.endpoint.ctx or 2048,
-        flash_attn=flash_attn,
+        flash_attn=spec.flash_attn,
+        server=spec.binary,
     )
     return points[-1].model_dump()
 
@@ -198,7 +206,7 @@ def _run_workload(
     target: BenchTarget,
     workload: Workload,
     options: BenchOptions,
-    flash_attn: FlashAttention | None,
+    spec: ServerSpec,
 ) -> dict[str, Any]:
     requests = workload.requests
     reports: dict[str, ContenderReport] = {}
@@ -235,7 +243,7 @@ def _run_workload(
         reports["dagster"] = _dagster_contender(settings, workload, engine, section)
     if options.ceiling:
         prompt = target.digest_tokens + round(asyncio.run(_user_tokens(target, workload)))
-        ceiling = _ceiling(settings, target, prompt, workload.output_tokens, flash_attn)
+        ceiling = _ceiling(settings, target, prompt, workload.output_tokens, spec)
         section["ceiling"] = ceiling
         section["ceiling_tok_s"] = round(ceiling["gen_tok_s"], 2)
     section["contenders"] = {name: report.model_dump() for name, report in reports.items()}
@@ -345,7 +353,7 @@ def _sections(
             )
             continue
         workload = _workload(name, local, target, options)
-        sections[name] = _run_workload(local, target, workload, options, manager.spec.flash_attn)
+        sections[name] = _run_workload(local, target, workload, options, manager.spec)
     if "rewrite" in options.workloads:
         workload = rewrite_workload(
             local.home / "workloads" / "rewrite.jsonl",

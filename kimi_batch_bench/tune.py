@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kimi_batch.llama import find_tool
 from kimi_batch.settings import FlashAttention
 from kimi_batch_bench.plan import Speeds, save_speeds
 from kimi_batch_bench.report import markdown_table
@@ -33,6 +34,7 @@ __all__ = [
 ]
 
 KNEE_FRACTION = 0.10
+TOOLS = ("llama-bench", "llama-batched-bench")
 
 
 class TuneOptions(BaseModel):
@@ -119,7 +121,7 @@ def tune_table(document: dict[str, Any]) -> str:
 
 
 def _flash_attention_at(
-    model: Path, options: TuneOptions, *, threads: int, slots: int
+    model: Path, options: TuneOptions, *, threads: int, slots: int, server: Path | None
 ) -> dict[str, BatchedPoint]:
     """Decode with flash attention on and off over a digest-long shared prompt."""
     return {
@@ -131,13 +133,17 @@ def _flash_attention_at(
             threads=threads,
             ctx_per_slot=max(options.ctx_per_slot, options.digest_tokens + options.output_tokens),
             flash_attn=mode,
+            server=server,
         )[0]
         for mode in ("on", "off")
     }
 
 
-def run_tune(model: Path, options: TuneOptions, *, out_dir: Path) -> dict[str, Any]:
-    """Both sweeps; records the per-slot speeds at the knees for `plan`."""
+def run_tune(
+    model: Path, options: TuneOptions, *, out_dir: Path, server: Path | None = None
+) -> dict[str, Any]:
+    """Both sweeps, with the tools of `server`'s build (`find_tool`); records the per-slot speeds
+    at the knees for `plan`."""
     threads = thread_bench(
         model,
         threads=options.threads,
@@ -145,6 +151,7 @@ def run_tune(model: Path, options: TuneOptions, *, out_dir: Path) -> dict[str, A
         output_tokens=options.output_tokens,
         repetitions=options.repetitions,
         flash_attn=options.flash_attn,
+        server=server,
     )
     t_knee = thread_knee(threads)
     slots = batched_bench(
@@ -155,11 +162,12 @@ def run_tune(model: Path, options: TuneOptions, *, out_dir: Path) -> dict[str, A
         threads=t_knee,
         ctx_per_slot=options.ctx_per_slot,
         flash_attn=options.flash_attn,
+        server=server,
     )
     s_knee = slot_knee(slots)
     at_knee = next(p for p in slots if p.slots == s_knee)
     knee_threads = next(p for p in threads if p.threads == t_knee)
-    attention = _flash_attention_at(model, options, threads=t_knee, slots=s_knee)
+    attention = _flash_attention_at(model, options, threads=t_knee, slots=s_knee, server=server)
     flash_attn = flash_attn_choice(attention["on"], attention["off"])
     save_speeds(
         out_dir,
@@ -185,4 +193,5 @@ def run_tune(model: Path, options: TuneOptions, *, out_dir: Path) -> dict[str, A
             **({"KIMI_BATCH_LLAMA_FLASH_ATTN": flash_attn} if flash_attn else {}),
         },
         "options": options.model_dump(),
+        "tools": {name: str(find_tool(name, beside=server)) for name in TOOLS},
     }

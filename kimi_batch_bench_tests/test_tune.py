@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from kimi_batch.cli import main
+from kimi_batch.llama.binary import bundled_llama_server
 from kimi_batch_bench.sweeps import BatchedPoint, ThreadPoint
 from kimi_batch_bench.tune import flash_attn_choice, slot_knee, thread_knee
 
@@ -45,6 +46,28 @@ def test_flash_attention_is_turned_off_only_where_off_generates_10_percent_faste
     assert flash_attn_choice(off_faster, on) is None
 
 
+def _own_build(folder: Path, calls: Path) -> Path:
+    """A user's own llama.cpp build in `folder`: the bundled build's binaries behind scripts that
+    log each run, its llama-batched-bench printing the way ik_llama.cpp's does (no JSON lines: the
+    Markdown table, on stderr). Returns its llama-server."""
+    bundled = bundled_llama_server()
+    assert bundled is not None
+    folder.mkdir()
+    drop_json = 'for a; do shift; [ "$a" = --output-format ] && skip=1 && continue; '
+    drop_json += '[ -n "$skip" ] && skip= && continue; set -- "$@" "$a"; done; '
+    scripts = {
+        "llama-server": f'exec {bundled} "$@"',
+        "llama-bench": f'echo llama-bench >> {calls}; exec {bundled.with_name("llama-bench")} "$@"',
+        "llama-batched-bench": f"echo llama-batched-bench >> {calls}; {drop_json}"
+        f'exec {bundled.with_name("llama-batched-bench")} "$@" 1>&2',
+    }
+    for name, body in scripts.items():
+        script = folder / name
+        script.write_text(f"#!/bin/sh\n{body}\n")
+        script.chmod(0o755)
+    return folder / "llama-server"
+
+
 @pytest.mark.slow
 def test_tiny_sweep_names_the_knees_and_writes_json_table_and_chart(
     tmp_path: Path,
@@ -52,8 +75,12 @@ def test_tiny_sweep_names_the_knees_and_writes_json_table_and_chart(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """With the tools of the configured server's own build, ik_llama.cpp's table output read."""
+    calls = tmp_path / "calls.log"
+    server = _own_build(tmp_path / "build", calls)
     monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path))
     monkeypatch.setenv("KIMI_BATCH_MODEL", str(model_path))
+    monkeypatch.setenv("KIMI_BATCH_LLAMA_SERVER", str(server))
     args = ["--threads", "1", "2", "--slots", "1", "2", "--prompt-tokens", "32"]
     args += ["--output-tokens", "8", "--repetitions", "1", "--ctx-per-slot", "256"]
     args += ["--digest-tokens", "96"]
@@ -86,6 +113,12 @@ def test_tiny_sweep_names_the_knees_and_writes_json_table_and_chart(
     table = (tmp_path / "tune" / "tune.md").read_text()
     assert "| threads |" in table
     assert "| flash attention |" in table
+    # Every sweep ran the tools beside the configured llama-server, and the output names them.
+    assert document["tools"] == {
+        name: str(server.with_name(name)) for name in ("llama-bench", "llama-batched-bench")
+    }
+    assert set(calls.read_text().split()) == {"llama-bench", "llama-batched-bench"}
+    assert f"measured with: {server.with_name('llama-bench')}" in out
     speeds = json.loads((tmp_path / "tune" / "speeds.json").read_text())
     assert speeds["source"] == "tune"
     assert speeds["slots"] == document["slot_knee"]

