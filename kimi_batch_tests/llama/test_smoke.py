@@ -58,3 +58,25 @@ def test_the_installed_llama_server_passes_the_smoke_test(
         except OSError:
             continue
         assert str(tmp_path).encode() not in cmdline
+
+
+def test_the_smoke_server_gets_the_flash_attention_the_server_will(
+    tmp_path: Path, llama_binary: Path
+) -> None:
+    """So a build that refuses the flag fails the smoke test, not the night's start."""
+    argv_log = tmp_path / "argv.log"
+    wrapper = tmp_path / "bin" / "llama-server"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\necho "$@" >> {argv_log}\nexec {llama_binary} "$@"\n')
+    wrapper.chmod(0o755)
+
+    result = run_cli(
+        tmp_path,
+        "server",
+        "smoke",
+        KIMI_BATCH_LLAMA_SERVER=str(wrapper),
+        KIMI_BATCH_LLAMA_FLASH_ATTN="on",
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert "--flash-attn on" in argv_log.read_text()
