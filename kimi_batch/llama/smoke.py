@@ -136,6 +136,32 @@ class _Smoke:
                 self.process.wait()
 
 
+def _smoke_spec(
+    binary: Path,
+    model: Path,
+    work_dir: Path,
+    *,
+    cache_ram_mib: int | None,
+    flash_attn: FlashAttention | None,
+) -> ServerSpec:
+    """A small server: two threads, one 1,024-token slot, a few tokens, no metrics."""
+    return ServerSpec(
+        binary=binary,
+        model=model,
+        port=_free_loopback_port(),
+        threads=min(2, available_cpus()),
+        ctx=1024,
+        parallel=1,
+        batch=512,
+        ubatch=256,
+        n_predict=SMOKE_TOKENS,
+        cache_ram_mib=cache_ram_mib,
+        slot_save_path=private_dir(work_dir / "slots"),
+        metrics=False,
+        flash_attn=flash_attn,
+    )
+
+
 def smoke_test(
     binary: Path,
     model: Path,
@@ -152,21 +178,7 @@ def smoke_test(
     server dies by a signal, `ServerSpawnError` for any other failure; bounded by `timeout_s`.
     """
     private_dir(work_dir)
-    spec = ServerSpec(
-        binary=binary,
-        model=model,
-        port=_free_loopback_port(),
-        threads=min(2, available_cpus()),
-        ctx=1024,
-        parallel=1,
-        batch=512,
-        ubatch=256,
-        n_predict=SMOKE_TOKENS,
-        cache_ram_mib=cache_ram_mib,
-        slot_save_path=private_dir(work_dir / "slots"),
-        metrics=False,
-        flash_attn=flash_attn,
-    )
+    spec = _smoke_spec(binary, model, work_dir, cache_ram_mib=cache_ram_mib, flash_attn=flash_attn)
     log_path = work_dir / "llama-server.log"
     started = time.monotonic()
     try:
