@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +115,15 @@ def bench_command(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _tool_args(text: str | None) -> tuple[str, ...]:
+    from kimi_batch.errors import ConfigError
+
+    try:
+        return tuple(shlex.split(text or ""))
+    except ValueError as error:  # an unclosed quote
+        raise ConfigError(f"--tool-args {text!r}: {error}") from None
+
+
 def tune_command(args: argparse.Namespace, settings: Settings) -> int:
     from kimi_batch.errors import MissingInputError
     from kimi_batch.llama import ResidentServer, available_cpus, server_from_settings
@@ -138,6 +148,7 @@ def tune_command(args: argparse.Namespace, settings: Settings) -> int:
         repetitions=args.repetitions,
         digest_tokens=args.digest_tokens,
         flash_attn=spec.flash_attn if spec else None,
+        tool_args=_tool_args(args.tool_args),
     )
     server = spec.binary if spec else None
     document = run_tune(settings.model, options, out_dir=settings.paths.tune_dir, server=server)
@@ -318,6 +329,13 @@ def add_perf_commands(commands: Any, *, json_help: str) -> None:
         type=int,
         default=1024,
         help="shared prompt of the flash-attention comparison (your digest's length)",
+    )
+    tune.add_argument(
+        "--tool-args",
+        default=None,
+        metavar="ARGS",
+        help="more arguments for both tools, as your server's model needs them (e.g. "
+        "--tool-args='-mla 3 -amb 512 -ngl 99 -ot exps=CPU' for Kimi-K2.5 on ik_llama.cpp)",
     )
     tune.add_argument(
         "--json", default=None, metavar="FILE", help="also write the JSON (and .md, .png) here"

@@ -132,10 +132,11 @@ def batched_bench(
     ubatch: int = 256,
     flash_attn: FlashAttention | None = None,
     server: Path | None = None,
+    extra_args: Sequence[str] = (),
 ) -> list[BatchedPoint]:
     """Aggregate speeds for each slot count; the prompt is shared (-pps) like the digest is.
     `flash_attn`: `-fa on`, `off` or `auto`; None leaves the build's default. `server`: the
-    llama-server whose build's tool runs (`find_tool`)."""
+    llama-server whose build's tool runs (`find_tool`); `extra_args` come last."""
     tool = find_tool("llama-batched-bench", beside=server)
     argv = [
         str(tool),
@@ -153,7 +154,7 @@ def batched_bench(
     ]  # fmt: skip
     if flash_attn is not None:
         argv += ["-fa", flash_attn]
-    done = _run(argv)
+    done = _run([*argv, *extra_args])
     points = _jsonl_points(done.stdout) or _table_points(f"{done.stdout}\n{done.stderr}")
     if not points:
         raise BenchError("llama-batched-bench printed no results")
@@ -169,10 +170,12 @@ def thread_bench(
     repetitions: int = 2,
     flash_attn: FlashAttention | None = None,
     server: Path | None = None,
+    extra_args: Sequence[str] = (),
 ) -> list[ThreadPoint]:
     """Prompt and generation tok/s per thread count, single stream, like the source tables.
     `flash_attn`: on or off (`-fa 1|0`, which every build's llama-bench takes); None or `auto`
-    leave the build's default. `server`: the llama-server whose build's tool runs."""
+    leave the build's default. `server`: the llama-server whose build's tool runs; `extra_args`
+    come last."""
     tool = find_tool("llama-bench", beside=server)
     argv = [
         str(tool),
@@ -185,7 +188,7 @@ def thread_bench(
     ]  # fmt: skip
     if flash_attn in ("on", "off"):
         argv += ["-fa", "1" if flash_attn == "on" else "0"]
-    rows = json.loads(_run(argv).stdout)
+    rows = json.loads(_run([*argv, *extra_args]).stdout)
     by_threads: dict[int, dict[str, float]] = {}
     flash: dict[int, bool] = {}
     for row in rows:

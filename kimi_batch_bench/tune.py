@@ -54,6 +54,11 @@ class TuneOptions(BaseModel):
         description="The server's flash attention: the thread and slot sweeps, and the speeds "
         "`plan` reads, run as the server does (None: the build's default).",
     )
+    tool_args: tuple[str, ...] = Field(
+        default=(),
+        description="More arguments for both tools, last on their command lines: the model "
+        "flags the server gets (MLA, offload), which the tools do not read from it.",
+    )
 
 
 def thread_knee(points: Sequence[ThreadPoint]) -> int:
@@ -134,6 +139,7 @@ def _flash_attention_at(
             ctx_per_slot=max(options.ctx_per_slot, options.digest_tokens + options.output_tokens),
             flash_attn=mode,
             server=server,
+            extra_args=options.tool_args,
         )[0]
         for mode in ("on", "off")
     }
@@ -152,6 +158,7 @@ def run_tune(
         repetitions=options.repetitions,
         flash_attn=options.flash_attn,
         server=server,
+        extra_args=options.tool_args,
     )
     t_knee = thread_knee(threads)
     slots = batched_bench(
@@ -163,6 +170,7 @@ def run_tune(
         ctx_per_slot=options.ctx_per_slot,
         flash_attn=options.flash_attn,
         server=server,
+        extra_args=options.tool_args,
     )
     s_knee = slot_knee(slots)
     at_knee = next(p for p in slots if p.slots == s_knee)

@@ -57,8 +57,9 @@ def _own_build(folder: Path, calls: Path) -> Path:
     drop_json += '[ -n "$skip" ] && skip= && continue; set -- "$@" "$a"; done; '
     scripts = {
         "llama-server": f'exec {bundled} "$@"',
-        "llama-bench": f'echo llama-bench >> {calls}; exec {bundled.with_name("llama-bench")} "$@"',
-        "llama-batched-bench": f"echo llama-batched-bench >> {calls}; {drop_json}"
+        "llama-bench": f'echo llama-bench "$@" >> {calls}; '
+        f'exec {bundled.with_name("llama-bench")} "$@"',
+        "llama-batched-bench": f'echo llama-batched-bench "$@" >> {calls}; {drop_json}'
         f'exec {bundled.with_name("llama-batched-bench")} "$@" 1>&2',
     }
     for name, body in scripts.items():
@@ -83,7 +84,7 @@ def test_tiny_sweep_names_the_knees_and_writes_json_table_and_chart(
     monkeypatch.setenv("KIMI_BATCH_LLAMA_SERVER", str(server))
     args = ["--threads", "1", "2", "--slots", "1", "2", "--prompt-tokens", "32"]
     args += ["--output-tokens", "8", "--repetitions", "1", "--ctx-per-slot", "256"]
-    args += ["--digest-tokens", "96"]
+    args += ["--digest-tokens", "96", "--tool-args", "-ngl 0"]
 
     assert main(["tune", *args]) == 0
 
@@ -117,8 +118,24 @@ def test_tiny_sweep_names_the_knees_and_writes_json_table_and_chart(
     assert document["tools"] == {
         name: str(server.with_name(name)) for name in ("llama-bench", "llama-batched-bench")
     }
-    assert set(calls.read_text().split()) == {"llama-bench", "llama-batched-bench"}
+    runs = calls.read_text().splitlines()
+    assert {run.split()[0] for run in runs} == {"llama-bench", "llama-batched-bench"}
+    assert all(run.endswith(" -ngl 0") for run in runs)  # --tool-args, last
     assert f"measured with: {server.with_name('llama-bench')}" in out
     speeds = json.loads((tmp_path / "tune" / "speeds.json").read_text())
     assert speeds["source"] == "tune"
     assert speeds["slots"] == document["slot_knee"]
+
+
+def test_tool_args_with_an_unclosed_quote_are_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path))  # the embedded default model
+
+    assert main(["tune", "--threads", "1", "--tool-args", "-ot 'exps=CPU"]) != 0
+
+    error = capsys.readouterr().err.strip()
+    assert "--tool-args" in error
+    assert "No closing quotation" in error
+    assert len(error.splitlines()) == 1
+    assert not (tmp_path / "tune" / "tune.json").exists()
