@@ -224,6 +224,7 @@ class BatchRun:
                     model=endpoint.model,
                     ctx=endpoint.ctx,
                     prefill_timeout_s=engine.speeds.deadline_s(engine.digest_tokens, 1),
+                    save_dir=endpoint.slot_save_dir,
                 )
                 for client, endpoint in zip(clients, engine.endpoints, strict=True)
             ]

@@ -170,6 +170,7 @@ class SlotDigests:
             ctx=endpoint.ctx,
             prefill_timeout_s=self._prefill_timeout_s(tokens),
             save_name=digest_save_name(digest.sha256, endpoint.model, endpoint.ctx, kind="prompt"),
+            save_dir=endpoint.slot_save_dir,
         )
 
     async def _restore(self, watch: EndpointWatch, slot_id: int, warmer: SlotWarmer) -> bool:

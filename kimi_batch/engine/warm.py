@@ -13,6 +13,7 @@ import contextlib
 import logging
 import re
 import time
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -86,6 +87,7 @@ class SlotWarmer:
         ctx: int | None,
         prefill_timeout_s: float | None = None,
         save_name: str | None = None,
+        save_dir: Path | None = None,
     ) -> None:
         self.client = client
         self.digest = digest
@@ -94,6 +96,10 @@ class SlotWarmer:
         # The digest's prefill at the measured speed, with margin (the caller's deadline): a
         # frozen server ends the call, it does not hold it for the client's hour.
         self.prefill_timeout_s = prefill_timeout_s
+        # The server's --slot-save-path as this process sees it (a resident server's): a restore
+        # whose file is not there is not asked for. ik_llama.cpp's server never answers one (its
+        # error result does not reach the waiting request), which would cost a timeout per slot.
+        self.save_dir = save_dir
 
     async def _generate_on(self, slot_id: int) -> GenerationStats:
         completion = await self.client.chat(
@@ -129,6 +135,8 @@ class SlotWarmer:
 
     async def restore(self, slot_id: int) -> float | None:
         """Restore the saved digest into a slot; None when no save file exists (or no slot API)."""
+        if self.save_dir is not None and not (self.save_dir / self.save_name).is_file():
+            return None
         await self.wait_idle(slot_id)
         started = time.perf_counter()
         try:

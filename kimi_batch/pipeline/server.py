@@ -204,6 +204,7 @@ async def warm_digest(
                 model=endpoint.model,
                 ctx=endpoint.ctx,
                 prefill_timeout_s=speeds.deadline_s(tokens, 1),
+                save_dir=endpoint.slot_save_dir,
             )
             report = await warmer.warm_all(endpoint.slots, verify=True)
         speeds.observe_prompt(tokens * len(report.prefilled_slots), report.prefill_ms)

@@ -12,6 +12,7 @@ from kimi_batch.engine.digest import SystemDigest
 from kimi_batch.engine.ledger import Ledger
 from kimi_batch.engine.prompt import assemble_messages
 from kimi_batch.engine.warm import SlotWarmer, WarmupReport
+from kimi_batch.llama import LlamaClient, LlamaError, RetryPolicy
 from kimi_batch.llama.messages import ChatMessage
 from kimi_batch.llama.server import ResidentServer
 from kimi_batch_tests.support.engine import digest_tokens, endpoint_of, fresh_digest, questions
@@ -107,7 +108,13 @@ async def test_after_a_restart_the_digest_is_restored_from_file_not_prefilled(
     async def warm() -> WarmupReport:
         async with own_server.client() as client:
             return await SlotWarmer(
-                client, digest, digest_tokens=tokens, model="m", ctx=2048
+                client,
+                digest,
+                digest_tokens=tokens,
+                model="m",
+                ctx=2048,
+                # As the resident server's runs do: the save is looked for before a restore.
+                save_dir=own_server.spec.slot_save_path,
             ).warm_all(2)
 
     before = await warm()
@@ -121,3 +128,17 @@ async def test_after_a_restart_the_digest_is_restored_from_file_not_prefilled(
     assert first_canary.warm
     assert first_canary.evaluated_tokens < tokens * 0.05
     assert after.restore_ms < before.prefill_ms
+
+
+async def test_a_restore_whose_save_file_is_not_there_is_not_asked_for(tmp_path: Path) -> None:
+    """ik_llama.cpp's server never answers a restore of a missing file: each would cost a
+    timeout. Nothing listens on this client's port: a request would fail the restore."""
+    digest = fresh_digest("no save")
+    async with LlamaClient("http://127.0.0.1:9", retry=RetryPolicy(attempts=1)) as client:
+        warmer = SlotWarmer(
+            client, digest, digest_tokens=10, model="m", ctx=2048, save_dir=tmp_path
+        )
+        assert await warmer.restore(0) is None
+        (tmp_path / warmer.save_name).write_bytes(b"saved")
+        with pytest.raises(LlamaError):
+            await warmer.restore(0)
