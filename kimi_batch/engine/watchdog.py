@@ -2,7 +2,8 @@
 
 A llama-server stopped with SIGSTOP (or wedged in its main loop) still accepts TCP connections,
 so a request to it just waits. Its `/metrics` counters (`n_decode_total` grows with every decode
-batch, prefill and generation alike; `prompt_tokens_total` with every evaluated prompt) or,
+batch, prefill and generation alike; `prompt_tokens_total` with every evaluated prompt;
+ik_llama.cpp, which has neither moving before a slot is released, `kv_cache_tokens`) or,
 without `--metrics`, its `/slots` `n_decoded` and prompt progress (`n_past`, where the build
 reports it) stand still. An endpoint whose counters do not move, or that does not answer the
 probe at all, for a whole stall period while work is in flight (a request, or the digest
@@ -170,6 +171,7 @@ class EndpointWatch:
                 int(m.n_decode_total),
                 int(m.tokens_predicted_total),
                 int(m.prompt_tokens_total),
+                int(m.kv_cache_tokens),
             )
         slots = await self.client.slots(timeout_s=timeout)
         return tuple(

@@ -5,8 +5,9 @@ states are a closed enum."""
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Lenient(BaseModel):
@@ -81,6 +82,17 @@ class SlotState(_Lenient):
     n_past: int | None = None
     n_prompt_tokens_processed: int | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _processing_from_state(cls, data: Any) -> Any:
+        """ik_llama.cpp reports `state` (0 idle, 1 processing) where llama.cpp reports
+        `is_processing`: without this every slot of it would read as idle."""
+        if isinstance(data, dict) and "is_processing" not in data:
+            state = data.get("state")
+            if isinstance(state, int) and not isinstance(state, bool):
+                return {**data, "is_processing": state != 0}
+        return data
+
     @property
     def prompt_progress(self) -> int:
         """Prompt tokens the slot has evaluated so far, as far as this build tells."""
@@ -124,6 +136,9 @@ class ServerMetrics(BaseModel):
     prompt_tokens_total: float = 0.0
     tokens_predicted_total: float = 0.0
     n_decode_total: float = 0.0
+    # Tokens in the KV cache: ik_llama.cpp's only counter that moves while slots work (it has
+    # no n_decode_total and adds to the two totals when a slot is released).
+    kv_cache_tokens: float = 0.0
     requests_processing: float = 0.0
     requests_deferred: float = 0.0
 
