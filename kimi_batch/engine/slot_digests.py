@@ -134,6 +134,10 @@ class SlotDigests:
         saves = self._saves.get(watch.client)
         if saves is None:
             return False
+        while (warming := self._warming.get((watch.client, digest.sha256))) is not None:
+            # Another slot is prefilling or saving it: its file is named before it is written,
+            # and a restore is not asked for a file that is not there yet (`SlotWarmer.restore`).
+            await warming.wait()
         if saves.name(digest.sha256) is None and self.shared(digest.sha256):
             await self._warm(watch, slot_id, digest, saves)
             if watch.digests.get(slot_id) == digest.sha256:
@@ -189,11 +193,8 @@ class SlotDigests:
         self, watch: EndpointWatch, slot_id: int, digest: SystemDigest, saves: SaveFiles
     ) -> None:
         """Prefill `digest` into this slot and save it; a slot that comes for it meanwhile
-        waits for that save (one prefill, however many slots)."""
+        waits for that save (`bring`: one prefill, however many slots)."""
         key = (watch.client, digest.sha256)
-        if (busy := self._warming.get(key)) is not None:
-            await busy.wait()
-            return
         self._warming[key] = done = asyncio.Event()
         warmer = self._warmer(watch.client, digest)
         try:

@@ -3,12 +3,18 @@ their digest has no request left and when the batch ends (files on disk; no serv
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
+
+import httpx
+import pytest
 
 from kimi_batch.engine.batch_engine import Endpoint
 from kimi_batch.engine.digest import SystemDigest
 from kimi_batch.engine.slot_digests import SaveFiles, SlotDigests
 from kimi_batch.engine.warm import SlotWarmer
+from kimi_batch.engine.watchdog import EndpointWatch, WatchdogPolicy
 from kimi_batch.llama import LlamaClient
 
 
@@ -70,3 +76,54 @@ async def test_a_digest_s_save_goes_with_its_last_request_and_the_rest_at_the_en
 
     assert _on_disk(tmp_path) == {pipeline_save.name}
     assert digests.saves_peak == 2
+
+
+async def test_a_slot_that_comes_while_the_save_is_written_restores_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race CI met on a real server: the second slot of a shared digest came while the
+    first one's save was being written, found the file named but not there, and prefilled."""
+    save_started = asyncio.Event()
+    restored: list[int] = []
+
+    async def server(request: httpx.Request) -> httpx.Response:
+        slot_id = int(request.url.path.rsplit("/", 1)[1])
+        name = json.loads(request.content)["filename"]
+        if request.url.params["action"] == "save":
+            save_started.set()
+            await asyncio.sleep(0.05)  # the server writes the file
+            (tmp_path / name).write_bytes(b"kv")
+        elif (tmp_path / name).is_file():
+            restored.append(slot_id)
+        return httpx.Response(200, json={"id_slot": slot_id})
+
+    prefilled: list[int] = []
+
+    async def prefill(_warmer: SlotWarmer, slot_id: int) -> float:
+        prefilled.append(slot_id)
+        return 1.0
+
+    monkeypatch.setattr(SlotWarmer, "prefill", prefill)
+    monkeypatch.setattr(SlotWarmer, "wait_idle", lambda *_args, **_kwargs: asyncio.sleep(0))
+    engine_digest = SystemDigest.from_text("The pipeline's digest.")
+    shared = SystemDigest.from_text("A system prompt several slots run.")
+    endpoint = Endpoint(base_url="http://llama", slots=2, model="m", slot_save_dir=tmp_path)
+    async with LlamaClient(endpoint.base_url, transport=httpx.MockTransport(server)) as client:
+        digests = SlotDigests(
+            engine_digest,
+            shared={shared.sha256}.__contains__,
+            tokens=lambda _sha: 10,
+            prefill_timeout_s=lambda _tokens: 1.0,
+            max_saves=4,
+        )
+        digests.add_endpoint(
+            endpoint, SlotWarmer(client, engine_digest, digest_tokens=5, model="m", ctx=None)
+        )
+        watch = EndpointWatch(client, WatchdogPolicy())
+        first = asyncio.create_task(digests.bring(watch, 0, shared))
+        await save_started.wait()
+        second = await digests.bring(watch, 1, shared)
+
+        assert (await first, second) == (True, True)
+    assert (prefilled, restored) == ([0], [1])
+    assert (digests.warmups, digests.restores) == (1, 1)
