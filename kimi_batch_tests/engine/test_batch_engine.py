@@ -33,7 +33,7 @@ def two_servers(
     servers = []
     for name in ("a", "b"):
         home = tmp_path / name
-        spec = make_spec(llama_binary, model_path, home, parallel=2, ctx=2 * 2048)
+        spec = make_spec(llama_binary, model_path, home, parallel=2, ctx=2 * 2048, threads=1)
         server = ResidentServer(spec, home / "server", load_timeout_s=300)
         server.ensure_running()
         servers.append(server)
