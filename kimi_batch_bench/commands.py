@@ -104,6 +104,7 @@ def bench_command(args: argparse.Namespace, settings: Settings) -> int:
         night_pinning=args.pinning,
         api_lines=args.api_lines,
         api_output_tokens=args.api_output_tokens,
+        tool_args=_tool_args(args.tool_args),
     )
     document = run_bench(settings, options)
     table = bench_table(document)
@@ -270,6 +271,13 @@ def add_perf_commands(commands: Any, *, json_help: str) -> None:
     bench.add_argument("--no-dagster", action="store_true", help="skip the pipeline run")
     bench.add_argument(
         "--no-ceiling", action="store_true", help="skip llama.cpp's own batched benchmark"
+    )
+    bench.add_argument(
+        "--tool-args",
+        default=None,
+        metavar="ARGS",
+        help="more arguments for the ceiling's llama-batched-bench, as your server's model "
+        "needs them (as for tune)",
     )
     bench.add_argument("--rewrite-rows", type=int, default=20, help="rewrite: copy-heavy rows")
     bench.add_argument("--partitions", type=int, default=None, help="night/rehearsal: partitions")

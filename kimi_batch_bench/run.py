@@ -88,6 +88,11 @@ class BenchOptions(BaseModel):
     spec_type: str | None = Field(
         default=None, description="--spec-type of the rewrite run; default KIMI_BATCH_LLAMA_SPEC."
     )
+    tool_args: tuple[str, ...] = Field(
+        default=(),
+        description="More arguments for the ceiling's llama-batched-bench (the model flags the "
+        "server gets from KIMI_BATCH_LLAMA_EXTRA_ARGS), last on its command line.",
+    )
 
 
 def bench_settings(
@@ -139,6 +144,7 @@ def _ceiling(
     prompt_tokens: int,
     output_tokens: int,
     spec: ServerSpec,
+    tool_args: tuple[str, ...],
 ) -> dict[str, Any]:
     """llama-batched-bench's speed at the server's slots, with its build's tool and its flash
     attention (a ceiling measured with the other setting is no ceiling: off decoded 2.6x faster
@@ -154,6 +160,7 @@ def _ceiling(
         ctx_per_slot=target.endpoint.ctx or 2048,
         flash_attn=spec.flash_attn,
         server=spec.binary,
+        extra_args=tool_args,
     )
     return points[-1].model_dump()
 
@@ -243,7 +250,9 @@ def _run_workload(
         reports["dagster"] = _dagster_contender(settings, workload, engine, section)
     if options.ceiling:
         prompt = target.digest_tokens + round(asyncio.run(_user_tokens(target, workload)))
-        ceiling = _ceiling(settings, target, prompt, workload.output_tokens, spec)
+        ceiling = _ceiling(
+            settings, target, prompt, workload.output_tokens, spec, options.tool_args
+        )
         section["ceiling"] = ceiling
         section["ceiling_tok_s"] = round(ceiling["gen_tok_s"], 2)
     section["contenders"] = {name: report.model_dump() for name, report in reports.items()}

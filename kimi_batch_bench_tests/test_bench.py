@@ -9,6 +9,7 @@ import pytest
 
 from kimi_batch.cli import main
 from kimi_batch.settings import default_digest_path
+from kimi_batch_bench_tests.own_build import own_build
 from kimi_batch_tests.support.ports import free_port
 
 TOP_LEVEL = {
@@ -65,10 +66,13 @@ def test_tiny_bench_writes_the_contract_keys(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     _bench_env(tmp_path, llama_binary, model_path, monkeypatch)
+    calls = tmp_path / "calls.log"  # the ceiling runs the tool of the server's own build
+    monkeypatch.setenv("KIMI_BATCH_LLAMA_SERVER", str(own_build(tmp_path / "build", calls)))
     out = tmp_path / "bench.json"
     sizes = ["--rows", "4", "--output-tokens", "8", "--seeds-per-slot", "1", "--variants", "1"]
+    sizes += ["--amplify-output-tokens", "4", "--tool-args", "-ngl 0"]
 
-    assert main(["bench", "--json", str(out), *sizes, "--amplify-output-tokens", "4"]) == 0
+    assert main(["bench", "--json", str(out), *sizes]) == 0
 
     document = json.loads(out.read_text())
     assert document.keys() >= TOP_LEVEL
@@ -86,6 +90,10 @@ def test_tiny_bench_writes_the_contract_keys(
     # The ceiling decodes as the bench's server does (the tests' servers: flash attention off).
     assert document["config"]["flash_attn"] == "off"
     assert document["distill"]["ceiling"]["flash_attn"] is False
+    ceilings = calls.read_text().splitlines()  # one a workload, --tool-args last
+    assert len(ceilings) == 2
+    assert all(run.startswith("llama-batched-bench ") for run in ceilings)
+    assert all(run.endswith(" -ngl 0") for run in ceilings)
     assert "(C) engine" in out.with_suffix(".md").read_text()
     assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
     assert "(D) Dagster partition" in capsys.readouterr().out

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from kimi_batch.cli import main
-from kimi_batch.llama.binary import bundled_llama_server
 from kimi_batch_bench.sweeps import BatchedPoint, ThreadPoint
 from kimi_batch_bench.tune import flash_attn_choice, slot_knee, thread_knee
+from kimi_batch_bench_tests.own_build import own_build
 
 
 def _threads(*speeds: float) -> list[ThreadPoint]:
@@ -46,29 +46,6 @@ def test_flash_attention_is_turned_off_only_where_off_generates_10_percent_faste
     assert flash_attn_choice(off_faster, on) is None
 
 
-def _own_build(folder: Path, calls: Path) -> Path:
-    """A user's own llama.cpp build in `folder`: the bundled build's binaries behind scripts that
-    log each run, its llama-batched-bench printing the way ik_llama.cpp's does (no JSON lines: the
-    Markdown table, on stderr). Returns its llama-server."""
-    bundled = bundled_llama_server()
-    assert bundled is not None
-    folder.mkdir()
-    drop_json = 'for a; do shift; [ "$a" = --output-format ] && skip=1 && continue; '
-    drop_json += '[ -n "$skip" ] && skip= && continue; set -- "$@" "$a"; done; '
-    scripts = {
-        "llama-server": f'exec {bundled} "$@"',
-        "llama-bench": f'echo llama-bench "$@" >> {calls}; '
-        f'exec {bundled.with_name("llama-bench")} "$@"',
-        "llama-batched-bench": f'echo llama-batched-bench "$@" >> {calls}; {drop_json}'
-        f'exec {bundled.with_name("llama-batched-bench")} "$@" 1>&2',
-    }
-    for name, body in scripts.items():
-        script = folder / name
-        script.write_text(f"#!/bin/sh\n{body}\n")
-        script.chmod(0o755)
-    return folder / "llama-server"
-
-
 @pytest.mark.slow
 def test_tiny_sweep_names_the_knees_and_writes_json_table_and_chart(
     tmp_path: Path,
@@ -78,7 +55,7 @@ def test_tiny_sweep_names_the_knees_and_writes_json_table_and_chart(
 ) -> None:
     """With the tools of the configured server's own build, ik_llama.cpp's table output read."""
     calls = tmp_path / "calls.log"
-    server = _own_build(tmp_path / "build", calls)
+    server = own_build(tmp_path / "build", calls)
     monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path))
     monkeypatch.setenv("KIMI_BATCH_MODEL", str(model_path))
     monkeypatch.setenv("KIMI_BATCH_LLAMA_SERVER", str(server))
