@@ -295,16 +295,25 @@ EOF
 
 # ----------------------------------------------------------------------------------------- lifecycle
 
-pid_alive() {
+# The pid file's process exists (a zombie does not count).
+pid_exists() {
     [[ -f "$PID_FILE" ]] || return 1
     local pid
     pid="$(cat "$PID_FILE" 2>/dev/null || true)"
     [[ "$pid" =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null || return 1
-    # A pid file left over from before a reboot may name an unrelated process by now. (Right after
-    # `start` the pid is still the launcher, which then execs the JVM.)
-    if [[ -r "/proc/$pid/cmdline" ]]; then
-        tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qE 'io\.trino\.server\.TrinoServer|/launcher '
-    fi
+    [[ ! -r "/proc/$pid/stat" ]] || [[ "$(sed 's/.*) //' "/proc/$pid/stat" | cut -d' ' -f1)" != Z ]]
+}
+
+# The pid file's process is a Trino (or its launcher, which then execs the JVM).
+pid_alive() {
+    pid_exists || return 1
+    local pid cmdline
+    pid="$(cat "$PID_FILE")"
+    [[ -r "/proc/$pid/cmdline" ]] || return 0
+    cmdline="$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null || true)"
+    # Empty while the launcher execs the JVM. Otherwise a pid file left over from before a reboot
+    # may name an unrelated process by now.
+    [[ -z "$cmdline" ]] || grep -qE 'io\.trino\.server\.TrinoServer|/launcher ' <<<"$cmdline"
 }
 
 # Prints the /v1/info JSON when a Trino answers on the port.
@@ -376,7 +385,10 @@ cmd_wait() {
     local started=$SECONDS
     say "waiting up to ${TIMEOUT}s for 127.0.0.1:$PORT to list an active node"
     while ((SECONDS - started < TIMEOUT)); do
-        if ! pid_alive && ! probe_info >/dev/null; then
+        # Died = the started process is gone. Its command line is not asked: `start` wrote the
+        # pid just before, and during the launcher's exec of the JVM it reads empty (which, under
+        # load, failed a test's start here and stopped a healthy server).
+        if ! pid_exists && ! probe_info >/dev/null; then
             if [[ -f "$PID_FILE" ]]; then
                 tail -n 30 "$LOG_DIR/server.log" >&2 2>/dev/null || true
                 die "the Trino process died during startup (see $LOG_DIR/server.log)"

@@ -1,10 +1,12 @@
-"""The Trino catalog file (`kimi-batch publish`, `scripts/trino.sh config`) and `make trino-cli`."""
+"""The Trino catalog file (`kimi-batch publish`, `scripts/trino.sh config`), how the script tells
+a started Trino from a dead one, and `make trino-cli`."""
 
 from __future__ import annotations
 
 import os
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ import pytest
 from kimi_batch.settings import Settings
 from kimi_batch.warehouse import CATALOG_NAME, LEDGER_SCHEMA, TrinoReader, catalog_properties
 from kimi_batch_tests.support.cli import CLI_TIMEOUT_S, run_cli
+from kimi_batch_tests.support.ports import free_port
 from kimi_batch_tests.support.repo import REPO_ROOT
 from kimi_batch_tests.support.rows import amplified, distilled
 from kimi_batch_tests.support.script_server import run_script
@@ -99,6 +102,60 @@ def test_publish_prints_the_catalog_with_its_secrets_masked(
 def _base_env() -> dict[str, str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("KIMI_BATCH_", "AWS_"))}
     return {**clean, "PYTHONPATH": str(REPO_ROOT)}
+
+
+def _script_env(home: Path, **extra: str) -> dict[str, str]:
+    return {
+        **_base_env(),
+        "KIMI_BATCH_HOME": str(home),
+        "KIMI_BATCH_TRINO_PORT": str(free_port()),
+        **extra,
+    }
+
+
+def _process_state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def _pid_file(home: Path, pid: int) -> None:
+    (home / "trino").mkdir(parents=True)
+    (home / "trino" / "trino.pid").write_text(f"{pid}\n")
+
+
+def test_wait_counts_the_started_process_alive_whatever_its_command_line_reads(
+    tmp_path: Path,
+) -> None:
+    """While the launcher execs the JVM its command line reads empty: `wait` took that for a
+    death and a test's fixture stopped a healthy Trino (CI, under load). Here the pid names a
+    process that is no Trino at all: `wait` waits for it, to its timeout."""
+    with subprocess.Popen(["sleep", "60"]) as starting:
+        try:
+            _pid_file(tmp_path, starting.pid)
+            env = _script_env(tmp_path, KIMI_BATCH_TRINO_TIMEOUT="3")
+            waited = run_script(TRINO_SCRIPT, "wait", env, CLI_TIMEOUT_S)
+        finally:
+            starting.kill()
+    assert waited.returncode != 0
+    assert "did not become ready within 3s" in waited.stderr
+    assert "died" not in waited.stderr
+
+
+def test_wait_and_status_see_a_started_process_that_is_gone(tmp_path: Path) -> None:
+    with subprocess.Popen(["true"]) as gone:
+        gone.wait()
+    _pid_file(tmp_path, gone.pid)
+    env = _script_env(tmp_path)
+    waited = run_script(TRINO_SCRIPT, "wait", env, CLI_TIMEOUT_S)
+    assert waited.returncode != 0
+    assert "the Trino process died during startup" in waited.stderr
+    with subprocess.Popen(["true"]) as zombie:  # exited, not reaped yet: no process either
+        zombie_pid = zombie.pid
+        while _process_state(zombie_pid) != "Z":
+            time.sleep(0.01)
+        (tmp_path / "trino" / "trino.pid").write_text(f"{zombie_pid}\n")
+        status = run_script(TRINO_SCRIPT, "status", env, CLI_TIMEOUT_S)
+    assert status.returncode == 3, status.stderr
+    assert "not running" in status.stdout + status.stderr
 
 
 @pytest.mark.slow
