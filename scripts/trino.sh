@@ -307,13 +307,17 @@ pid_exists() {
 # The pid file's process is a Trino (or its launcher, which then execs the JVM).
 pid_alive() {
     pid_exists || return 1
-    local pid cmdline
+    local pid cmdline tries=0
     pid="$(cat "$PID_FILE")"
     [[ -r "/proc/$pid/cmdline" ]] || return 0
-    cmdline="$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null || true)"
-    # Empty while the launcher execs the JVM. Otherwise a pid file left over from before a reboot
-    # may name an unrelated process by now.
-    [[ -z "$cmdline" ]] || grep -qE 'io\.trino\.server\.TrinoServer|/launcher ' <<<"$cmdline"
+    # A pid file left over from before a reboot may name an unrelated process by now. A command
+    # line reads empty while the launcher execs the JVM (milliseconds; read again) and for good
+    # for a kernel thread, which such a pid may name as well.
+    while cmdline="$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null || true)"; [[ -z "$cmdline" ]]; do
+        ((++tries < 10)) || return 1
+        sleep 0.1
+    done
+    grep -qE 'io\.trino\.server\.TrinoServer|/launcher ' <<<"$cmdline"
 }
 
 # Prints the /v1/info JSON when a Trino answers on the port.
