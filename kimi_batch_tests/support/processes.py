@@ -1,10 +1,18 @@
-"""The processes a test started, found by the state dir they were given."""
+"""The processes a test started, found by the state dir they were given, and their state."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["processes_naming"]
+__all__ = ["process_state", "processes_naming"]
+
+
+def process_state(pid: int) -> str | None:
+    """The one-letter state of a process (`Z`: a zombie), from /proc; None when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
 
 
 def processes_naming(home: Path | str, *, besides: int | None = None) -> dict[int, str]:
@@ -18,9 +26,9 @@ def processes_naming(home: Path | str, *, besides: int | None = None) -> dict[in
         try:
             cmdline = (entry / "cmdline").read_bytes()
             environ = (entry / "environ").read_bytes()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if state != "Z" and (marker in cmdline or marker in environ):
+        state = process_state(int(entry.name))
+        if state not in (None, "Z") and (marker in cmdline or marker in environ):
             found[int(entry.name)] = cmdline.replace(b"\0", b" ").decode(errors="replace")
     return found

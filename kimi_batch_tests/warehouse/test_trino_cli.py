@@ -15,6 +15,7 @@ from kimi_batch.settings import Settings
 from kimi_batch.warehouse import CATALOG_NAME, LEDGER_SCHEMA, TrinoReader, catalog_properties
 from kimi_batch_tests.support.cli import CLI_TIMEOUT_S, run_cli
 from kimi_batch_tests.support.ports import free_port
+from kimi_batch_tests.support.processes import process_state
 from kimi_batch_tests.support.repo import REPO_ROOT
 from kimi_batch_tests.support.rows import amplified, distilled
 from kimi_batch_tests.support.script_server import run_script
@@ -113,10 +114,6 @@ def _script_env(home: Path, **extra: str) -> dict[str, str]:
     }
 
 
-def _process_state(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-
-
 def _pid_file(home: Path, pid: int) -> None:
     (home / "trino").mkdir(parents=True)
     (home / "trino" / "trino.pid").write_text(f"{pid}\n")
@@ -150,7 +147,7 @@ def test_wait_and_status_see_a_started_process_that_is_gone(tmp_path: Path) -> N
     assert "the Trino process died during startup" in waited.stderr
     with subprocess.Popen(["true"]) as zombie:  # exited, not reaped yet: no process either
         zombie_pid = zombie.pid
-        while _process_state(zombie_pid) != "Z":
+        while process_state(zombie_pid) != "Z":
             time.sleep(0.01)
         (tmp_path / "trino" / "trino.pid").write_text(f"{zombie_pid}\n")
         status = run_script(TRINO_SCRIPT, "status", env, CLI_TIMEOUT_S)
