@@ -29,6 +29,24 @@ def _on_disk(folder: Path) -> set[str]:
     return {path.name for path in folder.iterdir()}
 
 
+ENGINE_DIGEST = SystemDigest.from_text("The pipeline's digest.")
+
+
+def _slot_digests(client: LlamaClient, endpoint: Endpoint, shared: set[str]) -> SlotDigests:
+    """The batch's digests on one endpoint, `shared` the digests several slots run."""
+    digests = SlotDigests(
+        ENGINE_DIGEST,
+        shared=shared.__contains__,
+        tokens=lambda _sha: 10,
+        prefill_timeout_s=lambda _tokens: 1.0,
+        max_saves=4,
+    )
+    digests.add_endpoint(
+        endpoint, SlotWarmer(client, ENGINE_DIGEST, digest_tokens=5, model="m", ctx=None)
+    )
+    return digests
+
+
 def test_the_least_recently_used_save_makes_room_and_the_bound_holds(tmp_path: Path) -> None:
     saves = SaveFiles(tmp_path, limit=2)
     _saved(saves, "a")
@@ -49,19 +67,9 @@ async def test_a_digest_s_save_goes_with_its_last_request_and_the_rest_at_the_en
 ) -> None:
     pipeline_save = tmp_path / "digest-pipeline.bin"
     pipeline_save.write_bytes(b"kv")  # the pipeline digest's own save: never the batch's
-    engine_digest = SystemDigest.from_text("The pipeline's digest.")
     endpoint = Endpoint(base_url="http://127.0.0.1:9", slots=2, model="m", slot_save_dir=tmp_path)
     async with LlamaClient(endpoint.base_url) as client:  # never called here
-        digests = SlotDigests(
-            engine_digest,
-            shared={"a", "b"}.__contains__,
-            tokens=lambda _sha: 10,
-            prefill_timeout_s=lambda _tokens: 1.0,
-            max_saves=4,
-        )
-        digests.add_endpoint(
-            endpoint, SlotWarmer(client, engine_digest, digest_tokens=5, model="m", ctx=None)
-        )
+        digests = _slot_digests(client, endpoint, {"a", "b"})
         digests.queued(["a", "a", "b"])
         saves = digests.save_files(client)
         assert saves is not None
@@ -105,20 +113,10 @@ async def test_a_slot_that_comes_while_the_save_is_written_restores_it(
 
     monkeypatch.setattr(SlotWarmer, "prefill", prefill)
     monkeypatch.setattr(SlotWarmer, "wait_idle", lambda *_args, **_kwargs: asyncio.sleep(0))
-    engine_digest = SystemDigest.from_text("The pipeline's digest.")
     shared = SystemDigest.from_text("A system prompt several slots run.")
     endpoint = Endpoint(base_url="http://llama", slots=2, model="m", slot_save_dir=tmp_path)
     async with LlamaClient(endpoint.base_url, transport=httpx.MockTransport(server)) as client:
-        digests = SlotDigests(
-            engine_digest,
-            shared={shared.sha256}.__contains__,
-            tokens=lambda _sha: 10,
-            prefill_timeout_s=lambda _tokens: 1.0,
-            max_saves=4,
-        )
-        digests.add_endpoint(
-            endpoint, SlotWarmer(client, engine_digest, digest_tokens=5, model="m", ctx=None)
-        )
+        digests = _slot_digests(client, endpoint, {shared.sha256})
         watch = EndpointWatch(client, WatchdogPolicy())
         first = asyncio.create_task(digests.bring(watch, 0, shared))
         await save_started.wait()
