@@ -24,7 +24,7 @@ from kimi_batch.defs.assets.driver import (
     run_partitions,
     step_lease,
 )
-from kimi_batch.defs.assets.landing import ASSET_OWNERS, StepLanding, check_specs
+from kimi_batch.defs.assets.landing import ASSET_OWNERS, check_specs
 from kimi_batch.defs.partitions import api_batch_partitions
 from kimi_batch.defs.resources import (
     DigestResource,
@@ -87,7 +87,6 @@ def _answered(
     written)."""
     inputs: ApiBatchInputs = plan.inputs
     ledger, lines = held.ledger, inputs.lines
-    landing = StepLanding()
     try:
         (result,) = run_partitions(
             context,
@@ -95,7 +94,6 @@ def _answered(
             {f"{plan.ds}|{plan.source}": held},
             ledger=ledger,
             resources=resources,
-            landing=landing,
             planner=lambda _task, _key: plan,
             controls=batch_controls(store, batch),
         ).values()

@@ -1,7 +1,7 @@
 """The partition-batch driver as Dagster runs it: `kimi_batch.pipeline.drive` over an asset
 step's partition or the nightly op's, with the step's log, the deployment's engine session under
 the nightly window, the partition's lease (a partition the pipeline skips fails the step), its
-landing (`land_stage`) and its record (a `Landing`), on an event loop a terminated run stops for
+landing (`land_stage`) and, for the night's partitions, its record as it lands (`on_landed`), on an event loop a terminated run stops for
 certain (`pipeline/server.py`, raising Dagster's own interrupt once the loop has stopped)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import dagster as dg
 
-from kimi_batch.defs.assets.landing import Landing, RunContext, land_stage
+from kimi_batch.defs.assets.landing import RunContext, land_stage
 from kimi_batch.defs.jobs import STOPPED_TAG, WINDOW_TAG
 from kimi_batch.defs.resources import (
     DigestResource,
@@ -180,6 +180,8 @@ async def engine_session(
 Task = GenerationTask[Any, Any]
 # A partition's plan of a stage (default `plan_stage`: its inputs read from the warehouse).
 Planner = Callable[[Task, str], StagePlan]
+# What is done with a partition's result as it lands (the night op logs it: `landing.record`).
+OnLanded = Callable[[dg.AssetKey, str, dg.MaterializeResult], None]
 
 
 @dataclass(frozen=True)
@@ -208,7 +210,7 @@ class _StepRun:
     context: RunContext
     resources: GenerationResources
     store: Warehouse
-    landing: Landing
+    on_landed: OnLanded | None
     ledger: Ledger
     planner: Planner
     controls: BatchControls
@@ -235,7 +237,7 @@ class _StepRun:
         outcome: BatchOutcome,
         results: Iterable[GenerationResult],
     ) -> dg.MaterializeResult:
-        """The partition's rows of the stage written, then handed to the landing."""
+        """The partition's rows of the stage written, then handed to `on_landed`."""
         written = land_stage(
             self.context,
             plan,
@@ -247,8 +249,9 @@ class _StepRun:
             # Only a gated stage's rows pass the gate: another opens no duplicate index.
             gate=self.resources.warehouse.quality_gate() if plan.task.quality_gated else None,
         )
-        tables = [plan.task.table, "quarantine"]
-        return self.landing.landed(dg.AssetKey(asset), key, tables, held, written)
+        if self.on_landed is not None:
+            self.on_landed(dg.AssetKey(asset), key, written)
+        return written
 
 
 def run_partitions(
@@ -258,17 +261,17 @@ def run_partitions(
     *,
     ledger: Ledger,
     resources: GenerationResources,
-    landing: Landing,
+    on_landed: OnLanded | None = None,
     planner: Planner | None = None,
     controls: BatchControls | None = None,
 ) -> dict[str, PartitionResult[dg.MaterializeResult]]:
     """`stages` over every held partition (key -> lease) in one engine run, each partition
-    landed stage by stage (`kimi_batch.pipeline.drive`); every partition's result, in
-    `partitions`' order. `planner` makes a partition's plan of a stage (default `plan_stage`);
+    landed stage by stage (`kimi_batch.pipeline.drive`) and handed to `on_landed` (an asset step
+    leaves its one result to Dagster); every partition's result, in `partitions`' order. `planner` makes a partition's plan of a stage (default `plan_stage`);
     `controls` add a stop time, a cancel poll (a cancel raises `BatchCancelledError`, nothing
     lands) and a hook on the planned keys."""
     store = resources.warehouse.warehouse()
     controls = controls or BatchControls()
     planner = planner or partial(_plan_from, store)
-    run = _StepRun(context, resources, store, landing, ledger, planner, controls)
+    run = _StepRun(context, resources, store, on_landed, ledger, planner, controls)
     return drive_on(run_interruptibly, run, stages, partitions, controls)

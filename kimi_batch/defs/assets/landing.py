@@ -1,10 +1,9 @@
 """What Dagster records of a landed partition: its materialization metadata, the checks every
 generation stage declares and their results, and the landing itself.
 
-`land_stage` writes a stage's partition (`pipeline.write_stage`) and judges its checks; a
-`Landing` then says what is recorded. `StepLanding` (an asset's one partition) leaves the record
-to Dagster's step; `NightLanding` (the nightly op, many partitions) records each partition as it
-lands. Only an asset step records a data version (`pipeline.stage_data_version`): `record` (the
+`land_stage` writes a stage's partition (`pipeline.write_stage`) and judges its checks. An asset
+step's one partition is recorded by Dagster when the step returns its result; the nightly op's
+many partitions are each recorded as they land (`record`). Only an asset step records a data version (`pipeline.stage_data_version`): `record` (the
 one place a run logs materializations it made outside an asset step, with Dagster's public
 events only) cannot, since Dagster's public `AssetMaterialization` has no data version. The
 night's partitions get theirs from their own asset runs (`defs/night_versions.py`).
@@ -23,8 +22,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import dagster as dg
 import polars as pl
@@ -254,52 +252,3 @@ def record(
                 partition=key,
             )
         )
-
-
-class Landing(Protocol):
-    """What happens to a partition once its rows are committed: its record."""
-
-    def landed(
-        self,
-        asset: dg.AssetKey,
-        key: str,
-        tables: Sequence[str],
-        held: HeldPartition,
-        result: dg.MaterializeResult,
-    ) -> dg.MaterializeResult:
-        """The partition's result, as recorded."""
-        ...
-
-
-@dataclass(frozen=True)
-class StepLanding:
-    """An asset step's landing: Dagster records the result the step returns."""
-
-    def landed(
-        self,
-        asset: dg.AssetKey,
-        key: str,
-        tables: Sequence[str],
-        held: HeldPartition,
-        result: dg.MaterializeResult,
-    ) -> dg.MaterializeResult:
-        return result
-
-
-@dataclass(frozen=True)
-class NightLanding:
-    """The nightly op's landing: each partition recorded as it lands (`record`), from the
-    caller's thread (the driver's landing thread; the op's, for the seeds)."""
-
-    context: RunContext
-
-    def landed(
-        self,
-        asset: dg.AssetKey,
-        key: str,
-        tables: Sequence[str],
-        held: HeldPartition,
-        result: dg.MaterializeResult,
-    ) -> dg.MaterializeResult:
-        record(self.context, asset, key, result)
-        return result

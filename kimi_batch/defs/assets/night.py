@@ -1,5 +1,5 @@
 """The nightly run (`nightly_job`): every partition the schedule asks for in one run, through
-every nightly stage, each partition recorded as it lands (`landing.NightLanding`); see "Data
+every nightly stage, each partition recorded as it lands (`landing.record`); see "Data
 flow" in docs/architecture.md. A partition that cannot go on, or that the window stopped, is
 left out and named (`pipeline.NightPartitions`), and the run fails at the end with the list,
 after every finished partition is written.
@@ -8,6 +8,7 @@ after every finished partition is written.
 # No `from __future__ import annotations`: Dagster reads the op function's annotations.
 
 from contextlib import ExitStack
+from functools import partial
 from typing import Any
 
 import dagster as dg
@@ -27,7 +28,7 @@ from kimi_batch.defs.assets.driver import (
     run_partitions,
     window_end,
 )
-from kimi_batch.defs.assets.landing import NightLanding
+from kimi_batch.defs.assets.landing import record
 from kimi_batch.defs.assets.night_tag import tag_the_night
 from kimi_batch.defs.assets.stage_asset import dagster_config
 from kimi_batch.defs.jobs import (
@@ -44,7 +45,6 @@ from kimi_batch.defs.resources import (
     WarehouseResource,
 )
 from kimi_batch.pipeline import (
-    SEED_TABLES,
     SKIPPED,
     NightPartitions,
     PartitionSkippedError,
@@ -88,7 +88,6 @@ def _land_seeds(
     config: NightConfig,
     night: NightPartitions,
     resources: GenerationResources,
-    landing: NightLanding,
 ) -> None:
     """Each partition's seeds landed from its newest input version, or kept when they are
     that version."""
@@ -108,7 +107,7 @@ def _land_seeds(
                 warehouse=resources.warehouse,
                 trino=resources.trino,
             )
-            landing.landed(SEED_PROMPTS, key, SEED_TABLES, held, result)
+            record(context, SEED_PROMPTS, key, result)
         except SKIPPED as error:
             night.drop(key, _reason(error))
 
@@ -155,8 +154,7 @@ def night_batch(
         ]
     with ExitStack() as stack:
         _hold(context, stack, night, config.partitions, warehouse)
-        landing = NightLanding(context)
-        _land_seeds(context, config, night, resources, landing)
+        _land_seeds(context, config, night, resources)
         ledger = stack.enter_context(warehouse.ledger())
         if night.going and stages:
             results = run_partitions(
@@ -165,7 +163,7 @@ def night_batch(
                 dict(night.going),
                 ledger=ledger,
                 resources=resources,
-                landing=landing,
+                on_landed=partial(record, context),
             )
             night.take(results, _reason)
     # What the night published, every table at once: `night-YYYY-MM-DD` on its snapshots.

@@ -24,7 +24,7 @@ from kimi_batch.defs.assets.driver import (
     step_lease,
     stopped_at_window,
 )
-from kimi_batch.defs.assets.landing import ASSET_OWNERS, CHECK_NAMES, StepLanding, check_specs
+from kimi_batch.defs.assets.landing import ASSET_OWNERS, CHECK_NAMES, check_specs
 from kimi_batch.defs.jobs import BATCH_GROUP
 from kimi_batch.defs.partitions import partition_parts
 from kimi_batch.defs.resources import (
@@ -118,7 +118,6 @@ def run_stage(
     under its lease, committed before the step returns."""
     ds, source = partition_parts(context)
     resources = GenerationResources(llama=llama, digest=digest, warehouse=warehouse, trino=trino)
-    landing = StepLanding()
     with step_lease(context, warehouse, ds, source) as held:
         (result,) = run_partitions(
             context,
@@ -126,7 +125,6 @@ def run_stage(
             {f"{ds}|{source}": held},
             ledger=held.ledger,
             resources=resources,
-            landing=landing,
         ).values()
         if result.failed is not None:
             with failing_step():
