@@ -1,17 +1,11 @@
-"""The landings (no server): the night records each partition as it lands, with its checks and
-nothing pending (a commit is visible to Trino at once); an asset step's landing leaves the
-record to Dagster."""
+"""The night's record of a landed partition (no server): its materialization with its checks and
+nothing pending (a commit is visible to Trino at once)."""
 
 # No `from __future__ import annotations`: Dagster reads the op function's annotations.
 
-from pathlib import Path
-
 import dagster as dg
-import pytest
 
-from kimi_batch.defs.assets.landing import NightLanding, StepLanding
-from kimi_batch.engine import Ledger
-from kimi_batch.pipeline import HeldPartition
+from kimi_batch.defs.assets.landing import record
 
 KEY = "2024-05-01|north"
 SEEDS = dg.AssetKey("seed_prompts")
@@ -21,17 +15,12 @@ LANDED = dg.MaterializeResult(
 )
 
 
-def _night(tmp_path: Path) -> dg.JobDefinition:
-    """A one-op job that lands one seeds partition through `NightLanding`."""
+def _night() -> dg.JobDefinition:
+    """A one-op job that records one landed seeds partition, as the night op does."""
 
     @dg.op
     def lands(context: dg.OpExecutionContext) -> None:
-        with (
-            Ledger(tmp_path / "ledger.sqlite3") as ledger,
-            ledger.lease(KEY, context.run.run_id) as lease,
-        ):
-            held = HeldPartition(ledger=ledger, lease=lease)
-            NightLanding(context).landed(SEEDS, KEY, ["seeds", "quarantine"], held, LANDED)
+        record(context, SEEDS, KEY, LANDED)
 
     @dg.job
     def night() -> None:
@@ -57,19 +46,9 @@ def _events(instance: dg.DagsterInstance, run_id: str) -> list[tuple[str, str, o
     return found
 
 
-def test_the_night_records_a_landed_partition_with_its_checks_and_nothing_pending(
-    tmp_path: Path,
-) -> None:
+def test_the_night_records_a_landed_partition_with_its_checks_and_nothing_pending() -> None:
     with dg.instance_for_test() as instance:
-        result = _night(tmp_path).execute_in_process(instance=instance)
+        result = _night().execute_in_process(instance=instance)
         events = _events(instance, result.run_id)
     assert result.success
     assert events == [("materialized", KEY, 2), ("checked", KEY, "truncation_rate")]
-
-
-def test_an_asset_steps_landing_returns_the_result_as_landed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    with Ledger(tmp_path / "ledger.sqlite3") as ledger, ledger.lease(KEY, "run") as lease:
-        held = HeldPartition(ledger=ledger, lease=lease)
-        assert StepLanding().landed(SEEDS, KEY, ["seeds"], held, LANDED) is LANDED
