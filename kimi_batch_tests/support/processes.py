@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["process_state", "processes_naming"]
+__all__ = ["kernel_thread", "process_state", "processes_naming"]
+
+# /proc/PID/stat's flags bit of a kernel thread (include/linux/sched.h).
+_PF_KTHREAD = 0x00200000
 
 
 def process_state(pid: int) -> str | None:
@@ -13,6 +16,19 @@ def process_state(pid: int) -> str | None:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return None
+
+
+def kernel_thread() -> int:
+    """The pid of a kernel thread (its command line reads empty for good); fails where the
+    process namespace shows none."""
+    for entry in sorted(Path("/proc").iterdir(), key=lambda path: path.name):
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if entry.name.isdigit() and int(fields[6]) & _PF_KTHREAD:
+            return int(entry.name)
+    raise AssertionError("no kernel thread is visible in this process namespace")
 
 
 def processes_naming(home: Path | str, *, besides: int | None = None) -> dict[int, str]:

@@ -15,7 +15,7 @@ from kimi_batch.settings import Settings
 from kimi_batch.warehouse import CATALOG_NAME, LEDGER_SCHEMA, TrinoReader, catalog_properties
 from kimi_batch_tests.support.cli import CLI_TIMEOUT_S, run_cli
 from kimi_batch_tests.support.ports import free_port
-from kimi_batch_tests.support.processes import process_state
+from kimi_batch_tests.support.processes import kernel_thread, process_state
 from kimi_batch_tests.support.repo import REPO_ROOT
 from kimi_batch_tests.support.rows import amplified, distilled
 from kimi_batch_tests.support.script_server import run_script
@@ -153,6 +153,22 @@ def test_wait_and_status_see_a_started_process_that_is_gone(tmp_path: Path) -> N
         status = run_script(TRINO_SCRIPT, "status", env, CLI_TIMEOUT_S)
     assert status.returncode == 3, status.stderr
     assert "not running" in status.stdout + status.stderr
+
+
+def test_status_and_stop_take_a_pid_file_naming_a_kernel_thread_for_no_trino(
+    tmp_path: Path,
+) -> None:
+    """A pid file from before a reboot may name a kernel thread by now: its command line reads
+    empty for good, where a starting JVM's reads empty for milliseconds. Neither command waits
+    on it for long or signals it."""
+    _pid_file(tmp_path, kernel_thread())
+    env = _script_env(tmp_path)
+    status = run_script(TRINO_SCRIPT, "status", env, CLI_TIMEOUT_S)
+    assert status.returncode == 3, status.stderr
+    assert "not running" in status.stdout + status.stderr
+    stopped = run_script(TRINO_SCRIPT, "stop", env, CLI_TIMEOUT_S)
+    assert stopped.returncode == 0, stopped.stderr
+    assert not (tmp_path / "trino" / "trino.pid").exists()
 
 
 @pytest.mark.slow
