@@ -1,5 +1,7 @@
 """Files holding prompts or answers: owner-only, written whole, no temp file left for ever.
 
+    process_token(pid)       a process named so that a reused pid is not taken for it
+    process_running(token)   whether that process still runs
     private_folder(path)     create it 0700 (an existing folder of someone else is left alone)
     temp_name(folder, name)  a hidden temp name carrying the writer's pid
     remove_stale_temps(dir)  the temps of writers that are gone (killed mid-write)
@@ -43,6 +45,40 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def process_token(pid: int | None = None) -> str:
+    """Process `pid` (this one by default) as `<pid>.<start>`, its start in clock ticks after
+    boot (/proc/PID/stat): one process, where a pid alone is reused by later ones. The bare pid
+    where /proc cannot tell."""
+    pid = os.getpid() if pid is None else pid
+    fields = _stat_fields(pid)
+    return f"{pid}.{fields[_START_FIELD]}" if fields else str(pid)
+
+
+def process_running(token: str) -> bool:
+    """Whether the process a `process_token` names still runs on this host: not gone, not a
+    zombie, not a later process given its pid."""
+    pid, _, start = token.partition(".")
+    if not pid.isdigit():
+        return False
+    if not start:
+        return pid_alive(int(pid))
+    fields = _stat_fields(int(pid))
+    return fields is not None and fields[_STATE_FIELD] != "Z" and fields[_START_FIELD] == start
+
+
+# /proc/PID/stat's fields after the command name: the state (field 3), the start time (22).
+_STATE_FIELD, _START_FIELD = 0, 19
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        # "pid (comm) state ...": the command name may hold spaces and parentheses.
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields if len(fields) > _START_FIELD else None
 
 
 def private_folder(path: Path) -> Path:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
-__all__ = ["kernel_thread", "process_state", "processes_naming"]
+__all__ = ["descendants", "kernel_thread", "process_state", "processes_naming"]
 
 # /proc/PID/stat's flags bit of a kernel thread (include/linux/sched.h).
 _PF_KTHREAD = 0x00200000
@@ -48,3 +49,14 @@ def processes_naming(home: Path | str, *, besides: int | None = None) -> dict[in
         if state not in (None, "Z") and (marker in cmdline or marker in environ):
             found[int(entry.name)] = cmdline.replace(b"\0", b" ").decode(errors="replace")
     return found
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (from /proc), children first."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            # "pid (comm) state ppid ...": comm may hold spaces, so split after its ")".
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    below = [child for child, parent in parents.items() if parent == pid]
+    return [grandchild for child in below for grandchild in descendants(child)] + below

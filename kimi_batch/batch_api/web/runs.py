@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +32,7 @@ from kimi_batch.defs.assets.api_batch import API_TRIGGER_TAG
 from kimi_batch.defs.jobs import API_BATCH_JOB_NAME
 from kimi_batch.defs.partitions import api_batch_partitions
 from kimi_batch.settings import Settings
+from kimi_batch.storage import process_running, process_token
 
 _log = logging.getLogger(__name__)
 # The daemon beats every 30 s (Dagster's interval); two missed beats and it is gone. Dagster's own
@@ -47,6 +49,15 @@ MAX_LAUNCHES = 3
 LAUNCH_FAILED_CODE = "run_launch_failed"
 # On the runs this process starts: who started them (the UI shows the tag).
 LAUNCHED_BY_TAG = "kimi_batch/launched_by"
+LAUNCHED_BY = "kimi-batch api"
+# On the same runs: the child process executing it, as `host:process_token`.
+RUN_WORKER_TAG = "kimi_batch/run_worker"
+_UNFINISHED = [
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
+]
 
 
 class RunMode(StrEnum):
@@ -79,7 +90,8 @@ def execute_batch_run(batch_id: str) -> None:
             tags={
                 "dagster/partition": batch_id,
                 API_TRIGGER_TAG: batch_id,
-                LAUNCHED_BY_TAG: "kimi-batch api",
+                LAUNCHED_BY_TAG: LAUNCHED_BY,
+                RUN_WORKER_TAG: f"{socket.gethostname()}:{process_token()}",
             },
             raise_on_error=False,
         )
@@ -121,6 +133,7 @@ class BatchRuns:
 
     def tick(self) -> RunMode:
         """One pass: leave the batches to the daemon, start the next one's run, or flag them."""
+        self.end_dead_runs()
         mode = self.mode()
         if mode is RunMode.DAEMON or self._running():
             return mode
@@ -135,6 +148,29 @@ class BatchRuns:
             if self._launches.get(batch.id, 0) >= MAX_LAUNCHES:
                 self._flag(batch, _launch_failed_error(self))
         return mode
+
+    def end_dead_runs(self) -> list[str]:
+        """End the unfinished runs whose worker, a child this host started, is gone (killed,
+        out of memory): failed, or cancelled if a cancel was under way; their pool slots freed.
+        With no daemon nothing else would (run monitoring is the daemon's), and the batch
+        would stay in_progress and the next run wait for the slot. The run ids ended."""
+        ended: list[str] = []
+        launched = dg.RunsFilter(tags={LAUNCHED_BY_TAG: LAUNCHED_BY}, statuses=_UNFINISHED)
+        for run in self.instance.get_runs(filters=launched):
+            host, _, worker = run.tags.get(RUN_WORKER_TAG, "").rpartition(":")
+            if host != socket.gethostname() or not worker or process_running(worker):
+                continue
+            message = f"its run worker (pid {worker.partition('.')[0]}) ended mid-run"
+            if run.status is dg.DagsterRunStatus.CANCELING:
+                self.instance.report_run_canceled(run, message=message)
+            else:
+                self.instance.report_run_failed(run, message=message)
+            storage = self.instance.event_log_storage
+            if storage.supports_global_concurrency_limits:
+                storage.free_concurrency_slots_for_run(run.run_id)
+            _log.warning(f"run {run.run_id}: {message}; ended")
+            ended.append(run.run_id)
+        return ended
 
     def _running(self) -> bool:
         """True while the run this process started last is still being created or executed."""

@@ -14,7 +14,6 @@ import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -33,6 +32,7 @@ from kimi_batch_tests.support.batches import MODEL
 from kimi_batch_tests.support.graphql import GraphQL
 from kimi_batch_tests.support.kimi_batch_stack import API_KEY, KimiBatchStack
 from kimi_batch_tests.support.llama_server import LlamaEnv
+from kimi_batch_tests.support.processes import descendants
 
 pytestmark = pytest.mark.slow
 
@@ -358,17 +358,6 @@ def test_terminating_the_run_from_the_ui_frees_the_slots(stack: Stack) -> None:
     assert client.batches.retrieve(batch.id).status == "cancelled"
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below `pid` (from /proc), children first."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            # "pid (comm) state ppid ...": comm may hold spaces, so split after its ")".
-            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-    below = [child for child, parent in parents.items() if parent == pid]
-    return [grandchild for child in below for grandchild in _descendants(child)] + below
-
-
 def test_a_run_killed_hard_fails_its_batch_with_the_partial_output(stack: Stack) -> None:
     """SIGKILL of the run worker and its step: the code server fails the run, the API sensor
     finalizes the batch (it would say in_progress forever), and a rerun sends the rest."""
@@ -384,7 +373,7 @@ def test_a_run_killed_hard_fails_its_batch_with_the_partial_output(stack: Stack)
     assert run_id
     worker = graphql.run_worker_pid(run_id)
     killed_at = time.monotonic()
-    for pid in [*_descendants(worker), worker]:
+    for pid in [*descendants(worker), worker]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     idle_s = seconds_until_idle(stack.llama, killed_at)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,22 +20,28 @@ import pytest
 from dagster._daemon.types import DaemonHeartbeat
 from openai import OpenAI
 
-from kimi_batch.batch_api import ApiStore, BatchRecord, BatchStatus, validate_batch
+from kimi_batch.batch_api import ApiStore, BatchRecord, BatchStatus, begin_batch, validate_batch
 from kimi_batch.batch_api.web.runs import (
     LAUNCH_FAILED_CODE,
+    LAUNCHED_BY,
     LAUNCHED_BY_TAG,
     NO_RUNNER_CODE,
+    RUN_WORKER_TAG,
     SENSOR_DAEMON,
     BatchRuns,
     RunMode,
 )
 from kimi_batch.batch_api.web.server import runner_text
 from kimi_batch.defs.assets.api_batch import API_TRIGGER_TAG
+from kimi_batch.defs.assets.driver import LLAMA_POOL
+from kimi_batch.defs.jobs import API_BATCH_JOB_NAME
 from kimi_batch.settings import Settings
+from kimi_batch.storage import process_token
 from kimi_batch_tests.support.batches import chat_line, jsonl
 from kimi_batch_tests.support.llama_server import LlamaEnv
 from kimi_batch_tests.support.ports import free_port
 from kimi_batch_tests.support.postgres import StateBackend
+from kimi_batch_tests.support.processes import descendants
 
 RUN_TIMEOUT_S = 240.0
 BATCH_TIMEOUT_S = 600.0
@@ -155,6 +163,57 @@ def test_a_run_that_cannot_start_is_tried_three_times_then_said(
     assert log.exists()
 
 
+def _started_run(instance: dg.DagsterInstance, batch_id: str, worker: str) -> dg.DagsterRun:
+    """A run of the batch as `kimi-batch api`'s child records it, executing its step in the
+    llama pool, its worker `worker` (a `process_token`)."""
+    run = dg.DagsterRun(
+        job_name=API_BATCH_JOB_NAME,
+        status=dg.DagsterRunStatus.STARTED,
+        tags={
+            "dagster/partition": batch_id,
+            API_TRIGGER_TAG: batch_id,
+            LAUNCHED_BY_TAG: LAUNCHED_BY,
+            RUN_WORKER_TAG: f"{socket.gethostname()}:{worker}",
+        },
+    )
+    instance.add_run(run)
+    storage = instance.event_log_storage
+    storage.set_concurrency_slots(LLAMA_POOL, 1)
+    storage.claim_concurrency_slot(LLAMA_POOL, run.run_id, "api_batch_responses")
+    return run
+
+
+def test_a_run_whose_worker_was_killed_fails_its_batch_and_frees_its_slot(
+    settings: Settings,
+) -> None:
+    """No daemon, the child running a batch killed (-9, out of memory): nothing would end its
+    run, the batch would say in_progress for ever and the next run wait for the pool's slot.
+    The next tick ends the run and the batch fails; a run whose worker lives is left alone."""
+    runs = BatchRuns(settings)
+    with subprocess.Popen(["true"]) as killed:
+        killed.wait()
+    with ApiStore(settings.paths) as store:
+        batch = _landed(settings, store)
+        dead = _started_run(runs.instance, batch.id, process_token(killed.pid))
+        assert begin_batch(store, batch.id, run_id=dead.run_id, by_hand=False)
+        other = _landed(settings, store)
+        alive = _started_run(runs.instance, other.id, process_token())
+    storage = runs.instance.event_log_storage
+    assert storage.get_concurrency_run_ids() == {dead.run_id, alive.run_id}
+
+    runs.tick()
+
+    assert runs.instance.get_run_by_id(dead.run_id).status is dg.DagsterRunStatus.FAILURE  # pyright: ignore[reportOptionalMemberAccess]
+    assert runs.instance.get_run_by_id(alive.run_id).status is dg.DagsterRunStatus.STARTED  # pyright: ignore[reportOptionalMemberAccess]
+    assert storage.get_concurrency_run_ids() == {alive.run_id}
+    with ApiStore(settings.paths) as store:
+        failed = store.batch(batch.id)
+    assert failed is not None
+    assert failed.status is BatchStatus.FAILED
+    assert [error.code for error in failed.errors] == ["run_failed"]
+    assert dead.run_id in failed.errors[0].message
+
+
 @contextmanager
 def _api_command(env: dict[str, str], log: Path) -> Iterator[str]:
     """`kimi-batch api` as a user starts it, on a free port: its base URL while the block runs."""
@@ -222,3 +281,63 @@ def test_the_readmes_ten_lines_complete_a_batch_with_no_daemon(
         assert run.status is dg.DagsterRunStatus.SUCCESS
         assert run.tags[LAUNCHED_BY_TAG] == "kimi-batch api"
         assert run.tags["dagster/partition"] == batch.id
+
+
+@pytest.mark.slow
+def test_a_run_killed_hard_with_no_daemon_fails_its_batch_with_the_partial_output(
+    llama_env: LlamaEnv, tmp_path: Path
+) -> None:
+    """SIGKILL of the run `kimi-batch api` started itself (no daemon, so no run monitoring):
+    the API ends the run and the batch fails with what was answered, not in_progress for ever."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "KIMI_BATCH_API_KEY")}
+    topics = ("rivers", "mountains", "deserts", "oceans")
+    # One short answer lands at once while the others still generate (4 requests, 4 slots).
+    lines = [
+        chat_line(f"k-{i}", f"Write a long, detailed essay about {topic} (own run killed).",
+                  max_tokens=8 if i == 0 else 128, temperature=0.8, seed=i)
+        for i, topic in enumerate(topics)
+    ]  # fmt: skip
+    requests = tmp_path / "requests.jsonl"
+    requests.write_bytes(jsonl(*lines))
+    log = tmp_path / "api.log"
+    with _api_command(env, log) as url:
+        key = (llama_env.home / "api" / "key").read_text().strip()
+        client = OpenAI(base_url=url, api_key=key, max_retries=0)
+        upload = client.files.create(file=requests.open("rb"), purpose="batch")
+        batch = client.batches.create(
+            input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        deadline = time.monotonic() + BATCH_TIMEOUT_S
+        while not (batch.request_counts and batch.request_counts.completed):
+            assert time.monotonic() < deadline, batch
+            assert batch.status not in ("completed", "failed", "cancelled", "expired"), batch
+            time.sleep(0.2)
+            batch = client.batches.retrieve(batch.id)
+        with dg.DagsterInstance.from_config(str(llama_env.home / "dagster")) as instance:
+            [run] = instance.get_runs(filters=dg.RunsFilter(tags={API_TRIGGER_TAG: batch.id}))
+        worker = int(run.tags[RUN_WORKER_TAG].rpartition(":")[2].partition(".")[0])
+        for pid in [*descendants(worker), worker]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while batch.status not in ("completed", "failed", "cancelled", "expired"):
+            assert time.monotonic() < deadline, (
+                f"{batch.id} still {batch.status}: {log.read_text()}"
+            )
+            time.sleep(0.5)
+            batch = client.batches.retrieve(batch.id)
+        assert batch.status == "failed", batch
+        assert batch.errors is not None
+        assert [error.code for error in batch.errors.data or []] == ["run_failed"]
+        answered = client.files.content(batch.output_file_id or "").text.splitlines()
+        assert batch.error_file_id is not None
+        unanswered = [
+            json.loads(line) for line in client.files.content(batch.error_file_id).text.splitlines()
+        ]
+    assert 1 <= len(answered) < len(lines)
+    assert len(answered) + len(unanswered) == len(lines)
+    assert {line["error"]["code"] for line in unanswered} == {"batch_failed"}
+    with dg.DagsterInstance.from_config(str(llama_env.home / "dagster")) as instance:
+        ended = instance.get_run_by_id(run.run_id)
+    assert ended is not None
+    assert ended.status is dg.DagsterRunStatus.FAILURE
