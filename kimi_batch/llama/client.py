@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json as jsonlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -25,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kimi_batch.llama.chat_stream import EVENT_STREAM, read_chat_stream
 from kimi_batch.llama.exceptions import (
+    LlamaBodyError,
     LlamaConnectionError,
     LlamaError,
     LlamaFeatureError,
@@ -147,9 +149,12 @@ class LlamaClient:
         streamed: with logprobs, or from a stand-in or a mock) parses as it is. Chat and text
         completions alike come back as a `ChatCompletion`."""
         url = f"{self.base_url}{path}"
+        content = _json_content(body, url)
         async with (
             _bounded("POST", url, timeout),
-            self._http.stream("POST", path, json=body, timeout=timeout) as response,
+            self._http.stream(
+                "POST", path, content=content, headers=_JSON_TYPE, timeout=timeout
+            ) as response,
         ):
             streamed = response.headers.get("content-type", "").startswith(EVENT_STREAM)
             if response.status_code < 400 and streamed:
@@ -416,6 +421,19 @@ def _json_object(response: httpx.Response) -> dict[str, Any]:
     if not isinstance(payload, dict):
         raise LlamaResponseError(f"expected a JSON object from {response.request.url}")
     return payload
+
+
+_JSON_TYPE = {"Content-Type": "application/json"}
+
+
+def _json_content(body: Mapping[str, Any], url: str) -> bytes:
+    """A generation request's body as httpx writes JSON (compact UTF-8, no NaN). One that JSON
+    cannot carry is that request's error, not a ValueError that would end the whole batch."""
+    try:
+        text = jsonlib.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        return text.encode()
+    except ValueError as error:  # NaN or an infinity; a lone surrogate's UnicodeEncodeError
+        raise LlamaBodyError(f"the request to {url} cannot be sent as JSON: {error}") from error
 
 
 @contextlib.asynccontextmanager

@@ -12,6 +12,8 @@ LlamaError (a kimi_batch.errors.KimiBatchError)
 ├── LlamaResponseError        a 2xx body that does not parse as the documented shape
 ├── LlamaFeatureError         the server would not apply what a request asks (a chat template
 │                             that renders no tools): the request is not sent
+├── LlamaBodyError            a request that cannot be written as JSON (a NaN or infinite
+│                             number, a lone surrogate): the request is not sent
 └── ServerSpawnError          the resident server could not be started or attached
     ├── SpecMismatchError     a server with another spec already runs (it is left running)
     └── ServerKilledError     the server (or the smoke test's) was killed by a signal
@@ -56,6 +58,11 @@ class LlamaRequestError(LlamaHTTPError):
 
 class LlamaUnsupportedError(LlamaHTTPError):
     pass
+
+
+class LlamaBodyError(LlamaError):
+    """A request body JSON cannot carry (NaN, an infinity, a lone surrogate): not sent, and
+    no retry would change it."""
 
 
 def http_error(status: int, message: str, *, url: str = "") -> LlamaHTTPError:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -149,7 +150,7 @@ async def test_a_run_left_open_takes_more_requests_warm_and_sends_each_once(
     assert min(cached) >= tokens
 
 
-async def test_a_request_the_server_rejects_fails_alone_and_is_not_recorded(
+async def test_a_request_the_server_rejects_or_json_cannot_carry_fails_alone_unrecorded(
     shared_server: ResidentServer, tmp_path: Path
 ) -> None:
     digest = SystemDigest.from_text("You answer briefly.\n")
@@ -159,15 +160,23 @@ async def test_a_request_the_server_rejects_fails_alone_and_is_not_recorded(
         messages=[ChatMessage(role="user", content="word " * 5000)],
         params=SamplingParams(max_tokens=4),
     )
+    # A body JSON cannot carry fails alone too, unsent (httpx's ValueError ended the batch).
+    unsendable = GenerationRequest(
+        input_id="nan",
+        messages=[ChatMessage(role="user", content="A number?")],
+        params=SamplingParams(max_tokens=4, json_schema={"type": "number", "maximum": math.nan}),
+    )
     good = questions(2, "fine")
     with Ledger(tmp_path / "ledger.sqlite3") as ledger:
         outcome = await BatchEngine(
             [endpoint_of(shared_server)], digest, ledger, digest_tokens=tokens
-        ).run([too_long, *good])
+        ).run([too_long, unsendable, *good])
         assert ledger.count() == 2
         rows = list(outcome.iter_results(ledger))
-    assert [f.input_id for f in outcome.failures] == ["long"]
-    assert "rejected by the server" in outcome.failures[0].reason
+    failures = {f.input_id: f.reason for f in outcome.failures}
+    assert failures.keys() == {"long", "nan"}
+    assert "rejected by the server" in failures["long"]
+    assert "cannot be sent as JSON" in failures["nan"]
     assert [r.input_id for r in rows] == ["fine0", "fine1"]
 
 

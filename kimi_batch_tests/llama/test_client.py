@@ -11,6 +11,7 @@ import pytest
 
 from kimi_batch.llama.client import LlamaClient, RetryPolicy
 from kimi_batch.llama.exceptions import (
+    LlamaBodyError,
     LlamaConnectionError,
     LlamaFeatureError,
     LlamaLoadingError,
@@ -167,6 +168,22 @@ async def test_generation_makes_one_attempt_the_engine_retries() -> None:
             await client.chat(HELLO, max_tokens=2)
         assert calls() == 1
         completion = await client.chat(HELLO, max_tokens=2)
+    assert completion.stats.cached_tokens == 25
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [{"type": "number", "maximum": float("inf")}, {"type": "string", "pattern": "bad \ud800"}],
+    ids=["infinity", "lone-surrogate"],
+)
+async def test_a_body_json_cannot_carry_is_refused_unsent(schema: dict[str, object]) -> None:
+    """httpx would raise a bare ValueError while writing it, out of the engine's batch."""
+    transport, calls = _transport([httpx.Response(200, json=_CHAT_OK)])
+    async with LlamaClient("http://llama", transport=transport) as client:
+        with pytest.raises(LlamaBodyError, match="cannot be sent as JSON"):
+            await client.chat(HELLO, max_tokens=2, json_schema=schema)
+        assert calls() == 0
+        completion = await client.chat(HELLO, max_tokens=2, json_schema={"type": "string"})
     assert completion.stats.cached_tokens == 25
 
 
