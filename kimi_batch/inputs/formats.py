@@ -6,7 +6,12 @@ what makes the rest of a file unreadable raises (the caller turns that into one 
 
 CSV is read strictly (a quote must close where a field ends): a line opening a quote that never
 closes properly is set aside by itself and reading goes on at the line after it, so one stray
-quote never swallows the rest of the file into one row.
+quote never swallows the rest of the file into one row. Bytes that are not UTF-8 cost their own
+row too: CSV is decoded with `surrogateescape` and a row holding an escaped byte is set aside
+(a strict decoder would raise out of the file's text stream and end the file there).
+
+Parquet cannot tell a missing struct field from a null one, so a nested struct's null fields are
+dropped (`_present`): rows whose nested values (`tools`) have different keys come back as written.
 
 Memory stays bounded whatever the file holds: JSONL is read line by line and CSV record by record
 from the open file, each row at most `max_row_bytes` (a longer one is skipped, not loaded),
@@ -18,6 +23,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any, NamedTuple
@@ -42,6 +48,8 @@ _WIDE_BOMS = (
     (b"\xfe\xff", "UTF-16"),
 )
 _SNIFF_BYTES = 64
+# What `surrogateescape` decodes a byte that is not UTF-8 to (valid UTF-8 never decodes to these).
+_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
 
 
 class FileRefusedError(KimiBatchError, ValueError):
@@ -113,15 +121,18 @@ def _json_reason(error: ValueError | RecursionError) -> str:
 def jsonl_items(file: IO[bytes], *, max_row_bytes: int = MAX_ROW_BYTES) -> Iterator[Item]:
     """One JSON value a line, read line by line; blank lines are skipped."""
     number = 0
-    while line := file.readline(max_row_bytes + 1):
+    # Room for a CRLF: the limit counts the line's content, whichever ending it has.
+    while line := file.readline(max_row_bytes + 2):
         number += 1
-        if len(line) > max_row_bytes and not line.endswith(b"\n"):
-            _skip_line(file)
+        ended = line.endswith(b"\n")
+        content = line.removesuffix(b"\n").removesuffix(b"\r")
+        if len(content) > max_row_bytes:
+            if not ended:
+                _skip_line(file)
             yield Item(number, None, _preview(line), f"line is over {max_row_bytes} bytes")
             continue
-        line = line.removesuffix(b"\n")
         try:
-            text = line.decode("utf-8-sig" if number == 1 else "utf-8").strip()
+            text = content.decode("utf-8-sig" if number == 1 else "utf-8").strip()
         except UnicodeDecodeError:
             yield Item(number, None, repr(line[:_PREVIEW_CHARS]), "line is not valid UTF-8")
             continue
@@ -188,8 +199,23 @@ class _BoundedLines:
     def __iter__(self) -> Iterator[str]:
         return self
 
+    def _readline(self, size: int) -> str:
+        """A line of at most `size` characters, and the LF of a CRLF that `size` cut in two
+        (read alone, it would count as a line of its own and shift every later line number)."""
+        line = self._text.readline(size)
+        if len(line) == size and line.endswith("\r"):
+            at = self._text.tell()
+            if self._text.read(1) == "\n":
+                return line + "\n"
+            self._text.seek(at)
+        return line
+
     def __next__(self) -> str:
-        line = self._text.readline(self._limit - self._size + 1)
+        if self._size > self._limit:
+            raise _RowTooLongError  # the record goes on past a line that filled its budget
+        # +2: the budget counts the record's characters; the ending of its last line (LF or
+        # CRLF alike) is not one of them, the line endings inside a quoted cell are.
+        line = self._readline(self._limit - self._size + 2)
         if not line:
             raise StopIteration
         first = not self._size
@@ -197,13 +223,14 @@ class _BoundedLines:
             self.preview = line[:_PREVIEW_CHARS]
         self._size += len(line)
         self._quotes += line.count('"')
-        self._mid_line = self._size > self._limit and not line.endswith(("\n", "\r"))
+        ending = 2 if line.endswith("\r\n") else int(line.endswith(("\n", "\r")))
+        self._mid_line = self._size > self._limit and not ending
         if not self._mid_line:
             self.lines += 1
             if first and self._quotes % 2:
                 # Rare (a cell spanning lines, or a stray quote): only then is the position asked.
                 self._resume = self._text.tell()
-        if self._size > self._limit:
+        if self._size - ending > self._limit:
             raise _RowTooLongError
         return line
 
@@ -226,7 +253,7 @@ class _BoundedLines:
         When the file ends with the quote still open, the quote never closed: go back to the
         record's second line instead (`resync`) and return True."""
         while self._mid_line or self._quotes % 2:
-            piece = self._text.readline(_SKIP_CHUNK)
+            piece = self._readline(_SKIP_CHUNK)
             if not piece:
                 return self.resync()
             self._quotes += piece.count('"')
@@ -250,10 +277,31 @@ def _ensure_field_limit(limit: int) -> None:
         csv.field_size_limit(limit)
 
 
+def _shown(text: str) -> str:
+    """`text` with its bytes that are not UTF-8 written `\\xNN` (`raw` is stored as UTF-8)."""
+    if text.isascii() or not _ESCAPED_BYTE.search(text):
+        return text
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _not_utf8(header: list[str], fields: list[str]) -> str | None:
+    """Why a row holding a byte that is not UTF-8 is set aside (None: the row is valid text)."""
+    for index, field in enumerate(fields):
+        if field.isascii() or not (found := _ESCAPED_BYTE.search(field)):
+            continue
+        column = _shown(header[index]) if index < len(header) else f"field {index + 1}"
+        byte = ord(found.group()) - 0xDC00
+        return f"row is not valid UTF-8 (byte 0x{byte:02x} in {column!r}); save the file as UTF-8"
+    return None
+
+
 def csv_items(file: IO[bytes], *, max_row_bytes: int = MAX_ROW_BYTES) -> Iterator[Item]:
     """Rows under a header line; a quoted cell may span lines. Sizes count characters."""
     _ensure_field_limit(max_row_bytes + 1)
-    lines = _BoundedLines(io.TextIOWrapper(file, encoding="utf-8-sig", newline=""), max_row_bytes)
+    # surrogateescape: a byte that is not UTF-8 costs its row (`_not_utf8`), not the rest of the
+    # file, and the rows around it are decoded exactly as a strict decoder would.
+    text = io.TextIOWrapper(file, encoding="utf-8-sig", errors="surrogateescape", newline="")
+    lines = _BoundedLines(text, max_row_bytes)
     # strict: a quote that closes in the middle of a field is an error, not text glued on.
     reader = csv.reader(lines, strict=True)
     try:
@@ -272,16 +320,19 @@ def csv_items(file: IO[bytes], *, max_row_bytes: int = MAX_ROW_BYTES) -> Iterato
             reason = f"row is over {max_row_bytes} characters"
             if lines.skip_record():
                 reason += f"; {_UNCLOSED}"
-            yield Item(line, None, lines.preview, reason)
+            yield Item(line, None, _shown(lines.preview), reason)
             continue
         except csv.Error as error:
             reason = f"invalid CSV: {error}"
             if lines.resync() or lines.quote_open:
                 reason = f"invalid CSV: {_UNCLOSED} ({error})"
-            yield Item(line, None, lines.preview, reason)
+            yield Item(line, None, _shown(lines.preview), reason)
             continue
         if not fields:
             continue  # a blank line, as csv.DictReader skips it
+        if (reason := _not_utf8(header, fields)) is not None:
+            yield Item(line, None, _shown(lines.preview), reason)
+            continue
         row: dict[str, str | None] = dict.fromkeys(header)
         row.update(zip(header, fields, strict=False))
         if len(fields) > len(header):
@@ -295,6 +346,23 @@ def csv_items(file: IO[bytes], *, max_row_bytes: int = MAX_ROW_BYTES) -> Iterato
         yield Item(line, record, row, None)
 
 
+def _present(value: Any) -> Any:
+    """`value` with the null fields of its structs dropped, at any depth; list items are kept.
+
+    A Parquet struct column has one set of fields for all its rows (pyarrow and polars merge the
+    keys of every row's value), and a key a row did not write reads back as null: without this,
+    each row's nested `tools` would carry the other rows' keys as nulls (`"required": null`), an
+    invalid JSON Schema. Parquet cannot tell such a null from one the row wrote, so a null the
+    row wrote is dropped too (a schema's `"default": null` is lost; a JSON text cell keeps it).
+    A null list item is a value of its own, not a merged key, and stays.
+    """
+    if isinstance(value, dict):
+        return {key: _present(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [_present(item) for item in value]
+    return value
+
+
 def parquet_items(path: Path, *, batch_rows: int = PARQUET_BATCH_ROWS) -> Iterator[Item]:
     """Rows of a Parquet file, read a slice at a time (polars reads only the row groups needed)."""
     frame = pl.scan_parquet(path)
@@ -303,6 +371,6 @@ def parquet_items(path: Path, *, batch_rows: int = PARQUET_BATCH_ROWS) -> Iterat
     for offset in range(0, total, batch_rows):
         batch = frame.slice(offset, batch_rows).collect()
         for number, record in enumerate(batch.iter_rows(named=True), start=offset + 1):
-            # Columns a row does not use are null there (e.g. `prompt` in a `messages` row).
-            present = {key: value for key, value in record.items() if value is not None}
-            yield Item(number, present, None, None)
+            # Columns a row does not use are null there (e.g. `prompt` in a `messages` row), and
+            # so are the fields of a nested struct that only other rows wrote (`_present`).
+            yield Item(number, _present(record), None, None)

@@ -12,21 +12,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from kimi_batch.engine import fold_instructions
 from kimi_batch.inputs.prompts import ParamOverrides, SeedPrompt
-from kimi_batch.inputs.tools import FunctionTool
+from kimi_batch.inputs.tools import FunctionTool, UnicodeText
 from kimi_batch.llama import ChatMessage
 
 _MAX_REASONS = 3
-# A lone surrogate (from a JSON `\ud800` escape) is not Unicode: UTF-8 encoding of the request,
-# the request key and the Parquet writer would all fail on it later.
-_SURROGATE = re.compile("[\ud800-\udfff]")
 # The tables store integers as signed 64-bit (BIGINT): a larger value could not be written, and
 # one such row would fail the write of every other row of its partition.
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -47,17 +43,8 @@ def _content_text(value: Any) -> Any:
     return value
 
 
-def _unicode(value: str) -> str:
-    if not value.isascii() and (found := _SURROGATE.search(value)):
-        raise ValueError(
-            f"has a lone surrogate {found.group()!r} at character {found.start()} (not valid "
-            "Unicode: a broken escape or a mis-decoded file)"
-        )
-    return value
-
-
-# Every string that is sent or stored goes through this check.
-_Text = Annotated[str, AfterValidator(_unicode)]
+# Every string that is sent or stored goes through this check (a tool's too: `tools`).
+_Text = UnicodeText
 
 
 class _InMessage(BaseModel):

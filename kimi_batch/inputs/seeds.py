@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Protocol
 from kimi_batch.crash_points import crash_point
 from kimi_batch.inputs.landing import Landing
 from kimi_batch.inputs.prompts import InputBatch, SeedPrompt, seed_rows
+from kimi_batch.inputs.tools import unicode_error
 from kimi_batch.pipeline import INPUT_STAGE, QuarantineRow, SeedRow, input_row
 from kimi_batch.state import Fence
 
@@ -83,8 +84,10 @@ def land_input(
     """The partition's input version landed whole: its `seeds` (`land_seeds`), then its input
     quarantine (`set_aside` and the rows the reader set aside, stamped with the version), then
     the version recorded as consumed in the manifest. Seeds at a version do not say its
-    quarantine was written: a run killed between the two leaves no record, and the night lands
-    the version again (`Landing.consumed`)."""
+    quarantine was written: the record is forgotten before the seeds' write, so a run killed
+    between the two leaves none, and the night lands the version again (`Landing.consumed`),
+    even when the seeds went back to the content recorded last."""
+    landing.forget_consumed(ds, source)
     written = land_seeds(
         warehouse,
         ds,
@@ -106,20 +109,34 @@ def land_input(
 
 
 def _unstorable(row: SeedRow) -> str | None:
-    """Why the row cannot be a row of the table (an integer past its 64-bit columns); validation
-    refuses such values, and this keeps one that gets past it from failing the whole write."""
+    """Why the row cannot be a row of the table (an integer past its 64-bit columns, a string
+    that is not valid Unicode: the table stores UTF-8); validation refuses such values, and this
+    keeps one that gets past it from failing the whole write."""
     for name, value in row:
         if isinstance(value, int) and not _INT64_MIN <= value <= _INT64_MAX:
             return f"{name}: must be a 64-bit integer (the table stores it as BIGINT)"
+        if isinstance(value, str) and (error := unicode_error(value)) is not None:
+            return f"{name}: {error}"
+    for index, message in enumerate(row.messages):
+        if (error := unicode_error(message.content)) is not None:
+            return f"messages[{index}].content: {error}"
     return None
 
 
 def _set_aside(row: SeedRow, reason: str, now: datetime) -> QuarantineRow:
+    # The quarantine is stored as UTF-8 too: what is not valid Unicode is shown escaped.
     return input_row(
-        source_file=row.source_file,
+        source_file=_storable(row.source_file),
         line=row.line,
         reason=reason,
-        raw=row.prompt,
+        raw=_storable(row.prompt),
         now=now,
-        input_id=row.input_id,
+        input_id=_storable(row.input_id),
     )
+
+
+def _storable(text: str) -> str:
+    """`text`, its lone surrogates written as `\\udNNN` escapes."""
+    if unicode_error(text) is None:
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")

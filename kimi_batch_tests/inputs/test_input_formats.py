@@ -1,11 +1,15 @@
 """The CSV decoder: a quote that never closes properly costs its own line, not the rest of the
-file (issue 42, item 1)."""
+file (issue 42, item 1); so does a byte that is not UTF-8, and a row's line ending never counts
+against its size (LF and CRLF alike)."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
-from kimi_batch.inputs.formats import MAX_ROW_BYTES
+import pytest
+
+from kimi_batch.inputs.formats import MAX_ROW_BYTES, csv_items
 from kimi_batch.inputs.reader import read_inbox_file
 
 
@@ -89,3 +93,55 @@ def test_an_over_long_line_with_a_stray_quote_sets_aside_its_line_only(tmp_path:
     [row] = batch.quarantined
     assert row.line == 3
     assert row.reason.startswith(f"row is over {MAX_ROW_BYTES} characters; a quoted field")
+
+
+def test_a_byte_that_is_not_utf8_sets_aside_its_row_only(tmp_path: Path) -> None:
+    """One cp1252 byte in a UTF-8 file used to end the file there (229 of 499 good rows)."""
+    lines = [b"id,prompt"] + [f"{n},Question {n} na\u00efve?".encode() for n in range(1, 501)]
+    lines[300] = b"300,caf\xe9"
+    path = tmp_path / "rows.csv"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+
+    batch = read_inbox_file(path)
+
+    assert [seed.input_id for seed in batch.seeds] == [str(n) for n in range(1, 501) if n != 300]
+    assert all(seed.prompt == f"Question {seed.input_id} na\u00efve?" for seed in batch.seeds)
+    [row] = batch.quarantined
+    assert row.line == 301
+    assert row.reason == ("row is not valid UTF-8 (byte 0xe9 in 'prompt'); save the file as UTF-8")
+    assert row.raw == "300,caf\\xe9\n"  # the byte shown, as `raw` is stored as UTF-8
+
+
+def test_bytes_that_are_not_utf8_in_a_malformed_row_keep_raw_storable(tmp_path: Path) -> None:
+    path = tmp_path / "rows.csv"
+    path.write_bytes(b'id,prompt\n1,"caf\xe9 never closed\n2,fine\n3,too,many\xff\n')
+
+    batch = read_inbox_file(path)
+
+    assert [seed.prompt for seed in batch.seeds] == ["fine"]
+    reasons = {row.line: (row.reason, row.raw) for row in batch.quarantined}
+    assert reasons[2][0].startswith("invalid CSV: a quoted field opened on this line")
+    assert reasons[2][1] == '1,"caf\\xe9 never closed\n'
+    assert (
+        reasons[4][0] == "row is not valid UTF-8 (byte 0xff in 'field 3'); save the file as UTF-8"
+    )
+    for row in batch.quarantined:
+        row.raw.encode("utf-8")
+
+
+@pytest.mark.parametrize("ending", ["\n", "\r\n"])
+def test_a_row_s_line_ending_does_not_count_against_its_size(ending: str) -> None:
+    """A row of exactly the limit is read whatever its ending; one over it costs its own line."""
+    limit = 16
+    rows = ["id,prompt", "1," + "a" * (limit - 2), "2," + "b" * (limit - 1), "3,Last"]
+    data = ending.join(rows) + ending
+
+    items = list(csv_items(io.BytesIO(data.encode()), max_row_bytes=limit))
+
+    assert [(item.line, item.error) for item in items] == [
+        (2, None),
+        (3, f"row is over {limit} characters"),
+        (4, None),
+    ]
+    assert items[0].record == {"id": "1", "prompt": "a" * (limit - 2)}
+    assert items[2].record == {"id": "3", "prompt": "Last"}

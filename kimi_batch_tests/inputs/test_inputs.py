@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from collections.abc import Sequence
@@ -9,11 +10,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from kimi_batch.engine import INSTRUCTIONS_OPEN
 from kimi_batch.engine.generation import SamplingParams
-from kimi_batch.inputs.formats import MAX_JSON_ARRAY_BYTES, MAX_ROW_BYTES, parquet_items
+from kimi_batch.inputs.formats import (
+    MAX_JSON_ARRAY_BYTES,
+    MAX_ROW_BYTES,
+    jsonl_items,
+    parquet_items,
+)
 from kimi_batch.inputs.prompts import InputBatch, ParamOverrides, SeedPrompt
 from kimi_batch.inputs.reader import in_chunks, iter_inbox_rows, read_inbox_file
 from kimi_batch.pipeline import RAW_LIMIT, QuarantineRow, quarantine_overlong
@@ -29,6 +37,13 @@ def _jsonl(path: Path, rows: Sequence[object]) -> Path:
 
 def _reasons(batch: InputBatch) -> dict[int | None, str]:
     return {row.line: row.reason for row in batch.quarantined}
+
+
+def _tool(description: str = "Weather.", parameters: object = None) -> dict[str, object]:
+    function: dict[str, object] = {"name": "get_weather", "description": description}
+    if parameters is not None:
+        function["parameters"] = parameters
+    return {"type": "function", "function": function}
 
 
 def test_jsonl_plain_rows_become_single_user_messages(tmp_path: Path) -> None:
@@ -300,7 +315,6 @@ def test_invalid_utf8_line_is_quarantined_alone(tmp_path: Path) -> None:
     ("name", "content", "reason_start"),
     [
         ("garbage.parquet", b"this is not parquet", "cannot read file: "),
-        ("latin1.csv", b"prompt\ncaf\xe9\n", "cannot read file: UnicodeDecodeError"),
         (
             "object.json",
             b'{"prompt": "not a list"}',
@@ -481,6 +495,17 @@ def test_csv_long_cells_are_judged_per_row(tmp_path: Path) -> None:
             "url": "/v1/chat/completions",
             "body": {"messages": [{"role": "user", "content": "hi"}]},
         },
+        # A tool's free text and its free-form `parameters` (values and keys), with an `id`:
+        # nothing else (no content hash) would have encoded them before the table's write.
+        {"id": "1", "prompt": "hi", "tools": [_tool(description="bad \ud800")]},
+        {"id": "1", "prompt": "hi", "tools": [_tool(parameters={"enum": ["a", "b\udfff"]})]},
+        {"id": "1", "prompt": "hi", "tools": [_tool(parameters={"properties": {"\ud800": {}}})]},
+        {"id": "1", "prompt": "hi", "tools": json.dumps([_tool(description="\ud800")])},
+        {
+            "custom_id": "1",
+            "url": "/v1/chat/completions",
+            "body": {"messages": [{"role": "user", "content": "hi"}], "tools": [_tool("\ud800")]},
+        },
     ],
 )
 def test_lone_surrogates_are_rejected_at_validation(tmp_path: Path, row: dict[str, object]) -> None:
@@ -496,6 +521,21 @@ def test_lone_surrogates_are_rejected_at_validation(tmp_path: Path, row: dict[st
     assert "has a lone surrogate" in bad.reason, bad.reason
     bad.reason.encode("utf-8")  # the reason and raw text are stored in Parquet
     bad.raw.encode("utf-8")
+
+
+def test_a_lone_surrogate_in_a_tool_names_where_it_is(tmp_path: Path) -> None:
+    parameters = {"type": "object", "properties": {"city": {"description": "x\ud800"}}}
+    path = _jsonl(
+        tmp_path / "tools.jsonl",
+        [{"id": "1", "prompt": "hi", "tools": [_tool(parameters=parameters)]}],
+    )
+
+    (bad,) = read_inbox_file(path).quarantined
+
+    assert bad.reason == (
+        "tools[0].function.parameters: properties.city.description: has a lone surrogate "
+        "'\\ud800' at character 1 (not valid Unicode: a broken escape or a mis-decoded file)"
+    )
 
 
 def test_surrogates_in_a_json_array_keep_raw_encodable(tmp_path: Path) -> None:
@@ -586,6 +626,60 @@ def test_streaming_api_yields_rows_in_order_and_chunks(tmp_path: Path) -> None:
     assert read_inbox_file(path, now=NOW) == InputBatch(
         seeds=[s for c in chunks for s in c.seeds], quarantined=[duplicate]
     )
+
+
+@pytest.mark.parametrize("ending", [b"\n", b"\r\n"])
+def test_jsonl_line_limit_counts_the_content_whatever_the_ending(ending: bytes) -> None:
+    """A line of exactly the limit is read with LF and with CRLF; one byte more is over."""
+    limit = 32
+    exact = b'{"prompt": "' + b"a" * (limit - 14) + b'"}'
+    over = b'{"prompt": "' + b"b" * (limit - 13) + b'"}'
+    assert len(exact) == limit
+    data = ending.join([exact, over, b'{"prompt": "last"}']) + ending
+
+    items = list(jsonl_items(io.BytesIO(data), max_row_bytes=limit))
+
+    assert [(item.line, item.error) for item in items] == [
+        (1, None),
+        (2, f"line is over {limit} bytes"),
+        (3, None),
+    ]
+    assert [item.record for item in items if item.error is None] == [
+        {"prompt": "a" * (limit - 14)},
+        {"prompt": "last"},
+    ]
+
+
+def test_parquet_nested_tools_come_back_as_written(tmp_path: Path) -> None:
+    """The rows' tool schemas differ: Parquet's struct merges their keys, and each row's keys
+    the other did not write read back as nulls, which are not the row's (invalid JSON Schema)."""
+    weather = _tool(
+        parameters={
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "description": "City name."},
+                # A null list item is a value of its own, not a merged key: it stays.
+                "unit": {"enum": ["C", "F", None]},
+            },
+            "required": ["city"],
+        }
+    )
+    calendar = _tool(
+        parameters={"type": "object", "properties": {"date": {"type": "string"}}},
+    )
+    path = tmp_path / "tools.parquet"
+    rows = [
+        {"id": "w", "prompt": "Weather?", "tools": [weather]},
+        {"id": "c", "prompt": "Today?", "tools": [calendar]},
+        {"id": "none", "prompt": "No tools.", "tools": None},
+    ]
+    # pyarrow (pandas' writer too, through it) merges the rows' keys into one struct type.
+    pq.write_table(pa.Table.from_pylist(rows), path)
+
+    batch = read_inbox_file(path)
+
+    assert batch.quarantined == []
+    assert [seed.params.tools for seed in batch.seeds] == [[weather], [calendar], None]
 
 
 def test_parquet_is_read_in_slices_with_running_row_numbers(tmp_path: Path) -> None:
