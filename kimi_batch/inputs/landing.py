@@ -64,8 +64,9 @@ _SCHEMA = (
     )
     """,
     "CREATE INDEX IF NOT EXISTS versions_partition ON versions (ds, source, id)",
-    # The version a partition's seeds and input quarantine were both written from: recorded
-    # after the second of the two writes, so a run killed between them lands the version again.
+    # The version a partition's seeds and input quarantine were both written from: forgotten
+    # before the first of the two writes, recorded after the second, so a run killed between
+    # them lands the version again.
     """
     CREATE TABLE IF NOT EXISTS consumed (
         ds          TEXT NOT NULL,
@@ -314,6 +315,13 @@ class Landing:
             (ds, source, sha256, time.time()),
         )
         crash_point("landing.seeds_consumed")
+
+    def forget_consumed(self, ds: str, source: str) -> None:
+        """The partition's seeds are about to be written again: no version is consumed until
+        `record_consumed` follows both writes. The record names a content, not a landing, so a
+        record left in place would vouch for the old quarantine once the seeds are back at its
+        content (V consumed, W's quarantine written, V's seeds written: both kills skipped)."""
+        self._db.execute("DELETE FROM consumed WHERE ds = ? AND source = ?", (ds, source))
 
     def consumed(self, ds: str, source: str) -> str | None:
         """The version the partition's seeds and input quarantine were last both written from

@@ -162,7 +162,13 @@ class InboxLanding(BaseModel):
 
 
 def _stat(path: Path) -> FileStat:
-    found = os.stat(path, follow_symlinks=False)
+    """The stat of the file a read of inbox name `path` opens: a link inside the inbox is
+    followed (`open_inbox_file`), so a rewrite of its target is a change (a link out of the
+    inbox is refused before this, and on open)."""
+    return _fingerprint(os.stat(path))
+
+
+def _fingerprint(found: os.stat_result) -> FileStat:
     return (found.st_size, found.st_mtime_ns, found.st_ino, found.st_ctime_ns)
 
 
@@ -202,7 +208,10 @@ class _InboxLook:
                 )
                 self.landed.append(version)
                 sha256 = version.sha256
-        if _stat(item.path) == stat:  # not changed while it was read
+            # Remembered only when the file read is the one stat'ed, not changed while it was
+            # read, and still what the name leads to.
+            read = _fingerprint(os.fstat(handle.fileno()))
+        if read == stat == _stat(item.path):
             self.landing.remember_fingerprint(item.name, stat, sha256)
 
 
@@ -222,8 +231,9 @@ def land_inbox(
     again as the newest version), whether or not the inbox sensor runs.
 
     A settled file is hashed when its (size, mtime, inode, ctime) differ from those it had when
-    last hashed (the manifest's fingerprints), for `hash_budget_s` at most: what is left is
-    `unread`, hashed by the next look. Only a changed file is copied. A file still changing is
+    last hashed (the manifest's fingerprints: of the file read, the target of a link inside
+    the inbox), for `hash_budget_s` at most: what is left is `unread`, hashed by the next
+    look. Only a changed file is copied. A file still changing is
     not waited for (`settling`); refused and over-size files, and files dated outside the
     partitions (`accept_ds`), are left to their partition's run, which quarantines them with
     the reason.

@@ -49,7 +49,11 @@ def _items(path: Path) -> Iterator[tuple[str, list[str]]]:
         records = pl.read_parquet(path).to_dicts()
     else:
         records = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        # JSONL lines end at "\n" only: `splitlines` also cuts at U+2028, U+2029 and U+0085,
+        # which `json.dumps(ensure_ascii=False)` leaves raw inside a string.
+        text = path.read_bytes().decode("utf-8")
+        for number, raw in enumerate(text.split("\n"), start=1):
+            line = raw.removesuffix("\r")
             if not line.strip():
                 continue
             try:

@@ -121,3 +121,30 @@ def test_a_look_out_of_time_leaves_the_rest_to_the_next_look(
     assert [len(look.landed) for look in looks] == [1, 1, 1, 0]
     assert [len(look.unread) for look in looks] == [2, 1, 0, 0]
     assert len(reads) == 3  # each file hashed once over the four looks
+
+
+def test_a_rewrite_behind_a_link_inside_the_inbox_is_landed(
+    settings: Settings, landing: Landing, reads: list[str]
+) -> None:
+    # A link inside the inbox is read through to its target (`open_inbox_file`): the look must
+    # see the target's changes, not the link's own unchanged stat.
+    inbox = settings.paths.inbox_dir
+    target = inbox / "staging" / "real.jsonl"  # not a dated folder: never an input itself
+    _settled(target, '{"prompt": "first"}\n')
+    (inbox / "x.jsonl").symlink_to(target.relative_to(inbox))
+    [first] = _look(settings, landing).landed
+    assert reads == ["real.jsonl"]
+    reads.clear()
+    _settled(target, '{"prompt": "second, rewritten"}\n')
+
+    again = _look(settings, landing)
+
+    assert (again.hashed, reads) == (1, ["real.jsonl"])
+    [second] = again.landed
+    assert second.sha256 != first.sha256
+    current = landing.current(first.ds, first.source)
+    assert current is not None
+    assert current.path.read_text() == '{"prompt": "second, rewritten"}\n'
+    reads.clear()
+    assert _look(settings, landing).hashed == 0  # its fingerprint is now the target's
+    assert reads == []

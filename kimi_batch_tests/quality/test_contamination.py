@@ -78,6 +78,23 @@ def test_parquet_benchmarks_index_every_text_field_and_list(tmp_path: Path) -> N
     assert (hit.benchmark, hit.item_id) == ("mmlu.parquet", "1")
 
 
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\x85"])
+def test_a_jsonl_line_holding_a_unicode_line_separator_is_one_item(
+    tmp_path: Path, separator: str
+) -> None:
+    # json.dumps(ensure_ascii=False) writes these raw inside a string; only "\n" ends a line.
+    items = [{"id": "sep", "q": f"{QUESTION}{separator}Answer in words."}, {"id": "2", "q": "x"}]
+    path = tmp_path / "bench.jsonl"
+    path.write_bytes(
+        "".join(json.dumps(item, ensure_ascii=False) + "\r\n" for item in items).encode("utf-8")
+    )
+    assert separator.encode("utf-8") in path.read_bytes()
+    index = BenchmarkIndex([path], 13)
+    hit = index.best_hit(QUESTION)
+    assert hit is not None
+    assert (hit.benchmark, hit.item_id) == ("bench.jsonl", "sep")
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [('{"question": "no id"}\n', "no `id`"), ("not json\n", "not JSON"), ("[1]\n", "JSON object")],
