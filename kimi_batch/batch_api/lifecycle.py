@@ -315,12 +315,22 @@ class RequestCounts(BaseModel):
     failed: int = Field(ge=0)
 
 
+def _landed_limit(settings: Settings, batch: BatchRecord) -> int:
+    """The request limit a landed input is read again with: the deployment's (its validation's),
+    or the batch's own count if the limit was lowered since (a landed batch runs whole)."""
+    return max(settings.api_max_batch_requests, batch.request_total)
+
+
 def batch_lines(settings: Settings, batch: BatchRecord) -> list[BatchRequestLine]:
     """The requests of a landed batch, read from its snapshot."""
     with _snapshot(settings, batch).open("rb") as reader:
-        parsed = parse_batch_input(reader, endpoint=batch.endpoint)
+        parsed = parse_batch_input(
+            reader, endpoint=batch.endpoint, max_requests=_landed_limit(settings, batch)
+        )
     if parsed.errors:
-        raise StorageError(f"batch {batch.id}: landed input no longer validates")
+        raise StorageError(
+            f"batch {batch.id}: landed input no longer validates: {parsed.errors[0].message}"
+        )
     return parsed.lines
 
 
@@ -330,7 +340,9 @@ def iter_batch_lines(settings: Settings, batch: BatchRecord) -> Iterator[BatchRe
     path = _snapshot(settings, batch)
     with path.open("rb") as reader:
         try:
-            yield from iter_batch_input(reader, endpoint=batch.endpoint)
+            yield from iter_batch_input(
+                reader, endpoint=batch.endpoint, max_requests=_landed_limit(settings, batch)
+            )
         except ValueError as error:
             raise StorageError(f"batch {batch.id}: landed input no longer validates") from error
 

@@ -56,8 +56,12 @@ as 1 (one choice per request).
 bounded lines, bad UTF-8, deep nesting and over-long integers become line errors there), and
 nothing but the `custom_id` index (8-byte digests, `SeenIds`) outlives a line: `scan_batch_input`
 holds one line at a time whatever the file's size. Whatever a line makes the parser or the
-models raise is that line's error, never an exception out of here. At most `max_requests`
-requests (OpenAI's 50,000); the line past it fails the batch and ends the read.
+models raise is that line's error, never an exception out of here. So is a number strict JSON
+(OpenAI's, and the request sent in the run) has no spelling for, which Python's reader takes:
+`NaN`, `Infinity`, `-Infinity`, or one too large for a double (`invalid_json_line`, naming
+where it is). At most `max_requests` requests (OpenAI's 50,000; the API passes the
+deployment's limit to every read, the run's included); the line past it fails the batch and
+ends the read.
 
 **Output**: one writer (`response_line`, `error_line`) for the API's output and error files and
 for `kimi-batch export`: a `chat.completion` body (tool calls included) for a chat line, a
@@ -71,6 +75,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import math
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import IO, Any, Literal
@@ -715,6 +720,32 @@ def _too_deep(value: Any, limit: int) -> bool:
     return False
 
 
+def _spelling(number: float) -> str | None:
+    """How JSON text spells a number strict JSON has no room for; None for a finite one."""
+    if math.isfinite(number):
+        return None
+    return "NaN" if math.isnan(number) else "Infinity" if number > 0 else "-Infinity"
+
+
+def _non_finite(record: dict[str, Any]) -> tuple[str, str] | None:
+    """(path, spelling) of a number in `record` that is not finite; None if there is none.
+
+    Python's JSON reader takes `NaN`, `Infinity` and `-Infinity` (and reads `1e999` as infinity),
+    but the request a line becomes is sent as strict JSON, which has no such numbers: found
+    only in the run, one would fail the whole batch (or turn into null inside a tool's
+    `parameters`). Iterative, like `_too_deep`; a path is built only for the containers."""
+    stack: list[tuple[dict[str, Any] | list[Any], str]] = [(record, "")]
+    while stack:
+        node, path = stack.pop()
+        children = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, child in children:
+            if isinstance(child, float) and (spelling := _spelling(child)) is not None:
+                return f"{path}{str(key)[:100]}", spelling
+            if isinstance(child, (dict, list)):
+                stack.append((child, f"{path}{str(key)[:100]}."))
+    return None
+
+
 # ---- the streaming validator -----------------------------------------------------------------
 
 
@@ -770,6 +801,15 @@ class BatchValidator:
         if _too_deep(record, MAX_NESTING):
             message = f"line {number}: nested deeper than {MAX_NESTING} levels"
             self._fail("invalid_json_line", message, number)
+            return None
+        non_finite = _non_finite(record)
+        if non_finite is not None:
+            path, spelling = non_finite
+            message = (
+                f"line {number}: {path} is {spelling}, which is not valid JSON (a number must "
+                "be finite: no NaN, Infinity, or a value too large for a double)"
+            )
+            self._fail("invalid_json_line", message, number, path)
             return None
         if record.get("url") != self.endpoint:
             self._fail(

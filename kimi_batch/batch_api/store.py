@@ -8,10 +8,14 @@
 upload; two uploads of the same bytes share a blob, which is removed with the last id naming it.
 An upload is staged (copied to a temp name while its size is counted and refused past the
 limit), then kept: the blob is renamed into place and its id recorded in one write transaction.
-A delete drops the id and, when no other id names the blob, unlinks it in one too. The store's
-write lock (`StateDatabase.transaction`: SQLite's, or PostgreSQL's advisory lock) orders the
-two, so a delete racing an upload of the same bytes never removes the blob the upload's id
-names. The temps of a writer killed mid-copy are removed by the next upload. With
+A delete drops the id in one, and then, in another, unlinks the blobs no id names: killed in
+between, it leaves bytes no id names (removed by the next delete), never an id whose bytes are
+gone; a retried finish replacing an output file's record does the same. The store's write lock
+(`StateDatabase.transaction`: SQLite's, or PostgreSQL's advisory lock) orders them, so a delete
+racing an upload of the same bytes never removes the blob the upload's id names. The temps of a
+writer killed mid-copy are removed by the next upload. A record whose bytes are nowhere (a
+delete killed in the older order, its bytes unlinked before the commit) raises
+`FileContentMissingError`, which the API answers 404, as for a file that does not exist. With
 KIMI_BATCH_DATABASE_URL the blobs are kept in the `kimi_api` schema too (`storage.blobs`) and
 `api/files/` is each host's cache: the API serves an output file a run wrote on another machine,
 and a run reads an upload the API took. A blob is in the database before the id naming it is
@@ -30,6 +34,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import socket
 import time
 import uuid
@@ -67,6 +72,16 @@ _FILES_TABLE = """
 
 class FileTooLargeError(StorageError):
     """An upload is over the input limit; nothing of it is kept."""
+
+
+class FileContentMissingError(StorageError):
+    """A file's record whose bytes are nowhere, on this host or in the shared database (as a
+    delete killed in the older order left one): the API answers it as a file that does not
+    exist."""
+
+
+# A blob's name in `files_dir`: its sha256 (temps start with a dot).
+_BLOB_NAME = re.compile(r"[0-9a-f]{64}")
 
 
 class FileRecord(BaseModel):
@@ -295,8 +310,17 @@ class ApiStore:
         self.close()
 
     def blob_path(self, record: FileRecord) -> Path:
-        """The file's bytes on this host (fetched from the shared state database if need be)."""
-        return self._blobs.local(record.sha256)
+        """The file's bytes on this host (fetched from the shared state database if need be);
+        `FileContentMissingError` when they are nowhere."""
+        try:
+            path = self._blobs.local(record.sha256)
+        except StorageError as error:
+            raise FileContentMissingError(f"file {record.id}: {error}") from error
+        if not path.is_file():
+            raise FileContentMissingError(
+                f"file {record.id}: its bytes are not in {self.files_dir}"
+            )
+        return path
 
     def share_all(self) -> SharedBlobs:
         """Put every file this host has into the shared state database (a migration)."""
@@ -343,6 +367,7 @@ class ApiStore:
             purpose=purpose,
             sha256=staged.sha256,
         )
+        replaced = None
         try:
             self._blobs.share(staged.sha256, staged.temp)  # the long upload, before the lock
             with self._write_lock():
@@ -360,7 +385,12 @@ class ApiStore:
                     (record.id, staged.sha256, record.model_dump_json()),
                 )
                 if replaced is not None:
-                    self._drop_blob_if_unnamed(replaced[0])
+                    self._forget_if_unnamed(replaced[0])
+            if replaced is not None:
+                # The replaced record's bytes go only once the new record is committed (see
+                # `delete_file`).
+                with self._write_lock():
+                    self._remove_unnamed_blobs()
             crash_point("api.file_kept")
         finally:
             staged.temp.unlink(missing_ok=True)
@@ -417,27 +447,41 @@ class ApiStore:
         ]
 
     def delete_file(self, file_id: str) -> bool:
-        """Remove the id; the blob goes with the last id naming it (under the write lock, so an
-        upload of the same bytes either names it before, and keeps it, or puts it back)."""
+        """Remove the id, then the bytes no id names any more.
+
+        Two write transactions, in this order: a process killed between them leaves bytes no id
+        names (harmless, removed by the next delete), never an id whose bytes are gone (the
+        blob unlinked in the first, the commit lost, would leave one). Each runs under the write
+        lock, so an upload of the same bytes either names them before, and keeps them, or puts
+        them back after."""
         with self._write_lock():
             row = self._db.execute("SELECT sha256 FROM files WHERE id = ?", (file_id,)).fetchone()
             if row is None:
                 return False
             self._db.execute("DELETE FROM files WHERE id = ?", (file_id,))
-            self._drop_blob_if_unnamed(row[0])
+            self._forget_if_unnamed(row[0])
+        with self._write_lock():
+            self._remove_unnamed_blobs()
         crash_point("api.file_deleted")
         return True
 
-    def _drop_blob_if_unnamed(self, sha256: str) -> None:
-        """The blob goes when no id names it (called under the write lock)."""
-        shared = self._db.execute(
+    def _forget_if_unnamed(self, sha256: str) -> None:
+        """The shared database's copy of the blob goes with the last id naming it, in the same
+        transaction (under the write lock)."""
+        named = self._db.execute(
             "SELECT 1 FROM files WHERE sha256 = ? LIMIT 1", (sha256,)
         ).fetchone()
-        if not shared:
-            # Unlinked before the commit, still under the lock: no upload can record an id
-            # for these bytes in between.
-            (self.files_dir / sha256).unlink(missing_ok=True)
+        if not named:
             self._blobs.forget(sha256)
+
+    def _remove_unnamed_blobs(self) -> None:
+        """Unlink every blob of this host no id names: the one a delete or a replaced record
+        just left, and any a killed process left (a delete stopped after its commit, an upload
+        before). Under the write lock, so no upload can name the bytes in between."""
+        named = {row[0] for row in self._db.execute("SELECT DISTINCT sha256 FROM files")}
+        for path in self.files_dir.iterdir():
+            if _BLOB_NAME.fullmatch(path.name) and path.name not in named:
+                path.unlink(missing_ok=True)
 
     def _write_lock(self) -> AbstractContextManager[None]:
         return self._db.transaction()

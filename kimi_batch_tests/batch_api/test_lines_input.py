@@ -363,3 +363,53 @@ def test_a_responses_line_fails_naming_what_is_not_served() -> None:
     ]
     assert "no response is stored here" in parsed.errors[0].message
     assert "function tools only" in parsed.errors[2].message
+
+
+def test_a_number_json_does_not_allow_fails_its_line_naming_where_it_is() -> None:
+    """Python's JSON reader takes NaN and Infinity (and 1e999 as infinity); the request sent in
+    the run is strict JSON and could not hold them, so the line is refused here, as OpenAI's
+    strict JSON refuses it, instead of the run failing the whole batch (or the value becoming
+    null in a tool's parameters)."""
+    schema = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "number"}}}
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    flat = {"type": "function", "name": "f", "parameters": {"type": "number"}}
+    text = {"format": {"type": "json_schema", "name": "n", "schema": {"type": "number"}}}
+    chat_lines = [
+        _line("ok"),
+        _line("schema", response_format=schema).replace(
+            b'"type": "number"', b'"type": "number", "maximum": Infinity'
+        ),
+        _line("tool", tools=[tool]).replace(b'"type": "object"', b'"type": "object", "x": NaN'),
+        _line("low", temperature=0).replace(b'"temperature": 0', b'"temperature": -Infinity'),
+        _line("huge", stop=["a"]).replace(b'"stop": ["a"]', b'"stop": ["a"], "seed": 1e999'),
+    ]
+    scan = scan_batch_input(io.BytesIO(b"\n".join(chat_lines)), endpoint=URL)
+    assert scan.request_total == 0
+    assert [(e.code, e.line, e.param) for e in scan.errors] == [
+        ("invalid_json_line", 2, "body.response_format.json_schema.schema.maximum"),
+        ("invalid_json_line", 3, "body.tools.0.function.parameters.x"),
+        ("invalid_json_line", 4, "body.temperature"),
+        ("invalid_json_line", 5, "body.seed"),
+    ]
+    messages = [e.message for e in scan.errors]
+    assert "is Infinity" in messages[0]
+    assert "is NaN" in messages[1]
+    assert "is -Infinity" in messages[2]
+    assert all(
+        "not valid JSON" in m and m.startswith(f"line {e.line}:")
+        for m, e in zip(messages, scan.errors, strict=True)
+    )
+    responses = [
+        _raw("text", {"input": "a", "text": text}, RESPONSES).replace(
+            b'"type": "number"', b'"type": "number", "minimum": -Infinity'
+        ),
+        _raw("tool", {"input": "a", "tools": [flat]}, RESPONSES).replace(
+            b'"type": "number"', b'"type": "number", "enum": [1, NaN]'
+        ),
+    ]
+    parsed = parse_batch_input(responses, endpoint=RESPONSES)
+    assert parsed.lines == []
+    assert [(e.code, e.param) for e in parsed.errors] == [
+        ("invalid_json_line", "body.text.format.schema.minimum"),
+        ("invalid_json_line", "body.tools.0.parameters.enum.1"),
+    ]

@@ -18,15 +18,21 @@ from kimi_batch.batch_api import (
     ApiStore,
     BatchRecord,
     BatchStatus,
+    FileContentMissingError,
+    FileRecord,
+    batch_lines,
     begin_batch,
     finish_batch,
+    iter_batch_lines,
     lifecycle,
     validate_batch,
 )
+from kimi_batch.batch_api import lines as batch_input
 from kimi_batch.batch_api.lines import BatchRequestLine, parse_batch_input
 from kimi_batch.crash_points import CrashPointReached, armed
 from kimi_batch.engine import Ledger
 from kimi_batch.settings import Settings
+from kimi_batch.storage import BlobStore
 from kimi_batch_tests.support.batches import chat_line, jsonl, landed_batch
 from kimi_batch_tests.support.postgres import StateBackend
 from kimi_batch_tests.support.results import make_result
@@ -183,6 +189,28 @@ def test_a_cancel_while_the_input_is_validated_ends_the_batch_cancelled(
     assert store.validation_claim(batch.id) is None
 
 
+# ---- the request limit -----------------------------------------------------------------------
+
+
+def test_a_batch_over_the_default_limit_runs_with_the_deployment_s_limit(
+    settings: Settings, store: ApiStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by review: validation honoured KIMI_BATCH_API_MAX_BATCH_REQUESTS but the run read
+    # the landed input with the default (OpenAI's 50,000), so every larger batch failed with no
+    # output file. The default lowered to 3 stands for 50,000 here.
+    for reader in (batch_input.parse_batch_input, batch_input.iter_batch_input):
+        assert reader.__kwdefaults__ is not None
+        monkeypatch.setitem(reader.__kwdefaults__, "max_requests", 3)
+    raised = settings.model_copy(update={"api_max_batch_requests": 5})
+    batch = _landed(raised, store, "a", "b", "c", "d")
+    assert batch.request_total == 4
+    assert [line.custom_id for line in batch_lines(raised, batch)] == ["a", "b", "c", "d"]
+    assert [line.custom_id for line in iter_batch_lines(raised, batch)] == ["a", "b", "c", "d"]
+    # A limit lowered after the batch was landed does not fail it either.
+    lowered = settings.model_copy(update={"api_max_batch_requests": 2})
+    assert len(batch_lines(lowered, batch)) == len(list(iter_batch_lines(lowered, batch))) == 4
+
+
 # ---- blobs: an upload racing a delete of the same bytes -------------------------------------
 
 
@@ -213,6 +241,85 @@ def test_a_delete_after_an_upload_of_the_same_bytes_keeps_the_blob(store: ApiSto
     assert store.delete_file(second.id)
     assert not (store.files_dir / second.sha256).exists()
     assert not store.delete_file(second.id)
+
+
+class _StoppedError(Exception):
+    """Where a killed process would have stopped: the open transaction is rolled back."""
+
+
+def _stop(*_: object) -> None:
+    raise _StoppedError
+
+
+def _upload(store: ApiStore, data: bytes) -> FileRecord:
+    return store.add_file(io.BytesIO(data), filename="in.jsonl", purpose="batch", max_bytes=1 << 20)
+
+
+def test_a_delete_stopped_before_its_commit_leaves_the_file_whole(
+    store: ApiStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by review: the blob was unlinked before the commit, so a kill in between left the
+    # id listed with its bytes gone, and its content answered 500.
+    data = jsonl(chat_line("a"))
+    record = _upload(store, data)
+    with monkeypatch.context() as stopped:
+        stopped.setattr(BlobStore, "forget", _stop)  # the last step inside the transaction
+        with pytest.raises(_StoppedError):
+            store.delete_file(record.id)
+    assert [f.id for f in store.files()] == [record.id]
+    assert store.blob_path(record).read_bytes() == data
+
+
+def test_a_delete_stopped_after_its_commit_leaves_bytes_no_id_names_the_next_delete_removes(
+    store: ApiStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gone, kept = _upload(store, b"gone\n"), _upload(store, b"kept\n")
+    with monkeypatch.context() as stopped:
+        stopped.setattr(ApiStore, "_remove_unnamed_blobs", _stop)
+        with pytest.raises(_StoppedError):
+            store.delete_file(gone.id)
+    assert store.file(gone.id) is None  # the id went first: nothing names missing bytes
+    assert (store.files_dir / gone.sha256).is_file()  # left behind, harmless
+    other = _upload(store, b"other\n")
+    assert store.delete_file(other.id)
+    blobs = sorted(p.name for p in store.files_dir.iterdir() if not p.name.startswith("."))
+    assert blobs == [kept.sha256]
+    assert store.blob_path(kept).read_bytes() == b"kept\n"
+
+
+def test_a_finish_stopped_while_replacing_its_output_file_keeps_the_record_readable(
+    store: ApiStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A retried finish keeps its output under the same id: the record it replaces must keep its
+    # bytes until the new record is committed.
+    def keep(text: str) -> FileRecord:
+        staged = store.stage_file(io.BytesIO(text.encode()), max_bytes=1 << 20)
+        return store.keep_file(staged, filename="out.jsonl", purpose="batch_output", file_id="f-1")
+
+    first = keep("first\n")
+    with monkeypatch.context() as stopped:
+        stopped.setattr(BlobStore, "forget", _stop)
+        with pytest.raises(_StoppedError):
+            keep("second\n")
+    found = store.file("f-1")
+    assert found is not None
+    assert found == first
+    assert store.blob_path(found).read_text() == "first\n"
+    second = keep("second\n")
+    assert store.blob_path(second).read_text() == "second\n"
+    blobs = sorted(p.name for p in store.files_dir.iterdir() if not p.name.startswith("."))
+    assert blobs == [second.sha256]
+
+
+def test_a_file_whose_bytes_are_gone_says_so_instead_of_naming_a_missing_path(
+    store: ApiStore,
+) -> None:
+    record = _upload(store, b"x\n")
+    (store.files_dir / record.sha256).unlink()  # what a delete killed before the fix left
+    # ... and, in PostgreSQL, no shared copy either
+    store._blobs.forget(record.sha256)  # pyright: ignore[reportPrivateUsage]
+    with pytest.raises(FileContentMissingError, match=record.id):
+        store.blob_path(record)
 
 
 # ---- temp files of a killed write -----------------------------------------------------------

@@ -20,13 +20,15 @@ output and error files and marks it `cancelled`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
-from typing import Annotated, Any
+from typing import Annotated, Any, BinaryIO
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import FileResponse
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from kimi_batch.batch_api import (
@@ -35,6 +37,7 @@ from kimi_batch.batch_api import (
     BatchRecord,
     BatchStatus,
     BatchValidator,
+    FileContentMissingError,
     FileRecord,
     request_counts,
 )
@@ -81,6 +84,7 @@ def _page(items: list[dict[str, Any]], more: bool) -> dict[str, Any]:
 # ---- /v1/files -------------------------------------------------------------------------------
 
 files_router = APIRouter(prefix="/v1/files")
+_CONTENT_CHUNK = 1 << 20
 
 
 def _file_found(opened: ApiStore, file_id: str) -> FileRecord:
@@ -130,11 +134,34 @@ def get_file(file_id: str, opened: StoreDep) -> dict[str, Any]:
     return _file_found(opened, file_id).model_dump()
 
 
+def _streamed(reader: BinaryIO) -> Iterator[bytes]:
+    with reader:
+        while chunk := reader.read(_CONTENT_CHUNK):
+            yield chunk
+
+
 @files_router.get("/{file_id}/content")
-def file_content(file_id: str, opened: StoreDep) -> FileResponse:
+def file_content(file_id: str, opened: StoreDep) -> StreamingResponse:
     """The file's bytes: an input, or a batch's output or error lines."""
     record = _file_found(opened, file_id)
-    return FileResponse(opened.blob_path(record), media_type="application/octet-stream")
+    # Opened here, not by path once the response starts: a delete in between cannot turn the
+    # answer into a server error; bytes that are gone are a file that does not exist.
+    try:
+        reader = opened.blob_path(record).open("rb")
+    except (FileContentMissingError, FileNotFoundError):
+        raise ApiError(
+            404,
+            f"No such File object: {file_id} (its content is no longer stored)",
+            param="id",
+            code="not_found",
+        ) from None
+    size = os.fstat(reader.fileno()).st_size
+    return StreamingResponse(
+        _streamed(reader),
+        media_type="application/octet-stream",
+        headers={"Content-Length": str(size)},
+        background=BackgroundTask(reader.close),  # a client gone midway: closed all the same
+    )
 
 
 @files_router.delete("/{file_id}")

@@ -83,6 +83,30 @@ def test_a_file_round_trips_and_is_kept_owner_only(
     assert missing.value.body["code"] == "not_found"  # type: ignore[index]
 
 
+def test_a_file_whose_bytes_are_gone_is_not_found_never_a_server_error(
+    client: openai.OpenAI, base_url: str, settings: Settings
+) -> None:
+    # Found by review: a delete killed between unlinking the bytes and its commit left the id
+    # listed without them, and its content raised inside the response (500).
+    data = jsonl(line("a"))
+    kept = client.files.create(file=("kept.jsonl", data), purpose="batch")
+    lost = client.files.create(file=("lost.jsonl", jsonl(line("b"))), purpose="batch")
+    with ApiStore(settings.paths) as store:
+        record = store.file(lost.id)
+        assert record is not None
+        (store.files_dir / record.sha256).unlink()
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.files.content(lost.id)
+    error = missing.value.body
+    assert isinstance(error, dict)
+    assert (error["code"], error["param"]) == ("not_found", "id")
+    assert error["message"].startswith(f"No such File object: {lost.id}")
+    auth = {"Authorization": f"Bearer {KEY}"}
+    content = httpx.get(f"{base_url}/files/{kept.id}/content", headers=auth)
+    assert (content.status_code, content.content) == (200, data)
+    assert content.headers["content-length"] == str(len(data))
+
+
 @pytest.mark.parametrize("key", [None, "sk-wrong"])
 def test_a_wrong_or_missing_key_is_401_and_nothing_is_stored(
     base_url: str, settings: Settings, key: str | None
