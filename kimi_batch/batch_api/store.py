@@ -54,7 +54,8 @@ from kimi_batch.storage import (
     BlobStore,
     SharedBlobs,
     StorageError,
-    pid_alive,
+    process_running,
+    process_token,
     remove_stale_temps,
     temp_name,
 )
@@ -259,8 +260,9 @@ class BatchRecord(BaseModel):
 
 
 def process_owner() -> str:
-    """This process, as a validation claim names it: `host:pid`."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """This process, as a validation claim names it: `host:pid.start` (`process_token`: an API
+    restarted under its predecessor's pid, as pid 1 in a container is, is another process)."""
+    return f"{socket.gethostname()}:{process_token()}"
 
 
 class ValidationClaim(BaseModel):
@@ -275,10 +277,11 @@ class ValidationClaim(BaseModel):
     attempts: int = Field(ge=0)
 
     def abandoned(self, now: float) -> bool:
-        """Its owner is gone: a dead pid on this host, else no beat for `VALIDATION_STALE_S`."""
-        host, _, pid = self.owner.rpartition(":")
-        if host == socket.gethostname() and pid.isdigit():
-            return not pid_alive(int(pid))
+        """Its owner is gone: no longer running on this host, else no beat for
+        `VALIDATION_STALE_S`."""
+        host, _, process = self.owner.rpartition(":")
+        if host == socket.gethostname() and process[:1].isdigit():
+            return not process_running(process)
         return now - self.heartbeat > VALIDATION_STALE_S
 
 

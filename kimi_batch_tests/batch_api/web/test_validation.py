@@ -15,6 +15,7 @@ import pytest
 
 from kimi_batch.batch_api import ApiStore, BatchStatus
 from kimi_batch.settings import Settings
+from kimi_batch.storage import process_token
 from kimi_batch_tests.support.api_server import serving_api
 from kimi_batch_tests.support.batches import chat_line, jsonl, validated
 from kimi_batch_tests.support.postgres import StateBackend
@@ -75,18 +76,31 @@ def test_nested_and_huge_integer_lines_fail_their_batch_naming_the_lines(
         client.batches.cancel(batch.id)
 
 
-def _left_by_a_killed_api(settings: Settings, *, cancelled: bool = False) -> str:
+def _reused_pid_owner() -> str:
+    """A claim's owner with this process's pid and another start: an API killed, and this one
+    started later under its pid (as pid 1 of a container is)."""
+    pid, _, start = process_token().partition(".")
+    return f"{socket.gethostname()}:{pid}.{int(start) - 1}"
+
+
+def _left_by_a_killed_api(
+    settings: Settings, *, cancelled: bool = False, owner: str = DEAD_OWNER
+) -> str:
     """A batch recorded (and maybe cancelled) by an API process killed before validating it."""
     with ApiStore(settings.paths) as store:
-        batch = store.add_upload_batch(jsonl(chat_line("a"), chat_line("b")), owner=DEAD_OWNER)
+        batch = store.add_upload_batch(jsonl(chat_line("a"), chat_line("b")), owner=owner)
         if cancelled:
             store.update_batch(batch.id, status=BatchStatus.CANCELLING)
     return batch.id
 
 
-def test_the_api_start_validates_what_a_killed_api_left_validating(settings: Settings) -> None:
-    left = _left_by_a_killed_api(settings)
-    cancelled = _left_by_a_killed_api(settings, cancelled=True)
+@pytest.mark.parametrize("reused_pid", [False, True], ids=["dead-pid", "reused-pid"])
+def test_the_api_start_validates_what_a_killed_api_left_validating(
+    settings: Settings, reused_pid: bool
+) -> None:
+    owner = _reused_pid_owner() if reused_pid else DEAD_OWNER
+    left = _left_by_a_killed_api(settings, owner=owner)
+    cancelled = _left_by_a_killed_api(settings, cancelled=True, owner=owner)
     with serving_api(settings) as url:
         client = openai.OpenAI(base_url=url, api_key=KEY, max_retries=0)
         batch = validated(client, client.batches.retrieve(left))
