@@ -120,7 +120,8 @@ def _landed(
     upload = store.file(batch.input_file_id)
     if upload is None:
         raise FileNotFoundError(f"the input file {batch.input_file_id} was deleted")
-    ds = settings.today().isoformat()
+    # The day it was created, whenever it is validated (after midnight, resumed by a restart).
+    ds = settings.today(datetime.fromtimestamp(batch.created_at, UTC)).isoformat()
     # Not recorded in the inbox manifest: the nightly and the inbox sensor never see a batch.
     assignment = Assignment(
         name=f"{batch.id}.jsonl",

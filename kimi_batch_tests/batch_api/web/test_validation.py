@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import openai
 import pytest
 
-from kimi_batch.batch_api import ApiStore, BatchStatus
+from kimi_batch.batch_api import ApiStore, BatchStatus, validate_batch
 from kimi_batch.settings import Settings
 from kimi_batch.storage import process_token
 from kimi_batch_tests.support.api_server import serving_api
@@ -74,6 +76,20 @@ def test_nested_and_huge_integer_lines_fail_their_batch_naming_the_lines(
     assert [b.id for b in client.batches.list()] == [batch.id]
     with pytest.raises(openai.ConflictError):
         client.batches.cancel(batch.id)
+
+
+def test_a_batch_lands_on_the_day_it_was_created_whenever_it_is_validated(
+    settings: Settings,
+) -> None:
+    """Validated a day late (resumed after midnight by a later start), a batch's partition is
+    still dated the day it was created."""
+    created = time.time() - 86_400
+    with ApiStore(settings.paths) as store:
+        batch = store.add_upload_batch(jsonl(chat_line("a")))
+        batch = store.update_batch(batch.id, created_at=int(created))
+        landed = validate_batch(settings, store, batch)
+    assert landed.ds == settings.today(datetime.fromtimestamp(created, UTC)).isoformat()
+    assert landed.ds != settings.today().isoformat()
 
 
 def _reused_pid_owner() -> str:
