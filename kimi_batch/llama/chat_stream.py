@@ -173,9 +173,16 @@ def _stream_error(payload: Any, url: str) -> LlamaError:
 
 def _load(data: str, url: str) -> Any:
     try:
-        return json.loads(data)
+        payload = json.loads(data)
     except ValueError as error:
         raise LlamaResponseError(f"non-JSON event from {url}: {data[:200]!r}") from error
+    try:
+        # A `\udXXX` escape with no pair parses to a lone surrogate, which no answer can hold
+        # (the ledger stores UTF-8): refused, as the parser of a whole answer refuses it.
+        json.dumps(payload, ensure_ascii=False).encode()
+    except UnicodeEncodeError as error:
+        raise LlamaResponseError(f"event from {url} is not valid Unicode: {error}") from error
+    return payload
 
 
 async def read_chat_stream(lines: AsyncIterator[str], url: str) -> ChatCompletion:

@@ -18,6 +18,7 @@ from kimi_batch.llama.client import LlamaClient
 from kimi_batch.llama.exceptions import (
     LlamaConnectionError,
     LlamaRequestError,
+    LlamaResponseError,
     LlamaServerError,
 )
 from kimi_batch.llama.messages import ChatMessage
@@ -153,6 +154,18 @@ async def test_an_error_event_inside_the_stream_is_the_typed_error() -> None:
     async with LlamaClient("http://llama", transport=_streaming(request_side)) as client:
         with pytest.raises(LlamaRequestError, match="bad grammar"):
             await client.chat(HELLO, max_tokens=3)
+
+
+async def test_a_lone_surrogate_in_a_streamed_answer_is_a_response_error() -> None:
+    """As in an answer sent whole: the ledger could not store the text (its UTF-8 write raised
+    out of the engine and ended the whole batch, on every rerun of a seeded request)."""
+    broken = _sse(_delta({"content": "hi \ud83d"}), _delta({}, finish="stop"), "data: [DONE]")
+    async with LlamaClient("http://llama", transport=_streaming(broken)) as client:
+        with pytest.raises(LlamaResponseError, match="not valid Unicode"):
+            await client.chat(HELLO, max_tokens=3)
+    paired = _sse(_delta({"content": "hi \U0001f600"}), _delta({}, finish="stop"), "data: [DONE]")
+    async with LlamaClient("http://llama", transport=_streaming(paired)) as client:
+        assert (await client.chat(HELLO, max_tokens=3)).text == "hi \U0001f600"
 
 
 async def test_a_stream_cut_before_the_answer_ended_is_a_connection_error() -> None:
