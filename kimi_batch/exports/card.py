@@ -150,11 +150,24 @@ class CardFigures(_Figures):
     languages_note: str = ""
 
 
+# The Hub's size categories, a decade each (huggingface_hub's `DatasetCardData`, datasets'
+# `size_categories.json`): a value outside them is not one the Hub filters on.
+_SIZE_CATEGORIES = (
+    (10**3, "n<1K"),
+    (10**4, "1K<n<10K"),
+    (10**5, "10K<n<100K"),
+    (10**6, "100K<n<1M"),
+    (10**7, "1M<n<10M"),
+    (10**8, "10M<n<100M"),
+    (10**9, "100M<n<1B"),
+    (10**10, "1B<n<10B"),
+    (10**11, "10B<n<100B"),
+    (10**12, "100B<n<1T"),
+)
+
+
 def _size_category(rows: int) -> str:
-    for bound, name in ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K")):
-        if rows < bound:
-            return name
-    return "100K<n<1M" if rows < 1_000_000 else "n>1M"
+    return next((name for bound, name in _SIZE_CATEGORIES if rows < bound), "n>1T")
 
 
 def _made(card: CardFigures) -> dict[str, Any]:

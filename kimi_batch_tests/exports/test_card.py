@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import datasets
 import pytest
 from huggingface_hub import DatasetCard
 
 from kimi_batch.cli.export import ExportRequest, run_export
 from kimi_batch.exports import CardOptions, ExportQuery, ScriptCounter, TokenStats, reason_name
+from kimi_batch.exports.card import _size_category
 from kimi_batch.settings import Settings
 from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.exports import DAYS, QUARANTINE_REASONS, SOURCES, build_warehouse
@@ -113,3 +116,16 @@ def test_languages_are_guessed_by_script(texts: list[str], languages: list[str])
     counter = ScriptCounter()
     counter.add(texts)
     assert counter.languages() == languages
+
+
+@pytest.mark.parametrize(
+    ("rows", "category"),
+    [(999, "n<1K"), (1_000, "1K<n<10K"), (999_999, "100K<n<1M"), (1_000_000, "1M<n<10M"),
+     (123_456_789, "100M<n<1B"), (10**12, "n>1T")],
+)  # fmt: skip
+def test_the_size_category_is_one_the_hub_knows(rows: int, category: str) -> None:
+    known = json.loads(
+        (Path(datasets.__file__).parent / "utils/resources/size_categories.json").read_text()
+    )
+    assert _size_category(rows) == category
+    assert category in known
