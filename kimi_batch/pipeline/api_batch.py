@@ -74,11 +74,17 @@ def _tools_json(tools: list[dict[str, Any]] | None) -> str | None:
 
 
 def _structured(text: str) -> str | None:
-    """Canonical JSON of an answer asked for as JSON; None when it is not JSON."""
+    """Canonical JSON of an answer asked for as JSON; None when it is not JSON that a row can
+    hold. Besides a parse error, `json.loads` raises RecursionError on a deep nest (a model
+    looping inside a JSON grammar), ValueError on an integer past 4,300 digits, and reads a
+    `\\udXXX` escape with no pair as a lone surrogate the table's UTF-8 cannot store: one such
+    answer is its line's, not the whole batch's failure."""
     try:
-        return json.dumps(json.loads(text), ensure_ascii=False, separators=(",", ":"))
-    except json.JSONDecodeError:
+        canonical = json.dumps(json.loads(text), ensure_ascii=False, separators=(",", ":"))
+        canonical.encode()
+    except (ValueError, RecursionError):
         return None
+    return canonical
 
 
 class ApiBatchTask(GenerationTask[ApiBatchInputs, DistilledRow]):

@@ -8,7 +8,7 @@ from typing import Any
 
 from kimi_batch.batch_api.lines import parse_batch_input
 from kimi_batch.llama import ToolCall
-from kimi_batch.pipeline import ApiBatchTask, StageSink
+from kimi_batch.pipeline import NOT_JSON_REASON, ApiBatchTask, StageSink
 from kimi_batch_tests.support.results import make_result
 
 URL = "/v1/chat/completions"
@@ -86,6 +86,31 @@ def test_only_final_answers_become_distilled_rows() -> None:
     ]
     assert "max_tokens" in sink.quarantined[0].reason
     assert sink.figures().truncated == 1
+
+
+def test_json_no_row_can_hold_sets_its_line_aside_not_the_batch() -> None:
+    """A loop inside a JSON grammar, an integer past Python's 4,300 digits, an unpaired
+    `\\udXXX` escape: each raised out of the stage (a RecursionError, a ValueError, or the
+    table's UTF-8 write) and failed every line of the batch, on every rerun."""
+    answers = {
+        "deep": "[" * 1200 + "]" * 1200,
+        "huge": "9" * 5000,
+        "surrogate": '{"a": "\\ud800"}',
+        "fine": '{"a": "\\ud83d\\ude00"}',
+    }
+    task = task_of(*(line(c, response_format={"type": "json_object"}) for c in answers))
+    results = [
+        make_result(text, request_id=f"r-{c}", input_id=c, tag="api/seed")
+        for c, text in answers.items()
+    ]
+    sink = StageSink(task, task.load(lambda table, model: []))
+    rows = list(sink.rows(results))
+    assert [(r.seed_id, r.structured) for r in rows] == [("fine", '{"a":"\U0001f600"}')]
+    assert [(q.input_id, q.reason) for q in sink.quarantined] == [
+        ("deep", NOT_JSON_REASON),
+        ("huge", NOT_JSON_REASON),
+        ("surrogate", NOT_JSON_REASON),
+    ]
 
 
 def test_an_answer_that_calls_a_tool_is_final_and_keeps_its_calls() -> None:
