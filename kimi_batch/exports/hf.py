@@ -285,8 +285,9 @@ def write_hf(
 def push_to_hub(folder: Path, repo: str) -> str:
     """`--push-to-hub REPO`: the folder uploaded as it is to the Hub dataset repository `repo`
     (created private when missing), with the Hub's own client and its token (`HF_TOKEN` or
-    `hf auth login`); returns the commit's URL. Not run by the tests: the folder is what they
-    check."""
+    `hf auth login`); returns the commit's URL. The files an earlier export left there that this
+    one does not write (its data files, its system prompts) go in the same commit: the card's
+    `data/*` would load them with the new ones. Other files of the repository stay."""
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError
 
@@ -298,6 +299,7 @@ def push_to_hub(folder: Path, repo: str) -> str:
             folder_path=folder,
             repo_type="dataset",
             commit_message="kimi-batch export",
+            delete_patterns=[f"{DATA}/*", SYSTEM_FILE],
         )
     except (HfHubHTTPError, OSError, ValueError) as error:
         raise ConfigError(f"could not push {folder} to the Hub dataset {repo}: {error}") from error

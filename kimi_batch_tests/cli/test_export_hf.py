@@ -10,7 +10,7 @@ import pytest
 from kimi_batch.cli.export import ExportRequest, run_export
 from kimi_batch.engine import load_digest
 from kimi_batch.errors import ConfigError, MissingInputError
-from kimi_batch.exports import ExportQuery
+from kimi_batch.exports import ExportQuery, push_to_hub
 from kimi_batch.settings import Settings
 from kimi_batch_tests.support.exports import (
     DAYS,
@@ -144,3 +144,38 @@ def test_the_card_options_on_the_command_line_reach_the_card(
     # Pushing is for a folder: a file format refuses it before reading anything.
     assert main(["export", "--format", "chat", "--push-to-hub", "me/data"]) == 2
     assert "--push-to-hub" in capsys.readouterr().err
+
+
+def test_a_push_replaces_what_an_earlier_export_left_on_the_hub(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Re-pushed with fewer partitions, the old data files would stay and the card's `data/*`
+    load them again. No Hub here: the upload's arguments, matched by the Hub client's own
+    pattern filter against what a repository may hold."""
+    import huggingface_hub
+    from huggingface_hub.utils import filter_repo_objects
+
+    uploads: list[dict[str, object]] = []
+
+    class _Hub:
+        def create_repo(self, *args: object, **kwargs: object) -> None:
+            return None
+
+        def upload_folder(self, **kwargs: object) -> object:
+            uploads.append(kwargs)
+            return type("Commit", (), {"commit_url": "https://hub/commit"})()
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", _Hub)
+    assert push_to_hub(tmp_path, "me/data") == "https://hub/commit"
+    [upload] = uploads
+    patterns = upload["delete_patterns"]
+    assert isinstance(patterns, list)
+    remote = [
+        "data/train-00009-of-00010.parquet",
+        "system.json",
+        "README.md",
+        "LICENSE",
+        "notes/eval.md",
+    ]
+    deleted = set(filter_repo_objects(remote, allow_patterns=patterns))
+    assert deleted == {"data/train-00009-of-00010.parquet", "system.json"}
