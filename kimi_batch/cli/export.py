@@ -1,6 +1,8 @@
 """`kimi-batch export`: distilled answers as OpenAI Batch output lines, or in a trainer's format.
 
-    openai-batch  OpenAI Batch API output lines (the Batch API's own writer, batch_api.lines)
+    openai-batch  OpenAI Batch API output lines (the Batch API's own writer, batch_api.lines):
+                  one for each answer, and an error line for each request set aside or failed by
+                  the stage that answered (distill's quarantine rows; a Batch API batch's `api`)
     chat          JSONL of {"messages": [system, user, assistant]} (TRL's SFTTrainer, axolotl),
                   shaped by --reasoning, --layout and --system-turn (exports/shape.py)
     hf            a folder datasets.load_dataset loads, with its dataset card (exports/hf.py)
@@ -57,7 +59,7 @@ from kimi_batch.exports import (
 )
 from kimi_batch.llama import TokenLogprob, ToolCall
 from kimi_batch.paths import private_dir
-from kimi_batch.pipeline import AMPLIFY, DISTILL
+from kimi_batch.pipeline import AMPLIFY, DISTILL, STAGES
 from kimi_batch.settings import Settings
 from kimi_batch.storage import private_folder, private_writer, temp_name
 from kimi_batch.warehouse import (
@@ -109,7 +111,8 @@ def openai_batch_lines(
     *,
     prefix: str = "",
 ) -> list[str]:
-    """One line per answer (`response`) and per failed distillation request (`error`).
+    """One line per answer (`response`) and per failed request of the stage that answers
+    (`error`: distill's, or a Batch API batch's).
 
     `variants`: variant request id -> (seed_id, strategy), from the `amplified` table, so a
     set-aside variant gets the same `custom_id` its answer would have had. `prefix` goes in
@@ -166,10 +169,20 @@ def partition_prefix(ds: str, source: str) -> str:
     return f"{ds}/{source}/"
 
 
+def _answering_stages() -> frozenset[str]:
+    """The stages whose rows are `distilled` rows, from the stage registry: the distillation's
+    (inbox partitions) and the Batch API's (`api`, batch partitions). Their quarantine rows are
+    the failed requests an `openai-batch` export gives error lines; the input stage's, the
+    amplification's and the judge's are not requests of the answers."""
+    return frozenset(name for name, task in STAGES.items() if task.table == DISTILL.table)
+
+
 def _openai_batch(warehouse: Warehouse, ds: str, source: str, prefix: str) -> list[str]:
     distilled = warehouse.read_partition(DISTILL.table, ds, source)
     quarantine = warehouse.read_partition("quarantine", ds, source)
-    failed = quarantine.filter(quarantine["stage"] == DISTILL.task.name)
+    # One stage writes a partition's `distilled` rows (distill, or a batch's `api`): its
+    # set-aside and failed requests are the partition's error lines.
+    failed = quarantine.filter(quarantine["stage"].is_in(sorted(_answering_stages())))
     amplified = warehouse.read_partition(AMPLIFY.table, ds, source)
     variants = {
         row["request_id"]: (row["seed_id"], row["strategy"]) for row in amplified.to_dicts()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from kimi_batch.batch_api import API_STAGE
 from kimi_batch.cli.commands import main
 from kimi_batch.cli.export import ExportRequest, export_partition, run_export
 from kimi_batch.exports import ExportQuery
@@ -149,6 +150,30 @@ def test_an_export_of_several_partitions_has_unique_custom_ids(
     )
     single = [json.loads(line)["custom_id"] for line in one.read_text().splitlines()]
     assert single[0] == "seed-0"  # one partition keeps the ids a client joins on
+
+
+def test_an_openai_batch_export_has_an_error_line_for_each_failed_request_of_a_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Batch API batch's answers are `distilled` rows of the `api` stage, and so are its
+    set-aside and failed requests' quarantine rows: each gets its error line, as distill's do."""
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path / "home"))
+    settings = Settings.from_env()
+    warehouse = Warehouse(settings.paths.warehouse_dir)
+    batch = "batch_" + "a" * 24
+    answer = distilled(amplified(1))[0].model_copy(
+        update={"input_id": "req-1", "seed_id": "req-1", "origin": "seed", "strategy": None}
+    )
+    failed = quarantined(1)[0].model_copy(
+        update={"stage": API_STAGE, "input_id": "req-2", "request_id": "r-2", "reason": "cut off"}
+    )
+    warehouse.write_partition("distilled", "2026-11-30", batch, [answer])
+    warehouse.write_partition("quarantine", "2026-11-30", batch, [failed, *quarantined(1)])
+    path = run_export(settings, ExportRequest(fmt="openai-batch"))  # batches without --source
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["custom_id"] for line in lines] == ["req-1", "req-2"]
+    assert lines[1]["response"] is None
+    assert lines[1]["error"] == {"code": "quarantined", "message": "cut off"}
 
 
 @pytest.mark.parametrize("fmt", ["openai-batch", "chat", "hf"])
