@@ -20,6 +20,7 @@ from kimi_batch.warehouse import (
     resolve_as_of,
     tag_night,
 )
+from kimi_batch.warehouse.maintenance import maintain
 from kimi_batch_tests.support.repo import REPO_ROOT
 from kimi_batch_tests.support.rows import amplified, distilled
 
@@ -135,3 +136,67 @@ def test_the_how_to_s_python_reads_a_night_s_snapshot(
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"3 3 {night}"
     assert "night-2026-12-04" in lines[-1]
+
+
+def _moment() -> str:
+    """A moment strictly between the commit before and the commit after."""
+    time.sleep(0.01)
+    moment = datetime.now(UTC).isoformat()
+    time.sleep(0.01)
+    return moment
+
+
+def test_a_moment_whose_snapshot_was_expired_is_refused_not_read_older(tmp_path: Path) -> None:
+    warehouse = Warehouse(tmp_path / "warehouse")
+    tagged = warehouse.write_partition("distilled", DS, "a", _answers(1)).snapshot_id
+    tag_night(warehouse, DS)
+    second = warehouse.write_partition("distilled", DS, "b", _answers(1)).snapshot_id
+    between = _moment()
+    newest = warehouse.write_partition("distilled", DS, "c", _answers(1)).snapshot_id
+    after = _moment()
+    assert resolve_as_of(warehouse, between, required="distilled") == {"distilled": second}
+
+    maintain(warehouse, retention=timedelta(0))  # the second snapshot expires: not tagged
+
+    # Not the tagged snapshot before it (1 row instead of 2): the moment can't be read exactly.
+    with pytest.raises(ConfigError, match="expired by maintenance") as refused:
+        resolve_as_of(warehouse, between, required="distilled")
+    says = str(refused.value)
+    assert "\n" not in says
+    assert "KIMI_BATCH_SNAPSHOT_RETENTION_DAYS" in says
+    assert "night-2024-05-01" in says
+    committed = warehouse.iceberg_table("distilled")
+    assert committed is not None
+    newest_snapshot = committed.snapshot_by_id(newest)
+    assert newest_snapshot is not None
+    newest_at = datetime.fromtimestamp(newest_snapshot.timestamp_ms / 1000, UTC)
+    assert newest_at.isoformat() in says
+    # What is still exact reads as before: the tag, the newest snapshot, a moment after it.
+    assert resolve_as_of(warehouse, night_tag(DS), required="distilled") == {"distilled": tagged}
+    assert resolve_as_of(warehouse, after, required="distilled") == {"distilled": newest}
+    assert resolve_as_of(warehouse, str(newest), required="distilled") == {"distilled": newest}
+    with pytest.raises(ConfigError, match=f"no table has snapshot {second}"):
+        resolve_as_of(warehouse, str(second), required="distilled")
+
+
+def test_a_table_whose_older_snapshots_expired_is_not_read_as_empty(tmp_path: Path) -> None:
+    warehouse = Warehouse(tmp_path / "warehouse")
+    answers = warehouse.write_partition("distilled", DS, "a", _answers(1)).snapshot_id
+    tag_night(warehouse, DS)  # amplified has no snapshot yet: not tagged
+    warehouse.write_partition("amplified", DS, "a", amplified(1))
+    between = _moment()
+    warehouse.write_partition("amplified", DS, "a", amplified(2))
+    assert set(resolve_as_of(warehouse, between, required="distilled")) == {
+        "distilled",
+        "amplified",
+    }
+
+    maintain(warehouse, retention=timedelta(0))  # amplified keeps only its current snapshot
+
+    with pytest.raises(ConfigError, match=r"the amplified table's history at .* was expired"):
+        resolve_as_of(warehouse, between, required="distilled")
+    # Its state when distilled's snapshot was committed is gone too: refused, not empty.
+    with pytest.raises(ConfigError, match="the amplified table's history"):
+        resolve_as_of(warehouse, str(answers), required="distilled")
+    # The night's tag still reads it as it was then, before its first commit: empty.
+    assert resolve_as_of(warehouse, night_tag(DS), required="distilled") == {"distilled": answers}
