@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator, Sequence
-from datetime import UTC, datetime
+from collections.abc import Iterator
 from pathlib import Path
 
 import polars as pl
@@ -16,13 +15,12 @@ import pytest
 
 from kimi_batch.crash_points import CRASH_AT_VARIABLE, CrashPointReached, armed
 from kimi_batch.engine import Ledger
-from kimi_batch.inputs import InputBatch, InputReader, Landing, SeedPrompt, land_input
+from kimi_batch.inputs import Landing
 from kimi_batch.pipeline import INPUT_STAGE, HeldPartition
-from kimi_batch.pipeline.seeds import resolve_seeds_input, seeds_consumed
 from kimi_batch.settings import Settings
 from kimi_batch.warehouse import Warehouse, open_warehouse
+from kimi_batch_tests.support.crash_night import DS, SOURCE, land_partition_seeds
 
-DS, SOURCE = "2026-12-01", "north"
 GOOD = json.dumps({"id": "g", "prompt": "Name a colour."})
 V = [GOOD, "{v broken"]  # its rejected line: 2
 W = [GOOD, "{w broken", "{w broken too"]  # its rejected lines: 2, 3
@@ -54,39 +52,9 @@ def _inbox(settings: Settings, lines: list[str]) -> None:
     os.utime(path, (past, past))
 
 
-def _all_fit(seeds: Sequence[SeedPrompt]) -> InputBatch:
-    return InputBatch(seeds=list(seeds), quarantined=[])
-
-
-def _night(settings: Settings, store: Warehouse, held: HeldPartition) -> bool:
-    """What a night does to the partition's seeds: kept when consumed, else landed (every
-    prompt fits the server); True when they were landed."""
-    resolved = resolve_seeds_input(settings, DS, SOURCE)
-    version = resolved.version
-    assert version is not None
-    now = datetime.now(UTC)
-    with Landing(settings.paths) as landing:
-        if seeds_consumed(landing, store, resolved):
-            return False
-        land_input(
-            store,
-            landing,
-            DS,
-            SOURCE,
-            snapshot=version.path,
-            reader=InputReader(source_name=resolved.assignment.name, now=now),
-            input_sha256=version.sha256,
-            check_lengths=_all_fit,
-            now=now,
-            set_aside=[],
-            guard=held.lease,
-        )
-    return True
-
-
 def _stopped_at(point: str, settings: Settings, store: Warehouse, held: HeldPartition) -> None:
     with armed(point), pytest.raises(CrashPointReached):
-        _night(settings, store, held)
+        land_partition_seeds(settings, held, store)
 
 
 def test_seeds_back_at_the_consumed_content_after_two_stopped_runs_are_landed_again(
@@ -94,14 +62,14 @@ def test_seeds_back_at_the_consumed_content_after_two_stopped_runs_are_landed_ag
 ) -> None:
     store = open_warehouse(settings)
     _inbox(settings, V)
-    assert _night(settings, store, held)  # V landed whole, recorded consumed
+    assert land_partition_seeds(settings, held, store)  # V landed whole, recorded consumed
     _inbox(settings, W)
     _stopped_at("quarantine.rows_replaced", settings, store, held)  # W's rejects written
     _inbox(settings, V)
     _stopped_at("seeds.rows_written", settings, store, held)  # V's seeds, W's rejects kept
 
     # The record of V's first landing must not vouch for the quarantine W's run left.
-    assert _night(settings, store, held)
+    assert land_partition_seeds(settings, held, store)
 
     with Landing(settings.paths) as landing:
         current = landing.current(DS, SOURCE)
@@ -111,4 +79,4 @@ def test_seeds_back_at_the_consumed_content_after_two_stopped_runs_are_landed_ag
     assert aside["line"].to_list() == [2]  # V's rejected line; W's are gone
     assert aside["input_sha256"].to_list() == [current.sha256]
     assert store.read_partition("seeds", DS, SOURCE)["input_sha256"].to_list() == [current.sha256]
-    assert not _night(settings, store, held)  # consumed now: kept
+    assert not land_partition_seeds(settings, held, store)  # consumed now: kept

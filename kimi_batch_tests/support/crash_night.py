@@ -75,11 +75,13 @@ def _all_fit(seeds: Sequence[SeedPrompt]) -> InputBatch:
     return InputBatch(seeds=list(seeds), quarantined=[])
 
 
-def _land_seeds(settings: Settings, held: HeldPartition, store: Warehouse) -> None:
+def land_partition_seeds(settings: Settings, held: HeldPartition, store: Warehouse) -> bool:
+    """What a night does to the partition's seeds (every prompt fitting the server): kept when
+    its input version is consumed, else landed (`land_input`); True when they were landed."""
     resolved = resolve_partition(settings, DS, SOURCE)
     resource = WarehouseResource(deployment=settings)
     if seeds_are_current(resource, resolved):
-        return
+        return False
     version = resolved.version
     assert version is not None
     now = datetime.now(UTC)
@@ -97,6 +99,7 @@ def _land_seeds(settings: Settings, held: HeldPartition, store: Warehouse) -> No
             set_aside=[],
             guard=held.lease,
         )
+    return True
 
 
 def _answers(task: DistillTask, inputs: Any, ledger: Ledger) -> list[GenerationResult]:
@@ -155,7 +158,7 @@ def run_night(settings: Settings, *, ttl_s: float = 60.0) -> None:
         ) as lease,
     ):
         held = HeldPartition(ledger=ledger, lease=lease)
-        _land_seeds(settings, held, store)
+        land_partition_seeds(settings, held, store)
         inputs = task.load(lambda table, model: store.read_rows(table, DS, SOURCE, model))
         results = _answers(task, inputs, ledger)
         plan = StagePlan(task, DS, SOURCE, inputs, list(task.requests(inputs)), _version(settings))

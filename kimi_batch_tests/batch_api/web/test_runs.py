@@ -19,6 +19,7 @@ import httpx
 import pytest
 from dagster._daemon.types import DaemonHeartbeat
 from openai import OpenAI
+from openai.types import Batch
 
 from kimi_batch.batch_api import ApiStore, BatchRecord, BatchStatus, begin_batch, validate_batch
 from kimi_batch.batch_api.web.runs import (
@@ -242,6 +243,16 @@ def _api_command(env: dict[str, str], log: Path) -> Iterator[str]:
             process.wait()
 
 
+def _until_final(client: OpenAI, batch: Batch, timeout_s: float, log: Path) -> Batch:
+    """The batch polled until its status is final; the API's log tells why one never was."""
+    deadline = time.monotonic() + timeout_s
+    while batch.status not in ("completed", "failed", "cancelled", "expired"):
+        assert time.monotonic() < deadline, f"{batch.id} still {batch.status}: {log.read_text()}"
+        time.sleep(0.5)
+        batch = client.batches.retrieve(batch.id)
+    return batch
+
+
 @pytest.mark.slow
 def test_the_readmes_ten_lines_complete_a_batch_with_no_daemon(
     llama_env: LlamaEnv, tmp_path: Path
@@ -260,13 +271,7 @@ def test_the_readmes_ten_lines_complete_a_batch_with_no_daemon(
         batch = client.batches.create(
             input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
         )
-        deadline = time.monotonic() + BATCH_TIMEOUT_S
-        while batch.status not in ("completed", "failed", "cancelled", "expired"):
-            assert time.monotonic() < deadline, (
-                f"{batch.id} still {batch.status}: {log.read_text()}"
-            )
-            time.sleep(0.5)
-            batch = client.batches.retrieve(batch.id)
+        batch = _until_final(client, batch, BATCH_TIMEOUT_S, log)
         assert batch.status == "completed", batch
         assert batch.output_file_id is not None
         lines = [
@@ -319,13 +324,7 @@ def test_a_run_killed_hard_with_no_daemon_fails_its_batch_with_the_partial_outpu
         for pid in [*descendants(worker), worker]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        while batch.status not in ("completed", "failed", "cancelled", "expired"):
-            assert time.monotonic() < deadline, (
-                f"{batch.id} still {batch.status}: {log.read_text()}"
-            )
-            time.sleep(0.5)
-            batch = client.batches.retrieve(batch.id)
+        batch = _until_final(client, batch, RUN_TIMEOUT_S, log)
         assert batch.status == "failed", batch
         assert batch.errors is not None
         assert [error.code for error in batch.errors.data or []] == ["run_failed"]
