@@ -8,15 +8,18 @@ from __future__ import annotations
 import sqlite3
 from datetime import UTC, date, datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
+from pyiceberg.exceptions import ValidationException
 
 from kimi_batch.crash_points import CrashPointReached, armed
 from kimi_batch.pipeline import DistilledRow
 from kimi_batch.storage import InvalidIdentifierError, InvalidPartitionError
 from kimi_batch.warehouse import TABLES, Warehouse, open_catalog, polars_schema
+from kimi_batch.warehouse.overwrite import _MergingOverwrite
 from kimi_batch_tests.support.rows import CREATED_AT, amplified, distilled, quarantined
 from kimi_batch_tests.support.s3proxy import WarehouseFactory
 
@@ -363,3 +366,37 @@ def test_unknown_table_is_rejected(tmp_path: Path) -> None:
     with pytest.raises(InvalidIdentifierError):
         Warehouse(tmp_path / "warehouse").write_partition("../amplified", DS, "demo", [])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_replace_whose_deletes_pyiceberg_cannot_find_is_made_again_from_a_fresh_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen once under make test's load: pyiceberg refused an overwrite whose files to delete
+    it found missing from their own snapshot, before any commit. The replace is made once more
+    and the partition holds exactly the new rows; a second refusal is raised."""
+    warehouse = Warehouse(tmp_path / "warehouse")
+    warehouse.write_partition("amplified", "2024-05-01", "demo", amplified(3, prefix="old"))
+    validate = _MergingOverwrite._validate_required_deletes
+    refusals: list[int] = []
+
+    def refuse_once(producer: _MergingOverwrite, deleted: list[Any]) -> None:
+        if not refusals:
+            refusals.append(len(deleted))
+            raise ValidationException("Missing required files to delete: (stand-in)")
+        validate(producer, deleted)
+
+    monkeypatch.setattr(_MergingOverwrite, "_validate_required_deletes", refuse_once)
+    warehouse.write_partition("amplified", "2024-05-01", "demo", amplified(5, prefix="new"))
+    assert refusals == [1]
+    rows = warehouse.read_partition("amplified", "2024-05-01", "demo")
+    assert sorted(rows["request_id"].to_list()) == sorted(
+        r.request_id for r in amplified(5, prefix="new")
+    )
+
+    def refuse(producer: _MergingOverwrite, deleted: list[Any]) -> None:
+        raise ValidationException("Missing required files to delete: (stand-in)")
+
+    monkeypatch.setattr(_MergingOverwrite, "_validate_required_deletes", refuse)
+    with pytest.raises(ValidationException):
+        warehouse.write_partition("amplified", "2024-05-01", "demo", amplified(2, prefix="x"))
+    assert warehouse.read_partition("amplified", "2024-05-01", "demo").height == 5
