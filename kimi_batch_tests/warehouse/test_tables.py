@@ -6,20 +6,24 @@ folder, an s3:// prefix on the session's S3 server); the others test the local f
 from __future__ import annotations
 
 import sqlite3
+import threading
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
 from datetime import UTC, date, datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
-from pyiceberg.exceptions import ValidationException
+from pyiceberg.expressions import visitors
+from pyiceberg.manifest import ManifestFile
+from pyiceberg.utils.concurrent import ExecutorFactory
 
 from kimi_batch.crash_points import CrashPointReached, armed
 from kimi_batch.pipeline import DistilledRow
 from kimi_batch.storage import InvalidIdentifierError, InvalidPartitionError
 from kimi_batch.warehouse import TABLES, Warehouse, open_catalog, polars_schema
-from kimi_batch.warehouse.overwrite import _MergingOverwrite
 from kimi_batch_tests.support.rows import CREATED_AT, amplified, distilled, quarantined
 from kimi_batch_tests.support.s3proxy import WarehouseFactory
 
@@ -27,6 +31,7 @@ from kimi_batch_tests.support.s3proxy import WarehouseFactory
 pytestmark = pytest.mark.no_llama_server
 
 DS = "2024-05-01"
+T = TypeVar("T")
 
 
 def test_a_partition_is_an_iceberg_commit_and_round_trips(tmp_path: Path) -> None:
@@ -368,35 +373,66 @@ def test_unknown_table_is_rejected(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_replace_whose_deletes_pyiceberg_cannot_find_is_made_again_from_a_fresh_read(
+class _ThreadPerTask(Executor):
+    """Each task on a thread of its own: the worst a busy thread pool does."""
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        future: Future[T] = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as error:  # handed to the caller, as a pool's future does
+                future.set_exception(error)
+
+        threading.Thread(target=run, daemon=True).start()
+        return future
+
+
+def test_a_replace_judges_each_manifest_by_its_own_partitions_whatever_the_threads_do(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Seen once under make test's load: pyiceberg refused an overwrite whose files to delete
-    it found missing from their own snapshot, before any commit. The replace is made once more
-    and the partition holds exactly the new rows; a second refusal is raised."""
+    """pyiceberg's overwrite reads the parent's manifests on several threads; its manifest
+    evaluator kept the manifest being judged on itself, so a thread switch mid-judgement judged
+    the replaced partition's manifest by another's partitions, and pyiceberg refused the
+    commit (seen once under make test's load). Here the switch is forced: the other manifest's
+    thread takes its partitions while the replaced one's is judging."""
     warehouse = Warehouse(tmp_path / "warehouse")
-    warehouse.write_partition("amplified", "2024-05-01", "demo", amplified(3, prefix="old"))
-    validate = _MergingOverwrite._validate_required_deletes
-    refusals: list[int] = []
+    warehouse.write_partition("amplified", DS, "other", amplified(2, prefix="other"))
+    warehouse.write_partition("amplified", DS, "demo", amplified(3, prefix="old"))
+    judging_demo, other_taken = threading.Event(), threading.Event()
+    partitions, visit = ManifestFile.partitions, visitors.visit
 
-    def refuse_once(producer: _MergingOverwrite, deleted: list[Any]) -> None:
-        if not refusals:
-            refusals.append(len(deleted))
-            raise ValidationException("Missing required files to delete: (stand-in)")
-        validate(producer, deleted)
+    def on_a_worker() -> bool:  # the scan before judges the manifests on this thread, in turn
+        return threading.current_thread() is not threading.main_thread()
 
-    monkeypatch.setattr(_MergingOverwrite, "_validate_required_deletes", refuse_once)
-    warehouse.write_partition("amplified", "2024-05-01", "demo", amplified(5, prefix="new"))
-    assert refusals == [1]
-    rows = warehouse.read_partition("amplified", "2024-05-01", "demo")
+    def holds(summaries: list[Any] | None, source: bytes) -> bool:
+        return any(summary.lower_bound == source for summary in summaries or ())
+
+    def take_partitions(manifest: ManifestFile) -> list[Any] | None:
+        summaries = partitions.fget(manifest)  # pyright: ignore[reportOptionalCall]
+        if on_a_worker() and holds(summaries, b"other"):
+            judging_demo.wait(5)  # the other manifest's thread waits for the demo one to judge
+        return summaries
+
+    def judge(expression: Any, visitor: Any) -> Any:
+        evaluator = visitors._ManifestEvalVisitor  # pyright: ignore[reportPrivateUsage]
+        if isinstance(visitor, evaluator) and on_a_worker():
+            if holds(visitor.partition_fields, b"demo"):
+                judging_demo.set()
+                other_taken.wait(2)  # ... and takes its partitions meanwhile
+            else:
+                other_taken.set()
+        return visit(expression, visitor)
+
+    monkeypatch.setattr(ManifestFile, "partitions", property(take_partitions))
+    monkeypatch.setattr(visitors, "visit", judge)
+    monkeypatch.setattr(ExecutorFactory, "get_or_create", lambda: _ThreadPerTask())
+    warehouse.write_partition("amplified", DS, "demo", amplified(5, prefix="new"))
+    assert judging_demo.is_set()  # the forced interleaving ran
+    monkeypatch.undo()
+    rows = warehouse.read_partition("amplified", DS, "demo")
     assert sorted(rows["request_id"].to_list()) == sorted(
-        r.request_id for r in amplified(5, prefix="new")
+        row.request_id for row in amplified(5, prefix="new")
     )
-
-    def refuse(producer: _MergingOverwrite, deleted: list[Any]) -> None:
-        raise ValidationException("Missing required files to delete: (stand-in)")
-
-    monkeypatch.setattr(_MergingOverwrite, "_validate_required_deletes", refuse)
-    with pytest.raises(ValidationException):
-        warehouse.write_partition("amplified", "2024-05-01", "demo", amplified(2, prefix="x"))
-    assert warehouse.read_partition("amplified", "2024-05-01", "demo").height == 5
+    assert warehouse.read_partition("amplified", DS, "other").height == 2
