@@ -706,20 +706,6 @@ def _param(error: ValidationError) -> str | None:
     return ".".join(str(part) for part in first) or None
 
 
-def _too_deep(value: Any, limit: int) -> bool:
-    """Whether `value` nests containers deeper than `limit` (iteratively: no recursion)."""
-    stack: list[tuple[dict[str, Any] | list[Any], int]] = (
-        [(value, 1)] if isinstance(value, (dict, list)) else []
-    )
-    while stack:
-        node, depth = stack.pop()
-        if depth > limit:
-            return True
-        children = node.values() if isinstance(node, dict) else node
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
-    return False
-
-
 def _spelling(number: float) -> str | None:
     """How JSON text spells a number strict JSON has no room for; None for a finite one."""
     if math.isfinite(number):
@@ -727,23 +713,38 @@ def _spelling(number: float) -> str | None:
     return "NaN" if math.isnan(number) else "Infinity" if number > 0 else "-Infinity"
 
 
-def _non_finite(record: dict[str, Any]) -> tuple[str, str] | None:
-    """(path, spelling) of a number in `record` that is not finite; None if there is none.
+def _json_flaw(record: dict[str, Any], limit: int) -> tuple[str, str | None] | None:
+    """What `record` holds that no request may: containers nested deeper than `limit`, or a
+    number that is not finite; (the message, the path of the number), the nesting first; None
+    if neither.
 
     Python's JSON reader takes `NaN`, `Infinity` and `-Infinity` (and reads `1e999` as infinity),
     but the request a line becomes is sent as strict JSON, which has no such numbers: found
     only in the run, one would fail the whole batch (or turn into null inside a tool's
-    `parameters`). Iterative, like `_too_deep`; a path is built only for the containers."""
-    stack: list[tuple[dict[str, Any] | list[Any], str]] = [(record, "")]
+    `parameters`). One walk for both, iterative (a line nested past the recursion limit must not
+    crash the check); a path is built only for the containers."""
+    non_finite: tuple[str, str | None] | None = None
+    stack: list[tuple[dict[str, Any] | list[Any], int, str]] = [(record, 1, "")]
     while stack:
-        node, path = stack.pop()
+        node, depth, path = stack.pop()
+        if depth > limit:
+            return f"nested deeper than {limit} levels", None
         children = node.items() if isinstance(node, dict) else enumerate(node)
         for key, child in children:
-            if isinstance(child, float) and (spelling := _spelling(child)) is not None:
-                return f"{path}{str(key)[:100]}", spelling
             if isinstance(child, (dict, list)):
-                stack.append((child, f"{path}{str(key)[:100]}."))
-    return None
+                stack.append((child, depth + 1, f"{path}{str(key)[:100]}."))
+            elif (
+                non_finite is None
+                and isinstance(child, float)
+                and (spelling := _spelling(child)) is not None
+            ):
+                where = f"{path}{str(key)[:100]}"
+                non_finite = (
+                    f"{where} is {spelling}, which is not valid JSON (a number must be "
+                    "finite: no NaN, Infinity, or a value too large for a double)",
+                    where,
+                )
+    return non_finite
 
 
 # ---- the streaming validator -----------------------------------------------------------------
@@ -798,18 +799,9 @@ class BatchValidator:
         if not isinstance(record, dict):
             self._fail("invalid_json_line", f"line {number} is not a JSON object", number)
             return None
-        if _too_deep(record, MAX_NESTING):
-            message = f"line {number}: nested deeper than {MAX_NESTING} levels"
-            self._fail("invalid_json_line", message, number)
-            return None
-        non_finite = _non_finite(record)
-        if non_finite is not None:
-            path, spelling = non_finite
-            message = (
-                f"line {number}: {path} is {spelling}, which is not valid JSON (a number must "
-                "be finite: no NaN, Infinity, or a value too large for a double)"
-            )
-            self._fail("invalid_json_line", message, number, path)
+        if (flaw := _json_flaw(record, MAX_NESTING)) is not None:
+            message, path = flaw
+            self._fail("invalid_json_line", f"line {number}: {message}", number, path)
             return None
         if record.get("url") != self.endpoint:
             self._fail(

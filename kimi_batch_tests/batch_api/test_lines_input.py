@@ -29,10 +29,12 @@ def _line(custom_id: str, content: str = "Hi.", **body: object) -> bytes:
 def test_lines_that_break_the_json_parser_or_the_models_are_line_errors() -> None:
     deep = b'{"custom_id": "deep", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     huge = b'{"custom_id": "huge", "n": ' + b"9" * 5000 + b"}"
-    nested = _line("nested", response_format={"type": "json_schema", "json_schema": {}})
+    nested = _line(
+        "nested", temperature=0, response_format={"type": "json_schema", "json_schema": {}}
+    )
     nested = nested.replace(
         b'"json_schema": {}', b'"json_schema": ' + b'{"a": ' * 100 + b"1" + b"}" * 100
-    )
+    ).replace(b'"temperature": 0', b'"temperature": NaN')  # too deep is said first
     wrong_types = json.dumps(
         {"custom_id": 7, "method": "POST", "url": URL, "body": {"messages": "hi"}}
     ).encode()
@@ -54,6 +56,7 @@ def test_lines_that_break_the_json_parser_or_the_models_are_line_errors() -> Non
     assert "not valid UTF-8" in messages[2]
     assert parsed.errors[3].param == "custom_id"
     assert f"deeper than {MAX_NESTING}" in messages[4]
+    assert parsed.errors[4].param is None
     assert "surrogates not allowed" in messages[5]
     assert all(m.startswith(f"line {e.line}") for m, e in zip(messages, parsed.errors, strict=True))
 
