@@ -19,6 +19,7 @@ holding `error`).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -176,6 +177,8 @@ def _load(data: str, url: str) -> Any:
         payload = json.loads(data)
     except ValueError as error:
         raise LlamaResponseError(f"non-JSON event from {url}: {data[:200]!r}") from error
+    if _SURROGATE_ESCAPE.search(data) is None:
+        return payload  # no escape of a surrogate: the text is the UTF-8 the line was read as
     try:
         # A `\udXXX` escape with no pair parses to a lone surrogate, which no answer can hold
         # (the ledger stores UTF-8): refused, as the parser of a whole answer refuses it.
@@ -183,6 +186,11 @@ def _load(data: str, url: str) -> Any:
     except UnicodeEncodeError as error:
         raise LlamaResponseError(f"event from {url} is not valid Unicode: {error}") from error
     return payload
+
+
+# A JSON escape of a UTF-16 surrogate (`\ud800`-`\udfff`), paired or not: only these can parse
+# to a lone one.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 async def read_chat_stream(lines: AsyncIterator[str], url: str) -> ChatCompletion:

@@ -163,6 +163,11 @@ async def test_a_lone_surrogate_in_a_streamed_answer_is_a_response_error() -> No
     async with LlamaClient("http://llama", transport=_streaming(broken)) as client:
         with pytest.raises(LlamaResponseError, match="not valid Unicode"):
             await client.chat(HELLO, max_tokens=3)
+    upper = broken.replace(b"\\ud83d", b"\\uD83D")  # JSON's hex digits are either case
+    assert upper != broken
+    async with LlamaClient("http://llama", transport=_streaming(upper)) as client:
+        with pytest.raises(LlamaResponseError, match="not valid Unicode"):
+            await client.chat(HELLO, max_tokens=3)
     paired = _sse(_delta({"content": "hi \U0001f600"}), _delta({}, finish="stop"), "data: [DONE]")
     async with LlamaClient("http://llama", transport=_streaming(paired)) as client:
         assert (await client.chat(HELLO, max_tokens=3)).text == "hi \U0001f600"
