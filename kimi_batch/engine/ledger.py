@@ -51,6 +51,7 @@ from kimi_batch.state import (
     connect_state,
     read_state,
 )
+from kimi_batch.storage import process_stat
 
 logger = logging.getLogger(__name__)
 
@@ -117,23 +118,11 @@ def _this_machine() -> str | None:
     return f"{boot_clock()[0]}/{namespace}"
 
 
-def _process_stat(pid: int) -> tuple[str, str] | None:
-    """Process `pid`'s state letter and start time (clock ticks since boot), from /proc; None
-    when /proc shows no such process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) is in parentheses and may hold anything: count after the last ')'.
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return fields[0], fields[19]  # fields 3 and 22 of proc_pid_stat(5)
-
-
 def _this_holder() -> str | None:
     """The `holder` of a lease this process takes: machine|pid|start time."""
     machine, pid = _this_machine(), os.getpid()
-    stat = _process_stat(pid)
-    return None if machine is None or stat is None else f"{machine}|{pid}|{stat[1]}"
+    stat = process_stat(pid)
+    return None if machine is None or stat is None else f"{machine}|{pid}|{stat.start_ticks}"
 
 
 def _holder_gone(holder: object) -> bool:
@@ -144,7 +133,7 @@ def _holder_gone(holder: object) -> bool:
     machine, pid, started = holder.split("|")
     if machine != _this_machine() or not pid.isdigit():
         return False  # another machine's or container's pid: only its expiry tells
-    stat = _process_stat(int(pid))
+    stat = process_stat(int(pid))
     if stat is None:
         # No such process, or another user's that /proc hides (hidepid): the kernel tells which.
         try:
@@ -154,8 +143,7 @@ def _holder_gone(holder: object) -> bool:
         except PermissionError:
             pass
         return False
-    state, started_now = stat
-    return state in ("Z", "X") or started_now != started
+    return stat.exited or str(stat.start_ticks) != started
 
 
 class LeaseHeldError(KimiBatchError, RuntimeError):

@@ -15,6 +15,7 @@ from kimi_batch.llama.exceptions import ServerSpawnError
 from kimi_batch.llama.exits import WAITER_SOURCE
 from kimi_batch.llama.server_state import ServerProps
 from kimi_batch.llama.urls import redact_url, url_credentials
+from kimi_batch.storage import process_stat
 
 PROBE_TIMEOUT_S = 3.0
 
@@ -32,14 +33,8 @@ class PidRecord(BaseModel):
 
 def process_start_ticks(pid: int) -> int | None:
     """Start time of a live, non-zombie process in clock ticks; None when it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[19])
+    stat = process_stat(pid)
+    return None if stat is None or stat.exited else stat.start_ticks
 
 
 def spawn_detached(

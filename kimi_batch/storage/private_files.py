@@ -1,5 +1,6 @@
 """Files holding prompts or answers: owner-only, written whole, no temp file left for ever.
 
+    process_stat(pid)        /proc's state letter and start time of a process
     process_token(pid)       a process named so that a reused pid is not taken for it
     process_running(token)   whether that process still runs
     private_folder(path)     create it 0700 (an existing folder of someone else is left alone)
@@ -25,7 +26,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TextIO
+from typing import NamedTuple, TextIO
 
 from kimi_batch.crash_points import crash_point
 from kimi_batch.paths import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE
@@ -47,13 +48,37 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+class ProcessStat(NamedTuple):
+    """A process as /proc/PID/stat shows it: its state letter (field 3) and its start time in
+    clock ticks after boot (field 22), which tells it from a later process given its pid."""
+
+    state: str
+    start_ticks: int
+
+    @property
+    def exited(self) -> bool:
+        """A zombie (Z: its parent has not reaped it yet) or a dead one (X) holds nothing."""
+        return self.state in ("Z", "X")
+
+
+def process_stat(pid: int) -> ProcessStat | None:
+    """Process `pid` as /proc shows it; None when /proc shows no such process (gone, another
+    user's under hidepid, no /proc)."""
+    try:
+        # "pid (comm) state ...": the command name may hold spaces and parentheses.
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return ProcessStat(fields[0], int(fields[19]))
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def process_token(pid: int | None = None) -> str:
     """Process `pid` (this one by default) as `<pid>.<start>`, its start in clock ticks after
     boot (/proc/PID/stat): one process, where a pid alone is reused by later ones. The bare pid
     where /proc cannot tell."""
     pid = os.getpid() if pid is None else pid
-    fields = _stat_fields(pid)
-    return f"{pid}.{fields[_START_FIELD]}" if fields else str(pid)
+    stat = process_stat(pid)
+    return f"{pid}.{stat.start_ticks}" if stat else str(pid)
 
 
 def process_running(token: str) -> bool:
@@ -64,21 +89,8 @@ def process_running(token: str) -> bool:
         return False
     if not start:
         return pid_alive(int(pid))
-    fields = _stat_fields(int(pid))
-    return fields is not None and fields[_STATE_FIELD] != "Z" and fields[_START_FIELD] == start
-
-
-# /proc/PID/stat's fields after the command name: the state (field 3), the start time (22).
-_STATE_FIELD, _START_FIELD = 0, 19
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        # "pid (comm) state ...": the command name may hold spaces and parentheses.
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return fields if len(fields) > _START_FIELD else None
+    stat = process_stat(int(pid))
+    return stat is not None and not stat.exited and str(stat.start_ticks) == start
 
 
 def private_folder(path: Path) -> Path:

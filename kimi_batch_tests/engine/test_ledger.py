@@ -178,7 +178,7 @@ def test_a_live_holder_in_another_process_keeps_its_lease(
     holder = _lease_holder(path, ttl_s=600.0, die=False)
     try:
         if not proc_shows_it:
-            monkeypatch.setattr(ledger_module, "_process_stat", lambda _pid: None)
+            monkeypatch.setattr(ledger_module, "process_stat", lambda _pid: None)
         _lease_is_held_by_the_first_run(path)
     finally:
         assert holder.stdin is not None
