@@ -255,13 +255,15 @@ class BatchValidator:
         self._pool.submit(self._run, batch_id)
 
     def resume(self) -> None:
-        """Validate again (in the workers) what a killed API process left `validating`."""
+        """Validate again (in the workers) what a killed API process left `validating`, and
+        remove the file bytes it left that no id names."""
         self._pool.submit(self._resume)
 
     def _resume(self) -> None:
         if not ApiStore.exists(self.settings.paths):
             return
         with ApiStore(self.settings.paths) as store:
+            store.remove_unnamed_blobs()
             resume_abandoned(self.settings, store, validate=lambda batch: self.submit(batch.id))
 
     def _run(self, batch_id: str) -> None:

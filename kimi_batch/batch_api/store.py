@@ -8,9 +8,9 @@
 upload; two uploads of the same bytes share a blob, which is removed with the last id naming it.
 An upload is staged (copied to a temp name while its size is counted and refused past the
 limit), then kept: the blob is renamed into place and its id recorded in one write transaction.
-A delete drops the id in one, and then, in another, unlinks the blobs no id names: killed in
-between, it leaves bytes no id names (removed by the next delete), never an id whose bytes are
-gone; a retried finish replacing an output file's record does the same. The store's write lock
+A delete drops the id in one, and then, in another, unlinks its blob if no id names it any
+more: killed in between, it leaves bytes no id names (removed when the API next starts), never
+an id whose bytes are gone; a retried finish replacing an output file's record does the same. The store's write lock
 (`StateDatabase.transaction`: SQLite's, or PostgreSQL's advisory lock) orders them, so a delete
 racing an upload of the same bytes never removes the blob the upload's id names. The temps of a
 writer killed mid-copy are removed by the next upload. A record whose bytes are nowhere (a
@@ -171,6 +171,8 @@ _SCHEMA = (
         attempts   {int} NOT NULL
     )
     """,
+    # Whether any id still names a blob, asked on every delete (`_named`).
+    "CREATE INDEX IF NOT EXISTS files_by_sha256 ON files (sha256)",
     """
     CREATE TABLE IF NOT EXISTS batch_requests (
         batch_id    TEXT NOT NULL,
@@ -392,8 +394,7 @@ class ApiStore:
             if replaced is not None:
                 # The replaced record's bytes go only once the new record is committed (see
                 # `delete_file`).
-                with self._write_lock():
-                    self._remove_unnamed_blobs()
+                self._remove_if_unnamed(replaced[0])
             crash_point("api.file_kept")
         finally:
             staged.temp.unlink(missing_ok=True)
@@ -453,38 +454,53 @@ class ApiStore:
         """Remove the id, then the bytes no id names any more.
 
         Two write transactions, in this order: a process killed between them leaves bytes no id
-        names (harmless, removed by the next delete), never an id whose bytes are gone (the
-        blob unlinked in the first, the commit lost, would leave one). Each runs under the write
-        lock, so an upload of the same bytes either names them before, and keeps them, or puts
-        them back after."""
+        names (harmless, removed when the API next starts: `remove_unnamed_blobs`), never an id
+        whose bytes are gone (the blob unlinked in the first, the commit lost, would leave one).
+        Each runs under the write lock, so an upload of the same bytes either names them
+        before, and keeps them, or puts them back after."""
         with self._write_lock():
             row = self._db.execute("SELECT sha256 FROM files WHERE id = ?", (file_id,)).fetchone()
             if row is None:
                 return False
             self._db.execute("DELETE FROM files WHERE id = ?", (file_id,))
             self._forget_if_unnamed(row[0])
-        with self._write_lock():
-            self._remove_unnamed_blobs()
+        self._remove_if_unnamed(row[0])
         crash_point("api.file_deleted")
         return True
 
     def _forget_if_unnamed(self, sha256: str) -> None:
         """The shared database's copy of the blob goes with the last id naming it, in the same
         transaction (under the write lock)."""
-        named = self._db.execute(
-            "SELECT 1 FROM files WHERE sha256 = ? LIMIT 1", (sha256,)
-        ).fetchone()
-        if not named:
+        if not self._named(sha256):
             self._blobs.forget(sha256)
 
-    def _remove_unnamed_blobs(self) -> None:
-        """Unlink every blob of this host no id names: the one a delete or a replaced record
-        just left, and any a killed process left (a delete stopped after its commit, an upload
-        before). Under the write lock, so no upload can name the bytes in between."""
-        named = {row[0] for row in self._db.execute("SELECT DISTINCT sha256 FROM files")}
-        for path in self.files_dir.iterdir():
-            if _BLOB_NAME.fullmatch(path.name) and path.name not in named:
+    def _remove_if_unnamed(self, sha256: str) -> None:
+        """Unlink this host's blob `sha256` if no id names it (one indexed lookup: a delete
+        costs the same however many files are kept). Under the write lock, so no upload can
+        name the bytes in between."""
+        with self._write_lock():
+            if not self._named(sha256):
+                (self.files_dir / sha256).unlink(missing_ok=True)
+
+    def remove_unnamed_blobs(self) -> int:
+        """Unlink every blob of this host no id names, what a killed process left (a delete
+        stopped after its commit, an upload before): run when the API starts. How many."""
+        with self._write_lock():
+            named = {row[0] for row in self._db.execute("SELECT DISTINCT sha256 FROM files")}
+            unnamed = [
+                path
+                for path in self.files_dir.iterdir()
+                if _BLOB_NAME.fullmatch(path.name) and path.name not in named
+            ]
+            for path in unnamed:
                 path.unlink(missing_ok=True)
+        return len(unnamed)
+
+    def _named(self, sha256: str) -> bool:
+        return (
+            self._db.execute("SELECT 1 FROM files WHERE sha256 = ? LIMIT 1", (sha256,)).fetchone()
+            is not None
+        )
 
     def _write_lock(self) -> AbstractContextManager[None]:
         return self._db.transaction()

@@ -270,20 +270,26 @@ def test_a_delete_stopped_before_its_commit_leaves_the_file_whole(
     assert store.blob_path(record).read_bytes() == data
 
 
-def test_a_delete_stopped_after_its_commit_leaves_bytes_no_id_names_the_next_delete_removes(
+def test_a_delete_stopped_after_its_commit_leaves_bytes_no_id_names_the_next_start_removes(
     store: ApiStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gone, kept = _upload(store, b"gone\n"), _upload(store, b"kept\n")
+    twice = _upload(store, b"twice\n")
+    again = _upload(store, b"twice\n")  # the same bytes under a second id
     with monkeypatch.context() as stopped:
-        stopped.setattr(ApiStore, "_remove_unnamed_blobs", _stop)
+        stopped.setattr(ApiStore, "_remove_if_unnamed", _stop)
         with pytest.raises(_StoppedError):
             store.delete_file(gone.id)
     assert store.file(gone.id) is None  # the id went first: nothing names missing bytes
     assert (store.files_dir / gone.sha256).is_file()  # left behind, harmless
+    assert store.delete_file(twice.id)  # a delete removes only bytes no id names any more
+    assert store.blob_path(again).read_bytes() == b"twice\n"
     other = _upload(store, b"other\n")
     assert store.delete_file(other.id)
+    assert not (store.files_dir / other.sha256).exists()
+    assert store.remove_unnamed_blobs() == 1  # the API's start (`BatchValidator.resume`)
     blobs = sorted(p.name for p in store.files_dir.iterdir() if not p.name.startswith("."))
-    assert blobs == [kept.sha256]
+    assert blobs == sorted([kept.sha256, again.sha256])
     assert store.blob_path(kept).read_bytes() == b"kept\n"
 
 

@@ -117,6 +117,9 @@ def test_the_api_start_validates_what_a_killed_api_left_validating(
     owner = _reused_pid_owner() if reused_pid else DEAD_OWNER
     left = _left_by_a_killed_api(settings, owner=owner)
     cancelled = _left_by_a_killed_api(settings, cancelled=True, owner=owner)
+    with ApiStore(settings.paths) as store:  # bytes a delete killed after its commit left
+        unnamed = store.files_dir / ("0" * 64)
+        unnamed.write_bytes(b"no id names these\n")
     with serving_api(settings) as url:
         client = openai.OpenAI(base_url=url, api_key=KEY, max_retries=0)
         batch = validated(client, client.batches.retrieve(left))
@@ -131,6 +134,7 @@ def test_the_api_start_validates_what_a_killed_api_left_validating(
         assert record is not None
         assert record.input_sha256 is not None
         assert store.validation_claim(left) is None  # the step is over
+    assert not unnamed.exists()
 
 
 @pytest.mark.slow  # a 200 MB file; the RSS of this process is the API's
