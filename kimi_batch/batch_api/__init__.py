@@ -49,6 +49,8 @@ from kimi_batch.batch_api.store import (
     StagedFile,
     ValidationClaim,
     process_owner,
+    process_running,
+    process_token,
 )
 
 __all__ = [
@@ -82,6 +84,8 @@ __all__ = [
     "finish_batch",
     "iter_batch_lines",
     "process_owner",
+    "process_running",
+    "process_token",
     "request_counts",
     "response_line",
     "resume_abandoned",

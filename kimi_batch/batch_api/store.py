@@ -48,14 +48,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.batch_api.lines import BatchLineError
 from kimi_batch.crash_points import crash_point
+from kimi_batch.llama import process_stat
 from kimi_batch.paths import PRIVATE_FILE_MODE, StatePaths, private_dir
 from kimi_batch.state import connect_state, read_state
 from kimi_batch.storage import (
     BlobStore,
     SharedBlobs,
     StorageError,
-    process_running,
-    process_token,
+    pid_alive,
     remove_stale_temps,
     temp_name,
 )
@@ -259,6 +259,27 @@ class BatchRecord(BaseModel):
     @property
     def terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
+
+
+def process_token(pid: int | None = None) -> str:
+    """Process `pid` (this one by default) as `<pid>.<start>`, its start in clock ticks after
+    boot (/proc/PID/stat): one process, where a pid alone is reused by later ones. The bare pid
+    where /proc cannot tell."""
+    pid = os.getpid() if pid is None else pid
+    stat = process_stat(pid)
+    return f"{pid}.{stat.start_ticks}" if stat else str(pid)
+
+
+def process_running(token: str) -> bool:
+    """Whether the process a `process_token` names still runs on this host: not gone, not a
+    zombie, not a later process given its pid."""
+    pid, _, start = token.partition(".")
+    if not pid.isdigit():
+        return False
+    if not start:
+        return pid_alive(int(pid))
+    stat = process_stat(int(pid))
+    return stat is not None and not stat.exited and str(stat.start_ticks) == start
 
 
 def process_owner() -> str:

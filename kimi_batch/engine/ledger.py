@@ -42,6 +42,7 @@ from pathlib import Path
 from kimi_batch.crash_points import crash_point
 from kimi_batch.engine.generation import GenerationResult
 from kimi_batch.errors import KimiBatchError
+from kimi_batch.llama import process_stat
 from kimi_batch.paths import StateLocation
 from kimi_batch.state import (
     StateBusyError,
@@ -51,7 +52,6 @@ from kimi_batch.state import (
     connect_state,
     read_state,
 )
-from kimi_batch.storage import process_stat
 
 logger = logging.getLogger(__name__)
 

@@ -43,6 +43,7 @@ from kimi_batch.llama.memory import (
     read_model_shape,
 )
 from kimi_batch.llama.messages import ChatExtras, ChatMessage, chat_body, completion_body
+from kimi_batch.llama.process import ProcessStat, process_stat
 from kimi_batch.llama.responses import (
     ChatCompletion,
     GenerationStats,
@@ -83,6 +84,7 @@ __all__ = [
     "LlamaUnsupportedError",
     "MemoryEstimate",
     "ModelShape",
+    "ProcessStat",
     "ResidentServer",
     "RetryPolicy",
     "ServerHandle",
@@ -105,6 +107,7 @@ __all__ = [
     "format_cpu_list",
     "parse_cpu_list",
     "pin_to_the_rest",
+    "process_stat",
     "read_model_shape",
     "server_cpus",
     "server_from_settings",

@@ -1,5 +1,6 @@
 """The server process: its pid record, a detached spawn under the exit-recording waiter, and a
-probe of its health that never retries."""
+probe of its health that never retries; and how /proc shows any process (`process_stat`), which
+tells a process from a later one given its pid (the pid record, lease holders, claim owners)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -15,7 +17,6 @@ from kimi_batch.llama.exceptions import ServerSpawnError
 from kimi_batch.llama.exits import WAITER_SOURCE
 from kimi_batch.llama.server_state import ServerProps
 from kimi_batch.llama.urls import redact_url, url_credentials
-from kimi_batch.storage import process_stat
 
 PROBE_TIMEOUT_S = 3.0
 
@@ -29,6 +30,30 @@ class PidRecord(BaseModel):
     start_ticks: int
     started_at: float
     healthy_at: float | None = Field(default=None, description="When it first answered /health.")
+
+
+class ProcessStat(NamedTuple):
+    """A process as /proc/PID/stat shows it: its state letter (field 3) and its start time in
+    clock ticks after boot (field 22), which tells it from a later process given its pid."""
+
+    state: str
+    start_ticks: int
+
+    @property
+    def exited(self) -> bool:
+        """A zombie (Z: its parent has not reaped it yet) or a dead one (X) holds nothing."""
+        return self.state in ("Z", "X")
+
+
+def process_stat(pid: int) -> ProcessStat | None:
+    """Process `pid` as /proc shows it; None when /proc shows no such process (gone, another
+    user's under hidepid, no /proc)."""
+    try:
+        # "pid (comm) state ...": the command name may hold spaces and parentheses.
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return ProcessStat(fields[0], int(fields[19]))
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def process_start_ticks(pid: int) -> int | None:

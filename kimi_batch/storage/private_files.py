@@ -1,8 +1,5 @@
 """Files holding prompts or answers: owner-only, written whole, no temp file left for ever.
 
-    process_stat(pid)        /proc's state letter and start time of a process
-    process_token(pid)       a process named so that a reused pid is not taken for it
-    process_running(token)   whether that process still runs
     private_folder(path)     create it 0700 (an existing folder of someone else is left alone)
     temp_name(folder, name)  a hidden temp name carrying the writer's pid
     remove_stale_temps(dir)  the temps of writers that are gone (killed mid-write)
@@ -26,7 +23,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NamedTuple, TextIO
+from typing import TextIO
 
 from kimi_batch.crash_points import crash_point
 from kimi_batch.paths import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE
@@ -46,51 +43,6 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-class ProcessStat(NamedTuple):
-    """A process as /proc/PID/stat shows it: its state letter (field 3) and its start time in
-    clock ticks after boot (field 22), which tells it from a later process given its pid."""
-
-    state: str
-    start_ticks: int
-
-    @property
-    def exited(self) -> bool:
-        """A zombie (Z: its parent has not reaped it yet) or a dead one (X) holds nothing."""
-        return self.state in ("Z", "X")
-
-
-def process_stat(pid: int) -> ProcessStat | None:
-    """Process `pid` as /proc shows it; None when /proc shows no such process (gone, another
-    user's under hidepid, no /proc)."""
-    try:
-        # "pid (comm) state ...": the command name may hold spaces and parentheses.
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return ProcessStat(fields[0], int(fields[19]))
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def process_token(pid: int | None = None) -> str:
-    """Process `pid` (this one by default) as `<pid>.<start>`, its start in clock ticks after
-    boot (/proc/PID/stat): one process, where a pid alone is reused by later ones. The bare pid
-    where /proc cannot tell."""
-    pid = os.getpid() if pid is None else pid
-    stat = process_stat(pid)
-    return f"{pid}.{stat.start_ticks}" if stat else str(pid)
-
-
-def process_running(token: str) -> bool:
-    """Whether the process a `process_token` names still runs on this host: not gone, not a
-    zombie, not a later process given its pid."""
-    pid, _, start = token.partition(".")
-    if not pid.isdigit():
-        return False
-    if not start:
-        return pid_alive(int(pid))
-    stat = process_stat(int(pid))
-    return stat is not None and not stat.exited and str(stat.start_ticks) == start
 
 
 def private_folder(path: Path) -> Path:

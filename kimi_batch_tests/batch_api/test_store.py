@@ -8,6 +8,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,12 +28,15 @@ from kimi_batch.batch_api import (
     finish_batch,
     iter_batch_lines,
     lifecycle,
+    process_running,
+    process_token,
     validate_batch,
 )
 from kimi_batch.batch_api import lines as batch_input
 from kimi_batch.batch_api.lines import BatchRequestLine, parse_batch_input
 from kimi_batch.crash_points import CrashPointReached, armed
 from kimi_batch.engine import Ledger
+from kimi_batch.llama import process_stat
 from kimi_batch.settings import Settings
 from kimi_batch.storage import BlobStore
 from kimi_batch_tests.support.batches import chat_line, jsonl, landed_batch
@@ -390,3 +396,43 @@ def test_a_finish_stopped_after_keeping_a_file_leaves_one_output_and_one_error_f
     assert None not in named
     assert [line["custom_id"] for line in _output(store, done)] == ["a", "b"]
     assert all(store.blob_path(f).is_file() for f in store.files())
+
+
+def test_a_process_is_read_past_a_command_name_that_looks_like_stat_fields() -> None:
+    """/proc/PID/stat puts the command name in parentheses, and a process may name itself
+    anything: the fields are counted after the last ')'. A zombie has exited; a reaped one is
+    gone; a token names one process, not its pid's later owner."""
+    renamed = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import pathlib, sys, time; pathlib.Path('/proc/self/comm').write_text('a) Z 1 (b');"
+            " print('ready', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert renamed.stdout is not None
+        assert renamed.stdout.readline() == "ready\n"
+        assert "a) Z 1 (b" in Path(f"/proc/{renamed.pid}/stat").read_text()
+        stat = process_stat(renamed.pid)
+        assert stat is not None
+        assert not stat.exited, stat
+        token = process_token(renamed.pid)
+        assert token == f"{renamed.pid}.{stat.start_ticks}"
+        assert process_running(token)
+        assert not process_running(f"{renamed.pid}.{stat.start_ticks + 1}")  # a later process
+        renamed.kill()
+        deadline = time.monotonic() + 10
+        while (zombie := process_stat(renamed.pid)) is not None and not zombie.exited:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert zombie is not None
+        assert zombie.state == "Z"
+        assert not process_running(token)
+    finally:
+        renamed.kill()
+        renamed.wait()
+    assert process_stat(renamed.pid) is None
+    assert not process_running(token)

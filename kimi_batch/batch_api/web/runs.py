@@ -25,14 +25,19 @@ from pathlib import Path
 
 import dagster as dg
 
-from kimi_batch.batch_api import ApiStore, BatchLineError, BatchRecord
+from kimi_batch.batch_api import (
+    ApiStore,
+    BatchLineError,
+    BatchRecord,
+    process_running,
+    process_token,
+)
 from kimi_batch.cli.demo import demo_instance
 from kimi_batch.defs.api_sensor import batches_needing_runs, missing_batch_partitions
 from kimi_batch.defs.assets.api_batch import API_TRIGGER_TAG
 from kimi_batch.defs.jobs import API_BATCH_JOB_NAME
 from kimi_batch.defs.partitions import api_batch_partitions
 from kimi_batch.settings import Settings
-from kimi_batch.storage import process_running, process_token
 
 _log = logging.getLogger(__name__)
 # The daemon beats every 30 s (Dagster's interval); two missed beats and it is gone. Dagster's own

@@ -21,7 +21,14 @@ from dagster._daemon.types import DaemonHeartbeat
 from openai import OpenAI
 from openai.types import Batch
 
-from kimi_batch.batch_api import ApiStore, BatchRecord, BatchStatus, begin_batch, validate_batch
+from kimi_batch.batch_api import (
+    ApiStore,
+    BatchRecord,
+    BatchStatus,
+    begin_batch,
+    process_token,
+    validate_batch,
+)
 from kimi_batch.batch_api.web.runs import (
     LAUNCH_FAILED_CODE,
     LAUNCHED_BY,
@@ -37,7 +44,6 @@ from kimi_batch.defs.assets.api_batch import API_TRIGGER_TAG
 from kimi_batch.defs.assets.driver import LLAMA_POOL
 from kimi_batch.defs.jobs import API_BATCH_JOB_NAME
 from kimi_batch.settings import Settings
-from kimi_batch.storage import process_token
 from kimi_batch_tests.support.batches import chat_line, jsonl
 from kimi_batch_tests.support.llama_server import LlamaEnv
 from kimi_batch_tests.support.ports import free_port

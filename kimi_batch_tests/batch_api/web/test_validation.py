@@ -15,9 +15,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from kimi_batch.batch_api import ApiStore, BatchStatus, validate_batch
+from kimi_batch.batch_api import ApiStore, BatchStatus, process_token, validate_batch
 from kimi_batch.settings import Settings
-from kimi_batch.storage import process_token
 from kimi_batch_tests.support.api_server import serving_api
 from kimi_batch_tests.support.batches import chat_line, jsonl, validated
 from kimi_batch_tests.support.postgres import StateBackend
