@@ -40,7 +40,10 @@ def nightly_tags(night: str, end: datetime | None, started: datetime) -> dict[st
     tags = {TRIGGER_TAG: "nightly", NIGHT_TAG: night, **RETRY_TAGS}
     if end is not None:
         tags[WINDOW_TAG] = end.isoformat()
-        tags[MAX_RUNTIME_TAG] = str(int((end - started).total_seconds()) + WINDOW_GRACE_S)
+        # In UTC: two times of one zone subtract as wall-clock times, an hour off across a
+        # daylight-saving change (the autumn night is 7 h long, not 6).
+        window_s = (end.astimezone(UTC) - started.astimezone(UTC)).total_seconds()
+        tags[MAX_RUNTIME_TAG] = str(int(window_s) + WINDOW_GRACE_S)
     return tags
 
 

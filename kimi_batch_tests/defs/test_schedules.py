@@ -7,9 +7,10 @@ import json
 import os
 import subprocess
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
 from typing import BinaryIO
+from zoneinfo import ZoneInfo
 
 import dagster as dg
 import pytest
@@ -161,6 +162,21 @@ def test_the_window_end_and_a_matching_max_runtime_ride_on_every_run(
     assert {r.tags[schedules.WINDOW_TAG] for r in requests} == {"2025-06-02T07:00:00+00:00"}
     expected = 5 * 3600 + schedules.WINDOW_GRACE_S
     assert {r.tags[schedules.MAX_RUNTIME_TAG] for r in requests} == {str(expected)}
+
+
+@pytest.mark.parametrize(
+    ("night", "window_h"), [("2025-10-25", 7), ("2025-03-29", 5), ("2025-06-01", 6)]
+)
+def test_the_max_runtime_is_the_window_s_real_length_across_a_clock_change(
+    night: str, window_h: int
+) -> None:
+    """From 01:00 to 07:00 in Paris: 7 real hours the night the clocks go back, 5 the night
+    they go forward (times of one zone subtract as wall-clock times)."""
+    paris = ZoneInfo("Europe/Paris")
+    started = datetime.combine(date.fromisoformat(night) + timedelta(days=1), time(1), paris)
+    end = started.replace(hour=7)
+    tags = schedules.nightly_tags(night, end, started)
+    assert tags[schedules.MAX_RUNTIME_TAG] == str(window_h * 3600 + schedules.WINDOW_GRACE_S)
 
 
 def distill(
