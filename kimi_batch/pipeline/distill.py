@@ -27,6 +27,7 @@ from kimi_batch.engine import (
 )
 from kimi_batch.inputs import SeedPrompt, format_validation_error
 from kimi_batch.llama import ChatMessage
+from kimi_batch.pipeline.driver import PartitionSkippedError
 from kimi_batch.pipeline.generation_task import (
     DISTILL_STAGE,
     GenerationTask,
@@ -94,7 +95,13 @@ def distillation_requests(
     for variant in variants:
         seed = by_id.get(variant.seed_id)
         if seed is None:
-            raise ValueError(f"variant {variant.request_id} has unknown seed {variant.seed_id!r}")
+            # Amplified from an older version of the input (its seeds re-landed since, with the
+            # amplification skipped): this partition waits for its amplification, the rest go on.
+            raise PartitionSkippedError(
+                f"its amplified prompts are of an older version of its input (variant "
+                f"{variant.request_id} names seed {variant.seed_id!r}, not among the seeds "
+                "landed now): materialize amplified_prompts again first"
+            )
         content = fold_instructions(seed.instructions, variant.prompt)
         requests.append(
             GenerationRequest(

@@ -20,6 +20,7 @@ from kimi_batch.pipeline import (
     DistilledRow,
     DistillInputs,
     DistillTask,
+    PartitionSkippedError,
     QuarantineRow,
     StageSink,
     distillation_requests,
@@ -142,7 +143,7 @@ def test_requests_carry_n_probs_and_the_output_schema() -> None:
     assert distillation_requests(SEEDS[:1])[0].params.json_schema is None
     with pytest.raises(ValidationError):
         distillation_requests(SEEDS, n_probs=99)
-    with pytest.raises(ValueError, match="unknown seed"):
+    with pytest.raises(PartitionSkippedError, match="older version of its input"):
         distillation_requests(SEEDS[:1], VARIANTS)
 
 
