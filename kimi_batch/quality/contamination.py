@@ -51,14 +51,17 @@ def _items(path: Path) -> Iterator[tuple[str, list[str]]]:
         records = []
         # JSONL lines end at "\n" only: `splitlines` also cuts at U+2028, U+2029 and U+0085,
         # which `json.dumps(ensure_ascii=False)` leaves raw inside a string.
-        text = path.read_bytes().decode("utf-8")
+        try:
+            text = path.read_bytes().decode("utf-8-sig")  # a leading BOM, as the inbox takes
+        except UnicodeDecodeError as error:
+            raise ConfigError(f"benchmark {path}: not UTF-8 ({error})") from error
         for number, raw in enumerate(text.split("\n"), start=1):
             line = raw.removesuffix("\r")
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
-            except json.JSONDecodeError as error:
+            except (ValueError, RecursionError) as error:  # also: too deep, a 4,300-digit int
                 raise ConfigError(f"benchmark {path} line {number}: not JSON ({error})") from error
             if not isinstance(record, dict):
                 raise ConfigError(f"benchmark {path} line {number}: not a JSON object")

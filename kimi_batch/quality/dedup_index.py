@@ -54,7 +54,7 @@ _SCHEME = "affine32"  # datasketch 2's default; named, since its values carry no
 _SEED = 1
 # What the exact key and the shingles are made of (`tasks.text_keys`): part of the stamp, so an
 # index made under an earlier normalization (punctuation dropped, CJK as one word) is rebuilt.
-_TEXT_VERSION = "text=nfc-casefold-ws tokens=words+unspaced-chars"
+_TEXT_VERSION = "text=nfd-casefold-nfc-ws tokens=words+unspaced-chars-to-323af"
 # Fixed forever (every stored band key is made with them): one odd 64-bit multiplier per
 # signature position, derived from the position alone (no RNG whose stream may change).
 _MULTIPLIERS = np.array(

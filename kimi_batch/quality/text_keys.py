@@ -33,7 +33,7 @@ _UNSPACED = (
     "\u3400-\u4dbf\u4e00-\u9fff"  # CJK ideographs (extension A, unified)
     "\uf900-\ufaff"  # CJK compatibility ideographs
     "\uff66-\uff9f"  # halfwidth Katakana
-    "\U00020000-\U0003134f"  # CJK ideographs, extensions B to G
+    "\U00020000-\U000323af"  # CJK ideographs, extensions B to I (H: Unicode 15)
 )
 _TOKEN = re.compile(rf"[{_UNSPACED}]|[^\s{_UNSPACED}]+")
 _WHITESPACE = re.compile(r"\s+")
@@ -43,17 +43,25 @@ def normalize_text(text: str) -> str:
     """The exact-duplicate key's text: canonical Unicode, casefolded, whitespace collapsed.
 
     NFC, not NFKC: compatibility folding would make "x²" the same as "x2" and "①" as "1", a
-    difference of meaning in math data. NFC again after casefolding, whose output may decompose.
+    difference of meaning in math data. Casefolded from the decomposed form, as Unicode's
+    canonical caseless match (D145) does: the iota subscript (U+0345) reorders, so a composed
+    Greek capital and its small letter folded apart. NFC after, the key's compact form.
     """
-    folded = unicodedata.normalize("NFC", unicodedata.normalize("NFC", text).casefold())
+    folded = unicodedata.normalize("NFC", unicodedata.normalize("NFD", text).casefold())
     return _WHITESPACE.sub(" ", folded).strip()
+
+
+# Punctuation (P*), symbols (S*) and format characters (Cf).
+_LOOSE_DROPPED = frozenset({"Pc", "Pd", "Ps", "Pe", "Pi", "Pf", "Po", "Sm", "Sc", "Sk", "So", "Cf"})
 
 
 def loose_text(text: str) -> str:
     """Casefolded text without punctuation or symbols (compatibility forms folded), whitespace
     collapsed: for overlap that should survive other quoting, never for the exact key."""
     folded = unicodedata.normalize("NFKC", text).casefold()
-    kept = "".join(ch for ch in folded if unicodedata.category(ch)[0] not in "PS")
+    # Invisible format characters (Cf: a soft hyphen, a zero-width space, as text pasted from
+    # the web carries) go too: a quoted copy is a copy with them.
+    kept = "".join(ch for ch in folded if unicodedata.category(ch) not in _LOOSE_DROPPED)
     return _WHITESPACE.sub(" ", kept).strip()
 
 

@@ -97,13 +97,44 @@ def test_a_jsonl_line_holding_a_unicode_line_separator_is_one_item(
 
 @pytest.mark.parametrize(
     ("content", "message"),
-    [('{"question": "no id"}\n', "no `id`"), ("not json\n", "not JSON"), ("[1]\n", "JSON object")],
+    [
+        (b'{"question": "no id"}\n', "no `id`"),
+        (b"not json\n", "not JSON"),
+        (b"[1]\n", "JSON object"),
+        (b'{"id": "1", "q": "caf\xe9"}\n', "not UTF-8"),  # Latin-1
+        (b'{"id": 1' + b"0" * 5000 + b"}\n", "line 1: not JSON"),  # past Python's 4,300 digits
+        (b'{"id": "1", "q": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", "line 1: not JSON"),
+    ],
+    ids=["no-id", "not-json", "not-object", "latin-1", "huge-int", "deep"],
 )
-def test_a_bad_benchmark_file_is_a_clear_error(tmp_path: Path, content: str, message: str) -> None:
+def test_a_bad_benchmark_file_is_a_clear_error(
+    tmp_path: Path, content: bytes, message: str
+) -> None:
     path = tmp_path / "bad.jsonl"
-    path.write_text(content, encoding="utf-8")
+    path.write_bytes(content)
     with pytest.raises(ConfigError, match=message):
         BenchmarkIndex([path], 13)
+
+
+def test_a_copy_carrying_soft_hyphens_or_zero_width_spaces_is_still_found(tmp_path: Path) -> None:
+    """Text pasted from the web carries invisible format characters inside its words."""
+    path = _jsonl(tmp_path / "b.jsonl", [{"id": "web", "q": QUESTION}])
+    index = BenchmarkIndex([path], 13)
+    words = QUESTION.split(" ")
+    for mark in ("\u00ad", "\u200b"):
+        pasted = " ".join(word[:2] + mark + word[2:] if len(word) > 3 else word for word in words)
+        assert pasted != QUESTION
+        hit = index.best_hit(pasted)
+        assert hit is not None, mark
+        assert hit.item_id == "web"
+
+
+def test_a_benchmark_file_may_start_with_a_byte_order_mark(tmp_path: Path) -> None:
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"id": "bom", "q": QUESTION}).encode() + b"\n")
+    hit = BenchmarkIndex([path], 13).best_hit(QUESTION)
+    assert hit is not None
+    assert hit.item_id == "bom"
 
 
 def test_loaded_indexes_are_reused_until_a_file_changes(tmp_path: Path) -> None:

@@ -141,9 +141,26 @@ def test_scripts_without_spaces_are_cut_into_characters_others_into_words() -> N
     assert text_tokens("한국어 문장입니다") == ["한국어", "문장입니다"]  # Korean has spaces
     assert text_tokens("Tokyo東京tower") == ["Tokyo", "東", "京", "tower"]
     assert list(token_ngrams("東京タワー", 3)) == ["東 京 タ", "京 タ ワ", "タ ワ ー"]
+    # CJK extension H (Unicode 15, past G's last code point U+3134F) too.
+    assert text_tokens("\U00031350\U00031351\U000323af") == [
+        "\U00031350",
+        "\U00031351",
+        "\U000323af",
+    ]
 
 
-def test_the_loose_text_drops_punctuation_and_symbols_only() -> None:
+def test_the_key_is_unicode_s_canonical_caseless_match() -> None:
+    """Casefolding the composed form split a Greek word from its capitalized form: the iota
+    subscript (U+0345) reorders on decomposition (Unicode D145 folds the decomposed form)."""
+    assert normalize_text("\u1fb7") == normalize_text("\u1fbc\u0342")  # ᾷ and ᾼ͂
+    assert normalize_text("\u1f80") == normalize_text("\u1f88")  # ᾀ and ᾈ
+
+
+def test_the_loose_text_drops_punctuation_symbols_and_invisible_format_characters() -> None:
     assert loose_text("  Hello, WORLD!  «Quoted» 2+2 ") == "hello world quoted 22"
     assert loose_text("東京、タワー。") == "東京タワー"
     assert loose_text("\uff26\uff55\uff4c\uff4c \uff57\uff49\uff44\uff54\uff48") == "full width"
+    # Invisible format characters, as text pasted from the web carries: soft hyphen, ZWSP, BOM.
+    assert loose_text("con\u00adtami\u00adnated zero\u200bwidth \ufeffmark") == (
+        "contaminated zerowidth mark"
+    )
