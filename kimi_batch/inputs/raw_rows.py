@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import unicodedata
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -62,7 +63,7 @@ class _InMessage(BaseModel):
     @field_validator("content")
     @classmethod
     def _not_empty(cls, value: str) -> str:
-        if not value.strip():
+        if _blank(value):
             raise ValueError("must not be empty")
         return value
 
@@ -87,6 +88,12 @@ def _bounded(value: int | None) -> int | None:
     if value is not None and not _INT64_MIN <= value <= _INT64_MAX:
         raise ValueError(f"must be a 64-bit integer (between {_INT64_MIN} and {_INT64_MAX})")
     return value
+
+
+def _blank(text: str) -> bool:
+    """Nothing a reader sees: whitespace and invisible format characters only (a zero-width
+    space, a byte order mark, a soft hyphen), which `str.strip` keeps."""
+    return all(ch.isspace() or unicodedata.category(ch) == "Cf" for ch in text)
 
 
 def _no_nul(value: str) -> str:
@@ -162,14 +169,14 @@ class _PlainRow(_Overrides):
         if isinstance(value, bool) or not isinstance(value, int | str):
             raise ValueError("must be a string or an integer")
         text = str(value).strip()
-        if not text:
+        if _blank(text):
             raise ValueError("must not be empty")
         return _no_nul(text)
 
     @field_validator("prompt")
     @classmethod
     def _prompt(cls, value: str | None) -> str | None:
-        if value is not None and not value.strip():
+        if value is not None and _blank(value):
             raise ValueError("must not be empty")
         return value
 
@@ -234,6 +241,8 @@ class _OpenAIBatchLine(BaseModel):
     def _custom_id(cls, value: str) -> str:
         if not value:
             raise ValueError("String should have at least 1 character")
+        if _blank(value):  # kept as written (the answer names it), but it must name something
+            raise ValueError("must not be blank")
         return _no_nul(value)
 
 

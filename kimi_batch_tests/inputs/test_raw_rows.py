@@ -111,3 +111,30 @@ def test_a_row_s_tools_are_kept_beside_its_messages(tmp_path: Path) -> None:
     seeds = {seed.input_id: seed for seed in batch.seeds}
     params = seeds["plain"].sampling_params(SamplingParams())
     assert params.tools == _TOOLS
+
+
+def test_a_prompt_or_id_of_invisible_characters_only_is_quarantined_as_empty(
+    tmp_path: Path,
+) -> None:
+    """`str.strip` keeps a zero-width space, a byte order mark and a soft hyphen: a row of
+    nothing but those was sent to the model, an id of them accepted."""
+    line = {
+        "custom_id": " \u200b ",
+        "url": "/v1/chat/completions",
+        "body": {"messages": [{"role": "user", "content": "Hi"}]},
+    }
+    rows = [
+        {"id": "zwsp", "prompt": "\u200b"},
+        {"id": "bom", "prompt": "\ufeff \u00ad"},
+        {"id": "chat", "messages": [{"role": "user", "content": "\u2060"}]},
+        {"id": "\u200b", "prompt": "Who?"},
+        {"id": "kept", "prompt": "\u200bWhy?"},
+    ]
+    batch = read_inbox_file(_jsonl(tmp_path / "rows.jsonl", rows))
+    assert [seed.input_id for seed in batch.seeds] == ["kept"]
+    reasons = [row.reason for row in batch.quarantined]
+    assert len(reasons) == 4
+    assert all("must not be empty" in reason for reason in reasons), reasons
+    lines = read_inbox_file(_jsonl(tmp_path / "batch.jsonl", [line]))
+    assert lines.seeds == []
+    assert lines.quarantined[0].reason.startswith("custom_id: must not be blank")
