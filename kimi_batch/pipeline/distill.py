@@ -243,12 +243,21 @@ class DistillTask(GenerationTask[DistillInputs, DistilledRow]):
         seed = inputs.by_id.get(row.seed_id)
         if seed is None:
             return ScreenedText(prompt=row.prompt, answer=row.response, source_file="distilled")
+        instructions = (seed.instructions or "").strip()
         if row.origin == "seed":
             prompt = "\n\n".join(message.content for message in seed.messages)
+            earlier = [f"{message.role}: {message.content}" for message in seed.messages[:-1]]
+            question = seed.prompt
         else:
             prompt = fold_instructions(seed.instructions, row.prompt)
+            earlier, question = [], row.prompt
         return ScreenedText(
-            prompt=prompt, answer=row.response, source_file=seed.source_file, line=seed.line
+            prompt=prompt,
+            answer=row.response,
+            source_file=seed.source_file,
+            line=seed.line,
+            question=question,
+            context=(instructions, *earlier),
         )
 
     @property

@@ -113,7 +113,12 @@ ReadT = TypeVar("ReadT", bound=BaseModel)
 
 class ScreenedText(BaseModel):
     """What the quality gate judges a row on: the conversation the answer is to (its user side,
-    every turn, the row's instructions folded in), the answer, and the input line it came from."""
+    every turn, the row's instructions folded in), the answer, and the input line it came from.
+
+    Benchmark overlap is looked for in the whole conversation (`prompt`). Duplicates are its
+    last question (`question`) under the same instructions and earlier turns (`context`): a
+    long shared context (a document asked about many times, one system text on every row)
+    must not make different questions alike."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -121,6 +126,10 @@ class ScreenedText(BaseModel):
     answer: str
     source_file: str
     line: int | None = None
+    question: str | None = Field(default=None, description="None: the whole `prompt`.")
+    context: tuple[str, ...] = Field(
+        default=(), description="The instructions and each earlier turn, in order."
+    )
 
 
 class RowReader(Protocol):

@@ -35,6 +35,7 @@ with an entry `alive` says is gone: it drops the entry and looks further.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from functools import cache
@@ -54,7 +55,9 @@ _SCHEME = "affine32"  # datasketch 2's default; named, since its values carry no
 _SEED = 1
 # What the exact key and the shingles are made of (`tasks.text_keys`): part of the stamp, so an
 # index made under an earlier normalization (punctuation dropped, CJK as one word) is rebuilt.
-_TEXT_VERSION = "text=nfd-casefold-nfc-ws tokens=words+unspaced-chars-to-323af"
+_TEXT_VERSION = (
+    "text=nfd-casefold-nfc-ws tokens=words+unspaced-chars-to-323af key=context,question,answer"
+)
 # Fixed forever (every stored band key is made with them): one odd 64-bit multiplier per
 # signature position, derived from the position alone (no RNG whose stream may change).
 _MULTIPLIERS = np.array(
@@ -75,7 +78,8 @@ _SCHEMA = (
         request_id TEXT NOT NULL,
         input_id TEXT NOT NULL,
         exact {blob} NOT NULL,
-        signature {blob} NOT NULL
+        signature {blob} NOT NULL,
+        context {blob}
     )""",
     "CREATE INDEX IF NOT EXISTS kept_by_partition ON kept (ds, source)",
     "CREATE INDEX IF NOT EXISTS kept_by_exact ON kept (exact)",
@@ -151,13 +155,21 @@ class DuplicateMatch(BaseModel):
 
 
 class IndexedText(BaseModel):
-    """One row to check: its ids and the normalized text it is judged on."""
+    """One row to check: its ids and the normalized texts it is judged on. A row repeats a
+    kept one only under the same `context`; its exact key keeps the three apart."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     request_id: str
     input_id: str
-    text: str
+    text: str = Field(description="The question.")
+    answer: str | None = Field(default=None, description="Judged too, when not None.")
+    context: str = Field(default="", description="The instructions and earlier turns.")
+
+    @property
+    def judged(self) -> str:
+        """What the MinHash signature is made of."""
+        return self.text if self.answer is None else f"{self.text} {self.answer}"
 
 
 # Every landed (ds, source, rows) of the gated stages, oldest first: what a rebuild indexes.
@@ -186,9 +198,15 @@ def shingles(text: str, size: int) -> list[bytes]:
     ]
 
 
-def _exact_key(text: str) -> bytes:
+def _digest(text: str) -> bytes:
     # surrogatepass: a lone surrogate that reached here still has a key (never an exception).
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()[:16]
+
+
+def _exact_key(row: IndexedText) -> bytes:
+    """The three texts as one structured value: where the question ends and the answer
+    begins is part of the key ("is" moved from one to the other is another row)."""
+    return _digest(json.dumps([row.context, row.text, row.answer], ensure_ascii=False))
 
 
 class _Signer:
@@ -274,7 +292,7 @@ class PartitionDedup:
             if (ds, source) == (self._ds, self._source):
                 continue  # screened now
             for row in rows:
-                self._insert(ds, source, row, self._signer.signature(row.text))
+                self._insert(ds, source, row, self._signer.signature(row.judged))
                 count += 1
         self._db.execute(
             "INSERT INTO meta (key, value) VALUES ('setting', ?) "
@@ -344,9 +362,17 @@ class PartitionDedup:
 
     def _insert(self, ds: str, source: str, row: IndexedText, signature: np.ndarray) -> None:
         (kept,) = self._db.execute(
-            "INSERT INTO kept (ds, source, request_id, input_id, exact, signature) "
-            "VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
-            (ds, source, row.request_id, row.input_id, _exact_key(row.text), signature.tobytes()),
+            "INSERT INTO kept (ds, source, request_id, input_id, exact, signature, context) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
+            (
+                ds,
+                source,
+                row.request_id,
+                row.input_id,
+                _exact_key(row),
+                signature.tobytes(),
+                _digest(row.context),
+            ),
         ).fetchone()
         self._db.executemany(
             "INSERT INTO bands (band, kept) VALUES (?, ?) ON CONFLICT DO NOTHING",
@@ -356,10 +382,10 @@ class PartitionDedup:
     def check(self, row: IndexedText) -> DuplicateMatch | None:
         """The kept row `row` repeats, else None (and `row` is kept: indexed from now on)."""
         self.begin()
-        match = self._exact(row.text)
+        match = self._exact(row)
         if match is None:
-            signature = self._signer.signature(row.text)
-            match = self._nearest(signature)
+            signature = self._signer.signature(row.judged)
+            match = self._nearest(signature, _digest(row.context))
             if match is None:
                 self._insert(self._ds, self._source, row, signature)
                 self.kept += 1
@@ -371,25 +397,27 @@ class PartitionDedup:
         )
         return match
 
-    def _exact(self, text: str) -> DuplicateMatch | None:
+    def _exact(self, row: IndexedText) -> DuplicateMatch | None:
         """The oldest kept row with the same exact key whose row still exists."""
         found = self._db.execute(
             "SELECT id, ds, source, request_id, input_id, signature FROM kept WHERE exact = ? "
             "ORDER BY id",
-            (_exact_key(text),),
+            (_exact_key(row),),
         ).fetchall()
         for kept, *entry, blob in found:
             if self._live(kept, _entry(tuple(entry)), blob):
                 return DuplicateMatch(kind="duplicate", kept=_entry(tuple(entry)), similarity=1.0)
         return None
 
-    def _nearest(self, signature: np.ndarray) -> DuplicateMatch | None:
-        """The most alike kept row at or above the threshold (the oldest among equals)."""
+    def _nearest(self, signature: np.ndarray, context: bytes) -> DuplicateMatch | None:
+        """The most alike kept row under the same context at or above the threshold (the
+        oldest among equals)."""
         keys = self._signer.band_keys(signature)
         candidates = self._db.execute(
-            "SELECT id, ds, source, request_id, input_id, signature FROM kept WHERE id IN "
-            f"(SELECT kept FROM bands WHERE band IN ({', '.join('?' * len(keys))})) ORDER BY id",
-            keys,
+            "SELECT id, ds, source, request_id, input_id, signature FROM kept WHERE context = ? "
+            f"AND id IN (SELECT kept FROM bands WHERE band IN ({', '.join('?' * len(keys))})) "
+            "ORDER BY id",
+            [context, *keys],
         ).fetchall()
         alike: list[DuplicateMatch] = []
         for kept, *entry, blob in candidates:
@@ -416,6 +444,9 @@ class DedupIndex:
     def _connect(self) -> StateDatabase:
         db = connect_state(self.location, timeout_s=_BUSY_TIMEOUT_S)
         db.create(_SCHEMA)
+        # An index made before rows were judged under their context (its stamp differs, so
+        # its entries are rebuilt before use).
+        db.add_columns("kept", [("context", "{blob}")])
         return db
 
     @contextmanager

@@ -18,6 +18,7 @@ gate, or a changed shingle size, does not let their repeats in.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -153,10 +154,7 @@ class PartitionGate:
     def _repeat(self, row: GenerationColumns, text: ScreenedText) -> tuple[str, str] | None:
         if self._dedup is None:
             return None
-        indexed = IndexedText(
-            request_id=row.request_id, input_id=row.input_id, text=dedup_text(text, self._fields)
-        )
-        match = self._dedup.check(indexed)
+        match = self._dedup.check(indexed_text(row, text, self._fields))
         if match is None:
             return None
         if match.kind == DUPLICATE:
@@ -179,10 +177,18 @@ class PartitionGate:
         return figures
 
 
-def dedup_text(text: ScreenedText, fields: str) -> str:
-    """The normalized text a row's duplicates are found by (`KIMI_BATCH_DEDUP_FIELDS`)."""
-    prompt = normalize_text(text.prompt)
-    return f"{prompt} {normalize_text(text.answer)}" if fields == "prompt+answer" else prompt
+def indexed_text(row: GenerationColumns, text: ScreenedText, fields: str) -> IndexedText:
+    """What a row's duplicates are found by, normalized: its question under its context, and
+    its answer too under `KIMI_BATCH_DEDUP_FIELDS=prompt+answer`."""
+    question = text.prompt if text.question is None else text.question
+    return IndexedText(
+        request_id=row.request_id,
+        input_id=row.input_id,
+        text=normalize_text(question),
+        answer=normalize_text(text.answer) if fields == "prompt+answer" else None,
+        # Each part on its own: where one turn ends is part of what two contexts share.
+        context=json.dumps([normalize_text(part) for part in text.context], ensure_ascii=False),
+    )
 
 
 class QualityGate:
@@ -212,8 +218,7 @@ class QualityGate:
     def _indexed(self, store: Warehouse, task: Task, ds: str, source: str) -> Iterator[IndexedText]:
         inputs = task.load(lambda table, model: store.read_rows(table, ds, source, model))
         for row in store.read_rows(task.table, ds, source, task.row_model):
-            text = dedup_text(task.screened(row, inputs), self.settings.dedup_fields)
-            yield IndexedText(request_id=row.request_id, input_id=row.input_id, text=text)
+            yield indexed_text(row, task.screened(row, inputs), self.settings.dedup_fields)
 
     @contextmanager
     def partition(

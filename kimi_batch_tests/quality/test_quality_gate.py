@@ -126,6 +126,66 @@ def test_the_whole_conversation_is_the_prompt(tmp_path: Path) -> None:
     assert screen.quarantined[0].reason.startswith("duplicate of input 'plain'")
 
 
+PASSAGE = (
+    "The Hanseatic League was a commercial and defensive confederation of merchant guilds and "
+    "market towns in Central and Northern Europe. Growing from a few North German towns in the "
+    "late twelfth century, the League came to dominate Baltic maritime trade for three "
+    "centuries along the coasts of Northern Europe. Its hubs were Lubeck and Hamburg, and its "
+    "foreign offices, the Kontors, stood in Bruges, London, Bergen and Novgorod, where grain, "
+    "timber, furs, wax, amber and salted fish were traded for cloth and wine from the west."
+)
+
+
+LED = "Which city led the league during most of its three centuries of Baltic trade?"
+
+
+def test_questions_about_one_document_are_different_rows_and_repeats_under_it_are_not(
+    tmp_path: Path,
+) -> None:
+    """A long shared context (a passage asked about many times, one system text on every row)
+    made different questions MinHash-alike: near_duplicate at 0.91. A row is judged on its last
+    question, under the same instructions and earlier turns."""
+    store = Warehouse(tmp_path / "warehouse")
+    read, ack = f"Read this passage:\n\n{PASSAGE}", "I have read it. Ask your question."
+    system = f"You are a patient tutor. {PASSAGE}"
+    rows = [
+        seed_row("q0", LED, turns=[read, ack]),
+        seed_row("q1", "When did it begin to decline?", turns=[read, ack], line=2),
+        seed_row("q2", "Name two goods traded through the Kontors.", turns=[read, ack], line=3),
+        seed_row("q3", LED.upper(), turns=[read, ack], line=4),  # a repeat
+        seed_row("q4", f"So {LED}", turns=[read, ack], line=5),  # alike
+        seed_row("q5", LED, line=6),  # asked without the passage: another example
+        seed_row("s0", "What is 17 times 23?", instructions=system, line=7),
+        seed_row("s1", "Is 91 a prime number?", instructions=system, line=8),
+        seed_row("s2", "Solve x + 5 = 12 for x.", instructions=system, line=9),
+    ]
+    store.write_partition("seeds", "2026-12-01", "night", rows)
+    inputs = DistillInputs(seeds=seeds_from_rows(rows))
+    with _gate(tmp_path).partition(store, TASK, inputs, "2026-12-01", "night") as screen:
+        kept = [row.input_id for row in screen.admit(_rows(inputs, "night"))]
+    assert kept == ["q0", "q1", "q2", "q5", "s0", "s1", "s2"]
+    reasons = {row.input_id: row.reason for row in screen.quarantined}
+    assert reasons["q3"].startswith("duplicate of input 'q0'")
+    assert reasons["q4"].startswith("near_duplicate of input 'q0'")
+
+
+def test_prompt_and_answer_keys_keep_where_the_question_ends(tmp_path: Path) -> None:
+    """Under prompt+answer the exact key joined the two with a space: a word moved from the
+    question to the answer made the same key (now alike, not the same)."""
+    store = Warehouse(tmp_path / "warehouse")
+    asked = "Complete the sentence about the city that is the capital of France"
+    inputs = land_seeds_of(store, "2026-12-01", "night", [f"{asked} is", asked])
+    first, second = _rows(inputs, "night")
+    rows = [
+        first.model_copy(update={"response": "Paris."}),
+        second.model_copy(update={"response": "is Paris."}),
+    ]
+    gate = _gate(tmp_path, dedup_fields="prompt+answer")
+    with gate.partition(store, TASK, inputs, "2026-12-01", "night") as screen:
+        assert [row.input_id for row in screen.admit(rows)] == ["night-0"]
+    assert screen.quarantined[0].reason.startswith("near_duplicate of input 'night-0'")
+
+
 def test_a_variant_that_repeats_its_seed_is_a_near_duplicate_of_it(tmp_path: Path) -> None:
     store = Warehouse(tmp_path / "warehouse")
     inputs = land_seeds_of(store, "2026-12-01", "night", [PROMPT])
