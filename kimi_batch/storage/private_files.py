@@ -9,8 +9,9 @@
 
 A write goes to a temp file first and is renamed into place, so a reader never sees half a file;
 a writer killed in between leaves its temp behind. Its name carries the writer's pid, so the next
-write into the same folder removes the temps of dead writers (never a live writer's). A temp
-without a pid (an older version's) is removed once it is an hour old.
+write into the same folder removes the temps of dead writers (never a live writer's). Nothing
+else is touched: an export's folder may be the user's own (their editor's `.x.tmp` stays), and
+an entry that cannot be removed (another user's, in a shared folder) is left where it is.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,10 +28,8 @@ from typing import TextIO
 from kimi_batch.crash_points import crash_point
 from kimi_batch.paths import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE
 
-TEMP_SUFFIXES = (".tmp", ".chunk")
 # `.<name>.<pid>-<32 hex>[.<n>].tmp|.chunk`: what temp_name writes (and its numbered chunks).
 _WITH_PID = re.compile(r"^\..*\.(\d+)-[0-9a-f]{32}(?:\.\d+)?\.(?:tmp|chunk)$")
-_UNNAMED_STALE_S = 3600.0
 
 
 def pid_alive(pid: int) -> bool:
@@ -71,21 +69,17 @@ def remove_stale_temps(folder: Path) -> list[Path]:
         entries = list(os.scandir(folder))
     except FileNotFoundError:
         return removed
-    now = time.time()
     for entry in entries:
-        if not entry.name.startswith(".") or not entry.name.endswith(TEMP_SUFFIXES):
-            continue
         match = _WITH_PID.match(entry.name)
+        if match is None:
+            continue  # not a temp this package names: never ours to remove
+        pid = int(match.group(1))
         try:
-            if match is not None:
-                stale = int(match.group(1)) != os.getpid() and not pid_alive(int(match.group(1)))
-            else:
-                stale = now - entry.stat(follow_symlinks=False).st_mtime > _UNNAMED_STALE_S
-            if stale and entry.is_file(follow_symlinks=False):
+            if pid != os.getpid() and not pid_alive(pid) and entry.is_file(follow_symlinks=False):
                 os.unlink(entry.path)
                 removed.append(Path(entry.path))
-        except FileNotFoundError:
-            continue  # another writer removed it first
+        except OSError:
+            continue  # removed by another writer first, or not ours to remove (EPERM)
     return removed
 
 

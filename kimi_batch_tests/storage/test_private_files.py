@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kimi_batch.storage import private_folder_swap
+from kimi_batch.storage import private_folder_swap, private_writer
 
 # Above the kernel's largest pid_max (2**22): never a live process.
 DEAD_PID = (1 << 22) + 7
@@ -43,3 +43,35 @@ def test_the_swap_after_a_killed_one_replaces_the_older_folder(tmp_path: Path) -
     _swap(target, "second")
     assert (target / "card").read_text() == "second"
     assert [path.name for path in target.parent.iterdir()] == ["night.hf"]
+
+
+def test_a_write_removes_only_the_temps_of_dead_writers_of_this_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An export's folder may be the user's own: a hidden `.tmp` of their editor, an hour old,
+    was deleted by the next export into it; one the exporter could not delete (another user's,
+    in a sticky /tmp) crashed the export."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    theirs = [folder / ".vim-session.tmp", folder / ".backup.chunk"]
+    for path in theirs:
+        path.write_text("precious")
+        os.utime(path, (0, 0))  # as old as can be
+    dead = folder / f".answers.jsonl.{DEAD_PID}-{'a' * 32}.tmp"
+    dead.write_text("a killed writer's")
+    locked = folder / f".answers.jsonl.{DEAD_PID + 1}-{'b' * 32}.tmp"
+    locked.write_text("not ours to remove")
+    unlink = os.unlink
+
+    def refuse(path: str | os.PathLike[str]) -> None:
+        if Path(path) == locked:
+            raise PermissionError(1, "Operation not permitted", str(path))
+        unlink(path)
+
+    monkeypatch.setattr(os, "unlink", refuse)
+    with private_writer(folder / "answers.jsonl") as out:
+        out.write("{}\n")
+    assert all(path.read_text() == "precious" for path in theirs)
+    assert not dead.exists()
+    assert locked.exists()
+    assert (folder / "answers.jsonl").read_text() == "{}\n"
