@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
 from collections.abc import Sequence
 from datetime import date
@@ -158,6 +159,20 @@ def _day(value: str) -> date:
         return date.fromisoformat(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a day YYYY-MM-DD: {value!r}") from None
+
+
+def _port(value: str) -> int:
+    if not value.isdigit() or not 1 <= int(value) <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 1 to 65535, not {value!r}")
+    return int(value)
+
+
+def _regex(value: str) -> str:
+    try:
+        re.compile(value)
+    except re.error as error:
+        raise argparse.ArgumentTypeError(f"not a regular expression: {value!r} ({error})") from None
+    return value
 
 
 def _score(value: str) -> int:
@@ -311,6 +326,9 @@ def _digest_lint(args: argparse.Namespace, settings: Settings | None) -> int:
     except OSError as error:
         print(f"kimi-batch: error: cannot read {args.file}: {error.strerror}", file=sys.stderr)
         return 2
+    except ConfigError as error:
+        print(f"kimi-batch: error: {error}", file=sys.stderr)
+        return 2
     findings = lint_digest(text, allow=args.allow)
     for finding in findings:
         print(finding)
@@ -410,7 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="address to listen on (default 127.0.0.1)",
     )
     api.add_argument(
-        "--port", type=int, default=None, help="port (default: KIMI_BATCH_API_PORT, 8090)"
+        "--port", type=_port, default=None, help="port (default: KIMI_BATCH_API_PORT, 8090)"
     )
     api.add_argument(
         "--no-auth",
@@ -464,7 +482,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     lint.add_argument("file", help="the digest file")
     lint.add_argument(
-        "--allow", action="append", default=[], metavar="REGEX", help="accept matches of REGEX"
+        "--allow",
+        action="append",
+        type=_regex,
+        default=[],
+        metavar="REGEX",
+        help="accept matches of REGEX",
     )
     lint.set_defaults(func=_digest_lint, needs_settings=False)
     add_state_commands(commands)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kimi_batch.errors import ConfigError
 from kimi_batch.settings import Settings
 from kimi_batch.warehouse import catalog_properties, write_catalog
 
@@ -17,5 +18,12 @@ def publish_catalog(settings: Settings, output: Path | None) -> str:
     text with its secrets masked (a terminal is no place for the database password)."""
     if output is None:
         return catalog_properties(settings, masked=True).rstrip("\n")
-    written = write_catalog(settings, output.expanduser().resolve())
+    target = output.expanduser().resolve()
+    if target.is_dir():
+        raise ConfigError(f"cannot write the catalog to {target}: it is a folder")
+    try:
+        written = write_catalog(settings, target)
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise ConfigError(f"cannot write the catalog to {target}: {reason}") from error
     return f"wrote {written} (catalog {written.stem}: put it in Trino's etc/catalog/)"

@@ -57,6 +57,7 @@ from kimi_batch.defs.partition_states import (
 )
 from kimi_batch.defs.schedules import NIGHT_TAG, TRIGGER_TAG, build_nightly_schedule
 from kimi_batch.engine import Ledger, load_digest
+from kimi_batch.errors import ConfigError
 from kimi_batch.inputs import InboxFile, landed_versions, scan_inbox, still_changing
 from kimi_batch.llama import (
     AttachedServer,
@@ -172,7 +173,7 @@ def _digest_state(
     """
     try:
         sha = load_digest(settings.digest).sha256
-    except OSError as error:
+    except (OSError, ConfigError) as error:  # unreadable, or not UTF-8
         return DigestState(sha256=None, restored=None, detail=str(error))
     if instance is None or started_at is None:
         return DigestState(

@@ -16,10 +16,18 @@ from typing import Any
 from kimi_batch.settings import Settings
 
 
+def _days(value: str) -> int:
+    # At least a day, as KIMI_BATCH_SNAPSHOT_RETENTION_DAYS: 0 or less would expire every
+    # snapshot but the current one, and with it every moment `export --as-of` could read.
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"a retention is 1 day or more, not {value!r}")
+    return int(value)
+
+
 def _maintain(args: argparse.Namespace, settings: Settings) -> int:
     from kimi_batch.warehouse import maintain, open_warehouse
 
-    days = args.retention_days or settings.snapshot_retention_days
+    days = settings.snapshot_retention_days if args.retention_days is None else args.retention_days
     reports = maintain(open_warehouse(settings), retention=timedelta(days=days))
     print(json.dumps({"retention_days": days, "tables": [r.model_dump() for r in reports]}))
     return 0
@@ -76,7 +84,7 @@ def add_warehouse_commands(commands: argparse._SubParsersAction[Any]) -> None:
     )
     maintain.add_argument(
         "--retention-days",
-        type=int,
+        type=_days,
         default=None,
         metavar="DAYS",
         help="keep snapshots this many days (default: KIMI_BATCH_SNAPSHOT_RETENTION_DAYS)",

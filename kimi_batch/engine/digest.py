@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kimi_batch.errors import KimiBatchError
+from kimi_batch.errors import ConfigError, KimiBatchError
 
 
 class SystemDigest(BaseModel):
@@ -39,9 +39,15 @@ NO_DIGEST = SystemDigest.from_text("", path="<none>")
 
 
 def load_digest(path: Path) -> SystemDigest:
-    """Read the digest as bytes; CRLF/CR become LF so a checkout on Windows keeps the same sha."""
+    """Read the digest as bytes; CRLF/CR become LF so a checkout on Windows keeps the same sha.
+    A file that is not UTF-8 is a `ConfigError` naming it."""
     raw = path.read_bytes()
-    text = raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n").decode("utf-8")
+    try:
+        text = raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n").decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"the digest {path} is not UTF-8 text (byte {error.start}: {error.reason})"
+        ) from error
     return SystemDigest.from_text(text, path=str(path))
 
 

@@ -15,6 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kimi_batch.errors import ConfigError
+
 
 class TokenizerIdentity(BaseModel):
     """The teacher's tokenizer as a `kd` row names it."""
@@ -44,7 +46,12 @@ def tokenizer_identity(model: Path) -> TokenizerIdentity:
     """The identity of `model`'s tokenizer (memory-mapped: the weights are never read)."""
     from gguf import GGUFReader  # numpy-heavy: imported only by an export that asks
 
-    fields = GGUFReader(model).fields
+    try:
+        fields = GGUFReader(model).fields
+    except (ValueError, IndexError, OSError) as error:  # gguf's errors for a file it cannot map
+        raise ConfigError(
+            f"KIMI_BATCH_MODEL {model}: not a GGUF file whose tokenizer can be read ({error})"
+        ) from error
     tokens = [str(token) for token in _contents(fields, "tokenizer.ggml.tokens") or []]
     merges = _contents(fields, "tokenizer.ggml.merges")
     return TokenizerIdentity(

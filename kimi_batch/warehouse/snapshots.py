@@ -16,7 +16,7 @@ next kept one, is gone) is refused, never read as an older kept snapshot (`_curr
 from __future__ import annotations
 
 import re
-from datetime import UTC, date, datetime, time, timedelta
+from datetime import UTC, date, datetime, time
 
 from pydantic import BaseModel, ConfigDict
 from pyiceberg.exceptions import CommitFailedException, NoSuchNamespaceError, NoSuchTableError
@@ -115,10 +115,9 @@ def _as_of_moment(text: str) -> datetime | None:
     for text that is neither."""
     try:
         if len(text) == 10:
-            day = date.fromisoformat(text)
-            return datetime.combine(day + timedelta(days=1), time(), UTC) - timedelta(
-                milliseconds=1
-            )
+            # Its last millisecond, said directly: the next day's midnight less 1 ms has no
+            # next day after 9999-12-31.
+            return datetime.combine(date.fromisoformat(text), time(23, 59, 59, 999000), UTC)
         moment = datetime.fromisoformat(text)
     except ValueError:
         return None

@@ -149,3 +149,53 @@ def test_server_start_refuses_a_context_its_digest_does_not_fit_before_any_load(
     assert "a slot holds 4,096 (context 16,384 over 4 slots)" in err
     assert "set KIMI_BATCH_LLAMA_CTX to at least" in err
     assert not (tmp_path / "home" / "server" / "server.pid").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("warehouse", "maintain", "--retention-days", "-1"), "a retention is 1 day or more"),
+        (("warehouse", "maintain", "--retention-days", "0"), "a retention is 1 day or more"),
+        (("api", "--port", "70000"), "a port is 1 to 65535"),
+        (("api", "--port", "0"), "a port is 1 to 65535"),
+        (("digest", "lint", "d.md", "--allow", "["), "not a regular expression"),
+    ],
+    ids=["retention-negative", "retention-zero", "port-too-big", "port-zero", "bad-regex"],
+)
+def test_an_out_of_range_or_malformed_option_is_refused_before_anything_runs(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    args: tuple[str, ...],
+    says: str,
+) -> None:
+    """Found by review: -1 days expired every snapshot of minutes ago and 0 meant the default;
+    --port 70000 listened on 4464 and said 70000; a bad --allow was a re.error traceback."""
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path))
+    with pytest.raises(SystemExit) as exited:
+        cli.main(list(args))
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert says in error
+    assert "Traceback" not in error
+    assert not (tmp_path / "warehouse").exists()
+
+
+def test_files_the_commands_cannot_use_are_one_line_each(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A digest that is not UTF-8 (digest lint, export --system, status), a KIMI_BATCH_MODEL
+    that is not a GGUF (export --format kd) and a catalog written to a folder or under a path
+    that does not exist (publish): each was a traceback."""
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path / "home"))
+    binary = tmp_path / "digest.md"
+    binary.write_bytes(b"\xff\xfe\x00bad")
+    assert cli.main(["digest", "lint", str(binary)]) == 2
+    assert "is not UTF-8 text (byte 0" in capsys.readouterr().err
+    for output in (tmp_path, tmp_path / "no" / "such" / "x.properties"):
+        if output.parent.name == "such":
+            (tmp_path / "no").write_text("a file, not a folder")
+        assert cli.main(["publish", "--output", str(output)]) == 2
+        error = capsys.readouterr().err
+        assert error.startswith("kimi-batch: error: cannot write the catalog to")
+        assert error.count("\n") == 1

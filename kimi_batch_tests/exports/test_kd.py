@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from kimi_batch.cli.export import ExportRequest, run_export
+from kimi_batch.errors import ConfigError
 from kimi_batch.exports import ExportQuery, tokenizer_identity
 from kimi_batch.llama import ChatCompletion, ChatMessage, ResidentServer
 from kimi_batch.settings import Settings
@@ -139,3 +141,18 @@ async def test_the_real_server_gives_each_token_s_id_in_the_served_vocabulary(
     assert all(i is not None and 0 <= i < vocabulary for i in ids)
     # At temperature 0 the generated token is the most likely one.
     assert all(t.top[0].id == t.id for t in tokens)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"not a model at all", b"GGUF" + bytes(3), os.urandom(4096)],
+    ids=["text", "truncated", "random"],
+)
+def test_a_model_that_is_no_readable_gguf_is_one_config_error(
+    tmp_path: Path, content: bytes
+) -> None:
+    """gguf raised ValueError or IndexError from deep inside (an export's traceback)."""
+    model = tmp_path / "model.gguf"
+    model.write_bytes(content)
+    with pytest.raises(ConfigError, match=r"KIMI_BATCH_MODEL .*model\.gguf: not a GGUF file"):
+        tokenizer_identity(model)

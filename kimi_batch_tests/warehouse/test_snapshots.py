@@ -106,6 +106,14 @@ def test_an_as_of_that_names_nothing_is_refused(tmp_path: Path, as_of: str, says
         resolve_as_of(warehouse, as_of, required="distilled")
 
 
+def test_the_last_day_of_the_calendar_reads_the_current_snapshot(tmp_path: Path) -> None:
+    """Its end was the next day's midnight less a millisecond, and 9999-12-31 has no next day
+    (an OverflowError traceback)."""
+    warehouse = Warehouse(tmp_path / "warehouse")
+    current = warehouse.write_partition("distilled", DS, "a", _answers(1)).snapshot_id
+    assert resolve_as_of(warehouse, "9999-12-31", required="distilled") == {"distilled": current}
+
+
 def test_a_time_before_a_table_existed_reads_it_as_empty(tmp_path: Path) -> None:
     warehouse = Warehouse(tmp_path / "warehouse")
     answers = warehouse.write_partition("distilled", DS, "a", _answers(1)).snapshot_id

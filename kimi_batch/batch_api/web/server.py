@@ -110,7 +110,7 @@ def serve(
 ) -> None:
     """Run the API until interrupted, starting the batches' runs when no daemon does."""
     access = resolve_access(settings, host=host, no_auth=no_auth)
-    port = port or settings.api_port
+    port = settings.api_port if port is None else port
     runs = BatchRuns(settings, launch=launch)
     home = str(runs.instance.root_directory)
     print(startup_text(access, base_url(host, port)), file=out, flush=True)
