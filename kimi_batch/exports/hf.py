@@ -142,7 +142,9 @@ def _record(example: ExportExample, options: TrainingOptions) -> dict[str, objec
     row = example.trainer_row(options)
     tools = row.pop("tools", None)
     # logprobs excluded: kd has them
-    return {**example.model_dump(), **row, "tools": json.dumps(tools) if tools else None}
+    # Text as written (non-ASCII kept), as the chat export writes it.
+    tools_text = json.dumps(tools, ensure_ascii=False) if tools else None
+    return {**example.model_dump(), **row, "tools": tools_text}
 
 
 def _write_part(

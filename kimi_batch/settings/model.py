@@ -403,6 +403,17 @@ class Settings(QualitySettings, StateSettings):
             raise ValueError(f"{value!r} is not a 5-field cron expression (e.g. '0 2 * * *')")
         return value
 
+    @field_validator("night_ends")
+    @classmethod
+    def _local_night_end(cls, value: time | None) -> time | None:
+        # A time of day in KIMI_BATCH_TIMEZONE: an offset of its own would be silently replaced.
+        if value is not None and value.tzinfo is not None:
+            raise ValueError(
+                f"{value.isoformat()} carries a UTC offset: give the local time, e.g. "
+                "'07:00' (KIMI_BATCH_TIMEZONE says whose)"
+            )
+        return value
+
     @field_validator("alert_webhook")
     @classmethod
     def _valid_webhook(cls, value: str | None) -> str | None:

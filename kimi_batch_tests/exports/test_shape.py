@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kimi_batch.exports import (
+    ExportExample,
     Layout,
     ReasoningPlacement,
     SystemTurn,
@@ -18,6 +19,8 @@ from kimi_batch.exports import (
     system_side_file,
     trainer_row,
 )
+from kimi_batch.exports.conversation import ChatTurn
+from kimi_batch.exports.hf import _record as hf_record  # pyright: ignore[reportPrivateUsage]
 
 _CALLS = json.dumps(
     [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]
@@ -106,3 +109,32 @@ def test_every_shape_keeps_the_turns_and_the_reasoning_where_asked(
         assert "reasoning_content" not in answer
     assert ("system_sha256" in row) == (system == "once")
     assert json.loads(json.dumps(row)) == row
+
+
+def test_the_hf_tools_column_keeps_its_text_as_written() -> None:
+    """It was ASCII-escaped (`"m\\u00e9t\\u00e9o"`) where the chat export writes `météo`."""
+    tools = [{"type": "function", "function": {"name": "météo", "description": "天気"}}]
+    example = ExportExample(
+        messages=[ChatTurn(role="user", content="Quel temps ?")],
+        ds="2026-12-01",
+        source="demo",
+        request_id="r",
+        input_id="i",
+        seed_id="i",
+        origin="seed",
+        strategy=None,
+        model="m",
+        digest_sha256="0" * 64,
+        input_sha256="0" * 64,
+        prompt_tokens=1,
+        cached_tokens=0,
+        completion_tokens=1,
+        finish_reason="stop",
+        judge_score=None,
+        tools=json.dumps(tools, ensure_ascii=False),
+    )
+    row = hf_record(example, TrainingOptions())  # pyright: ignore[reportPrivateUsage]
+    assert isinstance(row["tools"], str)
+    assert "météo" in row["tools"]
+    assert "天気" in row["tools"]
+    assert json.loads(row["tools"]) == tools
