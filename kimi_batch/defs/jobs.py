@@ -36,6 +36,9 @@ LLAMA_TAG = "kimi_batch/uses_llama_server"
 # the assets send no new request. A run stopped there is tagged STOPPED_TAG=true.
 WINDOW_TAG = "kimi_batch/window_ends"
 STOPPED_TAG = "kimi_batch/stopped_at_window"
+# On a night stopped at the window: the partitions of its run that failed for a reason of their
+# own (a JSON list), so that only the others are said to resume next night.
+FAILED_PARTITIONS_TAG = "kimi_batch/failed_partitions"
 # Runs nobody watches (sensor, nightly schedule) are retried a bounded number of times (run_retries
 # in dagster.yaml), from the failed step: finished requests come from the ledger, so a retry
 # repeats no generation. A run stopped at the nightly window is not retried (nothing would be sent).

@@ -18,12 +18,14 @@ own per-partition check status, newest evaluation wins.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import dagster as dg
 
 from kimi_batch.defs.jobs import (
+    FAILED_PARTITIONS_TAG,
     NIGHTLY_JOB_NAME,
     NIGHTLY_OP_NAME,
     STOPPED_TAG,
@@ -65,10 +67,19 @@ ACTIVE_RUN_STATUSES = frozenset(
 _FAILED = frozenset({dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED})
 
 
-def _state_of(run: dg.DagsterRun) -> PartitionState | None:
+def _failed_in(run: dg.DagsterRun) -> frozenset[str]:
+    """The partitions a night stopped at the window names as failed for their own reasons."""
+    try:
+        found = json.loads(run.tags.get(FAILED_PARTITIONS_TAG, "[]"))
+    except ValueError:
+        return frozenset()
+    return frozenset(str(key) for key in found) if isinstance(found, list) else frozenset()
+
+
+def _state_of(run: dg.DagsterRun, key: str) -> PartitionState | None:
     if run.status in ACTIVE_RUN_STATUSES:
         return PartitionState.RUNNING
-    if run.tags.get(STOPPED_AT_WINDOW_TAG) == "true":
+    if run.tags.get(STOPPED_AT_WINDOW_TAG) == "true" and key not in _failed_in(run):
         return PartitionState.STOPPED_AT_WINDOW
     if run.status in _FAILED:
         return PartitionState.FAILED
@@ -185,7 +196,7 @@ def distill_states(
             latest[key] = (run, began)
     records: dict[str, PartitionRecord] = {}
     for key, (run, _) in latest.items():
-        state = _state_of(run)
+        state = _state_of(run, key)
         if state is not None:
             records[key] = PartitionRecord(key=key, state=state, run_id=run.run_id)
     expected = set(known_keys) | done

@@ -18,7 +18,13 @@ import pytest
 
 from kimi_batch.definitions import build_definitions
 from kimi_batch.defs.assets import night as night_module
-from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME, STOPPED_TAG, WINDOW_TAG
+from kimi_batch.defs.jobs import (
+    FAILED_PARTITIONS_TAG,
+    NIGHTLY_JOB_NAME,
+    NIGHTLY_OP_NAME,
+    STOPPED_TAG,
+    WINDOW_TAG,
+)
 from kimi_batch.defs.partition_states import PartitionState, distill_states
 from kimi_batch.defs.schedules import PARTITIONS_TAG
 from kimi_batch.engine.ledger import Ledger
@@ -183,7 +189,7 @@ def test_one_run_writes_materializes_and_checks_every_partition(
 
 
 def test_past_the_window_the_finished_partitions_land_and_the_rest_resume(
-    llama_env: LlamaEnv, night: tuple[Settings, dg.Definitions]
+    llama_env: LlamaEnv, night: tuple[Settings, dg.Definitions], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings, defs = night
     # The first partition is small; the second far more than the window holds.
@@ -191,10 +197,17 @@ def test_past_the_window_the_finished_partitions_land_and_the_rest_resume(
     # 6 answers a slot of up to 64 tokens: ~40 s of generation on 2 cores against a 15 s window.
     prompts = [f"Write a short story about the number {i}." for i in range(6 * TEST_SLOTS)]
     _inbox(settings.paths.home, "b_large.jsonl", prompts)
+    # The third fails for a reason of its own (another run holds it): failed, not "resumes".
+    _inbox(settings.paths.home, "c_held.jsonl", ["What is a lease?"])
+    monkeypatch.setattr(driver, "LEASE_WAIT_S", 1.0)
     today = settings.today().isoformat()
     distill_only = {"skip_stages": [AMPLIFY.asset], "distillation": {"max_tokens": 64, "seed": 5}}
     with dg.instance_for_test() as instance:
-        stopped = _night_closing_in(15, instance, defs, settings, distill_only)
+        with (
+            Ledger(settings.paths.ledger_path) as ledger,
+            ledger.lease(f"{today}|c_held", "another-run"),
+        ):
+            stopped = _night_closing_in(15, instance, defs, settings, distill_only)
         run = instance.get_run_by_id(stopped.run_id)
         states = distill_states(instance)
         next_night = _tick(instance, defs, settings)
@@ -212,12 +225,15 @@ def test_past_the_window_the_finished_partitions_land_and_the_rest_resume(
     assert states[f"{today}|a_small"].state == PartitionState.DONE
     assert states[f"{today}|b_large"].state == PartitionState.STOPPED_AT_WINDOW
     assert states[f"{today}|b_large"].run_id == stopped.run_id
+    assert states[f"{today}|c_held"].state == PartitionState.FAILED
+    assert json.loads(run.tags[FAILED_PARTITIONS_TAG]) == [f"{today}|c_held"]
     config = next_night.run_config["ops"][NIGHTLY_OP_NAME]["config"]
-    assert config["partitions"] == [f"{today}|b_large"]
+    assert config["partitions"] == [f"{today}|b_large", f"{today}|c_held"]
     assert resumed.success
     assert {key: r.state for key, r in after.items()} == {
         f"{today}|a_small": PartitionState.DONE,
         f"{today}|b_large": PartitionState.DONE,
+        f"{today}|c_held": PartitionState.DONE,
     }
     warehouse = Warehouse(settings.paths.warehouse_dir)
     rows = warehouse.read_partition("distilled", today, "b_large")

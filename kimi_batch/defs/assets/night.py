@@ -7,6 +7,7 @@ after every finished partition is written.
 
 # No `from __future__ import annotations`: Dagster reads the op function's annotations.
 
+import json
 from contextlib import ExitStack
 from functools import partial
 from typing import Any
@@ -32,6 +33,7 @@ from kimi_batch.defs.assets.landing import record
 from kimi_batch.defs.assets.night_tag import tag_the_night
 from kimi_batch.defs.assets.stage_asset import dagster_config
 from kimi_batch.defs.jobs import (
+    FAILED_PARTITIONS_TAG,
     JOB_TAG,
     LLAMA_TAG,
     NIGHTLY_JOB_NAME,
@@ -170,6 +172,9 @@ def night_batch(
     tag_the_night(context, warehouse.warehouse(), config.partitions)
     if night.stopped:
         mark_stopped_at_window(context)
+        if night.failed:
+            failed = json.dumps(sorted(night.failed))
+            context.instance.add_run_tags(context.run.run_id, {FAILED_PARTITIONS_TAG: failed})
     if night.failed or night.stopped:
         raise dg.Failure(
             night.summary(len(config.partitions)),
