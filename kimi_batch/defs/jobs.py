@@ -39,6 +39,8 @@ STOPPED_TAG = "kimi_batch/stopped_at_window"
 # On a night stopped at the window: the partitions of its run that failed for a reason of their
 # own (a JSON list), so that only the others are said to resume next night.
 FAILED_PARTITIONS_TAG = "kimi_batch/failed_partitions"
+# On a partition's version run: the night run whose partition it versions (the UI shows it).
+NIGHT_RUN_TAG = "kimi_batch/night_run"
 # Runs nobody watches (sensor, nightly schedule) are retried a bounded number of times (run_retries
 # in dagster.yaml), from the failed step: finished requests come from the ledger, so a retry
 # repeats no generation. A run stopped at the nightly window is not retried (nothing would be sent).

@@ -16,13 +16,18 @@ import dagster as dg
 
 from kimi_batch.defs.assets.night import nightly_job
 from kimi_batch.defs.deployment import deployment_settings
-from kimi_batch.defs.jobs import BATCH_GROUP, JOB_TAG, LLAMA_TAG, NIGHTLY_OP_NAME, WINDOW_TAG
+from kimi_batch.defs.jobs import (
+    BATCH_GROUP,
+    JOB_TAG,
+    LLAMA_TAG,
+    NIGHT_RUN_TAG,
+    NIGHTLY_OP_NAME,
+    WINDOW_TAG,
+)
 from kimi_batch.pipeline import SEED_ASSET, STAGE_DECLARATIONS
 from kimi_batch.settings import Settings
 
 PARTITION_VERSIONS_JOB = "partition_versions_job"
-# On a partition's version run: the night run whose partition it versions (the UI shows it).
-NIGHT_RUN_TAG = "kimi_batch/night_run"
 _PAGE = 1000
 # How a night ends with partitions it materialized: done, failed naming some, or terminated.
 _NIGHT_ENDS = (
@@ -76,7 +81,7 @@ def version_requests(instance: dg.DagsterInstance, run: dg.DagsterRun) -> list[d
     ops: Any = (run.run_config or {}).get("ops", {})
     night: Mapping[str, Any] = ops.get(NIGHTLY_OP_NAME, {}).get("config", {})
     tags = {NIGHT_RUN_TAG: run.run_id}
-    if WINDOW_TAG in run.tags:  # past the night's window, no request is sent (failed ones wait)
+    if WINDOW_TAG in run.tags:  # past the night's window, no request is sent (failed ones stay)
         tags[WINDOW_TAG] = run.tags[WINDOW_TAG]
     return [
         dg.RunRequest(

@@ -143,6 +143,9 @@ class BatchOutcome(BaseModel):
     stopped_at_window: bool = Field(
         default=False, description="The stop time passed: `stats.not_started` rows wait."
     )
+    not_sent: list[FailedRequest] = Field(
+        default_factory=list, description="The rows the stop time left unsent (0 attempts)."
+    )
 
     def iter_results(self, ledger: Ledger, *, chunk_size: int = 256) -> Iterator[GenerationResult]:
         """Finished rows in request order (ledger hits included), `chunk_size` at a time.

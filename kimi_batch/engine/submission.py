@@ -165,6 +165,17 @@ class Submission:
             stats=stats,
             warmups=figures.warmups,
             stopped_at_window=bool(self.not_started),
+            not_sent=[
+                FailedRequest(
+                    request_id=p.request_id,
+                    input_id=p.request.input_id,
+                    tag=p.request.tag,
+                    reason="not sent: the nightly window ended before it",
+                    attempts=0,
+                )
+                for p in planned
+                if p.content_key in self.not_started
+            ],
         )
 
 

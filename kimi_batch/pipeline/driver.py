@@ -68,12 +68,15 @@ class BatchControls:
     is never resumed, unlike a night's partition). `cancelled`: polled while the batch runs;
     True cancels the requests in flight (their connections close, so llama-server stops those
     slots) and raises `BatchCancelledError`. `on_planned`: each request's keys, heard before
-    the first is sent.
+    the first is sent. `land_at_window`: a run that records what a night landed (a partition's
+    version run): past the window its unsent requests land as failed ("not sent"), as the
+    night's failed ones did, instead of the partition waiting for the next night.
     """
 
     expires_at: datetime | None = None
     cancelled: Callable[[], bool] | None = None
     on_planned: Callable[[Sequence[PlannedRow]], None] | None = None
+    land_at_window: bool = False
 
     def expired(self) -> bool:
         return self.expires_at is not None and datetime.now(UTC) >= self.expires_at
@@ -412,6 +415,8 @@ class _Driver(Generic[LandedT]):
     def _stopped(self, outcome: BatchOutcome) -> bool:
         """Cut short by the nightly window (left for the next night); one the work's own end
         cut short lands what it has (it is never resumed)."""
+        if self.controls.land_at_window:
+            return False
         return outcome.stopped_at_window and not self.controls.expired()
 
     def _log(self, asset: str, key: str, outcome: BatchOutcome) -> None:
@@ -434,6 +439,10 @@ class _Driver(Generic[LandedT]):
         """The partition's rows of the stage landed (on the landing thread: it reads the
         results through the partition's own ledger)."""
         rows = results if results is not None else outcome.iter_results(held.ledger)
+        if outcome.stopped_at_window and self.controls.land_at_window:
+            outcome = outcome.model_copy(
+                update={"failures": [*outcome.failures, *outcome.not_sent]}
+            )
         try:
             landed = self.hooks.land(asset, key, plan, held, outcome, rows)
         except SKIPPED as error:

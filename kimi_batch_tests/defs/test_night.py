@@ -6,7 +6,9 @@ night that dies after landing."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import uuid
+from contextlib import closing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -20,15 +22,17 @@ from kimi_batch.definitions import build_definitions
 from kimi_batch.defs.assets import night as night_module
 from kimi_batch.defs.jobs import (
     FAILED_PARTITIONS_TAG,
+    NIGHT_RUN_TAG,
     NIGHTLY_JOB_NAME,
     NIGHTLY_OP_NAME,
     STOPPED_TAG,
     WINDOW_TAG,
 )
+from kimi_batch.defs.night_versions import PARTITION_VERSIONS_JOB
 from kimi_batch.defs.partition_states import PartitionState, distill_states
 from kimi_batch.defs.schedules import PARTITIONS_TAG
 from kimi_batch.engine.ledger import Ledger
-from kimi_batch.pipeline import AMPLIFY, driver
+from kimi_batch.pipeline import AMPLIFY, DISTILL, driver
 from kimi_batch.settings import Settings
 from kimi_batch.warehouse import (
     TrinoConfig,
@@ -464,3 +468,50 @@ def test_a_night_on_postgresql_and_an_object_store_lands_tables_trino_and_polars
     assert in_trino["seeds"] == 3
     assert in_trino["quarantine"] >= 1  # the blank prompt, set aside with its reason
     assert all(count > 0 for count in in_trino.values()), in_trino
+
+
+def test_a_version_run_past_the_window_lands_what_the_night_landed_and_the_partition_stays_done(
+    llama_env: LlamaEnv, night: tuple[Settings, dg.Definitions]
+) -> None:
+    """The night's version runs start after it ends, past its window when it was stopped there.
+    A request the night failed (so not in the ledger) could not be sent again: the version run
+    failed stopped-at-window, and status named the landed partition stopped for good (the
+    schedule, seeing it materialized, never asked for it again). It lands as failed now."""
+    settings, defs = night
+    _inbox(settings.paths.home, "versioned.jsonl", ["What is 2+2?", "What is 3+3?"])
+    distill_only = {"skip_stages": [AMPLIFY.asset], "distillation": {"max_tokens": 8, "seed": 5}}
+    today = settings.today().isoformat()
+    key = f"{today}|versioned"
+    with dg.instance_for_test() as instance:
+        request = _tick(instance, defs, settings)
+        assert request is not None
+        landed = _execute(instance, defs, request, stages=distill_only)
+        assert landed.success
+        # One answer leaves the ledger, as a request the night failed never entered it.
+        with closing(sqlite3.connect(settings.paths.ledger_path)) as ledger, ledger:
+            (gone,) = ledger.execute("SELECT request_id FROM results LIMIT 1").fetchone()
+            ledger.execute("DELETE FROM results WHERE request_id = ?", (gone,))
+        past = (datetime.now(UTC) - timedelta(minutes=5)).isoformat()
+        versions = defs.resolve_job_def(PARTITION_VERSIONS_JOB).execute_in_process(
+            instance=instance,
+            partition_key=key,
+            asset_selection=[dg.AssetKey(DISTILL.asset)],
+            run_config={"ops": {DISTILL.asset: {"config": distill_only["distillation"]}}},
+            tags={NIGHT_RUN_TAG: landed.run_id, WINDOW_TAG: past},
+            raise_on_error=False,
+        )
+        states = distill_states(instance)
+        run = instance.get_run_by_id(versions.run_id)
+
+    assert versions.success, [e.message for e in versions.all_events if e.is_failure]
+    assert run is not None
+    assert STOPPED_TAG not in run.tags
+    assert states[key].state == PartitionState.DONE
+    warehouse = Warehouse(settings.paths.warehouse_dir)
+    answered = warehouse.read_partition("distilled", today, "versioned").height
+    set_aside = warehouse.read_partition("quarantine", today, "versioned").filter(
+        pl.col("stage") == "distill"
+    )
+    assert answered + set_aside.height == 2  # every request landed, the unsent one as failed
+    reasons = set_aside["reason"].to_list()
+    assert sum(r.startswith("not sent: the nightly window ended before it") for r in reasons) == 1

@@ -16,8 +16,14 @@ import dagster as dg
 import pytest
 
 from kimi_batch.definitions import build_definitions
-from kimi_batch.defs.jobs import NIGHTLY_JOB_NAME, NIGHTLY_OP_NAME, WINDOW_TAG, nightly_run_config
-from kimi_batch.defs.night_versions import NIGHT_RUN_TAG, PARTITION_VERSIONS_JOB
+from kimi_batch.defs.jobs import (
+    NIGHT_RUN_TAG,
+    NIGHTLY_JOB_NAME,
+    NIGHTLY_OP_NAME,
+    WINDOW_TAG,
+    nightly_run_config,
+)
+from kimi_batch.defs.night_versions import PARTITION_VERSIONS_JOB
 from kimi_batch.settings import Settings
 
 DAY = "2026-03-02"

@@ -25,7 +25,7 @@ from kimi_batch.defs.assets.driver import (
     stopped_at_window,
 )
 from kimi_batch.defs.assets.landing import ASSET_OWNERS, CHECK_NAMES, check_specs
-from kimi_batch.defs.jobs import BATCH_GROUP
+from kimi_batch.defs.jobs import BATCH_GROUP, NIGHT_RUN_TAG
 from kimi_batch.defs.partitions import partition_parts
 from kimi_batch.defs.resources import (
     DigestResource,
@@ -33,7 +33,7 @@ from kimi_batch.defs.resources import (
     TrinoResource,
     WarehouseResource,
 )
-from kimi_batch.pipeline import GenerationTask, PipelineStage, StageDeclaration
+from kimi_batch.pipeline import BatchControls, GenerationTask, PipelineStage, StageDeclaration
 
 Task = GenerationTask[Any, Any]
 
@@ -125,6 +125,8 @@ def run_stage(
             {f"{ds}|{source}": held},
             ledger=held.ledger,
             resources=resources,
+            # A version run records what the night landed: never "stopped at the window".
+            controls=BatchControls(land_at_window=NIGHT_RUN_TAG in context.run.tags),
         ).values()
         if result.failed is not None:
             with failing_step():
