@@ -114,7 +114,7 @@ def test_new_variables_and_their_errors(clean_env: pytest.MonkeyPatch) -> None:
     # An offset was taken and then replaced by KIMI_BATCH_TIMEZONE's, silently.
     for with_offset in ("07:00+05:00", "07:00Z"):
         clean_env.setenv("KIMI_BATCH_NIGHT_ENDS", with_offset)
-        with pytest.raises(ConfigError, match="KIMI_BATCH_NIGHT_ENDS .*carries a UTC offset"):
+        with pytest.raises(ConfigError, match=r"KIMI_BATCH_NIGHT_ENDS .*carries a UTC offset"):
             Settings.from_env()
     clean_env.delenv("KIMI_BATCH_NIGHT_ENDS")
     clean_env.setenv("KIMI_BATCH_TIMEZONE", "Mars/Olympus")
