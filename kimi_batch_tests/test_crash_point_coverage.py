@@ -32,6 +32,10 @@ NOT_STATE = {
     ("state/postgres.py", "transaction"): "the transaction primitive itself",
     ("state/postgres.py", "create"): "a store's schema (CREATE ... IF NOT EXISTS): idempotent",
     ("batch_api/store.py", "_write_lock"): "the write-lock primitive of its callers",
+    ("batch_api/store.py", "_remove_if_unnamed"): "unlinks bytes no id names any more; its "
+    "callers' crash points follow it (api.file_deleted, api.file_kept)",
+    ("batch_api/store.py", "remove_unnamed_blobs"): "the API start's sweep of bytes no id "
+    "names: done again by the next start",
     ("engine/ledger.py", "_confirmed"): "a lease's fence: the transaction its caller writes in "
     "(the caller's commit has the crash point: warehouse.partition_committed)",
     ("engine/ledger.py", "_try_lease"): "a lease: coordination that expires, not data",

@@ -12,6 +12,7 @@ import csv
 import io
 import json
 import tempfile
+import unicodedata
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -85,6 +86,11 @@ def _fits(value: Any) -> bool:
     return not isinstance(value, int) or INT64_MIN <= value <= INT64_MAX
 
 
+def _shows_something(text: str) -> bool:
+    """Not blank: a character that is neither whitespace nor an invisible format one (Cf)."""
+    return any(not ch.isspace() and unicodedata.category(ch) != "Cf" for ch in text)
+
+
 def _plainly_valid(row: dict[str, Any]) -> bool:
     """Whether a row must be kept, ids apart (a repeated id is set aside)."""
     fields = row.get("body", row)
@@ -92,7 +98,7 @@ def _plainly_valid(row: dict[str, Any]) -> bool:
     tokens = fields.get("max_tokens")
     return (
         isinstance(prompt, str)
-        and bool(prompt.strip())
+        and _shows_something(prompt)
         and "\udc80" not in prompt
         and all(_fits(fields.get(name)) for name in ("seed", "max_tokens"))
         and (tokens is None or tokens > 0)
@@ -129,7 +135,7 @@ def _check_kept(batch: InputBatch, written: dict[int, dict[str, Any]]) -> None:
             raw = str(raw)
         own_id = raw is None or (
             isinstance(raw, str)
-            and bool(raw.strip())
+            and _shows_something(raw)
             and "\x00" not in raw
             and ids[raw.strip()] == 1
             and (raw == raw.strip() or "custom_id" not in row)
@@ -247,7 +253,10 @@ def _kept_flags(rows: Sequence[tuple[str, str]]) -> list[bool]:
     """Which rows must be kept: a prompt that is not blank and an id that is its own."""
     ids = [row_id.strip() for row_id, _ in rows]
     return [
-        bool(prompt.strip()) and bool(row_id) and "\x00" not in row_id and ids.count(row_id) == 1
+        _shows_something(prompt)
+        and _shows_something(row_id)
+        and "\x00" not in row_id
+        and ids.count(row_id) == 1
         for row_id, (_, prompt) in zip(ids, rows, strict=True)
     ]
 
