@@ -26,7 +26,7 @@ from kimi_batch.quality.dedup_index import (
     shingles,
 )
 from kimi_batch.quality.text_keys import normalize_text
-from kimi_batch.state import StateBusyError
+from kimi_batch.state import StateBusyError, connect_state
 from kimi_batch_tests.support.postgres import PostgresServer, StateBackend
 
 BASE = (
@@ -159,6 +159,40 @@ def test_another_setting_rebuilds_the_index_from_what_is_kept(state_backend: Sta
         assert later.check(_text("d", "what this partition held before")) is None
     assert calls == ["rebuild"]
     assert index_entries(location) == 3
+
+
+def test_an_index_made_before_contexts_gains_them_and_is_rebuilt(
+    state_backend: StateBackend,
+) -> None:
+    """An index of the version before rows were judged under their context: its kept table has
+    no `context` column and its stamp another text version. It opens, is rebuilt from what is
+    landed, and a row repeats a kept one only under the same context."""
+    location = state_backend.paths.dedup_state
+    with connect_state(location) as db:
+        db.create(
+            [
+                """CREATE TABLE kept (id {serial}, ds TEXT NOT NULL, source TEXT NOT NULL,
+                request_id TEXT NOT NULL, input_id TEXT NOT NULL, exact {blob} NOT NULL,
+                signature {blob} NOT NULL)""",
+                "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+            ]
+        )
+        with db.transaction():
+            db.execute("INSERT INTO meta (key, value) VALUES ('setting', 'an older stamp')")
+
+    def landed() -> list[tuple[str, str, list[IndexedText]]]:
+        kept = IndexedText(request_id="old", input_id="in-old", text=BASE, context="passage a")
+        return [("2026-11-30", "night", [kept])]
+
+    with _index(location).partition("2026-12-01", "night", rebuild=landed) as screen:
+        other = IndexedText(request_id="b", input_id="in-b", text=BASE, context="passage b")
+        assert screen.check(other) is None  # the same question under another context
+        same = IndexedText(request_id="c", input_id="in-c", text=BASE, context="passage a")
+        match = screen.check(same)
+        assert match is not None
+        assert match.kept.request_id == "old"
+        assert screen.rebuilt == 1
+    assert index_entries(location) == 2
 
 
 def test_status_reads_no_index_as_none_and_creates_nothing(state_backend: StateBackend) -> None:
