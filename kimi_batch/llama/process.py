@@ -5,6 +5,8 @@ tells a process from a later one given its pid (the pid record, lease holders, c
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +62,37 @@ def process_start_ticks(pid: int) -> int | None:
     """Start time of a live, non-zombie process in clock ticks; None when it is gone."""
     stat = process_stat(pid)
     return None if stat is None or stat.exited else stat.start_ticks
+
+
+def running(record: PidRecord) -> bool:
+    """Whether the process `record` names still runs: its pid, with its start time (a pid the
+    kernel has given a later process is not ours)."""
+    return process_start_ticks(record.pid) == record.start_ticks
+
+
+def signal_process(record: PidRecord, sig: int) -> bool:
+    """Send `sig` to the process `record` names, never to a later process given its pid; False
+    when it is gone. Through a pidfd: opened first, then the start time checked, so the signal
+    reaches the process that was checked (where pidfds are missing, checked just before)."""
+    try:
+        handle: int | None = os.pidfd_open(record.pid)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        handle = None
+    try:
+        if not running(record):
+            return False
+        if handle is None:
+            os.kill(record.pid, sig)
+        else:
+            signal.pidfd_send_signal(handle, sig)
+        return True
+    except ProcessLookupError:
+        return False  # it ended between the check and the signal
+    finally:
+        if handle is not None:
+            os.close(handle)
 
 
 def spawn_detached(

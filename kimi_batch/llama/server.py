@@ -29,7 +29,14 @@ from kimi_batch.llama.exits import (
     wait_for_exit_record,
 )
 from kimi_batch.llama.memory import check_memory
-from kimi_batch.llama.process import PidRecord, probe, process_start_ticks, spawn_detached
+from kimi_batch.llama.process import (
+    PidRecord,
+    probe,
+    process_start_ticks,
+    running,
+    signal_process,
+    spawn_detached,
+)
 from kimi_batch.llama.server_state import ServerProps
 from kimi_batch.llama.spec import ServerHandle, ServerSpec, ServerStatus
 from kimi_batch.llama.urls import redact_url
@@ -245,11 +252,11 @@ class ResidentServer:
         # before and now answers nothing for `frozen_after_s` is frozen (SIGSTOP, wedged):
         # replace it.
         record, answered = self._read_pid(), time.monotonic()
-        frozen_check = not spawned and record is not None and record.healthy_at is not None
+        served = record if not spawned and record is not None and record.healthy_at else None
         while time.monotonic() < deadline:
-            if frozen_check and time.monotonic() - answered > self.frozen_after_s:
+            if served is not None and time.monotonic() - answered > self.frozen_after_s:
                 logger.warning("llama-server pid %d answers nothing: frozen, replacing it", pid)
-                self._kill_and_clear(pid)
+                self._kill_and_clear(served)
                 return self._spawn()
             if process_start_ticks(pid) is None:
                 record = self._read_pid()
@@ -296,13 +303,13 @@ class ResidentServer:
                 return self._wait_healthy(pid, spawned=False)
             else:
                 logger.warning("killing llama-server pid %d (hung) to restart it", pid)
-                self._kill_and_clear(pid)
+                self._kill_and_clear(record)
         return self.ensure_running()
 
-    def _kill_and_clear(self, pid: int) -> None:
-        os.kill(pid, signal.SIGKILL)
+    def _kill_and_clear(self, record: PidRecord) -> None:
+        signal_process(record, signal.SIGKILL)
         deadline = time.monotonic() + STOP_GRACE_S
-        while time.monotonic() < deadline and process_start_ticks(pid) is not None:
+        while time.monotonic() < deadline and running(record):
             time.sleep(0.05)
         self._clear_state()
 
@@ -327,16 +334,17 @@ class ResidentServer:
     def stop(self) -> bool:
         """Stop the server this state dir started; False when none runs."""
         with self._lock.acquire(timeout=60):
-            pid = self._live_pid()
-            if pid is None:
+            record = self._read_pid()
+            if record is None or not running(record):
                 self._clear_state()
                 return False
-            os.kill(pid, signal.SIGTERM)
+            # By pid and start time: the waiter reaps the server at once, so its pid may
+            # already be another process's (never signalled).
+            signal_process(record, signal.SIGTERM)
             deadline = time.monotonic() + STOP_GRACE_S
-            while time.monotonic() < deadline and process_start_ticks(pid) is not None:
+            while time.monotonic() < deadline and running(record):
                 time.sleep(0.1)
-            if process_start_ticks(pid) is not None:
-                os.kill(pid, signal.SIGKILL)
+            signal_process(record, signal.SIGKILL)
             self._clear_state()
             return True
 
