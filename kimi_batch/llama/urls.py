@@ -8,6 +8,10 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 def redact_url(url: str) -> str:
     """`url` without its user info; what logs, errors and the `endpoint` column carry."""
     parts = urlsplit(url)
+    if "@" not in parts.netloc and "@" in url.partition("://")[2]:
+        # User info the parser cannot find (a '/', '?' or '#' in the password, unescaped):
+        # everything up to the last '@' may be a secret.
+        return f"{parts.scheme}://(credentials)@{url.rpartition('@')[2]}".rstrip("/")
     if parts.username is None and parts.password is None:
         return url.rstrip("/")
     host = parts.hostname or ""

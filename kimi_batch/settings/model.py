@@ -148,6 +148,20 @@ def _shown(text: str) -> JsonDict:
     return {"shown_default": text}
 
 
+def _check_server_url(url: str) -> None:
+    """An http(s) URL whose user info, if any, the URL parser can find. The message never
+    repeats the URL: it may hold a password."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError("must be an http:// or https:// URL")
+    if "@" not in parts.netloc and "@" in url.partition("://")[2]:
+        # `http://user:pa/ss@host`: the parser ends the host at the "/", so the password
+        # would be taken for the host and shown in logs.
+        raise ValueError(
+            "its user info holds a '/', '?' or '#': percent-encode it (e.g. %2F for '/')"
+        )
+
+
 class Settings(QualitySettings, StateSettings):
     """Resolved configuration from `KIMI_BATCH_*` variables: every variable and default, once."""
 
@@ -177,6 +191,7 @@ class Settings(QualitySettings, StateSettings):
     )
     llama_extra_urls: Annotated[tuple[str, ...], WORDS] = Field(
         default=(),
+        repr=False,
         description="More servers with the same model (scale-out), space or comma separated.",
     )
     llama_port: int = Field(
@@ -401,6 +416,13 @@ class Settings(QualitySettings, StateSettings):
     def _valid_cron(cls, value: str) -> str:
         if not is_cron(value):
             raise ValueError(f"{value!r} is not a 5-field cron expression (e.g. '0 2 * * *')")
+        return value
+
+    @field_validator("llama_url", "llama_extra_urls")
+    @classmethod
+    def _server_urls(cls, value: str | tuple[str, ...] | None) -> str | tuple[str, ...] | None:
+        for url in (value,) if isinstance(value, str) else value or ():
+            _check_server_url(url)
         return value
 
     @field_validator("night_ends")
