@@ -273,7 +273,11 @@ class LlamaClient:
         if not isinstance(tokens, list):
             raise LlamaResponseError("/tokenize returned no token list")
         # with_pieces=false gives ints; a build that returns pieces gives objects with an id.
-        return [int(t["id"]) if isinstance(t, dict) else int(t) for t in tokens]
+        try:
+            return [_token_id(t["id"] if isinstance(t, dict) else t) for t in tokens]
+        except (KeyError, TypeError, ValueError) as error:
+            message = f"/tokenize returned a malformed token list: {error!r}"
+            raise LlamaResponseError(message) from error
 
     async def apply_template(self, messages: Sequence[ChatMessage]) -> str:
         """The prompt text the server's chat template renders for `messages`."""
@@ -445,8 +449,16 @@ async def _bounded(method: str, url: str, timeout: httpx.Timeout | None) -> Asyn
             yield
     except (httpx.TimeoutException, TimeoutError) as error:
         raise LlamaTimeoutError(f"{method} {url} timed out: {error!r}") from error
-    except httpx.TransportError as error:
+    except httpx.DecodingError as error:  # a body its content-encoding does not decode
+        raise LlamaResponseError(f"{method} {url}: undecodable body: {error!r}") from error
+    except httpx.RequestError as error:  # the transport's, and any other of the request
         raise LlamaConnectionError(f"{method} {url}: {error!r}") from error
+
+
+def _token_id(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"a token id is an integer, not {value!r}"[:200])
+    return value
 
 
 def _http_error(response: httpx.Response, url: str) -> LlamaError:

@@ -225,6 +225,37 @@ async def test_malformed_body_is_a_response_error_not_a_crash() -> None:
             await client.chat(HELLO, max_tokens=2)
 
 
+async def test_an_undecodable_body_is_a_response_error_for_every_call() -> None:
+    """Found by review: a body its content-encoding does not decode raised httpx.DecodingError,
+    which is no TransportError, past the engine's per-request handling."""
+
+    def bad_gzip(request: httpx.Request) -> httpx.Response:
+        headers = {"content-encoding": "gzip"}
+        return httpx.Response(200, headers=headers, stream=httpx.ByteStream(b"not gzip"))
+
+    transport = httpx.MockTransport(bad_gzip)
+    async with LlamaClient("http://llama", retry=FAST_RETRY, transport=transport) as client:
+        with pytest.raises(LlamaResponseError, match="undecodable body"):
+            await client.props()
+        with pytest.raises(LlamaResponseError, match="undecodable body"):
+            await client.chat(HELLO, max_tokens=2)
+
+
+@pytest.mark.parametrize(
+    "tokens",
+    [[{"piece": "a"}], ["x"], [None], [1.5], [True]],
+    ids=["no-id", "str", "null", "float", "bool"],
+)
+async def test_a_malformed_token_list_is_a_response_error(tokens: list[object]) -> None:
+    transport, _ = _transport([httpx.Response(200, json={"tokens": tokens})])
+    async with LlamaClient("http://llama", retry=FAST_RETRY, transport=transport) as client:
+        with pytest.raises(LlamaResponseError, match="malformed token list"):
+            await client.tokenize("hi")
+    good, _ = _transport([httpx.Response(200, json={"tokens": [1, {"id": 2, "piece": "b"}]})])
+    async with LlamaClient("http://llama", retry=FAST_RETRY, transport=good) as client:
+        assert await client.tokenize("hi") == [1, 2]
+
+
 async def test_unknown_health_status_is_refused() -> None:
     transport, _ = _transport([httpx.Response(200, json={"status": "degraded"})])
     async with LlamaClient("http://llama", transport=transport) as client:
