@@ -32,8 +32,10 @@ from pydantic import BaseModel, ConfigDict
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
+from sqlalchemy.exc import SQLAlchemyError
 
 from kimi_batch.crash_points import crash_point
+from kimi_batch.storage import StorageError
 from kimi_batch.warehouse.schema import TABLES
 from kimi_batch.warehouse.tables import Warehouse
 
@@ -145,9 +147,13 @@ def maintain_table(
     iceberg: Table, name: str, *, expire_before: datetime, orphans_before: datetime
 ) -> TableMaintenance:
     """Expire `iceberg`'s snapshots older than `expire_before`, then remove its orphan files
-    older than `orphans_before`."""
-    iceberg, expired = _expire(iceberg, expire_before)
-    files, freed = _remove_orphans(iceberg, orphans_before)
+    older than `orphans_before`. The catalog busy past its timeout ("database is locked": a
+    night's commits), or a file system error, is a `StorageError` naming the table."""
+    try:
+        iceberg, expired = _expire(iceberg, expire_before)
+        files, freed = _remove_orphans(iceberg, orphans_before)
+    except (SQLAlchemyError, OSError) as error:
+        raise StorageError(f"could not maintain table {name}: {error}") from error
     snapshot = iceberg.current_snapshot()
     return TableMaintenance(
         table=name,

@@ -4,14 +4,18 @@ stays bounded."""
 from __future__ import annotations
 
 import os
+import sqlite3
 import time
+from contextlib import closing
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from pyarrow.fs import FileSelector, FileType
+from pydantic import SecretStr
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
+from kimi_batch.storage import StorageError
 from kimi_batch.warehouse import Warehouse
 from kimi_batch.warehouse.maintenance import maintain, referenced_files
 from kimi_batch_tests.support.rows import amplified
@@ -122,3 +126,25 @@ def test_maintenance_on_either_warehouse_kind_removes_what_nothing_names(
     left = {info.path for info in listing if info.type == FileType.File}
     assert left <= referenced_files(after)
     assert warehouse.read_partition("amplified", "2024-05-01", "demo").height == 4
+
+
+def test_a_catalog_busy_past_its_timeout_is_one_storage_error(tmp_path: Path) -> None:
+    """Found by review: "database is locked" (a night's commits holding the ledger past the
+    busy timeout) came out of `warehouse maintain` as a raw SQLAlchemy traceback."""
+    written = Warehouse(tmp_path / "warehouse")
+    for night in range(3):
+        written.write_partition("amplified", "2024-05-01", "demo", amplified(night + 1))
+    spec = written.spec
+    quick = spec.database.get_secret_value().replace("timeout=60", "timeout=1")
+    assert quick != spec.database.get_secret_value()
+    warehouse = Warehouse(spec.model_copy(update={"database": SecretStr(quick)}))
+    assert spec.sqlite_path is not None
+    with closing(sqlite3.connect(spec.sqlite_path, isolation_level=None)) as holder:
+        holder.execute("BEGIN IMMEDIATE")  # the write lock, as a night's commit holds it
+        with pytest.raises(StorageError, match="could not maintain table amplified"):
+            maintain(warehouse, retention=timedelta(0), now=datetime.now(UTC) + timedelta(days=1))
+        holder.execute("ROLLBACK")
+    (report,) = maintain(
+        warehouse, retention=timedelta(0), now=datetime.now(UTC) + timedelta(days=1)
+    )
+    assert report.snapshots_expired == 2  # once the lock is gone, the same call does the work
