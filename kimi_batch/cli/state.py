@@ -1,9 +1,11 @@
 """`kimi-batch state migrate`: a box's SQLite state copied into PostgreSQL.
 
-The ledger (finished requests, and the version pointers of an object-store warehouse, whose
-objects stay where they are), the landing manifest (every file's partition and its landed
-versions) and the Batch API store (files and batches) move as they are, so a team that outgrows
-one box keeps every row it generated: a rerun on PostgreSQL finds them all and sends nothing.
+The ledger (finished requests and the Iceberg catalog), the landing manifest (every file's
+partition and its landed versions) and the Batch API store (files and batches) move as they
+are, so a team that outgrows one box keeps every row it generated: a rerun on PostgreSQL finds
+them all and sends nothing. A table holding rows that the target has no place for (an older
+version's object-store version pointers: `kimi-batch warehouse migrate` first) is refused by
+name before anything is copied, never left behind.
 Partition leases are left behind (a lease is held by a running process; none runs across a
 move), and so is the duplicate index: the quality gate rebuilds it from the warehouse the first
 time it screens a partition on PostgreSQL. The landed snapshots and the Batch API's files go into

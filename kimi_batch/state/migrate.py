@@ -16,8 +16,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.crash_points import crash_point
-from kimi_batch.state.database import StateDatabase
-from kimi_batch.state.sqlite import read_sqlite
+from kimi_batch.state.database import StateDatabase, StateError
+from kimi_batch.state.sqlite import SqliteDatabase, read_sqlite
 
 _CHUNK = 1000
 
@@ -47,6 +47,7 @@ def copy_store(
     if db is None:
         return StoreCopy(store=store, skipped=f"no {source}: nothing to copy")
     with db:
+        _refuse_unplaced(store, db, target, leave_out)
         tables = [t for t in db.tables() if t not in leave_out and target.columns(t)]
         holding = [t for t in tables if target.execute(f"SELECT 1 FROM {t} LIMIT 1").fetchone()]
         if holding:
@@ -60,6 +61,30 @@ def copy_store(
                 target.reset_serials(table)
         crash_point("state.store_copied")
     return StoreCopy(store=store, rows=copied)
+
+
+# What a table of an older version holds, and what moves it instead of a copy.
+_MOVED_ELSEWHERE = {
+    "warehouse_partitions": "the version pointers of an object-store warehouse: run "
+    "`kimi-batch warehouse migrate` first, which makes them Iceberg tables",
+}
+
+
+def _refuse_unplaced(
+    store: str, source: SqliteDatabase, target: StateDatabase, leave_out: Collection[str]
+) -> None:
+    """A table holding rows that the target has no table for would be left behind, silently:
+    refused, naming it, before anything is copied."""
+    for table in source.tables():
+        if table in leave_out or target.columns(table):
+            continue
+        (rows,) = source.execute(f"SELECT count(*) FROM {table}").fetchone()
+        if rows:
+            why = _MOVED_ELSEWHERE.get(table, "a table this version does not have")
+            raise StateError(
+                f"{store}: table {table} ({rows} rows) has no place in the target, so its rows "
+                f"would be lost; it holds {why}"
+            )
 
 
 def _copy_table(source: StateDatabase, target: StateDatabase, table: str) -> int:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import sqlite3
+from contextlib import closing
 from datetime import date
 from pathlib import Path
 
@@ -321,3 +323,27 @@ def test_a_box_with_nul_in_its_rows_migrates_whole(
         found = ledger.get_many(["r-nul"])["r-nul"]
         assert (found.text, found.input_id) == ("an\x00swer", "in\x00put")
     assert Ledger.count_by_tag(moved.paths.ledger_state) == {"seed": 4}
+
+
+def test_a_table_the_target_has_no_place_for_is_refused_not_left_behind(
+    box: Settings, postgres_server: PostgresServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by review: a ledger still holding an object-store warehouse's version pointers
+    (`warehouse_partitions`, an older version's) migrated with them silently dropped (rc 0),
+    and `warehouse migrate` then found nothing to copy."""
+    with closing(sqlite3.connect(box.paths.ledger_path)) as ledger, ledger:
+        ledger.execute(
+            "CREATE TABLE warehouse_partitions (table_name TEXT, ds TEXT, source TEXT, "
+            "version TEXT, PRIMARY KEY (table_name, ds, source))"
+        )
+        ledger.execute(
+            "INSERT INTO warehouse_partitions VALUES ('seeds', '2024-05-01', 'demo', 'v7')"
+        )
+    url = postgres_server.new_database()
+    assert main(["state", "migrate", "--to", url]) == 2
+    error = capsys.readouterr().err
+    assert "table warehouse_partitions (1 rows) has no place in the target" in error
+    assert "kimi-batch warehouse migrate" in error
+    moved = box.model_copy(update={"database_url": url})
+    with Ledger(moved.paths.ledger_state) as ledger:
+        assert ledger.count() == 0  # refused before anything was copied
