@@ -15,7 +15,7 @@ from typing import NamedTuple
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kimi_batch.llama.exceptions import ServerSpawnError
+from kimi_batch.llama.exceptions import ServerSpawnError, http_error
 from kimi_batch.llama.exits import WAITER_SOURCE
 from kimi_batch.llama.server_state import ServerProps
 from kimi_batch.llama.urls import redact_url, url_credentials
@@ -148,6 +148,19 @@ def probe(base_url: str, api_key: str | None) -> tuple[str, ServerProps | None]:
             if health.status_code != 200:
                 return "down", None
             props = http.get("/props")
-            return "ok", ServerProps.model_validate_json(props.content)
-    except (httpx.HTTPError, ValidationError):
+    except httpx.HTTPError:
+        return "down", None
+    if props.status_code in (401, 403):
+        # /health is public, /props needs the key: a healthy server that refuses it is one
+        # whose key we lack, never a server with a default model and one slot.
+        raise http_error(
+            props.status_code,
+            "the server refuses its /props: check KIMI_BATCH_LLAMA_API_KEY",
+            url=redact_url(base_url),
+        )
+    if props.status_code != 200:
+        return "down", None  # answers /health but is no llama-server we can read
+    try:
+        return "ok", ServerProps.model_validate_json(props.content)
+    except ValidationError:
         return "down", None

@@ -1,20 +1,31 @@
 """The server's process by pid and start time: a signal never reaches a later process the kernel
-gave the server's pid (server-free: a stand-in process)."""
+gave the server's pid; its probe tells a refused key from a healthy server (server-free:
+stand-ins)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from kimi_batch.llama import process as process_module
 from kimi_batch.llama import server as server_module
-from kimi_batch.llama.process import PidRecord, process_start_ticks, running, signal_process
+from kimi_batch.llama.exceptions import LlamaRequestError
+from kimi_batch.llama.process import (
+    PidRecord,
+    probe,
+    process_start_ticks,
+    running,
+    signal_process,
+)
 from kimi_batch.llama.server import ResidentServer
 from kimi_batch.llama.spec import ServerSpec
 
@@ -97,3 +108,47 @@ def test_stop_never_signals_a_later_process_given_the_server_s_pid(
     assert sent == [signal.SIGTERM]  # and no SIGKILL for the pid's later process
     assert time.monotonic() - started < 10  # not the 20 s grace: it saw the server go
     assert not server.pid_path.exists()
+
+
+class _KeyedServer(BaseHTTPRequestHandler):
+    """llama-server's answers with an API key: /health public, /props for the key only."""
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            self._answer(200, {"status": "ok"})
+        elif self.headers.get("Authorization") == "Bearer right-key":
+            self._answer(200, {"model_path": "/m/other-model.gguf", "total_slots": 8})
+        else:
+            self._answer(401, {"error": {"code": 401, "message": "Invalid API Key"}})
+
+    def _answer(self, status: int, body: dict[str, object]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_a_server_that_refuses_our_key_is_an_error_not_a_healthy_one_slot_server() -> None:
+    """Found by review: probe read any /props answer as the server's props (every field has a
+    default), so a 401 made a healthy server of one slot and model ''."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _KeyedServer)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        state, props = probe(url, "right-key")
+        assert state == "ok"
+        assert props is not None
+        assert props.total_slots == 8
+        with pytest.raises(LlamaRequestError, match="KIMI_BATCH_LLAMA_API_KEY"):
+            probe(url, "wrong-key")
+        with pytest.raises(LlamaRequestError, match="KIMI_BATCH_LLAMA_API_KEY"):
+            probe(url, None)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
