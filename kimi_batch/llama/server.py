@@ -94,11 +94,7 @@ class ResidentServer:
 
     def _live_pid(self) -> int | None:
         record = self._read_pid()
-        if record is None:
-            return None
-        if process_start_ticks(record.pid) != record.start_ticks:
-            return None
-        return record.pid
+        return record.pid if record is not None and running(record) else None
 
     def _clear_state(self) -> None:
         self.pid_path.unlink(missing_ok=True)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from kimi_batch.settings import hidden_user_info
+
 
 def redact_url(url: str) -> str:
     """`url` without its user info; what logs, errors and the `endpoint` column carry."""
     parts = urlsplit(url)
-    if "@" not in parts.netloc and "@" in url.partition("://")[2]:
+    if hidden_user_info(url):
         # User info the parser cannot find (a '/', '?' or '#' in the password, unescaped):
         # everything up to the last '@' may be a secret.
         return f"{parts.scheme}://(credentials)@{url.rpartition('@')[2]}".rstrip("/")

@@ -28,7 +28,13 @@ from kimi_batch.settings.defaults import (
     default_model_path,
     samples_dir,
 )
-from kimi_batch.settings.model import FlashAttention, Settings, StateSettings, variable_of
+from kimi_batch.settings.model import (
+    FlashAttention,
+    Settings,
+    StateSettings,
+    hidden_user_info,
+    variable_of,
+)
 from kimi_batch.settings.quality import QualitySettings
 
 __all__ = [
@@ -50,6 +56,7 @@ __all__ = [
     "StateSettings",
     "default_digest_path",
     "default_model_path",
+    "hidden_user_info",
     "samples_dir",
     "variable_of",
 ]

@@ -148,13 +148,19 @@ def _shown(text: str) -> JsonDict:
     return {"shown_default": text}
 
 
+def hidden_user_info(url: str) -> bool:
+    """Whether `url` has user info the URL parser cannot find (`http://user:pa/ss@host`: an
+    unescaped '/', '?' or '#' ends the host early, so the password is taken for the host)."""
+    return "@" not in urlsplit(url).netloc and "@" in url.partition("://")[2]
+
+
 def _check_server_url(url: str) -> None:
     """An http(s) URL whose user info, if any, the URL parser can find. The message never
     repeats the URL: it may hold a password."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ValueError("must be an http:// or https:// URL")
-    if "@" not in parts.netloc and "@" in url.partition("://")[2]:
+    if hidden_user_info(url):
         # `http://user:pa/ss@host`: the parser ends the host at the "/", so the password
         # would be taken for the host and shown in logs.
         raise ValueError(
