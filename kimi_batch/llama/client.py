@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json as jsonlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -54,6 +54,10 @@ CONNECT_TIMEOUT_S = 5.0
 CONTROL_TIMEOUT_S = 30.0
 # A 1024-token answer at 2 tok/s after a long prefill takes well over ten minutes on the target.
 GENERATION_TIMEOUT_S = 3600.0
+# The largest response body read from a server, streamed or not, counted as it arrives: a
+# 32k-token answer with 20 logprobs a token is about 64 MiB of JSON, so a server sending without
+# end (or a huge body) is cut at this size, not when the process runs out of memory.
+MAX_BODY_BYTES = 256 * 1024 * 1024
 _CHAT_COMPLETIONS = "/v1/chat/completions"
 _TEXT_COMPLETIONS = "/v1/completions"
 
@@ -83,6 +87,7 @@ class LlamaClient:
         retry: RetryPolicy | None = None,
         generation_timeout_s: float = GENERATION_TIMEOUT_S,
         transport: httpx.AsyncBaseTransport | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
     ) -> None:
         # Credentials in the URL (a proxy's basic auth) travel as an auth header only: base_url is
         # what logs, errors and the `endpoint` column show.
@@ -102,6 +107,7 @@ class LlamaClient:
             timeout=httpx.Timeout(CONTROL_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
             transport=transport,
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
+            event_hooks={"response": [_capped_to(max_body_bytes)]},
         )
 
     async def __aenter__(self) -> Self:
@@ -453,6 +459,41 @@ async def _bounded(method: str, url: str, timeout: httpx.Timeout | None) -> Asyn
         raise LlamaResponseError(f"{method} {url}: undecodable body: {error!r}") from error
     except httpx.RequestError as error:  # the transport's, and any other of the request
         raise LlamaConnectionError(f"{method} {url}: {error!r}") from error
+
+
+class _CappedStream(httpx.AsyncByteStream):
+    """A response's bytes as they come off the wire, refused past `limit` in all: every reader
+    (`aread`, `aiter_lines`) pulls through it, so nothing is held beyond the cap first."""
+
+    def __init__(self, inner: httpx.AsyncByteStream, limit: int, url: str) -> None:
+        self._inner = inner
+        self._limit = limit
+        self._url = url
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        read = 0
+        async for chunk in self._inner:
+            read += len(chunk)
+            if read > self._limit:
+                raise LlamaResponseError(
+                    f"the response from {self._url} is over {self._limit} bytes: cut there"
+                )
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def _capped_to(limit: int) -> Callable[[httpx.Response], Awaitable[None]]:
+    """An httpx response hook: it runs before the body is read, for streamed calls too."""
+
+    async def cap(response: httpx.Response) -> None:
+        stream = response.stream
+        if isinstance(stream, httpx.AsyncByteStream):
+            url = redact_url(str(response.request.url))
+            response.stream = _CappedStream(stream, limit, url)
+
+    return cap
 
 
 def _token_id(value: object) -> int:

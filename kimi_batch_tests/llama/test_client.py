@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 import pytest
@@ -316,3 +317,65 @@ async def test_tools_go_out_only_to_a_server_whose_chat_template_renders_them() 
         for _ in range(2):
             await client.chat(HELLO, max_tokens=4, extras=tools)
     assert unknown == ["/props", sent, sent]
+
+
+class _Endless(httpx.AsyncByteStream):
+    """A body that never ends (no newline either): what a broken proxy or server could send."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while True:
+            self.sent += 4096
+            yield b"x" * 4096
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "text/event-stream"])
+async def test_a_body_without_end_is_cut_at_the_cap_for_every_call(content_type: str) -> None:
+    """Found by review: a body was read whole, so a server that never ended one grew the
+    process until memory ran out; the streamed answer's line reader held an endless line too."""
+    bodies: list[_Endless] = []
+
+    def endless(request: httpx.Request) -> httpx.Response:
+        bodies.append(_Endless())
+        return httpx.Response(200, headers={"content-type": content_type}, stream=bodies[-1])
+
+    transport = httpx.MockTransport(endless)
+    cap = 64 * 1024
+    async with LlamaClient(
+        "http://llama", retry=FAST_RETRY, transport=transport, max_body_bytes=cap
+    ) as client:
+        with pytest.raises(LlamaResponseError, match=f"over {cap} bytes"):
+            await client.chat(HELLO, max_tokens=2)
+        with pytest.raises(LlamaResponseError, match=f"over {cap} bytes"):
+            await client.props()
+    assert len(bodies) == 2
+    assert all(cap < body.sent <= cap + 4096 for body in bodies)
+
+
+async def test_a_body_at_the_cap_is_read() -> None:
+    body = json.dumps({"model_path": "/m/smollm2.gguf", "total_slots": 4}).encode()
+    transport, _ = _transport([httpx.Response(200, stream=httpx.ByteStream(body))])
+    async with LlamaClient("http://llama", transport=transport, max_body_bytes=len(body)) as client:
+        assert (await client.props()).total_slots == 4
+
+
+async def test_an_endless_event_stream_over_a_real_socket_is_cut_at_the_cap() -> None:
+    """The same cap through httpx's own transport: a server that opens an event stream and
+    sends one line without end."""
+
+    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\ndata: ")
+        with contextlib.suppress(ConnectionError):
+            while True:
+                writer.write(b"x" * 65536)
+                await writer.drain()
+
+    server = await asyncio.start_server(endless, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    cap = 1024 * 1024
+    async with server, LlamaClient(f"http://127.0.0.1:{port}", max_body_bytes=cap) as client:
+        with pytest.raises(LlamaResponseError, match=f"over {cap} bytes"):
+            await client.chat(HELLO, max_tokens=2)
