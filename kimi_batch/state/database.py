@@ -99,8 +99,9 @@ class StateDatabase(ABC):
                 self.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind.format(**self.types)}")
 
     @abstractmethod
-    def reset_serials(self, table: str) -> None:
-        """After rows were copied in with their ids: the next id follows the largest one."""
+    def reset_serials(self, table: str, *, given: int = 0) -> None:
+        """After rows were copied in with their ids: the next id follows the largest one, and
+        `given`, the largest the source ever gave (a deleted newest row's id is not reused)."""
 
     def __enter__(self) -> StateDatabase:
         return self

@@ -58,7 +58,7 @@ def copy_store(
         with target.transaction():
             for table in tables:
                 copied[table] = _copy_table(db, target, table)
-                target.reset_serials(table)
+                target.reset_serials(table, given=db.serials_given(table))
         crash_point("state.store_copied")
     return StoreCopy(store=store, rows=copied)
 

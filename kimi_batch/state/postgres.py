@@ -194,7 +194,7 @@ class PostgresDatabase(StateDatabase):
         )
         return {str(name) for (name,) in rows}
 
-    def reset_serials(self, table: str) -> None:
+    def reset_serials(self, table: str, *, given: int = 0) -> None:
         rows = self.execute(
             "SELECT column_name FROM information_schema.columns "
             "WHERE table_schema = ? AND table_name = ? AND is_identity = 'YES'",
@@ -203,8 +203,8 @@ class PostgresDatabase(StateDatabase):
         for (column,) in rows:
             self.execute(
                 f"SELECT setval(pg_get_serial_sequence(?, ?), "
-                f"(SELECT COALESCE(max({column}), 0) + 1 FROM {table}), false)",
-                (f"{self.schema}.{table}", column),
+                f"GREATEST((SELECT COALESCE(max({column}), 0) FROM {table}), ?) + 1, false)",
+                (f"{self.schema}.{table}", column, given),
             )
 
     def close(self) -> None:

@@ -101,8 +101,22 @@ class SqliteDatabase(StateDatabase):
     def columns(self, table: str) -> set[str]:
         return {row[1] for row in self.execute(f"PRAGMA table_info({table})")}
 
-    def reset_serials(self, table: str) -> None:
-        """Nothing to do: an AUTOINCREMENT key follows the largest id inserted, given or not."""
+    def reset_serials(self, table: str, *, given: int = 0) -> None:
+        # An AUTOINCREMENT key follows the largest id inserted already; `given` raises its
+        # counter, a row of sqlite_sequence (there once the table took its first row).
+        if given > self.serials_given(table):
+            self.execute("DELETE FROM sqlite_sequence WHERE name = ?", (table,))
+            self.execute("INSERT INTO sqlite_sequence (name, seq) VALUES (?, ?)", (table, given))
+
+    def serials_given(self, table: str) -> int:
+        """The largest id this table's AUTOINCREMENT key ever gave, its deleted rows' too."""
+        known = self.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'sqlite_sequence'"
+        ).fetchone()
+        if known is None:
+            return 0
+        row = self.execute("SELECT seq FROM sqlite_sequence WHERE name = ?", (table,)).fetchone()
+        return 0 if row is None else int(row[0])
 
     def tables(self) -> list[str]:
         rows = self.execute(

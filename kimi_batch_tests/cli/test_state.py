@@ -22,6 +22,7 @@ from kimi_batch.engine import Ledger
 from kimi_batch.inputs import Landing
 from kimi_batch.paths import StatePaths
 from kimi_batch.settings import Settings
+from kimi_batch.state import connect_state
 from kimi_batch.warehouse import open_warehouse
 from kimi_batch_tests.support.batches import chat_line, jsonl, landed_batch
 from kimi_batch_tests.support.engine import server_tasks
@@ -135,6 +136,28 @@ def test_a_second_migration_copies_nothing_twice(
     moved = box.model_copy(update={"database_url": url})
     with Ledger(moved.paths.ledger_state) as ledger:
         assert ledger.count() == 3
+
+
+def test_an_id_sqlite_gave_a_deleted_row_is_not_given_again_after_migrating(
+    box: Settings, postgres_server: PostgresServer
+) -> None:
+    """Found by review: the target's counters restarted at the largest id copied, so the id of
+    a newest row deleted before the copy was given again (SQLite's AUTOINCREMENT never does)."""
+    with closing(sqlite3.connect(box.paths.manifest_path)) as manifest, manifest:
+        (newest,) = manifest.execute("SELECT max(id) FROM versions").fetchone()
+        manifest.execute("DELETE FROM versions WHERE id = ?", (newest,))
+    url = postgres_server.new_database()
+
+    migrate_state(box, url)
+
+    moved = box.model_copy(update={"database_url": url})
+    with connect_state(moved.paths.manifest_state) as manifest:
+        manifest.execute(
+            "INSERT INTO versions (ds, source, name, sha256, ext, size, landed_at) "
+            "VALUES ('2026-11-29', 'web', 'web.jsonl', 'ab', '.jsonl', 1, 0)"
+        )
+        (given,) = manifest.execute("SELECT max(id) FROM versions").fetchone()
+    assert given == newest + 1
 
 
 def test_migrating_to_something_not_postgres_is_one_line(
