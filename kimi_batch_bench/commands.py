@@ -5,10 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kimi_batch.settings import Settings
+
+if TYPE_CHECKING:
+    from kimi_batch_bench.run import BenchOptions
+    from kimi_batch_bench.workloads import WorkloadName
+
+T = TypeVar("T")
 
 __all__ = ["add_perf_commands", "bench_command", "plan_command", "tune_command"]
 
@@ -24,6 +31,42 @@ def _write_outputs(
     return json_path, table_path, png_path
 
 
+def _validated(command: str, build: Callable[[], T]) -> T:
+    """A command's options model built from its flags; a value out of range is one line
+    naming the option (exit 2), as `plan` says it, not a pydantic traceback."""
+    from pydantic import ValidationError
+
+    from kimi_batch.errors import ConfigError
+
+    try:
+        return build()
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise ConfigError(f"{command}: {where}: {first['msg']}") from None
+
+
+def _or_default(value: int | None, default: int) -> int:
+    """An optional count: its default only when not given (0 is a value, refused as one)."""
+    return default if value is None else value
+
+
+def _write_also(
+    document: dict[str, Any], json_path: Path, table: str, chart: Any, kept: Path
+) -> None:
+    """`--json FILE`: the figures also there; a place that cannot be written is one line that
+    names where the state dir's copy (`kept`) already is, after a run that may have taken hours."""
+    try:
+        _write_outputs(document, json_path, table, chart)
+    except OSError as error:
+        from kimi_batch.errors import ConfigError
+
+        raise ConfigError(
+            f"--json {json_path}: cannot write there ({error.strerror or error}); "
+            f"the figures are in {kept}"
+        ) from None
+
+
 def dedup_bench_command(args: argparse.Namespace, settings: Settings) -> int:
     from kimi_batch_bench.dedup import (
         DedupBenchOptions,
@@ -32,8 +75,11 @@ def dedup_bench_command(args: argparse.Namespace, settings: Settings) -> int:
         write_dedup_outputs,
     )
 
-    options = DedupBenchOptions(
-        rows=args.dedup_rows, partition_rows=args.rows_per_partition or 1000
+    options = _validated(
+        "bench",
+        lambda: DedupBenchOptions(
+            rows=args.dedup_rows, partition_rows=_or_default(args.rows_per_partition, 1000)
+        ),
     )
     document = run_dedup_bench(settings, options)
     paths = write_dedup_outputs(document, settings.paths.bench_dir / "dedup.json")
@@ -52,8 +98,12 @@ def maintenance_bench_command(args: argparse.Namespace, settings: Settings) -> i
         write_maintenance_outputs,
     )
 
-    options = MaintenanceBenchOptions(
-        partitions=args.partitions or 6, rows=args.rows_per_partition or 50
+    options = _validated(
+        "bench",
+        lambda: MaintenanceBenchOptions(
+            partitions=_or_default(args.partitions, 6),
+            rows=_or_default(args.rows_per_partition, 50),
+        ),
     )
     document = run_maintenance_bench(settings, options)
     paths = write_maintenance_outputs(document, settings.paths.bench_dir / "maintenance.json")
@@ -69,10 +119,8 @@ def bench_command(args: argparse.Namespace, settings: Settings) -> int:
         return dedup_bench_command(args, settings)
     if args.workload == "maintenance":  # no server: the tables' commits and maintenance
         return maintenance_bench_command(args, settings)
-    from kimi_batch_bench.rehearsal import RehearsalOptions
     from kimi_batch_bench.report import bench_chart, bench_table, require_charts
-    from kimi_batch_bench.run import BenchOptions, run_bench
-    from kimi_batch_bench.workloads import WorkloadName
+    from kimi_batch_bench.run import run_bench
 
     require_charts()
     paired: dict[str, tuple[WorkloadName, ...]] = {
@@ -80,7 +128,22 @@ def bench_command(args: argparse.Namespace, settings: Settings) -> int:
         "judge": ("distill", "judge"),  # its cost is a ratio to the answers' in one run
     }
     workloads = paired.get(args.workload, (args.workload,))
-    options = BenchOptions(
+    options = _validated("bench", lambda: _bench_options(args, workloads))
+    document = run_bench(settings, options)
+    table = bench_table(document)
+    paths = _write_outputs(document, settings.paths.bench_dir / "bench.json", table, bench_chart)
+    if args.json:
+        _write_also(document, Path(args.json), table, bench_chart, paths[0])
+    print(table)
+    print(f"written: {', '.join(str(p) for p in paths)}")
+    return 0
+
+
+def _bench_options(args: argparse.Namespace, workloads: tuple[WorkloadName, ...]) -> BenchOptions:
+    from kimi_batch_bench.rehearsal import RehearsalOptions
+    from kimi_batch_bench.run import BenchOptions
+
+    return BenchOptions(
         workloads=workloads,
         rows=args.rows,
         output_tokens=args.output_tokens,
@@ -94,26 +157,18 @@ def bench_command(args: argparse.Namespace, settings: Settings) -> int:
         spec_type=args.spec_type,
         rehearsal=RehearsalOptions(
             rows=args.rehearsal_rows,
-            partitions=args.partitions or 40,
+            partitions=_or_default(args.partitions, 40),
             time_scale=args.time_scale,
             window_h=args.window_h,
         ),
-        night_partitions=args.partitions or 12,
-        night_rows=args.rows_per_partition or 4,
+        night_partitions=_or_default(args.partitions, 12),
+        night_rows=_or_default(args.rows_per_partition, 4),
         night_output_tokens=args.night_output_tokens,
         night_pinning=args.pinning,
         api_lines=args.api_lines,
         api_output_tokens=args.api_output_tokens,
         tool_args=_tool_args(args.tool_args),
     )
-    document = run_bench(settings, options)
-    table = bench_table(document)
-    paths = _write_outputs(document, settings.paths.bench_dir / "bench.json", table, bench_chart)
-    if args.json:
-        _write_outputs(document, Path(args.json), table, bench_chart)
-    print(table)
-    print(f"written: {', '.join(str(p) for p in paths)}")
-    return 0
 
 
 def _tool_args(text: str | None) -> tuple[str, ...]:
@@ -140,23 +195,26 @@ def tune_command(args: argparse.Namespace, settings: Settings) -> int:
     # (attached: the build's default, the bundled tools).
     manager = server_from_settings(settings)
     spec = manager.spec if isinstance(manager, ResidentServer) else None
-    options = TuneOptions(
-        threads=threads,
-        slots=tuple(args.slots),
-        prompt_tokens=args.prompt_tokens,
-        output_tokens=args.output_tokens,
-        ctx_per_slot=args.ctx_per_slot,
-        repetitions=args.repetitions,
-        digest_tokens=args.digest_tokens,
-        flash_attn=spec.flash_attn if spec else None,
-        tool_args=_tool_args(args.tool_args),
+    options = _validated(
+        "tune",
+        lambda: TuneOptions(
+            threads=threads,
+            slots=tuple(args.slots),
+            prompt_tokens=args.prompt_tokens,
+            output_tokens=args.output_tokens,
+            ctx_per_slot=args.ctx_per_slot,
+            repetitions=args.repetitions,
+            digest_tokens=args.digest_tokens,
+            flash_attn=spec.flash_attn if spec else None,
+            tool_args=_tool_args(args.tool_args),
+        ),
     )
     server = spec.binary if spec else None
     document = run_tune(settings.model, options, out_dir=settings.paths.tune_dir, server=server)
     table = tune_table(document)
     paths = _write_outputs(document, settings.paths.tune_dir / "tune.json", table, tune_chart)
     if args.json:
-        _write_outputs(document, Path(args.json), table, tune_chart)
+        _write_also(document, Path(args.json), table, tune_chart, paths[0])
     print(table)
     use = " ".join(f"{name}={value}" for name, value in document["settings"].items())
     print(

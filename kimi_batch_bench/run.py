@@ -255,6 +255,7 @@ def _run_workload(
         )
         section["ceiling"] = ceiling
         section["ceiling_tok_s"] = round(ceiling["gen_tok_s"], 2)
+        section["engine_over_ceiling"] = _ratio(engine.gen_tok_s, ceiling["gen_tok_s"])
     section["contenders"] = {name: report.model_dump() for name, report in reports.items()}
     return section
 

@@ -87,6 +87,11 @@ def test_tiny_bench_writes_the_contract_keys(
     # 2 seeds x 3 strategies on 2 slots: grouped, each seed is evaluated once instead of twice.
     assert document["amplify"]["prompt_tokens_ratio"] < 1
     assert document["ceiling_tok_s"] > 0
+    # The design's ratio of the engine to llama.cpp's own batched decode (found missing by audit).
+    ceiling = document["distill"]["ceiling"]["gen_tok_s"]
+    assert document["engine_over_ceiling"] == pytest.approx(
+        document["engine_tok_s"] / ceiling, rel=0.01
+    )
     # The ceiling decodes as the bench's server does (the tests' servers: flash attention off).
     assert document["config"]["flash_attn"] == "off"
     assert document["distill"]["ceiling"]["flash_attn"] is False

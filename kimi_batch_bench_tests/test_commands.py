@@ -1,0 +1,41 @@
+"""The bench's commands refuse a flag out of range in one line, before measuring anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kimi_batch.cli import main
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["bench", "--workload", "distill", "--rows", "0"], "bench: rows: "),
+        (["bench", "--workload", "rehearsal", "--time-scale", "0"], "bench: time_scale: "),
+        (["bench", "--workload", "night", "--partitions", "0"], "bench: partitions: "),
+        (["bench", "--workload", "maintenance", "--rows-per-partition", "0"], "bench: rows: "),
+        (["bench", "--workload", "dedup", "--dedup-rows", "5"], "bench: rows: "),
+        (["tune", "--repetitions", "0"], "tune: repetitions: "),
+    ],
+    ids=["rows", "time-scale", "partitions", "maintenance-rows", "dedup-rows", "repetitions"],
+)
+def test_a_flag_out_of_range_is_one_line_before_measuring(
+    argv: list[str],
+    says: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Found by audit: these were pydantic tracebacks (exit 1), and --partitions 0 quietly
+    meant the default."""
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path))
+
+    assert main(argv) == 2
+
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"kimi-batch: error: {says}")
+    assert not (tmp_path / "bench").exists()
+    assert not (tmp_path / "tune").exists()
+    assert not (tmp_path / "server").exists()
