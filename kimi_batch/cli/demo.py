@@ -16,6 +16,7 @@ from kimi_batch.engine import ProgressEvent, notify
 from kimi_batch.errors import MissingInputError
 from kimi_batch.inputs import Assignment, Landing, inspect_inbox_file, wait_until_settled
 from kimi_batch.llama import server_from_settings
+from kimi_batch.paths import PRIVATE_FILE_MODE, private_dir
 from kimi_batch.pipeline import STAGE_DECLARATIONS
 from kimi_batch.settings import Settings, samples_dir
 
@@ -51,14 +52,23 @@ def _phase(label: str, done: int) -> ProgressEvent:
 
 
 def _seed_inbox(settings: Settings) -> None:
-    """An empty inbox gets the shipped sample inputs, so a new user sees a full run."""
+    """An empty inbox gets the shipped sample inputs, so a new user sees a full run: the inbox
+    made owner-only when the demo creates it (one a team set up keeps its modes), each sample
+    0600 with its own modification time (so it counts as settled at once)."""
     inbox = settings.paths.inbox_dir
-    inbox.mkdir(parents=True, exist_ok=True)
+    if not inbox.is_dir():
+        private_dir(inbox)
     if any(inbox.iterdir()):
         return
     for sample in sorted(samples_dir().iterdir()):
         if sample.is_file():
-            shutil.copy2(sample, inbox / sample.name)
+            target = os.open(
+                inbox / sample.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE
+            )
+            with sample.open("rb") as source, os.fdopen(target, "wb") as copy:
+                shutil.copyfileobj(source, copy)
+            shipped = sample.stat()
+            os.utime(inbox / sample.name, ns=(shipped.st_atime_ns, shipped.st_mtime_ns))
 
 
 def _settled(settings: Settings, landing: Landing, assignment: Assignment) -> bool:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 import pytest
 import yaml
 
-from kimi_batch.cli.demo import demo_instance
-from kimi_batch.settings import Settings
+from kimi_batch.cli.demo import _seed_inbox, demo_instance
+from kimi_batch.settings import Settings, samples_dir
 
 
 @pytest.fixture
@@ -33,3 +34,27 @@ def test_an_instance_config_already_there_is_left_as_it_is(settings: Settings) -
     instance = demo_instance(settings)
     assert (home / "dagster.yaml").read_text() == "telemetry:\n  enabled: true\n"
     assert instance.telemetry_enabled is True
+
+
+def test_the_inbox_the_demo_creates_and_its_samples_are_owner_only(settings: Settings) -> None:
+    """Found by audit: the demo made the inbox 0755 and copied the samples 0644, where the
+    design keeps prompts 0600 in 0700 folders."""
+    _seed_inbox(settings)
+
+    inbox = settings.paths.inbox_dir
+    assert stat.S_IMODE(inbox.stat().st_mode) == 0o700
+    samples = sorted(path.name for path in samples_dir().iterdir() if path.is_file())
+    assert sorted(path.name for path in inbox.iterdir()) == samples
+    for name in samples:
+        copy, shipped = (inbox / name).stat(), (samples_dir() / name).stat()
+        assert stat.S_IMODE(copy.st_mode) == 0o600
+        assert copy.st_mtime_ns == shipped.st_mtime_ns  # settled at once, as shipped
+        assert (inbox / name).read_bytes() == (samples_dir() / name).read_bytes()
+
+
+def test_an_inbox_a_team_set_up_keeps_its_modes(settings: Settings) -> None:
+    inbox = settings.paths.inbox_dir
+    inbox.mkdir(parents=True)
+    inbox.chmod(0o2770)  # a group's drop folder
+    _seed_inbox(settings)
+    assert stat.S_IMODE(inbox.stat().st_mode) == 0o2770
