@@ -9,9 +9,8 @@
       ledger/            ledger.sqlite3: finished requests and partition leases
       landed/            content-addressed snapshots of ingested inputs + manifest.sqlite3
       inbox/             where users drop input files (the sensor watches it)
-      warehouse/         Parquet tables in Hive layout (unless KIMI_BATCH_WAREHOUSE); with an
-                         s3:// warehouse, the local folder partitions are built in before
-                         their upload (the pointers to their versions are in the ledger's store)
+      warehouse/         the Iceberg tables' data and metadata files (unless KIMI_BATCH_WAREHOUSE
+                         names an object store); their SQL catalog is in the ledger's database
       dagster/           DAGSTER_HOME of the demo and `make dev`
       bench/             `kimi-batch bench`: bench.json/.md/.png, speeds.json, state/ of its server
       tune/              `kimi-batch tune`: tune.json/.md/.png, speeds.json
@@ -19,6 +18,7 @@
                          index of the quality gate, across nights and workers)
       api/               `kimi-batch api`: files/<sha256> (uploads and output files), api.sqlite3,
                          key (the generated bearer key, 0600)
+      exports/           `kimi-batch export` without --out
       partitions_start   the first date partition of this install (written once)
 
 With `KIMI_BATCH_DATABASE_URL` set, the four databases (ledger, manifest, API store, duplicate
@@ -174,6 +174,11 @@ class StatePaths(BaseModel):
     @property
     def tune_dir(self) -> Path:
         return self.home / "tune"
+
+    @property
+    def exports_dir(self) -> Path:
+        """Where `kimi-batch export` writes when no `--out` is given."""
+        return self.home / "exports"
 
     @property
     def api_dir(self) -> Path:

@@ -4,7 +4,7 @@
                   one for each answer, and an error line for each request set aside or failed by
                   the stage that answered (distill's quarantine rows; a Batch API batch's `api`)
     chat          JSONL of {"messages": [system, user, assistant]} (TRL's SFTTrainer, axolotl),
-                  shaped by --reasoning, --layout and --system-turn (exports/shape.py)
+                  shaped by --reasoning, --layout and --system (exports/shape.py)
     hf            a folder datasets.load_dataset loads, with its dataset card (exports/hf.py)
     kd            default chat lines plus the answer's tokens: id, logprob, top-k (exports/kd.py)
 
@@ -159,7 +159,7 @@ def _default_path(settings: Settings, request: ExportRequest) -> Path:
         stem = f"distilled-{span}" + (f"-{query.source}" if query.source else "")
     suffix = {"openai-batch": ".jsonl", "chat": ".chat.jsonl", "kd": ".kd.jsonl", "hf": ".hf"}
     # Ours: made owner-only even when an older version created it 0755.
-    return private_dir(settings.home / "exports") / (stem + suffix[request.fmt])
+    return private_dir(settings.paths.exports_dir) / (stem + suffix[request.fmt])
 
 
 def partition_prefix(ds: str, source: str) -> str:
@@ -193,7 +193,7 @@ def _openai_batch(warehouse: Warehouse, ds: str, source: str, prefix: str) -> li
 def _system_texts(settings: Settings, request: ExportRequest) -> SystemTexts:
     paths = [settings.digest, *request.system_files]
     missing = [path for path in paths if not path.is_file()]
-    # `--no-system` is `--system-turn drop`: neither needs the digest's text.
+    # `--no-system` is `--system drop`: neither needs the digest's text.
     omit = request.no_system or request.training.system_turn == "drop"
     if missing and not omit:
         raise MissingInputError(f"system digest file {missing[0]} does not exist")
@@ -227,7 +227,7 @@ def _write_lines(
     model: Path | None,
 ) -> int:
     """The lines of every partition; `digests` gathers each system text by sha256 (for
-    `--system-turn once`'s side file); `model`: the GGUF a kd row's tokenizer is read from."""
+    `--system once`'s side file); `model`: the GGUF a kd row's tokenizer is read from."""
     fmt, written = request.fmt, 0
     tokenizer = tokenizer_identity(model) if fmt == "kd" and model and model.is_file() else None
     for rows in selection:
@@ -282,11 +282,11 @@ def run_export(settings: Settings, request: ExportRequest) -> Path:
     query = request.query.check()
     if query.min_judge_score is not None and request.fmt not in TRAINING_FORMATS:
         raise ConfigError("--min-judge-score chooses training rows: use it with chat, hf or kd")
-    # --system-turn drop (--no-system) only leaves the digest out, which kd rows can too.
+    # --system drop (--no-system) only leaves the digest out, which kd rows can too.
     plain = (TrainingOptions(), TrainingOptions(system_turn="drop"))
     if request.training not in plain and request.fmt not in ("chat", "hf"):
         raise ConfigError(
-            "--reasoning, --layout and --system-turn once shape chat and hf rows, not kd's"
+            "--reasoning, --layout and --system once shape chat and hf rows, not kd's"
         )
     if request.push_to_hub and request.fmt != "hf":
         raise ConfigError("--push-to-hub uploads a dataset folder: use it with --format hf")
@@ -321,7 +321,7 @@ def run_export(settings: Settings, request: ExportRequest) -> Path:
 
 
 def _write_system_side_file(path: Path, digests: dict[str, str]) -> None:
-    """`--system-turn once`: each system text once, by the sha256 the rows carry. An earlier
+    """`--system once`: each system text once, by the sha256 the rows carry. An earlier
     side file's digests are kept (a sha names one text for good): written before the rows,
     a kill between the two leaves the older rows' digests in it."""
     side = system_side_file(path)
