@@ -10,19 +10,23 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import re
 import sys
 from collections.abc import Sequence
 from datetime import date
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn, cast
 
 from kimi_batch.cli.bench_hook import add_bench_commands
 from kimi_batch.cli.state import add_state_commands
 from kimi_batch.cli.warehouse import add_warehouse_commands
 from kimi_batch.errors import ConfigError, KimiBatchError
-from kimi_batch.llama import server_from_settings
+from kimi_batch.llama import server_from_settings, watched_server
 from kimi_batch.settings import Settings
+
+if TYPE_CHECKING:
+    from kimi_batch.exports.shape import SystemTurn
 
 DESCRIPTION = """\
 Batch inference on a model server you keep running: start the server once, run the pipeline on
@@ -72,7 +76,7 @@ def _describe_handle(handle: dict[str, object]) -> str:
 
 
 def _server_status(args: argparse.Namespace, settings: Settings) -> int:
-    status = server_from_settings(settings).status()
+    status = watched_server(settings).status()
     if args.json:
         print(status.model_dump_json())
     else:
@@ -97,7 +101,7 @@ def _server_smoke(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _server_stop(args: argparse.Namespace, settings: Settings) -> int:
-    stopped = server_from_settings(settings).stop()
+    stopped = watched_server(settings).stop()
     print("stopped llama-server" if stopped else "no llama-server was running")
     return 0
 
@@ -132,14 +136,13 @@ def _export(args: argparse.Namespace, settings: Settings) -> int:
     training = TrainingOptions(
         reasoning=args.reasoning,
         layout=args.layout,
-        # --no-system is the older spelling of --system-turn drop.
-        system_turn="drop" if args.no_system else args.system_turn,
+        system_turn=_system_turn(args),
     )
     request = ExportRequest(
         fmt=args.format,
         out=args.out,
         query=query,
-        system_files=tuple(args.system),
+        system_files=tuple(value for value in args.system if isinstance(value, Path)),
         no_system=args.no_system,
         as_of=args.as_of,
         training=training,
@@ -154,6 +157,28 @@ def _export(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+_SYSTEM_TURNS: tuple[SystemTurn, ...] = ("keep", "drop", "once")
+
+
+def _system_option(value: str) -> str | Path:
+    """`--system`: a way to write the system turn, or an older digest file."""
+    return value if value in _SYSTEM_TURNS else Path(value)
+
+
+def _system_turn(args: argparse.Namespace) -> SystemTurn:
+    """The one way to write the system turn that `--system`, `--system-turn` and the older
+    `--no-system` (= drop) ask for; two different ones are refused."""
+    asked = {value for value in args.system if isinstance(value, str)}
+    if args.system_turn is not None:
+        asked.add(args.system_turn)
+    if args.no_system:
+        asked.add("drop")
+    if len(asked) > 1:
+        raise ConfigError(f"the system turn asked two ways: {' and '.join(sorted(asked))}")
+    # Each value asked is one of _SYSTEM_TURNS (argparse's choices, `_system_option`).
+    return cast("SystemTurn", asked.pop()) if asked else "keep"
+
+
 def _day(value: str) -> date:
     try:
         return date.fromisoformat(value)
@@ -165,6 +190,16 @@ def _port(value: str) -> int:
     if not value.isdigit() or not 1 <= int(value) <= 65535:
         raise argparse.ArgumentTypeError(f"a port is 1 to 65535, not {value!r}")
     return int(value)
+
+
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise argparse.ArgumentTypeError(f"a number of seconds above 0, not {value!r}")
+    return seconds
 
 
 def _regex(value: str) -> str:
@@ -213,12 +248,13 @@ def _add_export(commands: argparse._SubParsersAction[_Parser]) -> None:
     export.add_argument(
         "--system",
         action="append",
-        type=Path,
+        type=_system_option,
         default=[],
-        metavar="FILE",
-        help="an older system digest file, for answers generated under it (repeatable)",
+        metavar="keep|drop|once|FILE",
+        help="the system digest: keep, drop or once (as --system-turn); or an older digest "
+        "FILE, for answers generated under it (repeatable; ./keep is a file named keep)",
     )
-    export.add_argument("--no-system", action="store_true", help="the same as --system-turn drop")
+    export.add_argument("--no-system", action="store_true", help="the same as --system drop")
     _add_training_shape(export)
     export.add_argument(
         "--as-of",
@@ -255,8 +291,8 @@ def _add_training_shape(export: _Parser) -> None:
     )
     export.add_argument(
         "--system-turn",
-        choices=["keep", "drop", "once"],
-        default="keep",
+        choices=_SYSTEM_TURNS,
+        default=None,
         help="the system digest: in every row (default), left out, or written once in "
         "<out>.system.json with each row naming its sha256 (system_sha256)",
     )
@@ -371,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--json", action="store_true", help=JSON_HELP)
     start.add_argument(
         "--load-timeout",
-        type=float,
+        type=_seconds,
         default=None,
         metavar="SECONDS",
         help="how long the model load may take (default: KIMI_BATCH_LLAMA_LOAD_TIMEOUT_S)",

@@ -66,7 +66,7 @@ from kimi_batch.llama import (
     ResidentServer,
     ServerSpec,
     ServerStatus,
-    server_from_settings,
+    watched_server,
 )
 from kimi_batch.pipeline import PartitionRecord, PartitionState, stage_of_tag
 from kimi_batch.settings import Settings
@@ -91,7 +91,7 @@ _CRON_LOOKBACK = timedelta(days=400)
 
 
 def _server(settings: Settings, instance: dg.DagsterInstance | None) -> ServerSection:
-    manager = server_from_settings(settings)
+    manager = watched_server(settings)
     status = manager.status()
     not_ours = _not_this_homes(manager, status)
     if not_ours is not None:

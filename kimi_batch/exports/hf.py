@@ -4,7 +4,7 @@
     <out>/README.md                    the dataset card (kimi_batch/exports/card.py)
     <out>/data/train-00000.parquet     messages (or prompt + completion), tools, ids, model,
                                        tokens, judge score (shaped by exports/shape.py)
-    <out>/system.json                  `--system-turn once`: the digests by sha256
+    <out>/system.json                  `--system once`: the digests by sha256
 
 The folder is filled as a hidden temp folder beside `<out>` and renamed over it at the end, so
 an export that fails or is killed midway leaves the older export (or nothing) in place.
@@ -87,7 +87,7 @@ SYSTEM_FILE = "system.json"
 def hf_schema(options: TrainingOptions) -> pl.Schema:
     """The Parquet columns of an export shaped by `options`: the conversation (`messages`, or
     `prompt` and `completion`), `tools` as OpenAI's JSON text (one column type for every row's
-    tools), `system_sha256` with `--system-turn once`, then the ids and figures."""
+    tools), `system_sha256` with `--system once`, then the ids and figures."""
     conversation = (
         {"messages": pl.List(_MESSAGE)}
         if options.layout == "messages"
@@ -235,7 +235,7 @@ def _card(
 
 
 def _write_systems(path: Path, systems: dict[str, str]) -> None:
-    """`--system-turn once`: each system text once, by the sha256 the rows carry."""
+    """`--system once`: each system text once, by the sha256 the rows carry."""
     path.write_text(json.dumps(systems, ensure_ascii=False, indent=1, sort_keys=True) + "\n")
     path.chmod(PRIVATE_FILE_MODE)
 
@@ -256,7 +256,7 @@ def write_hf(
     options: TrainingOptions | None = None,
     card: CardOptions | None = None,
 ) -> Path:
-    """The folder at `path`, whole or not at all; its rows shaped by `options` (`--system-turn
+    """The folder at `path`, whole or not at all; its rows shaped by `options` (`--system
     once`: the digests in `system.json`); `card`: what the card declares; its figures are read
     from `warehouse` (the snapshots the rows were read from)."""
     options = options or TrainingOptions()

@@ -28,7 +28,7 @@ SystemTurn = Literal["keep", "drop", "once"]
 
 
 class TrainingOptions(BaseModel):
-    """How a training export shapes its rows (`--reasoning`, `--layout`, `--system-turn`)."""
+    """How a training export shapes its rows (`--reasoning`, `--layout`, `--system`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -48,9 +48,9 @@ class TrainingOptions(BaseModel):
         }[self.reasoning]
         system = {
             "keep": "Every conversation opens with the system digest it was answered under.",
-            "drop": "The system digest was left out of the conversations (--system-turn drop).",
+            "drop": "The system digest was left out of the conversations (--system drop).",
             "once": "The system digest is stored once beside the rows (`system.json`); each "
-            "row's `system_sha256` names it (--system-turn once).",
+            "row's `system_sha256` names it (--system once).",
         }[self.system_turn]
         return [reasoning, system, f"Layout: {self.layout} (TRL conversational)."]
 
@@ -110,5 +110,5 @@ def trainer_row(
 
 
 def system_side_file(export: Path) -> Path:
-    """Where `--system-turn once` writes the digests (sha256 -> text) beside an export file."""
+    """Where `--system once` writes the digests (sha256 -> text) beside an export file."""
     return export.with_name(export.name + ".system.json")

@@ -33,7 +33,12 @@ from kimi_batch.llama.exceptions import (
     ServerSpawnError,
     SpecMismatchError,
 )
-from kimi_batch.llama.factory import server_cpus, server_from_settings, smoke_from_settings
+from kimi_batch.llama.factory import (
+    server_cpus,
+    server_from_settings,
+    smoke_from_settings,
+    watched_server,
+)
 from kimi_batch.llama.memory import (
     InsufficientMemoryError,
     MemoryEstimate,
@@ -113,4 +118,5 @@ __all__ = [
     "server_from_settings",
     "smoke_from_settings",
     "the_rest",
+    "watched_server",
 ]

@@ -224,17 +224,20 @@ class LlamaClient:
             raise LlamaResponseError(f"unknown /health status {status!r}") from error
 
     async def wait_until_healthy(self, timeout_s: float, *, poll_s: float = 0.5) -> None:
-        """Poll `/health` until OK; a model load on the target can take many minutes."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
+        """Poll `/health` until OK; a model load on the target can take many minutes. The wait
+        ends at `timeout_s`, a probe in flight included (one probe alone may take 35 s)."""
         last: Exception | None = None
-        while loop.time() < deadline:
-            try:
-                if await self.health() is HealthState.OK:
-                    return
-            except (LlamaConnectionError, LlamaTimeoutError, LlamaHTTPError) as error:
-                last = error
-            await asyncio.sleep(poll_s)
+        try:
+            async with asyncio.timeout(timeout_s):
+                while True:
+                    try:
+                        if await self.health() is HealthState.OK:
+                            return
+                    except (LlamaConnectionError, LlamaTimeoutError, LlamaHTTPError) as error:
+                        last = error
+                    await asyncio.sleep(poll_s)
+        except TimeoutError:
+            pass
         raise LlamaTimeoutError(f"{self.base_url} not healthy after {timeout_s:.0f} s ({last})")
 
     async def props(self) -> ServerProps:

@@ -54,10 +54,13 @@ def spec_from_settings(settings: Settings) -> ServerSpec:
         )
     if not settings.model.is_file():
         raise ServerSpawnError(f"model file not found: {settings.model}")
-    binary = find_llama_server(settings.llama_server)
+    return _spec(settings, settings.model, find_llama_server(settings.llama_server))
+
+
+def _spec(settings: Settings, model: Path, binary: Path) -> ServerSpec:
     return ServerSpec(
         binary=binary,
-        model=settings.model,
+        model=model,
         port=settings.llama_port,
         threads=settings.llama_threads,
         cpus=server_cpus(settings),
@@ -83,9 +86,21 @@ def server_from_settings(
         spec_from_settings(settings),
         settings.paths.server_dir,
         api_key=settings.llama_api_key,
-        load_timeout_s=load_timeout_s or settings.llama_load_timeout_s,
+        load_timeout_s=settings.llama_load_timeout_s if load_timeout_s is None else load_timeout_s,
         frozen_after_s=settings.llama_frozen_after_s,
     )
+
+
+def watched_server(settings: Settings) -> ResidentServer | AttachedServer:
+    """The server `status` reports and `server stop` stops: the state dir's, known by its pid
+    record and port, even when the configured model or binary is not there now (a server
+    started before still runs, and is still reported and stopped)."""
+    try:
+        return server_from_settings(settings)
+    except ServerSpawnError:
+        model = settings.model or Path("no-model.gguf")
+        spec = _spec(settings, model, Path(settings.llama_server or "llama-server"))
+        return ResidentServer(spec, settings.paths.server_dir, api_key=settings.llama_api_key)
 
 
 def smoke_from_settings(settings: Settings, *, timeout_s: float | None = None) -> SmokeResult:

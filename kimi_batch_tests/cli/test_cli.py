@@ -90,10 +90,10 @@ def test_the_special_errors_keep_their_builtin_bases_for_existing_handlers() -> 
 def _status_raising(monkeypatch: pytest.MonkeyPatch, error: BaseException) -> None:
     """`kimi-batch server status` whose server lookup raises `error`."""
 
-    def server_from_settings(_settings: object) -> None:
+    def watched_server(_settings: object) -> None:
         raise error
 
-    monkeypatch.setattr(cli, "server_from_settings", server_from_settings)
+    monkeypatch.setattr(cli, "watched_server", watched_server)
 
 
 def test_an_expected_error_is_one_line_and_exit_2(
@@ -159,8 +159,20 @@ def test_server_start_refuses_a_context_its_digest_does_not_fit_before_any_load(
         (("api", "--port", "70000"), "a port is 1 to 65535"),
         (("api", "--port", "0"), "a port is 1 to 65535"),
         (("digest", "lint", "d.md", "--allow", "["), "not a regular expression"),
+        (("server", "start", "--load-timeout", "0"), "a number of seconds above 0"),
+        (("server", "start", "--load-timeout", "-5"), "a number of seconds above 0"),
+        (("server", "start", "--load-timeout", "nan"), "a number of seconds above 0"),
     ],
-    ids=["retention-negative", "retention-zero", "port-too-big", "port-zero", "bad-regex"],
+    ids=[
+        "retention-negative",
+        "retention-zero",
+        "port-too-big",
+        "port-zero",
+        "bad-regex",
+        "load-timeout-zero",
+        "load-timeout-negative",
+        "load-timeout-nan",
+    ],
 )
 def test_an_out_of_range_or_malformed_option_is_refused_before_anything_runs(
     monkeypatch: pytest.MonkeyPatch,
@@ -170,7 +182,8 @@ def test_an_out_of_range_or_malformed_option_is_refused_before_anything_runs(
     says: str,
 ) -> None:
     """Found by review: -1 days expired every snapshot of minutes ago and 0 meant the default;
-    --port 70000 listened on 4464 and said 70000; a bad --allow was a re.error traceback."""
+    --port 70000 listened on 4464 and said 70000; a bad --allow was a re.error traceback;
+    --load-timeout 0 meant the default and -5 gave up at once."""
     monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path))
     with pytest.raises(SystemExit) as exited:
         cli.main(list(args))

@@ -1,4 +1,4 @@
-"""`kimi-batch export --format chat --reasoning/--layout/--system-turn/--include-batches` met as
+"""`kimi-batch export --format chat --reasoning/--layout/--system/--include-batches` met as
 a trainer meets it: every layout renders through SmolLM2's chat template (from the GGUF) and a
 reasoning-style one (support/reasoning_template.jinja), the assistant turn's span is found as
 assistant-only loss finds it, and the rows load with `datasets` (issue 45, items 1-3)."""
@@ -178,17 +178,37 @@ def test_a_kd_row_carries_the_answer_s_reasoning_tool_calls_and_tools(settings: 
 
 
 def test_a_kd_export_without_the_system_turn(settings: Settings) -> None:
-    """`--no-system` (`--system-turn drop`) only leaves the digest out: kd rows take it as they
+    """`--no-system` (`--system drop`) only leaves the digest out: kd rows take it as they
     did before the shape options, only the options that reshape the row are chat's and hf's."""
     _reasoning_warehouse(settings)
     out = settings.home / "no-system.kd.jsonl"
-    for flag in ("--no-system", "--system-turn=drop"):
+    for flag in ("--no-system", "--system-turn=drop", "--system=drop"):
         argv = ["export", "--format", "kd", "--source", SOURCES[0], flag, "--out", str(out)]
         assert main(argv) == 0
         rows = _lines(out)
         assert len(rows) == len(DAYS) * 3
         assert {row["messages"][0]["role"] for row in rows} == {"user"}
     assert main(["export", "--format", "kd", "--system-turn", "once", "--out", str(out)]) == 2
+
+
+def test_system_names_the_turn_or_an_older_digest_file(
+    settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by audit: the design's `--system keep|drop|once` read `drop` as a digest file
+    ("system digest file drop does not exist"); `--system FILE` still adds an older digest."""
+    _reasoning_warehouse(settings)
+    out = settings.home / "turns.jsonl"
+    base = ["export", "--format", "chat", "--source", SOURCES[0], "--out", str(out)]
+
+    assert main([*base, "--system", "once"]) == 0
+    assert all("system_sha256" in row for row in _lines(out))
+    assert main([*base, "--system", "drop"]) == 0
+    assert {row["messages"][0]["role"] for row in _lines(out)} == {"user"}
+    older = settings.home / "drop"  # a file named like a turn is given as a path
+    older.write_text("an older digest\n", encoding="utf-8")
+    assert main([*base, "--system", "keep", "--system", f"{older.parent}/./drop"]) == 0
+    assert main([*base, "--system", "once", "--system-turn", "drop"]) == 2
+    assert "the system turn asked two ways: drop and once" in capsys.readouterr().err
 
 
 def test_an_hf_card_says_how_its_rows_are_shaped(
@@ -208,7 +228,7 @@ def test_an_hf_card_says_how_its_rows_are_shaped(
     assert "dropped" not in notes["field"]
     assert "assistant message's `reasoning_content`" in notes["field"]
     for text in notes.values():
-        assert "`system_sha256` names it (--system-turn once)" in text
+        assert "`system_sha256` names it (--system once)" in text
         assert "the teacher model's license" in text  # the card's own notes stay
 
 

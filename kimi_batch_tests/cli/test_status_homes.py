@@ -19,6 +19,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from kimi_batch.cli.commands import main
 from kimi_batch.cli.status import collect_status
 from kimi_batch.defs.partitions import DATE_DIMENSION, SOURCE_DIMENSION, build_batch_partitions
 from kimi_batch.inputs.landing import Landing
@@ -186,3 +187,36 @@ def test_this_homes_server_started_with_another_spec_is_not_called_healthy(home:
     assert status.server.error is not None
     assert "runs another spec than this configuration asks" in status.server.error
     assert f"slots={running.parallel}" in status.server.error
+
+
+def test_status_and_stop_reach_this_homes_server_when_its_model_is_gone(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by audit: with KIMI_BATCH_MODEL naming a file not there (yet), `status` and
+    `server status` printed only "model file not found" and `server stop` could not stop the
+    server this state dir runs. A sleeping process stands in for it."""
+    manager = server_from_settings(Settings.from_env())
+    assert isinstance(manager, ResidentServer)
+    manager.state_dir.mkdir(parents=True)
+    manager.spec_path.write_text(manager.spec.model_dump_json())
+    stand_in = subprocess.Popen(["sleep", "120"])
+    try:
+        ticks = process_start_ticks(stand_in.pid)
+        assert ticks is not None
+        record = PidRecord(pid=stand_in.pid, start_ticks=ticks, started_at=time.time())
+        manager.pid_path.write_text(record.model_dump_json())
+        monkeypatch.setenv("KIMI_BATCH_MODEL", str(home / "models" / "kimi-k2.5.gguf"))
+
+        status = collect_status(Settings.from_env())
+        assert status.server.running is True
+        assert status.server.pid == stand_in.pid
+        assert main(["server", "status", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["pid"] == stand_in.pid
+
+        assert main(["server", "stop"]) == 0
+        assert capsys.readouterr().out == "stopped llama-server\n"
+        assert stand_in.wait(timeout=30) != 0
+        assert not manager.pid_path.exists()
+    finally:
+        stand_in.kill()
+        stand_in.wait()

@@ -199,6 +199,22 @@ async def test_generation_is_cut_at_its_deadline() -> None:
             await client.chat(HELLO, max_tokens=2, timeout_s=0.2)
 
 
+async def test_waiting_for_health_ends_at_its_timeout_with_a_probe_in_flight() -> None:
+    """Found by review: the wait checked its deadline between probes only, so a server that
+    accepted and never answered held it one whole probe (35 s) past the timeout."""
+
+    async def never(request: httpx.Request) -> httpx.Response:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    loop = asyncio.get_running_loop()
+    async with LlamaClient("http://llama", transport=httpx.MockTransport(never)) as client:
+        began = loop.time()
+        with pytest.raises(LlamaTimeoutError, match="not healthy after"):
+            await client.wait_until_healthy(0.3)
+    assert loop.time() - began < 5.0  # a probe's own bound is 35 s
+
+
 def test_reasoning_content_is_kept_apart_from_the_answer() -> None:
     body = {
         "choices": [
