@@ -26,7 +26,7 @@ from kimi_batch.llama import server_from_settings, watched_server
 from kimi_batch.settings import Settings
 
 if TYPE_CHECKING:
-    from kimi_batch.exports.shape import SystemTurn
+    from kimi_batch.exports import SystemTurn
 
 DESCRIPTION = """\
 Batch inference on a model server you keep running: start the server once, run the pipeline on
