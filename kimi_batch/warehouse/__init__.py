@@ -49,6 +49,7 @@ from kimi_batch.warehouse.trino import (
     TrinoTimeoutError,
     TrinoUnavailableError,
     catalog_properties,
+    catalog_property_map,
     write_catalog,
 )
 
@@ -72,6 +73,7 @@ __all__ = [
     "TrinoUnavailableError",
     "Warehouse",
     "catalog_properties",
+    "catalog_property_map",
     "columns",
     "current_snapshots",
     "hive_partitions",

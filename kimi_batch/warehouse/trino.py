@@ -122,7 +122,18 @@ class TrinoConfig(BaseModel):
 def catalog_properties(settings: Settings, *, masked: bool = False) -> str:
     """The Iceberg connector's catalog file for this deployment's warehouse (`masked`: with its
     secrets shown as `***`, for a terminal)."""
-    properties = {
+    secret = {"iceberg.jdbc-catalog.connection-password", "s3.aws-secret-key"}
+    lines = [
+        f"{key}={'***' if masked and key in secret else _property_value(value)}"
+        for key, value in catalog_property_map(settings).items()
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def catalog_property_map(settings: Settings) -> dict[str, str]:
+    """The catalog's properties by name (`connector.name` first): the file's lines, or a
+    `CREATE CATALOG` on a Trino that manages its catalogs dynamically."""
+    return {
         "connector.name": "iceberg",
         "iceberg.catalog.type": "jdbc",
         "iceberg.jdbc-catalog.catalog-name": CATALOG_NAME,
@@ -132,12 +143,6 @@ def catalog_properties(settings: Settings, *, masked: bool = False) -> str:
         "iceberg.security": "read_only",
         **_file_system_properties(settings),
     }
-    secret = {"iceberg.jdbc-catalog.connection-password", "s3.aws-secret-key"}
-    lines = [
-        f"{key}={'***' if masked and key in secret else _property_value(value)}"
-        for key, value in properties.items()
-    ]
-    return "\n".join(lines) + "\n"
 
 
 def write_catalog(settings: Settings, path: Path) -> Path:

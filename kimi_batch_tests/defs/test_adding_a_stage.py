@@ -189,6 +189,7 @@ def test_the_new_stage_runs_from_its_asset_the_night_trino_status_and_the_demo(
         "KIMI_BATCH_LLAMA_URL": llama_env.base_url,
         "KIMI_BATCH_TRINO_HOST": home_trino.host,
         "KIMI_BATCH_TRINO_PORT": str(home_trino.port),
+        "KIMI_BATCH_TRINO_CATALOG": home_trino.catalog,
     }.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("DAGSTER_HOME", raising=False)

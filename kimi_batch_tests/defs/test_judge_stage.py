@@ -77,6 +77,7 @@ def test_the_night_grades_every_answer_and_the_judged_table_lands_in_trino(
         KIMI_BATCH_LLAMA_URL=llama_env.base_url,
         KIMI_BATCH_TRINO_HOST=home_trino.host,
         KIMI_BATCH_TRINO_PORT=str(home_trino.port),
+        KIMI_BATCH_TRINO_CATALOG=home_trino.catalog,
     )
     warehouse = open_warehouse(settings)
     monkeypatch.delenv("DAGSTER_HOME", raising=False)

@@ -45,7 +45,7 @@ from kimi_batch.warehouse import (
 from kimi_batch_tests.support.llama_server import TEST_SLOTS, LlamaEnv
 from kimi_batch_tests.support.postgres import PostgresServer
 from kimi_batch_tests.support.s3proxy import BUCKET, S3Server
-from kimi_batch_tests.support.trino import TrinoServer, running_trino
+from kimi_batch_tests.support.trino import TrinoServer, catalog_over
 
 pytestmark = [
     pytest.mark.slow,
@@ -336,6 +336,7 @@ def _trino_night(monkeypatch: pytest.MonkeyPatch, trino: TrinoServer) -> Any:
     """Settings, definitions and warehouse of a night whose Trino reads its catalog."""
     monkeypatch.setenv("KIMI_BATCH_TRINO_HOST", trino.host)
     monkeypatch.setenv("KIMI_BATCH_TRINO_PORT", str(trino.port))
+    monkeypatch.setenv("KIMI_BATCH_TRINO_CATALOG", trino.catalog)
     settings = Settings.from_env()
     assert settings.paths.home == trino.home  # `night` and `home_trino`: tmp_path / "home"
     return settings, build_definitions(settings), open_warehouse(settings)
@@ -435,13 +436,13 @@ def team_deployment(
 
 
 def test_a_night_on_postgresql_and_an_object_store_lands_tables_trino_and_polars_count_alike(
-    team_deployment: dict[str, str], monkeypatch: pytest.MonkeyPatch
+    team_deployment: dict[str, str], llama_trino: TrinoServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings = Settings.from_env()
     assert settings.paths.database_url is not None
     _inbox(settings.paths.home, "east.jsonl", ["Name a river.", "Name a mountain.", "   "])
     _inbox(settings.paths.home, "west.jsonl", ["Name a desert."])
-    with running_trino(settings.paths.home, heap="1G", deployment=team_deployment) as trino:
+    with catalog_over(llama_trino, settings) as trino:
         settings, defs, warehouse = _trino_night(monkeypatch, trino)
         with dg.instance_for_test() as instance:
             request = _tick(instance, defs, settings)
