@@ -17,9 +17,14 @@ SHORT = SamplingParams(max_tokens=8, temperature=0.0)
 _LETTERS = str.maketrans("0123456789", "ghijklmnop")
 
 
-def fresh_digest(tag: str = "") -> SystemDigest:
-    """The shipped digest plus a unique closing line: a sha no slot or save file has seen."""
+def fresh_digest(tag: str = "", *, sections: int | None = None) -> SystemDigest:
+    """The shipped digest plus a unique closing line: a sha no slot or save file has seen.
+    `sections`: only its first sections (`## ` headings), where a test asserts how a digest is
+    reused, not how long one takes: every slot's prefill of the whole ~1.2k-token digest costs
+    seconds on 2 cores."""
     base = load_digest(default_digest_path()).text
+    if sections is not None:
+        base = "\n## ".join(base.split("\n## ")[: sections + 1]).rstrip("\n") + "\n\n"
     marker = uuid.uuid4().hex[:8].replace("0", "o")  # letters keep the lint quiet about hex ids
     return SystemDigest.from_text(f"{base}Variant note {tag} {marker.translate(_LETTERS)}.\n")
 
