@@ -6,6 +6,7 @@ import argparse
 import json
 import shlex
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -51,13 +52,12 @@ def _or_default(value: int | None, default: int) -> int:
     return default if value is None else value
 
 
-def _write_also(
-    document: dict[str, Any], json_path: Path, table: str, chart: Any, kept: Path
-) -> None:
-    """`--json FILE`: the figures also there; a place that cannot be written is one line that
-    names where the state dir's copy (`kept`) already is, after a run that may have taken hours."""
+def _write_also(write: Callable[[Path], object], json_path: Path, kept: Path) -> None:
+    """`--json FILE`: the figures also there (`write`); a place that cannot be written is one
+    line that names where the state dir's copy (`kept`) already is, after a run that may have
+    taken hours."""
     try:
-        _write_outputs(document, json_path, table, chart)
+        write(json_path)
     except OSError as error:
         from kimi_batch.errors import ConfigError
 
@@ -84,7 +84,7 @@ def dedup_bench_command(args: argparse.Namespace, settings: Settings) -> int:
     document = run_dedup_bench(settings, options)
     paths = write_dedup_outputs(document, settings.paths.bench_dir / "dedup.json")
     if args.json:
-        write_dedup_outputs(document, Path(args.json))
+        _write_also(partial(write_dedup_outputs, document), Path(args.json), paths[0])
     print(dedup_table(document), end="")
     print(f"written: {', '.join(str(p) for p in paths)}")
     return 0
@@ -108,7 +108,7 @@ def maintenance_bench_command(args: argparse.Namespace, settings: Settings) -> i
     document = run_maintenance_bench(settings, options)
     paths = write_maintenance_outputs(document, settings.paths.bench_dir / "maintenance.json")
     if args.json:
-        write_maintenance_outputs(document, Path(args.json))
+        _write_also(partial(write_maintenance_outputs, document), Path(args.json), paths[0])
     print(maintenance_table(document), end="")
     print(f"written: {', '.join(str(p) for p in paths)}")
     return 0
@@ -133,7 +133,8 @@ def bench_command(args: argparse.Namespace, settings: Settings) -> int:
     table = bench_table(document)
     paths = _write_outputs(document, settings.paths.bench_dir / "bench.json", table, bench_chart)
     if args.json:
-        _write_also(document, Path(args.json), table, bench_chart, paths[0])
+        write = partial(_write_outputs, document, table=table, chart=bench_chart)
+        _write_also(write, Path(args.json), paths[0])
     print(table)
     print(f"written: {', '.join(str(p) for p in paths)}")
     return 0
@@ -214,7 +215,8 @@ def tune_command(args: argparse.Namespace, settings: Settings) -> int:
     table = tune_table(document)
     paths = _write_outputs(document, settings.paths.tune_dir / "tune.json", table, tune_chart)
     if args.json:
-        _write_also(document, Path(args.json), table, tune_chart, paths[0])
+        write = partial(_write_outputs, document, table=table, chart=tune_chart)
+        _write_also(write, Path(args.json), paths[0])
     print(table)
     use = " ".join(f"{name}={value}" for name, value in document["settings"].items())
     print(

@@ -39,3 +39,22 @@ def test_a_flag_out_of_range_is_one_line_before_measuring(
     assert not (tmp_path / "bench").exists()
     assert not (tmp_path / "tune").exists()
     assert not (tmp_path / "server").exists()
+
+
+def test_a_json_path_that_cannot_be_written_names_where_the_figures_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by audit: after the whole measurement, an unwritable --json was a traceback."""
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path))
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    argv = ["bench", "--workload", "dedup", "--dedup-rows", "100", "--rows-per-partition", "10"]
+
+    assert main([*argv, "--json", str(blocked / "dedup.json")]) == 2
+
+    kept = tmp_path / "bench" / "dedup.json"
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"kimi-batch: error: --json {blocked / 'dedup.json'}: cannot write there (File "
+        f"exists); the figures are in {kept}"
+    )
+    assert '"dedup"' in kept.read_text()
