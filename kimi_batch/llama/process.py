@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -131,6 +132,28 @@ def spawn_detached(
     return int(result.stdout.strip())
 
 
+# A probe's body (a real /props is a few KiB, its chat template included): one past this, or
+# without end, is no llama-server we can read, not a process out of memory.
+PROBE_MAX_BYTES = 4 * 1024 * 1024
+
+
+class _BodyTooLargeError(Exception):
+    pass
+
+
+def _get_capped(http: httpx.Client, path: str) -> tuple[int, bytes]:
+    """GET `path`: its status and body, read as it comes up to PROBE_MAX_BYTES and within
+    twice the probe's timeout in all (httpx's read timeout is per read: a trickle outlives it)."""
+    deadline = time.monotonic() + 2 * PROBE_TIMEOUT_S
+    with http.stream("GET", path) as response:
+        body = bytearray()
+        for chunk in response.iter_bytes():
+            body += chunk
+            if len(body) > PROBE_MAX_BYTES or time.monotonic() > deadline:
+                raise _BodyTooLargeError(path)
+        return response.status_code, bytes(body)
+
+
 def probe(base_url: str, api_key: str | None) -> tuple[str, ServerProps | None]:
     """('down' | 'loading' | 'ok', props when ok) without retries."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -142,25 +165,25 @@ def probe(base_url: str, api_key: str | None) -> tuple[str, ServerProps | None]:
             headers=headers,
             timeout=PROBE_TIMEOUT_S,
         ) as http:
-            health = http.get("/health")
-            if health.status_code == 503:
+            health, _ = _get_capped(http, "/health")
+            if health == 503:
                 return "loading", None
-            if health.status_code != 200:
+            if health != 200:
                 return "down", None
-            props = http.get("/props")
-    except httpx.HTTPError:
+            props, body = _get_capped(http, "/props")
+    except (httpx.HTTPError, _BodyTooLargeError):
         return "down", None
-    if props.status_code in (401, 403):
+    if props in (401, 403):
         # /health is public, /props needs the key: a healthy server that refuses it is one
         # whose key we lack, never a server with a default model and one slot.
         raise http_error(
-            props.status_code,
+            props,
             "the server refuses its /props: check KIMI_BATCH_LLAMA_API_KEY",
             url=redact_url(base_url),
         )
-    if props.status_code != 200:
+    if props != 200:
         return "down", None  # answers /health but is no llama-server we can read
     try:
-        return "ok", ServerProps.model_validate_json(props.content)
+        return "ok", ServerProps.model_validate_json(body)
     except ValidationError:
         return "down", None

@@ -4,6 +4,7 @@ stand-ins)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -149,6 +150,34 @@ def test_a_server_that_refuses_our_key_is_an_error_not_a_healthy_one_slot_server
             probe(url, "wrong-key")
         with pytest.raises(LlamaRequestError, match="KIMI_BATCH_LLAMA_API_KEY"):
             probe(url, None)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+class _EndlessServer(BaseHTTPRequestHandler):
+    """A server whose /health answers 200 and never ends its body."""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        with contextlib.suppress(OSError):
+            while True:
+                self.wfile.write(b" " * 65536)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_a_probe_of_a_body_without_end_is_down_not_a_process_out_of_memory() -> None:
+    """Found by review: the probe read /health and /props whole, however long."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _EndlessServer)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        started = time.monotonic()
+        assert probe(f"http://127.0.0.1:{httpd.server_address[1]}", None) == ("down", None)
+        assert time.monotonic() - started < 30
     finally:
         httpd.shutdown()
         httpd.server_close()
