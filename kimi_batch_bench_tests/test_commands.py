@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from kimi_batch.cli import main
+from kimi_batch.llama import ResidentServer, server_from_settings
+from kimi_batch.llama.process import PidRecord, process_start_ticks
+from kimi_batch.settings import Settings
+from kimi_batch_tests.support.ports import free_port
 
 
 @pytest.mark.parametrize(
@@ -58,3 +64,33 @@ def test_a_json_path_that_cannot_be_written_names_where_the_figures_are(
         f"exists); the figures are in {kept}"
     )
     assert '"dedup"' in kept.read_text()
+
+
+def test_a_resident_server_running_beside_the_measurement_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by audit: the bench stops only the server it starts, so `make demo`'s resident
+    server shared its cores unsaid. A sleeping process stands in for that server."""
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path))
+    monkeypatch.setenv("KIMI_BATCH_LLAMA_PORT", str(free_port()))
+    monkeypatch.delenv("KIMI_BATCH_LLAMA_URL", raising=False)
+    manager = server_from_settings(Settings.from_env())
+    assert isinstance(manager, ResidentServer)
+    manager.state_dir.mkdir(parents=True)
+    manager.spec_path.write_text(manager.spec.model_dump_json())
+    stand_in = subprocess.Popen(["sleep", "60"])
+    try:
+        ticks = process_start_ticks(stand_in.pid)
+        assert ticks is not None
+        record = PidRecord(pid=stand_in.pid, start_ticks=ticks, started_at=time.time())
+        manager.pid_path.write_text(record.model_dump_json())
+
+        assert main(["bench", "--workload", "distill", "--rows", "0"]) == 2  # stops there
+
+        warning, error = capsys.readouterr().err.splitlines()
+        assert warning.startswith(f"kimi-batch: warning: llama-server pid {stand_in.pid} runs")
+        assert "(kimi-batch server stop)" in warning
+        assert error.startswith("kimi-batch: error: bench: rows: ")
+    finally:
+        stand_in.kill()
+        stand_in.wait()

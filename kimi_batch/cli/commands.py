@@ -76,7 +76,10 @@ def _describe_handle(handle: dict[str, object]) -> str:
 
 
 def _server_status(args: argparse.Namespace, settings: Settings) -> int:
-    status = watched_server(settings).status()
+    manager, problem = watched_server(settings)
+    status = manager.status()
+    if problem is not None:
+        print(f"kimi-batch: warning: a start would fail: {problem}", file=sys.stderr)
     if args.json:
         print(status.model_dump_json())
     else:
@@ -101,7 +104,7 @@ def _server_smoke(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _server_stop(args: argparse.Namespace, settings: Settings) -> int:
-    stopped = watched_server(settings).stop()
+    stopped = watched_server(settings).manager.stop()
     print("stopped llama-server" if stopped else "no llama-server was running")
     return 0
 

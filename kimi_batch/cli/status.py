@@ -91,7 +91,7 @@ _CRON_LOOKBACK = timedelta(days=400)
 
 
 def _server(settings: Settings, instance: dg.DagsterInstance | None) -> ServerSection:
-    manager = watched_server(settings)
+    manager, problem = watched_server(settings)
     status = manager.status()
     not_ours = _not_this_homes(manager, status)
     if not_ours is not None:
@@ -105,10 +105,10 @@ def _server(settings: Settings, instance: dg.DagsterInstance | None) -> ServerSe
             slots_busy=None,
             slots_idle=None,
             digest=_digest_state(settings, instance, None),
-            error=not_ours,
+            error=_joined(problem, not_ours),
         )
     busy: int | None = None
-    error: str | None = _other_spec(manager, status)
+    error: str | None = _joined(problem, _other_spec(manager, status))
     if status.healthy and error is None:
         try:
             busy = asyncio.run(_busy_slots(manager.client()))
@@ -126,6 +126,11 @@ def _server(settings: Settings, instance: dg.DagsterInstance | None) -> ServerSe
         digest=_digest_state(settings, instance, status.started_at if status.running else None),
         error=error,
     )
+
+
+def _joined(*problems: str | None) -> str | None:
+    found = [problem for problem in problems if problem]
+    return "; ".join(found) if found else None
 
 
 def _not_this_homes(manager: ResidentServer | AttachedServer, status: ServerStatus) -> str | None:

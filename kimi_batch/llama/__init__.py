@@ -19,6 +19,7 @@ from kimi_batch.llama.affinity import (
 from kimi_batch.llama.binary import find_tool
 from kimi_batch.llama.client import LlamaClient, RetryPolicy
 from kimi_batch.llama.exceptions import (
+    LlamaBodyTooLargeError,
     LlamaConnectionError,
     LlamaError,
     LlamaFeatureError,
@@ -76,6 +77,7 @@ __all__ = [
     "GenerationStats",
     "HealthState",
     "InsufficientMemoryError",
+    "LlamaBodyTooLargeError",
     "LlamaClient",
     "LlamaConnectionError",
     "LlamaError",

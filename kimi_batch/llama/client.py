@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from kimi_batch.llama.chat_stream import EVENT_STREAM, read_chat_stream
 from kimi_batch.llama.exceptions import (
     LlamaBodyError,
+    LlamaBodyTooLargeError,
     LlamaConnectionError,
     LlamaError,
     LlamaFeatureError,
@@ -99,7 +100,10 @@ class LlamaClient:
         # first request with tools comes; None until then or when the server does not say.
         self._renders_tools: bool | None = None
         self._tools_asked = False
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # No compression (llama-server sends none): the byte cap counts what is held in memory.
+        headers = {"Accept-Encoding": "identity"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             auth=httpx.BasicAuth(*credentials) if credentials else None,
@@ -478,7 +482,7 @@ class _CappedStream(httpx.AsyncByteStream):
         async for chunk in self._inner:
             read += len(chunk)
             if read > self._limit:
-                raise LlamaResponseError(
+                raise LlamaBodyTooLargeError(
                     f"the response from {self._url} is over {self._limit} bytes: cut there"
                 )
             yield chunk
@@ -491,9 +495,17 @@ def _capped_to(limit: int) -> Callable[[httpx.Response], Awaitable[None]]:
     """An httpx response hook: it runs before the body is read, for streamed calls too."""
 
     async def cap(response: httpx.Response) -> None:
+        url = redact_url(str(response.request.url))
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        if encoding != "identity":
+            # Asked for none: a compressed body's size is only known once decoded (a small
+            # gzip can decode to gigabytes), so it is refused unread.
+            await response.aclose()
+            raise LlamaBodyTooLargeError(
+                f"the response from {url} is {encoding}-encoded though none was asked for"
+            )
         stream = response.stream
         if isinstance(stream, httpx.AsyncByteStream):
-            url = redact_url(str(response.request.url))
             response.stream = _CappedStream(stream, limit, url)
 
     return cap

@@ -10,6 +10,8 @@ LlamaError (a kimi_batch.errors.KimiBatchError)
 │   └── LlamaUnsupportedError 404/501: endpoint or feature not available on this build
 │                             (an `error` event inside a streamed answer: the same, by its code)
 ├── LlamaResponseError        a 2xx body that does not parse as the documented shape
+├── LlamaBodyTooLargeError    a response past the client's byte cap, or compressed though none
+│                             was asked for: not retried (the same request answers alike)
 ├── LlamaFeatureError         the server would not apply what a request asks (a chat template
 │                             that renders no tools): the request is not sent
 ├── LlamaBodyError            a request that cannot be written as JSON (a NaN or infinite
@@ -82,6 +84,11 @@ class LlamaFeatureError(LlamaError):
 
 class LlamaResponseError(LlamaError):
     pass
+
+
+class LlamaBodyTooLargeError(LlamaError):
+    """A response body past the client's byte cap (or one compressed though the client asked
+    for none, whose size is only known once decoded): no retry would make it shorter."""
 
 
 class ServerSpawnError(LlamaError):

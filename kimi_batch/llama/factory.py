@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 from kimi_batch.llama.affinity import CpuListError, format_cpu_list, parse_cpu_list
 from kimi_batch.llama.binary import bundled_llama_server, find_llama_server
@@ -91,16 +92,28 @@ def server_from_settings(
     )
 
 
-def watched_server(settings: Settings) -> ResidentServer | AttachedServer:
-    """The server `status` reports and `server stop` stops: the state dir's, known by its pid
-    record and port, even when the configured model or binary is not there now (a server
-    started before still runs, and is still reported and stopped)."""
+class WatchedServer(NamedTuple):
+    """The server `status` reports and `server stop` stops, and why a start would fail now."""
+
+    manager: ResidentServer | AttachedServer
+    problem: str | None = None
+
+
+def watched_server(settings: Settings) -> WatchedServer:
+    """The state dir's server, known by its pid record and port, even when the configured
+    model, binary or CPUs are not there now (a server started before still runs, and is still
+    reported and stopped); `problem` says what a start would fail on."""
     try:
-        return server_from_settings(settings)
-    except ServerSpawnError:
+        return WatchedServer(server_from_settings(settings))
+    except ServerSpawnError as error:
         model = settings.model or Path("no-model.gguf")
-        spec = _spec(settings, model, Path(settings.llama_server or "llama-server"))
-        return ResidentServer(spec, settings.paths.server_dir, api_key=settings.llama_api_key)
+        binary = Path(settings.llama_server or "llama-server")
+        try:
+            spec = _spec(settings, model, binary)
+        except ServerSpawnError:  # the configured CPUs: none pinned, for a server to watch
+            spec = _spec(settings.model_copy(update={"llama_cpus": None}), model, binary)
+        manager = ResidentServer(spec, settings.paths.server_dir, api_key=settings.llama_api_key)
+        return WatchedServer(manager, str(error))
 
 
 def smoke_from_settings(settings: Settings, *, timeout_s: float | None = None) -> SmokeResult:

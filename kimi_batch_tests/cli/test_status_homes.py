@@ -194,7 +194,8 @@ def test_status_and_stop_reach_this_homes_server_when_its_model_is_gone(
 ) -> None:
     """Found by audit: with KIMI_BATCH_MODEL naming a file not there (yet), `status` and
     `server status` printed only "model file not found" and `server stop` could not stop the
-    server this state dir runs. A sleeping process stands in for it."""
+    server this state dir runs; both still say what a start would fail on. A sleeping process
+    stands in for the server."""
     manager = server_from_settings(Settings.from_env())
     assert isinstance(manager, ResidentServer)
     manager.state_dir.mkdir(parents=True)
@@ -210,8 +211,12 @@ def test_status_and_stop_reach_this_homes_server_when_its_model_is_gone(
         status = collect_status(Settings.from_env())
         assert status.server.running is True
         assert status.server.pid == stand_in.pid
+        assert status.server.error is not None  # and what the next start would fail on
+        assert status.server.error.startswith("model file not found: ")
         assert main(["server", "status", "--json"]) == 0
-        assert json.loads(capsys.readouterr().out)["pid"] == stand_in.pid
+        printed = capsys.readouterr()
+        assert json.loads(printed.out)["pid"] == stand_in.pid
+        assert printed.err.startswith("kimi-batch: warning: a start would fail: model file not")
 
         assert main(["server", "stop"]) == 0
         assert capsys.readouterr().out == "stopped llama-server\n"
@@ -220,3 +225,19 @@ def test_status_and_stop_reach_this_homes_server_when_its_model_is_gone(
     finally:
         stand_in.kill()
         stand_in.wait()
+
+
+def test_status_and_stop_reach_this_home_when_its_configured_cpus_are_gone(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by review: the watched server's spec still checked KIMI_BATCH_LLAMA_CPUS, so on a
+    machine offering fewer CPUs than configured `status` and `server stop` raised."""
+    monkeypatch.setenv("KIMI_BATCH_LLAMA_CPUS", "0-999")
+
+    status = collect_status(Settings.from_env())
+
+    assert status.server.running is False
+    assert status.server.error is not None
+    assert "999" in status.server.error
+    assert main(["server", "stop"]) == 0
+    assert capsys.readouterr().out == "no llama-server was running\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import json
 from collections.abc import AsyncIterator, Callable
 
@@ -13,6 +14,7 @@ import pytest
 from kimi_batch.llama.client import LlamaClient, RetryPolicy
 from kimi_batch.llama.exceptions import (
     LlamaBodyError,
+    LlamaBodyTooLargeError,
     LlamaConnectionError,
     LlamaFeatureError,
     LlamaLoadingError,
@@ -242,20 +244,30 @@ async def test_malformed_body_is_a_response_error_not_a_crash() -> None:
             await client.chat(HELLO, max_tokens=2)
 
 
-async def test_an_undecodable_body_is_a_response_error_for_every_call() -> None:
-    """Found by review: a body its content-encoding does not decode raised httpx.DecodingError,
-    which is no TransportError, past the engine's per-request handling."""
+@pytest.mark.parametrize(
+    "body", [b"not gzip", gzip.compress(b" " * (4 << 20))], ids=["bad", "bomb"]
+)
+async def test_a_compressed_body_is_refused_unread_for_every_call(body: bytes) -> None:
+    """Found by review: a body its content-encoding does not decode raised httpx.DecodingError
+    past the engine's per-request handling; and the byte cap counted a gzip body's bytes as
+    sent, so 4 KiB of gzip decoded to 4 MiB past a 64 KiB cap. The client asks for no encoding
+    (llama-server sends none) and refuses one it did not ask for."""
+    asked: list[str | None] = []
 
-    def bad_gzip(request: httpx.Request) -> httpx.Response:
+    def gzipped(request: httpx.Request) -> httpx.Response:
+        asked.append(request.headers.get("accept-encoding"))
         headers = {"content-encoding": "gzip"}
-        return httpx.Response(200, headers=headers, stream=httpx.ByteStream(b"not gzip"))
+        return httpx.Response(200, headers=headers, stream=httpx.ByteStream(body))
 
-    transport = httpx.MockTransport(bad_gzip)
-    async with LlamaClient("http://llama", retry=FAST_RETRY, transport=transport) as client:
-        with pytest.raises(LlamaResponseError, match="undecodable body"):
+    transport = httpx.MockTransport(gzipped)
+    async with LlamaClient(
+        "http://llama", retry=FAST_RETRY, transport=transport, max_body_bytes=64 * 1024
+    ) as client:
+        with pytest.raises(LlamaBodyTooLargeError, match="gzip-encoded though none was asked"):
             await client.props()
-        with pytest.raises(LlamaResponseError, match="undecodable body"):
+        with pytest.raises(LlamaBodyTooLargeError, match="gzip-encoded though none was asked"):
             await client.chat(HELLO, max_tokens=2)
+    assert asked == ["identity", "identity"]  # refused at once: not retried
 
 
 @pytest.mark.parametrize(
@@ -362,9 +374,9 @@ async def test_a_body_without_end_is_cut_at_the_cap_for_every_call(content_type:
     async with LlamaClient(
         "http://llama", retry=FAST_RETRY, transport=transport, max_body_bytes=cap
     ) as client:
-        with pytest.raises(LlamaResponseError, match=f"over {cap} bytes"):
+        with pytest.raises(LlamaBodyTooLargeError, match=f"over {cap} bytes"):
             await client.chat(HELLO, max_tokens=2)
-        with pytest.raises(LlamaResponseError, match=f"over {cap} bytes"):
+        with pytest.raises(LlamaBodyTooLargeError, match=f"over {cap} bytes"):
             await client.props()
     assert len(bodies) == 2
     assert all(cap < body.sent <= cap + 4096 for body in bodies)
@@ -393,5 +405,5 @@ async def test_an_endless_event_stream_over_a_real_socket_is_cut_at_the_cap() ->
     port = server.sockets[0].getsockname()[1]
     cap = 1024 * 1024
     async with server, LlamaClient(f"http://127.0.0.1:{port}", max_body_bytes=cap) as client:
-        with pytest.raises(LlamaResponseError, match=f"over {cap} bytes"):
+        with pytest.raises(LlamaBodyTooLargeError, match=f"over {cap} bytes"):
             await client.chat(HELLO, max_tokens=2)
