@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from kimi_batch.cli import main
-from kimi_batch.llama import ResidentServer, server_from_settings
-from kimi_batch.llama.process import PidRecord, process_start_ticks
 from kimi_batch.settings import Settings
 from kimi_batch_tests.support.ports import free_port
+from kimi_batch_tests.support.server_standin import standing_in_for_the_server
 
 
 @pytest.mark.parametrize(
@@ -74,23 +71,10 @@ def test_a_resident_server_running_beside_the_measurement_is_named(
     monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path))
     monkeypatch.setenv("KIMI_BATCH_LLAMA_PORT", str(free_port()))
     monkeypatch.delenv("KIMI_BATCH_LLAMA_URL", raising=False)
-    manager = server_from_settings(Settings.from_env())
-    assert isinstance(manager, ResidentServer)
-    manager.state_dir.mkdir(parents=True)
-    manager.spec_path.write_text(manager.spec.model_dump_json())
-    stand_in = subprocess.Popen(["sleep", "60"])
-    try:
-        ticks = process_start_ticks(stand_in.pid)
-        assert ticks is not None
-        record = PidRecord(pid=stand_in.pid, start_ticks=ticks, started_at=time.time())
-        manager.pid_path.write_text(record.model_dump_json())
-
+    with standing_in_for_the_server(Settings.from_env()) as stand_in:
         assert main(["bench", "--workload", "distill", "--rows", "0"]) == 2  # stops there
 
-        warning, error = capsys.readouterr().err.splitlines()
-        assert warning.startswith(f"kimi-batch: warning: llama-server pid {stand_in.pid} runs")
-        assert "(kimi-batch server stop)" in warning
-        assert error.startswith("kimi-batch: error: bench: rows: ")
-    finally:
-        stand_in.kill()
-        stand_in.wait()
+    warning, error = capsys.readouterr().err.splitlines()
+    assert warning.startswith(f"kimi-batch: warning: llama-server pid {stand_in.pid} runs")
+    assert "(kimi-batch server stop)" in warning
+    assert error.startswith("kimi-batch: error: bench: rows: ")

@@ -28,6 +28,7 @@ from kimi_batch.llama.process import PidRecord, process_start_ticks
 from kimi_batch.settings import Settings
 from kimi_batch_tests.support.ports import free_port
 from kimi_batch_tests.support.repo import REPO_ROOT
+from kimi_batch_tests.support.server_standin import standing_in_for_the_server
 
 pytestmark = pytest.mark.filterwarnings("ignore:Non-compliant tag keys:DeprecationWarning")
 
@@ -196,16 +197,7 @@ def test_status_and_stop_reach_this_homes_server_when_its_model_is_gone(
     `server status` printed only "model file not found" and `server stop` could not stop the
     server this state dir runs; both still say what a start would fail on. A sleeping process
     stands in for the server."""
-    manager = server_from_settings(Settings.from_env())
-    assert isinstance(manager, ResidentServer)
-    manager.state_dir.mkdir(parents=True)
-    manager.spec_path.write_text(manager.spec.model_dump_json())
-    stand_in = subprocess.Popen(["sleep", "120"])
-    try:
-        ticks = process_start_ticks(stand_in.pid)
-        assert ticks is not None
-        record = PidRecord(pid=stand_in.pid, start_ticks=ticks, started_at=time.time())
-        manager.pid_path.write_text(record.model_dump_json())
+    with standing_in_for_the_server(Settings.from_env()) as stand_in:
         monkeypatch.setenv("KIMI_BATCH_MODEL", str(home / "models" / "kimi-k2.5.gguf"))
 
         status = collect_status(Settings.from_env())
@@ -221,10 +213,7 @@ def test_status_and_stop_reach_this_homes_server_when_its_model_is_gone(
         assert main(["server", "stop"]) == 0
         assert capsys.readouterr().out == "stopped llama-server\n"
         assert stand_in.wait(timeout=30) != 0
-        assert not manager.pid_path.exists()
-    finally:
-        stand_in.kill()
-        stand_in.wait()
+        assert not (home / "server" / "server.pid").exists()
 
 
 def test_status_and_stop_reach_this_home_when_its_configured_cpus_are_gone(
