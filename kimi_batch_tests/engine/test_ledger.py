@@ -271,8 +271,11 @@ def test_the_heartbeat_retries_a_locked_database_and_keeps_the_lease(
     path = state_backend.ledger
     with Ledger(path) as first, Ledger(path) as second:
         flaky_renewals(monkeypatch, failures=2)  # the first two renewals meet a lock
-        with first.lease(PARTITION, "run-a", ttl_s=1.2) as lease:
-            time.sleep(3.0)  # more than two ttls: only renewals keep it
+        # Renewals every ttl/3, a failed one retried after ttl/6: the third try comes a third of
+        # a ttl before the lease would end. A ttl of 1.2 s left it 0.4 s for a fresh PostgreSQL
+        # connection, which a loaded 2-core machine (make test's tiers side by side) overran.
+        with first.lease(PARTITION, "run-a", ttl_s=3.0) as lease:
+            time.sleep(7.0)  # more than two ttls: only renewals keep it
             monkeypatch.undo()
             with pytest.raises(LeaseHeldError), second.lease(PARTITION, "run-b"):
                 pass
