@@ -44,7 +44,7 @@ from kimi_batch.crash_points import (
 )
 from kimi_batch.settings import Settings
 from kimi_batch.state import connect_state
-from kimi_batch.state.sqlite import read_sqlite
+from kimi_batch.state.database import read_sqlite
 from kimi_batch_tests.support.crash_batch import check_batch, run_batch
 from kimi_batch_tests.support.crash_night import check_night, run_night, write_inbox
 from kimi_batch_tests.support.exports import build_warehouse

@@ -45,12 +45,3 @@ def build_batch_partitions(settings: Settings) -> dg.MultiPartitionsDefinition:
 # One partition per Batch API batch (its id), added by the API batch sensor when the batch is
 # created; its rows land in the tables at ds=<day created>/source=<batch id>.
 api_batch_partitions = dg.DynamicPartitionsDefinition(name=API_BATCH_PARTITIONS_NAME)
-
-
-def partition_parts(context: dg.AssetExecutionContext) -> tuple[str, str]:
-    """(ds, source) of the partition being materialized."""
-    key = context.partition_key
-    if not isinstance(key, dg.MultiPartitionKey):
-        raise dg.Failure(f"expected a date|source partition key, got {key!r}")
-    dims = key.keys_by_dimension
-    return dims[DATE_DIMENSION], dims[SOURCE_DIMENSION]

@@ -3,10 +3,9 @@
 JSONL rows; `formats`: the incremental decoders; `raw_rows`: what a row may hold; `tools`: the
 function tools a row offers; `seen_ids`: duplicate ids while a file streams), the prompts they
 become (`prompts`: `SeedPrompt`, `InputBatch`, the `seeds` rows and back), and the landed
-versions of the inbox files: the manifest (`landing`), one version copied once it settled
-(`snapshot`), what a partition reads (`partition_input`), what the inbox sensor asks for
-(`inbox_tick`) and the `seeds` table's landing write (`seeds`). Other packages import from here,
-never from the modules.
+versions of the inbox files: the manifest and one version copied once it settled (`landing`),
+what a partition reads (`partition_input`), what the inbox sensor asks for (`inbox_tick`) and the
+`seeds` table's landing write (`seeds`). Other packages import from here, never from the modules.
 """
 
 from kimi_batch.inputs.formats import MAX_ROW_BYTES, Item, jsonl_items
@@ -32,7 +31,15 @@ from kimi_batch.inputs.inbox_tick import (
     landing_retries,
     plan_inbox_tick,
 )
-from kimi_batch.inputs.landing import Assignment, Landing, landed_versions
+from kimi_batch.inputs.landing import (
+    SETTLE_S,
+    Assignment,
+    InputNotSettledError,
+    Landing,
+    landed_versions,
+    still_changing,
+    wait_until_settled,
+)
 from kimi_batch.inputs.partition_input import (
     InboxLanding,
     ResolvedInput,
@@ -45,12 +52,6 @@ from kimi_batch.inputs.raw_rows import format_validation_error
 from kimi_batch.inputs.reader import InputReader, iter_inbox_rows, read_inbox_file
 from kimi_batch.inputs.seeds import land_input, land_seeds
 from kimi_batch.inputs.seen_ids import SeenIds
-from kimi_batch.inputs.snapshot import (
-    SETTLE_S,
-    InputNotSettledError,
-    still_changing,
-    wait_until_settled,
-)
 from kimi_batch.inputs.tools import FunctionTool, ToolFunction
 
 __all__ = [

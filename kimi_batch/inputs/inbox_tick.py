@@ -37,8 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 
 from kimi_batch.inputs.inbox import InboxFile
-from kimi_batch.inputs.landing import Assignment, Landing
-from kimi_batch.inputs.snapshot import SETTLE_S, still_changing
+from kimi_batch.inputs.landing import SETTLE_S, Assignment, Landing, still_changing
 from kimi_batch.storage import StorageError
 
 # Sensor evaluation is cut off after 60 s by default; hashing stops after this long and the rest

@@ -20,11 +20,14 @@ from kimi_batch.inputs.inbox import (
     scan_inbox,
     sha256_of,
 )
-from kimi_batch.inputs.landing import Assignment, FileStat, LandedVersion, Landing
-from kimi_batch.inputs.snapshot import (
+from kimi_batch.inputs.landing import (
     SETTLE_S,
+    Assignment,
+    FileStat,
     InputNotSettledError,
     InputTooLargeError,
+    LandedVersion,
+    Landing,
     still_changing,
 )
 from kimi_batch.settings import Settings

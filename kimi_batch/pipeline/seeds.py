@@ -11,8 +11,7 @@ from datetime import datetime
 
 from kimi_batch.engine import SystemDigest
 from kimi_batch.inputs import InputReader, Landing, ResolvedInput, land_input, resolve_partition
-from kimi_batch.pipeline.driver import HeldPartition, PartitionSkippedError
-from kimi_batch.pipeline.landed import consumed_input_sha
+from kimi_batch.pipeline.driver import HeldPartition, PartitionSkippedError, consumed_input_sha
 from kimi_batch.pipeline.prompt_length import check_prompt_lengths
 from kimi_batch.pipeline.rows import file_row
 from kimi_batch.pipeline.server import InterruptibleRunner, LlamaDeployment

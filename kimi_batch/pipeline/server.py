@@ -18,7 +18,7 @@ lost and the step runs on to the end, as if nobody had asked it to stop.
 `InterruptibleRunner` takes the signal over while its loop runs: the handler only records it and
 cancels the running coroutine (as `asyncio.Runner` does for Ctrl-C), every task of the loop is
 cancelled (their connections close, so llama-server stops those slots), and only then, outside
-the loop, the interrupt the caller names (`interrupt`: Dagster's, in `defs/assets/driver.py`) is
+the loop, the interrupt the caller names (`interrupt`: Dagster's, in `defs/assets/stage_asset.py`) is
 raised for the orchestrator and the asset's own cleanup.
 """
 

@@ -1,7 +1,7 @@
-"""The quality gate (`gate`: what a gated stage's landing keeps): benchmark contamination
-(`contamination`: token n-gram indexes of the benchmark files), exact and near duplicates across
-nights (`dedup_index`: exact keys and MinHash LSH in the state database), judged on the texts and
-tokens of `text_keys`. Other packages import from here, never from the modules.
+"""The quality gate (`gate`: what a gated stage's landing keeps, and benchmark contamination:
+token n-gram indexes of the benchmark files) and exact and near duplicates across nights
+(`dedup_index`: exact keys and MinHash LSH in the state database, and the texts and tokens they
+are judged on). Other packages import from here, never from the modules.
 """
 
 from kimi_batch.quality.dedup_index import (
@@ -9,6 +9,8 @@ from kimi_batch.quality.dedup_index import (
     DedupSetting,
     IndexedText,
     index_entries,
+    loose_text,
+    normalize_text,
     rescreen_partitions,
     shingles,
 )
@@ -20,7 +22,6 @@ from kimi_batch.quality.gate import (
     QualityGate,
     set_aside_totals,
 )
-from kimi_batch.quality.text_keys import loose_text, normalize_text
 
 __all__ = [
     "CONTAMINATED",

@@ -1,5 +1,8 @@
-"""The duplicate index: every kept row of the gated stages, across every night and every worker.
+"""The duplicate index, and the texts duplicates and benchmark overlap are judged on: the exact
+key (`normalize_text`), the loose text (`loose_text`) and the tokens n-grams and shingles are made
+of (`text_tokens`).
 
+The index holds every kept row of the gated stages, across every night and every worker.
 One state store (`StatePaths.dedup_state`): a SQLite file in the state dir, or a schema of the
 PostgreSQL database that several workers share, so a row is screened against what any of them
 kept. Per kept row (`kept`): its partition and ids, its exact key (the first 16 bytes
@@ -36,6 +39,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from functools import cache
@@ -46,14 +51,88 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.crash_points import crash_point
 from kimi_batch.paths import StateLocation
-from kimi_batch.quality.text_keys import text_tokens
 from kimi_batch.state import StateDatabase, connect_state, read_state
+
+# ---- the texts and their tokens -----------------------------------------------------------------
+
+# `normalize_text` is the exact-duplicate key: it folds only what carries no meaning, case and
+# whitespace (and Unicode's canonically equivalent encodings of one character), so "2+2" and
+# "2-2", "3 < 2" and "3 > 2", "C#" and "C++" stay apart; a prompt of symbols only keeps its
+# symbols. `loose_text` is for comparisons that should survive re-punctuation (a benchmark item
+# quoted with other quotes, a model echoing its instruction): compatibility forms folded too,
+# punctuation and symbols dropped, as lm-eval's decontamination does.
+#
+# `text_tokens` cuts a text into the units n-grams and shingles are made of: whitespace words,
+# except that every character of a script written without spaces (Chinese, Japanese kana, Thai,
+# Lao, Khmer, Myanmar, Tibetan) is a token of its own, as multilingual dedup tools (text-dedup,
+# CCNet) screen those scripts by character n-grams; Russian or Korean, written with spaces, keep
+# word n-grams.
+
+# Code point ranges of the scripts written without spaces between words.
+_UNSPACED = (
+    "\u0e00-\u0eff"  # Thai, Lao
+    "\u0f00-\u0fff"  # Tibetan
+    "\u1000-\u109f"  # Myanmar
+    "\u1780-\u17ff"  # Khmer
+    "\u2e80-\u2fdf"  # CJK and Kangxi radicals
+    "\u3005-\u3007\u3021-\u3029\u3038-\u303b"  # iteration and closing marks, ideographic zero, Hangzhou numerals
+    "\u3040-\u30ff"  # Hiragana, Katakana
+    "\u3100-\u312f\u31a0-\u31bf"  # Bopomofo
+    "\u31f0-\u31ff"  # Katakana phonetic extensions
+    "\u3400-\u4dbf\u4e00-\u9fff"  # CJK ideographs (extension A, unified)
+    "\uf900-\ufaff"  # CJK compatibility ideographs
+    "\uff66-\uff9f"  # halfwidth Katakana
+    "\U00020000-\U000323af"  # CJK ideographs, extensions B to I (H: Unicode 15)
+)
+_TOKEN = re.compile(rf"[{_UNSPACED}]|[^\s{_UNSPACED}]+")
+_WHITESPACE = re.compile(r"\s+")
+
+
+def normalize_text(text: str) -> str:
+    """The exact-duplicate key's text: canonical Unicode, casefolded, whitespace collapsed.
+
+    NFC, not NFKC: compatibility folding would make "x²" the same as "x2" and "①" as "1", a
+    difference of meaning in math data. Casefolded from the decomposed form, as Unicode's
+    canonical caseless match (D145) does: the iota subscript (U+0345) reorders, so a composed
+    Greek capital and its small letter folded apart. NFC after, the key's compact form.
+    """
+    folded = unicodedata.normalize("NFC", unicodedata.normalize("NFD", text).casefold())
+    return _WHITESPACE.sub(" ", folded).strip()
+
+
+# Punctuation (P*), symbols (S*) and format characters (Cf).
+_LOOSE_DROPPED = frozenset({"Pc", "Pd", "Ps", "Pe", "Pi", "Pf", "Po", "Sm", "Sc", "Sk", "So", "Cf"})
+
+
+def loose_text(text: str) -> str:
+    """Casefolded text without punctuation or symbols (compatibility forms folded), whitespace
+    collapsed: for overlap that should survive other quoting, never for the exact key."""
+    folded = unicodedata.normalize("NFKC", text).casefold()
+    # Invisible format characters (Cf: a soft hyphen, a zero-width space, as text pasted from
+    # the web carries) go too: a quoted copy is a copy with them.
+    kept = "".join(ch for ch in folded if unicodedata.category(ch) not in _LOOSE_DROPPED)
+    return _WHITESPACE.sub(" ", kept).strip()
+
+
+def text_tokens(text: str) -> list[str]:
+    """Whitespace words, each character of a script without spaces a token of its own."""
+    return _TOKEN.findall(text)
+
+
+def token_ngrams(text: str, n: int) -> Iterator[str]:
+    """The token n-grams of `text`, space-joined (none when it has fewer than `n` tokens)."""
+    tokens = text_tokens(text)
+    for start in range(len(tokens) - n + 1):
+        yield " ".join(tokens[start : start + n])
+
+
+# ---- the index ----------------------------------------------------------------------------------
 
 # datasketch's default: the similarity estimate's standard error is about 1/sqrt(128), 0.09.
 NUM_PERM = 128
 _SCHEME = "affine32"  # datasketch 2's default; named, since its values carry no trace of it
 _SEED = 1
-# What the exact key and the shingles are made of (`tasks.text_keys`): part of the stamp, so an
+# What the exact key and the shingles are made of (the texts above): part of the stamp, so an
 # index made under an earlier normalization (punctuation dropped, CJK as one word) is rebuilt.
 _TEXT_VERSION = (
     "text=nfd-casefold-nfc-ws tokens=words+unspaced-chars-to-323af key=context,question,answer"
@@ -188,7 +267,7 @@ def _optimal_bands(threshold: float) -> tuple[int, int]:
 
 def shingles(text: str, size: int) -> list[bytes]:
     """The token `size`-grams of normalized `text` (a shorter text is one shingle): words, and
-    single characters of a script written without spaces (`tasks.text_keys.text_tokens`)."""
+    single characters of a script written without spaces (`text_tokens`)."""
     words = text_tokens(text)
     if len(words) <= size:
         return [" ".join(words).encode("utf-8", "surrogatepass")]

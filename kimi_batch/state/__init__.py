@@ -1,4 +1,4 @@
-"""The state databases: one interface (`StateDatabase`), two backends (`sqlite`, `postgres`).
+"""The state databases: one interface and the SQLite backend (`database`), PostgreSQL (`postgres`).
 
 The ledger (with the partition leases), the landing manifest, the Batch API store and the quality
 gate's duplicate index each open
@@ -14,16 +14,17 @@ import typing
 
 from kimi_batch.state.database import (
     Cursor,
+    SqliteDatabase,
     StateBusyError,
     StateDatabase,
     StateError,
+    boot_clock,
     connect_state,
     read_state,
     shown_location,
 )
 from kimi_batch.state.fence import Fence
 from kimi_batch.state.migrate import StoreCopy, copy_store
-from kimi_batch.state.sqlite import SqliteDatabase, boot_clock
 
 if typing.TYPE_CHECKING:
     from kimi_batch.state.postgres import POSTGRES_CLOCK, PostgresDatabase, shown_url

@@ -16,8 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.crash_points import crash_point
-from kimi_batch.state.database import StateDatabase, StateError
-from kimi_batch.state.sqlite import SqliteDatabase, read_sqlite
+from kimi_batch.state.database import SqliteDatabase, StateDatabase, StateError, read_sqlite
 
 _CHUNK = 1000
 

@@ -2,7 +2,7 @@
 
     open_warehouse(settings).write_partition(table, ds, source, rows, guard=lease) -> PartitionWrite
 
-One commit replaces a partition; the lease is confirmed inside that commit (`catalog`); readers
+One commit replaces a partition; the lease is confirmed inside that commit (`tables`); readers
 see the current snapshot, or the ones a `pinned` warehouse names. Trino, polars, Spark and DuckDB
 read the same tables through the same catalog. Each night's snapshots are tagged
 `night-YYYY-MM-DD`, and an as-of (snapshot id, tag, date) resolves to one snapshot a table
@@ -14,7 +14,6 @@ same tables (`trino`: its catalog file and `TrinoReader`). Other packages import
 from the modules.
 """
 
-from kimi_batch.warehouse.catalog import CATALOG_NAME, LEDGER_SCHEMA, CatalogSpec, open_catalog
 from kimi_batch.warehouse.maintenance import TableMaintenance, maintain
 from kimi_batch.warehouse.migration import (
     HivePartition,
@@ -41,7 +40,15 @@ from kimi_batch.warehouse.snapshots import (
     resolve_as_of,
     tag_night,
 )
-from kimi_batch.warehouse.tables import PartitionWrite, Warehouse, open_warehouse
+from kimi_batch.warehouse.tables import (
+    CATALOG_NAME,
+    LEDGER_SCHEMA,
+    CatalogSpec,
+    PartitionWrite,
+    Warehouse,
+    open_catalog,
+    open_warehouse,
+)
 from kimi_batch.warehouse.trino import (
     TrinoConfig,
     TrinoQueryError,

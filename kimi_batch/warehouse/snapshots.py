@@ -28,9 +28,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from kimi_batch.crash_points import crash_point
 from kimi_batch.errors import ConfigError
 from kimi_batch.storage import StorageError
-from kimi_batch.warehouse.catalog import COMMIT_RETRIES, open_catalog
 from kimi_batch.warehouse.schema import validate_ds
-from kimi_batch.warehouse.tables import Warehouse
+from kimi_batch.warehouse.tables import COMMIT_RETRIES, Warehouse, open_catalog
 
 NIGHT_TAG_PREFIX = "night-"
 _SNAPSHOT_ID = re.compile(r"^-?[0-9]+$")

@@ -1,40 +1,53 @@
-"""The output tables as Apache Iceberg tables (pyiceberg), partitioned by identity `ds`, `source`.
+"""The warehouse: the output tables as Apache Iceberg tables (pyiceberg), partitioned by identity
+`ds`, `source`, their catalog in the ledger's state database.
 
-A partition is replaced by one catalog commit: an overwrite whose filter is the partition (the
-old files deleted and the new appended in one metadata swap), so a reader sees the old rows or
-the new, never a mix, and zero rows replace the partition with nothing. Files of replaced
-snapshots stay until the snapshot expires (`maintenance`): a query planned on the old snapshot
-finishes. A partition lease is confirmed inside the commit's own transaction (`catalog`).
-
-A `Warehouse` reads the current state, or the snapshots it is pinned to (`pinned`): what
-`kimi-batch export --as-of` reads.
+- the catalog (`CatalogSpec`, `open_catalog`): pyiceberg's SQL catalog beside the partition
+  leases, a write's lease confirmed inside the catalog commit's own transaction (`commit_fenced`);
+- the partition overwrite (`replace_partition`): a partition replaced by one OVERWRITE snapshot,
+  a commit's cost flat as snapshots accumulate;
+- the tables (`Warehouse`, `open_warehouse`): a partition replaced by one catalog commit, read as
+  of the current state or of the snapshots a warehouse is pinned to (`pinned`: what
+  `kimi-batch export --as-of` reads).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Mapping
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import UTC, date, datetime
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 from urllib.request import url2pathname
 
 import polars as pl
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SecretStr
+from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError, TableAlreadyExistsError
 from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, EqualTo
-from pyiceberg.table import Table
+from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible, _dataframe_to_data_files
+from pyiceberg.manifest import ManifestContent, ManifestFile
+from pyiceberg.table import Table, TableProperties, Transaction
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.snapshots import Operation
+from pyiceberg.table.update import update_table_metadata
+from pyiceberg.table.update.snapshot import _ManifestMergeManager, _OverwriteFiles
+from pyiceberg.utils.properties import property_as_bool
+from sqlalchemy import event
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
 
 from kimi_batch.crash_points import crash_point
-from kimi_batch.paths import private_dir
+from kimi_batch.paths import StatePaths, connect_private_db, private_dir
 from kimi_batch.settings import Settings
-from kimi_batch.state import Fence
+from kimi_batch.state import Fence, SqliteDatabase, StateDatabase
 from kimi_batch.storage import StorageError
-from kimi_batch.warehouse.catalog import COMMIT_RETRIES, CatalogSpec, commit_fenced, open_catalog
-from kimi_batch.warehouse.overwrite import replace_partition
 from kimi_batch.warehouse.schema import (
     PARTITION_COLUMNS,
     TABLES,
@@ -43,6 +56,299 @@ from kimi_batch.warehouse.schema import (
     validate_ds,
     validate_source,
 )
+
+# ---- the catalog --------------------------------------------------------------------------------
+
+# The catalog lives where the partition leases live (the ledger's SQLite file by default, the
+# `kimi_ledger` schema of `KIMI_BATCH_DATABASE_URL` for a team), so a partition write's lease is
+# confirmed inside the catalog commit's own transaction: `commit_fenced` hands the commit's
+# connection to the lease (`Fence.confirm_in`) just before the metadata swap commits. A writer
+# whose lease ran out, even between its last check and the swap, commits nothing. Trino's Iceberg
+# connector reads the same catalog through JDBC (`scripts/trino.sh`).
+
+CATALOG_NAME = "kimi_batch"
+# The ledger's schema on PostgreSQL (`StatePaths.ledger_state`): the leases are there.
+LEDGER_SCHEMA = "kimi_ledger"
+# Writers that may race on one table's metadata swap: pyiceberg retries a lost compare-and-swap
+# this many times (each retry re-reads the table and re-applies the partition's overwrite).
+COMMIT_RETRIES = 32
+
+
+class CatalogSpec(BaseModel):
+    """Where the catalog and the table files are."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    database: SecretStr  # the SQLAlchemy URL (a PostgreSQL one may hold a password)
+    sqlite_path: Path | None = None
+    warehouse: str  # the root URL of the table files: file:///... or s3://bucket/prefix
+    namespace: str
+    s3_endpoint: str | None = None
+    s3_region: str | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> CatalogSpec:
+        return cls.from_paths(
+            settings.paths,
+            namespace=settings.trino_schema,
+            s3_endpoint=settings.s3_endpoint,
+            s3_region=settings.s3_region,
+        )
+
+    @classmethod
+    def from_paths(
+        cls,
+        paths: StatePaths,
+        *,
+        namespace: str = "kimi_batch",
+        s3_endpoint: str | None = None,
+        s3_region: str | None = None,
+    ) -> CatalogSpec:
+        """The catalog in the ledger's database of the state `paths`, the files in its
+        warehouse (folder or URL)."""
+        root = paths.warehouse_url or paths.warehouse_dir.expanduser().resolve().as_uri()
+        if paths.database_url is None:
+            path = paths.ledger_path.expanduser().resolve()
+            # A generous busy timeout: commits of several workers queue on SQLite's write lock.
+            database, sqlite_path = f"sqlite:///{path}?timeout=60", path
+        else:
+            database, sqlite_path = _sqlalchemy_postgres(paths.database_url), None
+        return cls(
+            database=SecretStr(database),
+            sqlite_path=sqlite_path,
+            warehouse=root.rstrip("/"),
+            namespace=namespace,
+            s3_endpoint=s3_endpoint,
+            s3_region=s3_region,
+        )
+
+    @classmethod
+    def for_folder(cls, folder: Path, *, namespace: str = "kimi_batch") -> CatalogSpec:
+        """A folder warehouse in the state dir's layout: the catalog in `../ledger/`."""
+        folder = folder.expanduser().resolve()
+        paths = StatePaths(home=folder.parent, warehouse_override=folder)
+        return cls.from_paths(paths, namespace=namespace)
+
+    def properties(self) -> dict[str, str]:
+        """pyiceberg's catalog properties (the AWS variables give S3 credentials)."""
+        properties = {"uri": self.database.get_secret_value(), "warehouse": self.warehouse}
+        if self.s3_endpoint:
+            properties["s3.endpoint"] = self.s3_endpoint
+            properties["s3.force-virtual-addressing"] = "false"
+        if self.s3_region:
+            properties["s3.region"] = self.s3_region
+        return properties
+
+
+def _sqlalchemy_postgres(url: str) -> str:
+    """`postgresql://...` as SQLAlchemy's psycopg 3 URL, on the ledger's schema."""
+    parts = urlsplit(url)
+    query = "&".join(q for q in (parts.query, f"options=-csearch_path%3D{LEDGER_SCHEMA}") if q)
+    return urlunsplit(("postgresql+psycopg", parts.netloc, parts.path, query, parts.fragment))
+
+
+_catalogs_lock = threading.Lock()
+
+
+@lru_cache(maxsize=8)
+def _catalog(spec: CatalogSpec) -> SqlCatalog:
+    if spec.sqlite_path is None:
+        _create_schema(spec)
+    elif not spec.sqlite_path.exists():
+        # The ledger's file, created owner-only and in WAL mode as the ledger creates it.
+        private_dir(spec.sqlite_path.parent)
+        connect_private_db(spec.sqlite_path).close()
+    # Creates its own tables (iceberg_tables, iceberg_namespace_properties) if missing; the
+    # namespace comes with the first table.
+    return SqlCatalog(CATALOG_NAME, **spec.properties())
+
+
+def _create_schema(spec: CatalogSpec) -> None:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(spec.database.get_secret_value())
+    try:
+        with engine.begin() as connection:
+            connection.execute(text(f"CREATE SCHEMA IF NOT EXISTS {LEDGER_SCHEMA}"))
+    finally:
+        engine.dispose()
+
+
+def open_catalog(spec: CatalogSpec) -> SqlCatalog:
+    """The catalog of `spec`, its tables created if missing (one per process and spec: it
+    holds a connection pool)."""
+    with _catalogs_lock:
+        return _catalog(spec)  # pyright: ignore[reportArgumentType] - frozen: hashable
+
+
+# The fence of the commit this thread is making (None: a commit that needs none).
+_FENCE: ContextVar[tuple[Fence, CatalogSpec] | None] = ContextVar("_FENCE", default=None)
+
+
+@contextmanager
+def commit_fenced(fence: Fence | None, spec: CatalogSpec) -> Iterator[None]:
+    """Catalog commits made inside confirm `fence` in their own transaction."""
+    token = _FENCE.set(None if fence is None else (fence, spec))
+    try:
+        yield
+    finally:
+        _FENCE.reset(token)
+
+
+def _state_database(session: Session, spec: CatalogSpec) -> StateDatabase:
+    """The session's connection, inside its transaction, as a `StateDatabase`."""
+    raw: Any = session.connection().connection.dbapi_connection
+    if spec.sqlite_path is not None:
+        return SqliteDatabase.wrap(raw, spec.sqlite_path)
+    from kimi_batch.state import PostgresDatabase
+
+    return PostgresDatabase.wrap(raw, spec.database.get_secret_value(), LEDGER_SCHEMA)
+
+
+@event.listens_for(Session, "before_commit")
+def _confirm_lease(session: Session) -> None:
+    """pyiceberg's catalog commit is one session: its metadata swap is executed, not yet
+    committed, when this runs; the lease is confirmed in the same transaction, or the commit
+    raises and the swap is rolled back."""
+    fenced = _FENCE.get()
+    if fenced is None:
+        return
+    fence, spec = fenced
+    fence.confirm_in(_state_database(session, spec))
+
+
+# ---- the partition overwrite --------------------------------------------------------------------
+
+# pyiceberg 0.12's `Table.overwrite` makes two snapshots a commit (a DELETE, then an APPEND),
+# merges manifests only on appends (its overwrite carries a manifest of deleted entries into every
+# later snapshot), and recomputes the table metadata dozens of times a commit
+# (apache/iceberg-python #2673): a commit's cost followed the snapshots kept (5.8x night 1 after
+# 30 simulated nights). `replace_partition` drives pyiceberg's own snapshot producer and merge
+# manager the way Java's overwrite does. It reaches pyiceberg internals, pinned by the lock; the
+# warehouse tests catch a change.
+
+
+class _PartitionTransaction(Transaction):
+    """pyiceberg's transaction with its table metadata computed once per change.
+
+    pyiceberg 0.12 recomputes (deep-copies) the metadata with the transaction's updates on every
+    access, dozens of times a commit, so a commit's cost grew with the snapshots kept
+    (iceberg-python #2673; a cache like this one is upstream's fix, not yet released). The base
+    metadata and the updates tuple are immutable and replaced, never changed, so the pair held
+    by reference is the cache's key.
+    """
+
+    _computed: tuple[TableMetadata, tuple[Any, ...], TableMetadata] | None = None
+
+    @property
+    def table_metadata(self) -> TableMetadata:
+        base, updates = self._table.metadata, self._updates
+        computed = self._computed
+        if computed is None or computed[0] is not base or computed[1] is not updates:
+            computed = (base, updates, update_table_metadata(base, updates))
+            self._computed = computed
+        return computed[2]
+
+
+class _MergingOverwrite(_OverwriteFiles):
+    """pyiceberg's OVERWRITE snapshot producer, its manifests kept few as Java's overwrite does.
+
+    pyiceberg 0.12 merges manifests only on appends, and its overwrite carries a manifest of
+    only deleted entries into every later snapshot: with one overwrite a partition, a table's
+    manifests grew by one or two a commit. Here a manifest naming no live file is dropped and
+    the rest are merged by the table's `commit.manifest-merge.*` properties (pyiceberg's own
+    merge manager), so a snapshot reads a bounded number of manifests.
+    """
+
+    def _existing_manifests(self) -> list[ManifestFile]:
+        return [
+            manifest
+            for manifest in super()._existing_manifests()
+            if manifest.has_added_files() or manifest.has_existing_files()
+        ]
+
+    def _build_manifest_evaluator(self, spec_id: int) -> Callable[[ManifestFile], bool]:
+        """A fresh pyiceberg manifest evaluator for each manifest judged.
+
+        pyiceberg 0.12's evaluator keeps the manifest it is judging on itself, and its overwrite
+        shares one among the threads that read the parent snapshot's manifests for the files to
+        delete: a thread switch mid-judgement read another manifest's partition summaries, so
+        the manifest holding the files was skipped and pyiceberg refused the commit ("Missing
+        required files to delete"; seen once under make test's load).
+        """
+        build = super()._build_manifest_evaluator
+        return lambda manifest: build(spec_id)(manifest)
+
+    def _process_manifests(self, manifests: list[ManifestFile]) -> list[ManifestFile]:
+        properties = self._transaction.table_metadata.properties
+        merge = _ManifestMergeManager(
+            target_size_bytes=int(
+                properties.get(
+                    TableProperties.MANIFEST_TARGET_SIZE_BYTES,
+                    TableProperties.MANIFEST_TARGET_SIZE_BYTES_DEFAULT,
+                )
+            ),
+            min_count_to_merge=int(
+                properties.get(
+                    TableProperties.MANIFEST_MIN_MERGE_COUNT,
+                    TableProperties.MANIFEST_MIN_MERGE_COUNT_DEFAULT,
+                )
+            ),
+            merge_enabled=property_as_bool(
+                properties,
+                TableProperties.MANIFEST_MERGE_ENABLED,
+                TableProperties.MANIFEST_MERGE_ENABLED_DEFAULT,
+            ),
+            snapshot_producer=self,
+        )
+        data = [manifest for manifest in manifests if manifest.content == ManifestContent.DATA]
+        deletes = [manifest for manifest in manifests if manifest.content != ManifestContent.DATA]
+        return merge.merge_manifests(data) + deletes
+
+
+def replace_partition(iceberg: Table, data: pa.Table, partition: BooleanExpression) -> None:
+    """The partition's files replaced by `data`'s in one OVERWRITE snapshot.
+
+    pyiceberg's `overwrite` makes two snapshots (a DELETE, then an APPEND): twice the snapshots
+    every later commit carries until they expire. Here the partition's current files are
+    deleted and the new ones added by one snapshot producer; the partition filter scopes its
+    conflict check, so a concurrent writer of another partition is retried, not refused.
+    """
+    transaction = _PartitionTransaction(iceberg)
+    metadata = transaction.table_metadata
+    _check_pyarrow_schema_compatible(
+        metadata.schema(), provided_schema=data.schema, format_version=metadata.format_version
+    )
+    write_id = uuid.uuid4()
+    added = (
+        list(
+            _dataframe_to_data_files(
+                table_metadata=metadata, write_uuid=write_id, df=data, io=iceberg.io
+            )
+        )
+        if data.num_rows
+        else []
+    )
+    replaced = [task.file for task in iceberg.scan(row_filter=partition).plan_files()]
+    if not added and not replaced:
+        return  # an empty partition replaced by nothing: no commit
+    operation = Operation.OVERWRITE if metadata.current_snapshot() else Operation.APPEND
+    with _MergingOverwrite(operation, transaction, iceberg.io, commit_uuid=write_id) as overwrite:
+        overwrite.delete_by_predicate(partition)
+        for data_file in replaced:
+            overwrite.delete_data_file(data_file)
+        for data_file in added:
+            overwrite.append_data_file(data_file)
+    transaction.commit_transaction()
+
+
+# ---- the tables ---------------------------------------------------------------------------------
+
+# A partition is replaced by one catalog commit: an overwrite whose filter is the partition (the
+# old files deleted and the new appended in one metadata swap), so a reader sees the old rows or
+# the new, never a mix, and zero rows replace the partition with nothing. Files of replaced
+# snapshots stay until the snapshot expires (`maintenance`): a query planned on the old snapshot
+# finishes. A partition lease is confirmed inside the commit's own transaction (the catalog above).
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 

@@ -29,10 +29,12 @@ KEY = "sk-trace-key"
 # the package and 8 of web/, became 5: lines, store, lifecycle, web/app, web/guard); 35 once
 # defs/, pipeline/ and storage/ did the same; 31 in 10 once a stage the quality gate does not
 # screen stopped opening it (quality/'s 2), the state database picked its own backend, and the
-# resources were built ahead of the trip, as the code location builds them once. A ratchet, so
-# the trip only gets shorter from here; the issue's goal is at most 12 modules in at most 3
-# packages.
-MAX_MODULES = 31
+# resources were built ahead of the trip, as the code location builds them once; 25 once the
+# modules that were one concept became one (defs/'s stage asset with its driver and landing, the
+# pipeline's driver with its landing, the warehouse's catalog, overwrite and tables, the state
+# database with its SQLite backend, an input's landing with its snapshot). A ratchet, so the trip
+# only gets shorter from here; the issue's goal is at most 12 modules in at most 3 packages.
+MAX_MODULES = 25
 MAX_PACKAGES = 10
 
 

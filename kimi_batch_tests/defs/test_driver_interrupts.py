@@ -16,7 +16,7 @@ from collections.abc import Callable
 import dagster as dg
 import pytest
 
-from kimi_batch.defs.assets.driver import interruptible_runner, run_interruptibly
+from kimi_batch.defs.assets.stage_asset import interruptible_runner, run_interruptibly
 
 
 def _interrupt_self(signo: int = signal.SIGINT) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from kimi_batch.defs.assets.landing import generation_checks
+from kimi_batch.defs.assets.stage_asset import generation_checks
 from kimi_batch.pipeline import AmplifyConfig, CheckFigures, DistillConfig
 from kimi_batch.settings import Settings
 from kimi_batch.warehouse import polars_schema

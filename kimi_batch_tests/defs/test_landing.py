@@ -5,7 +5,7 @@ nothing pending (a commit is visible to Trino at once)."""
 
 import dagster as dg
 
-from kimi_batch.defs.assets.landing import record
+from kimi_batch.defs.assets.stage_asset import record
 
 KEY = "2024-05-01|north"
 SEEDS = dg.AssetKey("seed_prompts")

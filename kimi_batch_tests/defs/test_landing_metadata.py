@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from kimi_batch.defs.assets.landing import (
+from kimi_batch.defs.assets.stage_asset import (
     COLUMN_SCHEMA,
     PARTITION_ROW_COUNT,
     ROW_COUNT,

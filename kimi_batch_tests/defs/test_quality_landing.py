@@ -14,7 +14,7 @@ import pytest
 
 from kimi_batch.cli.export import ExportQuery, ExportRequest, run_export
 from kimi_batch.cli.status import collect_status
-from kimi_batch.defs.assets.landing import land_stage, record
+from kimi_batch.defs.assets.stage_asset import land_stage, record
 from kimi_batch.defs.partition_states import failed_checks
 from kimi_batch.defs.resources import TrinoResource, WarehouseResource
 from kimi_batch.engine import Ledger

@@ -8,7 +8,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from kimi_batch.defs.assets.driver import failing_step
+from kimi_batch.defs.assets.stage_asset import failing_step
 from kimi_batch.engine import Ledger
 from kimi_batch.pipeline import PartitionSkippedError, driver, partition_lease
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kimi_batch.engine import SamplingParams
 from kimi_batch.pipeline import AmplifyTask, DistillTask, SeedMessage, SeedRow, Strategy
-from kimi_batch.pipeline.landed import plan_stage
+from kimi_batch.pipeline.driver import plan_stage
 from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.rows import CREATED_AT
 

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kimi_batch.errors import ConfigError
-from kimi_batch.quality.contamination import BenchmarkIndex, load_benchmarks, word_ngrams
-from kimi_batch.quality.text_keys import loose_text
+from kimi_batch.quality.dedup_index import loose_text
+from kimi_batch.quality.gate import BenchmarkIndex, load_benchmarks, word_ngrams
 
 QUESTION = (
     "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips "

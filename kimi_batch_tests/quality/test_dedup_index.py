@@ -22,10 +22,10 @@ from kimi_batch.quality.dedup_index import (
     DedupSetting,
     IndexedText,
     index_entries,
+    normalize_text,
     rescreen_partitions,
     shingles,
 )
-from kimi_batch.quality.text_keys import normalize_text
 from kimi_batch.state import StateBusyError, connect_state
 from kimi_batch_tests.support.postgres import PostgresServer, StateBackend
 

@@ -14,7 +14,7 @@ import unicodedata
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kimi_batch.quality.text_keys import loose_text, normalize_text, text_tokens, token_ngrams
+from kimi_batch.quality.dedup_index import loose_text, normalize_text, text_tokens, token_ngrams
 
 # Characters the generic strategy rarely draws: scripts with and without spaces, combining marks,
 # joiners, controls, symbols and operators, odd spaces.
@@ -119,7 +119,7 @@ def test_the_key_is_the_same_in_another_process() -> None:
     texts = [_random_text(chooser) for _ in range(500)]
     script = (
         "import json, sys\n"
-        "from kimi_batch.quality.text_keys import normalize_text\n"
+        "from kimi_batch.quality.dedup_index import normalize_text\n"
         "texts = json.loads(sys.stdin.read())\n"
         "print(json.dumps([normalize_text(t) for t in texts]))\n"
     )

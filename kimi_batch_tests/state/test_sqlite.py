@@ -6,7 +6,7 @@ import sqlite3
 from contextlib import closing
 from pathlib import Path
 
-from kimi_batch.state.sqlite import SqliteDatabase, read_sqlite
+from kimi_batch.state.database import SqliteDatabase, read_sqlite
 
 
 def test_the_counter_remembers_a_deleted_newest_id_and_can_be_raised(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ import dagster as dg
 import polars as pl
 
 from kimi_batch.defs.assets.batch import seeds_are_current
-from kimi_batch.defs.assets.landing import land_stage
+from kimi_batch.defs.assets.stage_asset import land_stage
 from kimi_batch.defs.resources import TrinoResource, WarehouseResource
 from kimi_batch.engine import GenerationResult, Ledger, row_request_id
 from kimi_batch.engine.generation import request_key

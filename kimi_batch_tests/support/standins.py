@@ -14,6 +14,7 @@ import time
 
 import dagster as dg
 
+from kimi_batch.defs.assets.stage_asset import partition_parts
 from kimi_batch.defs.jobs import (
     BATCH_GROUP,
     DISTILLED_RESPONSES,
@@ -26,7 +27,7 @@ from kimi_batch.defs.jobs import (
     ingest_job,
 )
 from kimi_batch.defs.partition_states import INPUT_SHA_METADATA
-from kimi_batch.defs.partitions import build_batch_partitions, partition_parts
+from kimi_batch.defs.partitions import build_batch_partitions
 from kimi_batch.defs.schedules import build_nightly_schedule
 from kimi_batch.defs.sensors import build_inbox_sensor
 from kimi_batch.inputs.inbox import file_sha256, inspect_inbox_file

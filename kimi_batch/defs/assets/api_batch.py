@@ -18,13 +18,14 @@ from kimi_batch.batch_api import (
     cancelled_message,
     finish_batch,
 )
-from kimi_batch.defs.assets.driver import (
+from kimi_batch.defs.assets.stage_asset import (
+    ASSET_OWNERS,
     LLAMA_POOL,
     GenerationResources,
+    check_specs,
     run_partitions,
     step_lease,
 )
-from kimi_batch.defs.assets.landing import ASSET_OWNERS, check_specs
 from kimi_batch.defs.partitions import api_batch_partitions
 from kimi_batch.defs.resources import (
     DigestResource,

@@ -10,12 +10,19 @@ from datetime import UTC, datetime
 import dagster as dg
 from pydantic import Field
 
-from kimi_batch.defs.assets.driver import LLAMA_POOL, RunContext, interruptible_runner, step_lease
-from kimi_batch.defs.assets.landing import ASSET_OWNERS, table_metadata
-from kimi_batch.defs.assets.stage_asset import generation_asset
+from kimi_batch.defs.assets.stage_asset import (
+    ASSET_OWNERS,
+    LLAMA_POOL,
+    RunContext,
+    generation_asset,
+    interruptible_runner,
+    partition_parts,
+    step_lease,
+    table_metadata,
+)
 from kimi_batch.defs.deployment import deployment_settings
 from kimi_batch.defs.jobs import BATCH_GROUP, INGEST_TAG, NIGHT_END_TAG, OPTIONAL_TAG
-from kimi_batch.defs.partitions import build_batch_partitions, partition_parts
+from kimi_batch.defs.partitions import build_batch_partitions
 from kimi_batch.defs.resources import (
     DigestResource,
     LlamaServerResource,

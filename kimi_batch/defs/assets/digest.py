@@ -2,8 +2,7 @@
 
 import dagster as dg
 
-from kimi_batch.defs.assets.driver import run_interruptibly
-from kimi_batch.defs.assets.landing import ASSET_OWNERS
+from kimi_batch.defs.assets.stage_asset import ASSET_OWNERS, run_interruptibly
 from kimi_batch.defs.resources import DigestResource, LlamaServerResource
 from kimi_batch.engine import ContextTooSmallError, DigestLintError, SystemDigest
 from kimi_batch.pipeline import warm_digest

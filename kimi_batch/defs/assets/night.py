@@ -21,17 +21,17 @@ from kimi_batch.defs.assets.batch import (
     resolve_seeds_input,
     seeds_are_current,
 )
-from kimi_batch.defs.assets.driver import (
+from kimi_batch.defs.assets.night_tag import tag_the_night
+from kimi_batch.defs.assets.stage_asset import (
     LLAMA_POOL,
     GenerationResources,
+    dagster_config,
     failing_step,
     mark_stopped_at_window,
+    record,
     run_partitions,
     window_end,
 )
-from kimi_batch.defs.assets.landing import record
-from kimi_batch.defs.assets.night_tag import tag_the_night
-from kimi_batch.defs.assets.stage_asset import dagster_config
 from kimi_batch.defs.jobs import (
     FAILED_PARTITIONS_TAG,
     JOB_TAG,

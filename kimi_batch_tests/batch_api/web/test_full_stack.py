@@ -24,7 +24,7 @@ from openai.types.chat import ChatCompletion
 
 from kimi_batch.batch_api import ApiStore
 from kimi_batch.batch_api.web.runs import LAUNCHED_BY_TAG, BatchRuns, RunMode
-from kimi_batch.defs.assets.driver import LLAMA_POOL
+from kimi_batch.defs.assets.stage_asset import LLAMA_POOL
 from kimi_batch.settings import Settings
 from kimi_batch.warehouse import TrinoConfig, TrinoReader, Warehouse, open_warehouse
 from kimi_batch_tests.support.api_server import serving_api

@@ -41,7 +41,7 @@ from kimi_batch.batch_api.web.runs import (
 )
 from kimi_batch.batch_api.web.server import runner_text
 from kimi_batch.defs.assets.api_batch import API_TRIGGER_TAG
-from kimi_batch.defs.assets.driver import LLAMA_POOL
+from kimi_batch.defs.assets.stage_asset import LLAMA_POOL
 from kimi_batch.defs.jobs import API_BATCH_JOB_NAME
 from kimi_batch.settings import Settings
 from kimi_batch_tests.support.batches import chat_line, jsonl
