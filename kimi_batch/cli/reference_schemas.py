@@ -6,6 +6,8 @@ Part of `kimi_batch.cli.reference` (`make reference`); the tables page lists `wa
 
 from __future__ import annotations
 
+import html
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +24,37 @@ _PARTITION_MEANING = {
 }
 
 
+def code(text: str) -> str:
+    """`text` as inline code fit for a table cell. A `|` in it is written as an HTML entity
+    inside `<code>`: GitHub splits a cell at every `|` not escaped, code spans included, while
+    MkDocs (Python-Markdown) shows the escaping backslash of `\\|` inside a code span."""
+    if "|" not in text:
+        return f"`{text}`"
+    return f"<code>{html.escape(text, quote=False).replace('|', '&#124;')}</code>"
+
+
+# A code span: its backticks, then anything but a backtick, up to the same backticks.
+_CODE_SPAN = re.compile(r"(`+)([^`]+?)\1")
+
+
+def _plain(text: str) -> str:
+    """Text outside code: `|` escaped, and `<`, `>`, `&` as entities (a help text's `<think>`
+    would be an HTML tag, which both renderers hide)."""
+    return html.escape(text, quote=False).replace("|", "\\|")
+
+
 def cell(text: str) -> str:
-    """Text fit for one Markdown table cell."""
-    return " ".join(text.split()).replace("|", "\\|")
+    """Text fit for one Markdown table cell: one line, shown as written (a code span holding a
+    `|` as `code` writes it)."""
+    flat = " ".join(text.split())
+    parts: list[str] = []
+    end = 0
+    for span in _CODE_SPAN.finditer(flat):
+        parts.append(_plain(flat[end : span.start()]))
+        parts.append(code(span.group(2)) if "|" in span.group(2) else span.group(0))
+        end = span.end()
+    parts.append(_plain(flat[end:]))
+    return "".join(parts)
 
 
 def _meanings(model: type[BaseModel]) -> dict[str, str]:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import html
 import os
+import re
+from collections.abc import Iterator
 from pathlib import Path
 
+import markdown
 import pytest
 
 from kimi_batch.cli.reference import (
@@ -94,3 +98,35 @@ def test_the_pages_name_every_variable_command_table_and_route() -> None:
     assert "## `distilled`" in pages["tables.md"]
     assert "| `input_sha256` | `VARCHAR` |" in pages["tables.md"]
     assert "### `POST /v1/batches/{batch_id}/cancel`" in pages["batch-api.md"]
+
+
+# GitHub's tables split a row at every `|` not escaped by a backslash, in code spans too.
+_GITHUB_CELL_BREAK = re.compile(r"(?<!\\)\|")
+
+
+def _tables(page: str) -> Iterator[list[str]]:
+    """Each Markdown table of `page`, as its lines."""
+    table: list[str] = []
+    for line in [*page.splitlines(), ""]:
+        if line.startswith("|"):
+            table.append(line)
+        elif table:
+            yield table
+            table = []
+
+
+def test_every_table_row_has_its_header_cells_on_github() -> None:
+    for name, page in render_pages().items():
+        for table in _tables(page):
+            counts = {len(_GITHUB_CELL_BREAK.split(row.strip().strip("|"))) for row in table}
+            assert len(counts) == 1, f"{name}: {table}"
+
+
+def test_mkdocs_shows_an_option_and_a_help_text_as_the_parser_writes_them() -> None:
+    page = markdown.markdown(render_pages()["cli.md"], extensions=["tables"])
+    codes = [html.unescape(text) for text in re.findall(r"<code>(.*?)</code>", page)]
+    assert "--system keep|drop|once|FILE" in codes
+    assert "--as-of SNAPSHOT|TAG|DATE" in codes
+    assert not [text for text in codes if "\\|" in text]
+    # A help text's `<think>` is text, not a tag the page would hide.
+    assert "inside &lt;think&gt; tags" in page
