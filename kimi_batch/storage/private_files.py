@@ -16,6 +16,7 @@ an entry that cannot be removed (another user's, in a shared folder) is left whe
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import shutil
@@ -110,24 +111,35 @@ def write_private_text(path: Path, text: str) -> Path:
 
 
 def _dead_writers_folders(parent: Path, pattern: str) -> list[Path]:
-    """The folders matching `pattern` in `parent` whose writer no longer runs, newest first."""
+    """The folders (or links to one: an `--out` the user made a link) matching `pattern` in
+    `parent` whose writer no longer runs, newest first."""
     found: list[Path] = []
     for entry in parent.glob(pattern):
         match = _WITH_PID.match(entry.name)
         pid = int(match.group(1)) if match else os.getpid()
-        if pid != os.getpid() and not pid_alive(pid) and entry.is_dir() and not entry.is_symlink():
+        if pid != os.getpid() and not pid_alive(pid) and (entry.is_dir() or entry.is_symlink()):
             found.append(entry)
-    return sorted(found, key=lambda entry: entry.stat().st_ctime_ns, reverse=True)
+    return sorted(found, key=lambda entry: entry.lstat().st_ctime_ns, reverse=True)
+
+
+def _remove_folder(path: Path) -> None:
+    """Remove a temp folder, or only the link where it is one (never what a link points at)."""
+    if path.is_symlink():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _remove_stale_temp_folders(parent: Path, name: str) -> None:
     """The temp folders of `name` left by writers that no longer run. A swap killed between
     its two renames left `name` moved aside and nothing in its place: it is put back first."""
+    # The name is the user's (`--out run[1].hf`): its glob characters are matched as written.
+    literal = glob.escape(name)
     if not (parent / name).exists() and not (parent / name).is_symlink():
-        for aside in _dead_writers_folders(parent, f".{name}.old.*.tmp")[:1]:
+        for aside in _dead_writers_folders(parent, f".{literal}.old.*.tmp")[:1]:
             os.replace(aside, parent / name)
-    for entry in _dead_writers_folders(parent, f".{name}.*.tmp"):
-        shutil.rmtree(entry, ignore_errors=True)
+    for entry in _dead_writers_folders(parent, f".{literal}.*.tmp"):
+        _remove_folder(entry)
 
 
 def _fsync_tree(folder: Path) -> None:
@@ -154,12 +166,12 @@ def private_folder_swap(path: Path) -> Iterator[Path]:
     try:
         yield temp
         _fsync_tree(temp)
-        if path.exists():
+        if path.exists() or path.is_symlink():
             os.replace(path, old)
             crash_point("export.folder_set_aside")  # nothing at `path` until the next rename
         os.replace(temp, path)
     finally:
         shutil.rmtree(temp, ignore_errors=True)
-        if old.exists() and not path.exists():
+        if (old.exists() or old.is_symlink()) and not (path.exists() or path.is_symlink()):
             os.replace(old, path)  # stopped between the two renames: the older folder stays
-        shutil.rmtree(old, ignore_errors=True)
+        _remove_folder(old)

@@ -75,3 +75,46 @@ def test_a_write_removes_only_the_temps_of_dead_writers_of_this_package(
     assert not dead.exists()
     assert locked.exists()
     assert (folder / "answers.jsonl").read_text() == "{}\n"
+
+
+@pytest.mark.parametrize("name", ["run[1].hf", "night*.hf", "a?.hf"])
+def test_a_name_with_glob_characters_gets_its_older_folder_back(tmp_path: Path, name: str) -> None:
+    """`--out run[1].hf`: the sweep looked its temps up with the name as a glob pattern, which
+    `[1]` does not match, so a killed swap's older folder was never put back."""
+    target = tmp_path / "exports" / name
+    _swap(target, "first")
+    _killed_between_the_renames(target)
+    _swap(target, "second")
+    assert (target / "card").read_text() == "second"
+    assert [path.name for path in target.parent.iterdir()] == [name]
+
+
+def test_a_swap_over_a_link_leaves_no_link_aside(tmp_path: Path) -> None:
+    """`--out` naming a link to a folder: the swap moves the link aside and renames the new
+    folder in; the link aside was kept for ever (rmtree refuses a link), its target untouched."""
+    real = tmp_path / "elsewhere"
+    _swap(real, "theirs")
+    target = tmp_path / "exports" / "latest.hf"
+    target.parent.mkdir()
+    target.symlink_to(real, target_is_directory=True)
+    _swap(target, "mine")
+    assert not target.is_symlink()
+    assert (target / "card").read_text() == "mine"
+    assert [path.name for path in target.parent.iterdir()] == ["latest.hf"]
+    assert (real / "card").read_text() == "theirs"  # the link's target is not the export's
+
+
+def test_a_swap_over_a_link_killed_between_its_renames_gives_the_link_back(
+    tmp_path: Path,
+) -> None:
+    real = tmp_path / "elsewhere"
+    _swap(real, "theirs")
+    target = tmp_path / "exports" / "latest.hf"
+    target.parent.mkdir()
+    target.symlink_to(real, target_is_directory=True)
+    _killed_between_the_renames(target)
+    with pytest.raises(RuntimeError):
+        _swap(target, "mine", fail=True)
+    assert target.is_symlink()
+    assert (target / "card").read_text() == "theirs"
+    assert [path.name for path in target.parent.iterdir()] == ["latest.hf"]
