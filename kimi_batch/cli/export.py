@@ -279,6 +279,8 @@ def run_export(settings: Settings, request: ExportRequest) -> Path:
     """Write the export; returns its path (a file, or the hf folder)."""
     if request.fmt not in FORMATS:
         raise ConfigError(f"unknown export format {request.fmt!r}")
+    # A license or language the Hub does not know: refused here, not by the Hub at the upload.
+    request = request.model_copy(update={"card": request.card.check()})
     query = request.query.check()
     if query.min_judge_score is not None and request.fmt not in TRAINING_FORMATS:
         raise ConfigError("--min-judge-score chooses training rows: use it with chat, hf or kd")

@@ -15,6 +15,9 @@ from typing import Any
 from huggingface_hub import DatasetCard, DatasetCardData
 from pydantic import BaseModel, ConfigDict, Field
 
+from kimi_batch.errors import ConfigError
+from kimi_batch.exports.language import ISO_639_1
+
 # The quality gate's reasons name the kept row or benchmark item after their kind.
 _GATE = re.compile(r"^(duplicate|near_duplicate) of |^(contaminated):")
 _DETAIL = re.compile(r":| \(")
@@ -51,6 +54,46 @@ class CardOptions(BaseModel):
     )
     pretty_name: str | None = Field(default=None, description="None: named after the model.")
     notes: tuple[str, ...] = ()
+
+    def check(self) -> CardOptions:
+        """These options with their ids in the Hub's spelling (lower case): ConfigError, one
+        line naming the option, for a license id the Hub does not list (`HUB_LICENSES`) or a
+        language that is not an ISO 639-1 code (`language.ISO_639_1`). `run_export` checks them
+        before it reads anything: the Hub would refuse the card only at the upload."""
+        license_id = self.license.lower()
+        if license_id not in HUB_LICENSES:
+            raise ConfigError(
+                f"--license {self.license!r} is not a license id the Hugging Face Hub knows "
+                "(such as apache-2.0, mit, cc-by-4.0; the list: "
+                "https://huggingface.co/docs/hub/repositories-licenses), or other"
+            )
+        languages = tuple(code.lower() for code in self.language)
+        for given, code in zip(self.language, languages, strict=True):
+            if code not in ISO_639_1:
+                raise ConfigError(
+                    f"--language {given!r} is not an ISO 639-1 code (two letters, such as en, "
+                    "fr, zh)"
+                )
+        return self.model_copy(update={"license": license_id, "language": languages})
+
+
+# The license ids the Hub lists (https://huggingface.co/docs/hub/repositories-licenses, as of
+# 2026-08); it refuses a card whose `license` is none of them. `huggingface_hub` checks a card
+# only online (`RepoCard.validate` posts it to the Hub), so the list is written here.
+_HUB_LICENSE_IDS = (
+    "apache-2.0 mit openrail bigscience-openrail-m creativeml-openrail-m "
+    "bigscience-bloom-rail-1.0 bigcode-openrail-m afl-3.0 artistic-2.0 bsl-1.0 bsd bsd-2-clause "
+    "bsd-3-clause bsd-3-clause-clear c-uda cc cc0-1.0 cc-by-2.0 cc-by-2.5 cc-by-3.0 cc-by-4.0 "
+    "cc-by-sa-3.0 cc-by-sa-4.0 cc-by-nc-2.0 cc-by-nc-3.0 cc-by-nc-4.0 cc-by-nd-4.0 "
+    "cc-by-nc-nd-3.0 cc-by-nc-nd-4.0 cc-by-nc-sa-2.0 cc-by-nc-sa-3.0 cc-by-nc-sa-4.0 "
+    "cdla-sharing-1.0 cdla-permissive-1.0 cdla-permissive-2.0 wtfpl ecl-2.0 epl-1.0 epl-2.0 "
+    "etalab-2.0 eupl-1.1 eupl-1.2 agpl-3.0 gfdl gpl gpl-2.0 gpl-3.0 lgpl lgpl-2.1 lgpl-3.0 isc "
+    "h-research intel-research lppl-1.3c ms-pl apple-ascl apple-amlr mpl-2.0 odc-by odbl "
+    "openmdw-1.0 openmdw-1.1 openrail++ osl-3.0 postgresql ofl-1.1 ncsa unlicense zlib pddl "
+    "lgpl-lr deepfloyd-if-license fair-noncommercial-research-license llama2 llama3 llama3.1 "
+    "llama3.2 llama3.3 llama4 grok2-community gemma unknown other"
+)
+HUB_LICENSES = frozenset(_HUB_LICENSE_IDS.split())
 
 
 LICENSE_NOTE = (

@@ -2,8 +2,9 @@
 
 A heuristic, and the card says so: each script stands for one language (Latin for English,
 Cyrillic for Russian, Han without kana for Chinese, ...), so French or Ukrainian rows are
-declared as English or Russian. `--language` replaces the guess. Written here because no
-language detector is in the lock, and a script is one code point range test.
+declared as English or Russian. `--language` replaces the guess, with ISO 639-1 codes
+(`ISO_639_1`: `CardOptions.check` refuses any other). Written here because no language
+detector is in the lock, and a script is one code point range test.
 """
 
 from __future__ import annotations
@@ -15,6 +16,20 @@ DETECTION_NOTE = (
     "Guessed from the rows' letters by script, one language per script (Latin: en, Cyrillic: "
     "ru, Han: zh, kana: ja, Hangul: ko, ...); export with --language to declare them."
 )
+
+# The ISO 639-1 codes (two letters) a card's `language` may hold (`--language`): those the Hub
+# lists (its languages, as the `datasets` package's `languages.json` mirrors them), withdrawn
+# `bh` and `sh` included; the Hub knows no value outside it as a language.
+_ISO_639_1_CODES = (
+    "aa ab ae af ak am an ar as av ay az ba be bg bh bi bm bn bo br bs ca ce ch co cr cs cu "
+    "cv cy da de dv dz ee el en eo es et eu fa ff fi fj fo fr fy ga gd gl gn gu gv ha he hi "
+    "ho hr ht hu hy hz ia id ie ig ii ik io is it iu ja jv ka kg ki kj kk kl km kn ko kr ks "
+    "ku kv kw ky la lb lg li ln lo lt lu lv mg mh mi mk ml mn mr ms mt my na nb nd ne ng nl "
+    "nn no nr nv ny oc oj om or os pa pi pl ps pt qu rm rn ro ru rw sa sc sd se sg sh si sk "
+    "sl sm sn so sq sr ss st su sv sw ta te tg th ti tk tl tn to tr ts tt tw ty ug uk ur uz "
+    "ve vi vo wa wo xh yi yo za zh zu"
+)
+ISO_639_1 = frozenset(_ISO_639_1_CODES.split())
 
 # (first, last code point, ISO 639-1 code), the scripts a language is guessed from.
 _SCRIPTS = (

@@ -179,3 +179,54 @@ def test_a_push_replaces_what_an_earlier_export_left_on_the_hub(
     ]
     deleted = set(filter_repo_objects(remote, allow_patterns=patterns))
     assert deleted == {"data/train-00009-of-00010.parquet", "system.json"}
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [
+        ("--license", "apache", "--license 'apache' is not a license id the Hugging Face Hub"),
+        ("--license", "GPL-2.0-or-later", "--license 'GPL-2.0-or-later' is not a license id"),
+        ("--language", "english", "--language 'english' is not an ISO 639-1 code"),
+        ("--language", "eng", "--language 'eng' is not an ISO 639-1 code"),
+        ("--language", "xx", "--language 'xx' is not an ISO 639-1 code"),
+    ],
+)
+def test_a_card_value_the_hub_would_refuse_is_one_line_before_any_work(
+    settings: Settings,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    option: str,
+    value: str,
+    says: str,
+) -> None:
+    """It was written into the card as given: the Hub refused the card (or filed the dataset
+    under no language) only at `--push-to-hub`, after the whole export, or never said a word."""
+    from kimi_batch.cli import export
+    from kimi_batch.cli.commands import main
+
+    def no_work(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the warehouse was opened before the options were checked")
+
+    monkeypatch.setattr(export, "open_warehouse", no_work)
+    out = settings.home / "exports" / "refused.hf"
+    assert main(["export", "--format", "hf", "--out", str(out), option, value]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kimi-batch: error: {says}"), err
+    assert err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_card_ids_are_taken_in_the_hub_s_spelling(
+    settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from huggingface_hub import DatasetCard
+
+    from kimi_batch.cli.commands import main
+
+    build_warehouse(settings)
+    out = settings.home / "exports" / "spelled.hf"
+    argv = ["export", "--format", "hf", "--out", str(out), "--license", "CC-BY-4.0"]
+    assert main([*argv, "--language", "FR", "--language", "zh"]) == 0
+    capsys.readouterr()
+    data = DatasetCard.load(out / "README.md").data.to_dict()
+    assert (data["license"], data["language"]) == ("cc-by-4.0", ["fr", "zh"])

@@ -129,3 +129,36 @@ def test_the_size_category_is_one_the_hub_knows(rows: int, category: str) -> Non
     )
     assert _size_category(rows) == category
     assert category in known
+
+
+def test_card_options_are_checked_against_the_hub_s_ids() -> None:
+    """The license ids of the Hub's list and ISO 639-1 codes pass (in the Hub's lower-case
+    spelling); anything else is a ConfigError naming the option and the value."""
+    from kimi_batch.errors import ConfigError
+
+    assert CardOptions().check() == CardOptions()
+    checked = CardOptions(license="Apache-2.0", language=("EN", "ja")).check()
+    assert (checked.license, checked.language) == ("apache-2.0", ("en", "ja"))
+    for code in ("llama3.1", "cc-by-nc-sa-4.0", "openrail++", "unknown"):
+        assert CardOptions(license=code).check().license == code
+    # Every language the script guess can declare is one the check lets through.
+    counter = ScriptCounter()
+    counter.add(["Hello Привет Γειά שלום مرحبا नमस्ते สวัสดี 안녕 你好"])
+    guessed = tuple(counter.languages())
+    assert len(guessed) > 5
+    assert CardOptions(language=guessed).check().language == guessed
+    with pytest.raises(ConfigError, match=r"^--license 'apache' is not a license id"):
+        CardOptions(license="apache").check()
+    with pytest.raises(ConfigError, match=r"^--language 'en-US' is not an ISO 639-1 code"):
+        CardOptions(language=("fr", "en-US")).check()
+
+
+def test_the_iso_639_1_codes_are_the_hub_s_two_letter_languages() -> None:
+    """The list `--language` is checked against, against the Hub's own list of languages as
+    the `datasets` package ships it."""
+    from kimi_batch.exports.language import ISO_639_1
+
+    known = json.loads(
+        (Path(datasets.__file__).parent / "utils/resources/languages.json").read_text()
+    )
+    assert {code for code in known if len(code) == 2} == ISO_639_1
