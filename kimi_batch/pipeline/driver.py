@@ -1,11 +1,11 @@
 """The partition-batch driver: a sequence of stages over N held partitions, in one engine run.
 
-`run_partitions` runs its stages (an asset: its one; the nightly op: the night's) over the held
+`drive` runs its stages (an asset: its one; the nightly op: the night's) over the held
 partitions as one pipeline on one open engine run (`BatchEngine.session`). It plans every
 partition's first stage and adds its requests, the oldest partition first (a request's priority
 is its partition's rank). As soon as a partition's requests of a stage are all settled, that
 partition goes on by itself: what the stage asks again is sent again in the same run, the
-partition is landed (`landing.land_stage`, then recorded: by the step, or at once) on the
+partition is landed (`write_stage` below, then recorded: by the step, or at once) on the
 landing thread, off the event loop, and its next stage is planned from what was just written and
 added at the same rank. So the slots never drain between stages: a partition's distillation
 joins the queue while later partitions still amplify, and a nightly window that closes early

@@ -2,13 +2,12 @@
 
 import dagster as dg
 
-from kimi_batch.defs.assets.stage_asset import ASSET_OWNERS, run_interruptibly
+from kimi_batch.defs.assets.stage_asset import ASSET_OWNERS, LLAMA_POOL, run_interruptibly
 from kimi_batch.defs.resources import DigestResource, LlamaServerResource
 from kimi_batch.engine import ContextTooSmallError, DigestLintError, SystemDigest
 from kimi_batch.pipeline import warm_digest
 
 DIGEST_GROUP = "digest"
-LLAMA_POOL = "llama_server"
 
 
 def _load(digest: DigestResource) -> SystemDigest:
