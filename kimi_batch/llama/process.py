@@ -1,12 +1,18 @@
 """The server process: its pid record, a detached spawn under the exit-recording waiter, and a
-probe of its health that never retries; and how /proc shows any process (`process_stat`), which
-tells a process from a later one given its pid (the pid record, lease holders, claim owners)."""
+probe of its health that never retries; whose process listens on its port (`port_in_use`,
+`port_owners`: an answer on the port is not proof that the server we started gave it); and how
+/proc shows any process (`process_stat`), which tells a process from a later one given its pid
+(the pid record, lease holders, claim owners)."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import ipaddress
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -130,6 +136,130 @@ def spawn_detached(
         reason = (result.stdout.strip() or result.stderr.strip()).removeprefix("error: ")
         raise ServerSpawnError(f"could not launch {argv[0]}: {reason}")
     return int(result.stdout.strip())
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether another socket listens on `host`:`port`: a bind of our own is refused (with
+    SO_REUSEADDR, so a closed server's TIME_WAIT connections do not count, and without
+    SO_REUSEPORT, so a listener that would share the port does). An address this machine does
+    not have is not "in use": the server's own bind reports it."""
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError:
+        return False
+    for family, kind, proto, _, address in addresses:
+        try:
+            with socket.socket(family, kind, proto) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(address)
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                return True
+    return False
+
+
+_Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+_LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's `st` column
+
+
+def _proc_address(hex_address: str) -> _Address:
+    """/proc/net/tcp's address: 32-bit words in host (little-endian) byte order."""
+    raw = b"".join(
+        bytes.fromhex(hex_address[i : i + 8])[::-1] for i in range(0, len(hex_address), 8)
+    )
+    address = ipaddress.ip_address(raw)
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return mapped or address
+
+
+def _tcp_listeners(port: int) -> dict[int, _Address] | None:
+    """The sockets listening on TCP `port` in this network namespace, by inode, with their
+    address; None when /proc does not show them."""
+    listeners: dict[int, _Address] = {}
+    readable = False
+    for table in ("tcp", "tcp6"):
+        try:
+            rows = Path(f"/proc/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        readable = True
+        for row in rows:
+            fields = row.split()
+            hex_address, hex_port = fields[1].split(":")
+            if fields[3] == _LISTEN and int(hex_port, 16) == port:
+                listeners[int(fields[9])] = _proc_address(hex_address)
+    return listeners if readable else None
+
+
+def _session_sockets(session: int) -> set[int] | None:
+    """Inodes of the sockets held by the processes of `session` (the server, started in a session
+    of its own, and whatever it started: a wrapper script's llama-server); None when the
+    session's leader's descriptors cannot be read."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit():
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[3]) == session:
+                    members.append(entry)
+        except (OSError, IndexError, ValueError):
+            continue
+    inodes: set[int] = set()
+    for member in members:
+        held = _socket_inodes(member)
+        if held is None and int(member.name) == session:
+            return None
+        inodes |= held or set()
+    return inodes
+
+
+def _socket_inodes(process: Path) -> set[int] | None:
+    """Inodes of the sockets a /proc/PID folder's process holds; None when its descriptors
+    cannot be listed (another user's, gone)."""
+    try:
+        descriptors = list((process / "fd").iterdir())
+    except OSError:
+        return None
+    inodes: set[int] = set()
+    for descriptor in descriptors:
+        with contextlib.suppress(OSError):  # closed since it was listed
+            link = os.readlink(descriptor)
+            if link.startswith("socket:["):
+                inodes.add(int(link[8:-1]))
+    return inodes
+
+
+def _overlap(a: _Address, b: _Address) -> bool:
+    """Whether a connection to one could reach a listener on the other (a wildcard takes every
+    address of its family, IPv6's `::` the IPv4 ones too)."""
+    if a == b:
+        return True
+    return any(
+        x.is_unspecified and (x.version == y.version or x.version == 6) for x, y in ((a, b), (b, a))
+    )
+
+
+class PortOwners(NamedTuple):
+    """Who listens on a port: whether the process (session) asked about does, and how many
+    listeners of other processes would take its connections too (SO_REUSEPORT shares a port
+    between processes, and the kernel splits the connections between them)."""
+
+    ours: bool
+    others: int
+
+
+def port_owners(port: int, session: int) -> PortOwners | None:
+    """Who listens on TCP `port`: the processes of `session` (the server we started) or others;
+    None when /proc cannot tell (no /proc, descriptors we may not read)."""
+    listeners = _tcp_listeners(port)
+    held = _session_sockets(session) if listeners is not None else None
+    if listeners is None or held is None:
+        return None
+    ours = [address for inode, address in listeners.items() if inode in held]
+    others = [address for inode, address in listeners.items() if inode not in held]
+    if ours:
+        others = [a for a in others if any(_overlap(a, b) for b in ours)]
+    return PortOwners(ours=bool(ours), others=len(others))
 
 
 # A probe's body (a real /props is a few KiB, its chat template included): one past this, or

@@ -6,6 +6,13 @@ makes concurrent starts yield one server; a pid file (with the process start tim
 pid is not mistaken for ours) and a spec file describe what runs. The server's parent is a small
 waiter (`exits.WAITER_SOURCE`) that records how it ended, so a server killed by a signal is
 reported as such ("killed by SIGSEGV during the model load / first computation"), not as "exited".
+
+An answer on the port is not proof that the server started here gave it: another process may hold
+the port (an unrelated service, another state dir's server that won a race for it, or one sharing
+it through SO_REUSEPORT, which llama.cpp's HTTP library set on Linux). A start refuses a taken
+port before it spawns, and the wait for health takes an answer only from a port its own server
+listens on alone; else it fails in one line naming the port (`_port_taken`), and never records a
+pid that is not the server's.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ from kimi_batch.llama.exits import (
 from kimi_batch.llama.memory import check_memory
 from kimi_batch.llama.process import (
     PidRecord,
+    port_in_use,
+    port_owners,
     probe,
     process_start_ticks,
     running,
@@ -153,15 +162,26 @@ class ResidentServer:
             state, props = probe(self.base_url, self.api_key)
             if state != "down":
                 return self._adopt_foreign(state, props)
+            if port_in_use(self.spec.host, self.spec.port):
+                raise ServerSpawnError(
+                    self._port_taken("by a process that answers as no llama-server, and that")
+                )
             return self._spawn().model_copy(update={"previous_exit": previous})
+
+    def _port_taken(self, how: str) -> str:
+        """The one line a start fails with when another process holds the server's port."""
+        return (
+            f"port {self.spec.port} on {self.spec.host} is taken {how} kimi_batch did not start "
+            f"from {self.state_dir} (left running): stop it, or set KIMI_BATCH_LLAMA_PORT "
+            "to a free port"
+        )
 
     def _adopt_foreign(self, state: str, props: ServerProps | None) -> ServerHandle:
         """Something we did not start answers on the port: attach only if it serves our model."""
         if state == "loading":
             props = self._wait_props()
         assert props is not None
-        same_model = Path(props.model_path).name == self.spec.model.name
-        if not same_model or props.total_slots != self.spec.parallel:
+        if not self._serves_spec(props):
             raise SpecMismatchError(
                 f"another llama-server answers at {self.base_url} with a different spec "
                 f"(not started by kimi_batch; left running).\n"
@@ -231,6 +251,10 @@ class ResidentServer:
                 self._death_message(record, ended),
                 signal_name=signal_name(ended.returncode) or "",
             )
+        if port_in_use(self.spec.host, self.spec.port):  # it could not bind: another holds it
+            raise ServerSpawnError(
+                f"llama-server pid {record.pid} exited: " + self._port_taken("by another process")
+            )
         code = f" with code {ended.returncode}" if ended is not None else ""
         what = "llama-server exited at once" if at_once else f"llama-server pid {record.pid} exited"
         raise ServerSpawnError(f"{what}{code}:\n{self._log_tail()}")
@@ -262,6 +286,7 @@ class ResidentServer:
             state, props = probe(self.base_url, self.api_key)
             answered = time.monotonic() if state != "down" else answered
             if state == "ok" and props is not None:
+                self._refuse_foreign_answer(pid, props, spawned=spawned)
                 self._mark_healthy(pid)
                 return ServerHandle(
                     base_url=self.base_url,
@@ -275,6 +300,33 @@ class ResidentServer:
             f"llama-server pid {pid} not healthy after {self.load_timeout_s:.0f} s "
             f"(raise the load timeout for large models):\n{self._log_tail()}"
         )
+
+    def _refuse_foreign_answer(self, pid: int, props: ServerProps, *, spawned: bool) -> None:
+        """Raise unless the healthy answer came from server `pid`: its session listens on the
+        port, and no other process does beside it. Where /proc cannot tell, the answer must name
+        our model and slots. A server this call spawned is stopped again (it would serve beside
+        the other, or is dying on the taken port); one that ran before is left running."""
+        owners = port_owners(self.spec.port, pid)
+        if owners is None:
+            if self._serves_spec(props):
+                return
+            how = f"by a server of model {props.model_path} ({props.total_slots} slots) that"
+        elif owners.ours and not owners.others:
+            return
+        elif owners.ours:
+            how = f"beside llama-server pid {pid} (SO_REUSEPORT) by another process that"
+        else:
+            how = "by another process that"
+        record = self._read_pid()
+        if spawned and record is not None and record.pid == pid:
+            self._kill_and_clear(record)
+            how = f"(llama-server pid {pid}, just spawned, was stopped again) {how}"
+        raise ServerSpawnError(self._port_taken(how))
+
+    def _serves_spec(self, props: ServerProps) -> bool:
+        """Whether a server's /props name this spec's model file and slot count."""
+        same_model = Path(props.model_path).name == self.spec.model.name
+        return same_model and props.total_slots == self.spec.parallel
 
     def restart(self, *, min_age_s: float = 0.0) -> ServerHandle:
         """Kill the server this state dir started and start it again (a hung server).
