@@ -200,3 +200,45 @@ def test_a_webhook_url_is_accepted_and_the_cache_can_be_off(
     settings = Settings.from_env()
     assert settings.alert_webhook == "https://hooks.slack.com/services/T0/B0/x"
     assert settings.llama_cache_ram_mib == 0
+
+
+# The variables whose name is not `KIMI_BATCH_` + the field's (`validation_alias`), with a value
+# each takes, and the field-name spelling the environment must not read besides.
+_ODD_NAMES = {
+    "KIMI_BATCH_LLAMA_CACHE_RAM": ("llama_cache_ram_mib", "5"),
+    "KIMI_BATCH_NIGHTLY_STATUS": ("nightly_running", "running"),
+    "KIMI_BATCH_INBOX_SENSOR_STATUS": ("inbox_sensor_running", "running"),
+    "KIMI_BATCH_INBOX_SENSOR_INTERVAL": ("inbox_sensor_interval_s", "7"),
+    "KIMI_BATCH_API_SENSOR_INTERVAL": ("api_sensor_interval_s", "7"),
+}
+
+
+def test_the_odd_names_are_every_variable_not_named_after_its_field() -> None:
+    aliased = {
+        str(info.validation_alias): name
+        for name, info in Settings.model_fields.items()
+        if info.validation_alias is not None
+    }
+    assert aliased == {variable: field for variable, (field, _) in _ODD_NAMES.items()}
+
+
+@pytest.mark.parametrize("with_documented", [False, True], ids=["alone", "beside-documented"])
+@pytest.mark.parametrize("variable", sorted(_ODD_NAMES))
+def test_a_field_name_spelling_of_an_odd_variable_is_refused_naming_the_variable(
+    clean_env: pytest.MonkeyPatch, variable: str, with_documented: bool
+) -> None:
+    """Found by review: the environment was read with `validate_by_name`, so pydantic-settings
+    read each aliased field from its field-name spelling too (`KIMI_BATCH_NIGHTLY_RUNNING=running`
+    switched the nightly schedule on, undocumented); given both spellings, the documented one
+    silently won (`..._INTERVAL=7` beside `..._INTERVAL_S=9`: 7, the 9 ignored without a word)."""
+    field, value = _ODD_NAMES[variable]
+    spelling = f"KIMI_BATCH_{field.upper()}"
+    clean_env.setenv(spelling, value)
+    if with_documented:
+        clean_env.setenv(variable, value)
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env()
+    message = str(raised.value)
+    assert "\n" not in message
+    assert spelling in message
+    assert variable in message

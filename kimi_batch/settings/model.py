@@ -1,8 +1,9 @@
 """`Settings`: every `KIMI_BATCH_*` variable resolved and validated, built by `Settings.from_env`.
 
 pydantic-settings reads the variables: a field's variable is `KIMI_BATCH_` + its name in capitals,
-or its `validation_alias`; the text forms pydantic does not read by itself (lists, arguments,
-paths, `off`, `running`) are the validators of `environment`.
+or its `validation_alias` (then only that: the field-name spelling is refused, never read); the
+text forms pydantic does not read by itself (lists, arguments, paths, `off`, `running`) are the
+validators of `environment`.
 
 `Settings` inherits `StateSettings` (one flat contract, one reference table): where the
 pipeline's state lives, the warehouse (`KIMI_BATCH_WAREHOUSE`: a folder, or an `s3://` URL with
@@ -15,6 +16,8 @@ are never settings: the S3 clients (and `scripts/trino.sh`) read the usual
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from datetime import UTC, date, datetime, time
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -461,6 +464,9 @@ class Settings(QualitySettings, StateSettings):
     def from_env(cls) -> Settings:
         """Every variable read and checked once; a value that cannot be used is a one-line
         `ConfigError` naming its variable."""
+        unread = _field_name_spelling(os.environ)
+        if unread is not None:
+            raise ConfigError(unread)
         try:
             environment = _Environment()
         except ValidationError as error:
@@ -508,7 +514,10 @@ class _Environment(Settings, BaseSettings):
         str_strip_whitespace=True,
         extra="forbid",
         frozen=True,
-        validate_by_name=True,
+        # Each field from one variable: its `validation_alias` where it has one, never also
+        # `KIMI_BATCH_` + its name (pydantic-settings reads that too when fields are valid by
+        # name, and the alias silently wins when both are set): `_field_name_spelling`.
+        validate_by_name=False,
         loc_by_alias=False,  # an error names its field: `variable_of` gives the variable
     )
     # The defaults that depend on where the process runs; a `Settings` built in code names them.
@@ -517,6 +526,21 @@ class _Environment(Settings, BaseSettings):
     llama_server: str | None = None
     llama_url: str | None = Field(default=None, repr=False)
     digest: Annotated[Path, PATH] = Field(default_factory=default_digest_path)
+
+
+def _field_name_spelling(environ: Mapping[str, str]) -> str | None:
+    """The one-line refusal of a variable spelt after its field where the contract names it
+    otherwise (`KIMI_BATCH_NIGHTLY_RUNNING` for `KIMI_BATCH_NIGHTLY_STATUS`): never read, it
+    would otherwise be ignored without a word."""
+    given = {name.upper() for name, value in environ.items() if value}
+    for field, info in Settings.model_fields.items():
+        spelling = f"KIMI_BATCH_{field.upper()}"
+        if isinstance(info.validation_alias, str) and spelling in given:
+            return (
+                f"configuration: {spelling} is not read: the variable of {field} is "
+                f"{info.validation_alias}"
+            )
+    return None
 
 
 def variable_of(field: str) -> str:
