@@ -292,13 +292,15 @@ class LlamaClient:
             message = f"/tokenize returned a malformed token list: {error!r}"
             raise LlamaResponseError(message) from error
 
-    async def apply_template(self, messages: Sequence[ChatMessage]) -> str:
-        """The prompt text the server's chat template renders for `messages`."""
-        response = await self._request(
-            "POST",
-            "/apply-template",
-            json={"messages": [m.model_dump() for m in messages]},
-        )
+    async def apply_template(
+        self, messages: Sequence[ChatMessage], *, tools: Sequence[Mapping[str, Any]] = ()
+    ) -> str:
+        """The prompt text the server's chat template renders for `messages` (and the function
+        `tools` offered with them)."""
+        body: dict[str, Any] = {"messages": [m.model_dump() for m in messages]}
+        if tools:
+            body["tools"] = list(tools)
+        response = await self._request("POST", "/apply-template", json=body)
         prompt = _json_object(response).get("prompt")
         if not isinstance(prompt, str):
             raise LlamaResponseError("/apply-template returned no prompt")

@@ -6,11 +6,20 @@ with the digest and the chat template, fit the limit fits for sure; only the oth
 to `/tokenize`, in the caller's client session, a few at a time. Measured on SmolLM2 (ChatML):
 no text had more tokens than bytes, and the template added 8.5 + 5.5 tokens a turn (system turn
 and generation prompt in the 8.5); the constants below leave room for other templates.
+
+The function tools a row offers count too: the chat template writes their JSON schemas into the
+prompt (the client sends tools only to a template that renders them). The byte bound counts
+them as their JSON with an indent of 4, never shorter than a template's `tojson` (compact or
+indented up to 4, non-ASCII as it is), plus an allowance for the template's words about tools;
+a doubtful row with tools is counted exactly: its messages and tools as the server's chat
+template renders them (`/apply-template`), tokenized, so a row that fits is never set aside
+for an estimate.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
@@ -20,6 +29,8 @@ from kimi_batch.pipeline.rows import QuarantineRow, input_row, raw_json
 
 TEMPLATE_TOKENS_FIXED = 16
 TEMPLATE_TOKENS_PER_TURN = 8
+TEMPLATE_TOKENS_TOOLS = 256
+TEMPLATE_TOKENS_PER_TOOL = 16
 TOKENIZE_CONCURRENCY = 4
 
 
@@ -28,17 +39,39 @@ def template_tokens(messages: int) -> int:
     return TEMPLATE_TOKENS_FIXED + TEMPLATE_TOKENS_PER_TURN * messages
 
 
+def tools_text(seed: SeedPrompt) -> str | None:
+    """The row's tools as they are counted (JSON, indent 4), or None when it offers none."""
+    tools = seed.params.tools
+    return json.dumps(tools, ensure_ascii=False, indent=4) if tools else None
+
+
+def tools_template_tokens(seed: SeedPrompt) -> int:
+    """Tokens the chat template adds around the row's tools (none without tools)."""
+    tools = seed.params.tools
+    return TEMPLATE_TOKENS_TOOLS + TEMPLATE_TOKENS_PER_TOOL * len(tools) if tools else 0
+
+
 def token_bound(seed: SeedPrompt) -> int:
-    """More tokens than the seed's messages can have: their UTF-8 bytes, plus one each."""
-    return sum(len(message.content.encode("utf-8")) + 1 for message in seed.messages)
+    """More tokens than the seed's messages and tools can have: their UTF-8 bytes, plus one
+    each."""
+    text = tools_text(seed)
+    tools = len(text.encode("utf-8")) + 1 if text is not None else 0
+    return tools + sum(len(message.content.encode("utf-8")) + 1 for message in seed.messages)
 
 
-async def _user_tokens(client: LlamaClient, seeds: Sequence[SeedPrompt]) -> list[int]:
+async def _prompt_tokens(client: LlamaClient, seeds: Sequence[SeedPrompt]) -> list[int]:
+    """Each seed's prompt in tokens, the digest aside: with tools, its messages and tools as the
+    chat template renders them (exact); without, its messages' text plus the template's
+    allowance (measured above)."""
     gate = asyncio.Semaphore(TOKENIZE_CONCURRENCY)
 
     async def count(seed: SeedPrompt) -> int:
         async with gate:
-            return len(await client.tokenize("\n".join(m.content for m in seed.messages)))
+            if seed.params.tools:
+                rendered = await client.apply_template(seed.messages, tools=seed.params.tools)
+                return len(await client.tokenize(rendered, add_special=True))
+            text = "\n".join(m.content for m in seed.messages)
+            return template_tokens(len(seed.messages)) + len(await client.tokenize(text))
 
     return list(await asyncio.gather(*(count(seed) for seed in seeds)))
 
@@ -48,17 +81,19 @@ async def find_overlong(
 ) -> list[tuple[SeedPrompt, int]]:
     """The seeds whose whole prompt is over `limit` tokens, each with its token count.
 
-    The prompt is the digest (`digest_tokens`), the chat template and the seed's messages;
+    The prompt is the digest (`digest_tokens`), the chat template, the seed's messages and the
+    JSON schemas of the tools it offers;
     `limit` is what a slot holds for it (context per slot minus the answer budget). Only seeds
     whose byte bound does not fit cost a `/tokenize` call; the caller owns the client session.
     """
 
-    def fixed(seed: SeedPrompt) -> int:
-        return digest_tokens + template_tokens(len(seed.messages))
+    def bound(seed: SeedPrompt) -> int:
+        template = template_tokens(len(seed.messages)) + tools_template_tokens(seed)
+        return digest_tokens + template + token_bound(seed)
 
-    doubtful = [seed for seed in seeds if fixed(seed) + token_bound(seed) > limit]
-    counts = await _user_tokens(client, doubtful)
-    totals = [(seed, fixed(seed) + count) for seed, count in zip(doubtful, counts, strict=True)]
+    doubtful = [seed for seed in seeds if bound(seed) > limit]
+    counts = await _prompt_tokens(client, doubtful)
+    totals = [(seed, digest_tokens + count) for seed, count in zip(doubtful, counts, strict=True)]
     return [(seed, total) for seed, total in totals if total > limit]
 
 
@@ -86,11 +121,13 @@ def quarantine_overlong(
             kept.append(seed)
             continue
         raw = raw_json([message.model_dump() for message in seed.messages])
+        # A detail in parentheses: the export card names the reason without it.
+        with_tools = " (the schemas of its tools included)" if seed.params.tools else ""
         quarantined.append(
             input_row(
                 source_file=seed.source_file,
                 line=seed.line,
-                reason=f"prompt is {count} tokens, over the limit of {limit}",
+                reason=f"prompt is {count} tokens, over the limit of {limit}{with_tools}",
                 raw=raw,
                 now=created,
                 input_id=seed.input_id,

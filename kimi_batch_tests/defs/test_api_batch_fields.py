@@ -7,8 +7,6 @@ calls reach the output line and the `distilled` row."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import dagster as dg
@@ -17,17 +15,14 @@ import pytest
 from openai.types.responses import Response
 
 from kimi_batch.batch_api import ApiStore, BatchStatus
-from kimi_batch.llama import ResidentServer, server_from_settings
 from kimi_batch.pipeline import DistilledRow
 from kimi_batch.settings import Settings
 from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.batches import answered, landed_batch
 from kimi_batch_tests.support.llama_server import LlamaEnv
-from kimi_batch_tests.support.ports import free_port
 
 pytestmark = pytest.mark.slow  # answers a batch on a real llama-server
 
-_TOOL_TEMPLATE = Path(__file__).resolve().parents[1] / "support" / "tool_template.jinja"
 _COUNT = "Count from 1 to 10, separated by commas. Reply with the numbers only."
 _CHAT = "/v1/chat/completions"
 _RESPONSES = "/v1/responses"
@@ -176,26 +171,6 @@ def test_tools_the_served_template_cannot_render_fail_their_line_unsent(
     assert error is not None
     assert error["error"]["code"] == "request_failed"
     assert "does not render tools" in error["error"]["message"]
-
-
-@pytest.fixture
-def tool_server(
-    llama_env: LlamaEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Settings]:
-    """A resident server of the same model with a chat template that renders tools (Qwen2.5's,
-    the same <|im_start|> tokens), in a state dir of its own; the settings that find it."""
-    del llama_env  # its variables (model, binary, threads, slots) are this server's too
-    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("KIMI_BATCH_LLAMA_PORT", str(free_port()))
-    monkeypatch.setenv("KIMI_BATCH_LLAMA_EXTRA_ARGS", f"--chat-template-file {_TOOL_TEMPLATE}")
-    settings = Settings.from_env()
-    server = server_from_settings(settings, load_timeout_s=300)
-    assert isinstance(server, ResidentServer)
-    server.ensure_running()
-    try:
-        yield settings
-    finally:
-        server.stop()
 
 
 def test_a_lines_tools_reach_the_chat_template_of_a_server_that_renders_them(

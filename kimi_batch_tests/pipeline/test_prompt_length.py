@@ -7,7 +7,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from kimi_batch.inputs.prompts import SeedPrompt
+from kimi_batch.inputs.prompts import ParamOverrides, SeedPrompt
+from kimi_batch.llama import server_from_settings
 from kimi_batch.llama.client import LlamaClient
 from kimi_batch.llama.messages import ChatMessage
 from kimi_batch.llama.server import ResidentServer
@@ -17,7 +18,7 @@ from kimi_batch.pipeline import (
     template_tokens,
     token_bound,
 )
-from kimi_batch.settings import default_digest_path
+from kimi_batch.settings import Settings, default_digest_path
 
 NOW = datetime(2025, 1, 2, tzinfo=UTC)
 
@@ -119,3 +120,78 @@ async def test_only_rows_over_the_byte_bound_are_tokenized(shared_server: Reside
     reasons = {row.input_id: row.reason for row in batch.quarantined}
     assert set(reasons) == {"long", "chat"}
     assert reasons["long"] == f"prompt is {first_total} tokens, over the limit of {limit}"
+
+
+# ---- server-free: the function tools a row offers take context too ------------------------------
+
+
+class _ByteTokenizer(LlamaClient):
+    """No server: one token per UTF-8 byte (the most a byte-level BPE gives), calls recorded."""
+
+    def __init__(self) -> None:
+        super().__init__("http://127.0.0.1:9")
+        self.tokenized: list[str] = []
+
+    async def tokenize(self, content: str, *, add_special: bool = False) -> list[int]:
+        self.tokenized.append(content)
+        return list(content.encode("utf-8"))
+
+
+def _tool(name: str, description: str) -> dict[str, object]:
+    parameters = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
+    return {
+        "type": "function",
+        "function": {"name": name, "description": description, "parameters": parameters},
+    }
+
+
+def _with_tools(input_id: str, content: str, tools: list[dict[str, object]]) -> SeedPrompt:
+    return _seed(input_id, content).model_copy(update={"params": ParamOverrides(tools=tools)})
+
+
+async def test_small_tools_that_surely_fit_cost_no_tokenize_call() -> None:
+    small = [_with_tools(f"t{i}", f"Question {i}?", [_tool("search", "Find.")]) for i in range(8)]
+    async with _ByteTokenizer() as client:
+        batch = await check_prompt_lengths(small, client, digest_tokens=100, limit=2000, now=NOW)
+        assert client.tokenized == []
+    assert len(batch.seeds) == 8
+    assert batch.quarantined == []
+
+
+@pytest.mark.slow
+async def test_a_row_s_tools_are_counted_as_the_real_template_renders_them(
+    tool_server: Settings,
+) -> None:
+    """The chat template writes a row's tool schemas into the prompt: a short question with a
+    6 kB schema cannot fit and is set aside, not sent; a row whose byte bound is over the limit
+    but whose rendered prompt fits is kept (an estimate never throws a good row away)."""
+    big = _with_tools("big", "Look it up.", [_tool("search", "Find a document. " * 400)])
+    fits = _with_tools("fits", "Look it up.", [_tool("search", "Find a document. " * 20)])
+    digest_tokens = 100
+
+    async def rendered(client: LlamaClient, seed: SeedPrompt, *, tools: bool = True) -> int:
+        text = await client.apply_template(
+            seed.messages, tools=seed.params.tools or () if tools else ()
+        )
+        return len(await client.tokenize(text, add_special=True))
+
+    async with server_from_settings(tool_server).client() as client:
+        assert (await client.props()).renders_tools
+        exact = {
+            seed.input_id: digest_tokens + await rendered(client, seed) for seed in (big, fits)
+        }
+        # The schemas are in the prompt the server renders...
+        assert exact["big"] - digest_tokens - await rendered(client, big, tools=False) > 1000
+        # ...and the limit lies between the rendered prompt of the row that fits and its bound.
+        limit = exact["fits"] + 8
+        assert digest_tokens + template_tokens(1) + token_bound(fits) > limit
+        batch = await check_prompt_lengths(
+            [fits, big], client, digest_tokens=digest_tokens, limit=limit, now=NOW
+        )
+    assert [seed.input_id for seed in batch.seeds] == ["fits"]
+    (row,) = batch.quarantined
+    assert row.input_id == "big"
+    assert row.reason == (
+        f"prompt is {exact['big']} tokens, over the limit of {limit} "
+        "(the schemas of its tools included)"
+    )

@@ -17,7 +17,7 @@ import pytest
 
 from kimi_batch.llama.binary import find_llama_server
 from kimi_batch.llama.server import ResidentServer, ServerSpec
-from kimi_batch.settings import FlashAttention, default_model_path
+from kimi_batch.settings import FlashAttention, Settings, default_model_path
 from kimi_batch_tests.support.ports import free_port
 
 __all__ = [
@@ -31,7 +31,11 @@ __all__ = [
     "make_spec",
     "model_path",
     "shared_server",
+    "tool_server",
 ]
+
+# A chat template that renders tools (Qwen2.5's: the same <|im_start|> tokens as SmolLM2's).
+TOOL_TEMPLATE = Path(__file__).resolve().parent / "tool_template.jinja"
 
 # Small enough for 2 cores, big enough for the ~1.1k-token shipped digest plus a short answer in
 # each of the 4 slots (llama.cpp splits the context between slots).
@@ -140,3 +144,26 @@ def llama_env(
 def shared_server(llama_env: LlamaEnv) -> ResidentServer:
     """The session's resident server (4 slots, real SmolLM2)."""
     return llama_env.server
+
+
+@pytest.fixture
+def tool_server(
+    llama_env: LlamaEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Settings]:
+    """A resident server of the same model with a chat template that renders tools
+    (`TOOL_TEMPLATE`; SmolLM2's own renders none), in a state dir of its own; the settings that
+    find it."""
+    del llama_env  # its variables (model, binary, threads, slots) are this server's too
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("KIMI_BATCH_LLAMA_PORT", str(free_port()))
+    monkeypatch.setenv("KIMI_BATCH_LLAMA_EXTRA_ARGS", f"--chat-template-file {TOOL_TEMPLATE}")
+    from kimi_batch.llama.factory import server_from_settings
+
+    settings = Settings.from_env()
+    server = server_from_settings(settings, load_timeout_s=300)
+    assert isinstance(server, ResidentServer)
+    server.ensure_running()
+    try:
+        yield settings
+    finally:
+        server.stop()
