@@ -32,6 +32,7 @@ from kimi_batch.inputs import (
     IngestRun,
     Landing,
     land_for_any_host,
+    landed_state,
     landing_retries,
     plan_inbox_tick,
     scan_inbox,
@@ -106,6 +107,7 @@ def _tick(context: dg.SensorEvaluationContext, settings: Settings) -> dg.SensorR
             earlier_landings=lambda item, sha256: landing.earlier_landings(
                 item.ds, item.source, sha256
             ),
+            landed=lambda item: landed_state(landing, item),
             settle_s=SETTLE_S,
             hash_budget_s=HASH_BUDGET_S,
         )
@@ -128,7 +130,8 @@ def _tick(context: dg.SensorEvaluationContext, settings: Settings) -> dg.SensorR
         return dg.SensorResult(
             skip_reason=dg.SkipReason(
                 f"no new or changed files in {inbox_dir} "
-                f"({plan.unchanged} unchanged, {plan.deferred} deferred)"
+                f"({plan.unchanged} unchanged, {plan.built} already built, "
+                f"{plan.deferred} deferred)"
             ),
             cursor=plan.cursor.dump(),
         )
@@ -160,7 +163,8 @@ def build_inbox_sensor(settings: Settings) -> dg.SensorDefinition:
             "Watches $KIMI_BATCH_HOME/inbox: a new or changed input file adds its source "
             "partition and starts ingest_job for (date, source). Run key = file path + content "
             "hash (+ how often that content was landed before), so an unchanged file never runs "
-            "twice and a file changed back to an earlier content runs again. Unreadable and "
+            "twice and a file changed back to an earlier content runs again; a content already "
+            "landed and built (by the night) starts no run. Unreadable and "
             "refused files are "
             "requested for quarantine without being read. With the state in PostgreSQL it "
             "lands each file it reads first, so the runs on any host read the snapshot."

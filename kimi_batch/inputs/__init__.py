@@ -28,6 +28,7 @@ from kimi_batch.inputs.inbox_tick import (
     InboxRequest,
     IngestRun,
     land_for_any_host,
+    landed_state,
     landing_retries,
     plan_inbox_tick,
 )
@@ -86,6 +87,7 @@ __all__ = [
     "land_inbox",
     "land_input",
     "land_seeds",
+    "landed_state",
     "landed_versions",
     "landing_retries",
     "open_regular",

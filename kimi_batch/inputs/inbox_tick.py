@@ -11,6 +11,14 @@ again as the newest version: versions are events in time, not a set of contents.
 partition comes from the landing manifest: fixed when the sensor first sees it, never changed by
 later files, and dated by its arrival in KIMI_BATCH_TIMEZONE, not by its mtime.
 
+The cursor is the sensor's own memory; the manifest is the truth about what was landed, by
+whoever landed it (the night's look at the inbox lands every changed file, the demo too). So a
+content read is checked against its partition's landed state (`LandedState`): a content that is
+the partition's newest version with its seeds written from it (`Landing.consumed`) is built
+already and asks for no run (the night landed and built it before the sensor saw it); a content
+the cursor knows but that is no longer the partition's newest (the night landed another version
+in between, then the file came back: A -> B -> A) is a change, and asks for its run.
+
 Hashing is bounded: a file over KIMI_BATCH_MAX_INPUT_MB is never read (its run quarantines it with
 the reason), so one tick reads at most the budget plus one file of the maximum size. Refused
 entries (a name that is not UTF-8, a symlink out of the inbox) are never read either.
@@ -89,7 +97,37 @@ class InboxTick(BaseModel):
     cursor: InboxCursor
     warnings: list[str]
     unchanged: int = Field(ge=0, description="Files already seen with the same mtime and size.")
+    built: int = Field(
+        default=0, ge=0, description="Files read whose content is its partition's, built already."
+    )
     deferred: int = Field(ge=0, description="Files left for a later tick (settling, budget).")
+
+
+class LandedState(BaseModel):
+    """What the manifest says of a partition: the sha256 of its newest landed version and the
+    one its seeds were last written from (None: none)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    current: str | None = None
+    consumed: str | None = None
+
+    def built(self, sha256: str) -> bool:
+        """`sha256` is the newest version and the partition's seeds were written from it."""
+        return self.current == sha256 and self.consumed == sha256
+
+    def superseded(self, sha256: str) -> bool:
+        """Another content was landed as the newest version since `sha256`'s."""
+        return self.current is not None and self.current != sha256
+
+
+def landed_state(landing: Landing, assignment: Assignment) -> LandedState:
+    """The partition's `LandedState` in the manifest."""
+    current = landing.current(assignment.ds, assignment.source)
+    return LandedState(
+        current=current.sha256 if current else None,
+        consumed=landing.consumed(assignment.ds, assignment.source),
+    )
 
 
 class IngestRun(BaseModel):
@@ -112,6 +150,7 @@ def plan_inbox_tick(
     is_valid_ds: Callable[[str], bool],
     max_input_bytes: int,
     earlier_landings: Callable[[Assignment, str], int] = lambda assignment, sha256: 0,
+    landed: Callable[[Assignment], LandedState] = lambda assignment: LandedState(),
     now_ns: int | None = None,
     settle_s: float = SETTLE_S,
     hash_budget_s: float = HASH_BUDGET_S,
@@ -120,13 +159,15 @@ def plan_inbox_tick(
 
     `assign` gives a file's partition (the landing manifest: fixed at first sight);
     `earlier_landings` how often a content was landed for it before (`Landing.earlier_landings`),
-    which makes a reverted file's run key new. Files over
+    which makes a reverted file's run key new; `landed` the partition's state in the manifest
+    (`landed_state`), which tells a content built already, or superseded since. Files over
     `max_input_bytes` and refused entries are requested without being read, under a key of their
     name, mtime and size, so their runs quarantine them with the reason.
     """
     planner = _TickPlanner(
         previous=previous.root,
         earlier_landings=earlier_landings,
+        landed=landed,
         hash_budget_s=hash_budget_s,
     )
     now = time.time_ns() if now_ns is None else now_ns
@@ -157,13 +198,7 @@ def plan_inbox_tick(
             + ", ".join(out_of_range[:5])
             + (" ..." if len(out_of_range) > 5 else "")
         )
-    return InboxTick(
-        requests=planner.requests,
-        cursor=InboxCursor(planner.cursor),
-        warnings=planner.warnings,
-        unchanged=planner.unchanged,
-        deferred=planner.deferred,
-    )
+    return planner.tick()
 
 
 class _TickPlanner:
@@ -174,16 +209,29 @@ class _TickPlanner:
         *,
         previous: dict[str, _CursorEntry],
         earlier_landings: Callable[[Assignment, str], int],
+        landed: Callable[[Assignment], LandedState],
         hash_budget_s: float,
     ) -> None:
         self.previous = previous
         self.earlier_landings = earlier_landings
+        self.landed = landed
         self.hash_budget_s = hash_budget_s
         self.started = time.monotonic()
         self.cursor: dict[str, _CursorEntry] = {}
         self.requests: list[InboxRequest] = []
         self.warnings: list[str] = []
-        self.unchanged = self.deferred = self.reads = 0
+        self.unchanged = self.deferred = self.reads = self.built = 0
+
+    def tick(self) -> InboxTick:
+        """The tick decided."""
+        return InboxTick(
+            requests=self.requests,
+            cursor=InboxCursor(self.cursor),
+            warnings=self.warnings,
+            unchanged=self.unchanged,
+            built=self.built,
+            deferred=self.deferred,
+        )
 
     def take(
         self,
@@ -236,7 +284,11 @@ class _TickPlanner:
             return
         sha256 = read.sha256 or ""
         self.cursor[item.name] = (item.mtime_ns, item.size, sha256)
-        if entry is not None and entry[2] == sha256:
+        state = self.landed(assignment)
+        if state.built(sha256):
+            self.built += 1  # landed and built already (by the night, or an earlier run)
+            return
+        if entry is not None and entry[2] == sha256 and not state.superseded(sha256):
             self.unchanged += 1  # touched, not changed: same run key, nothing to do
             return
         again = self.earlier_landings(assignment, sha256)

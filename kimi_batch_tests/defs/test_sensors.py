@@ -19,6 +19,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import date
 from pathlib import Path
 from typing import BinaryIO
 
@@ -31,7 +32,7 @@ from kimi_batch.defs.sensors import FILE_TAG, build_inbox_sensor
 from kimi_batch.inputs.inbox import InboxFile, file_sha256, scan_inbox
 from kimi_batch.inputs.inbox_tick import InboxCursor, plan_inbox_tick
 from kimi_batch.inputs.landing import Assignment, Landing
-from kimi_batch.inputs.partition_input import LandingIOError
+from kimi_batch.inputs.partition_input import LandingIOError, land_inbox
 from kimi_batch.paths import StatePaths
 from kimi_batch.settings import Settings
 from kimi_batch_tests.support.inbox_files import put
@@ -584,3 +585,107 @@ def test_on_one_box_the_sensor_lands_nothing_its_run_does(
     assert daemon._execute(request).success  # the run lands it
     with Landing(Settings.from_env().paths) as landing:
         assert landing.current(DAY, "local") is not None
+
+
+# ---- the night lands inbox files too: the sensor neither runs them twice nor skips a change ----
+
+
+def _night(inbox: Path, *, builds: bool = True) -> list[str]:
+    """What a night does to the inbox before the sensor ticks again: its look lands every settled
+    file whose content is not its partition's newest (`land_inbox`, as `known_partitions` calls
+    it), then, `builds`, its run writes each partition's seeds from that version (the record
+    `land_input` makes after both writes). The names landed."""
+    settings = Settings.from_env()
+    with Landing(settings.paths) as landing:
+        look = land_inbox(
+            landing,
+            settings.paths.inbox_dir,
+            max_bytes=settings.max_input_bytes,
+            arrived=date.fromisoformat(DAY),
+            start=settings.first_partition_date(),
+        )
+        for version in look.landed if builds else []:
+            landing.record_consumed(version.ds, version.source, version.sha256)
+    return [version.name for version in look.landed]
+
+
+def test_a_file_the_night_landed_and_built_starts_no_second_run(
+    inbox: Path, daemon: SensorDaemon
+) -> None:
+    put(inbox / DAY / "seeds.jsonl")
+    assert _night(inbox) == [f"{DAY}/seeds.jsonl"]
+
+    tick = daemon.tick()
+
+    assert tick.data.run_requests == []
+    assert tick.data.skip_message is not None
+    assert "1 already built" in tick.data.skip_message
+    assert daemon.instance.get_run_records() == []
+    assert daemon.tick().data.run_requests == []  # and the cursor keeps it so
+
+
+def test_a_file_the_night_landed_but_did_not_build_is_still_started(
+    inbox: Path, daemon: SensorDaemon
+) -> None:
+    # The night's look landed it, but its run never wrote the seeds (it failed, or stopped):
+    # the sensor starts it, under the key a first landing has.
+    path = put(inbox / DAY / "seeds.jsonl")
+    _night(inbox, builds=False)
+
+    (request,) = daemon.tick().launched
+
+    assert request.run_key == f"{DAY}/seeds.jsonl:{file_sha256(path)[:16]}"
+
+
+def test_a_rewrite_the_night_built_before_the_sensor_saw_it_starts_no_second_run(
+    inbox: Path, daemon: SensorDaemon
+) -> None:
+    path = put(inbox / DAY / "seeds.jsonl", '{"prompt": "A"}\n', age_s=90)
+    (first,) = daemon.tick().launched
+    put(path, '{"prompt": "B"}\n', age_s=60)
+    assert _night(inbox) == [f"{DAY}/seeds.jsonl"]  # B landed and built by the night
+
+    tick = daemon.tick()
+
+    assert tick.data.run_requests == []
+    assert [run.tags["dagster/run_key"] for run in daemon.instance.get_runs()] == [first.run_key]
+
+
+def test_a_revert_after_the_night_landed_another_version_is_started(
+    inbox: Path, daemon: SensorDaemon
+) -> None:
+    # The night built A, which the sensor then saw (no run: built); the file became B, which the
+    # night landed and built without the sensor seeing it; then A came back. The cursor still
+    # says A, the partition's newest is B: A is a change, and its run lands it as the newest
+    # version again (A -> B -> A), though no run of the sensor ever read A.
+    path = put(inbox / DAY / "seeds.jsonl", '{"prompt": "A"}\n', age_s=90)
+    _night(inbox)
+    daemon.tick()
+    put(path, '{"prompt": "B"}\n', age_s=60)
+    _night(inbox)
+    put(path, '{"prompt": "A"}\n', age_s=30)
+
+    tick = daemon.tick()
+
+    sha_a = file_sha256(path)
+    assert tick.run_keys == [f"{DAY}/seeds.jsonl:{sha_a[:16]}:landed-again:1"]
+    (result,) = tick.results
+    assert result.success
+    with Landing(StatePaths(home=inbox.parent)) as landing:
+        current = landing.current(DAY, "seeds")
+    assert current is not None
+    assert current.sha256 == sha_a
+
+
+def test_the_same_bytes_dropped_again_start_nothing(inbox: Path, daemon: SensorDaemon) -> None:
+    path = put(inbox / DAY / "seeds.jsonl", age_s=90)
+    (first,) = daemon.tick().launched
+    path.unlink()
+    assert daemon.tick().data.run_requests == []  # gone: the partition keeps its snapshot
+    put(path, age_s=30)  # the same name and bytes again, a new mtime and inode
+
+    again = daemon.tick()
+
+    assert again.launched == []
+    assert len(daemon.instance.get_run_records()) == 1
+    assert first.run_key is not None
