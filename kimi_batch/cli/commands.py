@@ -320,7 +320,7 @@ def _add_card_options(export: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="CODE",
-        help="a language of the rows, ISO 639-1 (repeatable; default: guessed by script)",
+        help="a language of the rows, an ISO 639 code (repeatable; default: guessed by script)",
     )
     card.add_argument(
         "--pretty-name", default=None, metavar="NAME", help="the dataset's display name"

@@ -16,7 +16,7 @@ from huggingface_hub import DatasetCard, DatasetCardData
 from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.errors import ConfigError
-from kimi_batch.exports.language import ISO_639_1
+from kimi_batch.exports.language import is_language_code
 
 # The quality gate's reasons name the kept row or benchmark item after their kind.
 _GATE = re.compile(r"^(duplicate|near_duplicate) of |^(contaminated):")
@@ -58,8 +58,8 @@ class CardOptions(BaseModel):
     def check(self) -> CardOptions:
         """These options with their ids in the Hub's spelling (lower case): ConfigError, one
         line naming the option, for a license id the Hub does not list (`HUB_LICENSES`) or a
-        language that is not an ISO 639-1 code (`language.ISO_639_1`). `run_export` checks them
-        before it reads anything: the Hub would refuse the card only at the upload."""
+        language code the Hub cannot know (`language.is_language_code`). `run_export` checks
+        them before it reads anything: the Hub would refuse the card only at the upload."""
         license_id = self.license.lower()
         if license_id not in HUB_LICENSES:
             raise ConfigError(
@@ -69,10 +69,10 @@ class CardOptions(BaseModel):
             )
         languages = tuple(code.lower() for code in self.language)
         for given, code in zip(self.language, languages, strict=True):
-            if code not in ISO_639_1:
+            if not is_language_code(code):
                 raise ConfigError(
-                    f"--language {given!r} is not an ISO 639-1 code (two letters, such as en, "
-                    "fr, zh)"
+                    f"--language {given!r} is not a language code the Hub knows: ISO 639-1 (two "
+                    "letters, such as en, fr, zh), ISO 639-2/3 (three, such as yue, fil), or code"
                 )
         return self.model_copy(update={"license": license_id, "language": languages})
 

@@ -2,13 +2,14 @@
 
 A heuristic, and the card says so: each script stands for one language (Latin for English,
 Cyrillic for Russian, Han without kana for Chinese, ...), so French or Ukrainian rows are
-declared as English or Russian. `--language` replaces the guess, with ISO 639-1 codes
-(`ISO_639_1`: `CardOptions.check` refuses any other). Written here because no language
+declared as English or Russian. `--language` replaces the guess, with the codes the Hub takes
+(`is_language_code`: ISO 639-1, 639-2/3, `code`; `CardOptions.check` refuses any other). Written here because no language
 detector is in the lock, and a script is one code point range test.
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterable
 
@@ -30,6 +31,17 @@ _ISO_639_1_CODES = (
     "ve vi vo wa wo xh yi yo za zh zu"
 )
 ISO_639_1 = frozenset(_ISO_639_1_CODES.split())
+# The Hub's other values: its special ones, and ISO 639-2/3's three-letter codes (some 7,800;
+# their shape is checked, not each code: `yue`, `fil`, `ceb` are languages of the Hub too).
+_SPECIAL_CODES = frozenset({"code", "multilingual"})
+_THREE_LETTERS = re.compile(r"[a-z]{3}")
+
+
+def is_language_code(code: str) -> bool:
+    """Whether a card's `language` may hold `code` (lower case): an ISO 639-1 code the Hub
+    lists, an ISO 639-2/3 one, or one of its special values."""
+    return code in ISO_639_1 or code in _SPECIAL_CODES or bool(_THREE_LETTERS.fullmatch(code))
+
 
 # (first, last code point, ISO 639-1 code), the scripts a language is guessed from.
 _SCRIPTS = (

@@ -186,9 +186,9 @@ def test_a_push_replaces_what_an_earlier_export_left_on_the_hub(
     [
         ("--license", "apache", "--license 'apache' is not a license id the Hugging Face Hub"),
         ("--license", "GPL-2.0-or-later", "--license 'GPL-2.0-or-later' is not a license id"),
-        ("--language", "english", "--language 'english' is not an ISO 639-1 code"),
-        ("--language", "eng", "--language 'eng' is not an ISO 639-1 code"),
-        ("--language", "xx", "--language 'xx' is not an ISO 639-1 code"),
+        ("--language", "english", "--language 'english' is not a language code the Hub knows"),
+        ("--language", "en-US", "--language 'en-US' is not a language code the Hub knows"),
+        ("--language", "xx", "--language 'xx' is not a language code the Hub knows"),
     ],
 )
 def test_a_card_value_the_hub_would_refuse_is_one_line_before_any_work(

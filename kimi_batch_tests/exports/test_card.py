@@ -132,8 +132,9 @@ def test_the_size_category_is_one_the_hub_knows(rows: int, category: str) -> Non
 
 
 def test_card_options_are_checked_against_the_hub_s_ids() -> None:
-    """The license ids of the Hub's list and ISO 639-1 codes pass (in the Hub's lower-case
-    spelling); anything else is a ConfigError naming the option and the value."""
+    """The license ids of the Hub's list and its language codes pass (in the Hub's lower-case
+    spelling: ISO 639-1, three-letter ISO 639-2/3, `code`); anything else is a ConfigError
+    naming the option and the value."""
     from kimi_batch.errors import ConfigError
 
     assert CardOptions().check() == CardOptions()
@@ -149,8 +150,12 @@ def test_card_options_are_checked_against_the_hub_s_ids() -> None:
     assert CardOptions(language=guessed).check().language == guessed
     with pytest.raises(ConfigError, match=r"^--license 'apache' is not a license id"):
         CardOptions(license="apache").check()
-    with pytest.raises(ConfigError, match=r"^--language 'en-US' is not an ISO 639-1 code"):
-        CardOptions(language=("fr", "en-US")).check()
+    # Languages of the Hub beyond ISO 639-1: Cantonese, Filipino, Cebuano, and code.
+    hub_only = ("yue", "FIL", "ceb", "code")
+    assert CardOptions(language=hub_only).check().language == ("yue", "fil", "ceb", "code")
+    for refused in ("en-US", "english", "xx", "e1"):
+        with pytest.raises(ConfigError, match=rf"^--language '{refused}' is not a language code"):
+            CardOptions(language=("fr", refused)).check()
 
 
 def test_the_iso_639_1_codes_are_the_hub_s_two_letter_languages() -> None:
