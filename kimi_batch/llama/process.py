@@ -78,9 +78,12 @@ def running(record: PidRecord) -> bool:
 
 
 def signal_process(record: PidRecord, sig: int) -> bool:
-    """Send `sig` to the process `record` names, never to a later process given its pid; False
-    when it is gone. Through a pidfd: opened first, then the start time checked, so the signal
-    reaches the process that was checked (where pidfds are missing, checked just before)."""
+    """Send `sig` to the process `record` names and to its process group, never to a later
+    process given its pid; False when it is gone. Through a pidfd: opened first, then the start
+    time checked, so the signal reaches the process that was checked (where pidfds are missing,
+    checked just before). The server starts in a session of its own, so its group is what it
+    started: a wrapper script (`KIMI_BATCH_LLAMA_SERVER`) that runs llama-server as its child
+    without `exec` would otherwise lose only the shell, the server left serving on the port."""
     try:
         handle: int | None = os.pidfd_open(record.pid)
     except ProcessLookupError:
@@ -90,7 +93,11 @@ def signal_process(record: PidRecord, sig: int) -> bool:
     try:
         if not running(record):
             return False
-        if handle is None:
+        if os.getpgid(record.pid) == record.pid:
+            # A group leader: the group, itself included, first (a leader signalled alone may
+            # be gone, and its group's id with it, before the group is).
+            os.killpg(record.pid, sig)
+        elif handle is None:
             os.kill(record.pid, sig)
         else:
             signal.pidfd_send_signal(handle, sig)
@@ -229,14 +236,14 @@ def _socket_inodes(process: Path) -> set[int] | None:
     return inodes
 
 
-def _overlap(a: _Address, b: _Address) -> bool:
-    """Whether a connection to one could reach a listener on the other (a wildcard takes every
-    address of its family, IPv6's `::` the IPv4 ones too)."""
-    if a == b:
+def _takes_connections_of(other: _Address, ours: _Address) -> bool:
+    """Whether a listener on `other` would take connections meant for `ours`: the same address,
+    or `ours` a wildcard that covers it (IPv6's `::` the IPv4 ones too). Linux hands a connection
+    to the listener of its exact address before a wildcard one, so a stranger's wildcard takes
+    nothing from our own address."""
+    if other == ours:
         return True
-    return any(
-        x.is_unspecified and (x.version == y.version or x.version == 6) for x, y in ((a, b), (b, a))
-    )
+    return ours.is_unspecified and (ours.version == other.version or ours.version == 6)
 
 
 class PortOwners(NamedTuple):
@@ -258,7 +265,7 @@ def port_owners(port: int, session: int) -> PortOwners | None:
     ours = [address for inode, address in listeners.items() if inode in held]
     others = [address for inode, address in listeners.items() if inode not in held]
     if ours:
-        others = [a for a in others if any(_overlap(a, b) for b in ours)]
+        others = [a for a in others if any(_takes_connections_of(a, b) for b in ours)]
     return PortOwners(ours=bool(ours), others=len(others))
 
 

@@ -263,3 +263,26 @@ def test_a_server_of_our_own_on_a_free_port_starts_and_is_attached_again(tmp_pat
     else:
         raise AssertionError("the stand-in still listens after stop()")
     assert not os.path.exists(manager.pid_path)
+
+
+def test_a_stranger_on_the_ipv6_wildcard_only_does_not_block_our_loopback_server(
+    tmp_path: Path,
+) -> None:
+    """A service on `[::]:P` with IPV6_V6ONLY (nginx's `listen [::]:P`) takes no connection to
+    127.0.0.1:P, and Linux gives one to an exact address's listener before a wildcard's anyway:
+    the start was refused, the server it had spawned killed."""
+    port = free_port()
+    manager = _manager(tmp_path, port)
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as stranger:
+        stranger.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        stranger.bind(("::", port))
+        stranger.listen()
+        try:
+            handle = manager.ensure_running()
+            assert handle.spawned
+            assert handle.pid is not None
+            record = manager._read_pid()
+            assert record is not None
+            assert running(record)
+        finally:
+            _stop_left_over(manager)

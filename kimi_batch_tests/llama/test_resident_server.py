@@ -207,6 +207,29 @@ def test_stop_ends_the_server_and_removes_its_pid_file(cli_env: dict[str, str]) 
     assert status["running"] is False
 
 
+def test_stop_ends_the_server_a_wrapper_script_runs_as_its_child(
+    cli_env: dict[str, str], tmp_path: Path, llama_binary: Path
+) -> None:
+    """KIMI_BATCH_LLAMA_SERVER may be a user's wrapper that runs llama-server as its child, no
+    `exec`: stop ended the shell alone and left the server serving on the port, unmanaged."""
+    wrapper = tmp_path / "llama-wrapper"
+    wrapper.write_text(f'#!/bin/sh\n"{llama_binary}" "$@"\nexit $?\n')
+    wrapper.chmod(0o755)
+    env = {**cli_env, "KIMI_BATCH_LLAMA_SERVER": str(wrapper)}
+    base = str(_start(env)["base_url"])
+    assert httpx.get(f"{base}/health", timeout=5).status_code == 200
+    assert "stopped" in _cli(env, "server", "stop").stdout
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(f"{base}/health", timeout=2)
+        except httpx.TransportError:
+            break  # nothing listens any more
+        time.sleep(0.2)
+    else:
+        pytest.fail(f"a llama-server still answers at {base} after stop")
+
+
 def test_api_key_reaches_the_child_environment_not_its_argv(cli_env: dict[str, str]) -> None:
     env = {**cli_env, "KIMI_BATCH_LLAMA_API_KEY": "s3cret-key"}
     started = _start(env)
