@@ -21,10 +21,16 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from kimi_batch.inputs import InputBatch, SeedPrompt
-from kimi_batch.llama import LlamaClient
+from kimi_batch.llama import (
+    ChatMessage,
+    LlamaClient,
+    LlamaHTTPError,
+    LlamaResponseError,
+)
 from kimi_batch.pipeline.rows import QuarantineRow, input_row, raw_json
 
 TEMPLATE_TOKENS_FIXED = 16
@@ -59,17 +65,47 @@ def token_bound(seed: SeedPrompt) -> int:
     return tools + sum(len(message.content.encode("utf-8")) + 1 for message in seed.messages)
 
 
+# The digest's place in a rendered prompt: an empty system turn, so that a template that writes
+# a default system prompt when there is none (Qwen2.5's) does not count one the request lacks.
+_DIGEST_TURN = ChatMessage(role="system", content="")
+
+
+@dataclass
+class _TemplateRoute:
+    """Whether the server renders a prompt with tools (`/apply-template`): yes until it first
+    refuses, so the other rows of a check ask no more."""
+
+    renders: bool = True
+
+
+async def _rendered_tokens(client: LlamaClient, seed: SeedPrompt, route: _TemplateRoute) -> int:
+    """A seed with tools in tokens, the digest's text aside: its messages and tools as the chat
+    template renders them (exact); where the server cannot render them (no `/apply-template`;
+    without jinja llama-server answers 500 "tools param requires --jinja flag"), its messages'
+    and tools' text plus the template's allowances."""
+    if route.renders:
+        tools = seed.params.tools or []
+        try:
+            rendered = await client.apply_template([_DIGEST_TURN, *seed.messages], tools=tools)
+            return len(await client.tokenize(rendered, add_special=True))
+        except (LlamaHTTPError, LlamaResponseError):
+            route.renders = False
+    text = "\n".join([*(m.content for m in seed.messages), tools_text(seed) or ""])
+    allowance = template_tokens(len(seed.messages)) + tools_template_tokens(seed)
+    return allowance + len(await client.tokenize(text))
+
+
 async def _prompt_tokens(client: LlamaClient, seeds: Sequence[SeedPrompt]) -> list[int]:
-    """Each seed's prompt in tokens, the digest aside: with tools, its messages and tools as the
-    chat template renders them (exact); without, its messages' text plus the template's
-    allowance (measured above)."""
+    """Each seed's prompt in tokens, the digest's text aside: with tools, as the chat template
+    renders it (`_rendered_tokens`); without, its messages' text plus the template's allowance
+    (measured above)."""
     gate = asyncio.Semaphore(TOKENIZE_CONCURRENCY)
+    route = _TemplateRoute()
 
     async def count(seed: SeedPrompt) -> int:
         async with gate:
             if seed.params.tools:
-                rendered = await client.apply_template(seed.messages, tools=seed.params.tools)
-                return len(await client.tokenize(rendered, add_special=True))
+                return await _rendered_tokens(client, seed, route)
             text = "\n".join(m.content for m in seed.messages)
             return template_tokens(len(seed.messages)) + len(await client.tokenize(text))
 

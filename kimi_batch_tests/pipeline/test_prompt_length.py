@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
 from kimi_batch.inputs.prompts import ParamOverrides, SeedPrompt
-from kimi_batch.llama import server_from_settings
+from kimi_batch.llama import LlamaServerError, server_from_settings
 from kimi_batch.llama.client import LlamaClient
 from kimi_batch.llama.messages import ChatMessage
 from kimi_batch.llama.server import ResidentServer
@@ -19,6 +21,7 @@ from kimi_batch.pipeline import (
     token_bound,
 )
 from kimi_batch.settings import Settings, default_digest_path
+from kimi_batch_tests.support.llama_server import LlamaEnv, server_with_args
 
 NOW = datetime(2025, 1, 2, tzinfo=UTC)
 
@@ -170,9 +173,9 @@ async def test_a_row_s_tools_are_counted_as_the_real_template_renders_them(
     digest_tokens = 100
 
     async def rendered(client: LlamaClient, seed: SeedPrompt, *, tools: bool = True) -> int:
-        text = await client.apply_template(
-            seed.messages, tools=seed.params.tools or () if tools else ()
-        )
+        # The digest's turn, empty: its text is `digest_tokens`.
+        messages = [ChatMessage(role="system", content=""), *seed.messages]
+        text = await client.apply_template(messages, tools=seed.params.tools or () if tools else ())
         return len(await client.tokenize(text, add_special=True))
 
     async with server_from_settings(tool_server).client() as client:
@@ -195,3 +198,37 @@ async def test_a_row_s_tools_are_counted_as_the_real_template_renders_them(
         f"prompt is {exact['big']} tokens, over the limit of {limit} "
         "(the schemas of its tools included)"
     )
+
+
+@pytest.fixture
+def server_without_jinja(
+    llama_env: LlamaEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Settings]:
+    """A resident server of the session's model that renders no templates with jinja: it
+    answers `/apply-template` with tools 500, "tools param requires --jinja flag"."""
+    del llama_env
+    with server_with_args(monkeypatch, tmp_path / "home", "--no-jinja") as settings:
+        yield settings
+
+
+@pytest.mark.slow
+async def test_a_server_that_cannot_render_tools_gets_the_rows_estimated_not_the_check_failed(
+    server_without_jinja: Settings,
+) -> None:
+    """The exact count needs the server to render the tools; one that cannot (no jinja) failed
+    the whole partition's landing. The rows are counted from their text and the allowances."""
+    big = _with_tools("big", "Look it up.", [_tool("search", "Find a document. " * 400)])
+    small = _with_tools("small", "Look it up. " * 25, [_tool("search", "Find.")])
+    digest_tokens = 100
+    limit = 700  # the small row's byte bound is over it, its estimate not
+    async with server_from_settings(server_without_jinja).client() as client:
+        with pytest.raises(LlamaServerError, match="requires --jinja"):
+            await client.apply_template(small.messages, tools=small.params.tools or ())
+        batch = await check_prompt_lengths(
+            [small, big], client, digest_tokens=digest_tokens, limit=limit, now=NOW
+        )
+    assert digest_tokens + template_tokens(1) + token_bound(small) > limit
+    assert [seed.input_id for seed in batch.seeds] == ["small"]
+    (row,) = batch.quarantined
+    assert row.input_id == "big"
+    assert row.reason.endswith(f"over the limit of {limit} (the schemas of its tools included)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -30,6 +31,7 @@ __all__ = [
     "llama_env",
     "make_spec",
     "model_path",
+    "server_with_args",
     "shared_server",
     "tool_server",
 ]
@@ -146,19 +148,17 @@ def shared_server(llama_env: LlamaEnv) -> ResidentServer:
     return llama_env.server
 
 
-@pytest.fixture
-def tool_server(
-    llama_env: LlamaEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@contextmanager
+def server_with_args(
+    monkeypatch: pytest.MonkeyPatch, home: Path, extra_args: str
 ) -> Iterator[Settings]:
-    """A resident server of the same model with a chat template that renders tools
-    (`TOOL_TEMPLATE`; SmolLM2's own renders none), in a state dir of its own; the settings that
-    find it."""
-    del llama_env  # its variables (model, binary, threads, slots) are this server's too
-    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("KIMI_BATCH_LLAMA_PORT", str(free_port()))
-    monkeypatch.setenv("KIMI_BATCH_LLAMA_EXTRA_ARGS", f"--chat-template-file {TOOL_TEMPLATE}")
+    """A resident server of the session's model (the `llama_env` variables) with `extra_args`,
+    in state dir `home`, on a port of its own; the settings that find it."""
     from kimi_batch.llama.factory import server_from_settings
 
+    monkeypatch.setenv("KIMI_BATCH_HOME", str(home))
+    monkeypatch.setenv("KIMI_BATCH_LLAMA_PORT", str(free_port()))
+    monkeypatch.setenv("KIMI_BATCH_LLAMA_EXTRA_ARGS", extra_args)
     settings = Settings.from_env()
     server = server_from_settings(settings, load_timeout_s=300)
     assert isinstance(server, ResidentServer)
@@ -167,3 +167,16 @@ def tool_server(
         yield settings
     finally:
         server.stop()
+
+
+@pytest.fixture
+def tool_server(
+    llama_env: LlamaEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Settings]:
+    """A resident server of the same model with a chat template that renders tools
+    (`TOOL_TEMPLATE`; SmolLM2's own renders none); the settings that find it."""
+    del llama_env  # its variables (model, binary, threads, slots) are this server's too
+    with server_with_args(
+        monkeypatch, tmp_path / "home", f"--chat-template-file {TOOL_TEMPLATE}"
+    ) as settings:
+        yield settings
