@@ -47,12 +47,13 @@ def _shown(value: Any) -> str:
     if value is None:
         return "unset"
     if isinstance(value, tuple):
-        return " ".join(code(str(item)) for item in value) if value else "empty"
+        return " ".join(f"`{item}`" for item in value) if value else "empty"
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, date | time):
         value = value.isoformat()
-    return code(str(value))
+    # A backtick span: `cell` writes one holding a `|` as `code` does.
+    return f"`{value}`"
 
 
 def setting_rows() -> Iterator[tuple[str, str, str, str]]:
@@ -119,14 +120,14 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
             name += f" {action.metavar}"
         meaning = action.help or ""
         if action.choices is not None:
-            listed = ", ".join(code(str(choice)) for choice in action.choices)
+            listed = ", ".join(f"`{choice}`" for choice in action.choices)
             meaning = f"{meaning}; one of {listed}" if meaning else f"One of {listed}"
         if action.required and action.option_strings:
             meaning = f"Required. {meaning}".strip()
         default = action.default
         shown = "" if default in (None, False, [], argparse.SUPPRESS) else _shown(default)
         if isinstance(default, list):
-            shown = " ".join(code(str(item)) for item in default)
+            shown = " ".join(f"`{item}`" for item in default)
         rows.append(f"| {code(name)} | {cell(shown)} | {cell(meaning)} |")
     return rows
 

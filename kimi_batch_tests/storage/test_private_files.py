@@ -118,3 +118,16 @@ def test_a_swap_over_a_link_killed_between_its_renames_gives_the_link_back(
     assert target.is_symlink()
     assert (target / "card").read_text() == "theirs"
     assert [path.name for path in target.parent.iterdir()] == ["latest.hf"]
+
+
+def test_a_sweep_leaves_the_temps_of_a_name_its_glob_characters_would_match(
+    tmp_path: Path,
+) -> None:
+    """`a?.hf` as a pattern matches `ab.hf`: a swap of `a?.hf` removed `ab.hf`'s folders aside."""
+    parent = tmp_path / "exports"
+    _swap(parent / "ab.hf", "theirs")
+    _killed_between_the_renames(parent / "ab.hf")
+    _swap(parent / "a?.hf", "mine")
+    aside = f".ab.hf.old.{DEAD_PID}-{'0' * 32}.tmp"
+    assert sorted(path.name for path in parent.iterdir()) == [aside, "a?.hf"]
+    assert (parent / aside / "card").read_text() == "theirs"  # the next swap of ab.hf's

@@ -1,5 +1,5 @@
 """The nightly run (`nightly_job`): every partition the schedule asks for in one run, through
-every nightly stage, each partition recorded as it lands (`landing.record`); see "Data
+every nightly stage, each partition recorded as it lands (`stage_asset.record`); see "Data
 flow" in docs/architecture.md. A partition that cannot go on, or that the window stopped, is
 left out and named (`pipeline.NightPartitions`), and the run fails at the end with the list,
 after every finished partition is written.

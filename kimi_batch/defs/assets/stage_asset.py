@@ -435,7 +435,7 @@ async def engine_session(
 
 # A partition's plan of a stage (default `plan_stage`: its inputs read from the warehouse).
 Planner = Callable[[Task, str], StagePlan]
-# What is done with a partition's result as it lands (the night op logs it: `landing.record`).
+# What is done with a partition's result as it lands (the night op logs it: `record` above).
 OnLanded = Callable[[dg.AssetKey, str, dg.MaterializeResult], None]
 
 
