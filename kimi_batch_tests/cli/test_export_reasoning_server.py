@@ -19,7 +19,6 @@ import pytest
 
 from kimi_batch.cli.export import ExportRequest, run_export
 from kimi_batch.exports import ExportQuery, TrainingOptions
-from kimi_batch.llama import ResidentServer, server_from_settings
 from kimi_batch.settings import Settings
 from kimi_batch.warehouse import Warehouse
 from kimi_batch_tests.support.batches import answered, chat_line, jsonl, landed_batch
@@ -28,8 +27,7 @@ from kimi_batch_tests.support.chat_templates import (
     assistant_span,
     chat_templates,
 )
-from kimi_batch_tests.support.llama_server import LlamaEnv
-from kimi_batch_tests.support.ports import free_port
+from kimi_batch_tests.support.llama_server import LlamaEnv, server_with_args
 
 pytestmark = pytest.mark.slow  # answers a batch on a real llama-server
 
@@ -56,20 +54,9 @@ def thinking_server(
 ) -> Iterator[Settings]:
     """The same model with the reasoning template and the server's reasoning parser."""
     del llama_env  # its variables (model, binary, threads, slots) are this server's too
-    monkeypatch.setenv("KIMI_BATCH_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("KIMI_BATCH_LLAMA_PORT", str(free_port()))
-    monkeypatch.setenv(
-        "KIMI_BATCH_LLAMA_EXTRA_ARGS",
-        f"--jinja --chat-template-file {REASONING_TEMPLATE} --reasoning-format deepseek",
-    )
-    settings = Settings.from_env()
-    server = server_from_settings(settings, load_timeout_s=300)
-    assert isinstance(server, ResidentServer)
-    server.ensure_running()
-    try:
+    extra_args = f"--jinja --chat-template-file {REASONING_TEMPLATE} --reasoning-format deepseek"
+    with server_with_args(monkeypatch, tmp_path / "home", extra_args) as settings:
         yield settings
-    finally:
-        server.stop()
 
 
 def test_the_server_s_reasoning_survives_every_layout(

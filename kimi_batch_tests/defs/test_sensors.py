@@ -19,7 +19,6 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import date
 from pathlib import Path
 from typing import BinaryIO
 
@@ -32,8 +31,9 @@ from kimi_batch.defs.sensors import FILE_TAG, build_inbox_sensor
 from kimi_batch.inputs.inbox import InboxFile, file_sha256, scan_inbox
 from kimi_batch.inputs.inbox_tick import InboxCursor, plan_inbox_tick
 from kimi_batch.inputs.landing import Assignment, Landing
-from kimi_batch.inputs.partition_input import LandingIOError, land_inbox
+from kimi_batch.inputs.partition_input import LandingIOError
 from kimi_batch.paths import StatePaths
+from kimi_batch.pipeline import known_partitions
 from kimi_batch.settings import Settings
 from kimi_batch_tests.support.inbox_files import put
 from kimi_batch_tests.support.postgres import PostgresServer
@@ -592,18 +592,12 @@ def test_on_one_box_the_sensor_lands_nothing_its_run_does(
 
 def _night(inbox: Path, *, builds: bool = True) -> list[str]:
     """What a night does to the inbox before the sensor ticks again: its look lands every settled
-    file whose content is not its partition's newest (`land_inbox`, as `known_partitions` calls
-    it), then, `builds`, its run writes each partition's seeds from that version (the record
-    `land_input` makes after both writes). The names landed."""
+    file whose content is not its partition's newest (the night's own `known_partitions`), then,
+    `builds`, its run writes each partition's seeds from that version (the record `land_input`
+    makes after both writes). The names landed."""
     settings = Settings.from_env()
+    _, _, look = known_partitions(settings, DAY, lambda ds: True)
     with Landing(settings.paths) as landing:
-        look = land_inbox(
-            landing,
-            settings.paths.inbox_dir,
-            max_bytes=settings.max_input_bytes,
-            arrived=date.fromisoformat(DAY),
-            start=settings.first_partition_date(),
-        )
         for version in look.landed if builds else []:
             landing.record_consumed(version.ds, version.source, version.sha256)
     return [version.name for version in look.landed]
