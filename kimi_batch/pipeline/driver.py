@@ -219,7 +219,6 @@ def partition_lease(
 
 
 Task = GenerationTask[Any, Any]
-T = TypeVar("T")
 LandedT = TypeVar("LandedT")
 LandedT_co = TypeVar("LandedT_co", covariant=True)
 
