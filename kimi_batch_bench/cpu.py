@@ -81,7 +81,9 @@ def _cpu_ticks(pid: int) -> tuple[int, int, int]:
 
 # A process of no group of its own belongs to its parent's when the parent is one of these: a
 # code server starts each run's worker as a `multiprocessing` child (its command line names no
-# dagster), the daemon's helpers are the daemon's.
+# dagster), the daemon's helpers are the daemon's. A child still showing its parent's own command
+# line (forked, not yet or never exec'd) is the parent's child too, not a second code server: the
+# group is decided once per process, at its first sample.
 _INHERITED = {"code_servers": "run_worker", "run_worker": "run_worker", "daemon": "daemon"}
 
 
@@ -126,6 +128,7 @@ class _Seen:
     group: str
     first: int
     last: int
+    argv: tuple[str, ...] = ()
 
 
 @dataclass
@@ -174,21 +177,25 @@ class CpuSampler:
                 key = (pid, start)
                 seen = self._seen.get(key)
                 if seen is None:
-                    group = process_group(_argv(pid), pid=pid, bench_pid=bench_pid)
-                    if group == "other":
-                        group = _INHERITED.get(self._group_of(parent), group)
+                    argv = tuple(_argv(pid))
+                    group = process_group(argv, pid=pid, bench_pid=bench_pid)
+                    group = self._inherited_group(group, argv, parent)
                     baseline = ticks if self._first_pass else 0
-                    self._seen[key] = _Seen(group=group, first=baseline, last=ticks)
+                    self._seen[key] = _Seen(group=group, first=baseline, last=ticks, argv=argv)
                     self._by_pid[pid] = self._seen[key]
                 else:
                     seen.last = ticks
             except (OSError, ValueError, IndexError):
                 continue
 
-    def _group_of(self, pid: int) -> str:
-        """The group of the newest process seen with `pid` ("other" if none was)."""
-        newest = self._newest(pid)
-        return newest.group if newest is not None else "other"
+    def _inherited_group(self, group: str, argv: tuple[str, ...], parent: int) -> str:
+        """`group`, or the one a child of `parent` inherits (see `_INHERITED`)."""
+        parent_seen = self._newest(parent)
+        if parent_seen is None or parent_seen.group not in _INHERITED:
+            return group
+        if group == "other" or argv == parent_seen.argv:
+            return _INHERITED[parent_seen.group]
+        return group
 
     def _newest(self, pid: int) -> _Seen | None:
         return self._by_pid.get(pid)

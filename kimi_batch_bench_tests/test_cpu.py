@@ -63,6 +63,18 @@ def test_a_process_that_ends_between_samples_keeps_the_cpu_it_used() -> None:
     assert set(figures) == {*GROUPS, "machine", "wall"}
 
 
+def _sampled_code_server(parent_code: str) -> CpuSampler:
+    """Runs `parent_code` as a process named like Dagster's code server, sampled until it ends."""
+    code_server = ["bash", "-c", f'exec -a dagster {sys.executable} -c "$0" api grpc', parent_code]
+    with CpuSampler(interval_s=0.05) as sampler:
+        parent = subprocess.Popen(code_server)
+        assert parent.wait(timeout=60) == 0
+    counted = sampler.process(parent.pid)
+    assert counted is not None
+    assert counted[0] == "code_servers"
+    return sampler
+
+
 def test_a_code_servers_unnamed_child_is_a_run_worker() -> None:
     # Dagster's code server starts a run's worker as a multiprocessing child whose command line
     # names no dagster: the sampler counts it by its parent.
@@ -72,15 +84,29 @@ def test_a_code_servers_unnamed_child_is_a_run_worker() -> None:
         # Its own sys.executable is lost with `exec -a`: the interpreter is named.
         f"subprocess.run([{sys.executable!r}, '-c', {_BURN.format(seconds=0.3)!r}], check=True)\n"
     )
-    code_server = ["bash", "-c", f'exec -a dagster {sys.executable} -c "$0" api grpc', parent_code]
-    with CpuSampler(interval_s=0.05) as sampler:
-        parent = subprocess.Popen(code_server)
-        assert parent.wait(timeout=60) == 0
-    counted = sampler.process(parent.pid)
-    assert counted is not None
-    assert counted[0] == "code_servers"
+    sampler = _sampled_code_server(parent_code)
     workers = sampler.split().by_group.get("run_worker", 0.0)
     assert workers >= 0.2
+
+
+def test_a_code_servers_forked_child_is_a_run_worker_not_a_second_code_server() -> None:
+    # A child seen between fork and exec (or forked by `multiprocessing` and never exec'd) still
+    # shows the code server's own command line: it is the code server's run worker all the same.
+    parent_code = (
+        "import os, time\n"
+        "time.sleep(0.3)\n"
+        "child = os.fork()\n"
+        "if child == 0:\n"
+        "    end = time.process_time() + 0.4\n"
+        "    while time.process_time() < end: pass\n"
+        "    os._exit(0)\n"
+        "os.waitpid(child, 0)\n"
+    )
+    sampler = _sampled_code_server(parent_code)
+    split = sampler.split()
+    assert split.by_group.get("run_worker", 0.0) >= 0.25
+    # The parent slept and waited: the burn is not counted as a code server's.
+    assert split.by_group.get("code_servers", 0.0) < 0.25
 
 
 def test_a_process_running_before_the_start_counts_only_what_it_used_after() -> None:
