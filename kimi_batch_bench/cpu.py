@@ -82,8 +82,9 @@ def _cpu_ticks(pid: int) -> tuple[int, int, int]:
 # A process of no group of its own belongs to its parent's when the parent is one of these: a
 # code server starts each run's worker as a `multiprocessing` child (its command line names no
 # dagster), the daemon's helpers are the daemon's. A child still showing its parent's own command
-# line (forked, not yet or never exec'd) is the parent's child too, not a second code server: the
-# group is decided once per process, at its first sample.
+# line (forked, not yet or never exec'd) is the parent's child too, not a second code server. The
+# group is decided again whenever a process's command line changes (an exec), so a child first
+# seen between fork and exec gets the group of the program it became.
 _INHERITED = {"code_servers": "run_worker", "run_worker": "run_worker", "daemon": "daemon"}
 
 
@@ -174,17 +175,19 @@ class CpuSampler:
             pid = int(entry.name)
             try:
                 start, ticks, parent = _cpu_ticks(pid)
+                argv = tuple(_argv(pid))
                 key = (pid, start)
                 seen = self._seen.get(key)
                 if seen is None:
-                    argv = tuple(_argv(pid))
-                    group = process_group(argv, pid=pid, bench_pid=bench_pid)
-                    group = self._inherited_group(group, argv, parent)
                     baseline = ticks if self._first_pass else 0
-                    self._seen[key] = _Seen(group=group, first=baseline, last=ticks, argv=argv)
-                    self._by_pid[pid] = self._seen[key]
-                else:
-                    seen.last = ticks
+                    seen = _Seen(group="", first=baseline, last=ticks)
+                    self._seen[key] = self._by_pid[pid] = seen
+                seen.last = ticks
+                # An exited process's command line reads empty: it keeps the group it had.
+                if not seen.group or (argv and argv != seen.argv):
+                    group = process_group(argv, pid=pid, bench_pid=bench_pid)
+                    seen.group = self._inherited_group(group, argv, parent)
+                    seen.argv = argv
             except (OSError, ValueError, IndexError):
                 continue
 

@@ -109,6 +109,36 @@ def test_a_code_servers_forked_child_is_a_run_worker_not_a_second_code_server() 
     assert split.by_group.get("code_servers", 0.0) < 0.25
 
 
+def test_a_child_that_execs_a_code_server_is_a_code_server_though_first_seen_as_a_fork() -> None:
+    # `dagster code-server start` runs its `dagster api grpc` as a child: sampled between fork and
+    # exec it shows the parent's command line (a run worker's sign), after the exec its own.
+    grpc_code = _BURN.format(seconds=0.3)
+    parent_code = (
+        "import os, sys, time\n"
+        "time.sleep(0.3)\n"
+        "child = os.fork()\n"
+        "if child == 0:\n"
+        "    time.sleep(0.4)\n"  # sampled several times before the exec
+        f"    os.execv({sys.executable!r}, ['dagster', '-c', {grpc_code!r}, 'api', 'grpc'])\n"
+        "print(child, flush=True)\n"
+        "sys.exit(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))\n"
+    )
+    code_server = [
+        "bash",
+        "-c",
+        f'exec -a dagster {sys.executable} -c "$0" code-server start',
+        parent_code,
+    ]
+    with CpuSampler(interval_s=0.05) as sampler:
+        parent = subprocess.run(code_server, capture_output=True, text=True, timeout=60, check=True)
+    counted = sampler.process(int(parent.stdout.strip()))
+    assert counted is not None
+    group, seconds = counted
+    assert group == "code_servers"
+    assert seconds >= 0.2
+    assert sampler.split().by_group.get("run_worker", 0.0) < 0.1
+
+
 def test_a_process_running_before_the_start_counts_only_what_it_used_after() -> None:
     before = subprocess.Popen(
         [sys.executable, "-c", "import time\ntime.sleep(30)"], stdout=subprocess.DEVNULL
