@@ -385,14 +385,41 @@ class PartitionWrite(BaseModel):
     snapshot_id: int  # the table's snapshot the commit made current
 
 
-def _utc_naive(value: Any) -> Any:
-    """Aware datetimes -> naive UTC, recursively; the tables store UTC without a zone."""
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+class _UnstorableError(ValueError):
+    """A value a row model accepts that no column of its table can hold."""
+
+
+def _stored(value: Any, field: str = "") -> Any:
+    """`value` as the tables store it: aware datetimes as naive UTC, recursively.
+
+    A value no column holds is `_UnstorableError`, naming its field: polars raises its own
+    error for one at a row's top (an integer past 64 bits, a lone surrogate) and writes one
+    nested in a struct as null, and a zoned time UTC cannot hold overflows `astimezone`.
+    """
     if isinstance(value, datetime):
-        return value.astimezone(UTC).replace(tzinfo=None) if value.tzinfo else value
+        if value.tzinfo is None:
+            return value
+        try:
+            return value.astimezone(UTC).replace(tzinfo=None)
+        except OverflowError as error:
+            raise _UnstorableError(f"{field} {value!r:.80} is outside the UTC range") from error
+    if isinstance(value, int) and not _INT64_MIN <= value <= _INT64_MAX:
+        raise _UnstorableError(f"{field} {value} does not fit a 64-bit integer")
+    if isinstance(value, str) and not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError as error:
+            where = f"a lone surrogate at character {error.start}"
+            raise _UnstorableError(f"{field} holds {where}, not UTF-8 text") from error
     if isinstance(value, Mapping):
-        return {key: _utc_naive(item) for key, item in value.items()}
+        return {
+            key: _stored(item, f"{field}.{key}" if field else key) for key, item in value.items()
+        }
     if isinstance(value, list):
-        return [_utc_naive(item) for item in value]
+        return [_stored(item, f"{field}[{index}]") for index, item in enumerate(value)]
     return value
 
 
@@ -409,10 +436,16 @@ def _arrow_chunks(
         )
         return frame.to_arrow()
 
-    for row in rows:
+    for index, row in enumerate(rows, start=1):
         if not isinstance(row, model):
             raise TypeError(f"{table} takes {model.__name__} rows, got {type(row).__name__}")
-        records.append(_utc_naive(row.model_dump()))
+        try:
+            records.append(_stored(row.model_dump()))
+        except _UnstorableError as error:
+            # A KimiBatchError: the driver skips this partition and lands the others.
+            raise StorageError(
+                f"{table} row {index} cannot be stored, the partition is left as it was: {error}"
+            ) from error
         if len(records) >= CHUNK_ROWS:
             yield chunk()
             records = []
