@@ -63,16 +63,32 @@ def test_a_process_that_ends_between_samples_keeps_the_cpu_it_used() -> None:
     assert set(figures) == {*GROUPS, "machine", "wall"}
 
 
-def _sampled_code_server(parent_code: str) -> CpuSampler:
-    """Runs `parent_code` as a process named like Dagster's code server, sampled until it ends."""
-    code_server = ["bash", "-c", f'exec -a dagster {sys.executable} -c "$0" api grpc', parent_code]
+def _sampled_code_server(parent_code: str, command: str = "api grpc") -> tuple[CpuSampler, str]:
+    """Runs `parent_code` as a process named like Dagster's code server (`dagster <command>`),
+    sampled until it ends; the sampler and what the process printed."""
+    code_server = ["bash", "-c", f'exec -a dagster {sys.executable} -c "$0" {command}', parent_code]
     with CpuSampler(interval_s=0.05) as sampler:
-        parent = subprocess.Popen(code_server)
-        assert parent.wait(timeout=60) == 0
+        parent = subprocess.Popen(code_server, stdout=subprocess.PIPE, text=True)
+        printed, _ = parent.communicate(timeout=60)
+        assert parent.returncode == 0
     counted = sampler.process(parent.pid)
     assert counted is not None
     assert counted[0] == "code_servers"
-    return sampler
+    return sampler, printed
+
+
+# The child's pid, printed by the parent: its own group and seconds are asserted, not the
+# machine's groups (the other test tiers run real code servers and run workers beside this one).
+_FORK_AND_PRINT = "import os, sys, time\ntime.sleep(0.3)\nchild = os.fork()\n"
+_WAIT_FOR_CHILD = (
+    "print(child, flush=True)\nsys.exit(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))\n"
+)
+
+
+def _child_of(sampler: CpuSampler, printed: str) -> tuple[str, float]:
+    counted = sampler.process(int(printed.strip()))
+    assert counted is not None
+    return counted
 
 
 def test_a_code_servers_unnamed_child_is_a_run_worker() -> None:
@@ -82,31 +98,27 @@ def test_a_code_servers_unnamed_child_is_a_run_worker() -> None:
         "import subprocess, time\n"
         "time.sleep(0.4)\n"
         # Its own sys.executable is lost with `exec -a`: the interpreter is named.
-        f"subprocess.run([{sys.executable!r}, '-c', {_BURN.format(seconds=0.3)!r}], check=True)\n"
+        f"child = subprocess.Popen([{sys.executable!r}, '-c', {_BURN.format(seconds=0.3)!r}])\n"
+        "print(child.pid, flush=True)\n"
+        "assert child.wait() == 0\n"
     )
-    sampler = _sampled_code_server(parent_code)
-    workers = sampler.split().by_group.get("run_worker", 0.0)
-    assert workers >= 0.2
+    group, seconds = _child_of(*_sampled_code_server(parent_code))
+    assert group == "run_worker"
+    assert seconds >= 0.2
 
 
 def test_a_code_servers_forked_child_is_a_run_worker_not_a_second_code_server() -> None:
     # A child seen between fork and exec (or forked by `multiprocessing` and never exec'd) still
     # shows the code server's own command line: it is the code server's run worker all the same.
     parent_code = (
-        "import os, time\n"
-        "time.sleep(0.3)\n"
-        "child = os.fork()\n"
-        "if child == 0:\n"
+        _FORK_AND_PRINT + "if child == 0:\n"
         "    end = time.process_time() + 0.4\n"
         "    while time.process_time() < end: pass\n"
-        "    os._exit(0)\n"
-        "os.waitpid(child, 0)\n"
+        "    os._exit(0)\n" + _WAIT_FOR_CHILD
     )
-    sampler = _sampled_code_server(parent_code)
-    split = sampler.split()
-    assert split.by_group.get("run_worker", 0.0) >= 0.25
-    # The parent slept and waited: the burn is not counted as a code server's.
-    assert split.by_group.get("code_servers", 0.0) < 0.25
+    group, seconds = _child_of(*_sampled_code_server(parent_code))
+    assert group == "run_worker"
+    assert seconds >= 0.25
 
 
 def test_a_child_that_execs_a_code_server_is_a_code_server_though_first_seen_as_a_fork() -> None:
@@ -114,29 +126,14 @@ def test_a_child_that_execs_a_code_server_is_a_code_server_though_first_seen_as_
     # exec it shows the parent's command line (a run worker's sign), after the exec its own.
     grpc_code = _BURN.format(seconds=0.3)
     parent_code = (
-        "import os, sys, time\n"
-        "time.sleep(0.3)\n"
-        "child = os.fork()\n"
-        "if child == 0:\n"
+        _FORK_AND_PRINT + "if child == 0:\n"
         "    time.sleep(0.4)\n"  # sampled several times before the exec
         f"    os.execv({sys.executable!r}, ['dagster', '-c', {grpc_code!r}, 'api', 'grpc'])\n"
-        "print(child, flush=True)\n"
-        "sys.exit(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))\n"
+        + _WAIT_FOR_CHILD
     )
-    code_server = [
-        "bash",
-        "-c",
-        f'exec -a dagster {sys.executable} -c "$0" code-server start',
-        parent_code,
-    ]
-    with CpuSampler(interval_s=0.05) as sampler:
-        parent = subprocess.run(code_server, capture_output=True, text=True, timeout=60, check=True)
-    counted = sampler.process(int(parent.stdout.strip()))
-    assert counted is not None
-    group, seconds = counted
+    group, seconds = _child_of(*_sampled_code_server(parent_code, "code-server start"))
     assert group == "code_servers"
     assert seconds >= 0.2
-    assert sampler.split().by_group.get("run_worker", 0.0) < 0.1
 
 
 def test_a_process_running_before_the_start_counts_only_what_it_used_after() -> None:
