@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ import pytest
 
 from kimi_batch.engine import ledger as ledger_module
 from kimi_batch.engine.generation import GenerationResult
-from kimi_batch.engine.ledger import LeaseHeldError, LeaseLostError, Ledger, lease_clock
+from kimi_batch.engine.ledger import Lease, LeaseHeldError, LeaseLostError, Ledger, lease_clock
 from kimi_batch.paths import StateLocation
 from kimi_batch.state import StateBusyError, StateDatabase, connect_state, read_state
 from kimi_batch.warehouse import CatalogSpec, Warehouse
@@ -255,7 +255,8 @@ class FlakyConnection:
         self._db.close()
 
 
-def flaky_renewals(monkeypatch: pytest.MonkeyPatch, failures: int | None) -> None:
+def flaky_renewals(monkeypatch: pytest.MonkeyPatch, failures: int | None) -> list[int | None]:
+    """The failures still to come, in a list the renewals count down."""
     real = ledger_module.connect_state
     left: list[int | None] = [failures]
 
@@ -263,6 +264,26 @@ def flaky_renewals(monkeypatch: pytest.MonkeyPatch, failures: int | None) -> Non
         return FlakyConnection(real(location, **options), left)
 
     monkeypatch.setattr(ledger_module, "connect_state", connect)
+    return left
+
+
+# Polls wait this long at most: a loaded 2-core machine (make test's tiers side by side) takes
+# seconds for what takes milliseconds here, and a lease test must not depend on how many.
+_POLL_DEADLINE_S = 60.0
+
+
+def _until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + _POLL_DEADLINE_S
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {_POLL_DEADLINE_S} s: {what}"
+        time.sleep(0.05)
+
+
+def _renewed_since(lease: Lease, since: float) -> bool:
+    """A renewal sent after `since` (`time.monotonic()`) succeeded; a lost lease fails."""
+    assert not lease.lost, lease.lost_why
+    # The lease counts on itself until a successful renewal's send time plus its ttl.
+    return lease._held_until - lease.ttl_s > since  # pyright: ignore[reportPrivateUsage]
 
 
 def test_the_heartbeat_retries_a_locked_database_and_keeps_the_lease(
@@ -270,12 +291,14 @@ def test_the_heartbeat_retries_a_locked_database_and_keeps_the_lease(
 ) -> None:
     path = state_backend.ledger
     with Ledger(path) as first, Ledger(path) as second:
-        flaky_renewals(monkeypatch, failures=2)  # the first two renewals meet a lock
-        # Renewals every ttl/3, a failed one retried after ttl/6: the third try comes a third of
-        # a ttl before the lease would end. A ttl of 1.2 s left it 0.4 s for a fresh PostgreSQL
-        # connection, which a loaded 2-core machine (make test's tiers side by side) overran.
-        with first.lease(PARTITION, "run-a", ttl_s=3.0) as lease:
-            time.sleep(7.0)  # more than two ttls: only renewals keep it
+        left = flaky_renewals(monkeypatch, failures=2)  # the first two renewals meet a lock
+        # Renewals every ttl/3, a failed one retried after min(1 s, ttl/6): the third try has
+        # about half a ttl left for a fresh connection (a ttl of 1.2 s left a PostgreSQL
+        # connection 0.4 s, which a loaded 2-core machine overran).
+        with first.lease(PARTITION, "run-a", ttl_s=6.0) as lease:
+            _until(lambda: left[0] == 0, "both renewals met the lock")
+            used_up = time.monotonic()
+            _until(lambda: _renewed_since(lease, used_up), "a renewal after the lock")
             monkeypatch.undo()
             with pytest.raises(LeaseHeldError), second.lease(PARTITION, "run-b"):
                 pass
@@ -289,8 +312,7 @@ def test_a_heartbeat_that_cannot_renew_before_the_ttl_marks_the_lease_lost(
     with Ledger(state_backend.ledger) as ledger:
         flaky_renewals(monkeypatch, failures=None)  # every renewal meets a lock
         with ledger.lease(PARTITION, "run-a", ttl_s=0.6) as lease:
-            time.sleep(1.5)
-            assert lease.lost
+            _until(lambda: lease.lost, "the lease marked lost")
             with pytest.raises(LeaseLostError, match="lost"):
                 lease.check()
 
@@ -348,10 +370,13 @@ def test_nobody_takes_the_lease_over_while_a_fenced_write_commits(
         with Ledger(path) as ledger, ledger.lease(PARTITION, "run-b", wait_s=30, poll_s=0.05):
             order.append("run-b took it")
 
-    with Ledger(path) as ledger, ledger.lease(PARTITION, "run-a", ttl_s=0.6) as lease:
+    # A long ttl to take it (a fresh connection may take seconds on a loaded machine), a short
+    # one from the renewal inside `fenced`, which the stall below outlives.
+    with Ledger(path) as ledger, ledger.lease(PARTITION, "run-a", ttl_s=60) as lease:
         taker = threading.Thread(target=take_over)
         # A stalled process's heartbeat stalls too.
         lease._stop.set()  # pyright: ignore[reportPrivateUsage]
+        lease.ttl_s = 0.6
         with lease.fenced():
             taker.start()
             time.sleep(1.5)  # stalled well past the ttl, the lease confirmed and not committed
@@ -452,8 +477,9 @@ def test_a_dropped_postgres_connection_is_reconnected_and_the_lease_kept(
     url = postgres_server.new_database()
     where = StateLocation(path=Path("unused.sqlite3"), schema_name="kimi_ledger", url=url)
     with Ledger(where) as first, Ledger(where) as second:
-        with first.lease(PARTITION, "run-a", ttl_s=1.5) as lease:
-            time.sleep(0.7)  # the heartbeat has its connection
+        with first.lease(PARTITION, "run-a", ttl_s=6.0) as lease:
+            taken = time.monotonic()
+            _until(lambda: _renewed_since(lease, taken), "the heartbeat's connection")
             with psycopg.connect(postgres_server.url, autocommit=True) as admin:
                 dropped = admin.execute(
                     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
@@ -462,8 +488,8 @@ def test_a_dropped_postgres_connection_is_reconnected_and_the_lease_kept(
                 ).fetchone()
             assert dropped is not None
             assert dropped[0] >= 1
-            time.sleep(3.0)  # two ttls: only a reconnected heartbeat keeps it
-            assert not lease.lost, lease.lost_why
+            dropped_at = time.monotonic()
+            _until(lambda: _renewed_since(lease, dropped_at), "a reconnected heartbeat's renewal")
             lease.check()
         # The ledgers' own connections were dropped too: their next statements reconnect.
         assert first.put(make_result("after", request_id="r-after", input_id="s", tag="seed"))
