@@ -400,12 +400,13 @@ def test_cursor_keeps_ticks_cheap_with_thousands_of_files(
     assert len(daemon.instance.get_dynamic_partitions("source")) == count
 
     hashed.clear()
-    started = time.monotonic()
+    # CPU time, not wall time: the test tiers share 2 cores, this one niced.
+    started = time.process_time()
     second = daemon.tick(execute=False)
-    elapsed = time.monotonic() - started
+    used = time.process_time() - started
     assert hashed == []
     assert second.data.run_requests == []
-    assert elapsed < 10.0, f"an idle tick over {count} files took {elapsed:.1f}s"
+    assert used < 10.0, f"an idle tick over {count} files took {used:.1f} CPU seconds"
 
     put(inbox / DAY / "part_00007.jsonl", '{"prompt": "edited"}\n', age_s=30)
     third = daemon.tick(execute=False)

@@ -165,7 +165,8 @@ async def test_attempts_are_bounded_one_http_request_each(ledger: Ledger) -> Non
 
 
 async def test_a_request_past_its_deadline_is_cut_and_retried(ledger: Ledger) -> None:
-    quick = DeadlinePolicy(floor_s=0.3, multiplier=1.0, prompt_tok_s=1e6, decode_tok_s=1e6)
+    # The deadline also bounds the answer that must get through: a second on a loaded machine.
+    quick = DeadlinePolicy(floor_s=1.0, multiplier=1.0, prompt_tok_s=1e6, decode_tok_s=1e6)
     policy = FAST.model_copy(update={"attempts": 2, "deadline": quick})
     fake = FakeServer([never_answers, OK])
     outcome = await run(fake, ledger, policy=policy)
@@ -187,7 +188,8 @@ async def test_a_request_always_past_its_deadline_fails_with_the_reason(ledger: 
 async def test_a_server_that_stops_progressing_is_restarted_and_the_request_sent_again(
     ledger: Ledger,
 ) -> None:
-    watchdog = WatchdogPolicy(stall_s=0.5, probe_timeout_s=0.2, interval_s=0.05)
+    # The stall period also bounds the send that must get through (on a loaded machine).
+    watchdog = WatchdogPolicy(stall_s=1.5, probe_timeout_s=0.2, interval_s=0.05)
     # A generous deadline: only the watchdog can end the first send.
     policy = FAST.model_copy(update={"watchdog": watchdog})
     fake = FakeServer([never_answers, OK])

@@ -167,7 +167,9 @@ async def test_what_the_run_finished_or_failed_is_not_sent_again(ledger: Ledger)
 
 async def test_past_the_stop_time_an_added_set_is_not_sent(ledger: Ledger) -> None:
     server = HeldAnswers()
-    stop_at = datetime.now(UTC) + timedelta(seconds=0.5)
+    # Time enough for q0 to be sent first on a loaded machine (a stall past the stop time would
+    # leave q0 unsent, and the test waiting for it).
+    stop_at = datetime.now(UTC) + timedelta(seconds=2.0)
     async with engine_of(server, ledger).session(warm=False, stop_at=stop_at) as run:
         first = run.add([ask("q0")])
         await server.reached("q0")

@@ -87,6 +87,8 @@ while not os.path.exists(stop):
     os.replace(staged_file, path)
     time.sleep(random.random() / 1000)
     swaps += 2
+    if swaps == 2:
+        open(stop + ".started", "w").close()
 print(swaps)
 """
 
@@ -110,8 +112,15 @@ def test_a_link_swapped_in_and_out_while_landing_never_lands_a_byte_from_outside
     )
     attempts = 0
     try:
+        # The race starts with the swapper's first swap (its interpreter may take a while to
+        # start on a loaded machine) and runs RACE_S, and at least 12 attempts.
+        started = inbox / ".stop.started"
+        give_up = time.monotonic() + 60
+        while not started.exists():
+            assert time.monotonic() < give_up, "the swapper never swapped"
+            time.sleep(0.01)
         deadline = time.monotonic() + RACE_S
-        while time.monotonic() < deadline:
+        while (time.monotonic() < deadline or attempts <= 10) and time.monotonic() < give_up:
             land_inbox(landing, inbox, **args)
             resolve_input(landing, inbox, assignment.ds, assignment.source, **args)
             attempts += 2

@@ -191,7 +191,10 @@ def test_a_server_that_took_the_port_after_the_probe_is_not_taken_for_the_spawne
     manager = _manager(tmp_path, port)
     # The other server serves the same model file: only whose process answers tells them apart.
     handler = _handler(str(manager.spec.model), down_first=True)
-    monkeypatch.setenv("STANDIN_BIND_DELAY_S", "1.0")
+    # Sharing the port, ours binds beside the other at once; else it would die on the taken port,
+    # but only long after the manager has met the other's answer (a loaded machine may start
+    # the manager's probe a second late: a child dead first would be another test).
+    monkeypatch.setenv("STANDIN_BIND_DELAY_S", "1.0" if shares_port else "30")
     monkeypatch.setenv("STANDIN_REUSE_PORT", "1" if shares_port else "0")
     # The pre-spawn check binds the port itself: it is free at that moment (the race).
     monkeypatch.setattr(server_module, "port_in_use", lambda host, port: False, raising=False)
