@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from kimi_batch.engine.generation import GenerationRequest
+from kimi_batch.engine.ledger import UnstorableResultError
 from kimi_batch.engine.outcome import FailedRequest, PlannedRequest, distinct, lower_rank
 from kimi_batch.engine.progress import ProgressReporter
 from kimi_batch.engine.record import completion_result
@@ -343,7 +344,13 @@ class BatchRun:
             latency_ms = (time.perf_counter() - sent) * 1000
             # A one-off digest its request prefills (not held, by design): no cache hit due.
             prefilled_own = own and not held
-            self._record(watch, slot_id, item, completion, latency_ms, prefilled_own)
+            try:
+                self._record(watch, slot_id, item, completion, latency_ms, prefilled_own)
+            except UnstorableResultError as error:
+                # An answer the ledger would not read back as it is (nothing was written): this
+                # request fails with the reason, the batch goes on. Not retried: a server that
+                # sent it once sends it again.
+                self._fail(item, str(error), attempt)
             return
         self._fail(item, reason, attempts)
 

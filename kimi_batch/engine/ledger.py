@@ -39,6 +39,9 @@ from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
 
+from pydantic import ValidationError
+from pydantic_core import PydanticSerializationError
+
 from kimi_batch.crash_points import crash_point
 from kimi_batch.engine.generation import GenerationResult
 from kimi_batch.errors import KimiBatchError
@@ -167,6 +170,38 @@ class LeaseLostError(KimiBatchError, RuntimeError):
             "by this run, the run that holds the partition now writes it"
         )
         self.partition_key = partition_key
+
+
+class UnstorableResultError(KimiBatchError, ValueError):
+    """A finished result the ledger cannot keep as it is: it would not read back as written."""
+
+
+def _stored_json(result: GenerationResult) -> str:
+    """The ledger's text of `result`, once it is known to read back as `result`. A lone
+    surrogate (UTF-8 cannot encode it), a NaN or infinite float (JSON writes null: a row every
+    rerun skips as finished and every read fails on) or a UTC offset with seconds (written to the
+    minute) is refused before anything is written."""
+    try:
+        payload = result.model_dump_json()
+        stored = GenerationResult.model_validate_json(payload)
+    except PydanticSerializationError as error:
+        why = str(error)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        why = f"{where} would read back as {first['input']!r}"
+    else:
+        if stored == result:
+            return payload
+        changed = [
+            name
+            for name in GenerationResult.model_fields
+            if getattr(stored, name) != getattr(result, name)
+        ]
+        why = f"{', '.join(changed)} would read back changed"
+    raise UnstorableResultError(
+        f"ledger: the result of request {result.request_id[:64]!r} cannot be stored: {why}"
+    )
 
 
 class Lease:
@@ -338,11 +373,13 @@ class Ledger:
         self.close()
 
     def put(self, result: GenerationResult) -> bool:
-        """Record a finished result; False when the request was already recorded."""
+        """Record a finished result; False when the request was already recorded.
+        UnstorableResultError, with nothing written, for one that would not read back as is."""
+        payload = _stored_json(result)
         cursor = self._db.execute(
             "INSERT INTO results (request_id, input_id, result_json, finished_at) "
             "VALUES (?, ?, ?, ?) ON CONFLICT (request_id) DO NOTHING",
-            (result.request_id, result.input_id, result.model_dump_json(), time.time()),
+            (result.request_id, result.input_id, payload, time.time()),
         )
         crash_point("ledger.result_recorded")
         return cursor.rowcount == 1

@@ -30,8 +30,14 @@ def _arguments(raw: str) -> tuple[str, ...]:
         raise ValueError(f"cannot be split into arguments ({error})") from error
 
 
-def _path(raw: str) -> Path:
-    return Path(raw).expanduser().resolve()
+def local_path(raw: str) -> Path:
+    """`raw` as an absolute path, `~` expanded. pathlib raises RuntimeError for a `~user` of no
+    user (or `~` with no home) and for a symlink loop, which pydantic does not report against the
+    variable: a ValueError here, so it is a one-line `ConfigError` naming it."""
+    try:
+        return Path(raw).expanduser().resolve()
+    except RuntimeError as error:
+        raise ValueError(f"{raw!r} is not a usable path: {error}") from error
 
 
 def _running(raw: str) -> bool:
@@ -42,7 +48,7 @@ def _running(raw: str) -> bool:
 
 WORDS = _text_only(words)
 ARGUMENTS = _text_only(_arguments)
-PATH = _text_only(_path)
-PATHS = _text_only(lambda raw: tuple(_path(item) for item in words(raw)))
+PATH = _text_only(local_path)
+PATHS = _text_only(lambda raw: tuple(local_path(item) for item in words(raw)))
 OFF_IS_NONE = _text_only(lambda raw: None if raw.lower() == "off" else raw)
 RUNNING = _text_only(_running)

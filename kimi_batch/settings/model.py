@@ -64,6 +64,7 @@ from kimi_batch.settings.environment import (
     PATH,
     RUNNING,
     WORDS,
+    local_path,
     words,
 )
 from kimi_batch.settings.quality import QualitySettings
@@ -111,7 +112,7 @@ class StateSettings(BaseModel):
         if not isinstance(value, str):
             return value
         if "://" not in value:
-            return Path(value).expanduser().resolve()
+            return local_path(value)
         parts = urlsplit(value)
         if parts.scheme != "s3" or not parts.netloc:
             # A URL read as a path would be a local folder named `gs:`, silently.

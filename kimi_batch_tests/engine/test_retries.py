@@ -8,6 +8,7 @@ bounded (one HTTP request per engine attempt).
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -292,3 +293,20 @@ async def test_an_unreadable_probe_counts_as_no_progress(
     assert hung == [BASE_URL]
     assert outcome.stats.hangs == 1
     assert outcome.stats.generated == 1
+
+
+async def test_an_answer_the_ledger_cannot_keep_fails_its_request_and_the_batch_goes_on(
+    ledger: Ledger,
+) -> None:
+    # A number past the largest double parses as infinity, which the ledger's JSON cannot hold.
+    body = json.dumps(chat_body()).replace('"prompt_ms": 10.0', '"prompt_ms": 1e999')
+    assert "1e999" in body
+    unstorable = httpx.Response(200, content=body, headers={"content-type": "application/json"})
+    fake = FakeServer([unstorable, OK])
+    outcome = await run(fake, ledger, n=2)
+    assert fake.chat_calls == 2  # not retried: the same answer would come back
+    assert outcome.stats.generated == 1
+    (failure,) = outcome.failures
+    assert "cannot be stored" in failure.reason
+    assert failure.attempts == 1
+    assert [r.text for r in outcome.iter_results(ledger)] == ["hi"]

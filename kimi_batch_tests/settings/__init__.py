@@ -1,0 +1,1 @@
+"""Tests of kimi_batch.settings."""
