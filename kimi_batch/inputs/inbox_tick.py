@@ -174,6 +174,11 @@ def plan_inbox_tick(
     out_of_range: list[str] = []
     for item in files:
         entry = planner.previous.get(item.name)
+        # A file requested unread for its size is read once the limit is raised (its quarantine
+        # row says so), though its stat has not changed.
+        readable_now = item.refused is None and item.size <= max_input_bytes
+        if entry is not None and entry[2] == "unread" and readable_now:
+            entry = None
         if entry is not None and entry[:2] == (item.mtime_ns, item.size) and entry[2] is not None:
             planner.cursor[item.name] = entry
             planner.unchanged += 1

@@ -61,3 +61,29 @@ def test_cursor_format_and_corrupt_cursor(inbox: Path) -> None:
     assert InboxCursor.parse("not json").root == {}
     assert InboxCursor.parse('{"a": "b"}').root == {}
     assert InboxCursor.parse(None).root == {}
+
+
+def test_a_file_over_the_limit_is_read_once_the_limit_is_raised(inbox: Path) -> None:
+    # Its quarantine row says "split it or raise the limit": raising it must be enough.
+    path = put(inbox / DAY / "big.jsonl", '{"prompt": "a long question"}\n')
+    size = path.stat().st_size
+
+    def tick(cursor: InboxCursor, limit: int) -> tuple[list[str], InboxCursor]:
+        planned = plan_inbox_tick(
+            scan_inbox(inbox),
+            cursor,
+            assign=_assign(inbox),
+            is_valid_ds=lambda ds: True,
+            max_input_bytes=limit,
+        )
+        return [request.run_key for request in planned.requests], planned.cursor
+
+    refused, cursor = tick(InboxCursor(), size - 1)
+    again, cursor = tick(cursor, size - 1)
+    raised, cursor = tick(cursor, size)
+    after, _ = tick(cursor, size)
+
+    assert [key.split(":")[1] for key in refused] == ["unread"]
+    assert again == []  # still over the limit: its quarantine run is not asked for twice
+    assert raised == [f"{DAY}/big.jsonl:{file_sha256(path)[:16]}"]
+    assert after == []
