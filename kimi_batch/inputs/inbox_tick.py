@@ -173,12 +173,7 @@ def plan_inbox_tick(
     now = time.time_ns() if now_ns is None else now_ns
     out_of_range: list[str] = []
     for item in files:
-        entry = planner.previous.get(item.name)
-        # A file requested unread for its size is read once the limit is raised (its quarantine
-        # row says so), though its stat has not changed.
-        readable_now = item.refused is None and item.size <= max_input_bytes
-        if entry is not None and entry[2] == "unread" and readable_now:
-            entry = None
+        entry = _previous_entry(planner.previous, item, max_input_bytes)
         if entry is not None and entry[:2] == (item.mtime_ns, item.size) and entry[2] is not None:
             planner.cursor[item.name] = entry
             planner.unchanged += 1
@@ -204,6 +199,16 @@ def plan_inbox_tick(
             + (" ..." if len(out_of_range) > 5 else "")
         )
     return planner.tick()
+
+
+def _previous_entry(
+    previous: dict[str, _CursorEntry], item: InboxFile, max_input_bytes: int
+) -> _CursorEntry | None:
+    """The file's entry in the last cursor; none for a file requested unread for its size that
+    the limit now admits (its quarantine row says to raise the limit: that is enough)."""
+    entry = previous.get(item.name)
+    readable_now = item.refused is None and item.size <= max_input_bytes
+    return None if entry is not None and entry[2] == "unread" and readable_now else entry
 
 
 class _TickPlanner:
