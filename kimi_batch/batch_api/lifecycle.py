@@ -361,13 +361,14 @@ def _snapshot(settings: Settings, batch: BatchRecord) -> Path:
 
 
 def request_counts(store: ApiStore, ledger: Ledger | None, batch: BatchRecord) -> RequestCounts:
-    """Requests answered so far (the ledger) and those that failed (known at the end)."""
+    """Requests answered so far (the ledger) and those that failed (known at the end). A
+    request a rerun by hand answered after the batch ended is no longer failed: completed and
+    failed never add up past the total."""
     keys = store.request_keys(batch.id)
     finished = ledger.finished_keys(set(keys.values())) if ledger is not None and keys else set()
     completed = sum(1 for key in keys.values() if key in finished)
-    return RequestCounts(
-        total=batch.request_total, completed=completed, failed=batch.request_failed
-    )
+    failed = max(0, min(batch.request_failed, batch.request_total - completed))
+    return RequestCounts(total=batch.request_total, completed=completed, failed=failed)
 
 
 def write_batch_files(
