@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from datetime import datetime, time, timedelta
+from datetime import UTC, datetime, time, timedelta
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
@@ -134,11 +134,14 @@ def due_night(now: datetime, night_ends: time | None) -> tuple[str, datetime]:
     """(the day of the last night whose window has ended at `now`, that window's end).
 
     The night after day D ends on D+1 at `night_ends`; before that time on D+1, the night due is
-    the one of D-1.
+    the one of D-1. An end time the clocks repeat has come the first time they read it; one they
+    skip, once they jumped over it.
     """
     ends = night_ends or DEFAULT_NIGHT_ENDS
     deadline = datetime.combine(now.date(), ends, tzinfo=now.tzinfo)
-    if now < deadline:
+    # Before it on the wall clock and in real time: two times of one zone compare as wall-clock
+    # times, and past the first of two readings a repeated hour reads earlier again.
+    if now < deadline and (now.tzinfo is None or now.astimezone(UTC) < deadline.astimezone(UTC)):
         deadline -= timedelta(days=1)
     return (deadline.date() - timedelta(days=1)).isoformat(), deadline
 

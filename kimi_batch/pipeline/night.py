@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -67,12 +67,29 @@ def night_ds(scheduled_time: datetime, settings: Settings) -> str:
 
 
 def window_end(scheduled_time: datetime, settings: Settings) -> datetime | None:
-    """The first KIMI_BATCH_NIGHT_ENDS after `scheduled_time`; None without a window."""
+    """The first KIMI_BATCH_NIGHT_ENDS after `scheduled_time`; None without a window.
+
+    An end time in the hour the clocks repeat comes twice, the second maybe the first after; one
+    they skip is read with the offset before the jump, and is passed once they jumped over it.
+    """
     if settings.night_ends is None:
         return None
     local = local_time(scheduled_time, settings)
-    end = datetime.combine(local.date(), settings.night_ends, tzinfo=settings.zone)
-    return end if end > local else end + timedelta(days=1)
+
+    def after(end: datetime) -> bool:
+        # After `local` in real time (two times of one zone compare as wall-clock times, blind to
+        # an hour read twice); one the clocks skip, on the wall clock too.
+        wall = end.replace(tzinfo=None)
+        skipped = end.astimezone(UTC).astimezone(settings.zone).replace(tzinfo=None) != wall
+        return end.astimezone(UTC) > local.astimezone(UTC) and (end > local or not skipped)
+
+    first = datetime.combine(local.date(), settings.night_ends, tzinfo=settings.zone)
+    readings = (
+        reading
+        for end in (first, first + timedelta(days=1), first + timedelta(days=2))
+        for reading in (end, end.replace(fold=1))
+    )
+    return next(reading for reading in readings if after(reading))
 
 
 def nightly_partitions(
