@@ -84,8 +84,13 @@ def _cpu_ticks(pid: int) -> tuple[int, int, int]:
 # dagster), the daemon's helpers are the daemon's. A child still showing its parent's own command
 # line (forked, not yet or never exec'd) is the parent's child too, not a second code server. The
 # group is decided again whenever a process's command line changes (an exec), so a child first
-# seen between fork and exec gets the group of the program it became.
+# seen between fork and exec gets the group of the program it became (outside `_SETTLED`).
 _INHERITED = {"code_servers": "run_worker", "run_worker": "run_worker", "daemon": "daemon"}
+
+
+# Groups no exec moves a process out of in practice: their command lines are not read again
+# (llama-server's and Trino's are the processes with the largest memory maps).
+_SETTLED = frozenset({"llama_server", "trino", "webserver", "daemon", "bench"})
 
 
 def _machine_busy_ticks() -> int:
@@ -175,7 +180,6 @@ class CpuSampler:
             pid = int(entry.name)
             try:
                 start, ticks, parent = _cpu_ticks(pid)
-                argv = tuple(_argv(pid))
                 key = (pid, start)
                 seen = self._seen.get(key)
                 if seen is None:
@@ -183,6 +187,9 @@ class CpuSampler:
                     seen = _Seen(group="", first=baseline, last=ticks)
                     self._seen[key] = self._by_pid[pid] = seen
                 seen.last = ticks
+                if seen.group in _SETTLED:
+                    continue  # (reading a command line waits on the process's memory map lock)
+                argv = tuple(_argv(pid))
                 # An exited process's command line reads empty: it keeps the group it had.
                 if not seen.group or (argv and argv != seen.argv):
                     group = process_group(argv, pid=pid, bench_pid=bench_pid)

@@ -349,7 +349,10 @@ class BatchRun:
             except UnstorableResultError as error:
                 # An answer the ledger would not read back as it is (nothing was written): this
                 # request fails with the reason, the batch goes on. Not retried: a server that
-                # sent it once sends it again.
+                # sent it once sends it again. The slot answered all the same: it holds this
+                # request's digest now.
+                watch.digests[slot_id] = digest.sha256
+                watch.mark_progress()
                 self._fail(item, str(error), attempt)
             return
         self._fail(item, reason, attempts)

@@ -77,11 +77,12 @@ def window_end(scheduled_time: datetime, settings: Settings) -> datetime | None:
     local = local_time(scheduled_time, settings)
 
     def after(end: datetime) -> bool:
-        # After `local` in real time (two times of one zone compare as wall-clock times, blind to
-        # an hour read twice); one the clocks skip, on the wall clock too.
+        # After `local` in real time (an hour the clocks repeat reads the same twice on the
+        # wall); one the clocks skip, on the wall clock too.
         wall = end.replace(tzinfo=None)
         skipped = end.astimezone(UTC).astimezone(settings.zone).replace(tzinfo=None) != wall
-        return end.astimezone(UTC) > local.astimezone(UTC) and (end > local or not skipped)
+        later_on_the_wall = wall > local.replace(tzinfo=None)
+        return end.astimezone(UTC) > local.astimezone(UTC) and (later_on_the_wall or not skipped)
 
     first = datetime.combine(local.date(), settings.night_ends, tzinfo=settings.zone)
     readings = (

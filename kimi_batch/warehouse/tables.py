@@ -389,15 +389,24 @@ _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 class _UnstorableError(ValueError):
-    """A value a row model accepts that no column of its table can hold."""
+    """A value a row model accepts that no column of its table can hold; `path` is its field's,
+    filled in on the way out (built only for the error: `_stored` walks every value written)."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+        self.path: list[str] = []
+
+    def __str__(self) -> str:
+        return f"{''.join(self.path).removeprefix('.')} {self.why}"
 
 
-def _stored(value: Any, field: str = "") -> Any:
+def _stored(value: Any) -> Any:
     """`value` as the tables store it: aware datetimes as naive UTC, recursively.
 
-    A value no column holds is `_UnstorableError`, naming its field: polars raises its own
-    error for one at a row's top (an integer past 64 bits, a lone surrogate) and writes one
-    nested in a struct as null, and a zoned time UTC cannot hold overflows `astimezone`.
+    A value no column holds is `_UnstorableError`: polars raises its own error for one at a
+    row's top (an integer past 64 bits, a lone surrogate) and writes one nested in a struct as
+    null, and a zoned time UTC cannot hold overflows `astimezone`.
     """
     if isinstance(value, datetime):
         if value.tzinfo is None:
@@ -405,21 +414,33 @@ def _stored(value: Any, field: str = "") -> Any:
         try:
             return value.astimezone(UTC).replace(tzinfo=None)
         except OverflowError as error:
-            raise _UnstorableError(f"{field} {value!r:.80} is outside the UTC range") from error
+            raise _UnstorableError(f"{value!r:.80} is outside the UTC range") from error
     if isinstance(value, int) and not _INT64_MIN <= value <= _INT64_MAX:
-        raise _UnstorableError(f"{field} {value} does not fit a 64-bit integer")
+        raise _UnstorableError(f"{value} does not fit a 64-bit integer")
     if isinstance(value, str) and not value.isascii():
         try:
             value.encode()
         except UnicodeEncodeError as error:
             where = f"a lone surrogate at character {error.start}"
-            raise _UnstorableError(f"{field} holds {where}, not UTF-8 text") from error
+            raise _UnstorableError(f"holds {where}, not UTF-8 text") from error
     if isinstance(value, Mapping):
-        return {
-            key: _stored(item, f"{field}.{key}" if field else key) for key, item in value.items()
-        }
+        stored: dict[Any, Any] = {}
+        for key, item in value.items():
+            try:
+                stored[key] = _stored(item)
+            except _UnstorableError as error:
+                error.path.insert(0, f".{key}")
+                raise
+        return stored
     if isinstance(value, list):
-        return [_stored(item, f"{field}[{index}]") for index, item in enumerate(value)]
+        items: list[Any] = []
+        for index, item in enumerate(value):
+            try:
+                items.append(_stored(item))
+            except _UnstorableError as error:
+                error.path.insert(0, f"[{index}]")
+                raise
+        return items
     return value
 
 
