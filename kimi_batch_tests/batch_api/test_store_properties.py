@@ -247,6 +247,15 @@ class StoreMachine(RuleBasedStateMachine):
             if record.id not in self.contents:
                 self.contents[record.id] = self.store.blob_path(record).read_bytes()
 
+    def _adopt_replaced_files(self, batch_id: str) -> None:
+        """A finish replaces the files a crashed one kept under the same ids (`lifecycle._kept`)
+        with what it writes (another final status words its errors otherwise)."""
+        for kind in ("output", "error"):
+            file_id = "file-" + hashlib.sha256(f"{batch_id}:{kind}".encode()).hexdigest()[:24]
+            found = self.store.file(file_id)
+            if found is not None and file_id in self.contents:
+                self.contents[file_id] = self.store.blob_path(found).read_bytes()
+
     # ---- files -----------------------------------------------------------------------------
 
     @precondition(lambda self: len(self.contents) < MAX_FILES)
@@ -687,9 +696,11 @@ class StoreMachine(RuleBasedStateMachine):
                 )
             self._reopen(sweep=False)
             self._adopt_new_files()
+            self._adopt_replaced_files(batch_id)
             self._reread(batch_id)
             return
         result = finish_batch(self.store, self.ledger, batch_id, lines, status)
+        self._adopt_replaced_files(batch_id)
         self.status[batch_id] = final
         via = {CANCELLED: CANCELLING, BatchStatus.COMPLETED: FIN, BatchStatus.EXPIRED: FIN}
         self._seen(batch_id, result, None if final == current else via.get(final))
