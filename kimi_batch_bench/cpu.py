@@ -182,14 +182,16 @@ class CpuSampler:
                 start, ticks, parent = _cpu_ticks(pid)
                 key = (pid, start)
                 seen = self._seen.get(key)
+                if seen is not None and seen.group in _SETTLED:
+                    seen.last = ticks
+                    continue  # (reading a command line waits on the process's memory map lock)
+                # Read before a new process is recorded: one gone by now is never left groupless.
+                argv = tuple(_argv(pid))
                 if seen is None:
                     baseline = ticks if self._first_pass else 0
                     seen = _Seen(group="", first=baseline, last=ticks)
                     self._seen[key] = self._by_pid[pid] = seen
                 seen.last = ticks
-                if seen.group in _SETTLED:
-                    continue  # (reading a command line waits on the process's memory map lock)
-                argv = tuple(_argv(pid))
                 # An exited process's command line reads empty: it keeps the group it had.
                 if not seen.group or (argv and argv != seen.argv):
                     group = process_group(argv, pid=pid, bench_pid=bench_pid)
