@@ -192,6 +192,27 @@ def test_usual_cron_expressions_are_accepted(clean_env: pytest.MonkeyPatch, cron
     assert Settings.from_env().nightly_cron == cron
 
 
+# Expressions the settings' own cron grammar once took that Dagster's schedules refuse: each made
+# the code location fail to load, the error the check at settings time exists to prevent.
+@pytest.mark.parametrize(
+    "cron",
+    [
+        "0 2 30 2 *",  # February 30th never comes
+        "0 2 * * 5#6",  # no month has a sixth Friday
+        "*/0 * * * *",  # a step of zero
+        "0 2 * * 1,",  # an empty list item
+        "0 2 * * -",
+        "0 2 * * 1#",
+        "0 2 * * l",  # croniter's "last" belongs to the day of the month
+        "0 2 15w * *",  # croniter 7's nearest weekday, which Dagster's copy of it lacks
+    ],
+)
+def test_a_cron_dagster_refuses_is_a_config_error(clean_env: pytest.MonkeyPatch, cron: str) -> None:
+    clean_env.setenv("KIMI_BATCH_NIGHTLY_CRON", cron)
+    with pytest.raises(ConfigError, match="KIMI_BATCH_NIGHTLY_CRON"):
+        Settings.from_env()
+
+
 def test_a_webhook_url_is_accepted_and_the_cache_can_be_off(
     clean_env: pytest.MonkeyPatch,
 ) -> None:

@@ -425,7 +425,10 @@ class Settings(QualitySettings, StateSettings):
     @classmethod
     def _valid_cron(cls, value: str) -> str:
         if not is_cron(value):
-            raise ValueError(f"{value!r} is not a 5-field cron expression (e.g. '0 2 * * *')")
+            raise ValueError(
+                f"{value!r} is not a cron expression Dagster's schedules take "
+                "(5 fields, e.g. '0 2 * * *', or @daily)"
+            )
         return value
 
     @field_validator("llama_url", "llama_extra_urls")
