@@ -193,6 +193,37 @@ def _load(data: str, url: str) -> Any:
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
+# The SSE spec's line ends, and only those: CRLF, LF, CR.
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+async def event_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
+    """The lines of an event stream's body, split where the SSE spec splits them (CRLF, LF, CR).
+
+    Not httpx's `aiter_lines`: it splits as `str.splitlines` does, at U+2028, U+2029, U+0085
+    (and U+000B, U+000C, U+001C-U+001E) too, and llama-server writes those three raw in its JSON
+    (nlohmann's dump without ensure_ascii): an answer holding one had its event cut in two and
+    failed as non-JSON, on every attempt. Split as bytes (no byte of a multi-byte UTF-8
+    character is a CR or LF), each line decoded as UTF-8, as the spec decodes a stream. A last
+    line without its line end is still read, as `aiter_lines` read it."""
+    pending: list[bytes] = []
+    for_crlf = False  # the last chunk ended in a CR, whose LF may open the next chunk
+    async for chunk in chunks:
+        if not chunk:
+            continue
+        if for_crlf and chunk.startswith(b"\n"):
+            chunk = chunk[1:]
+        for_crlf = chunk.endswith(b"\r")
+        *lines, rest = _LINE_END.split(chunk)
+        for line in lines:
+            pending.append(line)
+            yield b"".join(pending).decode("utf-8", errors="replace")
+            pending = []
+        pending.append(rest)
+    if any(pending):
+        yield b"".join(pending).decode("utf-8", errors="replace")
+
+
 async def read_chat_stream(lines: AsyncIterator[str], url: str) -> ChatCompletion:
     """Read an event stream to its end (`[DONE]`) and return the answer it carried."""
     assembly = _ChatAssembly()

@@ -24,7 +24,7 @@ import httpx
 import tenacity
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kimi_batch.llama.chat_stream import EVENT_STREAM, read_chat_stream
+from kimi_batch.llama.chat_stream import EVENT_STREAM, event_lines, read_chat_stream
 from kimi_batch.llama.exceptions import (
     LlamaBodyError,
     LlamaBodyTooLargeError,
@@ -168,7 +168,7 @@ class LlamaClient:
         ):
             streamed = response.headers.get("content-type", "").startswith(EVENT_STREAM)
             if response.status_code < 400 and streamed:
-                return await read_chat_stream(response.aiter_lines(), url)
+                return await read_chat_stream(event_lines(response.aiter_bytes()), url)
             await response.aread()
             if response.status_code >= 400:
                 raise _http_error(response, url)
@@ -472,7 +472,7 @@ async def _bounded(method: str, url: str, timeout: httpx.Timeout | None) -> Asyn
 
 class _CappedStream(httpx.AsyncByteStream):
     """A response's bytes as they come off the wire, refused past `limit` in all: every reader
-    (`aread`, `aiter_lines`) pulls through it, so nothing is held beyond the cap first."""
+    (`aread`, `aiter_bytes`) pulls through it, so nothing is held beyond the cap first."""
 
     def __init__(self, inner: httpx.AsyncByteStream, limit: int, url: str) -> None:
         self._inner = inner
