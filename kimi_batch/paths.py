@@ -38,10 +38,10 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from kimi_batch.errors import ConfigError
-from kimi_batch.redaction import masked_url
+from kimi_batch.redaction import masked_message, masked_url
 
 PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600
@@ -69,6 +69,58 @@ def _masked_args(
 ) -> Iterator[tuple[str | None, Any]]:
     for name, value in args:
         yield name, masked_url(value) if name == field and isinstance(value, str) else value
+
+
+class DatabaseServer(BaseModel):
+    """The PostgreSQL server and database a `postgresql://` URL names, as libpq reads it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str | None = Field(description="None: libpq's default, the local server.")
+    port: int | None
+    dbname: str
+    user: str | None
+    password: SecretStr | None
+    params: dict[str, str] = Field(description="libpq's other parameters (sslmode, options ...).")
+
+
+def database_server(url: str) -> DatabaseServer:
+    """`url` read by libpq's rules (psycopg's `conninfo_to_dict`: percent-decoding, and a
+    `?host=`, `?port=`, `?user=` ... in the query standing for the URL's own), the way the state
+    databases connect with it; a ValueError that never repeats the URL (it may hold a password)
+    when it names no database, several hosts or a socket folder: the Iceberg catalog (SQLAlchemy)
+    and Trino's (JDBC, over TCP) take one server by host name."""
+    # Imported here: only a deployment with a database URL needs psycopg.
+    from psycopg import ProgrammingError
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        fields = {name: str(value) for name, value in conninfo_to_dict(url).items()}
+    except ProgrammingError as error:  # libpq's reason may quote the password: masked
+        reason = masked_message(str(error).strip(), url)
+        raise ValueError(f"is not a URL libpq can read: {reason}") from None
+    host, port = fields.pop("host", None) or None, fields.pop("port", None) or None
+    dbname = fields.pop("dbname", None)
+    if not dbname:
+        raise ValueError("must name a database (postgresql://host/DATABASE)")
+    if host is not None and ("," in host or (port is not None and "," in port)):
+        raise ValueError("names several hosts: give the one server to use (its host name)")
+    if host is not None and host.startswith(("/", "@")):
+        raise ValueError(
+            "names a socket folder: Trino reads the catalog over TCP, give the server's host "
+            "name (postgresql://localhost:5432/db)"
+        )
+    if port is not None and not (port.isdigit() and 0 < int(port) < 65536):
+        raise ValueError("has a port that is not a number from 1 to 65535")
+    password = fields.pop("password", None)
+    return DatabaseServer(
+        host=host,
+        port=int(port) if port is not None else None,
+        dbname=dbname,
+        user=fields.pop("user", None),
+        password=SecretStr(password) if password is not None else None,
+        params=fields,
+    )
 
 
 class StateLocation(BaseModel):

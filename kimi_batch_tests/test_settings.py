@@ -168,6 +168,12 @@ def test_a_new_install_shows_no_year_of_empty_partitions(
         ("KIMI_BATCH_ALERT_WEBHOOK", "hooks.example/no-scheme"),
         ("KIMI_BATCH_DATABASE_URL", "mysql://db.internal/kimi"),
         ("KIMI_BATCH_DATABASE_URL", "postgresql://db.internal:5432/"),  # no database named
+        # One server by host name: Trino's JDBC catalog and SQLAlchemy's take no socket folder
+        # or host list (a host list once ended `kimi-batch publish` with a raw ValueError).
+        ("KIMI_BATCH_DATABASE_URL", "postgresql://kimi:sekret@db1:5432,db2:5432/kimi"),
+        ("KIMI_BATCH_DATABASE_URL", "postgresql://kimi:sekret@%2Fvar%2Frun%2Fpostgresql/kimi"),
+        ("KIMI_BATCH_DATABASE_URL", "postgresql://kimi:sekret@db/kimi?host=/tmp"),
+        ("KIMI_BATCH_DATABASE_URL", "postgresql://kimi:sekret@db:99999/kimi"),
         ("KIMI_BATCH_WAREHOUSE", "gs://bucket/warehouse"),  # refused, never a folder `gs:`
         ("KIMI_BATCH_WAREHOUSE", "s3:///no-bucket"),
         ("KIMI_BATCH_S3_ENDPOINT", "127.0.0.1:9000"),  # no scheme
@@ -182,6 +188,7 @@ def test_an_unusable_value_is_a_config_error_naming_its_variable(
     message = str(raised.value)
     assert variable in message
     assert "\n" not in message
+    assert "sekret" not in message  # a database URL's password is never repeated
 
 
 @pytest.mark.parametrize(

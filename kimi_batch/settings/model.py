@@ -30,7 +30,7 @@ from pydantic.config import JsonDict
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from kimi_batch.errors import ConfigError
-from kimi_batch.paths import StatePaths
+from kimi_batch.paths import StatePaths, database_server
 from kimi_batch.settings.cron import is_cron
 from kimi_batch.settings.defaults import (
     DEFAULT_API_MAX_BATCH_MB,
@@ -136,11 +136,9 @@ class StateSettings(BaseModel):
     def _postgres_url(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        parts = urlsplit(value)
-        if parts.scheme not in _SCHEMES:
+        if urlsplit(value).scheme not in _SCHEMES:
             raise ValueError("must be a postgresql:// URL")
-        if not parts.path.strip("/"):
-            raise ValueError("must name a database (postgresql://host/DATABASE)")
+        database_server(value)  # one server, one database, as every consumer can use it
         return value
 
 

@@ -22,7 +22,7 @@ from datetime import UTC, date, datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
 import polars as pl
@@ -39,12 +39,12 @@ from pyiceberg.table.snapshots import Operation
 from pyiceberg.table.update import update_table_metadata
 from pyiceberg.table.update.snapshot import _ManifestMergeManager, _OverwriteFiles
 from pyiceberg.utils.properties import property_as_bool
-from sqlalchemy import event
+from sqlalchemy import URL, event
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from kimi_batch.crash_points import crash_point
-from kimi_batch.paths import StatePaths, connect_private_db, private_dir
+from kimi_batch.paths import StatePaths, connect_private_db, database_server, private_dir
 from kimi_batch.settings import Settings
 from kimi_batch.state import Fence, SqliteDatabase, StateDatabase
 from kimi_batch.storage import StorageError
@@ -141,10 +141,22 @@ class CatalogSpec(BaseModel):
 
 
 def _sqlalchemy_postgres(url: str) -> str:
-    """`postgresql://...` as SQLAlchemy's psycopg 3 URL, on the ledger's schema."""
-    parts = urlsplit(url)
-    query = "&".join(q for q in (parts.query, f"options=-csearch_path%3D{LEDGER_SCHEMA}") if q)
-    return urlunsplit(("postgresql+psycopg", parts.netloc, parts.path, query, parts.fragment))
+    """`postgresql://...` as SQLAlchemy's psycopg 3 URL, on the ledger's schema (after the
+    URL's own `options`, which a second `options` parameter would not add to)."""
+    server = database_server(url)
+    options = " ".join(o for o in (server.params.get("options"), _SEARCH_PATH) if o)
+    return URL.create(
+        "postgresql+psycopg",
+        username=server.user,
+        password=server.password.get_secret_value() if server.password else None,
+        host=server.host,
+        port=server.port,
+        database=server.dbname,
+        query={**server.params, "options": options},
+    ).render_as_string(hide_password=False)
+
+
+_SEARCH_PATH = f"-csearch_path={LEDGER_SCHEMA}"
 
 
 _catalogs_lock = threading.Lock()

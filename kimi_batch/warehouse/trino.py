@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from datetime import date
 from pathlib import Path
 from typing import Any, Literal, Self
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
+from urllib.parse import quote, urlencode
 
 import requests
 import tenacity
@@ -32,6 +32,7 @@ import trino.dbapi
 import trino.exceptions
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+from kimi_batch.paths import database_server
 from kimi_batch.settings import Settings
 from kimi_batch.storage import StorageError, write_private_text
 from kimi_batch.warehouse.schema import (
@@ -165,20 +166,20 @@ def _jdbc_properties(settings: Settings) -> dict[str, str]:
             "iceberg.jdbc-catalog.driver-class": "org.sqlite.JDBC",
             "iceberg.jdbc-catalog.connection-url": f"jdbc:sqlite:{settings.paths.ledger_path}",
         }
-    parts = urlsplit(url)
-    given = dict(parse_qsl(parts.query))
-    user = unquote(parts.username or "") or given.get("user", "")
-    password = unquote(parts.password or "") or given.get("password", "")
-    # The rest of libpq's parameters (sslmode ...) mostly mean the same to the JDBC driver.
-    query = {k: v for k, v in given.items() if k not in ("user", "password")}
-    query["currentSchema"] = LEDGER_SCHEMA
-    host = parts.hostname or "localhost"
+    server = database_server(url)
+    # libpq's other parameters (sslmode ...) mostly mean the same to the JDBC driver, which
+    # percent-decodes the database name and each value.
+    query = {**server.params, "currentSchema": LEDGER_SCHEMA}
+    host = server.host or "localhost"  # no host: libpq's local server, over TCP for Java
     address = f"[{host}]" if ":" in host else host
+    database = quote(server.dbname, safe="")
     properties = {
         "iceberg.jdbc-catalog.driver-class": "org.postgresql.Driver",
-        "iceberg.jdbc-catalog.connection-url": f"jdbc:postgresql://{address}:{parts.port or 5432}"
-        f"{parts.path}?{urlencode(query)}",
+        "iceberg.jdbc-catalog.connection-url": f"jdbc:postgresql://{address}:{server.port or 5432}"
+        f"/{database}?{urlencode(query)}",
     }
+    user = server.user
+    password = server.password.get_secret_value() if server.password else None
     if user:
         properties["iceberg.jdbc-catalog.connection-user"] = user
     if password:
@@ -203,9 +204,21 @@ def _file_system_properties(settings: Settings) -> dict[str, str]:
 
 
 def _property_value(value: str) -> str:
-    """`value` as a Java properties file reads it back (backslash escapes, no line breaks)."""
-    escaped = value.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
-    return "\\" + escaped if escaped[:1] in (" ", "\t") else escaped
+    """`value` as Java's `Properties.load` reads it back from the catalog file: Trino reads that
+    file as ISO-8859-1 (airlift's `loadPropertiesFrom`), so a character past printable ASCII (a
+    password's, a home folder's `ü`) is a `\\uXXXX` escape of its UTF-16 units, not UTF-8
+    bytes read as Latin-1; a backslash is doubled, and a leading space escaped (Java skips it)."""
+    escaped = []
+    for char in value:
+        if char == "\\":
+            escaped.append("\\\\")
+        elif " " <= char <= "~":
+            escaped.append(char)
+        else:
+            units = char.encode("utf-16-be", "surrogatepass")
+            escaped += [f"\\u{units[i]:02x}{units[i + 1]:02x}" for i in range(0, len(units), 2)]
+    text = "".join(escaped)
+    return "\\" + text if text.startswith(" ") else text
 
 
 def _cancel(cursor: trino.dbapi.Cursor) -> str:
