@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from typing import Any, ClassVar
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 from psycopg.types.string import StrBinaryDumper, StrDumperUnknown
 
@@ -99,12 +100,15 @@ class PostgresDatabase(StateDatabase):
 
     def _connect(self) -> psycopg.Connection[Any]:
         try:
+            # A statement waiting on a lock longer than SQLite's busy timeout fails as busy. The
+            # URL's own options (a statement_timeout ...) stay: the keyword replaces them.
+            lock_timeout = f"-c lock_timeout={int(self._timeout_s * 1000)}"
+            given = conninfo_to_dict(self.url).get("options")
             db = psycopg.connect(
                 self.url,
                 autocommit=True,
                 connect_timeout=_CONNECT_TIMEOUT_S,
-                # A statement waiting on a lock longer than SQLite's busy timeout fails as busy.
-                options=f"-c lock_timeout={int(self._timeout_s * 1000)}",
+                options=" ".join(str(o) for o in (given, lock_timeout) if o),
             )
             db.adapters.register_dumper(str, _TextBinaryDumper)
             db.adapters.register_dumper(str, _TextDumper)
