@@ -175,7 +175,9 @@ def _stream_error(payload: Any, url: str) -> LlamaError:
 def _load(data: str, url: str) -> Any:
     try:
         payload = json.loads(data)
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:
+        # RecursionError: nesting past the parser's depth, which no engine path catches (it
+        # ended the whole run); the same body sent whole is a ValidationError, so refused alike.
         raise LlamaResponseError(f"non-JSON event from {url}: {data[:200]!r}") from error
     if _SURROGATE_ESCAPE.search(data) is None:
         return payload  # no escape of a surrogate: the text is the UTF-8 the line was read as

@@ -497,7 +497,7 @@ def test_a_stream_cut_anywhere_is_a_llama_error_or_the_whole_answer(
 def _not_json(text: str) -> bool:
     try:
         json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return text != "[DONE]"
     return False
 
@@ -514,6 +514,9 @@ MALFORMED = st.one_of(
                      '{"choices": [{"delta": {"tool_calls": [{"index": "x"}]}}]}',
                      '{"usage": {"prompt_tokens": 1e400}}', '{"created": 1.5}',
                      '{"usage": {"prompt_tokens": ' + "9" * 5000 + "}}"]),
+    # Nesting past any parser's depth.
+    st.integers(20_000, 50_000).map(lambda n: "[" * n + "]" * n),
+    st.integers(20_000, 50_000).map(lambda n: '{"a":' * n + "1" + "}" * n),
 )  # fmt: skip
 
 
@@ -531,3 +534,13 @@ def test_malformed_data_is_a_response_error(
         assert isinstance(outcome, LlamaHTTPError), outcome
     else:
         assert isinstance(outcome, LlamaResponseError), outcome
+
+
+def test_deeply_nested_data_is_a_response_error() -> None:
+    """Found by the malformed-data property: `json.loads` raises RecursionError (not a
+    ValueError) past its depth, which escaped the client as a raw exception that no retry or
+    failure path of the engine catches; the same body sent whole is a `LlamaResponseError`."""
+    for nested in ("[" * 100_000 + "]" * 100_000, '{"a":' * 100_000 + "1" + "}" * 100_000):
+        body = _wire([f"data: {nested}", _DONE])
+        with pytest.raises(LlamaResponseError, match="non-JSON event"):
+            _read(body)
