@@ -206,10 +206,13 @@ async def event_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
     (and U+000B, U+000C, U+001C-U+001E) too, and llama-server writes those three raw in its JSON
     (nlohmann's dump without ensure_ascii): an answer holding one had its event cut in two and
     failed as non-JSON, on every attempt. Split as bytes (no byte of a multi-byte UTF-8
-    character is a CR or LF), each line decoded as UTF-8, as the spec decodes a stream. A last
-    line without its line end is still read, as `aiter_lines` read it."""
+    character is a CR or LF), each line decoded as UTF-8, as the spec decodes a stream, and one
+    byte order mark opening the stream dropped, as the spec drops it (kept, it made the first
+    line a field no one reads, and its event's text was lost silently). A last line without
+    its line end is still read, as `aiter_lines` read it."""
     pending: list[bytes] = []
     for_crlf = False  # the last chunk ended in a CR, whose LF may open the next chunk
+    first = True
     async for chunk in chunks:
         if not chunk:
             continue
@@ -219,11 +222,16 @@ async def event_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
         *lines, rest = _LINE_END.split(chunk)
         for line in lines:
             pending.append(line)
-            yield b"".join(pending).decode("utf-8", errors="replace")
-            pending = []
+            yield _decoded(pending, first)
+            pending, first = [], False
         pending.append(rest)
     if any(pending):
-        yield b"".join(pending).decode("utf-8", errors="replace")
+        yield _decoded(pending, first)
+
+
+def _decoded(parts: list[bytes], first: bool) -> str:
+    line = b"".join(parts).decode("utf-8", errors="replace")
+    return line.removeprefix("\ufeff") if first else line
 
 
 async def read_chat_stream(lines: AsyncIterator[str], url: str) -> ChatCompletion:
