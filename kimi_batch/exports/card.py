@@ -12,7 +12,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from huggingface_hub import DatasetCard, DatasetCardData
+import yaml
+from huggingface_hub import CardData, DatasetCard, DatasetCardData
 from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.errors import ConfigError
@@ -250,7 +251,41 @@ def build_card(card: CardFigures, options: CardOptions) -> DatasetCard:
     if not options.language and card.languages_note:
         notes.append(f"Language: {card.languages_note}")
     body = "\n".join([*_body(card, data.pretty_name or models), *_notes(notes), ""])
-    return DatasetCard(f"---\n{data.to_yaml()}\n---\n{body}")
+    return _Card(f"---\n{_metadata_yaml(data)}\n---\n{body}")
+
+
+class _MetadataDumper(yaml.SafeDumper):
+    """YAML as `DatasetCardData.to_yaml` writes it, but a string holding U+0085 (NEL) is
+    double-quoted: PyYAML writes that character raw inside a quoted string and reads it back as
+    a space (a file or model name with one was another name in the card's metadata); in double
+    quotes it is escaped (`\\N`)."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = '"' if "\x85" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_MetadataDumper.add_representer(str, _represent_str)
+
+
+def _metadata_yaml(data: CardData) -> str:
+    return yaml.dump(
+        data.to_dict(), Dumper=_MetadataDumper, sort_keys=False, allow_unicode=True
+    ).strip()
+
+
+class _Card(DatasetCard):
+    """The card, its text (`str`, `save`) written with `_metadata_yaml`: `RepoCard` writes
+    its metadata again with `to_yaml` whenever it is written out."""
+
+    @property
+    def content(self) -> str:
+        return f"---\n{_metadata_yaml(self.data)}\n---\n{self.text}"
+
+    @content.setter
+    def content(self, content: str) -> None:
+        DatasetCard.content.__set__(self, content)
 
 
 def _notes(notes: Sequence[str]) -> list[str]:
