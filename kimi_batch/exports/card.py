@@ -294,7 +294,18 @@ def _notes(notes: Sequence[str]) -> list[str]:
 
 def _table(head: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    return [*lines, *("| " + " | ".join(str(cell) for cell in row) + " |" for row in rows)]
+    return [*lines, *("| " + " | ".join(_cell(cell) for cell in row) + " |" for row in rows)]
+
+
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+def _cell(value: object) -> str:
+    """A table cell's text on one line, its `|` escaped (and `\\`, which would escape the
+    escape): an inbox file, a benchmark or a reason holding either split its row into more
+    cells, and a line break cut the row in two."""
+    text = str(value).replace("\\", "\\\\").replace("|", "\\|")
+    return _LINE_BREAK.sub(" ", text)
 
 
 def _body(card: CardFigures, title: str) -> list[str]:

@@ -28,6 +28,8 @@ Everything is built through the project's own models (`DistilledRow`, `SeedRow`,
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,28 @@ from kimi_batch.exports import (
     TokenStats,
     build_card,
 )
+
+
+def _tables(body: str) -> Iterator[list[str]]:
+    """Each Markdown table of the body (Markdown's line endings: LF, CR LF, CR): its lines."""
+    lines = re.split(r"\r\n|\r|\n", body)
+    for index, line in enumerate(lines):
+        if index + 1 < len(lines) and re.fullmatch(r"\|( --- \|)+", lines[index + 1]):
+            table = [line]
+            for following in lines[index + 1 :]:
+                if not following:
+                    break
+                table.append(following)
+            yield table
+
+
+def _pipes(line: str) -> int:
+    """The cell boundaries of a Markdown table row: its pipes not escaped by a backslash."""
+    count, escaped = 0, False
+    for char in line:
+        count += char == "|" and not escaped
+        escaped = char == "\\" and not escaped
+    return count
 
 
 def _figures(**update: Any) -> CardFigures:
@@ -98,3 +122,24 @@ def test_a_next_line_character_in_a_card_s_names_reads_back_from_its_yaml(tmp_pa
     assert data["kimi_batch"]["models"] == ["teacher\x85v2"]
     assert data["kimi_batch"]["sources"][0]["file"] == "q\x85a.jsonl"
     assert data["kimi_batch"]["quarantine"] == {"x\x85y": 2}
+
+
+def test_a_pipe_or_a_line_break_in_a_card_cell_stays_in_its_cell() -> None:
+    """A file, a benchmark or a reason holding `|` or a line break split its table row (a cell
+    too many, or a row cut in two); each cell now escapes the pipe and keeps to one line."""
+    source = _figures().sources[0].model_copy(update={"file": "q|a.jsonl"})
+    quality = _figures().quality.model_copy(
+        update={
+            "benchmarks": ["bench|1.jsonl", "two\nlines.jsonl", "back\\|slash.jsonl"],
+            "dedup_fields": "a\r\nb",
+        }
+    )
+    figures = _figures(sources=[source], quality=quality, quarantine={"bad | row": 1, "x\ry": 2})
+    text = DatasetCard(str(build_card(figures, CardOptions()))).text
+    tables = list(_tables(text))
+    for table in tables:
+        width = _pipes(table[0])
+        assert [_pipes(line) for line in table] == [width] * len(table)
+    assert "| q\\|a.jsonl |" in text
+    assert "| bad \\| row | 1 |" in text
+    assert len(tables[3]) == 4  # the quarantine table: head, rule, two reasons
