@@ -12,8 +12,11 @@ returns the answer the same request sent whole would have been, or a typed `Llam
   (`/v1/completions`, `choices[0].text`) against `TextCompletion.as_chat`.
 - Framing: the SSE spec's variations do not change the answer: `data:` with or without its
   space, LF, CRLF or CR line ends, comment lines (`:` keep-alives), other fields (`id:`,
-  `retry:`, `event: message`), extra blank lines, and the bytes arriving in chunks cut
-  anywhere (inside a UTF-8 character, between a CR and its LF).
+  `retry:`, `event: message`), an `event: error` with no data (never dispatched), extra blank
+  lines, a byte order mark opening the stream, and the bytes arriving in chunks cut anywhere
+  (inside a UTF-8 character, between a CR and its LF).
+- Stats: whatever non-negative counts usage, timings and slot fields hold, an answer's
+  `GenerationStats` builds, its cached and evaluated tokens within its prompt tokens.
 - Errors: an `error:` line, an `event: error`, or a data chunk holding `error`, anywhere before
   `[DONE]` (after the finish reason too), raises the typed error of its code (`http_error`),
   never a partial answer. A stream cut at an event boundary before its finish reason is a
@@ -556,3 +559,21 @@ def test_deeply_nested_data_is_a_response_error() -> None:
         body = _wire([f"data: {nested}", _DONE])
         with pytest.raises(LlamaResponseError, match="non-JSON event"):
             _read(body)
+
+
+# ---- stats ------------------------------------------------------------------------------------
+
+
+@EXAMPLES
+@given(usage=st.none() | USAGE, timings=st.none() | TIMINGS, slot=SLOT)
+def test_the_stats_of_any_answer_hold_its_counts(
+    usage: dict[str, Any] | None, timings: dict[str, Any] | None, slot: dict[str, int]
+) -> None:
+    whole = _chat_whole(Answer(content=["a"], usage=usage, timings=timings, slot=slot))
+    stats = whole.stats
+    assert stats.cached_tokens + stats.evaluated_tokens <= stats.prompt_tokens
+    assert stats.evaluated_tokens == (timings or {}).get("prompt_n", 0)
+    if timings is not None and "cache_n" in timings:
+        assert stats.cached_tokens == timings["cache_n"]  # llama.cpp's own count first
+    if usage is not None:
+        assert stats.prompt_tokens >= usage["prompt_tokens"]
