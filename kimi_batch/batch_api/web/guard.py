@@ -27,7 +27,9 @@ parsed with python-multipart's streaming parser straight from the request stream
 spooled anywhere first), so a chunked upload without `Content-Length` meets the same limit as a
 declared one: the byte past `max_bytes` is never written, the partial file is removed and the
 answer is 413. The temp file lies in the store's own folder (0600), from where the store copies
-it in. Other form fields are small words (`purpose`): a few, each bounded.
+it in. A client gone before its body ended is answered 400 `client_disconnected` (to no one: it
+is not logged as a crash), its partial file removed. Other form fields are small words
+(`purpose`): a few, each bounded.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kimi_batch.paths import PRIVATE_FILE_MODE
@@ -211,6 +214,12 @@ def _too_large(limit: int) -> ApiError:
     return ApiError(413, f"the request body is over the limit of {limit} bytes")
 
 
+def _client_gone() -> ApiError:
+    # Starlette raises ClientDisconnect out of the body's stream; left to escape the app, every
+    # interrupted upload is logged by uvicorn as a crash ("Exception in ASGI application").
+    return ApiError(400, "the client went away before its body ended", code="client_disconnected")
+
+
 def declared_length(request: Request) -> int | None:
     """The `Content-Length` the client declared, if any (a malformed one is a 400)."""
     value = request.headers.get("content-length")
@@ -231,10 +240,13 @@ async def _read(request: Request, limit: int) -> bytes:
     if declared is not None and declared > limit:
         raise _too_large(limit)
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise _too_large(limit)
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise _too_large(limit)
+    except ClientDisconnect:
+        raise _client_gone() from None
     return bytes(body)
 
 
@@ -393,6 +405,9 @@ async def receive_upload(request: Request, folder: Path, max_bytes: int) -> Rece
     except FormParserError as error:
         form.temp.unlink(missing_ok=True)
         raise ApiError(400, f"the multipart form is malformed ({error})") from None
+    except ClientDisconnect:
+        form.temp.unlink(missing_ok=True)
+        raise _client_gone() from None
     except BaseException:
         form.temp.unlink(missing_ok=True)
         raise

@@ -439,6 +439,24 @@ def forms(draw: st.DrawFn) -> list[Part]:
     return parts
 
 
+@SOME
+@given(data=st.data(), boundary=BOUNDARIES, gone_after=st.integers(0, 8))
+def test_a_client_gone_mid_upload_leaves_nothing(
+    api: Api, data: st.DataObject, boundary: str, gone_after: int
+) -> None:
+    content = data.draw(contents(boundary))
+    if not framable(content, boundary):
+        return
+    body, headers = client_form(content, "in.jsonl", boundary)
+    chunks = pieces(data, body)[:gone_after]
+    before = api.files()[0]
+    answer = exchange(api.app, "POST", "/v1/files", headers=headers, chunks=chunks, disconnect=True)
+    assert answer.status == 400, answer
+    answer.error()
+    assert api.files()[0] == before
+    api.assert_only_blobs()
+
+
 # ---- Content-Length -----------------------------------------------------------------------------
 
 LENGTHS = st.one_of(
@@ -653,3 +671,20 @@ FORM = {"content-type": "multipart/form-data; boundary=B0undary"}
 def hand_form(*parts: Part) -> bytes:
     body = b"".join(p.encoded(b"B0undary") + p.value + b"\r\n" for p in parts)
     return body + b"--B0undary--\r\n"
+
+
+def test_a_client_gone_mid_body_is_a_refused_request_not_a_crash(api: Api) -> None:
+    # Found by test_a_client_gone_mid_upload_leaves_nothing: Starlette's ClientDisconnect left
+    # the app, which uvicorn logs as "Exception in ASGI application" for every interrupted upload.
+    before = api.files()[0]
+    head = hand_form(Part("purpose", b"batch"), Part("file", b"x" * 100, "in.jsonl"))[:-40]
+    upload = exchange(api.app, "POST", "/v1/files", headers=FORM, chunks=[head], disconnect=True)
+    assert (upload.status, upload.crash) == (400, None)
+    assert upload.error()["code"] == "client_disconnected"
+    assert api.files()[0] == before
+    api.assert_only_blobs()
+    json_type = {"content-type": "application/json"}
+    for path in ("/v1/batches", "/v1/batches/batch_x/cancel"):
+        gone = exchange(api.app, "POST", path, headers=json_type, chunks=[b"{"], disconnect=True)
+        assert (gone.status, gone.crash) == (400, None), path
+        assert gone.error()["code"] == "client_disconnected"
