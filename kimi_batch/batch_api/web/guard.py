@@ -225,9 +225,12 @@ def declared_length(request: Request) -> int | None:
     value = request.headers.get("content-length")
     if value is None:
         return None
-    if not value.strip().isdigit():
+    digits = value.strip()
+    # ASCII digits only: str.isdigit also takes '²' (a header's Latin-1 can carry it), which
+    # int() refuses; and at most 19 (no body is that long), as int() refuses past 4,300 digits.
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 19:
         raise ApiError(400, f"Content-Length {value[:40]!r} is not a number")
-    return int(value)
+    return int(digits)
 
 
 def _media_type(request: Request) -> str | None:

@@ -48,6 +48,7 @@ from kimi_batch.batch_api.web.guard import (
     ApiError,
     Guard,
     ReceivedUpload,
+    declared_length,
     host_name,
     receive_upload,
 )
@@ -468,6 +469,47 @@ LENGTHS = st.one_of(
 )
 
 
+@EXAMPLES
+@given(value=LENGTHS)
+def test_declared_length_is_a_number_or_a_400(value: str) -> None:
+    request = request_of([], {"content-length": value})
+    if not re.fullmatch(r"[0-9]{1,19}", value.strip()):  # ASCII digits; no body is longer
+        with pytest.raises(ApiError) as refused:
+            declared_length(request)
+        assert refused.value.status == 400
+        return
+    assert declared_length(request) == int(value)
+
+
+@SOME
+@given(data=st.data(), boundary=BOUNDARIES, declared=LENGTHS)
+def test_an_upload_whatever_its_length_says_is_counted_as_it_streams(
+    api: Api, data: st.DataObject, boundary: str, declared: str
+) -> None:
+    content = data.draw(contents(boundary))
+    if not framable(content, boundary):
+        return
+    body, headers = client_form(content, "in.jsonl", boundary)
+    before = api.files()[0]
+    chunks = pieces(data, body)
+    answer = exchange(
+        api.app, "POST", "/v1/files", headers={**headers, "content-length": declared}, chunks=chunks
+    )
+    number = declared.strip()
+    if not re.fullmatch(r"[0-9]{1,19}", number):
+        assert answer.status == 400, answer
+        answer.error()
+    elif int(number) > api.settings.api_max_upload_bytes + SLACK:
+        assert answer.status == 413, answer
+        assert answer.error()["code"] == "file_too_large"
+        assert answer.reads == 0  # refused before a byte of the body was read
+    else:  # a length that lies, smaller or larger, changes nothing: the bytes are counted
+        assert answer.json()["bytes"] == len(content)
+        return
+    assert api.files()[0] == before
+    api.assert_only_blobs()
+
+
 # ---- Host ---------------------------------------------------------------------------------------
 
 _JUNK = st.just("") | st.sampled_from(
@@ -688,3 +730,17 @@ def test_a_client_gone_mid_body_is_a_refused_request_not_a_crash(api: Api) -> No
         gone = exchange(api.app, "POST", path, headers=json_type, chunks=[b"{"], disconnect=True)
         assert (gone.status, gone.crash) == (400, None), path
         assert gone.error()["code"] == "client_disconnected"
+
+
+@pytest.mark.parametrize("value", ["\xb2", "1\xb9", "9" * 4301, "1" * 20])
+def test_a_content_length_of_unicode_digits_or_too_many_digits_is_400(api: Api, value: str) -> None:
+    # Found by test_declared_length_is_a_number_or_a_400: str.isdigit takes '²' (Latin-1, so a
+    # header can carry it) and int() refuses it; int() also refuses over 4,300 digits: both 500.
+    with pytest.raises(ApiError) as refused:
+        declared_length(request_of([], {"content-length": value}))
+    assert refused.value.status == 400
+    body = hand_form(Part("purpose", b"batch"), Part("file", b"x", "in.jsonl"))
+    headers = {**FORM, "content-length": value}
+    answer = exchange(api.app, "POST", "/v1/files", headers=headers, chunks=[body])
+    assert answer.status == 400, answer
+    answer.error()
