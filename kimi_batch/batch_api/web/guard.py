@@ -29,7 +29,7 @@ declared one: the byte past `max_bytes` is never written, the partial file is re
 answer is 413. The temp file lies in the store's own folder (0600), from where the store copies
 it in. A client gone before its body ended is answered 400 `client_disconnected` (to no one: it
 is not logged as a crash), its partial file removed. Other form fields are small words
-(`purpose`): a few, each bounded.
+(`purpose`): a few, each named once and bounded.
 """
 
 from __future__ import annotations
@@ -335,9 +335,17 @@ class _Form:
 
     def on_headers_finished(self) -> None:
         _, options = parse_options_header(self._disposition)
-        name = options.get(b"name", b"").decode("latin-1")
+        named = options.get(b"name")
+        if named is None:  # RFC 7578 requires a name; Starlette's own parser refuses it too
+            raise ApiError(400, "a form part has no name (Content-Disposition: form-data; name=)")
+        name = named.decode("latin-1")
         if name != "file":
-            self._into = self.fields.setdefault(name, bytearray())
+            # Each field once: two values were joined (`ba` + `tch` read as purpose `batch`).
+            if name in self.fields:
+                raise ApiError(
+                    400, f"the form field {name[:40]!r} is given twice", param=name[:100]
+                )
+            self._into = self.fields[name] = bytearray()
             return
         if self.writer is not None:
             raise ApiError(400, "one file per upload", param="file")
