@@ -146,19 +146,25 @@ class ApiAccess(BaseModel):
 
 def host_name(value: str) -> str | None:
     """The name of a Host header without its port: `[::1]:8090` -> `::1`; None if malformed."""
-    value = value.strip().lower()
+    # HTTP's whitespace around a value is SP and HTAB; str.strip also takes U+00A0, U+0085 and
+    # the like, and str.isdigit '²': a Host padded or "ported" with them named the server.
+    value = value.strip(" \t").lower()
     if value.startswith("["):
         end = value.find("]")
         port = value[end + 1 :] if end > 0 else ":x"
-        if port and not (port.startswith(":") and port[1:].isdigit()):
+        if port and not (port.startswith(":") and _is_port(port[1:])):
             return None
         return value[1:end]
     if value.count(":") > 1:  # a bare IPv6 address, as some clients send it
         return value
     name, _, port = value.partition(":")
-    if port and not port.isdigit():
+    if port and not _is_port(port):
         return None
     return name.rstrip(".") or None
+
+
+def _is_port(text: str) -> bool:
+    return text.isascii() and text.isdigit()
 
 
 class Guard:
