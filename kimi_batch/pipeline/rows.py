@@ -167,7 +167,11 @@ INPUT_STAGE: Stage = "input"
 
 
 def truncate_raw(text: str, limit: int = RAW_LIMIT) -> str:
-    """`text` cut to `limit` characters (an ellipsis marks the cut) for the `raw` column."""
+    """`text` cut to `limit` characters (an ellipsis marks the cut) for the `raw` column;
+    ValueError for a limit under 1."""
+    if limit < 1:
+        # `text[: limit - 1]` would count from the end: a limit of 0 kept all but one character.
+        raise ValueError(f"the limit must be at least 1 character, got {limit}")
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
