@@ -60,7 +60,9 @@ def parse_tag(tag: str) -> tuple[Origin, Strategy | None]:
         parsed = RequestTag.parse(tag)
     except ValueError:
         parsed = None
-    if parsed is None or parsed.stage != DISTILL_STAGE:
+    # The two forms this stage writes: a seed has no strategy, a variant always has one.
+    written = parsed is not None and (parsed.origin == "variant") == (parsed.strategy is not None)
+    if parsed is None or parsed.stage != DISTILL_STAGE or not written:
         raise ValueError(f"not a distillation tag: {tag!r}")
     return parsed.origin, parsed.strategy
 

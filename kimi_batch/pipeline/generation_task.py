@@ -97,9 +97,13 @@ class RequestTag(BaseModel):
             origin, _, strategy = rest.partition(":")
             known = origin in ("seed", "variant") and (not strategy or strategy in _STRATEGIES)
             if known and _STAGE.fullmatch(stage):
-                return cls.model_validate(
+                tag = cls.model_validate(
                     {"stage": stage, "origin": origin, "strategy": strategy or None}
                 )
+                # Only the one form each tag is written in ("distill/seed" is "seed", "x/seed:"
+                # is "x/seed"): a string no stage writes is no tag.
+                if tag.wire == wire:
+                    return tag
         raise ValueError(f"not a request tag: {wire!r}")
 
 
