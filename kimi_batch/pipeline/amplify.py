@@ -129,7 +129,9 @@ def amplification_requests(
 
 
 def _strip_decorations(paragraph: str) -> str:
-    text = paragraph.strip()
+    # A fence of its own: the answer's fence is stripped from the whole text only where it
+    # opens and closes it, not where a lead-in precedes it or an explanation follows it.
+    text = _FENCE.sub("", paragraph.strip()).strip()
     if _LIST_MARK.match(text):
         # A numbered list of alternatives: the first item is the variant.
         text = text.splitlines()[0]
