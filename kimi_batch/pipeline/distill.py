@@ -46,7 +46,8 @@ SEED_TAG = RequestTag(stage=DISTILL_STAGE).wire
 DEFAULT_DISTILL_PARAMS = SamplingParams(max_tokens=256, temperature=0.7, top_p=0.95)
 
 # Unconstrained models like to wrap JSON in a Markdown fence; the JSON inside is still the answer.
-_FENCED_JSON = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.IGNORECASE | re.S)
+_FENCE_OPEN = re.compile(r"```(?:json)?", re.IGNORECASE)
+_FENCE_CLOSE = "```"
 
 
 def variant_tag(strategy: Strategy | str) -> str:
@@ -116,14 +117,27 @@ def distillation_requests(
     return requests
 
 
+def _unfenced(text: str) -> str:
+    """The text inside a Markdown fence that wraps all of `text` (stripped), else `text`.
+
+    String operations, not one regex: `^```(?:json)?\\s*(.*?)\\s*```$` backtracks cubically on
+    an opened fence that never closes (minutes for a few thousand characters of whitespace, as
+    a degenerate or cut-off answer writes), on the thread that lands the partition."""
+    stripped = text.strip()
+    opened = _FENCE_OPEN.match(stripped)
+    if opened is None or not stripped.endswith(_FENCE_CLOSE):
+        return text
+    if len(stripped) < opened.end() + len(_FENCE_CLOSE):  # "`````": the fences overlap
+        return text
+    return stripped[opened.end() : -len(_FENCE_CLOSE)].strip()
+
+
 def _structured(
     text: str, output_model: type[BaseModel], finish_reason: str
 ) -> tuple[str | None, str]:
     """Canonical JSON of the validated answer, or None and the reason."""
-    match = _FENCED_JSON.match(text.strip())
-    payload = match.group(1) if match else text
     try:
-        value = output_model.model_validate_json(payload)
+        value = output_model.model_validate_json(_unfenced(text))
     except ValidationError as error:
         reason = f"answer does not match {output_model.__name__}: {format_validation_error(error)}"
         if finish_reason == "length":
