@@ -136,14 +136,24 @@ def _structured(
     text: str, output_model: type[BaseModel], finish_reason: str
 ) -> tuple[str | None, str]:
     """Canonical JSON of the validated answer, or None and the reason."""
+    name = output_model.__name__
     try:
-        value = output_model.model_validate_json(_unfenced(text))
+        canonical = output_model.model_validate_json(_unfenced(text)).model_dump_json()
     except ValidationError as error:
-        reason = f"answer does not match {output_model.__name__}: {format_validation_error(error)}"
+        reason = f"answer does not match {name}: {format_validation_error(error)}"
         if finish_reason == "length":
             reason += " (cut off at max_tokens)"
         return None, reason
-    return value.model_dump_json(), ""
+    # Read back too: a number JSON allows but no float holds (1e999), or NaN, validates as
+    # infinity or NaN and is written as null, which the schema then refuses.
+    try:
+        output_model.model_validate_json(canonical)
+    except ValidationError as error:
+        return None, (
+            f"answer does not match {name} once written as JSON: "
+            f"{format_validation_error(error)} (a number no float holds, or NaN, is null there)"
+        )
+    return canonical, ""
 
 
 def _calls_json(result: GenerationResult) -> str | None:
