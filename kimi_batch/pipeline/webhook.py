@@ -27,10 +27,15 @@ class WebhookResult(BaseModel):
 
 def post_message(url: str, text: str, *, timeout_s: float = TIMEOUT_S) -> WebhookResult:
     """POST `{"text": text}` to `url` once; a 2xx answer counts as delivered."""
+    # A lone surrogate (a file name read with surrogateescape, in an error) cannot be sent as
+    # UTF-8: httpx raised UnicodeEncodeError out of the sensor. Pairs are joined, lone ones
+    # become U+FFFD, before the cut (which then never parts a pair).
+    text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
     body = {"text": text if len(text) <= MAX_TEXT_CHARS else text[: MAX_TEXT_CHARS - 1] + "…"}
     try:
         response = httpx.post(url, json=body, timeout=timeout_s)
-    except httpx.HTTPError as error:
+    # InvalidURL is no HTTPError: a URL httpx cannot parse is a delivery problem like the rest.
+    except (httpx.HTTPError, httpx.InvalidURL) as error:
         return WebhookResult(delivered=False, error=f"{type(error).__name__}: {error}")
     if response.is_success:
         return WebhookResult(delivered=True, status_code=response.status_code)
