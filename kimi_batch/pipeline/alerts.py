@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from kimi_batch.engine import ProgressEvent
 from kimi_batch.pipeline.stages import night_end
-from kimi_batch.pipeline.webhook import post_message
+from kimi_batch.pipeline.webhook import MAX_TEXT_CHARS, post_message
 from kimi_batch.settings import Settings
 from kimi_batch.storage import StorageError
 from kimi_batch.warehouse import TrinoConfig, TrinoReader
@@ -26,6 +26,10 @@ from kimi_batch.warehouse import TrinoConfig, TrinoReader
 DEFAULT_NIGHT_ENDS = time(7, 0)
 # Partition keys a message lists (a nightly run's, an overdue night's); the counts stay exact.
 LISTED = 10
+# A free text in a message (a step error, a check's reason, the freshness verdict, Trino's
+# problem) is cut to this many characters, so the message fits the webhook's MAX_TEXT_CHARS as
+# built: cut there instead, it lost its last lines (rows done, the link to the run).
+FREE_TEXT_CHARS = 300
 # The morning's one Trino query: a count, which a working Trino answers in seconds.
 TRINO_PROBE_TIMEOUT_S = 60.0
 
@@ -77,6 +81,10 @@ def deliver(log: logging.Logger, settings: Settings, text: str) -> bool:
     return result.delivered
 
 
+def _clip(text: str, limit: int = FREE_TEXT_CHARS) -> str:
+    return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"
+
+
 def _rows(progress: ProgressEvent | None) -> str:
     if progress is None:
         return "no rows reported"
@@ -99,7 +107,8 @@ def failure_text(
         shown = ", ".join(covered[:LISTED])
         more = f" and {len(covered) - LISTED} more" if len(covered) > LISTED else ""
         where = f"partitions: {len(covered)} ({shown}{more})"
-    what = "; ".join(step_errors[:3]) or "the run failed before any step ran"
+    what = "; ".join(_clip(error) for error in step_errors[:3])
+    what = what or "the run failed before any step ran"
     return "\n".join(
         [
             f"kimi_batch: run {run_id[:8]} of {job_name} FAILED",
@@ -167,7 +176,7 @@ def _headline(report: NightReport) -> str:
         return (
             f"kimi_batch: {night_end().asset} is OVERDUE at "
             f"{report.deadline:%Y-%m-%d %H:%M %Z} "
-            f"(night {report.ds}): {report.freshness}"
+            f"(night {report.ds}): {_clip(report.freshness)}"
         )
     if report.stale:
         return f"kimi_batch: night {report.ds} not distilled by {report.deadline:%Y-%m-%d %H:%M %Z}"
@@ -191,11 +200,22 @@ def night_message(report: NightReport, progress_of: ProgressOf, dagster_url: str
     if len(report.stale) > LISTED:
         lines.append(f"- ... and {len(report.stale) - LISTED} more")
     if report.trino:
-        lines.append(f"Trino cannot read the tables: {report.trino}")
+        lines.append(f"Trino cannot read the tables: {_clip(report.trino)}")
+    look = f"look: {dagster_url.rstrip('/')}/assets/{night_end().asset} · kimi-batch status"
     if report.failed_checks:
         lines.append(f"{len(report.failed_checks)} failed check(s):")
-        lines.extend(
-            f"- {item.partition}: {item.describe()}" for item in report.failed_checks[:LISTED]
-        )
-    lines.append(f"look: {dagster_url.rstrip('/')}/assets/{night_end().asset} · kimi-batch status")
+        lines.extend(_checks_that_fit(report.failed_checks, len("\n".join([*lines, look])) + 1))
+    lines.append(look)
     return "\n".join(lines)
+
+
+def _checks_that_fit(checks: Sequence[FailedCheck], used: int) -> list[str]:
+    """Up to LISTED of `checks`' lines, fewer where the message would not fit MAX_TEXT_CHARS
+    with them (`used` characters taken already); the rest counted in a last line."""
+    listed = [_clip(f"- {item.partition}: {item.describe()}") for item in checks[:LISTED]]
+    while True:
+        left = len(checks) - len(listed)
+        lines = listed + ([f"- ... and {left} more"] if left else [])
+        if not listed or used + sum(len(line) + 1 for line in lines) <= MAX_TEXT_CHARS:
+            return lines
+        listed.pop()
