@@ -122,8 +122,8 @@ def copy_snapshot(
     link out of the inbox). The size is checked before a byte is read and again while copying
     (a file growing during the copy is refused too). A file modified within the last `settle_s`
     is watched until its size and mtime have stood still that long; one that moves meanwhile,
-    or while it is copied, raises InputNotSettledError. An OSError of the copy (disk full, I/O
-    error) leaves no file behind.
+    or is written to while it is copied (its ctime moves), raises InputNotSettledError. An
+    OSError of the copy (disk full, I/O error) leaves no file behind.
     """
     remove_stale_temps(landed_dir)  # those of a copy killed midway (named by pid)
     temp = temp_name(landed_dir, "snapshot")
@@ -131,7 +131,8 @@ def copy_snapshot(
     copied = 0
     descriptor = reader.fileno()
     try:
-        before = size_mtime_of(os.fstat(descriptor))
+        before_status = os.fstat(descriptor)
+        before = size_mtime_of(before_status)
         if before[0] > max_bytes:
             raise InputTooLargeError(_too_large(before[0], max_bytes))
         if not wait_until_settled(descriptor, before, settle_s):
@@ -149,12 +150,20 @@ def copy_snapshot(
                 writer.write(chunk)
             writer.flush()
             os.fsync(writer.fileno())
-        after = size_mtime_of(os.fstat(descriptor))
-        if after != before or copied != before[0]:
+        after_status = os.fstat(descriptor)
+        after = size_mtime_of(after_status)
+        # The ctime too: a writer that rewrites the file in place and puts its mtime back
+        # (`rsync --inplace -a`, `cp -p` onto it) leaves size and mtime as they were, and the
+        # copy would hold the start of one write and the rest of the other. No one can set
+        # the ctime back.
+        if (
+            after != before
+            or copied != before[0]
+            or after_status.st_ctime_ns != before_status.st_ctime_ns
+        ):
             raise InputNotSettledError(
-                f"{name} is still changing (it went from {before[0]} to "
-                f"{after[0]} bytes while it was copied); it lands once it has stopped "
-                "changing"
+                f"{name} is still changing (it was written to while it was copied: "
+                f"{before[0]} bytes, then {after[0]}); it lands once it has stopped changing"
             )
         sha256 = digest.hexdigest()
         target = landed_dir / f"{sha256}.{ext}"
