@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kimi_batch.llama.exceptions import ServerSpawnError
 from kimi_batch.settings import FlashAttention
@@ -130,21 +130,49 @@ def read_model_shape(model: Path) -> ModelShape:
     """The shape of a model from its GGUF header (the tensors are not read)."""
     from gguf import GGUFReader  # a large import; only spawns need it
 
-    reader = GGUFReader(model)
+    try:
+        reader = GGUFReader(model)
+    except (OSError, ValueError, IndexError, KeyError, TypeError) as error:
+        raise ServerSpawnError(f"{model} is not a readable GGUF file: {error}") from error
     fields = dict(reader.fields)
     arch = str(_field(fields, "general.architecture"))
 
     def number(name: str, default: int | None = None) -> int | None:
-        value = _field(fields, f"{arch}.{name}")
+        key = f"{arch}.{name}"
+        value = _field(fields, key)
         if isinstance(value, list):  # per-layer values (e.g. head_count_kv of hybrid models)
-            value = max(value) if value else None
-        return int(value) if value is not None else default
+            value = max((_whole(item, key, model) for item in value), default=None)
+        return _whole(value, key, model) if value is not None else default
 
     n_embd = number("embedding_length") or 1
     n_head = number("attention.head_count") or 1
-    head_dim = n_embd // n_head
     tokens = _field(fields, "tokenizer.ggml.tokens")
     vocab = len(tokens) if isinstance(tokens, list) else number("vocab_size", 32000)
+    try:
+        return _shape(model, arch, number, vocab, n_embd, n_head)
+    except ValidationError as error:
+        raise ServerSpawnError(f"{model}: GGUF metadata out of range: {error}") from error
+
+
+def _whole(value: Any, key: str, model: Path) -> int:
+    """A metadata number as an int: a text, a truth value, NaN or a fraction where a count
+    belongs is a clear ServerSpawnError naming the key (it was a raw ValueError, or read as 1)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ServerSpawnError(f"{model}: GGUF key {key} is {value!r}, not a whole number")
+    if isinstance(value, float) and not value.is_integer():
+        raise ServerSpawnError(f"{model}: GGUF key {key} is {value!r}, not a whole number")
+    return int(value)
+
+
+def _shape(
+    model: Path,
+    arch: str,
+    number: Callable[..., int | None],
+    vocab: int | None,
+    n_embd: int,
+    n_head: int,
+) -> ModelShape:
+    head_dim = n_embd // n_head
     return ModelShape(
         architecture=arch,
         file_bytes=sum(path.stat().st_size for path in _shards(model) if path.exists()),
@@ -160,14 +188,32 @@ def read_model_shape(model: Path) -> ModelShape:
     )
 
 
+def _spelling(arg: str) -> str:
+    # llama.cpp's parser reads `_` as `-` in a long name (`--ctx_size` is `--ctx-size`).
+    return arg.replace("_", "-") if arg.startswith("--") else arg
+
+
 def _flag(args: Sequence[str], names: tuple[str, ...]) -> str | None:
+    """The value llama-server takes for the flag `names` spell: its last occurrence's, as
+    llama.cpp's parser lets a later one override an earlier one (the first was read here, so
+    a flag repeated in the extra arguments was estimated with the value the server ignores)."""
+    found: str | None = None
     for index, arg in enumerate(args):
         for name in names:
-            if arg == name and index + 1 < len(args):
-                return args[index + 1]
-            if arg.startswith(name + "="):
-                return arg.split("=", 1)[1]
-    return None
+            if _spelling(arg) == name and index + 1 < len(args):
+                found = args[index + 1]
+            elif arg.startswith(name + "="):
+                found = arg.split("=", 1)[1]
+    return found
+
+
+def _count_flag(args: Sequence[str], names: tuple[str, ...], spec: int, least: int) -> int:
+    """The spec's `spec`, or the whole number >= `least` the extra arguments give it instead:
+    they come last on the command line, so theirs is the one the server uses."""
+    value = _flag(args, names)
+    if value is None or not value.isdigit() or int(value) < least:
+        return spec
+    return int(value)
 
 
 def _attention_scores_bytes(
@@ -184,7 +230,12 @@ def _attention_scores_bytes(
     their flag wins."""
     if (_flag(args, ("-fa", "--flash-attn")) or flash_attn) != "off":
         return 0
-    unified = any(arg in ("-kvu", "--kv-unified") for arg in args)
+    switches = [
+        _spelling(arg) in ("-kvu", "--kv-unified")
+        for arg in args
+        if _spelling(arg) in ("-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified")
+    ]
+    unified = bool(switches) and switches[-1]  # the last of them wins
     cells = ctx if unified else math.ceil(ctx / parallel)
     scores = _SCORE_BYTES * shape.n_head * ubatch * cells
     cap_mib = _flag(args, ("-amb", "--attention-max-batch"))  # ik_llama.cpp's pieces
@@ -210,6 +261,14 @@ def estimate_memory(
     slots); the compute buffers scale with the micro-batch (its activations and, without flash
     attention, its attention scores over a slot's cells).
     """
+    # The extra arguments come last on the command line: a context, slot count, micro-batch or
+    # prompt cache they set is the server's (they were ignored here, so `-c 131072` in
+    # KIMI_BATCH_LLAMA_EXTRA_ARGS passed the check with the settings' context). `-c 0` (the
+    # model's own) and `-np -1` (auto) are not known here: the spec's stand.
+    ctx = _count_flag(extra_args, ("-c", "--ctx-size"), ctx, 1)
+    parallel = _count_flag(extra_args, ("-np", "--parallel"), parallel, 1)
+    ubatch = _count_flag(extra_args, ("-ub", "--ubatch-size"), ubatch, 1)
+    cache_ram_mib = _count_flag(extra_args, ("-cram", "--cache-ram"), cache_ram_mib or 0, 0)
     type_k = (_flag(extra_args, ("-ctk", "--cache-type-k")) or "f16").lower()
     type_v = (_flag(extra_args, ("-ctv", "--cache-type-v")) or "f16").lower()
     elements = shape.kv_elements_per_token()
