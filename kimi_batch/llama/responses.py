@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 
 class TopLogprob(BaseModel):
@@ -59,7 +59,26 @@ class _Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
 
-class Timings(_Lenient):
+class _Counts(_Lenient):
+    """Counts and durations a server reports about an answer: one no server can mean (a
+    negative count, a negative or NaN duration) is read as absent, its field's default.
+
+    These numbers are bookkeeping beside the answer, as optional as the fields a build lacks:
+    `_stats` already reads an impossible cached count as none, and a fork that writes -1 for
+    "unknown" (llama.cpp's own convention elsewhere) would otherwise have every answer of a
+    night refused, retried and failed, although its text is good. Passed through, they made
+    `GenerationStats` raise pydantic's error inside the engine's recording, ending the run.
+    A number of the wrong type is still refused (`LlamaResponseError`), as any malformed body."""
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _absent_when_impossible(cls, value: object, info: ValidationInfo) -> object:
+        if isinstance(value, int | float) and not value >= 0:  # NaN compares False
+            return cls.model_fields[info.field_name or ""].default
+        return value
+
+
+class Timings(_Counts):
     """`timings` of a completion. ik_llama.cpp has no `cache_n`."""
 
     cache_n: int | None = None
@@ -76,11 +95,11 @@ class Timings(_Lenient):
     draft_n_accepted: int | None = None
 
 
-class PromptTokensDetails(_Lenient):
+class PromptTokensDetails(_Counts):
     cached_tokens: int | None = None
 
 
-class ChatUsage(_Lenient):
+class ChatUsage(_Counts):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
