@@ -9,15 +9,16 @@ the Batch API serves an output file a run wrote elsewhere, with no volume shared
     blobs        name -> size, parts: written after the last part, so a blob without its row
                  (an upload killed midway) is never read; the next upload of it completes it
 
-A blob's name starts with the sha256 of its bytes (`<sha256>` or `<sha256>.<ext>`): a fetched
-copy is checked against it before it is renamed into the cache, and a cached file can never be
-stale. Parts are read one at a time, so memory stays at one part whatever the file's size.
+A blob's name starts with the sha256 of its bytes (`<sha256>` or `<sha256>.<ext>`; any other
+name is refused, so none leads out of the folder): a fetched copy is checked against it before it
+is renamed into the cache, and a cached file can never be stale. Parts are read one at a time, so memory stays at one part whatever the file's size.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -29,6 +30,9 @@ from kimi_batch.storage.exceptions import StorageError
 from kimi_batch.storage.private_files import remove_stale_temps, temp_name
 
 PART_BYTES = 1 << 20
+# `<sha256>` or `<sha256>.<ext>`: a name is a file of the store's folder, never a path out of it
+# (`../x`, `/abs`) nor one the OS would cut at a NUL.
+_NAME = re.compile(r"[0-9a-f]{64}(?:\.[^/\x00]+)?")
 _SCHEMA = (
     """
     CREATE TABLE IF NOT EXISTS blob_parts (
@@ -67,13 +71,15 @@ class BlobStore:
             db.create(_SCHEMA)
 
     def path(self, name: str) -> Path:
-        """Where this host keeps the blob (it may not be here yet: `local`)."""
-        return self.folder / name
+        """Where this host keeps the blob (it may not be here yet: `local`); StorageError for a
+        name that is not a blob's."""
+        return self.folder / _checked(name)
 
     def share(self, name: str, source: Path | None = None) -> None:
         """Make the blob readable by every host: its parts, then its row (from `source`, else
         its own file). Nothing to do when embedded or when it is shared already. Inside the
         caller's transaction when there is one."""
+        _checked(name)  # a row under a name no host could fetch, or a file from outside
         if not self.shared or self.has(name):
             return
         size, part = 0, 0
@@ -145,3 +151,10 @@ class BlobStore:
         if self.shared:
             self._db.execute("DELETE FROM blobs WHERE name = ?", (name,))
             self._db.execute("DELETE FROM blob_parts WHERE name = ?", (name,))
+
+
+def _checked(name: str) -> str:
+    """`name` if it is a blob's name (`<sha256>` or `<sha256>.<ext>`), else StorageError."""
+    if _NAME.fullmatch(name) is None:
+        raise StorageError(f"{name!r} is not a blob name (<sha256> or <sha256>.<ext>)")
+    return name
