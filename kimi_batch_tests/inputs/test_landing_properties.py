@@ -17,7 +17,10 @@ What must hold after every step:
   file really had (never a mix of two writes); `readable` gives that file;
 - nothing but snapshots and the manifest is left in the landed folder (no temp file).
 A landing stopped at a crash point leaves no version pointing at a missing or partial snapshot,
-and the next landing of the same content completes it.
+and the next landing of the same content completes it. Several processes landing the same
+content at once add one version. `still_changing` says a file is settled exactly when its mtime
+is at least the settle time old, and a snapshot is one file named by its hash, also when copied
+twice.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+import threading
 import time
 from datetime import date
 from pathlib import Path
@@ -443,3 +447,39 @@ def test_a_landing_stopped_at_a_crash_point_is_completed_by_the_next(
             assert version.path.read_bytes() == data
             with connect_state(paths.manifest_state) as db:
                 assert db.execute("SELECT COUNT(*) FROM versions").fetchone() == (1,)
+
+
+@given(data=st.binary(max_size=200), processes=st.integers(2, 3))
+@settings(max_examples=10, deadline=None)
+def test_the_same_content_landed_by_several_processes_at_once_is_one_version(
+    data: bytes, processes: int
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = StatePaths(home=Path(tmp) / "home")
+        paths.inbox_dir.mkdir(parents=True)
+        path = paths.inbox_dir / "seeds.jsonl"
+        write_settled(path, data)
+        with Landing(paths) as landing:
+            assignment = landing.assign("seeds.jsonl", arrived=DAY, start=DAY)
+        landed: list[str] = []
+        errors: list[BaseException] = []
+
+        def land_once() -> None:
+            try:
+                with Landing(paths) as own:  # each its own connection, as a process has
+                    landed.append(own.land(path, assignment, max_bytes=MAX_BYTES).sha256)
+            except BaseException as error:  # reported to the test below
+                errors.append(error)
+
+        workers = [threading.Thread(target=land_once) for _ in range(processes)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        assert errors == []
+        assert landed == [sha(data)] * processes
+        with connect_state(paths.manifest_state) as db:
+            assert db.execute("SELECT COUNT(*) FROM versions").fetchone() == (1,)
+        assert [p.name for p in paths.landed_dir.iterdir() if "manifest" not in p.name] == [
+            f"{sha(data)}.jsonl"
+        ]
