@@ -31,24 +31,41 @@ def masked_url(url: str) -> str:
     if not _SCHEME.match(url):
         return _CONNINFO_SECRET.sub(lambda m: m.group(1) + MASK, url)
     scheme, rest = url.split("://", 1)
+    userinfo, password, hosts = _user_info(rest)
+    if password is not None:
+        rest = f"{userinfo.split(':', 1)[0]}:{MASK}@{hosts}"
+    # The query: what follows the user info's `@` and the hosts (a query may hold an `@`).
     authority_end = len(rest.split("?", 1)[0].split("#", 1)[0])
     before, after = rest[:authority_end], rest[authority_end:]
-    # The user info ends at the last `@` before the query: a password may hold `/` or `@`.
-    if "@" in before:
-        userinfo, _, hosts = before.rpartition("@")
-        if ":" in userinfo:
-            before = f"{userinfo.split(':', 1)[0]}:{MASK}@{hosts}"
     return f"{scheme}://{before}" + _QUERY_SECRET.sub(lambda m: m.group(1) + MASK, after)
+
+
+def _user_info(rest: str) -> tuple[str, str | None, str]:
+    """(user info, its password or None, what follows its `@`) of a URL past its `://`.
+
+    The widest reading of every parser's: libpq and SQLAlchemy end the password at an `@`, not
+    at a `?`, `#` or `/` (`postgresql://u:pa?ss@db/kb` has the password `pa?ss`), and a password
+    may hold an `@` of its own, so the user info runs to the last `@` of the URL; a query's
+    `@` (`?application_name=me@box`) only masks more than it needs to."""
+    if "@" not in rest:
+        return "", None, rest
+    userinfo, _, hosts = rest.rpartition("@")
+    if ":" not in userinfo:
+        return userinfo, None, hosts
+    return userinfo, userinfo.split(":", 1)[1], hosts
 
 
 def url_secrets(url: str) -> set[str]:
     """The passwords `url` holds, as written and percent-decoded (for `masked_message`)."""
     raw: list[str] = []
     if _SCHEME.match(url):
-        before = url.split("://", 1)[1].split("?", 1)[0].split("#", 1)[0]
-        userinfo = before.rpartition("@")[0]
-        if ":" in userinfo:
-            raw.append(userinfo.split(":", 1)[1])
+        rest = url.split("://", 1)[1]
+        password = _user_info(rest)[1]
+        if password is not None:
+            # Ended at each of its `@`: libpq and SQLAlchemy end it at the first, a user who
+            # did not percent-encode one meant a later one.
+            parts = password.split("@")
+            raw += ["@".join(parts[:end]) for end in range(1, len(parts) + 1)]
         raw.extend(match.group(2) for match in _QUERY_SECRET.finditer(url))
     else:
         raw.extend(match.group(2).strip("'") for match in _CONNINFO_SECRET.finditer(url))

@@ -58,6 +58,29 @@ def test_no_password_survives_in_a_url(password: str, query: bool) -> None:
     assert masked_message(password, url) == "***"  # what libpq quotes of it
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    password=st.text(
+        alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=30
+    ).filter(lambda text: not text.startswith("@")),
+    query=st.sampled_from(["", "?sslmode=require", "?application_name=me@box"]),
+)
+def test_no_user_info_password_survives_whatever_it_holds(password: str, query: str) -> None:
+    """libpq and SQLAlchemy read a password up to an `@`, past any `?`, `#` or `/` in it."""
+    url = f"postgresql://u:{password}@db/kb{query}"
+    # A query's `@` masks more than the password (the user info runs to the last `@`).
+    assert masked_url(url) in (f"postgresql://u:***@db/kb{query}", "postgresql://u:***@box")
+    assert masked_message(password, url) == "***"  # what libpq quotes of it
+
+
+def test_a_password_holding_a_question_mark_or_a_hash_is_masked() -> None:
+    # Both SQLAlchemy's make_url and libpq read `pa?ss` as the password; it was shown.
+    assert masked_url("postgresql://u:pa?ss@db/kb") == "postgresql://u:***@db/kb"
+    assert masked_url("postgresql://u:pa#ss@db/kb?password=x") == (
+        "postgresql://u:***@db/kb?password=***"
+    )
+
+
 def test_libpqs_parse_error_quoting_the_password_is_masked(tmp_path: Path) -> None:
     """libpq quotes the token it cannot decode: here the password itself."""
     url = f"postgresql://kimi:{SECRET}%zz@127.0.0.1:1/kb"
