@@ -127,8 +127,6 @@ def copy_snapshot(
     """
     remove_stale_temps(landed_dir)  # those of a copy killed midway (named by pid)
     temp = temp_name(landed_dir, "snapshot")
-    digest = hashlib.sha256()
-    copied = 0
     descriptor = reader.fileno()
     try:
         before_status = os.fstat(descriptor)
@@ -140,16 +138,7 @@ def copy_snapshot(
                 f"{name} is still changing (its size or mtime moved within "
                 f"{settle_s:g} s); it lands once it has stopped changing"
             )
-        with temp.open("wb") as writer:
-            os.chmod(temp, PRIVATE_FILE_MODE)
-            while chunk := reader.read(_COPY_CHUNK):
-                copied += len(chunk)
-                if copied > max_bytes:
-                    raise InputTooLargeError(_too_large(copied, max_bytes))
-                digest.update(chunk)
-                writer.write(chunk)
-            writer.flush()
-            os.fsync(writer.fileno())
+        copied, sha256 = _copy_counted(reader, temp, max_bytes)
         after_status = os.fstat(descriptor)
         after = size_mtime_of(after_status)
         # The ctime too: a writer that rewrites the file in place and puts its mtime back
@@ -165,7 +154,6 @@ def copy_snapshot(
                 f"{name} is still changing (it was written to while it was copied: "
                 f"{before[0]} bytes, then {after[0]}); it lands once it has stopped changing"
             )
-        sha256 = digest.hexdigest()
         target = landed_dir / f"{sha256}.{ext}"
         if not target.exists():
             os.replace(temp, target)
@@ -173,6 +161,24 @@ def copy_snapshot(
     finally:
         temp.unlink(missing_ok=True)
     return Snapshot(sha256=sha256, ext=ext, size=copied)
+
+
+def _copy_counted(reader: BinaryIO, temp: Path, max_bytes: int) -> tuple[int, str]:
+    """`reader` copied to `temp` (owner-only, fsynced), refused past `max_bytes`: the bytes
+    copied and their sha256."""
+    digest = hashlib.sha256()
+    copied = 0
+    with temp.open("wb") as writer:
+        os.chmod(temp, PRIVATE_FILE_MODE)
+        while chunk := reader.read(_COPY_CHUNK):
+            copied += len(chunk)
+            if copied > max_bytes:
+                raise InputTooLargeError(_too_large(copied, max_bytes))
+            digest.update(chunk)
+            writer.write(chunk)
+        writer.flush()
+        os.fsync(writer.fileno())
+    return copied, digest.hexdigest()
 
 
 def _too_large(size: int, limit: int) -> str:
