@@ -661,14 +661,16 @@ def refused_field(body: Any, kind: LineKind = "chat") -> tuple[str, str] | None:
 
 def served_models(settings: Settings) -> frozenset[str] | None:
     """The names a line's `model` may take, lowercased: the configured model file's stem (the
-    `--alias` the resident server is started with), its file name and any `--alias` in
-    `KIMI_BATCH_LLAMA_EXTRA_ARGS`. None (any name) for an attached server or no model: the
-    name it serves is known only to it, and validation runs without a server."""
+    `--alias` the resident server is started with), its file name and the aliases of any
+    `-a`/`--alias` in `KIMI_BATCH_LLAMA_EXTRA_ARGS` (llama-server takes a comma-separated
+    list). None (any name) for an attached server or no model: the name it serves is known
+    only to it, and validation runs without a server."""
     if settings.llama_url or settings.model is None:
         return None
     names = {settings.model.name, settings.model.name.removesuffix(".gguf")}
-    args = list(settings.llama_extra_args)
-    names.update(value for flag, value in itertools.pairwise(args) if flag == "--alias")
+    for flag, value in itertools.pairwise(settings.llama_extra_args):
+        if flag in ("-a", "--alias"):
+            names.update(alias.strip() for alias in value.split(",") if alias.strip())
     return frozenset(name.lower() for name in names)
 
 

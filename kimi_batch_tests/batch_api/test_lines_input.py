@@ -253,6 +253,15 @@ def test_the_served_models_are_the_model_files_stem_and_configured_aliases(
     monkeypatch.setenv("KIMI_BATCH_LLAMA_EXTRA_ARGS", "--alias tiny")
     monkeypatch.delenv("KIMI_BATCH_LLAMA_URL", raising=False)
     assert served_models(Settings.from_env()) == {"tiny-model.q4", "tiny-model.q4.gguf", "tiny"}
+    # llama-server's short spelling, and its comma-separated list of aliases.
+    monkeypatch.setenv("KIMI_BATCH_LLAMA_EXTRA_ARGS", "-a kimi,Kimi-K2.5 --alias tiny")
+    assert served_models(Settings.from_env()) == {
+        "tiny-model.q4",
+        "tiny-model.q4.gguf",
+        "kimi",
+        "kimi-k2.5",
+        "tiny",
+    }
     # An attached server's name is known only to it: any name passes validation.
     monkeypatch.setenv("KIMI_BATCH_LLAMA_URL", "http://127.0.0.1:9")
     assert served_models(Settings.from_env()) is None
