@@ -80,7 +80,10 @@ def _structured(text: str) -> str | None:
     `\\udXXX` escape with no pair as a lone surrogate the table's UTF-8 cannot store: one such
     answer is its line's, not the whole batch's failure."""
     try:
-        canonical = json.dumps(json.loads(text), ensure_ascii=False, separators=(",", ":"))
+        # allow_nan=False: 1e999 reads as infinity, which plain dumps writes as `Infinity`,
+        # text that is not JSON (a ValueError here: not structured).
+        value = json.loads(text)
+        canonical = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         canonical.encode()
     except (ValueError, RecursionError):
         return None

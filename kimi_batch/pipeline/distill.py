@@ -138,21 +138,27 @@ def _structured(
     """Canonical JSON of the validated answer, or None and the reason."""
     name = output_model.__name__
     try:
-        canonical = output_model.model_validate_json(_unfenced(text)).model_dump_json()
+        answer = output_model.model_validate_json(_unfenced(text))
     except ValidationError as error:
         reason = f"answer does not match {name}: {format_validation_error(error)}"
         if finish_reason == "length":
             reason += " (cut off at max_tokens)"
         return None, reason
+    canonical = answer.model_dump_json()
     # Read back too: a number JSON allows but no float holds (1e999), or NaN, validates as
-    # infinity or NaN and is written as null, which the schema then refuses.
+    # infinity or NaN and is written as null, which the schema refuses or (an optional field,
+    # a dict's value) reads as another answer. NaN equals nothing, so it never reads back equal.
+    lost = " (a number no float holds, or NaN, is null there)"
     try:
-        output_model.model_validate_json(canonical)
+        read_back = output_model.model_validate_json(canonical)
     except ValidationError as error:
-        return None, (
-            f"answer does not match {name} once written as JSON: "
-            f"{format_validation_error(error)} (a number no float holds, or NaN, is null there)"
-        )
+        written = f"once written as JSON: {format_validation_error(error)}"
+        return None, f"answer does not match {name} {written}{lost}"
+    if read_back != answer:
+        fields = output_model.model_fields
+        changed = [f for f in fields if getattr(read_back, f) != getattr(answer, f)]
+        written = f"once written as JSON: {', '.join(changed)} would read back otherwise"
+        return None, f"answer does not match {name} {written}{lost}"
     return canonical, ""
 
 

@@ -96,6 +96,9 @@ def test_json_no_row_can_hold_sets_its_line_aside_not_the_batch() -> None:
         "deep": "[" * 1200 + "]" * 1200,
         "huge": "9" * 5000,
         "surrogate": '{"a": "\\ud800"}',
+        # Infinity once written back: `Infinity` is not JSON (it was stored as structured).
+        "infinite": '{"a": 1e999}',
+        "nan": "[NaN]",
         "fine": '{"a": "\\ud83d\\ude00"}',
     }
     task = task_of(*(line(c, response_format={"type": "json_object"}) for c in answers))
@@ -110,6 +113,8 @@ def test_json_no_row_can_hold_sets_its_line_aside_not_the_batch() -> None:
         ("deep", NOT_JSON_REASON),
         ("huge", NOT_JSON_REASON),
         ("surrogate", NOT_JSON_REASON),
+        ("infinite", NOT_JSON_REASON),
+        ("nan", NOT_JSON_REASON),
     ]
 
 

@@ -596,6 +596,26 @@ def test_an_answer_whose_number_json_cannot_hold_is_set_aside(number: str) -> No
     assert "confidence" in parsed.reason
 
 
+class MaybeAnswer(BaseModel):
+    answer: str
+    confidence: float | None
+    extra: dict[str, float | None] = {}
+
+
+@pytest.mark.parametrize(
+    "fields", ['"confidence": 1e999', '"confidence": NaN', '"confidence": 1, "extra": {"a": 1e999}']
+)
+def test_an_answer_that_would_read_back_as_another_is_set_aside(fields: str) -> None:
+    # An optional field or a dict's value takes the null that 1e999 or NaN is written as: the
+    # schema accepts it, and the row held an answer the model never gave.
+    seed = _one_seed()
+    text = f'{{"answer": "4", {fields}}}'
+    result = make_result(text, input_id=seed.input_id, tag="seed")
+    parsed = DistillTask(output_model=MaybeAnswer).parse(result, DistillInputs(seeds=[seed]))
+    assert isinstance(parsed, SetAside)
+    assert parsed.reason.startswith("answer does not match MaybeAnswer once written as JSON")
+
+
 def _one_seed() -> SeedPrompt:
     return SeedPrompt.model_validate(
         {
