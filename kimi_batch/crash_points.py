@@ -51,7 +51,7 @@ def _from_environment() -> dict[str, tuple[CrashAction, int]]:
         action, _, arrival = rest.partition(":")
         armed_points[name] = (
             "kill" if action == "kill" else "raise",
-            int(arrival) if arrival.isdigit() else 1,
+            int(arrival) if arrival.isascii() and arrival.isdigit() else 1,
         )
     return armed_points
 

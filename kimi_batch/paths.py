@@ -110,7 +110,7 @@ def database_server(url: str) -> DatabaseServer:
             "names a socket folder: Trino reads the catalog over TCP, give the server's host "
             "name (postgresql://localhost:5432/db)"
         )
-    if port is not None and not (port.isdigit() and 0 < int(port) < 65536):
+    if port is not None and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
         raise ValueError("has a port that is not a number from 1 to 65535")
     password = fields.pop("password", None)
     return DatabaseServer(

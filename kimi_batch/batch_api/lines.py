@@ -289,7 +289,7 @@ def check_stops(value: str | list[str] | None) -> str | list[str] | None:
 
 def check_logit_bias(value: dict[str, float] | None) -> dict[str, float] | None:
     for token, bias in (value or {}).items():
-        if not token.isdigit() or not -100 <= bias <= 100:
+        if not (token.isascii() and token.isdigit()) or not -100 <= bias <= 100:
             raise ValueError("logit_bias maps token ids to biases in [-100, 100]")
     return value
 

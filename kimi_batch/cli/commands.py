@@ -190,7 +190,7 @@ def _day(value: str) -> date:
 
 
 def _port(value: str) -> int:
-    if not value.isdigit() or not 1 <= int(value) <= 65535:
+    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= 65535:
         raise argparse.ArgumentTypeError(f"a port is 1 to 65535, not {value!r}")
     return int(value)
 
@@ -214,7 +214,7 @@ def _regex(value: str) -> str:
 
 
 def _score(value: str) -> int:
-    if not value.isdigit() or not 1 <= int(value) <= 10:
+    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= 10:
         raise argparse.ArgumentTypeError(f"a judge score is 1 to 10, not {value!r}")
     return int(value)
 

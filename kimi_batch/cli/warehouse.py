@@ -19,7 +19,7 @@ from kimi_batch.settings import Settings
 def _days(value: str) -> int:
     # At least a day, as KIMI_BATCH_SNAPSHOT_RETENTION_DAYS: 0 or less would expire every
     # snapshot but the current one, and with it every moment `export --as-of` could read.
-    if not value.isdigit() or int(value) < 1:
+    if not (value.isascii() and value.isdigit()) or int(value) < 1:
         raise argparse.ArgumentTypeError(f"a retention is 1 day or more, not {value!r}")
     return int(value)
 

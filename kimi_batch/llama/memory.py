@@ -211,7 +211,7 @@ def _count_flag(args: Sequence[str], names: tuple[str, ...], spec: int, least: i
     """The spec's `spec`, or the whole number >= `least` the extra arguments give it instead:
     they come last on the command line, so theirs is the one the server uses."""
     value = _flag(args, names)
-    if value is None or not value.isdigit() or int(value) < least:
+    if value is None or not (value.isascii() and value.isdigit()) or int(value) < least:
         return spec
     return int(value)
 
@@ -239,7 +239,7 @@ def _attention_scores_bytes(
     cells = ctx if unified else math.ceil(ctx / parallel)
     scores = _SCORE_BYTES * shape.n_head * ubatch * cells
     cap_mib = _flag(args, ("-amb", "--attention-max-batch"))  # ik_llama.cpp's pieces
-    if cap_mib is not None and cap_mib.isdigit() and int(cap_mib) > 0:
+    if cap_mib is not None and cap_mib.isascii() and cap_mib.isdigit() and int(cap_mib) > 0:
         scores = min(scores, int(cap_mib) * MIB)
     return scores
 
@@ -309,7 +309,7 @@ def available_memory_bytes() -> int | None:
             raw = Path(limit_file).read_text().strip()
         except OSError:
             continue
-        if raw.isdigit() and available is not None and int(raw) < available:
+        if raw.isascii() and raw.isdigit() and available is not None and int(raw) < available:
             available = int(raw)
     return available
 

@@ -425,3 +425,11 @@ def test_a_number_json_does_not_allow_fails_its_line_naming_where_it_is() -> Non
         ("invalid_json_line", "body.text.format.schema.minimum"),
         ("invalid_json_line", "body.tools.0.parameters.enum.1"),
     ]
+
+
+def test_a_logit_bias_key_of_other_digits_than_ascii_fails_its_line() -> None:
+    # str.isdigit takes '٣' and '²'; llama-server's strtol does not, and tokenizes such a key
+    # as text instead: the bias would fall on other tokens, silently.
+    lines = [_line(key, logit_bias={key: 5}) for key in ("٣", "²", "42")]
+    parsed = parse_batch_input(lines, endpoint=URL)
+    assert [(e.code, e.line) for e in parsed.errors] == [("invalid_request", n) for n in (1, 2)]
