@@ -81,7 +81,10 @@ class DatabaseServer(BaseModel):
     dbname: str
     user: str | None
     password: SecretStr | None
-    params: dict[str, str] = Field(description="libpq's other parameters (sslmode, options ...).")
+    # repr=False: `sslpassword` may be among them.
+    params: dict[str, str] = Field(
+        repr=False, description="libpq's other parameters (sslmode, options ...)."
+    )
 
 
 def database_server(url: str) -> DatabaseServer:
@@ -103,7 +106,14 @@ def database_server(url: str) -> DatabaseServer:
     dbname = fields.pop("dbname", None)
     if not dbname:
         raise ValueError("must name a database (postgresql://host/DATABASE)")
-    if host is not None and ("," in host or (port is not None and "," in port)):
+    if "service" in fields:
+        raise ValueError(
+            "names a pg_service.conf entry (service=), which Trino's JDBC driver cannot read: "
+            "give the host, port and database in the URL"
+        )
+    if "," in fields.get("hostaddr", "") or (
+        host is not None and ("," in host or (port is not None and "," in port))
+    ):
         raise ValueError("names several hosts: give the one server to use (its host name)")
     if host is not None and host.startswith(("/", "@")):
         raise ValueError(

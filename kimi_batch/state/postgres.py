@@ -103,12 +103,12 @@ class PostgresDatabase(StateDatabase):
             # A statement waiting on a lock longer than SQLite's busy timeout fails as busy. The
             # URL's own options (a statement_timeout ...) stay: the keyword replaces them.
             lock_timeout = f"-c lock_timeout={int(self._timeout_s * 1000)}"
-            given = conninfo_to_dict(self.url).get("options")
+            given = conninfo_to_dict(self.url)
             db = psycopg.connect(
                 self.url,
                 autocommit=True,
-                connect_timeout=_CONNECT_TIMEOUT_S,
-                options=" ".join(str(o) for o in (given, lock_timeout) if o),
+                connect_timeout=given.get("connect_timeout") or _CONNECT_TIMEOUT_S,
+                options=" ".join(str(o) for o in (given.get("options"), lock_timeout) if o),
             )
             db.adapters.register_dumper(str, _TextBinaryDumper)
             db.adapters.register_dumper(str, _TextDumper)

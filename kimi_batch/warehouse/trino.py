@@ -169,8 +169,11 @@ def _jdbc_properties(settings: Settings) -> dict[str, str]:
     server = database_server(url)
     # libpq's other parameters (sslmode ...) mostly mean the same to the JDBC driver, which
     # percent-decodes the database name and each value.
-    query = {**server.params, "currentSchema": LEDGER_SCHEMA}
-    host = server.host or "localhost"  # no host: libpq's local server, over TCP for Java
+    params = dict(server.params)
+    # libpq connects to `hostaddr` when it is given (`host` then names it for TLS and auth).
+    # No host: libpq's local server over its socket, which Java reaches over TCP at localhost.
+    host = params.pop("hostaddr", None) or server.host or "localhost"
+    query = {**params, "currentSchema": LEDGER_SCHEMA}
     address = f"[{host}]" if ":" in host else host
     database = quote(server.dbname, safe="")
     properties = {

@@ -9,11 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from psycopg.conninfo import conninfo_to_dict
+from pydantic import ValidationError
 from sqlalchemy.engine import make_url
 
+from kimi_batch.paths import database_server
 from kimi_batch.settings import Settings
 from kimi_batch.warehouse import (
     LEDGER_SCHEMA,
@@ -146,3 +149,29 @@ def test_a_password_and_a_home_folder_past_ascii_reach_trino_as_written(tmp_path
     folder = Settings.model_validate({**_BASE.model_dump(), "home": home})
     sqlite = read_like_java(catalog_properties(folder).encode())[_JDBC + "connection-url"]
     assert sqlite == f"jdbc:sqlite:{home}/ledger/ledger.sqlite3"
+
+
+def test_a_hostaddr_is_the_address_trino_connects_to() -> None:
+    # libpq connects to `hostaddr` (`host` names the server for TLS); Trino went to `db`.
+    url = "postgresql://kimi@db/kimi?hostaddr=10.0.0.9&sslmode=require"
+    deployment = Settings.model_validate({**_BASE.model_dump(), "database_url": url})
+    jdbc = catalog_property_map(deployment)[_JDBC + "connection-url"]
+    assert (
+        jdbc
+        == f"jdbc:postgresql://10.0.0.9:5432/kimi?sslmode=require&currentSchema={LEDGER_SCHEMA}"
+    )
+
+
+def test_a_service_name_and_a_hostaddr_list_are_refused_when_the_settings_are_read() -> None:
+    for url in (
+        "postgresql:///kimi?service=team",
+        "postgresql://db/kimi?hostaddr=10.0.0.9,10.0.0.10",
+    ):
+        with pytest.raises(ValidationError, match="database_url"):
+            Settings.model_validate({**_BASE.model_dump(), "database_url": url})
+
+
+def test_a_database_server_s_repr_shows_no_ssl_password() -> None:
+    server = database_server("postgresql://kimi:pw@db/kimi?sslpassword=key-secret")
+    assert "key-secret" not in repr(server)
+    assert "pw" not in repr(server).replace("password", "")
