@@ -9,6 +9,8 @@ load. croniter itself is no substitute: its current release takes more than Dags
 
 from __future__ import annotations
 
+import warnings
+
 from kimi_batch.settings.defaults import DEFAULT_MAINTENANCE_CRON, DEFAULT_NIGHTLY_CRON
 
 # Taken without asking (the deployment's schedules are built from them in every test run): a
@@ -26,7 +28,13 @@ def is_cron(expression: str) -> bool:
     import dagster as dg
 
     try:
-        dg.ScheduleDefinition(name="cron_check", cron_schedule=expression, job_name="cron_check")
+        # Quietly: Dagster warns about some expressions (a step past the field's range) as it
+        # builds a schedule, which would print before every command that reads the settings.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dg.ScheduleDefinition(
+                name="cron_check", cron_schedule=expression, job_name="cron_check"
+            )
     except dg.DagsterInvalidDefinitionError:
         return False
     return True

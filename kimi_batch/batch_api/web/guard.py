@@ -205,7 +205,8 @@ class Guard:
         if self.expected is not None:
             scheme, _, token = headers.get("authorization", "").partition(" ")
             # The scheme is case-insensitive (RFC 9110); the key is compared in constant time.
-            given = token.strip().encode() if scheme.lower() == "bearer" else b""
+            # Only HTTP's own whitespace (SP, HTAB) around it: str.strip takes U+00A0 too.
+            given = token.strip(" \t").encode() if scheme.lower() == "bearer" else b""
             if not hmac.compare_digest(given, self.expected):
                 return ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
         return None
@@ -231,7 +232,7 @@ def declared_length(request: Request) -> int | None:
     value = request.headers.get("content-length")
     if value is None:
         return None
-    digits = value.strip()
+    digits = value.strip(" \t")  # HTTP's whitespace, not U+00A0 or U+0085 (str.strip)
     # ASCII digits only: str.isdigit also takes '²' (a header's Latin-1 can carry it), which
     # int() refuses; and at most 19 (no body is that long), as int() refuses past 4,300 digits.
     if not (digits.isascii() and digits.isdigit()) or len(digits) > 19:
