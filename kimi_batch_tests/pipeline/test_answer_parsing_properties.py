@@ -3,8 +3,10 @@ verdict.
 
 - A variant written the ways a model answers the amplify instruction (bare, quoted in any of the
   quotes, after a label such as "Paraphrase:" or "**Rewritten question:**", after a lead-in line,
-  as the first item of a list, in a code fence, after the echoed variant number, followed by an
-  answer paragraph) parses back to the same text.
+  as the first item of a list, in a code fence with or without a language tag or on one line,
+  after the echoed variant number, followed by an answer paragraph) parses back to the same text.
+- A fence is stripped as `^```[\\w-]*\\s*|\\s*```$` strips it, but a language tag is a word alone
+  on the opening line; a long run of whitespace anywhere is parsed in linear time.
 - Any model text, with any finish reason, gives an `amplified` row or a set-aside with a reason,
   never an exception: every result of the sink is a row, a dropped duplicate or a quarantine row;
   a row's prompt is one stripped, storable paragraph of at least 8 characters with a letter.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from typing import Any
 
 import pytest
@@ -42,6 +45,7 @@ from kimi_batch.pipeline import (
     parse_variant,
     truncate_raw,
 )
+from kimi_batch.pipeline.amplify import _unfenced  # pyright: ignore[reportPrivateUsage]
 from kimi_batch_tests.support.results import make_result
 from kimi_batch_tests.support.rows import amplified, distilled
 
@@ -155,8 +159,11 @@ def _rendered(draw: st.DrawFn, variant: str) -> str:
     lead_in = draw(st.sampled_from([None, "inside", "outside"]))  # of the fence, if any
     if lead_in == "inside":
         text = draw(st.sampled_from(_LEAD_INS)) + text
-    if draw(st.booleans()):
-        text = f"```{draw(st.sampled_from(['', 'text', 'markdown']))}\n{text}\n```"
+    fence = draw(st.sampled_from([None, "", "text", "markdown", "one line"]))
+    if fence == "one line":  # "```What is it?```": no line, so no language tag
+        text = f"```{text}```"
+    elif fence is not None:
+        text = f"```{fence}\n{text}\n```"
     if lead_in == "outside":
         text = draw(st.sampled_from(_LEAD_INS)) + text
     if draw(st.booleans()):
@@ -194,6 +201,67 @@ def test_a_fenced_variant_after_a_lead_in_or_before_more_text_loses_its_fence(te
     # The fence was stripped only where it opened and closed the whole answer: these kept
     # "```" (and its language) in the prompt, then asked the teacher with it.
     assert parse_variant(_result(text)) == "What makes the sky look blue?"
+
+
+def test_a_one_line_fence_keeps_the_first_word_of_its_variant() -> None:
+    # The fence's language tag was read as [\w-]* after "```" with no line break after it, so
+    # "```What makes ...```" lost "What" as if it were a language such as "```text".
+    assert parse_variant(_result("```What makes the sky look blue?```")) == (
+        "What makes the sky look blue?"
+    )
+    assert parse_variant(_result("```Rewrite-me why the sky is blue?```")) == (
+        "Rewrite-me why the sky is blue?"
+    )
+    # With a line break after it, the word is the language and goes.
+    assert parse_variant(_result("```text\nWhat makes the sky look blue?```")) == (
+        "What makes the sky look blue?"
+    )
+
+
+# What `_unfenced` replaced, its language tag read only where a line break follows it: right on
+# short text, quadratic on a run of whitespace.
+_BREAKS = "\n\r\v\f\x1c-\x1e\x85\u2028\u2029"
+_FENCE_PATTERN = re.compile(rf"^```(?:[\w-]*(?=[^\S{_BREAKS}]*[{_BREAKS}]))?\s*|\s*```$")
+FENCE_TEXT = st.lists(
+    st.sampled_from(
+        ["```", "`", "text", "c-sharp", "What", "x", " ", "\t", "\n", "\r\n", "\u2028", "\x1f"]
+    ),
+    max_size=8,
+).map("".join)
+
+
+@EXAMPLES
+@given(text=st.one_of(FENCE_TEXT, TEXT, st.tuples(FENCE_TEXT, TEXT, FENCE_TEXT).map("".join)))
+def test_a_fence_is_stripped_as_the_fence_pattern_reads_it(text: str) -> None:
+    assert _unfenced(text) == _FENCE_PATTERN.sub("", text.strip()).strip()
+
+
+_LONG = 200_000
+
+
+@pytest.mark.parametrize(
+    ("text", "variant"),
+    [
+        ("a" + " " * _LONG + "b", "a" + " " * _LONG + "b"),
+        ("What is" + "\t" * _LONG + "the sky?", "What is" + "\t" * _LONG + "the sky?"),
+        ("```\nWhat is the sky?" + " " * _LONG + "\n\nAnswer: light.\n```", "What is the sky?"),
+        ("Why is it?\n" + " " * _LONG + "\n\nAnswer: light.", "Why is it?"),
+        ("Question" + " " * _LONG + ": What is the sky?", "What is the sky?"),
+        ("Question 1 of" + " " * _LONG + "2 - What is the sky?", "What is the sky?"),
+        ("a b c d" + " " * _LONG + "question: What is the sky?", "What is the sky?"),
+        ("Sure:" + " " * _LONG + "x\nWhat is it?", "Sure:" + " " * _LONG + "x\nWhat is it?"),
+    ],
+    ids=["spaces", "tabs", "fenced", "blank-line", "label", "numbered", "words", "lead-in"],
+)
+def test_a_long_run_of_whitespace_is_parsed_in_linear_time(text: str, variant: str) -> None:
+    # ^```[\w-]*\s*|\s*```$ tried \s*```$ at every position of a run of whitespace, so each
+    # of these took 35 to 80 s of CPU (twice: on the whole text and on each paragraph) on the
+    # thread that lands the partition. Not a tight bound: the quadratic parse is far above it.
+    # The label, list mark and lead-in patterns are here too: they stay linear.
+    started = time.process_time()
+    parsed = parse_variant(_result(text))
+    assert time.process_time() - started < 5
+    assert parsed == variant
 
 
 SEEDS = [
