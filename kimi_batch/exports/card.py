@@ -255,14 +255,20 @@ def build_card(card: CardFigures, options: CardOptions) -> DatasetCard:
 
 
 class _MetadataDumper(yaml.SafeDumper):
-    """YAML as `DatasetCardData.to_yaml` writes it, but a string holding U+0085 (NEL) is
-    double-quoted: PyYAML writes that character raw inside a quoted string and reads it back as
-    a space (a file or model name with one was another name in the card's metadata); in double
-    quotes it is escaped (`\\N`)."""
+    """YAML as `DatasetCardData.to_yaml` writes it, but a string holding U+0085 (NEL), U+2028
+    or U+2029 is double-quoted, where they are escaped (`\\N`, `\\L`, `\\P`). PyYAML writes
+    them raw inside a single-quoted string as line breaks (YAML 1.1's), the next line indented:
+    it reads NEL back as a space (a file or model name with one was another name in the card's
+    metadata), and a YAML 1.2 reader, as the Hub's, reads U+2028 and U+2029 as plain characters
+    with that indent after them."""
+
+
+# The line breaks of YAML 1.1 that YAML 1.2 does not have.
+_YAML_11_BREAKS = ("\x85", "\u2028", "\u2029")
 
 
 def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    style = '"' if "\x85" in value else None
+    style = '"' if any(char in value for char in _YAML_11_BREAKS) else None
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
 
@@ -308,15 +314,39 @@ def _cell(value: object) -> str:
     return _LINE_BREAK.sub(" ", text)
 
 
+def _heading(title: str) -> str:
+    """A `#` heading of `title` on one line (a line break cut it: its next line was a paragraph,
+    or with "===" under it a heading of its own), its last `#` escaped, which Markdown would read
+    as the heading's closing sequence and drop."""
+    text = _LINE_BREAK.sub(" ", title).strip()
+    return f"# {text[:-1]}\\#" if text.endswith("#") else f"# {text}"
+
+
+_BACKTICKS = re.compile(r"`+")
+
+
+def _code(value: str) -> str:
+    """`value` as a Markdown code span on one line, read back as `value` (its line breaks as
+    spaces, as a code span reads them): fenced with one backtick more than its longest run of
+    them (a backtick in a model name ended its span early), and padded with a space where it
+    starts or ends with a backtick or with a space at both ends (Markdown strips one there). An
+    empty value, which no span holds, is a space."""
+    text = _LINE_BREAK.sub(" ", value) or " "
+    fence = "`" * (max(map(len, _BACKTICKS.findall(text)), default=0) + 1)
+    if text[0] == "`" or text[-1] == "`" or (text[0] == text[-1] == " " and text.strip(" ")):
+        text = f" {text} "
+    return f"{fence}{text}{fence}"
+
+
 def _body(card: CardFigures, title: str) -> list[str]:
     return [
         "",
-        f"# {title}",
+        _heading(title),
         "",
         f"{card.rows} teacher answers from kimi-batch's `distilled` table, one conversation each "
         "(system digest, user side, answer; the notes below say how the rows lay it out).",
         "",
-        f"- Model: {', '.join(f'`{m}`' for m in card.models) or 'none'}",
+        f"- Model: {', '.join(_code(m) for m in card.models) or 'none'}",
         f"- System digest sha256: {', '.join(f'`{d}`' for d in card.digest_sha256) or 'none'}",
         *_judge_lines(card),
         "",

@@ -16,8 +16,11 @@ and the guessed languages are sane on any text.
 - kd: for any finite logprobs (the ledger refuses others), one line of strict JSON (no NaN or
   Infinity) reading back as the tokens, their ids and top-k, in order.
 - card: the metadata `build_card` writes reads back through `huggingface_hub.DatasetCard` as the
-  figures and options it was given, and every table row of the body has its header's cells, for
-  any model name, file name, reason, pretty name (YAML and Markdown syntax, line breaks).
+  figures and options it was given (no YAML 1.1 line break written raw, which a YAML 1.2 reader
+  reads otherwise), and, read by a CommonMark parser, the body opens with a one-line heading of
+  the title, the intro and the "Model" bullet whose code spans are the model names, and every
+  table row has its header's cells, for any model name, file name, reason, pretty name (YAML and
+  Markdown syntax, backticks, line breaks).
 - `reason_name`, `quarantine_counts`, `is_language_code`, `ScriptCounter`, `TokenStats.of` on
   any text or numbers.
 
@@ -43,6 +46,7 @@ import pytest
 from huggingface_hub import DatasetCard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from markdown_it import MarkdownIt
 
 from kimi_batch.engine import SystemDigest, fold_instructions
 from kimi_batch.exports import (
@@ -507,6 +511,54 @@ def _tables(body: str) -> Iterator[list[str]]:
             yield table
 
 
+# Line breaks to YAML 1.1 (PyYAML), not to YAML 1.2: PyYAML indents the line after one in a
+# quoted string and drops that indent again on reading; a YAML 1.2 reader keeps it.
+_YAML_11_BREAKS = "\x85\u2028\u2029"
+
+
+def _front_matter(text: str) -> str:
+    assert text.startswith("---\n")
+    return text[4 : text.index("\n---\n", 3)]
+
+
+def _markdown(text: str) -> str:
+    """`text` as a CommonMark reader holds it: NUL is U+FFFD, a line ending a line feed."""
+    return re.sub(r"\r\n|\r", "\n", text.replace("\x00", "\ufffd"))
+
+
+def _one_line_heading(title: str) -> str:
+    """The raw text a CommonMark reader finds in the card's `#` heading of `title`: the title on
+    one line, stripped, its last `#` escaped (a closing sequence of the heading otherwise)."""
+    text = _markdown(title).replace("\n", " ").strip()
+    return text[:-1] + "\\#" if text.endswith("#") else text
+
+
+def _read_as_code(name: str) -> str:
+    """What a CommonMark reader reads in a code span holding `name`: its line breaks as spaces
+    (a span cannot be empty: an empty name is a space)."""
+    return _markdown(name).replace("\n", " ") or " "
+
+
+def _heading_and_models(body: str) -> tuple[str, list[str]]:
+    """The card body read by a CommonMark parser (markdown-it-py, which rich brings): the raw text
+    of its first block, a level-1 heading, and the code spans of its "Model" bullet, which follows
+    the paragraph after the heading."""
+    tokens = MarkdownIt("commonmark").parse(body)
+    blocks = [token for token in tokens if token.level == 0 and token.nesting >= 0]
+    assert [(token.type, token.tag) for token in blocks[:3]] == [
+        ("heading_open", "h1"),
+        ("paragraph_open", "p"),
+        ("bullet_list_open", "ul"),
+    ]
+    inlines = [token for token in tokens if token.type == "inline"]
+    heading, intro, model_item = inlines[:3]
+    assert intro.content.endswith("the notes below say how the rows lay it out).")
+    assert model_item.content.startswith("Model: ")
+    assert model_item.map == [(intro.map or [0, 0])[1] + 1, (intro.map or [0, 0])[1] + 2]
+    spans = [child.content for child in model_item.children or [] if child.type == "code_inline"]
+    return heading.content, spans
+
+
 @EXAMPLES
 @given(figures=FIGURES, options=CARD_OPTIONS)
 def test_the_card_s_metadata_reads_back_as_given_and_its_tables_keep_their_columns(
@@ -536,6 +588,11 @@ def test_the_card_s_metadata_reads_back_as_given_and_its_tables_keep_their_colum
         "top_k_logprobs": figures.sampling.top_k_logprobs,
         "quarantine": figures.quarantine,
     }
+    # No character a YAML 1.2 reader (the Hub's) reads otherwise than PyYAML is written raw.
+    assert not set(_front_matter(text)) & set(_YAML_11_BREAKS)
+    heading, models = _heading_and_models(card.text)
+    assert heading == _one_line_heading(options.pretty_name or f"Distilled answers of {named}")
+    assert models == [_read_as_code(model) for model in figures.models]
     tables = list(_tables(card.text))
     # Snapshots, sources, sampling, quarantine, dedup, tokens: each keeps one row per item.
     assert len(tables) == 6
@@ -603,6 +660,44 @@ def test_a_next_line_character_in_a_card_s_names_reads_back_from_its_yaml(tmp_pa
     assert data["kimi_batch"]["models"] == ["teacher\x85v2"]
     assert data["kimi_batch"]["sources"][0]["file"] == "q\x85a.jsonl"
     assert data["kimi_batch"]["quarantine"] == {"x\x85y": 2}
+
+
+def test_a_line_or_paragraph_separator_in_a_card_s_names_is_escaped_in_its_yaml() -> None:
+    """PyYAML wrote U+2028 and U+2029 raw in a single-quoted string and indented the rest after
+    them: it reads that back without the indent, a YAML 1.2 reader (the Hub's) with it."""
+    source = _figures().sources[0].model_copy(update={"file": "q\u2029a.jsonl"})
+    figures = _figures(models=["teacher\u2028v2"], sources=[source], quarantine={"x\u2028y": 2})
+    text = str(build_card(figures, CardOptions(pretty_name="Mes\u2029réponses")))
+    assert not set(_front_matter(text)) & set(_YAML_11_BREAKS)
+    assert "teacher\\Lv2" in _front_matter(text)  # YAML's escape of U+2028, in double quotes
+    data = DatasetCard(text).data.to_dict()
+    assert data["pretty_name"] == "Mes\u2029réponses"
+    assert data["kimi_batch"]["models"] == ["teacher\u2028v2"]
+    assert data["kimi_batch"]["sources"][0]["file"] == "q\u2029a.jsonl"
+    assert data["kimi_batch"]["quarantine"] == {"x\u2028y": 2}
+
+
+def test_a_line_break_in_the_pretty_name_keeps_the_card_s_heading_on_one_line() -> None:
+    """The heading took the pretty name raw: its second line became the intro's first, and a
+    "---" or "===" line under it another heading."""
+    for title, read in [
+        ("My\nanswers", "My answers"),
+        ("My\r\n===\nanswers", "My === answers"),
+        ("Answers #", "Answers \\#"),
+        ("\n- list", "- list"),
+    ]:
+        text = DatasetCard(str(build_card(_figures(), CardOptions(pretty_name=title)))).text
+        assert _heading_and_models(text) == (read, ["m"])
+
+
+def test_a_backtick_or_a_line_break_in_a_model_name_keeps_its_code_span() -> None:
+    """The Model bullet wrapped each name in single backticks: a backtick in a name ended its
+    code span early (and began a stray one), a blank line in it ended the bullet."""
+    models = ["a`b", "`x", "y``", "two\n\n# lines", " padded ", ""]
+    text = DatasetCard(str(build_card(_figures(models=models), CardOptions()))).text
+    heading, spans = _heading_and_models(text)
+    assert spans == ["a`b", "`x", "y``", "two  # lines", " padded ", " "]
+    assert heading == "Distilled answers of a`b, `x, y``, two  # lines,  padded , ".strip()
 
 
 def test_a_pipe_or_a_line_break_in_a_card_cell_stays_in_its_cell() -> None:
