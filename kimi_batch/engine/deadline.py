@@ -50,6 +50,21 @@ def estimate_prompt_tokens(messages: list[ChatMessage], chars_per_token: float) 
     return math.ceil(chars / chars_per_token) + _TEMPLATE_TOKENS_PER_MESSAGE * len(messages)
 
 
+def _speed(tokens: int, ms: float) -> float | None:
+    """Tokens per second of a sample; None when that is no finite positive number.
+
+    A server's timings are whatever it sends (the ledger keeps any non-negative finite float):
+    a duration that is zero in seconds (a subnormal ms underflows) raised ZeroDivisionError, an
+    infinite one made a speed of 0 that every later deadline divided by, and a count past any
+    float raised OverflowError, each inside the engine's recording, ending the run. Such a
+    sample says nothing about speed, as one below the minimums."""
+    try:
+        speed = tokens / (ms / 1000)
+    except (ZeroDivisionError, OverflowError):
+        return None
+    return speed if 0 < speed < math.inf else None
+
+
 class SpeedTracker:
     """Prompt and decode speeds per request, updated from finished requests (moving average).
 
@@ -76,16 +91,18 @@ class SpeedTracker:
     def observe(self, result: GenerationResult) -> None:
         evaluated = result.prompt_tokens - result.cached_tokens
         self.observe_prompt(evaluated, result.prompt_ms, keep=False)
-        if result.completion_tokens >= _MIN_DECODE_SAMPLE and result.predicted_ms > 0:
-            speed = result.completion_tokens / (result.predicted_ms / 1000)
+        if (
+            result.completion_tokens >= _MIN_DECODE_SAMPLE
+            and result.predicted_ms > 0
+            and (speed := _speed(result.completion_tokens, result.predicted_ms)) is not None
+        ):
             self.decode_tok_s = self._blend(self.decode_tok_s, speed, self._decode_seen)
             self._decode_seen = True
         self.keep(force=False)
 
     def observe_prompt(self, tokens: int, ms: float, *, keep: bool = True) -> None:
         """A prompt evaluation: a request's, or the digest prefill's (the longest there is)."""
-        if tokens >= _MIN_PROMPT_SAMPLE and ms > 0:
-            speed = tokens / (ms / 1000)
+        if tokens >= _MIN_PROMPT_SAMPLE and ms > 0 and (speed := _speed(tokens, ms)) is not None:
             self.prompt_tok_s = self._blend(self.prompt_tok_s, speed, self._prompt_seen)
             self._prompt_seen = True
             if keep:
