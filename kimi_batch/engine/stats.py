@@ -145,7 +145,10 @@ class StatsAccumulator:
         self.prompt_ms += result.prompt_ms
         self.latencies.append(result.latency_ms)
         if digest_tokens:
-            ratio = min(result.cached_tokens / digest_tokens, 1.0)
+            # Compared before dividing: a count past any float (JSON holds any integer, the
+            # ledger keeps it) made `/` raise OverflowError here, inside the engine's recording.
+            cached = result.cached_tokens
+            ratio = 1.0 if cached >= digest_tokens else cached / digest_tokens
             self.min_cache_ratio = min(self.min_cache_ratio, ratio)
 
     def summary(

@@ -121,6 +121,16 @@ def test_an_answer_with_a_negative_or_nan_count_is_recorded_with_that_count_abse
         assert result.draft_tokens is None or result.draft_tokens >= 0
 
 
+def test_a_cached_count_past_any_float_is_a_full_cache_hit_not_an_overflow() -> None:
+    # JSON holds any integer and the ledger keeps it; the cache-hit ratio divided it as a float
+    # (OverflowError) inside the engine's `_record`, after the ledger kept the row: the run ended.
+    body = _with(timings={"cache_n": 10**400})
+    accumulator = StatsAccumulator(100)
+    accumulator.add(_record(_parse(body)))
+    assert accumulator.min_cache_ratio == 1.0
+    assert accumulator.cached_tokens == 10**400
+
+
 # ---- any answer ---------------------------------------------------------------------------------
 
 # Any integer a JSON body can hold (past 64 bits too), small ones near zero and -1 most often.
