@@ -8,6 +8,16 @@ die() {
     exit 1
 }
 
+LIB_REPO_ROOT="$(cd -P "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+# VALUE as Java's Properties.load reads it back, by the function `kimi-batch publish` writes
+# Trino's catalog file with: Trino, its launcher and s3proxy read a properties file as
+# ISO-8859-1 with backslash escapes, so a home folder's `ü` or `\` written raw was another path.
+# Call it in an assignment, not inside a here-document, so that its failure stops the script.
+java_property() {
+    python3 "$LIB_REPO_ROOT/kimi_batch/storage/java_properties.py" "$1"
+}
+
 abspath() {
     # The directory may not exist yet; resolve it against the current directory without touching it.
     case "$1" in

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # A throwaway local S3-compatible server (s3proxy, Apache-2.0) for the tests of an s3:// warehouse.
 #
-#   scripts/s3proxy.sh fetch|start|stop|status|env
+#   scripts/s3proxy.sh fetch|start|config|stop|status|env
 #
 #   fetch   s3proxy's jar from Maven Central (org.gaul:s3proxy, jar-with-dependencies), cached in
 #           ${XDG_CACHE_HOME:-$HOME/.cache}/kimi_batch
 #   start   serve $KIMI_BATCH_HOME/s3proxy/data (one folder per bucket) on 127.0.0.1, bucket
 #           `kimi-batch` created; the access key and its secret are made at the first start (0600)
+#   config  write $KIMI_BATCH_HOME/s3proxy/s3proxy.conf as `start` does, and start nothing
 #   env     print the variables a client needs (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
 #           AWS_REGION, KIMI_BATCH_S3_ENDPOINT), one NAME=value a line, for `export`
 #
@@ -70,12 +71,8 @@ cmd_fetch() {
 
 running() { [[ -f "$PID_FILE" ]] && kill -0 "$(cat "$PID_FILE")" 2>/dev/null; }
 
-cmd_start() {
-    if running; then
-        say "already running on port $(cat "$PORT_FILE")"
-        return
-    fi
-    cmd_fetch
+# The server's properties file (its port and secret made at the first call), nothing started.
+write_config() {
     mkdir -p "$STATE" "$DATA/$BUCKET"
     chmod 700 "$STATE"
     local port
@@ -89,7 +86,10 @@ cmd_start() {
     if [[ ! -f "$SECRET_FILE" ]]; then
         (umask 077 && python3 -c 'import secrets; print(secrets.token_hex(20))' >"$SECRET_FILE")
     fi
-    # The secret is in a 0600 file, never on a command line. Unknown headers are ignored, not
+    local basedir
+    basedir="$(java_property "$DATA")"
+    # The secret is in a 0600 file, never on a command line. The folder is escaped as Java reads
+    # it (s3proxy reads the file with Properties.load); the other values are ASCII by make. Unknown headers are ignored, not
     # refused: Trino's listings ask for x-amz-optional-object-attributes (a Glacier object's
     # restore status), which s3proxy does not implement and a filesystem store never needs.
     (umask 077 && cat >"$STATE/s3proxy.conf" <<CONF
@@ -99,9 +99,20 @@ s3proxy.authorization=aws-v2-or-v4
 s3proxy.identity=$ACCESS_KEY
 s3proxy.credential=$(cat "$SECRET_FILE")
 jclouds.provider=filesystem
-jclouds.filesystem.basedir=$DATA
+jclouds.filesystem.basedir=$basedir
 CONF
 )
+}
+
+cmd_start() {
+    if running; then
+        say "already running on port $(cat "$PORT_FILE")"
+        return
+    fi
+    cmd_fetch
+    write_config
+    local port
+    port="$(cat "$PORT_FILE")"
     nohup "$(java_bin)" -Xmx256m -jar "$JAR" --properties "$STATE/s3proxy.conf" \
         >"$STATE/server.log" 2>&1 </dev/null &
     printf '%s\n' "$!" >"$PID_FILE"
@@ -134,11 +145,12 @@ cmd_env() {
 case "${1:-}" in
 fetch) cmd_fetch ;;
 start) cmd_start ;;
+config) write_config && say "wrote $STATE/s3proxy.conf" ;;
 stop) cmd_stop ;;
 status) cmd_status ;;
 env) cmd_env ;;
 *)
-    printf 'usage: %s fetch|start|stop|status|env\n' "$0" >&2
+    printf 'usage: %s fetch|start|config|stop|status|env\n' "$0" >&2
     exit 2
     ;;
 esac

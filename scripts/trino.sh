@@ -53,6 +53,9 @@ CATALOG="${KIMI_BATCH_TRINO_CATALOG:-iceberg}"
 [[ "$TIMEOUT" =~ ^[0-9]+$ ]] || die "KIMI_BATCH_TRINO_TIMEOUT must be a number, got '$TIMEOUT'"
 [[ "$CATALOG" =~ ^[a-z_][a-z0-9_]*$ ]] || die "KIMI_BATCH_TRINO_CATALOG must be an identifier, got '$CATALOG'"
 [[ "$HEAP" =~ ^[0-9]+[MG]$ ]] || die "KIMI_BATCH_TRINO_HEAP must look like 2G or 1536M, got '$HEAP'"
+CATALOG_MANAGEMENT="${KIMI_BATCH_TRINO_CATALOG_MANAGEMENT:-static}"
+[[ "$CATALOG_MANAGEMENT" =~ ^(static|dynamic)$ ]] ||
+    die "KIMI_BATCH_TRINO_CATALOG_MANAGEMENT must be static or dynamic, got '$CATALOG_MANAGEMENT'"
 
 python_bin() {
     if [[ -x "$REPO_ROOT/.venv/bin/python" ]]; then
@@ -235,10 +238,14 @@ cmd_cli() {
 write_config() {
     mkdir -p "$ETC/catalog" "$STATE/data" "$LOG_DIR"
     chmod 700 "$ETC/catalog" # the catalog may hold the database password and S3 keys
+    # The launcher and Java read these files as Java properties (ISO-8859-1, backslash escapes):
+    # the data folder, a path under the home, is escaped; every other value is ASCII by make.
+    local data_dir
+    data_dir="$(java_property "$STATE/data")"
     cat >"$ETC/node.properties" <<EOF
 node.environment=kimi_batch
 node.id=kimi-batch-$PORT
-node.data-dir=$STATE/data
+node.data-dir=$data_dir
 node.internal-address=127.0.0.1
 node.bind-ip=127.0.0.1
 EOF
@@ -257,7 +264,7 @@ discovery.uri=http://127.0.0.1:$PORT
 query.max-memory=$((heap_mb * 2 / 5))MB
 query.max-memory-per-node=$((heap_mb * 2 / 5))MB
 memory.heap-headroom-per-node=$((heap_mb / 4))MB
-catalog.management=${KIMI_BATCH_TRINO_CATALOG_MANAGEMENT:-static}
+catalog.management=$CATALOG_MANAGEMENT
 task.concurrency=2
 task.max-worker-threads=4
 failure-detector.enabled=false

@@ -1,6 +1,7 @@
 """The file primitives several features share (`private_files`: owner-only writes, a folder
-swapped in whole, stale temps removed; `blobs`: content-addressed files every host reads) and the
-storage errors (`exceptions`). The landed input versions, which once lived here, are the inputs
+swapped in whole, stale temps removed; `blobs`: content-addressed files every host reads;
+`java_properties`: a value as Java's `Properties.load` reads it) and the storage errors
+(`exceptions`). The landed input versions, which once lived here, are the inputs
 feature's (`kimi_batch.inputs`). Other packages import from here, never from the modules.
 """
 
@@ -10,6 +11,7 @@ from kimi_batch.storage.exceptions import (
     InvalidPartitionError,
     StorageError,
 )
+from kimi_batch.storage.java_properties import property_value
 from kimi_batch.storage.private_files import (
     pid_alive,
     private_folder,
@@ -30,6 +32,7 @@ __all__ = [
     "private_folder",
     "private_folder_swap",
     "private_writer",
+    "property_value",
     "remove_stale_temps",
     "temp_name",
     "write_private_text",

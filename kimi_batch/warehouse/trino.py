@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from kimi_batch.paths import database_server
 from kimi_batch.settings import Settings
-from kimi_batch.storage import StorageError, write_private_text
+from kimi_batch.storage import StorageError, property_value, write_private_text
 from kimi_batch.warehouse.schema import (
     quote_identifier,
     validate_ds,
@@ -125,7 +125,7 @@ def catalog_properties(settings: Settings, *, masked: bool = False) -> str:
     secrets shown as `***`, for a terminal)."""
     secret = {"iceberg.jdbc-catalog.connection-password", "s3.aws-secret-key"}
     lines = [
-        f"{key}={'***' if masked and key in secret else _property_value(value)}"
+        f"{key}={'***' if masked and key in secret else property_value(value)}"
         for key, value in catalog_property_map(settings).items()
     ]
     return "\n".join(lines) + "\n"
@@ -204,24 +204,6 @@ def _file_system_properties(settings: Settings) -> dict[str, str]:
     if key and secret:  # unset: Trino's default AWS credential chain
         properties |= {"s3.aws-access-key": key, "s3.aws-secret-key": secret}
     return properties
-
-
-def _property_value(value: str) -> str:
-    """`value` as Java's `Properties.load` reads it back from the catalog file: Trino reads that
-    file as ISO-8859-1 (airlift's `loadPropertiesFrom`), so a character past printable ASCII (a
-    password's, a home folder's `ü`) is a `\\uXXXX` escape of its UTF-16 units, not UTF-8
-    bytes read as Latin-1; a backslash is doubled, and a leading space escaped (Java skips it)."""
-    escaped = []
-    for char in value:
-        if char == "\\":
-            escaped.append("\\\\")
-        elif " " <= char <= "~":
-            escaped.append(char)
-        else:
-            units = char.encode("utf-16-be", "surrogatepass")
-            escaped += [f"\\u{units[i]:02x}{units[i + 1]:02x}" for i in range(0, len(units), 2)]
-    text = "".join(escaped)
-    return "\\" + text if text.startswith(" ") else text
 
 
 def _cancel(cursor: trino.dbapi.Cursor) -> str:

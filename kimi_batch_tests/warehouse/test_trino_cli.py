@@ -14,6 +14,7 @@ import pytest
 from kimi_batch.settings import Settings
 from kimi_batch.warehouse import CATALOG_NAME, LEDGER_SCHEMA, TrinoReader, catalog_properties
 from kimi_batch_tests.support.cli import CLI_TIMEOUT_S, run_cli
+from kimi_batch_tests.support.java_properties import read_like_java
 from kimi_batch_tests.support.ports import free_port
 from kimi_batch_tests.support.processes import kernel_thread, process_state
 from kimi_batch_tests.support.repo import REPO_ROOT
@@ -83,6 +84,39 @@ def test_a_postgres_and_s3_catalog_holds_its_secrets_in_a_private_file(tmp_path:
     assert "fs.native-local.enabled" not in properties
     assert stat.S_IMODE(catalog.stat().st_mode) == 0o600
     assert "box-secret" not in written.stderr + written.stdout
+
+
+def test_a_home_past_ascii_or_with_a_backslash_reaches_trino_as_it_is_named(tmp_path: Path) -> None:
+    """node.properties took $KIMI_BATCH_HOME raw; Trino's launcher and Java read a properties
+    file as ISO-8859-1 with backslash escapes, so `ü` came back as `Ã¼` and `\\x` as `x`."""
+    home = tmp_path / "kimi hüme\\x"
+    written = run_script(
+        TRINO_SCRIPT, "config", {**_base_env(), "KIMI_BATCH_HOME": str(home)}, CLI_TIMEOUT_S
+    )
+    assert written.returncode == 0, written.stderr
+    etc = home / "trino" / "etc"
+    node = read_like_java((etc / "node.properties").read_bytes())
+    assert node["node.data-dir"] == str(home / "trino" / "data")
+    catalog = read_like_java((etc / "catalog" / "iceberg.properties").read_bytes())
+    assert catalog["iceberg.jdbc-catalog.connection-url"] == (
+        f"jdbc:sqlite:{home}/ledger/ledger.sqlite3"
+    )
+    # Every file Java or the launcher reads as properties is ASCII: nothing for Latin-1 to mangle.
+    for name in ("node.properties", "config.properties", "log.properties"):
+        assert (etc / name).read_bytes().isascii(), name
+
+
+def test_a_catalog_management_other_than_static_or_dynamic_is_refused(tmp_path: Path) -> None:
+    # It went into config.properties raw: a line break in it wrote a property of its own.
+    env = {
+        **_base_env(),
+        "KIMI_BATCH_HOME": str(tmp_path),
+        "KIMI_BATCH_TRINO_CATALOG_MANAGEMENT": "dynamic\nhttp-server.http.port=1",
+    }
+    written = run_script(TRINO_SCRIPT, "config", env, CLI_TIMEOUT_S)
+    assert written.returncode != 0
+    assert "KIMI_BATCH_TRINO_CATALOG_MANAGEMENT must be static or dynamic" in written.stderr
+    assert not (tmp_path / "trino" / "etc" / "config.properties").exists()
 
 
 def test_publish_prints_the_catalog_with_its_secrets_masked(
