@@ -41,7 +41,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from kimi_batch.errors import ConfigError
-from kimi_batch.redaction import masked_message, masked_url
+from kimi_batch.redaction import masked_message, masked_url, readers_disagree
 
 PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600
@@ -97,6 +97,11 @@ def database_server(url: str) -> DatabaseServer:
     from psycopg import ProgrammingError
     from psycopg.conninfo import conninfo_to_dict
 
+    if readers_disagree(url):
+        raise ValueError(
+            "its user name or password holds an '@', '/', '?' or '#' that is not "
+            "percent-encoded (%40, %2F, %3F, %23): libpq and other readers end it elsewhere"
+        )
     try:
         fields = {name: str(value) for name, value in conninfo_to_dict(url).items()}
     except ProgrammingError as error:  # libpq's reason may quote the password: masked

@@ -31,41 +31,71 @@ def masked_url(url: str) -> str:
     if not _SCHEME.match(url):
         return _CONNINFO_SECRET.sub(lambda m: m.group(1) + MASK, url)
     scheme, rest = url.split("://", 1)
-    userinfo, password, hosts = _user_info(rest)
-    if password is not None:
-        rest = f"{userinfo.split(':', 1)[0]}:{MASK}@{hosts}"
-    # The query: what follows the user info's `@` and the hosts (a query may hold an `@`).
-    authority_end = len(rest.split("?", 1)[0].split("#", 1)[0])
+    spans = [span for span in _readings(rest) if span]
+    if spans:  # masked from where the readings start (the same `:`) to where the longest ends
+        start, end = spans[0][0], max(stop for _, stop in spans)
+        rest = rest[:start] + MASK + rest[end:]
+    authority_end = len(rest.split("/", 1)[0].split("?", 1)[0].split("#", 1)[0])
     before, after = rest[:authority_end], rest[authority_end:]
     return f"{scheme}://{before}" + _QUERY_SECRET.sub(lambda m: m.group(1) + MASK, after)
 
 
-def _user_info(rest: str) -> tuple[str, str | None, str]:
-    """(user info, its password or None, what follows its `@`) of a URL past its `://`.
+# Where a URL's password lies past its `://`, (start, end), as each parser reads it.
+Span = tuple[int, int] | None
 
-    The widest reading of every parser's: libpq and SQLAlchemy end the password at an `@`, not
-    at a `?`, `#` or `/` (`postgresql://u:pa?ss@db/kb` has the password `pa?ss`), and a password
-    may hold an `@` of its own, so the user info runs to the last `@` of the URL; a query's
-    `@` (`?application_name=me@box`) only masks more than it needs to."""
-    if "@" not in rest:
-        return "", None, rest
-    userinfo, _, hosts = rest.rpartition("@")
-    if ":" not in userinfo:
-        return userinfo, None, hosts
-    return userinfo, userinfo.split(":", 1)[1], hosts
+
+def _password_of(userinfo: str) -> Span:
+    colon = userinfo.find(":")
+    return (colon + 1, len(userinfo)) if colon >= 0 else None
+
+
+def _libpq_password(rest: str) -> Span:
+    """libpq's (so psycopg's, the state databases'): the user info runs to the first `@`, unless
+    a `/` comes first; `postgresql://u:pa?ss@db/kb` has the password `pa?ss`."""
+    match = re.match(r"[^@/]*@", rest)
+    return _password_of(match.group()[:-1]) if match else None
+
+
+def _rfc_password(rest: str) -> Span:
+    """RFC 3986's (urllib's): the authority ends at the first `/`, `?` or `#`, its user info at
+    its last `@`."""
+    authority = re.match(r"[^/?#]*", rest)
+    userinfo = authority.group().rpartition("@")[0] if authority else ""
+    return _password_of(userinfo) if userinfo else None
+
+
+def _intended_password(rest: str) -> Span:
+    """The password its writer may have meant where the parsers disagree (a `/` or an `@` in
+    it, not percent-encoded): to the last `@` before the first `/` after the first `@`; none
+    when that `@` is a query's (`/kb?user=me@tenant`: a `/`, then a `?`, come before it)."""
+    first = rest.find("@")
+    if first < 0 or ("?" in rest[:first] and "/" in rest[: rest.find("?")]):
+        return None
+    slash = rest.find("/", first)
+    userinfo = rest[: rest.rfind("@", 0, slash if slash >= 0 else len(rest))]
+    return _password_of(userinfo) if "/" not in userinfo.split(":", 1)[0] else None
+
+
+def _readings(rest: str) -> tuple[Span, Span, Span]:
+    return _libpq_password(rest), _rfc_password(rest), _intended_password(rest)
+
+
+def readers_disagree(url: str) -> bool:
+    """Whether the readings of `url`'s password differ (an `@`, `/`, `?` or `#` in its user info
+    not percent-encoded): each consumer would log in with another one."""
+    if not _SCHEME.match(url):
+        return False
+    rest = url.split("://", 1)[1]
+    return len({rest[span[0] : span[1]] if span else None for span in _readings(rest)}) > 1
 
 
 def url_secrets(url: str) -> set[str]:
-    """The passwords `url` holds, as written and percent-decoded (for `masked_message`)."""
+    """The passwords `url` holds, as written and percent-decoded (for `masked_message`), in
+    every reading of it."""
     raw: list[str] = []
     if _SCHEME.match(url):
         rest = url.split("://", 1)[1]
-        password = _user_info(rest)[1]
-        if password is not None:
-            # Ended at each of its `@`: libpq and SQLAlchemy end it at the first, a user who
-            # did not percent-encode one meant a later one.
-            parts = password.split("@")
-            raw += ["@".join(parts[:end]) for end in range(1, len(parts) + 1)]
+        raw += [rest[start:end] for start, end in filter(None, _readings(rest))]
         raw.extend(match.group(2) for match in _QUERY_SECRET.finditer(url))
     else:
         raw.extend(match.group(2).strip("'") for match in _CONNINFO_SECRET.finditer(url))

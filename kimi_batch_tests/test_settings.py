@@ -174,6 +174,11 @@ def test_a_new_install_shows_no_year_of_empty_partitions(
         ("KIMI_BATCH_DATABASE_URL", "postgresql://kimi:sekret@%2Fvar%2Frun%2Fpostgresql/kimi"),
         ("KIMI_BATCH_DATABASE_URL", "postgresql://kimi:sekret@db/kimi?host=/tmp"),
         ("KIMI_BATCH_DATABASE_URL", "postgresql://kimi:sekret@db:99999/kimi"),
+        # A password's `@` or `/` not percent-encoded: libpq reads the password `a` and the
+        # host `sekret@db`, and quoted that host in its errors.
+        ("KIMI_BATCH_DATABASE_URL", "postgresql://kimi:a@sekret@db/kimi"),
+        ("KIMI_BATCH_DATABASE_URL", "postgresql://kimi:a/sekret@db/kimi"),
+        ("KIMI_BATCH_DATABASE_URL", "postgresql://kimi:a?sekret@db/kimi"),
         ("KIMI_BATCH_DATABASE_URL", "postgresql://kimi:sekret@db:\u0663/kimi"),  # Arabic 3
         ("KIMI_BATCH_WAREHOUSE", "gs://bucket/warehouse"),  # refused, never a folder `gs:`
         ("KIMI_BATCH_WAREHOUSE", "s3:///no-bucket"),
