@@ -12,6 +12,7 @@ variant of a strategy.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Sequence
 from functools import cached_property
@@ -144,22 +145,30 @@ def _structured(
         if finish_reason == "length":
             reason += " (cut off at max_tokens)"
         return None, reason
+    # A number JSON allows but no float holds (1e999), or NaN, validates as infinity or NaN and
+    # is written as null: the row would hold JSON its schema refuses, or (an optional field, a
+    # dict's value) an answer the model never gave.
+    where = _not_finite(answer.model_dump())
+    if where is not None:
+        return None, (
+            f"answer does not match {name} once written as JSON: {where} holds a number no "
+            "float holds, or NaN, which JSON writes as null"
+        )
     canonical = answer.model_dump_json()
-    # Read back too: a number JSON allows but no float holds (1e999), or NaN, validates as
-    # infinity or NaN and is written as null, which the schema refuses or (an optional field,
-    # a dict's value) reads as another answer. NaN equals nothing, so it never reads back equal.
-    lost = " (a number no float holds, or NaN, is null there)"
-    try:
-        read_back = output_model.model_validate_json(canonical)
-    except ValidationError as error:
-        written = f"once written as JSON: {format_validation_error(error)}"
-        return None, f"answer does not match {name} {written}{lost}"
-    if read_back != answer:
-        fields = output_model.model_fields
-        changed = [f for f in fields if getattr(read_back, f) != getattr(answer, f)]
-        written = f"once written as JSON: {', '.join(changed)} would read back otherwise"
-        return None, f"answer does not match {name} {written}{lost}"
     return canonical, ""
+
+
+def _not_finite(value: object, path: str = "the answer") -> str | None:
+    """The path of the first infinite or NaN float in `value` (a model's dump), if any."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else path
+    if isinstance(value, dict):
+        items = ((f"{path}.{key}", item) for key, item in value.items())  # pyright: ignore
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        items = ((f"{path}[{i}]", item) for i, item in enumerate(value))  # pyright: ignore
+    else:
+        return None
+    return next((found for at, item in items if (found := _not_finite(item, at))), None)
 
 
 def _calls_json(result: GenerationResult) -> str | None:

@@ -31,13 +31,14 @@ import json
 import math
 import re
 import time
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pydantic import BaseModel
+from pydantic import BaseModel, PrivateAttr
 
 from kimi_batch.engine import FailedRequest, GenerationResult
 from kimi_batch.inputs.prompts import SeedPrompt
@@ -614,6 +615,20 @@ def test_an_answer_that_would_read_back_as_another_is_set_aside(fields: str) -> 
     parsed = DistillTask(output_model=MaybeAnswer).parse(result, DistillInputs(seeds=[seed]))
     assert isinstance(parsed, SetAside)
     assert parsed.reason.startswith("answer does not match MaybeAnswer once written as JSON")
+
+
+class NotedAnswer(BaseModel):
+    answer: str
+    _seen: str = PrivateAttr(default_factory=lambda: uuid.uuid4().hex)
+
+
+def test_an_answer_whose_model_keeps_private_state_is_kept() -> None:
+    # Comparing the answer with its JSON read back also compared private attributes: a user's
+    # output model with one had every answer set aside.
+    seed = _one_seed()
+    result = make_result('{"answer": "4"}', input_id=seed.input_id, tag="seed")
+    parsed = DistillTask(output_model=NotedAnswer).parse(result, DistillInputs(seeds=[seed]))
+    assert not isinstance(parsed, SetAside)
 
 
 def _one_seed() -> SeedPrompt:
