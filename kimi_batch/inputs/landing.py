@@ -122,8 +122,9 @@ def copy_snapshot(
     link out of the inbox). The size is checked before a byte is read and again while copying
     (a file growing during the copy is refused too). A file modified within the last `settle_s`
     is watched until its size and mtime have stood still that long; one that moves meanwhile,
-    or is written to while it is copied (its ctime moves), raises InputNotSettledError. An
-    OSError of the copy (disk full, I/O error) leaves no file behind.
+    or whose size or mtime moves while it is copied, raises InputNotSettledError, as does one
+    whose ctime moves unless its bytes, read once more, are the copy's (a chmod moves the ctime
+    and not the bytes). An OSError of the copy (disk full, I/O error) leaves no file behind.
     """
     remove_stale_temps(landed_dir)  # those of a copy killed midway (named by pid)
     temp = temp_name(landed_dir, "snapshot")
@@ -141,18 +142,15 @@ def copy_snapshot(
         copied, sha256 = _copy_counted(reader, temp, max_bytes)
         after_status = os.fstat(descriptor)
         after = size_mtime_of(after_status)
-        # The ctime too: a writer that rewrites the file in place and puts its mtime back
-        # (`rsync --inplace -a`, `cp -p` onto it) leaves size and mtime as they were, and the
-        # copy would hold the start of one write and the rest of the other. No one can set
-        # the ctime back.
         if (
             after != before
             or copied != before[0]
-            or after_status.st_ctime_ns != before_status.st_ctime_ns
+            or not _ctime_kept_or_bytes_kept(descriptor, before_status, after_status, sha256)
         ):
             raise InputNotSettledError(
-                f"{name} is still changing (it was written to while it was copied: "
-                f"{before[0]} bytes, then {after[0]}); it lands once it has stopped changing"
+                f"{name} is still changing (its size, mtime or ctime moved while it was "
+                f"copied: {before[0]} bytes, then {after[0]}); it lands once it has stopped "
+                "changing"
             )
         target = landed_dir / f"{sha256}.{ext}"
         if not target.exists():
@@ -179,6 +177,28 @@ def _copy_counted(reader: BinaryIO, temp: Path, max_bytes: int) -> tuple[int, st
         writer.flush()
         os.fsync(writer.fileno())
     return copied, digest.hexdigest()
+
+
+def _ctime_kept_or_bytes_kept(
+    descriptor: int, before: os.stat_result, after: os.stat_result, sha256: str
+) -> bool:
+    """Whether the file's ctime stood still during the copy, or else its bytes, read once more
+    from its start through the same descriptor, hash to the copy's `sha256`.
+
+    The ctime is looked at because a writer that rewrites the file in place and puts its mtime
+    back (`rsync --inplace -a`, `cp -p` onto it) leaves size and mtime as they were, and the copy
+    would hold the start of one write and the rest of the other; no one can set the ctime back.
+    But any chmod, chown, link, rename or xattr write moves it too, and a file under constant
+    metadata churn (a backup agent) would be refused at every look. A copy mixing two writes
+    never equals a re-read of the file once that writer is done; a writer still writing makes
+    the two differ, and the file is refused as before."""
+    if after.st_ctime_ns == before.st_ctime_ns:
+        return True
+    digest, offset = hashlib.sha256(), 0
+    while offset <= after.st_size and (chunk := os.pread(descriptor, _COPY_CHUNK, offset)):
+        digest.update(chunk)
+        offset += len(chunk)
+    return offset == after.st_size and digest.hexdigest() == sha256
 
 
 def _too_large(size: int, limit: int) -> str:

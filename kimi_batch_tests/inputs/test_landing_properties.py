@@ -18,9 +18,10 @@ What must hold after every step:
 - nothing but snapshots and the manifest is left in the landed folder (no temp file).
 A landing stopped at a crash point leaves no version pointing at a missing or partial snapshot,
 and the next landing of the same content completes it. Several processes landing the same
-content at once add one version. `still_changing` says a file is settled exactly when its mtime
-is at least the settle time old, and a snapshot is one file named by its hash, also when copied
-twice.
+content at once add one version; a file whose metadata alone moves while it is copied (a chmod,
+a link, a rename: its ctime moves) lands whole. `still_changing` says a file is settled exactly
+when its mtime is at least the settle time old, and a snapshot is one file named by its hash, also
+when copied twice.
 """
 
 from __future__ import annotations
@@ -114,6 +115,51 @@ class RewrittenMidCopy:
             writer.truncate()
         mtime_ns = before.st_mtime_ns if self._keep_mtime else before.st_mtime_ns - 10**9
         os.utime(self._path, ns=(before.st_atime_ns, mtime_ns))
+
+
+METADATA_CHANGES = ("chmod", "link", "rename")
+
+
+class MetadataMovedMidCopy:
+    """The open inbox file, read a few bytes at a time; after the first read something moves
+    its metadata and not its bytes (a backup agent's chmod, a hard link, a rename there and
+    back): its ctime moves, its size and mtime do not."""
+
+    def __init__(self, reader: BinaryIO, path: Path, change: str) -> None:
+        self._reader, self._path, self._change = reader, path, change
+        self._reads = 0
+        self.ctime_moved = False
+
+    def fileno(self) -> int:
+        return self._reader.fileno()
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._reader.seek(offset, whence)
+
+    def read(self, size: int = -1) -> bytes:
+        self._reads += 1
+        if self._reads == 2:
+            self.move_metadata()
+        return os.read(self._reader.fileno(), 7)
+
+    def move_metadata(self) -> None:
+        """Change the metadata until the ctime has moved (its clock ticks coarsely)."""
+        before = os.stat(self._path)
+        for attempt in range(1000):
+            if self._change == "chmod":
+                os.chmod(self._path, 0o640 if attempt % 2 == 0 else 0o600)
+            elif self._change == "link":
+                os.link(self._path, self._path.with_name(f"{self._path.name}.link{attempt}"))
+            else:
+                moved = self._path.with_name(f"{self._path.name}.moved")
+                os.rename(self._path, moved)
+                os.rename(moved, self._path)
+            after = os.stat(self._path)
+            if after.st_ctime_ns != before.st_ctime_ns:
+                assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+                self.ctime_moved = True
+                return
+            time.sleep(0.002)
 
 
 class LandingMachine(RuleBasedStateMachine):
@@ -419,6 +465,53 @@ def test_a_file_rewritten_in_place_while_copied_is_not_landed_even_with_its_mtim
         assert sorted(p.name for p in paths.landed_dir.iterdir() if "manifest" not in p.name) == []
         # Once the writer is done, the whole new content lands.
         assert landing.land(path, assignment, max_bytes=MAX_BYTES).path.read_bytes() == b"B" * 40
+
+
+def test_a_file_chmodded_while_copied_is_still_landed(tmp_path: Path) -> None:
+    """A chmod (a backup agent's metadata churn) moves the ctime and not the bytes: the file was
+    refused at every look, with a message saying it was written to."""
+    paths = StatePaths(home=tmp_path / "home")
+    paths.inbox_dir.mkdir(parents=True)
+    path = paths.inbox_dir / "seeds.jsonl"
+    write_settled(path, b"A" * 40)
+    with Landing(paths) as landing, path.open("rb") as reader:
+        assignment = landing.assign("seeds.jsonl", arrived=DAY, start=DAY)
+        handle = MetadataMovedMidCopy(reader, path, "chmod")
+        version = landing.land(path, assignment, max_bytes=MAX_BYTES, handle=handle)  # type: ignore[arg-type]
+        assert handle.ctime_moved
+        assert version.path.read_bytes() == b"A" * 40
+        assert landing.current(assignment.ds, assignment.source) == version
+
+
+@EXAMPLES
+@given(data=st.binary(min_size=8, max_size=300), change=st.sampled_from(METADATA_CHANGES))
+def test_a_file_whose_metadata_alone_moves_while_copied_lands_whole(
+    data: bytes, change: str
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        source, landed = Path(tmp) / "in", Path(tmp) / "landed"
+        landed.mkdir()
+        write_settled(source, data)
+        with source.open("rb") as reader:
+            handle = MetadataMovedMidCopy(reader, source, change)
+            snapshot = copy_snapshot(handle, landed, name="in", max_bytes=3000, ext="bin")  # type: ignore[arg-type]
+        assert handle.ctime_moved
+        assert (snapshot.sha256, snapshot.size) == (sha(data), len(data))
+        assert (landed / f"{sha(data)}.bin").read_bytes() == data
+
+
+def test_a_file_rewritten_while_copied_is_refused_saying_what_moved(tmp_path: Path) -> None:
+    """The refusal says what was seen (size, mtime or ctime), not that the file was written to:
+    a chmod moves the ctime too."""
+    source, landed = tmp_path / "in", tmp_path / "landed"
+    landed.mkdir()
+    write_settled(source, b"A" * 40)
+    time.sleep(0.05)  # the ctime's clock ticks coarsely: the rewrite moves it on a later tick
+    with source.open("rb") as reader:
+        handle = RewrittenMidCopy(reader, source, b"B" * 40, keep_mtime=True)
+        with pytest.raises(InputNotSettledError, match="its size, mtime or ctime moved"):
+            copy_snapshot(handle, landed, name="in", max_bytes=3000, ext="bin")  # type: ignore[arg-type]
+    assert list(landed.iterdir()) == []
 
 
 @given(data=st.binary(max_size=100), point=st.sampled_from(CRASH_POINTS))
