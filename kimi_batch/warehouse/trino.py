@@ -170,9 +170,14 @@ def _jdbc_properties(settings: Settings) -> dict[str, str]:
     # libpq's other parameters (sslmode ...) mostly mean the same to the JDBC driver, which
     # percent-decodes the database name and each value.
     params = dict(server.params)
-    # libpq connects to `hostaddr` when it is given (`host` then names it for TLS and auth).
-    # No host: libpq's local server over its socket, which Java reaches over TCP at localhost.
-    host = params.pop("hostaddr", None) or server.host or "localhost"
+    # libpq connects to `hostaddr` when it is given (`host` then names it for TLS and auth);
+    # JDBC has one name for both, so under verify-full (the certificate checked against the
+    # host's name) it keeps the name. No host: libpq's local server over its socket, which Java
+    # reaches over TCP at localhost.
+    address = params.pop("hostaddr", None)
+    if params.get("sslmode") == "verify-full" and server.host:
+        address = None
+    host = address or server.host or "localhost"
     query = {**params, "currentSchema": LEDGER_SCHEMA}
     address = f"[{host}]" if ":" in host else host
     database = quote(server.dbname, safe="")

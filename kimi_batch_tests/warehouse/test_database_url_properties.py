@@ -162,6 +162,13 @@ def test_a_hostaddr_is_the_address_trino_connects_to() -> None:
     )
 
 
+def test_under_verify_full_trino_connects_by_the_name_the_certificate_holds() -> None:
+    url = "postgresql://kimi@db.internal/kimi?hostaddr=10.0.0.9&sslmode=verify-full"
+    deployment = Settings.model_validate({**_BASE.model_dump(), "database_url": url})
+    jdbc = catalog_property_map(deployment)[_JDBC + "connection-url"]
+    assert jdbc.startswith("jdbc:postgresql://db.internal:5432/kimi?sslmode=verify-full&")
+
+
 def test_a_service_name_and_a_hostaddr_list_are_refused_when_the_settings_are_read() -> None:
     for url in (
         "postgresql:///kimi?service=team",
