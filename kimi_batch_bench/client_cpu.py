@@ -24,7 +24,7 @@ __all__ = ["client_cpu_per_token"]
 
 
 def _tokens(completion: ChatCompletion) -> int:
-    return completion.usage.completion_tokens if completion.usage else 0
+    return (completion.usage.completion_tokens if completion.usage else None) or 0
 
 
 async def _streamed(

@@ -163,6 +163,7 @@ def test_the_server_rate_follows_what_it_generates(llama_env: LlamaEnv) -> None:
             messages = [ChatMessage(role="user", content="Count from one to fifty in words.")]
             completion = await client.chat(messages, max_tokens=96, temperature=0.0)
             assert completion.usage is not None
+            assert completion.usage.completion_tokens is not None
             return completion.usage.completion_tokens
 
     with TokenRateSampler(llama_env.base_url, interval_s=0.25) as rates:

@@ -73,9 +73,14 @@ class _Counts(_Lenient):
     @field_validator("*", mode="after")
     @classmethod
     def _absent_when_impossible(cls, value: object, info: ValidationInfo) -> object:
-        if isinstance(value, int | float) and not value >= 0:  # NaN compares False
-            return cls.model_fields[info.field_name or ""].default
-        return value
+        return _default_when_impossible(cls, value, info)
+
+
+def _default_when_impossible(model: type[BaseModel], value: object, info: ValidationInfo) -> object:
+    """`value`, or its field's default when it is a number no server can mean (see `_Counts`)."""
+    if isinstance(value, int | float) and not value >= 0:  # NaN compares False
+        return model.model_fields[info.field_name or ""].default
+    return value
 
 
 class Timings(_Counts):
@@ -100,9 +105,11 @@ class PromptTokensDetails(_Counts):
 
 
 class ChatUsage(_Counts):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    total_tokens: int = 0
+    # None when the server did not say (or said -1): a total of 0 would be taken as known, and
+    # `_stats` would not fall back to `n_past` for the cached tokens.
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    total_tokens: int | None = None
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
@@ -190,6 +197,13 @@ class Completion(_Lenient):
     tokens_cached: int | None = None
     timings: Timings | None = None
     completion_probabilities: list[CompletionProbability] | None = None
+
+    # Its counts are read as `_Counts` reads usage and timings: a negative one as absent (it
+    # made `stats` raise pydantic's ValidationError).
+    @field_validator("tokens_predicted", "tokens_evaluated", "tokens_cached", mode="after")
+    @classmethod
+    def _absent_when_impossible(cls, value: object, info: ValidationInfo) -> object:
+        return _default_when_impossible(cls, value, info)
 
     @property
     def finish_reason(self) -> str:
@@ -316,7 +330,7 @@ class ChatCompletion(AnswerEnvelope):
             self.timings,
             prompt_total=usage.prompt_tokens if usage else None,
             cached_hint=details.cached_tokens if details else None,
-            completion_tokens=usage.completion_tokens if usage else 0,
+            completion_tokens=(usage.completion_tokens if usage else None) or 0,
             n_past=self.n_past if self.n_past is not None else self.tokens_cached,
         )
 
