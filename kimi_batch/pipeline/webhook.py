@@ -35,7 +35,9 @@ def post_message(url: str, text: str, *, timeout_s: float = TIMEOUT_S) -> Webhoo
     try:
         response = httpx.post(url, json=body, timeout=timeout_s)
     # InvalidURL is no HTTPError: a URL httpx cannot parse is a delivery problem like the rest.
-    except (httpx.HTTPError, httpx.InvalidURL) as error:
+    # So is a host no IDNA encoding holds (`xn--a.com`): idna raises its own UnicodeError (a
+    # ValueError), which httpx lets through.
+    except (httpx.HTTPError, httpx.InvalidURL, ValueError) as error:
         return WebhookResult(delivered=False, error=f"{type(error).__name__}: {error}")
     if response.is_success:
         return WebhookResult(delivered=True, status_code=response.status_code)

@@ -329,3 +329,13 @@ def test_an_unparsable_webhook_url_is_a_result_not_an_exception() -> None:
 
     assert not result.delivered
     assert result.error
+
+
+def test_a_webhook_url_with_an_invalid_idna_host_is_a_result_not_an_exception() -> None:
+    # `xn--a` is no valid IDNA label: idna raised InvalidCodepoint (a UnicodeError, so a
+    # ValueError, not httpx's InvalidURL) out of post_message and the sensor.
+    result = post_message("https://xn--a.com/", "hello")
+
+    assert not result.delivered
+    assert result.status_code is None
+    assert result.error
