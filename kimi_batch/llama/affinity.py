@@ -23,13 +23,12 @@ def parse_cpu_list(text: str) -> frozenset[int]:
         if not part:
             continue
         low, dash, high = part.partition("-")
-        try:
-            first, last = int(low), int(high) if dash else int(low)
-        except ValueError:
-            raise CpuListError(
-                f"not a CPU list: {text!r} (expected e.g. 0-12 or 0,2,4-6)"
-            ) from None
-        if first < 0 or last < first:
+        # ASCII digits only, as taskset and the kernel's cpulist format read them: int() also
+        # takes '\u0661' (Arabic-Indic one, as 1), '1_5' (as 15), a sign and surrounding whitespace.
+        if not all(n.isascii() and n.isdigit() for n in ((low, high) if dash else (low,))):
+            raise CpuListError(f"not a CPU list: {text!r} (expected e.g. 0-12 or 0,2,4-6)")
+        first, last = int(low), int(high) if dash else int(low)
+        if last < first:
             raise CpuListError(f"not a CPU range: {part!r} in {text!r}")
         cpus.update(range(first, last + 1))
     if not cpus:

@@ -30,6 +30,15 @@ def test_a_malformed_cpu_list_is_refused(text: str) -> None:
         parse_cpu_list(text)
 
 
+@pytest.mark.parametrize("text", ["\u0661", "1_5", "0-1_2", "+1", "\u00b2", "0-\u0663", "3\t"])
+def test_a_cpu_number_is_ascii_digits_only(text: str) -> None:
+    # int() reads '\u0661' (Arabic-Indic one) as 1, '1_5' as 15 and '+1' as 1; taskset and the
+    # kernel's cpulist format take ASCII digits only, so the server was pinned to CPUs the list
+    # never named.
+    with pytest.raises(CpuListError, match="not a CPU list"):
+        parse_cpu_list(text)
+
+
 def test_a_set_is_written_back_with_its_ranges_joined() -> None:
     assert format_cpu_list(frozenset({0, 1, 2, 5, 7, 8})) == "0-2,5,7-8"
     assert parse_cpu_list(format_cpu_list(frozenset(range(13)))) == set(range(13))
