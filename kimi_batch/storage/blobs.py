@@ -11,7 +11,8 @@ the Batch API serves an output file a run wrote elsewhere, with no volume shared
 
 A blob's name starts with the sha256 of its bytes (`<sha256>` or `<sha256>.<ext>`; any other
 name is refused, so none leads out of the folder): a fetched copy is checked against it before it
-is renamed into the cache, and a cached file can never be stale. Parts are read one at a time, so memory stays at one part whatever the file's size.
+is renamed into the cache, and a cached file can never be stale. Parts are read one at a time,
+so memory stays at one part whatever the file's size.
 """
 
 from __future__ import annotations
