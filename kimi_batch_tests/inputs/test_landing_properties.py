@@ -82,15 +82,16 @@ def write_settled(path: Path, data: bytes, *, age_s: float = 3600.0) -> None:
     os.utime(path, ns=(past_ns, past_ns))
 
 
-class RewrittenMidCopy:
-    """The open inbox file, read a few bytes at a time; after the first read another writer
-    rewrites the file in place to `then` (an editor saving, a sync tool) and, when
-    `keep_mtime`, puts its mtime back as such tools do (`rsync --inplace -a`, `cp -p`)."""
+class _ChangedMidCopy:
+    """The open inbox file, read a few bytes at a time; after the first read `change` runs
+    (what another process does to the file while it is copied)."""
 
-    def __init__(self, reader: BinaryIO, path: Path, then: bytes, *, keep_mtime: bool) -> None:
-        self._reader, self._path, self._then, self._keep_mtime = reader, path, then, keep_mtime
+    def __init__(self, reader: BinaryIO) -> None:
+        self._reader = reader
         self._reads = 0
-        self.rewritten = False
+
+    def change(self) -> None:
+        raise NotImplementedError
 
     def fileno(self) -> int:
         return self._reader.fileno()
@@ -101,8 +102,21 @@ class RewrittenMidCopy:
     def read(self, size: int = -1) -> bytes:
         self._reads += 1
         if self._reads == 2:
-            self.rewrite()
+            self.change()
         return os.read(self._reader.fileno(), 7)
+
+
+class RewrittenMidCopy(_ChangedMidCopy):
+    """Another writer rewrites the file in place to `then` (an editor saving, a sync tool) and,
+    when `keep_mtime`, puts its mtime back as such tools do (`rsync --inplace -a`, `cp -p`)."""
+
+    def __init__(self, reader: BinaryIO, path: Path, then: bytes, *, keep_mtime: bool) -> None:
+        super().__init__(reader)
+        self._path, self._then, self._keep_mtime = path, then, keep_mtime
+        self.rewritten = False
+
+    def change(self) -> None:
+        self.rewrite()
 
     def rewrite(self) -> None:
         """Rewrite the file (once): mtime put back, or set to another time long past."""
@@ -120,27 +134,17 @@ class RewrittenMidCopy:
 METADATA_CHANGES = ("chmod", "link", "rename")
 
 
-class MetadataMovedMidCopy:
-    """The open inbox file, read a few bytes at a time; after the first read something moves
-    its metadata and not its bytes (a backup agent's chmod, a hard link, a rename there and
-    back): its ctime moves, its size and mtime do not."""
+class MetadataMovedMidCopy(_ChangedMidCopy):
+    """Something moves the file's metadata and not its bytes (a backup agent's chmod, a hard
+    link, a rename there and back): its ctime moves, its size and mtime do not."""
 
     def __init__(self, reader: BinaryIO, path: Path, change: str) -> None:
-        self._reader, self._path, self._change = reader, path, change
-        self._reads = 0
+        super().__init__(reader)
+        self._path, self._change = path, change
         self.ctime_moved = False
 
-    def fileno(self) -> int:
-        return self._reader.fileno()
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return self._reader.seek(offset, whence)
-
-    def read(self, size: int = -1) -> bytes:
-        self._reads += 1
-        if self._reads == 2:
-            self.move_metadata()
-        return os.read(self._reader.fileno(), 7)
+    def change(self) -> None:
+        self.move_metadata()
 
     def move_metadata(self) -> None:
         """Change the metadata until the ctime has moved (its clock ticks coarsely)."""
