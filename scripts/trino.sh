@@ -402,11 +402,18 @@ cmd_wait() {
         # pid just before, and during the launcher's exec of the JVM it reads empty (which, under
         # load, failed a test's start here and stopped a healthy server).
         if ! pid_exists && ! probe_info >/dev/null; then
-            # The launcher's daemon writes the pid file after `start` returns: missing or empty
-            # for its first moments under load (read as a death, this failed a whole test tier).
-            if ((SECONDS - started < 30)) && ! [[ "$(cat "$PID_FILE" 2>/dev/null)" =~ ^[0-9]+$ ]]; then
-                sleep 1
-                continue
+            # The launcher's forked daemon writes the pid file after `start` returns (truncated,
+            # then written; the JVM's pid, not the one `start` printed): for its first moments
+            # under load it is missing, empty or names the gone fork. Read as a death, this
+            # failed a whole test tier while Trino came up 10 s later. A death is a pid file
+            # that names a gone process and stays so.
+            if ((SECONDS - started < 30)); then
+                local seen
+                seen="$(cat "$PID_FILE" 2>/dev/null || true)"
+                sleep 2
+                if [[ ! "$seen" =~ ^[0-9]+$ || "$(cat "$PID_FILE" 2>/dev/null || true)" != "$seen" ]] || pid_exists; then
+                    continue
+                fi
             fi
             if [[ -f "$PID_FILE" ]]; then
                 tail -n 30 "$LOG_DIR/server.log" >&2 2>/dev/null || true
