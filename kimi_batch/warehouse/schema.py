@@ -30,6 +30,13 @@ from pydantic import BaseModel
 from kimi_batch.pipeline import PARTITION_COLUMNS, STAGES, QuarantineRow, SeedRow
 from kimi_batch.storage import InvalidIdentifierError, InvalidPartitionError
 
+# The Iceberg catalog's own name in its tables (pyiceberg's SqlCatalog name, Trino's
+# `iceberg.jdbc-catalog.catalog-name`): the writers and Trino must agree on it.
+CATALOG_NAME = "kimi_batch"
+# The ledger's schema on PostgreSQL (`StatePaths.ledger_state`): the catalog sits beside the
+# partition leases there.
+LEDGER_SCHEMA = "kimi_ledger"
+
 
 class _Tables(Mapping[str, type[BaseModel]]):
     """`seeds`, every registered generation stage's table, `quarantine`; read when asked, so a

@@ -49,6 +49,8 @@ from kimi_batch.settings import Settings
 from kimi_batch.state import Fence, SqliteDatabase, StateDatabase
 from kimi_batch.storage import StorageError
 from kimi_batch.warehouse.schema import (
+    CATALOG_NAME,
+    LEDGER_SCHEMA,
     PARTITION_COLUMNS,
     TABLES,
     model_for,
@@ -66,9 +68,6 @@ from kimi_batch.warehouse.schema import (
 # whose lease ran out, even between its last check and the swap, commits nothing. Trino's Iceberg
 # connector reads the same catalog through JDBC (`scripts/trino.sh`).
 
-CATALOG_NAME = "kimi_batch"
-# The ledger's schema on PostgreSQL (`StatePaths.ledger_state`): the leases are there.
-LEDGER_SCHEMA = "kimi_ledger"
 # Writers that may race on one table's metadata swap: pyiceberg retries a lost compare-and-swap
 # this many times (each retry re-reads the table and re-applies the partition's overwrite).
 COMMIT_RETRIES = 32

@@ -36,6 +36,8 @@ from kimi_batch.paths import database_server
 from kimi_batch.settings import Settings
 from kimi_batch.storage import StorageError, property_value, write_private_text
 from kimi_batch.warehouse.schema import (
+    CATALOG_NAME,
+    LEDGER_SCHEMA,
     quote_identifier,
     validate_ds,
     validate_identifier,
@@ -43,10 +45,6 @@ from kimi_batch.warehouse.schema import (
     validate_table,
 )
 
-# The Iceberg catalog's own name in its tables (pyiceberg's SqlCatalog name; Trino's
-# `iceberg.jdbc-catalog.catalog-name`): both sides must agree on it.
-CATALOG_NAME = "kimi_batch"
-LEDGER_SCHEMA = "kimi_ledger"
 DEFAULT_PORT = 8080
 REQUEST_TIMEOUT_S = 60.0
 # One statement, queued and run, all polls included: a query Trino keeps queued must not hang
