@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ from kimi_batch.warehouse import CATALOG_NAME, LEDGER_SCHEMA, TrinoReader, catal
 from kimi_batch_tests.support.cli import CLI_TIMEOUT_S, run_cli
 from kimi_batch_tests.support.java_properties import read_like_java
 from kimi_batch_tests.support.ports import free_port
-from kimi_batch_tests.support.processes import kernel_thread, process_state
+from kimi_batch_tests.support.processes import kernel_thread, process_state, processes_naming
 from kimi_batch_tests.support.repo import REPO_ROOT
 from kimi_batch_tests.support.rows import amplified, distilled
 from kimi_batch_tests.support.script_server import run_script
@@ -203,6 +205,68 @@ def test_status_and_stop_take_a_pid_file_naming_a_kernel_thread_for_no_trino(
     stopped = run_script(TRINO_SCRIPT, "stop", env, CLI_TIMEOUT_S)
     assert stopped.returncode == 0, stopped.stderr
     assert not (tmp_path / "trino" / "trino.pid").exists()
+
+
+# A Java 25 to `java -version`; else a server that runs until it is stopped.
+_STAND_IN_JAVA = """#!/bin/bash
+if [[ " $* " == *" -version "* ]]; then echo 'openjdk version "25.0.1" 2025-10-21' >&2; exit 0; fi
+trap 'exit 0' TERM
+while :; do sleep 0.1; done
+"""
+
+
+def _servers_of(home: Path, timeout_s: float = 60.0) -> tuple[int, list[int]]:
+    """The pid the pid file names, and the live processes running the server's main class over
+    `home`, once the pid file's does (the launcher execs it) or at the timeout."""
+    pid = int((home / "trino" / "trino.pid").read_text())
+    deadline = time.monotonic() + timeout_s
+    while True:
+        servers = [
+            found
+            for found, cmdline in processes_naming(home).items()
+            if "io.trino.server.TrinoServer" in cmdline
+        ]
+        if pid in servers or time.monotonic() > deadline:
+            return pid, servers
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_starts_on_a_busy_core_leave_the_pid_file_naming_the_server(tmp_path: Path) -> None:
+    """`launcher start` forked its daemon with no stdout and raced it over the pid file: on a
+    loaded machine a start could leave the pid file naming a gone process while the JVM ran
+    under another pid (`wait` saw a death, `stop` left the JVM running) or no JVM at all,
+    silently (CI: a whole tier failed). Twelve starts at once on one core that three busy loops
+    share (where `launcher start` lost the race in each of three runs): every pid file names its
+    running server, and `stop` ends each."""
+    java_home = tmp_path / "jdk"
+    (java_home / "bin").mkdir(parents=True)
+    (java_home / "bin" / "java").write_text(_STAND_IN_JAVA)
+    (java_home / "bin" / "java").chmod(0o755)
+    homes = [tmp_path / f"home_{index:02d}" for index in range(12)]
+    envs = [_script_env(home, JAVA_HOME=str(java_home)) for home in homes]
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})  # the children (threads, processes) inherit it
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
+    try:
+        with ThreadPoolExecutor(len(envs)) as pool:
+            started = list(
+                pool.map(lambda env: run_script(TRINO_SCRIPT, "start", env, CLI_TIMEOUT_S), envs)
+            )
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+        os.sched_setaffinity(0, cpus)
+    try:
+        for home, result in zip(homes, started, strict=True):
+            assert result.returncode == 0, result.stderr
+            pid, servers = _servers_of(home)
+            assert servers == [pid], (home.name, result.stdout)
+    finally:
+        stopped = [run_script(TRINO_SCRIPT, "stop", env, CLI_TIMEOUT_S) for env in envs]
+    assert all(result.returncode == 0 for result in stopped), [r.stderr for r in stopped]
+    assert processes_naming(tmp_path) == {}
 
 
 @pytest.mark.slow
