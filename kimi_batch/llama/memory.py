@@ -73,6 +73,9 @@ class ModelShape(BaseModel):
     value_length: int = Field(ge=0)
     kv_lora_rank: int | None = Field(default=None, description="Set for MLA models.")
     rope_dim: int = 0
+    n_ctx_train: int | None = Field(
+        default=None, ge=1, description="The context it was trained for: what `-c 0` asks for."
+    )
 
     def kv_elements_per_token(self) -> int:
         """Elements of K and V cached per token over all layers."""
@@ -185,6 +188,7 @@ def _shape(
         value_length=number("attention.value_length", head_dim) or 0,
         kv_lora_rank=number("attention.kv_lora_rank"),
         rope_dim=number("rope.dimension_count", 0) or 0,
+        n_ctx_train=number("context_length") or None,
     )
 
 
@@ -263,9 +267,11 @@ def estimate_memory(
     """
     # The extra arguments come last on the command line: a context, slot count, micro-batch or
     # prompt cache they set is the server's (they were ignored here, so `-c 131072` in
-    # KIMI_BATCH_LLAMA_EXTRA_ARGS passed the check with the settings' context). `-c 0` (the
-    # model's own) and `-np -1` (auto) are not known here: the spec's stand.
-    ctx = _count_flag(extra_args, ("-c", "--ctx-size"), ctx, 1)
+    # KIMI_BATCH_LLAMA_EXTRA_ARGS passed the check with the settings' context). `-c 0` is the
+    # model's own context (its GGUF header's; it was estimated as the spec's, so `-c 0` on a
+    # model trained for 256k passed the check at the settings' 16k); `-np -1` (auto) is not known here: the spec's
+    # stands, as does the spec's context for a header without one.
+    ctx = _count_flag(extra_args, ("-c", "--ctx-size"), ctx, 0) or shape.n_ctx_train or ctx
     parallel = _count_flag(extra_args, ("-np", "--parallel"), parallel, 1)
     ubatch = _count_flag(extra_args, ("-ub", "--ubatch-size"), ubatch, 1)
     cache_ram_mib = _count_flag(extra_args, ("-cram", "--cache-ram"), cache_ram_mib or 0, 0)

@@ -42,6 +42,7 @@ def test_smollm2_shape_comes_from_the_gguf_header(model_path: Path) -> None:
     assert shape.n_head_kv == 3
     assert shape.key_length == shape.value_length == 64
     assert shape.kv_lora_rank is None
+    assert shape.n_ctx_train == 8192  # what `-c 0` asks for
     assert shape.file_bytes == model_path.stat().st_size
 
 

@@ -116,6 +116,19 @@ def test_a_context_in_the_extra_arguments_is_the_one_estimated() -> None:
     assert overridden.kv_cache_bytes == 32 * plain.kv_cache_bytes
 
 
+def test_a_context_of_zero_is_the_models_own_as_in_llama_server() -> None:
+    trained = SHAPE.model_copy(update={"n_ctx_train": 131072})
+    own = estimate_memory(trained, ctx=131072, ubatch=256, cache_ram_mib=0)
+    for spelling in SPELLINGS["ctx"]:
+        zero = estimate_memory(
+            trained, ctx=4096, ubatch=256, cache_ram_mib=0, extra_args=[spelling, "0"]
+        )
+        assert zero == own
+    # A header that does not say its context: the settings' stands.
+    unknown = estimate_memory(SHAPE, ctx=4096, ubatch=256, cache_ram_mib=0, extra_args=["-c", "0"])
+    assert unknown == estimate_memory(SHAPE, ctx=4096, ubatch=256, cache_ram_mib=0)
+
+
 def test_the_last_cache_type_and_kv_unified_switch_win_as_in_llama_server() -> None:
     def kv(*extra: str) -> int:
         return estimate_memory(
@@ -179,7 +192,13 @@ def test_the_estimate_is_never_negative_grows_with_ctx_and_ubatch_not_with_slots
 
 # ---- the GGUF header --------------------------------------------------------------------------
 
-COUNTS = ("block_count", "embedding_length", "attention.head_count", "attention.head_count_kv")
+COUNTS = (
+    "block_count",
+    "embedding_length",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "context_length",
+)
 Adder = Callable[[gguf.GGUFWriter, str], None]
 
 
@@ -217,6 +236,7 @@ def test_a_gguf_header_reads_back_the_counts_written(
     assert shape.n_embd == counts["embedding_length"]
     assert shape.n_head == counts["attention.head_count"]
     assert shape.n_head_kv == max(per_layer)
+    assert shape.n_ctx_train == counts["context_length"]
 
 
 ODD: list[Adder] = [
