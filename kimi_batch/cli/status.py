@@ -141,7 +141,7 @@ def _not_this_homes(manager: ResidentServer | AttachedServer, status: ServerStat
     return (
         f"another llama-server answers at {status.base_url}, not started from this state dir "
         f"({manager.state_dir} has no live server); a run here attaches to it only if it serves "
-        f"{manager.spec.model.name} with {manager.spec.parallel} slots, else refuses it"
+        f"{manager.spec.model.name} with {manager.spec.slots} slots, else refuses it"
     )
 
 

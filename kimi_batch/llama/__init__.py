@@ -2,11 +2,11 @@
 
 The layers above import from here, never from the modules: `client` (the HTTP API), `messages`
 (what is sent), `responses` (the answers that come back), `server_state` (what the server says
-about itself), `chat_stream` (a streamed answer
-rebuilt into one response), `spec` (what runs), `server`, `process`, `binary`,
-`exits` and `factory` (the resident server, its process, and how a server process ended),
-`smoke` (the setup's smoke test of the binary), `memory` (will the model fit), `urls`
-(credentials in a server URL), `exceptions` (the error tree, rooted in `kimi_batch.errors.KimiBatchError`).
+about itself), `chat_stream` (a streamed answer rebuilt into one response), `spec` (what runs),
+`server`, `process`, `binary`, `exits` and `factory` (the resident server, its process, and how
+a server process ended), `smoke` (the setup's smoke test of the binary), `memory` (will the
+model fit), `flags` (llama-server's flags as its parser reads them), `urls` (credentials in a
+server URL), `exceptions` (the error tree, rooted in `kimi_batch.errors.KimiBatchError`).
 """
 
 from kimi_batch.llama.affinity import (

@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kimi_batch.llama.exceptions import ServerSpawnError
+from kimi_batch.llama.flags import count_flag, flag_value, last_switch
 from kimi_batch.settings import FlashAttention
 
 MIB = 1024 * 1024
@@ -192,34 +193,6 @@ def _shape(
     )
 
 
-def _spelling(arg: str) -> str:
-    # llama.cpp's parser reads `_` as `-` in a long name (`--ctx_size` is `--ctx-size`).
-    return arg.replace("_", "-") if arg.startswith("--") else arg
-
-
-def _flag(args: Sequence[str], names: tuple[str, ...]) -> str | None:
-    """The value llama-server takes for the flag `names` spell: its last occurrence's, as
-    llama.cpp's parser lets a later one override an earlier one (the first was read here, so
-    a flag repeated in the extra arguments was estimated with the value the server ignores)."""
-    found: str | None = None
-    for index, arg in enumerate(args):
-        for name in names:
-            if _spelling(arg) == name and index + 1 < len(args):
-                found = args[index + 1]
-            elif arg.startswith(name + "="):
-                found = arg.split("=", 1)[1]
-    return found
-
-
-def _count_flag(args: Sequence[str], names: tuple[str, ...], spec: int, least: int) -> int:
-    """The spec's `spec`, or the whole number >= `least` the extra arguments give it instead:
-    they come last on the command line, so theirs is the one the server uses."""
-    value = _flag(args, names)
-    if value is None or not (value.isascii() and value.isdigit()) or int(value) < least:
-        return spec
-    return int(value)
-
-
 def _attention_scores_bytes(
     shape: ModelShape,
     *,
@@ -232,17 +205,12 @@ def _attention_scores_bytes(
     """A micro-batch's attention scores without flash attention (none with it, or unset: the
     build's default is on for a CPU). The extra arguments come last on the command line, so
     their flag wins."""
-    if (_flag(args, ("-fa", "--flash-attn")) or flash_attn) != "off":
+    if (flag_value(args, ("-fa", "--flash-attn")) or flash_attn) != "off":
         return 0
-    switches = [
-        _spelling(arg) in ("-kvu", "--kv-unified")
-        for arg in args
-        if _spelling(arg) in ("-kvu", "--kv-unified", "-no-kvu", "--no-kv-unified")
-    ]
-    unified = bool(switches) and switches[-1]  # the last of them wins
+    unified = last_switch(args, ("-kvu", "--kv-unified"), ("-no-kvu", "--no-kv-unified"))
     cells = ctx if unified else math.ceil(ctx / parallel)
     scores = _SCORE_BYTES * shape.n_head * ubatch * cells
-    cap_mib = _flag(args, ("-amb", "--attention-max-batch"))  # ik_llama.cpp's pieces
+    cap_mib = flag_value(args, ("-amb", "--attention-max-batch"))  # ik_llama.cpp's pieces
     if cap_mib is not None and cap_mib.isascii() and cap_mib.isdigit() and int(cap_mib) > 0:
         scores = min(scores, int(cap_mib) * MIB)
     return scores
@@ -271,12 +239,12 @@ def estimate_memory(
     # model's own context (its GGUF header's; it was estimated as the spec's, so `-c 0` on a
     # model trained for 256k passed the check at the settings' 16k); `-np -1` (auto) is not known here: the spec's
     # stands, as does the spec's context for a header without one.
-    ctx = _count_flag(extra_args, ("-c", "--ctx-size"), ctx, 0) or shape.n_ctx_train or ctx
-    parallel = _count_flag(extra_args, ("-np", "--parallel"), parallel, 1)
-    ubatch = _count_flag(extra_args, ("-ub", "--ubatch-size"), ubatch, 1)
-    cache_ram_mib = _count_flag(extra_args, ("-cram", "--cache-ram"), cache_ram_mib or 0, 0)
-    type_k = (_flag(extra_args, ("-ctk", "--cache-type-k")) or "f16").lower()
-    type_v = (_flag(extra_args, ("-ctv", "--cache-type-v")) or "f16").lower()
+    ctx = count_flag(extra_args, ("-c", "--ctx-size"), ctx, 0) or shape.n_ctx_train or ctx
+    parallel = count_flag(extra_args, ("-np", "--parallel"), parallel, 1)
+    ubatch = count_flag(extra_args, ("-ub", "--ubatch-size"), ubatch, 1)
+    cache_ram_mib = count_flag(extra_args, ("-cram", "--cache-ram"), cache_ram_mib or 0, 0)
+    type_k = (flag_value(extra_args, ("-ctk", "--cache-type-k")) or "f16").lower()
+    type_v = (flag_value(extra_args, ("-ctv", "--cache-type-v")) or "f16").lower()
     elements = shape.kv_elements_per_token()
     # Split the elements between K and V by their share to apply each type's width.
     if shape.kv_lora_rank:

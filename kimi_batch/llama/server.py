@@ -326,7 +326,7 @@ class ResidentServer:
     def _serves_spec(self, props: ServerProps) -> bool:
         """Whether a server's /props name this spec's model file and slot count."""
         same_model = Path(props.model_path).name == self.spec.model.name
-        return same_model and props.total_slots == self.spec.parallel
+        return same_model and props.total_slots == self.spec.slots
 
     def restart(self, *, min_age_s: float = 0.0) -> ServerHandle:
         """Kill the server this state dir started and start it again (a hung server).
@@ -373,7 +373,7 @@ class ResidentServer:
             base_url=self.base_url,
             model=(spec or self.spec).model_alias if pid is not None or props else None,
             threads=(spec or self.spec).effective_threads()[0] if pid is not None else None,
-            slots=props.total_slots if props else (spec.parallel if spec else None),
+            slots=props.total_slots if props else (spec.slots if spec else None),
             managed=pid is not None,
             log_path=str(self.log_path) if self.log_path.exists() else None,
             started_at=record.started_at if record else None,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kimi_batch.llama.flags import count_flag
 from kimi_batch.settings import FlashAttention
 
 # The resident server's logger: a clamped thread count is a fact about the server it starts.
@@ -73,6 +74,12 @@ class ServerSpec(BaseModel):
     def model_alias(self) -> str:
         return self.alias or self.model.name.removesuffix(".gguf")
 
+    @property
+    def slots(self) -> int:
+        """The slots the server runs: a `-np` in the extra arguments overrides `parallel`
+        (they come last on the command line; `-np -1`, auto, is not known here)."""
+        return count_flag(self.extra_args, ("-np", "--parallel"), self.parallel, 1)
+
     def effective_threads(self, cpus: int | None = None) -> tuple[int, int]:
         """(threads, threads_batch) clamped to the CPUs available; silent (status asks it too)."""
         cpus = cpus or (len(self.cpus) if self.cpus else available_cpus())
@@ -123,7 +130,7 @@ class ServerSpec(BaseModel):
 
     def describe(self) -> str:
         return (
-            f"model={self.model} ctx={self.ctx} slots={self.parallel} threads={self.threads} "
+            f"model={self.model} ctx={self.ctx} slots={self.slots} threads={self.threads} "
             f"n_predict={self.n_predict} port={self.port} spec={self.spec_type or '-'} "
             f"flash_attn={self.flash_attn or 'default'} extra={' '.join(self.extra_args) or '-'}"
         )

@@ -26,7 +26,7 @@ from types import SimpleNamespace
 import pytest
 
 from kimi_batch.llama import server as server_module
-from kimi_batch.llama.exceptions import ServerSpawnError
+from kimi_batch.llama.exceptions import ServerSpawnError, SpecMismatchError
 from kimi_batch.llama.process import running
 from kimi_batch.llama.server import ResidentServer
 from kimi_batch.llama.spec import ServerSpec
@@ -75,7 +75,7 @@ def _standin(folder: Path) -> Path:
     return path
 
 
-def _manager(tmp_path: Path, port: int) -> ResidentServer:
+def _manager(tmp_path: Path, port: int, *extra_args: str) -> ResidentServer:
     model = tmp_path / "model.gguf"
     model.write_bytes(b"GGUF")
     spec = ServerSpec(
@@ -86,6 +86,7 @@ def _manager(tmp_path: Path, port: int) -> ResidentServer:
         cache_ram_mib=None,
         metrics=False,
         slot_save_path=tmp_path / "slots",
+        extra_args=extra_args,
     )
     return ResidentServer(spec, tmp_path / "state", load_timeout_s=20)
 
@@ -98,9 +99,9 @@ def _no_gguf_read(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
-def _handler(model: str, *, down_first: bool) -> type[BaseHTTPRequestHandler]:
-    """A llama-server of `model` that, with `down_first`, answers nothing readable to the first
-    probe (it started after it: a racing start of another state dir)."""
+def _handler(model: str, *, down_first: bool, slots: int = SLOTS) -> type[BaseHTTPRequestHandler]:
+    """A llama-server of `model` and `slots` that, with `down_first`, answers nothing readable
+    to the first probe (it started after it: a racing start of another state dir)."""
     seen = {"health": 0}
 
     class Handler(BaseHTTPRequestHandler):
@@ -112,7 +113,7 @@ def _handler(model: str, *, down_first: bool) -> type[BaseHTTPRequestHandler]:
                     return
                 self._answer(200, {"status": "ok"})
             else:
-                self._answer(200, {"model_path": model, "total_slots": SLOTS})
+                self._answer(200, {"model_path": model, "total_slots": slots})
 
         def _answer(self, status: int, body: dict[str, object]) -> None:
             data = json.dumps(body).encode()
@@ -289,3 +290,22 @@ def test_a_stranger_on_the_ipv6_wildcard_only_does_not_block_our_loopback_server
             assert running(record)
         finally:
             _stop_left_over(manager)
+
+
+def test_a_server_running_the_slots_the_extra_arguments_give_serves_the_spec(
+    tmp_path: Path,
+) -> None:
+    """A `-np` in the extra arguments overrides the settings' slots on the server's command
+    line: a server of our model running that many slots is attached (it was refused as a
+    different spec), one running the settings' count is not."""
+    port = free_port()
+    manager = _manager(tmp_path, port, "--parallel=6")
+    assert manager.spec.slots == 6
+    with _other_server(port, _handler(str(manager.spec.model), down_first=False, slots=6)):
+        handle = manager.ensure_running()
+    assert (handle.spawned, handle.pid, handle.slots) == (False, None, 6)
+    with (
+        _other_server(port, _handler(str(manager.spec.model), down_first=False, slots=SLOTS)),
+        pytest.raises(SpecMismatchError, match="slots=6"),
+    ):
+        manager.ensure_running()

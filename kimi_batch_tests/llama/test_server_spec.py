@@ -82,6 +82,24 @@ def test_extra_args_pass_through_untouched_at_the_end() -> None:
     assert tuple(argv[-len(extra) :]) == extra
 
 
+@pytest.mark.parametrize(
+    ("extra", "slots"),
+    [
+        ((), 4),
+        (("-np", "8"), 8),
+        (("--parallel=2",), 2),
+        (("-np", "8", "--parallel", "3"), 3),  # the last one wins, as in llama-server
+        (("-np", "-1"), 4),  # auto: not known here, the settings' count stands
+    ],
+)
+def test_the_slots_are_the_extra_arguments_np_where_they_give_one(
+    extra: tuple[str, ...], slots: int
+) -> None:
+    spec = _spec(parallel=4, extra_args=extra)
+    assert spec.slots == slots
+    assert f"slots={slots} " in spec.describe()
+
+
 def test_cache_ram_can_be_omitted_for_builds_without_it() -> None:
     assert "--cache-ram" not in _spec(cache_ram_mib=None).argv(cpus=16)
 
