@@ -94,6 +94,9 @@ class MemoryEstimate(BaseModel):
     kv_cache_bytes: int
     compute_bytes: int
     prompt_cache_bytes: int
+    prompt_cache_unbounded: bool = Field(
+        default=False, description="`--cache-ram -1`: no cap, so no number to count."
+    )
     available_bytes: int | None
 
     @property
@@ -106,10 +109,15 @@ class MemoryEstimate(BaseModel):
         return self.resident_bytes + self.prompt_cache_bytes
 
     def describe(self) -> str:
+        cache = (
+            "unbounded (-1), not counted"
+            if self.prompt_cache_unbounded
+            else f"{self.prompt_cache_bytes / GIB:.2f} GiB"
+        )
         parts = (
             f"weights {self.weights_bytes / GIB:.2f} GiB + KV cache {self.kv_cache_bytes / GIB:.2f}"
             f" GiB + compute {self.compute_bytes / GIB:.2f} GiB + prompt cache (--cache-ram) "
-            f"{self.prompt_cache_bytes / GIB:.2f} GiB = {self.required_bytes / GIB:.2f} GiB"
+            f"{cache} = {self.required_bytes / GIB:.2f} GiB"
         )
         if self.available_bytes is None:
             return parts
@@ -243,6 +251,9 @@ def estimate_memory(
     parallel = count_flag(extra_args, ("-np", "--parallel"), parallel, 1)
     ubatch = count_flag(extra_args, ("-ub", "--ubatch-size"), ubatch, 1)
     cache_ram_mib = count_flag(extra_args, ("-cram", "--cache-ram"), cache_ram_mib or 0, 0)
+    # `-1` is llama-server's "no limit": the cache grows with the prompts it keeps, so there is
+    # no number to check; the line says so (it was counted at the settings' cap).
+    unbounded = flag_value(extra_args, ("-cram", "--cache-ram")) == "-1"
     type_k = (flag_value(extra_args, ("-ctk", "--cache-type-k")) or "f16").lower()
     type_v = (flag_value(extra_args, ("-ctv", "--cache-type-v")) or "f16").lower()
     elements = shape.kv_elements_per_token()
@@ -264,7 +275,8 @@ def estimate_memory(
         weights_bytes=shape.file_bytes,
         kv_cache_bytes=math.ceil(per_token * ctx),
         compute_bytes=compute,
-        prompt_cache_bytes=(cache_ram_mib or 0) * MIB,
+        prompt_cache_bytes=0 if unbounded else (cache_ram_mib or 0) * MIB,
+        prompt_cache_unbounded=unbounded,
         available_bytes=available_bytes,
     )
 

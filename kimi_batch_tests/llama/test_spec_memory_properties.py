@@ -129,6 +129,18 @@ def test_a_context_of_zero_is_the_models_own_as_in_llama_server() -> None:
     assert unknown == estimate_memory(SHAPE, ctx=4096, ubatch=256, cache_ram_mib=0)
 
 
+def test_an_unbounded_prompt_cache_is_named_not_counted_at_the_settings_cap() -> None:
+    capped = estimate_memory(SHAPE, ctx=4096, ubatch=256, cache_ram_mib=8192)
+    unbounded = estimate_memory(
+        SHAPE, ctx=4096, ubatch=256, cache_ram_mib=8192, extra_args=["--cache-ram", "-1"]
+    )
+
+    assert unbounded.prompt_cache_unbounded
+    assert unbounded.required_bytes == capped.required_bytes - 8192 * 1024 * 1024
+    assert "prompt cache (--cache-ram) unbounded (-1), not counted" in unbounded.describe()
+    assert "unbounded" not in capped.describe()
+
+
 def test_the_last_cache_type_and_kv_unified_switch_win_as_in_llama_server() -> None:
     def kv(*extra: str) -> int:
         return estimate_memory(
