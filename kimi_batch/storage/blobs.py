@@ -79,11 +79,13 @@ class BlobStore:
     def share(self, name: str, source: Path | None = None) -> None:
         """Make the blob readable by every host: its parts, then its row (from `source`, else
         its own file). Nothing to do when embedded or when it is shared already. Inside the
-        caller's transaction when there is one."""
+        caller's transaction when there is one. Bytes that do not hash to the name are a
+        StorageError and leave no row and no parts: shared, every host's fetch would refuse
+        them, and the right bytes shared later would have found the name taken."""
         _checked(name)  # a row under a name no host could fetch, or a file from outside
         if not self.shared or self.has(name):
             return
-        size, part = 0, 0
+        size, part, digest = 0, 0, hashlib.sha256()
         with (source or self.path(name)).open("rb") as reader:
             while chunk := reader.read(PART_BYTES):
                 self._db.execute(
@@ -91,7 +93,11 @@ class BlobStore:
                     "ON CONFLICT (name, part) DO NOTHING",
                     (name, part, chunk),
                 )
+                digest.update(chunk)
                 size, part = size + len(chunk), part + 1
+        if digest.hexdigest() != name.split(".")[0]:
+            self._db.execute("DELETE FROM blob_parts WHERE name = ?", (name,))
+            raise StorageError(f"{name}: the bytes to share do not match its name")
         self._db.execute(
             "INSERT INTO blobs (name, size, parts) VALUES (?, ?, ?) ON CONFLICT (name) DO NOTHING",
             (name, size, part),

@@ -12,7 +12,8 @@ Parts are a few bytes (`PART_BYTES` patched, as test_blobs does), and one test c
   and part count.
 - The same blob shared twice, or by two threads at once, is one row and one set of parts.
 - A blob whose parts do not hash to its name (changed, missing, cut short) is refused and no
-  file is left in the cache; a name that is not `<sha256>` or `<sha256>.<ext>` (`../x`, `/abs`,
+  file is left in the cache; bytes that do not hash to the name are refused at share, leaving
+  nothing that would keep the right bytes out; a name that is not `<sha256>` or `<sha256>.<ext>` (`../x`, `/abs`,
   a NUL) is refused before any file or row is touched.
 - `write_private_text` writes any text exactly, 0600, or (text UTF-8 cannot hold) fails leaving
   the old file as it was; either way no temp is left.
@@ -196,14 +197,24 @@ def test_a_blob_whose_parts_do_not_match_its_name_is_never_served(data: bytes, d
 
 @EXAMPLES
 @given(data=st.binary(max_size=40))
-def test_a_blob_kept_under_another_hash_is_refused_at_fetch(data: bytes) -> None:
+def test_bytes_under_another_hash_are_refused_at_share_and_the_right_ones_shared_later(
+    data: bytes,
+) -> None:
+    """Shared, they were refused by every host's fetch, and the right bytes shared later found
+    the name taken: the blob was lost for good."""
     with two_hosts() as (here, there):
-        name = sha(data + b"!") + ".jsonl"
+        right = data + b"!"
+        name = sha(right) + ".jsonl"
         here.path(name).write_bytes(data)
-        here.share(name)
         with pytest.raises(StorageError, match="do not match"):
+            here.share(name)
+        assert not here.has(name)
+        assert here._db.execute("SELECT count(*) FROM blob_parts").fetchone() == (0,)
+        with pytest.raises(StorageError, match="neither"):
             there.local(name)
-        assert list(there.folder.iterdir()) == []
+        here.path(name).write_bytes(right)
+        here.share(name)
+        assert there.local(name).read_bytes() == right
 
 
 NOT_BLOB_NAMES = st.one_of(
