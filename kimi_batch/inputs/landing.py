@@ -153,8 +153,12 @@ def copy_snapshot(
                 "changing"
             )
         target = landed_dir / f"{sha256}.{ext}"
-        if not target.exists():
-            os.replace(temp, target)
+        # Put in place even when a snapshot of that name is there: the same bytes, unless that
+        # file was damaged since (every later run reads it, and no reader checks it against
+        # its name; the copy just hashed is whole). The rename is atomic for its readers.
+        first = not target.exists()
+        os.replace(temp, target)
+        if first:
             crash_point("landing.snapshot_copied")
     finally:
         temp.unlink(missing_ok=True)

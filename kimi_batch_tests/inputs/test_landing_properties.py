@@ -450,6 +450,21 @@ def test_a_snapshot_is_the_file_named_by_its_hash_and_nothing_else_is_left(
 # ---- regression tests -------------------------------------------------------------------------
 
 
+def test_a_damaged_snapshot_is_replaced_by_the_next_copy_of_its_bytes(tmp_path: Path) -> None:
+    """A snapshot of the same name was kept as it was: one damaged after it landed (a disk
+    error, a hand edit) was read by every later run, and a new copy of the right bytes was
+    thrown away."""
+    source, landed = tmp_path / "in", tmp_path / "landed"
+    landed.mkdir()
+    write_settled(source, b'{"prompt": "hi"}\n')
+    target = landed / f"{sha(source.read_bytes())}.jsonl"
+    target.write_bytes(b'{"prompt": "h')
+    with source.open("rb") as reader:
+        copy_snapshot(reader, landed, name="in", max_bytes=3000, ext="jsonl")
+    assert target.read_bytes() == source.read_bytes()
+    assert [path.name for path in landed.iterdir()] == [target.name]
+
+
 def test_a_file_rewritten_in_place_while_copied_is_not_landed_even_with_its_mtime_put_back(
     tmp_path: Path,
 ) -> None:
