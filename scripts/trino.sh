@@ -390,16 +390,17 @@ cmd_start() {
     # `launcher run` in a session of its own, started here: its pid is the JVM's for the server's
     # whole life, so the pid file names it before `start` returns. Not `launcher start`: its
     # daemon is forked with no stdout or stderr and races its parent over the pid file (cleared,
-    # unlocked, then written); under load about one start in six left a pid file naming a gone
-    # process while the JVM ran under another pid (`wait` saw a death, `stop` left it running),
-    # or no JVM at all, and said nothing.
+    # unlocked, then written); under load (here: 10 of 60 starts beside four busy loops) it left
+    # a pid file naming a gone process while the JVM ran under another pid (`wait` saw a death,
+    # `stop` left it running), or no JVM at all, and said nothing.
     # setsid: Ctrl-C in `make trino` or a killed test session does not reach the server. It
     # does not fork (a job of this script leads no process group), so $! stays the pid.
     # 8>&- 9>&-: the server must not inherit the locks, or it would hold them for its whole life.
-    local argv=()
+    local argv=() detach=()
     mkdir -p "$LOG_DIR"
     mapfile -d '' argv < <(launcher_run_argv)
-    JAVA_HOME="$java_home" PATH="$java_home/bin:$PATH" setsid "${argv[@]}" \
+    command -v setsid >/dev/null && detach=(setsid)
+    JAVA_HOME="$java_home" PATH="$java_home/bin:$PATH" "${detach[@]}" "${argv[@]}" \
         </dev/null >>"$LOG_DIR/launcher.log" 2>&1 8>&- 9>&- &
     local pid=$!
     printf '%s\n' "$pid" >"$PID_FILE.tmp"
