@@ -245,8 +245,8 @@ def estimate_memory(
     # prompt cache they set is the server's (they were ignored here, so `-c 131072` in
     # KIMI_BATCH_LLAMA_EXTRA_ARGS passed the check with the settings' context). `-c 0` is the
     # model's own context (its GGUF header's; it was estimated as the spec's, so `-c 0` on a
-    # model trained for 256k passed the check at the settings' 16k); `-np -1` (auto) is not known here: the spec's
-    # stands, as does the spec's context for a header without one.
+    # model trained for 256k passed the check at the settings' 16k), the spec's for a header
+    # without one; `-np -1` (auto) is not known here: the spec's count stands.
     ctx = count_flag(extra_args, ("-c", "--ctx-size"), ctx, 0) or shape.n_ctx_train or ctx
     parallel = count_flag(extra_args, ("-np", "--parallel"), parallel, 1)
     ubatch = count_flag(extra_args, ("-ub", "--ubatch-size"), ubatch, 1)

@@ -96,7 +96,12 @@ class BlobStore:
                 digest.update(chunk)
                 size, part = size + len(chunk), part + 1
         if digest.hexdigest() != name.split(".")[0]:
-            self._db.execute("DELETE FROM blob_parts WHERE name = ?", (name,))
+            # Not the parts of a blob another host shared whole meanwhile (its row says so).
+            self._db.execute(
+                "DELETE FROM blob_parts WHERE name = ? "
+                "AND NOT EXISTS (SELECT 1 FROM blobs WHERE blobs.name = ?)",
+                (name, name),
+            )
             raise StorageError(f"{name}: the bytes to share do not match its name")
         self._db.execute(
             "INSERT INTO blobs (name, size, parts) VALUES (?, ?, ?) ON CONFLICT (name) DO NOTHING",
