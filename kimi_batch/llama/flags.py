@@ -1,8 +1,10 @@
 """llama-server's command-line flags as its parser reads them (llama.cpp's `common/arg.cpp`,
-checked against the bundled binary's `--help`): a short or a long name, `_` read as `-` in a
-long name (`--ctx_size` is `--ctx-size`), `--name=value`, and a later occurrence overriding an
-earlier one. The extra arguments (`KIMI_BATCH_LLAMA_EXTRA_ARGS`) come last on the command line,
-so a flag they repeat is the one the server uses: the memory check and the slot count read it.
+checked against the bundled binary): a short or a long name, `_` read as `-` in a long name
+(`--ctx_size` is `--ctx-size`), the value the next argument, and a later occurrence overriding
+an earlier one. `--name=value` is not a flag to it: the server refuses to start ("invalid
+argument"), so it gives no value here. The extra arguments (`KIMI_BATCH_LLAMA_EXTRA_ARGS`) come
+last on the command line, so a flag they repeat is the one the server uses: the memory check
+and the slot count read it.
 """
 
 from __future__ import annotations
@@ -20,11 +22,8 @@ def flag_value(args: Sequence[str], names: tuple[str, ...]) -> str | None:
     value the server ignores)."""
     found: str | None = None
     for index, arg in enumerate(args):
-        for name in names:
-            if _spelling(arg) == name and index + 1 < len(args):
-                found = args[index + 1]
-            elif arg.startswith(name + "="):
-                found = arg.split("=", 1)[1]
+        if _spelling(arg) in names and index + 1 < len(args):
+            found = args[index + 1]
     return found
 
 

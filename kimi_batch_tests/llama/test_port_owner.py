@@ -299,7 +299,7 @@ def test_a_server_running_the_slots_the_extra_arguments_give_serves_the_spec(
     line: a server of our model running that many slots is attached (it was refused as a
     different spec), one running the settings' count is not."""
     port = free_port()
-    manager = _manager(tmp_path, port, "--parallel=6")
+    manager = _manager(tmp_path, port, "--parallel", "6")
     assert manager.spec.slots == 6
     with _other_server(port, _handler(str(manager.spec.model), down_first=False, slots=6)):
         handle = manager.ensure_running()

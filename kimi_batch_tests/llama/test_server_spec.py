@@ -87,7 +87,8 @@ def test_extra_args_pass_through_untouched_at_the_end() -> None:
     [
         ((), 4),
         (("-np", "8"), 8),
-        (("--parallel=2",), 2),
+        (("--parallel", "2"), 2),
+        (("--parallel=2",), 4),  # llama-server refuses it ("invalid argument"): no count
         (("-np", "8", "--parallel", "3"), 3),  # the last one wins, as in llama-server
         (("-np", "-1"), 4),  # auto: not known here, the settings' count stands
     ],
