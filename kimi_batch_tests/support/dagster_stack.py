@@ -23,6 +23,7 @@ import httpx
 
 from kimi_batch_tests.support.graphql import GraphQL
 from kimi_batch_tests.support.ports import free_port
+from kimi_batch_tests.support.processes import keep_niceness
 from kimi_batch_tests.support.repo import REPO_ROOT
 
 __all__ = ["DagsterStack"]
@@ -113,6 +114,7 @@ class DagsterStack:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        keep_niceness(process.pid)
         self._processes.append((process, log))
 
     def _wait_http(self) -> None:

@@ -3,12 +3,28 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
-__all__ = ["descendants", "kernel_thread", "process_state", "processes_naming"]
+__all__ = [
+    "descendants",
+    "keep_niceness",
+    "kernel_thread",
+    "process_state",
+    "processes_naming",
+]
 
 # /proc/PID/stat's flags bit of a kernel thread (include/linux/sched.h).
 _PF_KTHREAD = 0x00200000
+
+
+def keep_niceness(pid: int) -> None:
+    """Give the autogroup of `pid`, a process started in a session of its own, this process's
+    niceness: the kernel starts a new session's group at nice 0, so a stack that make test's
+    niced second tier starts would compete at full weight with the tier it yields to. A no-op
+    on a kernel without autogroups."""
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/autogroup").write_text(f"{os.nice(0)}\n")
 
 
 def process_state(pid: int) -> str | None:
