@@ -264,6 +264,7 @@ def test_status_right_after_server_start_on_a_fresh_state_dir(
     assert status["ledger"]["rows"] == 0
 
 
+@pytest.mark.no_llama_server  # no server started: runs beside the llama tier
 def test_digest_lint_exits_1_with_one_line_per_finding(tmp_path: Path) -> None:
     digest = tmp_path / "digest.md"
     digest.write_text("You are a careful teacher.\nToday is {{today}}.\nRequest 2025-01-01.\n")
@@ -278,11 +279,13 @@ def test_digest_lint_exits_1_with_one_line_per_finding(tmp_path: Path) -> None:
     assert allowed.stdout == ""
 
 
+@pytest.mark.no_llama_server  # no server started: runs beside the llama tier
 def test_digest_lint_passes_the_shipped_digest() -> None:
     result = _cli("digest", "lint", str(REPO_ROOT / "kimi_batch" / "data" / "system_digest.md"))
     assert (result.returncode, result.stdout) == (0, "")
 
 
+@pytest.mark.no_llama_server  # no server started: runs beside the llama tier
 def test_digest_lint_of_a_missing_file_is_one_error_line(tmp_path: Path) -> None:
     result = _cli("digest", "lint", str(tmp_path / "nope.md"))
     assert result.returncode == 2

@@ -47,6 +47,7 @@ def test_put_is_first_writer_wins(state_backend: StateBackend) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.no_llama_server  # no server started: runs beside the llama tier
 def test_rows_committed_by_a_killed_process_survive(state_backend: StateBackend) -> None:
     path = state_backend.ledger
     script = (
@@ -406,6 +407,7 @@ def test_a_lost_lease_fences_off_the_write(
 
 
 @pytest.mark.slow
+@pytest.mark.no_llama_server  # no server started: runs beside the llama tier
 def test_a_holder_paused_past_the_ttl_writes_nothing_over_the_new_holder(
     tmp_path: Path, state_backend: StateBackend
 ) -> None:

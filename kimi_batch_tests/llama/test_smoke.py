@@ -18,6 +18,7 @@ from kimi_batch_tests.support.crashing_binary import crashing_binary, exiting_bi
 pytestmark = pytest.mark.slow  # each test runs the CLI, and a server or its stand-in, as children
 
 
+@pytest.mark.no_llama_server  # no server started: runs beside the llama tier
 def test_a_binary_killed_by_sigsegv_fails_the_smoke_test_in_one_line(tmp_path: Path) -> None:
     binary = crashing_binary(tmp_path, "SEGV")
     result = run_cli(tmp_path, "server", "smoke", KIMI_BATCH_LLAMA_SERVER=str(binary))
@@ -33,6 +34,7 @@ def test_a_binary_killed_by_sigsegv_fails_the_smoke_test_in_one_line(tmp_path: P
     assert "stand-in: loading model" in log.read_text()  # the binary's own output is kept
 
 
+@pytest.mark.no_llama_server  # no server started: runs beside the llama tier
 def test_a_binary_that_exits_fails_the_smoke_test_with_its_code(tmp_path: Path) -> None:
     binary = exiting_binary(tmp_path, 3)
     result = run_cli(tmp_path, "server", "smoke", KIMI_BATCH_LLAMA_SERVER=str(binary))
