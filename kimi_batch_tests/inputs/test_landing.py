@@ -173,7 +173,7 @@ def test_a_file_over_the_limit_is_refused_before_it_is_read(
         start=START,
     )
 
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 30  # reading the 12 GiB would take minutes
     assert resolved.version is None
     assert resolved.problem is not None
     assert "KIMI_BATCH_MAX_INPUT_MB" in resolved.problem

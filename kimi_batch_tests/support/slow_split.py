@@ -5,10 +5,11 @@ on 2 cores (waiting on a server, a subprocess, a stall period), so the second pr
 server-free tier and then the slow tests that need no llama-server (Trino, PostgreSQL, Dagster
 processes, the browser, stand-ins) beside the first. But two llama-servers on 2 cores thrash
 each other and make the measured tests meaningless, so every slow test that may start or use one
-stays in the first process, in order: `-m "slow and not no_llama_server"`. That is the default: a slow test runs
-beside it only when its module marks it `no_llama_server`, and such a test is checked to keep
-the promise: one that requests a llama fixture is refused at collection, and one that starts a
-llama-server process (its environment carries the test's token, which children inherit) fails.
+stays in the first process, in order: `-m "slow and not no_llama_server"`. That is the default:
+a slow test runs beside it only when it or its module is marked `no_llama_server`, and such a
+test is checked to keep the promise: one that requests a llama fixture is refused at
+collection, and one that starts a llama-server process (its environment carries the test's
+token, which children inherit) fails.
 The second process runs niced in a session of its own (the Makefile says why), so it takes the
 first's idle CPU rather than slowing it.
 

@@ -365,7 +365,8 @@ def test_a_coordinator_that_never_counts_a_node_is_a_query_error_after_the_wait(
         pytest.raises(TrinoQueryError, match="NO_NODES_AVAILABLE"),
     ):
         reader.query("SELECT count(*) FROM t")
-    assert 1.0 <= time.monotonic() - started < 10.0
+    # It gave up after the test's 1 s wait, not the default 30 s (loose: the tier runs niced).
+    assert 1.0 <= time.monotonic() - started < 20.0
     assert RefusesForWantOfNodes.statements > 3
 
 
