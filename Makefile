@@ -84,8 +84,8 @@ demo: setup
 # first's. Every part runs even when one fails; the exit status is the first failure's.
 # The second yields the CPU to the first: in a session of its own, niced as a whole (with the
 # kernel's autogroups, the default, a process's nice counts only within its session; llama-server
-# runs in its own; the servers the second starts in sessions of their own, Trino and the Dagster
-# stacks, take its niceness into theirs). It fills the first's idle time: the llama-server
+# runs in its own; the Dagster stacks the second starts in sessions of their own take its
+# niceness into theirs). It fills the first's idle time: the llama-server
 # tests wait on a server about half the time on 2 cores. Run one after the other, the tiers took
 # 31 minutes here. Temp dirs in RAM (see `make unit`).
 test: setup browser postgres

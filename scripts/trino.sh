@@ -395,15 +395,11 @@ cmd_start() {
     # `stop` left it running), or no JVM at all, and said nothing.
     # setsid: Ctrl-C in `make trino` or a killed test session does not reach the server. It
     # does not fork (a job of this script leads no process group), so $! stays the pid.
-    # A session of its own is a scheduler autogroup of its own (the kernel's default), which
-    # starts at nice 0 whatever this script's niceness: under `nice` (make test's second tier)
-    # the JVM would compete at full weight. Its group takes this process's niceness.
     # 8>&- 9>&-: the server must not inherit the locks, or it would hold them for its whole life.
     local argv=() detach=()
     mkdir -p "$LOG_DIR"
     mapfile -d '' argv < <(launcher_run_argv)
-    command -v setsid >/dev/null &&
-        detach=(setsid bash -c 'echo "$(nice)" >/proc/self/autogroup 2>/dev/null; exec "$@"' trino)
+    command -v setsid >/dev/null && detach=(setsid)
     JAVA_HOME="$java_home" PATH="$java_home/bin:$PATH" "${detach[@]}" "${argv[@]}" \
         </dev/null >>"$LOG_DIR/launcher.log" 2>&1 8>&- 9>&- &
     local pid=$!

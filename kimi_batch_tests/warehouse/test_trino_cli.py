@@ -269,45 +269,6 @@ def test_starts_on_a_busy_core_leave_the_pid_file_naming_the_server(tmp_path: Pa
     assert processes_naming(tmp_path) == {}
 
 
-def _autogroup_nice(pid: int) -> int | None:
-    """The nice value of the process's scheduler autogroup; None on a kernel without them."""
-    path = Path(f"/proc/{pid}/autogroup")
-    return int(path.read_text().split()[-1]) if path.exists() else None
-
-
-@pytest.mark.slow
-def test_a_niced_start_leaves_the_server_niced_in_its_own_session(tmp_path: Path) -> None:
-    """The server runs in a session of its own, which the kernel makes an autogroup of its own
-    at nice 0: started under `nice` (make test's second tier), the JVM competed at full weight
-    with the tier it was to yield to. Its autogroup takes the script's niceness."""
-    java_home = tmp_path / "jdk"
-    (java_home / "bin").mkdir(parents=True)
-    (java_home / "bin" / "java").write_text(_STAND_IN_JAVA)
-    (java_home / "bin" / "java").chmod(0o755)
-    env = _script_env(tmp_path / "home", JAVA_HOME=str(java_home))
-    niceness = os.nice(0) + 7
-    own_group = _autogroup_nice(os.getpid())
-    started = subprocess.run(
-        ["nice", "-n", "7", str(TRINO_SCRIPT), "start"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=CLI_TIMEOUT_S,
-        check=False,
-    )
-    try:
-        assert started.returncode == 0, started.stderr
-        pid, servers = _servers_of(tmp_path / "home")
-        assert servers == [pid]
-        assert os.getsid(pid) == pid  # a session of its own: the test session's Ctrl-C misses it
-        assert os.getpriority(os.PRIO_PROCESS, pid) == niceness
-        assert _autogroup_nice(pid) in (None, niceness)
-        assert _autogroup_nice(os.getpid()) == own_group  # the caller's group is left alone
-    finally:
-        stopped = run_script(TRINO_SCRIPT, "stop", env, CLI_TIMEOUT_S)
-    assert stopped.returncode == 0, stopped.stderr
-
-
 @pytest.mark.slow
 def test_make_trino_cli_queries_the_schema_without_qualifying_names(
     trino_server: TrinoServer,
