@@ -69,7 +69,17 @@ cmd_fetch() {
     cp "$fetched" "$JAR.tmp.$$" && mv "$JAR.tmp.$$" "$JAR"
 }
 
-running() { [[ -f "$PID_FILE" ]] && kill -0 "$(cat "$PID_FILE")" 2>/dev/null; }
+# The pid file's process is this s3proxy. A pid file left by a server that died, or from before a
+# reboot, may name an unrelated process by now: `stop` killed it, and `start` took it for the
+# server and started none.
+running() {
+    local pid cmdline
+    pid="$(cat "$PID_FILE" 2>/dev/null || true)"
+    [[ "$pid" =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null || return 1
+    [[ -r "/proc/$pid/cmdline" ]] || return 0
+    cmdline="$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null || true)"
+    [[ "$cmdline" == *"-jar $JAR "* ]]
+}
 
 # The server's properties file (its port and secret made at the first call), nothing started.
 write_config() {
@@ -115,10 +125,13 @@ cmd_start() {
     port="$(cat "$PORT_FILE")"
     nohup "$(java_bin)" -Xmx256m -jar "$JAR" --properties "$STATE/s3proxy.conf" \
         >"$STATE/server.log" 2>&1 </dev/null &
-    printf '%s\n' "$!" >"$PID_FILE"
+    local pid=$!
+    printf '%s\n' "$pid" >"$PID_FILE"
     local waited=0
     until curl -s -o /dev/null "http://127.0.0.1:$port/"; do
-        running || die "s3proxy exited: see $STATE/server.log"
+        # The pid just started is ours (`running` would read the command line of the shell that
+        # forked it, for the moment before `nohup` runs).
+        kill -0 "$pid" 2>/dev/null || die "s3proxy exited: see $STATE/server.log"
         ((waited++ < 60)) || die "s3proxy did not answer within 30 s: see $STATE/server.log"
         sleep 0.5
     done
@@ -128,9 +141,9 @@ cmd_start() {
 cmd_stop() {
     if running; then
         stop_pid "$(cat "$PID_FILE")" 10
-        rm -f "$PID_FILE"
         say "stopped"
     fi
+    rm -f "$PID_FILE"
 }
 
 cmd_status() { print_status running "$PORT_FILE"; }
