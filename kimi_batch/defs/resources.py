@@ -9,10 +9,16 @@ state lives and which server runs is deployment configuration, never run config.
 import dagster as dg
 from pydantic import Field
 
-from kimi_batch.engine import DigestLintError, Ledger, SystemDigest, lint_digest, load_digest
+from kimi_batch.engine import (
+    DigestLintError,
+    Ledger,
+    LlamaDeployment,
+    SystemDigest,
+    lint_digest,
+    load_digest,
+)
 from kimi_batch.inputs import Landing
 from kimi_batch.paths import StatePaths
-from kimi_batch.pipeline import LlamaDeployment
 from kimi_batch.quality import QualityGate
 from kimi_batch.settings import Settings
 from kimi_batch.warehouse import Warehouse, open_warehouse
@@ -35,7 +41,7 @@ def _warn(message: str) -> None:
 
 
 class LlamaServerResource(DeploymentResource):
-    """The deployment's resident server (`pipeline.LlamaDeployment`), attached, or started once,
+    """The deployment's resident server (`engine.LlamaDeployment`), attached, or started once,
     and never stopped by a run. Which server is the one `Settings` the code location was built
     with, never run config."""
 

@@ -4,9 +4,10 @@ The layers above import from here, never from the modules: `generation` (request
 `digest` and `prompt` (the fixed system prefix), `budget` (what a slot holds), `prepare` and
 `warm` (the digest in every slot), `batch_engine`, `outcome`, `deadline` and `watchdog` (every
 slot busy, nothing hung), `batch_run` and `submission` (a run that takes more requests while it
-runs),
-`speeds` (the measured speeds, kept across runs), `ledger` (every finished row kept), `stats`
-(the figures of a batch), `progress` (in-process progress listeners).
+runs), `deployment` (the deployment's resident server as a run uses it, and an event loop a
+terminated run stops for certain), `speeds` (the measured speeds, kept across runs), `ledger`
+(every finished row kept), `stats` (the figures of a batch), `progress` (in-process progress
+listeners).
 """
 
 from kimi_batch.engine.batch_engine import BatchEngine
@@ -21,6 +22,12 @@ from kimi_batch.engine.budget import (
     estimate_tokens,
 )
 from kimi_batch.engine.deadline import DeadlinePolicy, SpeedTracker
+from kimi_batch.engine.deployment import (
+    InterruptibleRunner,
+    LlamaDeployment,
+    interruptible_runner,
+    warm_digest,
+)
 from kimi_batch.engine.digest import DigestLintError, SystemDigest, lint_digest, load_digest
 from kimi_batch.engine.generation import (
     GenerationRequest,
@@ -71,10 +78,12 @@ __all__ = [
     "FailedRequest",
     "GenerationRequest",
     "GenerationResult",
+    "InterruptibleRunner",
     "Lease",
     "LeaseHeldError",
     "LeaseLostError",
     "Ledger",
+    "LlamaDeployment",
     "MeasuredSpeeds",
     "PlannedRow",
     "Prepared",
@@ -94,10 +103,12 @@ __all__ = [
     "check_fit",
     "estimate_tokens",
     "fold_instructions",
+    "interruptible_runner",
     "lint_digest",
     "listening",
     "load_digest",
     "notify",
     "prepare",
     "row_request_id",
+    "warm_digest",
 ]

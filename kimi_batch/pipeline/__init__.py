@@ -167,12 +167,6 @@ if typing.TYPE_CHECKING:
         seeds_consumed,
         write_seeds,
     )
-    from kimi_batch.pipeline.server import (
-        InterruptibleRunner,
-        LlamaDeployment,
-        interruptible_runner,
-        warm_digest,
-    )
     from kimi_batch.pipeline.stages import (
         AMPLIFY,
         DISTILL,
@@ -211,7 +205,6 @@ _MODULES = (
     "stages",
     "alerts",
     "night",
-    "server",
     "seeds",
 )
 _ABSENT = object()
@@ -269,12 +262,10 @@ __all__ = [
     "GenerationColumns",
     "GenerationTask",
     "HeldPartition",
-    "InterruptibleRunner",
     "JudgeConfig",
     "JudgeInputs",
     "JudgeTask",
     "JudgedRow",
-    "LlamaDeployment",
     "NightPartitions",
     "NightReport",
     "Origin",
@@ -321,7 +312,6 @@ __all__ = [
     "generation_verdicts",
     "import_output_model",
     "input_row",
-    "interruptible_runner",
     "judge_prompt",
     "known_partitions",
     "local_time",
@@ -363,7 +353,6 @@ __all__ = [
     "upstream_of",
     "variant_instruction",
     "variant_tag",
-    "warm_digest",
     "window_end",
     "withdraw_stage",
     "write_seeds",

@@ -9,12 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from kimi_batch.engine import SystemDigest
+from kimi_batch.engine import InterruptibleRunner, LlamaDeployment, SystemDigest
 from kimi_batch.inputs import InputReader, Landing, ResolvedInput, land_input, resolve_partition
 from kimi_batch.pipeline.driver import HeldPartition, PartitionSkippedError, consumed_input_sha
 from kimi_batch.pipeline.prompt_length import check_prompt_lengths
 from kimi_batch.pipeline.rows import file_row
-from kimi_batch.pipeline.server import InterruptibleRunner, LlamaDeployment
 from kimi_batch.settings import Settings
 from kimi_batch.storage import StorageError
 from kimi_batch.warehouse import PartitionWrite, Warehouse

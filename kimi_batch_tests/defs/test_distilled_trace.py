@@ -25,9 +25,11 @@ pytestmark = pytest.mark.slow  # the partition is answered by a real llama-serve
 # the state database picked its own backend; 17 once the modules that were one concept became
 # one (defs/'s stage asset with its driver and landing, and its partition's parts; the pipeline's
 # driver with its landing; the warehouse's catalog, overwrite and tables; the state database with
-# its SQLite backend; the quality gate with its benchmarks, the dedup index with its text keys).
+# its SQLite backend; the quality gate with its benchmarks, the dedup index with its text keys);
+# 16 once the deployment's server as a run uses it moved from pipeline/ to engine/ (it runs the
+# engine against the server, and imports nothing of the pipeline).
 # A ratchet, so the walk only gets shorter from here; the issue's goal is at most 10 modules.
-MAX_MODULES = 17
+MAX_MODULES = 16
 
 
 # Small answers: what is counted is which modules run, not how long.

@@ -4,8 +4,7 @@ import dagster as dg
 
 from kimi_batch.defs.assets.stage_asset import ASSET_OWNERS, LLAMA_POOL, run_interruptibly
 from kimi_batch.defs.resources import DigestResource, LlamaServerResource
-from kimi_batch.engine import ContextTooSmallError, DigestLintError, SystemDigest
-from kimi_batch.pipeline import warm_digest
+from kimi_batch.engine import ContextTooSmallError, DigestLintError, SystemDigest, warm_digest
 
 DIGEST_GROUP = "digest"
 

@@ -13,7 +13,7 @@ over their partitions.
 The driver as Dagster runs it: the step's log, the deployment's engine session under the nightly
 window, the partition's lease (a partition the pipeline skips fails the step), its landing
 (`land_stage`) and, for the night's partitions, its record as it lands (`on_landed`), on an event
-loop a terminated run stops for certain (`pipeline/server.py`, raising Dagster's own interrupt
+loop a terminated run stops for certain (`engine/deployment.py`, raising Dagster's own interrupt
 once the loop has stopped).
 
 The landing: `land_stage` writes a stage's partition (`pipeline.write_stage`) and judges its
@@ -70,10 +70,12 @@ from kimi_batch.engine import (
     BatchOutcome,
     BatchRun,
     GenerationResult,
+    InterruptibleRunner,
     Ledger,
     ProgressEvent,
     notify,
 )
+from kimi_batch.engine import interruptible_runner as engine_runner
 from kimi_batch.pipeline import (
     CHECK_NAMES,
     BatchControls,
@@ -81,7 +83,6 @@ from kimi_batch.pipeline import (
     CheckVerdict,
     GenerationTask,
     HeldPartition,
-    InterruptibleRunner,
     PartitionResult,
     PartitionSkippedError,
     PipelineStage,
@@ -100,7 +101,6 @@ from kimi_batch.pipeline import (
     summary_markdown,
     write_stage,
 )
-from kimi_batch.pipeline import interruptible_runner as pipeline_runner
 from kimi_batch.quality import PartitionGate, QualityGate
 from kimi_batch.settings import Settings
 from kimi_batch.warehouse import PARTITION_COLUMNS, TABLES, PartitionWrite, Warehouse, columns
@@ -348,7 +348,7 @@ def step_lease(
 @contextmanager
 def interruptible_runner() -> Iterator[InterruptibleRunner]:
     """`asyncio.Runner()` for a Dagster step; closed on exit."""
-    with pipeline_runner(dg.DagsterExecutionInterruptedError) as runner:
+    with engine_runner(dg.DagsterExecutionInterruptedError) as runner:
         yield runner
 
 

@@ -37,23 +37,17 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
-from kimi_batch.engine import (
-    DEFAULT_REMEDY,
-    PROMPT_ALLOWANCE_TOKENS,
-    BatchEngine,
-    BatchRun,
-    DeadlinePolicy,
-    EnginePolicy,
-    Ledger,
-    Prepared,
-    ProgressEvent,
-    SlotWarmer,
-    SpeedStore,
-    SpeedTracker,
-    SystemDigest,
-    WarmupReport,
-    prepare,
-)
+from kimi_batch.engine.batch_engine import BatchEngine
+from kimi_batch.engine.batch_run import BatchRun
+from kimi_batch.engine.budget import DEFAULT_REMEDY, PROMPT_ALLOWANCE_TOKENS
+from kimi_batch.engine.deadline import DeadlinePolicy, SpeedTracker
+from kimi_batch.engine.digest import SystemDigest
+from kimi_batch.engine.ledger import Ledger
+from kimi_batch.engine.outcome import EnginePolicy
+from kimi_batch.engine.prepare import Prepared, prepare
+from kimi_batch.engine.speeds import SpeedStore
+from kimi_batch.engine.stats import ProgressEvent
+from kimi_batch.engine.warm import SlotWarmer, WarmupReport
 from kimi_batch.llama import (
     AttachedServer,
     LlamaClient,
@@ -278,9 +272,3 @@ def interruptible_runner(interrupt: Interrupt) -> Iterator[InterruptibleRunner]:
     """`asyncio.Runner()` for a step (see the module); closed on exit."""
     with asyncio.Runner() as runner:
         yield InterruptibleRunner(runner, interrupt)
-
-
-def run_interruptibly(main: Coroutine[Any, Any, T], interrupt: Interrupt) -> T:
-    """`asyncio.run` for a step: a terminated run cancels `main` (see the module)."""
-    with interruptible_runner(interrupt) as runner:
-        return runner.run(main)
