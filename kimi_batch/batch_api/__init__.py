@@ -1,8 +1,9 @@
 """The OpenAI-compatible Batch API, Dagster-free: its lines (`lines`: an input file validated as
 it streams into requests, the bodies as models and the fields a line may hold, a line error, the
 output and error lines), the store (`store`: files and batch records), and a batch's lifecycle
-(`lifecycle`: validated and landed by a worker, which batches need a run, taken up, counted, its
-files written, finished, or finalized when its run ended).
+(`lifecycle`: validated and landed by a worker, which batches need a run, taken up, answered as
+a stage of its own (`ApiBatchTask`), counted, its files written, finished, or finalized when its
+run ended).
 
 The HTTP server (`kimi-batch api`) is the sub-package `web`, above `defs` (with no daemon it
 starts the batches' runs itself). Other packages import from here, never from the modules.
@@ -11,6 +12,9 @@ starts the batches' runs itself). Other packages import from here, never from th
 from kimi_batch.batch_api.lifecycle import (
     MAX_FINISH_ATTEMPTS,
     MAX_VALIDATION_ATTEMPTS,
+    NOT_JSON_REASON,
+    ApiBatchInputs,
+    ApiBatchTask,
     BatchRunState,
     BatchValidator,
     RequestCounts,
@@ -59,8 +63,11 @@ __all__ = [
     "MAX_FINISH_ATTEMPTS",
     "MAX_VALIDATION_ATTEMPTS",
     "NEXT_STATUSES",
+    "NOT_JSON_REASON",
     "TERMINAL_STATUSES",
     "AnsweredRequest",
+    "ApiBatchInputs",
+    "ApiBatchTask",
     "ApiStore",
     "BatchLineError",
     "BatchRecord",

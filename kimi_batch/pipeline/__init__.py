@@ -1,7 +1,7 @@
 """The pipeline: what is generated and how a partition is run, no Dagster.
 
 The stage protocol (`GenerationTask`: its table, its requests from its inputs, its rows from its
-results), the stages (amplify, distill, judge, the Batch API's), their rows and quarantine rows,
+results), the stages (amplify, distill, judge; the Batch API's is `batch_api`'s), their rows and quarantine rows,
 the one stage registry, the night's arithmetic (`night`) and what the morning is told of it
 (`alerts`, `webhook`). Other packages import from here, never from the modules.
 
@@ -34,11 +34,6 @@ if typing.TYPE_CHECKING:
         dedup_variants,
         parse_variant,
         variant_instruction,
-    )
-    from kimi_batch.pipeline.api_batch import (
-        NOT_JSON_REASON,
-        ApiBatchInputs,
-        ApiBatchTask,
     )
     from kimi_batch.pipeline.distill import (
         DEFAULT_DISTILL_PARAMS,
@@ -201,7 +196,6 @@ _MODULES = (
     "amplify",
     "distill",
     "judge",
-    "api_batch",
     "stages",
     "alerts",
     "night",
@@ -227,7 +221,6 @@ __all__ = [
     "JUDGE_STAGE",
     "LEASE_TTL_S",
     "LEASE_WAIT_S",
-    "NOT_JSON_REASON",
     "PARTITION_COLUMNS",
     "RAW_LIMIT",
     "SEED_ASSET",
@@ -246,8 +239,6 @@ __all__ = [
     "AmplifiedRow",
     "AmplifyConfig",
     "AmplifyTask",
-    "ApiBatchInputs",
-    "ApiBatchTask",
     "BatchCancelledError",
     "BatchControls",
     "BatchPartition",

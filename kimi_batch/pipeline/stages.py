@@ -26,9 +26,9 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SkipValidation, field_validator
 
+from kimi_batch.batch_api import ApiBatchTask
 from kimi_batch.engine import SamplingParams
 from kimi_batch.pipeline.amplify import DEFAULT_AMPLIFY_PARAMS, AmplifyTask, Strategy
-from kimi_batch.pipeline.api_batch import ApiBatchTask
 from kimi_batch.pipeline.distill import DistillTask
 from kimi_batch.pipeline.driver import StageConfigError
 from kimi_batch.pipeline.generation_task import GenerationTask, RequestTag

@@ -9,6 +9,8 @@ from typing import NoReturn
 import dagster as dg
 
 from kimi_batch.batch_api import (
+    ApiBatchInputs,
+    ApiBatchTask,
     ApiStore,
     BatchRecord,
     BatchStatus,
@@ -35,8 +37,6 @@ from kimi_batch.defs.resources import (
 )
 from kimi_batch.engine import Ledger
 from kimi_batch.pipeline import (
-    ApiBatchInputs,
-    ApiBatchTask,
     BatchCancelledError,
     HeldPartition,
     PartitionResult,

@@ -1,4 +1,4 @@
-"""The Batch API stage: requests as submitted, each with its system prompt as its digest; final
+"""The Batch API stage (`lifecycle.ApiBatchTask`): requests as submitted, each with its system prompt as its digest; final
 answers as rows."""
 
 from __future__ import annotations
@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from kimi_batch.batch_api import NOT_JSON_REASON, ApiBatchTask
 from kimi_batch.batch_api.lines import parse_batch_input
 from kimi_batch.llama import ToolCall
-from kimi_batch.pipeline import NOT_JSON_REASON, ApiBatchTask, StageSink
+from kimi_batch.pipeline import StageSink
 from kimi_batch_tests.support.results import make_result
 
 URL = "/v1/chat/completions"
