@@ -40,6 +40,8 @@ from typing import BinaryIO
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kimi_batch.storage import REFUSED_SPECIAL, open_regular, regular_file
+
 # Kept equal to kimi_batch.inputs.reader.SUPPORTED_EXTENSIONS; not imported from there so that the
 # sensor, which runs in the Dagster daemon on every tick, does not import polars and pydantic
 # row models it never uses.
@@ -53,7 +55,6 @@ _MAX_SOURCE_LEN = 80
 _HASH_CHUNK = 1 << 20
 REFUSED_NAME = "file name is not valid UTF-8; rename it"
 REFUSED_LINK = "symlink resolves outside the inbox; its content is never read"
-REFUSED_SPECIAL = "not a regular file (a FIFO, socket or device); it is never read"
 REFUSED_SWAPPED = "became a symlink while it was opened; its content is never read"
 
 _log = logging.getLogger(__name__)
@@ -99,34 +100,8 @@ class InboxFile(BaseModel):
         return open_inbox_file(inbox_dir, self.name)
 
 
-class NotRegularFileError(OSError):
-    """The name is (or leads to) a FIFO, socket or device: reading it could block forever."""
-
-
 class InboxLinkError(PermissionError):
     """The name leads out of the inbox (a symlink, perhaps swapped in after the scan)."""
-
-
-def open_regular(path: Path) -> BinaryIO:
-    """`path` opened for reading if it is a regular file (through symlinks), without blocking.
-
-    O_NONBLOCK makes opening a FIFO return at once instead of waiting for a writer; the fstat
-    of the open descriptor then refuses it (the name may have been swapped since any stat).
-    """
-    return _regular_file(os.open(path, os.O_RDONLY | os.O_NONBLOCK), path.name)
-
-
-def _regular_file(descriptor: int, name: str) -> BinaryIO:
-    """The open `descriptor` as a blocking binary file if it is a regular file; closed and
-    NotRegularFileError otherwise (checked on the descriptor: the name may have been swapped)."""
-    try:
-        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-            raise NotRegularFileError(f"{name}: {REFUSED_SPECIAL}")
-        os.set_blocking(descriptor, True)
-        return os.fdopen(descriptor, "rb")
-    except BaseException:
-        os.close(descriptor)
-        raise
 
 
 def open_inbox_file(inbox_dir: Path, name: str) -> BinaryIO:
@@ -152,7 +127,7 @@ def open_inbox_file(inbox_dir: Path, name: str) -> BinaryIO:
             descriptor = _open_beneath(root, _real_parts(inbox_dir, name), resolved=True)
     finally:
         os.close(root)
-    return _regular_file(descriptor, name)
+    return regular_file(descriptor, name)
 
 
 def _open_beneath(root: int, parts: tuple[str, ...], *, resolved: bool = False) -> int:

@@ -34,13 +34,14 @@ from typing import Any, BinaryIO
 from pydantic import BaseModel, ConfigDict, Field
 
 from kimi_batch.crash_points import crash_point
-from kimi_batch.inputs.inbox import InboxFile, open_regular, sanitize_source, scan_inbox, short_hash
+from kimi_batch.inputs.inbox import InboxFile, sanitize_source, scan_inbox, short_hash
 from kimi_batch.paths import PRIVATE_FILE_MODE, StatePaths, private_dir
 from kimi_batch.state import StateError, connect_state, read_state
 from kimi_batch.storage import (
     BlobStore,
     SharedBlobs,
     StorageError,
+    open_regular,
     remove_stale_temps,
     temp_name,
 )

@@ -15,7 +15,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from kimi_batch.inputs.inbox import (
     InboxFile,
     InboxLinkError,
-    NotRegularFileError,
     inspect_inbox_file,
     scan_inbox,
     sha256_of,
@@ -31,7 +30,7 @@ from kimi_batch.inputs.landing import (
     still_changing,
 )
 from kimi_batch.settings import Settings
-from kimi_batch.storage import StorageError
+from kimi_batch.storage import NotRegularFileError, StorageError
 
 _log = logging.getLogger(__name__)
 

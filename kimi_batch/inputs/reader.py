@@ -13,7 +13,6 @@ rows per file is bounded, so memory stays small whatever lands in the inbox.
 from __future__ import annotations
 
 import os
-import stat
 import sys
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
@@ -36,6 +35,7 @@ from kimi_batch.inputs.prompts import InputBatch, SeedPrompt
 from kimi_batch.inputs.raw_rows import format_validation_error, parse_record
 from kimi_batch.inputs.seen_ids import SeenIds
 from kimi_batch.pipeline import QuarantineRow, input_row, rejected_raw, truncate_raw
+from kimi_batch.storage import NotRegularFileError, open_regular
 
 SUPPORTED_EXTENSIONS: tuple[str, ...] = (".jsonl", ".ndjson", ".json", ".parquet", ".csv")
 # Defaults of the reader's bounds (the pipeline passes its configured size limit).
@@ -76,16 +76,11 @@ class _Rejects:
 
 def _open_regular(path: Path) -> tuple[IO[bytes], int]:
     """The open file and its size; refuses what is not a regular file before reading a byte."""
-    # O_NONBLOCK: opening a FIFO named like an input must not hang the reader.
-    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
-        status = os.fstat(descriptor)
-        if not stat.S_ISREG(status.st_mode):
-            raise FileRefusedError("not a regular file")
-        return os.fdopen(descriptor, "rb"), status.st_size
-    except BaseException:
-        os.close(descriptor)
-        raise
+        file = open_regular(path)
+    except NotRegularFileError as error:
+        raise FileRefusedError("not a regular file") from error
+    return file, os.fstat(file.fileno()).st_size
 
 
 def _items(path: Path, file: IO[bytes], size: int) -> Iterator[Item]:

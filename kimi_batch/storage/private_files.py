@@ -1,5 +1,8 @@
-"""Files holding prompts or answers: owner-only, written whole, no temp file left for ever.
+"""Files holding prompts or answers: read only when they are regular files, written owner-only
+and whole, no temp file left for ever.
 
+    open_regular(path)       `path` opened for reading if it is a regular file, never blocking
+                             on a FIFO (`NotRegularFileError` otherwise)
     private_folder(path)     create it 0700 (an existing folder of someone else is left alone)
     temp_name(folder, name)  a hidden temp name carrying the writer's pid
     remove_stale_temps(dir)  the temps of writers that are gone (killed mid-write)
@@ -20,17 +23,47 @@ import glob
 import os
 import re
 import shutil
+import stat
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO, TextIO
 
 from kimi_batch.crash_points import crash_point
 from kimi_batch.paths import PRIVATE_DIR_MODE, PRIVATE_FILE_MODE
 
 # `.<name>.<pid>-<32 hex>[.<n>].tmp|.chunk`: what temp_name writes (and its numbered chunks).
 _WITH_PID = re.compile(r"^\..*\.(\d+)-[0-9a-f]{32}(?:\.\d+)?\.(?:tmp|chunk)$")
+
+
+REFUSED_SPECIAL = "not a regular file (a FIFO, socket or device); it is never read"
+
+
+class NotRegularFileError(OSError):
+    """The name is (or leads to) a FIFO, socket or device: reading it could block forever."""
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """`path` opened for reading if it is a regular file (through symlinks), without blocking.
+
+    O_NONBLOCK makes opening a FIFO return at once instead of waiting for a writer; the fstat
+    of the open descriptor then refuses it (the name may have been swapped since any stat).
+    """
+    return regular_file(os.open(path, os.O_RDONLY | os.O_NONBLOCK), path.name)
+
+
+def regular_file(descriptor: int, name: str) -> BinaryIO:
+    """The open `descriptor` as a blocking binary file if it is a regular file; closed and
+    NotRegularFileError otherwise (checked on the descriptor: the name may have been swapped)."""
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise NotRegularFileError(f"{name}: {REFUSED_SPECIAL}")
+        os.set_blocking(descriptor, True)
+        return os.fdopen(descriptor, "rb")
+    except BaseException:
+        os.close(descriptor)
+        raise
 
 
 def pid_alive(pid: int) -> bool:

@@ -12,15 +12,14 @@ import pytest
 from kimi_batch.inputs.inbox import (
     REFUSED_LINK,
     REFUSED_NAME,
-    REFUSED_SPECIAL,
     InboxFile,
-    NotRegularFileError,
     file_sha256,
     inspect_inbox_file,
     is_ignored_name,
     sanitize_source,
     scan_inbox,
 )
+from kimi_batch.storage import REFUSED_SPECIAL, NotRegularFileError
 
 JUNE_1_NOON = datetime(2025, 6, 1, 12, 0, tzinfo=UTC).timestamp()
 

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from kimi_batch.inputs.inbox import NotRegularFileError, scan_inbox
+from kimi_batch.inputs.inbox import scan_inbox
 from kimi_batch.inputs.landing import InputNotSettledError, InputTooLargeError, Landing
 from kimi_batch.inputs.partition_input import LandingIOError, resolve_input
 from kimi_batch.paths import StatePaths
+from kimi_batch.storage import NotRegularFileError
 from kimi_batch.storage.exceptions import StorageError
 from kimi_batch_tests.support.postgres import StateBackend
 
