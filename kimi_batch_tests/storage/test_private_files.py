@@ -1,4 +1,5 @@
-"""Owner-only output folders replaced whole: a swap killed between its two renames loses nothing."""
+"""Owner-only output folders replaced whole: a swap killed between its two renames loses nothing;
+a file opened for reading only if it is a regular one."""
 
 from __future__ import annotations
 
@@ -7,7 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from kimi_batch.storage import private_folder_swap, private_writer
+from kimi_batch.storage import (
+    NotRegularFileError,
+    open_regular,
+    private_folder_swap,
+    private_writer,
+)
 
 # Above the kernel's largest pid_max (2**22): never a live process.
 DEAD_PID = (1 << 22) + 7
@@ -131,3 +137,20 @@ def test_a_sweep_leaves_the_temps_of_a_name_its_glob_characters_would_match(
     aside = f".ab.hf.old.{DEAD_PID}-{'0' * 32}.tmp"
     assert sorted(path.name for path in parent.iterdir()) == [aside, "a?.hf"]
     assert (parent / aside / "card").read_text() == "theirs"  # the next swap of ab.hf's
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_is_refused_at_once_and_a_regular_file_read_through_its_link(
+    tmp_path: Path,
+) -> None:
+    """Opening a FIFO for reading blocks until a writer comes: it is refused, never waited on."""
+    os.mkfifo(tmp_path / "pipe")
+    (tmp_path / "to_pipe").symlink_to(tmp_path / "pipe")
+    for name in ("pipe", "to_pipe"):
+        with pytest.raises(NotRegularFileError, match=f"^{name}: not a regular file"):
+            open_regular(tmp_path / name)
+    (tmp_path / "rows.jsonl").write_bytes(b'{"prompt": "x"}\n')
+    (tmp_path / "to_rows").symlink_to(tmp_path / "rows.jsonl")
+    with open_regular(tmp_path / "to_rows") as reader:
+        assert reader.read() == b'{"prompt": "x"}\n'
+        assert os.get_blocking(reader.fileno())  # a reader may wait on a slow disk, not spin
