@@ -686,7 +686,7 @@ def batches_to_run(settings: Settings, run_of: RunOf, log: RunLog) -> list[Batch
         ]
 
 
-# ---- the stage: a batch's lines answered as distilled rows ----------------------------------------
+# ---- the stage: a batch's lines answered as distilled rows -----------------------------------
 
 
 NOT_JSON_REASON = "answer is not the JSON its response_format asked for"

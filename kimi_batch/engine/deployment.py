@@ -9,17 +9,17 @@ another host. The Dagster adapter hands it out as `LlamaServerResource`.
 
 A step talks to it on an event loop that a terminated run stops for certain
 (`InterruptibleRunner`). Dagster terminates a run by sending SIGINT to the step process, whose
-handler raises `DagsterExecutionInterruptedError` at whatever bytecode the main thread is on. Inside an asyncio
-event loop that is unsafe: an exception other than KeyboardInterrupt/SystemExit raised in a loop
-callback (a socket's read, a timer) is logged as "Exception in callback" and dropped, and one
-raised in the step of a task nobody awaits yet is parked on that task. The interrupt is then
-lost and the step runs on to the end, as if nobody had asked it to stop.
+handler raises `DagsterExecutionInterruptedError` at whatever bytecode the main thread is on.
+Inside an asyncio event loop that is unsafe: an exception other than KeyboardInterrupt/SystemExit
+raised in a loop callback (a socket's read, a timer) is logged as "Exception in callback" and
+dropped, and one raised in the step of a task nobody awaits yet is parked on that task. The
+interrupt is then lost and the step runs on to the end, as if nobody had asked it to stop.
 
 `InterruptibleRunner` takes the signal over while its loop runs: the handler only records it and
 cancels the running coroutine (as `asyncio.Runner` does for Ctrl-C), every task of the loop is
 cancelled (their connections close, so llama-server stops those slots), and only then, outside
-the loop, the interrupt the caller names (`interrupt`: Dagster's, in `defs/assets/stage_asset.py`) is
-raised for the orchestrator and the asset's own cleanup.
+the loop, the interrupt the caller names (`interrupt`: Dagster's, in
+`defs/assets/stage_asset.py`) is raised for the orchestrator and the asset's own cleanup.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The pipeline: what is generated and how a partition is run, no Dagster.
 
 The stage protocol (`GenerationTask`: its table, its requests from its inputs, its rows from its
-results), the stages (amplify, distill, judge; the Batch API's is `batch_api`'s), their rows and quarantine rows,
-the one stage registry, the night's arithmetic (`night`) and what the morning is told of it
-(`alerts`, `webhook`). Other packages import from here, never from the modules.
+results), the stages (amplify, distill, judge; the Batch API's is `batch_api`'s), their rows and
+quarantine rows, the one stage registry, the night's arithmetic (`night`) and what the morning is
+told of it (`alerts`, `webhook`). Other packages import from here, never from the modules.
 
 The members are imported on first use (`__getattr__`): the input models (`kimi_batch.inputs`)
 build on the row models here while the stages build on the input models, so an eager facade

@@ -1,8 +1,9 @@
 """The file primitives several features share (`private_files`: a regular file opened for
-reading, owner-only writes, a folder swapped in whole, stale temps removed; `blobs`: content-addressed files every host reads;
-`java_properties`: a value as Java's `Properties.load` reads it) and the storage errors
-(`exceptions`). The landed input versions, which once lived here, are the inputs
-feature's (`kimi_batch.inputs`). Other packages import from here, never from the modules.
+reading, owner-only writes, a folder swapped in whole, stale temps removed; `blobs`:
+content-addressed files every host reads; `java_properties`: a value as Java's `Properties.load`
+reads it) and the storage errors (`exceptions`). The landed input versions, which once lived
+here, are the inputs feature's (`kimi_batch.inputs`). Other packages import from here, never
+from the modules.
 """
 
 from kimi_batch.storage.blobs import BlobStore, SharedBlobs

@@ -1,5 +1,5 @@
-"""The Batch API stage (`lifecycle.ApiBatchTask`): requests as submitted, each with its system prompt as its digest; final
-answers as rows."""
+"""The Batch API stage (`lifecycle.ApiBatchTask`): requests as submitted, each with its system
+prompt as its digest; final answers as rows."""
 
 from __future__ import annotations
 

@@ -522,9 +522,10 @@ def run_partitions(
 ) -> dict[str, PartitionResult[dg.MaterializeResult]]:
     """`stages` over every held partition (key -> lease) in one engine run, each partition
     landed stage by stage (`kimi_batch.pipeline.drive`) and handed to `on_landed` (an asset step
-    leaves its one result to Dagster); every partition's result, in `partitions`' order. `planner` makes a partition's plan of a stage (default `plan_stage`);
-    `controls` add a stop time, a cancel poll (a cancel raises `BatchCancelledError`, nothing
-    lands) and a hook on the planned keys."""
+    leaves its one result to Dagster); every partition's result, in `partitions`' order.
+    `planner` makes a partition's plan of a stage (default `plan_stage`); `controls` add a stop
+    time, a cancel poll (a cancel raises `BatchCancelledError`, nothing lands) and a hook on the
+    planned keys."""
     store = resources.warehouse.warehouse()
     controls = controls or BatchControls()
     planner = planner or partial(_plan_from, store)
