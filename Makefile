@@ -85,9 +85,9 @@ demo: setup
 # The second yields the CPU to the first: in a session of its own, niced as a whole (with the
 # kernel's autogroups, the default, a process's nice counts only within its session; llama-server
 # runs in its own; the Dagster stacks the second starts in sessions of their own take its
-# niceness into theirs). It fills the first's idle time: the llama-server
-# tests wait on a server about half the time on 2 cores. Run one after the other, the tiers took
-# 31 minutes here. Temp dirs in RAM (see `make unit`).
+# niceness into theirs). It fills the first's idle time: the llama-server tests wait on a server
+# about half the time on 2 cores. Run one after the other, the tiers took 31 minutes here. Temp
+# dirs in RAM (see `make unit`).
 test: setup browser postgres
 	scripts/trino.sh fetch
 	scripts/s3proxy.sh fetch
