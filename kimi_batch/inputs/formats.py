@@ -169,6 +169,51 @@ class _RowTooLongError(Exception):
     pass
 
 
+# Where a CSV field's state can change: its quotes, and the delimiter and line ends outside them.
+_CSV_MARKS = re.compile('[",\r\n]')
+_FIELD_START, _UNQUOTED, _IN_QUOTES, _QUOTE_IN_QUOTES = range(4)
+_AFTER_QUOTE = {
+    _FIELD_START: _IN_QUOTES,  # the quote opens a quoted field
+    _UNQUOTED: _UNQUOTED,  # text: `5" wide` is a legal unquoted field
+    _IN_QUOTES: _QUOTE_IN_QUOTES,  # the field closes, unless a second quote makes it `""`
+    _QUOTE_IN_QUOTES: _IN_QUOTES,
+}
+
+
+class _Quoting:
+    """Whether the text of a record read so far leaves a quoted field open, as `csv` (the excel
+    dialect) reads it: only a quote that starts a field opens one, so a quote inside an unquoted
+    field is text and never makes the rest of the file look quoted. Only the quotes, delimiters
+    and line ends are looked at, and a piece without a quote only by its last character."""
+
+    def __init__(self) -> None:
+        self._state = _FIELD_START
+
+    @property
+    def open(self) -> bool:
+        return self._state == _IN_QUOTES
+
+    def feed(self, text: str) -> None:
+        state = self._state
+        if '"' not in text:
+            if state != _IN_QUOTES and text:
+                state = _FIELD_START if text[-1] in ",\r\n" else _UNQUOTED
+            self._state = state
+            return
+        at = 0
+        for mark in _CSV_MARKS.finditer(text):
+            if mark.start() > at and state in (_FIELD_START, _QUOTE_IN_QUOTES):
+                state = _UNQUOTED  # text before the mark (after a closing quote: csv's error)
+            if mark.group() == '"':
+                state = _AFTER_QUOTE[state]
+            elif state != _IN_QUOTES:
+                state = _FIELD_START
+            at = mark.end()
+        if at < len(text) and state in (_FIELD_START, _QUOTE_IN_QUOTES):
+            state = _UNQUOTED
+        self._state = state
+
+
 class _BoundedLines:
     """CSV input lines with a size budget per record; counts physical lines.
 
@@ -182,7 +227,7 @@ class _BoundedLines:
         self._text = text
         self._limit = limit
         self._size = 0
-        self._quotes = 0
+        self._quoting = _Quoting()
         self._mid_line = False
         self._resume: int | None = None  # where the record's second line starts
         self._first = 0  # the physical line the record starts on
@@ -191,7 +236,7 @@ class _BoundedLines:
 
     def start_record(self) -> None:
         self._size = 0
-        self._quotes = 0
+        self._quoting = _Quoting()
         self._resume = None
         self._first = self.lines + 1
         self.preview = ""
@@ -222,12 +267,12 @@ class _BoundedLines:
         if first:
             self.preview = line[:_PREVIEW_CHARS]
         self._size += len(line)
-        self._quotes += line.count('"')
+        self._quoting.feed(line)
         ending = 2 if line.endswith("\r\n") else int(line.endswith(("\n", "\r")))
         self._mid_line = self._size > self._limit and not ending
         if not self._mid_line:
             self.lines += 1
-            if first and self._quotes % 2:
+            if first and self._quoting.open:
                 # Rare (a cell spanning lines, or a stray quote): only then is the position asked.
                 self._resume = self._text.tell()
         if self._size - ending > self._limit:
@@ -236,8 +281,8 @@ class _BoundedLines:
 
     @property
     def quote_open(self) -> bool:
-        """Whether the record read so far leaves a quote open (csv writes them in pairs)."""
-        return bool(self._quotes % 2)
+        """Whether the record read so far leaves a quoted field open (`_Quoting`)."""
+        return self._quoting.open
 
     def resync(self) -> bool:
         """After a record spanning lines failed: go back to its second line, so only its first
@@ -249,18 +294,19 @@ class _BoundedLines:
         return True
 
     def skip_record(self) -> bool:
-        """Read to the end of a line outside quotes (a quote count that is even, as csv writes).
+        """Read to the end of a line outside a quoted field (`_Quoting`: a quote inside an
+        unquoted field is text, so the rows after a long one with `5" wide` in it are read).
         When the file ends with the quote still open, the quote never closed: go back to the
         record's second line instead (`resync`) and return True."""
-        while self._mid_line or self._quotes % 2:
+        while self._mid_line or self._quoting.open:
             piece = self._readline(_SKIP_CHUNK)
             if not piece:
                 return self.resync()
-            self._quotes += piece.count('"')
+            self._quoting.feed(piece)
             self._mid_line = not piece.endswith(("\n", "\r"))
             if not self._mid_line:
                 self.lines += 1
-                if self.lines == self._first and self._resume is None and self._quotes % 2:
+                if self.lines == self._first and self._resume is None and self._quoting.open:
                     self._resume = self._text.tell()  # the end of an over-long first line
         return False
 

@@ -145,3 +145,19 @@ def test_a_row_s_line_ending_does_not_count_against_its_size(ending: str) -> Non
     ]
     assert items[0].record == {"id": "1", "prompt": "a" * (limit - 2)}
     assert items[2].record == {"id": "3", "prompt": "Last"}
+
+
+def test_an_over_long_row_with_a_quote_inside_a_field_costs_only_its_own_line() -> None:
+    """`5" wide` is a legal unquoted field (its quote is text): skipping the over-long row it is
+    in ends at that row's line end, not at the next line that holds a quote (the rows between
+    were read by neither, lost)."""
+    data = 'id,prompt\n1,a box 5" wide and 6 feet long\n2,b\n3,c 6" x\n4,d\n'
+
+    items = list(csv_items(io.BytesIO(data.encode()), max_row_bytes=20))
+
+    assert [(item.line, item.record, item.error) for item in items] == [
+        (2, None, "row is over 20 characters"),
+        (3, {"id": "2", "prompt": "b"}, None),
+        (4, {"id": "3", "prompt": 'c 6" x'}, None),
+        (5, {"id": "4", "prompt": "d"}, None),
+    ]

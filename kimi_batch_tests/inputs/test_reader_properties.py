@@ -22,6 +22,7 @@ import polars as pl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kimi_batch.inputs.formats import csv_items
 from kimi_batch.inputs.prompts import InputBatch
 from kimi_batch.inputs.reader import read_inbox_file
 
@@ -288,6 +289,48 @@ def test_csv_lines_with_a_quote_that_never_closes_cost_their_own_line(
     for row in batch.quarantined:
         if by_line[row.line or 0] in strays:
             assert "does not close where a field ends" in row.reason
+
+
+@EXAMPLES
+@given(
+    rows=st.lists(
+        st.tuples(TEXT, st.one_of(st.none(), st.integers(1, 10))), min_size=1, max_size=12
+    ),
+    limit=st.integers(10, 40),
+)
+def test_csv_rows_over_the_size_limit_cost_their_own_line_only(
+    rows: list[tuple[str, int | None]], limit: int
+) -> None:
+    """Rows a CSV writer wrote, and rows with a quote inside an unquoted field (`5" wide`, which
+    csv reads as text), some longer than the limit: each row is one item on its own first line,
+    set aside if it is over the limit and read as written if not."""
+    lines: list[tuple[str, str]] = []  # (the row as written, its prompt)
+    for n, (text, quote_at) in enumerate(rows):
+        if quote_at is None:
+            buffer = io.StringIO(newline="")
+            # Its default ending, CRLF, makes the writer quote a cell holding either character.
+            csv.writer(buffer).writerow([str(n), text])
+            lines.append((buffer.getvalue().removesuffix("\r\n"), text))
+        else:  # the quote is never a field's first character
+            plain = _unquoted(text)
+            prompt = f'{plain[:quote_at]}"{plain[quote_at:]}'
+            lines.append((f"{n},{prompt}", prompt))
+    data = "id,prompt\n" + "".join(f"{line}\n" for line, _ in lines)
+
+    items = list(csv_items(io.BytesIO(data.encode()), max_row_bytes=limit))
+
+    starts, at = [], 2
+    for line, _ in lines:
+        starts.append(at)
+        at += 1 + line.replace("\r\n", "\n").count("\n") + _bare_cr_lines(line)
+    assert [item.line for item in items] == starts
+    for n, (item, (line, prompt)) in enumerate(zip(items, lines, strict=True)):
+        if len(line) > limit:
+            assert item.error is not None
+            assert item.error.startswith(f"row is over {limit} characters")
+        else:
+            assert item.error is None
+            assert item.record == {"id": str(n), "prompt": prompt}
 
 
 def _unquoted(text: str) -> str:
