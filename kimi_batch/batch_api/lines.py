@@ -75,7 +75,6 @@ from __future__ import annotations
 import io
 import itertools
 import json
-import math
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import IO, Any, Literal
@@ -91,6 +90,7 @@ from kimi_batch.inputs import (
     ToolFunction,
     format_validation_error,
     jsonl_items,
+    number_spelling,
 )
 from kimi_batch.llama import ChatMessage, TokenLogprob, ToolCall
 from kimi_batch.pipeline import RequestTag
@@ -708,20 +708,14 @@ def _param(error: ValidationError) -> str | None:
     return ".".join(str(part) for part in first) or None
 
 
-def _spelling(number: float) -> str | None:
-    """How JSON text spells a number strict JSON has no room for; None for a finite one."""
-    if math.isfinite(number):
-        return None
-    return "NaN" if math.isnan(number) else "Infinity" if number > 0 else "-Infinity"
-
-
 def _json_flaw(record: dict[str, Any], limit: int) -> tuple[str, str | None] | None:
     """What `record` holds that no request may: containers nested deeper than `limit`, or a
-    number that is not finite; (the message, the path of the number), the nesting first; None
-    if neither.
+    number strict JSON has no room for (`inputs.number_spelling`); (the message, the path of the
+    number), the nesting first; None if neither.
 
-    Python's JSON reader takes `NaN`, `Infinity` and `-Infinity` (and reads `1e999` as infinity),
-    but the request a line becomes is sent as strict JSON, which has no such numbers: found
+    Python's JSON reader takes `NaN`, `Infinity` and `-Infinity` (and reads `1e999` as infinity)
+    and integers of any size, but the request a line becomes is sent as strict JSON, which has no
+    such numbers (llama-server refuses an integer past a double's range): found
     only in the run, one would fail the whole batch (or turn into null inside a tool's
     `parameters`). One walk for both, iterative (a line nested past the recursion limit must not
     crash the check); a path is built only for the containers."""
@@ -735,11 +729,7 @@ def _json_flaw(record: dict[str, Any], limit: int) -> tuple[str, str | None] | N
         for key, child in children:
             if isinstance(child, (dict, list)):
                 stack.append((child, depth + 1, f"{path}{str(key)[:100]}."))
-            elif (
-                non_finite is None
-                and isinstance(child, float)
-                and (spelling := _spelling(child)) is not None
-            ):
+            elif non_finite is None and (spelling := number_spelling(child)) is not None:
                 where = f"{path}{str(key)[:100]}"
                 non_finite = (
                     f"{where} is {spelling}, which is not valid JSON (a number must be "

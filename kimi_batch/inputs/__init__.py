@@ -51,7 +51,7 @@ from kimi_batch.inputs.raw_rows import format_validation_error
 from kimi_batch.inputs.reader import InputReader, iter_inbox_rows, read_inbox_file
 from kimi_batch.inputs.seeds import land_input, land_seeds
 from kimi_batch.inputs.seen_ids import SeenIds
-from kimi_batch.inputs.tools import FunctionTool, ToolFunction
+from kimi_batch.inputs.tools import FunctionTool, ToolFunction, number_spelling
 
 __all__ = [
     "HASH_BUDGET_S",
@@ -87,6 +87,7 @@ __all__ = [
     "landed_state",
     "landed_versions",
     "landing_retries",
+    "number_spelling",
     "plan_inbox_tick",
     "read_inbox_file",
     "resolve_input",

@@ -1,11 +1,14 @@
 """The function tools a row may offer the model: an inbox row's `tools` and a Batch API line's
 are checked by the same models (the class names stay `_Tool`/`_Function`: JSON schemas and error
 messages name them). Every string a row sends or stores is valid Unicode (`UnicodeText`), the
-strings inside a tool's free-form `parameters` too."""
+strings inside a tool's free-form `parameters` too, and every number in those is one JSON spells
+(`sendable_json`)."""
 
 from __future__ import annotations
 
+import math
 import re
+import sys
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
@@ -13,6 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 # A lone surrogate (from a JSON `\ud800` escape) is not Unicode: UTF-8 encoding of the request,
 # the request key and the Parquet writer would all fail on it later.
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_DOUBLE_MAX = sys.float_info.max
 
 
 def unicode_error(value: str) -> str | None:
@@ -51,16 +55,33 @@ def _path(place: _Place) -> str:
     )
 
 
-def unicode_json(value: Any) -> Any:
-    """`value` if every string in it, keys included, is valid Unicode: it is sent and stored as
-    JSON text, and one lone surrogate would fail the write of every row of its partition.
-    Walked without recursion, and a place's path is only spelled out for the reason, so a
-    value nested as deeply as JSON allows costs no more than its size."""
+def number_spelling(value: object) -> str | None:
+    """How a number a request's strict JSON has no room for is spelled: `NaN`, `Infinity`,
+    `-Infinity` (Python's JSON reader takes all three, and reads `1e999` as infinity), or an
+    integer past a double's range (llama-server reads every JSON number as a 64-bit integer or
+    a double); None for any other value."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _DOUBLE_MAX:
+        return "an integer past a double's range"
+    return None
+
+
+def sendable_json(value: Any) -> Any:
+    """`value` if a request can carry it as JSON text: every string in it, keys included, valid
+    Unicode (one lone surrogate would fail the write of every row of its partition), and every
+    number one strict JSON spells (`number_spelling`: a NaN stored would fail the row's request
+    in the run, and every later run of its partition). Walked without recursion, and a place's
+    path is only spelled out for the reason, so a value nested as deeply as JSON allows costs no
+    more than its size."""
     pending: list[tuple[_Place, Any]] = [(None, value)]
     while pending:
         place, item = pending.pop()
         if isinstance(item, str) and (error := unicode_error(item)) is not None:
             raise ValueError(f"{_path(place)}: {error}" if place else error)
+        if (spelling := number_spelling(item)) is not None:
+            error = f"is {spelling}, which JSON has no number for (a request could not carry it)"
+            raise ValueError(f"{_path(place)} {error}" if place else error)
         if isinstance(item, dict):
             for key, inner in item.items():
                 if isinstance(key, str) and (error := unicode_error(key)) is not None:
@@ -82,7 +103,7 @@ class _Function(BaseModel):
     @field_validator("parameters")
     @classmethod
     def _parameters(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        return unicode_json(value)
+        return sendable_json(value)
 
 
 class _Tool(BaseModel):

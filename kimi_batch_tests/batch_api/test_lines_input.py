@@ -433,3 +433,17 @@ def test_a_logit_bias_key_of_other_digits_than_ascii_fails_its_line() -> None:
     lines = [_line(key, logit_bias={key: 5}) for key in ("٣", "²", "42")]
     parsed = parse_batch_input(lines, endpoint=URL)
     assert [(e.code, e.line) for e in parsed.errors] == [("invalid_request", n) for n in (1, 2)]
+
+
+def test_an_integer_past_a_double_s_range_fails_its_line_naming_where_it_is() -> None:
+    """JSON has integers of any size and Python reads them exactly, but llama-server reads a
+    number as a 64-bit integer or a double: found only in the run, it would fail the batch."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"maximum": 10**309}}}
+    lines = [_line("big", tools=[tool]), _line("ok", seed=10**18)]
+
+    scan = scan_batch_input(io.BytesIO(b"\n".join(lines)), endpoint=URL)
+
+    assert [(e.code, e.line, e.param) for e in scan.errors] == [
+        ("invalid_json_line", 1, "body.tools.0.function.parameters.maximum")
+    ]
+    assert "is an integer past a double's range" in scan.errors[0].message

@@ -538,6 +538,26 @@ def test_a_lone_surrogate_in_a_tool_names_where_it_is(tmp_path: Path) -> None:
     )
 
 
+def test_a_number_json_has_no_room_for_in_a_tool_names_where_it_is(tmp_path: Path) -> None:
+    """Python's JSON reader takes `Infinity`, `NaN` and integers of any size; a request cannot
+    carry them (llama-server reads doubles), so a kept row would fail its request in every run
+    (a long prompt's length check failed the whole partition's seeds)."""
+    rows = [
+        {"id": str(n), "prompt": "hi", "tools": [_tool(parameters={"maximum": value})]}
+        for n, value in enumerate([float("inf"), float("nan"), 10**309, 10**308])
+    ]
+    path = _jsonl(tmp_path / "tools.jsonl", rows)
+
+    batch = read_inbox_file(path)
+
+    assert [seed.input_id for seed in batch.seeds] == ["3"]  # 1e308 is a double
+    assert [row.reason for row in batch.quarantined] == [
+        f"tools[0].function.parameters: maximum is {spelling}, which JSON has no number for (a "
+        "request could not carry it)"
+        for spelling in ("Infinity", "NaN", "an integer past a double's range")
+    ]
+
+
 def test_surrogates_in_a_json_array_keep_raw_encodable(tmp_path: Path) -> None:
     path = tmp_path / "rows.json"
     path.write_text('[{"id": "1", "prompt": "hi", "system": "\\ud800"}]')

@@ -1,10 +1,11 @@
 """Hostile `tools` in an inbox row (issue 45 item 2): whatever the column holds, the row is a seed
 whose tools are OpenAI function tools, or a quarantine row with a reason naming `tools`; never
-a crash, never dropped."""
+a crash, never dropped, and never a number the request's JSON cannot carry."""
 
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,12 @@ from kimi_batch.inputs.reader import read_inbox_file
 EXAMPLES = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 _NAMES = st.one_of(st.from_regex(r"[A-Za-z0-9_-]{1,64}", fullmatch=True), st.text(max_size=70))
 _JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.sampled_from([10**309, -(10**400)])  # past a double's range
+    | st.floats()  # NaN and the infinities too: Python's JSON writes and reads them
+    | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner),
     max_leaves=8,
 )
@@ -54,3 +60,12 @@ def test_a_row_s_tools_are_function_tools_or_the_row_is_quarantined(
     for tool in kept:
         assert tool["type"] == "function"
         assert 1 <= len(tool["function"]["name"]) <= 64
+    # A kept row's tools go out as strict JSON, which llama-server reads as doubles: no NaN or
+    # infinity, and no integer past a double's range.
+    json.loads(json.dumps(kept, allow_nan=False), parse_int=_double)
+
+
+def _double(text: str) -> float:
+    number = float(text)
+    assert math.isfinite(number), text
+    return number
