@@ -230,7 +230,9 @@ class _Message(_Model):
     @classmethod
     def _parts(cls, value: Any) -> Any:
         if isinstance(value, list):
-            return "".join(_part_text(index, part) for index, part in enumerate(value))
+            # One line apart, as llama-server joins a message's text parts for a template that
+            # takes a string (and as the inbox's rows are read): "".join ran words together.
+            return "\n".join(_part_text(index, part) for index, part in enumerate(value))
         return value
 
 

@@ -14,6 +14,7 @@ from kimi_batch.batch_api.lines import (
     scan_batch_input,
     served_models,
 )
+from kimi_batch.inputs.reader import read_inbox_file
 from kimi_batch.llama import chat_body, completion_body
 from kimi_batch.settings import Settings
 from kimi_batch_tests.support.batches import chat_line
@@ -433,6 +434,25 @@ def test_a_logit_bias_key_of_other_digits_than_ascii_fails_its_line() -> None:
     lines = [_line(key, logit_bias={key: 5}) for key in ("٣", "²", "42")]
     parsed = parse_batch_input(lines, endpoint=URL)
     assert [(e.code, e.line) for e in parsed.errors] == [("invalid_request", n) for n in (1, 2)]
+
+
+def test_text_parts_are_joined_a_line_apart_as_llama_server_and_the_inbox_join_them(
+    tmp_path: Path,
+) -> None:
+    parts = [{"type": "text", "text": "What is"}, {"type": "text", "text": "2+2?"}]
+    chat = _raw("chat", {"messages": [{"role": "user", "content": parts}]})
+    items = [{**part, "type": "input_text"} for part in parts]
+    responses = _raw("resp", {"input": [{"role": "user", "content": items}]}, RESPONSES)
+    inbox = tmp_path / "rows.jsonl"
+    inbox.write_text(json.dumps({"messages": [{"role": "user", "content": parts}]}) + "\n")
+
+    (chat_parsed,) = parse_batch_input([chat], endpoint=URL).lines
+    (responses_line,) = parse_batch_input([responses], endpoint=RESPONSES).lines
+    (seed,) = read_inbox_file(inbox).seeds
+
+    assert chat_parsed.request().messages[-1].content == "What is\n2+2?"
+    assert responses_line.request().messages[-1].content == "What is\n2+2?"
+    assert seed.prompt == "What is\n2+2?"
 
 
 def test_an_integer_past_a_double_s_range_fails_its_line_naming_where_it_is() -> None:
