@@ -9,6 +9,7 @@ cost, not Dagster's first-run imports.
 
 With GENERATE, all but the last GENERATE requests of the partition are written to the ledger
 first, keyed exactly as the engine keys them (the rerun path: a partition killed near its end),
+each with N_PROBS alternatives for each of its MAX_TOKENS tokens as a real answer has them,
 so the measured run streams ROWS rows from the ledger to Parquet and generates only GENERATE of
 them: the work, unlike the rows, does not depend on the machine's speed.
 """
@@ -28,6 +29,7 @@ from kimi_batch.definitions import batch_assets, build_resources
 from kimi_batch.defs.partitions import SOURCE_PARTITIONS_NAME
 from kimi_batch.defs.resources import DigestResource, LlamaServerResource, WarehouseResource
 from kimi_batch.engine import BatchEngine, GenerationResult
+from kimi_batch.llama import TokenLogprob, TopLogprob
 from kimi_batch.pipeline import DistillConfig, plan_stage
 from kimi_batch.settings import Settings
 
@@ -48,7 +50,10 @@ def _write_inbox(source: str, rows: int) -> None:
     inbox = Settings.from_env().paths.inbox_dir
     inbox.mkdir(parents=True, exist_ok=True)
     lines = (
-        json.dumps({"id": f"{source}-{i}", "prompt": f"Reply with only the word yes. (case {i})"})
+        # The source in the text: the quality gate would set aside another partition's repeats.
+        json.dumps(
+            {"id": f"{source}-{i}", "prompt": f"Reply with only the word yes. ({source} {i})"}
+        )
         for i in range(rows)
     )
     (inbox / f"{source}.jsonl").write_text("\n".join(lines) + "\n")
@@ -95,8 +100,20 @@ def _prefill_ledger(source: str, config: dict[str, Any], generate: int) -> int:
         engine = BatchEngine(prepared.endpoints, digest, ledger, digest_tokens=0)
         planned = engine.plan(requests)[: max(0, len(requests) - generate)]
         for item in planned:
-            ledger.put(_answer(item.content_key, item.request.input_id, engine.model, digest))
+            answer = _answer(item.content_key, item.request.input_id, engine.model, digest)
+            ledger.put(answer.model_copy(update={"logprobs": _logprobs(config)}))
     return len(planned)
+
+
+def _logprobs(config: dict[str, Any]) -> list[TokenLogprob] | None:
+    """What an answer of `max_tokens` tokens with `n_probs` alternatives each carries."""
+    if not config["n_probs"]:
+        return None
+    top = [TopLogprob(token=f" t{k}", logprob=-1.0 - k, id=k) for k in range(config["n_probs"])]
+    return [
+        TokenLogprob(token=f" t{i}", logprob=-0.5, top=top, id=i)
+        for i in range(config["max_tokens"])
+    ]
 
 
 def _answer(content_key: str, input_id: str, model: str, digest: Any) -> GenerationResult:
