@@ -502,6 +502,11 @@ def _chat_request(
     """`turns`: the body field the conversation came from, named in a refusal."""
     system, messages = _split_system(body.messages, turns)
     format_ = body.response_format
+    if body.top_logprobs is not None and not body.logprobs:
+        # OpenAI answers it with a 400; dropping it would run a request without what it asked.
+        raise LineRefusedError(
+            "top_logprobs is only allowed with logprobs: true", "body.top_logprobs"
+        )
     top = (body.top_logprobs or 0) if body.logprobs else None
     params = body.sampling(
         max_tokens=body.max_completion_tokens or body.max_tokens or _DEFAULT_CHAT_MAX_TOKENS,

@@ -467,3 +467,17 @@ def test_an_integer_past_a_double_s_range_fails_its_line_naming_where_it_is() ->
         ("invalid_json_line", 1, "body.tools.0.function.parameters.maximum")
     ]
     assert "is an integer past a double's range" in scan.errors[0].message
+
+
+def test_top_logprobs_without_logprobs_fails_its_line_not_dropped() -> None:
+    """OpenAI refuses it (400); running the line without logprobs would answer another request."""
+    lines = [_line("alone", top_logprobs=3), _line("off", logprobs=False, top_logprobs=3)]
+    lines.append(_line("on", logprobs=True, top_logprobs=3))
+
+    parsed = parse_batch_input(lines, endpoint=URL)
+
+    assert [(e.code, e.line, e.param) for e in parsed.errors] == [
+        ("invalid_request", 1, "body.top_logprobs"),
+        ("invalid_request", 2, "body.top_logprobs"),
+    ]
+    assert "only allowed with logprobs: true" in parsed.errors[0].message
