@@ -168,6 +168,12 @@ def _check_server_url(url: str) -> None:
         raise ValueError(
             "its user info holds a '/', '?' or '#': percent-encode it (e.g. %2F for '/')"
         )
+    try:
+        port = parts.port
+    except ValueError:  # not a number, or past 65535; what the HTTP client would raise later
+        port = 0
+    if port == 0:
+        raise ValueError("its port must be a number from 1 to 65535")
 
 
 class Settings(QualitySettings, StateSettings):

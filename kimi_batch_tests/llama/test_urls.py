@@ -41,6 +41,21 @@ def test_credentials_the_parser_cannot_find_are_hidden_and_refused(
     assert "9secret" not in repr(Settings.from_env())
 
 
+@pytest.mark.parametrize("port", ["abc", "99999", "0"])
+def test_a_server_url_whose_port_no_client_can_use_is_one_config_error(
+    port: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by review: accepted, then the client's construction raised a traceback (httpx's
+    InvalidURL, or a ValueError with user info) out of every command."""
+    for variable in ("KIMI_BATCH_LLAMA_URL", "KIMI_BATCH_LLAMA_EXTRA_URLS"):
+        with monkeypatch.context() as env:
+            env.setenv(variable, f"http://u:9secret@127.0.0.1:{port}")
+            with pytest.raises(ConfigError, match="port must be a number from 1 to 65535") as bad:
+                Settings.from_env()
+        assert variable in str(bad.value)
+        assert "9secret" not in str(bad.value)
+
+
 async def test_the_client_sends_basic_auth_and_shows_no_credentials() -> None:
     seen: list[httpx.Request] = []
 
