@@ -154,7 +154,8 @@ def _structured(
             f"answer does not match {name} once written as JSON: {where} holds a number no "
             "float holds, or NaN, which JSON writes as null"
         )
-    canonical = answer.model_dump_json()
+    # By alias: the JSON the schema sent asked for (by_alias is its default), so it validates back.
+    canonical = answer.model_dump_json(by_alias=True)
     return canonical, ""
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from kimi_batch.engine import INSTRUCTIONS_OPEN
 from kimi_batch.engine.generation import GenerationResult, SamplingParams
@@ -236,6 +236,24 @@ def test_structured_output_is_validated_and_bad_json_quarantined() -> None:
         2,
     )
     assert reasons["d"].raw == '{"answer": "504", "confid'
+
+
+class Labelled(BaseModel):
+    """A field whose JSON name is a Python keyword: the schema asks for the alias."""
+
+    label: str = Field(alias="class")
+
+
+def test_structured_output_is_stored_in_the_json_its_schema_asks_for() -> None:
+    """Found by review: stored by field name (`{"label": ...}`), the column held JSON its own
+    schema refuses, so `output_model.model_validate_json(row.structured)` failed."""
+    assert "class" in Labelled.model_json_schema()["properties"]
+    results = [_result('{"class": "noun"}', input_id="s1", tag="seed", request_id="a")]
+
+    (row,), _ = _distilled(results, output_model=Labelled)
+
+    assert row.structured == '{"class":"noun"}'
+    assert Labelled.model_validate_json(row.structured) == Labelled(**{"class": "noun"})
 
 
 def test_rows_reject_results_that_match_nothing() -> None:
