@@ -242,7 +242,10 @@ def read_sqlite(path: Path) -> SqliteDatabase | None:
     if not path.is_file():
         return None
     try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+        # As a URI, percent-encoded: a '#' or '?' in a folder's name would end the path there
+        # (SQLite opened, and created, a file beside the state folder: a migration copied none
+        # of the store's rows and said so as a success).
+        db = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=30)
     except sqlite3.Error as error:
         raise _translated(error, path) from error
     return SqliteDatabase.wrap(db, path)

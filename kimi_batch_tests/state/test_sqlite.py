@@ -34,3 +34,22 @@ def test_a_file_without_a_counter_gave_nothing(tmp_path: Path) -> None:
     with closing(SqliteDatabase(tmp_path / "plain.db")) as db:
         assert db.serials_given("plain") == 0
         db.reset_serials("plain")  # no sqlite_sequence: nothing to raise
+
+
+def test_a_store_in_a_folder_whose_name_holds_uri_marks_is_read_where_it_is(
+    tmp_path: Path,
+) -> None:
+    """Found by review: the read-only URI ended the path at a '#' or '?', so the reader opened
+    (and created) `run` beside the folder: an empty store, every row of the real one unread."""
+    folder = tmp_path / "run#1?x=%41 b"
+    folder.mkdir()
+    with closing(sqlite3.connect(folder / "store.db")) as db, db:
+        db.execute("CREATE TABLE t (x TEXT)")
+        db.execute("INSERT INTO t (x) VALUES ('kept')")
+
+    source = read_sqlite(folder / "store.db")
+
+    assert source is not None
+    with source:
+        assert source.execute("SELECT x FROM t").fetchall() == [("kept",)]
+    assert sorted(path.name for path in tmp_path.iterdir()) == [folder.name]
