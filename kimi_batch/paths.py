@@ -231,6 +231,24 @@ class StatePaths(BaseModel):
         return self.warehouse_url or str(self.warehouse_dir)
 
     @property
+    def warehouse_root(self) -> str:
+        """The root of the table files as Iceberg locations name it (the catalog's and Trino's):
+        the object-store URL, or `file://` and the folder's absolute path as written. Not
+        percent-encoded: pyiceberg and Trino take a file URL's path as written, so a space
+        encoded `%20` put the tables in another folder (`state%20home`, beside the state
+        folder). A '#' or '?' would end the path for both: such a folder is refused."""
+        if self.warehouse_url is not None:
+            return self.warehouse_url
+        folder = str(self.warehouse_dir.expanduser().resolve())
+        if "#" in folder or "?" in folder:
+            raise ConfigError(
+                f"the warehouse folder {folder} holds a '#' or '?', which ends a table file's "
+                "location there: use a state folder (KIMI_BATCH_HOME) or KIMI_BATCH_WAREHOUSE "
+                "without them"
+            )
+        return f"file://{folder}"
+
+    @property
     def dagster_home(self) -> Path:
         return self.home / "dagster"
 

@@ -22,8 +22,6 @@ from datetime import UTC, date, datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
-from urllib.request import url2pathname
 
 import polars as pl
 import pyarrow as pa
@@ -105,11 +103,13 @@ class CatalogSpec(BaseModel):
     ) -> CatalogSpec:
         """The catalog in the ledger's database of the state `paths`, the files in its
         warehouse (folder or URL)."""
-        root = paths.warehouse_url or paths.warehouse_dir.expanduser().resolve().as_uri()
+        root = paths.warehouse_root
         if paths.database_url is None:
             path = paths.ledger_path.expanduser().resolve()
             # A generous busy timeout: commits of several workers queue on SQLite's write lock.
-            database, sqlite_path = f"sqlite:///{path}?timeout=60", path
+            # Built, not formatted: a '?' in a folder's name would end the path there.
+            url = URL.create("sqlite", database=str(path), query={"timeout": "60"})
+            database, sqlite_path = url.render_as_string(hide_password=False), path
         else:
             database, sqlite_path = _sqlalchemy_postgres(paths.database_url), None
         return cls(
@@ -528,7 +528,8 @@ class Warehouse:
     def location(self) -> str:
         """Where the table files are, as a user names it (a folder, or an object-store URL)."""
         root = self.spec.warehouse
-        return url2pathname(urlsplit(root).path) if root.startswith("file://") else root
+        # As pyiceberg reads the URL: its path as written (`StatePaths.warehouse_root`).
+        return root.removeprefix("file://") if root.startswith("file://") else root
 
     def pinned(self, snapshots: Mapping[str, int]) -> Warehouse:
         """The same tables as of `snapshots` (table -> snapshot id); a table not named reads

@@ -137,7 +137,7 @@ def catalog_property_map(settings: Settings) -> dict[str, str]:
         "iceberg.catalog.type": "jdbc",
         "iceberg.jdbc-catalog.catalog-name": CATALOG_NAME,
         **_jdbc_properties(settings),
-        "iceberg.jdbc-catalog.default-warehouse-dir": _warehouse_root(settings),
+        "iceberg.jdbc-catalog.default-warehouse-dir": settings.paths.warehouse_root,
         # Trino reads; the warehouse writes, under the partition leases Trino knows nothing of.
         "iceberg.security": "read_only",
         **_file_system_properties(settings),
@@ -147,13 +147,6 @@ def catalog_property_map(settings: Settings) -> dict[str, str]:
 def write_catalog(settings: Settings, path: Path) -> Path:
     """Write `catalog_properties` to `path` whole, owner-only (it may hold passwords)."""
     return write_private_text(path, catalog_properties(settings))
-
-
-def _warehouse_root(settings: Settings) -> str:
-    # As the warehouse names it (`warehouse.CatalogSpec`): Trino must find the same files.
-    return (
-        settings.paths.warehouse_url or settings.paths.warehouse_dir.expanduser().resolve().as_uri()
-    )
 
 
 def _jdbc_properties(settings: Settings) -> dict[str, str]:

@@ -19,11 +19,14 @@ import pytest
 from pyiceberg.expressions import visitors
 from pyiceberg.manifest import ManifestFile
 from pyiceberg.utils.concurrent import ExecutorFactory
+from sqlalchemy import make_url
 
 from kimi_batch.crash_points import CrashPointReached, armed
+from kimi_batch.errors import ConfigError
+from kimi_batch.paths import StatePaths
 from kimi_batch.pipeline import DistilledRow
 from kimi_batch.storage import InvalidIdentifierError, InvalidPartitionError
-from kimi_batch.warehouse import TABLES, Warehouse, open_catalog, polars_schema
+from kimi_batch.warehouse import TABLES, CatalogSpec, Warehouse, open_catalog, polars_schema
 from kimi_batch_tests.support.rows import CREATED_AT, amplified, distilled, quarantined
 from kimi_batch_tests.support.s3proxy import WarehouseFactory
 
@@ -62,6 +65,29 @@ def test_the_catalog_is_in_the_ledger_s_database(tmp_path: Path) -> None:
     with sqlite3.connect(tmp_path / "ledger" / "ledger.sqlite3") as db:
         rows = db.execute("SELECT table_namespace, table_name FROM iceberg_tables").fetchall()
     assert rows == [("kimi_batch", "amplified")]
+
+
+@pytest.mark.parametrize("mark", ["#", "?"])
+def test_a_warehouse_folder_whose_name_ends_a_file_location_is_refused(
+    tmp_path: Path, mark: str
+) -> None:
+    """A '#' or '?' ends the path of a table file's location for pyiceberg and Trino alike:
+    the tables would be written (and read) somewhere else."""
+    with pytest.raises(ConfigError, match="holds a '#' or '\\?'"):
+        Warehouse(tmp_path / f"run{mark}1" / "warehouse")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_catalog_of_a_state_folder_named_with_a_question_mark_is_in_its_ledger(
+    tmp_path: Path,
+) -> None:
+    """With an object-store warehouse the state folder may hold a '?': the catalog's database
+    URL is built, not formatted, so SQLAlchemy opens the ledger's own file."""
+    paths = StatePaths(home=tmp_path / "run?1", warehouse_url="s3://bucket/tables")
+
+    spec = CatalogSpec.from_paths(paths)
+
+    assert make_url(spec.database.get_secret_value()).database == str(paths.ledger_path)
 
 
 def test_an_exception_right_after_a_partitions_commit_leaves_it_readable_at_the_new_version(
