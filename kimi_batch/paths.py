@@ -328,11 +328,22 @@ class StatePaths(BaseModel):
 
 
 def _read_start(path: Path) -> date:
-    text = path.read_text().strip()
+    """The date `path` holds; FileNotFoundError when there is none, ConfigError for anything
+    else that is not one (garbled text, bytes that are not text, a folder)."""
+    fix = "restore it, or set KIMI_BATCH_PARTITIONS_START"
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        raise
+    except (OSError, UnicodeDecodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) else "not UTF-8 text"
+        raise ConfigError(
+            f"{path} cannot be read as the install's first partition date ({reason}): {fix}"
+        ) from None
     try:
         return date.fromisoformat(text)
     except ValueError:
         raise ConfigError(
             f"{path} holds {text[:40]!r}, not the install's first partition date (YYYY-MM-DD): "
-            "restore it, or set KIMI_BATCH_PARTITIONS_START"
+            f"{fix}"
         ) from None

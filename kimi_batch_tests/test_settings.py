@@ -147,6 +147,18 @@ def test_partitions_start_on_the_install_date_and_stay_there(
     assert Settings.from_env().first_partition_date() == date(2024, 2, 29)
 
 
+def test_a_partitions_start_that_is_a_folder_is_refused_not_reset(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Found by review: IsADirectoryError raised out of every caller (a traceback)."""
+    settings = Settings.from_env()
+    settings.paths.partitions_start_file.mkdir(parents=True)
+
+    with pytest.raises(ConfigError, match="cannot be read as the install's first partition"):
+        settings.first_partition_date()
+    assert settings.paths.partitions_start_file.is_dir()
+
+
 def test_a_new_install_shows_no_year_of_empty_partitions(
     clean_env: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

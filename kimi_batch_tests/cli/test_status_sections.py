@@ -168,6 +168,21 @@ def test_a_garbled_partitions_start_is_refused_not_reset(
     _assert_refused_not_reset(done, tmp_path, content)
 
 
+def test_a_partitions_start_that_is_not_text_is_refused_in_one_line(
+    tmp_path: Path, status: InProcess
+) -> None:
+    """Found by review: bytes that are not UTF-8 raised a traceback."""
+    _garbled_start(tmp_path, "")
+    (tmp_path / "partitions_start").write_bytes(b"\xff\xfe2025\n")
+
+    done = status(tmp_path)
+
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "partitions_start cannot be read as the install's first partition date" in done.stderr
+    assert "KIMI_BATCH_PARTITIONS_START" in done.stderr
+
+
 def test_the_refusal_is_one_line_from_a_fresh_process_too(tmp_path: Path) -> None:
     """A child imports Dagster afresh: a warning printed at import would be a second line."""
     _garbled_start(tmp_path, "")
