@@ -29,7 +29,8 @@ reason; it never leaves the batch behind.
     write_batch_files  the output file (one line per answered request) and the error file (one
                        per request that failed, was set aside or was never answered)
     finish_batch       the files, then the final status; a cancel that arrived before the final
-                       status was entered makes it `cancelled`
+                       status was entered makes it `cancelled`; a final batch (a rerun by hand)
+                       is left as it is, unless it ended without its files: they are written
 
 Every status change is a compare-and-set (`ApiStore.transition`), so a cancel landing between
 any two steps is honoured: the step after it sees that it did not move the batch.
@@ -514,13 +515,22 @@ def finish_batch(
     outcomes: Sequence[BatchOutcome] = (),
 ) -> BatchRecord:
     """Write the output/error files, then enter `status` (never over a final one). A batch
-    being cancelled ends `cancelled`, whatever `status` the run reached. `lines` is read
-    once (an iterator from `iter_batch_lines` will do)."""
+    being cancelled ends `cancelled`, whatever `status` the run reached. A final batch (a
+    rerun by hand) keeps its status and its files; one that ended without them gets them now.
+    `lines` is read once (an iterator from `iter_batch_lines` will do)."""
     current = store.batch(batch_id)
     if current is None:
         raise StorageError(f"no batch {batch_id}")
+    failed = {f.input_id: ("request_failed", f.reason) for o in outcomes for f in o.failures}
     if current.terminal:
-        return current
+        if current.output_file_id is not None or current.error_file_id is not None:
+            return current  # a final batch's files never change (a client may hold them)
+        # Ended without its files (`finish_failed`): the answers kept in the ledger, this
+        # rerun's too, are written now, each request in one file as its final status says.
+        unanswered = _UNANSWERED.get(current.status)
+        return write_batch_files(
+            store, ledger, current, lines, set_aside=failed, unanswered=unanswered
+        )
     if status == BatchStatus.CANCELLED or current.status == BatchStatus.CANCELLING:
         status = BatchStatus.CANCELLED
         store.transition(batch_id, BatchStatus.CANCELLING)
@@ -530,7 +540,6 @@ def finish_batch(
         and store.transition(batch_id, BatchStatus.FINALIZING, expect=_IN_RUN) is None
     ):
         return finish_batch(store, ledger, batch_id, lines, BatchStatus.CANCELLED)
-    failed = {f.input_id: ("request_failed", f.reason) for o in outcomes for f in o.failures}
     record = write_batch_files(
         store, ledger, current, lines, set_aside=failed, unanswered=_UNANSWERED.get(status)
     )

@@ -672,8 +672,12 @@ class StoreMachine(RuleBasedStateMachine):
         lines = batch_lines(self.settings, record)
         keys = self.planned.get(batch_id, {})
         done = [line for line in lines if keys.get(line.custom_id) in self.answered]
-        if current in TERMINAL_STATUSES:
+        written = record.output_file_id is not None or record.error_file_id is not None
+        if current in TERMINAL_STATUSES and written:
             final, failed = current, record.request_failed
+        elif current in TERMINAL_STATUSES:  # ended without its files: this finish writes them
+            final = current
+            failed = 0 if current == BatchStatus.COMPLETED else len(lines) - len(done)
         elif (
             status == CANCELLED
             or current == CANCELLING
@@ -683,12 +687,14 @@ class StoreMachine(RuleBasedStateMachine):
         else:
             final = status
             failed = 0 if status == BatchStatus.COMPLETED else len(lines) - len(done)
-        writes = current not in TERMINAL_STATUSES and (done or failed)
+        ends = current not in TERMINAL_STATUSES
+        files = ends or not written  # a final batch's files are written once
+        writes = files and (done or failed)
         if crash and writes:
-            # Stopped after keeping its first file: before its final status.
-            if final in (BatchStatus.COMPLETED, BatchStatus.EXPIRED):
+            # Stopped after keeping its first file: before its final status (a final one kept).
+            if ends and final in (BatchStatus.COMPLETED, BatchStatus.EXPIRED):
                 self.status[batch_id] = FIN
-            elif final == CANCELLED:
+            elif ends and final == CANCELLED:
                 self.status[batch_id] = CANCELLING
             with armed("api.file_kept"):
                 self._crashing(
@@ -706,7 +712,7 @@ class StoreMachine(RuleBasedStateMachine):
         self._seen(batch_id, result, None if final == current else via.get(final))
         assert self.store.batch(batch_id) == result
         assert result.request_failed == failed, (current, status, result.request_failed, failed)
-        if current in TERMINAL_STATUSES:
+        if not files:
             return
         for file_id, count in ((result.output_file_id, len(done)), (result.error_file_id, failed)):
             if not count:
