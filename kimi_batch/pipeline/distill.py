@@ -27,7 +27,7 @@ from kimi_batch.engine import (
     fold_instructions,
 )
 from kimi_batch.inputs import SeedPrompt, format_validation_error
-from kimi_batch.llama import ChatMessage
+from kimi_batch.llama import ChatMessage, ToolCall
 from kimi_batch.pipeline.driver import PartitionSkippedError
 from kimi_batch.pipeline.generation_task import (
     DISTILL_STAGE,
@@ -179,6 +179,23 @@ def _calls_json(result: GenerationResult) -> str | None:
     return json.dumps([call.model_dump(mode="json") for call in calls], ensure_ascii=False)
 
 
+def _canonical_json(text: str) -> str:
+    """`text` re-written with sorted keys, so key order and spacing do not count; as written
+    when it is no JSON (a model's arguments may not be)."""
+    try:
+        value: object = json.loads(text)
+    except (ValueError, RecursionError):  # also: too deep, a 4,300-digit int
+        return text
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+def _call_key(call: ToolCall) -> str:
+    """A tool call as duplicates are judged: its function and arguments, never its id (a new
+    one on every call: two answers making the same call would never be alike)."""
+    arguments = _canonical_json(call.function.arguments)
+    return json.dumps([call.function.name, arguments], ensure_ascii=False)
+
+
 TRUNCATED_REASON = (
     "answer cut off at max_tokens (finish_reason=length): not a final answer; raise max_tokens "
     "or set retry_truncated_max_tokens"
@@ -281,10 +298,19 @@ class DistillTask(GenerationTask[DistillInputs, DistilledRow]):
 
     def screened(self, row: DistilledRow, inputs: DistillInputs) -> ScreenedText:
         """A seed's answer is judged on the seed's conversation, a variant's on the variant
-        with the seed's instructions: what the teacher was asked."""
+        with the seed's instructions: what the teacher was asked, with the tools it was
+        offered; the answer with the tools it called."""
+        tools = _canonical_json(row.tools) if row.tools else None
+        calls = tuple(_call_key(call) for call in row.calls())
         seed = inputs.by_id.get(row.seed_id)
         if seed is None:
-            return ScreenedText(prompt=row.prompt, answer=row.response, source_file="distilled")
+            return ScreenedText(
+                prompt=row.prompt,
+                answer=row.response,
+                source_file="distilled",
+                tools=tools,
+                tool_calls=calls,
+            )
         instructions = (seed.instructions or "").strip()
         if row.origin == "seed":
             prompt = "\n\n".join(message.content for message in seed.messages)
@@ -300,6 +326,8 @@ class DistillTask(GenerationTask[DistillInputs, DistilledRow]):
             line=seed.line,
             question=question,
             context=(instructions, *earlier),
+            tools=tools,
+            tool_calls=calls,
         )
 
     @property

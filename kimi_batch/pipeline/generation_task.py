@@ -120,9 +120,11 @@ class ScreenedText(BaseModel):
     every turn, the row's instructions folded in), the answer, and the input line it came from.
 
     Benchmark overlap is looked for in the whole conversation (`prompt`). Duplicates are its
-    last question (`question`) under the same instructions and earlier turns (`context`): a
-    long shared context (a document asked about many times, one system text on every row)
-    must not make different questions alike."""
+    last question (`question`) under the same instructions, earlier turns (`context`) and tools
+    offered (`tools`): a long shared context (a document asked about many times, one system
+    text on every row) must not make different questions alike, nor one question asked with
+    other tools the same. The answer is its text and its tool calls (`tool_calls`): an answer
+    that only calls a tool has no text, and two that call different tools differ."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -133,6 +135,14 @@ class ScreenedText(BaseModel):
     question: str | None = Field(default=None, description="None: the whole `prompt`.")
     context: tuple[str, ...] = Field(
         default=(), description="The instructions and each earlier turn, in order."
+    )
+    tools: str | None = Field(
+        default=None, description="The tools offered, as canonical JSON; None: none."
+    )
+    tool_calls: tuple[str, ...] = Field(
+        default=(),
+        description="The answer's tool calls, each its function's name and arguments as "
+        "canonical JSON (not its id, new on every call).",
     )
 
 

@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from kimi_batch.engine import FailedRequest, GenerationResult
-from kimi_batch.llama import TokenLogprob
+from kimi_batch.llama import TokenLogprob, ToolCall
 
 # ---- the row models -----------------------------------------------------------------------------
 
@@ -120,6 +120,13 @@ class DistilledRow(GenerationColumns):
         default=None,
         description="The request's function tools, as OpenAI's `tools` JSON (null: none).",
     )
+
+    def calls(self) -> list[ToolCall]:
+        """The answer's tool calls, read from `tool_calls` (none when it is null)."""
+        return _TOOL_CALLS.validate_json(self.tool_calls) if self.tool_calls else []
+
+
+_TOOL_CALLS = TypeAdapter(list[ToolCall])
 
 
 class JudgedRow(GenerationColumns):

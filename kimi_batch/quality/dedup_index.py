@@ -133,9 +133,11 @@ NUM_PERM = 128
 _SCHEME = "affine32"  # datasketch 2's default; named, since its values carry no trace of it
 _SEED = 1
 # What the exact key and the shingles are made of (the texts above): part of the stamp, so an
-# index made under an earlier normalization (punctuation dropped, CJK as one word) is rebuilt.
+# index made under an earlier normalization (punctuation dropped, CJK as one word), or with the
+# tools offered and called left out, is rebuilt (rows without tools get the keys they had).
 _TEXT_VERSION = (
-    "text=nfd-casefold-nfc-ws tokens=words+unspaced-chars-to-323af key=context,question,answer"
+    "text=nfd-casefold-nfc-ws tokens=words+unspaced-chars-to-323af "
+    "key=context+tools,question,answer+calls"
 )
 # Fixed forever (every stored band key is made with them): one odd 64-bit multiplier per
 # signature position, derived from the position alone (no RNG whose stream may change).
@@ -243,12 +245,18 @@ class IndexedText(BaseModel):
     input_id: str
     text: str = Field(description="The question.")
     answer: str | None = Field(default=None, description="Judged too, when not None.")
-    context: str = Field(default="", description="The instructions and earlier turns.")
+    calls: tuple[str, ...] = Field(
+        default=(), description="The answer's tool calls, judged with it (none: no calls)."
+    )
+    context: str = Field(
+        default="", description="The instructions, earlier turns and tools offered."
+    )
 
     @property
     def judged(self) -> str:
         """What the MinHash signature is made of."""
-        return self.text if self.answer is None else f"{self.text} {self.answer}"
+        said = [self.text, *([] if self.answer is None else [self.answer]), *self.calls]
+        return " ".join(said)
 
 
 # Every landed (ds, source, rows) of the gated stages, oldest first: what a rebuild indexes.
@@ -284,8 +292,13 @@ def _digest(text: str) -> bytes:
 
 def _exact_key(row: IndexedText) -> bytes:
     """The three texts as one structured value: where the question ends and the answer
-    begins is part of the key ("is" moved from one to the other is another row)."""
-    return _digest(json.dumps([row.context, row.text, row.answer], ensure_ascii=False))
+    begins is part of the key ("is" moved from one to the other is another row). The tool
+    calls are a fourth part, only when there are some: an answer without calls keeps the key
+    it was indexed under, and no answer's text makes the key of calls."""
+    parts: list[object] = [row.context, row.text, row.answer]
+    if row.calls:
+        parts.append(list(row.calls))
+    return _digest(json.dumps(parts, ensure_ascii=False))
 
 
 class _Signer:

@@ -341,16 +341,24 @@ class PartitionGate:
 
 
 def indexed_text(row: GenerationColumns, text: ScreenedText, fields: str) -> IndexedText:
-    """What a row's duplicates are found by, normalized: its question under its context, and
-    its answer too under `KIMI_BATCH_DEDUP_FIELDS=prompt+answer`."""
+    """What a row's duplicates are found by, normalized: its question under its context (the
+    tools offered included), and its answer (its tool calls included) too under
+    `KIMI_BATCH_DEDUP_FIELDS=prompt+answer`."""
     question = text.prompt if text.question is None else text.question
+    answered = fields == "prompt+answer"
+    # Each part on its own: where one turn ends is part of what two contexts share.
+    context: list[str | dict[str, str]] = [normalize_text(part) for part in text.context]
+    if text.tools is not None:
+        # An object, where every other part is a string: no context of turns is one with
+        # tools. Added only when offered: a row without tools keeps the key indexed before.
+        context.append({"tools": normalize_text(text.tools)})
     return IndexedText(
         request_id=row.request_id,
         input_id=row.input_id,
         text=normalize_text(question),
-        answer=normalize_text(text.answer) if fields == "prompt+answer" else None,
-        # Each part on its own: where one turn ends is part of what two contexts share.
-        context=json.dumps([normalize_text(part) for part in text.context], ensure_ascii=False),
+        answer=normalize_text(text.answer) if answered else None,
+        calls=tuple(normalize_text(call) for call in text.tool_calls) if answered else (),
+        context=json.dumps(context, ensure_ascii=False),
     )
 
 
