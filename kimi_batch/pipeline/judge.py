@@ -1,15 +1,16 @@
 """The judge stage: the same resident model grades every teacher answer against a rubric.
 
-Each `distilled` row of the partition becomes one request: the rubric, the request and the answer
-in the user turn (the digest stays the system prompt, so its cached prefill is reused), the answer
-constrained to the JSON schema of `Verdict` ({score: 1-10, reason}). Greedy decoding with a fixed
-seed: a judgement is determined, so a rerun (or the same answer in another partition) costs
-nothing twice, and a changed rubric is a new request (the rubric is in the ledger key).
+Each `distilled` row of the partition becomes one request: the rubric, the request (and the tools
+it offered) and the answer (and the tools it called) in the user turn (the digest stays the
+system prompt, so its cached prefill is reused), the answer constrained to the JSON schema of
+`Verdict` ({score: 1-10, reason}). Greedy decoding with a fixed seed: a judgement is
+determined, so a rerun (or the same answer in another partition) costs nothing twice, and a
+changed rubric is a new request (the rubric is in the ledger key).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import ClassVar
 
@@ -17,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kimi_batch.engine import GenerationRequest, GenerationResult, SamplingParams
 from kimi_batch.inputs import format_validation_error
-from kimi_batch.llama import ChatMessage
+from kimi_batch.llama import ChatMessage, ToolCall
 from kimi_batch.pipeline.generation_task import (
     GenerationTask,
     RequestTag,
@@ -53,10 +54,29 @@ class JudgeInputs(BaseModel):
         return {answer.request_id: answer for answer in self.answers}
 
 
-def judge_prompt(rubric: str, prompt: str, response: str) -> str:
-    """The user turn of one judgement: the rubric, then the request and the answer."""
+def judge_prompt(
+    rubric: str,
+    prompt: str,
+    response: str,
+    *,
+    tools: str | None = None,
+    tool_calls: Sequence[ToolCall] = (),
+) -> str:
+    """The user turn of one judgement: the rubric, then the request (with the `tools` offered,
+    OpenAI's JSON) and the answer (with the `tool_calls` it made).
+
+    An answer that only calls a tool has no text: without its calls the judge would grade it
+    as empty. A row with neither gets the prompt it always had (its ledger key is made of it).
+    """
+    offered = f"\n\n## Tools offered\n{tools}" if tools else ""
+    answer = response
+    if tool_calls:
+        calls = "\n".join(f"{call.function.name}({call.function.arguments})" for call in tool_calls)
+        answer = (
+            f"{response or '(no text: the answer is its tool calls)'}\n\n## Tool calls\n{calls}"
+        )
     return (
-        f"{rubric.strip()}\n\n## Request\n{prompt}\n\n## Answer\n{response}\n\n"
+        f"{rubric.strip()}\n\n## Request\n{prompt}{offered}\n\n## Answer\n{answer}\n\n"
         'Reply with the JSON object {"score": ..., "reason": ...} only.'
     )
 
@@ -84,7 +104,13 @@ class JudgeTask(GenerationTask[JudgeInputs, JudgedRow]):
                 messages=[
                     ChatMessage(
                         role="user",
-                        content=judge_prompt(self.rubric, answer.prompt, answer.response),
+                        content=judge_prompt(
+                            self.rubric,
+                            answer.prompt,
+                            answer.response,
+                            tools=answer.tools,
+                            tool_calls=answer.calls(),
+                        ),
                     )
                 ],
                 params=params,

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from kimi_batch.pipeline import (
+    DistilledRow,
     JudgedRow,
     JudgeInputs,
     JudgeTask,
@@ -14,6 +15,7 @@ from kimi_batch.pipeline import (
     SetAside,
     StageSink,
     Verdict,
+    judge_prompt,
 )
 from kimi_batch.settings.defaults import default_judge_rubric_path
 from kimi_batch_tests.support.results import make_result
@@ -107,3 +109,74 @@ def test_the_partitions_score_distribution_is_its_metadata(inputs: JudgeInputs) 
     assert (figures["score_9"], figures["score_3"], figures["score_10"]) == (2, 1, 0)
     assert figures["score_mean"] == 7.0
     assert figures["scored_below_5"] == 1
+
+
+WEATHER_TOOLS = json.dumps(
+    [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            },
+        }
+    ]
+)
+
+
+def _judged_prompt(answer: DistilledRow) -> str:
+    (request,) = JudgeTask(rubric="Grade the answer 1-10.").requests(JudgeInputs(answers=[answer]))
+    (message,) = request.messages
+    assert isinstance(message.content, str)
+    return message.content
+
+
+def test_a_tool_calling_answer_is_shown_with_its_calls_and_the_tools_offered(
+    inputs: JudgeInputs,
+) -> None:
+    """An answer that only calls a tool has no text: the judge saw an empty answer."""
+    calls = [
+        {"id": "call_7f3a", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}
+    ]
+    answer = inputs.answers[0].model_copy(
+        update={
+            "prompt": "What's the weather in Paris?",
+            "response": "",
+            "tool_calls": json.dumps(calls),
+            "tools": WEATHER_TOOLS,
+        }
+    )
+    content = _judged_prompt(answer)
+    shown = [
+        "## Request\nWhat's the weather in Paris?",
+        f"## Tools offered\n{WEATHER_TOOLS}",
+        "## Answer\n(no text: the answer is its tool calls)",
+        '## Tool calls\nget_weather({"city":"Paris"})',
+    ]
+    for part in shown:
+        assert part in content
+    assert [content.index(part) for part in shown] == sorted(content.index(part) for part in shown)
+    assert "call_7f3a" not in content  # the call's id says nothing of the answer
+
+    # Text beside the calls is shown as the answer; tools offered and not called still show.
+    said = answer.model_copy(update={"response": "Let me check."})
+    assert "## Answer\nLet me check.\n\n## Tool calls\nget_weather(" in _judged_prompt(said)
+    unused = answer.model_copy(update={"response": "Sunny.", "tool_calls": None})
+    assert f"## Tools offered\n{WEATHER_TOOLS}\n\n## Answer\nSunny.\n\nReply" in _judged_prompt(
+        unused
+    )
+
+
+def test_an_answer_without_tools_gets_the_prompt_it_always_had(inputs: JudgeInputs) -> None:
+    """The prompt is in the judgement's ledger key: a changed one would grade it again."""
+    answer = inputs.answers[0].model_copy(
+        update={"prompt": "Capital of France?", "response": "Paris."}
+    )
+    assert _judged_prompt(answer) == (
+        "Grade the answer 1-10.\n\n## Request\nCapital of France?\n\n## Answer\nParis.\n\n"
+        'Reply with the JSON object {"score": ..., "reason": ...} only.'
+    )
+    assert judge_prompt("Grade it.", "Why?", "Because.") == (
+        "Grade it.\n\n## Request\nWhy?\n\n## Answer\nBecause.\n\n"
+        'Reply with the JSON object {"score": ..., "reason": ...} only.'
+    )
