@@ -80,7 +80,7 @@ def sendable_json(value: Any) -> Any:
         if isinstance(item, str) and (error := unicode_error(item)) is not None:
             raise ValueError(f"{_path(place)}: {error}" if place else error)
         if (spelling := number_spelling(item)) is not None:
-            error = f"is {spelling}, which JSON has no number for (a request could not carry it)"
+            error = f"is {spelling}, which no request can carry (llama-server reads doubles)"
             raise ValueError(f"{_path(place)} {error}" if place else error)
         if isinstance(item, dict):
             for key, inner in item.items():

@@ -552,8 +552,8 @@ def test_a_number_json_has_no_room_for_in_a_tool_names_where_it_is(tmp_path: Pat
 
     assert [seed.input_id for seed in batch.seeds] == ["3"]  # 1e308 is a double
     assert [row.reason for row in batch.quarantined] == [
-        f"tools[0].function.parameters: maximum is {spelling}, which JSON has no number for (a "
-        "request could not carry it)"
+        f"tools[0].function.parameters: maximum is {spelling}, which no request can carry "
+        "(llama-server reads doubles)"
         for spelling in ("Infinity", "NaN", "an integer past a double's range")
     ]
 
