@@ -237,9 +237,13 @@ class _Message(_Model):
 
 
 class _InputItem(_Message):
-    """A Responses input item: a message (`type` "message" or absent), text parts only."""
+    """A Responses input item: a message (`type` "message" or absent), text parts only. A
+    response's own output message passed back (OpenAI's way to go on with a conversation)
+    carries its `id` and `status` too: bookkeeping, no part of the prompt."""
 
     type: Literal["message"] = "message"
+    id: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
 
 
 class _JsonSchema(_Nested):

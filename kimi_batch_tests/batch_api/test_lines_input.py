@@ -481,3 +481,33 @@ def test_top_logprobs_without_logprobs_fails_its_line_not_dropped() -> None:
         ("invalid_request", 2, "body.top_logprobs"),
     ]
     assert "only allowed with logprobs: true" in parsed.errors[0].message
+
+
+def test_a_response_s_own_output_message_passed_back_is_a_turn_of_the_conversation() -> None:
+    """OpenAI's way to go on with a conversation: the output items go back as input, with the
+    `id` and `status` the output line gave them (bookkeeping, no part of the prompt)."""
+    said = {
+        "type": "message",
+        "id": "msg_abc",
+        "status": "completed",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": "2", "annotations": []}],
+    }
+    conversation = [{"role": "user", "content": "Two?"}, said, {"role": "user", "content": "3?"}]
+    wrong = [{**said, "status": "done"}, {"role": "user", "content": "3?"}]
+
+    parsed = parse_batch_input(
+        [_raw("back", {"input": conversation}, RESPONSES)], endpoint=RESPONSES
+    )
+    refused = parse_batch_input([_raw("bad", {"input": wrong}, RESPONSES)], endpoint=RESPONSES)
+
+    assert [(e.code, e.param) for e in refused.errors] == [
+        ("invalid_request", "body.input.0.status")
+    ]
+    assert parsed.errors == []
+    (line,) = parsed.lines
+    assert [(m.role, m.content) for m in line.request().messages] == [
+        ("user", "Two?"),
+        ("assistant", "2"),
+        ("user", "3?"),
+    ]
