@@ -130,6 +130,15 @@ def _read(partition: HivePartition, options: dict[str, str] | None) -> pl.DataFr
         raise MigrationError(f"{partition.file}: unreadable ({error})") from error
 
 
+def _rows(partition: HivePartition, options: dict[str, str] | None) -> int:
+    """The file's row count, from its footer (a partition the tables already hold)."""
+    try:
+        rows = pl.scan_parquet(partition.file, storage_options=options)
+        return int(rows.select(pl.len()).collect().item())
+    except (OSError, pl.exceptions.PolarsError) as error:
+        raise MigrationError(f"{partition.file}: unreadable ({error})") from error
+
+
 def migrate(
     warehouse: Warehouse,
     partitions: Iterable[HivePartition],
@@ -149,8 +158,7 @@ def migrate(
         for item in items:
             key = (item.ds, item.source)
             if key in present and not replace:
-                rows = pl.scan_parquet(item.file, storage_options=storage_options)
-                actions.append((item, "present", rows.select(pl.len()).collect().item()))
+                actions.append((item, "present", _rows(item, storage_options)))
                 continue
             frame = _read(item, storage_options)
             if frame.height or key in present:

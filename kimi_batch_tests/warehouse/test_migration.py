@@ -102,3 +102,18 @@ def test_an_object_store_s_current_versions_come_from_the_pointer_table(tmp_path
     ]
     with pytest.raises(MigrationError, match="no such warehouse folder"):
         hive_partitions(tmp_path / "missing", None)
+
+
+def test_an_unreadable_file_of_a_partition_already_copied_is_a_migration_error(
+    tmp_path: Path,
+) -> None:
+    """Found by review: counting such a file's rows raised polars' own error (a traceback out
+    of `kimi-batch warehouse migrate`); reading one to copy was already a MigrationError."""
+    root = tmp_path / "warehouse"
+    _old_warehouse(root)
+    warehouse = Warehouse(root)
+    migrate(warehouse, hive_partitions(root, None))
+    (root / "amplified/ds=2024-05-01/source=demo/part-0.parquet").write_bytes(b"not parquet")
+
+    with pytest.raises(MigrationError, match=r"part-0\.parquet: unreadable"):
+        migrate(warehouse, hive_partitions(root, None))
