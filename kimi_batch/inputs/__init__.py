@@ -8,7 +8,7 @@ what a partition reads (`partition_input`), what the inbox sensor asks for (`inb
 `seeds` table's landing write (`seeds`). Other packages import from here, never from the modules.
 """
 
-from kimi_batch.inputs.formats import MAX_ROW_BYTES, Item, jsonl_items
+from kimi_batch.inputs.formats import MAX_ROW_BYTES, Item, jsonl_items, number_spelling
 from kimi_batch.inputs.inbox import (
     InboxFile,
     InboxLinkError,
@@ -51,7 +51,7 @@ from kimi_batch.inputs.raw_rows import format_validation_error
 from kimi_batch.inputs.reader import InputReader, iter_inbox_rows, read_inbox_file
 from kimi_batch.inputs.seeds import land_input, land_seeds
 from kimi_batch.inputs.seen_ids import SeenIds
-from kimi_batch.inputs.tools import FunctionTool, ToolFunction, number_spelling
+from kimi_batch.inputs.tools import FunctionTool, ToolFunction
 
 __all__ = [
     "HASH_BUDGET_S",

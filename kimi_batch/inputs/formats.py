@@ -23,7 +23,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import re
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any, NamedTuple
@@ -50,6 +52,19 @@ _WIDE_BOMS = (
 _SNIFF_BYTES = 64
 # What `surrogateescape` decodes a byte that is not UTF-8 to (valid UTF-8 never decodes to these).
 _ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
+_DOUBLE_MAX = sys.float_info.max
+
+
+def number_spelling(value: object) -> str | None:
+    """How a number a request's strict JSON has no room for is spelled: `NaN`, `Infinity`,
+    `-Infinity` (Python's JSON reader takes all three, and reads `1e999` as infinity), or an
+    integer past a double's range (llama-server reads every JSON number as a 64-bit integer or
+    a double); None for any other value."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _DOUBLE_MAX:
+        return "an integer past a double's range"
+    return None
 
 
 class FileRefusedError(KimiBatchError, ValueError):

@@ -2,21 +2,20 @@
 are checked by the same models (the class names stay `_Tool`/`_Function`: JSON schemas and error
 messages name them). Every string a row sends or stores is valid Unicode (`UnicodeText`), the
 strings inside a tool's free-form `parameters` too, and every number in those is one JSON spells
-(`sendable_json`)."""
+(`sendable_json`, with the JSON readers' `formats.number_spelling`)."""
 
 from __future__ import annotations
 
-import math
 import re
-import sys
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
+from kimi_batch.inputs.formats import number_spelling
+
 # A lone surrogate (from a JSON `\ud800` escape) is not Unicode: UTF-8 encoding of the request,
 # the request key and the Parquet writer would all fail on it later.
 _SURROGATE = re.compile("[\ud800-\udfff]")
-_DOUBLE_MAX = sys.float_info.max
 
 
 def unicode_error(value: str) -> str | None:
@@ -53,18 +52,6 @@ def _path(place: _Place) -> str:
         f"[{step}]" if isinstance(step, int) else (f".{step}" if i else step)
         for i, step in enumerate(reversed(steps))
     )
-
-
-def number_spelling(value: object) -> str | None:
-    """How a number a request's strict JSON has no room for is spelled: `NaN`, `Infinity`,
-    `-Infinity` (Python's JSON reader takes all three, and reads `1e999` as infinity), or an
-    integer past a double's range (llama-server reads every JSON number as a 64-bit integer or
-    a double); None for any other value."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _DOUBLE_MAX:
-        return "an integer past a double's range"
-    return None
 
 
 def sendable_json(value: Any) -> Any:
