@@ -529,7 +529,7 @@ class Warehouse:
         """Where the table files are, as a user names it (a folder, or an object-store URL)."""
         root = self.spec.warehouse
         # As pyiceberg reads the URL: its path as written (`StatePaths.warehouse_root`).
-        return root.removeprefix("file://") if root.startswith("file://") else root
+        return root.removeprefix("file://")
 
     def pinned(self, snapshots: Mapping[str, int]) -> Warehouse:
         """The same tables as of `snapshots` (table -> snapshot id); a table not named reads
